@@ -1,0 +1,432 @@
+/*
+ * sluice.h: lazy, verified loading of .safetensors model weights.
+ *
+ * This header is the whole public API. Everything it does not promise is
+ * not API. It compiles as C99 and as C++.
+ *
+ * Conventions
+ * -----------
+ * - Every call that can fail returns int: SLUICE_OK (0) or a negative
+ *   SLUICE_E_* code. Codes never change value. sluice_strerror() names a
+ *   code; sluice_errmsg() gives the detail of the last failure on a model
+ *   (file, tensor, byte offset, digests).
+ * - `T **out` parameters give the caller ownership; free with the matching
+ *   call. `const T *` results are borrowed; the comment says for how long.
+ * - Destructors accept NULL.
+ * - Threads: one model may be used from many threads at once. Error detail
+ *   is kept per thread and per model, so the message read after a failed
+ *   call is the one that call recorded, whatever other threads do.
+ *
+ * Tensor names
+ * ------------
+ * Names are stored exactly as the JSON header spells them after escapes are
+ * decoded, so a name may contain any Unicode character, an escaped NUL
+ * included. Every name is also NUL-terminated for convenience; when a name
+ * holds an embedded NUL, only the `name_len` field and the *_n lookup calls
+ * see all of it. A model never holds two tensors with the same name: a
+ * repeated name within one file or across shards is rejected at open
+ * (stricter than the reference implementation, which keeps the last).
+ */
+#ifndef SLUICE_H
+#define SLUICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(SLUICE_STATIC)
+#define SLUICE_API
+#elif defined(SLUICE_BUILDING) && defined(__GNUC__)
+#define SLUICE_API __attribute__((visibility("default")))
+#else
+#define SLUICE_API
+#endif
+
+#define SLUICE_VERSION_MAJOR 0
+#define SLUICE_VERSION_MINOR 1
+#define SLUICE_VERSION_PATCH 0
+
+/* The largest header accepted, in bytes (as in the reference implementation). */
+#define SLUICE_MAX_HEADER_BYTES 100000000u
+
+/* ------------------------------------------------------------------------ */
+/* Status codes                                                             */
+/* ------------------------------------------------------------------------ */
+
+enum sluice_status {
+    SLUICE_OK = 0,
+
+    /* API use and resources */
+    SLUICE_E_INVAL = -1,           /* a bad argument, or the API misused */
+    SLUICE_E_NOMEM = -2,           /* out of memory */
+    SLUICE_E_IO = -3,              /* a system call failed; the message has errno and file */
+    SLUICE_E_NOT_FOUND = -4,       /* no tensor of that name in the model */
+    SLUICE_E_NO_FILES = -5,        /* the path names no .safetensors file */
+
+    /* one .safetensors file: each rule its own code */
+    SLUICE_E_HEADER_SHORT = -10,   /* file shorter than 8 bytes, or header past end of file */
+    SLUICE_E_HEADER_TOO_LARGE = -11, /* header length over SLUICE_MAX_HEADER_BYTES */
+    SLUICE_E_HEADER_UTF8 = -12,    /* header is not valid UTF-8 */
+    SLUICE_E_HEADER_JSON = -13,    /* header is not strict JSON */
+    SLUICE_E_HEADER_NOT_OBJECT = -14, /* top-level JSON value is not an object */
+    SLUICE_E_ENTRY = -15,          /* tensor entry not an object, or a key missing/repeated */
+    SLUICE_E_DTYPE = -16,          /* unknown dtype (names are case-sensitive) */
+    SLUICE_E_SHAPE = -17,          /* shape is not an array of integers */
+    SLUICE_E_OFFSETS = -18,        /* data_offsets not [begin, end] with begin <= end */
+    SLUICE_E_INTEGER = -19,        /* a number that is not an integer literal in [0, 2^64-1] */
+    SLUICE_E_OVERFLOW = -20,       /* element count x bits overflows 64 bits */
+    SLUICE_E_SIZE_MISMATCH = -21,  /* shape x dtype size != end - begin, or partial bytes */
+    SLUICE_E_LAYOUT = -22,         /* offsets leave a hole, overlap, or miss the end of file */
+    SLUICE_E_DUPLICATE = -23,      /* a tensor name repeated in a file or across shards */
+    SLUICE_E_METADATA = -24,       /* __metadata__ is not null or an object of strings */
+
+    /* sharded layout (*.safetensors.index.json) */
+    SLUICE_E_INDEX = -30,          /* index.json unreadable, not JSON, or no weight_map object */
+    SLUICE_E_INDEX_SHARD = -31,    /* weight_map names a shard that does not exist */
+    SLUICE_E_INDEX_MISMATCH = -32, /* weight_map and the shards' headers disagree */
+
+    /* manifest and verification */
+    SLUICE_E_MANIFEST = -40,       /* manifest unreadable or not JSON */
+    SLUICE_E_MANIFEST_FORMAT = -41, /* unknown format, version or algorithm; bad structure */
+    SLUICE_E_MANIFEST_DIGEST = -42, /* a digest is not 64 hex characters, or not a string */
+    SLUICE_E_MANIFEST_DUPLICATE = -43, /* a name listed twice */
+    SLUICE_E_MANIFEST_UNKNOWN = -44, /* a digest for a tensor (or file) the model lacks */
+    SLUICE_E_MANIFEST_MISSING = -45, /* REQUIRE policy and tensors without a digest */
+    SLUICE_E_CHECKSUM = -46,       /* bytes read do not match the manifest digest */
+
+    /* engine */
+    SLUICE_E_TOO_LARGE = -50,      /* tensor larger than the whole pool budget */
+    SLUICE_E_POOL_EXHAUSTED = -51, /* every pool byte is held by live handles */
+    SLUICE_E_BUSY = -52,           /* close with live handles or a stream running */
+    SLUICE_E_FILE_CHANGED = -53    /* a file shrank or vanished after open */
+};
+
+/* A static string naming a status code ("header is not valid UTF-8").
+ * Never NULL; unknown codes give "unknown status". Any thread. */
+SLUICE_API const char *sluice_strerror(int code);
+
+/* ------------------------------------------------------------------------ */
+/* Data types                                                               */
+/* ------------------------------------------------------------------------ */
+
+/* The dtypes of the reference implementation, with their bit sizes. */
+typedef enum sluice_dtype {
+    SLUICE_DTYPE_BOOL,        /*  8 */
+    SLUICE_DTYPE_U8,          /*  8 */
+    SLUICE_DTYPE_I8,          /*  8 */
+    SLUICE_DTYPE_F8_E5M2,     /*  8 */
+    SLUICE_DTYPE_F8_E4M3,     /*  8 */
+    SLUICE_DTYPE_F8_E8M0,     /*  8 */
+    SLUICE_DTYPE_F8_E4M3FNUZ, /*  8 */
+    SLUICE_DTYPE_F8_E5M2FNUZ, /*  8 */
+    SLUICE_DTYPE_I16,         /* 16 */
+    SLUICE_DTYPE_U16,         /* 16 */
+    SLUICE_DTYPE_F16,         /* 16 */
+    SLUICE_DTYPE_BF16,        /* 16 */
+    SLUICE_DTYPE_I32,         /* 32 */
+    SLUICE_DTYPE_U32,         /* 32 */
+    SLUICE_DTYPE_F32,         /* 32 */
+    SLUICE_DTYPE_I64,         /* 64 */
+    SLUICE_DTYPE_U64,         /* 64 */
+    SLUICE_DTYPE_F64,         /* 64 */
+    SLUICE_DTYPE_C64,         /* 64 */
+    SLUICE_DTYPE_F4,          /*  4: packed, a tensor must fill whole bytes */
+    SLUICE_DTYPE_F6_E2M3,     /*  6: packed, likewise */
+    SLUICE_DTYPE_F6_E3M2,     /*  6: packed, likewise */
+    SLUICE_DTYPE_COUNT_
+} sluice_dtype;
+
+/* The header spelling of a dtype ("BF16"), or NULL when out of range. */
+SLUICE_API const char *sluice_dtype_name(sluice_dtype dtype);
+/* Bits per element (4, 6, 8, 16, 32 or 64), or 0 when out of range. */
+SLUICE_API unsigned sluice_dtype_bits(sluice_dtype dtype);
+
+/* ------------------------------------------------------------------------ */
+/* Options                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* Read with O_DIRECT where the file system allows it (falls back to
+ * buffered reads per file, counted in the stats). */
+#define SLUICE_F_DIRECT 0x1u
+/* Never use io_uring; use the pread thread pool. The environment variable
+ * SLUICE_FORCE_PREAD=1 has the same effect. */
+#define SLUICE_F_FORCE_PREAD 0x2u
+/* Hash every tensor read, even those no manifest checks, so that
+ * sluice_tensor_digest() can report it (used to write manifests). */
+#define SLUICE_F_HASH_ALL 0x4u
+#define SLUICE_F_ALL_ (SLUICE_F_DIRECT | SLUICE_F_FORCE_PREAD | SLUICE_F_HASH_ALL)
+
+typedef enum sluice_verify_policy {
+    SLUICE_VERIFY_DEFAULT = 0,  /* REQUIRE when a manifest is in play, else OFF */
+    SLUICE_VERIFY_REQUIRE = 1,  /* every tensor must have a digest and match it */
+    SLUICE_VERIFY_IF_PRESENT = 2, /* check the tensors the manifest lists */
+    SLUICE_VERIFY_OFF = 3       /* no checking, even with a manifest */
+} sluice_verify_policy;
+
+/* Options for sluice_open. Always start from sluice_options_init(): it
+ * writes the defaults and the struct's size, so that a library built with a
+ * later, longer struct knows which fields the caller has. Fields are only
+ * ever appended. */
+typedef struct sluice_options {
+    size_t size;            /* sizeof(sluice_options), set by sluice_options_init */
+    uint32_t flags;         /* SLUICE_F_*; unknown bits are rejected (SLUICE_E_INVAL) */
+    uint32_t queue_depth;   /* reads in flight; default 32, 1..4096 */
+    uint64_t pool_bytes;    /* buffer budget; default 4 GiB (holds the largest
+                               tensor of a 70B model with room to read ahead,
+                               1/16 of a 64 GiB host) */
+    uint64_t chunk_bytes;   /* size of one read; default 8 MiB, 4 KiB..1 GiB */
+    uint32_t io_threads;    /* threads of the pread backend; default 4 */
+    uint32_t hash_threads;  /* hashing threads; 0 = online CPUs */
+    const char *manifest_path; /* NULL: the sidecar (see sluice_open) if present */
+    sluice_verify_policy verify; /* default SLUICE_VERIFY_DEFAULT */
+} sluice_options;
+
+/* Fills *opts with the defaults. Returns SLUICE_E_INVAL if opts is NULL. */
+SLUICE_API int sluice_options_init(sluice_options *opts);
+
+/* ------------------------------------------------------------------------ */
+/* Opening a model and its index                                            */
+/* ------------------------------------------------------------------------ */
+
+typedef struct sluice_model sluice_model;
+
+/*
+ * Opens a model and builds its tensor index from the headers alone.
+ *
+ * path is one of:
+ *  - a .safetensors file;
+ *  - a *.safetensors.index.json file (the Hugging Face sharded layout): its
+ *    weight_map decides the shards, which must exist beside it; every
+ *    tensor it names must be in its shard and every shard tensor must be
+ *    named; other keys are ignored;
+ *  - a directory: its model.safetensors.index.json when present (else its
+ *    only *.safetensors.index.json), otherwise every *.safetensors in it, in
+ *    name order.
+ *
+ * Each header is mapped with mmap, parsed as strict JSON, validated as the
+ * reference implementation does (see the SLUICE_E_* codes), copied into the
+ * index and unmapped: once open returns, nothing reads through a mapping.
+ * The files stay open until sluice_close.
+ *
+ * Tensor order (sluice_info's index) is shard order, then data offset.
+ *
+ * opts may be NULL for the defaults. On success *out is the model, to be
+ * closed with sluice_close. On failure *out is still set, to a closed model
+ * that only carries the error: read it with sluice_errmsg(), then call
+ * sluice_close() (every other call on it returns SLUICE_E_INVAL); *out is
+ * NULL only when even that could not be allocated (SLUICE_E_NOMEM) or out
+ * is NULL.
+ *
+ * Returns SLUICE_OK, SLUICE_E_INVAL, SLUICE_E_NOMEM, SLUICE_E_IO,
+ * SLUICE_E_NO_FILES, any header or index code, any manifest code.
+ * Thread safety: any thread; the model is not shared until open returns.
+ */
+SLUICE_API int sluice_open(const char *path, const sluice_options *opts,
+                           sluice_model **out);
+
+/*
+ * Waits for reads in flight, then frees the model and everything it owns.
+ * Every handle must have been released first: with live handles, close
+ * frees nothing, returns SLUICE_E_BUSY and the model stays usable.
+ * NULL is a no-op returning SLUICE_OK. No other call may be running on the
+ * model, and it must not be used after a successful close.
+ */
+SLUICE_API int sluice_close(sluice_model *model);
+
+/*
+ * The detail of the last failure recorded on this model by the calling
+ * thread (for a model whose open failed: the open's failure). "" when none.
+ * NULL model gives a generic out-of-memory message. Borrowed: valid until
+ * the next call on the model from this thread, or close.
+ */
+SLUICE_API const char *sluice_errmsg(const sluice_model *model);
+
+/* Information about one tensor, borrowed from the model: every pointer is
+ * valid until sluice_close. A struct tag without a typedef, like struct
+ * stat, because sluice_tensor_info() is also the accessor of a handle. */
+struct sluice_tensor_info {
+    const char *name;       /* NUL-terminated; see "Tensor names" above */
+    size_t name_len;        /* bytes in name, without the terminating NUL */
+    sluice_dtype dtype;
+    uint32_t ndim;          /* 0 for a scalar */
+    const uint64_t *shape;  /* ndim dimensions (NULL when ndim is 0) */
+    uint64_t nbytes;        /* data_end - data_begin */
+    uint64_t data_begin;    /* data_offsets[0] as written in the header */
+    uint64_t data_end;      /* data_offsets[1] */
+    uint64_t offset;        /* absolute offset of the first byte in the file */
+    size_t file_index;      /* which file (see sluice_file_info) */
+    const char *file;       /* that file's path */
+    size_t index;           /* this tensor's position in the model's order */
+};
+
+/* The number of tensors in the model (0 for a NULL or failed model). */
+SLUICE_API size_t sluice_count(const sluice_model *model);
+
+/* Fills *info for the tensor at index i (0 <= i < sluice_count).
+ * Returns SLUICE_OK, or SLUICE_E_INVAL (bad model, i out of range, NULL). */
+SLUICE_API int sluice_info(const sluice_model *model, size_t i,
+                           struct sluice_tensor_info *info);
+
+/* Looks a tensor up by its NUL-terminated name, in O(1). info may be NULL
+ * to test for existence. Returns SLUICE_OK, SLUICE_E_NOT_FOUND or
+ * SLUICE_E_INVAL. */
+SLUICE_API int sluice_find(const sluice_model *model, const char *name,
+                           struct sluice_tensor_info *info);
+/* The same with an explicit length, for names holding a NUL. */
+SLUICE_API int sluice_find_n(const sluice_model *model, const char *name,
+                             size_t name_len, struct sluice_tensor_info *info);
+
+/* One key/value pair of a file's __metadata__; both NUL-terminated, the
+ * lengths authoritative (they may hold NUL). */
+typedef struct sluice_kv {
+    const char *key;
+    size_t key_len;
+    const char *value;
+    size_t value_len;
+} sluice_kv;
+
+typedef enum sluice_metadata_kind {
+    SLUICE_METADATA_ABSENT = 0, /* no __metadata__ key */
+    SLUICE_METADATA_NULL = 1,   /* "__metadata__": null */
+    SLUICE_METADATA_OBJECT = 2  /* an object of strings (possibly empty) */
+} sluice_metadata_kind;
+
+/* Information about one file of the model, borrowed until sluice_close
+ * (a struct tag like struct sluice_tensor_info, for the same reason). */
+struct sluice_file_info {
+    const char *path;        /* as opened (directory + shard name) */
+    uint64_t size;           /* bytes, at open */
+    uint64_t header_bytes;   /* the header length N of the file */
+    uint64_t data_start;     /* 8 + N: where data_offsets count from */
+    size_t tensor_count;
+    sluice_metadata_kind metadata_kind;
+    size_t metadata_count;   /* pairs in metadata, in header order */
+    const sluice_kv *metadata;
+};
+
+/* The number of files (shards) of the model. */
+SLUICE_API size_t sluice_file_count(const sluice_model *model);
+/* Fills *info for file i. Returns SLUICE_OK or SLUICE_E_INVAL. */
+SLUICE_API int sluice_file_info(const sluice_model *model, size_t i,
+                                struct sluice_file_info *info);
+
+/* ------------------------------------------------------------------------ */
+/* Loading tensors                                                          */
+/* ------------------------------------------------------------------------ */
+
+typedef struct sluice_tensor sluice_tensor;
+
+/*
+ * Hint: these tensors will be wanted next, in this order. Replaces the
+ * previous hint; without one the plan is the model's order. Unknown names
+ * make the call fail with SLUICE_E_NOT_FOUND before anything changes.
+ * Returns SLUICE_OK, SLUICE_E_INVAL, SLUICE_E_NOT_FOUND, SLUICE_E_NOMEM.
+ * Any thread.
+ */
+SLUICE_API int sluice_prefetch(sluice_model *model, const char *const *names,
+                               size_t n);
+
+/*
+ * Blocks until the tensor's bytes are read (and verified, when the policy
+ * asks) and gives a read-only handle to them in *out. Two threads acquiring
+ * the same tensor share one read; a tensor still cached is not read again.
+ * The data are the very bytes that were hashed, in private memory, aligned
+ * to 64 bytes; they stay valid and unchanged until sluice_release, whatever
+ * happens to the file.
+ * Returns SLUICE_OK, SLUICE_E_INVAL, SLUICE_E_NOT_FOUND, SLUICE_E_IO,
+ * SLUICE_E_FILE_CHANGED, SLUICE_E_CHECKSUM, SLUICE_E_TOO_LARGE,
+ * SLUICE_E_POOL_EXHAUSTED (every byte of the pool is held by handles, so
+ * waiting could never end), SLUICE_E_NOMEM. A failure concerns that tensor
+ * only; acquiring it again tries again. Any thread.
+ */
+SLUICE_API int sluice_acquire(sluice_model *model, const char *name,
+                              sluice_tensor **out);
+/* The same by index in the model's order. */
+SLUICE_API int sluice_acquire_index(sluice_model *model, size_t i,
+                                    sluice_tensor **out);
+
+/* The bytes of a handle (64-byte aligned; may be NULL for an empty tensor),
+ * their count, and the tensor's information. Valid until release. */
+SLUICE_API const void *sluice_tensor_data(const sluice_tensor *t);
+SLUICE_API uint64_t sluice_tensor_size(const sluice_tensor *t);
+SLUICE_API const struct sluice_tensor_info *sluice_tensor_info(const sluice_tensor *t);
+
+/* Copies the SHA-256 of the handle's bytes, as the pipeline computed it,
+ * into digest (32 bytes). Returns SLUICE_OK, or SLUICE_E_INVAL when the
+ * tensor was not hashed (no digest to check and no SLUICE_F_HASH_ALL). */
+SLUICE_API int sluice_tensor_digest(const sluice_tensor *t, uint8_t digest[32]);
+
+/* Gives a handle back. The tensor's buffer stays cached until the pool
+ * needs its room. NULL is a no-op. Returns SLUICE_OK, or SLUICE_E_INVAL
+ * for a handle that is not live (released twice is detected while the
+ * model is open). Any thread. */
+SLUICE_API int sluice_release(sluice_tensor *t);
+
+/*
+ * Called by sluice_stream for each tensor, in completion order, from one of
+ * the library's threads or the caller's. On success status is SLUICE_OK and
+ * t is a live handle that now belongs to the callback: release it now or
+ * later. On failure t is NULL, status the code, and message the detail.
+ * info is borrowed until close. Return 0 to go on; a non-zero return stops
+ * the stream, which then returns that value.
+ * Calls are never concurrent for one stream.
+ */
+typedef int (*sluice_stream_fn)(void *user, sluice_tensor *t, int status,
+                                const struct sluice_tensor_info *info,
+                                const char *message);
+
+/*
+ * Reads the listed tensors (names NULL: all tensors, n ignored) as fast as
+ * the pool allows and calls back as each is ready, memory bounded by the
+ * pool. Returns SLUICE_OK when every tensor was delivered, the callback's
+ * non-zero value, or the first failing tensor's code (after all the others
+ * were delivered). Any thread; several streams may run at once.
+ */
+SLUICE_API int sluice_stream(sluice_model *model, const char *const *names,
+                             size_t n, sluice_stream_fn fn, void *user);
+
+/* ------------------------------------------------------------------------ */
+/* Statistics                                                               */
+/* ------------------------------------------------------------------------ */
+
+typedef enum sluice_backend {
+    SLUICE_BACKEND_NONE = 0,    /* no I/O engine yet */
+    SLUICE_BACKEND_IO_URING = 1,
+    SLUICE_BACKEND_PREAD = 2
+} sluice_backend;
+
+struct sluice_stats {
+    size_t size;                /* set by the caller: sizeof(sluice_stats) */
+    sluice_backend backend;
+    int backend_errno;          /* why io_uring was not used (0 if forced or used) */
+    uint64_t bytes_read;        /* bytes the reads brought in (incl. coalescing waste) */
+    uint64_t bytes_delivered;   /* tensor bytes handed to callers */
+    uint64_t bytes_hashed;
+    uint64_t reads;             /* read operations completed */
+    uint64_t retries;           /* short reads, EINTR, EAGAIN resubmitted */
+    uint64_t tensors_loaded;    /* reads of a tensor completed */
+    uint64_t tensors_verified;  /* of which digests matched */
+    uint64_t cache_hits;        /* acquires served without I/O */
+    uint64_t failures;          /* tensors that failed (I/O, checksum, ...) */
+    uint64_t checksum_failures;
+    uint64_t direct_fallbacks;  /* files read buffered though O_DIRECT was asked */
+    uint64_t pool_bytes;        /* the budget */
+    uint64_t pool_in_use;       /* bytes held by buffers now */
+    uint64_t pool_high_water;   /* most bytes ever held at once */
+    uint64_t evictions;
+    uint64_t acquire_wait_ns;   /* total time acquire calls waited */
+    uint64_t acquire_count;
+};
+
+/* Fills *stats (whose size field the caller sets; fields past it are not
+ * written). Returns SLUICE_OK or SLUICE_E_INVAL. Any thread. */
+SLUICE_API int sluice_stats(sluice_model *model, struct sluice_stats *stats);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SLUICE_H */

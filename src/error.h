@@ -1,0 +1,45 @@
+/* error.h: how a failure travels inside sluice.
+ *
+ * Every internal function that can fail takes an sl_err * and returns a
+ * negative SLUICE_E_* code after sl_fail() recorded the detail in it; the
+ * public entry points copy that detail to the calling thread's slot of the
+ * model (see model.c) so that sluice_errmsg() belongs to the failing call.
+ */
+#ifndef SLUICE_ERROR_H
+#define SLUICE_ERROR_H
+
+#include "sluice.h"
+
+#include <stddef.h>
+
+#define SL_ERRMSG_MAX 1024
+
+typedef struct sl_err {
+    int code;
+    char msg[SL_ERRMSG_MAX];
+} sl_err;
+
+/* Records code and a printf-style message in *e (which may be NULL) and
+ * returns code, so that a failure is one line: return sl_fail(e, ...). */
+int sl_fail(sl_err *e, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Like sl_fail, with ": strerror(errnum)" appended. */
+int sl_fail_errno(sl_err *e, int code, int errnum, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Writes name (len bytes, any content) into out as a double-quoted,
+ * escaped string, cut to at most about 160 characters with "..." so a
+ * message stays one readable line. Returns out. */
+char *sl_quote(char *out, size_t out_size, const char *name, size_t len);
+#define SL_QUOTE_MAX 200
+
+/* Evaluate a call returning a status; return it from the caller if < 0. */
+#define SL_TRY(expr)                                                        \
+    do {                                                                    \
+        int sl_try_rc_ = (expr);                                            \
+        if (sl_try_rc_ < 0)                                                 \
+            return sl_try_rc_;                                              \
+    } while (0)
+
+#endif

@@ -1,0 +1,502 @@
+/* index.c: from a path to the tensor index (see index.h and sluice_open).
+ *
+ * Each file's header is mapped, parsed and validated by header.c, copied
+ * into storage the index owns, and unmapped at once: after open nothing
+ * reads through a mapping, so a file truncated later cannot raise SIGBUS.
+ */
+#include "index.h"
+
+#include "header.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define INDEX_JSON_MAX ((size_t)256 << 20)
+#define BLOCK_MIN ((size_t)64 << 10)
+
+/* ---------------------------------------------------------------- storage */
+
+/* Names, shapes and metadata live in a few large blocks freed together. */
+struct sl_block {
+    struct sl_block *next;
+    size_t used, cap;
+    max_align_t data[];
+};
+
+static void *store(sl_index *ix, size_t size)
+{
+    size = (size + 15) & ~(size_t)15;
+    struct sl_block *b = ix->blocks;
+    if (!b || b->cap - b->used < size) {
+        size_t cap = size > BLOCK_MIN ? size : BLOCK_MIN;
+        b = malloc(sizeof *b + cap);
+        if (!b)
+            return NULL;
+        b->used = 0;
+        b->cap = cap;
+        b->next = ix->blocks;
+        ix->blocks = b;
+    }
+    void *p = (char *)b->data + b->used;
+    b->used += size;
+    return p;
+}
+
+static char *store_string(sl_index *ix, const char *s, size_t len)
+{
+    char *p = store(ix, len + 1);
+    if (p) {
+        memcpy(p, s, len);
+        p[len] = '\0';
+    }
+    return p;
+}
+
+/* ---------------------------------------------------------------- one file */
+
+static int add_tensors(sl_index *ix, sl_file *f, size_t file_index, const sl_header *h, sl_err *err)
+{
+    size_t need = ix->ntensors + h->ntensors;
+    struct sluice_tensor_info *grown = realloc(ix->tensors, (need ? need : 1) * sizeof *grown);
+    if (!grown)
+        return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", f->path);
+    ix->tensors = grown;
+    for (size_t i = 0; i < h->ntensors; i++) {
+        const sl_header_tensor *ht = &h->tensors[i];
+        struct sluice_tensor_info *t = &ix->tensors[ix->ntensors];
+        memset(t, 0, sizeof *t);
+        t->name = store_string(ix, ht->name, ht->name_len);
+        uint64_t *shape = ht->ndim ? store(ix, ht->ndim * sizeof *shape) : NULL;
+        if (!t->name || (ht->ndim && !shape))
+            return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", f->path);
+        for (uint32_t k = 0; k < ht->ndim; k++)
+            shape[k] = sl_header_dim(h, ht, k);
+        t->name_len = ht->name_len;
+        t->dtype = ht->dtype;
+        t->ndim = ht->ndim;
+        t->shape = shape;
+        t->nbytes = ht->end - ht->begin;
+        t->data_begin = ht->begin;
+        t->data_end = ht->end;
+        t->offset = f->data_start + ht->begin;
+        t->file_index = file_index;
+        t->file = f->path;
+        t->index = ix->ntensors;
+        ix->total_bytes += t->nbytes;
+        ix->ntensors++;
+    }
+    f->tensor_count = h->ntensors;
+    return SLUICE_OK;
+}
+
+static int copy_metadata(sl_index *ix, sl_file *f, const sl_header *h)
+{
+    f->metadata_kind = h->metadata_kind;
+    if (h->metadata_kind != SLUICE_METADATA_OBJECT)
+        return SLUICE_OK;
+    const sj_node *obj = &h->doc.nodes[h->metadata_node];
+    f->metadata_count = obj->count;
+    f->metadata = store(ix, (obj->count ? obj->count : 1) * sizeof *f->metadata);
+    if (!f->metadata)
+        return SLUICE_E_NOMEM;
+    size_t i = 0;
+    for (uint32_t c = obj->first_child; c != SJ_NONE; c = h->doc.nodes[c].next, i++) {
+        const sj_node *v = &h->doc.nodes[c];
+        sluice_kv *kv = &f->metadata[i];
+        kv->key = store_string(ix, v->key, v->key_len);
+        kv->value = store_string(ix, v->str, v->len);
+        if (!kv->key || !kv->value)
+            return SLUICE_E_NOMEM;
+        kv->key_len = v->key_len;
+        kv->value_len = v->len;
+    }
+    return SLUICE_OK;
+}
+
+/* Maps the first 8 + N bytes, validates them, and copies what the index
+ * keeps. The mapping never outlives this call. */
+static int read_header(sl_index *ix, size_t file_index, sl_err *err)
+{
+    sl_file *f = &ix->files[file_index];
+    unsigned char first8[8];
+    ssize_t got = f->size >= 8 ? pread(f->fd, first8, 8, 0) : 0;
+    if (got < 0)
+        return sl_fail_errno(err, SLUICE_E_IO, errno, "%s: cannot read the header length", f->path);
+    if (f->size >= 8 && got != 8)
+        return sl_fail(err, SLUICE_E_FILE_CHANGED, "%s: file shrank while being opened", f->path);
+    uint64_t n;
+    SL_TRY(sl_header_length(f->path, first8, f->size, &n, err));
+    size_t map_len = (size_t)(8 + n);
+    void *map = mmap(NULL, map_len, PROT_READ, MAP_PRIVATE, f->fd, 0);
+    if (map == MAP_FAILED)
+        return sl_fail_errno(err, SLUICE_E_IO, errno, "%s: cannot map the %zu-byte header", f->path, map_len);
+    sl_header h;
+    int rc = sl_header_parse(f->path, map, map_len, f->size, &h, err);
+    if (rc == SLUICE_OK) {
+        f->header_bytes = n;
+        f->data_start = 8 + n;
+        f->first_tensor = ix->ntensors;
+        rc = add_tensors(ix, f, file_index, &h, err);
+    }
+    if (rc == SLUICE_OK && copy_metadata(ix, f, &h) < 0)
+        rc = sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", f->path);
+    sl_header_free(&h);
+    munmap(map, map_len); /* number literals in h pointed into it */
+    return rc;
+}
+
+/* Opens dir/name (dir may be NULL) as file number ix->nfiles. */
+static int open_file(sl_index *ix, const char *dir, const char *name, int missing_code, sl_err *err)
+{
+    sl_file *grown = realloc(ix->files, (ix->nfiles + 1) * sizeof *grown);
+    if (!grown)
+        return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
+    ix->files = grown;
+    sl_file *f = &ix->files[ix->nfiles];
+    memset(f, 0, sizeof *f);
+    f->fd = -1;
+    ix->nfiles++;
+    size_t dlen = dir ? strlen(dir) : 0, nlen = strlen(name);
+    if (!(f->path = malloc(dlen + nlen + 2)))
+        return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
+    if (dir) {
+        memcpy(f->path, dir, dlen);
+        f->path[dlen] = '/';
+        memcpy(f->path + dlen + 1, name, nlen + 1);
+        f->name = f->path + dlen + 1;
+    } else {
+        memcpy(f->path, name, nlen + 1);
+        const char *slash = strrchr(f->path, '/');
+        f->name = slash ? slash + 1 : f->path;
+    }
+    f->fd = open(f->path, O_RDONLY | O_CLOEXEC);
+    if (f->fd < 0)
+        return sl_fail_errno(err, errno == ENOENT ? missing_code : SLUICE_E_IO, errno, "%s", f->path);
+    struct stat st;
+    if (fstat(f->fd, &st) != 0)
+        return sl_fail_errno(err, SLUICE_E_IO, errno, "%s: stat", f->path);
+    if (!S_ISREG(st.st_mode))
+        return sl_fail(err, SLUICE_E_IO, "%s: not a regular file", f->path);
+    f->size = (uint64_t)st.st_size;
+    return read_header(ix, ix->nfiles - 1, err);
+}
+
+/* ---------------------------------------------------------------- lookup */
+
+static uint64_t hash_name(const char *s, size_t len)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < len; i++) {
+        h ^= (unsigned char)s[i];
+        h *= 1099511628211ull;
+    }
+    return h ^ (h >> 29);
+}
+
+size_t sl_index_find(const sl_index *ix, const char *name, size_t len)
+{
+    if (!ix->slots)
+        return SIZE_MAX;
+    for (size_t s = hash_name(name, len) & ix->slot_mask;; s = (s + 1) & ix->slot_mask) {
+        size_t i = ix->slots[s];
+        if (i == SIZE_MAX)
+            return SIZE_MAX;
+        const struct sluice_tensor_info *t = &ix->tensors[i];
+        if (t->name_len == len && memcmp(t->name, name, len) == 0)
+            return i;
+    }
+}
+
+/* Builds the name table; a name seen twice, in one file or two, fails. */
+static int build_table(sl_index *ix, sl_err *err)
+{
+    size_t cap = 16;
+    while (cap < ix->ntensors * 2)
+        cap *= 2;
+    ix->slots = malloc(cap * sizeof *ix->slots);
+    if (!ix->slots)
+        return sl_fail(err, SLUICE_E_NOMEM, "out of memory for the name table");
+    memset(ix->slots, 0xff, cap * sizeof *ix->slots);
+    ix->slot_mask = cap - 1;
+    for (size_t i = 0; i < ix->ntensors; i++) {
+        const struct sluice_tensor_info *t = &ix->tensors[i];
+        size_t s = hash_name(t->name, t->name_len) & ix->slot_mask;
+        for (; ix->slots[s] != SIZE_MAX; s = (s + 1) & ix->slot_mask) {
+            const struct sluice_tensor_info *o = &ix->tensors[ix->slots[s]];
+            if (o->name_len == t->name_len && !memcmp(o->name, t->name, t->name_len)) {
+                char q[SL_QUOTE_MAX];
+                sl_quote(q, sizeof q, t->name, t->name_len);
+                if (o->file_index == t->file_index)
+                    return sl_fail(err, SLUICE_E_DUPLICATE, "%s: tensor %s appears twice in the header",
+                                   t->file, q);
+                return sl_fail(err, SLUICE_E_DUPLICATE, "%s: tensor %s is also in %s", t->file, q, o->file);
+            }
+        }
+        ix->slots[s] = i;
+    }
+    return SLUICE_OK;
+}
+
+/* ---------------------------------------------------------------- index.json */
+
+static int read_small_file(const char *path, size_t max, char **out, size_t *len, int code, sl_err *err)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return sl_fail_errno(err, code, errno, "%s", path);
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > max) {
+        close(fd);
+        return sl_fail(err, code, "%s: not a regular file of at most %zu bytes", path, max);
+    }
+    char *buf = malloc((size_t)st.st_size + 1);
+    if (!buf) {
+        close(fd);
+        return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
+    }
+    size_t got = 0;
+    while (got < (size_t)st.st_size) {
+        ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            int e = r < 0 ? errno : EIO;
+            free(buf);
+            close(fd);
+            return sl_fail_errno(err, code, e, "%s: read", path);
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    buf[got] = '\0';
+    *out = buf;
+    *len = got;
+    return SLUICE_OK;
+}
+
+static int cmp_cstr(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* A shard name must stay inside the index's directory. */
+static int plain_name(const char *s)
+{
+    return *s && !strchr(s, '/') && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
+}
+
+static int open_sharded(sl_index *ix, const char *json_path, sl_err *err)
+{
+    char *text = NULL, *dir = NULL;
+    const char **shards = NULL;
+    unsigned char *seen = NULL;
+    size_t len, nshards = 0;
+    cJSON *root = NULL;
+    int rc = read_small_file(json_path, INDEX_JSON_MAX, &text, &len, SLUICE_E_INDEX, err);
+    if (rc < 0)
+        return rc;
+    root = cJSON_ParseWithLength(text, len);
+    const cJSON *map = root ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;
+    if (!root) {
+        rc = sl_fail(err, SLUICE_E_INDEX, "%s: not valid JSON", json_path);
+        goto out;
+    }
+    if (!cJSON_IsObject(map)) {
+        rc = sl_fail(err, SLUICE_E_INDEX, "%s: no \"weight_map\" object", json_path);
+        goto out;
+    }
+    int count = cJSON_GetArraySize(map);
+    shards = calloc((size_t)count + 1, sizeof *shards);
+    if (!shards) {
+        rc = sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", json_path);
+        goto out;
+    }
+    for (const cJSON *e = map->child; e; e = e->next) {
+        if (!cJSON_IsString(e) || !plain_name(e->valuestring)) {
+            rc = sl_fail(err, SLUICE_E_INDEX, "%s: weight_map value of \"%s\" is not a file name in its directory",
+                         json_path, e->string);
+            goto out;
+        }
+        shards[nshards++] = e->valuestring;
+    }
+    qsort(shards, nshards, sizeof *shards, cmp_cstr);
+    size_t unique = 0;
+    for (size_t i = 0; i < nshards; i++)
+        if (!unique || strcmp(shards[unique - 1], shards[i]) != 0)
+            shards[unique++] = shards[i];
+    nshards = unique;
+    if (!(dir = strdup(json_path))) {
+        rc = sl_fail(err, SLUICE_E_NOMEM, "out of memory");
+        goto out;
+    }
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *slash = '\0';
+    for (size_t i = 0; i < nshards; i++)
+        if ((rc = open_file(ix, slash ? dir : NULL, shards[i], SLUICE_E_INDEX_SHARD, err)) < 0)
+            goto out;
+    if ((rc = build_table(ix, err)) < 0)
+        goto out;
+    /* weight_map and the shards must agree both ways. */
+    if (!(seen = calloc(ix->ntensors ? ix->ntensors : 1, 1))) {
+        rc = sl_fail(err, SLUICE_E_NOMEM, "out of memory");
+        goto out;
+    }
+    for (const cJSON *e = map->child; e; e = e->next) {
+        size_t t = sl_index_find(ix, e->string, strlen(e->string));
+        if (t == SIZE_MAX) {
+            rc = sl_fail(err, SLUICE_E_INDEX_MISMATCH, "%s: tensor \"%s\" is mapped to %s, which does not hold it",
+                         json_path, e->string, e->valuestring);
+            goto out;
+        }
+        const sl_file *f = &ix->files[ix->tensors[t].file_index];
+        if (strcmp(f->name, e->valuestring) != 0) {
+            rc = sl_fail(err, SLUICE_E_INDEX_MISMATCH, "%s: tensor \"%s\" is mapped to %s but lives in %s",
+                         json_path, e->string, e->valuestring, f->name);
+            goto out;
+        }
+        if (seen[t]++) {
+            rc = sl_fail(err, SLUICE_E_INDEX, "%s: tensor \"%s\" is listed twice in weight_map", json_path, e->string);
+            goto out;
+        }
+    }
+    for (size_t t = 0; t < ix->ntensors; t++)
+        if (!seen[t]) {
+            char q[SL_QUOTE_MAX];
+            rc = sl_fail(err, SLUICE_E_INDEX_MISMATCH, "%s: tensor %s of %s is not in weight_map", json_path,
+                         sl_quote(q, sizeof q, ix->tensors[t].name, ix->tensors[t].name_len),
+                         ix->tensors[t].file);
+            goto out;
+        }
+out:
+    free(seen);
+    free(dir);
+    free(shards);
+    cJSON_Delete(root);
+    free(text);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- paths */
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+static int open_directory(sl_index *ix, const char *dir, sl_err *err)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return sl_fail_errno(err, SLUICE_E_IO, errno, "%s", dir);
+    char **names = NULL, *index_name = NULL;
+    size_t n = 0, cap = 0, nindex = 0;
+    int rc = SLUICE_OK, has_model_index = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, "model.safetensors.index.json"))
+            has_model_index = 1;
+        if (ends_with(e->d_name, ".safetensors.index.json")) {
+            nindex++;
+            free(index_name);
+            index_name = strdup(e->d_name);
+            if (!index_name) {
+                rc = sl_fail(err, SLUICE_E_NOMEM, "out of memory");
+                break;
+            }
+            continue;
+        }
+        if (!ends_with(e->d_name, ".safetensors"))
+            continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            char **grown = realloc(names, cap * sizeof *grown);
+            if (!grown) {
+                rc = sl_fail(err, SLUICE_E_NOMEM, "out of memory");
+                break;
+            }
+            names = grown;
+        }
+        if (!(names[n] = strdup(e->d_name))) {
+            rc = sl_fail(err, SLUICE_E_NOMEM, "out of memory");
+            break;
+        }
+        n++;
+    }
+    closedir(d);
+    if (rc == SLUICE_OK) {
+        const char *chosen = has_model_index ? "model.safetensors.index.json" : nindex == 1 ? index_name : NULL;
+        if (chosen) {
+            char *p = malloc(strlen(dir) + strlen(chosen) + 2);
+            if (!p) {
+                rc = sl_fail(err, SLUICE_E_NOMEM, "out of memory");
+            } else {
+                strcpy(p, dir);
+                strcat(p, "/");
+                strcat(p, chosen);
+                rc = open_sharded(ix, p, err);
+                free(p);
+            }
+        } else if (nindex > 1) {
+            rc = sl_fail(err, SLUICE_E_INDEX, "%s: several *.safetensors.index.json files; open one of them",
+                         dir);
+        } else if (n == 0) {
+            rc = sl_fail(err, SLUICE_E_NO_FILES, "%s: no .safetensors file in this directory", dir);
+        } else {
+            qsort(names, n, sizeof *names, cmp_cstr);
+            for (size_t i = 0; i < n && rc == SLUICE_OK; i++)
+                rc = open_file(ix, dir, names[i], SLUICE_E_IO, err);
+            if (rc == SLUICE_OK)
+                rc = build_table(ix, err);
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    free(index_name);
+    return rc;
+}
+
+int sl_index_open(sl_index *ix, const char *path, sl_err *err)
+{
+    memset(ix, 0, sizeof *ix);
+    struct stat st;
+    int rc;
+    if (stat(path, &st) != 0)
+        rc = sl_fail_errno(err, errno == ENOENT ? SLUICE_E_NO_FILES : SLUICE_E_IO, errno, "%s", path);
+    else if (S_ISDIR(st.st_mode))
+        rc = open_directory(ix, path, err);
+    else if (ends_with(path, ".json"))
+        rc = open_sharded(ix, path, err);
+    else if ((rc = open_file(ix, NULL, path, SLUICE_E_NO_FILES, err)) == SLUICE_OK)
+        rc = build_table(ix, err);
+    if (rc < 0)
+        sl_index_free(ix);
+    return rc;
+}
+
+void sl_index_free(sl_index *ix)
+{
+    for (size_t i = 0; i < ix->nfiles; i++) {
+        if (ix->files[i].fd >= 0)
+            close(ix->files[i].fd);
+        free(ix->files[i].path);
+    }
+    free(ix->files);
+    free(ix->tensors);
+    free(ix->slots);
+    while (ix->blocks) {
+        struct sl_block *next = ix->blocks->next;
+        free(ix->blocks);
+        ix->blocks = next;
+    }
+    memset(ix, 0, sizeof *ix);
+}

@@ -1,0 +1,52 @@
+/* index.h: the tensor index of an open model (index.c, header.c).
+ *
+ * Built once by sl_index_open from the headers alone and immutable after,
+ * so every thread may read it without a lock. Tensors are stored in model
+ * order (shard order, then data offset); tensor i of the public API is
+ * ix->tensors[i].
+ */
+#ifndef SLUICE_INDEX_H
+#define SLUICE_INDEX_H
+
+#include "error.h"
+#include "sluice.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct sl_file {
+    char *path;              /* as opened: directory + name */
+    const char *name;        /* the base name inside path (manifest "files" key) */
+    int fd;                  /* open O_RDONLY|O_CLOEXEC until sl_index_free */
+    uint64_t size;           /* st_size at open */
+    uint64_t header_bytes;   /* N, the header length */
+    uint64_t data_start;     /* 8 + N */
+    size_t first_tensor;     /* tensors of this file: [first_tensor, first_tensor + tensor_count) */
+    size_t tensor_count;
+    sluice_metadata_kind metadata_kind;
+    sluice_kv *metadata;
+    size_t metadata_count;
+} sl_file;
+
+typedef struct sl_index {
+    sl_file *files;
+    size_t nfiles;
+    struct sluice_tensor_info *tensors; /* pointers inside point into the storage below */
+    size_t ntensors;
+    uint64_t total_bytes;    /* sum of every tensor's nbytes */
+    size_t *slots;           /* open-addressing table of tensor indexes; SIZE_MAX = empty */
+    size_t slot_mask;
+    struct sl_block *blocks; /* storage for names, shapes, metadata strings */
+} sl_index;
+
+/* Opens path (file, directory or *.index.json; see sluice_open) into *ix.
+ * On failure *ix is left empty (safe to sl_index_free) and err says why. */
+int sl_index_open(sl_index *ix, const char *path, sl_err *err);
+
+/* Closes the files and frees everything; *ix is zeroed. */
+void sl_index_free(sl_index *ix);
+
+/* The index of the tensor named name (len bytes), or SIZE_MAX. */
+size_t sl_index_find(const sl_index *ix, const char *name, size_t len);
+
+#endif

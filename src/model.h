@@ -1,0 +1,42 @@
+/* model.h: the model object that ties the components together (model.c).
+ *
+ * open:  index (index.c) -> manifest (manifest.c) -> engine (engine.c)
+ * close: engine -> manifest -> index
+ */
+#ifndef SLUICE_MODEL_H
+#define SLUICE_MODEL_H
+
+#include "error.h"
+#include "index.h"
+#include "sluice.h"
+
+#include <pthread.h>
+
+typedef struct sl_manifest sl_manifest;
+typedef struct sl_engine sl_engine;
+struct sl_err_slot;
+
+struct sluice_model {
+    int failed;                /* open failed: only errmsg and close work */
+    sl_err open_err;           /* the open's failure, when failed */
+    sluice_options opts;       /* copy of the caller's options (defaults filled) */
+    char *path;                /* as given to sluice_open */
+    sl_index index;
+    sl_manifest *manifest;     /* NULL when nothing is verified */
+    sl_engine *engine;
+
+    /* per-thread error detail: one slot per thread that failed a call */
+    pthread_key_t err_key;
+    int err_key_ready;
+    pthread_mutex_t err_lock;
+    struct sl_err_slot *err_slots;
+};
+
+/* Records err as the calling thread's last failure on m and returns
+ * err->code. Public entry points end with: return sl_model_error(m, &err). */
+int sl_model_error(sluice_model *m, const sl_err *err);
+
+/* SLUICE_OK when m is an open, usable model, else SLUICE_E_INVAL. */
+int sl_model_usable(const sluice_model *m);
+
+#endif

@@ -1,0 +1,43 @@
+/* util.h: helpers shared by the tests: temporary folders and
+ * .safetensors files written on the spot. */
+#ifndef SLUICE_TEST_UTIL_H
+#define SLUICE_TEST_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Makes a fresh temporary directory (under $TMPDIR or /tmp) and returns
+ * its path (malloc'd). Aborts the test on failure. */
+char *tu_tmpdir(void);
+
+/* Removes path and everything below it; frees nothing. */
+void tu_rmtree(const char *path);
+
+/* dir + "/" + name, malloc'd. */
+char *tu_join(const char *dir, const char *name);
+
+/* Writes len bytes to path (created or truncated). Aborts on failure. */
+void tu_write_file(const char *path, const void *data, size_t len);
+
+/* Writes a .safetensors file: the 8-byte little-endian length of header,
+ * header itself (strlen), then data_len bytes of data (pattern bytes when
+ * data is NULL: byte i is (i * 131 + 7) & 0xff). */
+void tu_write_safetensors(const char *path, const char *header,
+                          const void *data, size_t data_len);
+
+/* Reads the whole file (malloc'd; *len set). NULL if it cannot be read. */
+void *tu_read_file(const char *path, size_t *len);
+
+/* Reads len bytes at offset of path into a malloc'd buffer (aborts on a
+ * short read): the independent check of what sluice hands out. */
+void *tu_pread_range(const char *path, uint64_t offset, size_t len);
+
+/* The real-world corpus folder (../shared/data/real), or NULL when absent. */
+const char *tu_real_data(void);
+
+/* Lists the *.safetensors files directly inside dir, sorted; returns
+ * the count and a malloc'd array of malloc'd paths (free with tu_free_list). */
+size_t tu_list_safetensors(const char *dir, char ***out);
+void tu_free_list(char **list, size_t n);
+
+#endif
