@@ -47,6 +47,7 @@ SLUICE_API const char *sluice_strerror(int code)
     }
 }
 
+__attribute__((format(printf, 4, 0)))
 static int vfail(sl_err *e, int code, int errnum, const char *fmt, va_list ap)
 {
     if (!e)

@@ -117,9 +117,10 @@ void *tu_pread_range(const char *path, uint64_t offset, size_t len)
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         die("open", path);
-    char *buf = malloc(len ? len : 1);
+    char *buf = malloc(len + 1);
     if (!buf)
         die("malloc", NULL);
+    buf[len] = '\0';
     size_t got = 0;
     while (got < len) {
         ssize_t r = pread(fd, buf + got, len - got, (off_t)(offset + got));

@@ -25,11 +25,13 @@ void tu_write_file(const char *path, const void *data, size_t len);
 void tu_write_safetensors(const char *path, const char *header,
                           const void *data, size_t data_len);
 
-/* Reads the whole file (malloc'd; *len set). NULL if it cannot be read. */
+/* Reads the whole file (malloc'd, with a NUL after the last byte; *len
+ * set). NULL if it cannot be read. */
 void *tu_read_file(const char *path, size_t *len);
 
 /* Reads len bytes at offset of path into a malloc'd buffer (aborts on a
- * short read): the independent check of what sluice hands out. */
+ * short read; a NUL follows the last byte): the independent check of
+ * what sluice hands out. */
 void *tu_pread_range(const char *path, uint64_t offset, size_t len);
 
 /* The real-world corpus folder (../shared/data/real), or NULL when absent. */

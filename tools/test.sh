@@ -1,0 +1,28 @@
+#!/bin/sh
+# The whole test suite, from a fresh Debian 12 machine: installs what is
+# missing, builds with AddressSanitizer + UBSan and runs every test through
+# ctest, then builds with ThreadSanitizer and runs the concurrency tests.
+# usage: tools/test.sh            (from the repository root or anywhere)
+set -eu
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+sh tools/deps.sh clang libclang-rt-14-dev
+jobs=$(nproc 2>/dev/null || echo 2)
+
+echo "== ASan + UBSan build, all tests"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DSLUICE_SANITIZE=ON >/dev/null
+cmake --build build-asan -j "$jobs"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --test-dir build-asan --output-on-failure -j "$jobs"
+
+echo "== ThreadSanitizer build, concurrency tests"
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSLUICE_TSAN=ON >/dev/null
+cmake --build build-tsan -j "$jobs"
+TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -L threads -j "$jobs"
+
+echo "== libFuzzer builds (clang), short bounded runs"
+cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DSLUICE_FUZZ=ON -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_TOOLS=OFF >/dev/null
+cmake --build build-fuzz -j "$jobs"
+sh tests/fuzz/run.sh build-fuzz "${SLUICE_FUZZ_SECONDS:-60}"
+echo "all tests passed"
