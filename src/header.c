@@ -81,29 +81,39 @@ uint64_t sl_header_dim(const sl_header *h, const sl_header_tensor *t, uint32_t k
     return v;
 }
 
-/* A context for messages: "file: tensor "name": ". */
+/* A context for messages: the file and the tensor's raw name, quoted only
+ * when a message needs it (most entries are valid: no formatting then). */
 typedef struct where {
     const char *label;
-    char name[SL_QUOTE_MAX];
+    const char *raw;
+    size_t raw_len;
+    char quoted[SL_QUOTE_MAX];
 } where;
 
-static int number_error(sl_err *err, const where *w, const char *field, const sj_node *n, int rc)
+static const char *qname(where *w)
 {
-    return sl_fail(err, SLUICE_E_INTEGER, "%s: tensor %s: %s holds %.*s, %s", w->label, w->name,
+    if (!w->quoted[0])
+        sl_quote(w->quoted, sizeof w->quoted, w->raw, w->raw_len);
+    return w->quoted;
+}
+
+static int number_error(sl_err *err, where *w, const char *field, const sj_node *n, int rc)
+{
+    return sl_fail(err, SLUICE_E_INTEGER, "%s: tensor %s: %s holds %.*s, %s", w->label, qname(w),
                    field, (int)(n->len > 40 ? 40 : n->len), n->str,
                    rc == -2 ? "which is over 2^64-1" : "which is not a non-negative integer literal");
 }
 
-static int check_shape(const sj_doc *d, const sj_node *shape, const where *w, sl_err *err)
+static int check_shape(const sj_doc *d, const sj_node *shape, where *w, sl_err *err)
 {
     if (shape->type != SJ_ARRAY)
-        return sl_fail(err, SLUICE_E_SHAPE, "%s: tensor %s: shape is not an array", w->label, w->name);
+        return sl_fail(err, SLUICE_E_SHAPE, "%s: tensor %s: shape is not an array", w->label, qname(w));
     for (uint32_t c = shape->first_child; c != SJ_NONE; c = d->nodes[c].next) {
         const sj_node *dim = &d->nodes[c];
         uint64_t v;
         if (dim->type != SJ_NUMBER)
             return sl_fail(err, SLUICE_E_SHAPE, "%s: tensor %s: shape holds a non-number",
-                           w->label, w->name);
+                           w->label, qname(w));
         int rc = sj_u64(dim, &v);
         if (rc < 0)
             return number_error(err, w, "shape", dim, rc);
@@ -111,26 +121,26 @@ static int check_shape(const sj_doc *d, const sj_node *shape, const where *w, sl
     return SLUICE_OK;
 }
 
-static int check_offsets(const sj_doc *d, const sj_node *off, const where *w,
+static int check_offsets(const sj_doc *d, const sj_node *off, where *w,
                          uint64_t *begin, uint64_t *end, sl_err *err)
 {
     if (off->type != SJ_ARRAY || off->count != 2)
         return sl_fail(err, SLUICE_E_OFFSETS, "%s: tensor %s: data_offsets is not an array of two integers",
-                       w->label, w->name);
+                       w->label, qname(w));
     uint64_t v[2];
     uint32_t c = off->first_child;
     for (int i = 0; i < 2; i++, c = d->nodes[c].next) {
         const sj_node *n = &d->nodes[c];
         if (n->type != SJ_NUMBER)
             return sl_fail(err, SLUICE_E_OFFSETS, "%s: tensor %s: data_offsets holds a non-number",
-                           w->label, w->name);
+                           w->label, qname(w));
         int rc = sj_u64(n, &v[i]);
         if (rc < 0)
             return number_error(err, w, "data_offsets", n, rc);
     }
     if (v[0] > v[1])
         return sl_fail(err, SLUICE_E_OFFSETS, "%s: tensor %s: data_offsets [%llu, %llu] end before they begin",
-                       w->label, w->name, (unsigned long long)v[0], (unsigned long long)v[1]);
+                       w->label, qname(w), (unsigned long long)v[0], (unsigned long long)v[1]);
     *begin = v[0];
     *end = v[1];
     return SLUICE_OK;
@@ -150,7 +160,7 @@ static void shape_text(const sj_doc *d, const sj_node *shape, char *out, size_t 
 
 /* Element count x bits must not overflow and must equal 8 x (end - begin). */
 static int check_size(const sj_doc *d, const sj_node *shape, sluice_dtype dt, uint64_t begin,
-                      uint64_t end, const where *w, sl_err *err)
+                      uint64_t end, where *w, sl_err *err)
 {
     uint64_t count = 1, bits;
     char text[256];
@@ -160,32 +170,33 @@ static int check_size(const sj_doc *d, const sj_node *shape, sluice_dtype dt, ui
         if (__builtin_mul_overflow(count, dim, &count)) {
             shape_text(d, shape, text, sizeof text);
             return sl_fail(err, SLUICE_E_OVERFLOW, "%s: tensor %s: shape %s has more than 2^64 elements",
-                           w->label, w->name, text);
+                           w->label, qname(w), text);
         }
     }
     if (__builtin_mul_overflow(count, (uint64_t)dtypes[dt].bits, &bits)) {
         shape_text(d, shape, text, sizeof text);
         return sl_fail(err, SLUICE_E_OVERFLOW, "%s: tensor %s: shape %s of %s overflows 64 bits of size",
-                       w->label, w->name, text, dtypes[dt].name);
+                       w->label, qname(w), text, dtypes[dt].name);
     }
-    shape_text(d, shape, text, sizeof text);
+    if (bits % 8 || bits / 8 != end - begin)
+        shape_text(d, shape, text, sizeof text);
     if (bits % 8)
         return sl_fail(err, SLUICE_E_SIZE_MISMATCH,
                        "%s: tensor %s: shape %s of %s is %llu bits, not a whole number of bytes",
-                       w->label, w->name, text, dtypes[dt].name, (unsigned long long)bits);
+                       w->label, qname(w), text, dtypes[dt].name, (unsigned long long)bits);
     if (bits / 8 != end - begin)
         return sl_fail(err, SLUICE_E_SIZE_MISMATCH,
                        "%s: tensor %s: shape %s of %s needs %llu bytes, data_offsets give %llu",
-                       w->label, w->name, text, dtypes[dt].name, (unsigned long long)(bits / 8),
+                       w->label, qname(w), text, dtypes[dt].name, (unsigned long long)(bits / 8),
                        (unsigned long long)(end - begin));
     return SLUICE_OK;
 }
 
 static int check_entry(const sj_doc *d, const sj_node *entry, sl_header_tensor *t,
-                       const where *w, sl_err *err)
+                       where *w, sl_err *err)
 {
     if (entry->type != SJ_OBJECT)
-        return sl_fail(err, SLUICE_E_ENTRY, "%s: tensor %s: entry is not an object", w->label, w->name);
+        return sl_fail(err, SLUICE_E_ENTRY, "%s: tensor %s: entry is not an object", w->label, qname(w));
     const sj_node *dtype = NULL, *shape = NULL, *offsets = NULL;
     for (uint32_t c = entry->first_child; c != SJ_NONE; c = d->nodes[c].next) {
         const sj_node *m = &d->nodes[c];
@@ -200,17 +211,17 @@ static int check_entry(const sj_doc *d, const sj_node *entry, sl_header_tensor *
             continue; /* the reference ignores unknown fields */
         if (*slot)
             return sl_fail(err, SLUICE_E_ENTRY, "%s: tensor %s: key \"%s\" is repeated",
-                           w->label, w->name, m->key);
+                           w->label, qname(w), m->key);
         *slot = m;
     }
     const char *missing = !dtype ? "dtype" : !shape ? "shape" : !offsets ? "data_offsets" : NULL;
     if (missing)
-        return sl_fail(err, SLUICE_E_ENTRY, "%s: tensor %s: key \"%s\" is missing", w->label, w->name, missing);
+        return sl_fail(err, SLUICE_E_ENTRY, "%s: tensor %s: key \"%s\" is missing", w->label, qname(w), missing);
     if (dtype->type != SJ_STRING)
-        return sl_fail(err, SLUICE_E_DTYPE, "%s: tensor %s: dtype is not a string", w->label, w->name);
+        return sl_fail(err, SLUICE_E_DTYPE, "%s: tensor %s: dtype is not a string", w->label, qname(w));
     if (dtype_from(dtype->str, dtype->len, &t->dtype) < 0) {
         char q[SL_QUOTE_MAX];
-        return sl_fail(err, SLUICE_E_DTYPE, "%s: tensor %s: unknown dtype %s", w->label, w->name,
+        return sl_fail(err, SLUICE_E_DTYPE, "%s: tensor %s: unknown dtype %s", w->label, qname(w),
                        sl_quote(q, sizeof q, dtype->str, dtype->len));
     }
     SL_TRY(check_shape(d, shape, w, err));
@@ -219,6 +230,14 @@ static int check_entry(const sj_doc *d, const sj_node *entry, sl_header_tensor *
     t->ndim = shape->count;
     t->shape_node = (uint32_t)(shape - d->nodes);
     return SLUICE_OK;
+}
+
+static int by_key(const void *a, const void *b)
+{
+    const sj_node *x = *(const sj_node *const *)a, *y = *(const sj_node *const *)b;
+    size_t n = x->key_len < y->key_len ? x->key_len : y->key_len;
+    int c = memcmp(x->key, y->key, n);
+    return c ? c : (x->key_len > y->key_len) - (x->key_len < y->key_len);
 }
 
 static int check_metadata(const sj_doc *d, const sj_node *m, sl_header *h, const char *label, sl_err *err)
@@ -237,11 +256,23 @@ static int check_metadata(const sj_doc *d, const sj_node *m, sl_header *h, const
         if (v->type != SJ_STRING)
             return sl_fail(err, SLUICE_E_METADATA, "%s: __metadata__ value of %s is not a string",
                            label, sl_quote(q, sizeof q, v->key, v->key_len));
-        for (uint32_t o = m->first_child; o != c; o = d->nodes[o].next)
-            if (d->nodes[o].key_len == v->key_len && !memcmp(d->nodes[o].key, v->key, v->key_len))
-                return sl_fail(err, SLUICE_E_METADATA, "%s: __metadata__ key %s is repeated",
-                               label, sl_quote(q, sizeof q, v->key, v->key_len));
     }
+    /* repeated keys: sort the members by key and compare neighbours */
+    const sj_node **sorted = malloc((m->count ? m->count : 1) * sizeof *sorted);
+    if (!sorted)
+        return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", label);
+    size_t n = 0;
+    for (uint32_t c = m->first_child; c != SJ_NONE; c = d->nodes[c].next)
+        sorted[n++] = &d->nodes[c];
+    qsort(sorted, n, sizeof *sorted, by_key);
+    for (size_t i = 1; i < n; i++)
+        if (by_key(&sorted[i - 1], &sorted[i]) == 0) {
+            char q[SL_QUOTE_MAX];
+            sl_quote(q, sizeof q, sorted[i]->key, sorted[i]->key_len);
+            free(sorted);
+            return sl_fail(err, SLUICE_E_METADATA, "%s: __metadata__ key %s is repeated", label, q);
+        }
+    free(sorted);
     h->metadata_kind = SLUICE_METADATA_OBJECT;
     h->metadata_node = (uint32_t)(m - d->nodes);
     return SLUICE_OK;
@@ -316,8 +347,7 @@ int sl_header_parse(const char *label, const unsigned char *bytes, size_t bytes_
             SL_TRY(check_metadata(d, m, h, label, err));
             continue;
         }
-        where w = {.label = label};
-        sl_quote(w.name, sizeof w.name, m->key, m->key_len);
+        where w = {.label = label, .raw = m->key, .raw_len = m->key_len};
         sl_header_tensor *t = &h->tensors[h->ntensors];
         t->name = m->key;
         t->name_len = m->key_len;

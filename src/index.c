@@ -15,7 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define INDEX_JSON_MAX ((size_t)256 << 20)
@@ -190,9 +192,11 @@ static int open_file(sl_index *ix, const char *dir, const char *name, int missin
 
 /* ---------------------------------------------------------------- lookup */
 
-static uint64_t hash_name(const char *s, size_t len)
+/* FNV-1a from a per-index random start, so that names crafted to collide
+ * in the table cannot turn lookups quadratic. */
+static uint64_t hash_name(uint64_t seed, const char *s, size_t len)
 {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    uint64_t h = 1469598103934665603ull ^ seed;
     for (size_t i = 0; i < len; i++) {
         h ^= (unsigned char)s[i];
         h *= 1099511628211ull;
@@ -204,7 +208,7 @@ size_t sl_index_find(const sl_index *ix, const char *name, size_t len)
 {
     if (!ix->slots)
         return SIZE_MAX;
-    for (size_t s = hash_name(name, len) & ix->slot_mask;; s = (s + 1) & ix->slot_mask) {
+    for (size_t s = hash_name(ix->seed, name, len) & ix->slot_mask;; s = (s + 1) & ix->slot_mask) {
         size_t i = ix->slots[s];
         if (i == SIZE_MAX)
             return SIZE_MAX;
@@ -217,6 +221,8 @@ size_t sl_index_find(const sl_index *ix, const char *name, size_t len)
 /* Builds the name table; a name seen twice, in one file or two, fails. */
 static int build_table(sl_index *ix, sl_err *err)
 {
+    if (getrandom(&ix->seed, sizeof ix->seed, GRND_NONBLOCK) != (ssize_t)sizeof ix->seed)
+        ix->seed = (uint64_t)(uintptr_t)ix ^ (uint64_t)time(NULL);
     size_t cap = 16;
     while (cap < ix->ntensors * 2)
         cap *= 2;
@@ -227,7 +233,7 @@ static int build_table(sl_index *ix, sl_err *err)
     ix->slot_mask = cap - 1;
     for (size_t i = 0; i < ix->ntensors; i++) {
         const struct sluice_tensor_info *t = &ix->tensors[i];
-        size_t s = hash_name(t->name, t->name_len) & ix->slot_mask;
+        size_t s = hash_name(ix->seed, t->name, t->name_len) & ix->slot_mask;
         for (; ix->slots[s] != SIZE_MAX; s = (s + 1) & ix->slot_mask) {
             const struct sluice_tensor_info *o = &ix->tensors[ix->slots[s]];
             if (o->name_len == t->name_len && !memcmp(o->name, t->name, t->name_len)) {

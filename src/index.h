@@ -36,6 +36,7 @@ typedef struct sl_index {
     uint64_t total_bytes;    /* sum of every tensor's nbytes */
     size_t *slots;           /* open-addressing table of tensor indexes; SIZE_MAX = empty */
     size_t slot_mask;
+    uint64_t seed;           /* of the name hash */
     struct sl_block *blocks; /* storage for names, shapes, metadata strings */
 } sl_index;
 
