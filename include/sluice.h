@@ -180,8 +180,9 @@ typedef struct sluice_options {
     uint64_t chunk_bytes;   /* size of one read; default 8 MiB, 4 KiB..1 GiB */
     uint32_t io_threads;    /* threads of the pread backend; default 4 */
     uint32_t hash_threads;  /* hashing threads; 0 = online CPUs */
-    const char *manifest_path; /* NULL: the sidecar (see sluice_open) if present */
-    sluice_verify_policy verify; /* default SLUICE_VERIFY_DEFAULT */
+    const char *manifest_path; /* NULL: the sidecar (see "Manifests") if present;
+                                  ignored under SLUICE_VERIFY_OFF */
+    sluice_verify_policy verify; /* default SLUICE_VERIFY_DEFAULT; see "Manifests" */
 } sluice_options;
 
 /* Fills *opts with the defaults. Returns SLUICE_E_INVAL if opts is NULL. */
@@ -212,6 +213,16 @@ typedef struct sluice_model sluice_model;
  * The files stay open until sluice_close.
  *
  * Tensor order (sluice_info's index) is shard order, then data offset.
+ *
+ * Then the manifest is read, unless opts->verify is SLUICE_VERIFY_OFF:
+ * opts->manifest_path when set, else the sidecar when it exists:
+ *  - for a .safetensors file F: "F.manifest.json" beside it
+ *    (model.safetensors -> model.safetensors.manifest.json);
+ *  - for a directory D: "D/sluice.manifest.json";
+ *  - for a *.safetensors.index.json: "sluice.manifest.json" in its directory.
+ * Its forms, its checks and the policies are described under "Manifests"
+ * below; any manifest fault fails the open with its own SLUICE_E_MANIFEST*
+ * code and a message naming the manifest, the line and byte, and the name.
  *
  * opts may be NULL for the defaults. On success *out is the model, to be
  * closed with sluice_close. On failure *out is still set, to a closed model
@@ -387,6 +398,94 @@ typedef int (*sluice_stream_fn)(void *user, sluice_tensor *t, int status,
  */
 SLUICE_API int sluice_stream(sluice_model *model, const char *const *names,
                              size_t n, sluice_stream_fn fn, void *user);
+
+/* ------------------------------------------------------------------------ */
+/* Manifests                                                                */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * A manifest is a JSON file of SHA-256 digests, read once by sluice_open
+ * (see there for where it is looked for). Two forms are read:
+ *
+ *  - flat: {"tensor name": "64 hex digits", ...}
+ *  - structured:
+ *      {"format": "sluice-manifest", "version": 1, "algorithm": "sha256",
+ *       "tensors": {"tensor name": {"sha256": "..."}, ...},
+ *       "files": {"model-00001-of-00002.safetensors":
+ *                   {"sha256": "...", "size": 4970000000}, ...}}
+ *    "tensors" and "files" are optional; "size" is optional. File keys are
+ *    the shards' base names; a file's digest is the SHA-256 of the whole
+ *    file, the one the Hugging Face Hub lists for a Git LFS file. Open does
+ *    not read whole files: the files part is for sluice_manifest_file()
+ *    (the `sluice verify --files` command).
+ *
+ * A top-level object whose "format" member is not itself a digest is the
+ * structured form; any other object is flat (so a tensor may be named
+ * "format"). Digests are 64 hex digits, either case. Names are compared
+ * byte for byte after JSON escapes are decoded (an escaped NUL included).
+ *
+ * Faults, each failing the open:
+ *  SLUICE_E_MANIFEST            the file cannot be opened or read (errno in
+ *                               the message), is larger than
+ *                               SLUICE_MAX_MANIFEST_BYTES, or is not JSON
+ *                               (the message gives line, column and byte);
+ *                               or REQUIRE was asked and there is no manifest
+ *                               (the message names the sidecar looked for)
+ *  SLUICE_E_MANIFEST_FORMAT     not an object; unknown "format", "version" or
+ *                               "algorithm"; an unknown key; an entry that is
+ *                               not an object or lacks "sha256"; a bad "size"
+ *  SLUICE_E_MANIFEST_DIGEST     a digest that is not a string of 64 hex digits
+ *  SLUICE_E_MANIFEST_DUPLICATE  a tensor, file or key listed twice
+ *  SLUICE_E_MANIFEST_UNKNOWN    a tensor or file the model does not have
+ *  SLUICE_E_MANIFEST_MISSING    REQUIRE and tensors without a digest (the
+ *                               message gives the count and the first names)
+ *
+ * Policies (sluice_options.verify):
+ *  DEFAULT     REQUIRE when a manifest is in play (manifest_path set, or the
+ *              sidecar exists), else OFF.
+ *  REQUIRE     a manifest must be found and give every tensor a digest;
+ *              every tensor is checked when read.
+ *  IF_PRESENT  the tensors the manifest lists are checked, others are not;
+ *              no manifest found: nothing is checked (an explicit
+ *              manifest_path that cannot be read still fails).
+ *  OFF         no manifest is read at all, manifest_path included.
+ * A checked tensor whose bytes do not match fails with SLUICE_E_CHECKSUM
+ * (see sluice_acquire); its bytes are never handed out.
+ */
+
+/* The largest manifest read, in bytes. */
+#define SLUICE_MAX_MANIFEST_BYTES ((uint64_t)1 << 30)
+/* The size sluice_manifest_file() reports when the manifest gives none. */
+#define SLUICE_SIZE_UNKNOWN UINT64_MAX
+
+/* The policy in force on an open model: SLUICE_VERIFY_REQUIRE or
+ * SLUICE_VERIFY_IF_PRESENT when a manifest was read, else
+ * SLUICE_VERIFY_OFF (also for a NULL or failed model); never DEFAULT.
+ * Any thread. */
+SLUICE_API sluice_verify_policy sluice_verify_mode(const sluice_model *model);
+
+/* The path of the manifest read at open (as given, or the sidecar's), or
+ * NULL when none was read. Borrowed until sluice_close. Any thread. */
+SLUICE_API const char *sluice_manifest_path(const sluice_model *model);
+
+/* Copies the digest the manifest gives tensor i (model order) into digest.
+ * Returns SLUICE_OK, SLUICE_E_NOT_FOUND when tensor i is not checked (no
+ * manifest, or IF_PRESENT and not listed), or SLUICE_E_INVAL (bad model,
+ * i out of range, NULL digest). Any thread. */
+SLUICE_API int sluice_manifest_tensor(const sluice_model *model, size_t i,
+                                      uint8_t digest[32]);
+
+/* Copies the whole-file digest the manifest gives file i (see
+ * sluice_file_info) into digest, and its size into *size (size may be
+ * NULL; SLUICE_SIZE_UNKNOWN when the manifest gives none). Returns
+ * SLUICE_OK, SLUICE_E_NOT_FOUND when the manifest lists no such file (or
+ * none was read), or SLUICE_E_INVAL. Any thread. */
+SLUICE_API int sluice_manifest_file(const sluice_model *model, size_t file_index,
+                                    uint8_t digest[32], uint64_t *size);
+
+/* Writes digest as 64 lowercase hex digits and a NUL into hex; returns
+ * hex. Any thread. */
+SLUICE_API char *sluice_digest_hex(const uint8_t digest[32], char hex[65]);
 
 /* ------------------------------------------------------------------------ */
 /* Statistics                                                               */

@@ -1,0 +1,150 @@
+/* test_manifest_oom.c: reading a manifest with the Nth allocation failing,
+ * for every N: each open returns SLUICE_E_NOMEM or the manifest's own
+ * code, and leaks nothing (LeakSanitizer checks at exit). The
+ * seam is the linker (--wrap, see manifest.cmake); cJSON's own
+ * allocations live in its shared library and are not failed here. */
+#include "mf_fixture.h"
+#include "util.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <sluice.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t n, size_t size);
+void *__real_realloc(void *p, size_t n);
+char *__real_strdup(const char *s);
+void *__wrap_malloc(size_t n);
+void *__wrap_calloc(size_t n, size_t size);
+void *__wrap_realloc(void *p, size_t n);
+char *__wrap_strdup(const char *s);
+
+static atomic_long countdown = -1; /* < 0: disarmed; 0: fail this one */
+static atomic_long failures;
+
+static int should_fail(void)
+{
+    long c = atomic_load(&countdown);
+    while (c >= 0) {
+        if (atomic_compare_exchange_weak(&countdown, &c, c - 1)) {
+            if (c == 0) {
+                atomic_fetch_add(&failures, 1);
+                return 1;
+            }
+            return 0;
+        }
+    }
+    return 0;
+}
+
+void *__wrap_malloc(size_t n) { return should_fail() ? NULL : __real_malloc(n); }
+void *__wrap_calloc(size_t n, size_t size) { return should_fail() ? NULL : __real_calloc(n, size); }
+void *__wrap_realloc(void *p, size_t n) { return should_fail() ? NULL : __real_realloc(p, n); }
+char *__wrap_strdup(const char *s) { return should_fail() ? NULL : __real_strdup(s); }
+
+/* Opens path failing allocation N = 0, 1, ... until an open runs without a
+ * failure; each must end with want (the code of the clean run) or NOMEM.
+ * want is a manifest fault, so that the open stops at the manifest: the
+ * engine's own allocations are test_alloc_fail's business. */
+static void oom_loop(const char *path, const char *manifest, sluice_verify_policy pol, int want)
+{
+    long n;
+    for (n = 0; n < 100000; n++) {
+        sluice_options o;
+        sluice_options_init(&o);
+        o.manifest_path = manifest;
+        o.verify = pol;
+        sluice_model *m = NULL;
+        atomic_store(&failures, 0);
+        atomic_store(&countdown, n);
+        int rc = sluice_open(path, &o, &m);
+        atomic_store(&countdown, -1);
+        long failed = atomic_load(&failures);
+        if (!failed) {
+            if (rc != want)
+                fail_msg("clean run: %d, expected %d: %s", rc, want, sluice_errmsg(m));
+            sluice_close(m);
+            break;
+        }
+        if (rc != SLUICE_E_NOMEM && rc != want)
+            fail_msg("allocation %ld failed: got %d (%s)", n, rc, m ? sluice_errmsg(m) : "");
+        sluice_close(m);
+    }
+    assert_true(n > 3);
+}
+
+typedef struct fx {
+    char *dir, *model, *manifest;
+} fx;
+
+static int setup(void **state)
+{
+    fx *f = calloc(1, sizeof *f);
+    f->dir = tu_tmpdir();
+    f->model = tu_join(f->dir, "model.safetensors");
+    f->manifest = tu_join(f->dir, "model.safetensors.manifest.json"); /* the sidecar */
+    const char *keys[] = {"a", "b\\u0000c", "d"};
+    const uint64_t sizes[] = {3, 4, 5};
+    mf_write_model(f->model, 3, keys, sizes);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fx *f = *state;
+    tu_rmtree(f->dir);
+    free(f->dir);
+    free(f->model);
+    free(f->manifest);
+    free(f);
+    return 0;
+}
+
+#define Z "0000000000000000000000000000000000000000000000000000000000000000"
+
+/* A structured manifest read to its very end: it fails only at the last
+ * step (REQUIRE and "d" has no digest), so every allocation of a full read
+ * is failed in turn without the engine being created. */
+static void structured_to_the_end(void **state)
+{
+    fx *f = *state;
+    mf_write_text(f->manifest, "{\"format\":\"sluice-manifest\",\"version\":1,\"algorithm\":\"sha256\","
+                               "\"tensors\":{\"a\":{\"sha256\":\"" Z "\"},\"b\\u0000c\":{\"sha256\":\"" Z "\"}},"
+                               "\"files\":{\"model.safetensors\":{\"sha256\":\"" Z "\",\"size\":30}}}");
+    oom_loop(f->model, NULL, SLUICE_VERIFY_DEFAULT, SLUICE_E_MANIFEST_MISSING);     /* sidecar */
+    oom_loop(f->model, f->manifest, SLUICE_VERIFY_REQUIRE, SLUICE_E_MANIFEST_MISSING); /* explicit */
+}
+
+static void flat_faults(void **state)
+{
+    fx *f = *state;
+    mf_write_text(f->manifest, "{\"a\":\"" Z "\",\"d\":\"" Z "\"}");
+    oom_loop(f->model, NULL, SLUICE_VERIFY_REQUIRE, SLUICE_E_MANIFEST_MISSING);
+    mf_write_text(f->manifest, "{\"a\":\"" Z "\",\"a\":\"" Z "\"}");
+    oom_loop(f->model, NULL, SLUICE_VERIFY_REQUIRE, SLUICE_E_MANIFEST_DUPLICATE);
+    mf_write_text(f->manifest, "{\"a\":\"" Z "\",\"x\":\"" Z "\"}");
+    oom_loop(f->model, NULL, SLUICE_VERIFY_REQUIRE, SLUICE_E_MANIFEST_UNKNOWN);
+    mf_write_text(f->manifest, "{\"a\":\"" Z "\",\"d\":7}");
+    oom_loop(f->model, NULL, SLUICE_VERIFY_REQUIRE, SLUICE_E_MANIFEST_DIGEST);
+    mf_write_text(f->manifest, "{\"a\":");
+    oom_loop(f->model, NULL, SLUICE_VERIFY_REQUIRE, SLUICE_E_MANIFEST);
+    mf_write_text(f->manifest, "{\"format\":\"sluice-manifest\",\"version\":1,\"algorithm\":\"sha256\",\"x\":1}");
+    oom_loop(f->model, NULL, SLUICE_VERIFY_REQUIRE, SLUICE_E_MANIFEST_FORMAT);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(structured_to_the_end, setup, teardown),
+        cmocka_unit_test_setup_teardown(flat_faults, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

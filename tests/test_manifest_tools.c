@@ -1,0 +1,462 @@
+/* test_manifest_tools.c: the `sluice manifest`, `sluice verify` and
+ * `sluice cat` commands, run as programs (SLUICE_BINARY_DIR/sluice):
+ * a manifest they write loads and verifies clean (generated models and the
+ * real files), file digests equal an independent SHA-256, a flipped byte
+ * fails exactly its tensor by name, cat writes verified bytes or nothing,
+ * and exit statuses follow their --help. */
+#include "mf_fixture.h"
+#include "util.h"
+
+#include "sluice.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+static const char *const tool = SLUICE_BINARY_DIR "/sluice";
+
+typedef struct run_result {
+    int status;       /* exit status, or 128 + signal */
+    char *out, *err;  /* what it wrote, NUL-terminated */
+    size_t out_len, err_len;
+} run_result;
+
+static void run_free(run_result *r)
+{
+    free(r->out);
+    free(r->err);
+}
+
+/* Runs the tool with args (NULL-terminated), stdout and stderr to files. */
+static run_result run(const char *dir, const char *arg0, ...)
+{
+    const char *argv[32];
+    int argc = 0;
+    argv[argc++] = tool;
+    va_list ap;
+    va_start(ap, arg0);
+    for (const char *a = arg0; a && argc < 31; a = va_arg(ap, const char *))
+        argv[argc++] = a;
+    va_end(ap);
+    argv[argc] = NULL;
+    char *out = tu_join(dir, "stdout"), *err = tu_join(dir, "stderr");
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int o = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0)
+            _exit(126);
+        execv(tool, (char *const *)argv);
+        _exit(127);
+    }
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0)
+        assert_int_equal(errno, EINTR);
+    run_result r = {0};
+    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    r.out = tu_read_file(out, &r.out_len);
+    r.err = tu_read_file(err, &r.err_len);
+    assert_non_null(r.out);
+    assert_non_null(r.err);
+    char *o2 = realloc(r.out, r.out_len + 1), *e2 = realloc(r.err, r.err_len + 1);
+    assert_non_null(o2);
+    assert_non_null(e2);
+    r.out = o2;
+    r.err = e2;
+    r.out[r.out_len] = '\0';
+    r.err[r.err_len] = '\0';
+    free(out);
+    free(err);
+    return r;
+}
+
+static void expect_status(const run_result *r, int status, const char *what)
+{
+    if (r->status != status)
+        fail_msg("%s: exit %d, expected %d\nstdout: %s\nstderr: %s", what, r->status, status, r->out, r->err);
+}
+
+static size_t count(const char *hay, const char *needle)
+{
+    size_t n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    if (access(tool, X_OK) != 0) {
+        fprintf(stderr, "%s not built: skipping\n", tool);
+        exit(77);
+    }
+    return 0;
+}
+
+typedef struct fx {
+    char *dir;    /* scratch: stdout, stderr */
+    char *model;  /* dir/model: a sharded model */
+} fx;
+
+static const char *const k1[] = {"w.0", "tiny.a", "tiny.b", "tiny.c", "w.1"};
+static const uint64_t z1[] = {200000, 1, 3, 2, 900000};
+static const char *const k2[] = {"w.2", "odd \\\"name\\\"\\n\\u0001", "last"};
+static const uint64_t z2[] = {50000, 17, 4};
+
+static int setup(void **state)
+{
+    fx *f = calloc(1, sizeof *f);
+    assert_non_null(f);
+    f->dir = tu_tmpdir();
+    f->model = tu_join(f->dir, "model");
+    assert_int_equal(mkdir(f->model, 0755), 0);
+    char *s1 = tu_join(f->model, "model-00001-of-00002.safetensors");
+    char *s2 = tu_join(f->model, "model-00002-of-00002.safetensors");
+    mf_write_model(s1, 5, k1, z1);
+    mf_write_model(s2, 3, k2, z2);
+    free(s1);
+    free(s2);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fx *f = *state;
+    tu_rmtree(f->dir);
+    free(f->dir);
+    free(f->model);
+    free(f);
+    return 0;
+}
+
+/* Opens path with manifest (NULL: sidecar) and policy REQUIRE. */
+static sluice_model *open_require(const char *path, const char *manifest)
+{
+    sluice_options o;
+    sluice_options_init(&o);
+    o.verify = SLUICE_VERIFY_REQUIRE;
+    o.manifest_path = manifest;
+    sluice_model *m = NULL;
+    if (sluice_open(path, &o, &m) != SLUICE_OK)
+        fail_msg("open %s: %s", path, sluice_errmsg(m));
+    return m;
+}
+
+/* The manifest's file digests and sizes equal EVP over the whole file. */
+static void check_file_digests(sluice_model *m)
+{
+    for (size_t i = 0; i < sluice_file_count(m); i++) {
+        struct sluice_file_info fi;
+        uint8_t want[32], got[32];
+        uint64_t size = 0;
+        assert_int_equal(sluice_file_info(m, i, &fi), SLUICE_OK);
+        assert_int_equal(sluice_manifest_file(m, i, got, &size), SLUICE_OK);
+        size_t len = 0;
+        void *all = tu_read_file(fi.path, &len);
+        assert_non_null(all);
+        mf_sha256(all, len, want);
+        free(all);
+        assert_memory_equal(got, want, 32);
+        assert_int_equal(size, len);
+    }
+}
+
+/* ---------------------------------------------------------------- tests */
+
+static void manifest_sidecar_verifies(void **state)
+{
+    fx *f = *state;
+    char *side = tu_join(f->model, "sluice.manifest.json");
+    run_result r = run(f->dir, "manifest", f->model, "-o", side, NULL);
+    expect_status(&r, 0, "manifest");
+    assert_int_equal(r.out_len, 0);
+    assert_int_equal(r.err_len, 0); /* no progress bar: stderr is not a terminal */
+    run_free(&r);
+    sluice_model *m = open_require(f->model, NULL);
+    assert_string_equal(sluice_manifest_path(m), side);
+    check_file_digests(m);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+
+    r = run(f->dir, "verify", f->model, "--files", NULL);
+    expect_status(&r, 0, "verify");
+    assert_non_null(strstr(r.out, "8 tensors verified, 0 failed, 2 files verified, 0 failed"));
+    run_free(&r);
+    free(side);
+}
+
+static void manifest_stdout_and_flat(void **state)
+{
+    fx *f = *state;
+    char *mpath = tu_join(f->dir, "m.json");
+    run_result r = run(f->dir, "manifest", f->model, NULL);
+    expect_status(&r, 0, "manifest to stdout");
+    assert_non_null(strstr(r.out, "\"format\": \"sluice-manifest\""));
+    /* tensors in model order */
+    const char *a = strstr(r.out, "\"w.0\""), *b = strstr(r.out, "\"tiny.a\""), *c = strstr(r.out, "\"last\"");
+    assert_true(a && b && c && a < b && b < c);
+    tu_write_file(mpath, r.out, r.out_len);
+    run_free(&r);
+    sluice_model *m = open_require(f->model, mpath);
+    check_file_digests(m);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+
+    r = run(f->dir, "manifest", "--flat", f->model, NULL);
+    expect_status(&r, 0, "manifest --flat");
+    assert_null(strstr(r.out, "\"format\""));
+    assert_null(strstr(r.out, "\"files\""));
+    tu_write_file(mpath, r.out, r.out_len);
+    run_free(&r);
+    m = open_require(f->model, mpath);
+    uint8_t d[32];
+    assert_int_equal(sluice_manifest_file(m, 0, d, NULL), SLUICE_E_NOT_FOUND);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+
+    r = run(f->dir, "verify", f->model, "--manifest", mpath, NULL);
+    expect_status(&r, 0, "verify flat");
+    run_free(&r);
+    /* --files with a manifest that has no file digests fails */
+    r = run(f->dir, "verify", f->model, "--manifest", mpath, "--files", NULL);
+    expect_status(&r, 1, "verify --files, flat manifest");
+    assert_int_equal(count(r.out, "FAILED file"), 2);
+    run_free(&r);
+    free(mpath);
+}
+
+/* Names that need escaping survive the round trip. */
+static void odd_names_round_trip(void **state)
+{
+    fx *f = *state;
+    char *model = tu_join(f->dir, "odd.safetensors");
+    const char *keys[] = {"q\\\"uote", "nul\\u0000in", "nul", "ctl\\u001f\\b\\f", "back\\\\slash", "\\u00e9\\ud83d\\ude00"};
+    const uint64_t sizes[] = {3, 5, 7, 11, 13, 17};
+    mf_write_model(model, 6, keys, sizes);
+    char *side = tu_join(f->dir, "odd.safetensors.manifest.json");
+    run_result r = run(f->dir, "manifest", model, "-o", side, NULL);
+    expect_status(&r, 0, "manifest of odd names");
+    run_free(&r);
+    sluice_model *m = open_require(model, NULL); /* every name found again */
+    assert_int_equal(sluice_count(m), 6);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    r = run(f->dir, "verify", model, "--files", NULL);
+    expect_status(&r, 0, "verify odd names");
+    run_free(&r);
+    r = run(f->dir, "manifest", "--flat", model, "-o", side, NULL);
+    expect_status(&r, 0, "flat manifest of odd names");
+    run_free(&r);
+    r = run(f->dir, "verify", model, NULL);
+    expect_status(&r, 0, "verify odd names, flat");
+    run_free(&r);
+    free(side);
+    free(model);
+}
+
+/* One byte flipped in one tensor (several positions and tensors, small
+ * coalesced ones included): verify names exactly that tensor. */
+static void verify_reports_flipped_tensor(void **state)
+{
+    fx *f = *state;
+    char *side = tu_join(f->model, "sluice.manifest.json");
+    run_result r = run(f->dir, "manifest", f->model, "-o", side, NULL);
+    expect_status(&r, 0, "manifest");
+    run_free(&r);
+    const struct { const char *name, *quoted; uint64_t at; } cases[] = {
+        {"w.0", "\"w.0\"", 0},
+        {"w.1", "\"w.1\"", 450000},
+        {"w.1", "\"w.1\"", 899999},
+        {"tiny.b", "\"tiny.b\"", 2},
+        {"tiny.a", "\"tiny.a\"", 0},
+        {"odd \"name\"\n\x01", "\"odd \\\"name\\\"\\n\\u0001\"", 16},
+        {"last", "\"last\"", 3},
+    };
+    sluice_model *m = open_require(f->model, NULL);
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        struct sluice_tensor_info info;
+        assert_int_equal(sluice_find(m, cases[k].name, &info), SLUICE_OK);
+        char *file = strdup(info.file);
+        mf_flip_byte(file, info.offset + cases[k].at);
+        r = run(f->dir, "verify", f->model, "--files", NULL);
+        expect_status(&r, 1, cases[k].name);
+        char want[128];
+        snprintf(want, sizeof want, "FAILED tensor %s", cases[k].quoted);
+        if (count(r.out, "FAILED tensor") != 1 || !strstr(r.out, want))
+            fail_msg("expected only %s:\n%s", want, r.out);
+        assert_int_equal(count(r.out, "FAILED file"), 1);
+        assert_non_null(strstr(r.out, "7 tensors verified, 1 failed, 1 files verified, 1 failed"));
+        run_free(&r);
+        mf_flip_byte(file, info.offset + cases[k].at);
+        free(file);
+    }
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    r = run(f->dir, "verify", f->model, NULL);
+    expect_status(&r, 0, "verify restored");
+    run_free(&r);
+    free(side);
+}
+
+static void cat_writes_verified_bytes(void **state)
+{
+    fx *f = *state;
+    char *side = tu_join(f->model, "sluice.manifest.json");
+    /* without a manifest: plain bytes */
+    run_result r = run(f->dir, "cat", f->model, "w.2", NULL);
+    expect_status(&r, 0, "cat, no manifest");
+    sluice_model *m = NULL;
+    assert_int_equal(sluice_open(f->model, NULL, &m), SLUICE_OK);
+    struct sluice_tensor_info info;
+    assert_int_equal(sluice_find(m, "w.2", &info), SLUICE_OK);
+    char *file = strdup(info.file);
+    uint64_t off = info.offset, n = info.nbytes;
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    void *want = tu_pread_range(file, off, (size_t)n);
+    assert_int_equal(r.out_len, n);
+    assert_memory_equal(r.out, want, (size_t)n);
+    run_free(&r);
+
+    r = run(f->dir, "manifest", f->model, "-o", side, NULL);
+    expect_status(&r, 0, "manifest");
+    run_free(&r);
+    r = run(f->dir, "cat", f->model, "w.2", NULL);
+    expect_status(&r, 0, "cat, verified");
+    assert_int_equal(r.out_len, n);
+    assert_memory_equal(r.out, want, (size_t)n);
+    run_free(&r);
+
+    mf_flip_byte(file, off + n - 1);
+    r = run(f->dir, "cat", f->model, "w.2", NULL);
+    expect_status(&r, 1, "cat, corrupt");
+    assert_int_equal(r.out_len, 0); /* nothing at all */
+    assert_non_null(strstr(r.err, "\"w.2\""));
+    run_free(&r);
+    r = run(f->dir, "cat", f->model, "last", NULL); /* the others still fine */
+    expect_status(&r, 0, "cat, other tensor");
+    assert_int_equal(r.out_len, 4);
+    run_free(&r);
+    /* an explicit manifest that lacks the tensor: refused */
+    char *partial = tu_join(f->dir, "partial.json");
+    mf_write_text(partial, "{\"last\": \"0000000000000000000000000000000000000000000000000000000000000000\"}");
+    r = run(f->dir, "cat", f->model, "w.0", "--manifest", partial, NULL);
+    expect_status(&r, 1, "cat, no digest for it");
+    assert_int_equal(r.out_len, 0);
+    run_free(&r);
+    r = run(f->dir, "cat", f->model, "nope", NULL);
+    expect_status(&r, 2, "cat, no such tensor");
+    run_free(&r);
+    mf_flip_byte(file, off + n - 1);
+    free(partial);
+    free(want);
+    free(file);
+    free(side);
+}
+
+static void usage_and_open_errors(void **state)
+{
+    fx *f = *state;
+    const char *const *cases[] = {
+        (const char *const[]){"verify", NULL},
+        (const char *const[]){"verify", "--bogus", NULL},
+        (const char *const[]){"verify", "--pool", "12Q", NULL},
+        (const char *const[]){"manifest", NULL},
+        (const char *const[]){"cat", NULL},
+        (const char *const[]){"cat", "x", NULL},
+        (const char *const[]){"verify", "/nonexistent/model.safetensors", NULL},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const char *const *a = cases[k];
+        run_result r = run(f->dir, a[0], a[1], a[1] ? a[2] : NULL, a[1] && a[2] ? a[3] : NULL, NULL);
+        expect_status(&r, 2, a[0]);
+        run_free(&r);
+    }
+    /* verify with no manifest at all: REQUIRE names the sidecar */
+    run_result r = run(f->dir, "verify", f->model, NULL);
+    expect_status(&r, 2, "verify without manifest");
+    assert_non_null(strstr(r.err, "sluice.manifest.json"));
+    run_free(&r);
+    /* a manifest missing a tensor: open error, the name listed */
+    char *mpath = tu_join(f->dir, "m.json");
+    r = run(f->dir, "manifest", "--flat", f->model, "-o", mpath, NULL);
+    expect_status(&r, 0, "manifest");
+    run_free(&r);
+    size_t len = 0;
+    char *text = tu_read_file(mpath, &len);
+    char *line = strstr(text, "\"last\": ");
+    assert_non_null(line);
+    memcpy(line, "\"lost\"", 6); /* now names a tensor the model lacks */
+    tu_write_file(mpath, text, len);
+    free(text);
+    r = run(f->dir, "verify", f->model, "--manifest", mpath, NULL);
+    expect_status(&r, 2, "verify, manifest names an unknown tensor");
+    assert_non_null(strstr(r.err, "\"lost\""));
+    run_free(&r);
+    /* help */
+    r = run(f->dir, "verify", "--help", NULL);
+    expect_status(&r, 0, "verify --help");
+    assert_non_null(strstr(r.out, "Exit status"));
+    run_free(&r);
+    r = run(f->dir, "manifest", "--help", NULL);
+    expect_status(&r, 0, "manifest --help");
+    assert_non_null(strstr(r.out, "stdout"));
+    run_free(&r);
+    free(mpath);
+}
+
+/* Every real file: manifest + verify --files clean, file digests equal
+ * an independent SHA-256. The corpus is read-only: manifests go to tmp. */
+static void real_files_round_trip(void **state)
+{
+    fx *f = *state;
+    const char *real = tu_real_data();
+    if (!real)
+        skip();
+    char **files = NULL;
+    size_t n = tu_list_safetensors(real, &files);
+    char *sharded = tu_join(real, "SafeTensors.jl__sharded");
+    char *mpath = tu_join(f->dir, "real.json");
+    for (size_t k = 0; k <= n; k++) {
+        const char *path = k < n ? files[k] : sharded;
+        run_result r = run(f->dir, "manifest", path, "-o", mpath, NULL);
+        expect_status(&r, 0, path);
+        run_free(&r);
+        sluice_model *m = open_require(path, mpath);
+        check_file_digests(m);
+        size_t nt = sluice_count(m);
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+        r = run(f->dir, "verify", path, "--manifest", mpath, "--files", NULL);
+        expect_status(&r, 0, path);
+        char want[96];
+        snprintf(want, sizeof want, "%zu tensors verified, 0 failed, ", nt);
+        if (!strstr(r.out, want))
+            fail_msg("%s: %s", path, r.out);
+        run_free(&r);
+    }
+    free(mpath);
+    free(sharded);
+    tu_free_list(files, n);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(manifest_sidecar_verifies, setup, teardown),
+        cmocka_unit_test_setup_teardown(manifest_stdout_and_flat, setup, teardown),
+        cmocka_unit_test_setup_teardown(odd_names_round_trip, setup, teardown),
+        cmocka_unit_test_setup_teardown(verify_reports_flipped_tensor, setup, teardown),
+        cmocka_unit_test_setup_teardown(cat_writes_verified_bytes, setup, teardown),
+        cmocka_unit_test_setup_teardown(usage_and_open_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(real_files_round_trip, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, group_setup, NULL);
+}

@@ -1,0 +1,14 @@
+/* cmd.h: the subcommands of the sluice command, one file each. Each takes
+ * the arguments after its own name (argv[0] is the subcommand) and returns
+ * the process exit status. */
+#ifndef SLUICE_CMD_H
+#define SLUICE_CMD_H
+
+int cmd_inspect(int argc, char **argv);
+int cmd_synth(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_manifest(int argc, char **argv);
+int cmd_verify(int argc, char **argv);
+int cmd_cat(int argc, char **argv);
+
+#endif

@@ -1,0 +1,55 @@
+/* integrity.h: what the manifest, verify and cat commands share: the
+ * loader options they take on the command line, whole-file SHA-256 in
+ * parallel, and quoting names for messages (integrity.c). */
+#ifndef SLUICE_TOOLS_INTEGRITY_H
+#define SLUICE_TOOLS_INTEGRITY_H
+
+#include "progress.h"
+
+#include "sluice.h"
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* The help text of the options ig_loader_option() takes. */
+#define IG_LOADER_HELP                                                        \
+    "  --pool SIZE       buffer pool budget (e.g. 512M, 4G; default 4G)\n"    \
+    "  --qd N            reads in flight (default 32)\n"                      \
+    "  --threads N       hashing threads (default: online CPUs)\n"            \
+    "  --direct          read with O_DIRECT where the file system allows\n"   \
+    "  --pread           use the pread thread pool instead of io_uring\n"
+
+/* If argv[*i] is one of IG_LOADER_HELP's options, applies it to o,
+ * advances *i past its value and returns 1; returns 0 when it is not one;
+ * -1 (after a message on stderr naming cmd) for a bad or missing value. */
+int ig_loader_option(const char *cmd, int argc, char **argv, int *i, sluice_options *o);
+
+/* The whole-file SHA-256 of every file of a model, computed by threads of
+ * their own (one per file, at most the online CPUs) reading with pread in
+ * 8 MiB blocks, while the caller does something else. */
+typedef struct ig_file_result {
+    uint8_t digest[32];
+    uint64_t bytes;     /* bytes hashed (the file's size as read) */
+    int error;          /* errno of a failed open or read, else 0 */
+} ig_file_result;
+
+typedef struct ig_filehash ig_filehash;
+
+/* Starts hashing every file of model; progress (may be NULL) counts the
+ * bytes. Returns NULL when out of memory or no thread could be started
+ * (with a message on stderr). */
+ig_filehash *ig_filehash_start(const sluice_model *model, progress *p);
+
+/* Waits for every file; returns the results (one per file, in
+ * sluice_file_info order), valid until ig_filehash_free. */
+const ig_file_result *ig_filehash_wait(ig_filehash *fh);
+void ig_filehash_free(ig_filehash *fh);
+
+/* name (len bytes, any content) as a quoted, escaped JSON string. */
+void ig_quote(FILE *out, const char *name, size_t len);
+
+/* Seconds on the monotonic clock. */
+double ig_now(void);
+
+#endif

@@ -1,0 +1,44 @@
+/* sluice.c: the sluice command: dispatches to one subcommand per file. */
+#include "cmd.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} commands[] = {
+    {"inspect", cmd_inspect, "inspect PATH [--json]      list tensors, metadata and totals"},
+    {"synth", cmd_synth, "synth PRESET OUTDIR [...]  write a synthetic model and its manifest"},
+    {"bench", cmd_bench, "bench PATH [...]           benchmark loading against baselines"},
+    {"manifest", cmd_manifest, "manifest PATH [-o FILE]    write the SHA-256 manifest of a model"},
+    {"verify", cmd_verify, "verify PATH [--files]      check every tensor (and file) against the manifest"},
+    {"cat", cmd_cat, "cat PATH NAME              write one tensor's verified bytes to stdout"},
+};
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: sluice COMMAND [ARGS]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(out, "  %s\n", commands[i].summary);
+    fprintf(out, "\nrun 'sluice COMMAND --help' for a command's options\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name))
+            return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "sluice: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
