@@ -1,0 +1,564 @@
+/* bench.c: `sluice bench`: how fast sluice loads a model, next to what
+ * the machine can do, measured in the same session.
+ *
+ * Every configuration of the sweep (pool x qd x chunk x direct x verify x
+ * backend) is run in stream mode, and in random-acquire mode with
+ * --random. Three baselines run beside them: (a) sequential pread of the
+ * files, the I/O ceiling; (b) pread + SHA-256 per tensor on one thread,
+ * what a plain loader does; (c) SHA-256 of memory on one thread, the
+ * hashing ceiling of a core. Runs are interleaved, one round at a time
+ * (every baseline, then every configuration), so that drift in the
+ * machine hits all of them alike. Each run is a fresh process (see
+ * bench_run.c); each figure is the median of the rounds, with min and max.
+ */
+#include "bench.h"
+#include "cmd.h"
+
+#include "sluice.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAX_VALUES 16
+
+typedef struct sweep {
+    const char *name;        /* "pool" */
+    uint64_t v[MAX_VALUES];
+    size_t n;
+    int is_size, is_bool;    /* how values are written and parsed */
+} sweep;
+
+enum { SW_POOL, SW_QD, SW_CHUNK, SW_DIRECT, SW_VERIFY, SW_BACKEND, SW_COUNT };
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: sluice bench PATH [options]\n"
+        "\n"
+        "Loads the model at PATH with sluice in every configuration of the sweep and\n"
+        "prints time, throughput, latencies, CPU and memory beside three baselines\n"
+        "measured in the same run: (a) sequential pread of the files (I/O ceiling),\n"
+        "(b) pread + SHA-256 per tensor on one thread, (c) SHA-256 of memory on one\n"
+        "thread (hashing ceiling per core). Figures are medians of --runs runs.\n"
+        "\n"
+        "sweeps (comma lists; the cross product is run):\n"
+        "  --pool SIZES        buffer pool budget (default: the library's, 4G)\n"
+        "  --qd N,...          reads in flight (default 32)\n"
+        "  --chunk SIZES       size of one read (default 8M)\n"
+        "  --direct off,on     O_DIRECT reads (default off)\n"
+        "  --verify off,on     on: the manifest with policy REQUIRE (default: off,on\n"
+        "                      when the model has a manifest, else off)\n"
+        "  --backend auto,pread  auto: io_uring where the kernel allows (default auto)\n"
+        "other options:\n"
+        "  --random            also acquire every tensor in random order\n"
+        "  --runs N            runs of each configuration (default 3)\n"
+        "  --cold              drop the files' page cache before every run\n"
+        "                      (default: warm, after one untimed pass)\n"
+        "  --baselines all|none  (default all)\n"
+        "  --manifest FILE     the manifest for --verify on (default: the sidecar)\n"
+        "  --seed S            order of --random (default 1)\n"
+        "  --csv FILE          every run, one line each\n"
+        "  --plot FILE.png     throughput per configuration (needs gnuplot)\n"
+        "\n"
+        "SIZES are byte counts with an optional K, M, G suffix (powers of 1024).\n"
+        "\n"
+        "figures (each run is a fresh process):\n"
+        "  wall s     sluice: open + load every tensor + close; baselines: the whole pass\n"
+        "  GB/s       tensor bytes / wall (c: bytes hashed / wall)\n"
+        "  first ms, p50 ms, p99 ms  stream and (a), (b): from the start of the load to\n"
+        "             each tensor's delivery; random: how long each acquire blocked\n"
+        "  cpu s      user + system time of the run, every thread\n"
+        "  rss MB     peak resident memory of the run's process\n"
+        "  read/need  bytes read over tensor bytes (coalescing and read-ahead waste)\n"
+        "  ratio      GB/s over the ceiling: verify off: (a); verify on: min((a), CPUs x (c))\n");
+}
+
+const char *bench_size(uint64_t v, char buf[32])
+{
+    static const char units[] = "KMGT";
+    int u = -1;
+    while (v && v % 1024 == 0 && u < 3) {
+        v /= 1024;
+        u++;
+    }
+    if (u < 0)
+        snprintf(buf, 32, "%llu", (unsigned long long)v);
+    else
+        snprintf(buf, 32, "%llu%c", (unsigned long long)v, units[u]);
+    return buf;
+}
+
+static int parse_value(const sweep *s, const char *tok, uint64_t *out)
+{
+    if (s->is_bool) {
+        const char *yes = !strcmp(s->name, "backend") ? "pread" : "on";
+        const char *no = !strcmp(s->name, "backend") ? "auto" : "off";
+        if (!strcmp(tok, yes))
+            *out = 1;
+        else if (!strcmp(tok, no))
+            *out = 0;
+        else
+            return -1;
+        return 0;
+    }
+    char *end;
+    errno = 0;
+    if (!*tok || *tok == '-')
+        return -1;
+    unsigned long long v = strtoull(tok, &end, 10);
+    if (errno || end == tok)
+        return -1;
+    int shift = 0;
+    if (s->is_size && *end) {
+        switch (*end) {
+        case 'k': case 'K': shift = 10; break;
+        case 'm': case 'M': shift = 20; break;
+        case 'g': case 'G': shift = 30; break;
+        case 't': case 'T': shift = 40; break;
+        default: return -1;
+        }
+        end++;
+        if (!strcmp(end, "iB") || !strcmp(end, "B"))
+            end += strlen(end);
+    }
+    if (*end || (shift && v > (UINT64_MAX >> shift)))
+        return -1;
+    *out = (uint64_t)v << shift;
+    return 0;
+}
+
+static int parse_sweep(sweep *s, const char *list)
+{
+    char *copy = strdup(list), *save = NULL;
+    if (!copy)
+        return -1;
+    s->n = 0;
+    for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (s->n == MAX_VALUES || parse_value(s, tok, &s->v[s->n]) < 0) {
+            fprintf(stderr, "sluice bench: --%s: '%s' is not a valid value%s\n", s->name, tok,
+                    s->n == MAX_VALUES ? " (too many values)" : "");
+            free(copy);
+            return -1;
+        }
+        s->n++;
+    }
+    free(copy);
+    if (!s->n) {
+        fprintf(stderr, "sluice bench: --%s: no values\n", s->name);
+        return -1;
+    }
+    return 0;
+}
+
+static void sweep_value(const sweep *s, uint64_t v, char buf[32])
+{
+    if (s->is_bool)
+        snprintf(buf, 32, "%s", !strcmp(s->name, "backend") ? (v ? "pread" : "auto")
+                                                            : (v ? "on" : "off"));
+    else if (s->is_size)
+        bench_size(v, buf);
+    else
+        snprintf(buf, 32, "%llu", (unsigned long long)v);
+}
+
+static void free_model(bench_model *bm)
+{
+    for (size_t f = 0; bm->files && f < bm->nfiles; f++)
+        free(bm->files[f]);
+    free(bm->files);
+    free(bm->file_sizes);
+    free(bm->tensors);
+}
+
+/* The model's files and tensors, from its index (no weight is read). */
+static int load_model(const char *path, bench_model *bm)
+{
+    sluice_options opts;
+    sluice_options_init(&opts);
+    opts.verify = SLUICE_VERIFY_OFF;
+    sluice_model *m = NULL;
+    int rc = sluice_open(path, &opts, &m);
+    if (rc != SLUICE_OK) {
+        fprintf(stderr, "sluice bench: %s\n", m ? sluice_errmsg(m) : sluice_strerror(rc));
+        sluice_close(m);
+        return -1;
+    }
+    memset(bm, 0, sizeof *bm);
+    bm->path = path;
+    bm->nfiles = sluice_file_count(m);
+    bm->ntensors = sluice_count(m);
+    bm->files = calloc(bm->nfiles ? bm->nfiles : 1, sizeof *bm->files);
+    bm->file_sizes = calloc(bm->nfiles ? bm->nfiles : 1, sizeof *bm->file_sizes);
+    bm->tensors = calloc(bm->ntensors ? bm->ntensors : 1, sizeof *bm->tensors);
+    int ok = bm->files && bm->file_sizes && bm->tensors;
+    for (size_t f = 0; ok && f < bm->nfiles; f++) {
+        struct sluice_file_info fi;
+        ok = sluice_file_info(m, f, &fi) == SLUICE_OK && (bm->files[f] = strdup(fi.path));
+        if (ok) {
+            bm->file_sizes[f] = fi.size;
+            bm->file_bytes += fi.size;
+        }
+    }
+    for (size_t i = 0; ok && i < bm->ntensors; i++) {
+        struct sluice_tensor_info ti;
+        ok = sluice_info(m, i, &ti) == SLUICE_OK;
+        if (ok) {
+            bm->tensors[i] = (bench_tensor){ti.file_index, ti.offset, ti.nbytes};
+            bm->tensor_bytes += ti.nbytes;
+            if (ti.nbytes > bm->max_tensor)
+                bm->max_tensor = ti.nbytes;
+        }
+    }
+    sluice_close(m);
+    if (!ok) {
+        fprintf(stderr, "sluice bench: out of memory\n");
+        free_model(bm);
+    }
+    return ok ? 0 : -1;
+}
+
+/* Whether the model opens with policy REQUIRE: a manifest is there and
+ * covers it. With say set, tells why not. */
+static int manifest_usable(const char *path, const char *manifest, int say)
+{
+    sluice_options opts;
+    sluice_options_init(&opts);
+    opts.verify = SLUICE_VERIFY_REQUIRE;
+    opts.manifest_path = manifest;
+    sluice_model *m = NULL;
+    int rc = sluice_open(path, &opts, &m);
+    if (rc != SLUICE_OK && say)
+        fprintf(stderr, "sluice bench: --verify on: %s\n",
+                m ? sluice_errmsg(m) : sluice_strerror(rc));
+    sluice_close(m);
+    return rc == SLUICE_OK;
+}
+
+/* Whether sluice_open accepts the options of c (verify aside). */
+static int options_accepted(const char *path, const bench_config *c)
+{
+    sluice_options opts;
+    sluice_options_init(&opts);
+    opts.pool_bytes = c->pool;
+    opts.chunk_bytes = c->chunk;
+    opts.queue_depth = c->qd;
+    opts.flags = (c->direct ? SLUICE_F_DIRECT : 0) | (c->force_pread ? SLUICE_F_FORCE_PREAD : 0);
+    opts.verify = SLUICE_VERIFY_OFF;
+    sluice_model *m = NULL;
+    int rc = sluice_open(path, &opts, &m);
+    if (rc != SLUICE_OK)
+        fprintf(stderr, "sluice bench: %s: %s\n", c->label,
+                m ? sluice_errmsg(m) : sluice_strerror(rc));
+    sluice_close(m);
+    return rc == SLUICE_OK;
+}
+
+size_t bench_stat(const bench_row *row, size_t off, double *med, double *min, double *max)
+{
+    double v[256];
+    size_t n = 0;
+    for (size_t i = 0; i < row->nruns && n < 256; i++) {
+        const bench_result *r = &row->runs[i];
+        double x = *(const double *)((const char *)r + off);
+        if (r->ok && !isnan(x))
+            v[n++] = x;
+    }
+    *med = *min = *max = NAN;
+    if (!n)
+        return 0;
+    for (size_t i = 1; i < n; i++) /* insertion sort: n is small */
+        for (size_t j = i; j > 0 && v[j - 1] > v[j]; j--) {
+            double t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    *min = v[0];
+    *max = v[n - 1];
+    *med = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+    return n;
+}
+
+static void progress(int on, const char *what, size_t round, size_t rounds, size_t k, size_t n)
+{
+    if (!on)
+        return;
+    if (!round)
+        fprintf(stderr, "\r\033[Kbench: %s", what);
+    else
+        fprintf(stderr, "\r\033[Kbench: run %zu/%zu, %zu/%zu: %s", round, rounds, k, n, what);
+}
+
+static int need_value(int i, int argc, const char *opt)
+{
+    if (i + 1 >= argc) {
+        fprintf(stderr, "sluice bench: %s needs a value\n", opt);
+        return 0;
+    }
+    return 1;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    sluice_options defaults;
+    sluice_options_init(&defaults);
+    sweep sw[SW_COUNT] = {
+        [SW_POOL] = {"pool", {defaults.pool_bytes}, 1, 1, 0},
+        [SW_QD] = {"qd", {defaults.queue_depth}, 1, 0, 0},
+        [SW_CHUNK] = {"chunk", {defaults.chunk_bytes}, 1, 1, 0},
+        [SW_DIRECT] = {"direct", {0}, 1, 0, 1},
+        [SW_VERIFY] = {"verify", {0, 1}, 2, 0, 1},
+        [SW_BACKEND] = {"backend", {0}, 1, 0, 1},
+    };
+    const char *path = NULL, *csv = NULL, *plot = NULL;
+    bench_opts bo = {.seed = 1};
+    uint64_t runs = 3;
+    int random_mode = 0, baselines = 1, verify_given = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int matched = 0;
+        for (int s = 0; s < SW_COUNT; s++) {
+            if (a[0] == '-' && a[1] == '-' && !strcmp(a + 2, sw[s].name)) {
+                if (!need_value(i, argc, a) || parse_sweep(&sw[s], argv[++i]) < 0)
+                    return 2;
+                if (s == SW_VERIFY)
+                    verify_given = 1;
+                matched = 1;
+            }
+        }
+        if (matched)
+            continue;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--random")) {
+            random_mode = 1;
+        } else if (!strcmp(a, "--cold")) {
+            bo.cold = 1;
+        } else if (!strcmp(a, "--runs") || !strcmp(a, "--seed")) {
+            if (!need_value(i, argc, a))
+                return 2;
+            char *end;
+            errno = 0;
+            unsigned long long v = strtoull(argv[++i], &end, 10);
+            if (errno || *end || end == argv[i] || argv[i][0] == '-' ||
+                (!strcmp(a, "--runs") && (v < 1 || v > 256))) {
+                fprintf(stderr, "sluice bench: %s %s: not a valid number%s\n", a, argv[i],
+                        !strcmp(a, "--runs") ? " (1..256)" : "");
+                return 2;
+            }
+            if (!strcmp(a, "--runs"))
+                runs = v;
+            else
+                bo.seed = v;
+        } else if (!strcmp(a, "--baselines")) {
+            if (!need_value(i, argc, a))
+                return 2;
+            const char *v = argv[++i];
+            if (strcmp(v, "all") && strcmp(v, "none")) {
+                fprintf(stderr, "sluice bench: --baselines %s: use all or none\n", v);
+                return 2;
+            }
+            baselines = !strcmp(v, "all");
+        } else if (!strcmp(a, "--csv") || !strcmp(a, "--plot") || !strcmp(a, "--manifest")) {
+            if (!need_value(i, argc, a))
+                return 2;
+            const char **dst = !strcmp(a, "--csv") ? &csv : !strcmp(a, "--plot") ? &plot
+                                                                                 : &bo.manifest;
+            *dst = argv[++i];
+        } else if (a[0] == '-' && a[1]) {
+            fprintf(stderr, "sluice bench: unknown option %s\n", a);
+            usage(stderr);
+            return 2;
+        } else if (!path) {
+            path = a;
+        } else {
+            fprintf(stderr, "sluice bench: unexpected argument %s\n", a);
+            return 2;
+        }
+    }
+    if (!path) {
+        usage(stderr);
+        return 2;
+    }
+    if (plot && !bench_have_gnuplot()) {
+        fprintf(stderr, "sluice bench: --plot needs gnuplot, which is not on PATH "
+                        "(apt-get install gnuplot-nox); nothing was run\n");
+        return 2;
+    }
+
+    bench_model bm;
+    if (load_model(path, &bm) < 0)
+        return 1;
+    int rc = 1;
+    bench_row *rows = NULL;
+    size_t nrows = 0;
+
+    /* --verify: by default on too when a manifest covers the model. */
+    int want_verify = 0;
+    for (size_t k = 0; k < sw[SW_VERIFY].n; k++)
+        want_verify |= sw[SW_VERIFY].v[k] != 0;
+    if (want_verify && !manifest_usable(path, bo.manifest, verify_given)) {
+        if (verify_given)
+            goto out;
+        fprintf(stderr, "sluice bench: no usable manifest: --verify off only\n");
+        sw[SW_VERIFY].n = 1;
+        sw[SW_VERIFY].v[0] = 0;
+    }
+
+    /* The rows: the baselines, then the cross product x modes. */
+    size_t nconf = 1;
+    for (int s = 0; s < SW_COUNT; s++)
+        nconf *= sw[s].n;
+    size_t nmodes = random_mode ? 2 : 1;
+    size_t cap = (baselines ? 3 : 0) + nconf * nmodes;
+    rows = calloc(cap, sizeof *rows);
+    bench_result *results = calloc(cap * runs, sizeof *results);
+    if (!rows || !results) {
+        fprintf(stderr, "sluice bench: out of memory\n");
+        free(results);
+        goto out;
+    }
+    rows[0].runs = results; /* freed through rows[0] */
+    if (baselines) {
+        static const struct {
+            bench_mode mode;
+            const char *label;
+        } base[] = {
+            {BM_SEQ, "(a) seq pread 8M, no hash"},
+            {BM_PREAD_SHA, "(b) pread+SHA-256 per tensor, 1 thread"},
+            {BM_SHA_MEM, "(c) SHA-256 of memory, 1 thread"},
+        };
+        for (size_t b = 0; b < 3; b++) {
+            rows[nrows].cfg.mode = base[b].mode;
+            rows[nrows].cfg.verify = base[b].mode != BM_SEQ;
+            snprintf(rows[nrows].cfg.label, sizeof rows[nrows].cfg.label, "%s", base[b].label);
+            nrows++;
+        }
+    }
+    bench_summary sum = {.model = &bm, .cold = bo.cold, .nruns = runs, .nconf = nconf,
+                         .ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN)};
+    for (int s = 0; s < SW_COUNT; s++)
+        if (sw[s].n > 1)
+            sum.swept[sum.nswept++] = sw[s].name;
+    for (size_t k = 0; k < nconf; k++) {
+        size_t idx[SW_COUNT], rest = k;
+        for (int s = SW_COUNT - 1; s >= 0; s--) {
+            idx[s] = rest % sw[s].n;
+            rest /= sw[s].n;
+        }
+        bench_config c = {0};
+        c.pool = sw[SW_POOL].v[idx[SW_POOL]];
+        c.qd = (uint32_t)sw[SW_QD].v[idx[SW_QD]];
+        c.chunk = sw[SW_CHUNK].v[idx[SW_CHUNK]];
+        c.direct = (int)sw[SW_DIRECT].v[idx[SW_DIRECT]];
+        c.verify = (int)sw[SW_VERIFY].v[idx[SW_VERIFY]];
+        c.force_pread = (int)sw[SW_BACKEND].v[idx[SW_BACKEND]];
+        /* The label names the swept parameters; the others are in the
+         * table's heading. */
+        size_t len = (size_t)snprintf(c.label, sizeof c.label, "sluice");
+        for (int s = 0; s < SW_COUNT; s++) {
+            char v[32];
+            sweep_value(&sw[s], sw[s].v[idx[s]], v);
+            if (sw[s].n > 1)
+                len += (size_t)snprintf(c.label + len, sizeof c.label - len, " %s=%s",
+                                        sw[s].name, v);
+            else if (k == 0)
+                sum.fixed_len += (size_t)snprintf(sum.fixed + sum.fixed_len,
+                                                  sizeof sum.fixed - sum.fixed_len, "%s%s=%s",
+                                                  sum.fixed_len ? " " : "", sw[s].name, v);
+        }
+        /* Options the library refuses fail here, once, not in every run. */
+        if (!options_accepted(path, &c)) {
+            rc = 2;
+            goto out;
+        }
+        for (size_t md = 0; md < nmodes; md++) {
+            rows[nrows].cfg = c;
+            rows[nrows].cfg.mode = md ? BM_RANDOM : BM_STREAM;
+            nrows++;
+        }
+    }
+    for (size_t r = 0; r < nrows; r++)
+        rows[r].runs = results + r * runs;
+
+    int tty = isatty(2);
+    int warned_cache = 0;
+    if (!bo.cold) {
+        bench_config warm = {.mode = BM_SEQ};
+        bench_result wr;
+        progress(tty, "warm-up: reading every file once", 0, runs, 0, nrows);
+        if (bench_run(&bm, &warm, &bo, &wr) < 0 || !wr.ok) {
+            fprintf(stderr, "\nsluice bench: warm-up failed: %s\n",
+                    wr.err[0] ? wr.err : strerror(errno));
+            goto out;
+        }
+    }
+    for (size_t round = 0; round < runs; round++) {
+        for (size_t r = 0; r < nrows; r++) {
+            progress(tty, rows[r].cfg.label, round + 1, runs, r + 1, nrows);
+            if (bo.cold && rows[r].cfg.mode != BM_SHA_MEM) {
+                double left = bench_drop_cache(&bm);
+                if (left > 0.05 && !warned_cache++)
+                    fprintf(stderr, "%ssluice bench: --cold: %.0f%% of the files stayed in the "
+                                    "page cache after POSIX_FADV_DONTNEED; figures are not "
+                                    "cold\n", tty ? "\n" : "", left * 100);
+            }
+            bench_result *res = &rows[r].runs[round];
+            if (bench_run(&bm, &rows[r].cfg, &bo, res) < 0) {
+                fprintf(stderr, "\nsluice bench: cannot fork: %s\n", strerror(errno));
+                goto out;
+            }
+            rows[r].nruns = round + 1;
+            if (!res->ok && (!round || strcmp(res->err, rows[r].runs[round - 1].err)))
+                fprintf(stderr, "%ssluice bench: %s, %s: %s\n", tty ? "\r\033[K" : "",
+                        rows[r].cfg.label, rows[r].cfg.mode == BM_RANDOM ? "random" : "stream",
+                        res->err);
+        }
+    }
+    if (tty)
+        fprintf(stderr, "\r\033[K");
+
+    /* Ceilings and ratios. */
+    double mn, mx;
+    for (size_t r = 0; r < nrows; r++) {
+        double med;
+        if (rows[r].cfg.mode == BM_SEQ && bench_stat(&rows[r], offsetof(bench_result, gbps),
+                                                     &med, &mn, &mx))
+            sum.io_ceiling = med;
+        if (rows[r].cfg.mode == BM_SHA_MEM && bench_stat(&rows[r], offsetof(bench_result, gbps),
+                                                         &med, &mn, &mx))
+            sum.sha_core = med;
+    }
+    double verified = sum.io_ceiling;
+    if (sum.sha_core > 0 && sum.ncpu * sum.sha_core < verified)
+        verified = sum.ncpu * sum.sha_core;
+    for (size_t r = 0; r < nrows; r++) {
+        const bench_config *c = &rows[r].cfg;
+        if (c->mode == BM_SHA_MEM)
+            rows[r].ratio_base = 0;
+        else if (c->mode == BM_SEQ)
+            rows[r].ratio_base = sum.io_ceiling;
+        else
+            rows[r].ratio_base = c->verify ? verified : sum.io_ceiling;
+    }
+
+    bench_print_table(stdout, &sum, rows, nrows);
+    rc = 0;
+    for (size_t r = 0; r < nrows; r++)
+        for (size_t k = 0; k < rows[r].nruns; k++)
+            if (!rows[r].runs[k].ok)
+                rc = 1;
+    if (csv && bench_write_csv(csv, &sum, rows, nrows) < 0)
+        rc = 1;
+    if (plot && bench_plot(plot, &sum, rows, nrows) < 0)
+        rc = 1;
+out:
+    if (rows)
+        free(rows[0].runs);
+    free(rows);
+    free_model(&bm);
+    return rc;
+}

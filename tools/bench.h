@@ -1,0 +1,115 @@
+/* bench.h: `sluice bench`, shared between its parts.
+ *
+ *   bench.c         options, the schedule of runs, medians
+ *   bench_run.c     one measured run, in a child process of its own
+ *   bench_report.c  the table, the CSV and the gnuplot chart
+ */
+#ifndef SLUICE_TOOLS_BENCH_H
+#define SLUICE_TOOLS_BENCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* What the baselines need of the model, taken from its index once. */
+typedef struct bench_tensor {
+    size_t file;
+    uint64_t offset;         /* absolute, in its file */
+    uint64_t nbytes;
+} bench_tensor;
+
+typedef struct bench_model {
+    const char *path;        /* as given: what sluice_open is called with */
+    size_t nfiles;
+    char **files;
+    uint64_t *file_sizes;
+    size_t ntensors;
+    bench_tensor *tensors;   /* model order: file, then offset */
+    uint64_t tensor_bytes;   /* what a load needs */
+    uint64_t file_bytes;     /* what a whole-file read reads */
+    uint64_t max_tensor;
+} bench_model;
+
+typedef enum bench_mode {
+    BM_STREAM,               /* sluice_stream over every tensor */
+    BM_RANDOM,               /* sluice_acquire of every tensor, random order */
+    BM_SEQ,                  /* baseline (a): sequential pread, 8 MiB, no hashing */
+    BM_PREAD_SHA,            /* baseline (b): pread + SHA-256 per tensor, one thread */
+    BM_SHA_MEM               /* baseline (c): SHA-256 of memory, one thread, 16 MiB */
+} bench_mode;
+
+typedef struct bench_config {
+    bench_mode mode;
+    /* sluice runs only */
+    uint64_t pool, chunk;
+    uint32_t qd;
+    int direct, verify, force_pread;
+    char label[160];         /* "pool=1G qd=32 ..." or the baseline's name */
+} bench_config;
+
+typedef struct bench_result {
+    int ok;
+    char err[384];
+    double wall_s, open_ms, first_ms, p50_ms, p99_ms; /* NAN when not measured */
+    double cpu_s, peak_rss_mb, gbps;
+    uint64_t bytes_read, bytes_needed, bytes_hashed, direct_fallbacks;
+    int backend;             /* sluice_backend; -1 for a baseline */
+} bench_result;
+
+typedef struct bench_opts {
+    const char *manifest;    /* NULL: the sidecar */
+    uint64_t seed;           /* random order */
+    int cold;
+} bench_opts;
+
+/* Runs c once in a forked child and fills *r (r->ok says whether it
+ * worked; r->err why not). Returns 0, or -1 when no child could be made. */
+int bench_run(const bench_model *m, const bench_config *c, const bench_opts *o,
+              bench_result *r);
+
+/* Drops the page cache of the model's files (fdatasync, then
+ * POSIX_FADV_DONTNEED). Returns the fraction of pages still resident
+ * afterwards (0..1), or a negative value when it cannot tell. */
+double bench_drop_cache(const bench_model *m);
+
+/* Seconds on the monotonic clock. */
+double bench_now(void);
+
+/* "256M", "1G", "4K", "1536" for a byte count. */
+const char *bench_size(uint64_t v, char buf[32]);
+
+/* A row of the report: one configuration and mode, all its runs. */
+typedef struct bench_row {
+    bench_config cfg;
+    bench_result *runs;      /* nruns of them */
+    size_t nruns;
+    double ratio_base;       /* the ceiling its ratio is taken to (GB/s); 0: none */
+} bench_row;
+
+typedef struct bench_summary {
+    const bench_model *model;
+    int cold, ncpu;
+    size_t nruns;
+    double io_ceiling;       /* median GB/s of baseline (a); 0 when not run */
+    double sha_core;         /* median GB/s of baseline (c); 0 when not run */
+    const char *swept[8];    /* names of the parameters that take several values */
+    size_t nswept;
+    char fixed[200];         /* the parameters that take one value: "qd=32 ..." */
+    size_t fixed_len;
+    size_t nconf;            /* sluice configurations (x positions of the chart) */
+} bench_summary;
+
+/* The median of a field over a row's successful runs, with min and max;
+ * returns the number of runs that had the field (not NAN). */
+size_t bench_stat(const bench_row *row, size_t field_offset, double *med, double *min,
+                  double *max);
+
+void bench_print_table(FILE *out, const bench_summary *s, const bench_row *rows, size_t nrows);
+int bench_write_csv(const char *path, const bench_summary *s, const bench_row *rows,
+                    size_t nrows);
+/* Draws GB/s per configuration with gnuplot. Returns 0 or -1 (said on stderr). */
+int bench_plot(const char *path, const bench_summary *s, const bench_row *rows, size_t nrows);
+/* Whether a gnuplot executable is on PATH. */
+int bench_have_gnuplot(void);
+
+#endif

@@ -1,0 +1,490 @@
+/* bench_run.c: one measured run of `sluice bench`, in a child process.
+ *
+ * Each run forks, so that its peak RSS and CPU time are its own and a
+ * crash or a leak in one configuration cannot touch the next. The child
+ * writes a bench_result into a pipe and exits.
+ *
+ * Latencies: in stream mode (and for the two pread baselines) the time from
+ * the start of the read to the delivery of each tensor; in random mode the
+ * time each sluice_acquire blocked.
+ */
+#include "bench.h"
+
+#include "sluice.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <openssl/evp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SEQ_READ_BYTES ((size_t)8 << 20)
+#define SHA_BUF_BYTES ((size_t)16 << 20)
+
+double bench_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void fail(bench_result *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail(bench_result *r, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->err, sizeof r->err, fmt, ap);
+    va_end(ap);
+    r->ok = 0;
+}
+
+static double cpu_seconds(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6 +
+           (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Fills first/p50/p99 from n latencies in seconds (sorted here). */
+static void latencies(bench_result *r, double *lat, size_t n, double first)
+{
+    if (!n)
+        return;
+    qsort(lat, n, sizeof *lat, cmp_double);
+    r->first_ms = first * 1e3;
+    r->p50_ms = lat[(n - 1) / 2] * 1e3;
+    r->p99_ms = lat[(size_t)ceil(0.99 * (double)n) - 1] * 1e3;
+}
+
+/* ---------------------------------------------------------------- baselines */
+
+static ssize_t pread_full(int fd, void *buf, size_t len, uint64_t off)
+{
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = pread(fd, (char *)buf + done, len - done, (off_t)(off + done));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -1;
+        if (n == 0)
+            break;
+        done += (size_t)n;
+    }
+    return (ssize_t)done;
+}
+
+static int open_all(const bench_model *m, int *fds, bench_result *r)
+{
+    for (size_t f = 0; f < m->nfiles; f++) {
+        fds[f] = open(m->files[f], O_RDONLY | O_CLOEXEC);
+        if (fds[f] < 0) {
+            fail(r, "open %s: %s", m->files[f], strerror(errno));
+            while (f--)
+                close(fds[f]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* (a) Every file read front to back into one reused 8 MiB buffer; a
+ * tensor counts as delivered once the read has passed its last byte. */
+static void run_seq(const bench_model *m, bench_result *r, double *lat)
+{
+    int *fds = calloc(m->nfiles, sizeof *fds);
+    void *buf = NULL;
+    if (!fds || posix_memalign(&buf, 4096, SEQ_READ_BYTES) != 0) {
+        fail(r, "out of memory");
+        goto out;
+    }
+    memset(buf, 0, SEQ_READ_BYTES);
+    double t0 = bench_now(), first = NAN;
+    if (open_all(m, fds, r) < 0)
+        goto out;
+    size_t t = 0, nlat = 0;
+    for (size_t f = 0; f < m->nfiles && r->ok; f++) {
+        uint64_t off = 0;
+        while (off < m->file_sizes[f]) {
+            ssize_t n = pread_full(fds[f], buf, SEQ_READ_BYTES, off);
+            if (n <= 0) {
+                fail(r, "read %s at %llu: %s", m->files[f], (unsigned long long)off,
+                     n < 0 ? strerror(errno) : "unexpected end of file");
+                break;
+            }
+            off += (uint64_t)n;
+            r->bytes_read += (uint64_t)n;
+            double now = bench_now() - t0;
+            for (; t < m->ntensors && m->tensors[t].file == f &&
+                   m->tensors[t].offset + m->tensors[t].nbytes <= off; t++) {
+                if (isnan(first))
+                    first = now;
+                lat[nlat++] = now;
+            }
+        }
+    }
+    for (size_t f = 0; f < m->nfiles; f++)
+        close(fds[f]);
+    r->wall_s = bench_now() - t0;
+    r->bytes_needed = m->tensor_bytes;
+    latencies(r, lat, nlat, first);
+out:
+    free(buf);
+    free(fds);
+}
+
+/* (b) What most loaders do: each tensor read whole into a buffer, then
+ * hashed, one after the other on one thread. */
+static void run_pread_sha(const bench_model *m, bench_result *r, double *lat)
+{
+    int *fds = calloc(m->nfiles, sizeof *fds);
+    uint8_t *buf = NULL;
+    size_t cap = 0;
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    if (!fds || !ctx) {
+        fail(r, "out of memory");
+        goto out;
+    }
+    double t0 = bench_now();
+    if (open_all(m, fds, r) < 0)
+        goto out;
+    for (size_t i = 0; i < m->ntensors; i++) {
+        const bench_tensor *t = &m->tensors[i];
+        if (t->nbytes > cap) {
+            free(buf);
+            cap = (size_t)t->nbytes;
+            if (!(buf = malloc(cap))) {
+                fail(r, "out of memory for a tensor of %zu bytes", cap);
+                break;
+            }
+        }
+        ssize_t n = pread_full(fds[t->file], buf, (size_t)t->nbytes, t->offset);
+        if (n != (ssize_t)t->nbytes) {
+            fail(r, "read %s at %llu: %s", m->files[t->file], (unsigned long long)t->offset,
+                 n < 0 ? strerror(errno) : "unexpected end of file");
+            break;
+        }
+        uint8_t digest[32];
+        if (!EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) ||
+            !EVP_DigestUpdate(ctx, buf, (size_t)t->nbytes) ||
+            !EVP_DigestFinal_ex(ctx, digest, NULL)) {
+            fail(r, "SHA-256 failed (OpenSSL)");
+            break;
+        }
+        r->bytes_read += (uint64_t)n;
+        r->bytes_hashed += (uint64_t)n;
+        lat[i] = bench_now() - t0;
+    }
+    for (size_t f = 0; f < m->nfiles; f++)
+        close(fds[f]);
+    r->wall_s = bench_now() - t0;
+    r->bytes_needed = m->tensor_bytes;
+    if (r->ok)
+        latencies(r, lat, m->ntensors, lat[0]);
+out:
+    free(buf);
+    EVP_MD_CTX_free(ctx);
+    free(fds);
+}
+
+/* (c) The hashing ceiling of one core: SHA-256 over a 16 MiB buffer in
+ * memory, as many bytes as the model holds (at least 256 MiB, at most
+ * 1 GiB, so that it is neither noise nor a long wait). */
+static void run_sha_mem(const bench_model *m, bench_result *r)
+{
+    uint64_t want = m->tensor_bytes;
+    if (want < ((uint64_t)256 << 20))
+        want = (uint64_t)256 << 20;
+    if (want > ((uint64_t)1 << 30))
+        want = (uint64_t)1 << 30;
+    uint8_t *buf = malloc(SHA_BUF_BYTES);
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    if (!buf || !ctx) {
+        fail(r, "out of memory");
+        goto out;
+    }
+    uint64_t x = 0x243f6a8885a308d3ull;
+    for (size_t i = 0; i < SHA_BUF_BYTES; i += 8) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        memcpy(buf + i, &x, 8);
+    }
+    double t0 = bench_now();
+    uint64_t done = 0;
+    uint8_t digest[32];
+    while (done < want) {
+        size_t n = want - done < SHA_BUF_BYTES ? (size_t)(want - done) : SHA_BUF_BYTES;
+        if (!EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) || !EVP_DigestUpdate(ctx, buf, n) ||
+            !EVP_DigestFinal_ex(ctx, digest, NULL)) {
+            fail(r, "SHA-256 failed (OpenSSL)");
+            break;
+        }
+        done += n;
+    }
+    r->wall_s = bench_now() - t0;
+    r->bytes_hashed = done;
+    r->bytes_needed = done;
+out:
+    EVP_MD_CTX_free(ctx);
+    free(buf);
+}
+
+/* ---------------------------------------------------------------- sluice */
+
+typedef struct stream_ctx {
+    double t0, first;
+    double *lat;
+    size_t n, cap;
+    bench_result *r;
+} stream_ctx;
+
+static int on_tensor(void *user, sluice_tensor *t, int status,
+                     const struct sluice_tensor_info *info, const char *message)
+{
+    stream_ctx *c = user;
+    double now = bench_now() - c->t0;
+    if (isnan(c->first))
+        c->first = now;
+    if (c->n < c->cap)
+        c->lat[c->n++] = now;
+    if (status != SLUICE_OK) {
+        if (c->r->ok && message && *message) /* the message names the tensor */
+            fail(c->r, "%s", message);
+        else if (c->r->ok)
+            fail(c->r, "tensor %s: %s", info ? info->name : "?", sluice_strerror(status));
+        return 0;
+    }
+    sluice_release(t);
+    return 0;
+}
+
+/* Fisher-Yates with a fixed seed: every run acquires in the same order. */
+static void shuffle(size_t *v, size_t n, uint64_t seed)
+{
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (size_t i = n; i > 1; i--) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        size_t j = (size_t)(x % i);
+        size_t tmp = v[i - 1];
+        v[i - 1] = v[j];
+        v[j] = tmp;
+    }
+}
+
+static void run_sluice(const bench_model *bm, const bench_config *c, const bench_opts *o,
+                       bench_result *r, double *lat)
+{
+    sluice_options opts;
+    sluice_options_init(&opts);
+    opts.pool_bytes = c->pool;
+    opts.chunk_bytes = c->chunk;
+    opts.queue_depth = c->qd;
+    opts.flags = (c->direct ? SLUICE_F_DIRECT : 0) | (c->force_pread ? SLUICE_F_FORCE_PREAD : 0);
+    opts.verify = c->verify ? SLUICE_VERIFY_REQUIRE : SLUICE_VERIFY_OFF;
+    opts.manifest_path = c->verify ? o->manifest : NULL;
+    size_t *order = NULL;
+    if (c->mode == BM_RANDOM) {
+        if (!(order = malloc((bm->ntensors ? bm->ntensors : 1) * sizeof *order))) {
+            fail(r, "out of memory");
+            return;
+        }
+        for (size_t i = 0; i < bm->ntensors; i++)
+            order[i] = i;
+        shuffle(order, bm->ntensors, o->seed);
+    }
+
+    double t0 = bench_now();
+    sluice_model *m = NULL;
+    int rc = sluice_open(bm->path, &opts, &m);
+    if (rc != SLUICE_OK) {
+        fail(r, "open: %s", m ? sluice_errmsg(m) : sluice_strerror(rc));
+        sluice_close(m);
+        free(order);
+        return;
+    }
+    double t1 = bench_now();
+    r->open_ms = (t1 - t0) * 1e3;
+    if (c->mode == BM_STREAM) {
+        stream_ctx sc = {.t0 = t1, .first = NAN, .lat = lat, .cap = bm->ntensors, .r = r};
+        rc = sluice_stream(m, NULL, 0, on_tensor, &sc);
+        if (rc != SLUICE_OK && r->ok)
+            fail(r, "stream: %s", sluice_errmsg(m)[0] ? sluice_errmsg(m) : sluice_strerror(rc));
+        latencies(r, lat, sc.n, sc.first);
+    } else {
+        double first = NAN;
+        size_t n = 0;
+        for (size_t k = 0; k < bm->ntensors; k++) {
+            sluice_tensor *t = NULL;
+            double a = bench_now();
+            rc = sluice_acquire_index(m, order[k], &t);
+            double b = bench_now();
+            if (rc != SLUICE_OK) {
+                struct sluice_tensor_info info;
+                if (*sluice_errmsg(m)) /* the message names the tensor */
+                    fail(r, "%s", sluice_errmsg(m));
+                else if (sluice_info(m, order[k], &info) == SLUICE_OK)
+                    fail(r, "acquire %s: %s", info.name, sluice_strerror(rc));
+                break;
+            }
+            if (isnan(first))
+                first = b - t1;
+            lat[n++] = b - a;
+            sluice_release(t);
+        }
+        latencies(r, lat, n, first);
+    }
+    struct sluice_stats st;
+    memset(&st, 0, sizeof st);
+    st.size = sizeof st;
+    if (sluice_stats(m, &st) == SLUICE_OK) {
+        r->bytes_read = st.bytes_read;
+        r->bytes_needed = st.bytes_delivered;
+        r->bytes_hashed = st.bytes_hashed;
+        r->direct_fallbacks = st.direct_fallbacks;
+        r->backend = (int)st.backend;
+    }
+    if (r->ok && r->bytes_needed != bm->tensor_bytes)
+        fail(r, "delivered %llu bytes of %llu", (unsigned long long)r->bytes_needed,
+             (unsigned long long)bm->tensor_bytes);
+    rc = sluice_close(m);
+    r->wall_s = bench_now() - t0;
+    if (rc != SLUICE_OK && r->ok)
+        fail(r, "close: %s", sluice_strerror(rc));
+    free(order);
+}
+
+/* ---------------------------------------------------------------- the child */
+
+static void child(const bench_model *m, const bench_config *c, const bench_opts *o, int fd)
+{
+    bench_result r;
+    memset(&r, 0, sizeof r);
+    r.ok = 1;
+    r.backend = -1;
+    r.open_ms = r.first_ms = r.p50_ms = r.p99_ms = NAN;
+    double *lat = malloc((m->ntensors ? m->ntensors : 1) * sizeof *lat);
+    if (!lat) {
+        fail(&r, "out of memory");
+    } else {
+        double cpu0 = cpu_seconds();
+        switch (c->mode) {
+        case BM_SEQ: run_seq(m, &r, lat); break;
+        case BM_PREAD_SHA: run_pread_sha(m, &r, lat); break;
+        case BM_SHA_MEM: run_sha_mem(m, &r); break;
+        case BM_STREAM:
+        case BM_RANDOM: run_sluice(m, c, o, &r, lat); break;
+        }
+        r.cpu_s = cpu_seconds() - cpu0;
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    r.peak_rss_mb = ru.ru_maxrss / 1024.0;
+    r.gbps = r.wall_s > 0 ? r.bytes_needed / r.wall_s / 1e9 : 0;
+    free(lat);
+    const char *p = (const char *)&r;
+    size_t left = sizeof r;
+    while (left) {
+        ssize_t n = write(fd, p, left);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        p += n;
+        left -= (size_t)n;
+    }
+}
+
+int bench_run(const bench_model *m, const bench_config *c, const bench_opts *o, bench_result *r)
+{
+    int fds[2];
+    memset(r, 0, sizeof *r);
+    if (pipe2(fds, O_CLOEXEC) != 0)
+        return -1;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fds[0]);
+        close(fds[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        close(fds[0]);
+        child(m, c, o, fds[1]);
+        _exit(0);
+    }
+    close(fds[1]);
+    size_t got = 0;
+    while (got < sizeof *r) {
+        ssize_t n = read(fds[0], (char *)r + got, sizeof *r - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+    }
+    close(fds[0]);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    if (got != sizeof *r) {
+        memset(r, 0, sizeof *r);
+        r->backend = -1;
+        if (WIFSIGNALED(status))
+            snprintf(r->err, sizeof r->err, "the run died of signal %d (%s)", WTERMSIG(status),
+                     strsignal(WTERMSIG(status)));
+        else
+            snprintf(r->err, sizeof r->err, "the run exited with status %d and no result",
+                     WEXITSTATUS(status));
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- page cache */
+
+double bench_drop_cache(const bench_model *m)
+{
+    uint64_t pages = 0, resident = 0;
+    long psz = sysconf(_SC_PAGESIZE);
+    int known = 1;
+    for (size_t f = 0; f < m->nfiles; f++) {
+        int fd = open(m->files[f], O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            known = 0;
+            continue;
+        }
+        fdatasync(fd); /* pages still dirty (a model just written) would stay */
+        posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        size_t len = (size_t)m->file_sizes[f];
+        void *p = len ? mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+        size_t np = (len + (size_t)psz - 1) / (size_t)psz;
+        unsigned char *vec = np ? malloc(np) : NULL;
+        if (p != MAP_FAILED && vec && mincore(p, len, vec) == 0) {
+            for (size_t i = 0; i < np; i++)
+                resident += vec[i] & 1;
+            pages += np;
+        } else if (len) {
+            known = 0;
+        }
+        free(vec);
+        if (p != MAP_FAILED)
+            munmap(p, len);
+        close(fd);
+    }
+    if (!known)
+        return -1;
+    return pages ? (double)resident / (double)pages : 0;
+}
