@@ -1,0 +1,525 @@
+/* engine.c: the life cycle of an engine and the public loading calls
+ * (prefetch, acquire, release, the handle accessors, stats).
+ *
+ * The parts: pool.c (buffers), io.c (the seam: io_uring or pread
+ * threads), sched.c (plan, pump, read completion), hash.c (workers that
+ * hash and finish tensors), stream.c (sluice_stream), hooks.c (test
+ * hooks). engine_int.h tells how they share the state.
+ *
+ * Threads of an engine: the seam's (one io_uring reaper, or io_threads
+ * pread threads) and the workers (hash_threads, started only when some
+ * tensor is hashed or SLUICE_F_DIRECT is set). Callers block in acquire
+ * and stream on e->cv; stream callbacks run on the stream's caller.
+ */
+#include "engine_int.h"
+
+#include "manifest.h"
+#include "model.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* SHA-256 of no bytes: the digest of every empty tensor. */
+static const unsigned char sha256_empty[32] = {
+    0xe3, 0xb0, 0xc4, 0x42, 0x98, 0xfc, 0x1c, 0x14, 0x9a, 0xfb, 0xf4, 0xc8, 0x99, 0x6f, 0xb9, 0x24,
+    0x27, 0xae, 0x41, 0xe4, 0x64, 0x9b, 0x93, 0x4c, 0xa4, 0x95, 0x99, 0x1b, 0x78, 0x52, 0xb8, 0x55};
+
+/* Where the handle of an empty tensor points: aligned, never written. */
+static const _Alignas(64) unsigned char empty_bytes[64];
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int env_force_pread(void)
+{
+    const char *v = getenv("SLUICE_FORCE_PREAD");
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+/* ---------------------------------------------------------------- life cycle */
+
+/* Opens the O_DIRECT twin of each file, through /proc/self/fd so that it
+ * is the very file the index opened (not whatever the path names now). */
+static void open_direct(sl_engine *e)
+{
+    for (size_t f = 0; f < e->ix->nfiles; f++) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/fd/%d", e->ix->files[f].fd);
+        int fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+        if (fd < 0 && errno == ENOENT)
+            fd = open(e->ix->files[f].path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+        e->files[f].direct_fd = fd;
+        if (fd < 0) {
+            e->files[f].fell_back = 1;
+            e->st.direct_fallbacks++;
+        }
+    }
+}
+
+static void free_engine(sl_engine *e)
+{
+    if (!e)
+        return;
+    sl_workers_stop(e);
+    sl_io_destroy(e->io);
+    for (size_t i = 0; e->slots && i < e->n; i++) {
+        free(e->slots[i].err_msg);
+        free(e->slots[i].done_bits);
+        EVP_MD_CTX_free(e->slots[i].md);
+    }
+    if (e->files)
+        for (size_t f = 0; f < e->ix->nfiles; f++)
+            if (e->files[f].direct_fd >= 0)
+                close(e->files[f].direct_fd);
+    for (struct sluice_tensor *h = e->hall, *n; h; h = n) {
+        n = h->next_all;
+        free(h);
+    }
+    if (e->plan != e->order)
+        free(e->plan);
+    if (e->plan_pos != e->order)
+        free(e->plan_pos);
+    free(e->order);
+    free(e->files);
+    free(e->reads);
+    free(e->slots);
+    free(e->test_digest);
+    free(e->test_has);
+    sl_pool_destroy(e->pool);
+    EVP_MD_free(e->sha256);
+    pthread_cond_destroy(&e->wcv);
+    pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->lock);
+    free(e);
+}
+
+int sl_engine_create(const sl_index *ix, const sluice_options *opts,
+                     const sl_manifest *manifest, sl_engine **out, sl_err *err)
+{
+    *out = NULL;
+    sl_engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return sl_fail(err, SLUICE_E_NOMEM, "engine: out of memory");
+    if (pthread_mutex_init(&e->lock, NULL) != 0) {
+        free(e);
+        return sl_fail(err, SLUICE_E_NOMEM, "engine: cannot create a mutex");
+    }
+    pthread_cond_init(&e->cv, NULL);
+    pthread_cond_init(&e->wcv, NULL);
+    e->ix = ix;
+    e->manifest = manifest;
+    e->flags = opts->flags;
+    e->chunk = opts->chunk_bytes;
+    e->queue_depth = opts->queue_depth;
+    e->n = ix->ntensors;
+    e->dq_head = e->dq_tail = e->pq_head = e->pq_tail = e->hq_head = e->hq_tail = SL_NONE;
+    for (int l = 0; l < 3; l++)
+        e->lru[l].head = e->lru[l].tail = SL_NONE;
+    e->st.pool_bytes = opts->pool_bytes;
+
+    int rc;
+    size_t n1 = e->n ? e->n : 1;
+    e->slots = calloc(n1, sizeof *e->slots);
+    e->order = malloc(n1 * sizeof *e->order);
+    e->files = calloc(ix->nfiles ? ix->nfiles : 1, sizeof *e->files);
+    e->reads = calloc(e->queue_depth, sizeof *e->reads);
+    if (!e->slots || !e->order || !e->files || !e->reads) {
+        rc = sl_fail(err, SLUICE_E_NOMEM, "engine: out of memory");
+        goto fail;
+    }
+    for (size_t f = 0; f < ix->nfiles; f++)
+        e->files[f].direct_fd = -1;
+    int any_hashed = 0;
+    for (size_t i = 0; i < e->n; i++) {
+        sl_slot *s = &e->slots[i];
+        e->order[i] = i;
+        s->lprev = s->lnext = s->dnext = s->pnext = s->hnext = SL_NONE;
+        s->hashed = (e->flags & SLUICE_F_HASH_ALL) || sl_manifest_tensor_digest(manifest, i);
+        any_hashed |= s->hashed;
+        if (ix->tensors[i].nbytes == 0)
+            s->state = SL_READY; /* nothing to read, ever */
+    }
+    e->plan = e->plan_pos = e->order;
+    e->plan_n = e->n;
+    for (unsigned k = 0; k < e->queue_depth; k++) {
+        e->reads[k].next_free = e->free_reads;
+        e->free_reads = &e->reads[k];
+    }
+    if (!(e->sha256 = EVP_MD_fetch(NULL, "SHA256", NULL))) {
+        rc = sl_fail(err, SLUICE_E_NOMEM, "engine: OpenSSL has no SHA256");
+        goto fail;
+    }
+    if ((rc = sl_pool_create(opts->pool_bytes, &e->pool, err)) < 0)
+        goto fail;
+    if (e->flags & SLUICE_F_DIRECT)
+        open_direct(e);
+
+    sl_io_config cfg = {
+        .queue_depth = e->queue_depth,
+        .threads = opts->io_threads,
+        .force_pread = (e->flags & SLUICE_F_FORCE_PREAD) || env_force_pread(),
+        .done = sl_read_done,
+        .ctx = e,
+    };
+    if ((rc = sl_io_create(&cfg, &e->io, err)) < 0)
+        goto fail;
+    e->st.backend = sl_io_backend(e->io, &e->st.backend_errno);
+
+    if (any_hashed || (e->flags & SLUICE_F_DIRECT)) {
+        unsigned n = opts->hash_threads;
+        if (n == 0) {
+            long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+            n = cpus > 0 ? (unsigned)(cpus < 64 ? cpus : 64) : 1;
+        }
+        if ((rc = sl_workers_start(e, n, err)) < 0)
+            goto fail;
+    }
+    *out = e;
+    return SLUICE_OK;
+
+fail:
+    free_engine(e);
+    return rc;
+}
+
+int sl_engine_destroy(sl_engine *e, sl_err *err)
+{
+    if (!e)
+        return SLUICE_OK;
+    pthread_mutex_lock(&e->lock);
+    if (e->live_handles || e->nstreams) {
+        size_t live = e->live_handles;
+        unsigned streams = e->nstreams;
+        pthread_mutex_unlock(&e->lock);
+        return sl_fail(err, SLUICE_E_BUSY,
+                       "close: %zu tensor handle%s still live and %u stream%s running; "
+                       "release every handle first (the model stays open)",
+                       live, live == 1 ? " is" : "s are", streams, streams == 1 ? "" : "s");
+    }
+    e->closing = 1; /* nothing new starts */
+    while (e->inflight || e->wbusy || e->hq_head != SL_NONE)
+        sl_wait(e);
+    pthread_mutex_unlock(&e->lock);
+    free_engine(e);
+    return SLUICE_OK;
+}
+
+/* ---------------------------------------------------------------- handles */
+
+static sl_engine *engine_of(sluice_model *m)
+{
+    return sl_model_usable(m) == SLUICE_OK ? m->engine : NULL;
+}
+
+static int check_empty(sl_engine *e, size_t i, sl_err *err)
+{
+    const unsigned char *want = sl_expected_digest(e, i);
+    if (!want || memcmp(want, sha256_empty, 32) == 0)
+        return SLUICE_OK;
+    const struct sluice_tensor_info *t = &e->ix->tensors[i];
+    char q[SL_QUOTE_MAX], hw[65];
+    for (int k = 0; k < 32; k++)
+        snprintf(hw + 2 * k, 3, "%02x", want[k]);
+    e->st.failures++;
+    e->st.checksum_failures++;
+    return sl_fail(err, SLUICE_E_CHECKSUM,
+                   "tensor %s (file %s, offset %llu, 0 bytes): SHA-256 mismatch: expected %s, "
+                   "actual e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+                   sl_quote(q, sizeof q, t->name, t->name_len), t->file,
+                   (unsigned long long)t->offset, hw);
+}
+
+/* A handle on READY slot i. Lock held. */
+int sl_grant(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err)
+{
+    const struct sluice_tensor_info *t = &e->ix->tensors[i];
+    sl_slot *s = &e->slots[i];
+    if (t->nbytes == 0)
+        SL_TRY(check_empty(e, i, err));
+    sluice_tensor *h = e->hfree;
+    if (h) {
+        e->hfree = h->next_free;
+    } else {
+        if (!(h = calloc(1, sizeof *h)))
+            return sl_fail(err, SLUICE_E_NOMEM, "acquire: out of memory");
+        h->e = e;
+        h->next_all = e->hall;
+        e->hall = h;
+    }
+    h->index = i;
+    h->info = t;
+    h->size = t->nbytes;
+    h->data = t->nbytes ? (const void *)s->data : (const void *)empty_bytes;
+    h->live = 1;
+    h->has_digest = t->nbytes ? s->has_digest : s->hashed;
+    memcpy(h->digest, t->nbytes ? s->digest : sha256_empty, 32);
+    s->refs++;
+    s->consumed = 1;
+    sl_lru_remove(e, i);
+    e->live_handles++;
+    e->st.bytes_delivered += t->nbytes;
+    *out = h;
+    return SLUICE_OK;
+}
+
+int sl_too_large_error(sl_engine *e, size_t i, sl_err *err)
+{
+    const struct sluice_tensor_info *t = &e->ix->tensors[i];
+    char q[SL_QUOTE_MAX];
+    return sl_fail(err, SLUICE_E_TOO_LARGE,
+                   "tensor %s (file %s) is %llu bytes%s, larger than the whole pool budget "
+                   "(pool_bytes %llu)",
+                   sl_quote(q, sizeof q, t->name, t->name_len), t->file,
+                   (unsigned long long)t->nbytes,
+                   (e->flags & SLUICE_F_DIRECT) ? " (more with O_DIRECT alignment)" : "",
+                   (unsigned long long)e->st.pool_bytes);
+}
+
+/* The failure a waiter saw: the slot's last error. Lock held. */
+int sl_slot_failure(const sl_slot *s, sl_err *err)
+{
+    return sl_fail(err, s->err_code ? s->err_code : SLUICE_E_IO, "%s",
+                   s->err_msg ? s->err_msg : "tensor failed (no memory for the detail)");
+}
+
+static int acquire(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err)
+{
+    pthread_mutex_lock(&e->lock);
+    e->st.acquire_count++;
+    sl_slot *s = &e->slots[i];
+    int rc;
+    if (s->state == SL_READY) {
+        if ((rc = sl_grant(e, i, out, err)) == SLUICE_OK)
+            e->st.cache_hits++;
+        sl_unlock(e);
+        return rc;
+    }
+    if (sl_too_large(e, i)) {
+        e->st.failures++;
+        pthread_mutex_unlock(&e->lock);
+        return sl_too_large_error(e, i, err);
+    }
+    uint64_t t0 = now_ns();
+    uint64_t gen = s->gen;
+    s->pins++;
+    /* The plan goes on from here: read-ahead follows the caller. */
+    e->plan_active = 1;
+    if (e->plan_pos[i] != SL_NONE)
+        e->cursor = e->plan_pos[i] + 1;
+    for (;;) {
+        if (s->state == SL_READY) {
+            rc = sl_grant(e, i, out, err);
+            break;
+        }
+        if (s->gen != gen) {
+            rc = sl_slot_failure(s, err);
+            break;
+        }
+        if (s->state == SL_IDLE && !s->in_demand) {
+            sl_demand(e, i);
+            sl_pump(e);
+            continue;   /* the pump may have failed it already */
+        }
+        sl_wait(e);
+    }
+    s->pins--;
+    sl_unhold(e, i);
+    e->st.acquire_wait_ns += now_ns() - t0;
+    if (e->dq_head != SL_NONE)
+        sl_pump(e); /* a demand waiting for room may now learn it has none */
+    sl_unlock(e);
+    return rc;
+}
+
+static int find(sluice_model *m, const char *name, size_t *i, sl_err *err)
+{
+    if (!name)
+        return sl_fail(err, SLUICE_E_INVAL, "tensor name is NULL");
+    *i = sl_index_find(&m->index, name, strlen(name));
+    if (*i == SIZE_MAX) {
+        char q[SL_QUOTE_MAX];
+        return sl_fail(err, SLUICE_E_NOT_FOUND, "no tensor named %s in %s",
+                       sl_quote(q, sizeof q, name, strlen(name)), m->path);
+    }
+    return SLUICE_OK;
+}
+
+SLUICE_API int sluice_acquire(sluice_model *m, const char *name, sluice_tensor **out)
+{
+    sl_err err = {0};
+    sl_engine *e = engine_of(m);
+    if (out)
+        *out = NULL;
+    if (!e || !out) {
+        sl_fail(&err, SLUICE_E_INVAL, "sluice_acquire: %s is NULL or unusable",
+                e ? "out" : "the model");
+        return e ? sl_model_error(m, &err) : SLUICE_E_INVAL;
+    }
+    size_t i;
+    if (find(m, name, &i, &err) < 0 || acquire(e, i, out, &err) < 0)
+        return sl_model_error(m, &err);
+    return SLUICE_OK;
+}
+
+SLUICE_API int sluice_acquire_index(sluice_model *m, size_t i, sluice_tensor **out)
+{
+    sl_err err = {0};
+    sl_engine *e = engine_of(m);
+    if (out)
+        *out = NULL;
+    if (!e)
+        return SLUICE_E_INVAL;
+    if (!out || i >= e->n) {
+        sl_fail(&err, SLUICE_E_INVAL, "sluice_acquire_index: %s", !out ? "out is NULL"
+                : "index out of range");
+        return sl_model_error(m, &err);
+    }
+    if (acquire(e, i, out, &err) < 0)
+        return sl_model_error(m, &err);
+    return SLUICE_OK;
+}
+
+SLUICE_API int sluice_release(sluice_tensor *t)
+{
+    if (!t)
+        return SLUICE_OK;
+    sl_engine *e = t->e;
+    pthread_mutex_lock(&e->lock);
+    if (!t->live) {
+        pthread_mutex_unlock(&e->lock);
+        return SLUICE_E_INVAL;  /* released twice: no model to say it on */
+    }
+    size_t i = t->index;
+    t->live = 0;
+    t->next_free = e->hfree;
+    e->hfree = t;
+    e->live_handles--;
+    e->slots[i].refs--;
+    sl_unhold(e, i);
+    sl_pump(e);     /* its room may let something start */
+    sl_unlock(e);
+    return SLUICE_OK;
+}
+
+SLUICE_API const void *sluice_tensor_data(const sluice_tensor *t)
+{
+    return t ? t->data : NULL;
+}
+
+SLUICE_API uint64_t sluice_tensor_size(const sluice_tensor *t)
+{
+    return t ? t->size : 0;
+}
+
+SLUICE_API const struct sluice_tensor_info *sluice_tensor_info(const sluice_tensor *t)
+{
+    return t ? t->info : NULL;
+}
+
+SLUICE_API int sluice_tensor_digest(const sluice_tensor *t, uint8_t digest[32])
+{
+    if (!t || !digest || !t->has_digest)
+        return SLUICE_E_INVAL;
+    memcpy(digest, t->digest, 32);
+    return SLUICE_OK;
+}
+
+/* ---------------------------------------------------------------- plan */
+
+/* Resolves names to indexes (malloc'd into *ids). */
+int sl_resolve(sluice_model *m, const char *const *names, size_t n, size_t **ids, sl_err *err)
+{
+    *ids = NULL;
+    if (n == 0)
+        return SLUICE_OK;
+    if (!names)
+        return sl_fail(err, SLUICE_E_INVAL, "names is NULL with n = %zu", n);
+    size_t *v = malloc(n * sizeof *v);
+    if (!v)
+        return sl_fail(err, SLUICE_E_NOMEM, "out of memory for %zu names", n);
+    for (size_t k = 0; k < n; k++) {
+        int rc = find(m, names[k], &v[k], err);
+        if (rc < 0) {
+            free(v);
+            return rc;
+        }
+    }
+    *ids = v;
+    return SLUICE_OK;
+}
+
+SLUICE_API int sluice_prefetch(sluice_model *m, const char *const *names, size_t n)
+{
+    sl_err err = {0};
+    sl_engine *e = engine_of(m);
+    if (!e)
+        return SLUICE_E_INVAL;
+    size_t *ids, *pos = NULL;
+    if (sl_resolve(m, names, n, &ids, &err) < 0)
+        return sl_model_error(m, &err);
+    if (n) {
+        if (!(pos = malloc((e->n ? e->n : 1) * sizeof *pos))) {
+            free(ids);
+            sl_fail(&err, SLUICE_E_NOMEM, "prefetch: out of memory");
+            return sl_model_error(m, &err);
+        }
+        for (size_t i = 0; i < e->n; i++)
+            pos[i] = SL_NONE;
+        for (size_t k = n; k-- > 0;)
+            pos[ids[k]] = k;    /* a repeated name: its first place */
+    }
+    pthread_mutex_lock(&e->lock);
+    if (e->plan != e->order)
+        free(e->plan);
+    if (e->plan_pos != e->order)
+        free(e->plan_pos);
+    e->plan = n ? ids : e->order;
+    e->plan_pos = n ? pos : e->order;
+    e->plan_n = n ? n : e->n;
+    e->cursor = 0;
+    e->plan_active = 1;
+    /* What the old plan read ahead and nobody used may now make room for
+     * the new one: it becomes the oldest of the cached. */
+    while (e->lru[SL_LRU_PREFETCHED].tail != SL_NONE) {
+        size_t i = e->lru[SL_LRU_PREFETCHED].tail;
+        sl_lru_remove(e, i);
+        sl_slot *s = &e->slots[i];
+        s->lru = SL_LRU_CACHED;
+        s->lprev = SL_NONE;
+        s->lnext = e->lru[SL_LRU_CACHED].head;
+        if (s->lnext != SL_NONE)
+            e->slots[s->lnext].lprev = i;
+        else
+            e->lru[SL_LRU_CACHED].tail = i;
+        e->lru[SL_LRU_CACHED].head = i;
+    }
+    sl_pump(e);
+    sl_unlock(e);
+    return SLUICE_OK;
+}
+
+/* ---------------------------------------------------------------- stats */
+
+SLUICE_API int sluice_stats(sluice_model *m, struct sluice_stats *out)
+{
+    sl_engine *e = engine_of(m);
+    if (!e || !out || out->size < sizeof out->size)
+        return SLUICE_E_INVAL;
+    pthread_mutex_lock(&e->lock);
+    struct sluice_stats s = e->st;
+    s.pool_in_use = sl_pool_in_use(e->pool);
+    s.pool_high_water = sl_pool_high_water(e->pool);
+    pthread_mutex_unlock(&e->lock);
+    s.size = out->size;
+    memcpy(out, &s, out->size < sizeof s ? out->size : sizeof s);
+    return SLUICE_OK;
+}

@@ -1,0 +1,38 @@
+/* engine_hooks.h: test hooks of the engine (engine.c). Not API: the tests
+ * link the static library and call these to reach inside. Every hook
+ * hangs off one model; nothing here is global.
+ */
+#ifndef SLUICE_ENGINE_HOOKS_H
+#define SLUICE_ENGINE_HOOKS_H
+
+#include "io.h"
+#include "sluice.h"
+
+#include <stdint.h>
+
+/* Makes read attempts nth .. nth+count-1, counted from this call (nth = 1:
+ * the next attempt), fail as kind says (see io.h). kind NONE clears.
+ * Returns SLUICE_OK or SLUICE_E_INVAL. */
+int sl_engine_set_fault(sluice_model *m, sl_io_fault kind, uint64_t nth, uint64_t count);
+
+/* Read attempts made so far on the model's seam. */
+uint64_t sl_engine_io_attempts(sluice_model *m);
+
+/* Replaces the manifest's expected digests: tensor i must hash to
+ * digests[i] when has[i] is non-zero, and is not checked otherwise. NULL
+ * digests returns to the manifest. Copies both arrays (sluice_count
+ * entries). Drops every cached tensor so that the next acquire reads and
+ * checks again. Call it with no handle live and no read running (just
+ * after open, or after the reads settled). Returns SLUICE_OK,
+ * SLUICE_E_INVAL, SLUICE_E_BUSY or SLUICE_E_NOMEM. */
+int sl_engine_set_digests(sluice_model *m, const unsigned char (*digests)[32],
+                          const unsigned char *has);
+
+/* Evicts every tensor that no handle holds, so that the next acquire
+ * reads it again. Returns SLUICE_OK or SLUICE_E_INVAL. */
+int sl_engine_drop_cache(sluice_model *m);
+
+/* Waits until no read is in flight and no worker has work. */
+int sl_engine_quiesce(sluice_model *m);
+
+#endif

@@ -1,0 +1,128 @@
+/* hooks.c: the test hooks of engine_hooks.h: fault injection through the
+ * seam, expected digests without a manifest, cache dropping. They hang off
+ * one model; nothing is global.
+ */
+#include "engine_hooks.h"
+#include "engine_int.h"
+
+#include "model.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static sl_engine *engine_of(sluice_model *m)
+{
+    return sl_model_usable(m) == SLUICE_OK ? m->engine : NULL;
+}
+
+int sl_engine_set_fault(sluice_model *m, sl_io_fault kind, uint64_t nth, uint64_t count)
+{
+    sl_engine *e = engine_of(m);
+    if (!e || (kind != SL_IO_FAULT_NONE && nth == 0))
+        return SLUICE_E_INVAL;
+    sl_io_set_fault(e->io, kind, sl_io_attempts(e->io) + nth, count);
+    return SLUICE_OK;
+}
+
+uint64_t sl_engine_io_attempts(sluice_model *m)
+{
+    sl_engine *e = engine_of(m);
+    return e ? sl_io_attempts(e->io) : 0;
+}
+
+static void quiesce(sl_engine *e)
+{
+    while (e->inflight || e->wbusy || e->hq_head != SL_NONE)
+        sl_wait(e);
+}
+
+int sl_engine_quiesce(sluice_model *m)
+{
+    sl_engine *e = engine_of(m);
+    if (!e)
+        return SLUICE_E_INVAL;
+    pthread_mutex_lock(&e->lock);
+    quiesce(e);
+    sl_unlock(e);
+    return SLUICE_OK;
+}
+
+static void drop_cache(sl_engine *e)
+{
+    for (int l = SL_LRU_CACHED; l <= SL_LRU_PREFETCHED; l++)
+        while (e->lru[l].head != SL_NONE) {
+            size_t i = e->lru[l].head;
+            sl_slot *s = &e->slots[i];
+            sl_lru_remove(e, i);
+            sl_pool_free(e->pool, s->blk);
+            s->blk = NULL;
+            s->buf = NULL;
+            s->data = NULL;
+            s->state = SL_IDLE;
+            s->consumed = 0;
+            s->has_digest = 0;
+            e->st.evictions++;
+        }
+}
+
+int sl_engine_drop_cache(sluice_model *m)
+{
+    sl_engine *e = engine_of(m);
+    if (!e)
+        return SLUICE_E_INVAL;
+    pthread_mutex_lock(&e->lock);
+    e->plan_active = 0; /* or read-ahead would fill it again at once */
+    quiesce(e);
+    drop_cache(e);
+    sl_unlock(e);
+    return SLUICE_OK;
+}
+
+int sl_engine_set_digests(sluice_model *m, const unsigned char (*digests)[32],
+                          const unsigned char *has)
+{
+    sl_engine *e = engine_of(m);
+    if (!e || (digests && !has))
+        return SLUICE_E_INVAL;
+    unsigned char (*d)[32] = NULL;
+    unsigned char *h = NULL;
+    if (digests) {
+        size_t n1 = e->n ? e->n : 1;
+        d = malloc(n1 * sizeof *d);
+        h = malloc(n1);
+        if (!d || !h) {
+            free(d);
+            free(h);
+            return SLUICE_E_NOMEM;
+        }
+        memcpy(d, digests, e->n * sizeof *d);
+        memcpy(h, has, e->n);
+    }
+    pthread_mutex_lock(&e->lock);
+    e->plan_active = 0;
+    quiesce(e);
+    int loading = 0;
+    for (size_t i = 0; i < e->n; i++)
+        loading |= e->slots[i].state == SL_LOADING;
+    if (e->live_handles || e->nstreams || loading) {
+        sl_unlock(e);
+        free(d);
+        free(h);
+        return SLUICE_E_BUSY;
+    }
+    drop_cache(e);
+    free(e->test_digest);
+    free(e->test_has);
+    e->test_digest = d;
+    e->test_has = h;
+    int any = 0;
+    for (size_t i = 0; i < e->n; i++) {
+        sl_slot *s = &e->slots[i];
+        s->hashed = (e->flags & SLUICE_F_HASH_ALL) || sl_expected_digest(e, i);
+        any |= s->hashed;
+    }
+    int start = any && e->nworkers == 0;
+    sl_unlock(e);
+    sl_err err;
+    return start ? sl_workers_start(e, 2, &err) : SLUICE_OK;
+}

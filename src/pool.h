@@ -1,0 +1,54 @@
+/* pool.h: the bounded buffer pool of an engine (pool.c).
+ *
+ * One anonymous mapping of the whole budget, reserved at create and never
+ * returned to the kernel until destroy: a page is faulted in the first
+ * time some buffer uses it and reused by every later buffer, so a warm
+ * pool costs no page faults. Buffers are carved out of it by an
+ * address-ordered first-fit allocator whose block descriptors live
+ * outside the arena (the arena holds only tensor bytes).
+ *
+ * Not thread-safe: the engine's lock serialises every call.
+ */
+#ifndef SLUICE_POOL_H
+#define SLUICE_POOL_H
+
+#include "error.h"
+
+#include <stdint.h>
+
+/* Every buffer starts on a multiple of this (the handle's promise). */
+#define SL_POOL_ALIGN 64u
+
+typedef struct sl_pool sl_pool;
+typedef struct sl_pool_blk sl_pool_blk;
+
+/* Maps an arena of budget bytes (rounded down to SL_POOL_ALIGN).
+ * Returns SLUICE_OK, SLUICE_E_INVAL (budget below SL_POOL_ALIGN) or
+ * SLUICE_E_NOMEM (the mapping was refused). */
+int sl_pool_create(uint64_t budget, sl_pool **out, sl_err *err);
+
+/* Unmaps the arena and frees every descriptor. Buffers still allocated are
+ * simply forgotten. NULL is a no-op. */
+void sl_pool_destroy(sl_pool *p);
+
+/* The usable bytes of the arena (the budget rounded down). */
+uint64_t sl_pool_capacity(const sl_pool *p);
+
+/* The bytes an allocation of size bytes with this alignment may need
+ * (what to compare with the capacity to know if it can ever fit). */
+uint64_t sl_pool_footprint(uint64_t size, uint64_t align);
+
+/* A buffer of size bytes (> 0) starting on a multiple of align (a power of
+ * two, at least SL_POOL_ALIGN), or NULL when no free range is large
+ * enough right now, or when a descriptor cannot be allocated. *blk
+ * receives the descriptor to give back to sl_pool_free. */
+void *sl_pool_alloc(sl_pool *p, uint64_t size, uint64_t align, sl_pool_blk **blk);
+
+/* Gives a buffer back; its range merges with free neighbours. */
+void sl_pool_free(sl_pool *p, sl_pool_blk *blk);
+
+/* Bytes held by allocated buffers now, and the most ever held at once. */
+uint64_t sl_pool_in_use(const sl_pool *p);
+uint64_t sl_pool_high_water(const sl_pool *p);
+
+#endif

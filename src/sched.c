@@ -1,0 +1,666 @@
+/* sched.c: the plan and the pump of an engine, and what happens when a
+ * read completes (see engine_int.h for the slot life cycle and the lock).
+ *
+ * The pump fills free read slots (queue_depth of them) in this order:
+ *  1. demand: tensors a caller is blocked on (acquire, a stream's head).
+ *     They may evict any unheld buffer. When one cannot get room and
+ *     nothing is on its way to give room back (no read in flight, no
+ *     waiter about to take a READY tensor, no stream callback running), it
+ *     fails with SLUICE_E_POOL_EXHAUSTED: every byte is held by live
+ *     handles, which only their owners can release; waiting could last for
+ *     ever. (So a thread may see POOL_EXHAUSTED while another thread holds
+ *     handles it would release soon: size the pool for what all threads
+ *     hold at once.) While a demand waits for room, nothing speculative
+ *     starts (it would take the room first).
+ *  2. the remaining chunks of tensors already started (they hold memory).
+ *  3. streams' read-ahead, then 4. the plan's read-ahead. Speculative
+ *     reads may only evict buffers already handed out and released
+ *     (CACHED), never other read-ahead (PREFETCHED), so read-ahead cannot
+ *     thrash itself; it stops when the pool is full of unconsumed data.
+ *
+ * A tensor is read as one buffer of its own from the pool, in chunks of
+ * chunk_bytes; small tensors adjacent in a file and next in the same
+ * sequence share one read with one iovec each (no byte wasted, each still
+ * 64-byte aligned).
+ */
+#include "engine_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { ROOM_ANY, ROOM_SPEC };
+
+static uint64_t round_up(uint64_t v, uint64_t a)
+{
+    return (v + a - 1) / a * a;
+}
+
+/* ---------------------------------------------------------------- slots */
+
+int sl_chunk_done(const sl_slot *s, uint32_t c)
+{
+    const uint64_t *w = s->done_bits ? s->done_bits : &s->done_word;
+    return (int)((w[c >> 6] >> (c & 63)) & 1);
+}
+
+static void chunk_set_done(sl_slot *s, uint32_t c)
+{
+    uint64_t *w = s->done_bits ? s->done_bits : &s->done_word;
+    w[c >> 6] |= (uint64_t)1 << (c & 63);
+}
+
+static int would_be_direct(const sl_engine *e, size_t i)
+{
+    const struct sluice_tensor_info *t = &e->ix->tensors[i];
+    const sl_efile *f = &e->files[t->file_index];
+    return f->direct_fd >= 0 && !f->fell_back && t->nbytes >= SL_DIRECT_MIN;
+}
+
+/* The file range a load of tensor i reads: [*a0, *a0 + *span). */
+static void load_range(const sl_engine *e, size_t i, int direct, uint64_t *a0, uint64_t *span)
+{
+    const struct sluice_tensor_info *t = &e->ix->tensors[i];
+    if (!direct) {
+        *a0 = t->offset;
+        *span = t->nbytes;
+        return;
+    }
+    *a0 = t->offset & ~(uint64_t)(SL_DIRECT_ALIGN - 1);
+    *span = round_up(t->offset + t->nbytes, SL_DIRECT_ALIGN) - *a0;
+}
+
+int sl_too_large(const sl_engine *e, size_t i)
+{
+    uint64_t a0, span;
+    load_range(e, i, would_be_direct(e, i), &a0, &span);
+    return round_up(span, SL_POOL_ALIGN) > sl_pool_capacity(e->pool);
+}
+
+void sl_slot_error(sl_engine *e, size_t i, const sl_err *err)
+{
+    sl_slot *s = &e->slots[i];
+    free(s->err_msg);
+    s->err_msg = strdup(err->msg);
+    s->err_code = err->code;
+}
+
+void sl_fail_idle(sl_engine *e, size_t i, const sl_err *err)
+{
+    sl_slot_error(e, i, err);
+    e->slots[i].gen++;
+    e->st.failures++;
+    pthread_cond_broadcast(&e->cv);
+}
+
+/* ---------------------------------------------------------------- lists */
+
+void sl_lru_remove(sl_engine *e, size_t i)
+{
+    sl_slot *s = &e->slots[i];
+    if (s->lru == SL_LRU_NONE)
+        return;
+    size_t *head = &e->lru[s->lru].head, *tail = &e->lru[s->lru].tail;
+    if (s->lprev != SL_NONE)
+        e->slots[s->lprev].lnext = s->lnext;
+    else
+        *head = s->lnext;
+    if (s->lnext != SL_NONE)
+        e->slots[s->lnext].lprev = s->lprev;
+    else
+        *tail = s->lprev;
+    s->lprev = s->lnext = SL_NONE;
+    s->lru = SL_LRU_NONE;
+}
+
+void sl_lru_push(sl_engine *e, size_t i, int list)
+{
+    sl_slot *s = &e->slots[i];
+    sl_lru_remove(e, i);
+    s->lru = (uint8_t)list;
+    s->lnext = SL_NONE;
+    s->lprev = e->lru[list].tail;
+    if (s->lprev != SL_NONE)
+        e->slots[s->lprev].lnext = i;
+    else
+        e->lru[list].head = i;
+    e->lru[list].tail = i;
+}
+
+void sl_unhold(sl_engine *e, size_t i)
+{
+    sl_slot *s = &e->slots[i];
+    if (s->refs || s->pins || s->state != SL_READY || s->lru != SL_LRU_NONE ||
+        e->ix->tensors[i].nbytes == 0)
+        return;
+    sl_lru_push(e, i, s->consumed ? SL_LRU_CACHED : SL_LRU_PREFETCHED);
+}
+
+void sl_demand(sl_engine *e, size_t i)
+{
+    sl_slot *s = &e->slots[i];
+    if (s->in_demand)
+        return;
+    s->in_demand = 1;
+    s->dnext = SL_NONE;
+    if (e->dq_tail != SL_NONE)
+        e->slots[e->dq_tail].dnext = i;
+    else
+        e->dq_head = i;
+    e->dq_tail = i;
+}
+
+static void demand_pop(sl_engine *e)
+{
+    sl_slot *s = &e->slots[e->dq_head];
+    e->dq_head = s->dnext;
+    if (e->dq_head == SL_NONE)
+        e->dq_tail = SL_NONE;
+    s->in_demand = 0;
+}
+
+static void partial_push(sl_engine *e, size_t i, int front)
+{
+    sl_slot *s = &e->slots[i];
+    if (s->in_partial)
+        return;
+    s->in_partial = 1;
+    if (front || e->pq_head == SL_NONE) {
+        s->pnext = e->pq_head;
+        e->pq_head = i;
+        if (e->pq_tail == SL_NONE)
+            e->pq_tail = i;
+    } else {
+        s->pnext = SL_NONE;
+        e->slots[e->pq_tail].pnext = i;
+        e->pq_tail = i;
+    }
+}
+
+static void partial_pop(sl_engine *e)
+{
+    sl_slot *s = &e->slots[e->pq_head];
+    e->pq_head = s->pnext;
+    if (e->pq_head == SL_NONE)
+        e->pq_tail = SL_NONE;
+    s->in_partial = 0;
+}
+
+/* ---------------------------------------------------------------- starting */
+
+static void evict(sl_engine *e, size_t i)
+{
+    sl_slot *s = &e->slots[i];
+    sl_lru_remove(e, i);
+    sl_pool_free(e->pool, s->blk);
+    s->blk = NULL;
+    s->buf = NULL;
+    s->data = NULL;
+    s->state = SL_IDLE;
+    s->consumed = 0;
+    s->has_digest = 0;
+    e->st.evictions++;
+}
+
+/* Frees one unheld buffer: the least recently used of those handed out,
+ * else (for demand) the newest read-ahead, the one wanted last. */
+static int evict_one(sl_engine *e, int mode)
+{
+    if (e->lru[SL_LRU_CACHED].head != SL_NONE) {
+        evict(e, e->lru[SL_LRU_CACHED].head);
+        return 1;
+    }
+    if (mode == ROOM_ANY && e->lru[SL_LRU_PREFETCHED].tail != SL_NONE) {
+        evict(e, e->lru[SL_LRU_PREFETCHED].tail);
+        return 1;
+    }
+    return 0;
+}
+
+/* Makes slot i (IDLE) LOADING: a buffer, the chunk map, a digest context.
+ * Returns 1, 0 when there is no room, -1 when out of memory (the slot is
+ * left IDLE and untouched). */
+static int start_tensor(sl_engine *e, size_t i, int mode)
+{
+    sl_slot *s = &e->slots[i];
+    const struct sluice_tensor_info *t = &e->ix->tensors[i];
+    int direct = would_be_direct(e, i);
+    uint64_t a0, span, chunk = direct ? round_up(e->chunk, SL_DIRECT_ALIGN) : e->chunk;
+    load_range(e, i, direct, &a0, &span);
+    sl_pool_blk *blk;
+    unsigned char *buf;
+    while (!(buf = sl_pool_alloc(e->pool, span, direct ? SL_DIRECT_ALIGN : SL_POOL_ALIGN, &blk)))
+        if (!evict_one(e, mode))
+            return 0;
+    uint64_t nchunks = (span + chunk - 1) / chunk;
+    s->done_word = 0;
+    s->done_bits = NULL;
+    s->md = NULL;
+    if (nchunks > 64 && !(s->done_bits = calloc((size_t)(nchunks + 63) / 64, sizeof *s->done_bits)))
+        goto nomem;
+    if (s->hashed && (!(s->md = EVP_MD_CTX_new()) || EVP_DigestInit_ex(s->md, e->sha256, NULL) != 1))
+        goto nomem;
+    s->blk = blk;
+    s->buf = buf;
+    s->data = NULL;
+    s->delta = t->offset - a0;
+    s->span = span;
+    s->chunk = chunk;
+    s->direct = (uint8_t)direct;
+    s->nchunks = (uint32_t)nchunks;
+    s->issued = s->done = s->inflight = s->hash_next = 0;
+    s->failing = s->worked = s->consumed = s->has_digest = 0;
+    s->state = SL_LOADING;
+    e->loading_bytes += span;
+    return 1;
+
+nomem:
+    free(s->done_bits);
+    s->done_bits = NULL;
+    EVP_MD_CTX_free(s->md);
+    s->md = NULL;
+    sl_pool_free(e->pool, blk);
+    return -1;
+}
+
+static sl_read *take_read(sl_engine *e)
+{
+    sl_read *r = e->free_reads;
+    if (r) {
+        e->free_reads = r->next_free;
+        e->inflight++;
+    }
+    return r;
+}
+
+static void put_read(sl_engine *e, sl_read *r)
+{
+    r->next_free = e->free_reads;
+    e->free_reads = r;
+    if (--e->inflight == 0)
+        pthread_cond_broadcast(&e->cv); /* close waits for this */
+}
+
+static void submit_read(sl_engine *e, sl_read *r)
+{
+    r->req.fd = r->direct ? e->files[r->file].direct_fd : e->ix->files[r->file].fd;
+    r->req.offset = r->offset;
+    memcpy(r->iov, r->iov0, (size_t)r->nseg * sizeof *r->iov);
+    r->req.iov = r->iov;
+    r->req.iovcnt = r->nseg;
+    r->req.owner = r;
+    sl_io_submit(e->io, &r->req);
+    e->need_flush = 1;
+}
+
+/* Issues reads for the chunks of slot i while read slots are free. */
+static void issue_chunks(sl_engine *e, size_t i)
+{
+    sl_slot *s = &e->slots[i];
+    const struct sluice_tensor_info *t = &e->ix->tensors[i];
+    uint64_t need_end = s->delta + t->nbytes; /* buffer offset past the last byte */
+    while (s->issued < s->nchunks && !s->failing) {
+        sl_read *r = take_read(e);
+        if (!r)
+            return;
+        uint32_t c = s->issued++;
+        uint64_t b0 = (uint64_t)c * s->chunk;
+        uint64_t b1 = b0 + s->chunk < s->span ? b0 + s->chunk : s->span;
+        r->file = t->file_index;
+        r->direct = s->direct && !e->files[t->file_index].fell_back;
+        r->offset = t->offset - s->delta + b0;
+        r->len = b1 - b0;
+        r->nseg = 1;
+        r->seg[0] = (sl_seg){i, c};
+        r->iov0[0] = (struct iovec){s->buf + b0, (size_t)(b1 - b0)};
+        r->req.min_bytes = (need_end < b1 ? need_end : b1) - b0;
+        s->inflight++;
+        submit_read(e, r);
+    }
+}
+
+/* One read for k whole tensors, adjacent in one file, each one chunk. */
+static void issue_group(sl_engine *e, const size_t *group, int k)
+{
+    sl_read *r = take_read(e);
+    const struct sluice_tensor_info *t0 = &e->ix->tensors[group[0]];
+    r->file = t0->file_index;
+    r->direct = 0;
+    r->offset = t0->offset;
+    r->len = 0;
+    r->nseg = k;
+    for (int j = 0; j < k; j++) {
+        sl_slot *s = &e->slots[group[j]];
+        uint64_t nb = e->ix->tensors[group[j]].nbytes;
+        r->seg[j] = (sl_seg){group[j], 0};
+        r->iov0[j] = (struct iovec){s->buf, (size_t)nb};
+        r->len += nb;
+        s->issued = 1;
+        s->inflight = 1;
+    }
+    r->req.min_bytes = r->len;
+    submit_read(e, r);
+}
+
+/* Starts ids[0] (IDLE; a read slot must be free) and, in the same read,
+ * the positions after it that are small, IDLE and next in the same file.
+ * Returns the positions covered (empty tensors on the way included), 0
+ * when ids[0] could not start. */
+static size_t start_run(sl_engine *e, const size_t *ids, size_t n, int mode)
+{
+    size_t i = ids[0];
+    if (start_tensor(e, i, mode) <= 0)
+        return 0;
+    sl_slot *s = &e->slots[i];
+    if (s->direct || s->nchunks > 1) {
+        issue_chunks(e, i);
+        if (s->issued < s->nchunks)
+            partial_push(e, i, 0);
+        return 1;
+    }
+    size_t group[SL_MAX_SEGS];
+    int k = 1;
+    group[0] = i;
+    const struct sluice_tensor_info *prev = &e->ix->tensors[i];
+    uint64_t len = prev->nbytes;
+    size_t pos = 1;
+    for (; pos < n && k < SL_MAX_SEGS; pos++) {
+        size_t j = ids[pos];
+        const struct sluice_tensor_info *t = &e->ix->tensors[j];
+        if (t->file_index != prev->file_index || t->offset != prev->offset + prev->nbytes)
+            break;
+        if (t->nbytes == 0)
+            continue;   /* always READY; covered */
+        if (e->slots[j].state != SL_IDLE || would_be_direct(e, j) || len + t->nbytes > e->chunk)
+            break;
+        if (start_tensor(e, j, mode) != 1)
+            break;
+        group[k++] = j;
+        len += t->nbytes;
+        prev = t;
+    }
+    issue_group(e, group, k);
+    return pos;
+}
+
+/* ---------------------------------------------------------------- sources */
+
+static void stream_pin(sl_engine *e, sl_stream *st, size_t pos)
+{
+    size_t i = st->ids[pos];
+    sl_slot *s = &e->slots[i];
+    s->pins++;
+    sl_lru_remove(e, i);
+    st->pstate[pos] = SL_POS_PINNED;
+    st->pgen[pos] = s->gen;
+    st->pinned++;
+}
+
+/* A stream with nothing pinned makes its next tensor a demand, so that it
+ * always progresses (and learns POOL_EXHAUSTED when it cannot). Not while
+ * its callbacks run: the handles they hold may be released at once. */
+static void stream_head(sl_engine *e, sl_stream *st)
+{
+    while (st->pinned == 0 && !st->delivering && st->hi < st->n) {
+        size_t pos = st->hi++, i = st->ids[pos];
+        if (sl_too_large(e, i)) {
+            st->pstate[pos] = SL_POS_TOO_LARGE;
+            continue;
+        }
+        stream_pin(e, st, pos);
+        if (e->slots[i].state == SL_IDLE)
+            sl_demand(e, i);
+    }
+}
+
+static void stream_ahead(sl_engine *e, sl_stream *st)
+{
+    while (st->hi < st->n && st->hi - st->lo < SL_STREAM_WINDOW && e->free_reads) {
+        size_t pos = st->hi, i = st->ids[pos];
+        if (sl_too_large(e, i)) {
+            st->pstate[pos] = SL_POS_TOO_LARGE;
+            st->hi++;
+            continue;
+        }
+        if (e->slots[i].state != SL_IDLE) {
+            stream_pin(e, st, pos);
+            st->hi++;
+            continue;
+        }
+        size_t k = start_run(e, st->ids + pos, st->n - pos, ROOM_SPEC);
+        if (!k)
+            break;
+        for (size_t j = 0; j < k; j++)
+            stream_pin(e, st, pos + j);
+        st->hi += k;
+    }
+}
+
+static void plan_ahead(sl_engine *e)
+{
+    while (e->cursor < e->plan_n && e->free_reads) {
+        size_t i = e->plan[e->cursor];
+        sl_slot *s = &e->slots[i];
+        if (s->state != SL_IDLE || sl_too_large(e, i)) {
+            /* Wanted again soon: protect it from read-ahead's evictions. */
+            if (s->lru == SL_LRU_CACHED)
+                sl_lru_push(e, i, SL_LRU_PREFETCHED);
+            e->cursor++;
+            continue;
+        }
+        size_t k = start_run(e, e->plan + e->cursor, e->plan_n - e->cursor, ROOM_SPEC);
+        if (!k)
+            break;
+        e->cursor += k;
+    }
+}
+
+static void fail_exhausted(sl_engine *e, size_t i)
+{
+    const struct sluice_tensor_info *t = &e->ix->tensors[i];
+    char q[SL_QUOTE_MAX];
+    sl_err err;
+    sl_fail(&err, SLUICE_E_POOL_EXHAUSTED,
+            "tensor %s (%llu bytes, file %s, offset %llu) cannot be loaded: the pool "
+            "(pool_bytes %llu) is held by live handles (%llu bytes in use, none in flight, "
+            "none evictable), and only their release can make room",
+            sl_quote(q, sizeof q, t->name, t->name_len), (unsigned long long)t->nbytes,
+            t->file, (unsigned long long)t->offset, (unsigned long long)e->st.pool_bytes,
+            (unsigned long long)sl_pool_in_use(e->pool));
+    sl_fail_idle(e, i, &err);
+}
+
+/* Whether room held now will come back without a caller's release: reads
+ * in flight, a stream's callbacks running (they may release), or pins on
+ * READY slots (a waiter about to take its handle: it pumps after). */
+static int room_may_return(const sl_engine *e)
+{
+    if (e->loading_bytes)
+        return 1;
+    for (const sl_stream *st = e->streams; st; st = st->next)
+        if (st->delivering)
+            return 1;
+    for (size_t i = 0; i < e->n; i++)
+        if (e->slots[i].pins && e->slots[i].state == SL_READY)
+            return 1;
+    return 0;
+}
+
+void sl_pump(sl_engine *e)
+{
+    if (e->closing)
+        return;
+    for (sl_stream *st = e->streams; st; st = st->next)
+        stream_head(e, st);
+
+    int blocked = 0;
+    while (e->dq_head != SL_NONE) {
+        size_t i = e->dq_head;
+        sl_slot *s = &e->slots[i];
+        if (s->state != SL_IDLE) {
+            demand_pop(e);
+            continue;
+        }
+        if (!e->free_reads) {
+            blocked = 1;
+            break;
+        }
+        int rc = start_tensor(e, i, ROOM_ANY);
+        if (rc == 0 && room_may_return(e)) {
+            blocked = 1;    /* wait for it */
+            break;
+        }
+        demand_pop(e);
+        if (rc == 0) {
+            fail_exhausted(e, i);
+            continue;
+        }
+        if (rc < 0) {
+            const struct sluice_tensor_info *t = &e->ix->tensors[i];
+            char q[SL_QUOTE_MAX];
+            sl_err err;
+            sl_fail(&err, SLUICE_E_NOMEM, "tensor %s (file %s, offset %llu): out of memory",
+                    sl_quote(q, sizeof q, t->name, t->name_len), t->file,
+                    (unsigned long long)t->offset);
+            sl_fail_idle(e, i, &err);
+            continue;
+        }
+        issue_chunks(e, i);
+        if (s->issued < s->nchunks)
+            partial_push(e, i, 1);
+    }
+
+    while (e->pq_head != SL_NONE && e->free_reads) {
+        size_t i = e->pq_head;
+        sl_slot *s = &e->slots[i];
+        if (s->state == SL_LOADING && !s->failing && s->issued < s->nchunks)
+            issue_chunks(e, i);
+        if (s->state != SL_LOADING || s->failing || s->issued == s->nchunks)
+            partial_pop(e);
+    }
+    if (blocked)
+        return;
+    for (sl_stream *st = e->streams; st && e->free_reads; st = st->next)
+        stream_ahead(e, st);
+    if (e->plan_active)
+        plan_ahead(e);
+}
+
+/* ---------------------------------------------------------------- finishing */
+
+static void release_load(sl_engine *e, sl_slot *s)
+{
+    free(s->done_bits);
+    s->done_bits = NULL;
+    EVP_MD_CTX_free(s->md);
+    s->md = NULL;
+    e->loading_bytes -= s->span;
+}
+
+void sl_settle(sl_engine *e, size_t i)
+{
+    sl_slot *s = &e->slots[i];
+    if (s->state != SL_LOADING || s->inflight || s->busy || s->queued)
+        return;
+    if (s->failing) {
+        /* Every read of it is back: drop the bytes, keep the error. */
+        release_load(e, s);
+        sl_pool_free(e->pool, s->blk);
+        s->blk = NULL;
+        s->buf = NULL;
+        s->data = NULL;
+        s->state = SL_IDLE;
+        s->failing = 0;
+        s->gen++;
+        e->st.failures++;
+        pthread_cond_broadcast(&e->cv);
+        return;
+    }
+    if (s->done < s->nchunks)
+        return;
+    if (!s->worked && sl_needs_work(e, s)) {
+        sl_work_enqueue(e, i);
+        return;
+    }
+    release_load(e, s);
+    if (!s->data)
+        s->data = s->buf + s->delta;
+    s->state = SL_READY;
+    e->st.tensors_loaded++;
+    sl_unhold(e, i);
+    pthread_cond_broadcast(&e->cv);
+}
+
+static void read_failed(sl_engine *e, size_t i, const sl_read *r)
+{
+    const struct sluice_tensor_info *t = &e->ix->tensors[i];
+    const sl_io_req *q = &r->req;
+    char qn[SL_QUOTE_MAX];
+    sl_err err;
+    sl_quote(qn, sizeof qn, t->name, t->name_len);
+    if (q->eof)
+        sl_fail(&err, SLUICE_E_FILE_CHANGED,
+                "tensor %s (file %s, offset %llu, %llu bytes): the file ends at offset %llu, "
+                "before the tensor's last byte: it shrank after open",
+                qn, t->file, (unsigned long long)t->offset, (unsigned long long)t->nbytes,
+                (unsigned long long)q->error_offset);
+    else
+        sl_fail_errno(&err, SLUICE_E_IO, q->error,
+                      "tensor %s (file %s, offset %llu, %llu bytes): read of %llu bytes at "
+                      "offset %llu%s failed at offset %llu",
+                      qn, t->file, (unsigned long long)t->offset, (unsigned long long)t->nbytes,
+                      (unsigned long long)r->len, (unsigned long long)r->offset,
+                      r->direct ? " (O_DIRECT)" : "", (unsigned long long)q->error_offset);
+    sl_slot_error(e, i, &err);
+}
+
+static void chunk_complete(sl_engine *e, const sl_read *r, int k)
+{
+    size_t i = r->seg[k].tensor;
+    uint32_t c = r->seg[k].chunk;
+    sl_slot *s = &e->slots[i];
+    s->inflight--;
+    if (r->req.error || r->req.eof) {
+        if (!s->failing) {
+            read_failed(e, i, r);
+            s->failing = 1;
+        }
+    } else {
+        chunk_set_done(s, c);
+        s->done++;
+        if (s->hashed && !s->failing && !s->busy && !s->queued &&
+            s->hash_next < s->nchunks && sl_chunk_done(s, s->hash_next))
+            sl_work_enqueue(e, i);
+    }
+    sl_settle(e, i);
+}
+
+void sl_read_done(void *ctx, sl_io_req *list)
+{
+    sl_engine *e = ctx;
+    pthread_mutex_lock(&e->lock);
+    for (sl_io_req *q = list, *next; q; q = next) {
+        next = q->next;
+        sl_read *r = (sl_read *)q;
+        e->st.retries += q->retries;
+        e->st.bytes_read += q->done_bytes;
+        if (q->error == EINVAL && r->direct) {
+            /* The file system refuses O_DIRECT: read this file buffered
+             * from now on, this read first (same buffer, same span). */
+            sl_efile *f = &e->files[r->file];
+            if (!f->fell_back) {
+                f->fell_back = 1;
+                e->st.direct_fallbacks++;
+            }
+            r->direct = 0;
+            submit_read(e, r);
+            continue;
+        }
+        e->st.reads++;
+        for (int k = 0; k < r->nseg; k++)
+            chunk_complete(e, r, k);
+        put_read(e, r);
+    }
+    sl_pump(e);
+    sl_unlock(e);
+}

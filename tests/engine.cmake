@@ -1,0 +1,17 @@
+# The engine's test programs run a second time on the pread backend
+# (SLUICE_FORCE_PREAD=1): both backends must pass the same suite.
+foreach(name IN ITEMS test_engine test_engine_faults test_engine_stress)
+  if(TARGET ${name})
+    add_test(NAME ${name}_pread COMMAND ${name})
+    set_tests_properties(${name}_pread PROPERTIES
+      ENVIRONMENT SLUICE_FORCE_PREAD=1 SKIP_RETURN_CODE 77 TIMEOUT 600)
+  endif()
+endforeach()
+
+# The tests that run many threads on one model also run under
+# ThreadSanitizer (tools/test.sh: ctest -L threads in the TSan build).
+foreach(name IN ITEMS test_engine test_engine_pread test_engine_stress test_engine_stress_pread test_verify)
+  if(TEST ${name})
+    set_property(TEST ${name} APPEND PROPERTY LABELS threads)
+  endif()
+endforeach()

@@ -1,0 +1,443 @@
+/* test_engine.c: the engine's contract: every byte of every tensor, in
+ * every order and by streaming, of the real corpus and of generated
+ * sharded models; cache, prefetch, pool limits, close, O_DIRECT, digests.
+ * Runs on io_uring, and on the pread backend as test_engine_pread. */
+#include "engine_fixture.h"
+
+#include <openssl/evp.h>
+#include <pthread.h>
+
+/* ---------------------------------------------------------------- corpus */
+
+static void check_path(const char *path, uint32_t flags)
+{
+    sluice_options o = ef_opts(4u << 20, 64u << 10, flags);
+    sluice_model *m = ef_open(path, &o);
+    ef_check_orders(m, 42);
+    ef_check_stream(m);
+    struct sluice_stats st = ef_stats(m);
+    assert_true(st.pool_high_water <= st.pool_bytes);
+    assert_int_equal(st.failures, 0);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+}
+
+static void test_real_corpus(void **state)
+{
+    (void)state;
+    const char *dir = tu_real_data();
+    if (!dir)
+        skip();
+    char **files;
+    size_t n = tu_list_safetensors(dir, &files);
+    assert_true(n > 0);
+    for (size_t k = 0; k < n; k++) {
+        check_path(files[k], 0);
+        check_path(files[k], SLUICE_F_HASH_ALL);
+    }
+    tu_free_list(files, n);
+    char *sharded = tu_join(dir, "SafeTensors.jl__sharded");
+    check_path(sharded, 0);
+    check_path(sharded, SLUICE_F_DIRECT | SLUICE_F_HASH_ALL);
+    free(sharded);
+}
+
+/* ---------------------------------------------------------------- generated */
+
+static void test_generated_model(void **state)
+{
+    (void)state;
+    char *dir = ef_model(3, ef_sizes, EF_NSIZES, 7);
+    /* A pool far smaller than the model (3 x ~1.2 MB): eviction at work. */
+    sluice_options o = ef_opts(1u << 20, 64u << 10, 0);
+    sluice_model *m = ef_open(dir, &o);
+    assert_int_equal(sluice_count(m), 3 * EF_NSIZES);
+    ef_check_orders(m, 1);
+    ef_check_stream(m);
+    ef_check_stream(m);
+    struct sluice_stats st = ef_stats(m);
+    assert_true(st.pool_high_water <= st.pool_bytes);
+    assert_true(st.evictions > 0);
+    assert_int_equal(st.failures, 0);
+    assert_true(st.backend == SLUICE_BACKEND_IO_URING || st.backend == SLUICE_BACKEND_PREAD);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+
+    /* Default chunk (8 MiB: every tensor one read, small ones coalesced). */
+    o = ef_opts(64u << 20, 8u << 20, 0);
+    m = ef_open(dir, &o);
+    ef_check_stream(m);
+    st = ef_stats(m);
+    assert_true(st.reads < st.tensors_loaded);  /* coalesced */
+    ef_check_orders(m, 3);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+static void test_direct(void **state)
+{
+    (void)state;
+    char *dir = ef_model(2, ef_sizes, EF_NSIZES, 11);
+    sluice_options o = ef_opts(2u << 20, 64u << 10, SLUICE_F_DIRECT);
+    sluice_model *m = ef_open(dir, &o);
+    ef_check_orders(m, 5);
+    ef_check_stream(m);
+    struct sluice_stats st = ef_stats(m);
+    /* Either the file system takes O_DIRECT or each file fell back. */
+    assert_true(st.direct_fallbacks == 0 || st.direct_fallbacks == 2);
+    assert_int_equal(st.failures, 0);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+static void test_empty(void **state)
+{
+    (void)state;
+    char *dir = tu_tmpdir();
+    char *p = tu_join(dir, "empty.safetensors");
+    tu_write_safetensors(p, "{}      ", NULL, 0);
+    sluice_options o = ef_opts(1u << 20, 64u << 10, SLUICE_F_HASH_ALL);
+    sluice_model *m = ef_open(p, &o);
+    assert_int_equal(sluice_count(m), 0);
+    ef_check_stream(m);
+    assert_int_equal(sluice_prefetch(m, NULL, 0), SLUICE_OK);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+
+    /* Only empty tensors: no read at all, a digest all the same. */
+    tu_write_safetensors(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]},"
+                            "\"b\":{\"dtype\":\"F32\",\"shape\":[2,0],\"data_offsets\":[0,0]}}",
+                         NULL, 0);
+    m = ef_open(p, &o);
+    sluice_tensor *t;
+    assert_int_equal(sluice_acquire(m, "a", &t), SLUICE_OK);
+    assert_int_equal(sluice_tensor_size(t), 0);
+    assert_int_equal((uintptr_t)sluice_tensor_data(t) % 64, 0);
+    uint8_t d[32];
+    assert_int_equal(sluice_tensor_digest(t, d), SLUICE_OK);
+    assert_int_equal(d[0], 0xe3);
+    assert_int_equal(sluice_release(t), SLUICE_OK);
+    ef_check_stream(m);
+    assert_int_equal(ef_stats(m).reads, 0);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(dir);
+    free(p);
+    free(dir);
+}
+
+/* ---------------------------------------------------------------- cache, plan */
+
+static void test_cache_and_prefetch(void **state)
+{
+    (void)state;
+    char *dir = ef_model(1, ef_sizes, EF_NSIZES, 3);
+    sluice_options o = ef_opts(16u << 20, 64u << 10, 0);
+    sluice_model *m = ef_open(dir, &o);
+    sluice_tensor *t;
+    assert_int_equal(sluice_acquire(m, "s0.t013", &t), SLUICE_OK);
+    ef_check_handle(t);
+    assert_int_equal(sluice_release(t), SLUICE_OK);
+    assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    struct sluice_stats a = ef_stats(m);
+    assert_int_equal(sluice_acquire(m, "s0.t013", &t), SLUICE_OK);
+    ef_check_handle(t);
+    assert_int_equal(sluice_release(t), SLUICE_OK);
+    struct sluice_stats b = ef_stats(m);
+    assert_int_equal(b.cache_hits, a.cache_hits + 1);
+    assert_int_equal(b.reads, a.reads);
+    assert_int_equal(b.bytes_read, a.bytes_read);
+
+    /* A hint: those tensors are read ahead; acquiring them reads nothing. */
+    assert_int_equal(sl_engine_drop_cache(m), SLUICE_OK);
+    const char *names[] = {"s0.t015", "s0.t002", "s0.t009"};
+    const char *bad[] = {"s0.t015", "nope"};
+    assert_int_equal(sluice_prefetch(m, bad, 2), SLUICE_E_NOT_FOUND);
+    assert_non_null(strstr(sluice_errmsg(m), "nope"));
+    assert_int_equal(sluice_prefetch(m, names, 3), SLUICE_OK);
+    assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    a = ef_stats(m);
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(sluice_acquire(m, names[k], &t), SLUICE_OK);
+        ef_check_handle(t);
+        assert_int_equal(sluice_release(t), SLUICE_OK);
+    }
+    b = ef_stats(m);
+    assert_int_equal(b.reads, a.reads);
+    assert_int_equal(b.cache_hits, a.cache_hits + 3);
+    assert_int_equal(sluice_prefetch(m, NULL, 0), SLUICE_OK);
+    assert_int_equal(sluice_acquire(m, "absent", &t), SLUICE_E_NOT_FOUND);
+    assert_null(t);
+    assert_non_null(strstr(sluice_errmsg(m), "absent"));
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* ---------------------------------------------------------------- pool limits */
+
+static void test_too_large(void **state)
+{
+    (void)state;
+    char *dir = ef_model(1, ef_sizes, EF_NSIZES, 5);
+    sluice_options o = ef_opts(128u << 10, 64u << 10, 0);
+    sluice_model *m = ef_open(dir, &o);
+    sluice_tensor *t;
+    assert_int_equal(sluice_acquire(m, "s0.t013", &t), SLUICE_E_TOO_LARGE); /* 300000 */
+    const char *msg = sluice_errmsg(m);
+    assert_non_null(strstr(msg, "s0.t013"));
+    assert_non_null(strstr(msg, "300000"));
+    assert_non_null(strstr(msg, "131072"));
+    /* The rest still loads, and streaming reports the big ones. */
+    assert_int_equal(sluice_acquire(m, "s0.t008", &t), SLUICE_OK);
+    ef_check_handle(t);
+    assert_int_equal(sluice_release(t), SLUICE_OK);
+    ef_stream_seen s = {0};
+    s.n = sluice_count(m);
+    s.seen = calloc(s.n, 1);
+    assert_int_equal(sluice_stream(m, NULL, 0, ef_stream_cb, &s), SLUICE_E_TOO_LARGE);
+    assert_int_equal(s.failed, 2);  /* 200000 and 300000 */
+    assert_int_equal(s.delivered + s.failed, s.n);
+    free(s.seen);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+static void test_pool_exhausted(void **state)
+{
+    (void)state;
+    static const uint64_t sizes[] = {256 << 10, 256 << 10, 256 << 10, 256 << 10, 256 << 10, 4096};
+    char *dir = ef_model(1, sizes, 6, 9);
+    sluice_options o = ef_opts(1u << 20, 64u << 10, 0);
+    sluice_model *m = ef_open(dir, &o);
+    sluice_tensor *h[4], *t;
+    for (int k = 0; k < 4; k++)
+        assert_int_equal(sluice_acquire_index(m, (size_t)k, &h[k]), SLUICE_OK);
+    assert_int_equal(sluice_acquire_index(m, 4, &t), SLUICE_E_POOL_EXHAUSTED);
+    assert_null(t);
+    assert_non_null(strstr(sluice_errmsg(m), "s0.t004"));
+    assert_non_null(strstr(sluice_errmsg(m), "held by live handles"));
+    /* Close refuses while handles live, and the model goes on working. */
+    assert_int_equal(sluice_close(m), SLUICE_E_BUSY);
+    assert_non_null(strstr(sluice_errmsg(m), "4 tensor handles"));
+    assert_int_equal(sluice_release(h[0]), SLUICE_OK);
+    assert_int_equal(sluice_release(h[0]), SLUICE_E_INVAL); /* twice */
+    assert_int_equal(sluice_acquire_index(m, 4, &t), SLUICE_OK);
+    ef_check_handle(t);
+    assert_int_equal(sluice_release(t), SLUICE_OK);
+    for (int k = 1; k < 4; k++) {
+        ef_check_handle(h[k]);
+        assert_int_equal(sluice_release(h[k]), SLUICE_OK);
+    }
+    struct sluice_stats st = ef_stats(m);
+    assert_true(st.pool_high_water <= (1u << 20));
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* A stream whose callback keeps every handle: when the pool is all held,
+ * the rest fail with POOL_EXHAUSTED instead of waiting for ever. */
+static void test_stream_keeps_handles(void **state)
+{
+    (void)state;
+    static const uint64_t sizes[] = {300 << 10, 300 << 10, 300 << 10, 300 << 10, 300 << 10};
+    char *dir = ef_model(1, sizes, 5, 13);
+    sluice_options o = ef_opts(1u << 20, 64u << 10, 0);
+    sluice_model *m = ef_open(dir, &o);
+    ef_stream_seen s = {0};
+    s.n = 5;
+    s.seen = calloc(5, 1);
+    s.keep = 1;
+    s.kept = calloc(5, sizeof *s.kept);
+    assert_int_equal(sluice_stream(m, NULL, 0, ef_stream_cb, &s), SLUICE_E_POOL_EXHAUSTED);
+    assert_int_equal(s.delivered, 3);
+    assert_int_equal(s.failed, 2);
+    for (size_t k = 0; k < s.nkept; k++)
+        assert_int_equal(sluice_release(s.kept[k]), SLUICE_OK);
+    ef_check_stream(m);
+    free(s.kept);
+    free(s.seen);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+static int stop_at_three(void *user, sluice_tensor *t, int status,
+                         const struct sluice_tensor_info *info, const char *message)
+{
+    (void)info;
+    (void)message;
+    int *count = user;
+    assert_int_equal(status, SLUICE_OK);
+    sluice_release(t);
+    return ++*count == 3 ? 7 : 0;
+}
+
+static void test_stream_list_and_stop(void **state)
+{
+    (void)state;
+    char *dir = ef_model(2, ef_sizes, EF_NSIZES, 17);
+    sluice_options o = ef_opts(1u << 20, 64u << 10, 0);
+    sluice_model *m = ef_open(dir, &o);
+    const char *names[] = {"s1.t013", "s0.t001", "s1.t000", "s0.t009", "s0.t010"};
+    ef_stream_seen s = {0};
+    s.n = sluice_count(m);
+    s.seen = calloc(s.n, 1);
+    assert_int_equal(sluice_stream(m, names, 5, ef_stream_cb, &s), SLUICE_OK);
+    assert_int_equal(s.delivered, 5);
+    const char *bad[] = {"s0.t001", "missing"};
+    assert_int_equal(sluice_stream(m, bad, 2, ef_stream_cb, &s), SLUICE_E_NOT_FOUND);
+    int count = 0;
+    assert_int_equal(sluice_stream(m, NULL, 0, stop_at_three, &count), 7);
+    assert_int_equal(count, 3);
+    free(s.seen);
+    assert_int_equal(sluice_close(m), SLUICE_OK); /* nothing left held */
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* ---------------------------------------------------------------- digests */
+
+static void test_hash_all_digests(void **state)
+{
+    (void)state;
+    char *dir = ef_model(2, ef_sizes, EF_NSIZES, 19);
+    sluice_options o = ef_opts(1u << 20, 64u << 10, SLUICE_F_HASH_ALL);
+    sluice_model *m = ef_open(dir, &o);
+    uint64_t total = 0;
+    for (size_t i = 0; i < sluice_count(m); i++) {
+        sluice_tensor *t;
+        assert_int_equal(sluice_acquire_index(m, i, &t), SLUICE_OK);
+        uint8_t got[32], want[32];
+        unsigned len;
+        assert_int_equal(sluice_tensor_digest(t, got), SLUICE_OK);
+        EVP_Digest(sluice_tensor_data(t), (size_t)sluice_tensor_size(t), want, &len,
+                   EVP_sha256(), NULL);
+        assert_memory_equal(got, want, 32);
+        total += sluice_tensor_size(t);
+        ef_check_handle(t);
+        assert_int_equal(sluice_release(t), SLUICE_OK);
+    }
+    struct sluice_stats st = ef_stats(m);
+    assert_true(st.bytes_hashed >= total);
+    assert_int_equal(st.tensors_verified, 0); /* nothing to check against */
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+
+    /* Without HASH_ALL and no manifest: no digest. */
+    o.flags = 0;
+    m = ef_open(dir, &o);
+    sluice_tensor *t;
+    uint8_t d[32];
+    assert_int_equal(sluice_acquire_index(m, 3, &t), SLUICE_OK);
+    assert_int_equal(sluice_tensor_digest(t, d), SLUICE_E_INVAL);
+    assert_int_equal(sluice_release(t), SLUICE_OK);
+    assert_int_equal(ef_stats(m).bytes_hashed, 0);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* ---------------------------------------------------------------- sharing */
+
+typedef struct shared_arg {
+    sluice_model *m;
+    pthread_barrier_t *barrier;
+} shared_arg;
+
+static void *shared_acquire(void *p)
+{
+    shared_arg *a = p;
+    sluice_tensor *t;
+    pthread_barrier_wait(a->barrier);
+    int rc = sluice_acquire(a->m, "s0.t000", &t);
+    if (rc != SLUICE_OK)
+        return (void *)1;
+    const unsigned char *d = sluice_tensor_data(t);
+    unsigned char *want = tu_pread_range(sluice_tensor_info(t)->file,
+                                         sluice_tensor_info(t)->offset, (size_t)sluice_tensor_size(t));
+    int same = memcmp(d, want, (size_t)sluice_tensor_size(t)) == 0;
+    free(want);
+    sluice_release(t);
+    return same ? NULL : (void *)2;
+}
+
+static void test_shared_read(void **state)
+{
+    (void)state;
+    static const uint64_t sizes[] = {4u << 20};
+    char *dir = ef_model(1, sizes, 1, 23);
+    sluice_options o = ef_opts(8u << 20, 256u << 10, 0);
+    sluice_model *m = ef_open(dir, &o);
+    enum { N = 8 };
+    pthread_t th[N];
+    pthread_barrier_t b;
+    pthread_barrier_init(&b, NULL, N);
+    shared_arg a = {m, &b};
+    for (int k = 0; k < N; k++)
+        pthread_create(&th[k], NULL, shared_acquire, &a);
+    for (int k = 0; k < N; k++) {
+        void *r;
+        pthread_join(th[k], &r);
+        assert_null(r);
+    }
+    pthread_barrier_destroy(&b);
+    struct sluice_stats st = ef_stats(m);
+    assert_int_equal(st.tensors_loaded, 1);
+    assert_int_equal(st.reads, 16);         /* 4 MiB in 256 KiB chunks, once */
+    assert_int_equal(st.bytes_read, 4u << 20);
+    assert_int_equal(st.acquire_count, N);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* ---------------------------------------------------------------- misuse */
+
+static void test_misuse(void **state)
+{
+    (void)state;
+    sluice_tensor *t = (sluice_tensor *)1;
+    assert_int_equal(sluice_acquire(NULL, "x", &t), SLUICE_E_INVAL);
+    assert_null(t);
+    assert_int_equal(sluice_release(NULL), SLUICE_OK);
+    assert_null(sluice_tensor_data(NULL));
+    assert_int_equal(sluice_tensor_size(NULL), 0);
+    struct sluice_stats st = {0};
+    assert_int_equal(sluice_stats(NULL, &st), SLUICE_E_INVAL);
+    char *dir = ef_model(1, ef_sizes, 4, 1);
+    sluice_options o = ef_opts(1u << 20, 64u << 10, 0);
+    sluice_model *m = ef_open(dir, &o);
+    assert_int_equal(sluice_acquire(m, NULL, &t), SLUICE_E_INVAL);
+    assert_int_equal(sluice_acquire_index(m, 99, &t), SLUICE_E_INVAL);
+    assert_int_equal(sluice_stream(m, NULL, 0, NULL, NULL), SLUICE_E_INVAL);
+    assert_int_equal(sluice_prefetch(m, NULL, 3), SLUICE_E_INVAL);
+    assert_int_equal(sluice_stats(m, &st), SLUICE_E_INVAL); /* size 0 */
+    /* A short stats struct: only its fields are written. */
+    struct sluice_stats big;
+    memset(&big, 0xab, sizeof big);
+    big.size = offsetof(struct sluice_stats, bytes_read);
+    assert_int_equal(sluice_stats(m, &big), SLUICE_OK);
+    assert_int_equal(big.bytes_read, 0xababababababababull);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_real_corpus),
+        cmocka_unit_test(test_generated_model),
+        cmocka_unit_test(test_direct),
+        cmocka_unit_test(test_empty),
+        cmocka_unit_test(test_cache_and_prefetch),
+        cmocka_unit_test(test_too_large),
+        cmocka_unit_test(test_pool_exhausted),
+        cmocka_unit_test(test_stream_keeps_handles),
+        cmocka_unit_test(test_stream_list_and_stop),
+        cmocka_unit_test(test_hash_all_digests),
+        cmocka_unit_test(test_shared_read),
+        cmocka_unit_test(test_misuse),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

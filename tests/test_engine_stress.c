@@ -1,0 +1,321 @@
+/* test_engine_stress.c: many threads on one model (acquire, release,
+ * prefetch, stream, stats at once), per-thread error detail, and memory
+ * bounded by the pool while streaming a model far larger than it. Meant to
+ * run clean under ThreadSanitizer too (build with -DSLUICE_TSAN=ON). */
+#include "engine_fixture.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <unistd.h>
+
+/* ---------------------------------------------------------------- helpers */
+
+/* The whole model's bytes, by tensor, read once up front: the reference
+ * the threads compare with (cheaper than a pread per check). */
+typedef struct ref {
+    size_t n;
+    unsigned char **bytes;
+} ref;
+
+static ref *ref_load(sluice_model *m)
+{
+    ref *r = calloc(1, sizeof *r);
+    r->n = sluice_count(m);
+    r->bytes = calloc(r->n, sizeof *r->bytes);
+    for (size_t i = 0; i < r->n; i++) {
+        struct sluice_tensor_info info;
+        assert_int_equal(sluice_info(m, i, &info), SLUICE_OK);
+        r->bytes[i] = info.nbytes ? tu_pread_range(info.file, info.offset, (size_t)info.nbytes) : NULL;
+    }
+    return r;
+}
+
+static void ref_free(ref *r)
+{
+    for (size_t i = 0; i < r->n; i++)
+        free(r->bytes[i]);
+    free(r->bytes);
+    free(r);
+}
+
+static int same(const ref *r, const sluice_tensor *t)
+{
+    size_t i = sluice_tensor_info(t)->index;
+    size_t len = (size_t)sluice_tensor_size(t);
+    return len == 0 || (((uintptr_t)sluice_tensor_data(t) & 63) == 0 &&
+                        memcmp(sluice_tensor_data(t), r->bytes[i], len) == 0);
+}
+
+/* ---------------------------------------------------------------- threads */
+
+typedef struct shared {
+    sluice_model *m;
+    const ref *r;
+    int iters;
+    unsigned errors;          /* counted by each thread, summed after join */
+} shared;
+
+typedef struct worker {
+    shared *sh;
+    uint64_t seed;
+    unsigned errors;
+} worker;
+
+static void *acquirer(void *p)
+{
+    worker *w = p;
+    sluice_model *m = w->sh->m;
+    size_t n = sluice_count(m);
+    sluice_tensor *held[2] = {NULL, NULL};
+    for (int it = 0; it < w->sh->iters; it++) {
+        int slot = (int)(ef_rng(&w->seed) & 1);
+        if (held[slot]) {
+            if (!same(w->sh->r, held[slot]))
+                w->errors++;
+            if (sluice_release(held[slot]) != SLUICE_OK)
+                w->errors++;
+            held[slot] = NULL;
+            continue;
+        }
+        size_t i = (size_t)(ef_rng(&w->seed) % n);
+        int rc = sluice_acquire_index(m, i, &held[slot]);
+        if (rc != SLUICE_OK) {
+            fprintf(stderr, "acquire %zu: %s: %s\n", i, sluice_strerror(rc), sluice_errmsg(m));
+            w->errors++;
+        }
+    }
+    for (int k = 0; k < 2; k++)
+        if (held[k])
+            sluice_release(held[k]);
+    return NULL;
+}
+
+static int count_cb(void *user, sluice_tensor *t, int status,
+                    const struct sluice_tensor_info *info, const char *message)
+{
+    (void)info;
+    worker *w = user;
+    if (status != SLUICE_OK) {
+        fprintf(stderr, "stream: %s\n", message);
+        w->errors++;
+        return 0;
+    }
+    if (!same(w->sh->r, t))
+        w->errors++;
+    sluice_release(t);
+    return 0;
+}
+
+static void *streamer(void *p)
+{
+    worker *w = p;
+    for (int k = 0; k < 3; k++)
+        if (sluice_stream(w->sh->m, NULL, 0, count_cb, w) != SLUICE_OK)
+            w->errors++;
+    return NULL;
+}
+
+static void *hinter(void *p)
+{
+    worker *w = p;
+    sluice_model *m = w->sh->m;
+    size_t n = sluice_count(m);
+    for (int k = 0; k < 200; k++) {
+        const char *names[4];
+        struct sluice_tensor_info info;
+        for (int j = 0; j < 4; j++) {
+            sluice_info(m, (size_t)(ef_rng(&w->seed) % n), &info);
+            names[j] = info.name;
+        }
+        if (sluice_prefetch(m, names, 4) != SLUICE_OK)
+            w->errors++;
+        struct sluice_stats st = {.size = sizeof st};
+        if (sluice_stats(m, &st) != SLUICE_OK || st.pool_high_water > st.pool_bytes)
+            w->errors++;
+        usleep(200);
+    }
+    return NULL;
+}
+
+static void hammer(uint32_t flags, uint64_t pool)
+{
+    char *dir = ef_model(3, ef_sizes, EF_NSIZES, 77);
+    sluice_options o = ef_opts(pool, 64u << 10, flags);
+    o.queue_depth = 8;
+    sluice_model *m = ef_open(dir, &o);
+    ref *r = ref_load(m);
+    shared sh = {m, r, 400, 0};
+    enum { NACQ = 8 };
+    pthread_t th[NACQ + 2];
+    worker w[NACQ + 2];
+    for (int k = 0; k < NACQ + 2; k++) {
+        w[k] = (worker){&sh, 0x9e3779b97f4a7c15ull * (uint64_t)(k + 1), 0};
+        void *(*fn)(void *) = k < NACQ ? acquirer : k == NACQ ? streamer : hinter;
+        assert_int_equal(pthread_create(&th[k], NULL, fn, &w[k]), 0);
+    }
+    unsigned errors = 0;
+    for (int k = 0; k < NACQ + 2; k++) {
+        pthread_join(th[k], NULL);
+        errors += w[k].errors;
+    }
+    assert_int_equal(errors, 0);
+    struct sluice_stats st = ef_stats(m);
+    assert_true(st.pool_high_water <= st.pool_bytes);
+    assert_int_equal(st.failures, 0);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    ref_free(r);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+static void test_threads(void **state)
+{
+    (void)state;
+    /* 8 threads x 2 handles of at most 300 KB, plus a stream: 8 MiB is
+     * room enough that POOL_EXHAUSTED can never be the right answer. */
+    hammer(0, 8u << 20);
+}
+
+static void test_threads_hashed_direct(void **state)
+{
+    (void)state;
+    hammer(SLUICE_F_HASH_ALL | SLUICE_F_DIRECT, 8u << 20);
+}
+
+/* ---------------------------------------------------------------- errors */
+
+typedef struct errarg {
+    sluice_model *m;
+    const char *name;
+    pthread_barrier_t *b;
+    int ok;
+} errarg;
+
+static void *fail_own(void *p)
+{
+    errarg *a = p;
+    sluice_tensor *t;
+    for (int k = 0; k < 200; k++) {
+        if (sluice_acquire(a->m, a->name, &t) != SLUICE_E_NOT_FOUND)
+            return NULL;
+        if (k == 0)
+            pthread_barrier_wait(a->b);
+        if (!strstr(sluice_errmsg(a->m), a->name))
+            return NULL;
+    }
+    a->ok = 1;
+    return NULL;
+}
+
+static void test_errmsg_per_thread(void **state)
+{
+    (void)state;
+    char *dir = ef_model(1, ef_sizes, 4, 5);
+    sluice_options o = ef_opts(1u << 20, 64u << 10, 0);
+    sluice_model *m = ef_open(dir, &o);
+    pthread_barrier_t b;
+    pthread_barrier_init(&b, NULL, 2);
+    errarg a[2] = {{m, "first-missing", &b, 0}, {m, "second-missing", &b, 0}};
+    pthread_t th[2];
+    for (int k = 0; k < 2; k++)
+        pthread_create(&th[k], NULL, fail_own, &a[k]);
+    for (int k = 0; k < 2; k++)
+        pthread_join(th[k], NULL);
+    assert_true(a[0].ok && a[1].ok);
+    pthread_barrier_destroy(&b);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* ---------------------------------------------------------------- memory */
+
+static long status_kib(const char *key)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long v = -1;
+    size_t kl = strlen(key);
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, key, kl) == 0)
+            v = strtol(line + kl + 1, NULL, 10);
+    if (f)
+        fclose(f);
+    return v;
+}
+
+typedef struct rss_arg {
+    int fd;
+    unsigned char *buf;       /* reused: the check allocates nothing */
+    long peak_kib;
+    size_t delivered;
+    unsigned bad;
+} rss_arg;
+
+static int rss_cb(void *user, sluice_tensor *t, int status,
+                  const struct sluice_tensor_info *info, const char *message)
+{
+    (void)message;
+    rss_arg *a = user;
+    if (status != SLUICE_OK) {
+        a->bad++;
+        return 0;
+    }
+    size_t len = (size_t)info->nbytes;
+    if (pread(a->fd, a->buf, len, (off_t)info->offset) != (ssize_t)len ||
+        memcmp(a->buf, sluice_tensor_data(t), len) != 0)
+        a->bad++;
+    sluice_release(t);
+    long rss = status_kib("VmRSS:");
+    if (rss > a->peak_kib)
+        a->peak_kib = rss;
+    a->delivered++;
+    return 0;
+}
+
+static void test_rss_bounded(void **state)
+{
+    (void)state;
+    /* 64 MiB model (one shard, 64 tensors of 1 MiB +- a little), 8 MiB pool. */
+    uint64_t sizes[64];
+    for (int k = 0; k < 64; k++)
+        sizes[k] = (1u << 20) + (uint64_t)(k * 977 % 4096);
+    char *dir = ef_model(1, sizes, 64, 99);
+    char *file = tu_join(dir, "model-00001-of-00001.safetensors");
+    sluice_options o = ef_opts(8u << 20, 1u << 20, 0);
+    sluice_model *m = ef_open(dir, &o);
+    rss_arg a = {0};
+    a.fd = open(file, O_RDONLY | O_CLOEXEC);
+    assert_true(a.fd >= 0);
+    a.buf = malloc((1u << 20) + 4096);
+    memset(a.buf, 0, (1u << 20) + 4096);
+    long base = status_kib("VmRSS:");
+    assert_true(base > 0);
+    for (int pass = 0; pass < 4; pass++)
+        assert_int_equal(sluice_stream(m, NULL, 0, rss_cb, &a), SLUICE_OK);
+    assert_int_equal(a.bad, 0);
+    assert_int_equal(a.delivered, 4 * 64);
+    struct sluice_stats st = ef_stats(m);
+    assert_true(st.pool_high_water <= st.pool_bytes);
+    /* Budget + 64 MiB of slack (threads' stacks, sanitizer shadow). */
+    long grew = a.peak_kib - base;
+    fprintf(stderr, "RSS grew by %ld KiB streaming 4 x 64 MiB through an 8 MiB pool\n", grew);
+    assert_true(grew < (8 + 64) * 1024);
+    close(a.fd);
+    free(a.buf);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(dir);
+    free(file);
+    free(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_threads_hashed_direct),
+        cmocka_unit_test(test_errmsg_per_thread),
+        cmocka_unit_test(test_rss_bounded),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
