@@ -303,7 +303,7 @@ static int open_sharded(sl_index *ix, const char *json_path, sl_err *err)
     char *text = NULL, *dir = NULL;
     const char **shards = NULL;
     unsigned char *seen = NULL;
-    size_t len, nshards = 0;
+    size_t len = 0, nshards = 0;
     cJSON *root = NULL;
     int rc = read_small_file(json_path, INDEX_JSON_MAX, &text, &len, SLUICE_E_INDEX, err);
     if (rc < 0)
