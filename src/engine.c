@@ -119,6 +119,14 @@ int sl_engine_create(const sl_index *ix, const sluice_options *opts,
     e->manifest = manifest;
     e->flags = opts->flags;
     e->chunk = opts->chunk_bytes;
+    /* A stream reads ahead what keeps every read slot busy (and at least
+     * 64 MiB), never more than half the pool: memory a stream has not
+     * touched yet costs a page fault per page, far more than the copy. */
+    e->stream_window = (uint64_t)opts->queue_depth * opts->chunk_bytes;
+    if (e->stream_window < ((uint64_t)64 << 20))
+        e->stream_window = (uint64_t)64 << 20;
+    if (e->stream_window > opts->pool_bytes / 2)
+        e->stream_window = opts->pool_bytes / 2;
     e->queue_depth = opts->queue_depth;
     e->n = ix->ntensors;
     e->dq_head = e->dq_tail = e->pq_head = e->pq_tail = e->hq_head = e->hq_tail = SL_NONE;
@@ -264,6 +272,7 @@ int sl_grant(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err)
     memcpy(h->digest, t->nbytes ? s->digest : sha256_empty, 32);
     s->refs++;
     s->consumed = 1;
+    s->spent = 0; /* a stream marks its own deliveries after this */
     sl_lru_remove(e, i);
     e->live_handles++;
     e->st.bytes_delivered += t->nbytes;

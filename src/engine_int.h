@@ -43,6 +43,7 @@ typedef struct sl_slot {
     uint8_t hashed;      /* hash this tensor (a digest to check, or HASH_ALL) */
     uint8_t direct;      /* this load reads an aligned span (data at buf + delta) */
     uint8_t consumed;    /* handed out since it was read */
+    uint8_t spent;       /* last handed out by a stream: recycled first */
     uint8_t failing;     /* this load failed; it is dropped once quiet */
     uint8_t busy;        /* a worker works on it with the lock dropped */
     uint8_t queued;      /* on the worker queue */
@@ -100,6 +101,7 @@ typedef struct sl_stream {
     const size_t *ids;
     size_t n, lo, hi;
     size_t pinned;               /* positions in [lo, hi) pinned */
+    uint64_t pinned_bytes;       /* their tensor bytes */
     int delivering;              /* its callbacks run (handles in transit) */
     uint8_t *pstate;
     uint64_t *pgen;              /* slot gen when pinned */
@@ -123,6 +125,7 @@ struct sl_engine {
     const sl_manifest *manifest;
     uint32_t flags;
     uint64_t chunk;              /* chunk_bytes */
+    uint64_t stream_window;      /* bytes a stream may read ahead of delivery */
     unsigned queue_depth;
     size_t n;
     size_t *order;               /* 0..n-1: the default plan and a NULL stream */

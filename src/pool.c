@@ -27,6 +27,7 @@ struct sl_pool {
     unsigned char *base;
     uint64_t capacity;
     uint64_t in_use, high_water;
+    uint64_t frontier;              /* end of the highest block ever used */
     sl_pool_blk *first;             /* address order */
     sl_pool_blk *free_first;
     sl_pool_blk *spare;             /* recycled descriptors (chained by next) */
@@ -52,6 +53,20 @@ static void blk_recycle(sl_pool *p, sl_pool_blk *b)
 {
     b->next = p->spare;
     p->spare = b;
+}
+
+int sl_pool_reserve(sl_pool *p)
+{
+    int have = 0;
+    for (sl_pool_blk *b = p->spare; b && have < 2; b = b->next)
+        have++;
+    for (; have < 2; have++) {
+        sl_pool_blk *b = malloc(sizeof *b);
+        if (!b)
+            return SLUICE_E_NOMEM;
+        blk_recycle(p, b);
+    }
+    return SLUICE_OK;
 }
 
 int sl_pool_create(uint64_t budget, sl_pool **out, sl_err *err)
@@ -117,6 +132,7 @@ void sl_pool_destroy(sl_pool *p)
 uint64_t sl_pool_capacity(const sl_pool *p) { return p->capacity; }
 uint64_t sl_pool_in_use(const sl_pool *p) { return p->in_use; }
 uint64_t sl_pool_high_water(const sl_pool *p) { return p->high_water; }
+uint64_t sl_pool_frontier(const sl_pool *p) { return p->frontier; }
 
 uint64_t sl_pool_footprint(uint64_t size, uint64_t align)
 {
@@ -175,6 +191,12 @@ static sl_pool_blk *split_front(sl_pool *p, sl_pool_blk *b, uint64_t head)
 
 void *sl_pool_alloc(sl_pool *p, uint64_t size, uint64_t align, sl_pool_blk **out)
 {
+    return sl_pool_alloc_below(p, size, align, UINT64_MAX, out);
+}
+
+void *sl_pool_alloc_below(sl_pool *p, uint64_t size, uint64_t align, uint64_t limit,
+                          sl_pool_blk **out)
+{
     *out = NULL;
     if (size == 0 || size > p->capacity)
         return NULL;
@@ -186,6 +208,8 @@ void *sl_pool_alloc(sl_pool *p, uint64_t size, uint64_t align, sl_pool_blk **out
         uint64_t pad = start - b->off;
         if (pad > b->size || b->size - pad < size)
             continue;
+        if (start + size > limit)
+            break; /* the free chain is in address order: nothing lower fits */
         /* Carve [start, start + size) out of b: a free head of `pad`
          * bytes and a free tail stay on the free chain. */
         sl_pool_blk *prev_free = b->fprev;
@@ -213,6 +237,8 @@ void *sl_pool_alloc(sl_pool *p, uint64_t size, uint64_t align, sl_pool_blk **out
         p->in_use += b->size;
         if (p->in_use > p->high_water)
             p->high_water = p->in_use;
+        if (b->off + b->size > p->frontier)
+            p->frontier = b->off + b->size;
         *out = b;
         return p->base + b->off;
     }

@@ -31,6 +31,15 @@ int sl_pool_create(uint64_t budget, sl_pool **out, sl_err *err);
  * simply forgotten. NULL is a no-op. */
 void sl_pool_destroy(sl_pool *p);
 
+/* The end of the part of the arena ever handed out: pages below it have
+ * been touched, pages above it would be faulted in fresh. */
+uint64_t sl_pool_frontier(const sl_pool *p);
+
+/* Like sl_pool_alloc, but only a block that ends at or below limit will
+ * do (so that a buffer can reuse touched memory rather than fresh). */
+void *sl_pool_alloc_below(sl_pool *p, uint64_t size, uint64_t align, uint64_t limit,
+                          sl_pool_blk **out);
+
 /* The usable bytes of the arena (the budget rounded down). */
 uint64_t sl_pool_capacity(const sl_pool *p);
 
@@ -38,10 +47,16 @@ uint64_t sl_pool_capacity(const sl_pool *p);
  * (what to compare with the capacity to know if it can ever fit). */
 uint64_t sl_pool_footprint(uint64_t size, uint64_t align);
 
+/* Makes sure that the next sl_pool_alloc cannot fail for want of a block
+ * descriptor (it needs at most two), so that its NULL means "no room".
+ * Returns SLUICE_OK or SLUICE_E_NOMEM. */
+int sl_pool_reserve(sl_pool *p);
+
 /* A buffer of size bytes (> 0) starting on a multiple of align (a power of
  * two, at least SL_POOL_ALIGN), or NULL when no free range is large
- * enough right now, or when a descriptor cannot be allocated. *blk
- * receives the descriptor to give back to sl_pool_free. */
+ * enough right now, or (unless sl_pool_reserve succeeded since the last
+ * allocation) when a descriptor cannot be allocated. *blk receives the
+ * descriptor to give back to sl_pool_free. */
 void *sl_pool_alloc(sl_pool *p, uint64_t size, uint64_t align, sl_pool_blk **blk);
 
 /* Gives a buffer back; its range merges with free neighbours. */

@@ -134,6 +134,19 @@ void sl_unhold(sl_engine *e, size_t i)
         e->ix->tensors[i].nbytes == 0)
         return;
     sl_lru_push(e, i, s->consumed ? SL_LRU_CACHED : SL_LRU_PREFETCHED);
+    if (s->spent) {
+        /* A stream reads each tensor once: make its buffer the first that
+         * room is taken from (the head of the cached list). */
+        sl_lru_remove(e, i);
+        s->lru = SL_LRU_CACHED;
+        s->lprev = SL_NONE;
+        s->lnext = e->lru[SL_LRU_CACHED].head;
+        if (s->lnext != SL_NONE)
+            e->slots[s->lnext].lprev = i;
+        else
+            e->lru[SL_LRU_CACHED].tail = i;
+        e->lru[SL_LRU_CACHED].head = i;
+    }
 }
 
 void sl_demand(sl_engine *e, size_t i)
@@ -198,6 +211,7 @@ static void evict(sl_engine *e, size_t i)
     s->data = NULL;
     s->state = SL_IDLE;
     s->consumed = 0;
+    s->spent = 0;
     s->has_digest = 0;
     e->st.evictions++;
 }
@@ -227,9 +241,21 @@ static int start_tensor(sl_engine *e, size_t i, int mode)
     int direct = would_be_direct(e, i);
     uint64_t a0, span, chunk = direct ? round_up(e->chunk, SL_DIRECT_ALIGN) : e->chunk;
     load_range(e, i, direct, &a0, &span);
+    uint64_t align = direct ? SL_DIRECT_ALIGN : SL_POOL_ALIGN;
     sl_pool_blk *blk;
-    unsigned char *buf;
-    while (!(buf = sl_pool_alloc(e->pool, span, direct ? SL_DIRECT_ALIGN : SL_POOL_ALIGN, &blk)))
+    /* Descriptors first: out of memory must not pass for "no room" (that
+     * would evict for nothing, then report POOL_EXHAUSTED). */
+    if (sl_pool_reserve(e->pool) < 0)
+        return -1;
+    /* Fresh pages cost a fault each, on these machines more than reading
+     * the bytes: before the buffer grows into untouched memory, reuse what
+     * streams have already delivered and released. */
+    unsigned char *buf = sl_pool_alloc_below(e->pool, span, align, sl_pool_frontier(e->pool), &blk);
+    while (!buf && e->lru[SL_LRU_CACHED].head != SL_NONE && e->slots[e->lru[SL_LRU_CACHED].head].spent) {
+        evict(e, e->lru[SL_LRU_CACHED].head);
+        buf = sl_pool_alloc_below(e->pool, span, align, sl_pool_frontier(e->pool), &blk);
+    }
+    while (!buf && !(buf = sl_pool_alloc(e->pool, span, align, &blk)))
         if (!evict_one(e, mode))
             return 0;
     uint64_t nchunks = (span + chunk - 1) / chunk;
@@ -391,6 +417,7 @@ static void stream_pin(sl_engine *e, sl_stream *st, size_t pos)
     sl_slot *s = &e->slots[i];
     s->pins++;
     sl_lru_remove(e, i);
+    st->pinned_bytes += e->ix->tensors[i].nbytes;
     st->pstate[pos] = SL_POS_PINNED;
     st->pgen[pos] = s->gen;
     st->pinned++;
@@ -413,9 +440,21 @@ static void stream_head(sl_engine *e, sl_stream *st)
     }
 }
 
+/* Bytes the stream holds beyond its head: the head (however large) is
+ * being waited for, and reading past it is what keeps the hash workers
+ * and the read slots busy meanwhile. */
+static uint64_t ahead_bytes(const sl_engine *e, const sl_stream *st)
+{
+    uint64_t b = st->pinned_bytes;
+    if (st->lo < st->hi && st->pstate[st->lo] == SL_POS_PINNED)
+        b -= e->ix->tensors[st->ids[st->lo]].nbytes;
+    return b;
+}
+
 static void stream_ahead(sl_engine *e, sl_stream *st)
 {
-    while (st->hi < st->n && st->hi - st->lo < SL_STREAM_WINDOW && e->free_reads) {
+    while (st->hi < st->n && st->hi - st->lo < SL_STREAM_WINDOW && e->free_reads &&
+           ahead_bytes(e, st) < e->stream_window) {
         size_t pos = st->hi, i = st->ids[pos];
         if (sl_too_large(e, i)) {
             st->pstate[pos] = SL_POS_TOO_LARGE;

@@ -50,8 +50,11 @@ static int collect(sl_engine *e, sl_stream *st, delivery *out)
             continue;
         } else if (s->state == SL_READY || s->gen != st->pgen[pos]) {
             d->status = s->state == SL_READY ? sl_grant(e, i, &d->t, &err) : sl_slot_failure(s, &err);
+            if (d->status == SLUICE_OK)
+                s->spent = 1;
             s->pins--;
             st->pinned--;
+            st->pinned_bytes -= e->ix->tensors[i].nbytes;
             sl_unhold(e, i);
         } else {
             continue;
