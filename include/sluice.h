@@ -52,6 +52,10 @@ extern "C" {
 /* The largest header accepted, in bytes (as in the reference implementation). */
 #define SLUICE_MAX_HEADER_BYTES 100000000u
 
+/* Read attempts in a row that EINTR or EAGAIN may fail before the tensor
+ * fails with SLUICE_E_IO (see sluice_acquire for the backoff). */
+#define SLUICE_IO_MAX_ATTEMPTS 10
+
 /* ------------------------------------------------------------------------ */
 /* Status codes                                                             */
 /* ------------------------------------------------------------------------ */
@@ -239,11 +243,19 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts,
                            sluice_model **out);
 
 /*
- * Waits for reads in flight, then frees the model and everything it owns.
- * Every handle must have been released first: with live handles, close
- * frees nothing, returns SLUICE_E_BUSY and the model stays usable.
- * NULL is a no-op returning SLUICE_OK. No other call may be running on the
- * model, and it must not be used after a successful close.
+ * Waits for reads in flight (read-ahead, hashing), then frees the model
+ * and everything it owns. Every handle must have been released first, and
+ * no stream may be running: otherwise close frees nothing, returns
+ * SLUICE_E_BUSY (the message counts the live handles and the streams) and
+ * the model stays usable. So close called from inside a stream callback,
+ * or while another thread's stream runs, is refused, not a crash.
+ * NULL is a no-op returning SLUICE_OK; so is the shell of a failed open
+ * (which it frees).
+ * No other call may be running on the model (an acquire blocked in
+ * another thread is not counted: wait for it), and after a successful
+ * close nothing of the model may be used again: not the model (a second
+ * close included), not a handle (one cannot be live: see above), not a
+ * borrowed pointer. That misuse cannot be detected; it is undefined.
  */
 SLUICE_API int sluice_close(sluice_model *model);
 
@@ -283,7 +295,7 @@ SLUICE_API int sluice_info(const sluice_model *model, size_t i,
 
 /* Looks a tensor up by its NUL-terminated name, in O(1). info may be NULL
  * to test for existence. Returns SLUICE_OK, SLUICE_E_NOT_FOUND or
- * SLUICE_E_INVAL. */
+ * SLUICE_E_INVAL (bad model, NULL name). */
 SLUICE_API int sluice_find(const sluice_model *model, const char *name,
                            struct sluice_tensor_info *info);
 /* The same with an explicit length, for names holding a NUL. */
@@ -332,10 +344,11 @@ typedef struct sluice_tensor sluice_tensor;
 
 /*
  * Hint: these tensors will be wanted next, in this order. Replaces the
- * previous hint; without one the plan is the model's order. Unknown names
- * make the call fail with SLUICE_E_NOT_FOUND before anything changes.
- * Returns SLUICE_OK, SLUICE_E_INVAL, SLUICE_E_NOT_FOUND, SLUICE_E_NOMEM.
- * Any thread.
+ * previous hint; without one the plan is the model's order (n = 0 goes
+ * back to it; names may then be NULL). Unknown names make the call fail
+ * with SLUICE_E_NOT_FOUND before anything changes.
+ * Returns SLUICE_OK, SLUICE_E_INVAL (bad model, names NULL with n > 0, a
+ * NULL name), SLUICE_E_NOT_FOUND, SLUICE_E_NOMEM. Any thread.
  */
 SLUICE_API int sluice_prefetch(sluice_model *model, const char *const *names,
                                size_t n);
@@ -350,8 +363,28 @@ SLUICE_API int sluice_prefetch(sluice_model *model, const char *const *names,
  * Returns SLUICE_OK, SLUICE_E_INVAL, SLUICE_E_NOT_FOUND, SLUICE_E_IO,
  * SLUICE_E_FILE_CHANGED, SLUICE_E_CHECKSUM, SLUICE_E_TOO_LARGE,
  * SLUICE_E_POOL_EXHAUSTED (every byte of the pool is held by handles, so
- * waiting could never end), SLUICE_E_NOMEM. A failure concerns that tensor
- * only; acquiring it again tries again. Any thread.
+ * waiting could never end), SLUICE_E_NOMEM. On failure *out is NULL (when
+ * out is not). A failure concerns that tensor only; acquiring it again
+ * tries again. Any thread, including from a stream callback.
+ *
+ * I/O faults, on either backend (io_uring or the pread threads):
+ *  - a short read is asked again for the rest, as long as each read
+ *    brings bytes (counted in sluice_stats.retries);
+ *  - EINTR and EAGAIN are retried after an exponential backoff: 50 us,
+ *    doubling to 12.8 ms, at most SLUICE_IO_MAX_ATTEMPTS attempts in a row
+ *    (about 26 ms in all); then the tensor fails with SLUICE_E_IO;
+ *  - a read that returns 0 bytes before the tensor's end (the file shrank
+ *    after open): SLUICE_E_FILE_CHANGED;
+ *  - any other errno (EIO, ENOSPC, ENXIO, ...): SLUICE_E_IO, the message
+ *    names the tensor, the file, the offset and the errno. When one read
+ *    covered several small tensors, each of them fails so.
+ * The files are read through the descriptors opened at open and nothing is
+ * mapped after open, so a file truncated, extended, rewritten, replaced or
+ * deleted after open never raises SIGBUS: a deleted or replaced file is
+ * still read as it was opened; a shrunk one gives SLUICE_E_FILE_CHANGED
+ * past its end; bytes rewritten in place fail SLUICE_E_CHECKSUM when a
+ * digest checks them, and are read as they now are when none does. A live
+ * handle keeps its bytes, and a tensor held by one is served from memory.
  */
 SLUICE_API int sluice_acquire(sluice_model *model, const char *name,
                               sluice_tensor **out);
@@ -360,20 +393,23 @@ SLUICE_API int sluice_acquire_index(sluice_model *model, size_t i,
                                     sluice_tensor **out);
 
 /* The bytes of a handle (64-byte aligned; may be NULL for an empty tensor),
- * their count, and the tensor's information. Valid until release. */
+ * their count, and the tensor's information. Valid until release. A NULL
+ * handle gives NULL, 0 and NULL. */
 SLUICE_API const void *sluice_tensor_data(const sluice_tensor *t);
 SLUICE_API uint64_t sluice_tensor_size(const sluice_tensor *t);
 SLUICE_API const struct sluice_tensor_info *sluice_tensor_info(const sluice_tensor *t);
 
 /* Copies the SHA-256 of the handle's bytes, as the pipeline computed it,
  * into digest (32 bytes). Returns SLUICE_OK, or SLUICE_E_INVAL when the
- * tensor was not hashed (no digest to check and no SLUICE_F_HASH_ALL). */
+ * tensor was not hashed (no digest to check and no SLUICE_F_HASH_ALL), or
+ * t or digest is NULL. */
 SLUICE_API int sluice_tensor_digest(const sluice_tensor *t, uint8_t digest[32]);
 
 /* Gives a handle back. The tensor's buffer stays cached until the pool
  * needs its room. NULL is a no-op. Returns SLUICE_OK, or SLUICE_E_INVAL
  * for a handle that is not live (released twice is detected while the
- * model is open). Any thread. */
+ * model is open; the handle's memory belongs to the model, so after a
+ * successful sluice_close it is gone: see there). Any thread. */
 SLUICE_API int sluice_release(sluice_tensor *t);
 
 /*
@@ -390,11 +426,16 @@ typedef int (*sluice_stream_fn)(void *user, sluice_tensor *t, int status,
                                 const char *message);
 
 /*
- * Reads the listed tensors (names NULL: all tensors, n ignored) as fast as
- * the pool allows and calls back as each is ready, memory bounded by the
- * pool. Returns SLUICE_OK when every tensor was delivered, the callback's
- * non-zero value, or the first failing tensor's code (after all the others
- * were delivered). Any thread; several streams may run at once.
+ * Reads the listed tensors (names NULL: all tensors, n ignored; names
+ * non-NULL and n = 0: none) as fast as the pool allows and calls back as
+ * each is ready, memory bounded by the pool. A name may be listed twice
+ * (delivered twice). Returns SLUICE_OK when every tensor was delivered,
+ * the callback's non-zero value, or the first failing tensor's code (after
+ * all the others were delivered); before any delivery, SLUICE_E_INVAL (bad
+ * model, NULL fn, a NULL name), SLUICE_E_NOT_FOUND (an unknown name) or
+ * SLUICE_E_NOMEM. Any thread; several streams may run at once. The
+ * callback may call any function on the model (sluice_close is refused
+ * with SLUICE_E_BUSY while the stream runs).
  */
 SLUICE_API int sluice_stream(sluice_model *model, const char *const *names,
                              size_t n, sluice_stream_fn fn, void *user);
@@ -484,7 +525,7 @@ SLUICE_API int sluice_manifest_file(const sluice_model *model, size_t file_index
                                     uint8_t digest[32], uint64_t *size);
 
 /* Writes digest as 64 lowercase hex digits and a NUL into hex; returns
- * hex. Any thread. */
+ * hex. A NULL digest writes ""; a NULL hex returns NULL. Any thread. */
 SLUICE_API char *sluice_digest_hex(const uint8_t digest[32], char hex[65]);
 
 /* ------------------------------------------------------------------------ */
@@ -521,7 +562,9 @@ struct sluice_stats {
 };
 
 /* Fills *stats (whose size field the caller sets; fields past it are not
- * written). Returns SLUICE_OK or SLUICE_E_INVAL. Any thread. */
+ * written; a larger size than this header's struct is fine, the fields it
+ * knows are written). Returns SLUICE_OK, or SLUICE_E_INVAL (bad model,
+ * NULL stats, size smaller than the size field). Any thread. */
 SLUICE_API int sluice_stats(sluice_model *model, struct sluice_stats *stats);
 
 #ifdef __cplusplus

@@ -71,7 +71,7 @@ static sl_io_fault fault_take(sl_io *io)
     return (n >= nth && n - nth < count) ? (sl_io_fault)kind : SL_IO_FAULT_NONE;
 }
 
-/* The errno a fault stands for (0 for none and for SHORT). */
+/* The errno a fault stands for (0 for none, SHORT and EOF). */
 static int fault_errno(sl_io_fault f)
 {
     switch (f) {
@@ -79,13 +79,17 @@ static int fault_errno(sl_io_fault f)
     case SL_IO_FAULT_EINTR: return EINTR;
     case SL_IO_FAULT_EAGAIN: return EAGAIN;
     case SL_IO_FAULT_EINVAL: return EINVAL;
+    case SL_IO_FAULT_ENOSPC: return ENOSPC;
+    case SL_IO_FAULT_EFAULT: return EFAULT;
+    case SL_IO_FAULT_ENXIO: return ENXIO;
     default: return 0;
     }
 }
 
 static void backoff(uint32_t attempt)
 {
-    /* 50 us doubling up to 12.8 ms: EINTR/EAGAIN on a file are transient. */
+    /* 50 us doubling up to 12.8 ms: EINTR/EAGAIN on a file are transient.
+     * Attempts 0 .. SL_IO_MAX_ATTEMPTS - 2 sleep: about 26 ms in all. */
     uint64_t us = (uint64_t)50 << (attempt < 8 ? attempt : 8);
     struct timespec ts = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
@@ -164,6 +168,8 @@ static int64_t pread_once(sl_io *io, sl_io_req *r, uint64_t *asked)
     *asked = iov_bytes(r->iov, cnt);
     if (e)
         return -e;
+    if (f == SL_IO_FAULT_EOF)
+        return 0;
     struct iovec one;
     const struct iovec *iov = r->iov;
     if (f == SL_IO_FAULT_SHORT) {
@@ -193,9 +199,15 @@ static void *pread_main(void *arg)
         if (!io->head)
             io->tail = NULL;
         pthread_mutex_unlock(&io->lock);
-        uint64_t asked = 0;
-        while (step(r, pread_once(io, r, &asked), asked) == STEP_AGAIN)
-            ;
+        for (;;) {
+            /* Two statements: the order in which a call's arguments are
+             * evaluated is unspecified, and step() needs this attempt's
+             * `asked`, not the last one's. */
+            uint64_t asked = 0;
+            int64_t res = pread_once(io, r, &asked);
+            if (step(r, res, asked) != STEP_AGAIN)
+                break;
+        }
         r->next = NULL;
         io->cfg.done(io->cfg.ctx, r);
         pthread_mutex_lock(&io->lock);
@@ -288,6 +300,8 @@ static void *uring_main(void *arg)
                 res = -fault_errno(f);
             else if (f == SL_IO_FAULT_SHORT && res > 1)
                 res /= 2;
+            else if (f == SL_IO_FAULT_EOF && res > 0)
+                res = 0;
             if (step(r, res, asked) == STEP_AGAIN) {
                 r->next = again;
                 again = r;

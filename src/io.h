@@ -5,7 +5,9 @@
  * offset. The seam finishes it or fails it; the caller only sees the end:
  *  - a short read is resubmitted for the rest (counted in retries);
  *  - EINTR and EAGAIN are retried after a bounded exponential backoff
- *    (SL_IO_MAX_ATTEMPTS attempts in all, then the errno is the result);
+ *    (SL_IO_MAX_ATTEMPTS attempts in a row at most, sleeping 50 us, 100 us,
+ *    ... 12.8 ms between them, about 26 ms in all; then the errno is the
+ *    result; any byte read starts the count again);
  *  - end of file before min_bytes arrived sets eof;
  *  - any other errno is the result.
  * Completion calls cfg.done(cfg.ctx, list) on a thread of the seam, with
@@ -31,7 +33,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
-#define SL_IO_MAX_ATTEMPTS 10   /* for EINTR/EAGAIN: about 50 ms of backoff in all */
+#define SL_IO_MAX_ATTEMPTS SLUICE_IO_MAX_ATTEMPTS /* EINTR/EAGAIN in a row: about 26 ms of backoff in all */
 
 typedef struct sl_io sl_io;
 
@@ -73,7 +75,11 @@ typedef enum sl_io_fault {
     SL_IO_FAULT_SHORT,       /* the attempt brings half of what it asked */
     SL_IO_FAULT_EINTR,
     SL_IO_FAULT_EAGAIN,
-    SL_IO_FAULT_EINVAL       /* as O_DIRECT does on a file system refusing it */
+    SL_IO_FAULT_EINVAL,      /* as O_DIRECT does on a file system refusing it */
+    SL_IO_FAULT_EOF,         /* the attempt reads 0 bytes: the file ended early */
+    SL_IO_FAULT_ENOSPC,      /* errnos a read should not give, and may: */
+    SL_IO_FAULT_EFAULT,
+    SL_IO_FAULT_ENXIO
 } sl_io_fault;
 
 /* Starts the seam: io_uring unless forced off or refused (then the pread
