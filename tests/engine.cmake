@@ -1,6 +1,6 @@
 # The engine's test programs run a second time on the pread backend
 # (SLUICE_FORCE_PREAD=1): both backends must pass the same suite.
-foreach(name IN ITEMS test_engine test_engine_faults test_engine_stress)
+foreach(name IN ITEMS test_engine test_engine_faults test_engine_stress test_io_faults test_file_change)
   if(TARGET ${name})
     add_test(NAME ${name}_pread COMMAND ${name})
     set_tests_properties(${name}_pread PROPERTIES
@@ -10,7 +10,8 @@ endforeach()
 
 # The tests that run many threads on one model also run under
 # ThreadSanitizer (tools/test.sh: ctest -L threads in the TSan build).
-foreach(name IN ITEMS test_engine test_engine_pread test_engine_stress test_engine_stress_pread test_verify)
+foreach(name IN ITEMS test_engine test_engine_pread test_engine_stress test_engine_stress_pread test_verify
+                    test_io_faults test_io_faults_pread)
   if(TEST ${name})
     set_property(TEST ${name} APPEND PROPERTY LABELS threads)
   endif()

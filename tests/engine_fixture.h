@@ -64,7 +64,7 @@ static __attribute__((unused)) void ef_write_shard(const char *path, const char 
 
 /* A sharded model in a fresh directory: `shards` shards, each with the
  * sizes given (the same list for each shard), odd padding. */
-static char *ef_model(unsigned shards, const uint64_t *sizes, size_t n, uint64_t seed)
+static __attribute__((unused)) char *ef_model(unsigned shards, const uint64_t *sizes, size_t n, uint64_t seed)
 {
     char *dir = tu_tmpdir();
     for (unsigned s = 0; s < shards; s++) {
@@ -97,7 +97,7 @@ static __attribute__((unused)) sluice_options ef_opts(uint64_t pool, uint64_t ch
     return o;
 }
 
-static sluice_model *ef_open(const char *path, const sluice_options *o)
+static __attribute__((unused)) sluice_model *ef_open(const char *path, const sluice_options *o)
 {
     sluice_model *m = NULL;
     int rc = sluice_open(path, o, &m);

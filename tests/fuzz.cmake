@@ -1,6 +1,6 @@
 # Replays every fuzz corpus under ctest with the ordinary compiler, so
 # every past crasher stays fixed (tests/data/bad grows with each bug).
-foreach(target IN ITEMS fuzz_header fuzz_index fuzz_manifest)
+foreach(target IN ITEMS fuzz_header fuzz_index fuzz_manifest fuzz_model)
   string(REPLACE "fuzz_" "" corpus ${target})
   add_executable(${target}_replay ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/${target}.c ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/replay.c)
   target_link_libraries(${target}_replay PRIVATE sluice_testutil)

@@ -1,11 +1,15 @@
-/* test_alloc_fail.c: the Nth allocation fails, for every N.
+/* test_alloc_fail.c: the Nth allocation fails, for every N, in sluice_open
+ * and in a full verified stream (and acquire) of a small model.
  *
- * The seam is the linker: this program is linked with --wrap for the
- * allocation calls, so every malloc the library's objects make goes
- * through __wrap_malloc below, which fails the Nth one when armed. The
- * library carries no test hook. Each step must return a clean error
- * (SLUICE_E_NOMEM), leak nothing (LeakSanitizer checks at exit) and leave
- * an open model usable. */
+ * The seam is the linker (alloc_wrap.h): every malloc the library's
+ * objects make goes through alloc_wrap.c, which fails the Nth one when
+ * armed. The library carries no test hook. Each step must return a clean
+ * error (SLUICE_E_NOMEM), leak nothing (LeakSanitizer checks at exit) and
+ * leave an open model usable: after each failed stream the same model
+ * streams again, with no failure, and every tensor's bytes are checked. */
+#include "alloc_wrap.h"
+#include "engine_fixture.h"
+#include "mf_fixture.h"
 #include "util.h"
 
 #include <setjmp.h>
@@ -14,65 +18,18 @@
 #include <cmocka.h>
 
 #include <sluice.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-void *__real_malloc(size_t n);
-void *__real_calloc(size_t n, size_t size);
-void *__real_realloc(void *p, size_t n);
-char *__real_strdup(const char *s);
-int __real_posix_memalign(void **p, size_t align, size_t n);
-void *__real_aligned_alloc(size_t align, size_t n);
-void *__wrap_malloc(size_t n);
-void *__wrap_calloc(size_t n, size_t size);
-void *__wrap_realloc(void *p, size_t n);
-char *__wrap_strdup(const char *s);
-int __wrap_posix_memalign(void **p, size_t align, size_t n);
-void *__wrap_aligned_alloc(size_t align, size_t n);
-
-static atomic_long countdown = -1; /* < 0: disarmed; 0: fail this one */
-static atomic_long failures;
-
-static int should_fail(void)
-{
-    long c = atomic_load(&countdown);
-    while (c >= 0) {
-        if (atomic_compare_exchange_weak(&countdown, &c, c - 1)) {
-            if (c == 0) {
-                atomic_fetch_add(&failures, 1);
-                return 1;
-            }
-            return 0;
-        }
-    }
-    return 0;
-}
-
-void *__wrap_malloc(size_t n) { return should_fail() ? NULL : __real_malloc(n); }
-void *__wrap_calloc(size_t n, size_t size) { return should_fail() ? NULL : __real_calloc(n, size); }
-void *__wrap_realloc(void *p, size_t n) { return should_fail() ? NULL : __real_realloc(p, n); }
-char *__wrap_strdup(const char *s) { return should_fail() ? NULL : __real_strdup(s); }
-int __wrap_posix_memalign(void **p, size_t align, size_t n)
-{
-    return should_fail() ? 12 /* ENOMEM */ : __real_posix_memalign(p, align, n);
-}
-void *__wrap_aligned_alloc(size_t align, size_t n)
-{
-    return should_fail() ? NULL : __real_aligned_alloc(align, n);
-}
-
 static void arm(long n)
 {
-    atomic_store(&failures, 0);
-    atomic_store(&countdown, n);
+    aw_arm(n);
 }
 
 static long disarm(void)
 {
-    atomic_store(&countdown, -1);
-    return atomic_load(&failures);
+    return aw_disarm();
 }
 
 static char *make_model(void)
@@ -124,10 +81,243 @@ static void test_open(void **state)
     free(dir);
 }
 
+/* ---------------------------------------------------------------- streams */
+
+/* One shard with tensors of mixed sizes: empty, tiny, one chunk, many
+ * chunks (300000 bytes in 4 KiB chunks: 74, past the one-word chunk map),
+ * plus a REQUIRE manifest of their SHA-256 (the sidecar), so that every
+ * byte goes through the digest workers. */
+static const uint64_t st_sizes[] = {0, 1, 100, 4096, 300000, 5000, 7, 70000, 33};
+#define ST_N (sizeof st_sizes / sizeof st_sizes[0])
+
+typedef struct st_fx {
+    char *dir, *file;
+    unsigned char *ref[ST_N];   /* each tensor's bytes, read independently */
+} st_fx;
+
+static st_fx *st_setup(void)
+{
+    st_fx *f = calloc(1, sizeof *f);
+    assert_non_null(f);
+    f->dir = tu_tmpdir();
+    f->file = tu_join(f->dir, "model.safetensors");
+    uint64_t seed = 12345;
+    ef_write_shard(f->file, "t", st_sizes, ST_N, 3, &seed);
+    sluice_model *m = NULL;
+    sluice_options o;
+    sluice_options_init(&o);
+    o.verify = SLUICE_VERIFY_OFF;
+    assert_int_equal(sluice_open(f->file, &o, &m), SLUICE_OK);
+    mf_buf man = {0};
+    mf_addf(&man, "{");
+    for (size_t i = 0; i < ST_N; i++) {
+        struct sluice_tensor_info info;
+        assert_int_equal(sluice_info(m, i, &info), SLUICE_OK);
+        f->ref[i] = tu_pread_range(info.file, info.offset, (size_t)info.nbytes);
+        uint8_t d[32];
+        char hex[65];
+        mf_sha256(f->ref[i], (size_t)info.nbytes, d);
+        mf_addf(&man, "%s\"%s\":\"%s\"", i ? "," : "", info.name, mf_hex(d, hex));
+    }
+    mf_addf(&man, "}");
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    char *side = tu_join(f->dir, "model.safetensors.manifest.json");
+    mf_write_text(side, man.p);
+    free(side);
+    mf_buf_free(&man);
+    return f;
+}
+
+static void st_teardown(st_fx *f)
+{
+    for (size_t i = 0; i < ST_N; i++)
+        free(f->ref[i]);
+    tu_rmtree(f->dir);
+    free(f->dir);
+    free(f->file);
+    free(f);
+}
+
+/* A pool smaller than the model, so the stream evicts as it goes. */
+static sluice_model *st_open(const st_fx *f)
+{
+    sluice_options o;
+    sluice_options_init(&o);
+    o.pool_bytes = 340000;
+    o.chunk_bytes = 4096;
+    o.queue_depth = 4;
+    o.io_threads = 1;
+    o.hash_threads = 1;
+    sluice_model *m = NULL;
+    int rc = sluice_open(f->file, &o, &m);
+    if (rc != SLUICE_OK)
+        fail_msg("open: %s", sluice_errmsg(m));
+    assert_int_equal(sluice_verify_mode(m), SLUICE_VERIFY_REQUIRE);
+    return m;
+}
+
+/* What one stream saw. The callback allocates nothing (it runs armed). */
+typedef struct st_seen {
+    const st_fx *f;
+    unsigned char seen[ST_N];
+    unsigned ok, nomem, other, bad_bytes;
+    int other_code;
+} st_seen;
+
+static int st_cb(void *user, sluice_tensor *t, int status, const struct sluice_tensor_info *info,
+                 const char *message)
+{
+    st_seen *s = user;
+    (void)message;
+    if (!info || info->index >= ST_N || s->seen[info->index]++) {
+        s->other++;
+        return 0;
+    }
+    if (status == SLUICE_OK) {
+        s->ok++;
+        if (!t || sluice_tensor_size(t) != st_sizes[info->index] ||
+            (st_sizes[info->index] &&
+             memcmp(sluice_tensor_data(t), s->f->ref[info->index], (size_t)st_sizes[info->index])))
+            s->bad_bytes++;
+        if (sluice_release(t) != SLUICE_OK)
+            s->other++;
+    } else if (status == SLUICE_E_NOMEM && !t) {
+        s->nomem++;
+    } else {
+        s->other++;
+        s->other_code = status;
+    }
+    return 0;
+}
+
+/* A clean stream: every tensor, each once, its bytes the file's. */
+static void st_clean(const st_fx *f, sluice_model *m, long n)
+{
+    st_seen s = {.f = f};
+    int rc = sluice_stream(m, NULL, 0, st_cb, &s);
+    if (rc != SLUICE_OK || s.ok != ST_N || s.bad_bytes || s.other)
+        fail_msg("after allocation %ld failed: clean stream %d (%s), %u ok, %u bad, %u other",
+                 n, rc, sluice_errmsg(m), s.ok, s.bad_bytes, s.other);
+}
+
+/* sluice_stream over every tensor, failing allocation N = 0, 1, ... until
+ * streams run without a failure. Each model is fresh (its first handles
+ * and slots are allocated inside the stream); after the failed stream the
+ * model streams clean, then again from the file (cache dropped, so every
+ * tensor is read and verified once more). */
+static void test_stream(void **state)
+{
+    (void)state;
+    st_fx *f = st_setup();
+    long n, points = 0, nomem_streams = 0, clean_in_a_row = 0;
+    for (n = 0; n < 100000; n++) {
+        sluice_model *m = st_open(f);
+        st_seen s = {.f = f};
+        arm(n);
+        int rc = sluice_stream(m, NULL, 0, st_cb, &s);
+        long failed = disarm();
+        if (s.other || s.bad_bytes)
+            fail_msg("allocation %ld failed: a tensor came with status %d, or wrong bytes (%u)",
+                     n, s.other_code, s.bad_bytes);
+        /* Every tensor comes, once, unless the stream could not start. */
+        if (s.ok + s.nomem != ST_N && !(rc == SLUICE_E_NOMEM && s.ok + s.nomem == 0))
+            fail_msg("allocation %ld failed: %u of %zu tensors delivered", n, s.ok + s.nomem,
+                     (size_t)ST_N);
+        if (!failed) {
+            assert_int_equal(rc, SLUICE_OK);
+            assert_int_equal(s.ok, ST_N);
+            assert_int_equal(sluice_close(m), SLUICE_OK);
+            /* The count varies a little with the threads' timing: stop
+             * after a few N in a row that reach no allocation. */
+            if (++clean_in_a_row == 5)
+                break;
+            continue;
+        }
+        clean_in_a_row = 0;
+        points++;
+        if (rc != SLUICE_OK && rc != SLUICE_E_NOMEM)
+            fail_msg("allocation %ld failed: stream returned %d (%s)", n, rc, sluice_errmsg(m));
+        /* A failed tensor makes the stream fail with its code. */
+        if (s.nomem)
+            assert_int_equal(rc, SLUICE_E_NOMEM);
+        nomem_streams += rc == SLUICE_E_NOMEM;
+        st_clean(f, m, n);
+        assert_int_equal(sl_engine_drop_cache(m), SLUICE_OK);
+        st_clean(f, m, n);
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+    }
+    printf("sluice_stream: %ld allocation points, %ld of them failed the stream with NOMEM, "
+           "all clean\n", points, nomem_streams);
+    assert_true(points >= 8);
+    st_teardown(f);
+}
+
+/* The same with acquire (in an order unlike the file's), then prefetch
+ * and acquire, on a fresh model for each N; after each failure the model
+ * must still give every tensor, verified. Regression: a pool block
+ * descriptor that could not be allocated once passed for "no room", so
+ * the first acquire of a fresh model failed with SLUICE_E_POOL_EXHAUSTED
+ * ("0 bytes in use") instead of SLUICE_E_NOMEM. */
+static void test_acquire(void **state)
+{
+    (void)state;
+    st_fx *f = st_setup();
+    long n, points = 0, clean_in_a_row = 0;
+    for (n = 0; n < 100000; n++) {
+        sluice_model *m = st_open(f);
+        const char *names[ST_N];
+        for (size_t i = 0; i < ST_N; i++) {
+            struct sluice_tensor_info info;
+            assert_int_equal(sluice_info(m, i, &info), SLUICE_OK);
+            names[i] = info.name;
+        }
+        int rcs[2 * ST_N + 1];
+        unsigned bad = 0;
+        arm(n);
+        for (size_t c = 0; c < 2 * ST_N + 1; c++) {
+            if (c == ST_N) {
+                rcs[c] = sluice_prefetch(m, names, ST_N);
+                continue;
+            }
+            size_t k = c < ST_N ? (c * 5) % ST_N : ST_N - 1 - (c - ST_N - 1);
+            sluice_tensor *t = NULL;
+            rcs[c] = sluice_acquire(m, names[k], &t);
+            if (rcs[c] == SLUICE_OK) {
+                if (st_sizes[k] && memcmp(sluice_tensor_data(t), f->ref[k], (size_t)st_sizes[k]))
+                    bad++;
+                sluice_release(t);
+            } else if (t) {
+                bad++;
+            }
+        }
+        long failed = disarm();
+        assert_int_equal(bad, 0);
+        for (size_t c = 0; c < 2 * ST_N + 1; c++)
+            if (rcs[c] != SLUICE_OK && rcs[c] != SLUICE_E_NOMEM)
+                fail_msg("allocation %ld failed: call %zu returned %d (%s)", n, c, rcs[c],
+                         sluice_errmsg(m));
+        if (failed) {
+            points++;
+            assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+            for (size_t i = 0; i < ST_N; i++)
+                ef_acquire_check(m, i);
+        }
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+        clean_in_a_row = failed ? 0 : clean_in_a_row + 1;
+        if (clean_in_a_row == 5)
+            break;  /* as in test_stream */
+    }
+    printf("acquire + prefetch: %ld allocation points, all clean\n", points);
+    assert_true(points > 5);
+    st_teardown(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_open),
+        cmocka_unit_test(test_stream),
+        cmocka_unit_test(test_acquire),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

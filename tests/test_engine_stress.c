@@ -1,7 +1,9 @@
 /* test_engine_stress.c: many threads on one model (acquire, release,
- * prefetch, stream, stats at once), per-thread error detail, and memory
- * bounded by the pool while streaming a model far larger than it. Meant to
- * run clean under ThreadSanitizer too (build with -DSLUICE_TSAN=ON). */
+ * prefetch, two streams, stats at once), per-thread error detail, close
+ * with work in flight (read-ahead, hashing, a stream in another thread),
+ * and memory bounded by the pool while streaming a model far larger than
+ * it. Meant to run clean under ThreadSanitizer too (build with
+ * -DSLUICE_TSAN=ON; tools/test.sh runs it so). */
 #include "engine_fixture.h"
 
 #include <fcntl.h>
@@ -115,6 +117,26 @@ static void *streamer(void *p)
     return NULL;
 }
 
+/* A second stream at once, over a list: the model's tensors backwards,
+ * each twice. */
+static void *list_streamer(void *p)
+{
+    worker *w = p;
+    sluice_model *m = w->sh->m;
+    size_t n = sluice_count(m);
+    const char **names = malloc(2 * n * sizeof *names);
+    for (size_t i = 0; i < n; i++) {
+        struct sluice_tensor_info info;
+        sluice_info(m, n - 1 - i, &info);
+        names[i] = names[n + i] = info.name;
+    }
+    for (int k = 0; k < 2; k++)
+        if (sluice_stream(m, names, 2 * n, count_cb, w) != SLUICE_OK)
+            w->errors++;
+    free(names);
+    return NULL;
+}
+
 static void *hinter(void *p)
 {
     worker *w = p;
@@ -145,16 +167,17 @@ static void hammer(uint32_t flags, uint64_t pool)
     sluice_model *m = ef_open(dir, &o);
     ref *r = ref_load(m);
     shared sh = {m, r, 400, 0};
-    enum { NACQ = 8 };
-    pthread_t th[NACQ + 2];
-    worker w[NACQ + 2];
-    for (int k = 0; k < NACQ + 2; k++) {
+    enum { NACQ = 8, NTH = NACQ + 3 };
+    pthread_t th[NTH];
+    worker w[NTH];
+    for (int k = 0; k < NTH; k++) {
         w[k] = (worker){&sh, 0x9e3779b97f4a7c15ull * (uint64_t)(k + 1), 0};
-        void *(*fn)(void *) = k < NACQ ? acquirer : k == NACQ ? streamer : hinter;
+        void *(*fn)(void *) = k < NACQ ? acquirer : k == NACQ ? streamer
+                              : k == NACQ + 1 ? list_streamer : hinter;
         assert_int_equal(pthread_create(&th[k], NULL, fn, &w[k]), 0);
     }
     unsigned errors = 0;
-    for (int k = 0; k < NACQ + 2; k++) {
+    for (int k = 0; k < NTH; k++) {
         pthread_join(th[k], NULL);
         errors += w[k].errors;
     }
@@ -171,8 +194,8 @@ static void hammer(uint32_t flags, uint64_t pool)
 static void test_threads(void **state)
 {
     (void)state;
-    /* 8 threads x 2 handles of at most 300 KB, plus a stream: 8 MiB is
-     * room enough that POOL_EXHAUSTED can never be the right answer. */
+    /* 8 threads x 2 handles of at most 300 KB, plus two streams: 8 MiB
+     * is room enough that POOL_EXHAUSTED can never be the right answer. */
     hammer(0, 8u << 20);
 }
 
@@ -309,6 +332,127 @@ static void test_rss_bounded(void **state)
     free(dir);
 }
 
+/* ---------------------------------------------------------------- close */
+
+/* Close right after starting read-ahead of a model far larger than the
+ * pool (reads in flight, hashing running): clean, at once, no leak. Then
+ * the same after acquiring a few, and with a handle still live: BUSY, and
+ * the model goes on working. */
+static void close_in_flight(uint32_t flags)
+{
+    uint64_t sizes[48];
+    for (int k = 0; k < 48; k++)
+        sizes[k] = 50000 + (uint64_t)k * 3001;
+    char *dir = ef_model(2, sizes, 48, 7);
+    for (int round = 0; round < 6; round++) {
+        sluice_options o = ef_opts(1u << 20, 16u << 10, flags);
+        o.queue_depth = 16;
+        sluice_model *m = ef_open(dir, &o);
+        size_t n = sluice_count(m);
+        const char *names[96];
+        for (size_t i = 0; i < n; i++) {
+            struct sluice_tensor_info info;
+            sluice_info(m, (i * 7) % n, &info);
+            names[i] = info.name;
+        }
+        assert_int_equal(sluice_prefetch(m, names, n), SLUICE_OK);
+        if (round & 1) {
+            sluice_tensor *t = NULL;
+            assert_int_equal(sluice_acquire(m, names[1], &t), SLUICE_OK);
+            assert_int_equal(sluice_prefetch(m, names + 2, n - 2), SLUICE_OK);
+            /* a live handle: close refuses, frees nothing */
+            assert_int_equal(sluice_close(m), SLUICE_E_BUSY);
+            assert_non_null(strstr(sluice_errmsg(m), "1 tensor handle is still live"));
+            ef_check_handle(t);
+            assert_int_equal(sluice_release(t), SLUICE_OK);
+            /* released twice: detected while the model is open */
+            assert_int_equal(sluice_release(t), SLUICE_E_INVAL);
+            ef_acquire_check(m, 3);
+        }
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+    }
+    tu_rmtree(dir);
+    free(dir);
+}
+
+static void test_close_in_flight(void **state)
+{
+    (void)state;
+    close_in_flight(0);
+    close_in_flight(SLUICE_F_HASH_ALL);
+    close_in_flight(SLUICE_F_HASH_ALL | SLUICE_F_DIRECT);
+}
+
+/* A stream runs in another thread (held inside its callback) while close
+ * is called: close says SLUICE_E_BUSY and frees nothing; the stream goes on
+ * to the end; then close succeeds. */
+typedef struct gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int inside, open;
+    sluice_model *m;
+    int rc;
+    size_t delivered;
+} gate;
+
+static int gate_cb(void *user, sluice_tensor *t, int status,
+                   const struct sluice_tensor_info *info, const char *message)
+{
+    (void)info;
+    (void)message;
+    gate *g = user;
+    pthread_mutex_lock(&g->mu);
+    g->inside = 1;
+    pthread_cond_broadcast(&g->cv);
+    while (!g->open)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+    if (status == SLUICE_OK) {
+        g->delivered++;
+        sluice_release(t);
+    }
+    return 0;
+}
+
+static void *gate_stream(void *p)
+{
+    gate *g = p;
+    g->rc = sluice_stream(g->m, NULL, 0, gate_cb, g);
+    return NULL;
+}
+
+static void test_close_while_streaming(void **state)
+{
+    (void)state;
+    char *dir = ef_model(2, ef_sizes, EF_NSIZES, 8);
+    sluice_options o = ef_opts(1u << 20, 64u << 10, SLUICE_F_HASH_ALL);
+    sluice_model *m = ef_open(dir, &o);
+    gate g = {.m = m};
+    pthread_mutex_init(&g.mu, NULL);
+    pthread_cond_init(&g.cv, NULL);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, gate_stream, &g), 0);
+    pthread_mutex_lock(&g.mu);
+    while (!g.inside)
+        pthread_cond_wait(&g.cv, &g.mu);
+    pthread_mutex_unlock(&g.mu);
+    /* the stream is inside its first callback, holding its handle */
+    assert_int_equal(sluice_close(m), SLUICE_E_BUSY);
+    assert_non_null(strstr(sluice_errmsg(m), "1 stream running"));
+    pthread_mutex_lock(&g.mu);
+    g.open = 1;
+    pthread_cond_broadcast(&g.cv);
+    pthread_mutex_unlock(&g.mu);
+    pthread_join(th, NULL);
+    assert_int_equal(g.rc, SLUICE_OK);
+    assert_int_equal(g.delivered, sluice_count(m));
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    pthread_cond_destroy(&g.cv);
+    pthread_mutex_destroy(&g.mu);
+    tu_rmtree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -316,6 +460,8 @@ int main(void)
         cmocka_unit_test(test_threads_hashed_direct),
         cmocka_unit_test(test_errmsg_per_thread),
         cmocka_unit_test(test_rss_bounded),
+        cmocka_unit_test(test_close_in_flight),
+        cmocka_unit_test(test_close_while_streaming),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,8 +1,9 @@
 /* test_manifest_oom.c: reading a manifest with the Nth allocation failing,
  * for every N: each open returns SLUICE_E_NOMEM or the manifest's own
  * code, and leaks nothing (LeakSanitizer checks at exit). The
- * seam is the linker (--wrap, see manifest.cmake); cJSON's own
+ * seam is the linker (alloc_wrap.h, alloc.cmake); cJSON's own
  * allocations live in its shared library and are not failed here. */
+#include "alloc_wrap.h"
 #include "mf_fixture.h"
 #include "util.h"
 
@@ -12,42 +13,9 @@
 #include <cmocka.h>
 
 #include <sluice.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-void *__real_malloc(size_t n);
-void *__real_calloc(size_t n, size_t size);
-void *__real_realloc(void *p, size_t n);
-char *__real_strdup(const char *s);
-void *__wrap_malloc(size_t n);
-void *__wrap_calloc(size_t n, size_t size);
-void *__wrap_realloc(void *p, size_t n);
-char *__wrap_strdup(const char *s);
-
-static atomic_long countdown = -1; /* < 0: disarmed; 0: fail this one */
-static atomic_long failures;
-
-static int should_fail(void)
-{
-    long c = atomic_load(&countdown);
-    while (c >= 0) {
-        if (atomic_compare_exchange_weak(&countdown, &c, c - 1)) {
-            if (c == 0) {
-                atomic_fetch_add(&failures, 1);
-                return 1;
-            }
-            return 0;
-        }
-    }
-    return 0;
-}
-
-void *__wrap_malloc(size_t n) { return should_fail() ? NULL : __real_malloc(n); }
-void *__wrap_calloc(size_t n, size_t size) { return should_fail() ? NULL : __real_calloc(n, size); }
-void *__wrap_realloc(void *p, size_t n) { return should_fail() ? NULL : __real_realloc(p, n); }
-char *__wrap_strdup(const char *s) { return should_fail() ? NULL : __real_strdup(s); }
 
 /* Opens path failing allocation N = 0, 1, ... until an open runs without a
  * failure; each must end with want (the code of the clean run) or NOMEM.
@@ -62,11 +30,9 @@ static void oom_loop(const char *path, const char *manifest, sluice_verify_polic
         o.manifest_path = manifest;
         o.verify = pol;
         sluice_model *m = NULL;
-        atomic_store(&failures, 0);
-        atomic_store(&countdown, n);
+        aw_arm(n);
         int rc = sluice_open(path, &o, &m);
-        atomic_store(&countdown, -1);
-        long failed = atomic_load(&failures);
+        long failed = aw_disarm();
         if (!failed) {
             if (rc != want)
                 fail_msg("clean run: %d, expected %d: %s", rc, want, sluice_errmsg(m));

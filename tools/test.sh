@@ -24,5 +24,5 @@ echo "== libFuzzer builds (clang), short bounded runs"
 cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DSLUICE_FUZZ=ON -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_TOOLS=OFF >/dev/null
 cmake --build build-fuzz -j "$jobs"
-sh tests/fuzz/run.sh build-fuzz "${SLUICE_FUZZ_SECONDS:-60}"
+sh tests/fuzz/run.sh build-fuzz "${SLUICE_FUZZ_SECONDS:-45}"
 echo "all tests passed"

@@ -6,7 +6,7 @@ set -eu
 build=$1 seconds=$2
 here=$(cd "$(dirname "$0")" && pwd)
 real=$here/../../../shared/data/real
-for target in fuzz_header fuzz_index fuzz_manifest; do
+for target in fuzz_header fuzz_index fuzz_manifest fuzz_model; do
     name=${target#fuzz_}
     work=$build/fuzz-corpus/$name
     mkdir -p "$work" "$build/fuzz-crashes"
