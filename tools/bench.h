@@ -54,6 +54,7 @@ typedef struct bench_result {
     double cpu_s, peak_rss_mb, gbps;
     uint64_t bytes_read, bytes_needed, bytes_hashed, direct_fallbacks;
     int backend;             /* sluice_backend; -1 for a baseline */
+    uint32_t tensors_refused; /* larger than the pool: skipped, err names the first */
 } bench_result;
 
 typedef struct bench_opts {

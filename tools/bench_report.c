@@ -157,6 +157,9 @@ void bench_print_table(FILE *out, const bench_summary *s, const bench_row *rows,
             failed += !row->runs[i].ok;
         if (failed)
             fprintf(out, "  (%zu of %zu runs failed)", failed, row->nruns);
+        if (ok->tensors_refused)
+            fprintf(out, "\n%*s  %u tensor(s) refused, figures without them: %s", w, "",
+                    (unsigned)ok->tensors_refused, ok->err);
         fprintf(out, "\n");
     }
 }
