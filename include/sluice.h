@@ -436,6 +436,11 @@ typedef int (*sluice_stream_fn)(void *user, sluice_tensor *t, int status,
  * SLUICE_E_NOMEM. Any thread; several streams may run at once. The
  * callback may call any function on the model (sluice_close is refused
  * with SLUICE_E_BUSY while the stream runs).
+ * Memory: a stream reads ahead at most queue_depth x chunk_bytes (at least
+ * 64 MiB, at most half the pool) past the tensor it waits for, and a
+ * tensor it delivered and the callback released is the first whose room
+ * is reused (a stream is one pass), before any untouched page of the pool:
+ * its resident memory stays near the largest tensor plus that window.
  */
 SLUICE_API int sluice_stream(sluice_model *model, const char *const *names,
                              size_t n, sluice_stream_fn fn, void *user);

@@ -296,7 +296,8 @@ static void gp_quoted(FILE *g, const char *s)
 
 int bench_plot(const char *path, const bench_summary *s, const bench_row *rows, size_t nrows)
 {
-    /* One series per mode: x is the configuration's position. */
+    /* One series of bars per mode: x is the configuration's position (a
+     * stream and its random twin side by side), against the ceilings. */
     int have[2] = {0, 0};
     for (size_t r = 0; r < nrows; r++) {
         if (is_sluice(&rows[r].cfg) && first_ok(&rows[r]))
@@ -351,8 +352,9 @@ int bench_plot(const char *path, const bench_summary *s, const bench_row *rows, 
                 for (char *p = label; *p; p++)
                     if (*p == '"')
                         *p = '\'';
+                double shift = have[0] && have[1] ? (md ? 0.2 : -0.2) : 0.0;
                 if (bench_stat(&rows[r], FIELD(gbps), &med, &mn, &mx))
-                    fprintf(g, "%zu %.4f %.4f %.4f \"%s\"\n", x, med, mn, mx, label);
+                    fprintf(g, "%.2f %.4f %.4f %.4f \"%s\"\n", (double)x + shift, med, mn, mx, label);
             }
             if (c->mode == BM_STREAM && r + 1 < nrows && rows[r + 1].cfg.mode == BM_RANDOM)
                 continue; /* its random twin shares the x */
@@ -360,13 +362,15 @@ int bench_plot(const char *path, const bench_summary *s, const bench_row *rows, 
         }
         fprintf(g, "EOD\n");
     }
-    fprintf(g, "plot ");
+    fprintf(g, "set boxwidth %.2f\nset style fill solid 0.5 border -1\nset style data boxerrorbars\n"
+               "set errorbars small\nplot ", have[0] && have[1] ? 0.38 : 0.6);
     const char *sep = "";
     for (int md = 0; md < 2; md++) {
         if (!have[md])
             continue;
-        fprintf(g, "%s$%s using 1:2:3:4:xticlabels(5) with yerrorlines lw 2 pt 7 "
-                   "title 'sluice %s'", sep, names[md], names[md]);
+        fprintf(g, "%s$%s using 1:2:3:4:(%.2f):xticlabels(5) with boxerrorbars lw 1 "
+                   "title 'sluice %s (median, bars min to max)'", sep, names[md],
+                have[0] && have[1] ? 0.38 : 0.6, names[md]);
         sep = ", ";
     }
     if (s->io_ceiling > 0) {
