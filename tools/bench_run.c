@@ -257,10 +257,6 @@ static int on_tensor(void *user, sluice_tensor *t, int status,
 {
     stream_ctx *c = user;
     double now = bench_now() - c->t0;
-    if (isnan(c->first))
-        c->first = now;
-    if (c->n < c->cap)
-        c->lat[c->n++] = now;
     if (status == SLUICE_E_TOO_LARGE) {
         /* A pool smaller than a tensor is a setting to measure, not a
          * broken run: the others still load. */
@@ -275,6 +271,11 @@ static int on_tensor(void *user, sluice_tensor *t, int status,
             fail(c->r, "tensor %s: %s", info ? info->name : "?", sluice_strerror(status));
         return 0;
     }
+    /* latencies are those of tensors delivered */
+    if (isnan(c->first))
+        c->first = now;
+    if (c->n < c->cap)
+        c->lat[c->n++] = now;
     sluice_release(t);
     return 0;
 }
