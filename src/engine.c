@@ -498,19 +498,8 @@ SLUICE_API int sluice_prefetch(sluice_model *m, const char *const *names, size_t
     e->plan_active = 1;
     /* What the old plan read ahead and nobody used may now make room for
      * the new one: it becomes the oldest of the cached. */
-    while (e->lru[SL_LRU_PREFETCHED].tail != SL_NONE) {
-        size_t i = e->lru[SL_LRU_PREFETCHED].tail;
-        sl_lru_remove(e, i);
-        sl_slot *s = &e->slots[i];
-        s->lru = SL_LRU_CACHED;
-        s->lprev = SL_NONE;
-        s->lnext = e->lru[SL_LRU_CACHED].head;
-        if (s->lnext != SL_NONE)
-            e->slots[s->lnext].lprev = i;
-        else
-            e->lru[SL_LRU_CACHED].tail = i;
-        e->lru[SL_LRU_CACHED].head = i;
-    }
+    while (e->lru[SL_LRU_PREFETCHED].tail != SL_NONE)
+        sl_lru_push_front(e, e->lru[SL_LRU_PREFETCHED].tail, SL_LRU_CACHED);
     sl_pump(e);
     sl_unlock(e);
     return SLUICE_OK;

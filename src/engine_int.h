@@ -203,7 +203,10 @@ void sl_unhold(sl_engine *e, size_t i);
 
 /* LRU list operations. Lock held. */
 void sl_lru_remove(sl_engine *e, size_t i);
+/* Puts slot i on list at the tail (the most recently used)... */
 void sl_lru_push(sl_engine *e, size_t i, int list);
+/* ...or at the head: the first to be evicted. */
+void sl_lru_push_front(sl_engine *e, size_t i, int list);
 
 /* Whether tensor i can never fit in the pool. */
 int sl_too_large(const sl_engine *e, size_t i);

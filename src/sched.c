@@ -127,26 +127,32 @@ void sl_lru_push(sl_engine *e, size_t i, int list)
     e->lru[list].tail = i;
 }
 
+void sl_lru_push_front(sl_engine *e, size_t i, int list)
+{
+    sl_slot *s = &e->slots[i];
+    sl_lru_remove(e, i);
+    s->lru = (uint8_t)list;
+    s->lprev = SL_NONE;
+    s->lnext = e->lru[list].head;
+    if (s->lnext != SL_NONE)
+        e->slots[s->lnext].lprev = i;
+    else
+        e->lru[list].tail = i;
+    e->lru[list].head = i;
+}
+
 void sl_unhold(sl_engine *e, size_t i)
 {
     sl_slot *s = &e->slots[i];
     if (s->refs || s->pins || s->state != SL_READY || s->lru != SL_LRU_NONE ||
         e->ix->tensors[i].nbytes == 0)
         return;
-    sl_lru_push(e, i, s->consumed ? SL_LRU_CACHED : SL_LRU_PREFETCHED);
-    if (s->spent) {
+    if (s->spent)
         /* A stream reads each tensor once: make its buffer the first that
          * room is taken from (the head of the cached list). */
-        sl_lru_remove(e, i);
-        s->lru = SL_LRU_CACHED;
-        s->lprev = SL_NONE;
-        s->lnext = e->lru[SL_LRU_CACHED].head;
-        if (s->lnext != SL_NONE)
-            e->slots[s->lnext].lprev = i;
-        else
-            e->lru[SL_LRU_CACHED].tail = i;
-        e->lru[SL_LRU_CACHED].head = i;
-    }
+        sl_lru_push_front(e, i, SL_LRU_CACHED);
+    else
+        sl_lru_push(e, i, s->consumed ? SL_LRU_CACHED : SL_LRU_PREFETCHED);
 }
 
 void sl_demand(sl_engine *e, size_t i)
