@@ -158,6 +158,7 @@ int sl_engine_create(const sl_index *ix, const sluice_options *opts,
     }
     e->plan = e->plan_pos = e->order;
     e->plan_n = e->n;
+    e->last_pos = SL_NONE;
     for (unsigned k = 0; k < e->queue_depth; k++) {
         e->reads[k].next_free = e->free_reads;
         e->free_reads = &e->reads[k];
@@ -300,12 +301,30 @@ int sl_slot_failure(const sl_slot *s, sl_err *err)
                    s->err_msg ? s->err_msg : "tensor failed (no memory for the detail)");
 }
 
+/* Read-ahead follows the caller along the plan, as the kernel's follows a
+ * reader along a file: it goes on from an acquire that continues the plan
+ * (the next few positions, so that several threads walking it together
+ * count), or any acquire when the caller gave the plan with
+ * sluice_prefetch; after a jump in the default plan it pauses, so that
+ * acquires in random order read nothing nobody asked for. Lock held. */
+static void follow_caller(sl_engine *e, size_t pos)
+{
+    if (pos == SL_NONE)
+        return;
+    int hinted = e->plan != e->order;
+    int in_order = e->last_pos == SL_NONE ? pos == 0 : pos > e->last_pos && pos <= e->last_pos + 8;
+    e->last_pos = pos;
+    e->plan_active = hinted || in_order;
+    e->cursor = pos + 1;
+}
+
 static int acquire(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err)
 {
     pthread_mutex_lock(&e->lock);
     e->st.acquire_count++;
     sl_slot *s = &e->slots[i];
     int rc;
+    follow_caller(e, e->plan_pos[i]);
     if (s->state == SL_READY) {
         if ((rc = sl_grant(e, i, out, err)) == SLUICE_OK)
             e->st.cache_hits++;
@@ -320,10 +339,6 @@ static int acquire(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err)
     uint64_t t0 = now_ns();
     uint64_t gen = s->gen;
     s->pins++;
-    /* The plan goes on from here: read-ahead follows the caller. */
-    e->plan_active = 1;
-    if (e->plan_pos[i] != SL_NONE)
-        e->cursor = e->plan_pos[i] + 1;
     for (;;) {
         if (s->state == SL_READY) {
             rc = sl_grant(e, i, out, err);
@@ -495,6 +510,7 @@ SLUICE_API int sluice_prefetch(sluice_model *m, const char *const *names, size_t
     e->plan_pos = n ? pos : e->order;
     e->plan_n = n ? n : e->n;
     e->cursor = 0;
+    e->last_pos = SL_NONE;
     e->plan_active = 1;
     /* What the old plan read ahead and nobody used may now make room for
      * the new one: it becomes the oldest of the cached. */

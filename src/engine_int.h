@@ -147,6 +147,7 @@ struct sl_engine {
     /* plan */
     size_t *plan, *plan_pos;     /* order / its inverse (SL_NONE: not in plan) */
     size_t plan_n, cursor;
+    size_t last_pos;             /* plan position of the last acquire; SL_NONE: none yet */
     int plan_active;
 
     sl_stream *streams;
