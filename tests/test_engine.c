@@ -172,6 +172,52 @@ static void test_cache_and_prefetch(void **state)
     free(dir);
 }
 
+/* Read-ahead along the default plan follows acquires that go in order and
+ * pauses after a jump: acquires in random order read only their own
+ * tensors, acquires in order get the next ones read ahead. */
+static void test_readahead_follows_order(void **state)
+{
+    (void)state;
+    char *dir = ef_model(1, ef_sizes, EF_NSIZES, 5);
+    sluice_options o = ef_opts(16u << 20, 64u << 10, 0);
+    sluice_model *m = ef_open(dir, &o);
+    static const size_t jumps[] = {9, 3, 14, 6, 1};
+    uint64_t asked = 0;
+    for (size_t k = 0; k < sizeof jumps / sizeof jumps[0]; k++) {
+        sluice_tensor *t;
+        assert_int_equal(sluice_acquire_index(m, jumps[k], &t), SLUICE_OK);
+        ef_check_handle(t);
+        asked += sluice_tensor_size(t);
+        assert_int_equal(sluice_release(t), SLUICE_OK);
+        assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    }
+    struct sluice_stats a = ef_stats(m);
+    assert_int_equal(a.bytes_read, asked); /* nothing read ahead */
+
+    /* in order from the start: what follows is read ahead */
+    assert_int_equal(sl_engine_drop_cache(m), SLUICE_OK);
+    a = ef_stats(m);
+    for (size_t i = 0; i < 3; i++) {
+        sluice_tensor *t;
+        assert_int_equal(sluice_acquire_index(m, i, &t), SLUICE_OK);
+        assert_int_equal(sluice_release(t), SLUICE_OK);
+    }
+    assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    struct sluice_stats b = ef_stats(m);
+    uint64_t first3 = 0;
+    for (size_t i = 0; i < 3; i++) {
+        struct sluice_tensor_info info;
+        sluice_info(m, i, &info);
+        first3 += info.nbytes;
+    }
+    assert_true(b.bytes_read - a.bytes_read > first3);
+    for (size_t i = 3; i < sluice_count(m); i++)
+        ef_acquire_check(m, i); /* and they are right */
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(dir);
+    free(dir);
+}
+
 /* ---------------------------------------------------------------- pool limits */
 
 static void test_too_large(void **state)
@@ -437,6 +483,7 @@ int main(void)
         cmocka_unit_test(test_stream_list_and_stop),
         cmocka_unit_test(test_hash_all_digests),
         cmocka_unit_test(test_shared_read),
+        cmocka_unit_test(test_readahead_follows_order),
         cmocka_unit_test(test_misuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
