@@ -71,14 +71,12 @@ int sl_header_length(const char *label, const unsigned char *first8, uint64_t fi
     return SLUICE_OK;
 }
 
-uint64_t sl_header_dim(const sl_header *h, const sl_header_tensor *t, uint32_t k)
+void sl_header_dims(const sl_header *h, const sl_header_tensor *t, uint64_t *dims)
 {
-    uint32_t c = h->doc.nodes[t->shape_node].first_child;
-    while (k--)
-        c = h->doc.nodes[c].next;
-    uint64_t v = 0;
-    sj_u64(&h->doc.nodes[c], &v); /* validated in check_entry */
-    return v;
+    uint32_t k = 0;
+    for (uint32_t c = h->doc.nodes[t->shape_node].first_child; c != SJ_NONE; c = h->doc.nodes[c].next)
+        if (sj_u64(&h->doc.nodes[c], &dims[k++]) < 0) /* validated in check_entry */
+            dims[k - 1] = 0;
 }
 
 /* A context for messages: the file and the tensor's raw name, quoted only

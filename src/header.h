@@ -38,8 +38,9 @@ int sl_header_parse(const char *label, const unsigned char *bytes, size_t bytes_
 int sl_header_length(const char *label, const unsigned char *first8, uint64_t file_size,
                      uint64_t *n, sl_err *err);
 
-/* Dimension k of tensor t. */
-uint64_t sl_header_dim(const sl_header *h, const sl_header_tensor *t, uint32_t k);
+/* Copies the t->ndim dimensions of tensor t into dims, in one walk of the
+ * shape (a shape may hold millions of dimensions). */
+void sl_header_dims(const sl_header *h, const sl_header_tensor *t, uint64_t *dims);
 
 void sl_header_free(sl_header *h);
 

@@ -78,8 +78,8 @@ static int add_tensors(sl_index *ix, sl_file *f, size_t file_index, const sl_hea
         uint64_t *shape = ht->ndim ? store(ix, ht->ndim * sizeof *shape) : NULL;
         if (!t->name || (ht->ndim && !shape))
             return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", f->path);
-        for (uint32_t k = 0; k < ht->ndim; k++)
-            shape[k] = sl_header_dim(h, ht, k);
+        if (ht->ndim)
+            sl_header_dims(h, ht, shape);
         t->name_len = ht->name_len;
         t->dtype = ht->dtype;
         t->ndim = ht->ndim;
@@ -154,6 +154,21 @@ static int read_header(sl_index *ix, size_t file_index, sl_err *err)
     return rc;
 }
 
+int sl_open_read(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return -1;
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) < 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
 /* Opens dir/name (dir may be NULL) as file number ix->nfiles. */
 static int open_file(sl_index *ix, const char *dir, const char *name, int missing_code, sl_err *err)
 {
@@ -178,7 +193,7 @@ static int open_file(sl_index *ix, const char *dir, const char *name, int missin
         const char *slash = strrchr(f->path, '/');
         f->name = slash ? slash + 1 : f->path;
     }
-    f->fd = open(f->path, O_RDONLY | O_CLOEXEC);
+    f->fd = sl_open_read(f->path);
     if (f->fd < 0)
         return sl_fail_errno(err, errno == ENOENT ? missing_code : SLUICE_E_IO, errno, "%s", f->path);
     struct stat st;
@@ -254,7 +269,7 @@ static int build_table(sl_index *ix, sl_err *err)
 
 static int read_small_file(const char *path, size_t max, char **out, size_t *len, int code, sl_err *err)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = sl_open_read(path);
     if (fd < 0)
         return sl_fail_errno(err, code, errno, "%s", path);
     struct stat st;
@@ -331,6 +346,10 @@ static int open_sharded(sl_index *ix, const char *json_path, sl_err *err)
             goto out;
         }
         shards[nshards++] = e->valuestring;
+    }
+    if (nshards == 0) {
+        rc = sl_fail(err, SLUICE_E_INDEX, "%s: weight_map is empty", json_path);
+        goto out;
     }
     qsort(shards, nshards, sizeof *shards, cmp_cstr);
     size_t unique = 0;

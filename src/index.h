@@ -47,6 +47,12 @@ int sl_index_open(sl_index *ix, const char *path, sl_err *err);
 /* Closes the files and frees everything; *ix is zeroed. */
 void sl_index_free(sl_index *ix);
 
+/* open(path, O_RDONLY | O_CLOEXEC) that cannot block: a FIFO with no
+ * writer (a hostile "model file" or sidecar) would hang open() itself.
+ * The descriptor is opened non-blocking and then made blocking again, so
+ * a pipe with a writer still reads. Returns the fd, or -1 with errno. */
+int sl_open_read(const char *path);
+
 /* The index of the tensor named name (len bytes), or SIZE_MAX. */
 size_t sl_index_find(const sl_index *ix, const char *name, size_t len);
 

@@ -33,10 +33,14 @@ static void skip_ws(reader *r)
 static uint32_t new_node(reader *r, sj_type type)
 {
     sj_doc *d = r->doc;
+    if (d->count >= SJ_MAX_NODES) {
+        syntax(r, "more JSON values than the reader accepts (8388608)");
+        return SJ_NONE;
+    }
     if (d->count == d->cap) {
         size_t cap = d->cap ? d->cap * 2 : 64;
-        if (cap >= SJ_NONE)
-            return SJ_NONE;
+        if (cap > SJ_MAX_NODES)
+            cap = SJ_MAX_NODES;
         sj_node *grown = realloc(d->nodes, cap * sizeof *grown);
         if (!grown)
             return SJ_NONE;
@@ -295,7 +299,7 @@ static int read_value(reader *r, uint32_t *out, int depth)
     }
     uint32_t idx = new_node(r, type);
     if (idx == SJ_NONE)
-        return -2;
+        return r->doc->error ? -1 : -2; /* too many values, or out of memory */
     *out = idx;
     switch (type) {
     case SJ_OBJECT:

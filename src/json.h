@@ -18,6 +18,9 @@
 
 #define SJ_NONE UINT32_MAX
 #define SJ_MAX_DEPTH 64
+/* At most this many JSON values in one document (about 400 MB of nodes):
+ * a 100 MB header of "0,0,0,..." would otherwise need 2.4 GB. */
+#define SJ_MAX_NODES ((size_t)1 << 23)
 
 typedef enum sj_type {
     SJ_NULL, SJ_FALSE, SJ_TRUE, SJ_NUMBER, SJ_STRING, SJ_ARRAY, SJ_OBJECT

@@ -42,7 +42,7 @@ struct sl_manifest {
 static int read_text(const char *path, char **out, size_t *out_len, sl_err *err)
 {
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = sl_open_read(path);
     if (fd < 0)
         return sl_fail_errno(err, SLUICE_E_MANIFEST, errno, "manifest %s: cannot open", path);
     struct stat st;

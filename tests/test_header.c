@@ -368,6 +368,42 @@ static void test_names_with_escapes(void **state)
     sluice_close(m);
 }
 
+/* Hostile sizes: a shape of 300,000 dimensions opens in one pass (it was
+ * quadratic once), and a header of millions of JSON values is refused
+ * before it can take gigabytes of nodes. */
+static void test_huge_shape_and_too_many_values(void **state)
+{
+    fixture *f = *state;
+    size_t dims = 300000;
+    char *h = malloc(dims * 2 + 128);
+    size_t o = (size_t)sprintf(h, "{\"a\":{\"dtype\":\"U8\",\"data_offsets\":[0,1],\"shape\":[");
+    for (size_t i = 0; i < dims; i++) {
+        h[o++] = '1';
+        h[o++] = i + 1 < dims ? ',' : ']';
+    }
+    strcpy(h + o, "}}");
+    tu_write_safetensors(f->path, h, NULL, 1);
+    sluice_model *m = open_expect(f->path, SLUICE_OK, NULL);
+    struct sluice_tensor_info t;
+    assert_int_equal(sluice_find(m, "a", &t), SLUICE_OK);
+    assert_int_equal(t.ndim, dims);
+    assert_int_equal(t.shape[dims - 1], 1);
+    sluice_close(m);
+    free(h);
+
+    size_t values = ((size_t)1 << 23) + 16;
+    h = malloc(values * 2 + 64);
+    o = (size_t)sprintf(h, "{\"__metadata__\":[");
+    for (size_t i = 0; i < values; i++) {
+        h[o++] = '0';
+        h[o++] = i + 1 < values ? ',' : ']';
+    }
+    strcpy(h + o, "}");
+    tu_write_safetensors(f->path, h, NULL, 0);
+    open_expect(f->path, SLUICE_E_HEADER_JSON, "more JSON values than the reader accepts");
+    free(h);
+}
+
 /* ---------------------------------------------------------------- index queries */
 
 static void test_index_queries(void **state)
@@ -459,6 +495,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_duplicate_in_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_metadata, setup, teardown),
         cmocka_unit_test_setup_teardown(test_names_with_escapes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_huge_shape_and_too_many_values, setup, teardown),
         cmocka_unit_test_setup_teardown(test_index_queries, setup, teardown),
         cmocka_unit_test(test_bad_arguments),
     };

@@ -198,6 +198,34 @@ static void test_directory_cases(void **state)
     free(dir);
 }
 
+/* A FIFO where a shard or a sidecar manifest should be must not hang open. */
+static void test_fifo_does_not_block(void **state)
+{
+    (void)state;
+    char *dir = make_shards();
+    char *fifo = tu_join(dir, "sluice.manifest.json");
+    assert_int_equal(mkfifo(fifo, 0644), 0);
+    char msg[1024];
+    int rc = open_code(dir, msg, sizeof msg, NULL);
+    assert_int_equal(rc, SLUICE_E_MANIFEST); /* read as empty: not JSON */
+    remove(fifo);
+    free(fifo);
+    fifo = tu_join(dir, "model-00003-of-00003.safetensors");
+    assert_int_equal(mkfifo(fifo, 0644), 0);
+    rc = open_code(dir, msg, sizeof msg, NULL);
+    assert_int_equal(rc, SLUICE_E_IO);
+    assert_non_null(strstr(msg, "not a regular file"));
+    free(fifo);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+static void test_empty_weight_map(void **state)
+{
+    (void)state;
+    expect_index_error("{\"weight_map\":{}}", SLUICE_E_INDEX, "weight_map is empty");
+}
+
 /* ---------------------------------------------------------------- real files */
 
 static const char *dtype_of(const struct sluice_tensor_info *t)
@@ -319,6 +347,8 @@ int main(void)
         cmocka_unit_test(test_index_errors),
         cmocka_unit_test(test_duplicate_across_shards),
         cmocka_unit_test(test_directory_cases),
+        cmocka_unit_test(test_fifo_does_not_block),
+        cmocka_unit_test(test_empty_weight_map),
         cmocka_unit_test(test_real_files),
         cmocka_unit_test(test_real_sharded),
     };

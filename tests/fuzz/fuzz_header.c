@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -15,9 +16,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int rc = sl_header_parse("fuzz", data, size, size, &h, &err);
     if (rc == SLUICE_OK) {
         /* walk what the index would copy */
-        for (size_t i = 0; i < h.ntensors; i++)
-            for (uint32_t k = 0; k < h.tensors[i].ndim; k++)
-                (void)sl_header_dim(&h, &h.tensors[i], k);
+        for (size_t i = 0; i < h.ntensors; i++) {
+            uint64_t *dims = malloc((h.tensors[i].ndim + 1) * sizeof *dims);
+            if (dims)
+                sl_header_dims(&h, &h.tensors[i], dims);
+            free(dims);
+        }
     }
     sl_header_free(&h);
     return 0;
