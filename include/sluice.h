@@ -412,9 +412,11 @@ SLUICE_API int sluice_tensor_digest(const sluice_tensor *t, uint8_t digest[32]);
 
 /* Gives a handle back. The tensor's buffer stays cached until the pool
  * needs its room. NULL is a no-op. Returns SLUICE_OK, or SLUICE_E_INVAL
- * for a handle that is not live (released twice is detected while the
- * model is open; the handle's memory belongs to the model, so after a
- * successful sluice_close it is gone: see there). Any thread. */
+ * for a handle that is not live: a handle released twice is detected as
+ * long as fewer than 1024 other handles were released in between (the
+ * model reuses a released handle's memory only after that many); past
+ * that, or after a successful sluice_close, which frees every handle, a
+ * second release is undefined. Any thread. */
 SLUICE_API int sluice_release(sluice_tensor *t);
 
 /*

@@ -254,9 +254,12 @@ int sl_grant(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err)
     sl_slot *s = &e->slots[i];
     if (t->nbytes == 0)
         SL_TRY(check_empty(e, i, err));
-    sluice_tensor *h = e->hfree;
+    sluice_tensor *h = e->hfree_count > SL_HANDLE_QUARANTINE ? e->hfree : NULL;
     if (h) {
         e->hfree = h->next_free;
+        if (!e->hfree)
+            e->hfree_tail = NULL;
+        e->hfree_count--;
     } else {
         if (!(h = calloc(1, sizeof *h)))
             return sl_fail(err, SLUICE_E_NOMEM, "acquire: out of memory");
@@ -424,8 +427,13 @@ SLUICE_API int sluice_release(sluice_tensor *t)
     }
     size_t i = t->index;
     t->live = 0;
-    t->next_free = e->hfree;
-    e->hfree = t;
+    t->next_free = NULL;
+    if (e->hfree_tail)
+        e->hfree_tail->next_free = t;
+    else
+        e->hfree = t;
+    e->hfree_tail = t;
+    e->hfree_count++;
     e->live_handles--;
     e->slots[i].refs--;
     sl_unhold(e, i);

@@ -33,6 +33,7 @@
 #define SL_MAX_SEGS 32              /* tensors one coalesced read may cover */
 #define SL_DIRECT_ALIGN 4096u       /* O_DIRECT offsets, lengths, buffers */
 #define SL_DIRECT_MIN (64u << 10)   /* smaller tensors are read buffered even with SLUICE_F_DIRECT */
+#define SL_HANDLE_QUARANTINE 1024u /* released handles kept before reuse */
 #define SL_STREAM_WINDOW 4096u      /* positions a stream may have pinned ahead */
 
 enum { SL_IDLE, SL_LOADING, SL_READY };
@@ -166,7 +167,10 @@ struct sl_engine {
     size_t hq_head, hq_tail;
 
     /* handles */
-    struct sluice_tensor *hfree, *hall;
+    /* released handles, oldest first: reused only past SL_HANDLE_QUARANTINE
+     * of them, so that a handle released twice is still recognised */
+    struct sluice_tensor *hfree, *hfree_tail, *hall;
+    size_t hfree_count;
     size_t live_handles;
 
     /* test hook: expected digests instead of the manifest's */

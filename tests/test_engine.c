@@ -268,6 +268,10 @@ static void test_pool_exhausted(void **state)
     assert_int_equal(sluice_release(h[0]), SLUICE_OK);
     assert_int_equal(sluice_release(h[0]), SLUICE_E_INVAL); /* twice */
     assert_int_equal(sluice_acquire_index(m, 4, &t), SLUICE_OK);
+    /* the new handle is not the released one: releasing that one a third
+     * time is still refused, and t stays live */
+    assert_ptr_not_equal(t, h[0]);
+    assert_int_equal(sluice_release(h[0]), SLUICE_E_INVAL);
     ef_check_handle(t);
     assert_int_equal(sluice_release(t), SLUICE_OK);
     for (int k = 1; k < 4; k++) {
