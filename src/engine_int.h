@@ -104,6 +104,7 @@ typedef struct sl_stream {
     size_t pinned;               /* positions in [lo, hi) pinned */
     uint64_t pinned_bytes;       /* their tensor bytes */
     int delivering;              /* its callbacks run (handles in transit) */
+    pthread_t deliverer;         /* the thread running them, while delivering */
     uint8_t *pstate;
     uint64_t *pgen;              /* slot gen when pinned */
 } sl_stream;
@@ -215,6 +216,10 @@ void sl_lru_push_front(sl_engine *e, size_t i, int list);
 
 /* Whether tensor i can never fit in the pool. */
 int sl_too_large(const sl_engine *e, size_t i);
+/* Fails demand i with SLUICE_E_POOL_EXHAUSTED when the calling thread
+ * is inside a stream callback and only that stream could give room back
+ * (see sched.c). Returns 1 when it did. Lock held. */
+int sl_fail_if_only_self(sl_engine *e, size_t i);
 
 /* Whether chunk c of slot s has been read. */
 int sl_chunk_done(const sl_slot *s, uint32_t c);

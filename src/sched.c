@@ -515,6 +515,44 @@ static void fail_exhausted(sl_engine *e, size_t i)
     sl_fail_idle(e, i, &err);
 }
 
+/* A stream callback that acquires (or streams) waits for room its own
+ * stream may hold: its pinned read-ahead and the handles it is handing
+ * over come back only when the callback returns, which it cannot do while
+ * it waits. With no read in flight and no other thread's callbacks
+ * running, waiting could not end: the demand fails now with
+ * POOL_EXHAUSTED. (Conservative: a handle another thread holds might have
+ * been released later.) */
+int sl_fail_if_only_self(sl_engine *e, size_t i)
+{
+    sl_slot *s = &e->slots[i];
+    if (s->state != SL_IDLE || !s->in_demand || e->loading_bytes)
+        return 0;
+    int mine = 0;
+    for (const sl_stream *st = e->streams; st; st = st->next)
+        if (st->delivering) {
+            if (!pthread_equal(st->deliverer, pthread_self()))
+                return 0;
+            mine = 1;
+        }
+    if (!mine)
+        return 0;
+    /* off the demand queue, wherever it stands in it */
+    size_t prev = SL_NONE;
+    for (size_t d = e->dq_head; d != SL_NONE; prev = d, d = e->slots[d].dnext)
+        if (d == i) {
+            if (prev == SL_NONE)
+                e->dq_head = s->dnext;
+            else
+                e->slots[prev].dnext = s->dnext;
+            if (e->dq_tail == i)
+                e->dq_tail = prev;
+            break;
+        }
+    s->in_demand = 0;
+    fail_exhausted(e, i);
+    return 1;
+}
+
 /* Whether room held now will come back without a caller's release: reads
  * in flight, a stream's callbacks running (they may release), or pins on
  * READY slots (a waiter about to take its handle: it pumps after). */

@@ -84,10 +84,14 @@ static int stream_run(sluice_model *m, sl_engine *e, sl_stream *st, sluice_strea
         if (k == 0) {
             if (st->lo >= st->n)
                 break;
+            /* a stream run from another stream's callback: see sched.c */
+            if (st->pstate[st->lo] == SL_POS_PINNED && sl_fail_if_only_self(e, st->ids[st->lo]))
+                continue;
             sl_wait(e);
             continue;
         }
         st->delivering = 1;
+        st->deliverer = pthread_self();
         sl_unlock(e);
         for (int j = 0; j < k; j++) {
             delivery *d = &batch[j];

@@ -6,6 +6,7 @@
 
 #include <openssl/evp.h>
 #include <pthread.h>
+#include <unistd.h>
 
 /* ---------------------------------------------------------------- corpus */
 
@@ -167,6 +168,59 @@ static void test_cache_and_prefetch(void **state)
     assert_int_equal(sluice_acquire(m, "absent", &t), SLUICE_E_NOT_FOUND);
     assert_null(t);
     assert_non_null(strstr(sluice_errmsg(m), "absent"));
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* A stream callback that acquires a tensor for which only its own stream
+ * could make room gets POOL_EXHAUSTED, not a wait that never ends. */
+typedef struct self_ctx {
+    sluice_model *m;
+    int acquire_rc, stream_rc;
+} self_ctx;
+
+static int nested_cb(void *user, sluice_tensor *t, int status,
+                     const struct sluice_tensor_info *info, const char *msg)
+{
+    (void)user;
+    (void)info;
+    (void)msg;
+    sluice_release(t);
+    return 0;
+}
+
+static int acquire_inside(void *user, sluice_tensor *t, int status,
+                          const struct sluice_tensor_info *info, const char *msg)
+{
+    (void)info;
+    (void)msg;
+    self_ctx *c = user;
+    assert_int_equal(status, SLUICE_OK);
+    sluice_tensor *b = NULL;
+    c->acquire_rc = sluice_acquire_index(c->m, 1, &b); /* holding tensor 0 */
+    const char *one[] = {"s0.t001"};
+    c->stream_rc = sluice_stream(c->m, one, 1, nested_cb, NULL);
+    sluice_release(b);
+    sluice_release(t);
+    return 0;
+}
+
+static void test_acquire_inside_stream_callback(void **state)
+{
+    (void)state;
+    static const uint64_t sizes[] = {1536u << 10, 1536u << 10};
+    char *dir = ef_model(1, sizes, 2, 11);
+    sluice_options o = ef_opts(2u << 20, 256u << 10, 0);
+    sluice_model *m = ef_open(dir, &o);
+    alarm(60); /* a hang fails the test instead of the ctest timeout */
+    self_ctx c = {m, 0, 0};
+    const char *first[] = {"s0.t000"};
+    assert_int_equal(sluice_stream(m, first, 1, acquire_inside, &c), SLUICE_OK);
+    alarm(0);
+    assert_int_equal(c.acquire_rc, SLUICE_E_POOL_EXHAUSTED);
+    assert_int_equal(c.stream_rc, SLUICE_E_POOL_EXHAUSTED);
+    ef_acquire_check(m, 1); /* and it loads once the callback is gone */
     assert_int_equal(sluice_close(m), SLUICE_OK);
     tu_rmtree(dir);
     free(dir);
@@ -488,6 +542,7 @@ int main(void)
         cmocka_unit_test(test_hash_all_digests),
         cmocka_unit_test(test_shared_read),
         cmocka_unit_test(test_readahead_follows_order),
+        cmocka_unit_test(test_acquire_inside_stream_callback),
         cmocka_unit_test(test_misuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
