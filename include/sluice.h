@@ -368,7 +368,9 @@ SLUICE_API int sluice_prefetch(sluice_model *model, const char *const *names,
  * Returns SLUICE_OK, SLUICE_E_INVAL, SLUICE_E_NOT_FOUND, SLUICE_E_IO,
  * SLUICE_E_FILE_CHANGED, SLUICE_E_CHECKSUM, SLUICE_E_TOO_LARGE,
  * SLUICE_E_POOL_EXHAUSTED (every byte of the pool is held by handles, so
- * waiting could never end), SLUICE_E_NOMEM. On failure *out is NULL (when
+ * waiting could never end; from inside a stream callback, also when only
+ * that stream's own buffers could make room, with no read in flight and
+ * no other thread's callback running), SLUICE_E_NOMEM. On failure *out is NULL (when
  * out is not). A failure concerns that tensor only; acquiring it again
  * tries again. Any thread, including from a stream callback.
  *
