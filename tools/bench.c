@@ -497,8 +497,12 @@ int cmd_bench(int argc, char **argv)
         }
     }
     for (size_t round = 0; round < runs; round++) {
-        for (size_t r = 0; r < nrows; r++) {
-            progress(tty, rows[r].cfg.label, round + 1, runs, r + 1, nrows);
+        for (size_t k = 0; k < nrows; k++) {
+            /* Each round starts one row later: whatever the run after a
+             * given neighbour pays (memory the previous process left
+             * behind) falls on every row in turn, not always the same. */
+            size_t r = (k + (size_t)round) % nrows;
+            progress(tty, rows[r].cfg.label, round + 1, runs, k + 1, nrows);
             if (bo.cold && rows[r].cfg.mode != BM_SHA_MEM) {
                 double left = bench_drop_cache(&bm);
                 if (left > 0.05 && !warned_cache++)
