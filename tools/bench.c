@@ -383,7 +383,7 @@ int cmd_bench(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (plot && !bench_have_gnuplot()) {
+    if (plot && !bench_have_program("gnuplot")) {
         fprintf(stderr, "sluice bench: --plot needs gnuplot, which is not on PATH "
                         "(apt-get install gnuplot-nox); nothing was run\n");
         return 2;
@@ -413,7 +413,7 @@ int cmd_bench(int argc, char **argv)
     for (int s = 0; s < SW_COUNT; s++)
         nconf *= sw[s].n;
     size_t nmodes = random_mode ? 2 : 1;
-    size_t cap = (baselines ? 3 : 0) + nconf * nmodes;
+    size_t cap = (baselines ? 4 : 0) + nconf * nmodes;
     rows = calloc(cap, sizeof *rows);
     bench_result *results = calloc(cap * runs, sizeof *results);
     if (!rows || !results) {
@@ -430,8 +430,11 @@ int cmd_bench(int argc, char **argv)
             {BM_SEQ, "(a) seq pread 8M, no hash"},
             {BM_PREAD_SHA, "(b) pread+SHA-256 per tensor, 1 thread"},
             {BM_SHA_MEM, "(c) SHA-256 of memory, 1 thread"},
+            {BM_FIO, "(d) fio io_uring O_DIRECT 1M x32"},
         };
-        for (size_t b = 0; b < 3; b++) {
+        /* fio, when installed, is the reference of cold O_DIRECT reads */
+        size_t nbase = bo.cold && bench_have_program("fio") ? 4 : 3;
+        for (size_t b = 0; b < nbase; b++) {
             rows[nrows].cfg.mode = base[b].mode;
             rows[nrows].cfg.verify = base[b].mode != BM_SEQ;
             snprintf(rows[nrows].cfg.label, sizeof rows[nrows].cfg.label, "%s", base[b].label);
@@ -535,6 +538,9 @@ int cmd_bench(int argc, char **argv)
         if (rows[r].cfg.mode == BM_SHA_MEM && bench_stat(&rows[r], offsetof(bench_result, gbps),
                                                          &med, &mn, &mx))
             sum.sha_core = med;
+        if (rows[r].cfg.mode == BM_FIO && bench_stat(&rows[r], offsetof(bench_result, gbps),
+                                                     &med, &mn, &mx))
+            sum.fio = med;
     }
     double verified = sum.io_ceiling;
     if (sum.sha_core > 0 && sum.ncpu * sum.sha_core < verified)
@@ -545,6 +551,11 @@ int cmd_bench(int argc, char **argv)
             rows[r].ratio_base = 0;
         else if (c->mode == BM_SEQ)
             rows[r].ratio_base = sum.io_ceiling;
+        else if (c->mode == BM_FIO)
+            rows[r].ratio_base = sum.fio;
+        else if (c->direct && sum.fio > 0) /* cold O_DIRECT: against fio */
+            rows[r].ratio_base = c->verify && sum.sha_core > 0 && sum.ncpu * sum.sha_core < sum.fio
+                                     ? sum.ncpu * sum.sha_core : sum.fio;
         else
             rows[r].ratio_base = c->verify ? verified : sum.io_ceiling;
     }

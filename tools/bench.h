@@ -35,7 +35,9 @@ typedef enum bench_mode {
     BM_RANDOM,               /* sluice_acquire of every tensor, random order */
     BM_SEQ,                  /* baseline (a): sequential pread, 8 MiB, no hashing */
     BM_PREAD_SHA,            /* baseline (b): pread + SHA-256 per tensor, one thread */
-    BM_SHA_MEM               /* baseline (c): SHA-256 of memory, one thread, 16 MiB */
+    BM_SHA_MEM,              /* baseline (c): SHA-256 of memory, one thread, 16 MiB */
+    BM_FIO                   /* baseline (d), --cold with fio on PATH: fio io_uring,
+                                O_DIRECT, 1 MiB blocks, 32 in flight, the model's files */
 } bench_mode;
 
 typedef struct bench_config {
@@ -93,6 +95,7 @@ typedef struct bench_summary {
     size_t nruns;
     double io_ceiling;       /* median GB/s of baseline (a); 0 when not run */
     double sha_core;         /* median GB/s of baseline (c); 0 when not run */
+    double fio;              /* median GB/s of baseline (d); 0 when not run */
     const char *swept[8];    /* names of the parameters that take several values */
     size_t nswept;
     char fixed[200];         /* the parameters that take one value: "qd=32 ..." */
@@ -110,7 +113,7 @@ int bench_write_csv(const char *path, const bench_summary *s, const bench_row *r
                     size_t nrows);
 /* Draws GB/s per configuration with gnuplot. Returns 0 or -1 (said on stderr). */
 int bench_plot(const char *path, const bench_summary *s, const bench_row *rows, size_t nrows);
-/* Whether a gnuplot executable is on PATH. */
-int bench_have_gnuplot(void);
+/* Whether an executable of that name is on PATH. */
+int bench_have_program(const char *name);
 
 #endif

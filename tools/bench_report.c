@@ -28,6 +28,7 @@ static const char *config_name(const bench_config *c)
     case BM_SEQ: return "seq-pread";
     case BM_PREAD_SHA: return "pread-sha256";
     case BM_SHA_MEM: return "sha256-mem";
+    case BM_FIO: return "fio-direct";
     default: return c->label;
     }
 }
@@ -116,6 +117,10 @@ void bench_print_table(FILE *out, const bench_summary *s, const bench_row *rows,
                 s->io_ceiling, s->sha_core, s->ncpu, s->sha_core * s->ncpu,
                 s->sha_core > 0 && s->sha_core * s->ncpu < s->io_ceiling ? s->sha_core * s->ncpu
                                                                          : s->io_ceiling);
+        if (s->fio > 0)
+            fprintf(out, "fio (d): %.2f GB/s (O_DIRECT, io_uring, 1 MiB x 32); sluice O_DIRECT runs "
+                         "are compared with it (verify on: with the smaller of it and CPUs x (c))\n",
+                    s->fio);
         fprintf(out, "ratio: GB/s over the ceiling that applies (verify off: I/O; verify on: "
                      "verified load)\n");
     }
@@ -244,7 +249,7 @@ int bench_write_csv(const char *path, const bench_summary *s, const bench_row *r
 
 /* ---------------------------------------------------------------- plot */
 
-int bench_have_gnuplot(void)
+int bench_have_program(const char *name)
 {
     const char *env = getenv("PATH");
     if (!env || !*env)
@@ -254,7 +259,7 @@ int bench_have_gnuplot(void)
     for (char *d = copy ? strtok_r(copy, ":", &save) : NULL; d && !found;
          d = strtok_r(NULL, ":", &save)) {
         char path[4096];
-        snprintf(path, sizeof path, "%s/gnuplot", *d ? d : ".");
+        snprintf(path, sizeof path, "%s/%s", *d ? d : ".", name);
         found = access(path, X_OK) == 0;
     }
     free(copy);

@@ -380,6 +380,51 @@ static void run_sluice(const bench_model *bm, const bench_config *c, const bench
     free(order);
 }
 
+/* Baseline (d): fio reading the model's files with O_DIRECT through
+ * io_uring, 1 MiB blocks, 32 in flight, one after the other; its own
+ * terse report gives bytes and time. */
+static void run_fio(const bench_model *m, bench_result *r)
+{
+    size_t len = 256;
+    for (size_t f = 0; f < m->nfiles; f++) {
+        if (strpbrk(m->files[f], ":'\\")) {
+            fail(r, "fio: file name %s holds ':', a quote or a backslash", m->files[f]);
+            return;
+        }
+        len += strlen(m->files[f]) + 1;
+    }
+    char *cmd = malloc(len);
+    if (!cmd) {
+        fail(r, "out of memory");
+        return;
+    }
+    size_t o = (size_t)snprintf(cmd, len, "fio --name=sluice-bench --ioengine=io_uring --direct=1 "
+                                          "--bs=1M --iodepth=32 --rw=read --file_service_type=sequential "
+                                          "--output-format=terse --terse-version=3 '--filename=");
+    for (size_t f = 0; f < m->nfiles; f++)
+        o += (size_t)snprintf(cmd + o, len - o, "%s%s", f ? ":" : "", m->files[f]);
+    snprintf(cmd + o, len - o, "' 2>&1");
+    FILE *p = popen(cmd, "r");
+    free(cmd);
+    if (!p) {
+        fail(r, "fio: %s", strerror(errno));
+        return;
+    }
+    char line[4096] = "";
+    unsigned long long kib = 0, ms = 0;
+    int parsed = 0;
+    while (fgets(line, sizeof line, p))
+        if (!parsed && sscanf(line, "3;%*[^;];%*[^;];%*[^;];%*[^;];%llu;%*[^;];%*[^;];%llu", &kib, &ms) == 2)
+            parsed = 1;
+    int st = pclose(p);
+    if (!parsed || st != 0 || ms == 0) {
+        fail(r, "fio failed (status %d): %.200s", st, line);
+        return;
+    }
+    r->bytes_read = r->bytes_needed = kib * 1024ull;
+    r->wall_s = (double)ms / 1e3;
+}
+
 /* ---------------------------------------------------------------- the child */
 
 static void reset(bench_result *r)
@@ -397,6 +442,7 @@ static void run_mode(const bench_model *m, const bench_config *c, const bench_op
     case BM_SEQ: run_seq(m, r, lat); break;
     case BM_PREAD_SHA: run_pread_sha(m, r, lat); break;
     case BM_SHA_MEM: run_sha_mem(m, r); break;
+    case BM_FIO: run_fio(m, r); break;
     case BM_STREAM:
     case BM_RANDOM: run_sluice(m, c, o, r, lat); break;
     }
@@ -415,7 +461,7 @@ static void child(const bench_model *m, const bench_config *c, const bench_opts 
          * a page fault per page (microseconds on a VM), which would
          * otherwise be measured as much as the load itself, and differ
          * from run to run with what the kernel hands out. */
-        if (!o->cold) {
+        if (!o->cold && c->mode != BM_FIO) {
             run_mode(m, c, o, &r, lat);
             reset(&r);
         }
