@@ -209,6 +209,8 @@ void sl_unhold(sl_engine *e, size_t i);
 
 /* LRU list operations. Lock held. */
 void sl_lru_remove(sl_engine *e, size_t i);
+/* Frees the buffer of unheld READY slot i: the slot becomes IDLE. */
+void sl_evict(sl_engine *e, size_t i);
 /* Puts slot i on list at the tail (the most recently used)... */
 void sl_lru_push(sl_engine *e, size_t i, int list);
 /* ...or at the head: the first to be evicted. */

@@ -50,19 +50,8 @@ int sl_engine_quiesce(sluice_model *m)
 static void drop_cache(sl_engine *e)
 {
     for (int l = SL_LRU_CACHED; l <= SL_LRU_PREFETCHED; l++)
-        while (e->lru[l].head != SL_NONE) {
-            size_t i = e->lru[l].head;
-            sl_slot *s = &e->slots[i];
-            sl_lru_remove(e, i);
-            sl_pool_free(e->pool, s->blk);
-            s->blk = NULL;
-            s->buf = NULL;
-            s->data = NULL;
-            s->state = SL_IDLE;
-            s->consumed = 0;
-            s->has_digest = 0;
-            e->st.evictions++;
-        }
+        while (e->lru[l].head != SL_NONE)
+            sl_evict(e, e->lru[l].head);
 }
 
 int sl_engine_drop_cache(sluice_model *m)

@@ -207,7 +207,7 @@ static void partial_pop(sl_engine *e)
 
 /* ---------------------------------------------------------------- starting */
 
-static void evict(sl_engine *e, size_t i)
+void sl_evict(sl_engine *e, size_t i)
 {
     sl_slot *s = &e->slots[i];
     sl_lru_remove(e, i);
@@ -227,11 +227,11 @@ static void evict(sl_engine *e, size_t i)
 static int evict_one(sl_engine *e, int mode)
 {
     if (e->lru[SL_LRU_CACHED].head != SL_NONE) {
-        evict(e, e->lru[SL_LRU_CACHED].head);
+        sl_evict(e, e->lru[SL_LRU_CACHED].head);
         return 1;
     }
     if (mode == ROOM_ANY && e->lru[SL_LRU_PREFETCHED].tail != SL_NONE) {
-        evict(e, e->lru[SL_LRU_PREFETCHED].tail);
+        sl_evict(e, e->lru[SL_LRU_PREFETCHED].tail);
         return 1;
     }
     return 0;
@@ -258,7 +258,7 @@ static int start_tensor(sl_engine *e, size_t i, int mode)
      * streams have already delivered and released. */
     unsigned char *buf = sl_pool_alloc_below(e->pool, span, align, sl_pool_frontier(e->pool), &blk);
     while (!buf && e->lru[SL_LRU_CACHED].head != SL_NONE && e->slots[e->lru[SL_LRU_CACHED].head].spent) {
-        evict(e, e->lru[SL_LRU_CACHED].head);
+        sl_evict(e, e->lru[SL_LRU_CACHED].head);
         buf = sl_pool_alloc_below(e->pool, span, align, sl_pool_frontier(e->pool), &blk);
     }
     while (!buf && !(buf = sl_pool_alloc(e->pool, span, align, &blk)))
