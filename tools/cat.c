@@ -54,12 +54,9 @@ int cmd_cat(int argc, char **argv)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
-        } else if (!strcmp(a, "--manifest") || !strcmp(a, "-m")) {
-            if (++i >= argc) {
-                fprintf(stderr, "sluice cat: %s needs a file\n", a);
+        } else if ((r = ig_file_option("cat", argc, argv, &i, "--manifest", "-m", &o.manifest_path)) != 0) {
+            if (r < 0)
                 return 2;
-            }
-            o.manifest_path = argv[i];
         } else if ((r = ig_loader_option("cat", argc, argv, &i, &o)) != 0) {
             if (r < 0)
                 return 2;

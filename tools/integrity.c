@@ -93,6 +93,20 @@ int ig_loader_option(const char *cmd, int argc, char **argv, int *i, sluice_opti
     return 1;
 }
 
+int ig_file_option(const char *cmd, int argc, char **argv, int *i, const char *name,
+                   const char *alias, const char **value)
+{
+    const char *a = argv[*i];
+    if (strcmp(a, name) != 0 && !(alias && !strcmp(a, alias)))
+        return 0;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "sluice %s: %s needs a file\n", cmd, a);
+        return -1;
+    }
+    *value = argv[++*i];
+    return 1;
+}
+
 /* ---------------------------------------------------------------- file hashing */
 
 struct ig_filehash {

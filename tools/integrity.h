@@ -25,6 +25,13 @@
  * -1 (after a message on stderr naming cmd) for a bad or missing value. */
 int ig_loader_option(const char *cmd, int argc, char **argv, int *i, sluice_options *o);
 
+/* If argv[*i] is the option `name` or its short form `alias` (may be
+ * NULL), stores the file name that follows in *value, advances *i past it
+ * and returns 1; returns 0 when it is another argument; -1 (after a
+ * message on stderr naming cmd) when the file name is missing. */
+int ig_file_option(const char *cmd, int argc, char **argv, int *i, const char *name,
+                   const char *alias, const char **value);
+
 /* The whole-file SHA-256 of every file of a model, computed by threads of
  * their own (one per file, at most the online CPUs) reading with pread in
  * 8 MiB blocks, while the caller does something else. */

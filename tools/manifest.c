@@ -170,12 +170,9 @@ int cmd_manifest(int argc, char **argv)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
-        } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
-            if (++i >= argc) {
-                fprintf(stderr, "sluice manifest: %s needs a file\n", a);
+        } else if ((r = ig_file_option("manifest", argc, argv, &i, "--output", "-o", &out_path)) != 0) {
+            if (r < 0)
                 return 2;
-            }
-            out_path = argv[i];
         } else if (!strcmp(a, "--flat")) {
             flat = 1;
         } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {

@@ -99,12 +99,9 @@ int cmd_verify(int argc, char **argv)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
-        } else if (!strcmp(a, "--manifest") || !strcmp(a, "-m")) {
-            if (++i >= argc) {
-                fprintf(stderr, "sluice verify: %s needs a file\n", a);
+        } else if ((r = ig_file_option("verify", argc, argv, &i, "--manifest", "-m", &o.manifest_path)) != 0) {
+            if (r < 0)
                 return 2;
-            }
-            o.manifest_path = argv[i];
         } else if (!strcmp(a, "--files")) {
             files = 1;
         } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
