@@ -347,7 +347,7 @@ static void test_synth_list_and_errors(void **state)
 static const char *const csv_columns[] = {
     "config", "mode", "run", "pool", "qd", "chunk", "direct", "verify", "wall_s", "gbps",
     "first_ms", "p50_ms", "p99_ms", "cpu_s", "peak_rss_mb", "bytes_read", "bytes_needed",
-    "backend", "ratio",
+    "backend", "ratio", "ratio_e", "bytes_hashed",
 };
 #define NCOLS (sizeof csv_columns / sizeof csv_columns[0])
 
@@ -407,8 +407,8 @@ static void test_bench_every_mode(void **state)
             ok_col = i;
     assert_int_not_equal(ok_col, SIZE_MAX);
 
-    /* 3 baselines + 2 pools x 2 verify x 2 backends x 2 modes, one run each */
-    size_t rows = 0, baseline = 0, stream = 0, random = 0;
+    /* 4 baselines + 2 pools x 2 verify x 2 backends x 2 modes, one run each */
+    size_t rows = 0, baseline = 0, stream = 0, random = 0, parallel = 0;
     while ((line = strtok_r(NULL, "\n", &save))) {
         char *f[64];
         assert_int_equal(split(line, f, 64), ncols);
@@ -418,6 +418,14 @@ static void test_bench_every_mode(void **state)
         const char *mode = f[col[1]];
         if (!strcmp(mode, "baseline")) {
             baseline++;
+            if (!strcmp(f[col[0]], "pread-sha256-parallel")) {
+                /* (e) read and hashed every tensor byte once */
+                parallel++;
+                assert_string_equal(f[col[15]], "623744");
+                assert_string_equal(f[col[20]], "623744");
+                assert_true(strtod(f[col[18]], NULL) > 0);
+            }
+            assert_string_equal(f[col[19]], ""); /* vs (e): verified sluice runs only */
             continue;
         }
         stream += !strcmp(mode, "stream");
@@ -435,11 +443,16 @@ static void test_bench_every_mode(void **state)
         assert_string_equal(f[col[16]], "623744");  /* every byte of tiny delivered */
         assert_true(!strcmp(f[col[17]], "io_uring") || !strcmp(f[col[17]], "pread"));
         assert_true(strtod(f[col[18]], NULL) > 0);  /* ratio to a ceiling */
+        if (!strcmp(f[col[7]], "on"))
+            assert_true(strtod(f[col[19]], NULL) > 0); /* over (e) */
+        else
+            assert_string_equal(f[col[19]], "");
     }
-    assert_int_equal(baseline, 3);
+    assert_int_equal(baseline, 4);
+    assert_int_equal(parallel, 1);
     assert_int_equal(stream, 8);
     assert_int_equal(random, 8);
-    assert_int_equal(rows, 19);
+    assert_int_equal(rows, 20);
     free(text);
     free(csv);
     free(model);

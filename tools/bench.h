@@ -36,6 +36,8 @@ typedef enum bench_mode {
     BM_SEQ,                  /* baseline (a): sequential pread, 8 MiB, no hashing */
     BM_PREAD_SHA,            /* baseline (b): pread + SHA-256 per tensor, one thread */
     BM_SHA_MEM,              /* baseline (c): SHA-256 of memory, one thread, 16 MiB */
+    BM_PREAD_SHA_PAR,        /* baseline (e): pread + SHA-256, a thread per online CPU,
+                                largest tensor first, one reused 8 MiB buffer each */
     BM_FIO                   /* baseline (d), --cold with fio on PATH: fio io_uring,
                                 O_DIRECT, 1 MiB blocks, 32 in flight, the model's files */
 } bench_mode;
@@ -96,6 +98,7 @@ typedef struct bench_summary {
     double io_ceiling;       /* median GB/s of baseline (a); 0 when not run */
     double sha_core;         /* median GB/s of baseline (c); 0 when not run */
     double fio;              /* median GB/s of baseline (d); 0 when not run */
+    double copy_hash;        /* median GB/s of baseline (e); 0 when not run */
     const char *swept[8];    /* names of the parameters that take several values */
     size_t nswept;
     char fixed[200];         /* the parameters that take one value: "qd=32 ..." */

@@ -29,6 +29,7 @@ static const char *config_name(const bench_config *c)
     case BM_PREAD_SHA: return "pread-sha256";
     case BM_SHA_MEM: return "sha256-mem";
     case BM_FIO: return "fio-direct";
+    case BM_PREAD_SHA_PAR: return "pread-sha256-parallel";
     default: return c->label;
     }
 }
@@ -90,6 +91,12 @@ static void fmt_range(char *buf, size_t size, const bench_row *row, size_t field
         snprintf(buf, size, "%.*f", dec, med);
 }
 
+/* A verified sluice run's GB/s over baseline (e), or NAN. */
+static double ratio_e(const bench_summary *s, const bench_config *c, double gbps)
+{
+    return is_sluice(c) && c->verify && s->copy_hash > 0 ? gbps / s->copy_hash : NAN;
+}
+
 static double median_of(const bench_row *row, size_t field)
 {
     double med, mn, mx;
@@ -121,8 +128,12 @@ void bench_print_table(FILE *out, const bench_summary *s, const bench_row *rows,
             fprintf(out, "fio (d): %.2f GB/s (O_DIRECT, io_uring, 1 MiB x 32); sluice O_DIRECT runs "
                          "are compared with it (verify on: with the smaller of it and CPUs x (c))\n",
                     s->fio);
+        if (s->copy_hash > 0 && s->sha_core > 0)
+            fprintf(out, "copy + hash (e): %.2f GB/s = %.2f x CPUs x (c): the most a load that "
+                         "copies the bytes out of the page cache and hashes them reaches here\n",
+                    s->copy_hash, s->copy_hash / (s->ncpu * s->sha_core));
         fprintf(out, "ratio: GB/s over the ceiling that applies (verify off: I/O; verify on: "
-                     "verified load)\n");
+                     "verified load)%s\n", s->copy_hash > 0 ? "; vs (e): verified runs over (e)" : "");
     }
     fprintf(out, "\n");
 
@@ -130,9 +141,9 @@ void bench_print_table(FILE *out, const bench_summary *s, const bench_row *rows,
     for (size_t r = 0; r < nrows; r++)
         if ((int)strlen(rows[r].cfg.label) > w)
             w = (int)strlen(rows[r].cfg.label);
-    fprintf(out, "%-*s  %-8s  %-22s  %-22s  %8s  %8s  %8s  %6s  %7s  %9s  %-8s  %5s\n", w,
+    fprintf(out, "%-*s  %-8s  %-22s  %-22s  %8s  %8s  %8s  %6s  %7s  %9s  %-8s  %5s  %6s\n", w,
             "config", "mode", "wall s", "GB/s", "first ms", "p50 ms", "p99 ms", "cpu s",
-            "rss MB", "read/need", "backend", "ratio");
+            "rss MB", "read/need", "backend", "ratio", "vs (e)");
     for (size_t r = 0; r < nrows; r++) {
         const bench_row *row = &rows[r];
         const bench_result *ok = first_ok(row);
@@ -141,7 +152,8 @@ void bench_print_table(FILE *out, const bench_summary *s, const bench_row *rows,
             fprintf(out, "FAILED: %s\n", row->nruns ? row->runs[0].err : "not run");
             continue;
         }
-        char wall[48], gbps[48], first[24], p50[24], p99[24], cpu[24], rss[24], rn[24], ratio[24];
+        char wall[48], gbps[48], first[24], p50[24], p99[24], cpu[24], rss[24], rn[24], ratio[24],
+            vs_e[24];
         fmt_range(wall, sizeof wall, row, FIELD(wall_s), 3);
         fmt_range(gbps, sizeof gbps, row, FIELD(gbps), 2);
         fmt_num(first, sizeof first, median_of(row, FIELD(first_ms)), 1);
@@ -155,8 +167,9 @@ void bench_print_table(FILE *out, const bench_summary *s, const bench_row *rows,
             snprintf(rn, sizeof rn, "%.3f", (double)ok->bytes_read / (double)ok->bytes_needed);
         double g = median_of(row, FIELD(gbps));
         fmt_num(ratio, sizeof ratio, row->ratio_base > 0 ? g / row->ratio_base : NAN, 2);
-        fprintf(out, "%-22s  %-22s  %8s  %8s  %8s  %6s  %7s  %9s  %-8s  %5s", wall, gbps, first,
-                p50, p99, cpu, rss, rn, backend_name(ok->backend), ratio);
+        fmt_num(vs_e, sizeof vs_e, ratio_e(s, &row->cfg, g), 2);
+        fprintf(out, "%-22s  %-22s  %8s  %8s  %8s  %6s  %7s  %9s  %-8s  %5s  %6s", wall, gbps,
+                first, p50, p99, cpu, rss, rn, backend_name(ok->backend), ratio, vs_e);
         size_t failed = 0;
         for (size_t i = 0; i < row->nruns; i++)
             failed += !row->runs[i].ok;
@@ -200,7 +213,7 @@ int bench_write_csv(const char *path, const bench_summary *s, const bench_row *r
         return -1;
     }
     fprintf(f, "config,mode,run,pool,qd,chunk,direct,verify,wall_s,gbps,first_ms,p50_ms,p99_ms,"
-               "cpu_s,peak_rss_mb,bytes_read,bytes_needed,backend,ratio,"
+               "cpu_s,peak_rss_mb,bytes_read,bytes_needed,backend,ratio,ratio_e,"
                "open_ms,bytes_hashed,direct_fallbacks,requested_backend,cold,ok,error\n");
     for (size_t r = 0; r < nrows; r++) {
         const bench_config *c = &rows[r].cfg;
@@ -231,6 +244,8 @@ int bench_write_csv(const char *path, const bench_summary *s, const bench_row *r
             fprintf(f, ",%llu,%llu,%s,", (unsigned long long)res->bytes_read,
                     (unsigned long long)res->bytes_needed, backend_name(res->backend));
             csv_num(f, ok && rows[r].ratio_base > 0 ? res->gbps / rows[r].ratio_base : NAN, 4);
+            fputc(',', f);
+            csv_num(f, ok ? ratio_e(s, c, res->gbps) : NAN, 4);
             fputc(',', f);
             csv_num(f, ok ? res->open_ms : NAN, 3);
             fprintf(f, ",%llu,%llu,%s,%d,%d,", (unsigned long long)res->bytes_hashed,
