@@ -236,6 +236,32 @@ static void manifest_stdout_and_flat(void **state)
     free(mpath);
 }
 
+/* The same manifest whatever the thread count (1 and 2 threads read each
+ * shard once for both digests, 8 hash files and tensors apart); the
+ * engine's options are not the manifest's, and say so. */
+static void manifest_same_for_any_thread_count(void **state)
+{
+    fx *f = *state;
+    run_result one = run(f->dir, "manifest", f->model, "--threads", "1", NULL);
+    expect_status(&one, 0, "manifest --threads 1");
+    const char *counts[] = {"2", "8"};
+    for (size_t k = 0; k < 2; k++) {
+        run_result r = run(f->dir, "manifest", f->model, "--threads", counts[k], NULL);
+        expect_status(&r, 0, counts[k]);
+        assert_int_equal(r.out_len, one.out_len);
+        assert_memory_equal(r.out, one.out, one.out_len);
+        run_free(&r);
+    }
+    run_free(&one);
+    run_result r = run(f->dir, "manifest", f->model, "--pool", "1G", NULL);
+    expect_status(&r, 2, "manifest --pool");
+    assert_non_null(strstr(r.err, "unknown option '--pool'"));
+    run_free(&r);
+    r = run(f->dir, "manifest", f->model, "--threads", "x", NULL);
+    expect_status(&r, 2, "manifest --threads x");
+    run_free(&r);
+}
+
 /* Names that need escaping survive the round trip. */
 static void odd_names_round_trip(void **state)
 {
@@ -452,6 +478,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(manifest_sidecar_verifies, setup, teardown),
         cmocka_unit_test_setup_teardown(manifest_stdout_and_flat, setup, teardown),
+        cmocka_unit_test_setup_teardown(manifest_same_for_any_thread_count, setup, teardown),
         cmocka_unit_test_setup_teardown(odd_names_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(verify_reports_flipped_tensor, setup, teardown),
         cmocka_unit_test_setup_teardown(cat_writes_verified_bytes, setup, teardown),

@@ -4,16 +4,9 @@
 #include "jsonout.h"
 
 #include <errno.h>
-#include <fcntl.h>
-#include <openssl/evp.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
-
-#define IG_BLOCK ((size_t)8 << 20)
 
 double ig_now(void)
 {
@@ -105,131 +98,4 @@ int ig_file_option(const char *cmd, int argc, char **argv, int *i, const char *n
     }
     *value = argv[++*i];
     return 1;
-}
-
-/* ---------------------------------------------------------------- file hashing */
-
-struct ig_filehash {
-    size_t nfiles;
-    char **paths;
-    ig_file_result *results;
-    _Atomic size_t next;
-    progress *progress;
-    pthread_t *threads;
-    size_t nthreads;
-};
-
-static void hash_one(ig_filehash *fh, size_t i, unsigned char *buf, EVP_MD_CTX *ctx)
-{
-    ig_file_result *r = &fh->results[i];
-    int fd = open(fh->paths[i], O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        r->error = errno;
-        return;
-    }
-#ifdef POSIX_FADV_SEQUENTIAL
-    posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-#endif
-    if (!EVP_DigestInit_ex(ctx, EVP_sha256(), NULL)) {
-        r->error = ENOMEM;
-        close(fd);
-        return;
-    }
-    uint64_t off = 0;
-    for (;;) {
-        ssize_t n = pread(fd, buf, IG_BLOCK, (off_t)off);
-        if (n < 0) {
-            if (errno == EINTR || errno == EAGAIN)
-                continue;
-            r->error = errno;
-            close(fd);
-            return;
-        }
-        if (n == 0)
-            break;
-        EVP_DigestUpdate(ctx, buf, (size_t)n);
-        off += (uint64_t)n;
-        progress_add(fh->progress, (uint64_t)n);
-    }
-    close(fd);
-    unsigned int len = 0;
-    EVP_DigestFinal_ex(ctx, r->digest, &len);
-    r->bytes = off;
-}
-
-static void *hash_thread(void *arg)
-{
-    ig_filehash *fh = arg;
-    unsigned char *buf = malloc(IG_BLOCK);
-    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-    for (;;) {
-        size_t i = atomic_fetch_add(&fh->next, 1);
-        if (i >= fh->nfiles)
-            break;
-        if (!buf || !ctx)
-            fh->results[i].error = ENOMEM;
-        else
-            hash_one(fh, i, buf, ctx);
-    }
-    EVP_MD_CTX_free(ctx);
-    free(buf);
-    return NULL;
-}
-
-void ig_filehash_free(ig_filehash *fh)
-{
-    if (!fh)
-        return;
-    ig_filehash_wait(fh);
-    free(fh->paths); /* borrowed strings: only the array is ours */
-    free(fh->results);
-    free(fh->threads);
-    free(fh);
-}
-
-ig_filehash *ig_filehash_start(const sluice_model *model, progress *p)
-{
-    ig_filehash *fh = calloc(1, sizeof *fh);
-    if (!fh)
-        goto nomem;
-    fh->nfiles = sluice_file_count(model);
-    fh->progress = p;
-    atomic_init(&fh->next, 0);
-    size_t n = fh->nfiles ? fh->nfiles : 1;
-    fh->paths = calloc(n, sizeof *fh->paths);
-    fh->results = calloc(n, sizeof *fh->results);
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    size_t want = fh->nfiles < (size_t)(cpus > 0 ? cpus : 1) ? fh->nfiles : (size_t)(cpus > 0 ? cpus : 1);
-    fh->threads = calloc(want ? want : 1, sizeof *fh->threads);
-    if (!fh->paths || !fh->results || !fh->threads)
-        goto nomem;
-    for (size_t i = 0; i < fh->nfiles; i++) {
-        struct sluice_file_info info;
-        if (sluice_file_info(model, i, &info) != SLUICE_OK)
-            goto nomem;
-        fh->paths[i] = (char *)info.path;
-    }
-    for (size_t t = 0; t < want; t++) {
-        if (pthread_create(&fh->threads[t], NULL, hash_thread, fh) != 0)
-            break;
-        fh->nthreads++;
-    }
-    if (want && !fh->nthreads) {
-        fprintf(stderr, "sluice: cannot start a hashing thread\n");
-        ig_filehash_free(fh);
-        return NULL;
-    }
-    return fh;
-nomem:
-    fprintf(stderr, "sluice: out of memory\n");
-    ig_filehash_free(fh);
-    return NULL;
-}
-
-const ig_file_result *ig_filehash_wait(ig_filehash *fh)
-{
-    for (size_t t = 0; t < fh->nthreads; t++)
-        pthread_join(fh->threads[t], NULL);
-    fh->nthreads = 0;
-    return fh->results;
 }

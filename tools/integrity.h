@@ -1,6 +1,6 @@
 /* integrity.h: what the manifest, verify and cat commands share: the
- * loader options they take on the command line, whole-file SHA-256 in
- * parallel, and quoting names for messages (integrity.c). */
+ * options they take on the command line and quoting names for messages
+ * (integrity.c). Parallel hashing of files and tensors is in digest.h. */
 #ifndef SLUICE_TOOLS_INTEGRITY_H
 #define SLUICE_TOOLS_INTEGRITY_H
 
@@ -31,27 +31,6 @@ int ig_loader_option(const char *cmd, int argc, char **argv, int *i, sluice_opti
  * message on stderr naming cmd) when the file name is missing. */
 int ig_file_option(const char *cmd, int argc, char **argv, int *i, const char *name,
                    const char *alias, const char **value);
-
-/* The whole-file SHA-256 of every file of a model, computed by threads of
- * their own (one per file, at most the online CPUs) reading with pread in
- * 8 MiB blocks, while the caller does something else. */
-typedef struct ig_file_result {
-    uint8_t digest[32];
-    uint64_t bytes;     /* bytes hashed (the file's size as read) */
-    int error;          /* errno of a failed open or read, else 0 */
-} ig_file_result;
-
-typedef struct ig_filehash ig_filehash;
-
-/* Starts hashing every file of model; progress (may be NULL) counts the
- * bytes. Returns NULL when out of memory or no thread could be started
- * (with a message on stderr). */
-ig_filehash *ig_filehash_start(const sluice_model *model, progress *p);
-
-/* Waits for every file; returns the results (one per file, in
- * sluice_file_info order), valid until ig_filehash_free. */
-const ig_file_result *ig_filehash_wait(ig_filehash *fh);
-void ig_filehash_free(ig_filehash *fh);
 
 /* name (len bytes, any content) as a quoted, escaped JSON string. */
 void ig_quote(FILE *out, const char *name, size_t len);

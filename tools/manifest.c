@@ -1,14 +1,16 @@
 /* manifest.c: `sluice manifest`: writes the SHA-256 manifest of a model.
  *
- * Tensor digests come from the library's own pipeline (open with
- * SLUICE_F_HASH_ALL and verification off, stream every tensor, read
- * sluice_tensor_digest in the callback), so the hashing runs on the
- * engine's worker threads while reads are in flight. Whole-file digests
- * (what the Hugging Face Hub lists for a Git LFS file) are computed here
- * at the same time, one thread per file. Nothing is written unless every
- * tensor and file was read.
+ * The model is opened for its index only; the digests of every tensor and
+ * of every whole file (what the Hugging Face Hub lists for a Git LFS file)
+ * are computed by digest.c's threads, which read each file once where they
+ * can and feed both digests from the same bytes. A manifest is a statement
+ * about the files, not a load: nothing needs to stay in memory, so this
+ * does not go through the library's buffer pool (the library's own
+ * digests are checked against these by `sluice verify` and the tests).
+ * Nothing is written unless every tensor and file was read.
  */
 #include "cmd.h"
+#include "digest.h"
 #include "integrity.h"
 #include "jsonout.h"
 
@@ -19,44 +21,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-typedef struct mf_state {
-    uint8_t (*digest)[32];
-    unsigned char *got;
-    size_t failed;
-    progress *bar;
-} mf_state;
-
-static int on_tensor(void *user, sluice_tensor *t, int status,
-                     const struct sluice_tensor_info *info, const char *message)
-{
-    mf_state *s = user;
-    if (status != SLUICE_OK) {
-        s->failed++;
-        progress_printf(s->bar, stderr, "sluice manifest: %s\n", message ? message : sluice_strerror(status));
-        return 0;
-    }
-    int rc = sluice_tensor_digest(t, s->digest[info->index]);
-    if (rc == SLUICE_OK) {
-        s->got[info->index] = 1;
-    } else {
-        s->failed++;
-        progress_printf(s->bar, stderr, "sluice manifest: no digest for a tensor: %s\n", sluice_strerror(rc));
-    }
-    progress_add(s->bar, info->nbytes);
-    sluice_release(t);
-    return 0;
-}
-
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: sluice manifest PATH [-o FILE] [--flat] [-q] [loader options]\n"
+            "usage: sluice manifest PATH [-o FILE] [--flat] [-q] [--threads N]\n"
             "\n"
             "Computes the SHA-256 of every tensor of the model at PATH (a .safetensors\n"
-            "file, a directory, or a *.safetensors.index.json) through the library's\n"
-            "read pipeline, and of every whole file, and writes the manifest as JSON:\n"
-            "the structured form (format sluice-manifest, version 1, tensors in model\n"
-            "order, files with their size), or with --flat {\"tensor\": \"digest\"} only.\n"
+            "file, a directory, or a *.safetensors.index.json) and of every whole file,\n"
+            "on parallel threads that read each file once where they can (pread, one\n"
+            "8 MiB buffer per thread), and writes the manifest as JSON: the structured\n"
+            "form (format sluice-manifest, version 1, tensors in model order, files with\n"
+            "their size), or with --flat {\"tensor\": \"digest\"} only.\n"
             "\n"
             "  -o FILE           write to FILE (replaced atomically) instead of stdout;\n"
             "                    sluice_open finds it by itself when FILE is the sidecar:\n"
@@ -64,15 +39,15 @@ static void usage(FILE *out)
             "                    sluice.manifest.json in the model's directory\n"
             "  --flat            the flat form (no file digests)\n"
             "  -q, --quiet       no progress bar (shown only when stderr is a terminal)\n"
-            IG_LOADER_HELP
+            "  --threads N       hashing threads (default: online CPUs)\n"
             "\n"
             "Exit status: 0 written, 1 a tensor or file could not be read, 2 usage or\n"
             "open error.\n");
 }
 
 /* Writes the manifest to out; returns 0 or -1 (errno set by stdio). */
-static int write_json(FILE *out, const sluice_model *m, const mf_state *s,
-                      const ig_file_result *files, int flat)
+static int write_json(FILE *out, const sluice_model *m, const dg_result *tensors,
+                      const dg_result *files, int flat)
 {
     size_t n = sluice_count(m);
     char hex[65];
@@ -83,7 +58,7 @@ static int write_json(FILE *out, const sluice_model *m, const mf_state *s,
             sluice_info(m, i, &info);
             fputs(i ? ",\n  " : "\n  ", out);
             json_string(out, info.name, info.name_len);
-            fprintf(out, ": \"%s\"", sluice_digest_hex(s->digest[i], hex));
+            fprintf(out, ": \"%s\"", sluice_digest_hex(tensors[i].digest, hex));
         }
         fputs(n ? "\n}\n" : "}\n", out);
     } else {
@@ -94,7 +69,7 @@ static int write_json(FILE *out, const sluice_model *m, const mf_state *s,
             sluice_info(m, i, &info);
             fputs(i ? ",\n    " : "\n    ", out);
             json_string(out, info.name, info.name_len);
-            fprintf(out, ": {\"sha256\": \"%s\"}", sluice_digest_hex(s->digest[i], hex));
+            fprintf(out, ": {\"sha256\": \"%s\"}", sluice_digest_hex(tensors[i].digest, hex));
         }
         fputs(n ? "\n  },\n  \"files\": {" : "},\n  \"files\": {", out);
         size_t nf = sluice_file_count(m);
@@ -115,8 +90,8 @@ static int write_json(FILE *out, const sluice_model *m, const mf_state *s,
 
 /* Writes to path through a temporary file in the same directory, renamed
  * over path once complete. */
-static int write_file(const char *path, const sluice_model *m, const mf_state *s,
-                      const ig_file_result *files, int flat)
+static int write_file(const char *path, const sluice_model *m, const dg_result *tensors,
+                      const dg_result *files, int flat)
 {
     size_t n = strlen(path) + sizeof ".tmp.XXXXXX";
     char *tmp = malloc(n);
@@ -140,7 +115,7 @@ static int write_file(const char *path, const sluice_model *m, const mf_state *s
         free(tmp);
         return -1;
     }
-    int bad = write_json(out, m, s, files, flat) < 0 || fflush(out) != 0 || fsync(fd) != 0;
+    int bad = write_json(out, m, tensors, files, flat) < 0 || fflush(out) != 0 || fsync(fd) != 0;
     int e = errno;
     if (fclose(out) != 0 && !bad) {
         bad = 1;
@@ -177,8 +152,8 @@ int cmd_manifest(int argc, char **argv)
             flat = 1;
         } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
             quiet = 1;
-        } else if ((r = ig_loader_option("manifest", argc, argv, &i, &o)) != 0) {
-            if (r < 0)
+        } else if (!strcmp(a, "--threads")) {
+            if ((r = ig_loader_option("manifest", argc, argv, &i, &o)) < 0)
                 return 2;
         } else if (a[0] == '-' && a[1]) {
             fprintf(stderr, "sluice manifest: unknown option '%s'\n", a);
@@ -198,8 +173,9 @@ int cmd_manifest(int argc, char **argv)
     if (out_path && !strcmp(out_path, "-"))
         out_path = NULL;
 
-    o.flags |= SLUICE_F_HASH_ALL;
+    /* The index is all that is needed: no manifest, the smallest pool. */
     o.verify = SLUICE_VERIFY_OFF;
+    o.pool_bytes = 4096;
     sluice_model *m = NULL;
     int rc = sluice_open(path, &o, &m);
     if (rc != SLUICE_OK) {
@@ -221,62 +197,56 @@ int cmd_manifest(int argc, char **argv)
             total += fi.size;
         }
     int status = 1;
-    mf_state s = {0};
-    ig_filehash *fh = NULL;
-    s.digest = calloc(n ? n : 1, sizeof *s.digest);
-    s.got = calloc(n ? n : 1, 1);
-    if (!s.digest || !s.got) {
-        fprintf(stderr, "sluice manifest: out of memory\n");
+    size_t failed = 0;
+    progress *bar = progress_start("manifest", total, quiet);
+    dg_job *job = dg_start(m, !flat, 1, o.hash_threads, bar);
+    if (!job)
         goto done;
-    }
-    s.bar = progress_start("manifest", total, quiet);
-    if (!flat && !(fh = ig_filehash_start(m, s.bar)))
-        goto done;
-    rc = sluice_stream(m, NULL, 0, on_tensor, &s);
-    const ig_file_result *files = fh ? ig_filehash_wait(fh) : NULL;
-    progress_stop(s.bar);
-    s.bar = NULL;
-    for (size_t i = 0; i < n; i++)
-        if (!s.got[i] && rc == SLUICE_OK) {
-            /* every tensor is delivered or reported; a hole is a bug */
-            fprintf(stderr, "sluice manifest: tensor %zu was never delivered\n", i);
-            s.failed++;
-            break;
-        }
-    if (rc != SLUICE_OK && !s.failed) {
-        fprintf(stderr, "sluice manifest: %s\n", sluice_errmsg(m));
-        s.failed++;
+    const dg_result *tensors = NULL, *files = NULL;
+    dg_wait(job, &files, &tensors);
+    progress_stop(bar);
+    bar = NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (!tensors[i].error)
+            continue;
+        struct sluice_tensor_info info;
+        sluice_info(m, i, &info);
+        fprintf(stderr, "sluice manifest: tensor ");
+        ig_quote(stderr, info.name, info.name_len);
+        fprintf(stderr, " (file %s, offset %llu, %llu bytes): %s\n", info.file,
+                (unsigned long long)info.offset, (unsigned long long)info.nbytes,
+                tensors[i].error == EIO ? "the file ends before the tensor does"
+                                        : strerror(tensors[i].error));
+        failed++;
     }
     for (size_t i = 0; files && i < nf; i++) {
         struct sluice_file_info fi;
         sluice_file_info(m, i, &fi);
         if (files[i].error) {
             fprintf(stderr, "sluice manifest: %s: %s\n", fi.path, strerror(files[i].error));
-            s.failed++;
+            failed++;
         } else if (files[i].bytes != fi.size) {
             fprintf(stderr, "sluice manifest: %s: %llu bytes now, %llu at open: the file changed\n",
                     fi.path, (unsigned long long)files[i].bytes, (unsigned long long)fi.size);
-            s.failed++;
+            failed++;
         }
     }
-    if (s.failed) {
-        fprintf(stderr, "sluice manifest: %zu failure%s, nothing written\n", s.failed,
-                s.failed == 1 ? "" : "s");
+    if (failed) {
+        fprintf(stderr, "sluice manifest: %zu failure%s, nothing written\n", failed,
+                failed == 1 ? "" : "s");
         goto done;
     }
     if (out_path) {
-        if (write_file(out_path, m, &s, files, flat) < 0)
+        if (write_file(out_path, m, tensors, files, flat) < 0)
             goto done;
-    } else if (write_json(stdout, m, &s, files, flat) < 0 || fflush(stdout) != 0) {
+    } else if (write_json(stdout, m, tensors, files, flat) < 0 || fflush(stdout) != 0) {
         fprintf(stderr, "sluice manifest: cannot write to stdout: %s\n", strerror(errno));
         goto done;
     }
     status = 0;
 done:
-    progress_stop(s.bar);
-    ig_filehash_free(fh);
-    free(s.digest);
-    free(s.got);
+    progress_stop(bar);
+    dg_free(job);
     if (sluice_close(m) != SLUICE_OK) {
         fprintf(stderr, "sluice manifest: %s\n", sluice_errmsg(m));
         status = 1;

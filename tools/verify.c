@@ -2,6 +2,7 @@
  * manifest through the library's pipeline (policy REQUIRE), and with
  * --files every whole file too, and reports each failure. */
 #include "cmd.h"
+#include "digest.h"
 #include "integrity.h"
 
 #include <errno.h>
@@ -150,9 +151,9 @@ int cmd_verify(int argc, char **argv)
     vf_state s = {.model = m};
     size_t files_ok = 0, files_failed = 0;
     int status = 2;
-    ig_filehash *fh = NULL;
+    dg_job *fh = NULL;
     s.bar = progress_start("verify", total, quiet);
-    if (files && !(fh = ig_filehash_start(m, s.bar)))
+    if (files && !(fh = dg_start(m, 1, 0, 0, s.bar)))
         goto done;
     rc = sluice_stream(m, NULL, 0, on_tensor, &s);
     if (rc != SLUICE_OK && s.verified + s.failed < n) {
@@ -161,7 +162,8 @@ int cmd_verify(int argc, char **argv)
         s.failed += n - s.verified - s.failed;
     }
     if (fh) {
-        const ig_file_result *r = ig_filehash_wait(fh);
+        const dg_result *r = NULL;
+        dg_wait(fh, &r, NULL);
         for (size_t i = 0; i < nf; i++) {
             struct sluice_file_info fi;
             uint8_t want[32];
@@ -200,7 +202,7 @@ int cmd_verify(int argc, char **argv)
     status = s.failed || files_failed ? 1 : 0;
 done:
     progress_stop(s.bar);
-    ig_filehash_free(fh);
+    dg_free(fh);
     if (sluice_close(m) != SLUICE_OK) {
         fprintf(stderr, "sluice verify: %s\n", sluice_errmsg(m));
         status = 2;
