@@ -209,10 +209,15 @@ out:
  * pieces into one reused buffer of its own and hashing each piece while it
  * is still in cache. No pool, no queue, no handover between threads: what
  * remains is the kernel's copy and SHA-256 itself. */
+typedef struct sized {
+    uint64_t nbytes;
+    size_t index;
+} sized;
+
 typedef struct par_shared {
     const bench_model *m;
     const int *fds;
-    const size_t *order;            /* tensor indices, largest first */
+    const sized *order;             /* the tensors, largest first */
     size_t next;                    /* atomic: the next entry of order */
     int failed;                     /* atomic: a thread failed; the rest stop */
     pthread_mutex_t lock;           /* err and the byte counts */
@@ -236,7 +241,7 @@ static void *par_thread(void *arg)
         size_t k = __atomic_fetch_add(&sh->next, 1, __ATOMIC_RELAXED);
         if (k >= m->ntensors || __atomic_load_n(&sh->failed, __ATOMIC_RELAXED))
             break;
-        const bench_tensor *t = &m->tensors[sh->order[k]];
+        const bench_tensor *t = &m->tensors[sh->order[k].index];
         if (!EVP_DigestInit_ex(ctx, EVP_sha256(), NULL)) {
             snprintf(err, sizeof err, "SHA-256 failed (OpenSSL)");
             break;
@@ -273,11 +278,6 @@ out:
     return NULL;
 }
 
-typedef struct sized {
-    uint64_t nbytes;
-    size_t index;
-} sized;
-
 static int larger_first(const void *a, const void *b)
 {
     uint64_t x = ((const sized *)a)->nbytes, y = ((const sized *)b)->nbytes;
@@ -289,20 +289,17 @@ static void run_pread_sha_par(const bench_model *m, bench_result *r)
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     size_t nthreads = ncpu > 0 ? (size_t)ncpu : 1;
     int *fds = calloc(m->nfiles, sizeof *fds);
-    size_t *order = calloc(m->ntensors ? m->ntensors : 1, sizeof *order);
-    sized *by_size = calloc(m->ntensors ? m->ntensors : 1, sizeof *by_size);
+    sized *order = calloc(m->ntensors ? m->ntensors : 1, sizeof *order);
     pthread_t *th = calloc(nthreads, sizeof *th);
     par_shared sh = {.m = m, .fds = fds, .order = order};
     pthread_mutex_init(&sh.lock, NULL);
-    if (!fds || !order || !by_size || !th) {
+    if (!fds || !order || !th) {
         fail(r, "out of memory");
         goto out;
     }
     for (size_t i = 0; i < m->ntensors; i++)
-        by_size[i] = (sized){m->tensors[i].nbytes, i};
-    qsort(by_size, m->ntensors, sizeof *by_size, larger_first);
-    for (size_t i = 0; i < m->ntensors; i++)
-        order[i] = by_size[i].index;
+        order[i] = (sized){m->tensors[i].nbytes, i};
+    qsort(order, m->ntensors, sizeof *order, larger_first);
     double t0 = bench_now();
     if (open_all(m, fds, r) < 0)
         goto out;
@@ -324,7 +321,6 @@ static void run_pread_sha_par(const bench_model *m, bench_result *r)
 out:
     pthread_mutex_destroy(&sh.lock);
     free(th);
-    free(by_size);
     free(order);
     free(fds);
 }

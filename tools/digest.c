@@ -33,6 +33,7 @@ typedef struct dg_item {
 } dg_item;
 
 typedef struct dg_tensor {
+    size_t file;
     uint64_t offset, nbytes;
 } dg_tensor;
 
@@ -205,15 +206,11 @@ static void *dg_thread(void *arg)
 /* Whether one pass per file can digest its tensors: each starts where or
  * after the previous one ended (the header validation allows no overlap,
  * but this does not rely on it). */
-static int tensors_in_sequence(const dg_job *job, const sluice_model *m)
+static int tensors_in_sequence(const dg_job *job)
 {
     for (size_t i = 1; i < job->ntensors; i++) {
-        struct sluice_tensor_info a, b;
-        sluice_info(m, i - 1, &a);
-        sluice_info(m, i, &b);
-        if (a.file_index == b.file_index && b.offset < a.offset + a.nbytes)
-            return 0;
-        if (b.file_index < a.file_index)
+        const dg_tensor *a = &job->tensor[i - 1], *b = &job->tensor[i];
+        if (b->file < a->file || (a->file == b->file && b->offset < a->offset + a->nbytes))
             return 0;
     }
     return 1;
@@ -222,7 +219,7 @@ static int tensors_in_sequence(const dg_job *job, const sluice_model *m)
 /* Cuts the work into items (see the top of the file). */
 static int plan(dg_job *job, const sluice_model *m, int files, int tensors, size_t nthreads)
 {
-    int fused = files && tensors && job->nfiles >= nthreads && tensors_in_sequence(job, m);
+    int fused = files && tensors && job->nfiles >= nthreads && tensors_in_sequence(job);
     size_t cap = (files ? job->nfiles : 0) + (tensors && !fused ? job->ntensors : 0);
     job->items = calloc(cap ? cap : 1, sizeof *job->items);
     if (!job->items)
@@ -235,23 +232,16 @@ static int plan(dg_job *job, const sluice_model *m, int files, int tensors, size
         *it = (dg_item){.file = f, .whole_file = 1, .weight = fi.size};
         if (fused) {
             it->t0 = t;
-            while (t < job->ntensors) {
-                struct sluice_tensor_info ti;
-                sluice_info(m, t, &ti);
-                if (ti.file_index != f)
-                    break;
-                it->weight += ti.nbytes;
-                t++;
-            }
+            for (; t < job->ntensors && job->tensor[t].file == f; t++)
+                it->weight += job->tensor[t].nbytes;
             it->t1 = t;
         }
     }
     for (size_t i = 0; tensors && !fused && i < job->ntensors; i++) {
-        struct sluice_tensor_info ti;
-        sluice_info(m, i, &ti);
-        job->items[job->nitems++] = (dg_item){.file = ti.file_index, .begin = ti.offset,
-                                              .end = ti.offset + ti.nbytes, .t0 = i,
-                                              .t1 = i + 1, .weight = ti.nbytes};
+        const dg_tensor *ti = &job->tensor[i];
+        job->items[job->nitems++] = (dg_item){.file = ti->file, .begin = ti->offset,
+                                              .end = ti->offset + ti->nbytes, .t0 = i,
+                                              .t1 = i + 1, .weight = ti->nbytes};
     }
     qsort(job->items, job->nitems, sizeof *job->items, by_weight);
     return 0;
@@ -299,7 +289,7 @@ dg_job *dg_start(const sluice_model *model, int files, int tensors, unsigned thr
         struct sluice_tensor_info ti;
         if (sluice_info(model, i, &ti) != SLUICE_OK)
             goto nomem;
-        job->tensor[i] = (dg_tensor){ti.offset, ti.nbytes};
+        job->tensor[i] = (dg_tensor){ti.file_index, ti.offset, ti.nbytes};
     }
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     size_t want = threads ? threads : (size_t)(cpus > 0 ? cpus : 1);

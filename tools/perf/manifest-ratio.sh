@@ -13,7 +13,7 @@ for r in $(seq "$rounds"); do
     start=$(date +%s.%N)
     "$sluice" manifest "$model" -o "$tmp/m.json" $flat
     end=$(date +%s.%N)
-    echo "$end - $start" | bc >>"$tmp/manifest_s"
+    awk -v a="$start" -v b="$end" 'BEGIN{printf "%.6f\n", b - a}' >>"$tmp/manifest_s"
     awk -F, 'NR==1{for(i=1;i<=NF;i++)h[$i]=i} $h["config"]=="sha256-mem"{print $h["gbps"]}' \
         "$tmp/b$r.csv" >>"$tmp/sha_gbps"
 done
