@@ -105,7 +105,8 @@ enum sluice_status {
     SLUICE_E_TOO_LARGE = -50,      /* tensor larger than the whole pool budget */
     SLUICE_E_POOL_EXHAUSTED = -51, /* every pool byte is held by live handles */
     SLUICE_E_BUSY = -52,           /* close with live handles or a stream running */
-    SLUICE_E_FILE_CHANGED = -53    /* a file shrank or vanished after open */
+    SLUICE_E_FILE_CHANGED = -53,   /* a file shrank or vanished after open */
+    SLUICE_E_CANCELLED = -54       /* a stream stopped by its cancellation token */
 };
 
 /* A static string naming a status code ("header is not valid UTF-8").
@@ -453,6 +454,90 @@ typedef int (*sluice_stream_fn)(void *user, sluice_tensor *t, int status,
  */
 SLUICE_API int sluice_stream(sluice_model *model, const char *const *names,
                              size_t n, sluice_stream_fn fn, void *user);
+
+/* ------------------------------------------------------------------------ */
+/* Streaming with options: cancellation and progress                        */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * A cancellation token: an object of its own, so that any thread holding
+ * it can stop the streams that were given it, without knowing the model
+ * or the stream. One token may serve several streams, on several models,
+ * one after the other or at once; cancelling stops them all.
+ *
+ * sluice_cancel_create: *out gets a new token, not requested. Returns
+ * SLUICE_OK, SLUICE_E_INVAL (out NULL) or SLUICE_E_NOMEM.
+ * sluice_cancel_request: sets the token and wakes every stream waiting on
+ * it; each returns SLUICE_E_CANCELLED soon (before its next callback, or
+ * as soon as the callback running returns). Any thread, any number of
+ * times; NULL is a no-op. A token stays requested until reset.
+ * sluice_cancel_requested: non-zero once requested (0 for NULL).
+ * sluice_cancel_reset: makes it unrequested again (for the next stream).
+ * sluice_cancel_free: frees it; no stream may still be using it. NULL is
+ * a no-op.
+ */
+typedef struct sluice_cancel sluice_cancel;
+SLUICE_API int sluice_cancel_create(sluice_cancel **out);
+SLUICE_API void sluice_cancel_request(sluice_cancel *c);
+SLUICE_API int sluice_cancel_requested(const sluice_cancel *c);
+SLUICE_API void sluice_cancel_reset(sluice_cancel *c);
+SLUICE_API void sluice_cancel_free(sluice_cancel *c);
+
+/* How far a stream has come: counts of its list (a name listed twice
+ * counts twice; failed tensors count as done). */
+struct sluice_stream_progress {
+    size_t size;             /* sizeof(struct sluice_stream_progress) */
+    size_t tensors_done;     /* delivered, successfully or not */
+    size_t tensors_total;
+    uint64_t bytes_done;     /* tensor bytes of those */
+    uint64_t bytes_total;
+};
+
+/* Called on the stream's own thread (the caller of sluice_stream_ex),
+ * never while a stream callback runs, with no lock of the library held:
+ * it may call anything on the model, except close. p is valid during the
+ * call only. */
+typedef void (*sluice_stream_progress_fn)(void *user, const struct sluice_stream_progress *p);
+
+/* Options of sluice_stream_ex. Start from sluice_stream_options_init(),
+ * which writes the defaults and the struct's size; fields are only ever
+ * appended. */
+typedef struct sluice_stream_options {
+    size_t size;                     /* set by sluice_stream_options_init */
+    sluice_stream_progress_fn progress; /* NULL: none */
+    void *progress_user;
+    uint32_t progress_interval_ms;   /* at most one call per interval; default
+                                        100; the last call (all done, or the
+                                        stream stopping) is always made */
+    sluice_cancel *cancel;           /* NULL: not cancellable */
+} sluice_stream_options;
+
+/* Fills *o with the defaults. Returns SLUICE_E_INVAL if o is NULL. */
+SLUICE_API int sluice_stream_options_init(sluice_stream_options *o);
+
+/*
+ * sluice_stream with options (o NULL: the same as sluice_stream). Besides
+ * what sluice_stream returns: SLUICE_E_CANCELLED when o->cancel was
+ * requested before every tensor was delivered (also when it was already
+ * requested at the call: then nothing is delivered); the tensors not yet
+ * delivered are not, and their read-ahead is dropped. SLUICE_E_INVAL for
+ * an options size this library does not know (smaller than the size
+ * field, or a larger one with a non-zero tail).
+ */
+SLUICE_API int sluice_stream_ex(sluice_model *model, const char *const *names,
+                                size_t n, sluice_stream_fn fn, void *user,
+                                const sluice_stream_options *o);
+
+/*
+ * Gives memory back to the system: evicts every cached tensor that no
+ * handle holds and no stream or acquire waits for, and returns the pages
+ * of every free range of the pool to the kernel (madvise MADV_DONTNEED),
+ * so the process's resident size falls after a load. Buffers held by
+ * handles, and reads in flight, are left alone. The pool stays usable: the
+ * next reads fault their pages in afresh. *released (may be NULL) gets
+ * the bytes given back. Returns SLUICE_OK or SLUICE_E_INVAL. Any thread.
+ */
+SLUICE_API int sluice_trim(sluice_model *model, uint64_t *released);
 
 /* ------------------------------------------------------------------------ */
 /* Manifests                                                                */

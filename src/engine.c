@@ -205,14 +205,21 @@ int sl_engine_destroy(sl_engine *e, sl_err *err)
     if (!e)
         return SLUICE_OK;
     pthread_mutex_lock(&e->lock);
-    if (e->live_handles || e->nstreams) {
-        size_t live = e->live_handles;
-        unsigned streams = e->nstreams;
-        pthread_mutex_unlock(&e->lock);
-        return sl_fail(err, SLUICE_E_BUSY,
-                       "close: %zu tensor handle%s still live and %u stream%s running; "
-                       "release every handle first (the model stays open)",
-                       live, live == 1 ? " is" : "s are", streams, streams == 1 ? "" : "s");
+    for (;;) {
+        if (e->live_handles || e->nstreams) {
+            size_t live = e->live_handles;
+            unsigned streams = e->nstreams;
+            pthread_mutex_unlock(&e->lock);
+            return sl_fail(err, SLUICE_E_BUSY,
+                           "close: %zu tensor handle%s still live and %u stream%s running; "
+                           "release every handle first (the model stays open)",
+                           live, live == 1 ? " is" : "s are", streams, streams == 1 ? "" : "s");
+        }
+        /* A call that released the last handle, or a stream that just
+         * ended, may still be on its way out: it leaves soon. */
+        if (!e->calls)
+            break;
+        pthread_cond_wait(&e->cv, &e->lock);
     }
     e->closing = 1; /* nothing new starts */
     while (e->inflight || e->wbusy || e->hq_head != SL_NONE)
@@ -220,6 +227,27 @@ int sl_engine_destroy(sl_engine *e, sl_err *err)
     pthread_mutex_unlock(&e->lock);
     free_engine(e);
     return SLUICE_OK;
+}
+
+void sl_enter(sl_engine *e)
+{
+    pthread_mutex_lock(&e->lock);
+    e->calls++;
+    pthread_mutex_unlock(&e->lock);
+}
+
+void sl_leave(sl_engine *e)
+{
+    pthread_mutex_lock(&e->lock);
+    if (--e->calls == 0)
+        pthread_cond_broadcast(&e->cv); /* close may be waiting */
+    pthread_mutex_unlock(&e->lock);
+}
+
+void sl_pause_point(sl_engine *e, int where)
+{
+    if (e->test_pause)
+        e->test_pause(e->test_pause_ctx, where);
 }
 
 /* ---------------------------------------------------------------- handles */
@@ -341,7 +369,15 @@ static int acquire(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err)
     }
     uint64_t t0 = now_ns();
     uint64_t gen = s->gen;
+    /* While this thread waits, the streams whose callbacks it runs give
+     * nothing back: the pump must know, or two such threads could each
+     * wait for the other's room for ever. */
+    sl_waiter w = {.slot = i, .in_callback = sl_mark_blocked(e, +1)};
+    w.next = e->waiters;
+    e->waiters = &w;
     s->pins++;
+    if (w.in_callback)
+        sl_pump(e); /* a demand already queued may now be hopeless */
     for (;;) {
         if (s->state == SL_READY) {
             rc = sl_grant(e, i, out, err);
@@ -351,16 +387,26 @@ static int acquire(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err)
             rc = sl_slot_failure(s, err);
             break;
         }
+        if (w.refused) {
+            e->st.failures++;
+            rc = sl_fail(err, w.err.code, "%s", w.err.msg);
+            break;
+        }
         if (s->state == SL_IDLE && !s->in_demand) {
             sl_demand(e, i);
             sl_pump(e);
             continue;   /* the pump may have failed it already */
         }
-        if (sl_fail_if_only_self(e, i))
-            continue;   /* called from a stream callback: see sched.c */
         sl_wait(e);
     }
+    for (sl_waiter **p = &e->waiters; *p; p = &(*p)->next)
+        if (*p == &w) {
+            *p = w.next;
+            break;
+        }
+    sl_mark_blocked(e, -1);
     s->pins--;
+    sl_demand_drop_if_unwanted(e, i);
     sl_unhold(e, i);
     e->st.acquire_wait_ns += now_ns() - t0;
     if (e->dq_head != SL_NONE)
@@ -394,9 +440,15 @@ SLUICE_API int sluice_acquire(sluice_model *m, const char *name, sluice_tensor *
         return e ? sl_model_error(m, &err) : SLUICE_E_INVAL;
     }
     size_t i;
-    if (find(m, name, &i, &err) < 0 || acquire(e, i, out, &err) < 0)
+    int rc = find(m, name, &i, &err);
+    if (rc < 0)
         return sl_model_error(m, &err);
-    return SLUICE_OK;
+    sl_enter(e);
+    if ((rc = acquire(e, i, out, &err)) < 0)
+        sl_model_error(m, &err);
+    sl_pause_point(e, SL_PAUSE_ACQUIRE_EXIT);
+    sl_leave(e);
+    return rc;
 }
 
 SLUICE_API int sluice_acquire_index(sluice_model *m, size_t i, sluice_tensor **out)
@@ -412,9 +464,13 @@ SLUICE_API int sluice_acquire_index(sluice_model *m, size_t i, sluice_tensor **o
                 : "index out of range");
         return sl_model_error(m, &err);
     }
-    if (acquire(e, i, out, &err) < 0)
-        return sl_model_error(m, &err);
-    return SLUICE_OK;
+    sl_enter(e);
+    int rc = acquire(e, i, out, &err);
+    if (rc < 0)
+        sl_model_error(m, &err);
+    sl_pause_point(e, SL_PAUSE_ACQUIRE_EXIT);
+    sl_leave(e);
+    return rc;
 }
 
 SLUICE_API int sluice_release(sluice_tensor *t)
@@ -427,6 +483,9 @@ SLUICE_API int sluice_release(sluice_tensor *t)
         pthread_mutex_unlock(&e->lock);
         return SLUICE_E_INVAL;  /* released twice: no model to say it on */
     }
+    /* Counted in before the handle is: close, seeing no handle, must still
+     * wait until this call has finished with the engine. */
+    e->calls++;
     size_t i = t->index;
     t->live = 0;
     t->next_free = NULL;
@@ -441,6 +500,8 @@ SLUICE_API int sluice_release(sluice_tensor *t)
     sl_unhold(e, i);
     sl_pump(e);     /* its room may let something start */
     sl_unlock(e);
+    sl_pause_point(e, SL_PAUSE_RELEASE_EXIT);
+    sl_leave(e);
     return SLUICE_OK;
 }
 
@@ -511,6 +572,7 @@ SLUICE_API int sluice_prefetch(sluice_model *m, const char *const *names, size_t
         for (size_t k = n; k-- > 0;)
             pos[ids[k]] = k;    /* a repeated name: its first place */
     }
+    sl_enter(e);
     pthread_mutex_lock(&e->lock);
     if (e->plan != e->order)
         free(e->plan);
@@ -528,6 +590,7 @@ SLUICE_API int sluice_prefetch(sluice_model *m, const char *const *names, size_t
         sl_lru_push_front(e, e->lru[SL_LRU_PREFETCHED].tail, SL_LRU_CACHED);
     sl_pump(e);
     sl_unlock(e);
+    sl_leave(e);
     return SLUICE_OK;
 }
 
@@ -545,5 +608,29 @@ SLUICE_API int sluice_stats(sluice_model *m, struct sluice_stats *out)
     pthread_mutex_unlock(&e->lock);
     s.size = out->size;
     memcpy(out, &s, out->size < sizeof s ? out->size : sizeof s);
+    return SLUICE_OK;
+}
+
+/* ---------------------------------------------------------------- trim */
+
+SLUICE_API int sluice_trim(sluice_model *m, uint64_t *released)
+{
+    sl_engine *e = engine_of(m);
+    if (released)
+        *released = 0;
+    if (!e)
+        return SLUICE_E_INVAL;
+    pthread_mutex_lock(&e->lock);
+    /* Only what sits on the LRU lists: nothing holds it, nobody waits. */
+    for (int l = SL_LRU_CACHED; l <= SL_LRU_PREFETCHED; l++)
+        while (e->lru[l].head != SL_NONE)
+            sl_evict(e, e->lru[l].head);
+    /* Read-ahead would fill it again at once: it resumes with the next
+     * acquire along the plan. */
+    e->plan_active = 0;
+    uint64_t given = sl_pool_trim(e->pool);
+    pthread_mutex_unlock(&e->lock);
+    if (released)
+        *released = given;
     return SLUICE_OK;
 }

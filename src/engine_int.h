@@ -20,6 +20,7 @@
 #ifndef SLUICE_ENGINE_INT_H
 #define SLUICE_ENGINE_INT_H
 
+#include "cancel.h"
 #include "engine.h"
 #include "io.h"
 #include "pool.h"
@@ -95,8 +96,9 @@ typedef struct sl_efile {
     int fell_back;               /* O_DIRECT was refused for this file */
 } sl_efile;
 
-/* A running sluice_stream: positions [lo, hi) of ids are pinned or done. */
-enum { SL_POS_WAIT = 0, SL_POS_PINNED, SL_POS_DONE, SL_POS_TOO_LARGE };
+/* A running sluice_stream: positions [lo, hi) of ids are pinned or done.
+ * REFUSED: the pump gave up on that position alone (see sl_waiter). */
+enum { SL_POS_WAIT = 0, SL_POS_PINNED, SL_POS_DONE, SL_POS_TOO_LARGE, SL_POS_REFUSED };
 typedef struct sl_stream {
     struct sl_stream *next;
     const size_t *ids;
@@ -105,9 +107,30 @@ typedef struct sl_stream {
     uint64_t pinned_bytes;       /* their tensor bytes */
     int delivering;              /* its callbacks run (handles in transit) */
     pthread_t deliverer;         /* the thread running them, while delivering */
+    unsigned blocked;            /* waits of the deliverer inside the library:
+                                    while > 0, its callbacks return nothing */
+    int in_callback;             /* started from another stream's callback */
+    sluice_stream_progress_fn progress;
+    void *progress_user;
+    uint64_t progress_every_ns, progress_last_ns;
+    uint64_t bytes_total, bytes_done;
+    size_t done;                 /* positions delivered (either way) */
+    sluice_cancel *cancel;
     uint8_t *pstate;
     uint64_t *pgen;              /* slot gen when pinned */
 } sl_stream;
+
+/* A thread blocked in acquire on one slot. The pump may refuse one waiter
+ * alone when the room the slot needs is held by that waiter's own stream
+ * (it runs in a stream callback, which gives its handles back only when
+ * it returns): then only that caller fails, the others go on waiting. */
+typedef struct sl_waiter {
+    struct sl_waiter *next;
+    size_t slot;
+    int in_callback;             /* the thread runs a stream callback */
+    int refused;                 /* the pump refused this waiter: err says why */
+    sl_err err;
+} sl_waiter;
 
 struct sluice_tensor {
     sl_engine *e;                /* immutable */
@@ -137,6 +160,8 @@ struct sl_engine {
     pthread_mutex_t lock;
     pthread_cond_t cv;           /* a slot became READY or failed; reads drained */
     int closing;
+    unsigned calls;              /* public calls inside the engine: close waits for 0 */
+    sl_waiter *waiters;
     int need_flush;              /* reads queued on the seam, not yet started */
 
     sl_slot *slots;
@@ -177,6 +202,10 @@ struct sl_engine {
     /* test hook: expected digests instead of the manifest's */
     unsigned char (*test_digest)[32];
     unsigned char *test_has;
+    /* test hook: called where a public call has left the lock but not yet
+     * the engine (see sl_engine_set_pause) */
+    void (*test_pause)(void *ctx, int where);
+    void *test_pause_ctx;
 
     struct sluice_stats st;      /* the counters */
 };
@@ -218,10 +247,14 @@ void sl_lru_push_front(sl_engine *e, size_t i, int list);
 
 /* Whether tensor i can never fit in the pool. */
 int sl_too_large(const sl_engine *e, size_t i);
-/* Fails demand i with SLUICE_E_POOL_EXHAUSTED when the calling thread
- * is inside a stream callback and only that stream could give room back
- * (see sched.c). Returns 1 when it did. Lock held. */
-int sl_fail_if_only_self(sl_engine *e, size_t i);
+
+/* Adds delta to the blocked count of every stream whose callbacks run on
+ * the calling thread (it is about to wait, or done waiting, inside the
+ * library). Returns whether there was any. Lock held. */
+int sl_mark_blocked(sl_engine *e, int delta);
+
+/* Takes slot i off the demand queue when nobody waits for it any more. */
+void sl_demand_drop_if_unwanted(sl_engine *e, size_t i);
 
 /* Whether chunk c of slot s has been read. */
 int sl_chunk_done(const sl_slot *s, uint32_t c);
@@ -256,6 +289,16 @@ int sl_slot_failure(const sl_slot *s, sl_err *err);
 
 /* Resolves n names of m to indexes (malloc'd into *ids; NULL when n = 0). */
 int sl_resolve(sluice_model *m, const char *const *names, size_t n, size_t **ids, sl_err *err);
+
+/* Enters and leaves a public call: sl_engine_destroy waits until every
+ * call has left, so a call may touch the engine (and its model) until it
+ * calls sl_leave, which is its last touch. Lock not held. */
+void sl_enter(sl_engine *e);
+void sl_leave(sl_engine *e);
+
+/* Calls the test pause hook, if set, at point `where`. Lock not held. */
+void sl_pause_point(sl_engine *e, int where);
+enum { SL_PAUSE_STREAM_EXIT = 1, SL_PAUSE_RELEASE_EXIT, SL_PAUSE_ACQUIRE_EXIT };
 
 /* ---------------------------------------------------------------- helpers */
 

@@ -43,6 +43,7 @@ SLUICE_API const char *sluice_strerror(int code)
     case SLUICE_E_POOL_EXHAUSTED: return "pool exhausted by live handles";
     case SLUICE_E_BUSY: return "model busy";
     case SLUICE_E_FILE_CHANGED: return "file changed after open";
+    case SLUICE_E_CANCELLED: return "cancelled";
     default: return "unknown status";
     }
 }

@@ -115,3 +115,15 @@ int sl_engine_set_digests(sluice_model *m, const unsigned char (*digests)[32],
     sl_err err;
     return start ? sl_workers_start(e, 2, &err) : SLUICE_OK;
 }
+
+int sl_engine_set_pause(sluice_model *m, void (*fn)(void *ctx, int where), void *ctx)
+{
+    sl_engine *e = engine_of(m);
+    if (!e)
+        return SLUICE_E_INVAL;
+    pthread_mutex_lock(&e->lock);
+    e->test_pause = fn;
+    e->test_pause_ctx = ctx;
+    pthread_mutex_unlock(&e->lock);
+    return SLUICE_OK;
+}

@@ -15,10 +15,12 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 struct sl_pool_blk {
     uint64_t off, size;             /* range in the arena */
     int free;
+    size_t owner;                   /* the caller's tag (sl_pool_set_owner) */
     sl_pool_blk *prev, *next;       /* every block, by address */
     sl_pool_blk *fprev, *fnext;     /* free blocks only, by address */
 };
@@ -278,4 +280,52 @@ void sl_pool_free(sl_pool *p, sl_pool_blk *b)
             break;
         }
     free_link(p, b, after);
+}
+
+void sl_pool_set_owner(sl_pool_blk *b, size_t owner)
+{
+    b->owner = owner;
+}
+
+uint64_t sl_pool_largest_room(const sl_pool *p, uint64_t align,
+                              int (*evictable)(void *ctx, size_t owner), void *ctx)
+{
+    if (align < SL_POOL_ALIGN)
+        align = SL_POOL_ALIGN;
+    uint64_t best = 0, run_start = 0;
+    int in_run = 0;
+    for (const sl_pool_blk *b = p->first;; b = b->next) {
+        int usable = b && (b->free || (evictable && evictable(ctx, b->owner)));
+        if (usable && !in_run) {
+            run_start = b->off;
+            in_run = 1;
+        } else if (!usable && in_run) {
+            uint64_t end = b ? b->off : p->capacity, start = round_up(run_start, align);
+            if (end > start && end - start > best)
+                best = end - start;
+            in_run = 0;
+        }
+        if (!b)
+            break;
+    }
+    return best;
+}
+
+uint64_t sl_pool_trim(sl_pool *p)
+{
+    long page_size = sysconf(_SC_PAGESIZE);
+    uint64_t page = page_size > 0 ? (uint64_t)page_size : 4096, given = 0, frontier = 0;
+    for (const sl_pool_blk *b = p->first; b; b = b->next) {
+        if (!b->free) {
+            frontier = b->off + b->size;
+            continue;
+        }
+        /* Whole pages only: a page shared with a live buffer stays. */
+        uint64_t lo = round_up(b->off, page), hi = (b->off + b->size) / page * page;
+        if (hi > lo && madvise(p->base + lo, (size_t)(hi - lo), MADV_DONTNEED) == 0)
+            given += hi - lo;
+    }
+    /* Pages past the last live buffer are fresh again. */
+    p->frontier = frontier;
+    return given;
 }

@@ -62,6 +62,23 @@ void *sl_pool_alloc(sl_pool *p, uint64_t size, uint64_t align, sl_pool_blk **blk
 /* Gives a buffer back; its range merges with free neighbours. */
 void sl_pool_free(sl_pool *p, sl_pool_blk *blk);
 
+/* Tags a buffer with its owner (the engine's slot index), so that
+ * sl_pool_largest_room can ask whether the owner would give it up. */
+void sl_pool_set_owner(sl_pool_blk *blk, size_t owner);
+
+/* The largest buffer (aligned to align) that could be carved out of one
+ * range of the arena if every buffer whose owner `evictable` accepts were
+ * freed first (evictable NULL: free ranges only). Lets a caller learn that
+ * no eviction can make room, because held buffers split the arena, before
+ * it evicts anything. */
+uint64_t sl_pool_largest_room(const sl_pool *p, uint64_t align,
+                              int (*evictable)(void *ctx, size_t owner), void *ctx);
+
+/* Gives the pages of every free range back to the kernel
+ * (MADV_DONTNEED): they read as zero and are faulted in afresh when
+ * used again. Returns the bytes given back. */
+uint64_t sl_pool_trim(sl_pool *p);
+
 /* Bytes held by allocated buffers now, and the most ever held at once. */
 uint64_t sl_pool_in_use(const sl_pool *p);
 uint64_t sl_pool_high_water(const sl_pool *p);

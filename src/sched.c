@@ -237,6 +237,18 @@ static int evict_one(sl_engine *e, int mode)
     return 0;
 }
 
+static int evictable_any(void *ctx, size_t owner)
+{
+    const sl_engine *e = ctx;
+    return e->slots[owner].lru != SL_LRU_NONE;
+}
+
+static int evictable_cached(void *ctx, size_t owner)
+{
+    const sl_engine *e = ctx;
+    return e->slots[owner].lru == SL_LRU_CACHED;
+}
+
 /* Makes slot i (IDLE) LOADING: a buffer, the chunk map, a digest context.
  * Returns 1, 0 when there is no room, -1 when out of memory (the slot is
  * left IDLE and untouched). */
@@ -257,6 +269,11 @@ static int start_tensor(sl_engine *e, size_t i, int mode)
      * the bytes: before the buffer grows into untouched memory, reuse what
      * streams have already delivered and released. */
     unsigned char *buf = sl_pool_alloc_below(e->pool, span, align, sl_pool_frontier(e->pool), &blk);
+    /* Evict nothing for a buffer that eviction cannot place: live
+     * buffers may split the arena so that no range is large enough. */
+    if (!buf && sl_pool_largest_room(e->pool, align, mode == ROOM_ANY ? evictable_any
+                                     : evictable_cached, e) < round_up(span, SL_POOL_ALIGN))
+        return 0;
     while (!buf && e->lru[SL_LRU_CACHED].head != SL_NONE && e->slots[e->lru[SL_LRU_CACHED].head].spent) {
         sl_evict(e, e->lru[SL_LRU_CACHED].head);
         buf = sl_pool_alloc_below(e->pool, span, align, sl_pool_frontier(e->pool), &blk);
@@ -264,6 +281,7 @@ static int start_tensor(sl_engine *e, size_t i, int mode)
     while (!buf && !(buf = sl_pool_alloc(e->pool, span, align, &blk)))
         if (!evict_one(e, mode))
             return 0;
+    sl_pool_set_owner(blk, i);
     uint64_t nchunks = (span + chunk - 1) / chunk;
     s->done_word = 0;
     s->done_bits = NULL;
@@ -500,43 +518,58 @@ static void plan_ahead(sl_engine *e)
     }
 }
 
-static void fail_exhausted(sl_engine *e, size_t i)
+/* The POOL_EXHAUSTED detail for demand i: held by live handles, or, when
+ * enough bytes are free or evictable but not in one range, by placement. */
+static void exhausted_error(sl_engine *e, size_t i, sl_err *err)
 {
     const struct sluice_tensor_info *t = &e->ix->tensors[i];
     char q[SL_QUOTE_MAX];
-    sl_err err;
-    sl_fail(&err, SLUICE_E_POOL_EXHAUSTED,
+    uint64_t cap = sl_pool_capacity(e->pool), used = sl_pool_in_use(e->pool);
+    uint64_t evictable = 0;
+    for (int l = SL_LRU_CACHED; l <= SL_LRU_PREFETCHED; l++)
+        for (size_t k = e->lru[l].head; k != SL_NONE; k = e->slots[k].lnext)
+            evictable += e->slots[k].span;
+    uint64_t a0, span;
+    load_range(e, i, would_be_direct(e, i), &a0, &span);
+    sl_quote(q, sizeof q, t->name, t->name_len);
+    if (cap - used + evictable >= round_up(span, SL_POOL_ALIGN)) {
+        uint64_t room = sl_pool_largest_room(e->pool, would_be_direct(e, i) ? SL_DIRECT_ALIGN
+                                             : SL_POOL_ALIGN, evictable_any, e);
+        sl_fail(err, SLUICE_E_POOL_EXHAUSTED,
+                "tensor %s (%llu bytes, file %s, offset %llu) cannot be placed: the pool "
+                "(pool_bytes %llu) has %llu bytes free or evictable, but buffers held by "
+                "live handles split them: the largest range that can be made is %llu bytes; "
+                "release handles, or give a pool of at least twice the largest tensor",
+                q, (unsigned long long)t->nbytes, t->file, (unsigned long long)t->offset,
+                (unsigned long long)e->st.pool_bytes,
+                (unsigned long long)(cap - used + evictable), (unsigned long long)room);
+        return;
+    }
+    sl_fail(err, SLUICE_E_POOL_EXHAUSTED,
             "tensor %s (%llu bytes, file %s, offset %llu) cannot be loaded: the pool "
             "(pool_bytes %llu) is held by live handles (%llu bytes in use, none in flight, "
             "none evictable), and only their release can make room",
-            sl_quote(q, sizeof q, t->name, t->name_len), (unsigned long long)t->nbytes,
-            t->file, (unsigned long long)t->offset, (unsigned long long)e->st.pool_bytes,
-            (unsigned long long)sl_pool_in_use(e->pool));
-    sl_fail_idle(e, i, &err);
+            q, (unsigned long long)t->nbytes, t->file, (unsigned long long)t->offset,
+            (unsigned long long)e->st.pool_bytes, (unsigned long long)(used - evictable));
 }
 
-/* A stream callback that acquires (or streams) waits for room its own
- * stream may hold: its pinned read-ahead and the handles it is handing
- * over come back only when the callback returns, which it cannot do while
- * it waits. With no read in flight and no other thread's callbacks
- * running, waiting could not end: the demand fails now with
- * POOL_EXHAUSTED. (Conservative: a handle another thread holds might have
- * been released later.) */
-int sl_fail_if_only_self(sl_engine *e, size_t i)
+int sl_mark_blocked(sl_engine *e, int delta)
+{
+    int any = 0;
+    pthread_t self = pthread_self();
+    for (sl_stream *st = e->streams; st; st = st->next)
+        if (st->delivering && pthread_equal(st->deliverer, self)) {
+            st->blocked += (unsigned)delta;
+            any = 1;
+        }
+    return any;
+}
+
+void sl_demand_drop_if_unwanted(sl_engine *e, size_t i)
 {
     sl_slot *s = &e->slots[i];
-    if (s->state != SL_IDLE || !s->in_demand || e->loading_bytes)
-        return 0;
-    int mine = 0;
-    for (const sl_stream *st = e->streams; st; st = st->next)
-        if (st->delivering) {
-            if (!pthread_equal(st->deliverer, pthread_self()))
-                return 0;
-            mine = 1;
-        }
-    if (!mine)
-        return 0;
-    /* off the demand queue, wherever it stands in it */
+    if (!s->in_demand || s->pins)
+        return;
     size_t prev = SL_NONE;
     for (size_t d = e->dq_head; d != SL_NONE; prev = d, d = e->slots[d].dnext)
         if (d == i) {
@@ -549,23 +582,64 @@ int sl_fail_if_only_self(sl_engine *e, size_t i)
             break;
         }
     s->in_demand = 0;
-    fail_exhausted(e, i);
-    return 1;
 }
 
-/* Whether room held now will come back without a caller's release: reads
- * in flight, a stream's callbacks running (they may release), or pins on
- * READY slots (a waiter about to take its handle: it pumps after). */
+/* Whether a stream that is not delivering holds a READY position: its
+ * thread collects it and hands it to a callback, which may release. */
+static int stream_has_ready(const sl_engine *e, const sl_stream *st)
+{
+    for (size_t pos = st->lo; pos < st->hi; pos++)
+        if (st->pstate[pos] == SL_POS_PINNED && e->slots[st->ids[pos]].state == SL_READY)
+            return 1;
+    return 0;
+}
+
+/* Whether room held now will come back without a release from outside
+ * the library: reads in flight; a stream's callbacks running, unless
+ * their thread is itself waiting in the library; a stream about to hand
+ * over a READY tensor; a waiter about to take its READY tensor and
+ * return. Handles held by threads outside the library are not counted:
+ * they may never come back (see the comment at the top). */
 static int room_may_return(const sl_engine *e)
 {
     if (e->loading_bytes)
         return 1;
-    for (const sl_stream *st = e->streams; st; st = st->next)
-        if (st->delivering)
+    for (const sl_stream *st = e->streams; st; st = st->next) {
+        if (st->delivering ? !st->blocked : stream_has_ready(e, st))
             return 1;
-    for (size_t i = 0; i < e->n; i++)
-        if (e->slots[i].pins && e->slots[i].state == SL_READY)
+    }
+    for (const sl_waiter *w = e->waiters; w; w = w->next)
+        if (e->slots[w->slot].state == SL_READY && !w->refused)
             return 1;
+    return 0;
+}
+
+/* Demand i cannot get room and none will come back. When a waiter for it
+ * runs in a stream callback, its own stream holds room that only its
+ * return gives back: refuse that one waiter (or that stream's position)
+ * and let the others wait. Returns 1 when it refused one. Lock held. */
+static int refuse_callback_waiter(sl_engine *e, size_t i, const sl_err *why)
+{
+    for (sl_waiter *w = e->waiters; w; w = w->next)
+        if (w->slot == i && w->in_callback && !w->refused) {
+            w->refused = 1;
+            w->err = *why;
+            pthread_cond_broadcast(&e->cv);
+            return 1;
+        }
+    for (sl_stream *st = e->streams; st; st = st->next) {
+        if (!st->in_callback)
+            continue;
+        for (size_t pos = st->lo; pos < st->hi; pos++)
+            if (st->pstate[pos] == SL_POS_PINNED && st->ids[pos] == i) {
+                st->pstate[pos] = SL_POS_REFUSED;
+                e->slots[i].pins--;
+                st->pinned--;
+                st->pinned_bytes -= e->ix->tensors[i].nbytes;
+                pthread_cond_broadcast(&e->cv);
+                return 1;
+            }
+    }
     return 0;
 }
 
@@ -593,11 +667,18 @@ void sl_pump(sl_engine *e)
             blocked = 1;    /* wait for it */
             break;
         }
-        demand_pop(e);
         if (rc == 0) {
-            fail_exhausted(e, i);
+            sl_err why;
+            exhausted_error(e, i, &why);
+            if (refuse_callback_waiter(e, i, &why)) {
+                blocked = 1;    /* its return may give room back */
+                break;
+            }
+            demand_pop(e);
+            sl_fail_idle(e, i, &why);
             continue;
         }
+        demand_pop(e);
         if (rc < 0) {
             const struct sluice_tensor_info *t = &e->ix->tensors[i];
             char q[SL_QUOTE_MAX];
@@ -697,13 +778,29 @@ static void read_failed(sl_engine *e, size_t i, const sl_read *r)
     sl_slot_error(e, i, &err);
 }
 
+/* Whether segment k of read r failed. A read that met the end of the
+ * file brought the bytes before it: a segment wholly among them is
+ * whole (a file cut in the middle of a group of small tensors fails
+ * only those past the cut). Any other error fails every segment. */
+static int segment_failed(const sl_read *r, int k)
+{
+    if (r->req.error)
+        return 1;
+    if (!r->req.eof)
+        return 0;
+    uint64_t end = 0;
+    for (int j = 0; j <= k; j++)
+        end += r->iov0[j].iov_len;
+    return r->nseg == 1 || end > r->req.done_bytes;
+}
+
 static void chunk_complete(sl_engine *e, const sl_read *r, int k)
 {
     size_t i = r->seg[k].tensor;
     uint32_t c = r->seg[k].chunk;
     sl_slot *s = &e->slots[i];
     s->inflight--;
-    if (r->req.error || r->req.eof) {
+    if (segment_failed(r, k)) {
         if (!s->failing) {
             read_failed(e, i, r);
             s->failing = 1;

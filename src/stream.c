@@ -11,10 +11,12 @@
  */
 #include "engine_int.h"
 
+#include "cancel.h"
 #include "model.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static sl_engine *engine_of(sluice_model *m)
 {
@@ -46,6 +48,16 @@ static int collect(sl_engine *e, sl_stream *st, delivery *out)
         if (ps == SL_POS_TOO_LARGE) {
             e->st.failures++;
             d->status = sl_too_large_error(e, i, &err);
+        } else if (ps == SL_POS_REFUSED) {
+            e->st.failures++;
+            const struct sluice_tensor_info *t = &e->ix->tensors[i];
+            char q[SL_QUOTE_MAX];
+            d->status = sl_fail(&err, SLUICE_E_POOL_EXHAUSTED,
+                                "tensor %s (%llu bytes) cannot be loaded by a stream run from "
+                                "a stream callback: the room it needs is held by the calling "
+                                "stream, which gives it back only when its callback returns",
+                                sl_quote(q, sizeof q, t->name, t->name_len),
+                                (unsigned long long)t->nbytes);
         } else if (ps != SL_POS_PINNED) {
             continue;
         } else if (s->state == SL_READY || s->gen != st->pgen[pos]) {
@@ -55,6 +67,7 @@ static int collect(sl_engine *e, sl_stream *st, delivery *out)
             s->pins--;
             st->pinned--;
             st->pinned_bytes -= e->ix->tensors[i].nbytes;
+            sl_demand_drop_if_unwanted(e, i);
             sl_unhold(e, i);
         } else {
             continue;
@@ -69,24 +82,72 @@ static int collect(sl_engine *e, sl_stream *st, delivery *out)
     return k;
 }
 
-static int stream_run(sluice_model *m, sl_engine *e, sl_stream *st, sluice_stream_fn fn,
-                      void *user, sl_err *err)
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Calls the progress callback when its interval has passed, or always
+ * when final. Lock not held. */
+static void report_progress(sl_stream *st, int final)
+{
+    if (!st->progress)
+        return;
+    uint64_t now = now_ns();
+    if (!final && now - st->progress_last_ns < st->progress_every_ns)
+        return;
+    st->progress_last_ns = now;
+    struct sluice_stream_progress p = {
+        .size = sizeof p,
+        .tensors_done = st->done,
+        .tensors_total = st->n,
+        .bytes_done = st->bytes_done,
+        .bytes_total = st->bytes_total,
+    };
+    st->progress(st->progress_user, &p);
+}
+
+static void wake_engine(void *ctx)
+{
+    sl_engine *e = ctx;
+    pthread_mutex_lock(&e->lock);
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->lock);
+}
+
+static int cancelled(const sl_stream *st, sl_err *err)
+{
+    if (!sluice_cancel_requested(st->cancel))
+        return 0;
+    sl_fail(err, SLUICE_E_CANCELLED, "stream cancelled after %zu of %zu tensors", st->done, st->n);
+    return 1;
+}
+
+static int stream_run(sl_engine *e, sl_stream *st, sluice_stream_fn fn, void *user, sl_err *err)
 {
     delivery batch[STREAM_BATCH];
     int result = SLUICE_OK, first_fail = SLUICE_OK;
+    sl_cancel_reg reg = {.wake = wake_engine, .ctx = e};
+    sl_cancel_register(st->cancel, &reg);
     pthread_mutex_lock(&e->lock);
+    /* Run from a callback: the streams whose callbacks this thread runs
+     * give nothing back until this stream returns (see sched.c). */
+    st->in_callback = sl_mark_blocked(e, +1);
     st->next = e->streams;
     e->streams = st;
     e->nstreams++;
     for (;;) {
+        if (cancelled(st, err)) {
+            result = SLUICE_E_CANCELLED;
+            break;
+        }
         sl_pump(e);
         int k = collect(e, st, batch);
         if (k == 0) {
             if (st->lo >= st->n)
                 break;
-            /* a stream run from another stream's callback: see sched.c */
-            if (st->pstate[st->lo] == SL_POS_PINNED && sl_fail_if_only_self(e, st->ids[st->lo]))
-                continue;
             sl_wait(e);
             continue;
         }
@@ -96,6 +157,8 @@ static int stream_run(sluice_model *m, sl_engine *e, sl_stream *st, sluice_strea
         for (int j = 0; j < k; j++) {
             delivery *d = &batch[j];
             const struct sluice_tensor_info *info = &e->ix->tensors[d->index];
+            if (result == SLUICE_OK && cancelled(st, err))
+                result = SLUICE_E_CANCELLED;
             if (result != SLUICE_OK) {
                 sluice_release(d->t);   /* stopped: give back the rest */
             } else {
@@ -105,6 +168,8 @@ static int stream_run(sluice_model *m, sl_engine *e, sl_stream *st, sluice_strea
                 }
                 int rc = fn(user, d->t, d->status, info,
                             d->status < 0 ? (d->msg ? d->msg : "tensor failed") : NULL);
+                st->done++;
+                st->bytes_done += info->nbytes;
                 if (rc != 0) {
                     result = rc;
                     sl_fail(err, rc, "stream stopped by its callback (returned %d) at tensor %zu",
@@ -113,6 +178,7 @@ static int stream_run(sluice_model *m, sl_engine *e, sl_stream *st, sluice_strea
             }
             free(d->msg);
         }
+        report_progress(st, st->done == st->n || result != SLUICE_OK);
         pthread_mutex_lock(&e->lock);
         st->delivering = 0;
         if (result != SLUICE_OK)
@@ -121,8 +187,10 @@ static int stream_run(sluice_model *m, sl_engine *e, sl_stream *st, sluice_strea
     /* Unpin what was not delivered and leave. */
     for (size_t pos = st->lo; pos < st->hi; pos++)
         if (st->pstate[pos] == SL_POS_PINNED) {
-            e->slots[st->ids[pos]].pins--;
-            sl_unhold(e, st->ids[pos]);
+            size_t i = st->ids[pos];
+            e->slots[i].pins--;
+            sl_demand_drop_if_unwanted(e, i);
+            sl_unhold(e, i);
         }
     for (sl_stream **p = &e->streams; *p; p = &(*p)->next)
         if (*p == st) {
@@ -130,19 +198,56 @@ static int stream_run(sluice_model *m, sl_engine *e, sl_stream *st, sluice_strea
             break;
         }
     e->nstreams--;
+    sl_mark_blocked(e, -1);
     sl_pump(e);
     sl_unlock(e);
-    (void)m;
+    sl_cancel_unregister(st->cancel, &reg);
+    if (result == SLUICE_E_CANCELLED && st->done < st->n)
+        report_progress(st, 1);
     return result != SLUICE_OK ? result : first_fail;
 }
 
-SLUICE_API int sluice_stream(sluice_model *m, const char *const *names, size_t n,
-                             sluice_stream_fn fn, void *user)
+SLUICE_API int sluice_stream_options_init(sluice_stream_options *o)
+{
+    if (!o)
+        return SLUICE_E_INVAL;
+    memset(o, 0, sizeof *o);
+    o->size = sizeof *o;
+    o->progress_interval_ms = 100;
+    return SLUICE_OK;
+}
+
+/* Copies the caller's stream options over the defaults, up to the size
+ * the caller knows; a longer struct must have a zero tail. */
+static int take_stream_options(sluice_stream_options *dst, const sluice_stream_options *src,
+                               sl_err *err)
+{
+    sluice_stream_options_init(dst);
+    if (!src)
+        return SLUICE_OK;
+    if (src->size < sizeof src->size)
+        return sl_fail(err, SLUICE_E_INVAL, "stream options: size %zu is too small; "
+                       "call sluice_stream_options_init first", src->size);
+    for (size_t b = sizeof *dst; b < src->size; b++)
+        if (((const unsigned char *)src)[b])
+            return sl_fail(err, SLUICE_E_INVAL, "stream options: byte %zu of a %zu-byte struct "
+                           "is not zero, and this library knows only %zu bytes",
+                           b, src->size, sizeof *dst);
+    memcpy(dst, src, src->size < sizeof *dst ? src->size : sizeof *dst);
+    dst->size = sizeof *dst;
+    return SLUICE_OK;
+}
+
+SLUICE_API int sluice_stream_ex(sluice_model *m, const char *const *names, size_t n,
+                                sluice_stream_fn fn, void *user, const sluice_stream_options *o)
 {
     sl_err err = {0};
     sl_engine *e = engine_of(m);
     if (!e)
         return SLUICE_E_INVAL;
+    sluice_stream_options so;
+    if (take_stream_options(&so, o, &err) < 0)
+        return sl_model_error(m, &err);
     if (!fn) {
         sl_fail(&err, SLUICE_E_INVAL, "sluice_stream: the callback is NULL");
         return sl_model_error(m, &err);
@@ -155,16 +260,35 @@ SLUICE_API int sluice_stream(sluice_model *m, const char *const *names, size_t n
     sl_stream st = {0};
     st.ids = names ? ids : e->order;
     st.n = n;
+    st.progress = so.progress;
+    st.progress_user = so.progress_user;
+    st.progress_every_ns = (uint64_t)so.progress_interval_ms * 1000000u;
+    st.progress_last_ns = now_ns(); /* the first call comes an interval in */
+    st.cancel = so.cancel;
+    for (size_t k = 0; k < n; k++)
+        st.bytes_total += e->ix->tensors[st.ids[k]].nbytes;
     st.pstate = calloc(n ? n : 1, 1);
     st.pgen = calloc(n ? n : 1, sizeof *st.pgen);
     int rc;
-    if (!st.pstate || !st.pgen)
+    if (!st.pstate || !st.pgen) {
         rc = sl_fail(&err, SLUICE_E_NOMEM, "sluice_stream: out of memory for %zu tensors", n);
-    else
-        rc = stream_run(m, e, &st, fn, user, &err);
+        sl_model_error(m, &err);
+    } else {
+        sl_enter(e);
+        rc = stream_run(e, &st, fn, user, &err);
+        if (rc != SLUICE_OK)
+            sl_model_error(m, &err);
+        sl_pause_point(e, SL_PAUSE_STREAM_EXIT);
+        sl_leave(e);
+    }
     free(st.pstate);
     free(st.pgen);
     free(ids);
-    return rc < 0 || rc != SLUICE_OK ? sl_model_error(m, &err) : SLUICE_OK;
+    return rc;
 }
 
+SLUICE_API int sluice_stream(sluice_model *m, const char *const *names, size_t n,
+                             sluice_stream_fn fn, void *user)
+{
+    return sluice_stream_ex(m, names, n, fn, user, NULL);
+}
