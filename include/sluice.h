@@ -103,7 +103,7 @@ enum sluice_status {
 
     /* engine */
     SLUICE_E_TOO_LARGE = -50,      /* tensor larger than the whole pool budget */
-    SLUICE_E_POOL_EXHAUSTED = -51, /* every pool byte is held by live handles */
+    SLUICE_E_POOL_EXHAUSTED = -51, /* live handles hold the room a tensor needs */
     SLUICE_E_BUSY = -52,           /* close with live handles or a stream running */
     SLUICE_E_FILE_CHANGED = -53,   /* a file shrank or vanished after open */
     SLUICE_E_CANCELLED = -54       /* a stream stopped by its cancellation token */
@@ -179,9 +179,8 @@ typedef struct sluice_options {
     size_t size;            /* sizeof(sluice_options), set by sluice_options_init */
     uint32_t flags;         /* SLUICE_F_*; unknown bits are rejected (SLUICE_E_INVAL) */
     uint32_t queue_depth;   /* reads in flight; default 32, 1..4096 */
-    uint64_t pool_bytes;    /* buffer budget; default 4 GiB (holds the largest
-                               tensor of a 70B model with room to read ahead,
-                               1/16 of a 64 GiB host) */
+    uint64_t pool_bytes;    /* buffer budget; default 4 GiB, 1/16 of a 64 GiB
+                               host (see "Sizing the pool" below) */
     uint64_t chunk_bytes;   /* size of one read; default 8 MiB, 4 KiB..1 GiB */
     uint32_t io_threads;    /* threads of the pread backend; default 4 */
     uint32_t hash_threads;  /* hashing threads; 0 = online CPUs */
@@ -192,6 +191,28 @@ typedef struct sluice_options {
 
 /* Fills *opts with the defaults. Returns SLUICE_E_INVAL if opts is NULL. */
 SLUICE_API int sluice_options_init(sluice_options *opts);
+
+/*
+ * Sizing the pool
+ * ---------------
+ * Every tensor is read into one contiguous buffer of the pool. A tensor
+ * larger than the pool fails with SLUICE_E_TOO_LARGE. A tensor that fits
+ * still needs one free range of its size: buffers held by handles stay
+ * where they are, so they can split the pool into ranges that are each
+ * too small although the bytes free in all are enough; the acquire then
+ * fails with SLUICE_E_POOL_EXHAUSTED and a message that says so ("cannot
+ * be placed", with the largest range that could be made), and nothing is
+ * evicted for it. Buffers are placed lowest address first, which keeps
+ * held ones packed, but no order can rule this out.
+ * So give the pool at least the largest tensor plus what the callers hold
+ * at once; to be safe from placement, twice the largest tensor plus that.
+ * For example a 70B model in FP32 (Llama 3: vocabulary 128256 x hidden
+ * 8192) has an embedding and an lm_head of 4,202,692,608 bytes each: the
+ * default 4 GiB pool (4,294,967,296) holds one of them alone, with 88 MiB
+ * to spare and nothing else held; to hold both at once, or one while
+ * other handles are live, give at least 12 GiB (or hold the embedding
+ * only while it is copied where it belongs).
+ */
 
 /* ------------------------------------------------------------------------ */
 /* Opening a model and its index                                            */
@@ -252,9 +273,11 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts,
  * or while another thread's stream runs, is refused, not a crash.
  * NULL is a no-op returning SLUICE_OK; so is the shell of a failed open
  * (which it frees).
- * No other call may be running on the model (an acquire blocked in
- * another thread is not counted: wait for it), and after a successful
- * close nothing of the model may be used again: not the model (a second
+ * A call that another thread is still running on the model (an acquire
+ * waiting for its tensor, a release or a stream on its way out) is waited
+ * for, and then counted: close returns SLUICE_E_BUSY if that call left a
+ * live handle. No call may start on the model once close has begun,
+ * and after a successful close nothing of the model may be used again: not the model (a second
  * close included), not a handle (one cannot be live: see above), not a
  * borrowed pointer. That misuse cannot be detected; it is undefined.
  */
@@ -368,12 +391,23 @@ SLUICE_API int sluice_prefetch(sluice_model *model, const char *const *names,
  * happens to the file.
  * Returns SLUICE_OK, SLUICE_E_INVAL, SLUICE_E_NOT_FOUND, SLUICE_E_IO,
  * SLUICE_E_FILE_CHANGED, SLUICE_E_CHECKSUM, SLUICE_E_TOO_LARGE,
- * SLUICE_E_POOL_EXHAUSTED (every byte of the pool is held by handles, so
- * waiting could never end; from inside a stream callback, also when only
- * that stream's own buffers could make room, with no read in flight and
- * no other thread's callback running), SLUICE_E_NOMEM. On failure *out is NULL (when
- * out is not). A failure concerns that tensor only; acquiring it again
+ * SLUICE_E_POOL_EXHAUSTED (see below), SLUICE_E_NOMEM. On failure *out is
+ * NULL (when out is not). A failure concerns that tensor only; acquiring it again
  * tries again. Any thread, including from a stream callback.
+ *
+ * SLUICE_E_POOL_EXHAUSTED: the tensor cannot get room and waiting could
+ * never end. Room comes back from reads in flight, from stream callbacks
+ * running (they release what they were given) and from threads about to
+ * return a handle from the library; handles that threads hold outside
+ * the library are not counted, since nothing says they will ever be
+ * released (so size the pool for what all threads hold at once). A thread
+ * that waits inside the library gives nothing back meanwhile: when the
+ * waiting thread runs a stream callback, and the room it needs is held by
+ * its own stream (the handle it was given, the stream's read-ahead),
+ * that acquire alone fails, at once (others waiting for the same tensor
+ * go on waiting); two callbacks of two streams that each wait for the
+ * other's room both fail, they do not wait for ever. It is also returned
+ * when enough bytes are free but not in one range ("Sizing the pool").
  *
  * I/O faults, on either backend (io_uring or the pread threads):
  *  - a short read is asked again for the rest, as long as each read
@@ -445,7 +479,9 @@ typedef int (*sluice_stream_fn)(void *user, sluice_tensor *t, int status,
  * model, NULL fn, a NULL name), SLUICE_E_NOT_FOUND (an unknown name) or
  * SLUICE_E_NOMEM. Any thread; several streams may run at once. The
  * callback may call any function on the model (sluice_close is refused
- * with SLUICE_E_BUSY while the stream runs).
+ * with SLUICE_E_BUSY while the stream runs); a stream it starts is
+ * delivered SLUICE_E_POOL_EXHAUSTED for a tensor whose room only the
+ * calling stream could give back (see sluice_acquire).
  * Memory: a stream reads ahead at most queue_depth x chunk_bytes (at least
  * 64 MiB, at most half the pool) past the tensor it waits for, and a
  * tensor it delivered and the callback released is the first whose room

@@ -3,15 +3,20 @@
  *
  * The pump fills free read slots (queue_depth of them) in this order:
  *  1. demand: tensors a caller is blocked on (acquire, a stream's head).
- *     They may evict any unheld buffer. When one cannot get room and
- *     nothing is on its way to give room back (no read in flight, no
- *     waiter about to take a READY tensor, no stream callback running), it
- *     fails with SLUICE_E_POOL_EXHAUSTED: every byte is held by live
- *     handles, which only their owners can release; waiting could last for
- *     ever. (So a thread may see POOL_EXHAUSTED while another thread holds
- *     handles it would release soon: size the pool for what all threads
- *     hold at once.) While a demand waits for room, nothing speculative
- *     starts (it would take the room first).
+ *     They may evict any unheld buffer, but only when eviction can place
+ *     the buffer (held buffers may split the pool): nothing is evicted
+ *     for nothing. When one cannot get room and nothing is on its way to
+ *     give room back (room_may_return: no read in flight, no waiter about
+ *     to take a READY tensor and return, no stream callback running whose
+ *     thread is not itself waiting in the library), waiting could last for
+ *     ever: if a waiter runs in a stream callback, that waiter alone is
+ *     refused (its return gives its stream's room back), else the tensor
+ *     fails with SLUICE_E_POOL_EXHAUSTED for all its waiters: the room is
+ *     held by handles that only their owners can release. (So a thread may
+ *     see POOL_EXHAUSTED while another thread holds handles it would
+ *     release soon: size the pool for what all threads hold at once.)
+ *     While a demand waits for room, nothing speculative starts (it would
+ *     take the room first).
  *  2. the remaining chunks of tensors already started (they hold memory).
  *  3. streams' read-ahead, then 4. the plan's read-ahead. Speculative
  *     reads may only evict buffers already handed out and released
