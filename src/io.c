@@ -12,7 +12,8 @@
  * pread/preadv to the end, with the same retry rules.
  *
  * The rules for one attempt's result (step()) are shared, so both backends
- * behave alike, and so are the injected faults (fault_take()).
+ * behave alike, and so are the injected faults (fault_take(),
+ * fault_short()).
  */
 #include "io.h"
 
@@ -158,6 +159,32 @@ static uint64_t iov_bytes(const struct iovec *iov, int n)
     return t;
 }
 
+/* An injected short read, made real: the attempt read `res` bytes of the
+ * first cnt segments, and now reports half of them (at least one), and the
+ * bytes it no longer reports are overwritten with their complement, so a
+ * caller that took the short read as complete would hold wrong bytes, as
+ * it would after a real short read into a reused buffer. */
+static int64_t fault_short(sl_io_req *r, int cnt, int64_t res)
+{
+    if (res <= 1)
+        return res;
+    uint64_t keep = (uint64_t)res / 2, skip = keep, left = (uint64_t)res - keep;
+    for (int i = 0; i < cnt && left; i++) {
+        uint64_t len = r->iov[i].iov_len;
+        if (skip >= len) {
+            skip -= len;
+            continue;
+        }
+        unsigned char *b = (unsigned char *)r->iov[i].iov_base + skip;
+        uint64_t n = len - skip < left ? len - skip : left;
+        for (uint64_t k = 0; k < n; k++)
+            b[k] = (unsigned char)~b[k];
+        left -= n;
+        skip = 0;
+    }
+    return (int64_t)keep;
+}
+
 /* ------------------------------------------------------------ pread backend */
 
 static int64_t pread_once(sl_io *io, sl_io_req *r, uint64_t *asked)
@@ -170,19 +197,11 @@ static int64_t pread_once(sl_io *io, sl_io_req *r, uint64_t *asked)
         return -e;
     if (f == SL_IO_FAULT_EOF)
         return 0;
-    struct iovec one;
-    const struct iovec *iov = r->iov;
-    if (f == SL_IO_FAULT_SHORT) {
-        one = r->iov[0];
-        if (one.iov_len > 1)
-            one.iov_len /= 2;
-        iov = &one;
-        cnt = 1;
-        *asked = one.iov_len;
-    }
-    ssize_t n = cnt == 1 ? pread(r->fd, iov[0].iov_base, iov[0].iov_len, (off_t)r->offset)
-                         : preadv(r->fd, iov, cnt, (off_t)r->offset);
-    return n < 0 ? -(int64_t)errno : (int64_t)n;
+    ssize_t n = cnt == 1 ? pread(r->fd, r->iov[0].iov_base, r->iov[0].iov_len, (off_t)r->offset)
+                         : preadv(r->fd, r->iov, cnt, (off_t)r->offset);
+    if (n < 0)
+        return -(int64_t)errno;
+    return f == SL_IO_FAULT_SHORT ? fault_short(r, cnt, n) : (int64_t)n;
 }
 
 static void *pread_main(void *arg)
@@ -294,12 +313,13 @@ static void *uring_main(void *arg)
             }
             sl_io_req *r = data;
             inflight--;
-            uint64_t asked = iov_bytes(r->iov, r->iovcnt < IOV_MAX ? r->iovcnt : IOV_MAX);
+            int cnt = r->iovcnt < IOV_MAX ? r->iovcnt : IOV_MAX;
+            uint64_t asked = iov_bytes(r->iov, cnt);
             sl_io_fault f = fault_take(io);
             if (fault_errno(f))
                 res = -fault_errno(f);
             else if (f == SL_IO_FAULT_SHORT && res > 1)
-                res /= 2;
+                res = fault_short(r, cnt, res);
             else if (f == SL_IO_FAULT_EOF && res > 0)
                 res = 0;
             if (step(r, res, asked) == STEP_AGAIN) {

@@ -23,6 +23,7 @@
  * Faults: sl_io_set_fault makes attempts number nth .. nth+count-1 (each
  * syscall or ring completion is one attempt, counted from 1 since create)
  * fail as asked, for the tests (no global state: it hangs off the seam).
+ * A short read is real: the bytes it does not report are overwritten.
  */
 #ifndef SLUICE_IO_H
 #define SLUICE_IO_H
@@ -72,7 +73,8 @@ typedef struct sl_io_config {
 typedef enum sl_io_fault {
     SL_IO_FAULT_NONE = 0,
     SL_IO_FAULT_EIO,         /* the attempt fails with EIO */
-    SL_IO_FAULT_SHORT,       /* the attempt brings half of what it asked */
+    SL_IO_FAULT_SHORT,       /* the attempt reports half of what it read, and
+                              * the other half of the buffer is garbage */
     SL_IO_FAULT_EINTR,
     SL_IO_FAULT_EAGAIN,
     SL_IO_FAULT_EINVAL,      /* as O_DIRECT does on a file system refusing it */
