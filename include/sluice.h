@@ -414,7 +414,8 @@ SLUICE_API int sluice_prefetch(sluice_model *model, const char *const *names,
  *    brings bytes (counted in sluice_stats.retries);
  *  - EINTR and EAGAIN are retried after an exponential backoff: 50 us,
  *    doubling to 12.8 ms, at most SLUICE_IO_MAX_ATTEMPTS attempts in a row
- *    (about 26 ms in all); then the tensor fails with SLUICE_E_IO;
+ *    (about 26 ms in all); then the tensor fails with SLUICE_E_IO. The
+ *    wait delays that read only: the other reads go on meanwhile;
  *  - a read that returns 0 bytes before the tensor's end (the file shrank
  *    after open): SLUICE_E_FILE_CHANGED;
  *  - any other errno (EIO, ENOSPC, ENXIO, ...): SLUICE_E_IO, the message

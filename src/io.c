@@ -3,16 +3,21 @@
  * io_uring backend: one ring, owned by one thread (the reaper), which is
  * the only thread that ever touches it. Other threads queue requests and
  * kick the reaper through an eventfd that the ring itself reads, so the
- * reaper sleeps in one place (io_uring_submit_and_wait) for both new work
- * and completions. Keeping every submission on one long-lived thread also
+ * reaper sleeps in one place (io_uring_submit_and_wait, with a timeout
+ * when a retry is waiting) for new work, completions and due retries. It
+ * never sleeps otherwise: it reaps for every request, so a sleep there
+ * would stall them all. Keeping every submission on one long-lived thread also
  * matters for correctness: the kernel cancels the requests a thread
  * submitted when that thread exits, and callers' threads come and go.
  *
  * pread backend: io_threads threads take requests from one queue and run
- * pread/preadv to the end, with the same retry rules.
+ * pread/preadv to the end, with the same retry rules. A request waiting
+ * for a retry goes back to a timed list rather than keeping its thread
+ * asleep, so that one io_thread is enough for any number of requests.
  *
  * The rules for one attempt's result (step()) are shared, so both backends
- * behave alike, and so are the injected faults (fault_take()).
+ * behave alike, and so are the injected faults (fault_take(),
+ * fault_short()) and the list of retries by due time (retry_park()).
  */
 #include "io.h"
 
@@ -35,10 +40,12 @@ struct sl_io {
     sluice_backend backend;
     int why;                     /* errno that refused io_uring */
 
-    pthread_mutex_t lock;        /* the queue and quit */
-    pthread_cond_t cv;           /* pread workers wait here */
+    pthread_mutex_t lock;        /* the queue, quit and (pread) retries */
+    pthread_cond_t cv;           /* pread workers wait here (CLOCK_MONOTONIC) */
     sl_io_req *head, *tail;      /* queued, not started */
     int quit;
+    sl_io_req *retries;          /* pread: waiting for due_ns, earliest first */
+    atomic_uint retries_waiting; /* both backends, for the tests */
 
     /* io_uring */
     struct io_uring ring;
@@ -86,14 +93,47 @@ static int fault_errno(sl_io_fault f)
     }
 }
 
-static void backoff(uint32_t attempt)
+/* The clock retries are due by: the test's, or CLOCK_MONOTONIC. */
+static uint64_t monotonic_ns(void)
 {
-    /* 50 us doubling up to 12.8 ms: EINTR/EAGAIN on a file are transient.
-     * Attempts 0 .. SL_IO_MAX_ATTEMPTS - 2 sleep: about 26 ms in all. */
-    uint64_t us = (uint64_t)50 << (attempt < 8 ? attempt : 8);
-    struct timespec ts = {(time_t)(us / 1000000), (long)(us % 1000000) * 1000};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t io_now(const sl_io *io)
+{
+    return io->cfg.clock_ns ? io->cfg.clock_ns(io->cfg.clock_ctx) : monotonic_ns();
+}
+
+/* 50 us doubling up to 12.8 ms: EINTR/EAGAIN on a file are transient.
+ * Attempts 0 .. SL_IO_MAX_ATTEMPTS - 2 wait: about 26 ms in all. */
+static uint64_t backoff_ns(uint32_t attempt)
+{
+    return (uint64_t)50000 << (attempt < 8 ? attempt : 8);
+}
+
+/* Puts r in *list, kept in order of due_ns (after those due as early, so
+ * that retries due together go in the order they failed). */
+static void retry_park(sl_io *io, sl_io_req **list, sl_io_req *r)
+{
+    while (*list && (*list)->due_ns <= r->due_ns)
+        list = &(*list)->next;
+    r->next = *list;
+    *list = r;
+    atomic_fetch_add(&io->retries_waiting, 1);
+}
+
+/* Takes the first of *list if it is due by now, else returns NULL. */
+static sl_io_req *retry_take_due(sl_io *io, sl_io_req **list, uint64_t now)
+{
+    sl_io_req *r = *list;
+    if (!r || r->due_ns > now)
+        return NULL;
+    *list = r->next;
+    r->next = NULL;
+    atomic_fetch_sub(&io->retries_waiting, 1);
+    return r;
 }
 
 static void advance(sl_io_req *r, uint64_t n)
@@ -113,18 +153,20 @@ static void advance(sl_io_req *r, uint64_t n)
     }
 }
 
-enum { STEP_DONE, STEP_AGAIN };
+enum { STEP_DONE, STEP_AGAIN, STEP_LATER };
 
 /* Accounts for one attempt that asked `asked` bytes and got res (bytes, or
- * -errno). Says whether the request is finished or must go again. */
-static int step(sl_io_req *r, int64_t res, uint64_t asked)
+ * -errno). Says whether the request is finished, must go again at once
+ * (short), or must go again at r->due_ns (EINTR, EAGAIN): the caller parks
+ * it, so that no thread sleeps while other requests wait on it. */
+static int step(const sl_io *io, sl_io_req *r, int64_t res, uint64_t asked)
 {
     if (res < 0) {
         int e = (int)-res;
         if ((e == EINTR || e == EAGAIN) && r->attempts + 1 < SL_IO_MAX_ATTEMPTS) {
-            backoff(r->attempts++);
+            r->due_ns = io_now(io) + backoff_ns(r->attempts++);
             r->retries++;
-            return STEP_AGAIN;
+            return STEP_LATER;
         }
         r->error = e;
         r->error_offset = r->offset;
@@ -158,6 +200,32 @@ static uint64_t iov_bytes(const struct iovec *iov, int n)
     return t;
 }
 
+/* An injected short read, made real: the attempt read `res` bytes of the
+ * first cnt segments, and now reports half of them (at least one), and the
+ * bytes it no longer reports are overwritten with their complement, so a
+ * caller that took the short read as complete would hold wrong bytes, as
+ * it would after a real short read into a reused buffer. */
+static int64_t fault_short(sl_io_req *r, int cnt, int64_t res)
+{
+    if (res <= 1)
+        return res;
+    uint64_t keep = (uint64_t)res / 2, skip = keep, left = (uint64_t)res - keep;
+    for (int i = 0; i < cnt && left; i++) {
+        uint64_t len = r->iov[i].iov_len;
+        if (skip >= len) {
+            skip -= len;
+            continue;
+        }
+        unsigned char *b = (unsigned char *)r->iov[i].iov_base + skip;
+        uint64_t n = len - skip < left ? len - skip : left;
+        for (uint64_t k = 0; k < n; k++)
+            b[k] = (unsigned char)~b[k];
+        left -= n;
+        skip = 0;
+    }
+    return (int64_t)keep;
+}
+
 /* ------------------------------------------------------------ pread backend */
 
 static int64_t pread_once(sl_io *io, sl_io_req *r, uint64_t *asked)
@@ -170,19 +238,22 @@ static int64_t pread_once(sl_io *io, sl_io_req *r, uint64_t *asked)
         return -e;
     if (f == SL_IO_FAULT_EOF)
         return 0;
-    struct iovec one;
-    const struct iovec *iov = r->iov;
-    if (f == SL_IO_FAULT_SHORT) {
-        one = r->iov[0];
-        if (one.iov_len > 1)
-            one.iov_len /= 2;
-        iov = &one;
-        cnt = 1;
-        *asked = one.iov_len;
-    }
-    ssize_t n = cnt == 1 ? pread(r->fd, iov[0].iov_base, iov[0].iov_len, (off_t)r->offset)
-                         : preadv(r->fd, iov, cnt, (off_t)r->offset);
-    return n < 0 ? -(int64_t)errno : (int64_t)n;
+    ssize_t n = cnt == 1 ? pread(r->fd, r->iov[0].iov_base, r->iov[0].iov_len, (off_t)r->offset)
+                         : preadv(r->fd, r->iov, cnt, (off_t)r->offset);
+    if (n < 0)
+        return -(int64_t)errno;
+    return f == SL_IO_FAULT_SHORT ? fault_short(r, cnt, n) : (int64_t)n;
+}
+
+/* Waits on cv until signalled or until the clock reaches due (the test's
+ * clock may not be CLOCK_MONOTONIC: the wait is converted, and a worker
+ * that wakes before due by the test's clock just waits again). */
+static void pread_wait_until(sl_io *io, uint64_t due)
+{
+    uint64_t now = io_now(io);
+    uint64_t at = monotonic_ns() + (due > now ? due - now : 0);
+    struct timespec ts = {(time_t)(at / 1000000000u), (long)(at % 1000000000u)};
+    pthread_cond_timedwait(&io->cv, &io->lock, &ts);
 }
 
 static void *pread_main(void *arg)
@@ -190,23 +261,39 @@ static void *pread_main(void *arg)
     sl_io *io = arg;
     pthread_mutex_lock(&io->lock);
     for (;;) {
-        while (!io->head && !io->quit)
-            pthread_cond_wait(&io->cv, &io->lock);
-        sl_io_req *r = io->head;
-        if (!r)
-            break;
-        io->head = r->next;
-        if (!io->head)
-            io->tail = NULL;
+        /* Retries that are due go first; then new requests. */
+        sl_io_req *r = retry_take_due(io, &io->retries, io_now(io));
+        if (!r && (r = io->head)) {
+            io->head = r->next;
+            if (!io->head)
+                io->tail = NULL;
+        }
+        if (!r) {
+            if (io->quit && !io->retries)
+                break;
+            if (io->retries)
+                pread_wait_until(io, io->retries->due_ns);
+            else
+                pthread_cond_wait(&io->cv, &io->lock);
+            continue;
+        }
         pthread_mutex_unlock(&io->lock);
-        for (;;) {
+        int s;
+        do {
             /* Two statements: the order in which a call's arguments are
              * evaluated is unspecified, and step() needs this attempt's
              * `asked`, not the last one's. */
             uint64_t asked = 0;
             int64_t res = pread_once(io, r, &asked);
-            if (step(r, res, asked) != STEP_AGAIN)
-                break;
+            s = step(io, r, res, asked);
+        } while (s == STEP_AGAIN);
+        if (s == STEP_LATER) {
+            pthread_mutex_lock(&io->lock);
+            retry_park(io, &io->retries, r);
+            /* A worker waiting for a later retry, or for nothing, must
+             * now wake for this one. */
+            pthread_cond_broadcast(&io->cv);
+            continue;
         }
         r->next = NULL;
         io->cfg.done(io->cfg.ctx, r);
@@ -248,18 +335,52 @@ static void uring_arm_kick(sl_io *io)
     io_uring_sqe_set_data(sqe, &io->efd_buf);
 }
 
+/* The ring refused to submit or wait (not EINTR, EAGAIN, EBUSY, ETIME).
+ * Rather than spin, wait for a completion, at most 50 us: a completion
+ * ends the wait at once, so no read waits on this. Only if the ring cannot
+ * even wait does the thread sleep those 50 us, there being nothing else
+ * to wait on. */
+static void uring_trouble(sl_io *io)
+{
+    struct io_uring_cqe *cqe;
+    struct __kernel_timespec ts = {0, 50000};
+    int rc = io_uring_wait_cqe_timeout(&io->ring, &cqe, &ts);
+    if (rc < 0 && rc != -ETIME && rc != -EINTR) {
+        struct timespec pause = {0, 50000};
+        nanosleep(&pause, NULL);
+    }
+}
+
+/* Submits what is prepared and waits for a completion, or until the first
+ * parked retry is due. */
+static int uring_submit_and_wait(sl_io *io, const sl_io_req *parked)
+{
+    if (!parked)
+        return io_uring_submit_and_wait(&io->ring, 1);
+    uint64_t now = io_now(io), wait = parked->due_ns > now ? parked->due_ns - now : 0;
+    struct __kernel_timespec ts = {(long long)(wait / 1000000000u), (long long)(wait % 1000000000u)};
+    struct io_uring_cqe *cqe;
+    return io_uring_submit_and_wait_timeout(&io->ring, &cqe, 1, &ts, NULL);
+}
+
 static void *uring_main(void *arg)
 {
     sl_io *io = arg;
     unsigned inflight = 0;      /* read SQEs the kernel holds */
     int armed = 0;              /* the eventfd read is in the ring */
-    sl_io_req *again = NULL;    /* to resubmit (short reads, EINTR, EAGAIN) */
+    sl_io_req *again = NULL;    /* to resubmit now (short reads) */
+    sl_io_req *parked = NULL;   /* to resubmit at due_ns (EINTR, EAGAIN), earliest first */
     for (;;) {
         pthread_mutex_lock(&io->lock);
         sl_io_req *q = io->head;
         io->head = io->tail = NULL;
         int quit = io->quit;
         pthread_mutex_unlock(&io->lock);
+        uint64_t now = io_now(io);
+        for (sl_io_req *r; (r = retry_take_due(io, &parked, now));) {
+            r->next = again;
+            again = r;
+        }
         for (sl_io_req *r = again, *n; r; r = n) {
             n = r->next;
             uring_prep(io, r);
@@ -271,15 +392,15 @@ static void *uring_main(void *arg)
             uring_prep(io, r);
             inflight++;
         }
-        if (quit && inflight == 0)
+        if (quit && inflight == 0 && !parked)
             break;
         if (!armed) {
             uring_arm_kick(io);
             armed = 1;
         }
-        int rc = io_uring_submit_and_wait(&io->ring, 1);
-        if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY)
-            backoff(0); /* the ring is in trouble; do not spin */
+        int rc = uring_submit_and_wait(io, parked);
+        if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY && rc != -ETIME)
+            uring_trouble(io);
 
         sl_io_req *done = NULL, **done_tail = &done;
         struct io_uring_cqe *cqe;
@@ -294,18 +415,24 @@ static void *uring_main(void *arg)
             }
             sl_io_req *r = data;
             inflight--;
-            uint64_t asked = iov_bytes(r->iov, r->iovcnt < IOV_MAX ? r->iovcnt : IOV_MAX);
+            int cnt = r->iovcnt < IOV_MAX ? r->iovcnt : IOV_MAX;
+            uint64_t asked = iov_bytes(r->iov, cnt);
             sl_io_fault f = fault_take(io);
             if (fault_errno(f))
                 res = -fault_errno(f);
             else if (f == SL_IO_FAULT_SHORT && res > 1)
-                res /= 2;
+                res = fault_short(r, cnt, res);
             else if (f == SL_IO_FAULT_EOF && res > 0)
                 res = 0;
-            if (step(r, res, asked) == STEP_AGAIN) {
+            switch (step(io, r, res, asked)) {
+            case STEP_AGAIN:
                 r->next = again;
                 again = r;
-            } else {
+                break;
+            case STEP_LATER:
+                retry_park(io, &parked, r);
+                break;
+            default:
                 r->next = NULL;
                 *done_tail = r;
                 done_tail = &r->next;
@@ -379,7 +506,13 @@ int sl_io_create(const sl_io_config *cfg, sl_io **out, sl_err *err)
         free(io);
         return sl_fail(err, SLUICE_E_NOMEM, "I/O: cannot create a mutex");
     }
-    pthread_cond_init(&io->cv, NULL);
+    /* pread workers wait for a retry's due time on CLOCK_MONOTONIC: a
+     * change of the wall clock must not make them late or early. */
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&io->cv, &ca);
+    pthread_condattr_destroy(&ca);
     if (!cfg->force_pread) {
         int why = start_uring(io);
         if (why == 0) {
@@ -477,4 +610,9 @@ void sl_io_set_fault(sl_io *io, sl_io_fault kind, uint64_t nth, uint64_t count)
 uint64_t sl_io_attempts(const sl_io *io)
 {
     return atomic_load(&((sl_io *)io)->attempts);
+}
+
+unsigned sl_io_retries_waiting(const sl_io *io)
+{
+    return atomic_load(&((sl_io *)io)->retries_waiting);
 }

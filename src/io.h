@@ -5,9 +5,15 @@
  * offset. The seam finishes it or fails it; the caller only sees the end:
  *  - a short read is resubmitted for the rest (counted in retries);
  *  - EINTR and EAGAIN are retried after a bounded exponential backoff
- *    (SL_IO_MAX_ATTEMPTS attempts in a row at most, sleeping 50 us, 100 us,
+ *    (SL_IO_MAX_ATTEMPTS attempts in a row at most, waiting 50 us, 100 us,
  *    ... 12.8 ms between them, about 26 ms in all; then the errno is the
- *    result; any byte read starts the count again);
+ *    result; any byte read starts the count again). The wait is scheduled,
+ *    not slept: the request is parked with its due time (cfg.clock_ns) and
+ *    resubmitted when due, by the io_uring reaper (which waits for
+ *    completions or the earliest due time in the ring, with a timeout) or
+ *    by any pread worker (which waits on its condition variable until the
+ *    earliest due time). So a request backing off never delays another:
+ *    no thread that serves other requests sleeps for it;
  *  - end of file before min_bytes arrived sets eof;
  *  - any other errno is the result.
  * Completion calls cfg.done(cfg.ctx, list) on a thread of the seam, with
@@ -23,6 +29,7 @@
  * Faults: sl_io_set_fault makes attempts number nth .. nth+count-1 (each
  * syscall or ring completion is one attempt, counted from 1 since create)
  * fail as asked, for the tests (no global state: it hangs off the seam).
+ * A short read is real: the bytes it does not report are overwritten.
  */
 #ifndef SLUICE_IO_H
 #define SLUICE_IO_H
@@ -57,6 +64,7 @@ typedef struct sl_io_req {
     /* private to the seam */
     uint32_t attempts;       /* consecutive EINTR/EAGAIN */
     uint64_t total;          /* bytes asked: sum of iov at submit */
+    uint64_t due_ns;         /* when a parked retry goes again (cfg.clock_ns) */
 } sl_io_req;
 
 typedef void (*sl_io_done_fn)(void *ctx, sl_io_req *list);
@@ -67,12 +75,17 @@ typedef struct sl_io_config {
     int force_pread;         /* do not try io_uring */
     sl_io_done_fn done;
     void *ctx;
+    /* The clock retries are scheduled by, in nanoseconds: NULL for
+     * CLOCK_MONOTONIC; the tests pass one they move by hand. */
+    uint64_t (*clock_ns)(void *clock_ctx);
+    void *clock_ctx;
 } sl_io_config;
 
 typedef enum sl_io_fault {
     SL_IO_FAULT_NONE = 0,
     SL_IO_FAULT_EIO,         /* the attempt fails with EIO */
-    SL_IO_FAULT_SHORT,       /* the attempt brings half of what it asked */
+    SL_IO_FAULT_SHORT,       /* the attempt reports half of what it read, and
+                              * the other half of the buffer is garbage */
     SL_IO_FAULT_EINTR,
     SL_IO_FAULT_EAGAIN,
     SL_IO_FAULT_EINVAL,      /* as O_DIRECT does on a file system refusing it */
@@ -107,5 +120,8 @@ void sl_io_set_fault(sl_io *io, sl_io_fault kind, uint64_t nth, uint64_t count);
 
 /* Attempts made so far (for tests that aim a fault). */
 uint64_t sl_io_attempts(const sl_io *io);
+
+/* Requests parked now, waiting for their retry's due time (for tests). */
+unsigned sl_io_retries_waiting(const sl_io *io);
 
 #endif

@@ -5,6 +5,7 @@
 #include "fuzz_files.h"
 #include "index.h"
 #include "manifest.h"
+#include "verdict.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -29,9 +30,13 @@ static void setup_once(void)
     atexit(cleanup);
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+const char fuzz_target_name[] = "manifest";
+
+/* The verdict is the first policy's failure (both must fail cleanly). */
+int fuzz_verdict(const uint8_t *data, size_t size)
 {
     setup_once();
+    int verdict = SLUICE_OK;
     fz_write_file(manifest_path, data, size);
     static const sluice_verify_policy policies[] = {SLUICE_VERIFY_DEFAULT, SLUICE_VERIFY_IF_PRESENT};
     for (size_t p = 0; p < sizeof policies / sizeof policies[0]; p++) {
@@ -41,7 +46,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         opts.verify = policies[p];
         sl_manifest *m = NULL;
         sl_err err;
-        if (sl_manifest_load(&ix, &opts, fz_dir, &m, &err) == SLUICE_OK) {
+        int rc = sl_manifest_load(&ix, &opts, fz_dir, &m, &err);
+        if (verdict == SLUICE_OK)
+            verdict = rc;
+        if (rc == SLUICE_OK) {
             for (size_t i = 0; i < ix.ntensors; i++)
                 (void)sl_manifest_tensor_digest(m, i);
             for (size_t i = 0; i < ix.nfiles; i++)
@@ -51,5 +59,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort(); /* a failed load leaves nothing behind */
         }
     }
+    return verdict;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    (void)fuzz_verdict(data, size);
     return 0;
 }
