@@ -48,6 +48,13 @@ extern "C" {
 #define SLUICE_VERSION_MAJOR 0
 #define SLUICE_VERSION_MINOR 1
 #define SLUICE_VERSION_PATCH 0
+/* The version this header belongs to, as a string and as one number
+ * (major * 10000 + minor * 100 + patch). Compare them with
+ * sluice_version() and sluice_version_number() to learn which library a
+ * program actually runs against. */
+#define SLUICE_VERSION_STRING "0.1.0"
+#define SLUICE_VERSION_NUMBER \
+    (SLUICE_VERSION_MAJOR * 10000 + SLUICE_VERSION_MINOR * 100 + SLUICE_VERSION_PATCH)
 
 /* The largest header accepted, in bytes (as in the reference implementation). */
 #define SLUICE_MAX_HEADER_BYTES 100000000u
@@ -107,6 +114,13 @@ enum sluice_status {
     SLUICE_E_BUSY = -52,           /* close with live handles or a stream running */
     SLUICE_E_FILE_CHANGED = -53    /* a file shrank or vanished after open */
 };
+
+/* The version of the library running (not of the header compiled
+ * against): "0.1.0" for this release; static, never NULL. Any thread. */
+SLUICE_API const char *sluice_version(void);
+/* The same as one number, major * 10000 + minor * 100 + patch (100 for
+ * 0.1.0), comparable with SLUICE_VERSION_NUMBER. Any thread. */
+SLUICE_API int sluice_version_number(void);
 
 /* A static string naming a status code ("header is not valid UTF-8").
  * Never NULL; unknown codes give "unknown status". Any thread. */
@@ -173,7 +187,11 @@ typedef enum sluice_verify_policy {
 /* Options for sluice_open. Always start from sluice_options_init(): it
  * writes the defaults and the struct's size, so that a library built with a
  * later, longer struct knows which fields the caller has. Fields are only
- * ever appended. */
+ * ever appended. A caller built against a newer header, whose struct is
+ * longer than this library's, is accepted when every byte past the fields
+ * this library knows is zero (the newer fields left at their defaults);
+ * a non-zero byte there fails sluice_open with SLUICE_E_INVAL, the message
+ * giving its offset, since this library cannot honour that option. */
 typedef struct sluice_options {
     size_t size;            /* sizeof(sluice_options), set by sluice_options_init */
     uint32_t flags;         /* SLUICE_F_*; unknown bits are rejected (SLUICE_E_INVAL) */

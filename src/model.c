@@ -38,12 +38,23 @@ static int take_options(sluice_options *dst, const sluice_options *src, sl_err *
     sluice_options_init(dst);
     if (!src)
         return SLUICE_OK;
-    if (src->size < offsetof(sluice_options, flags) + sizeof src->flags ||
-        src->size > sizeof *dst)
+    if (src->size < offsetof(sluice_options, flags) + sizeof src->flags)
         return sl_fail(err, SLUICE_E_INVAL,
                        "options: size %zu is not one this library knows (%zu); "
                        "call sluice_options_init first", src->size, sizeof *dst);
-    memcpy(dst, src, src->size);
+    /* A caller built against a newer header has fields this library does
+     * not know: harmless while they hold their zero defaults, but a set
+     * one asks for something this library would silently not do. */
+    if (src->size > sizeof *dst) {
+        const unsigned char *tail = (const unsigned char *)src;
+        for (size_t i = sizeof *dst; i < src->size; i++)
+            if (tail[i])
+                return sl_fail(err, SLUICE_E_INVAL,
+                               "options: byte %zu of the caller's %zu-byte struct is not zero, "
+                               "but this library knows only the first %zu bytes (a newer "
+                               "option it cannot honour)", i, src->size, sizeof *dst);
+    }
+    memcpy(dst, src, src->size < sizeof *dst ? src->size : sizeof *dst);
     dst->size = sizeof *dst;
     if (dst->flags & ~SLUICE_F_ALL_)
         return sl_fail(err, SLUICE_E_INVAL, "options: unknown flag bits 0x%x",

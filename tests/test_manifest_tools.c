@@ -388,6 +388,18 @@ static void cat_writes_verified_bytes(void **state)
     free(side);
 }
 
+/* `sluice --version` prints the version of the library it loaded. */
+static void version_is_the_library_s(void **state)
+{
+    fx *f = *state;
+    run_result r = run(f->dir, "--version", NULL);
+    expect_status(&r, 0, "--version");
+    char want[64];
+    snprintf(want, sizeof want, "sluice %s\n", sluice_version());
+    assert_string_equal(r.out, want);
+    run_free(&r);
+}
+
 static void usage_and_open_errors(void **state)
 {
     fx *f = *state;
@@ -483,6 +495,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(verify_reports_flipped_tensor, setup, teardown),
         cmocka_unit_test_setup_teardown(cat_writes_verified_bytes, setup, teardown),
         cmocka_unit_test_setup_teardown(usage_and_open_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(version_is_the_library_s, setup, teardown),
         cmocka_unit_test_setup_teardown(real_files_round_trip, setup, teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, NULL);

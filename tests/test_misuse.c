@@ -110,6 +110,17 @@ static void check_shell(sluice_model *m, const char *why)
     assert_int_equal(sluice_close(m), SLUICE_OK);
 }
 
+/* The running library's version, which the header's macros describe. */
+static void test_version(void **state)
+{
+    (void)state;
+    assert_string_equal(sluice_version(), SLUICE_VERSION_STRING);
+    assert_string_equal(sluice_version(), "0.1.0");
+    assert_int_equal(sluice_version_number(), SLUICE_VERSION_NUMBER);
+    assert_int_equal(sluice_version_number(),
+                     SLUICE_VERSION_MAJOR * 10000 + SLUICE_VERSION_MINOR * 100 + SLUICE_VERSION_PATCH);
+}
+
 static void test_bad_options(void **state)
 {
     (void)state;
@@ -126,7 +137,7 @@ static void test_bad_options(void **state)
         const char *why = NULL;
         switch (k) {
         case 0: o.size = 0; why = "size 0"; break;
-        case 1: o.size = sizeof o + 8; why = "is not one this library knows"; break;
+        case 1: o.size = offsetof(sluice_options, flags); why = "is not one this library knows"; break;
         case 2: o.size = sizeof o.size; why = "is not one this library knows"; break;
         case 3: o.flags = 0x8; why = "unknown flag bits 0x8"; break;
         case 4: o.flags = 0x80000000u | SLUICE_F_HASH_ALL; why = "unknown flag bits 0x80000000"; break;
@@ -161,6 +172,30 @@ static void test_bad_options(void **state)
     assert_int_equal(sluice_open(dir, &o, &m), SLUICE_OK);
     ef_check_orders(m, 1);
     assert_int_equal(sluice_close(m), SLUICE_OK);
+
+    /* a newer caller's longer struct: its unknown tail all zero is fine,
+     * a non-zero byte there is refused, named by its offset */
+    struct {
+        sluice_options o;
+        unsigned char tail[24];
+    } newer;
+    memset(&newer, 0, sizeof newer);
+    sluice_options_init(&newer.o);
+    newer.o.size = sizeof newer;
+    newer.o.flags = SLUICE_F_HASH_ALL;
+    assert_int_equal(sluice_open(dir, &newer.o, &m), SLUICE_OK);
+    ef_check_orders(m, 1);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    newer.tail[5] = 1;
+    assert_int_equal(sluice_open(dir, &newer.o, &m), SLUICE_E_INVAL);
+    char why[64];
+    snprintf(why, sizeof why, "byte %zu of", sizeof(sluice_options) + 5);
+    check_shell(m, why);
+    newer.tail[5] = 0;
+    newer.tail[23] = 0x80;
+    assert_int_equal(sluice_open(dir, &newer.o, &m), SLUICE_E_INVAL);
+    snprintf(why, sizeof why, "byte %zu of", sizeof(sluice_options) + 23);
+    check_shell(m, why);
 
     /* a path that names nothing, and an explicit manifest that is absent */
     assert_int_equal(sluice_open("/nonexistent/sluice", NULL, &m), SLUICE_E_NO_FILES);
@@ -325,6 +360,7 @@ int main(void)
         cmocka_unit_test(test_static_calls),
         cmocka_unit_test(test_null_model),
         cmocka_unit_test(test_bad_options),
+        cmocka_unit_test(test_version),
         cmocka_unit_test(test_open_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
