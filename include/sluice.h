@@ -287,8 +287,20 @@ SLUICE_API const char *sluice_errmsg(const sluice_model *model);
 
 /* Information about one tensor, borrowed from the model: every pointer is
  * valid until sluice_close. A struct tag without a typedef, like struct
- * stat, because sluice_tensor_info() is also the accessor of a handle. */
+ * stat, because sluice_tensor_info() is also the accessor of a handle.
+ *
+ * Like struct sluice_stats it starts with its size, so that fields can be
+ * appended without overwriting an older caller's memory: the caller sets
+ * .size = sizeof(struct sluice_tensor_info) (SLUICE_TENSOR_INFO_INIT does)
+ * before sluice_info or sluice_find; the library writes only the fields
+ * that fit in that size and leaves .size as the caller set it. A size
+ * smaller than the size field itself is SLUICE_E_INVAL; a larger one than
+ * this library's struct is fine (the fields it knows are written). The
+ * structs the library hands out by pointer (sluice_tensor_info(handle),
+ * a stream callback's info) have .size set by the library to its own
+ * sizeof: read a field only when .size covers it. */
 struct sluice_tensor_info {
+    size_t size;            /* set by the caller; see above */
     const char *name;       /* NUL-terminated; see "Tensor names" above */
     size_t name_len;        /* bytes in name, without the terminating NUL */
     sluice_dtype dtype;
@@ -303,17 +315,29 @@ struct sluice_tensor_info {
     size_t index;           /* this tensor's position in the model's order */
 };
 
+/* An initializer for a struct sluice_tensor_info to be filled:
+ *   struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT; */
+#ifdef __cplusplus /* every field, for -Wmissing-field-initializers */
+#define SLUICE_TENSOR_INFO_INIT \
+    {sizeof(struct sluice_tensor_info), 0, 0, SLUICE_DTYPE_BOOL, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+#else
+#define SLUICE_TENSOR_INFO_INIT {.size = sizeof(struct sluice_tensor_info)}
+#endif
+
 /* The number of tensors in the model (0 for a NULL or failed model). */
 SLUICE_API size_t sluice_count(const sluice_model *model);
 
-/* Fills *info for the tensor at index i (0 <= i < sluice_count).
- * Returns SLUICE_OK, or SLUICE_E_INVAL (bad model, i out of range, NULL). */
+/* Fills *info (whose size field the caller sets) for the tensor at index
+ * i (0 <= i < sluice_count). Returns SLUICE_OK, or SLUICE_E_INVAL (bad
+ * model, i out of range, NULL info, info->size smaller than the size
+ * field). */
 SLUICE_API int sluice_info(const sluice_model *model, size_t i,
                            struct sluice_tensor_info *info);
 
-/* Looks a tensor up by its NUL-terminated name, in O(1). info may be NULL
- * to test for existence. Returns SLUICE_OK, SLUICE_E_NOT_FOUND or
- * SLUICE_E_INVAL (bad model, NULL name). */
+/* Looks a tensor up by its NUL-terminated name, in O(1), and fills *info
+ * as sluice_info does. info may be NULL to test for existence. Returns
+ * SLUICE_OK, SLUICE_E_NOT_FOUND or SLUICE_E_INVAL (bad model, NULL name,
+ * info->size smaller than the size field). */
 SLUICE_API int sluice_find(const sluice_model *model, const char *name,
                            struct sluice_tensor_info *info);
 /* The same with an explicit length, for names holding a NUL. */
@@ -336,10 +360,14 @@ typedef enum sluice_metadata_kind {
 } sluice_metadata_kind;
 
 /* Information about one file of the model, borrowed until sluice_close
- * (a struct tag like struct sluice_tensor_info, for the same reason). */
+ * (a struct tag like struct sluice_tensor_info, for the same reason). It
+ * starts with its size, with the same rules as struct sluice_tensor_info:
+ * the caller sets .size = sizeof(struct sluice_file_info)
+ * (SLUICE_FILE_INFO_INIT); only the fields that fit are written. */
 struct sluice_file_info {
+    size_t size;             /* set by the caller */
     const char *path;        /* as opened (directory + shard name) */
-    uint64_t size;           /* bytes, at open */
+    uint64_t file_size;      /* bytes, at open (named size before 0.1.0's size field) */
     uint64_t header_bytes;   /* the header length N of the file */
     uint64_t data_start;     /* 8 + N: where data_offsets count from */
     size_t tensor_count;
@@ -348,9 +376,18 @@ struct sluice_file_info {
     const sluice_kv *metadata;
 };
 
+#ifdef __cplusplus /* every field, for -Wmissing-field-initializers */
+#define SLUICE_FILE_INFO_INIT \
+    {sizeof(struct sluice_file_info), 0, 0, 0, 0, 0, SLUICE_METADATA_ABSENT, 0, 0}
+#else
+#define SLUICE_FILE_INFO_INIT {.size = sizeof(struct sluice_file_info)}
+#endif
+
 /* The number of files (shards) of the model. */
 SLUICE_API size_t sluice_file_count(const sluice_model *model);
-/* Fills *info for file i. Returns SLUICE_OK or SLUICE_E_INVAL. */
+/* Fills *info (whose size field the caller sets) for file i. Returns
+ * SLUICE_OK or SLUICE_E_INVAL (bad model, i out of range, NULL info,
+ * info->size smaller than the size field). */
 SLUICE_API int sluice_file_info(const sluice_model *model, size_t i,
                                 struct sluice_file_info *info);
 

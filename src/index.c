@@ -74,6 +74,7 @@ static int add_tensors(sl_index *ix, sl_file *f, size_t file_index, const sl_hea
         const sl_header_tensor *ht = &h->tensors[i];
         struct sluice_tensor_info *t = &ix->tensors[ix->ntensors];
         memset(t, 0, sizeof *t);
+        t->size = sizeof *t; /* what sluice_tensor_info(handle) hands out */
         t->name = store_string(ix, ht->name, ht->name_len);
         uint64_t *shape = ht->ndim ? store(ix, ht->ndim * sizeof *shape) : NULL;
         if (!t->name || (ht->ndim && !shape))

@@ -211,24 +211,39 @@ SLUICE_API size_t sluice_count(const sluice_model *m)
     return sl_model_usable(m) == SLUICE_OK ? m->index.ntensors : 0;
 }
 
+/* A caller's struct may be shorter (built against an older header) or
+ * longer (a newer one) than ours: write only what both know, and keep the
+ * caller's size. */
+static void copy_sized(void *dst, const void *src, size_t src_size)
+{
+    size_t caller = *(const size_t *)dst;
+    memcpy(dst, src, caller < src_size ? caller : src_size);
+    *(size_t *)dst = caller;
+}
+
+static int info_size_ok(const struct sluice_tensor_info *info)
+{
+    return info->size >= sizeof info->size;
+}
+
 SLUICE_API int sluice_info(const sluice_model *m, size_t i, struct sluice_tensor_info *info)
 {
-    if (sl_model_usable(m) < 0 || !info || i >= m->index.ntensors)
+    if (sl_model_usable(m) < 0 || !info || !info_size_ok(info) || i >= m->index.ntensors)
         return SLUICE_E_INVAL;
-    *info = m->index.tensors[i];
+    copy_sized(info, &m->index.tensors[i], sizeof *info);
     return SLUICE_OK;
 }
 
 SLUICE_API int sluice_find_n(const sluice_model *m, const char *name, size_t len,
                              struct sluice_tensor_info *info)
 {
-    if (sl_model_usable(m) < 0 || !name)
+    if (sl_model_usable(m) < 0 || !name || (info && !info_size_ok(info)))
         return SLUICE_E_INVAL;
     size_t i = sl_index_find(&m->index, name, len);
     if (i == SIZE_MAX)
         return SLUICE_E_NOT_FOUND;
     if (info)
-        *info = m->index.tensors[i];
+        copy_sized(info, &m->index.tensors[i], sizeof *info);
     return SLUICE_OK;
 }
 
@@ -246,16 +261,20 @@ SLUICE_API size_t sluice_file_count(const sluice_model *m)
 
 SLUICE_API int sluice_file_info(const sluice_model *m, size_t i, struct sluice_file_info *info)
 {
-    if (sl_model_usable(m) < 0 || !info || i >= m->index.nfiles)
+    if (sl_model_usable(m) < 0 || !info || info->size < sizeof info->size || i >= m->index.nfiles)
         return SLUICE_E_INVAL;
     const sl_file *f = &m->index.files[i];
-    info->path = f->path;
-    info->size = f->size;
-    info->header_bytes = f->header_bytes;
-    info->data_start = f->data_start;
-    info->tensor_count = f->tensor_count;
-    info->metadata_kind = f->metadata_kind;
-    info->metadata_count = f->metadata_count;
-    info->metadata = f->metadata;
+    struct sluice_file_info fi = {
+        .size = sizeof fi,
+        .path = f->path,
+        .file_size = f->size,
+        .header_bytes = f->header_bytes,
+        .data_start = f->data_start,
+        .tensor_count = f->tensor_count,
+        .metadata_kind = f->metadata_kind,
+        .metadata_count = f->metadata_count,
+        .metadata = f->metadata,
+    };
+    copy_sized(info, &fi, sizeof fi);
     return SLUICE_OK;
 }

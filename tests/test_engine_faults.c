@@ -146,7 +146,7 @@ static void test_file_shrank(void **state)
 {
     (void)state;
     fx *f = fx_open(0, 64u << 10);
-    struct sluice_tensor_info last;
+    struct sluice_tensor_info last = SLUICE_TENSOR_INFO_INIT;
     assert_int_equal(sluice_info(f->m, NSIZES - 1, &last), SLUICE_OK);
     assert_int_equal(truncate(f->file, (off_t)last.offset), 0);
     assert_int_equal(acquire_status(f->m, "s0.t006"), SLUICE_E_FILE_CHANGED);
@@ -180,7 +180,7 @@ static void test_direct_fallback(void **state)
 static void file_digests(sluice_model *m, unsigned char (*d)[32])
 {
     for (size_t i = 0; i < sluice_count(m); i++) {
-        struct sluice_tensor_info info;
+        struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
         assert_int_equal(sluice_info(m, i, &info), SLUICE_OK);
         unsigned char *b = tu_pread_range(info.file, info.offset, (size_t)info.nbytes);
         unsigned len;

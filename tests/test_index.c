@@ -65,12 +65,12 @@ static void test_directory_without_index(void **state)
     assert_int_equal(open_code(dir, NULL, 0, &m), SLUICE_OK);
     assert_int_equal(sluice_count(m), 3);
     assert_int_equal(sluice_file_count(m), 2);
-    struct sluice_tensor_info t;
+    struct sluice_tensor_info t = SLUICE_TENSOR_INFO_INIT;
     assert_int_equal(sluice_info(m, 2, &t), SLUICE_OK);
     assert_string_equal(t.name, "c");
     assert_int_equal(t.file_index, 1);
     assert_non_null(strstr(t.file, "model-00002-of-00002.safetensors"));
-    struct sluice_file_info fi;
+    struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
     sluice_file_info(m, 0, &fi);
     assert_int_equal(fi.tensor_count, 2);
     assert_int_equal(fi.metadata_kind, SLUICE_METADATA_OBJECT);
@@ -245,10 +245,10 @@ static void compare_with_header(sluice_model *m, const char *path, size_t file_i
         n = (n << 8) | bytes[i];
     cJSON *root = cJSON_ParseWithLength((const char *)bytes + 8, (size_t)n);
     assert_non_null(root);
-    struct sluice_file_info fi;
+    struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
     assert_int_equal(sluice_file_info(m, file_index, &fi), SLUICE_OK);
     assert_int_equal(fi.header_bytes, n);
-    assert_int_equal(fi.size, len);
+    assert_int_equal(fi.file_size, len);
     size_t count = 0;
     for (cJSON *e = root->child; e; e = e->next) {
         if (!strcmp(e->string, "__metadata__")) {
@@ -259,7 +259,7 @@ static void compare_with_header(sluice_model *m, const char *path, size_t file_i
             continue;
         }
         count++;
-        struct sluice_tensor_info t;
+        struct sluice_tensor_info t = SLUICE_TENSOR_INFO_INIT;
         assert_int_equal(sluice_find(m, e->string, &t), SLUICE_OK);
         assert_int_equal(t.file_index, file_index);
         assert_string_equal(dtype_of(&t), cJSON_GetObjectItem(e, "dtype")->valuestring);
@@ -296,7 +296,7 @@ static void test_real_files(void **state)
         compare_with_header(m, files[i], 0);
         /* model order is data order within the file */
         for (size_t k = 1; k < sluice_count(m); k++) {
-            struct sluice_tensor_info a, b;
+            struct sluice_tensor_info a = SLUICE_TENSOR_INFO_INIT, b = SLUICE_TENSOR_INFO_INIT;
             sluice_info(m, k - 1, &a);
             sluice_info(m, k, &b);
             assert_true(a.data_end <= b.data_begin);
@@ -322,7 +322,7 @@ static void test_real_sharded(void **state)
         assert_int_equal(sluice_file_count(m), 6);
         uint64_t total = 0;
         for (size_t i = 0; i < sluice_count(m); i++) {
-            struct sluice_tensor_info t;
+            struct sluice_tensor_info t = SLUICE_TENSOR_INFO_INIT;
             sluice_info(m, i, &t);
             total += t.nbytes;
         }

@@ -38,8 +38,8 @@ static void test_static_calls(void **state)
 static void test_null_model(void **state)
 {
     (void)state;
-    struct sluice_tensor_info info;
-    struct sluice_file_info finfo;
+    struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
+    struct sluice_file_info finfo = SLUICE_FILE_INFO_INIT;
     struct sluice_stats st = {.size = sizeof st};
     uint8_t d[32];
     uint64_t size = 7;
@@ -82,8 +82,8 @@ static void check_shell(sluice_model *m, const char *why)
 {
     assert_non_null(m);
     assert_non_null(strstr(sluice_errmsg(m), why));
-    struct sluice_tensor_info info;
-    struct sluice_file_info finfo;
+    struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
+    struct sluice_file_info finfo = SLUICE_FILE_INFO_INIT;
     struct sluice_stats st = {.size = sizeof st};
     uint8_t d[32];
     sluice_tensor *t = (sluice_tensor *)&info;
@@ -245,6 +245,89 @@ static int inner_cb(void *user, sluice_tensor *t, int status,
     return 0;
 }
 
+/* The info structs start with their size: a shorter (older) struct gets
+ * only the fields it has, a longer (newer) one keeps its tail, the size
+ * the caller set stays; a size below the size field is refused. */
+static void test_info_sizes(void **state)
+{
+    (void)state;
+    char *dir = ef_model(1, ef_sizes, 6, 4);
+    sluice_options o = ef_opts(1u << 20, 64u << 10, 0);
+    sluice_model *m = ef_open(dir, &o);
+
+    struct sluice_tensor_info full = SLUICE_TENSOR_INFO_INIT;
+    assert_int_equal(sluice_info(m, 1, &full), SLUICE_OK);
+    assert_int_equal(full.size, sizeof full);
+    assert_int_equal(full.index, 1);
+
+    struct {
+        struct sluice_tensor_info i;
+        unsigned char tail[32];
+    } t;
+    for (size_t size = 0; size < sizeof t.i.size; size++) {
+        memset(&t, 0xa5, sizeof t);
+        t.i.size = size;
+        assert_int_equal(sluice_info(m, 1, &t.i), SLUICE_E_INVAL);
+        assert_int_equal(sluice_find(m, "s0.t001", &t.i), SLUICE_E_INVAL);
+    }
+    /* an older caller's struct that ends before dtype */
+    memset(&t, 0xa5, sizeof t);
+    t.i.size = offsetof(struct sluice_tensor_info, dtype);
+    assert_int_equal(sluice_find(m, full.name, &t.i), SLUICE_OK);
+    assert_int_equal(t.i.size, offsetof(struct sluice_tensor_info, dtype));
+    assert_ptr_equal(t.i.name, full.name);
+    assert_int_equal(t.i.name_len, full.name_len);
+    const unsigned char *bytes = (const unsigned char *)&t;
+    for (size_t k = offsetof(struct sluice_tensor_info, dtype); k < sizeof t; k++)
+        assert_int_equal(bytes[k], 0xa5);
+    /* a newer caller's longer struct: every field we know, tail untouched */
+    memset(&t, 0xa5, sizeof t);
+    t.i.size = sizeof t;
+    assert_int_equal(sluice_info(m, 1, &t.i), SLUICE_OK);
+    assert_int_equal(t.i.size, sizeof t);
+    assert_int_equal(t.i.index, 1);
+    assert_int_equal(t.i.offset, full.offset);
+    for (size_t k = 0; k < sizeof t.tail; k++)
+        assert_int_equal(t.tail[k], 0xa5);
+
+    /* the same rules for the file info */
+    struct sluice_file_info ffull = SLUICE_FILE_INFO_INIT;
+    assert_int_equal(sluice_file_info(m, 0, &ffull), SLUICE_OK);
+    assert_int_equal(ffull.size, sizeof ffull);
+    assert_true(ffull.file_size > 8);
+    struct {
+        struct sluice_file_info i;
+        unsigned char tail[32];
+    } f;
+    memset(&f, 0xa5, sizeof f);
+    f.i.size = sizeof f.i.size - 1;
+    assert_int_equal(sluice_file_info(m, 0, &f.i), SLUICE_E_INVAL);
+    f.i.size = offsetof(struct sluice_file_info, header_bytes);
+    assert_int_equal(sluice_file_info(m, 0, &f.i), SLUICE_OK);
+    assert_ptr_equal(f.i.path, ffull.path);
+    assert_int_equal(f.i.file_size, ffull.file_size);
+    bytes = (const unsigned char *)&f;
+    for (size_t k = offsetof(struct sluice_file_info, header_bytes); k < sizeof f; k++)
+        assert_int_equal(bytes[k], 0xa5);
+    memset(&f, 0xa5, sizeof f);
+    f.i.size = sizeof f;
+    assert_int_equal(sluice_file_info(m, 0, &f.i), SLUICE_OK);
+    assert_int_equal(f.i.size, sizeof f);
+    assert_int_equal(f.i.tensor_count, ffull.tensor_count);
+    for (size_t k = 0; k < sizeof f.tail; k++)
+        assert_int_equal(f.tail[k], 0xa5);
+
+    /* what the library hands out by pointer carries its own size */
+    sluice_tensor *h = NULL;
+    assert_int_equal(sluice_acquire_index(m, 1, &h), SLUICE_OK);
+    assert_int_equal(sluice_tensor_info(h)->size, sizeof(struct sluice_tensor_info));
+    assert_int_equal(sluice_tensor_info(h)->index, 1);
+    assert_int_equal(sluice_release(h), SLUICE_OK);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(dir);
+    free(dir);
+}
+
 static void test_open_model(void **state)
 {
     (void)state;
@@ -252,8 +335,8 @@ static void test_open_model(void **state)
     sluice_options o = ef_opts(1u << 20, 64u << 10, 0);
     sluice_model *m = ef_open(dir, &o);
     size_t n = sluice_count(m);
-    struct sluice_tensor_info info;
-    struct sluice_file_info finfo;
+    struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
+    struct sluice_file_info finfo = SLUICE_FILE_INFO_INIT;
     uint8_t d[32];
     uint64_t size = 0;
     sluice_tensor *t = (sluice_tensor *)&info;
@@ -361,6 +444,7 @@ int main(void)
         cmocka_unit_test(test_null_model),
         cmocka_unit_test(test_bad_options),
         cmocka_unit_test(test_version),
+        cmocka_unit_test(test_info_sizes),
         cmocka_unit_test(test_open_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
