@@ -277,11 +277,21 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts,
  */
 SLUICE_API int sluice_close(sluice_model *model);
 
+/* How many models each thread keeps error detail for (see sluice_errmsg). */
+#define SLUICE_ERRMSG_MODELS 16
+
 /*
  * The detail of the last failure recorded on this model by the calling
  * thread (for a model whose open failed: the open's failure). "" when none.
- * NULL model gives a generic out-of-memory message. Borrowed: valid until
- * the next call on the model from this thread, or close.
+ * NULL model gives a generic out-of-memory message.
+ * Each thread keeps the detail of the SLUICE_ERRMSG_MODELS models it most
+ * recently failed a call on: after failures on that many other models,
+ * this one's detail is gone (""). So read it soon after the failed call.
+ * A thread's detail is freed when the thread exits; memory stays bounded
+ * however many threads come and go or models open and close.
+ * Borrowed: valid until the next call on the model from this thread,
+ * close, the thread's exit, or failures of this thread on
+ * SLUICE_ERRMSG_MODELS other models.
  */
 SLUICE_API const char *sluice_errmsg(const sluice_model *model);
 

@@ -3,17 +3,12 @@
 #include "model.h"
 
 #include "engine.h"
+#include "errmsg.h"
 #include "manifest.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-/* One thread's last failure on one model. Slots are listed on the model so
- * that close frees those of threads that are still alive. */
-struct sl_err_slot {
-    struct sl_err_slot *next;
-    char msg[SL_ERRMSG_MAX];
-};
 
 SLUICE_API int sluice_options_init(sluice_options *opts)
 {
@@ -78,26 +73,14 @@ static int take_options(sluice_options *dst, const sluice_options *src, sl_err *
     return SLUICE_OK;
 }
 
-static void free_err_slots(sluice_model *m)
-{
-    struct sl_err_slot *s = m->err_slots;
-    while (s) {
-        struct sl_err_slot *next = s->next;
-        free(s);
-        s = next;
-    }
-    m->err_slots = NULL;
-}
-
 static void release_model(sluice_model *m)
 {
     sl_manifest_free(m->manifest);
     sl_index_free(&m->index);
-    if (m->err_key_ready) {
-        pthread_key_delete(m->err_key);
-        pthread_mutex_destroy(&m->err_lock);
-    }
-    free_err_slots(m);
+    /* The closing thread's own entry goes now; other threads' entries can
+     * never match a later model (ids are not reused) and go when pushed
+     * out or when their thread exits. */
+    sl_errmsg_forget(m->err_id);
     free(m->path);
     free(m);
 }
@@ -110,6 +93,7 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
     *out = m;
     if (!m)
         return SLUICE_E_NOMEM;
+    m->err_id = sl_errmsg_new_id();
     sl_err *err = &m->open_err;
     int rc;
     if (!path) {
@@ -122,16 +106,6 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
         rc = sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
         goto failed;
     }
-    if (pthread_mutex_init(&m->err_lock, NULL) != 0) {
-        rc = sl_fail(err, SLUICE_E_NOMEM, "%s: cannot create a mutex", path);
-        goto failed;
-    }
-    if (pthread_key_create(&m->err_key, NULL) != 0) {
-        pthread_mutex_destroy(&m->err_lock);
-        rc = sl_fail(err, SLUICE_E_NOMEM, "%s: no thread-specific key left", path);
-        goto failed;
-    }
-    m->err_key_ready = 1;
     if ((rc = sl_index_open(&m->index, path, err)) < 0)
         goto failed;
     if ((rc = sl_manifest_load(&m->index, &m->opts, path, &m->manifest, err)) < 0)
@@ -166,24 +140,8 @@ SLUICE_API int sluice_close(sluice_model *m)
 
 int sl_model_error(sluice_model *m, const sl_err *err)
 {
-    if (!m || !m->err_key_ready)
-        return err->code;
-    struct sl_err_slot *slot = pthread_getspecific(m->err_key);
-    if (!slot) {
-        slot = calloc(1, sizeof *slot);
-        if (!slot)
-            return err->code; /* the code still tells what failed */
-        if (pthread_setspecific(m->err_key, slot) != 0) {
-            free(slot);
-            return err->code;
-        }
-        pthread_mutex_lock(&m->err_lock);
-        slot->next = m->err_slots;
-        m->err_slots = slot;
-        pthread_mutex_unlock(&m->err_lock);
-    }
-    memcpy(slot->msg, err->msg, sizeof slot->msg);
-    slot->msg[sizeof slot->msg - 1] = '\0';
+    if (m)
+        sl_errmsg_set(m->err_id, err->msg); /* best effort: the code tells what failed */
     return err->code;
 }
 
@@ -193,10 +151,7 @@ SLUICE_API const char *sluice_errmsg(const sluice_model *m)
         return "out of memory (no model)";
     if (m->failed)
         return m->open_err.msg;
-    if (!m->err_key_ready)
-        return "";
-    const struct sl_err_slot *slot = pthread_getspecific(m->err_key);
-    return slot ? slot->msg : "";
+    return sl_errmsg_get(m->err_id);
 }
 
 int sl_model_usable(const sluice_model *m)
