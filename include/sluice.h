@@ -112,7 +112,7 @@ enum sluice_status {
     SLUICE_E_TOO_LARGE = -50,      /* tensor larger than the whole pool budget */
     SLUICE_E_POOL_EXHAUSTED = -51, /* every pool byte is held by live handles */
     SLUICE_E_BUSY = -52,           /* close with live handles or a stream running */
-    SLUICE_E_FILE_CHANGED = -53    /* a file shrank or vanished after open */
+    SLUICE_E_FILE_CHANGED = -53    /* a file shrank or vanished after (or during) open */
 };
 
 /* The version of the library running (not of the header compiled
@@ -229,10 +229,13 @@ typedef struct sluice_model sluice_model;
  *    only *.safetensors.index.json), otherwise every *.safetensors in it, in
  *    name order.
  *
- * Each header is mapped with mmap, parsed as strict JSON, validated as the
- * reference implementation does (see the SLUICE_E_* codes), copied into the
- * index and unmapped: once open returns, nothing reads through a mapping.
- * The files stay open until sluice_close.
+ * Each header is read once (pread) into private memory, and that copy
+ * alone is parsed as strict JSON, validated as the reference implementation
+ * does (see the SLUICE_E_* codes), copied into the index and freed: a
+ * writer changing the file during open cannot make the index disagree with
+ * what was validated. Nothing is ever mapped, so a file cut during open
+ * fails it with SLUICE_E_FILE_CHANGED ("shrank while being opened"), never
+ * SIGBUS. The files stay open until sluice_close.
  *
  * Tensor order (sluice_info's index) is shard order, then data offset.
  *
@@ -254,7 +257,8 @@ typedef struct sluice_model sluice_model;
  * is NULL.
  *
  * Returns SLUICE_OK, SLUICE_E_INVAL, SLUICE_E_NOMEM, SLUICE_E_IO,
- * SLUICE_E_NO_FILES, any header or index code, any manifest code.
+ * SLUICE_E_NO_FILES, SLUICE_E_FILE_CHANGED, any header or index code, any
+ * manifest code.
  * Thread safety: any thread; the model is not shared until open returns.
  */
 SLUICE_API int sluice_open(const char *path, const sluice_options *opts,
@@ -451,7 +455,7 @@ SLUICE_API int sluice_prefetch(sluice_model *model, const char *const *names,
  *    names the tensor, the file, the offset and the errno. When one read
  *    covered several small tensors, each of them fails so.
  * The files are read through the descriptors opened at open and nothing is
- * mapped after open, so a file truncated, extended, rewritten, replaced or
+ * ever mapped, so a file truncated, extended, rewritten, replaced or
  * deleted after open never raises SIGBUS: a deleted or replaced file is
  * still read as it was opened; a shrunk one gives SLUICE_E_FILE_CHANGED
  * past its end; bytes rewritten in place fail SLUICE_E_CHECKSUM when a
