@@ -167,7 +167,9 @@ SLUICE_API unsigned sluice_dtype_bits(sluice_dtype dtype);
 /* ------------------------------------------------------------------------ */
 
 /* Read with O_DIRECT where the file system allows it (falls back to
- * buffered reads per file, counted in the stats). */
+ * buffered reads per file, counted in the stats; also when the file cannot
+ * be reopened as the very file opened: without /proc it is reopened by
+ * path, and kept only when device and inode match). */
 #define SLUICE_F_DIRECT 0x1u
 /* Never use io_uring; use the pread thread pool. The environment variable
  * SLUICE_FORCE_PREAD=1 has the same effect. */
