@@ -48,6 +48,13 @@ extern "C" {
 #define SLUICE_VERSION_MAJOR 0
 #define SLUICE_VERSION_MINOR 1
 #define SLUICE_VERSION_PATCH 0
+/* The version this header belongs to, as a string and as one number
+ * (major * 10000 + minor * 100 + patch). Compare them with
+ * sluice_version() and sluice_version_number() to learn which library a
+ * program actually runs against. */
+#define SLUICE_VERSION_STRING "0.1.0"
+#define SLUICE_VERSION_NUMBER \
+    (SLUICE_VERSION_MAJOR * 10000 + SLUICE_VERSION_MINOR * 100 + SLUICE_VERSION_PATCH)
 
 /* The largest header accepted, in bytes (as in the reference implementation). */
 #define SLUICE_MAX_HEADER_BYTES 100000000u
@@ -105,9 +112,16 @@ enum sluice_status {
     SLUICE_E_TOO_LARGE = -50,      /* tensor larger than the whole pool budget */
     SLUICE_E_POOL_EXHAUSTED = -51, /* live handles hold the room a tensor needs */
     SLUICE_E_BUSY = -52,           /* close with live handles or a stream running */
-    SLUICE_E_FILE_CHANGED = -53,   /* a file shrank or vanished after open */
+    SLUICE_E_FILE_CHANGED = -53,   /* a file shrank or vanished after (or during) open */
     SLUICE_E_CANCELLED = -54       /* a stream stopped by its cancellation token */
 };
+
+/* The version of the library running (not of the header compiled
+ * against): "0.1.0" for this release; static, never NULL. Any thread. */
+SLUICE_API const char *sluice_version(void);
+/* The same as one number, major * 10000 + minor * 100 + patch (100 for
+ * 0.1.0), comparable with SLUICE_VERSION_NUMBER. Any thread. */
+SLUICE_API int sluice_version_number(void);
 
 /* A static string naming a status code ("header is not valid UTF-8").
  * Never NULL; unknown codes give "unknown status". Any thread. */
@@ -154,7 +168,9 @@ SLUICE_API unsigned sluice_dtype_bits(sluice_dtype dtype);
 /* ------------------------------------------------------------------------ */
 
 /* Read with O_DIRECT where the file system allows it (falls back to
- * buffered reads per file, counted in the stats). */
+ * buffered reads per file, counted in the stats; also when the file cannot
+ * be reopened as the very file opened: without /proc it is reopened by
+ * path, and kept only when device and inode match). */
 #define SLUICE_F_DIRECT 0x1u
 /* Never use io_uring; use the pread thread pool. The environment variable
  * SLUICE_FORCE_PREAD=1 has the same effect. */
@@ -174,7 +190,11 @@ typedef enum sluice_verify_policy {
 /* Options for sluice_open. Always start from sluice_options_init(): it
  * writes the defaults and the struct's size, so that a library built with a
  * later, longer struct knows which fields the caller has. Fields are only
- * ever appended. */
+ * ever appended. A caller built against a newer header, whose struct is
+ * longer than this library's, is accepted when every byte past the fields
+ * this library knows is zero (the newer fields left at their defaults);
+ * a non-zero byte there fails sluice_open with SLUICE_E_INVAL, the message
+ * giving its offset, since this library cannot honour that option. */
 typedef struct sluice_options {
     size_t size;            /* sizeof(sluice_options), set by sluice_options_init */
     uint32_t flags;         /* SLUICE_F_*; unknown bits are rejected (SLUICE_E_INVAL) */
@@ -233,10 +253,13 @@ typedef struct sluice_model sluice_model;
  *    only *.safetensors.index.json), otherwise every *.safetensors in it, in
  *    name order.
  *
- * Each header is mapped with mmap, parsed as strict JSON, validated as the
- * reference implementation does (see the SLUICE_E_* codes), copied into the
- * index and unmapped: once open returns, nothing reads through a mapping.
- * The files stay open until sluice_close.
+ * Each header is read once (pread) into private memory, and that copy
+ * alone is parsed as strict JSON, validated as the reference implementation
+ * does (see the SLUICE_E_* codes), copied into the index and freed: a
+ * writer changing the file during open cannot make the index disagree with
+ * what was validated. Nothing is ever mapped, so a file cut during open
+ * fails it with SLUICE_E_FILE_CHANGED ("shrank while being opened"), never
+ * SIGBUS. The files stay open until sluice_close.
  *
  * Tensor order (sluice_info's index) is shard order, then data offset.
  *
@@ -258,7 +281,8 @@ typedef struct sluice_model sluice_model;
  * is NULL.
  *
  * Returns SLUICE_OK, SLUICE_E_INVAL, SLUICE_E_NOMEM, SLUICE_E_IO,
- * SLUICE_E_NO_FILES, any header or index code, any manifest code.
+ * SLUICE_E_NO_FILES, SLUICE_E_FILE_CHANGED, any header or index code, any
+ * manifest code.
  * Thread safety: any thread; the model is not shared until open returns.
  */
 SLUICE_API int sluice_open(const char *path, const sluice_options *opts,
@@ -283,18 +307,40 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts,
  */
 SLUICE_API int sluice_close(sluice_model *model);
 
+/* How many models each thread keeps error detail for (see sluice_errmsg). */
+#define SLUICE_ERRMSG_MODELS 16
+
 /*
  * The detail of the last failure recorded on this model by the calling
  * thread (for a model whose open failed: the open's failure). "" when none.
- * NULL model gives a generic out-of-memory message. Borrowed: valid until
- * the next call on the model from this thread, or close.
+ * NULL model gives a generic out-of-memory message.
+ * Each thread keeps the detail of the SLUICE_ERRMSG_MODELS models it most
+ * recently failed a call on: after failures on that many other models,
+ * this one's detail is gone (""). So read it soon after the failed call.
+ * A thread's detail is freed when the thread exits; memory stays bounded
+ * however many threads come and go or models open and close.
+ * Borrowed: valid until the next call on the model from this thread,
+ * close, the thread's exit, or failures of this thread on
+ * SLUICE_ERRMSG_MODELS other models.
  */
 SLUICE_API const char *sluice_errmsg(const sluice_model *model);
 
 /* Information about one tensor, borrowed from the model: every pointer is
  * valid until sluice_close. A struct tag without a typedef, like struct
- * stat, because sluice_tensor_info() is also the accessor of a handle. */
+ * stat, because sluice_tensor_info() is also the accessor of a handle.
+ *
+ * Like struct sluice_stats it starts with its size, so that fields can be
+ * appended without overwriting an older caller's memory: the caller sets
+ * .size = sizeof(struct sluice_tensor_info) (SLUICE_TENSOR_INFO_INIT does)
+ * before sluice_info or sluice_find; the library writes only the fields
+ * that fit in that size and leaves .size as the caller set it. A size
+ * smaller than the size field itself is SLUICE_E_INVAL; a larger one than
+ * this library's struct is fine (the fields it knows are written). The
+ * structs the library hands out by pointer (sluice_tensor_info(handle),
+ * a stream callback's info) have .size set by the library to its own
+ * sizeof: read a field only when .size covers it. */
 struct sluice_tensor_info {
+    size_t size;            /* set by the caller; see above */
     const char *name;       /* NUL-terminated; see "Tensor names" above */
     size_t name_len;        /* bytes in name, without the terminating NUL */
     sluice_dtype dtype;
@@ -309,17 +355,29 @@ struct sluice_tensor_info {
     size_t index;           /* this tensor's position in the model's order */
 };
 
+/* An initializer for a struct sluice_tensor_info to be filled:
+ *   struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT; */
+#ifdef __cplusplus /* every field, for -Wmissing-field-initializers */
+#define SLUICE_TENSOR_INFO_INIT \
+    {sizeof(struct sluice_tensor_info), 0, 0, SLUICE_DTYPE_BOOL, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+#else
+#define SLUICE_TENSOR_INFO_INIT {.size = sizeof(struct sluice_tensor_info)}
+#endif
+
 /* The number of tensors in the model (0 for a NULL or failed model). */
 SLUICE_API size_t sluice_count(const sluice_model *model);
 
-/* Fills *info for the tensor at index i (0 <= i < sluice_count).
- * Returns SLUICE_OK, or SLUICE_E_INVAL (bad model, i out of range, NULL). */
+/* Fills *info (whose size field the caller sets) for the tensor at index
+ * i (0 <= i < sluice_count). Returns SLUICE_OK, or SLUICE_E_INVAL (bad
+ * model, i out of range, NULL info, info->size smaller than the size
+ * field). */
 SLUICE_API int sluice_info(const sluice_model *model, size_t i,
                            struct sluice_tensor_info *info);
 
-/* Looks a tensor up by its NUL-terminated name, in O(1). info may be NULL
- * to test for existence. Returns SLUICE_OK, SLUICE_E_NOT_FOUND or
- * SLUICE_E_INVAL (bad model, NULL name). */
+/* Looks a tensor up by its NUL-terminated name, in O(1), and fills *info
+ * as sluice_info does. info may be NULL to test for existence. Returns
+ * SLUICE_OK, SLUICE_E_NOT_FOUND or SLUICE_E_INVAL (bad model, NULL name,
+ * info->size smaller than the size field). */
 SLUICE_API int sluice_find(const sluice_model *model, const char *name,
                            struct sluice_tensor_info *info);
 /* The same with an explicit length, for names holding a NUL. */
@@ -342,10 +400,14 @@ typedef enum sluice_metadata_kind {
 } sluice_metadata_kind;
 
 /* Information about one file of the model, borrowed until sluice_close
- * (a struct tag like struct sluice_tensor_info, for the same reason). */
+ * (a struct tag like struct sluice_tensor_info, for the same reason). It
+ * starts with its size, with the same rules as struct sluice_tensor_info:
+ * the caller sets .size = sizeof(struct sluice_file_info)
+ * (SLUICE_FILE_INFO_INIT); only the fields that fit are written. */
 struct sluice_file_info {
+    size_t size;             /* set by the caller */
     const char *path;        /* as opened (directory + shard name) */
-    uint64_t size;           /* bytes, at open */
+    uint64_t file_size;      /* bytes, at open (named size before 0.1.0's size field) */
     uint64_t header_bytes;   /* the header length N of the file */
     uint64_t data_start;     /* 8 + N: where data_offsets count from */
     size_t tensor_count;
@@ -354,9 +416,18 @@ struct sluice_file_info {
     const sluice_kv *metadata;
 };
 
+#ifdef __cplusplus /* every field, for -Wmissing-field-initializers */
+#define SLUICE_FILE_INFO_INIT \
+    {sizeof(struct sluice_file_info), 0, 0, 0, 0, 0, SLUICE_METADATA_ABSENT, 0, 0}
+#else
+#define SLUICE_FILE_INFO_INIT {.size = sizeof(struct sluice_file_info)}
+#endif
+
 /* The number of files (shards) of the model. */
 SLUICE_API size_t sluice_file_count(const sluice_model *model);
-/* Fills *info for file i. Returns SLUICE_OK or SLUICE_E_INVAL. */
+/* Fills *info (whose size field the caller sets) for file i. Returns
+ * SLUICE_OK or SLUICE_E_INVAL (bad model, i out of range, NULL info,
+ * info->size smaller than the size field). */
 SLUICE_API int sluice_file_info(const sluice_model *model, size_t i,
                                 struct sluice_file_info *info);
 
@@ -422,7 +493,7 @@ SLUICE_API int sluice_prefetch(sluice_model *model, const char *const *names,
  *    names the tensor, the file, the offset and the errno. When one read
  *    covered several small tensors, each of them fails so.
  * The files are read through the descriptors opened at open and nothing is
- * mapped after open, so a file truncated, extended, rewritten, replaced or
+ * ever mapped, so a file truncated, extended, rewritten, replaced or
  * deleted after open never raises SIGBUS: a deleted or replaced file is
  * still read as it was opened; a shrunk one gives SLUICE_E_FILE_CHANGED
  * past its end; bytes rewritten in place fail SLUICE_E_CHECKSUM when a

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* SHA-256 of no bytes: the digest of every empty tensor. */
@@ -47,16 +48,34 @@ static int env_force_pread(void)
 
 /* ---------------------------------------------------------------- life cycle */
 
-/* Opens the O_DIRECT twin of each file, through /proc/self/fd so that it
- * is the very file the index opened (not whatever the path names now). */
-static void open_direct(sl_engine *e)
+/* 1 when fd is the very file the index opened (same device and inode). */
+static int same_file(int fd, int index_fd)
+{
+    struct stat a, b;
+    return fstat(fd, &a) == 0 && fstat(index_fd, &b) == 0 && a.st_dev == b.st_dev &&
+           a.st_ino == b.st_ino;
+}
+
+/* Opens the O_DIRECT twin of each file, through proc_fd_dir/N (normally
+ * /proc/self/fd) so that it is the very file the index opened, not
+ * whatever the path names now. Without /proc it reopens the path, which
+ * may by now name another file (one renamed over it): that twin is kept
+ * only when its device and inode are the original descriptor's; otherwise
+ * the file is read buffered through the index's descriptor, counted as a
+ * fallback. Tests call it again with another proc_fd_dir (hooks.c). */
+void sl_engine_open_direct(sl_engine *e, const char *proc_fd_dir)
 {
     for (size_t f = 0; f < e->ix->nfiles; f++) {
-        char path[64];
-        snprintf(path, sizeof path, "/proc/self/fd/%d", e->ix->files[f].fd);
+        const sl_file *file = &e->ix->files[f];
+        char path[256];
+        snprintf(path, sizeof path, "%s/%d", proc_fd_dir, file->fd);
         int fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
         if (fd < 0 && errno == ENOENT)
-            fd = open(e->ix->files[f].path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+            fd = open(file->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+        if (fd >= 0 && !same_file(fd, file->fd)) {
+            close(fd);
+            fd = -1;
+        }
         e->files[f].direct_fd = fd;
         if (fd < 0) {
             e->files[f].fell_back = 1;
@@ -170,7 +189,7 @@ int sl_engine_create(const sl_index *ix, const sluice_options *opts,
     if ((rc = sl_pool_create(opts->pool_bytes, &e->pool, err)) < 0)
         goto fail;
     if (e->flags & SLUICE_F_DIRECT)
-        open_direct(e);
+        sl_engine_open_direct(e, "/proc/self/fd");
 
     sl_io_config cfg = {
         .queue_depth = e->queue_depth,

@@ -42,4 +42,12 @@ int sl_engine_quiesce(sluice_model *m);
  * fn NULL clears. Returns SLUICE_OK or SLUICE_E_INVAL. */
 int sl_engine_set_pause(sluice_model *m, void (*fn)(void *ctx, int where), void *ctx);
 
+/* Opens the O_DIRECT twins of the model's files again as if /proc were
+ * mounted at proc_fd_dir's parent: a path that does not exist acts as a
+ * system without /proc, so the files are reopened by path. Closes the
+ * twins opened at open first and starts the fallback count afresh. For a
+ * model opened with SLUICE_F_DIRECT; call it just after open, with no
+ * handle live and no read running. Returns SLUICE_OK or SLUICE_E_INVAL. */
+int sl_engine_reopen_direct(sluice_model *m, const char *proc_fd_dir);
+
 #endif

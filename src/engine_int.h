@@ -96,6 +96,10 @@ typedef struct sl_efile {
     int fell_back;               /* O_DIRECT was refused for this file */
 } sl_efile;
 
+/* Opens each file's O_DIRECT twin (engine.c), reopening through
+ * proc_fd_dir ("/proc/self/fd"); see there. */
+void sl_engine_open_direct(sl_engine *e, const char *proc_fd_dir);
+
 /* A running sluice_stream: positions [lo, hi) of ids are pinned or done.
  * REFUSED: the pump gave up on that position alone (see sl_waiter). */
 enum { SL_POS_WAIT = 0, SL_POS_PINNED, SL_POS_DONE, SL_POS_TOO_LARGE, SL_POS_REFUSED };

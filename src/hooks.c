@@ -8,6 +8,7 @@
 #include "model.h"
 
 #include <stdlib.h>
+#include <unistd.h>
 #include <string.h>
 
 static sl_engine *engine_of(sluice_model *m)
@@ -125,5 +126,25 @@ int sl_engine_set_pause(sluice_model *m, void (*fn)(void *ctx, int where), void 
     e->test_pause = fn;
     e->test_pause_ctx = ctx;
     pthread_mutex_unlock(&e->lock);
+    return SLUICE_OK;
+}
+
+int sl_engine_reopen_direct(sluice_model *m, const char *proc_fd_dir)
+{
+    sl_engine *e = engine_of(m);
+    if (!e || !proc_fd_dir || !(e->flags & SLUICE_F_DIRECT))
+        return SLUICE_E_INVAL;
+    pthread_mutex_lock(&e->lock);
+    e->plan_active = 0;
+    quiesce(e);
+    for (size_t f = 0; f < e->ix->nfiles; f++) {
+        if (e->files[f].direct_fd >= 0)
+            close(e->files[f].direct_fd);
+        e->files[f].direct_fd = -1;
+        e->files[f].fell_back = 0;
+    }
+    e->st.direct_fallbacks = 0;
+    sl_engine_open_direct(e, proc_fd_dir);
+    sl_unlock(e);
     return SLUICE_OK;
 }

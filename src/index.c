@@ -1,8 +1,10 @@
 /* index.c: from a path to the tensor index (see index.h and sluice_open).
  *
- * Each file's header is mapped, parsed and validated by header.c, copied
- * into storage the index owns, and unmapped at once: after open nothing
- * reads through a mapping, so a file truncated later cannot raise SIGBUS.
+ * Each file's header is read once into private memory (pread), parsed and
+ * validated by header.c, copied into storage the index owns, and freed.
+ * Nothing is ever mapped, so a file truncated during or after open cannot
+ * raise SIGBUS, and a writer cannot change the bytes between validation
+ * and parsing.
  */
 #include "index.h"
 
@@ -14,7 +16,6 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -74,6 +75,7 @@ static int add_tensors(sl_index *ix, sl_file *f, size_t file_index, const sl_hea
         const sl_header_tensor *ht = &h->tensors[i];
         struct sluice_tensor_info *t = &ix->tensors[ix->ntensors];
         memset(t, 0, sizeof *t);
+        t->size = sizeof *t; /* what sluice_tensor_info(handle) hands out */
         t->name = store_string(ix, ht->name, ht->name_len);
         uint64_t *shape = ht->ndim ? store(ix, ht->ndim * sizeof *shape) : NULL;
         if (!t->name || (ht->ndim && !shape))
@@ -122,25 +124,61 @@ static int copy_metadata(sl_index *ix, sl_file *f, const sl_header *h)
     return SLUICE_OK;
 }
 
-/* Maps the first 8 + N bytes, validates them, and copies what the index
- * keeps. The mapping never outlives this call. */
+/* Reads len bytes at offset 0.. of fd into buf, looping on short reads and
+ * EINTR. A read that ends early means the file shrank since its fstat. */
+static int read_fully(sl_file *f, unsigned char *buf, size_t len, uint64_t offset, sl_err *err)
+{
+    size_t got = 0;
+    while (got < len) {
+        ssize_t r = pread(f->fd, buf + got, len - got, (off_t)(offset + got));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return sl_fail_errno(err, SLUICE_E_IO, errno, "%s: cannot read the header at byte %llu",
+                                 f->path, (unsigned long long)(offset + got));
+        if (r == 0)
+            return sl_fail(err, SLUICE_E_FILE_CHANGED,
+                           "%s: file shrank while being opened: the header ends at byte %llu, "
+                           "the file now at %llu", f->path, (unsigned long long)(offset + len),
+                           (unsigned long long)(offset + got));
+        got += (size_t)r;
+    }
+    return SLUICE_OK;
+}
+
+static void run_hook(const sl_index *ix, sl_index_stage stage, const sl_file *f)
+{
+    if (ix->hooks && ix->hooks->fn)
+        ix->hooks->fn(ix->hooks->ctx, stage, f->path);
+}
+
+/* Reads the first 8 + N bytes once, into private memory, and validates and
+ * parses that copy alone: a writer changing the file meanwhile cannot make
+ * the index disagree with what was validated (every pass of header.c sees
+ * the same bytes), and nothing is mapped, so a file truncated during open
+ * gives an error, never SIGBUS. The copy is freed before return. */
 static int read_header(sl_index *ix, size_t file_index, sl_err *err)
 {
     sl_file *f = &ix->files[file_index];
     unsigned char first8[8];
-    ssize_t got = f->size >= 8 ? pread(f->fd, first8, 8, 0) : 0;
-    if (got < 0)
-        return sl_fail_errno(err, SLUICE_E_IO, errno, "%s: cannot read the header length", f->path);
-    if (f->size >= 8 && got != 8)
-        return sl_fail(err, SLUICE_E_FILE_CHANGED, "%s: file shrank while being opened", f->path);
+    run_hook(ix, SL_INDEX_AFTER_STAT, f);
+    if (f->size >= 8)
+        SL_TRY(read_fully(f, first8, 8, 0, err));
     uint64_t n;
     SL_TRY(sl_header_length(f->path, first8, f->size, &n, err));
-    size_t map_len = (size_t)(8 + n);
-    void *map = mmap(NULL, map_len, PROT_READ, MAP_PRIVATE, f->fd, 0);
-    if (map == MAP_FAILED)
-        return sl_fail_errno(err, SLUICE_E_IO, errno, "%s: cannot map the %zu-byte header", f->path, map_len);
+    size_t len = (size_t)(8 + n);
+    unsigned char *bytes = malloc(len);
+    if (!bytes)
+        return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory for the %zu-byte header", f->path, len);
+    memcpy(bytes, first8, 8);
+    int rc = read_fully(f, bytes + 8, (size_t)n, 8, err);
+    if (rc < 0) {
+        free(bytes);
+        return rc;
+    }
+    run_hook(ix, SL_INDEX_AFTER_HEADER_READ, f);
     sl_header h;
-    int rc = sl_header_parse(f->path, map, map_len, f->size, &h, err);
+    rc = sl_header_parse(f->path, bytes, len, f->size, &h, err);
     if (rc == SLUICE_OK) {
         f->header_bytes = n;
         f->data_start = 8 + n;
@@ -150,7 +188,7 @@ static int read_header(sl_index *ix, size_t file_index, sl_err *err)
     if (rc == SLUICE_OK && copy_metadata(ix, f, &h) < 0)
         rc = sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", f->path);
     sl_header_free(&h);
-    munmap(map, map_len); /* number literals in h pointed into it */
+    free(bytes); /* after h: its number literals point into it */
     return rc;
 }
 
@@ -492,7 +530,13 @@ static int open_directory(sl_index *ix, const char *dir, sl_err *err)
 
 int sl_index_open(sl_index *ix, const char *path, sl_err *err)
 {
+    return sl_index_open_hooked(ix, path, NULL, err);
+}
+
+int sl_index_open_hooked(sl_index *ix, const char *path, const sl_index_hooks *hooks, sl_err *err)
+{
     memset(ix, 0, sizeof *ix);
+    ix->hooks = hooks;
     struct stat st;
     int rc;
     if (stat(path, &st) != 0)
@@ -503,6 +547,7 @@ int sl_index_open(sl_index *ix, const char *path, sl_err *err)
         rc = open_sharded(ix, path, err);
     else if ((rc = open_file(ix, NULL, path, SLUICE_E_NO_FILES, err)) == SLUICE_OK)
         rc = build_table(ix, err);
+    ix->hooks = NULL; /* the caller's, for this call only */
     if (rc < 0)
         sl_index_free(ix);
     return rc;

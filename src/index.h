@@ -28,7 +28,19 @@ typedef struct sl_file {
     size_t metadata_count;
 } sl_file;
 
+/* Test hooks of sl_index_open_hooked: the points of reading a header. */
+typedef enum sl_index_stage {
+    SL_INDEX_AFTER_STAT,        /* file opened and its size taken, nothing read */
+    SL_INDEX_AFTER_HEADER_READ  /* the 8 + N header bytes copied, not yet parsed */
+} sl_index_stage;
+
+typedef struct sl_index_hooks {
+    void (*fn)(void *ctx, sl_index_stage stage, const char *path);
+    void *ctx;
+} sl_index_hooks;
+
 typedef struct sl_index {
+    const sl_index_hooks *hooks; /* NULL but in tests; only during open */
     sl_file *files;
     size_t nfiles;
     struct sluice_tensor_info *tensors; /* pointers inside point into the storage below */
@@ -43,6 +55,10 @@ typedef struct sl_index {
 /* Opens path (file, directory or *.index.json; see sluice_open) into *ix.
  * On failure *ix is left empty (safe to sl_index_free) and err says why. */
 int sl_index_open(sl_index *ix, const char *path, sl_err *err);
+
+/* The same, calling hooks (may be NULL) at each stage of each file: the
+ * tests' way to change a file at an exact point of the open. */
+int sl_index_open_hooked(sl_index *ix, const char *path, const sl_index_hooks *hooks, sl_err *err);
 
 /* Closes the files and frees everything; *ix is zeroed. */
 void sl_index_free(sl_index *ix);

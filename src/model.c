@@ -3,17 +3,12 @@
 #include "model.h"
 
 #include "engine.h"
+#include "errmsg.h"
 #include "manifest.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-/* One thread's last failure on one model. Slots are listed on the model so
- * that close frees those of threads that are still alive. */
-struct sl_err_slot {
-    struct sl_err_slot *next;
-    char msg[SL_ERRMSG_MAX];
-};
 
 SLUICE_API int sluice_options_init(sluice_options *opts)
 {
@@ -38,12 +33,23 @@ static int take_options(sluice_options *dst, const sluice_options *src, sl_err *
     sluice_options_init(dst);
     if (!src)
         return SLUICE_OK;
-    if (src->size < offsetof(sluice_options, flags) + sizeof src->flags ||
-        src->size > sizeof *dst)
+    if (src->size < offsetof(sluice_options, flags) + sizeof src->flags)
         return sl_fail(err, SLUICE_E_INVAL,
                        "options: size %zu is not one this library knows (%zu); "
                        "call sluice_options_init first", src->size, sizeof *dst);
-    memcpy(dst, src, src->size);
+    /* A caller built against a newer header has fields this library does
+     * not know: harmless while they hold their zero defaults, but a set
+     * one asks for something this library would silently not do. */
+    if (src->size > sizeof *dst) {
+        const unsigned char *tail = (const unsigned char *)src;
+        for (size_t i = sizeof *dst; i < src->size; i++)
+            if (tail[i])
+                return sl_fail(err, SLUICE_E_INVAL,
+                               "options: byte %zu of the caller's %zu-byte struct is not zero, "
+                               "but this library knows only the first %zu bytes (a newer "
+                               "option it cannot honour)", i, src->size, sizeof *dst);
+    }
+    memcpy(dst, src, src->size < sizeof *dst ? src->size : sizeof *dst);
     dst->size = sizeof *dst;
     if (dst->flags & ~SLUICE_F_ALL_)
         return sl_fail(err, SLUICE_E_INVAL, "options: unknown flag bits 0x%x",
@@ -67,26 +73,14 @@ static int take_options(sluice_options *dst, const sluice_options *src, sl_err *
     return SLUICE_OK;
 }
 
-static void free_err_slots(sluice_model *m)
-{
-    struct sl_err_slot *s = m->err_slots;
-    while (s) {
-        struct sl_err_slot *next = s->next;
-        free(s);
-        s = next;
-    }
-    m->err_slots = NULL;
-}
-
 static void release_model(sluice_model *m)
 {
     sl_manifest_free(m->manifest);
     sl_index_free(&m->index);
-    if (m->err_key_ready) {
-        pthread_key_delete(m->err_key);
-        pthread_mutex_destroy(&m->err_lock);
-    }
-    free_err_slots(m);
+    /* The closing thread's own entry goes now; other threads' entries can
+     * never match a later model (ids are not reused) and go when pushed
+     * out or when their thread exits. */
+    sl_errmsg_forget(m->err_id);
     free(m->path);
     free(m);
 }
@@ -99,6 +93,7 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
     *out = m;
     if (!m)
         return SLUICE_E_NOMEM;
+    m->err_id = sl_errmsg_new_id();
     sl_err *err = &m->open_err;
     int rc;
     if (!path) {
@@ -111,16 +106,6 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
         rc = sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
         goto failed;
     }
-    if (pthread_mutex_init(&m->err_lock, NULL) != 0) {
-        rc = sl_fail(err, SLUICE_E_NOMEM, "%s: cannot create a mutex", path);
-        goto failed;
-    }
-    if (pthread_key_create(&m->err_key, NULL) != 0) {
-        pthread_mutex_destroy(&m->err_lock);
-        rc = sl_fail(err, SLUICE_E_NOMEM, "%s: no thread-specific key left", path);
-        goto failed;
-    }
-    m->err_key_ready = 1;
     if ((rc = sl_index_open(&m->index, path, err)) < 0)
         goto failed;
     if ((rc = sl_manifest_load(&m->index, &m->opts, path, &m->manifest, err)) < 0)
@@ -155,24 +140,8 @@ SLUICE_API int sluice_close(sluice_model *m)
 
 int sl_model_error(sluice_model *m, const sl_err *err)
 {
-    if (!m || !m->err_key_ready)
-        return err->code;
-    struct sl_err_slot *slot = pthread_getspecific(m->err_key);
-    if (!slot) {
-        slot = calloc(1, sizeof *slot);
-        if (!slot)
-            return err->code; /* the code still tells what failed */
-        if (pthread_setspecific(m->err_key, slot) != 0) {
-            free(slot);
-            return err->code;
-        }
-        pthread_mutex_lock(&m->err_lock);
-        slot->next = m->err_slots;
-        m->err_slots = slot;
-        pthread_mutex_unlock(&m->err_lock);
-    }
-    memcpy(slot->msg, err->msg, sizeof slot->msg);
-    slot->msg[sizeof slot->msg - 1] = '\0';
+    if (m)
+        sl_errmsg_set(m->err_id, err->msg); /* best effort: the code tells what failed */
     return err->code;
 }
 
@@ -182,10 +151,7 @@ SLUICE_API const char *sluice_errmsg(const sluice_model *m)
         return "out of memory (no model)";
     if (m->failed)
         return m->open_err.msg;
-    if (!m->err_key_ready)
-        return "";
-    const struct sl_err_slot *slot = pthread_getspecific(m->err_key);
-    return slot ? slot->msg : "";
+    return sl_errmsg_get(m->err_id);
 }
 
 int sl_model_usable(const sluice_model *m)
@@ -200,24 +166,39 @@ SLUICE_API size_t sluice_count(const sluice_model *m)
     return sl_model_usable(m) == SLUICE_OK ? m->index.ntensors : 0;
 }
 
+/* A caller's struct may be shorter (built against an older header) or
+ * longer (a newer one) than ours: write only what both know, and keep the
+ * caller's size. */
+static void copy_sized(void *dst, const void *src, size_t src_size)
+{
+    size_t caller = *(const size_t *)dst;
+    memcpy(dst, src, caller < src_size ? caller : src_size);
+    *(size_t *)dst = caller;
+}
+
+static int info_size_ok(const struct sluice_tensor_info *info)
+{
+    return info->size >= sizeof info->size;
+}
+
 SLUICE_API int sluice_info(const sluice_model *m, size_t i, struct sluice_tensor_info *info)
 {
-    if (sl_model_usable(m) < 0 || !info || i >= m->index.ntensors)
+    if (sl_model_usable(m) < 0 || !info || !info_size_ok(info) || i >= m->index.ntensors)
         return SLUICE_E_INVAL;
-    *info = m->index.tensors[i];
+    copy_sized(info, &m->index.tensors[i], sizeof *info);
     return SLUICE_OK;
 }
 
 SLUICE_API int sluice_find_n(const sluice_model *m, const char *name, size_t len,
                              struct sluice_tensor_info *info)
 {
-    if (sl_model_usable(m) < 0 || !name)
+    if (sl_model_usable(m) < 0 || !name || (info && !info_size_ok(info)))
         return SLUICE_E_INVAL;
     size_t i = sl_index_find(&m->index, name, len);
     if (i == SIZE_MAX)
         return SLUICE_E_NOT_FOUND;
     if (info)
-        *info = m->index.tensors[i];
+        copy_sized(info, &m->index.tensors[i], sizeof *info);
     return SLUICE_OK;
 }
 
@@ -235,16 +216,20 @@ SLUICE_API size_t sluice_file_count(const sluice_model *m)
 
 SLUICE_API int sluice_file_info(const sluice_model *m, size_t i, struct sluice_file_info *info)
 {
-    if (sl_model_usable(m) < 0 || !info || i >= m->index.nfiles)
+    if (sl_model_usable(m) < 0 || !info || info->size < sizeof info->size || i >= m->index.nfiles)
         return SLUICE_E_INVAL;
     const sl_file *f = &m->index.files[i];
-    info->path = f->path;
-    info->size = f->size;
-    info->header_bytes = f->header_bytes;
-    info->data_start = f->data_start;
-    info->tensor_count = f->tensor_count;
-    info->metadata_kind = f->metadata_kind;
-    info->metadata_count = f->metadata_count;
-    info->metadata = f->metadata;
+    struct sluice_file_info fi = {
+        .size = sizeof fi,
+        .path = f->path,
+        .file_size = f->size,
+        .header_bytes = f->header_bytes,
+        .data_start = f->data_start,
+        .tensor_count = f->tensor_count,
+        .metadata_kind = f->metadata_kind,
+        .metadata_count = f->metadata_count,
+        .metadata = f->metadata,
+    };
+    copy_sized(info, &fi, sizeof fi);
     return SLUICE_OK;
 }

@@ -10,11 +10,10 @@
 #include "index.h"
 #include "sluice.h"
 
-#include <pthread.h>
+#include <stdint.h>
 
 typedef struct sl_manifest sl_manifest;
 typedef struct sl_engine sl_engine;
-struct sl_err_slot;
 
 struct sluice_model {
     int failed;                /* open failed: only errmsg and close work */
@@ -25,11 +24,9 @@ struct sluice_model {
     sl_manifest *manifest;     /* NULL when nothing is verified */
     sl_engine *engine;
 
-    /* per-thread error detail: one slot per thread that failed a call */
-    pthread_key_t err_key;
-    int err_key_ready;
-    pthread_mutex_t err_lock;
-    struct sl_err_slot *err_slots;
+    /* names the model in each thread's error entries (errmsg.c); unlike
+     * the address, never reused by a later model */
+    uint64_t err_id;
 };
 
 /* Records err as the calling thread's last failure on m and returns

@@ -111,7 +111,7 @@ static st_fx *st_setup(void)
     mf_buf man = {0};
     mf_addf(&man, "{");
     for (size_t i = 0; i < ST_N; i++) {
-        struct sluice_tensor_info info;
+        struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
         assert_int_equal(sluice_info(m, i, &info), SLUICE_OK);
         f->ref[i] = tu_pread_range(info.file, info.offset, (size_t)info.nbytes);
         uint8_t d[32];
@@ -267,7 +267,7 @@ static void test_acquire(void **state)
         sluice_model *m = st_open(f);
         const char *names[ST_N];
         for (size_t i = 0; i < ST_N; i++) {
-            struct sluice_tensor_info info;
+            struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
             assert_int_equal(sluice_info(m, i, &info), SLUICE_OK);
             names[i] = info.name;
         }

@@ -86,7 +86,7 @@ static sluice_model *open_index(const char *path)
 
 static void expect_tensor(const sluice_model *m, size_t i, const dg_result *r)
 {
-    struct sluice_tensor_info info;
+    struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
     assert_int_equal(sluice_info(m, i, &info), SLUICE_OK);
     if (r->error)
         fail_msg("tensor %s: %s", info.name, strerror(r->error));
@@ -102,7 +102,7 @@ static void expect_tensor(const sluice_model *m, size_t i, const dg_result *r)
 
 static void expect_file(const sluice_model *m, size_t i, const dg_result *r)
 {
-    struct sluice_file_info fi;
+    struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
     assert_int_equal(sluice_file_info(m, i, &fi), SLUICE_OK);
     assert_int_equal(r->error, 0);
     size_t len = 0;
@@ -154,9 +154,9 @@ static void file_cut_short_after_open(void **state)
     for (size_t ti = 0; ti < 2; ti++) {
         mf_write_model(f->single, 6, k_single, z_single);
         sluice_model *m = open_index(f->single);
-        struct sluice_tensor_info big;
+        struct sluice_tensor_info big = SLUICE_TENSOR_INFO_INIT;
         assert_int_equal(sluice_find(m, "big", &big), SLUICE_OK);
-        struct sluice_file_info fi;
+        struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
         assert_int_equal(sluice_file_info(m, 0, &fi), SLUICE_OK);
         uint64_t cut = big.offset + (4u << 20);
         assert_int_equal(truncate(f->single, (off_t)cut), 0);
@@ -167,9 +167,9 @@ static void file_cut_short_after_open(void **state)
         dg_wait(job, &files, &tensors);
         assert_int_equal(files[0].error, 0);
         assert_int_equal(files[0].bytes, cut);
-        assert_true(files[0].bytes != fi.size);
+        assert_true(files[0].bytes != fi.file_size);
         for (size_t i = 0; i < sluice_count(m); i++) {
-            struct sluice_tensor_info info;
+            struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
             assert_int_equal(sluice_info(m, i, &info), SLUICE_OK);
             if (info.offset + info.nbytes <= cut && strcmp(info.name, "z2") != 0)
                 expect_tensor(m, i, &tensors[i]);
@@ -188,7 +188,7 @@ static void shard_removed_after_open(void **state)
 {
     fx *f = *state;
     sluice_model *m = open_index(f->sharded);
-    struct sluice_file_info gone;
+    struct sluice_file_info gone = SLUICE_FILE_INFO_INIT;
     assert_int_equal(sluice_file_info(m, 1, &gone), SLUICE_OK);
     assert_int_equal(unlink(gone.path), 0);
     const unsigned threads[] = {1, 2, 8};
@@ -204,7 +204,7 @@ static void shard_removed_after_open(void **state)
                 expect_file(m, i, &files[i]);
         }
         for (size_t i = 0; i < sluice_count(m); i++) {
-            struct sluice_tensor_info info;
+            struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
             assert_int_equal(sluice_info(m, i, &info), SLUICE_OK);
             if (info.file_index == 1)
                 assert_int_equal(tensors[i].error, ENOENT);

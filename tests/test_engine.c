@@ -260,7 +260,7 @@ static void test_readahead_follows_order(void **state)
     struct sluice_stats b = ef_stats(m);
     uint64_t first3 = 0;
     for (size_t i = 0; i < 3; i++) {
-        struct sluice_tensor_info info;
+        struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
         sluice_info(m, i, &info);
         first3 += info.nbytes;
     }

@@ -146,7 +146,7 @@ static void test_file_shrank(void **state)
 {
     (void)state;
     fx *f = fx_open(0, 64u << 10);
-    struct sluice_tensor_info last;
+    struct sluice_tensor_info last = SLUICE_TENSOR_INFO_INIT;
     assert_int_equal(sluice_info(f->m, NSIZES - 1, &last), SLUICE_OK);
     assert_int_equal(truncate(f->file, (off_t)last.offset), 0);
     assert_int_equal(acquire_status(f->m, "s0.t006"), SLUICE_E_FILE_CHANGED);
@@ -175,12 +175,71 @@ static void test_direct_fallback(void **state)
     fx_close(f);
 }
 
+/* The bytes of tensor name, acquired, compared with want + its offset. */
+static void expect_bytes(sluice_model *m, const char *name, const unsigned char *want)
+{
+    sluice_tensor *t = NULL;
+    assert_int_equal(sluice_acquire(m, name, &t), SLUICE_OK);
+    const struct sluice_tensor_info *info = sluice_tensor_info(t);
+    assert_int_equal(sluice_tensor_size(t), info->nbytes);
+    assert_memory_equal(sluice_tensor_data(t), want + info->offset, (size_t)info->nbytes);
+    assert_int_equal(sluice_release(t), SLUICE_OK);
+}
+
+/* Without /proc the O_DIRECT twin is reopened by path. Same file: kept.
+ * A file renamed over the path in between: not that file's bytes, but the
+ * opened file's, read buffered and counted as a fallback (before: the
+ * reopened path was trusted, and the new file was read). */
+static void test_direct_reopen_without_proc(void **state)
+{
+    (void)state;
+    fx *f = fx_open(SLUICE_F_DIRECT, 64u << 10);
+    if (ef_stats(f->m).direct_fallbacks != 0) {
+        fx_close(f);
+        skip(); /* this file system refused O_DIRECT at open already */
+    }
+    size_t len = 0;
+    unsigned char *orig = tu_read_file(f->file, &len);
+    assert_non_null(orig);
+    const char *no_proc = "/nonexistent-proc/self/fd";
+
+    /* the path still names the opened file: O_DIRECT kept */
+    assert_int_equal(sl_engine_reopen_direct(f->m, no_proc), SLUICE_OK);
+    assert_int_equal(ef_stats(f->m).direct_fallbacks, 0);
+    expect_bytes(f->m, "s0.t000", orig);
+
+    /* another file (every data byte different) renamed over the path */
+    struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
+    assert_int_equal(sluice_file_info(f->m, 0, &fi), SLUICE_OK);
+    unsigned char *other = malloc(len);
+    assert_non_null(other);
+    memcpy(other, orig, len);
+    for (size_t i = (size_t)fi.data_start; i < len; i++)
+        other[i] ^= 0x5a;
+    char *tmp = tu_join(f->dir, "replacement.tmp");
+    tu_write_file(tmp, other, len);
+    assert_int_equal(rename(tmp, f->file), 0);
+
+    assert_int_equal(sl_engine_drop_cache(f->m), SLUICE_OK);
+    assert_int_equal(sl_engine_reopen_direct(f->m, no_proc), SLUICE_OK);
+    struct sluice_stats st = ef_stats(f->m);
+    assert_int_equal(st.direct_fallbacks, 1);
+    expect_bytes(f->m, "s0.t000", orig);   /* 200000 bytes: an O_DIRECT-sized read */
+    expect_bytes(f->m, "s0.t005", orig);
+    assert_int_equal(ef_stats(f->m).failures, 0);
+
+    free(tmp);
+    free(other);
+    free(orig);
+    fx_close(f);
+}
+
 /* ---------------------------------------------------------------- digests */
 
 static void file_digests(sluice_model *m, unsigned char (*d)[32])
 {
     for (size_t i = 0; i < sluice_count(m); i++) {
-        struct sluice_tensor_info info;
+        struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
         assert_int_equal(sluice_info(m, i, &info), SLUICE_OK);
         unsigned char *b = tu_pread_range(info.file, info.offset, (size_t)info.nbytes);
         unsigned len;
@@ -428,6 +487,7 @@ int main(void)
         cmocka_unit_test(test_coalesced_failure),
         cmocka_unit_test(test_file_shrank),
         cmocka_unit_test(test_direct_fallback),
+        cmocka_unit_test(test_direct_reopen_without_proc),
         cmocka_unit_test(test_checksum),
         cmocka_unit_test(test_checksum_direct),
         cmocka_unit_test(test_short_reads_leave_garbage),

@@ -25,7 +25,7 @@ static ref *ref_load(sluice_model *m)
     r->n = sluice_count(m);
     r->bytes = calloc(r->n, sizeof *r->bytes);
     for (size_t i = 0; i < r->n; i++) {
-        struct sluice_tensor_info info;
+        struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
         assert_int_equal(sluice_info(m, i, &info), SLUICE_OK);
         r->bytes[i] = info.nbytes ? tu_pread_range(info.file, info.offset, (size_t)info.nbytes) : NULL;
     }
@@ -126,7 +126,7 @@ static void *list_streamer(void *p)
     size_t n = sluice_count(m);
     const char **names = malloc(2 * n * sizeof *names);
     for (size_t i = 0; i < n; i++) {
-        struct sluice_tensor_info info;
+        struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
         sluice_info(m, n - 1 - i, &info);
         names[i] = names[n + i] = info.name;
     }
@@ -144,7 +144,7 @@ static void *hinter(void *p)
     size_t n = sluice_count(m);
     for (int k = 0; k < 200; k++) {
         const char *names[4];
-        struct sluice_tensor_info info;
+        struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
         for (int j = 0; j < 4; j++) {
             sluice_info(m, (size_t)(ef_rng(&w->seed) % n), &info);
             names[j] = info.name;
@@ -351,7 +351,7 @@ static void close_in_flight(uint32_t flags)
         size_t n = sluice_count(m);
         const char *names[96];
         for (size_t i = 0; i < n; i++) {
-            struct sluice_tensor_info info;
+            struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
             sluice_info(m, (i * 7) % n, &info);
             names[i] = info.name;
         }

@@ -59,7 +59,7 @@ static fx *fx_open(int manifest, uint32_t flags)
         mf_buf b = {0};
         mf_addf(&b, "{");
         for (size_t i = 0; i < NT; i++) {
-            struct sluice_tensor_info info;
+            struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
             assert_int_equal(sluice_info(m, i, &info), SLUICE_OK);
             unsigned char *bytes = tu_pread_range(f->file, info.offset, (size_t)info.nbytes);
             uint8_t d[32];
@@ -80,7 +80,7 @@ static fx *fx_open(int manifest, uint32_t flags)
     f->m = ef_open(f->file, &o);
     assert_int_equal(sluice_verify_mode(f->m), manifest ? SLUICE_VERIFY_REQUIRE : SLUICE_VERIFY_OFF);
     for (size_t i = 0; i < NT; i++) {
-        struct sluice_tensor_info info;
+        struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
         assert_int_equal(sluice_info(f->m, i, &info), SLUICE_OK);
         f->ref[i] = tu_pread_range(f->file, info.offset, (size_t)info.nbytes);
         f->off[i] = info.offset;

@@ -197,7 +197,7 @@ static void test_every_dtype(void **state)
                  sluice_dtype_name((sluice_dtype)d), bytes);
         tu_write_safetensors(f->path, header, NULL, bytes);
         sluice_model *m = open_expect(f->path, SLUICE_OK, NULL);
-        struct sluice_tensor_info t;
+        struct sluice_tensor_info t = SLUICE_TENSOR_INFO_INIT;
         assert_int_equal(sluice_find(m, "t", &t), SLUICE_OK);
         assert_int_equal(t.dtype, d);
         assert_int_equal(t.nbytes, bytes);
@@ -321,7 +321,7 @@ static void test_metadata(void **state)
     fixture *f = *state;
     tu_write_safetensors(f->path, "{\"__metadata__\":{\"format\":\"pt\",\"n\\u0000ul\":\"v\\\"q\"}}", NULL, 0);
     sluice_model *m = open_expect(f->path, SLUICE_OK, NULL);
-    struct sluice_file_info fi;
+    struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
     assert_int_equal(sluice_file_info(m, 0, &fi), SLUICE_OK);
     assert_int_equal(fi.metadata_kind, SLUICE_METADATA_OBJECT);
     assert_int_equal(fi.metadata_count, 2);
@@ -355,7 +355,7 @@ static void test_names_with_escapes(void **state)
                          NULL, 3);
     sluice_model *m = open_expect(f->path, SLUICE_OK, NULL);
     assert_int_equal(sluice_count(m), 3);
-    struct sluice_tensor_info t;
+    struct sluice_tensor_info t = SLUICE_TENSOR_INFO_INIT;
     assert_int_equal(sluice_find_n(m, "a\0b", 3, &t), SLUICE_OK);
     assert_int_equal(t.name_len, 3);
     assert_int_equal(t.data_begin, 0);
@@ -384,7 +384,7 @@ static void test_huge_shape_and_too_many_values(void **state)
     strcpy(h + o, "}}");
     tu_write_safetensors(f->path, h, NULL, 1);
     sluice_model *m = open_expect(f->path, SLUICE_OK, NULL);
-    struct sluice_tensor_info t;
+    struct sluice_tensor_info t = SLUICE_TENSOR_INFO_INIT;
     assert_int_equal(sluice_find(m, "a", &t), SLUICE_OK);
     assert_int_equal(t.ndim, dims);
     assert_int_equal(t.shape[dims - 1], 1);
@@ -416,7 +416,7 @@ static void test_index_queries(void **state)
     sluice_model *m = open_expect(f->path, SLUICE_OK, NULL);
     assert_int_equal(sluice_count(m), 2);
     assert_int_equal(sluice_file_count(m), 1);
-    struct sluice_tensor_info t;
+    struct sluice_tensor_info t = SLUICE_TENSOR_INFO_INIT;
     assert_int_equal(sluice_info(m, 0, &t), SLUICE_OK); /* data order: b first */
     assert_string_equal(t.name, "b");
     assert_int_equal(sluice_info(m, 1, &t), SLUICE_OK);

@@ -1,6 +1,7 @@
 /* test_index.c: models of several files (directory, index.json), and the
  * real-world corpus: every file opens and its index matches its header as
  * an independent JSON reader (cJSON) sees it. */
+#include "index.h"
 #include "util.h"
 
 #include <setjmp.h>
@@ -14,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 static const char *SHARD1 = "{\"__metadata__\":{\"format\":\"pt\"},"
                             "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
@@ -65,12 +68,12 @@ static void test_directory_without_index(void **state)
     assert_int_equal(open_code(dir, NULL, 0, &m), SLUICE_OK);
     assert_int_equal(sluice_count(m), 3);
     assert_int_equal(sluice_file_count(m), 2);
-    struct sluice_tensor_info t;
+    struct sluice_tensor_info t = SLUICE_TENSOR_INFO_INIT;
     assert_int_equal(sluice_info(m, 2, &t), SLUICE_OK);
     assert_string_equal(t.name, "c");
     assert_int_equal(t.file_index, 1);
     assert_non_null(strstr(t.file, "model-00002-of-00002.safetensors"));
-    struct sluice_file_info fi;
+    struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
     sluice_file_info(m, 0, &fi);
     assert_int_equal(fi.tensor_count, 2);
     assert_int_equal(fi.metadata_kind, SLUICE_METADATA_OBJECT);
@@ -234,6 +237,117 @@ static const char *dtype_of(const struct sluice_tensor_info *t)
 }
 
 /* Compares the index of the file at path with its header read by cJSON. */
+/* ---------------------------------------------------------------- a file changing during open */
+
+typedef struct change {
+    sl_index_stage stage;     /* when to act */
+    const void *bytes;        /* rewrite the file in place with these (same inode) */
+    size_t len;
+    off_t truncate_to;        /* or, when bytes is NULL, truncate to this */
+    int calls;
+} change;
+
+static void change_file(void *ctx, sl_index_stage stage, const char *path)
+{
+    change *c = ctx;
+    if (stage != c->stage)
+        return;
+    c->calls++;
+    if (c->bytes) {
+        int fd = open(path, O_WRONLY);
+        assert_true(fd >= 0);
+        assert_int_equal(pwrite(fd, c->bytes, c->len, 0), (ssize_t)c->len);
+        close(fd);
+    } else {
+        assert_int_equal(truncate(path, c->truncate_to), 0);
+    }
+}
+
+/* A writer rewrites the header in place right after open read it: the
+ * index is the one of the bytes read and validated, not of the new ones
+ * (before: the header was mapped and parsed through the mapping, so later
+ * passes saw the writer's bytes). */
+static void test_header_rewritten_during_open(void **state)
+{
+    (void)state;
+    char *dir = tu_tmpdir();
+    char *path = tu_join(dir, "m.safetensors");
+    const char *h1 = "{\"aaaa\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}";
+    const char *h2 = "{\"bbbb\":{\"dtype\":\"I8\",\"shape\":[4],\"data_offsets\":[0,4]}}";
+    assert_int_equal(strlen(h1), strlen(h2));
+    tu_write_safetensors(path, h1, NULL, 4);
+    size_t len = 0;
+    void *first = tu_read_file(path, &len);
+    tu_write_safetensors(path, h2, NULL, 4);
+    void *second = tu_read_file(path, &len);
+    tu_write_safetensors(path, h1, NULL, 4);
+
+    change c = {.stage = SL_INDEX_AFTER_HEADER_READ, .bytes = second, .len = len};
+    sl_index_hooks hooks = {change_file, &c};
+    sl_index ix;
+    sl_err err = {0};
+    assert_int_equal(sl_index_open_hooked(&ix, path, &hooks, &err), SLUICE_OK);
+    assert_int_equal(c.calls, 1);
+    assert_int_equal(ix.ntensors, 1);
+    assert_string_equal(ix.tensors[0].name, "aaaa");
+    assert_int_equal(ix.tensors[0].dtype, SLUICE_DTYPE_U8);
+    assert_int_equal(ix.tensors[0].nbytes, 4);
+    assert_int_equal(ix.tensors[0].shape[0], 4);
+    assert_null(ix.hooks);
+    sl_index_free(&ix);
+
+    /* the file now holds the second header: a fresh open sees it */
+    assert_int_equal(sl_index_open(&ix, path, &err), SLUICE_OK);
+    assert_string_equal(ix.tensors[0].name, "bbbb");
+    sl_index_free(&ix);
+    free(first);
+    free(second);
+    tu_rmtree(dir);
+    free(dir);
+    free(path);
+}
+
+/* The file is cut after its size was taken, before the header is read:
+ * a clean SLUICE_E_FILE_CHANGED, never SIGBUS. The header spans several
+ * pages, so that a mapping of it would fault on the pages past the new
+ * end (as it did before). */
+static void test_truncated_during_open(void **state)
+{
+    (void)state;
+    char *dir = tu_tmpdir();
+    char *path = tu_join(dir, "m.safetensors");
+    char header[12288];
+    const char *entry = "{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}";
+    size_t el = strlen(entry);
+    memcpy(header, entry, el);
+    memset(header + el, ' ', sizeof header - el - 2);
+    header[sizeof header - 2] = '}';
+    header[sizeof header - 1] = '\0';
+    const off_t cuts[] = {16, 4, 0, 8 + 4096};
+    for (size_t k = 0; k < sizeof cuts / sizeof cuts[0]; k++) {
+        tu_write_safetensors(path, header, NULL, 4);
+        change c = {.stage = SL_INDEX_AFTER_STAT, .truncate_to = cuts[k]};
+        sl_index_hooks hooks = {change_file, &c};
+        sl_index ix;
+        sl_err err = {0};
+        assert_int_equal(sl_index_open_hooked(&ix, path, &hooks, &err), SLUICE_E_FILE_CHANGED);
+        assert_int_equal(c.calls, 1);
+        assert_non_null(strstr(err.msg, "shrank while being opened"));
+        assert_non_null(strstr(err.msg, path));
+        assert_int_equal(ix.ntensors, 0);
+        sl_index_free(&ix);
+    }
+    /* untouched, it opens */
+    tu_write_safetensors(path, header, NULL, 4);
+    sluice_model *m = NULL;
+    assert_int_equal(sluice_open(path, NULL, &m), SLUICE_OK);
+    assert_int_equal(sluice_count(m), 1);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(dir);
+    free(dir);
+    free(path);
+}
+
 static void compare_with_header(sluice_model *m, const char *path, size_t file_index)
 {
     size_t len;
@@ -245,10 +359,10 @@ static void compare_with_header(sluice_model *m, const char *path, size_t file_i
         n = (n << 8) | bytes[i];
     cJSON *root = cJSON_ParseWithLength((const char *)bytes + 8, (size_t)n);
     assert_non_null(root);
-    struct sluice_file_info fi;
+    struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
     assert_int_equal(sluice_file_info(m, file_index, &fi), SLUICE_OK);
     assert_int_equal(fi.header_bytes, n);
-    assert_int_equal(fi.size, len);
+    assert_int_equal(fi.file_size, len);
     size_t count = 0;
     for (cJSON *e = root->child; e; e = e->next) {
         if (!strcmp(e->string, "__metadata__")) {
@@ -259,7 +373,7 @@ static void compare_with_header(sluice_model *m, const char *path, size_t file_i
             continue;
         }
         count++;
-        struct sluice_tensor_info t;
+        struct sluice_tensor_info t = SLUICE_TENSOR_INFO_INIT;
         assert_int_equal(sluice_find(m, e->string, &t), SLUICE_OK);
         assert_int_equal(t.file_index, file_index);
         assert_string_equal(dtype_of(&t), cJSON_GetObjectItem(e, "dtype")->valuestring);
@@ -296,7 +410,7 @@ static void test_real_files(void **state)
         compare_with_header(m, files[i], 0);
         /* model order is data order within the file */
         for (size_t k = 1; k < sluice_count(m); k++) {
-            struct sluice_tensor_info a, b;
+            struct sluice_tensor_info a = SLUICE_TENSOR_INFO_INIT, b = SLUICE_TENSOR_INFO_INIT;
             sluice_info(m, k - 1, &a);
             sluice_info(m, k, &b);
             assert_true(a.data_end <= b.data_begin);
@@ -322,7 +436,7 @@ static void test_real_sharded(void **state)
         assert_int_equal(sluice_file_count(m), 6);
         uint64_t total = 0;
         for (size_t i = 0; i < sluice_count(m); i++) {
-            struct sluice_tensor_info t;
+            struct sluice_tensor_info t = SLUICE_TENSOR_INFO_INIT;
             sluice_info(m, i, &t);
             total += t.nbytes;
         }
@@ -349,6 +463,8 @@ int main(void)
         cmocka_unit_test(test_directory_cases),
         cmocka_unit_test(test_fifo_does_not_block),
         cmocka_unit_test(test_empty_weight_map),
+        cmocka_unit_test(test_header_rewritten_during_open),
+        cmocka_unit_test(test_truncated_during_open),
         cmocka_unit_test(test_real_files),
         cmocka_unit_test(test_real_sharded),
     };

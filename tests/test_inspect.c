@@ -51,7 +51,7 @@ static void check_json_against_library(const char *dir, const char *model_path)
     assert_int_equal((size_t)cJSON_GetArraySize(tensors), sluice_count(m));
     size_t i = 0;
     for (cJSON *t = tensors->child; t; t = t->next, i++) {
-        struct sluice_tensor_info info;
+        struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
         sluice_info(m, i, &info);
         assert_string_equal(cJSON_GetObjectItem(t, "name")->valuestring, info.name);
         assert_string_equal(cJSON_GetObjectItem(t, "dtype")->valuestring, sluice_dtype_name(info.dtype));

@@ -44,7 +44,7 @@ static fx *fx_open(unsigned queue_depth, uint32_t flags)
     unsigned char has[NT];
     memset(has, 1, sizeof has);
     for (size_t i = 0; i < NT; i++) {
-        struct sluice_tensor_info info;
+        struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
         assert_int_equal(sluice_info(f->m, i, &info), SLUICE_OK);
         f->ref[i] = tu_pread_range(info.file, info.offset, (size_t)info.nbytes);
         unsigned len;

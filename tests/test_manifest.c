@@ -236,7 +236,7 @@ static void escaped_names_match(void **state)
     if (rc != SLUICE_OK)
         fail_msg("%d: %s", rc, msg);
     for (size_t i = 0; i < 6; i++) {
-        struct sluice_tensor_info info;
+        struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
         uint8_t d[32];
         char got[65];
         assert_int_equal(sluice_info(m, i, &info), SLUICE_OK);
@@ -325,7 +325,7 @@ static void sidecar_directory_and_index(void **state)
         assert_non_null(strstr(sluice_manifest_path(m), "sharded/sluice.manifest.json"));
         assert_null(strstr(sluice_manifest_path(m), "//"));
         for (size_t i = 0; i < sluice_file_count(m); i++) {
-            struct sluice_file_info fi;
+            struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
             uint8_t d[32];
             char hex[65];
             uint64_t size;

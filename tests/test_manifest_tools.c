@@ -160,7 +160,7 @@ static sluice_model *open_require(const char *path, const char *manifest)
 static void check_file_digests(sluice_model *m)
 {
     for (size_t i = 0; i < sluice_file_count(m); i++) {
-        struct sluice_file_info fi;
+        struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
         uint8_t want[32], got[32];
         uint64_t size = 0;
         assert_int_equal(sluice_file_info(m, i, &fi), SLUICE_OK);
@@ -310,7 +310,7 @@ static void verify_reports_flipped_tensor(void **state)
     };
     sluice_model *m = open_require(f->model, NULL);
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
-        struct sluice_tensor_info info;
+        struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
         assert_int_equal(sluice_find(m, cases[k].name, &info), SLUICE_OK);
         char *file = strdup(info.file);
         mf_flip_byte(file, info.offset + cases[k].at);
@@ -342,7 +342,7 @@ static void cat_writes_verified_bytes(void **state)
     expect_status(&r, 0, "cat, no manifest");
     sluice_model *m = NULL;
     assert_int_equal(sluice_open(f->model, NULL, &m), SLUICE_OK);
-    struct sluice_tensor_info info;
+    struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
     assert_int_equal(sluice_find(m, "w.2", &info), SLUICE_OK);
     char *file = strdup(info.file);
     uint64_t off = info.offset, n = info.nbytes;
@@ -386,6 +386,18 @@ static void cat_writes_verified_bytes(void **state)
     free(want);
     free(file);
     free(side);
+}
+
+/* `sluice --version` prints the version of the library it loaded. */
+static void version_is_the_library_s(void **state)
+{
+    fx *f = *state;
+    run_result r = run(f->dir, "--version", NULL);
+    expect_status(&r, 0, "--version");
+    char want[64];
+    snprintf(want, sizeof want, "sluice %s\n", sluice_version());
+    assert_string_equal(r.out, want);
+    run_free(&r);
 }
 
 static void usage_and_open_errors(void **state)
@@ -483,6 +495,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(verify_reports_flipped_tensor, setup, teardown),
         cmocka_unit_test_setup_teardown(cat_writes_verified_bytes, setup, teardown),
         cmocka_unit_test_setup_teardown(usage_and_open_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(version_is_the_library_s, setup, teardown),
         cmocka_unit_test_setup_teardown(real_files_round_trip, setup, teardown),
     };
     return cmocka_run_group_tests(tests, group_setup, NULL);

@@ -38,8 +38,8 @@ static void test_static_calls(void **state)
 static void test_null_model(void **state)
 {
     (void)state;
-    struct sluice_tensor_info info;
-    struct sluice_file_info finfo;
+    struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
+    struct sluice_file_info finfo = SLUICE_FILE_INFO_INIT;
     struct sluice_stats st = {.size = sizeof st};
     uint8_t d[32];
     uint64_t size = 7;
@@ -82,8 +82,8 @@ static void check_shell(sluice_model *m, const char *why)
 {
     assert_non_null(m);
     assert_non_null(strstr(sluice_errmsg(m), why));
-    struct sluice_tensor_info info;
-    struct sluice_file_info finfo;
+    struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
+    struct sluice_file_info finfo = SLUICE_FILE_INFO_INIT;
     struct sluice_stats st = {.size = sizeof st};
     uint8_t d[32];
     sluice_tensor *t = (sluice_tensor *)&info;
@@ -110,6 +110,17 @@ static void check_shell(sluice_model *m, const char *why)
     assert_int_equal(sluice_close(m), SLUICE_OK);
 }
 
+/* The running library's version, which the header's macros describe. */
+static void test_version(void **state)
+{
+    (void)state;
+    assert_string_equal(sluice_version(), SLUICE_VERSION_STRING);
+    assert_string_equal(sluice_version(), "0.1.0");
+    assert_int_equal(sluice_version_number(), SLUICE_VERSION_NUMBER);
+    assert_int_equal(sluice_version_number(),
+                     SLUICE_VERSION_MAJOR * 10000 + SLUICE_VERSION_MINOR * 100 + SLUICE_VERSION_PATCH);
+}
+
 static void test_bad_options(void **state)
 {
     (void)state;
@@ -126,7 +137,7 @@ static void test_bad_options(void **state)
         const char *why = NULL;
         switch (k) {
         case 0: o.size = 0; why = "size 0"; break;
-        case 1: o.size = sizeof o + 8; why = "is not one this library knows"; break;
+        case 1: o.size = offsetof(sluice_options, flags); why = "is not one this library knows"; break;
         case 2: o.size = sizeof o.size; why = "is not one this library knows"; break;
         case 3: o.flags = 0x8; why = "unknown flag bits 0x8"; break;
         case 4: o.flags = 0x80000000u | SLUICE_F_HASH_ALL; why = "unknown flag bits 0x80000000"; break;
@@ -161,6 +172,30 @@ static void test_bad_options(void **state)
     assert_int_equal(sluice_open(dir, &o, &m), SLUICE_OK);
     ef_check_orders(m, 1);
     assert_int_equal(sluice_close(m), SLUICE_OK);
+
+    /* a newer caller's longer struct: its unknown tail all zero is fine,
+     * a non-zero byte there is refused, named by its offset */
+    struct {
+        sluice_options o;
+        unsigned char tail[24];
+    } newer;
+    memset(&newer, 0, sizeof newer);
+    sluice_options_init(&newer.o);
+    newer.o.size = sizeof newer;
+    newer.o.flags = SLUICE_F_HASH_ALL;
+    assert_int_equal(sluice_open(dir, &newer.o, &m), SLUICE_OK);
+    ef_check_orders(m, 1);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    newer.tail[5] = 1;
+    assert_int_equal(sluice_open(dir, &newer.o, &m), SLUICE_E_INVAL);
+    char why[64];
+    snprintf(why, sizeof why, "byte %zu of", sizeof(sluice_options) + 5);
+    check_shell(m, why);
+    newer.tail[5] = 0;
+    newer.tail[23] = 0x80;
+    assert_int_equal(sluice_open(dir, &newer.o, &m), SLUICE_E_INVAL);
+    snprintf(why, sizeof why, "byte %zu of", sizeof(sluice_options) + 23);
+    check_shell(m, why);
 
     /* a path that names nothing, and an explicit manifest that is absent */
     assert_int_equal(sluice_open("/nonexistent/sluice", NULL, &m), SLUICE_E_NO_FILES);
@@ -210,6 +245,89 @@ static int inner_cb(void *user, sluice_tensor *t, int status,
     return 0;
 }
 
+/* The info structs start with their size: a shorter (older) struct gets
+ * only the fields it has, a longer (newer) one keeps its tail, the size
+ * the caller set stays; a size below the size field is refused. */
+static void test_info_sizes(void **state)
+{
+    (void)state;
+    char *dir = ef_model(1, ef_sizes, 6, 4);
+    sluice_options o = ef_opts(1u << 20, 64u << 10, 0);
+    sluice_model *m = ef_open(dir, &o);
+
+    struct sluice_tensor_info full = SLUICE_TENSOR_INFO_INIT;
+    assert_int_equal(sluice_info(m, 1, &full), SLUICE_OK);
+    assert_int_equal(full.size, sizeof full);
+    assert_int_equal(full.index, 1);
+
+    struct {
+        struct sluice_tensor_info i;
+        unsigned char tail[32];
+    } t;
+    for (size_t size = 0; size < sizeof t.i.size; size++) {
+        memset(&t, 0xa5, sizeof t);
+        t.i.size = size;
+        assert_int_equal(sluice_info(m, 1, &t.i), SLUICE_E_INVAL);
+        assert_int_equal(sluice_find(m, "s0.t001", &t.i), SLUICE_E_INVAL);
+    }
+    /* an older caller's struct that ends before dtype */
+    memset(&t, 0xa5, sizeof t);
+    t.i.size = offsetof(struct sluice_tensor_info, dtype);
+    assert_int_equal(sluice_find(m, full.name, &t.i), SLUICE_OK);
+    assert_int_equal(t.i.size, offsetof(struct sluice_tensor_info, dtype));
+    assert_ptr_equal(t.i.name, full.name);
+    assert_int_equal(t.i.name_len, full.name_len);
+    const unsigned char *bytes = (const unsigned char *)&t;
+    for (size_t k = offsetof(struct sluice_tensor_info, dtype); k < sizeof t; k++)
+        assert_int_equal(bytes[k], 0xa5);
+    /* a newer caller's longer struct: every field we know, tail untouched */
+    memset(&t, 0xa5, sizeof t);
+    t.i.size = sizeof t;
+    assert_int_equal(sluice_info(m, 1, &t.i), SLUICE_OK);
+    assert_int_equal(t.i.size, sizeof t);
+    assert_int_equal(t.i.index, 1);
+    assert_int_equal(t.i.offset, full.offset);
+    for (size_t k = 0; k < sizeof t.tail; k++)
+        assert_int_equal(t.tail[k], 0xa5);
+
+    /* the same rules for the file info */
+    struct sluice_file_info ffull = SLUICE_FILE_INFO_INIT;
+    assert_int_equal(sluice_file_info(m, 0, &ffull), SLUICE_OK);
+    assert_int_equal(ffull.size, sizeof ffull);
+    assert_true(ffull.file_size > 8);
+    struct {
+        struct sluice_file_info i;
+        unsigned char tail[32];
+    } f;
+    memset(&f, 0xa5, sizeof f);
+    f.i.size = sizeof f.i.size - 1;
+    assert_int_equal(sluice_file_info(m, 0, &f.i), SLUICE_E_INVAL);
+    f.i.size = offsetof(struct sluice_file_info, header_bytes);
+    assert_int_equal(sluice_file_info(m, 0, &f.i), SLUICE_OK);
+    assert_ptr_equal(f.i.path, ffull.path);
+    assert_int_equal(f.i.file_size, ffull.file_size);
+    bytes = (const unsigned char *)&f;
+    for (size_t k = offsetof(struct sluice_file_info, header_bytes); k < sizeof f; k++)
+        assert_int_equal(bytes[k], 0xa5);
+    memset(&f, 0xa5, sizeof f);
+    f.i.size = sizeof f;
+    assert_int_equal(sluice_file_info(m, 0, &f.i), SLUICE_OK);
+    assert_int_equal(f.i.size, sizeof f);
+    assert_int_equal(f.i.tensor_count, ffull.tensor_count);
+    for (size_t k = 0; k < sizeof f.tail; k++)
+        assert_int_equal(f.tail[k], 0xa5);
+
+    /* what the library hands out by pointer carries its own size */
+    sluice_tensor *h = NULL;
+    assert_int_equal(sluice_acquire_index(m, 1, &h), SLUICE_OK);
+    assert_int_equal(sluice_tensor_info(h)->size, sizeof(struct sluice_tensor_info));
+    assert_int_equal(sluice_tensor_info(h)->index, 1);
+    assert_int_equal(sluice_release(h), SLUICE_OK);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(dir);
+    free(dir);
+}
+
 static void test_open_model(void **state)
 {
     (void)state;
@@ -217,8 +335,8 @@ static void test_open_model(void **state)
     sluice_options o = ef_opts(1u << 20, 64u << 10, 0);
     sluice_model *m = ef_open(dir, &o);
     size_t n = sluice_count(m);
-    struct sluice_tensor_info info;
-    struct sluice_file_info finfo;
+    struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
+    struct sluice_file_info finfo = SLUICE_FILE_INFO_INIT;
     uint8_t d[32];
     uint64_t size = 0;
     sluice_tensor *t = (sluice_tensor *)&info;
@@ -325,6 +443,8 @@ int main(void)
         cmocka_unit_test(test_static_calls),
         cmocka_unit_test(test_null_model),
         cmocka_unit_test(test_bad_options),
+        cmocka_unit_test(test_version),
+        cmocka_unit_test(test_info_sizes),
         cmocka_unit_test(test_open_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

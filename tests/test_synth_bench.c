@@ -92,7 +92,7 @@ static void sha256(const void *data, size_t len, uint8_t out[32])
 static void expect_shape(sluice_model *m, const char *name, uint32_t ndim, uint64_t d0,
                          uint64_t d1)
 {
-    struct sluice_tensor_info info;
+    struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
     if (sluice_find(m, name, &info) != SLUICE_OK)
         fail_msg("no tensor %s", name);
     assert_int_equal(info.dtype, SLUICE_DTYPE_BF16);
@@ -109,7 +109,7 @@ static void check_manifest_independently(sluice_model *m)
 {
     assert_int_not_equal(sluice_verify_mode(m), SLUICE_VERIFY_OFF);
     for (size_t i = 0; i < sluice_count(m); i++) {
-        struct sluice_tensor_info info;
+        struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
         uint8_t want[32], got[32];
         assert_int_equal(sluice_info(m, i, &info), SLUICE_OK);
         assert_int_equal(sluice_manifest_tensor(m, i, want), SLUICE_OK);
@@ -119,7 +119,7 @@ static void check_manifest_independently(sluice_model *m)
         assert_memory_equal(want, got, 32);
     }
     for (size_t f = 0; f < sluice_file_count(m); f++) {
-        struct sluice_file_info fi;
+        struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
         uint8_t want[32], got[32];
         uint64_t size;
         size_t len;
@@ -219,7 +219,7 @@ static void test_synth_tiny_opens(void **state)
                          SLUICE_E_NOT_FOUND);
         /* "format": "pt" and data 8-byte aligned, as the reference writes. */
         for (size_t f = 0; f < 2; f++) {
-            struct sluice_file_info fi;
+            struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
             assert_int_equal(sluice_file_info(m, f, &fi), SLUICE_OK);
             assert_int_equal(fi.data_start % 8, 0);
             assert_int_equal(fi.metadata_kind, SLUICE_METADATA_OBJECT);
@@ -289,7 +289,7 @@ static void test_synth_bytes_follow_seed_not_shards(void **state)
             "model.layers.0.mlp.up_proj.weight", "model.layers.3.mlp.up_proj.weight",
             "model.layers.2.self_attn.v_proj.weight"};
         for (int i = 0; i < 6; i++) {
-            struct sluice_tensor_info info;
+            struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
             assert_int_equal(sluice_find(m, names[i], &info), SLUICE_OK);
             void *bytes = tu_pread_range(info.file, info.offset, (size_t)info.nbytes);
             sha256(bytes, (size_t)info.nbytes, out[i]);

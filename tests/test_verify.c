@@ -81,7 +81,7 @@ static void check_independent(const char *path, const digests *g)
     assert_int_equal(sluice_open(path, &o, &m), SLUICE_OK);
     assert_int_equal(sluice_count(m), g->n);
     for (size_t i = 0; i < g->n; i++) {
-        struct sluice_tensor_info info;
+        struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
         assert_int_equal(sluice_info(m, i, &info), SLUICE_OK);
         void *bytes = tu_pread_range(info.file, info.offset, (size_t)info.nbytes);
         uint8_t want[32];
@@ -106,7 +106,7 @@ static void write_manifest(const char *model, const digests *g, const char *out)
     mf_buf b = {0};
     mf_addf(&b, "{");
     for (size_t i = 0; i < g->n; i++) {
-        struct sluice_tensor_info info;
+        struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
         char hex[65];
         assert_int_equal(sluice_info(m, i, &info), SLUICE_OK);
         mf_addf(&b, "%s\"", i ? ",\n" : "");
@@ -233,7 +233,7 @@ static void clean_model_verifies(void **state)
 static void expect_only(fx *f, size_t victim, uint64_t at, uint64_t chunk)
 {
     sluice_model *m = open_model(f->model, SLUICE_VERIFY_REQUIRE, 0, 0);
-    struct sluice_tensor_info vi;
+    struct sluice_tensor_info vi = SLUICE_TENSOR_INFO_INIT;
     assert_int_equal(sluice_find(m, model_keys[victim], &vi), SLUICE_OK);
     assert_int_equal(sluice_close(m), SLUICE_OK);
     poke(f->model, vi.offset + at, 0x5a);
@@ -306,7 +306,7 @@ static void if_present_checks_listed_only(void **state)
     mf_addf(&b, "{\"big\": \"%s\"}", mf_hex(f->clean.d[8], hex));
     mf_write_text(f->manifest, b.p);
     mf_buf_free(&b);
-    struct sluice_tensor_info big, embed;
+    struct sluice_tensor_info big = SLUICE_TENSOR_INFO_INIT, embed = SLUICE_TENSOR_INFO_INIT;
     sluice_model *m = open_model(f->model, SLUICE_VERIFY_IF_PRESENT, 0, 0);
     assert_int_equal(sluice_find(m, "big", &big), SLUICE_OK);
     assert_int_equal(sluice_find(m, "embed", &embed), SLUICE_OK);
@@ -449,7 +449,7 @@ static void real_file_flips(void **state)
     write_manifest(copy, &g, mpath);
     for (size_t victim = 0; victim < g.n; victim++) {
         sluice_model *m = open_model(copy, SLUICE_VERIFY_REQUIRE, 0, 0);
-        struct sluice_tensor_info vi;
+        struct sluice_tensor_info vi = SLUICE_TENSOR_INFO_INIT;
         assert_int_equal(sluice_info(m, victim, &vi), SLUICE_OK);
         char q[300];
         snprintf(q, sizeof q, "\"%s\"", vi.name); /* names here are plain */

@@ -34,7 +34,8 @@ void *tu_read_file(const char *path, size_t *len);
  * what sluice hands out. */
 void *tu_pread_range(const char *path, uint64_t offset, size_t len);
 
-/* The real-world corpus folder (../shared/data/real), or NULL when absent. */
+/* The real-world corpus folder (../shared/data/real), or NULL when absent
+ * (then it says so on stderr, and the caller skips its test). */
 const char *tu_real_data(void);
 
 /* Lists the *.safetensors files directly inside dir, sorted; returns

@@ -201,15 +201,15 @@ static int load_model(const char *path, bench_model *bm)
     bm->tensors = calloc(bm->ntensors ? bm->ntensors : 1, sizeof *bm->tensors);
     int ok = bm->files && bm->file_sizes && bm->tensors;
     for (size_t f = 0; ok && f < bm->nfiles; f++) {
-        struct sluice_file_info fi;
+        struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
         ok = sluice_file_info(m, f, &fi) == SLUICE_OK && (bm->files[f] = strdup(fi.path));
         if (ok) {
-            bm->file_sizes[f] = fi.size;
-            bm->file_bytes += fi.size;
+            bm->file_sizes[f] = fi.file_size;
+            bm->file_bytes += fi.file_size;
         }
     }
     for (size_t i = 0; ok && i < bm->ntensors; i++) {
-        struct sluice_tensor_info ti;
+        struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
         ok = sluice_info(m, i, &ti) == SLUICE_OK;
         if (ok) {
             bm->tensors[i] = (bench_tensor){ti.file_index, ti.offset, ti.nbytes};

@@ -469,7 +469,7 @@ static void run_sluice(const bench_model *bm, const bench_config *c, const bench
                 continue;
             }
             if (rc != SLUICE_OK) {
-                struct sluice_tensor_info info;
+                struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
                 if (*sluice_errmsg(m)) /* the message names the tensor */
                     fail(r, "%s", sluice_errmsg(m));
                 else if (sluice_info(m, order[k], &info) == SLUICE_OK)

@@ -96,7 +96,7 @@ int cmd_cat(int argc, char **argv)
         return 2;
     }
     int status = 2;
-    struct sluice_tensor_info info;
+    struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
     uint8_t want[32];
     sluice_tensor *t = NULL;
     if (sluice_find(m, name, &info) != SLUICE_OK) {

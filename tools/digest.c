@@ -226,10 +226,10 @@ static int plan(dg_job *job, const sluice_model *m, int files, int tensors, size
         return -1;
     size_t t = 0;
     for (size_t f = 0; files && f < job->nfiles; f++) {
-        struct sluice_file_info fi;
+        struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
         sluice_file_info(m, f, &fi);
         dg_item *it = &job->items[job->nitems++];
-        *it = (dg_item){.file = f, .whole_file = 1, .weight = fi.size};
+        *it = (dg_item){.file = f, .whole_file = 1, .weight = fi.file_size};
         if (fused) {
             it->t0 = t;
             for (; t < job->ntensors && job->tensor[t].file == f; t++)
@@ -280,13 +280,13 @@ dg_job *dg_start(const sluice_model *model, int files, int tensors, unsigned thr
     if (!job->paths || !job->tensor || (files && !job->files) || (tensors && !job->tensors))
         goto nomem;
     for (size_t f = 0; f < job->nfiles; f++) {
-        struct sluice_file_info fi;
+        struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
         if (sluice_file_info(model, f, &fi) != SLUICE_OK)
             goto nomem;
         job->paths[f] = fi.path;
     }
     for (size_t i = 0; i < job->ntensors; i++) {
-        struct sluice_tensor_info ti;
+        struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
         if (sluice_info(model, i, &ti) != SLUICE_OK)
             goto nomem;
         job->tensor[i] = (dg_tensor){ti.file_index, ti.offset, ti.nbytes};

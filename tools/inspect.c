@@ -32,14 +32,14 @@ static void print_json(const sluice_model *m)
     size_t nf = sluice_file_count(m), nt = sluice_count(m);
     printf("{\"files\": [");
     for (size_t i = 0; i < nf; i++) {
-        struct sluice_file_info f;
+        struct sluice_file_info f = SLUICE_FILE_INFO_INIT;
         sluice_file_info(m, i, &f);
         printf("%s", i ? ", " : "");
         json_string(stdout, f.path, strlen(f.path));
     }
     printf("], \"metadata\": {");
     for (size_t i = 0; i < nf; i++) {
-        struct sluice_file_info f;
+        struct sluice_file_info f = SLUICE_FILE_INFO_INIT;
         sluice_file_info(m, i, &f);
         printf("%s", i ? ", " : "");
         json_string(stdout, f.path, strlen(f.path));
@@ -58,7 +58,7 @@ static void print_json(const sluice_model *m)
     }
     printf("}, \"tensors\": [");
     for (size_t i = 0; i < nt; i++) {
-        struct sluice_tensor_info t;
+        struct sluice_tensor_info t = SLUICE_TENSOR_INFO_INIT;
         sluice_info(m, i, &t);
         printf("%s\n  {\"name\": ", i ? "," : "");
         json_string(stdout, t.name, t.name_len);
@@ -77,10 +77,10 @@ static void print_table(const sluice_model *m)
     size_t nf = sluice_file_count(m), nt = sluice_count(m);
     uint64_t total = 0;
     for (size_t i = 0; i < nf; i++) {
-        struct sluice_file_info f;
+        struct sluice_file_info f = SLUICE_FILE_INFO_INIT;
         sluice_file_info(m, i, &f);
         printf("file %zu: %s  (%llu bytes, header %llu bytes, %zu tensors)\n", i, f.path,
-               (unsigned long long)f.size, (unsigned long long)f.header_bytes, f.tensor_count);
+               (unsigned long long)f.file_size, (unsigned long long)f.header_bytes, f.tensor_count);
         if (f.metadata_kind == SLUICE_METADATA_ABSENT)
             printf("  metadata: none\n");
         else if (f.metadata_kind == SLUICE_METADATA_NULL)
@@ -95,7 +95,7 @@ static void print_table(const sluice_model *m)
     }
     printf("\n%-6s %-48s %-8s %-22s %14s %5s %14s\n", "#", "name", "dtype", "shape", "bytes", "file", "offset");
     for (size_t i = 0; i < nt; i++) {
-        struct sluice_tensor_info t;
+        struct sluice_tensor_info t = SLUICE_TENSOR_INFO_INIT;
         sluice_info(m, i, &t);
         total += t.nbytes;
         printf("%-6zu ", i);

@@ -54,7 +54,7 @@ static int write_json(FILE *out, const sluice_model *m, const dg_result *tensors
     if (flat) {
         fputs("{", out);
         for (size_t i = 0; i < n; i++) {
-            struct sluice_tensor_info info;
+            struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
             sluice_info(m, i, &info);
             fputs(i ? ",\n  " : "\n  ", out);
             json_string(out, info.name, info.name_len);
@@ -65,7 +65,7 @@ static int write_json(FILE *out, const sluice_model *m, const dg_result *tensors
         fputs("{\n  \"format\": \"sluice-manifest\",\n  \"version\": 1,\n"
               "  \"algorithm\": \"sha256\",\n  \"tensors\": {", out);
         for (size_t i = 0; i < n; i++) {
-            struct sluice_tensor_info info;
+            struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
             sluice_info(m, i, &info);
             fputs(i ? ",\n    " : "\n    ", out);
             json_string(out, info.name, info.name_len);
@@ -74,7 +74,7 @@ static int write_json(FILE *out, const sluice_model *m, const dg_result *tensors
         fputs(n ? "\n  },\n  \"files\": {" : "},\n  \"files\": {", out);
         size_t nf = sluice_file_count(m);
         for (size_t i = 0; i < nf; i++) {
-            struct sluice_file_info fi;
+            struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
             sluice_file_info(m, i, &fi);
             const char *base = strrchr(fi.path, '/');
             base = base ? base + 1 : fi.path;
@@ -186,15 +186,15 @@ int cmd_manifest(int argc, char **argv)
     size_t n = sluice_count(m), nf = sluice_file_count(m);
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++) {
-        struct sluice_tensor_info info;
+        struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
         sluice_info(m, i, &info);
         total += info.nbytes;
     }
     if (!flat)
         for (size_t i = 0; i < nf; i++) {
-            struct sluice_file_info fi;
+            struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
             sluice_file_info(m, i, &fi);
-            total += fi.size;
+            total += fi.file_size;
         }
     int status = 1;
     size_t failed = 0;
@@ -209,7 +209,7 @@ int cmd_manifest(int argc, char **argv)
     for (size_t i = 0; i < n; i++) {
         if (!tensors[i].error)
             continue;
-        struct sluice_tensor_info info;
+        struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
         sluice_info(m, i, &info);
         fprintf(stderr, "sluice manifest: tensor ");
         ig_quote(stderr, info.name, info.name_len);
@@ -220,14 +220,14 @@ int cmd_manifest(int argc, char **argv)
         failed++;
     }
     for (size_t i = 0; files && i < nf; i++) {
-        struct sluice_file_info fi;
+        struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
         sluice_file_info(m, i, &fi);
         if (files[i].error) {
             fprintf(stderr, "sluice manifest: %s: %s\n", fi.path, strerror(files[i].error));
             failed++;
-        } else if (files[i].bytes != fi.size) {
+        } else if (files[i].bytes != fi.file_size) {
             fprintf(stderr, "sluice manifest: %s: %llu bytes now, %llu at open: the file changed\n",
-                    fi.path, (unsigned long long)files[i].bytes, (unsigned long long)fi.size);
+                    fi.path, (unsigned long long)files[i].bytes, (unsigned long long)fi.file_size);
             failed++;
         }
     }

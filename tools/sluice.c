@@ -1,6 +1,8 @@
 /* sluice.c: the sluice command: dispatches to one subcommand per file. */
 #include "cmd.h"
 
+#include <sluice.h>
+
 #include <stdio.h>
 #include <string.h>
 
@@ -22,7 +24,7 @@ static void usage(FILE *out)
     fprintf(out, "usage: sluice COMMAND [ARGS]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(out, "  %s\n", commands[i].summary);
-    fprintf(out, "\nrun 'sluice COMMAND --help' for a command's options\n");
+    fprintf(out, "\nrun 'sluice COMMAND --help' for a command's options; 'sluice --version'\n");
 }
 
 int main(int argc, char **argv)
@@ -33,6 +35,11 @@ int main(int argc, char **argv)
     }
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         usage(stdout);
+        return 0;
+    }
+    /* The library's version, not the header's: the one actually loaded. */
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        printf("sluice %s\n", sluice_version());
         return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)

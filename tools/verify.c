@@ -137,15 +137,15 @@ int cmd_verify(int argc, char **argv)
     size_t n = sluice_count(m), nf = sluice_file_count(m);
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++) {
-        struct sluice_tensor_info info;
+        struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
         sluice_info(m, i, &info);
         total += info.nbytes;
     }
     if (files)
         for (size_t i = 0; i < nf; i++) {
-            struct sluice_file_info fi;
+            struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
             sluice_file_info(m, i, &fi);
-            total += fi.size;
+            total += fi.file_size;
         }
 
     vf_state s = {.model = m};
@@ -165,7 +165,7 @@ int cmd_verify(int argc, char **argv)
         const dg_result *r = NULL;
         dg_wait(fh, &r, NULL);
         for (size_t i = 0; i < nf; i++) {
-            struct sluice_file_info fi;
+            struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
             uint8_t want[32];
             uint64_t want_size = SLUICE_SIZE_UNKNOWN;
             char wh[65], gh[65];

@@ -97,7 +97,7 @@ static void check_ok(const ctx *c, const sluice_tensor *t, size_t i)
 
 static void check_fail(const ctx *c, sluice_model *m, size_t i, int rc)
 {
-    struct sluice_tensor_info info;
+    struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
     CHECK(sluice_info(m, i, &info) == SLUICE_OK);
     if (rc == SLUICE_E_TOO_LARGE)
         /* larger than the pool, with the 64-byte rounding (and O_DIRECT's
@@ -177,7 +177,7 @@ int fuzz_verdict(const uint8_t *data, size_t size)
         c.has = malloc(n1);
         CHECK(c.digests && c.has);
         for (size_t i = 0; i < c.n; i++) {
-            struct sluice_tensor_info info;
+            struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
             CHECK(sluice_info(m, i, &info) == SLUICE_OK);
             CHECK(info.offset <= size && info.nbytes <= size - info.offset);
             unsigned len = 0;

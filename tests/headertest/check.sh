@@ -5,7 +5,17 @@ set -eu
 inc=$1 cc=$2 cxx=${3:-}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-printf '#include <sluice.h>\nint main(void) { sluice_options o; return sluice_options_init(&o); }\n' > "$work/t.c"
+# The info initializers must compile warning-free in both languages too.
+cat > "$work/t.c" <<'EOF'
+#include <sluice.h>
+int main(void)
+{
+    sluice_options o;
+    struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+    struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
+    return sluice_options_init(&o) + (int)(ti.size + fi.size) + SLUICE_VERSION_NUMBER;
+}
+EOF
 "$cc" -std=c99 -pedantic -Werror -Wall -Wextra -I"$inc" -c "$work/t.c" -o "$work/t.o"
 "$cc" -std=c11 -pedantic -Werror -Wall -Wextra -I"$inc" -c "$work/t.c" -o "$work/t.o"
 if [ -n "$cxx" ]; then

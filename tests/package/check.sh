@@ -1,7 +1,9 @@
 #!/bin/sh
-# Installs sluice into a temporary prefix, then builds package/consumer.c
-# against it with find_package (shared and static) and with pkg-config,
-# and runs each build on a real model.
+# Installs sluice into a temporary prefix, runs the installed command from
+# there, then builds package/consumer.c against it with find_package
+# (shared and static) and with pkg-config, and runs each build on a model:
+# MODEL_FILE (a real one) when it exists, else a tiny one written here, so
+# that a clone without ../shared beside it still checks the package.
 # usage: check.sh SOURCE_DIR BUILD_DIR MODEL_FILE
 set -eu
 src=$1 build=$2 model=$3
@@ -9,6 +11,23 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 prefix=$work/prefix
 cmake --install "$build" --prefix "$prefix" >/dev/null
+if [ ! -f "$model" ]; then
+    echo "packaging: $model is absent; using a generated one-tensor model"
+    header='{"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}'
+    model=$work/tiny.safetensors
+    # the 8-byte little-endian header length (under 256), the header, 2 bytes
+    printf "\\$(printf %03o ${#header})\\0\\0\\0\\0\\0\\0\\0%s\\1\\2" "$header" > "$model"
+fi
+
+# 0. the installed command runs from the prefix alone (RPATH $ORIGIN/../lib*)
+if [ -x "$prefix/bin/sluice" ]; then
+    version=$(env -u LD_LIBRARY_PATH "$prefix/bin/sluice" --version) ||
+        { echo "installed bin/sluice --version failed (library not found?)" >&2; exit 1; }
+    case $version in
+        "sluice "[0-9]*) ;;
+        *) echo "installed bin/sluice --version printed: $version" >&2; exit 1 ;;
+    esac
+fi
 
 # 1. CMake: find_package(sluice) + sluice::sluice / sluice::sluice_static
 cmake -S "$src/tests/package" -B "$work/cmake" -DCMAKE_PREFIX_PATH="$prefix" \
@@ -33,4 +52,4 @@ if [ -n "$bad" ]; then
     exit 1
 fi
 readelf -d "$prefix"/lib/libsluice.so | grep -q 'SONAME.*libsluice.so.0' || { echo "no SONAME libsluice.so.0" >&2; exit 1; }
-echo "packaging: find_package (shared, static), pkg-config (shared, static), exports, SONAME: ok"
+echo "packaging: installed bin/sluice --version, find_package (shared, static), pkg-config (shared, static), exports, SONAME: ok"
