@@ -77,7 +77,7 @@ static char *one_shard(const uint64_t *sizes, size_t n, char **dir_out)
 
 static const char *name_of(sluice_model *m, size_t i)
 {
-    struct sluice_tensor_info info;
+    struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
     assert_int_equal(sluice_info(m, i, &info), SLUICE_OK);
     return info.name;
 }
@@ -394,7 +394,7 @@ static void truncated_file_fails_only_past_its_end(void **state)
         char *dir, *path = one_shard(sizes, 16, &dir);
         sluice_options o = ef_opts(64 * MiB, 8 * MiB, 0);
         sluice_model *m = ef_open(path, &o);
-        struct sluice_tensor_info t8;
+        struct sluice_tensor_info t8 = SLUICE_TENSOR_INFO_INIT;
         assert_int_equal(sluice_find(m, "t008", &t8), SLUICE_OK);
         assert_int_equal(truncate(path, (off_t)(t8.offset + t8.nbytes / 2)), 0);
         if (how == 0) {
@@ -591,7 +591,7 @@ static void progress_reaches_the_total(void **state)
     sluice_model *m = ef_open(dir, &o);
     uint64_t total = 0;
     for (size_t i = 0; i < sluice_count(m); i++) {
-        struct sluice_tensor_info info;
+        struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
         assert_int_equal(sluice_info(m, i, &info), SLUICE_OK);
         total += info.nbytes;
     }
