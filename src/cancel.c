@@ -1,4 +1,5 @@
-/* cancel.c: see cancel.h and sluice.h ("Streaming with options"). */
+/* cancel.c: the cancellation token; see cancel.h and sluice.h ("Streaming
+ * with options"). */
 #include "cancel.h"
 
 #include <pthread.h>
@@ -11,10 +12,8 @@ struct sluice_cancel {
     sl_cancel_reg *regs;
 };
 
-SLUICE_API int sluice_cancel_create(sluice_cancel **out)
+int sl_cancel_create(sluice_cancel **out)
 {
-    if (!out)
-        return SLUICE_E_INVAL;
     *out = NULL;
     sluice_cancel *c = calloc(1, sizeof *c);
     if (!c)
@@ -28,10 +27,8 @@ SLUICE_API int sluice_cancel_create(sluice_cancel **out)
     return SLUICE_OK;
 }
 
-SLUICE_API void sluice_cancel_request(sluice_cancel *c)
+void sl_cancel_request(sluice_cancel *c)
 {
-    if (!c)
-        return;
     pthread_mutex_lock(&c->lock);
     atomic_store(&c->requested, 1);
     for (sl_cancel_reg *r = c->regs; r; r = r->next)
@@ -39,18 +36,17 @@ SLUICE_API void sluice_cancel_request(sluice_cancel *c)
     pthread_mutex_unlock(&c->lock);
 }
 
-SLUICE_API int sluice_cancel_requested(const sluice_cancel *c)
+int sl_cancel_requested(const sluice_cancel *c)
 {
     return c ? atomic_load(&((sluice_cancel *)c)->requested) : 0;
 }
 
-SLUICE_API void sluice_cancel_reset(sluice_cancel *c)
+void sl_cancel_reset(sluice_cancel *c)
 {
-    if (c)
-        atomic_store(&c->requested, 0);
+    atomic_store(&c->requested, 0);
 }
 
-SLUICE_API void sluice_cancel_free(sluice_cancel *c)
+void sl_cancel_free(sluice_cancel *c)
 {
     if (!c)
         return;

@@ -20,6 +20,13 @@ typedef struct sl_cancel_reg {
     void *ctx;
 } sl_cancel_reg;
 
+/* The token calls of sluice.h (the API checks their arguments). */
+int sl_cancel_create(sluice_cancel **out);
+void sl_cancel_request(sluice_cancel *c);
+int sl_cancel_requested(const sluice_cancel *c); /* c may be NULL: 0 */
+void sl_cancel_reset(sluice_cancel *c);
+void sl_cancel_free(sluice_cancel *c);             /* NULL: no-op */
+
 /* Adds reg (owned by the caller, alive until unregistered). c may be
  * NULL (nothing happens). */
 void sl_cancel_register(sluice_cancel *c, sl_cancel_reg *reg);

@@ -1,28 +1,26 @@
-/* engine.c: the life cycle of an engine and the public loading calls
- * (prefetch, acquire, release, the handle accessors, stats).
+/* engine.c: the life cycle of an engine and its loading calls: acquire,
+ * release and the handles, prefetch, stats, trim (see engine.h; the API
+ * layer, api.c, calls them).
  *
- * The parts: pool.c (buffers), io.c (the seam: io_uring or pread
- * threads), sched.c (plan, pump, read completion), hash.c (workers that
- * hash and finish tensors), stream.c (sluice_stream), hooks.c (test
- * hooks). engine_int.h tells how they share the state.
+ * The parts: slot.c (each tensor's state, the LRU lists, the pool),
+ * sched.c (plan, pump, completions), stream.c (streams), io.c (the seam:
+ * io_uring or pread threads), hash.c (the hashing layer), pool.c
+ * (buffers). engine_int.h tells how they share the state.
  *
  * Threads of an engine: the seam's (one io_uring reaper, or io_threads
- * pread threads) and the workers (hash_threads, started only when some
+ * pread threads) and the hasher's (hash_threads, started only when some
  * tensor is hashed or SLUICE_F_DIRECT is set). Callers block in acquire
  * and stream on e->cv; stream callbacks run on the stream's caller.
  */
 #include "engine_int.h"
-
-#include "manifest.h"
-#include "model.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 /* SHA-256 of no bytes: the digest of every empty tensor. */
@@ -84,17 +82,30 @@ void sl_engine_open_direct(sl_engine *e, const char *proc_fd_dir)
     }
 }
 
+const unsigned char *sl_expected_digest(const sl_engine *e, size_t i)
+{
+    return e->expect_has && e->expect_has[i] ? e->expect[i] : NULL;
+}
+
+int sl_hasher_need(sl_engine *e, sl_err *err)
+{
+    if (e->hasher)
+        return SLUICE_OK;
+    unsigned n = e->hash_threads;
+    if (n == 0) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        n = cpus > 0 ? (unsigned)(cpus < 64 ? cpus : 64) : 1;
+    }
+    return sl_hasher_create(n, sl_hash_done, e, &e->hasher, err);
+}
+
 static void free_engine(sl_engine *e)
 {
     if (!e)
         return;
-    sl_workers_stop(e);
+    sl_hasher_destroy(e->hasher);
     sl_io_destroy(e->io);
-    for (size_t i = 0; e->slots && i < e->n; i++) {
-        free(e->slots[i].err_msg);
-        free(e->slots[i].done_bits);
-        EVP_MD_CTX_free(e->slots[i].md);
-    }
+    sl_slots_free(e);
     if (e->files)
         for (size_t f = 0; f < e->ix->nfiles; f++)
             if (e->files[f].direct_fd >= 0)
@@ -110,19 +121,34 @@ static void free_engine(sl_engine *e)
     free(e->order);
     free(e->files);
     free(e->reads);
-    free(e->slots);
-    free(e->test_digest);
-    free(e->test_has);
+    free(e->expect);
+    free(e->expect_has);
     sl_pool_destroy(e->pool);
-    EVP_MD_free(e->sha256);
-    pthread_cond_destroy(&e->wcv);
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->lock);
     free(e);
 }
 
+/* The engine's own copy of the expected digests. */
+static int copy_expected(sl_engine *e, const uint8_t *const *expect, sl_err *err)
+{
+    if (!expect)
+        return SLUICE_OK;
+    size_t n1 = e->n ? e->n : 1;
+    e->expect = malloc(n1 * sizeof *e->expect);
+    e->expect_has = calloc(n1, 1);
+    if (!e->expect || !e->expect_has)
+        return sl_fail(err, SLUICE_E_NOMEM, "engine: out of memory");
+    for (size_t i = 0; i < e->n; i++)
+        if (expect[i]) {
+            memcpy(e->expect[i], expect[i], 32);
+            e->expect_has[i] = 1;
+        }
+    return SLUICE_OK;
+}
+
 int sl_engine_create(const sl_index *ix, const sluice_options *opts,
-                     const sl_manifest *manifest, sl_engine **out, sl_err *err)
+                     const uint8_t *const *expect, sl_engine **out, sl_err *err)
 {
     *out = NULL;
     sl_engine *e = calloc(1, sizeof *e);
@@ -133,9 +159,7 @@ int sl_engine_create(const sl_index *ix, const sluice_options *opts,
         return sl_fail(err, SLUICE_E_NOMEM, "engine: cannot create a mutex");
     }
     pthread_cond_init(&e->cv, NULL);
-    pthread_cond_init(&e->wcv, NULL);
     e->ix = ix;
-    e->manifest = manifest;
     e->flags = opts->flags;
     e->chunk = opts->chunk_bytes;
     /* A stream reads ahead what keeps every read slot busy (and at least
@@ -147,19 +171,23 @@ int sl_engine_create(const sl_index *ix, const sluice_options *opts,
     if (e->stream_window > opts->pool_bytes / 2)
         e->stream_window = opts->pool_bytes / 2;
     e->queue_depth = opts->queue_depth;
+    e->hash_threads = opts->hash_threads;
     e->n = ix->ntensors;
-    e->dq_head = e->dq_tail = e->pq_head = e->pq_tail = e->hq_head = e->hq_tail = SL_NONE;
-    for (int l = 0; l < 3; l++)
-        e->lru[l].head = e->lru[l].tail = SL_NONE;
+    e->dq_head = e->dq_tail = e->pq_head = e->pq_tail = SL_NONE;
     e->st.pool_bytes = opts->pool_bytes;
 
     int rc;
     size_t n1 = e->n ? e->n : 1;
-    e->slots = calloc(n1, sizeof *e->slots);
     e->order = malloc(n1 * sizeof *e->order);
     e->files = calloc(ix->nfiles ? ix->nfiles : 1, sizeof *e->files);
     e->reads = calloc(e->queue_depth, sizeof *e->reads);
-    if (!e->slots || !e->order || !e->files || !e->reads) {
+    if (!e->order || !e->files || !e->reads) {
+        rc = sl_fail(err, SLUICE_E_NOMEM, "engine: out of memory");
+        goto fail;
+    }
+    if ((rc = copy_expected(e, expect, err)) < 0)
+        goto fail;
+    if (sl_slots_init(e) < 0) {
         rc = sl_fail(err, SLUICE_E_NOMEM, "engine: out of memory");
         goto fail;
     }
@@ -167,13 +195,8 @@ int sl_engine_create(const sl_index *ix, const sluice_options *opts,
         e->files[f].direct_fd = -1;
     int any_hashed = 0;
     for (size_t i = 0; i < e->n; i++) {
-        sl_slot *s = &e->slots[i];
         e->order[i] = i;
-        s->lprev = s->lnext = s->dnext = s->pnext = s->hnext = SL_NONE;
-        s->hashed = (e->flags & SLUICE_F_HASH_ALL) || sl_manifest_tensor_digest(manifest, i);
-        any_hashed |= s->hashed;
-        if (ix->tensors[i].nbytes == 0)
-            s->state = SL_READY; /* nothing to read, ever */
+        any_hashed |= e->slots[i].hashed;
     }
     e->plan = e->plan_pos = e->order;
     e->plan_n = e->n;
@@ -181,10 +204,6 @@ int sl_engine_create(const sl_index *ix, const sluice_options *opts,
     for (unsigned k = 0; k < e->queue_depth; k++) {
         e->reads[k].next_free = e->free_reads;
         e->free_reads = &e->reads[k];
-    }
-    if (!(e->sha256 = EVP_MD_fetch(NULL, "SHA256", NULL))) {
-        rc = sl_fail(err, SLUICE_E_NOMEM, "engine: OpenSSL has no SHA256");
-        goto fail;
     }
     if ((rc = sl_pool_create(opts->pool_bytes, &e->pool, err)) < 0)
         goto fail;
@@ -201,22 +220,30 @@ int sl_engine_create(const sl_index *ix, const sluice_options *opts,
     if ((rc = sl_io_create(&cfg, &e->io, err)) < 0)
         goto fail;
     e->st.backend = sl_io_backend(e->io, &e->st.backend_errno);
-
-    if (any_hashed || (e->flags & SLUICE_F_DIRECT)) {
-        unsigned n = opts->hash_threads;
-        if (n == 0) {
-            long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-            n = cpus > 0 ? (unsigned)(cpus < 64 ? cpus : 64) : 1;
-        }
-        if ((rc = sl_workers_start(e, n, err)) < 0)
-            goto fail;
-    }
+    if ((any_hashed || (e->flags & SLUICE_F_DIRECT)) && (rc = sl_hasher_need(e, err)) < 0)
+        goto fail;
     *out = e;
     return SLUICE_OK;
 
 fail:
     free_engine(e);
     return rc;
+}
+
+void sl_quiesce(sl_engine *e)
+{
+    for (;;) {
+        while (e->inflight)
+            sl_wait(e);
+        if (!e->hasher)
+            return;
+        /* Hash completions take the lock: wait for them without it. */
+        sl_unlock(e);
+        sl_hasher_wait_idle(e->hasher);
+        pthread_mutex_lock(&e->lock);
+        if (!e->inflight)
+            return;
+    }
 }
 
 int sl_engine_destroy(sl_engine *e, sl_err *err)
@@ -241,21 +268,20 @@ int sl_engine_destroy(sl_engine *e, sl_err *err)
         pthread_cond_wait(&e->cv, &e->lock);
     }
     e->closing = 1; /* nothing new starts */
-    while (e->inflight || e->wbusy || e->hq_head != SL_NONE)
-        sl_wait(e);
+    sl_quiesce(e);
     pthread_mutex_unlock(&e->lock);
     free_engine(e);
     return SLUICE_OK;
 }
 
-void sl_enter(sl_engine *e)
+void sl_engine_enter(sl_engine *e)
 {
     pthread_mutex_lock(&e->lock);
     e->calls++;
     pthread_mutex_unlock(&e->lock);
 }
 
-void sl_leave(sl_engine *e)
+void sl_engine_leave(sl_engine *e)
 {
     pthread_mutex_lock(&e->lock);
     if (--e->calls == 0)
@@ -263,18 +289,13 @@ void sl_leave(sl_engine *e)
     pthread_mutex_unlock(&e->lock);
 }
 
-void sl_pause_point(sl_engine *e, int where)
+void sl_engine_pause_point(sl_engine *e, int where)
 {
     if (e->test_pause)
         e->test_pause(e->test_pause_ctx, where);
 }
 
 /* ---------------------------------------------------------------- handles */
-
-static sl_engine *engine_of(sluice_model *m)
-{
-    return sl_model_usable(m) == SLUICE_OK ? m->engine : NULL;
-}
 
 static int check_empty(sl_engine *e, size_t i, sl_err *err)
 {
@@ -294,11 +315,10 @@ static int check_empty(sl_engine *e, size_t i, sl_err *err)
                    (unsigned long long)t->offset, hw);
 }
 
-/* A handle on READY slot i. Lock held. */
-int sl_grant(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err)
+int sl_grant(sl_engine *e, size_t i, int by_stream, sluice_tensor **out, sl_err *err)
 {
     const struct sluice_tensor_info *t = &e->ix->tensors[i];
-    sl_slot *s = &e->slots[i];
+    const sl_slot *s = &e->slots[i];
     if (t->nbytes == 0)
         SL_TRY(check_empty(e, i, err));
     sluice_tensor *h = e->hfree_count > SL_HANDLE_QUARANTINE ? e->hfree : NULL;
@@ -321,35 +341,66 @@ int sl_grant(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err)
     h->live = 1;
     h->has_digest = t->nbytes ? s->has_digest : s->hashed;
     memcpy(h->digest, t->nbytes ? s->digest : sha256_empty, 32);
-    s->refs++;
-    s->consumed = 1;
-    s->spent = 0; /* a stream marks its own deliveries after this */
-    sl_lru_remove(e, i);
+    sl_slot_take(e, i, by_stream);
     e->live_handles++;
     e->st.bytes_delivered += t->nbytes;
     *out = h;
     return SLUICE_OK;
 }
 
-int sl_too_large_error(sl_engine *e, size_t i, sl_err *err)
+int sl_handle_release(sluice_tensor *t)
 {
-    const struct sluice_tensor_info *t = &e->ix->tensors[i];
-    char q[SL_QUOTE_MAX];
-    return sl_fail(err, SLUICE_E_TOO_LARGE,
-                   "tensor %s (file %s) is %llu bytes%s, larger than the whole pool budget "
-                   "(pool_bytes %llu)",
-                   sl_quote(q, sizeof q, t->name, t->name_len), t->file,
-                   (unsigned long long)t->nbytes,
-                   (e->flags & SLUICE_F_DIRECT) ? " (more with O_DIRECT alignment)" : "",
-                   (unsigned long long)e->st.pool_bytes);
+    sl_engine *e = t->e;
+    pthread_mutex_lock(&e->lock);
+    if (!t->live) {
+        pthread_mutex_unlock(&e->lock);
+        return SLUICE_E_INVAL;  /* released twice: no model to say it on */
+    }
+    /* Counted in before the handle is out: close, seeing no handle, must
+     * still wait until this call has finished with the engine. */
+    e->calls++;
+    size_t i = t->index;
+    t->live = 0;
+    t->next_free = NULL;
+    if (e->hfree_tail)
+        e->hfree_tail->next_free = t;
+    else
+        e->hfree = t;
+    e->hfree_tail = t;
+    e->hfree_count++;
+    e->live_handles--;
+    sl_slot_put(e, i);
+    sl_pump(e);     /* its room may let something start */
+    sl_unlock(e);
+    sl_engine_pause_point(e, SL_PAUSE_RELEASE_EXIT);
+    sl_engine_leave(e);
+    return SLUICE_OK;
 }
 
-/* The failure a waiter saw: the slot's last error. Lock held. */
-int sl_slot_failure(const sl_slot *s, sl_err *err)
+const void *sl_handle_data(const sluice_tensor *t)
 {
-    return sl_fail(err, s->err_code ? s->err_code : SLUICE_E_IO, "%s",
-                   s->err_msg ? s->err_msg : "tensor failed (no memory for the detail)");
+    return t->data;
 }
+
+uint64_t sl_handle_size(const sluice_tensor *t)
+{
+    return t->size;
+}
+
+const struct sluice_tensor_info *sl_handle_info(const sluice_tensor *t)
+{
+    return t->info;
+}
+
+int sl_handle_digest(const sluice_tensor *t, uint8_t digest[32])
+{
+    if (!t->has_digest)
+        return SLUICE_E_INVAL;
+    memcpy(digest, t->digest, 32);
+    return SLUICE_OK;
+}
+
+/* ---------------------------------------------------------------- acquire */
 
 /* Read-ahead follows the caller along the plan, as the kernel's follows a
  * reader along a file: it goes on from an acquire that continues the plan
@@ -368,23 +419,24 @@ static void follow_caller(sl_engine *e, size_t pos)
     e->cursor = pos + 1;
 }
 
-static int acquire(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err)
+int sl_engine_acquire(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err)
 {
     pthread_mutex_lock(&e->lock);
     e->st.acquire_count++;
     sl_slot *s = &e->slots[i];
     int rc;
     follow_caller(e, e->plan_pos[i]);
-    if (s->state == SL_READY) {
-        if ((rc = sl_grant(e, i, out, err)) == SLUICE_OK)
+    if (s->state == SL_SLOT_READY) {
+        if ((rc = sl_grant(e, i, 0, out, err)) == SLUICE_OK)
             e->st.cache_hits++;
         sl_unlock(e);
         return rc;
     }
-    if (sl_too_large(e, i)) {
+    if (sl_slot_too_large(e, i)) {
         e->st.failures++;
+        rc = sl_slot_too_large_error(e, i, err);
         pthread_mutex_unlock(&e->lock);
-        return sl_too_large_error(e, i, err);
+        return rc;
     }
     uint64_t t0 = now_ns();
     uint64_t gen = s->gen;
@@ -394,12 +446,12 @@ static int acquire(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err)
     sl_waiter w = {.slot = i, .in_callback = sl_mark_blocked(e, +1)};
     w.next = e->waiters;
     e->waiters = &w;
-    s->pins++;
+    sl_slot_pin(e, i);
     if (w.in_callback)
         sl_pump(e); /* a demand already queued may now be hopeless */
     for (;;) {
-        if (s->state == SL_READY) {
-            rc = sl_grant(e, i, out, err);
+        if (s->state == SL_SLOT_READY) {
+            rc = sl_grant(e, i, 0, out, err);
             break;
         }
         if (s->gen != gen) {
@@ -411,7 +463,7 @@ static int acquire(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err)
             rc = sl_fail(err, w.err.code, "%s", w.err.msg);
             break;
         }
-        if (s->state == SL_IDLE && !s->in_demand) {
+        if (s->state == SL_SLOT_IDLE && !s->in_demand) {
             sl_demand(e, i);
             sl_pump(e);
             continue;   /* the pump may have failed it already */
@@ -424,9 +476,8 @@ static int acquire(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err)
             break;
         }
     sl_mark_blocked(e, -1);
-    s->pins--;
+    sl_slot_unpin(e, i);
     sl_demand_drop_if_unwanted(e, i);
-    sl_unhold(e, i);
     e->st.acquire_wait_ns += now_ns() - t0;
     if (e->dq_head != SL_NONE)
         sl_pump(e); /* a demand waiting for room may now learn it has none */
@@ -434,164 +485,21 @@ static int acquire(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err)
     return rc;
 }
 
-static int find(sluice_model *m, const char *name, size_t *i, sl_err *err)
-{
-    if (!name)
-        return sl_fail(err, SLUICE_E_INVAL, "tensor name is NULL");
-    *i = sl_index_find(&m->index, name, strlen(name));
-    if (*i == SIZE_MAX) {
-        char q[SL_QUOTE_MAX];
-        return sl_fail(err, SLUICE_E_NOT_FOUND, "no tensor named %s in %s",
-                       sl_quote(q, sizeof q, name, strlen(name)), m->path);
-    }
-    return SLUICE_OK;
-}
-
-SLUICE_API int sluice_acquire(sluice_model *m, const char *name, sluice_tensor **out)
-{
-    sl_err err = {0};
-    sl_engine *e = engine_of(m);
-    if (out)
-        *out = NULL;
-    if (!e || !out) {
-        sl_fail(&err, SLUICE_E_INVAL, "sluice_acquire: %s is NULL or unusable",
-                e ? "out" : "the model");
-        return e ? sl_model_error(m, &err) : SLUICE_E_INVAL;
-    }
-    size_t i;
-    int rc = find(m, name, &i, &err);
-    if (rc < 0)
-        return sl_model_error(m, &err);
-    sl_enter(e);
-    if ((rc = acquire(e, i, out, &err)) < 0)
-        sl_model_error(m, &err);
-    sl_pause_point(e, SL_PAUSE_ACQUIRE_EXIT);
-    sl_leave(e);
-    return rc;
-}
-
-SLUICE_API int sluice_acquire_index(sluice_model *m, size_t i, sluice_tensor **out)
-{
-    sl_err err = {0};
-    sl_engine *e = engine_of(m);
-    if (out)
-        *out = NULL;
-    if (!e)
-        return SLUICE_E_INVAL;
-    if (!out || i >= e->n) {
-        sl_fail(&err, SLUICE_E_INVAL, "sluice_acquire_index: %s", !out ? "out is NULL"
-                : "index out of range");
-        return sl_model_error(m, &err);
-    }
-    sl_enter(e);
-    int rc = acquire(e, i, out, &err);
-    if (rc < 0)
-        sl_model_error(m, &err);
-    sl_pause_point(e, SL_PAUSE_ACQUIRE_EXIT);
-    sl_leave(e);
-    return rc;
-}
-
-SLUICE_API int sluice_release(sluice_tensor *t)
-{
-    if (!t)
-        return SLUICE_OK;
-    sl_engine *e = t->e;
-    pthread_mutex_lock(&e->lock);
-    if (!t->live) {
-        pthread_mutex_unlock(&e->lock);
-        return SLUICE_E_INVAL;  /* released twice: no model to say it on */
-    }
-    /* Counted in before the handle is: close, seeing no handle, must still
-     * wait until this call has finished with the engine. */
-    e->calls++;
-    size_t i = t->index;
-    t->live = 0;
-    t->next_free = NULL;
-    if (e->hfree_tail)
-        e->hfree_tail->next_free = t;
-    else
-        e->hfree = t;
-    e->hfree_tail = t;
-    e->hfree_count++;
-    e->live_handles--;
-    e->slots[i].refs--;
-    sl_unhold(e, i);
-    sl_pump(e);     /* its room may let something start */
-    sl_unlock(e);
-    sl_pause_point(e, SL_PAUSE_RELEASE_EXIT);
-    sl_leave(e);
-    return SLUICE_OK;
-}
-
-SLUICE_API const void *sluice_tensor_data(const sluice_tensor *t)
-{
-    return t ? t->data : NULL;
-}
-
-SLUICE_API uint64_t sluice_tensor_size(const sluice_tensor *t)
-{
-    return t ? t->size : 0;
-}
-
-SLUICE_API const struct sluice_tensor_info *sluice_tensor_info(const sluice_tensor *t)
-{
-    return t ? t->info : NULL;
-}
-
-SLUICE_API int sluice_tensor_digest(const sluice_tensor *t, uint8_t digest[32])
-{
-    if (!t || !digest || !t->has_digest)
-        return SLUICE_E_INVAL;
-    memcpy(digest, t->digest, 32);
-    return SLUICE_OK;
-}
-
 /* ---------------------------------------------------------------- plan */
 
-/* Resolves names to indexes (malloc'd into *ids). */
-int sl_resolve(sluice_model *m, const char *const *names, size_t n, size_t **ids, sl_err *err)
+int sl_engine_prefetch(sl_engine *e, size_t *ids, size_t n, sl_err *err)
 {
-    *ids = NULL;
-    if (n == 0)
-        return SLUICE_OK;
-    if (!names)
-        return sl_fail(err, SLUICE_E_INVAL, "names is NULL with n = %zu", n);
-    size_t *v = malloc(n * sizeof *v);
-    if (!v)
-        return sl_fail(err, SLUICE_E_NOMEM, "out of memory for %zu names", n);
-    for (size_t k = 0; k < n; k++) {
-        int rc = find(m, names[k], &v[k], err);
-        if (rc < 0) {
-            free(v);
-            return rc;
-        }
-    }
-    *ids = v;
-    return SLUICE_OK;
-}
-
-SLUICE_API int sluice_prefetch(sluice_model *m, const char *const *names, size_t n)
-{
-    sl_err err = {0};
-    sl_engine *e = engine_of(m);
-    if (!e)
-        return SLUICE_E_INVAL;
-    size_t *ids, *pos = NULL;
-    if (sl_resolve(m, names, n, &ids, &err) < 0)
-        return sl_model_error(m, &err);
+    size_t *pos = NULL;
     if (n) {
         if (!(pos = malloc((e->n ? e->n : 1) * sizeof *pos))) {
             free(ids);
-            sl_fail(&err, SLUICE_E_NOMEM, "prefetch: out of memory");
-            return sl_model_error(m, &err);
+            return sl_fail(err, SLUICE_E_NOMEM, "prefetch: out of memory");
         }
         for (size_t i = 0; i < e->n; i++)
             pos[i] = SL_NONE;
         for (size_t k = n; k-- > 0;)
             pos[ids[k]] = k;    /* a repeated name: its first place */
     }
-    sl_enter(e);
     pthread_mutex_lock(&e->lock);
     if (e->plan != e->order)
         free(e->plan);
@@ -604,52 +512,33 @@ SLUICE_API int sluice_prefetch(sluice_model *m, const char *const *names, size_t
     e->last_pos = SL_NONE;
     e->plan_active = 1;
     /* What the old plan read ahead and nobody used may now make room for
-     * the new one: it becomes the oldest of the cached. */
-    while (e->lru[SL_LRU_PREFETCHED].tail != SL_NONE)
-        sl_lru_push_front(e, e->lru[SL_LRU_PREFETCHED].tail, SL_LRU_CACHED);
+     * the new one. */
+    sl_slots_age_prefetched(e);
     sl_pump(e);
     sl_unlock(e);
-    sl_leave(e);
     return SLUICE_OK;
 }
 
-/* ---------------------------------------------------------------- stats */
+/* ---------------------------------------------------------------- stats, trim */
 
-SLUICE_API int sluice_stats(sluice_model *m, struct sluice_stats *out)
+void sl_engine_stats(sl_engine *e, struct sluice_stats *out)
 {
-    sl_engine *e = engine_of(m);
-    if (!e || !out || out->size < sizeof out->size)
-        return SLUICE_E_INVAL;
     pthread_mutex_lock(&e->lock);
-    struct sluice_stats s = e->st;
-    s.pool_in_use = sl_pool_in_use(e->pool);
-    s.pool_high_water = sl_pool_high_water(e->pool);
+    *out = e->st;
+    out->pool_in_use = sl_pool_in_use(e->pool);
+    out->pool_high_water = sl_pool_high_water(e->pool);
     pthread_mutex_unlock(&e->lock);
-    s.size = out->size;
-    memcpy(out, &s, out->size < sizeof s ? out->size : sizeof s);
-    return SLUICE_OK;
 }
 
-/* ---------------------------------------------------------------- trim */
-
-SLUICE_API int sluice_trim(sluice_model *m, uint64_t *released)
+uint64_t sl_engine_trim(sl_engine *e)
 {
-    sl_engine *e = engine_of(m);
-    if (released)
-        *released = 0;
-    if (!e)
-        return SLUICE_E_INVAL;
     pthread_mutex_lock(&e->lock);
     /* Only what sits on the LRU lists: nothing holds it, nobody waits. */
-    for (int l = SL_LRU_CACHED; l <= SL_LRU_PREFETCHED; l++)
-        while (e->lru[l].head != SL_NONE)
-            sl_evict(e, e->lru[l].head);
+    sl_slots_evict_unheld(e);
     /* Read-ahead would fill it again at once: it resumes with the next
      * acquire along the plan. */
     e->plan_active = 0;
     uint64_t given = sl_pool_trim(e->pool);
     pthread_mutex_unlock(&e->lock);
-    if (released)
-        *released = given;
-    return SLUICE_OK;
+    return given;
 }

@@ -1,25 +1,69 @@
 /* engine.h: the read pipeline of a model (engine.c and its parts).
  *
- * plan -> ring (io_uring or pread pool) -> pool buffer -> hash -> handle.
- * The engine implements the public loading calls of sluice.h
- * (prefetch, acquire, release, stream, stats, tensor accessors).
+ *   plan -> ring (io_uring or pread threads) -> pool buffer -> hash -> handle
+ *
+ * The engine reads what the index says and checks the digests it was
+ * given at create; it knows nothing of the model, the manifest or the
+ * API's error detail. The API layer (api.c) resolves names, checks
+ * arguments, records errors, and brackets every call that may wait or
+ * touch the engine after its lock with sl_engine_enter / sl_engine_leave,
+ * so that close never frees an engine a call is still inside.
  */
 #ifndef SLUICE_ENGINE_H
 #define SLUICE_ENGINE_H
 
 #include "error.h"
 #include "index.h"
-#include "manifest.h"
 #include "sluice.h"
+
+#include <stdint.h>
 
 typedef struct sl_engine sl_engine;
 
-/* Creates the engine for an open index; manifest may be NULL. */
+/* Creates the engine for an open index (which must outlive it). expect
+ * holds ix->ntensors pointers: the SHA-256 tensor i must match, or NULL
+ * when it is not checked; expect itself may be NULL (nothing checked).
+ * The digests are copied. opts must have been checked. */
 int sl_engine_create(const sl_index *ix, const sluice_options *opts,
-                     const sl_manifest *manifest, sl_engine **out, sl_err *err);
+                     const uint8_t *const *expect, sl_engine **out, sl_err *err);
 
-/* Waits for reads in flight and frees the engine. With live handles (or a
- * stream running) it frees nothing and returns SLUICE_E_BUSY. NULL: OK. */
+/* Waits for calls on their way out and reads in flight, and frees the
+ * engine. With live handles (or a stream running) it frees nothing and
+ * returns SLUICE_E_BUSY. NULL: OK. */
 int sl_engine_destroy(sl_engine *e, sl_err *err);
+
+/* A public call enters before it uses the engine and leaves as its very
+ * last touch of the engine or the model (after recording its error). */
+void sl_engine_enter(sl_engine *e);
+void sl_engine_leave(sl_engine *e);
+/* The test pause hook (engine_hooks.h), called between the two. */
+void sl_engine_pause_point(sl_engine *e, int where);
+enum { SL_PAUSE_STREAM_EXIT = 1, SL_PAUSE_RELEASE_EXIT, SL_PAUSE_ACQUIRE_EXIT };
+
+/* sluice_acquire of tensor i (< ix->ntensors). */
+int sl_engine_acquire(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err);
+
+/* sluice_prefetch: ids (malloc'd, n > 0, taken by the engine) or n = 0
+ * (ids NULL) for the model's order. Returns SLUICE_OK or SLUICE_E_NOMEM. */
+int sl_engine_prefetch(sl_engine *e, size_t *ids, size_t n, sl_err *err);
+
+/* sluice_stream_ex over ids (NULL: every tensor, n ignored), with checked
+ * options. */
+int sl_engine_stream(sl_engine *e, const size_t *ids, size_t n, sluice_stream_fn fn,
+                     void *user, const sluice_stream_options *so, sl_err *err);
+
+/* The counters, whole (the API copies the caller's part). */
+void sl_engine_stats(sl_engine *e, struct sluice_stats *out);
+
+/* sluice_trim: returns the bytes given back. */
+uint64_t sl_engine_trim(sl_engine *e);
+
+/* Handles: sluice_release (enters and leaves by itself: a handle knows
+ * its engine) and the accessors. */
+int sl_handle_release(sluice_tensor *t);
+const void *sl_handle_data(const sluice_tensor *t);
+uint64_t sl_handle_size(const sluice_tensor *t);
+const struct sluice_tensor_info *sl_handle_info(const sluice_tensor *t);
+int sl_handle_digest(const sluice_tensor *t, uint8_t digest[32]);
 
 #endif

@@ -1,31 +1,29 @@
-/* engine_int.h: what the parts of the engine share (engine.c: public
- * calls and life cycle; sched.c: plan, pump and read completion; hash.c:
- * the workers that hash and finish tensors). Not for other components.
+/* engine_int.h: what the parts of the engine share. Not for other
+ * components.
+ *
+ *   engine.c   life cycle, handles, acquire, release, prefetch, stats, trim
+ *   slot.c     the state of every tensor's slot: its only writer, with the
+ *              LRU lists and the pool (see the state machine there)
+ *   sched.c    plan, streams' read-ahead, demand, the pump, read completion
+ *   stream.c   sluice_stream: delivery, cancellation, progress
+ *   io.c       the I/O seam; hash.c the hashing layer (neither knows slots)
  *
  * Locking: one mutex per engine, e->lock, guards everything below that is
  * not marked immutable: slots, lists, plan, streams, pool, counters. It is
  * never held across a system call that may copy tensor bytes nor across a
- * digest update: those run with the lock dropped, on a slot marked busy or
- * on reads in flight, which nobody else touches.
- *
- * The life of a slot (one tensor):
- *   IDLE --start--> LOADING --(all chunks read, hashed, moved)--> READY
- *   LOADING --(a read or the digest fails)--> IDLE, gen + 1, error kept
- *   READY --(evicted: no refs, no pins)--> IDLE
- * refs count handles; pins count waiters (acquire, streams) that will take
- * a handle when it is READY. A slot with refs or pins is never evicted. A
- * READY slot with neither sits on one of two LRU lists: CACHED (handed out
- * since it was read) or PREFETCHED (read ahead, not yet used).
+ * digest update: those run with the lock dropped, on reads in flight or
+ * hash jobs, whose buffers nobody else touches until they complete.
+ * Lock order: e->lock, then the seam's or the hasher's own lock.
  */
 #ifndef SLUICE_ENGINE_INT_H
 #define SLUICE_ENGINE_INT_H
 
 #include "cancel.h"
 #include "engine.h"
+#include "hash.h"
 #include "io.h"
 #include "pool.h"
 
-#include <openssl/evp.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <sys/uio.h>
@@ -37,23 +35,33 @@
 #define SL_HANDLE_QUARANTINE 1024u /* released handles kept before reuse */
 #define SL_STREAM_WINDOW 4096u      /* positions a stream may have pinned ahead */
 
-enum { SL_IDLE, SL_LOADING, SL_READY };
+/* The states of a slot (one tensor); slot.c draws the machine. */
+typedef enum sl_slot_state {
+    SL_SLOT_IDLE = 0,            /* no buffer */
+    SL_SLOT_READING,             /* a buffer; chunks read, hashed as they land */
+    SL_SLOT_HASHING,             /* every chunk read; the hasher finishes */
+    SL_SLOT_READY,               /* the verified bytes, in place */
+    SL_SLOT_FAILED               /* failed; waits for its reads and hash job */
+} sl_slot_state;
+
 enum { SL_LRU_NONE, SL_LRU_CACHED, SL_LRU_PREFETCHED };
 
+/* How much room a start may take: any unheld buffer (demand), or only
+ * buffers already handed out and released (read-ahead). */
+enum { SL_ROOM_ANY, SL_ROOM_SPEC };
+
 typedef struct sl_slot {
-    uint8_t state;
-    uint8_t hashed;      /* hash this tensor (a digest to check, or HASH_ALL) */
+    /* written by slot.c only */
+    sl_slot_state state;
+    uint8_t hashed;      /* its digest is computed (a digest to check, or HASH_ALL) */
     uint8_t direct;      /* this load reads an aligned span (data at buf + delta) */
     uint8_t consumed;    /* handed out since it was read */
-    uint8_t spent;       /* last handed out by a stream: recycled first */
-    uint8_t failing;     /* this load failed; it is dropped once quiet */
-    uint8_t busy;        /* a worker works on it with the lock dropped */
-    uint8_t queued;      /* on the worker queue */
-    uint8_t worked;      /* the worker finished: digest final, bytes in place */
-    uint8_t in_demand, in_partial, lru;
-    uint8_t has_digest;
-    uint32_t refs, pins;
-    uint32_t nchunks, issued, done, inflight, hash_next;
+    uint8_t spent;       /* last handed out by a stream: its room is taken first */
+    uint8_t lru;         /* SL_LRU_*: the list it is on */
+    uint8_t has_digest;  /* digest holds the SHA-256 of the bytes */
+    uint8_t job_busy;    /* the hash job will still call back */
+    uint32_t refs, pins; /* handles; waiters that will take a handle */
+    uint32_t nchunks, issued, done, inflight, prefix;
     uint64_t done_word;  /* chunk completion bits when nchunks <= 64 */
     uint64_t *done_bits; /* else */
     sl_pool_blk *blk;
@@ -62,13 +70,16 @@ typedef struct sl_slot {
     uint64_t delta;      /* tensor offset - span start (direct only) */
     uint64_t span;       /* bytes read: nbytes, or the aligned span */
     uint64_t chunk;      /* bytes per chunk of this load */
-    EVP_MD_CTX *md;
+    sl_hash_job *job;
     unsigned char digest[32];
     uint64_t gen;        /* failures so far: waiters compare */
     int err_code;
     char *err_msg;       /* the last failure's detail */
     size_t lprev, lnext; /* LRU */
-    size_t dnext, pnext, hnext; /* demand, partial and worker queues */
+
+    /* written by sched.c only: the demand and partial queues */
+    uint8_t in_demand, in_partial;
+    size_t dnext, pnext;
 } sl_slot;
 
 /* One read in flight: a chunk of one tensor, or several whole small
@@ -95,10 +106,6 @@ typedef struct sl_efile {
     int direct_fd;               /* -1: read buffered */
     int fell_back;               /* O_DIRECT was refused for this file */
 } sl_efile;
-
-/* Opens each file's O_DIRECT twin (engine.c), reopening through
- * proc_fd_dir ("/proc/self/fd"); see there. */
-void sl_engine_open_direct(sl_engine *e, const char *proc_fd_dir);
 
 /* A running sluice_stream: positions [lo, hi) of ids are pinned or done.
  * REFUSED: the pump gave up on that position alone (see sl_waiter). */
@@ -149,17 +156,19 @@ struct sluice_tensor {
 };
 
 struct sl_engine {
-    /* immutable after create */
+    /* immutable after create (expect: also changed by a test hook, with
+     * nothing loading) */
     const sl_index *ix;
-    const sl_manifest *manifest;
     uint32_t flags;
     uint64_t chunk;              /* chunk_bytes */
     uint64_t stream_window;      /* bytes a stream may read ahead of delivery */
     unsigned queue_depth;
+    unsigned hash_threads;
     size_t n;
     size_t *order;               /* 0..n-1: the default plan and a NULL stream */
     sl_efile *files;
-    EVP_MD *sha256;
+    unsigned char (*expect)[32]; /* the digest tensor i must match, when expect_has[i] */
+    unsigned char *expect_has;
 
     pthread_mutex_t lock;
     pthread_cond_t cv;           /* a slot became READY or failed; reads drained */
@@ -170,7 +179,7 @@ struct sl_engine {
 
     sl_slot *slots;
     sl_pool *pool;
-    uint64_t loading_bytes;      /* pool bytes of LOADING slots */
+    uint64_t loading_bytes;      /* pool bytes of slots READING, HASHING or FAILED */
     struct { size_t head, tail; } lru[3];
     size_t dq_head, dq_tail;     /* demand: callers wait on these */
     size_t pq_head, pq_tail;     /* started, chunks left to issue */
@@ -187,14 +196,7 @@ struct sl_engine {
     sl_read *reads, *free_reads;
     unsigned inflight;
     sl_io *io;
-
-    /* workers (hash.c) */
-    pthread_t *workers;
-    unsigned nworkers;
-    pthread_cond_t wcv;
-    int wquit;
-    unsigned wbusy;
-    size_t hq_head, hq_tail;
+    sl_hasher *hasher;           /* NULL while no tensor needs one */
 
     /* handles */
     /* released handles, oldest first: reused only past SL_HANDLE_QUARANTINE
@@ -203,9 +205,6 @@ struct sl_engine {
     size_t hfree_count;
     size_t live_handles;
 
-    /* test hook: expected digests instead of the manifest's */
-    unsigned char (*test_digest)[32];
-    unsigned char *test_has;
     /* test hook: called where a public call has left the lock but not yet
      * the engine (see sl_engine_set_pause) */
     void (*test_pause)(void *ctx, int where);
@@ -213,6 +212,63 @@ struct sl_engine {
 
     struct sluice_stats st;      /* the counters */
 };
+
+/* ---------------------------------------------------------------- slot.c */
+
+/* Sets up every slot (empty tensors are READY for ever). */
+int sl_slots_init(sl_engine *e);
+/* Frees what loads left behind (at destroy, with nothing in flight). */
+void sl_slots_free(sl_engine *e);
+
+/* IDLE -> READING: a buffer (evicting unheld buffers as room allows),
+ * the chunk map, a hash job when needed. Returns 1, 0 when there is no
+ * room (nothing was evicted then), -1 when out of memory (slot untouched). */
+int sl_slot_start(sl_engine *e, size_t i, int room);
+/* A read of the slot's next chunk (or of the whole of it, in a group)
+ * goes out. */
+void sl_slot_issued(sl_engine *e, size_t i);
+/* A read of chunk c came back: its bytes landed, or (failure non-NULL)
+ * the load fails. */
+void sl_slot_landed(sl_engine *e, size_t i, uint32_t c, const sl_err *failure);
+/* Lock NOT held: checks the digest of a job that completed with status
+ * and moves O_DIRECT bytes in place. Returns the verdict for
+ * sl_slot_hashed. */
+int sl_slot_check(sl_engine *e, size_t i, int status);
+/* The hash job's verdict: READY, or FAILED (checksum, OpenSSL). */
+void sl_slot_hashed(sl_engine *e, size_t i, int verdict);
+/* Fails an IDLE slot at once (its waiters see gen move). */
+void sl_slot_fail_idle(sl_engine *e, size_t i, const sl_err *err);
+/* The failure a waiter saw: the slot's last error. */
+int sl_slot_failure(const sl_slot *s, sl_err *err);
+
+/* Holds: a handle taken (by a stream: its room is the first reused once
+ * released) and given back; a waiter pinned and gone. */
+void sl_slot_take(sl_engine *e, size_t i, int by_stream);
+void sl_slot_put(sl_engine *e, size_t i);
+void sl_slot_pin(sl_engine *e, size_t i);
+void sl_slot_unpin(sl_engine *e, size_t i);
+
+/* Read-ahead wants slot i again soon: keep it from read-ahead's evictions. */
+void sl_slot_keep(sl_engine *e, size_t i);
+/* What the old plan read ahead becomes the oldest of the cached. */
+void sl_slots_age_prefetched(sl_engine *e);
+/* Evicts every READY buffer that nothing holds. */
+void sl_slots_evict_unheld(sl_engine *e);
+/* Whether slot i is hashed; only with nothing loading. */
+void sl_slot_set_hashed(sl_engine *e, size_t i, int hashed);
+
+/* Whether tensor i would be read with O_DIRECT, and whether it can never
+ * fit in the pool. */
+int sl_slot_would_be_direct(const sl_engine *e, size_t i);
+int sl_slot_too_large(const sl_engine *e, size_t i);
+/* The SLUICE_E_POOL_EXHAUSTED detail for tensor i, which got no room:
+ * held by live handles, or split by them ("cannot be placed"). */
+void sl_slot_room_error(sl_engine *e, size_t i, sl_err *err);
+/* The SLUICE_E_TOO_LARGE detail of tensor i. */
+int sl_slot_too_large_error(const sl_engine *e, size_t i, sl_err *err);
+
+/* Whether chunk c of slot s has been read. */
+int sl_chunk_done(const sl_slot *s, uint32_t c);
 
 /* ---------------------------------------------------------------- sched.c */
 
@@ -222,35 +278,11 @@ void sl_pump(sl_engine *e);
 
 /* The seam's completion callback (ctx is the engine). */
 void sl_read_done(void *ctx, sl_io_req *list);
+/* The hasher's completion callback (ctx is the engine). */
+void sl_hash_done(void *ctx, sl_hash_job *job, int status);
 
 /* Puts slot i (IDLE) on the demand queue. Lock held. */
 void sl_demand(sl_engine *e, size_t i);
-
-/* Moves slot i on after any change: finishes it (READY, or IDLE after a
- * failure) when nothing works on it any more. Lock held. */
-void sl_settle(sl_engine *e, size_t i);
-
-/* Records a failure of slot i (kept for the waiters). Lock held. */
-void sl_slot_error(sl_engine *e, size_t i, const sl_err *err);
-
-/* Fails an IDLE slot at once (waiters see gen move). Lock held. */
-void sl_fail_idle(sl_engine *e, size_t i, const sl_err *err);
-
-/* Called when a slot's refs or pins fell: puts it on an LRU list when
- * nothing holds it. Lock held. */
-void sl_unhold(sl_engine *e, size_t i);
-
-/* LRU list operations. Lock held. */
-void sl_lru_remove(sl_engine *e, size_t i);
-/* Frees the buffer of unheld READY slot i: the slot becomes IDLE. */
-void sl_evict(sl_engine *e, size_t i);
-/* Puts slot i on list at the tail (the most recently used)... */
-void sl_lru_push(sl_engine *e, size_t i, int list);
-/* ...or at the head: the first to be evicted. */
-void sl_lru_push_front(sl_engine *e, size_t i, int list);
-
-/* Whether tensor i can never fit in the pool. */
-int sl_too_large(const sl_engine *e, size_t i);
 
 /* Adds delta to the blocked count of every stream whose callbacks run on
  * the calling thread (it is about to wait, or done waiting, inside the
@@ -260,49 +292,24 @@ int sl_mark_blocked(sl_engine *e, int delta);
 /* Takes slot i off the demand queue when nobody waits for it any more. */
 void sl_demand_drop_if_unwanted(sl_engine *e, size_t i);
 
-/* Whether chunk c of slot s has been read. */
-int sl_chunk_done(const sl_slot *s, uint32_t c);
-
-/* ---------------------------------------------------------------- hash.c */
-
-/* Starts n workers. Returns SLUICE_OK or SLUICE_E_NOMEM. Lock not held. */
-int sl_workers_start(sl_engine *e, unsigned n, sl_err *err);
-
-/* Stops and joins them (the queue must be empty). */
-void sl_workers_stop(sl_engine *e);
-
-/* Queues slot i for a worker. Lock held. */
-void sl_work_enqueue(sl_engine *e, size_t i);
-
-/* Whether slot i needs a worker before it is READY. */
-int sl_needs_work(const sl_engine *e, const sl_slot *s);
-
-/* The digest slot i must match, or NULL. */
-const unsigned char *sl_expected_digest(const sl_engine *e, size_t i);
-
 /* ---------------------------------------------------------------- engine.c */
 
 /* A handle on READY slot i (checks an empty tensor's digest). Lock held. */
-int sl_grant(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err);
+int sl_grant(sl_engine *e, size_t i, int by_stream, sluice_tensor **out, sl_err *err);
 
-/* The SLUICE_E_TOO_LARGE detail of tensor i. */
-int sl_too_large_error(sl_engine *e, size_t i, sl_err *err);
+/* The digest tensor i must match, or NULL. */
+const unsigned char *sl_expected_digest(const sl_engine *e, size_t i);
 
-/* The failure a waiter saw: the slot's last error. Lock held. */
-int sl_slot_failure(const sl_slot *s, sl_err *err);
+/* Starts the hasher if it is not running yet. Lock not held. */
+int sl_hasher_need(sl_engine *e, sl_err *err);
 
-/* Resolves n names of m to indexes (malloc'd into *ids; NULL when n = 0). */
-int sl_resolve(sluice_model *m, const char *const *names, size_t n, size_t **ids, sl_err *err);
+/* Waits until no read is in flight and the hasher is idle. Lock held
+ * (dropped while waiting). */
+void sl_quiesce(sl_engine *e);
 
-/* Enters and leaves a public call: sl_engine_destroy waits until every
- * call has left, so a call may touch the engine (and its model) until it
- * calls sl_leave, which is its last touch. Lock not held. */
-void sl_enter(sl_engine *e);
-void sl_leave(sl_engine *e);
-
-/* Calls the test pause hook, if set, at point `where`. Lock not held. */
-void sl_pause_point(sl_engine *e, int where);
-enum { SL_PAUSE_STREAM_EXIT = 1, SL_PAUSE_RELEASE_EXIT, SL_PAUSE_ACQUIRE_EXIT };
+/* Opens each file's O_DIRECT twin, reopening through proc_fd_dir
+ * ("/proc/self/fd"); see engine.c. */
+void sl_engine_open_direct(sl_engine *e, const char *proc_fd_dir);
 
 /* ---------------------------------------------------------------- helpers */
 

@@ -1,11 +1,12 @@
-/* error.c: status names and the message plumbing of error.h. */
+/* error.c: status names (sluice_strerror) and the message plumbing of
+ * error.h. */
 #include "error.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
-SLUICE_API const char *sluice_strerror(int code)
+const char *sl_status_name(int code)
 {
     switch (code) {
     case SLUICE_OK: return "success";

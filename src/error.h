@@ -19,6 +19,9 @@ typedef struct sl_err {
     char msg[SL_ERRMSG_MAX];
 } sl_err;
 
+/* The name of a status code (sluice_strerror). */
+const char *sl_status_name(int code);
+
 /* Records code and a printf-style message in *e (which may be NULL) and
  * returns code, so that a failure is one line: return sl_fail(e, ...). */
 int sl_fail(sl_err *e, int code, const char *fmt, ...)

@@ -1,222 +1,268 @@
-/* hash.c: the engine's workers. They hash tensors with SHA-256 (OpenSSL
- * EVP) while their chunks arrive, check the digest, and put O_DIRECT
- * bytes in place; then the tensor is READY.
+/* hash.c: see hash.h.
  *
- * A slot is on the worker queue at most once and in one worker's hands at
- * most once (queued, busy), so its chunks are hashed in order, one after
- * the other, while different tensors hash in parallel. A worker hashes
- * every chunk that has arrived and goes back to the queue; the read
- * completion requeues the slot when the next chunk lands. Digest updates
- * and the move run with the engine lock dropped: while busy, nobody else
- * touches the slot's buffer or digest context.
+ * A job is on the run queue at most once and in one worker's hands at
+ * most once (queued, running). A worker hashes every byte that has
+ * arrived, in slices, with the hasher's lock dropped around each digest
+ * update; when it catches up with the arrivals it lets the job go, and
+ * sl_hash_job_ready queues it again when more arrive. Nobody else touches
+ * a job's digest context while a worker holds it.
  */
-#include "engine_int.h"
+#include "hash.h"
 
-#include "manifest.h"
-
+#include <openssl/evp.h>
+#include <pthread.h>
 #include <stdlib.h>
-#include <string.h>
 
-int sl_needs_work(const sl_engine *e, const sl_slot *s)
-{
-    (void)e;
-    return s->hashed || (s->direct && (s->delta & (SL_POOL_ALIGN - 1)));
-}
+/* The most bytes hashed between two looks at the job (a cancel waits at
+ * most this long). */
+#define SL_HASH_SLICE ((uint64_t)8 << 20)
 
-const unsigned char *sl_expected_digest(const sl_engine *e, size_t i)
-{
-    if (e->test_digest)
-        return e->test_has[i] ? e->test_digest[i] : NULL;
-    return sl_manifest_tensor_digest(e->manifest, i);
-}
+struct sl_hash_job {
+    const unsigned char *base;
+    uint64_t len;
+    uint64_t ready;              /* bytes arrived */
+    uint64_t hashed;             /* bytes hashed */
+    EVP_MD_CTX *md;              /* NULL: no digest, only the wait */
+    void *owner;
+    int queued, running, cancelled, finished;
+    sl_hash_job *next;           /* run queue */
+    unsigned char digest[32];
+};
 
-void sl_work_enqueue(sl_engine *e, size_t i)
+struct sl_hasher {
+    sl_hash_done_fn done;
+    void *ctx;
+    EVP_MD *sha256;
+    pthread_mutex_t lock;
+    pthread_cond_t work;         /* a job was queued, or quit */
+    pthread_cond_t idle;         /* a worker let a job go */
+    sl_hash_job *head, *tail;
+    unsigned running;            /* jobs in workers' hands */
+    int quit;
+    pthread_t *threads;
+    unsigned nthreads;
+};
+
+static void enqueue(sl_hasher *h, sl_hash_job *job)
 {
-    sl_slot *s = &e->slots[i];
-    s->queued = 1;
-    s->hnext = SL_NONE;
-    if (e->hq_tail != SL_NONE)
-        e->slots[e->hq_tail].hnext = i;
+    job->queued = 1;
+    job->next = NULL;
+    if (h->tail)
+        h->tail->next = job;
     else
-        e->hq_head = i;
-    e->hq_tail = i;
-    pthread_cond_signal(&e->wcv);
+        h->head = job;
+    h->tail = job;
+    pthread_cond_signal(&h->work);
 }
 
-static void hex(char out[65], const unsigned char d[32])
+static void unqueue(sl_hasher *h, sl_hash_job *job)
 {
-    static const char digits[] = "0123456789abcdef";
-    for (int k = 0; k < 32; k++) {
-        out[2 * k] = digits[d[k] >> 4];
-        out[2 * k + 1] = digits[d[k] & 15];
-    }
-    out[64] = '\0';
+    sl_hash_job *prev = NULL;
+    for (sl_hash_job *j = h->head; j; prev = j, j = j->next)
+        if (j == job) {
+            if (prev)
+                prev->next = j->next;
+            else
+                h->head = j->next;
+            if (h->tail == j)
+                h->tail = prev;
+            break;
+        }
+    job->queued = 0;
 }
 
-static void fail_slot(sl_engine *e, size_t i, const sl_err *err)
-{
-    sl_slot_error(e, i, err);
-    e->slots[i].failing = 1;
-}
+enum { STILL_OPEN = 2 };
 
-/* Hashes what has arrived of slot i, and finishes it when all has. Lock
- * held on entry and exit; dropped around the work. */
-static void work_on(sl_engine *e, size_t i)
+/* Works on job until it is done, cancelled or waiting for bytes. Lock
+ * held on entry and exit. Returns the completion status, or STILL_OPEN. */
+static int work_on(sl_hasher *h, sl_hash_job *job)
 {
-    sl_slot *s = &e->slots[i];
-    const struct sluice_tensor_info *t = &e->ix->tensors[i];
-    unsigned char *buf = s->buf;
-    uint64_t delta = s->delta, chunk = s->chunk, span = s->span;
-    EVP_MD_CTX *md = s->md;
-    while (!s->failing) {
-        if (s->hashed && s->hash_next < s->nchunks && sl_chunk_done(s, s->hash_next)) {
-            /* The tensor's bytes within this chunk (O_DIRECT spans have
-             * bytes of neighbours around the tensor). */
-            uint64_t b0 = (uint64_t)s->hash_next * chunk;
-            uint64_t b1 = b0 + chunk < span ? b0 + chunk : span;
-            uint64_t lo = b0 > delta ? b0 : delta;
-            uint64_t hi = b1 < delta + t->nbytes ? b1 : delta + t->nbytes;
-            uint64_t len = hi > lo ? hi - lo : 0;
-            pthread_mutex_unlock(&e->lock);
-            int ok = EVP_DigestUpdate(md, buf + lo, (size_t)len) == 1;
-            pthread_mutex_lock(&e->lock);
-            if (!ok) {
-                char q[SL_QUOTE_MAX];
-                sl_err err;
-                sl_fail(&err, SLUICE_E_NOMEM, "tensor %s (file %s): SHA-256 update failed (OpenSSL)",
-                        sl_quote(q, sizeof q, t->name, t->name_len), t->file);
-                fail_slot(e, i, &err);
-                break;
+    for (;;) {
+        if (job->cancelled)
+            return SL_HASH_CANCELLED;
+        if (job->hashed < job->ready) {
+            uint64_t from = job->hashed, n = job->ready - job->hashed;
+            if (n > SL_HASH_SLICE)
+                n = SL_HASH_SLICE;
+            int ok = 1;
+            if (job->md) {
+                pthread_mutex_unlock(&h->lock);
+                ok = EVP_DigestUpdate(job->md, job->base + from, (size_t)n) == 1;
+                pthread_mutex_lock(&h->lock);
             }
-            s->hash_next++;
-            e->st.bytes_hashed += len;
+            if (!ok)
+                return SLUICE_E_NOMEM;
+            job->hashed += n;
             continue;
         }
-        if (s->done < s->nchunks || (s->hashed && s->hash_next < s->nchunks))
-            break;      /* more chunks to come; the completion requeues it */
-
-        const unsigned char *want = sl_expected_digest(e, i);
-        int hashed = s->hashed;
-        unsigned char got[32];
-        unsigned got_len = 0;
-        pthread_mutex_unlock(&e->lock);
-        int ok = !hashed || EVP_DigestFinal_ex(md, got, &got_len) == 1;
-        int match = !want || (ok && memcmp(got, want, 32) == 0);
-        unsigned char *data = buf + delta;
-        if (ok && match && ((uintptr_t)data & (SL_POOL_ALIGN - 1))) {
-            /* O_DIRECT put the tensor at its file offset modulo 4096 in
-             * the span; move it to the buffer's start so the handle is
-             * 64-byte aligned. The moved bytes are the hashed ones. */
-            memmove(buf, data, (size_t)t->nbytes);
-            data = buf;
+        if (job->ready < job->len)
+            return STILL_OPEN;
+        int ok = 1;
+        if (job->md) {
+            unsigned got = 0;
+            pthread_mutex_unlock(&h->lock);
+            ok = EVP_DigestFinal_ex(job->md, job->digest, &got) == 1 && got == 32;
+            pthread_mutex_lock(&h->lock);
         }
-        pthread_mutex_lock(&e->lock);
-        char q[SL_QUOTE_MAX];
-        sl_quote(q, sizeof q, t->name, t->name_len);
-        if (!ok) {
-            sl_err err;
-            sl_fail(&err, SLUICE_E_NOMEM, "tensor %s: SHA-256 final failed (OpenSSL)", q);
-            fail_slot(e, i, &err);
-        } else if (!match) {
-            char hw[65], hg[65];
-            hex(hw, want);
-            hex(hg, got);
-            sl_err err;
-            sl_fail(&err, SLUICE_E_CHECKSUM,
-                    "tensor %s (file %s, offset %llu, %llu bytes): SHA-256 mismatch: "
-                    "expected %s, actual %s",
-                    q, t->file, (unsigned long long)t->offset, (unsigned long long)t->nbytes,
-                    hw, hg);
-            fail_slot(e, i, &err);
-            e->st.checksum_failures++;
-        } else {
-            s->data = data;
-            if (hashed) {
-                memcpy(s->digest, got, 32);
-                s->has_digest = 1;
-            }
-            if (want)
-                e->st.tensors_verified++;
-            s->worked = 1;
-        }
-        break;
+        return ok ? SLUICE_OK : SLUICE_E_NOMEM;
     }
 }
 
 static void *worker_main(void *arg)
 {
-    sl_engine *e = arg;
-    pthread_mutex_lock(&e->lock);
+    sl_hasher *h = arg;
+    pthread_mutex_lock(&h->lock);
     for (;;) {
-        if (e->need_flush) {
-            sl_unlock(e);
-            pthread_mutex_lock(&e->lock);
-            continue;
+        while (!h->head && !h->quit)
+            pthread_cond_wait(&h->work, &h->lock);
+        if (h->quit)
+            break;
+        sl_hash_job *job = h->head;
+        unqueue(h, job);
+        job->running = 1;
+        h->running++;
+        int status = work_on(h, job);
+        if (status != STILL_OPEN) {
+            job->finished = 1;
+            pthread_mutex_unlock(&h->lock);
+            h->done(h->ctx, job, status); /* the job may be freed from here on */
+            pthread_mutex_lock(&h->lock);
+        } else {
+            job->running = 0;
         }
-        if (e->hq_head == SL_NONE) {
-            if (e->wquit)
-                break;
-            pthread_cond_wait(&e->wcv, &e->lock);
-            continue;
-        }
-        size_t i = e->hq_head;
-        sl_slot *s = &e->slots[i];
-        e->hq_head = s->hnext;
-        if (e->hq_head == SL_NONE)
-            e->hq_tail = SL_NONE;
-        s->queued = 0;
-        s->busy = 1;
-        e->wbusy++;
-        work_on(e, i);
-        s->busy = 0;
-        e->wbusy--;
-        sl_settle(e, i);
-        sl_pump(e);     /* a failure gave room back */
-        if (e->wbusy == 0 && e->hq_head == SL_NONE)
-            pthread_cond_broadcast(&e->cv); /* close waits for this */
+        h->running--;
+        pthread_cond_broadcast(&h->idle);
     }
-    pthread_mutex_unlock(&e->lock);
+    pthread_mutex_unlock(&h->lock);
     return NULL;
 }
 
-int sl_workers_start(sl_engine *e, unsigned n, sl_err *err)
+int sl_hasher_create(unsigned threads, sl_hash_done_fn done, void *ctx, sl_hasher **out,
+                     sl_err *err)
 {
-    if (n == 0)
-        n = 1;
-    pthread_t *w = calloc(n, sizeof *w);
-    if (!w)
-        return sl_fail(err, SLUICE_E_NOMEM, "engine: out of memory");
-    pthread_mutex_lock(&e->lock);
-    e->workers = w;
-    e->wquit = 0;
-    pthread_mutex_unlock(&e->lock);
-    for (unsigned k = 0; k < n; k++) {
-        int rc = pthread_create(&w[k], NULL, worker_main, e);
+    *out = NULL;
+    sl_hasher *h = calloc(1, sizeof *h);
+    if (!h)
+        return sl_fail(err, SLUICE_E_NOMEM, "hashing: out of memory");
+    h->done = done;
+    h->ctx = ctx;
+    if (pthread_mutex_init(&h->lock, NULL) != 0) {
+        free(h);
+        return sl_fail(err, SLUICE_E_NOMEM, "hashing: cannot create a mutex");
+    }
+    pthread_cond_init(&h->work, NULL);
+    pthread_cond_init(&h->idle, NULL);
+    if (!(h->sha256 = EVP_MD_fetch(NULL, "SHA256", NULL))) {
+        sl_hasher_destroy(h);
+        return sl_fail(err, SLUICE_E_NOMEM, "hashing: OpenSSL has no SHA256");
+    }
+    unsigned n = threads ? threads : 1;
+    if (!(h->threads = calloc(n, sizeof *h->threads))) {
+        sl_hasher_destroy(h);
+        return sl_fail(err, SLUICE_E_NOMEM, "hashing: out of memory");
+    }
+    for (; h->nthreads < n; h->nthreads++) {
+        int rc = pthread_create(&h->threads[h->nthreads], NULL, worker_main, h);
         if (rc != 0) {
-            pthread_mutex_lock(&e->lock);
-            e->nworkers = k;
-            pthread_mutex_unlock(&e->lock);
-            sl_workers_stop(e);
-            return sl_fail_errno(err, SLUICE_E_NOMEM, rc, "engine: cannot start a hash thread");
+            sl_hasher_destroy(h);
+            return sl_fail_errno(err, SLUICE_E_NOMEM, rc, "hashing: cannot start a thread");
         }
     }
-    pthread_mutex_lock(&e->lock);
-    e->nworkers = n;
-    pthread_mutex_unlock(&e->lock);
+    *out = h;
     return SLUICE_OK;
 }
 
-void sl_workers_stop(sl_engine *e)
+void sl_hasher_destroy(sl_hasher *h)
 {
-    pthread_mutex_lock(&e->lock);
-    e->wquit = 1;
-    pthread_cond_broadcast(&e->wcv);
-    unsigned n = e->nworkers;
-    pthread_t *w = e->workers;
-    e->nworkers = 0;
-    e->workers = NULL;
-    pthread_mutex_unlock(&e->lock);
-    for (unsigned k = 0; k < n; k++)
-        pthread_join(w[k], NULL);
-    free(w);
+    if (!h)
+        return;
+    pthread_mutex_lock(&h->lock);
+    h->quit = 1;
+    while (h->head)
+        unqueue(h, h->head);
+    pthread_cond_broadcast(&h->work);
+    pthread_mutex_unlock(&h->lock);
+    for (unsigned k = 0; k < h->nthreads; k++)
+        pthread_join(h->threads[k], NULL);
+    free(h->threads);
+    EVP_MD_free(h->sha256);
+    pthread_cond_destroy(&h->idle);
+    pthread_cond_destroy(&h->work);
+    pthread_mutex_destroy(&h->lock);
+    free(h);
+}
+
+void sl_hasher_wait_idle(sl_hasher *h)
+{
+    pthread_mutex_lock(&h->lock);
+    while (h->head || h->running)
+        pthread_cond_wait(&h->idle, &h->lock);
+    pthread_mutex_unlock(&h->lock);
+}
+
+int sl_hash_job_create(sl_hasher *h, const unsigned char *base, uint64_t len, int with_digest,
+                       void *owner, sl_hash_job **out)
+{
+    *out = NULL;
+    sl_hash_job *job = calloc(1, sizeof *job);
+    if (!job)
+        return SLUICE_E_NOMEM;
+    if (with_digest && (!(job->md = EVP_MD_CTX_new()) ||
+                        EVP_DigestInit_ex(job->md, h->sha256, NULL) != 1)) {
+        sl_hash_job_free(job);
+        return SLUICE_E_NOMEM;
+    }
+    job->base = base;
+    job->len = len;
+    job->owner = owner;
+    *out = job;
+    return SLUICE_OK;
+}
+
+void sl_hash_job_free(sl_hash_job *job)
+{
+    if (!job)
+        return;
+    EVP_MD_CTX_free(job->md);
+    free(job);
+}
+
+void sl_hash_job_ready(sl_hasher *h, sl_hash_job *job, uint64_t ready)
+{
+    pthread_mutex_lock(&h->lock);
+    if (ready > job->len)
+        ready = job->len;
+    if (ready > job->ready)
+        job->ready = ready;
+    /* Work to do: bytes to hash, or the end to finish. */
+    if (!job->queued && !job->running && !job->finished && !job->cancelled &&
+        (job->hashed < job->ready || job->ready == job->len))
+        enqueue(h, job);
+    pthread_mutex_unlock(&h->lock);
+}
+
+int sl_hash_job_cancel(sl_hasher *h, sl_hash_job *job)
+{
+    pthread_mutex_lock(&h->lock);
+    job->cancelled = 1;
+    if (job->queued)
+        unqueue(h, job);
+    int quiet = !job->running;
+    pthread_mutex_unlock(&h->lock);
+    return quiet;
+}
+
+void *sl_hash_job_owner(const sl_hash_job *job)
+{
+    return job->owner;
+}
+
+const unsigned char *sl_hash_job_digest(const sl_hash_job *job)
+{
+    return job->digest;
+}
+
+uint64_t sl_hash_job_hashed(const sl_hash_job *job)
+{
+    return job->hashed;
 }

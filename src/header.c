@@ -29,12 +29,12 @@ static const struct {
     [SLUICE_DTYPE_F6_E2M3] = {"F6_E2M3", 6},    [SLUICE_DTYPE_F6_E3M2] = {"F6_E3M2", 6},
 };
 
-SLUICE_API const char *sluice_dtype_name(sluice_dtype dtype)
+const char *sl_dtype_name(sluice_dtype dtype)
 {
     return (unsigned)dtype < SLUICE_DTYPE_COUNT_ ? dtypes[dtype].name : NULL;
 }
 
-SLUICE_API unsigned sluice_dtype_bits(sluice_dtype dtype)
+unsigned sl_dtype_bits(sluice_dtype dtype)
 {
     return (unsigned)dtype < SLUICE_DTYPE_COUNT_ ? dtypes[dtype].bits : 0;
 }

@@ -44,4 +44,8 @@ void sl_header_dims(const sl_header *h, const sl_header_tensor *t, uint64_t *dim
 
 void sl_header_free(sl_header *h);
 
+/* sluice_dtype_name and sluice_dtype_bits. */
+const char *sl_dtype_name(sluice_dtype dtype);
+unsigned sl_dtype_bits(sluice_dtype dtype);
+
 #endif

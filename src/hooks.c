@@ -1,10 +1,13 @@
 /* hooks.c: the test hooks of engine_hooks.h: fault injection through the
- * seam, expected digests without a manifest, cache dropping. They hang off
- * one model; nothing is global.
+ * seam, expected digests without a manifest, cache dropping, pause
+ * points. They hang off one model; nothing is global. Test glue at the top
+ * of the layers: it reaches from the model into the engine's internals,
+ * which nothing else does.
  */
 #include "engine_hooks.h"
 #include "engine_int.h"
 
+#include "manifest.h"
 #include "model.h"
 
 #include <stdlib.h>
@@ -31,28 +34,15 @@ uint64_t sl_engine_io_attempts(sluice_model *m)
     return e ? sl_io_attempts(e->io) : 0;
 }
 
-static void quiesce(sl_engine *e)
-{
-    while (e->inflight || e->wbusy || e->hq_head != SL_NONE)
-        sl_wait(e);
-}
-
 int sl_engine_quiesce(sluice_model *m)
 {
     sl_engine *e = engine_of(m);
     if (!e)
         return SLUICE_E_INVAL;
     pthread_mutex_lock(&e->lock);
-    quiesce(e);
+    sl_quiesce(e);
     sl_unlock(e);
     return SLUICE_OK;
-}
-
-static void drop_cache(sl_engine *e)
-{
-    for (int l = SL_LRU_CACHED; l <= SL_LRU_PREFETCHED; l++)
-        while (e->lru[l].head != SL_NONE)
-            sl_evict(e, e->lru[l].head);
 }
 
 int sl_engine_drop_cache(sluice_model *m)
@@ -62,8 +52,8 @@ int sl_engine_drop_cache(sluice_model *m)
         return SLUICE_E_INVAL;
     pthread_mutex_lock(&e->lock);
     e->plan_active = 0; /* or read-ahead would fill it again at once */
-    quiesce(e);
-    drop_cache(e);
+    sl_quiesce(e);
+    sl_slots_evict_unheld(e);
     sl_unlock(e);
     return SLUICE_OK;
 }
@@ -74,47 +64,50 @@ int sl_engine_set_digests(sluice_model *m, const unsigned char (*digests)[32],
     sl_engine *e = engine_of(m);
     if (!e || (digests && !has))
         return SLUICE_E_INVAL;
-    unsigned char (*d)[32] = NULL;
-    unsigned char *h = NULL;
-    if (digests) {
-        size_t n1 = e->n ? e->n : 1;
-        d = malloc(n1 * sizeof *d);
-        h = malloc(n1);
-        if (!d || !h) {
-            free(d);
-            free(h);
-            return SLUICE_E_NOMEM;
+    size_t n1 = e->n ? e->n : 1;
+    unsigned char (*d)[32] = malloc(n1 * sizeof *d);
+    unsigned char *h = calloc(n1, 1);
+    if (!d || !h) {
+        free(d);
+        free(h);
+        return SLUICE_E_NOMEM;
+    }
+    for (size_t i = 0; i < e->n; i++) {
+        /* NULL: back to the manifest's digests */
+        const uint8_t *want = digests ? (has[i] ? digests[i] : NULL)
+                                      : sl_manifest_tensor_digest(m->manifest, i);
+        if (want) {
+            memcpy(d[i], want, 32);
+            h[i] = 1;
         }
-        memcpy(d, digests, e->n * sizeof *d);
-        memcpy(h, has, e->n);
+    }
+    sl_err err;
+    if (sl_hasher_need(e, &err) < 0) {
+        free(d);
+        free(h);
+        return err.code;
     }
     pthread_mutex_lock(&e->lock);
     e->plan_active = 0;
-    quiesce(e);
+    sl_quiesce(e);
     int loading = 0;
     for (size_t i = 0; i < e->n; i++)
-        loading |= e->slots[i].state == SL_LOADING;
+        loading |= e->slots[i].state != SL_SLOT_IDLE && e->slots[i].state != SL_SLOT_READY;
     if (e->live_handles || e->nstreams || loading) {
         sl_unlock(e);
         free(d);
         free(h);
         return SLUICE_E_BUSY;
     }
-    drop_cache(e);
-    free(e->test_digest);
-    free(e->test_has);
-    e->test_digest = d;
-    e->test_has = h;
-    int any = 0;
-    for (size_t i = 0; i < e->n; i++) {
-        sl_slot *s = &e->slots[i];
-        s->hashed = (e->flags & SLUICE_F_HASH_ALL) || sl_expected_digest(e, i);
-        any |= s->hashed;
-    }
-    int start = any && e->nworkers == 0;
+    sl_slots_evict_unheld(e);
+    free(e->expect);
+    free(e->expect_has);
+    e->expect = d;
+    e->expect_has = h;
+    for (size_t i = 0; i < e->n; i++)
+        sl_slot_set_hashed(e, i, (e->flags & SLUICE_F_HASH_ALL) || sl_expected_digest(e, i));
     sl_unlock(e);
-    sl_err err;
-    return start ? sl_workers_start(e, 2, &err) : SLUICE_OK;
+    return SLUICE_OK;
 }
 
 int sl_engine_set_pause(sluice_model *m, void (*fn)(void *ctx, int where), void *ctx)
@@ -136,7 +129,7 @@ int sl_engine_reopen_direct(sluice_model *m, const char *proc_fd_dir)
         return SLUICE_E_INVAL;
     pthread_mutex_lock(&e->lock);
     e->plan_active = 0;
-    quiesce(e);
+    sl_quiesce(e);
     for (size_t f = 0; f < e->ix->nfiles; f++) {
         if (e->files[f].direct_fd >= 0)
             close(e->files[f].direct_fd);

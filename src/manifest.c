@@ -13,7 +13,6 @@
  */
 #include "manifest.h"
 
-#include "model.h"
 
 #include <cjson/cJSON.h>
 
@@ -814,57 +813,4 @@ sluice_verify_policy sl_manifest_policy(const sl_manifest *m)
 const char *sl_manifest_path(const sl_manifest *m)
 {
     return m ? m->path : NULL;
-}
-
-/* ---------------------------------------------------------------- public */
-
-SLUICE_API sluice_verify_policy sluice_verify_mode(const sluice_model *model)
-{
-    return sl_model_usable(model) == SLUICE_OK ? sl_manifest_policy(model->manifest)
-                                               : SLUICE_VERIFY_OFF;
-}
-
-SLUICE_API const char *sluice_manifest_path(const sluice_model *model)
-{
-    return sl_model_usable(model) == SLUICE_OK ? sl_manifest_path(model->manifest) : NULL;
-}
-
-SLUICE_API int sluice_manifest_tensor(const sluice_model *model, size_t i, uint8_t digest[32])
-{
-    if (sl_model_usable(model) < 0 || !digest || i >= model->index.ntensors)
-        return SLUICE_E_INVAL;
-    const uint8_t *d = sl_manifest_tensor_digest(model->manifest, i);
-    if (!d)
-        return SLUICE_E_NOT_FOUND;
-    memcpy(digest, d, 32);
-    return SLUICE_OK;
-}
-
-SLUICE_API int sluice_manifest_file(const sluice_model *model, size_t file_index,
-                                    uint8_t digest[32], uint64_t *size)
-{
-    if (sl_model_usable(model) < 0 || !digest || file_index >= model->index.nfiles)
-        return SLUICE_E_INVAL;
-    const uint8_t *d = sl_manifest_file_digest(model->manifest, file_index, size);
-    if (!d)
-        return SLUICE_E_NOT_FOUND;
-    memcpy(digest, d, 32);
-    return SLUICE_OK;
-}
-
-SLUICE_API char *sluice_digest_hex(const uint8_t digest[32], char hex[65])
-{
-    static const char digits[] = "0123456789abcdef";
-    if (!hex)
-        return NULL;
-    if (!digest) {
-        hex[0] = '\0';
-        return hex;
-    }
-    for (size_t i = 0; i < 32; i++) {
-        hex[2 * i] = digits[digest[i] >> 4];
-        hex[2 * i + 1] = digits[digest[i] & 15];
-    }
-    hex[64] = '\0';
-    return hex;
 }

@@ -1,4 +1,6 @@
-/* model.h: the model object that ties the components together (model.c).
+/* model.h: the model object that ties the components together, owned by
+ * the API layer (api.c); also seen by the test hooks (hooks.c), and by
+ * nothing below.
  *
  * open:  index (index.c) -> manifest (manifest.c) -> engine (engine.c)
  * close: engine -> manifest -> index

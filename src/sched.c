@@ -1,5 +1,7 @@
 /* sched.c: the plan and the pump of an engine, and what happens when a
- * read completes (see engine_int.h for the slot life cycle and the lock).
+ * read or a hash job completes. It reads slots and moves them only
+ * through slot.c's transitions (see slot.c for the state machine, and
+ * engine_int.h for the lock).
  *
  * The pump fills free read slots (queue_depth of them) in this order:
  *  1. demand: tensors a caller is blocked on (acquire, a stream's head).
@@ -31,134 +33,11 @@
 #include "engine_int.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum { ROOM_ANY, ROOM_SPEC };
-
-static uint64_t round_up(uint64_t v, uint64_t a)
-{
-    return (v + a - 1) / a * a;
-}
-
-/* ---------------------------------------------------------------- slots */
-
-int sl_chunk_done(const sl_slot *s, uint32_t c)
-{
-    const uint64_t *w = s->done_bits ? s->done_bits : &s->done_word;
-    return (int)((w[c >> 6] >> (c & 63)) & 1);
-}
-
-static void chunk_set_done(sl_slot *s, uint32_t c)
-{
-    uint64_t *w = s->done_bits ? s->done_bits : &s->done_word;
-    w[c >> 6] |= (uint64_t)1 << (c & 63);
-}
-
-static int would_be_direct(const sl_engine *e, size_t i)
-{
-    const struct sluice_tensor_info *t = &e->ix->tensors[i];
-    const sl_efile *f = &e->files[t->file_index];
-    return f->direct_fd >= 0 && !f->fell_back && t->nbytes >= SL_DIRECT_MIN;
-}
-
-/* The file range a load of tensor i reads: [*a0, *a0 + *span). */
-static void load_range(const sl_engine *e, size_t i, int direct, uint64_t *a0, uint64_t *span)
-{
-    const struct sluice_tensor_info *t = &e->ix->tensors[i];
-    if (!direct) {
-        *a0 = t->offset;
-        *span = t->nbytes;
-        return;
-    }
-    *a0 = t->offset & ~(uint64_t)(SL_DIRECT_ALIGN - 1);
-    *span = round_up(t->offset + t->nbytes, SL_DIRECT_ALIGN) - *a0;
-}
-
-int sl_too_large(const sl_engine *e, size_t i)
-{
-    uint64_t a0, span;
-    load_range(e, i, would_be_direct(e, i), &a0, &span);
-    return round_up(span, SL_POOL_ALIGN) > sl_pool_capacity(e->pool);
-}
-
-void sl_slot_error(sl_engine *e, size_t i, const sl_err *err)
-{
-    sl_slot *s = &e->slots[i];
-    free(s->err_msg);
-    s->err_msg = strdup(err->msg);
-    s->err_code = err->code;
-}
-
-void sl_fail_idle(sl_engine *e, size_t i, const sl_err *err)
-{
-    sl_slot_error(e, i, err);
-    e->slots[i].gen++;
-    e->st.failures++;
-    pthread_cond_broadcast(&e->cv);
-}
-
-/* ---------------------------------------------------------------- lists */
-
-void sl_lru_remove(sl_engine *e, size_t i)
-{
-    sl_slot *s = &e->slots[i];
-    if (s->lru == SL_LRU_NONE)
-        return;
-    size_t *head = &e->lru[s->lru].head, *tail = &e->lru[s->lru].tail;
-    if (s->lprev != SL_NONE)
-        e->slots[s->lprev].lnext = s->lnext;
-    else
-        *head = s->lnext;
-    if (s->lnext != SL_NONE)
-        e->slots[s->lnext].lprev = s->lprev;
-    else
-        *tail = s->lprev;
-    s->lprev = s->lnext = SL_NONE;
-    s->lru = SL_LRU_NONE;
-}
-
-void sl_lru_push(sl_engine *e, size_t i, int list)
-{
-    sl_slot *s = &e->slots[i];
-    sl_lru_remove(e, i);
-    s->lru = (uint8_t)list;
-    s->lnext = SL_NONE;
-    s->lprev = e->lru[list].tail;
-    if (s->lprev != SL_NONE)
-        e->slots[s->lprev].lnext = i;
-    else
-        e->lru[list].head = i;
-    e->lru[list].tail = i;
-}
-
-void sl_lru_push_front(sl_engine *e, size_t i, int list)
-{
-    sl_slot *s = &e->slots[i];
-    sl_lru_remove(e, i);
-    s->lru = (uint8_t)list;
-    s->lprev = SL_NONE;
-    s->lnext = e->lru[list].head;
-    if (s->lnext != SL_NONE)
-        e->slots[s->lnext].lprev = i;
-    else
-        e->lru[list].tail = i;
-    e->lru[list].head = i;
-}
-
-void sl_unhold(sl_engine *e, size_t i)
-{
-    sl_slot *s = &e->slots[i];
-    if (s->refs || s->pins || s->state != SL_READY || s->lru != SL_LRU_NONE ||
-        e->ix->tensors[i].nbytes == 0)
-        return;
-    if (s->spent)
-        /* A stream reads each tensor once: make its buffer the first that
-         * room is taken from (the head of the cached list). */
-        sl_lru_push_front(e, i, SL_LRU_CACHED);
-    else
-        sl_lru_push(e, i, s->consumed ? SL_LRU_CACHED : SL_LRU_PREFETCHED);
-}
+/* ---------------------------------------------------------------- queues */
 
 void sl_demand(sl_engine *e, size_t i)
 {
@@ -210,113 +89,7 @@ static void partial_pop(sl_engine *e)
     s->in_partial = 0;
 }
 
-/* ---------------------------------------------------------------- starting */
-
-void sl_evict(sl_engine *e, size_t i)
-{
-    sl_slot *s = &e->slots[i];
-    sl_lru_remove(e, i);
-    sl_pool_free(e->pool, s->blk);
-    s->blk = NULL;
-    s->buf = NULL;
-    s->data = NULL;
-    s->state = SL_IDLE;
-    s->consumed = 0;
-    s->spent = 0;
-    s->has_digest = 0;
-    e->st.evictions++;
-}
-
-/* Frees one unheld buffer: the least recently used of those handed out,
- * else (for demand) the newest read-ahead, the one wanted last. */
-static int evict_one(sl_engine *e, int mode)
-{
-    if (e->lru[SL_LRU_CACHED].head != SL_NONE) {
-        sl_evict(e, e->lru[SL_LRU_CACHED].head);
-        return 1;
-    }
-    if (mode == ROOM_ANY && e->lru[SL_LRU_PREFETCHED].tail != SL_NONE) {
-        sl_evict(e, e->lru[SL_LRU_PREFETCHED].tail);
-        return 1;
-    }
-    return 0;
-}
-
-static int evictable_any(void *ctx, size_t owner)
-{
-    const sl_engine *e = ctx;
-    return e->slots[owner].lru != SL_LRU_NONE;
-}
-
-static int evictable_cached(void *ctx, size_t owner)
-{
-    const sl_engine *e = ctx;
-    return e->slots[owner].lru == SL_LRU_CACHED;
-}
-
-/* Makes slot i (IDLE) LOADING: a buffer, the chunk map, a digest context.
- * Returns 1, 0 when there is no room, -1 when out of memory (the slot is
- * left IDLE and untouched). */
-static int start_tensor(sl_engine *e, size_t i, int mode)
-{
-    sl_slot *s = &e->slots[i];
-    const struct sluice_tensor_info *t = &e->ix->tensors[i];
-    int direct = would_be_direct(e, i);
-    uint64_t a0, span, chunk = direct ? round_up(e->chunk, SL_DIRECT_ALIGN) : e->chunk;
-    load_range(e, i, direct, &a0, &span);
-    uint64_t align = direct ? SL_DIRECT_ALIGN : SL_POOL_ALIGN;
-    sl_pool_blk *blk;
-    /* Descriptors first: out of memory must not pass for "no room" (that
-     * would evict for nothing, then report POOL_EXHAUSTED). */
-    if (sl_pool_reserve(e->pool) < 0)
-        return -1;
-    /* Fresh pages cost a fault each, on these machines more than reading
-     * the bytes: before the buffer grows into untouched memory, reuse what
-     * streams have already delivered and released. */
-    unsigned char *buf = sl_pool_alloc_below(e->pool, span, align, sl_pool_frontier(e->pool), &blk);
-    /* Evict nothing for a buffer that eviction cannot place: live
-     * buffers may split the arena so that no range is large enough. */
-    if (!buf && sl_pool_largest_room(e->pool, align, mode == ROOM_ANY ? evictable_any
-                                     : evictable_cached, e) < round_up(span, SL_POOL_ALIGN))
-        return 0;
-    while (!buf && e->lru[SL_LRU_CACHED].head != SL_NONE && e->slots[e->lru[SL_LRU_CACHED].head].spent) {
-        sl_evict(e, e->lru[SL_LRU_CACHED].head);
-        buf = sl_pool_alloc_below(e->pool, span, align, sl_pool_frontier(e->pool), &blk);
-    }
-    while (!buf && !(buf = sl_pool_alloc(e->pool, span, align, &blk)))
-        if (!evict_one(e, mode))
-            return 0;
-    sl_pool_set_owner(blk, i);
-    uint64_t nchunks = (span + chunk - 1) / chunk;
-    s->done_word = 0;
-    s->done_bits = NULL;
-    s->md = NULL;
-    if (nchunks > 64 && !(s->done_bits = calloc((size_t)(nchunks + 63) / 64, sizeof *s->done_bits)))
-        goto nomem;
-    if (s->hashed && (!(s->md = EVP_MD_CTX_new()) || EVP_DigestInit_ex(s->md, e->sha256, NULL) != 1))
-        goto nomem;
-    s->blk = blk;
-    s->buf = buf;
-    s->data = NULL;
-    s->delta = t->offset - a0;
-    s->span = span;
-    s->chunk = chunk;
-    s->direct = (uint8_t)direct;
-    s->nchunks = (uint32_t)nchunks;
-    s->issued = s->done = s->inflight = s->hash_next = 0;
-    s->failing = s->worked = s->consumed = s->has_digest = 0;
-    s->state = SL_LOADING;
-    e->loading_bytes += span;
-    return 1;
-
-nomem:
-    free(s->done_bits);
-    s->done_bits = NULL;
-    EVP_MD_CTX_free(s->md);
-    s->md = NULL;
-    sl_pool_free(e->pool, blk);
-    return -1;
-}
+/* ---------------------------------------------------------------- reads */
 
 static sl_read *take_read(sl_engine *e)
 {
@@ -354,11 +127,11 @@ static void issue_chunks(sl_engine *e, size_t i)
     sl_slot *s = &e->slots[i];
     const struct sluice_tensor_info *t = &e->ix->tensors[i];
     uint64_t need_end = s->delta + t->nbytes; /* buffer offset past the last byte */
-    while (s->issued < s->nchunks && !s->failing) {
+    while (s->state == SL_SLOT_READING && s->issued < s->nchunks) {
         sl_read *r = take_read(e);
         if (!r)
             return;
-        uint32_t c = s->issued++;
+        uint32_t c = s->issued;
         uint64_t b0 = (uint64_t)c * s->chunk;
         uint64_t b1 = b0 + s->chunk < s->span ? b0 + s->chunk : s->span;
         r->file = t->file_index;
@@ -369,7 +142,7 @@ static void issue_chunks(sl_engine *e, size_t i)
         r->seg[0] = (sl_seg){i, c};
         r->iov0[0] = (struct iovec){s->buf + b0, (size_t)(b1 - b0)};
         r->req.min_bytes = (need_end < b1 ? need_end : b1) - b0;
-        s->inflight++;
+        sl_slot_issued(e, i);
         submit_read(e, r);
     }
 }
@@ -390,8 +163,7 @@ static void issue_group(sl_engine *e, const size_t *group, int k)
         r->seg[j] = (sl_seg){group[j], 0};
         r->iov0[j] = (struct iovec){s->buf, (size_t)nb};
         r->len += nb;
-        s->issued = 1;
-        s->inflight = 1;
+        sl_slot_issued(e, group[j]);
     }
     r->req.min_bytes = r->len;
     submit_read(e, r);
@@ -401,10 +173,10 @@ static void issue_group(sl_engine *e, const size_t *group, int k)
  * the positions after it that are small, IDLE and next in the same file.
  * Returns the positions covered (empty tensors on the way included), 0
  * when ids[0] could not start. */
-static size_t start_run(sl_engine *e, const size_t *ids, size_t n, int mode)
+static size_t start_run(sl_engine *e, const size_t *ids, size_t n, int room)
 {
     size_t i = ids[0];
-    if (start_tensor(e, i, mode) <= 0)
+    if (sl_slot_start(e, i, room) <= 0)
         return 0;
     sl_slot *s = &e->slots[i];
     if (s->direct || s->nchunks > 1) {
@@ -426,9 +198,10 @@ static size_t start_run(sl_engine *e, const size_t *ids, size_t n, int mode)
             break;
         if (t->nbytes == 0)
             continue;   /* always READY; covered */
-        if (e->slots[j].state != SL_IDLE || would_be_direct(e, j) || len + t->nbytes > e->chunk)
+        if (e->slots[j].state != SL_SLOT_IDLE || sl_slot_would_be_direct(e, j) ||
+            len + t->nbytes > e->chunk)
             break;
-        if (start_tensor(e, j, mode) != 1)
+        if (sl_slot_start(e, j, room) != 1)
             break;
         group[k++] = j;
         len += t->nbytes;
@@ -444,8 +217,7 @@ static void stream_pin(sl_engine *e, sl_stream *st, size_t pos)
 {
     size_t i = st->ids[pos];
     sl_slot *s = &e->slots[i];
-    s->pins++;
-    sl_lru_remove(e, i);
+    sl_slot_pin(e, i);
     st->pinned_bytes += e->ix->tensors[i].nbytes;
     st->pstate[pos] = SL_POS_PINNED;
     st->pgen[pos] = s->gen;
@@ -459,12 +231,12 @@ static void stream_head(sl_engine *e, sl_stream *st)
 {
     while (st->pinned == 0 && !st->delivering && st->hi < st->n) {
         size_t pos = st->hi++, i = st->ids[pos];
-        if (sl_too_large(e, i)) {
+        if (sl_slot_too_large(e, i)) {
             st->pstate[pos] = SL_POS_TOO_LARGE;
             continue;
         }
         stream_pin(e, st, pos);
-        if (e->slots[i].state == SL_IDLE)
+        if (e->slots[i].state == SL_SLOT_IDLE)
             sl_demand(e, i);
     }
 }
@@ -485,17 +257,17 @@ static void stream_ahead(sl_engine *e, sl_stream *st)
     while (st->hi < st->n && st->hi - st->lo < SL_STREAM_WINDOW && e->free_reads &&
            ahead_bytes(e, st) < e->stream_window) {
         size_t pos = st->hi, i = st->ids[pos];
-        if (sl_too_large(e, i)) {
+        if (sl_slot_too_large(e, i)) {
             st->pstate[pos] = SL_POS_TOO_LARGE;
             st->hi++;
             continue;
         }
-        if (e->slots[i].state != SL_IDLE) {
+        if (e->slots[i].state != SL_SLOT_IDLE) {
             stream_pin(e, st, pos);
             st->hi++;
             continue;
         }
-        size_t k = start_run(e, st->ids + pos, st->n - pos, ROOM_SPEC);
+        size_t k = start_run(e, st->ids + pos, st->n - pos, SL_ROOM_SPEC);
         if (!k)
             break;
         for (size_t j = 0; j < k; j++)
@@ -509,53 +281,17 @@ static void plan_ahead(sl_engine *e)
     while (e->cursor < e->plan_n && e->free_reads) {
         size_t i = e->plan[e->cursor];
         sl_slot *s = &e->slots[i];
-        if (s->state != SL_IDLE || sl_too_large(e, i)) {
+        if (s->state != SL_SLOT_IDLE || sl_slot_too_large(e, i)) {
             /* Wanted again soon: protect it from read-ahead's evictions. */
-            if (s->lru == SL_LRU_CACHED)
-                sl_lru_push(e, i, SL_LRU_PREFETCHED);
+            sl_slot_keep(e, i);
             e->cursor++;
             continue;
         }
-        size_t k = start_run(e, e->plan + e->cursor, e->plan_n - e->cursor, ROOM_SPEC);
+        size_t k = start_run(e, e->plan + e->cursor, e->plan_n - e->cursor, SL_ROOM_SPEC);
         if (!k)
             break;
         e->cursor += k;
     }
-}
-
-/* The POOL_EXHAUSTED detail for demand i: held by live handles, or, when
- * enough bytes are free or evictable but not in one range, by placement. */
-static void exhausted_error(sl_engine *e, size_t i, sl_err *err)
-{
-    const struct sluice_tensor_info *t = &e->ix->tensors[i];
-    char q[SL_QUOTE_MAX];
-    uint64_t cap = sl_pool_capacity(e->pool), used = sl_pool_in_use(e->pool);
-    uint64_t evictable = 0;
-    for (int l = SL_LRU_CACHED; l <= SL_LRU_PREFETCHED; l++)
-        for (size_t k = e->lru[l].head; k != SL_NONE; k = e->slots[k].lnext)
-            evictable += e->slots[k].span;
-    uint64_t a0, span;
-    load_range(e, i, would_be_direct(e, i), &a0, &span);
-    sl_quote(q, sizeof q, t->name, t->name_len);
-    if (cap - used + evictable >= round_up(span, SL_POOL_ALIGN)) {
-        uint64_t room = sl_pool_largest_room(e->pool, would_be_direct(e, i) ? SL_DIRECT_ALIGN
-                                             : SL_POOL_ALIGN, evictable_any, e);
-        sl_fail(err, SLUICE_E_POOL_EXHAUSTED,
-                "tensor %s (%llu bytes, file %s, offset %llu) cannot be placed: the pool "
-                "(pool_bytes %llu) has %llu bytes free or evictable, but buffers held by "
-                "live handles split them: the largest range that can be made is %llu bytes; "
-                "release handles, or give a pool of at least twice the largest tensor",
-                q, (unsigned long long)t->nbytes, t->file, (unsigned long long)t->offset,
-                (unsigned long long)e->st.pool_bytes,
-                (unsigned long long)(cap - used + evictable), (unsigned long long)room);
-        return;
-    }
-    sl_fail(err, SLUICE_E_POOL_EXHAUSTED,
-            "tensor %s (%llu bytes, file %s, offset %llu) cannot be loaded: the pool "
-            "(pool_bytes %llu) is held by live handles (%llu bytes in use, none in flight, "
-            "none evictable), and only their release can make room",
-            q, (unsigned long long)t->nbytes, t->file, (unsigned long long)t->offset,
-            (unsigned long long)e->st.pool_bytes, (unsigned long long)(used - evictable));
 }
 
 int sl_mark_blocked(sl_engine *e, int delta)
@@ -594,7 +330,7 @@ void sl_demand_drop_if_unwanted(sl_engine *e, size_t i)
 static int stream_has_ready(const sl_engine *e, const sl_stream *st)
 {
     for (size_t pos = st->lo; pos < st->hi; pos++)
-        if (st->pstate[pos] == SL_POS_PINNED && e->slots[st->ids[pos]].state == SL_READY)
+        if (st->pstate[pos] == SL_POS_PINNED && e->slots[st->ids[pos]].state == SL_SLOT_READY)
             return 1;
     return 0;
 }
@@ -614,7 +350,7 @@ static int room_may_return(const sl_engine *e)
             return 1;
     }
     for (const sl_waiter *w = e->waiters; w; w = w->next)
-        if (e->slots[w->slot].state == SL_READY && !w->refused)
+        if (e->slots[w->slot].state == SL_SLOT_READY && !w->refused)
             return 1;
     return 0;
 }
@@ -638,7 +374,7 @@ static int refuse_callback_waiter(sl_engine *e, size_t i, const sl_err *why)
         for (size_t pos = st->lo; pos < st->hi; pos++)
             if (st->pstate[pos] == SL_POS_PINNED && st->ids[pos] == i) {
                 st->pstate[pos] = SL_POS_REFUSED;
-                e->slots[i].pins--;
+                sl_slot_unpin(e, i);
                 st->pinned--;
                 st->pinned_bytes -= e->ix->tensors[i].nbytes;
                 pthread_cond_broadcast(&e->cv);
@@ -659,7 +395,7 @@ void sl_pump(sl_engine *e)
     while (e->dq_head != SL_NONE) {
         size_t i = e->dq_head;
         sl_slot *s = &e->slots[i];
-        if (s->state != SL_IDLE) {
+        if (s->state != SL_SLOT_IDLE) {
             demand_pop(e);
             continue;
         }
@@ -667,20 +403,20 @@ void sl_pump(sl_engine *e)
             blocked = 1;
             break;
         }
-        int rc = start_tensor(e, i, ROOM_ANY);
+        int rc = sl_slot_start(e, i, SL_ROOM_ANY);
         if (rc == 0 && room_may_return(e)) {
             blocked = 1;    /* wait for it */
             break;
         }
         if (rc == 0) {
             sl_err why;
-            exhausted_error(e, i, &why);
+            sl_slot_room_error(e, i, &why);
             if (refuse_callback_waiter(e, i, &why)) {
                 blocked = 1;    /* its return may give room back */
                 break;
             }
             demand_pop(e);
-            sl_fail_idle(e, i, &why);
+            sl_slot_fail_idle(e, i, &why);
             continue;
         }
         demand_pop(e);
@@ -691,7 +427,7 @@ void sl_pump(sl_engine *e)
             sl_fail(&err, SLUICE_E_NOMEM, "tensor %s (file %s, offset %llu): out of memory",
                     sl_quote(q, sizeof q, t->name, t->name_len), t->file,
                     (unsigned long long)t->offset);
-            sl_fail_idle(e, i, &err);
+            sl_slot_fail_idle(e, i, &err);
             continue;
         }
         issue_chunks(e, i);
@@ -702,9 +438,9 @@ void sl_pump(sl_engine *e)
     while (e->pq_head != SL_NONE && e->free_reads) {
         size_t i = e->pq_head;
         sl_slot *s = &e->slots[i];
-        if (s->state == SL_LOADING && !s->failing && s->issued < s->nchunks)
+        if (s->state == SL_SLOT_READING && s->issued < s->nchunks)
             issue_chunks(e, i);
-        if (s->state != SL_LOADING || s->failing || s->issued == s->nchunks)
+        if (s->state != SL_SLOT_READING || s->issued == s->nchunks)
             partial_pop(e);
     }
     if (blocked)
@@ -717,70 +453,26 @@ void sl_pump(sl_engine *e)
 
 /* ---------------------------------------------------------------- finishing */
 
-static void release_load(sl_engine *e, sl_slot *s)
-{
-    free(s->done_bits);
-    s->done_bits = NULL;
-    EVP_MD_CTX_free(s->md);
-    s->md = NULL;
-    e->loading_bytes -= s->span;
-}
-
-void sl_settle(sl_engine *e, size_t i)
-{
-    sl_slot *s = &e->slots[i];
-    if (s->state != SL_LOADING || s->inflight || s->busy || s->queued)
-        return;
-    if (s->failing) {
-        /* Every read of it is back: drop the bytes, keep the error. */
-        release_load(e, s);
-        sl_pool_free(e->pool, s->blk);
-        s->blk = NULL;
-        s->buf = NULL;
-        s->data = NULL;
-        s->state = SL_IDLE;
-        s->failing = 0;
-        s->gen++;
-        e->st.failures++;
-        pthread_cond_broadcast(&e->cv);
-        return;
-    }
-    if (s->done < s->nchunks)
-        return;
-    if (!s->worked && sl_needs_work(e, s)) {
-        sl_work_enqueue(e, i);
-        return;
-    }
-    release_load(e, s);
-    if (!s->data)
-        s->data = s->buf + s->delta;
-    s->state = SL_READY;
-    e->st.tensors_loaded++;
-    sl_unhold(e, i);
-    pthread_cond_broadcast(&e->cv);
-}
-
-static void read_failed(sl_engine *e, size_t i, const sl_read *r)
+/* The detail of a failed read, for segment tensor i. */
+static void read_failure(const sl_engine *e, size_t i, const sl_read *r, sl_err *err)
 {
     const struct sluice_tensor_info *t = &e->ix->tensors[i];
     const sl_io_req *q = &r->req;
     char qn[SL_QUOTE_MAX];
-    sl_err err;
     sl_quote(qn, sizeof qn, t->name, t->name_len);
     if (q->eof)
-        sl_fail(&err, SLUICE_E_FILE_CHANGED,
+        sl_fail(err, SLUICE_E_FILE_CHANGED,
                 "tensor %s (file %s, offset %llu, %llu bytes): the file ends at offset %llu, "
                 "before the tensor's last byte: it shrank after open",
                 qn, t->file, (unsigned long long)t->offset, (unsigned long long)t->nbytes,
                 (unsigned long long)q->error_offset);
     else
-        sl_fail_errno(&err, SLUICE_E_IO, q->error,
+        sl_fail_errno(err, SLUICE_E_IO, q->error,
                       "tensor %s (file %s, offset %llu, %llu bytes): read of %llu bytes at "
                       "offset %llu%s failed at offset %llu",
                       qn, t->file, (unsigned long long)t->offset, (unsigned long long)t->nbytes,
                       (unsigned long long)r->len, (unsigned long long)r->offset,
                       r->direct ? " (O_DIRECT)" : "", (unsigned long long)q->error_offset);
-    sl_slot_error(e, i, &err);
 }
 
 /* Whether segment k of read r failed. A read that met the end of the
@@ -799,25 +491,16 @@ static int segment_failed(const sl_read *r, int k)
     return r->nseg == 1 || end > r->req.done_bytes;
 }
 
-static void chunk_complete(sl_engine *e, const sl_read *r, int k)
+static void segment_complete(sl_engine *e, const sl_read *r, int k)
 {
     size_t i = r->seg[k].tensor;
-    uint32_t c = r->seg[k].chunk;
-    sl_slot *s = &e->slots[i];
-    s->inflight--;
-    if (segment_failed(r, k)) {
-        if (!s->failing) {
-            read_failed(e, i, r);
-            s->failing = 1;
-        }
-    } else {
-        chunk_set_done(s, c);
-        s->done++;
-        if (s->hashed && !s->failing && !s->busy && !s->queued &&
-            s->hash_next < s->nchunks && sl_chunk_done(s, s->hash_next))
-            sl_work_enqueue(e, i);
+    if (!segment_failed(r, k)) {
+        sl_slot_landed(e, i, r->seg[k].chunk, NULL);
+        return;
     }
-    sl_settle(e, i);
+    sl_err err;
+    read_failure(e, i, r, &err);
+    sl_slot_landed(e, i, r->seg[k].chunk, &err);
 }
 
 void sl_read_done(void *ctx, sl_io_req *list)
@@ -843,9 +526,20 @@ void sl_read_done(void *ctx, sl_io_req *list)
         }
         e->st.reads++;
         for (int k = 0; k < r->nseg; k++)
-            chunk_complete(e, r, k);
+            segment_complete(e, r, k);
         put_read(e, r);
     }
     sl_pump(e);
+    sl_unlock(e);
+}
+
+void sl_hash_done(void *ctx, sl_hash_job *job, int status)
+{
+    sl_engine *e = ctx;
+    size_t i = (size_t)(uintptr_t)sl_hash_job_owner(job);
+    int verdict = sl_slot_check(e, i, status); /* the compare and the move, unlocked */
+    pthread_mutex_lock(&e->lock);
+    sl_slot_hashed(e, i, verdict);
+    sl_pump(e);     /* a failure gave room back */
     sl_unlock(e);
 }

@@ -1,6 +1,7 @@
-/* stream.c: sluice_stream, the fastest path: one caller reads a list of
- * tensors (or all) through the pump's read-ahead and gets each as soon as
- * it is ready, in completion order (see engine_int.h, sched.c).
+/* stream.c: streams, the fastest path (sluice_stream, sluice_stream_ex):
+ * one caller reads a list of tensors (or all) through the pump's
+ * read-ahead and gets each as soon as it is ready, in completion order
+ * (see engine_int.h, sched.c).
  *
  * A stream pins the positions it has started ([lo, hi) of its list) so
  * that nothing evicts them before delivery; pins become handles when
@@ -12,16 +13,10 @@
 #include "engine_int.h"
 
 #include "cancel.h"
-#include "model.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static sl_engine *engine_of(sluice_model *m)
-{
-    return sl_model_usable(m) == SLUICE_OK ? m->engine : NULL;
-}
 
 #define STREAM_BATCH 16
 
@@ -47,7 +42,7 @@ static int collect(sl_engine *e, sl_stream *st, delivery *out)
         d->msg = NULL;
         if (ps == SL_POS_TOO_LARGE) {
             e->st.failures++;
-            d->status = sl_too_large_error(e, i, &err);
+            d->status = sl_slot_too_large_error(e, i, &err);
         } else if (ps == SL_POS_REFUSED) {
             e->st.failures++;
             const struct sluice_tensor_info *t = &e->ix->tensors[i];
@@ -60,15 +55,13 @@ static int collect(sl_engine *e, sl_stream *st, delivery *out)
                                 (unsigned long long)t->nbytes);
         } else if (ps != SL_POS_PINNED) {
             continue;
-        } else if (s->state == SL_READY || s->gen != st->pgen[pos]) {
-            d->status = s->state == SL_READY ? sl_grant(e, i, &d->t, &err) : sl_slot_failure(s, &err);
-            if (d->status == SLUICE_OK)
-                s->spent = 1;
-            s->pins--;
+        } else if (s->state == SL_SLOT_READY || s->gen != st->pgen[pos]) {
+            d->status = s->state == SL_SLOT_READY ? sl_grant(e, i, 1, &d->t, &err)
+                                                  : sl_slot_failure(s, &err);
             st->pinned--;
             st->pinned_bytes -= e->ix->tensors[i].nbytes;
+            sl_slot_unpin(e, i);
             sl_demand_drop_if_unwanted(e, i);
-            sl_unhold(e, i);
         } else {
             continue;
         }
@@ -119,7 +112,7 @@ static void wake_engine(void *ctx)
 
 static int cancelled(const sl_stream *st, sl_err *err)
 {
-    if (!sluice_cancel_requested(st->cancel))
+    if (!sl_cancel_requested(st->cancel))
         return 0;
     sl_fail(err, SLUICE_E_CANCELLED, "stream cancelled after %zu of %zu tensors", st->done, st->n);
     return 1;
@@ -160,7 +153,8 @@ static int stream_run(sl_engine *e, sl_stream *st, sluice_stream_fn fn, void *us
             if (result == SLUICE_OK && cancelled(st, err))
                 result = SLUICE_E_CANCELLED;
             if (result != SLUICE_OK) {
-                sluice_release(d->t);   /* stopped: give back the rest */
+                if (d->t)
+                    sl_handle_release(d->t); /* stopped: give back the rest */
             } else {
                 if (d->status < 0 && first_fail == SLUICE_OK) {
                     first_fail = d->status;
@@ -188,9 +182,8 @@ static int stream_run(sl_engine *e, sl_stream *st, sluice_stream_fn fn, void *us
     for (size_t pos = st->lo; pos < st->hi; pos++)
         if (st->pstate[pos] == SL_POS_PINNED) {
             size_t i = st->ids[pos];
-            e->slots[i].pins--;
+            sl_slot_unpin(e, i);
             sl_demand_drop_if_unwanted(e, i);
-            sl_unhold(e, i);
         }
     for (sl_stream **p = &e->streams; *p; p = &(*p)->next)
         if (*p == st) {
@@ -207,88 +200,27 @@ static int stream_run(sl_engine *e, sl_stream *st, sluice_stream_fn fn, void *us
     return result != SLUICE_OK ? result : first_fail;
 }
 
-SLUICE_API int sluice_stream_options_init(sluice_stream_options *o)
+int sl_engine_stream(sl_engine *e, const size_t *ids, size_t n, sluice_stream_fn fn,
+                     void *user, const sluice_stream_options *so, sl_err *err)
 {
-    if (!o)
-        return SLUICE_E_INVAL;
-    memset(o, 0, sizeof *o);
-    o->size = sizeof *o;
-    o->progress_interval_ms = 100;
-    return SLUICE_OK;
-}
-
-/* Copies the caller's stream options over the defaults, up to the size
- * the caller knows; a longer struct must have a zero tail. */
-static int take_stream_options(sluice_stream_options *dst, const sluice_stream_options *src,
-                               sl_err *err)
-{
-    sluice_stream_options_init(dst);
-    if (!src)
-        return SLUICE_OK;
-    if (src->size < sizeof src->size)
-        return sl_fail(err, SLUICE_E_INVAL, "stream options: size %zu is too small; "
-                       "call sluice_stream_options_init first", src->size);
-    for (size_t b = sizeof *dst; b < src->size; b++)
-        if (((const unsigned char *)src)[b])
-            return sl_fail(err, SLUICE_E_INVAL, "stream options: byte %zu of a %zu-byte struct "
-                           "is not zero, and this library knows only %zu bytes",
-                           b, src->size, sizeof *dst);
-    memcpy(dst, src, src->size < sizeof *dst ? src->size : sizeof *dst);
-    dst->size = sizeof *dst;
-    return SLUICE_OK;
-}
-
-SLUICE_API int sluice_stream_ex(sluice_model *m, const char *const *names, size_t n,
-                                sluice_stream_fn fn, void *user, const sluice_stream_options *o)
-{
-    sl_err err = {0};
-    sl_engine *e = engine_of(m);
-    if (!e)
-        return SLUICE_E_INVAL;
-    sluice_stream_options so;
-    if (take_stream_options(&so, o, &err) < 0)
-        return sl_model_error(m, &err);
-    if (!fn) {
-        sl_fail(&err, SLUICE_E_INVAL, "sluice_stream: the callback is NULL");
-        return sl_model_error(m, &err);
-    }
-    size_t *ids = NULL;
-    if (names && sl_resolve(m, names, n, &ids, &err) < 0)
-        return sl_model_error(m, &err);
-    if (!names)
+    if (!ids)
         n = e->n;
     sl_stream st = {0};
-    st.ids = names ? ids : e->order;
+    st.ids = ids ? ids : e->order;
     st.n = n;
-    st.progress = so.progress;
-    st.progress_user = so.progress_user;
-    st.progress_every_ns = (uint64_t)so.progress_interval_ms * 1000000u;
+    st.progress = so->progress;
+    st.progress_user = so->progress_user;
+    st.progress_every_ns = (uint64_t)so->progress_interval_ms * 1000000u;
     st.progress_last_ns = now_ns(); /* the first call comes an interval in */
-    st.cancel = so.cancel;
+    st.cancel = so->cancel;
     for (size_t k = 0; k < n; k++)
         st.bytes_total += e->ix->tensors[st.ids[k]].nbytes;
     st.pstate = calloc(n ? n : 1, 1);
     st.pgen = calloc(n ? n : 1, sizeof *st.pgen);
-    int rc;
-    if (!st.pstate || !st.pgen) {
-        rc = sl_fail(&err, SLUICE_E_NOMEM, "sluice_stream: out of memory for %zu tensors", n);
-        sl_model_error(m, &err);
-    } else {
-        sl_enter(e);
-        rc = stream_run(e, &st, fn, user, &err);
-        if (rc != SLUICE_OK)
-            sl_model_error(m, &err);
-        sl_pause_point(e, SL_PAUSE_STREAM_EXIT);
-        sl_leave(e);
-    }
+    int rc = !st.pstate || !st.pgen
+                 ? sl_fail(err, SLUICE_E_NOMEM, "sluice_stream: out of memory for %zu tensors", n)
+                 : stream_run(e, &st, fn, user, err);
     free(st.pstate);
     free(st.pgen);
-    free(ids);
     return rc;
-}
-
-SLUICE_API int sluice_stream(sluice_model *m, const char *const *names, size_t n,
-                             sluice_stream_fn fn, void *user)
-{
-    return sluice_stream_ex(m, names, n, fn, user, NULL);
 }

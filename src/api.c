@@ -1,0 +1,603 @@
+/* api.c: every public entry point of sluice.h, and the model that ties
+ * the components together. Here, and only here: arguments are checked,
+ * names resolved, error detail recorded for the calling thread (errmsg.c),
+ * and calls that wait or touch the engine after its lock are bracketed
+ * with sl_engine_enter/sl_engine_leave so close never frees under them.
+ *
+ * The layers below point one way and never include the model:
+ *   api.c -> index (index.c over header.c and json.c), manifest.c (a
+ *            lookup of digests), engine (engine.h: engine.c, slot.c,
+ *            sched.c, stream.c over pool.c, io.c, hash.c), errmsg.c,
+ *            cancel.c, error.c
+ * open:  index -> manifest -> engine (given the manifest's digests)
+ * close: engine -> manifest -> index
+ */
+#include "model.h"
+
+#include "cancel.h"
+#include "engine.h"
+#include "errmsg.h"
+#include "header.h"
+#include "manifest.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------------------------------------------------------- library */
+
+SLUICE_API const char *sluice_version(void)
+{
+    /* The header's macros tell what a program was compiled against; this
+     * tells what it loaded. */
+    return SLUICE_VERSION_STRING;
+}
+
+SLUICE_API int sluice_version_number(void)
+{
+    return SLUICE_VERSION_NUMBER;
+}
+
+SLUICE_API const char *sluice_strerror(int code)
+{
+    return sl_status_name(code);
+}
+
+SLUICE_API const char *sluice_dtype_name(sluice_dtype dtype)
+{
+    return sl_dtype_name(dtype);
+}
+
+SLUICE_API unsigned sluice_dtype_bits(sluice_dtype dtype)
+{
+    return sl_dtype_bits(dtype);
+}
+
+/* ---------------------------------------------------------------- open, close */
+
+SLUICE_API int sluice_options_init(sluice_options *opts)
+{
+    if (!opts)
+        return SLUICE_E_INVAL;
+    memset(opts, 0, sizeof *opts);
+    opts->size = sizeof *opts;
+    opts->queue_depth = 32;
+    opts->pool_bytes = (uint64_t)4 << 30;
+    opts->chunk_bytes = (uint64_t)8 << 20;
+    opts->io_threads = 4;
+    opts->hash_threads = 0;
+    opts->manifest_path = NULL;
+    opts->verify = SLUICE_VERIFY_DEFAULT;
+    return SLUICE_OK;
+}
+
+/* Copies the caller's options over the defaults, field by field up to the
+ * size the caller knows, and checks them. */
+static int take_options(sluice_options *dst, const sluice_options *src, sl_err *err)
+{
+    sluice_options_init(dst);
+    if (!src)
+        return SLUICE_OK;
+    if (src->size < offsetof(sluice_options, flags) + sizeof src->flags)
+        return sl_fail(err, SLUICE_E_INVAL,
+                       "options: size %zu is not one this library knows (%zu); "
+                       "call sluice_options_init first", src->size, sizeof *dst);
+    /* A caller built against a newer header has fields this library does
+     * not know: harmless while they hold their zero defaults, but a set
+     * one asks for something this library would silently not do. */
+    if (src->size > sizeof *dst) {
+        const unsigned char *tail = (const unsigned char *)src;
+        for (size_t i = sizeof *dst; i < src->size; i++)
+            if (tail[i])
+                return sl_fail(err, SLUICE_E_INVAL,
+                               "options: byte %zu of the caller's %zu-byte struct is not zero, "
+                               "but this library knows only the first %zu bytes (a newer "
+                               "option it cannot honour)", i, src->size, sizeof *dst);
+    }
+    memcpy(dst, src, src->size < sizeof *dst ? src->size : sizeof *dst);
+    dst->size = sizeof *dst;
+    if (dst->flags & ~SLUICE_F_ALL_)
+        return sl_fail(err, SLUICE_E_INVAL, "options: unknown flag bits 0x%x",
+                       (unsigned)(dst->flags & ~SLUICE_F_ALL_));
+    if (dst->queue_depth < 1 || dst->queue_depth > 4096)
+        return sl_fail(err, SLUICE_E_INVAL, "options: queue_depth %u is outside 1..4096",
+                       (unsigned)dst->queue_depth);
+    if (dst->chunk_bytes < 4096 || dst->chunk_bytes > ((uint64_t)1 << 30))
+        return sl_fail(err, SLUICE_E_INVAL, "options: chunk_bytes %llu is outside 4 KiB..1 GiB",
+                       (unsigned long long)dst->chunk_bytes);
+    if (dst->pool_bytes == 0)
+        return sl_fail(err, SLUICE_E_INVAL, "options: pool_bytes is 0");
+    if (dst->io_threads < 1 || dst->io_threads > 256)
+        return sl_fail(err, SLUICE_E_INVAL, "options: io_threads %u is outside 1..256",
+                       (unsigned)dst->io_threads);
+    if (dst->hash_threads > 256)
+        return sl_fail(err, SLUICE_E_INVAL, "options: hash_threads %u is over 256",
+                       (unsigned)dst->hash_threads);
+    if ((unsigned)dst->verify > SLUICE_VERIFY_OFF)
+        return sl_fail(err, SLUICE_E_INVAL, "options: unknown verify policy %d", (int)dst->verify);
+    return SLUICE_OK;
+}
+
+static void release_model(sluice_model *m)
+{
+    sl_manifest_free(m->manifest);
+    sl_index_free(&m->index);
+    /* The closing thread's own entry goes now; other threads' entries can
+     * never match a later model (ids are not reused) and go when pushed
+     * out or when their thread exits. */
+    sl_errmsg_forget(m->err_id);
+    free(m->path);
+    free(m);
+}
+
+/* The engine checks what the manifest lists: handed over as an array of
+ * digests, so that the engine needs no manifest. */
+static int create_engine(sluice_model *m, sl_err *err)
+{
+    const uint8_t **expect = NULL;
+    if (m->manifest) {
+        if (!(expect = calloc(m->index.ntensors ? m->index.ntensors : 1, sizeof *expect)))
+            return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", m->path);
+        for (size_t i = 0; i < m->index.ntensors; i++)
+            expect[i] = sl_manifest_tensor_digest(m->manifest, i);
+    }
+    int rc = sl_engine_create(&m->index, &m->opts, expect, &m->engine, err);
+    free(expect);
+    return rc;
+}
+
+SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_model **out)
+{
+    if (!out)
+        return SLUICE_E_INVAL;
+    sluice_model *m = calloc(1, sizeof *m);
+    *out = m;
+    if (!m)
+        return SLUICE_E_NOMEM;
+    m->err_id = sl_errmsg_new_id();
+    sl_err *err = &m->open_err;
+    int rc;
+    if (!path) {
+        rc = sl_fail(err, SLUICE_E_INVAL, "sluice_open: path is NULL");
+        goto failed;
+    }
+    if ((rc = take_options(&m->opts, opts, err)) < 0)
+        goto failed;
+    if (!(m->path = strdup(path))) {
+        rc = sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
+        goto failed;
+    }
+    if ((rc = sl_index_open(&m->index, path, err)) < 0)
+        goto failed;
+    if ((rc = sl_manifest_load(&m->index, &m->opts, path, &m->manifest, err)) < 0)
+        goto failed;
+    if ((rc = create_engine(m, err)) < 0)
+        goto failed;
+    return SLUICE_OK;
+
+failed:
+    /* Keep only the error: free what was built, leave a failed shell. */
+    sl_manifest_free(m->manifest);
+    m->manifest = NULL;
+    sl_index_free(&m->index);
+    m->failed = 1;
+    return rc;
+}
+
+SLUICE_API int sluice_close(sluice_model *m)
+{
+    if (!m)
+        return SLUICE_OK;
+    if (!m->failed) {
+        sl_err err = {0};
+        int rc = sl_engine_destroy(m->engine, &err);
+        if (rc < 0)
+            return sl_model_error(m, &err);
+        m->engine = NULL;
+    }
+    release_model(m);
+    return SLUICE_OK;
+}
+
+int sl_model_error(sluice_model *m, const sl_err *err)
+{
+    if (m)
+        sl_errmsg_set(m->err_id, err->msg); /* best effort: the code tells what failed */
+    return err->code;
+}
+
+SLUICE_API const char *sluice_errmsg(const sluice_model *m)
+{
+    if (!m)
+        return "out of memory (no model)";
+    if (m->failed)
+        return m->open_err.msg;
+    return sl_errmsg_get(m->err_id);
+}
+
+int sl_model_usable(const sluice_model *m)
+{
+    return (m && !m->failed) ? SLUICE_OK : SLUICE_E_INVAL;
+}
+
+/* ---------------------------------------------------------------- the index */
+
+SLUICE_API size_t sluice_count(const sluice_model *m)
+{
+    return sl_model_usable(m) == SLUICE_OK ? m->index.ntensors : 0;
+}
+
+/* A caller's struct may be shorter (built against an older header) or
+ * longer (a newer one) than ours: write only what both know, and keep the
+ * caller's size. */
+static void copy_sized(void *dst, const void *src, size_t src_size)
+{
+    size_t caller = *(const size_t *)dst;
+    memcpy(dst, src, caller < src_size ? caller : src_size);
+    *(size_t *)dst = caller;
+}
+
+static int info_size_ok(const struct sluice_tensor_info *info)
+{
+    return info->size >= sizeof info->size;
+}
+
+SLUICE_API int sluice_info(const sluice_model *m, size_t i, struct sluice_tensor_info *info)
+{
+    if (sl_model_usable(m) < 0 || !info || !info_size_ok(info) || i >= m->index.ntensors)
+        return SLUICE_E_INVAL;
+    copy_sized(info, &m->index.tensors[i], sizeof *info);
+    return SLUICE_OK;
+}
+
+SLUICE_API int sluice_find_n(const sluice_model *m, const char *name, size_t len,
+                             struct sluice_tensor_info *info)
+{
+    if (sl_model_usable(m) < 0 || !name || (info && !info_size_ok(info)))
+        return SLUICE_E_INVAL;
+    size_t i = sl_index_find(&m->index, name, len);
+    if (i == SIZE_MAX)
+        return SLUICE_E_NOT_FOUND;
+    if (info)
+        copy_sized(info, &m->index.tensors[i], sizeof *info);
+    return SLUICE_OK;
+}
+
+SLUICE_API int sluice_find(const sluice_model *m, const char *name, struct sluice_tensor_info *info)
+{
+    if (!name)
+        return SLUICE_E_INVAL;
+    return sluice_find_n(m, name, strlen(name), info);
+}
+
+SLUICE_API size_t sluice_file_count(const sluice_model *m)
+{
+    return sl_model_usable(m) == SLUICE_OK ? m->index.nfiles : 0;
+}
+
+SLUICE_API int sluice_file_info(const sluice_model *m, size_t i, struct sluice_file_info *info)
+{
+    if (sl_model_usable(m) < 0 || !info || info->size < sizeof info->size || i >= m->index.nfiles)
+        return SLUICE_E_INVAL;
+    const sl_file *f = &m->index.files[i];
+    struct sluice_file_info fi = {
+        .size = sizeof fi,
+        .path = f->path,
+        .file_size = f->size,
+        .header_bytes = f->header_bytes,
+        .data_start = f->data_start,
+        .tensor_count = f->tensor_count,
+        .metadata_kind = f->metadata_kind,
+        .metadata_count = f->metadata_count,
+        .metadata = f->metadata,
+    };
+    copy_sized(info, &fi, sizeof fi);
+    return SLUICE_OK;
+}
+
+/* ---------------------------------------------------------------- loading */
+
+static sl_engine *engine_of(sluice_model *m)
+{
+    return sl_model_usable(m) == SLUICE_OK ? m->engine : NULL;
+}
+
+static int find(sluice_model *m, const char *name, size_t *i, sl_err *err)
+{
+    if (!name)
+        return sl_fail(err, SLUICE_E_INVAL, "tensor name is NULL");
+    *i = sl_index_find(&m->index, name, strlen(name));
+    if (*i == SIZE_MAX) {
+        char q[SL_QUOTE_MAX];
+        return sl_fail(err, SLUICE_E_NOT_FOUND, "no tensor named %s in %s",
+                       sl_quote(q, sizeof q, name, strlen(name)), m->path);
+    }
+    return SLUICE_OK;
+}
+
+/* Resolves n names to indexes (malloc'd into *ids; NULL when n = 0). */
+static int resolve(sluice_model *m, const char *const *names, size_t n, size_t **ids, sl_err *err)
+{
+    *ids = NULL;
+    if (n == 0)
+        return SLUICE_OK;
+    if (!names)
+        return sl_fail(err, SLUICE_E_INVAL, "names is NULL with n = %zu", n);
+    size_t *v = malloc(n * sizeof *v);
+    if (!v)
+        return sl_fail(err, SLUICE_E_NOMEM, "out of memory for %zu names", n);
+    for (size_t k = 0; k < n; k++) {
+        int rc = find(m, names[k], &v[k], err);
+        if (rc < 0) {
+            free(v);
+            return rc;
+        }
+    }
+    *ids = v;
+    return SLUICE_OK;
+}
+
+/* acquire of tensor i, inside the engine: the error is recorded before
+ * the call leaves. */
+static int acquire(sluice_model *m, sl_engine *e, size_t i, sluice_tensor **out)
+{
+    sl_err err = {0};
+    sl_engine_enter(e);
+    int rc = sl_engine_acquire(e, i, out, &err);
+    if (rc < 0)
+        sl_model_error(m, &err);
+    sl_engine_pause_point(e, SL_PAUSE_ACQUIRE_EXIT);
+    sl_engine_leave(e);
+    return rc;
+}
+
+SLUICE_API int sluice_acquire(sluice_model *m, const char *name, sluice_tensor **out)
+{
+    sl_err err = {0};
+    sl_engine *e = engine_of(m);
+    if (out)
+        *out = NULL;
+    if (!e || !out) {
+        sl_fail(&err, SLUICE_E_INVAL, "sluice_acquire: %s is NULL or unusable",
+                e ? "out" : "the model");
+        return e ? sl_model_error(m, &err) : SLUICE_E_INVAL;
+    }
+    size_t i;
+    if (find(m, name, &i, &err) < 0)
+        return sl_model_error(m, &err);
+    return acquire(m, e, i, out);
+}
+
+SLUICE_API int sluice_acquire_index(sluice_model *m, size_t i, sluice_tensor **out)
+{
+    sl_err err = {0};
+    sl_engine *e = engine_of(m);
+    if (out)
+        *out = NULL;
+    if (!e)
+        return SLUICE_E_INVAL;
+    if (!out || i >= m->index.ntensors) {
+        sl_fail(&err, SLUICE_E_INVAL, "sluice_acquire_index: %s", !out ? "out is NULL"
+                : "index out of range");
+        return sl_model_error(m, &err);
+    }
+    return acquire(m, e, i, out);
+}
+
+SLUICE_API int sluice_release(sluice_tensor *t)
+{
+    return t ? sl_handle_release(t) : SLUICE_OK;
+}
+
+SLUICE_API const void *sluice_tensor_data(const sluice_tensor *t)
+{
+    return t ? sl_handle_data(t) : NULL;
+}
+
+SLUICE_API uint64_t sluice_tensor_size(const sluice_tensor *t)
+{
+    return t ? sl_handle_size(t) : 0;
+}
+
+SLUICE_API const struct sluice_tensor_info *sluice_tensor_info(const sluice_tensor *t)
+{
+    return t ? sl_handle_info(t) : NULL;
+}
+
+SLUICE_API int sluice_tensor_digest(const sluice_tensor *t, uint8_t digest[32])
+{
+    if (!t || !digest)
+        return SLUICE_E_INVAL;
+    return sl_handle_digest(t, digest);
+}
+
+SLUICE_API int sluice_prefetch(sluice_model *m, const char *const *names, size_t n)
+{
+    sl_err err = {0};
+    sl_engine *e = engine_of(m);
+    if (!e)
+        return SLUICE_E_INVAL;
+    size_t *ids;
+    if (resolve(m, names, n, &ids, &err) < 0)
+        return sl_model_error(m, &err);
+    sl_engine_enter(e);
+    int rc = sl_engine_prefetch(e, ids, n, &err);
+    if (rc < 0)
+        sl_model_error(m, &err);
+    sl_engine_leave(e);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- streams */
+
+SLUICE_API int sluice_stream_options_init(sluice_stream_options *o)
+{
+    if (!o)
+        return SLUICE_E_INVAL;
+    memset(o, 0, sizeof *o);
+    o->size = sizeof *o;
+    o->progress_interval_ms = 100;
+    return SLUICE_OK;
+}
+
+/* Copies the caller's stream options over the defaults, up to the size
+ * the caller knows; a longer struct must have a zero tail. */
+static int take_stream_options(sluice_stream_options *dst, const sluice_stream_options *src,
+                               sl_err *err)
+{
+    sluice_stream_options_init(dst);
+    if (!src)
+        return SLUICE_OK;
+    if (src->size < sizeof src->size)
+        return sl_fail(err, SLUICE_E_INVAL, "stream options: size %zu is too small; "
+                       "call sluice_stream_options_init first", src->size);
+    for (size_t b = sizeof *dst; b < src->size; b++)
+        if (((const unsigned char *)src)[b])
+            return sl_fail(err, SLUICE_E_INVAL, "stream options: byte %zu of a %zu-byte struct "
+                           "is not zero, and this library knows only %zu bytes",
+                           b, src->size, sizeof *dst);
+    memcpy(dst, src, src->size < sizeof *dst ? src->size : sizeof *dst);
+    dst->size = sizeof *dst;
+    return SLUICE_OK;
+}
+
+SLUICE_API int sluice_stream_ex(sluice_model *m, const char *const *names, size_t n,
+                                sluice_stream_fn fn, void *user, const sluice_stream_options *o)
+{
+    sl_err err = {0};
+    sl_engine *e = engine_of(m);
+    if (!e)
+        return SLUICE_E_INVAL;
+    sluice_stream_options so;
+    if (take_stream_options(&so, o, &err) < 0)
+        return sl_model_error(m, &err);
+    if (!fn) {
+        sl_fail(&err, SLUICE_E_INVAL, "sluice_stream: the callback is NULL");
+        return sl_model_error(m, &err);
+    }
+    size_t *ids = NULL;
+    if (names && resolve(m, names, n, &ids, &err) < 0)
+        return sl_model_error(m, &err);
+    static const size_t none[1];
+    sl_engine_enter(e);
+    /* names with n = 0 is the empty list, not every tensor */
+    int rc = sl_engine_stream(e, names ? (ids ? ids : none) : NULL, n, fn, user, &so, &err);
+    if (rc != SLUICE_OK)
+        sl_model_error(m, &err);
+    sl_engine_pause_point(e, SL_PAUSE_STREAM_EXIT);
+    sl_engine_leave(e);
+    free(ids);
+    return rc;
+}
+
+SLUICE_API int sluice_stream(sluice_model *m, const char *const *names, size_t n,
+                             sluice_stream_fn fn, void *user)
+{
+    return sluice_stream_ex(m, names, n, fn, user, NULL);
+}
+
+SLUICE_API int sluice_cancel_create(sluice_cancel **out)
+{
+    return out ? sl_cancel_create(out) : SLUICE_E_INVAL;
+}
+
+SLUICE_API void sluice_cancel_request(sluice_cancel *c)
+{
+    if (c)
+        sl_cancel_request(c);
+}
+
+SLUICE_API int sluice_cancel_requested(const sluice_cancel *c)
+{
+    return sl_cancel_requested(c);
+}
+
+SLUICE_API void sluice_cancel_reset(sluice_cancel *c)
+{
+    if (c)
+        sl_cancel_reset(c);
+}
+
+SLUICE_API void sluice_cancel_free(sluice_cancel *c)
+{
+    sl_cancel_free(c);
+}
+
+/* ---------------------------------------------------------------- stats, trim */
+
+SLUICE_API int sluice_stats(sluice_model *m, struct sluice_stats *out)
+{
+    sl_engine *e = engine_of(m);
+    if (!e || !out || out->size < sizeof out->size)
+        return SLUICE_E_INVAL;
+    struct sluice_stats s;
+    sl_engine_stats(e, &s);
+    s.size = out->size;
+    memcpy(out, &s, out->size < sizeof s ? out->size : sizeof s);
+    return SLUICE_OK;
+}
+
+SLUICE_API int sluice_trim(sluice_model *m, uint64_t *released)
+{
+    sl_engine *e = engine_of(m);
+    if (released)
+        *released = 0;
+    if (!e)
+        return SLUICE_E_INVAL;
+    uint64_t given = sl_engine_trim(e);
+    if (released)
+        *released = given;
+    return SLUICE_OK;
+}
+
+/* ---------------------------------------------------------------- manifests */
+
+SLUICE_API sluice_verify_policy sluice_verify_mode(const sluice_model *model)
+{
+    return sl_model_usable(model) == SLUICE_OK ? sl_manifest_policy(model->manifest)
+                                               : SLUICE_VERIFY_OFF;
+}
+
+SLUICE_API const char *sluice_manifest_path(const sluice_model *model)
+{
+    return sl_model_usable(model) == SLUICE_OK ? sl_manifest_path(model->manifest) : NULL;
+}
+
+SLUICE_API int sluice_manifest_tensor(const sluice_model *model, size_t i, uint8_t digest[32])
+{
+    if (sl_model_usable(model) < 0 || !digest || i >= model->index.ntensors)
+        return SLUICE_E_INVAL;
+    const uint8_t *d = sl_manifest_tensor_digest(model->manifest, i);
+    if (!d)
+        return SLUICE_E_NOT_FOUND;
+    memcpy(digest, d, 32);
+    return SLUICE_OK;
+}
+
+SLUICE_API int sluice_manifest_file(const sluice_model *model, size_t file_index,
+                                    uint8_t digest[32], uint64_t *size)
+{
+    if (sl_model_usable(model) < 0 || !digest || file_index >= model->index.nfiles)
+        return SLUICE_E_INVAL;
+    const uint8_t *d = sl_manifest_file_digest(model->manifest, file_index, size);
+    if (!d)
+        return SLUICE_E_NOT_FOUND;
+    memcpy(digest, d, 32);
+    return SLUICE_OK;
+}
+
+SLUICE_API char *sluice_digest_hex(const uint8_t digest[32], char hex[65])
+{
+    static const char digits[] = "0123456789abcdef";
+    if (!hex)
+        return NULL;
+    if (!digest) {
+        hex[0] = '\0';
+        return hex;
+    }
+    for (size_t i = 0; i < 32; i++) {
+        hex[2 * i] = digits[digest[i] >> 4];
+        hex[2 * i + 1] = digits[digest[i] & 15];
+    }
+    hex[64] = '\0';
+    return hex;
+}
