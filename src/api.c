@@ -54,6 +54,19 @@ SLUICE_API unsigned sluice_dtype_bits(sluice_dtype dtype)
 
 /* ---------------------------------------------------------------- open, close */
 
+/* A caller built against a newer header has fields this library does not
+ * know: harmless while they hold their zero defaults, but a set one asks
+ * for something this library would silently not do. Returns the offset of
+ * the first non-zero byte past the `known` bytes of a `size`-byte struct,
+ * or 0 when there is none. */
+static size_t set_tail(const void *src, size_t size, size_t known)
+{
+    for (size_t i = known; i < size; i++)
+        if (((const unsigned char *)src)[i])
+            return i;
+    return 0;
+}
+
 SLUICE_API int sluice_options_init(sluice_options *opts)
 {
     if (!opts)
@@ -81,18 +94,12 @@ static int take_options(sluice_options *dst, const sluice_options *src, sl_err *
         return sl_fail(err, SLUICE_E_INVAL,
                        "options: size %zu is not one this library knows (%zu); "
                        "call sluice_options_init first", src->size, sizeof *dst);
-    /* A caller built against a newer header has fields this library does
-     * not know: harmless while they hold their zero defaults, but a set
-     * one asks for something this library would silently not do. */
-    if (src->size > sizeof *dst) {
-        const unsigned char *tail = (const unsigned char *)src;
-        for (size_t i = sizeof *dst; i < src->size; i++)
-            if (tail[i])
-                return sl_fail(err, SLUICE_E_INVAL,
-                               "options: byte %zu of the caller's %zu-byte struct is not zero, "
-                               "but this library knows only the first %zu bytes (a newer "
-                               "option it cannot honour)", i, src->size, sizeof *dst);
-    }
+    size_t set = set_tail(src, src->size, sizeof *dst);
+    if (set)
+        return sl_fail(err, SLUICE_E_INVAL,
+                       "options: byte %zu of the caller's %zu-byte struct is not zero, "
+                       "but this library knows only the first %zu bytes (a newer "
+                       "option it cannot honour)", set, src->size, sizeof *dst);
     memcpy(dst, src, src->size < sizeof *dst ? src->size : sizeof *dst);
     dst->size = sizeof *dst;
     if (dst->flags & ~SLUICE_F_ALL_)
@@ -450,11 +457,11 @@ static int take_stream_options(sluice_stream_options *dst, const sluice_stream_o
     if (src->size < sizeof src->size)
         return sl_fail(err, SLUICE_E_INVAL, "stream options: size %zu is too small; "
                        "call sluice_stream_options_init first", src->size);
-    for (size_t b = sizeof *dst; b < src->size; b++)
-        if (((const unsigned char *)src)[b])
-            return sl_fail(err, SLUICE_E_INVAL, "stream options: byte %zu of a %zu-byte struct "
-                           "is not zero, and this library knows only %zu bytes",
-                           b, src->size, sizeof *dst);
+    size_t set = set_tail(src, src->size, sizeof *dst);
+    if (set)
+        return sl_fail(err, SLUICE_E_INVAL, "stream options: byte %zu of the caller's %zu-byte "
+                       "struct is not zero, but this library knows only the first %zu bytes",
+                       set, src->size, sizeof *dst);
     memcpy(dst, src, src->size < sizeof *dst ? src->size : sizeof *dst);
     dst->size = sizeof *dst;
     return SLUICE_OK;

@@ -89,14 +89,27 @@ const unsigned char *sl_expected_digest(const sl_engine *e, size_t i)
 
 int sl_hasher_need(sl_engine *e, sl_err *err)
 {
-    if (e->hasher)
+    pthread_mutex_lock(&e->lock);
+    int have = e->hasher != NULL;
+    pthread_mutex_unlock(&e->lock);
+    if (have)
         return SLUICE_OK;
     unsigned n = e->hash_threads;
     if (n == 0) {
         long cpus = sysconf(_SC_NPROCESSORS_ONLN);
         n = cpus > 0 ? (unsigned)(cpus < 64 ? cpus : 64) : 1;
     }
-    return sl_hasher_create(n, sl_hash_done, e, &e->hasher, err);
+    sl_hasher *h;
+    SL_TRY(sl_hasher_create(n, sl_hash_done, e, &h, err));
+    /* Published under the lock: the pump reads it to start hashed loads. */
+    pthread_mutex_lock(&e->lock);
+    if (!e->hasher) {
+        e->hasher = h;
+        h = NULL;
+    }
+    pthread_mutex_unlock(&e->lock);
+    sl_hasher_destroy(h);
+    return SLUICE_OK;
 }
 
 static void free_engine(sl_engine *e)
