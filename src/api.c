@@ -20,6 +20,7 @@
 #include "header.h"
 #include "manifest.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -58,7 +59,11 @@ SLUICE_API unsigned sluice_dtype_bits(sluice_dtype dtype)
  * know: harmless while they hold their zero defaults, but a set one asks
  * for something this library would silently not do. Returns the offset of
  * the first non-zero byte past the `known` bytes of a `size`-byte struct,
- * or 0 when there is none. */
+ * or 0 when there is none. `known` ends at the last field this library
+ * has, not at its sizeof: a newer field may sit in today's tail padding
+ * (the *_init calls zero it). */
+#define SL_END_OF(type, last) (offsetof(type, last) + sizeof(((type *)0)->last))
+
 static size_t set_tail(const void *src, size_t size, size_t known)
 {
     for (size_t i = known; i < size; i++)
@@ -94,7 +99,7 @@ static int take_options(sluice_options *dst, const sluice_options *src, sl_err *
         return sl_fail(err, SLUICE_E_INVAL,
                        "options: size %zu is not one this library knows (%zu); "
                        "call sluice_options_init first", src->size, sizeof *dst);
-    size_t set = set_tail(src, src->size, sizeof *dst);
+    size_t set = set_tail(src, src->size, SL_END_OF(sluice_options, verify));
     if (set)
         return sl_fail(err, SLUICE_E_INVAL,
                        "options: byte %zu of the caller's %zu-byte struct is not zero, "
@@ -348,7 +353,8 @@ static int resolve(sluice_model *m, const char *const *names, size_t n, size_t *
 static int acquire(sluice_model *m, sl_engine *e, size_t i, sluice_tensor **out)
 {
     sl_err err = {0};
-    sl_engine_enter(e);
+    if (sl_engine_enter(e, &err) < 0)
+        return sl_model_error(m, &err);
     int rc = sl_engine_acquire(e, i, out, &err);
     if (rc < 0)
         sl_model_error(m, &err);
@@ -426,7 +432,10 @@ SLUICE_API int sluice_prefetch(sluice_model *m, const char *const *names, size_t
     size_t *ids;
     if (resolve(m, names, n, &ids, &err) < 0)
         return sl_model_error(m, &err);
-    sl_engine_enter(e);
+    if (sl_engine_enter(e, &err) < 0) {
+        free(ids);
+        return sl_model_error(m, &err);
+    }
     int rc = sl_engine_prefetch(e, ids, n, &err);
     if (rc < 0)
         sl_model_error(m, &err);
@@ -457,7 +466,7 @@ static int take_stream_options(sluice_stream_options *dst, const sluice_stream_o
     if (src->size < sizeof src->size)
         return sl_fail(err, SLUICE_E_INVAL, "stream options: size %zu is too small; "
                        "call sluice_stream_options_init first", src->size);
-    size_t set = set_tail(src, src->size, sizeof *dst);
+    size_t set = set_tail(src, src->size, SL_END_OF(sluice_stream_options, cancel));
     if (set)
         return sl_fail(err, SLUICE_E_INVAL, "stream options: byte %zu of the caller's %zu-byte "
                        "struct is not zero, but this library knows only the first %zu bytes",
@@ -485,7 +494,10 @@ SLUICE_API int sluice_stream_ex(sluice_model *m, const char *const *names, size_
     if (names && resolve(m, names, n, &ids, &err) < 0)
         return sl_model_error(m, &err);
     static const size_t none[1];
-    sl_engine_enter(e);
+    if (sl_engine_enter(e, &err) < 0) {
+        free(ids);
+        return sl_model_error(m, &err);
+    }
     /* names with n = 0 is the empty list, not every tensor */
     int rc = sl_engine_stream(e, names ? (ids ? ids : none) : NULL, n, fn, user, &so, &err);
     if (rc != SLUICE_OK)
@@ -537,7 +549,11 @@ SLUICE_API int sluice_stats(sluice_model *m, struct sluice_stats *out)
     if (!e || !out || out->size < sizeof out->size)
         return SLUICE_E_INVAL;
     struct sluice_stats s;
+    sl_err err = {0};
+    if (sl_engine_enter(e, &err) < 0)
+        return sl_model_error(m, &err);
     sl_engine_stats(e, &s);
+    sl_engine_leave(e);
     s.size = out->size;
     memcpy(out, &s, out->size < sizeof s ? out->size : sizeof s);
     return SLUICE_OK;
@@ -550,7 +566,11 @@ SLUICE_API int sluice_trim(sluice_model *m, uint64_t *released)
         *released = 0;
     if (!e)
         return SLUICE_E_INVAL;
+    sl_err err = {0};
+    if (sl_engine_enter(e, &err) < 0)
+        return sl_model_error(m, &err);
     uint64_t given = sl_engine_trim(e);
+    sl_engine_leave(e);
     if (released)
         *released = given;
     return SLUICE_OK;

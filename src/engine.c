@@ -193,6 +193,9 @@ int sl_engine_create(const sl_index *ix, const sluice_options *opts,
     size_t n1 = e->n ? e->n : 1;
     e->order = malloc(n1 * sizeof *e->order);
     e->files = calloc(ix->nfiles ? ix->nfiles : 1, sizeof *e->files);
+    /* Before any failure: free_engine closes the twins that are >= 0. */
+    for (size_t f = 0; e->files && f < ix->nfiles; f++)
+        e->files[f].direct_fd = -1;
     e->reads = calloc(e->queue_depth, sizeof *e->reads);
     if (!e->order || !e->files || !e->reads) {
         rc = sl_fail(err, SLUICE_E_NOMEM, "engine: out of memory");
@@ -204,8 +207,6 @@ int sl_engine_create(const sl_index *ix, const sluice_options *opts,
         rc = sl_fail(err, SLUICE_E_NOMEM, "engine: out of memory");
         goto fail;
     }
-    for (size_t f = 0; f < ix->nfiles; f++)
-        e->files[f].direct_fd = -1;
     int any_hashed = 0;
     for (size_t i = 0; i < e->n; i++) {
         e->order[i] = i;
@@ -287,11 +288,14 @@ int sl_engine_destroy(sl_engine *e, sl_err *err)
     return SLUICE_OK;
 }
 
-void sl_engine_enter(sl_engine *e)
+int sl_engine_enter(sl_engine *e, sl_err *err)
 {
     pthread_mutex_lock(&e->lock);
-    e->calls++;
+    int closing = e->closing;
+    if (!closing)
+        e->calls++;
     pthread_mutex_unlock(&e->lock);
+    return closing ? sl_fail(err, SLUICE_E_INVAL, "the model is being closed") : SLUICE_OK;
 }
 
 void sl_engine_leave(sl_engine *e)
@@ -472,6 +476,12 @@ int sl_engine_acquire(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err)
             break;
         }
         if (w.refused) {
+            if (e->test_pause) {
+                /* A test holds the refused caller before it leaves. */
+                sl_unlock(e);
+                sl_engine_pause_point(e, SL_PAUSE_REFUSED);
+                pthread_mutex_lock(&e->lock);
+            }
             e->st.failures++;
             rc = sl_fail(err, w.err.code, "%s", w.err.msg);
             break;

@@ -38,7 +38,8 @@ int sl_engine_quiesce(sluice_model *m);
 /* Calls fn(ctx, where) on the calling thread where a public call has
  * dropped the engine's lock for the last time but has not yet left the
  * engine (where: 1 sluice_stream, 2 sluice_release, 3 sluice_acquire), so
- * that a test can hold a call there and race sluice_close against it.
+ * that a test can hold a call there and race sluice_close against it; and
+ * (where 4) in an acquire that the pump refused, before it leaves.
  * fn NULL clears. Returns SLUICE_OK or SLUICE_E_INVAL. */
 int sl_engine_set_pause(sluice_model *m, void (*fn)(void *ctx, int where), void *ctx);
 

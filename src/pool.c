@@ -320,8 +320,10 @@ uint64_t sl_pool_trim(sl_pool *p)
             frontier = b->off + b->size;
             continue;
         }
-        /* Whole pages only: a page shared with a live buffer stays. */
-        uint64_t lo = round_up(b->off, page), hi = (b->off + b->size) / page * page;
+        /* Whole pages only: a page shared with a live buffer stays. Past
+         * the frontier nothing was ever touched: nothing to give back. */
+        uint64_t end = b->off + b->size < p->frontier ? b->off + b->size : p->frontier;
+        uint64_t lo = round_up(b->off, page), hi = end / page * page;
         if (hi > lo && madvise(p->base + lo, (size_t)(hi - lo), MADV_DONTNEED) == 0)
             given += hi - lo;
     }

@@ -11,8 +11,10 @@
  *     give room back (room_may_return: no read in flight, no waiter about
  *     to take a READY tensor and return, no stream callback running whose
  *     thread is not itself waiting in the library), waiting could last for
- *     ever: if a waiter runs in a stream callback, that waiter alone is
- *     refused (its return gives its stream's room back), else the tensor
+ *     ever: if a waiter runs in a stream callback (one of this tensor's
+ *     first, else any: while it waits nothing ahead of it moves), that
+ *     waiter alone is refused (its return gives its stream's room back;
+ *     until it has left, room counts as coming back), else the tensor
  *     fails with SLUICE_E_POOL_EXHAUSTED for all its waiters: the room is
  *     held by handles that only their owners can release. (So a thread may
  *     see POOL_EXHAUSTED while another thread holds handles it would
@@ -34,6 +36,7 @@
 
 #include <errno.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -325,12 +328,15 @@ void sl_demand_drop_if_unwanted(sl_engine *e, size_t i)
     s->in_demand = 0;
 }
 
-/* Whether a stream that is not delivering holds a READY position: its
- * thread collects it and hands it to a callback, which may release. */
-static int stream_has_ready(const sl_engine *e, const sl_stream *st)
+/* Whether a stream that is not delivering has something to deliver: a
+ * READY position (its thread hands it to a callback, which may release),
+ * or a refused one (delivered as a failure, the stream moves on and its
+ * caller's callback can return). */
+static int stream_has_delivery(const sl_engine *e, const sl_stream *st)
 {
     for (size_t pos = st->lo; pos < st->hi; pos++)
-        if (st->pstate[pos] == SL_POS_PINNED && e->slots[st->ids[pos]].state == SL_SLOT_READY)
+        if (st->pstate[pos] == SL_POS_REFUSED ||
+            (st->pstate[pos] == SL_POS_PINNED && e->slots[st->ids[pos]].state == SL_SLOT_READY))
             return 1;
     return 0;
 }
@@ -346,40 +352,56 @@ static int room_may_return(const sl_engine *e)
     if (e->loading_bytes)
         return 1;
     for (const sl_stream *st = e->streams; st; st = st->next) {
-        if (st->delivering ? !st->blocked : stream_has_ready(e, st))
+        if (st->delivering ? !st->blocked : stream_has_delivery(e, st))
             return 1;
     }
+    /* A refused waiter has not left yet: once it has, its stream's
+     * callback can return and give room back. */
     for (const sl_waiter *w = e->waiters; w; w = w->next)
-        if (e->slots[w->slot].state == SL_SLOT_READY && !w->refused)
+        if (w->refused || e->slots[w->slot].state == SL_SLOT_READY)
             return 1;
     return 0;
 }
 
-/* Demand i cannot get room and none will come back. When a waiter for it
- * runs in a stream callback, its own stream holds room that only its
- * return gives back: refuse that one waiter (or that stream's position)
- * and let the others wait. Returns 1 when it refused one. Lock held. */
+/* Refuses position pos of a stream run from a callback: it is delivered
+ * as a failure and the stream moves on. */
+static void refuse_position(sl_engine *e, sl_stream *st, size_t pos)
+{
+    size_t i = st->ids[pos];
+    st->pstate[pos] = SL_POS_REFUSED;
+    st->pinned--;
+    st->pinned_bytes -= e->ix->tensors[i].nbytes;
+    sl_slot_unpin(e, i);
+    sl_demand_drop_if_unwanted(e, i);
+    pthread_cond_broadcast(&e->cv);
+}
+
+/* Demand i cannot get room and none will come back. A thread waiting
+ * inside a stream callback holds its stream's room, which only its return
+ * gives back: refuse one such waiter (one of i's first, else any: while
+ * it waits nothing ahead of it can move), and let the others wait.
+ * Returns 1 when it refused one, 0 when no waiter runs in a callback
+ * (then the room is held by handles outside the library). Lock held. */
 static int refuse_callback_waiter(sl_engine *e, size_t i, const sl_err *why)
 {
-    for (sl_waiter *w = e->waiters; w; w = w->next)
-        if (w->slot == i && w->in_callback && !w->refused) {
-            w->refused = 1;
-            w->err = *why;
-            pthread_cond_broadcast(&e->cv);
-            return 1;
-        }
-    for (sl_stream *st = e->streams; st; st = st->next) {
-        if (!st->in_callback)
-            continue;
-        for (size_t pos = st->lo; pos < st->hi; pos++)
-            if (st->pstate[pos] == SL_POS_PINNED && st->ids[pos] == i) {
-                st->pstate[pos] = SL_POS_REFUSED;
-                sl_slot_unpin(e, i);
-                st->pinned--;
-                st->pinned_bytes -= e->ix->tensors[i].nbytes;
+    for (int any = 0; any <= 1; any++) {
+        for (sl_waiter *w = e->waiters; w; w = w->next)
+            if (w->in_callback && !w->refused && (any || w->slot == i)) {
+                w->refused = 1;
+                w->err = *why;
                 pthread_cond_broadcast(&e->cv);
                 return 1;
             }
+        for (sl_stream *st = e->streams; st; st = st->next) {
+            if (!st->in_callback)
+                continue;
+            for (size_t pos = st->lo; pos < st->hi; pos++)
+                if (st->pstate[pos] == SL_POS_PINNED &&
+                    (any ? e->slots[st->ids[pos]].state == SL_SLOT_IDLE : st->ids[pos] == i)) {
+                    refuse_position(e, st, pos);
+                    return 1;
+                }
+        }
     }
     return 0;
 }
@@ -460,10 +482,17 @@ static void read_failure(const sl_engine *e, size_t i, const sl_read *r, sl_err 
     const sl_io_req *q = &r->req;
     char qn[SL_QUOTE_MAX];
     sl_quote(qn, sizeof qn, t->name, t->name_len);
-    if (q->eof)
+    struct stat sb;
+    if (q->eof && fstat(e->ix->files[r->file].fd, &sb) == 0)
         sl_fail(err, SLUICE_E_FILE_CHANGED,
-                "tensor %s (file %s, offset %llu, %llu bytes): the file ends at offset %llu, "
-                "before the tensor's last byte: it shrank after open",
+                "tensor %s (file %s, offset %llu, %llu bytes): the file is now %llu bytes, "
+                "it ends before the tensor's last byte: it shrank after open",
+                qn, t->file, (unsigned long long)t->offset, (unsigned long long)t->nbytes,
+                (unsigned long long)sb.st_size);
+    else if (q->eof)
+        sl_fail(err, SLUICE_E_FILE_CHANGED,
+                "tensor %s (file %s, offset %llu, %llu bytes): a read met the end of the file "
+                "at offset %llu, before the tensor's last byte: it shrank after open",
                 qn, t->file, (unsigned long long)t->offset, (unsigned long long)t->nbytes,
                 (unsigned long long)q->error_offset);
     else

@@ -132,15 +132,20 @@ static int stream_run(sl_engine *e, sl_stream *st, sluice_stream_fn fn, void *us
     e->streams = st;
     e->nstreams++;
     for (;;) {
-        if (cancelled(st, err)) {
-            result = SLUICE_E_CANCELLED;
+        /* Done: leave at once. A pump now would count this stream, whose
+         * thread is about to return to the callback that started it, as
+         * giving nothing back. */
+        if (st->lo >= st->n)
             break;
-        }
         sl_pump(e);
         int k = collect(e, st, batch);
         if (k == 0) {
             if (st->lo >= st->n)
+                break;  /* every tensor delivered: a cancel now is too late */
+            if (cancelled(st, err)) {
+                result = SLUICE_E_CANCELLED;
                 break;
+            }
             sl_wait(e);
             continue;
         }
@@ -172,7 +177,7 @@ static int stream_run(sl_engine *e, sl_stream *st, sluice_stream_fn fn, void *us
             }
             free(d->msg);
         }
-        report_progress(st, st->done == st->n || result != SLUICE_OK);
+        report_progress(st, 0);
         pthread_mutex_lock(&e->lock);
         st->delivering = 0;
         if (result != SLUICE_OK)
@@ -195,8 +200,7 @@ static int stream_run(sl_engine *e, sl_stream *st, sluice_stream_fn fn, void *us
     sl_pump(e);
     sl_unlock(e);
     sl_cancel_unregister(st->cancel, &reg);
-    if (result == SLUICE_E_CANCELLED && st->done < st->n)
-        report_progress(st, 1);
+    report_progress(st, 1);     /* the last call, always, once */
     return result != SLUICE_OK ? result : first_fail;
 }
 

@@ -21,6 +21,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static void arm(long n)
 {
@@ -57,12 +60,22 @@ static void test_open(void **state)
 {
     (void)state;
     char *dir = make_model();
+    /* A canary on descriptor 0: a failed open must close only what it
+     * opened (an engine once closed fd 0 for each file it never opened). */
+    int saved0 = dup(0), canary = open("/dev/null", O_RDONLY);
+    assert_true(saved0 >= 0 && canary >= 0);
+    assert_int_equal(dup2(canary, 0), 0);
+    struct stat want0;
+    assert_int_equal(fstat(0, &want0), 0);
     long n;
     for (n = 0; n < 100000; n++) {
         sluice_model *m = NULL;
         arm(n);
         int rc = sluice_open(dir, NULL, &m);
         long failed = disarm();
+        struct stat now0;
+        if (fstat(0, &now0) != 0 || now0.st_ino != want0.st_ino || now0.st_dev != want0.st_dev)
+            fail_msg("allocation %ld failed: descriptor 0 is no longer the one it was", n);
         if (!failed) {
             assert_int_equal(rc, SLUICE_OK);
             assert_int_equal(sluice_count(m), 3);
@@ -75,6 +88,9 @@ static void test_open(void **state)
         assert_int_equal(sluice_count(m), 0);
         sluice_close(m); /* NULL when the model itself could not be allocated */
     }
+    assert_int_equal(dup2(saved0, 0), 0);
+    close(saved0);
+    close(canary);
     printf("sluice_open: %ld allocation points, each failed once, all clean\n", n);
     assert_true(n > 5);
     tu_rmtree(dir);
