@@ -3,7 +3,7 @@
  * Every internal function that can fail takes an sl_err * and returns a
  * negative SLUICE_E_* code after sl_fail() recorded the detail in it; the
  * public entry points copy that detail to the calling thread's slot of the
- * model (see model.c) so that sluice_errmsg() belongs to the failing call.
+ * model (api.c, errmsg.c) so that sluice_errmsg() belongs to the failing call.
  */
 #ifndef SLUICE_ERROR_H
 #define SLUICE_ERROR_H
