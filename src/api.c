@@ -614,17 +614,11 @@ SLUICE_API int sluice_manifest_file(const sluice_model *model, size_t file_index
 
 SLUICE_API char *sluice_digest_hex(const uint8_t digest[32], char hex[65])
 {
-    static const char digits[] = "0123456789abcdef";
     if (!hex)
         return NULL;
     if (!digest) {
         hex[0] = '\0';
         return hex;
     }
-    for (size_t i = 0; i < 32; i++) {
-        hex[2 * i] = digits[digest[i] >> 4];
-        hex[2 * i + 1] = digits[digest[i] & 15];
-    }
-    hex[64] = '\0';
-    return hex;
+    return sl_hex_digest(hex, digest);
 }

@@ -31,13 +31,6 @@ static const unsigned char sha256_empty[32] = {
 /* Where the handle of an empty tensor points: aligned, never written. */
 static const _Alignas(64) unsigned char empty_bytes[64];
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static int env_force_pread(void)
 {
     const char *v = getenv("SLUICE_FORCE_PREAD");
@@ -319,17 +312,8 @@ static int check_empty(sl_engine *e, size_t i, sl_err *err)
     const unsigned char *want = sl_expected_digest(e, i);
     if (!want || memcmp(want, sha256_empty, 32) == 0)
         return SLUICE_OK;
-    const struct sluice_tensor_info *t = &e->ix->tensors[i];
-    char q[SL_QUOTE_MAX], hw[65];
-    for (int k = 0; k < 32; k++)
-        snprintf(hw + 2 * k, 3, "%02x", want[k]);
     e->st.failures++;
-    e->st.checksum_failures++;
-    return sl_fail(err, SLUICE_E_CHECKSUM,
-                   "tensor %s (file %s, offset %llu, 0 bytes): SHA-256 mismatch: expected %s, "
-                   "actual e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
-                   sl_quote(q, sizeof q, t->name, t->name_len), t->file,
-                   (unsigned long long)t->offset, hw);
+    return sl_slot_checksum_error(e, i, sha256_empty, err);
 }
 
 int sl_grant(sl_engine *e, size_t i, int by_stream, sluice_tensor **out, sl_err *err)
@@ -455,7 +439,7 @@ int sl_engine_acquire(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err)
         pthread_mutex_unlock(&e->lock);
         return rc;
     }
-    uint64_t t0 = now_ns();
+    uint64_t t0 = sl_now_ns();
     uint64_t gen = s->gen;
     /* While this thread waits, the streams whose callbacks it runs give
      * nothing back: the pump must know, or two such threads could each
@@ -501,7 +485,7 @@ int sl_engine_acquire(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err)
     sl_mark_blocked(e, -1);
     sl_slot_unpin(e, i);
     sl_demand_drop_if_unwanted(e, i);
-    e->st.acquire_wait_ns += now_ns() - t0;
+    e->st.acquire_wait_ns += sl_now_ns() - t0;
     if (e->dq_head != SL_NONE)
         sl_pump(e); /* a demand waiting for room may now learn it has none */
     sl_unlock(e);

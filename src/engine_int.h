@@ -27,6 +27,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <sys/uio.h>
+#include <time.h>
 
 #define SL_NONE SIZE_MAX
 #define SL_MAX_SEGS 32              /* tensors one coalesced read may cover */
@@ -266,9 +267,10 @@ int sl_slot_too_large(const sl_engine *e, size_t i);
 void sl_slot_room_error(sl_engine *e, size_t i, sl_err *err);
 /* The SLUICE_E_TOO_LARGE detail of tensor i. */
 int sl_slot_too_large_error(const sl_engine *e, size_t i, sl_err *err);
+/* The SLUICE_E_CHECKSUM detail of tensor i, whose bytes hashed to got
+ * (counted in checksum_failures). */
+int sl_slot_checksum_error(sl_engine *e, size_t i, const unsigned char got[32], sl_err *err);
 
-/* Whether chunk c of slot s has been read. */
-int sl_chunk_done(const sl_slot *s, uint32_t c);
 
 /* ---------------------------------------------------------------- sched.c */
 
@@ -312,6 +314,13 @@ void sl_quiesce(sl_engine *e);
 void sl_engine_open_direct(sl_engine *e, const char *proc_fd_dir);
 
 /* ---------------------------------------------------------------- helpers */
+
+static inline uint64_t sl_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 /* Drops the lock, then starts the reads queued meanwhile. */
 static inline void sl_unlock(sl_engine *e)

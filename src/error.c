@@ -116,3 +116,14 @@ char *sl_quote(char *out, size_t out_size, const char *name, size_t len)
     out[o] = '\0';
     return out;
 }
+
+char *sl_hex_digest(char out[65], const unsigned char digest[32])
+{
+    static const char digits[] = "0123456789abcdef";
+    for (int k = 0; k < 32; k++) {
+        out[2 * k] = digits[digest[k] >> 4];
+        out[2 * k + 1] = digits[digest[k] & 15];
+    }
+    out[64] = '\0';
+    return out;
+}

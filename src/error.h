@@ -37,6 +37,9 @@ int sl_fail_errno(sl_err *e, int code, int errnum, const char *fmt, ...)
 char *sl_quote(char *out, size_t out_size, const char *name, size_t len);
 #define SL_QUOTE_MAX 200
 
+/* Writes a SHA-256 digest as 64 lowercase hex digits and a NUL. */
+char *sl_hex_digest(char out[65], const unsigned char digest[32]);
+
 /* Evaluate a call returning a status; return it from the caller if < 0. */
 #define SL_TRY(expr)                                                        \
     do {                                                                    \

@@ -82,7 +82,7 @@ void sl_slot_set_hashed(sl_engine *e, size_t i, int hashed)
 
 /* ---------------------------------------------------------------- geometry */
 
-int sl_chunk_done(const sl_slot *s, uint32_t c)
+static int chunk_done(const sl_slot *s, uint32_t c)
 {
     const uint64_t *w = s->done_bits ? s->done_bits : &s->done_word;
     return (int)((w[c >> 6] >> (c & 63)) & 1);
@@ -485,7 +485,7 @@ void sl_slot_landed(sl_engine *e, size_t i, uint32_t c, const sl_err *failure)
     }
     chunk_set_done(s, c);
     s->done++;
-    while (s->prefix < s->nchunks && sl_chunk_done(s, s->prefix))
+    while (s->prefix < s->nchunks && chunk_done(s, s->prefix))
         s->prefix++;
     if (s->job && s->hashed) {
         /* The tensor's bytes among the chunks landed in order (an O_DIRECT
@@ -531,14 +531,17 @@ int sl_slot_check(sl_engine *e, size_t i, int status)
     return VERDICT_OK_MOVED;
 }
 
-static void hex(char out[65], const unsigned char d[32])
+int sl_slot_checksum_error(sl_engine *e, size_t i, const unsigned char got[32], sl_err *err)
 {
-    static const char digits[] = "0123456789abcdef";
-    for (int k = 0; k < 32; k++) {
-        out[2 * k] = digits[d[k] >> 4];
-        out[2 * k + 1] = digits[d[k] & 15];
-    }
-    out[64] = '\0';
+    const struct sluice_tensor_info *t = &e->ix->tensors[i];
+    char q[SL_QUOTE_MAX], hw[65], hg[65];
+    e->st.checksum_failures++;
+    return sl_fail(err, SLUICE_E_CHECKSUM,
+                   "tensor %s (file %s, offset %llu, %llu bytes): SHA-256 mismatch: "
+                   "expected %s, actual %s",
+                   sl_quote(q, sizeof q, t->name, t->name_len), t->file,
+                   (unsigned long long)t->offset, (unsigned long long)t->nbytes,
+                   sl_hex_digest(hw, sl_expected_digest(e, i)), sl_hex_digest(hg, got));
 }
 
 void sl_slot_hashed(sl_engine *e, size_t i, int verdict)
@@ -567,14 +570,7 @@ void sl_slot_hashed(sl_engine *e, size_t i, int verdict)
     }
     const unsigned char *want = sl_expected_digest(e, i);
     if (verdict == VERDICT_MISMATCH) {
-        char hw[65], hg[65];
-        hex(hw, want);
-        hex(hg, got);
-        sl_fail(&err, SLUICE_E_CHECKSUM,
-                "tensor %s (file %s, offset %llu, %llu bytes): SHA-256 mismatch: "
-                "expected %s, actual %s",
-                q, t->file, (unsigned long long)t->offset, (unsigned long long)t->nbytes, hw, hg);
-        e->st.checksum_failures++;
+        sl_slot_checksum_error(e, i, got, &err);
         fail_load(e, i, &err);
         return;
     }

@@ -75,20 +75,13 @@ static int collect(sl_engine *e, sl_stream *st, delivery *out)
     return k;
 }
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* Calls the progress callback when its interval has passed, or always
  * when final. Lock not held. */
 static void report_progress(sl_stream *st, int final)
 {
     if (!st->progress)
         return;
-    uint64_t now = now_ns();
+    uint64_t now = sl_now_ns();
     if (!final && now - st->progress_last_ns < st->progress_every_ns)
         return;
     st->progress_last_ns = now;
@@ -215,7 +208,7 @@ int sl_engine_stream(sl_engine *e, const size_t *ids, size_t n, sluice_stream_fn
     st.progress = so->progress;
     st.progress_user = so->progress_user;
     st.progress_every_ns = (uint64_t)so->progress_interval_ms * 1000000u;
-    st.progress_last_ns = now_ns(); /* the first call comes an interval in */
+    st.progress_last_ns = sl_now_ns(); /* the first call comes an interval in */
     st.cancel = so->cancel;
     for (size_t k = 0; k < n; k++)
         st.bytes_total += e->ix->tensors[st.ids[k]].nbytes;
