@@ -477,7 +477,10 @@ SLUICE_API int sluice_prefetch(sluice_model *model, const char *const *names,
  * its own stream (the handle it was given, the stream's read-ahead),
  * that acquire alone fails, at once (others waiting for the same tensor
  * go on waiting); two callbacks of two streams that each wait for the
- * other's room both fail, they do not wait for ever. It is also returned
+ * other's room both fail, they do not wait for ever, also when the two
+ * streams run on two models. A callback that waits outside the library
+ * (a lock, a join) for a thread that needs its stream's room cannot be
+ * seen: that wait is the caller's to avoid. It is also returned
  * when enough bytes are free but not in one range ("Sizing the pool").
  *
  * I/O faults, on either backend (io_uring or the pread threads):
@@ -603,8 +606,9 @@ struct sluice_stream_progress {
 
 /* Called on the stream's own thread (the caller of sluice_stream_ex),
  * never while a stream callback runs, with no lock of the library held:
- * it may call anything on the model, except close. p is valid during the
- * call only. */
+ * it may call anything on the model, except close (which would wait for
+ * the stream it is called from, for ever). p is valid during the call
+ * only. */
 typedef void (*sluice_stream_progress_fn)(void *user, const struct sluice_stream_progress *p);
 
 /* Options of sluice_stream_ex. Start from sluice_stream_options_init(),
@@ -627,7 +631,8 @@ SLUICE_API int sluice_stream_options_init(sluice_stream_options *o);
  * sluice_stream with options (o NULL: the same as sluice_stream). Besides
  * what sluice_stream returns: SLUICE_E_CANCELLED when o->cancel was
  * requested before every tensor was delivered (also when it was already
- * requested at the call: then nothing is delivered); the tensors not yet
+ * requested at the call: then nothing is delivered; an empty list has
+ * nothing to cancel and returns SLUICE_OK); the tensors not yet
  * delivered are not, and their read-ahead is dropped. SLUICE_E_INVAL for
  * an options size this library does not know (smaller than the size
  * field, or a larger one with a non-zero tail).
@@ -643,7 +648,8 @@ SLUICE_API int sluice_stream_ex(sluice_model *model, const char *const *names,
  * so the process's resident size falls after a load. Buffers held by
  * handles, and reads in flight, are left alone. The pool stays usable: the
  * next reads fault their pages in afresh. *released (may be NULL) gets
- * the bytes given back. Returns SLUICE_OK or SLUICE_E_INVAL. Any thread.
+ * the bytes given back: the pages that were resident (a second trim with
+ * nothing loaded in between gives back 0). Returns SLUICE_OK or SLUICE_E_INVAL. Any thread.
  */
 SLUICE_API int sluice_trim(sluice_model *model, uint64_t *released);
 

@@ -440,10 +440,17 @@ int sl_engine_acquire(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err)
         return rc;
     }
     uint64_t t0 = sl_now_ns();
-    uint64_t gen = s->gen;
     /* While this thread waits, the streams whose callbacks it runs give
      * nothing back: the pump must know, or two such threads could each
-     * wait for the other's room for ever. */
+     * wait for the other's room for ever, also across two models. Those of
+     * other engines are marked under their own locks, never nested. */
+    int elsewhere = sl_in_callback_elsewhere(e);
+    if (elsewhere) {
+        sl_unlock(e);
+        sl_mark_blocked_elsewhere(e, +1);
+        pthread_mutex_lock(&e->lock);
+    }
+    uint64_t gen = s->gen;  /* failures from here on are this wait's */
     sl_waiter w = {.slot = i, .in_callback = sl_mark_blocked(e, +1)};
     w.next = e->waiters;
     e->waiters = &w;
@@ -489,6 +496,8 @@ int sl_engine_acquire(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err)
     if (e->dq_head != SL_NONE)
         sl_pump(e); /* a demand waiting for room may now learn it has none */
     sl_unlock(e);
+    if (elsewhere)
+        sl_mark_blocked_elsewhere(e, -1);
     return rc;
 }
 

@@ -118,9 +118,9 @@ typedef struct sl_stream {
     size_t pinned;               /* positions in [lo, hi) pinned */
     uint64_t pinned_bytes;       /* their tensor bytes */
     int delivering;              /* its callbacks run (handles in transit) */
-    pthread_t deliverer;         /* the thread running them, while delivering */
-    unsigned blocked;            /* waits of the deliverer inside the library:
-                                    while > 0, its callbacks return nothing */
+    unsigned blocked;            /* waits of the thread running its callbacks,
+                                    in this engine or another: while > 0, its
+                                    callbacks return nothing */
     int in_callback;             /* started from another stream's callback */
     sluice_stream_progress_fn progress;
     void *progress_user;
@@ -286,10 +286,30 @@ void sl_hash_done(void *ctx, sl_hash_job *job, int status);
 /* Puts slot i (IDLE) on the demand queue. Lock held. */
 void sl_demand(sl_engine *e, size_t i);
 
-/* Adds delta to the blocked count of every stream whose callbacks run on
- * the calling thread (it is about to wait, or done waiting, inside the
- * library). Returns whether there was any. Lock held. */
+/* The streams whose callbacks a thread is running, innermost first: one
+ * frame each, on the stack of its stream's delivery, listed per thread
+ * (sched.c), on whatever engine (a callback may wait on another model). */
+typedef struct sl_frame {
+    struct sl_frame *next;
+    sl_engine *e;
+    sl_stream *st;
+} sl_frame;
+
+/* A stream's delivery begins (e's lock held) and ends (held again). */
+void sl_frame_push(sl_frame *f, sl_engine *e, sl_stream *st);
+void sl_frame_pop(sl_frame *f);
+
+/* The calling thread is about to wait in e (delta +1), or is done (-1):
+ * the streams whose callbacks it runs give nothing back meanwhile. Those
+ * of e (lock held) are marked here; returns whether the thread runs any
+ * stream callback at all, on any engine. */
 int sl_mark_blocked(sl_engine *e, int delta);
+/* The same for the streams of other engines, each under its own lock: e's
+ * lock NOT held. On +1 it pumps them, so that a demand there that can now
+ * never get room is refused. Returns whether there was any. */
+int sl_mark_blocked_elsewhere(sl_engine *e, int delta);
+/* Whether the calling thread runs a callback of a stream of another engine. */
+int sl_in_callback_elsewhere(const sl_engine *e);
 
 /* Takes slot i off the demand queue when nobody waits for it any more. */
 void sl_demand_drop_if_unwanted(sl_engine *e, size_t i);

@@ -311,6 +311,23 @@ uint64_t sl_pool_largest_room(const sl_pool *p, uint64_t align,
     return best;
 }
 
+/* The bytes of [addr, addr + len) (page-aligned) resident in memory,
+ * asked of the kernel (mincore) a bounded batch of pages at a time. */
+static uint64_t resident_bytes(unsigned char *addr, uint64_t len, uint64_t page)
+{
+    unsigned char vec[4096];
+    uint64_t resident = 0;
+    for (uint64_t off = 0; off < len;) {
+        uint64_t n = (len - off) / page < sizeof vec ? (len - off) / page : sizeof vec;
+        if (mincore(addr + off, (size_t)(n * page), vec) != 0)
+            return len - off + resident;    /* cannot tell: count it all */
+        for (uint64_t k = 0; k < n; k++)
+            resident += (vec[k] & 1) ? page : 0;
+        off += n * page;
+    }
+    return resident;
+}
+
 uint64_t sl_pool_trim(sl_pool *p)
 {
     long page_size = sysconf(_SC_PAGESIZE);
@@ -324,8 +341,13 @@ uint64_t sl_pool_trim(sl_pool *p)
          * the frontier nothing was ever touched: nothing to give back. */
         uint64_t end = b->off + b->size < p->frontier ? b->off + b->size : p->frontier;
         uint64_t lo = round_up(b->off, page), hi = end / page * page;
-        if (hi > lo && madvise(p->base + lo, (size_t)(hi - lo), MADV_DONTNEED) == 0)
-            given += hi - lo;
+        if (hi <= lo)
+            continue;
+        /* Count what is resident: a hole between live buffers that an
+         * earlier trim emptied gives nothing back again. */
+        uint64_t resident = resident_bytes(p->base + lo, hi - lo, page);
+        if (madvise(p->base + lo, (size_t)(hi - lo), MADV_DONTNEED) == 0)
+            given += resident;
     }
     /* Pages past the last live buffer are fresh again. */
     p->frontier = frontier;

@@ -297,13 +297,55 @@ static void plan_ahead(sl_engine *e)
     }
 }
 
+/* Per thread, not per engine: what the calling thread's own call stack
+ * holds (the frames live on it), so a wait in one model can mark the
+ * streams of another whose callback it runs. */
+static _Thread_local sl_frame *thread_frames;
+
+void sl_frame_push(sl_frame *f, sl_engine *e, sl_stream *st)
+{
+    f->e = e;
+    f->st = st;
+    f->next = thread_frames;
+    thread_frames = f;
+}
+
+void sl_frame_pop(sl_frame *f)
+{
+    for (sl_frame **p = &thread_frames; *p; p = &(*p)->next)
+        if (*p == f) {
+            *p = f->next;
+            break;
+        }
+}
+
 int sl_mark_blocked(sl_engine *e, int delta)
 {
+    for (sl_frame *f = thread_frames; f; f = f->next)
+        if (f->e == e)
+            f->st->blocked += (unsigned)delta;
+    return thread_frames != NULL;
+}
+
+int sl_in_callback_elsewhere(const sl_engine *e)
+{
+    for (const sl_frame *f = thread_frames; f; f = f->next)
+        if (f->e != e)
+            return 1;
+    return 0;
+}
+
+int sl_mark_blocked_elsewhere(sl_engine *e, int delta)
+{
     int any = 0;
-    pthread_t self = pthread_self();
-    for (sl_stream *st = e->streams; st; st = st->next)
-        if (st->delivering && pthread_equal(st->deliverer, self)) {
-            st->blocked += (unsigned)delta;
+    /* Each frame's engine is alive: its stream is inside it, delivering. */
+    for (sl_frame *f = thread_frames; f; f = f->next)
+        if (f->e != e) {
+            pthread_mutex_lock(&f->e->lock);
+            f->st->blocked += (unsigned)delta;
+            if (delta > 0)
+                sl_pump(f->e);
+            sl_unlock(f->e);
             any = 1;
         }
     return any;

@@ -117,9 +117,10 @@ static int stream_run(sl_engine *e, sl_stream *st, sluice_stream_fn fn, void *us
     int result = SLUICE_OK, first_fail = SLUICE_OK;
     sl_cancel_reg reg = {.wake = wake_engine, .ctx = e};
     sl_cancel_register(st->cancel, &reg);
-    pthread_mutex_lock(&e->lock);
     /* Run from a callback: the streams whose callbacks this thread runs
      * give nothing back until this stream returns (see sched.c). */
+    int elsewhere = sl_mark_blocked_elsewhere(e, +1);
+    pthread_mutex_lock(&e->lock);
     st->in_callback = sl_mark_blocked(e, +1);
     st->next = e->streams;
     e->streams = st;
@@ -142,8 +143,9 @@ static int stream_run(sl_engine *e, sl_stream *st, sluice_stream_fn fn, void *us
             sl_wait(e);
             continue;
         }
+        sl_frame frame;
         st->delivering = 1;
-        st->deliverer = pthread_self();
+        sl_frame_push(&frame, e, st);
         sl_unlock(e);
         for (int j = 0; j < k; j++) {
             delivery *d = &batch[j];
@@ -173,6 +175,7 @@ static int stream_run(sl_engine *e, sl_stream *st, sluice_stream_fn fn, void *us
         report_progress(st, 0);
         pthread_mutex_lock(&e->lock);
         st->delivering = 0;
+        sl_frame_pop(&frame);
         if (result != SLUICE_OK)
             break;
     }
@@ -192,6 +195,8 @@ static int stream_run(sl_engine *e, sl_stream *st, sluice_stream_fn fn, void *us
     sl_mark_blocked(e, -1);
     sl_pump(e);
     sl_unlock(e);
+    if (elsewhere)
+        sl_mark_blocked_elsewhere(e, -1);
     sl_cancel_unregister(st->cancel, &reg);
     report_progress(st, 1);     /* the last call, always, once */
     return result != SLUICE_OK ? result : first_fail;
