@@ -742,6 +742,128 @@ SLUICE_API int sluice_manifest_file(const sluice_model *model, size_t file_index
 SLUICE_API char *sluice_digest_hex(const uint8_t digest[32], char hex[65]);
 
 /* ------------------------------------------------------------------------ */
+/* Verifying without loading                                                */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * sluice_verify checks tensors (and, when asked, whole files) against the
+ * model's manifest without handing out any byte: no pool, no handle, no
+ * private copy. It is what `sluice verify` and `sluice manifest` run.
+ *
+ * How the bytes are read: each thread reads with pread into one 256 KiB
+ * buffer of its own, reused, and hashes it while it is in the CPU cache;
+ * nothing is ever mapped, so a file truncated or failing during a verify
+ * gives SLUICE_E_FILE_CHANGED or SLUICE_E_IO for its items, never
+ * SIGBUS. When the model was opened with SLUICE_F_DIRECT, items are read
+ * with O_DIRECT instead (bypassing the page cache): blocks of
+ * min(4 MiB, 12 MiB / threads) (4 KiB aligned, at least 256 KiB), 4 in
+ * flight per thread on an io_uring ring of the thread's own (or one at a
+ * time with pread where io_uring is refused); a file that cannot be
+ * opened so is read buffered. Items are handed to the threads largest
+ * first. Memory: 256 KiB a thread, plus the O_DIRECT blocks (48 MiB at
+ * most in all), plus one small record per item; nothing else grows with
+ * the model, whose bytes stay in the page cache only.
+ *
+ * A tensor item's bytes are its data_offsets range, read through the
+ * file opened at sluice_open (reopened through /proc/self/fd, so a file
+ * renamed over the path since is not the one read). A file item is the
+ * whole file, read to its end now.
+ */
+
+/* What an item is. */
+#define SLUICE_VERIFY_ITEM_TENSOR 0
+#define SLUICE_VERIFY_ITEM_FILE 1
+
+/* One checked item, as passed to the callback. */
+struct sluice_verify_item {
+    size_t size;            /* sizeof(struct sluice_verify_item) */
+    int kind;               /* SLUICE_VERIFY_ITEM_TENSOR or _FILE */
+    size_t index;           /* tensor index (sluice_info) or file index */
+    const char *name;       /* the tensor's name (name_len bytes, then a NUL)
+                               or the file's path; borrowed until close */
+    size_t name_len;
+    int status;             /* SLUICE_OK: the digest matched (or, with
+                               SLUICE_VF_DIGEST_ONLY, was computed);
+                               SLUICE_E_CHECKSUM (digest, or a file's size,
+                               differ), SLUICE_E_FILE_CHANGED (the file ends
+                               before the tensor does), SLUICE_E_IO,
+                               SLUICE_E_MANIFEST_MISSING (the manifest lists
+                               no digest for it), SLUICE_E_NOMEM */
+    const char *message;    /* "" on success, else the detail, naming the
+                               item, its file and offset, and both digests */
+    int has_digest;         /* digest below is valid: every byte was read */
+    uint8_t digest[32];     /* the SHA-256 computed */
+    uint64_t bytes;         /* bytes hashed (a file: its size as read) */
+};
+
+/* Called on the thread that called sluice_verify, once per item, in the
+ * order the items finish, with no lock of the library held; item is valid
+ * during the call only. Return 0 to go on; non-zero stops the verify
+ * (items not yet reported are not), which then returns that value. It may
+ * call anything on the model except sluice_close. */
+typedef int (*sluice_verify_fn)(void *user, const struct sluice_verify_item *item);
+
+/* Flags of sluice_verify_options. */
+#define SLUICE_VF_FILES       0x1u  /* also every whole file (the manifest's
+                                       "files" digests and sizes) */
+#define SLUICE_VF_NO_TENSORS  0x2u  /* no tensor items (with FILES: files only) */
+#define SLUICE_VF_DIGEST_ONLY 0x4u  /* compute and report digests; compare with
+                                       nothing (no manifest needed) */
+#define SLUICE_VF_ALL_ (SLUICE_VF_FILES | SLUICE_VF_NO_TENSORS | SLUICE_VF_DIGEST_ONLY)
+
+/* Options of sluice_verify. Start from sluice_verify_options_init(), which
+ * writes the defaults and the struct's size; fields are only appended. */
+typedef struct sluice_verify_options {
+    size_t size;                     /* set by sluice_verify_options_init */
+    uint32_t flags;                  /* SLUICE_VF_*; unknown bits: SLUICE_E_INVAL */
+    uint32_t threads;                /* 0: the model's hash_threads, else online CPUs; at most 64 */
+    sluice_verify_fn on_item;        /* NULL: none (read the report) */
+    void *user;                      /* passed to on_item */
+    sluice_stream_progress_fn progress; /* NULL: none; counts items and their bytes
+                                        (tensors_* fields count every item) */
+    void *progress_user;
+    uint32_t progress_interval_ms;   /* default 100; the last call is always made */
+    sluice_cancel *cancel;           /* NULL: not cancellable */
+} sluice_verify_options;
+
+/* Fills *o with the defaults. Returns SLUICE_E_INVAL if o is NULL. */
+SLUICE_API int sluice_verify_options_init(sluice_verify_options *o);
+
+/* What a verify did. Like struct sluice_stats, the caller sets .size; the
+ * library writes only the fields that fit. */
+struct sluice_verify_report {
+    size_t size;
+    size_t tensors_ok, tensors_failed;
+    size_t files_ok, files_failed;
+    uint64_t bytes_hashed;   /* every item's bytes hashed */
+    uint64_t bytes_direct;   /* of which read with O_DIRECT */
+    uint32_t threads;        /* threads that hashed */
+    uint64_t elapsed_ns;
+};
+
+/*
+ * Checks the listed tensors (names NULL: every tensor, n ignored; names
+ * non-NULL and n = 0: none) and, with SLUICE_VF_FILES, every whole file,
+ * against the manifest read at open, on o->threads threads, calling
+ * o->on_item for each. o NULL: the defaults. report may be NULL.
+ * Returns SLUICE_OK when every item matched; the callback's non-zero
+ * value; SLUICE_E_CANCELLED when o->cancel was requested before every
+ * item was reported (each thread stops after the buffer or block it is
+ * hashing);
+ * otherwise the status of the first failed item reported. Before any
+ * item: SLUICE_E_INVAL (bad model, bad options, a NULL name, report
+ * with a size smaller than its size field), SLUICE_E_NOT_FOUND (an
+ * unknown name), SLUICE_E_MANIFEST (no manifest was read and
+ * SLUICE_VF_DIGEST_ONLY is not set), SLUICE_E_NOMEM.
+ * Thread safety: any thread; any number of verifies, streams and acquires
+ * may run on the model at once (a verify touches neither the pool nor the
+ * engine's state); also from a stream callback, since it never waits for
+ * the pool.
+ */
+SLUICE_API int sluice_verify(sluice_model *model, const char *const *names, size_t n,
+                             const sluice_verify_options *o, struct sluice_verify_report *report);
+
+/* ------------------------------------------------------------------------ */
 /* Statistics                                                               */
 /* ------------------------------------------------------------------------ */
 

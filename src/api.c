@@ -13,6 +13,7 @@
  * close: engine -> manifest -> index
  */
 #include "model.h"
+#include "verify.h"
 
 #include "cancel.h"
 #include "engine.h"
@@ -374,7 +375,7 @@ SLUICE_API int sluice_acquire(sluice_model *m, const char *name, sluice_tensor *
                 e ? "out" : "the model");
         return e ? sl_model_error(m, &err) : SLUICE_E_INVAL;
     }
-    size_t i;
+    size_t i = 0;
     if (find(m, name, &i, &err) < 0)
         return sl_model_error(m, &err);
     return acquire(m, e, i, out);
@@ -542,6 +543,76 @@ SLUICE_API void sluice_cancel_free(sluice_cancel *c)
 }
 
 /* ---------------------------------------------------------------- stats, trim */
+
+/* ---------------------------------------------------------------- verify */
+
+SLUICE_API int sluice_verify_options_init(sluice_verify_options *o)
+{
+    if (!o)
+        return SLUICE_E_INVAL;
+    memset(o, 0, sizeof *o);
+    o->size = sizeof *o;
+    o->progress_interval_ms = 100;
+    return SLUICE_OK;
+}
+
+static int take_verify_options(sluice_verify_options *dst, const sluice_verify_options *src,
+                               sl_err *err)
+{
+    sluice_verify_options_init(dst);
+    if (!src)
+        return SLUICE_OK;
+    if (src->size < sizeof src->size)
+        return sl_fail(err, SLUICE_E_INVAL, "verify options: size %zu is too small; "
+                       "call sluice_verify_options_init first", src->size);
+    size_t set = set_tail(src, src->size, SL_END_OF(sluice_verify_options, cancel));
+    if (set)
+        return sl_fail(err, SLUICE_E_INVAL, "verify options: byte %zu of the caller's %zu-byte "
+                       "struct is not zero, but this library knows only the first %zu bytes",
+                       set, src->size, sizeof *dst);
+    memcpy(dst, src, src->size < sizeof *dst ? src->size : sizeof *dst);
+    dst->size = sizeof *dst;
+    if (dst->flags & ~SLUICE_VF_ALL_)
+        return sl_fail(err, SLUICE_E_INVAL, "verify options: unknown flags 0x%x",
+                       dst->flags & ~SLUICE_VF_ALL_);
+    return SLUICE_OK;
+}
+
+SLUICE_API int sluice_verify(sluice_model *m, const char *const *names, size_t n,
+                             const sluice_verify_options *o, struct sluice_verify_report *report)
+{
+    sl_err err = {0};
+    sl_engine *e = engine_of(m);
+    if (!e)
+        return SLUICE_E_INVAL;
+    if (report && report->size < sizeof report->size) {
+        sl_fail(&err, SLUICE_E_INVAL, "sluice_verify: report size %zu is too small", report->size);
+        return sl_model_error(m, &err);
+    }
+    sluice_verify_options vo;
+    if (take_verify_options(&vo, o, &err) < 0)
+        return sl_model_error(m, &err);
+    size_t *ids = NULL;
+    if (names && resolve(m, names, n, &ids, &err) < 0)
+        return sl_model_error(m, &err);
+    /* The engine is not used, but close must wait for this call. */
+    if (sl_engine_enter(e, &err) < 0) {
+        free(ids);
+        return sl_model_error(m, &err);
+    }
+    struct sluice_verify_report r;
+    int rc = sl_verify_run(&m->index, m->manifest, &m->opts, ids, names ? n : 0, !names, &vo,
+                           &r, &err);
+    sl_engine_leave(e);
+    free(ids);
+    if (report) {
+        r.size = report->size;
+        memcpy(report, &r, report->size < sizeof r ? report->size : sizeof r);
+    }
+    if (rc < 0)
+        sl_model_error(m, &err);
+    return rc;
+}
 
 SLUICE_API int sluice_stats(sluice_model *m, struct sluice_stats *out)
 {

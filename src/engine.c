@@ -39,14 +39,6 @@ static int env_force_pread(void)
 
 /* ---------------------------------------------------------------- life cycle */
 
-/* 1 when fd is the very file the index opened (same device and inode). */
-static int same_file(int fd, int index_fd)
-{
-    struct stat a, b;
-    return fstat(fd, &a) == 0 && fstat(index_fd, &b) == 0 && a.st_dev == b.st_dev &&
-           a.st_ino == b.st_ino;
-}
-
 /* Opens the O_DIRECT twin of each file, through proc_fd_dir/N (normally
  * /proc/self/fd) so that it is the very file the index opened, not
  * whatever the path names now. Without /proc it reopens the path, which
@@ -58,15 +50,7 @@ void sl_engine_open_direct(sl_engine *e, const char *proc_fd_dir)
 {
     for (size_t f = 0; f < e->ix->nfiles; f++) {
         const sl_file *file = &e->ix->files[f];
-        char path[256];
-        snprintf(path, sizeof path, "%s/%d", proc_fd_dir, file->fd);
-        int fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
-        if (fd < 0 && errno == ENOENT)
-            fd = open(file->path, O_RDONLY | O_DIRECT | O_CLOEXEC);
-        if (fd >= 0 && !same_file(fd, file->fd)) {
-            close(fd);
-            fd = -1;
-        }
+        int fd = sl_file_reopen(file, proc_fd_dir, O_DIRECT);
         e->files[f].direct_fd = fd;
         if (fd < 0) {
             e->files[f].fell_back = 1;

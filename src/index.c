@@ -14,6 +14,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -202,6 +203,26 @@ int sl_open_read(const char *path)
         int e = errno;
         close(fd);
         errno = e;
+        return -1;
+    }
+    return fd;
+}
+
+int sl_file_reopen(const sl_file *f, const char *proc_fd_dir, int flags)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/%d", proc_fd_dir, f->fd);
+    flags |= O_RDONLY | O_CLOEXEC;
+    int fd = open(path, flags);
+    if (fd < 0 && errno == ENOENT)
+        fd = open(f->path, flags);
+    if (fd < 0)
+        return -1;
+    struct stat a, b;
+    if (fstat(fd, &a) != 0 || fstat(f->fd, &b) != 0 || a.st_dev != b.st_dev ||
+        a.st_ino != b.st_ino) {
+        close(fd);
+        errno = EXDEV;
         return -1;
     }
     return fd;

@@ -69,6 +69,15 @@ void sl_index_free(sl_index *ix);
  * a pipe with a writer still reads. Returns the fd, or -1 with errno. */
 int sl_open_read(const char *path);
 
+/* Opens the very file f's descriptor names again, with open flags flags
+ * (O_RDONLY | O_CLOEXEC are added): through proc_fd_dir/N (normally
+ * /proc/self/fd), else by path, kept only when its device and inode are
+ * those of f->fd (a file renamed over the path since is not it).
+ * Returns the new descriptor, or -1 with errno (EXDEV: the path names
+ * another file now). A reader that needs a description of its own (a
+ * lease, O_DIRECT) uses this instead of the shared f->fd. */
+int sl_file_reopen(const sl_file *f, const char *proc_fd_dir, int flags);
+
 /* The index of the tensor named name (len bytes), or SIZE_MAX. */
 size_t sl_index_find(const sl_index *ix, const char *name, size_t len);
 

@@ -1,10 +1,10 @@
-/* test_digest.c: the parallel hashing behind `sluice manifest` and
- * `sluice verify --files` (tools/digest.c), in-process: its digests equal
- * an independent SHA-256 of the same bytes whatever the thread count and
- * whichever way the work is cut (one pass per file feeding both digests,
- * or files and tensors apart), empty tensors included; a file cut short or
- * removed after the model was opened fails exactly the tensors it no
- * longer holds, with the errno the command prints. */
+/* test_digest.c: the hashing behind `sluice manifest` (tools/digest.c,
+ * over the library's sluice_verify with SLUICE_VF_DIGEST_ONLY),
+ * in-process: its digests equal an independent SHA-256 of the same bytes
+ * whatever the thread count, with and without whole files, empty tensors
+ * and tensors longer than a read included; a file cut short after the
+ * model was opened fails exactly the tensors it no longer holds; a shard
+ * removed after open is still read through the descriptor opened then. */
 #include "digest.h"
 #include "mf_fixture.h"
 #include "util.h"
@@ -88,8 +88,8 @@ static void expect_tensor(const sluice_model *m, size_t i, const dg_result *r)
 {
     struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
     assert_int_equal(sluice_info(m, i, &info), SLUICE_OK);
-    if (r->error)
-        fail_msg("tensor %s: %s", info.name, strerror(r->error));
+    if (!r->ok)
+        fail_msg("tensor %s: not hashed", info.name);
     uint8_t want[32];
     void *bytes = info.nbytes ? tu_pread_range(info.file, info.offset, (size_t)info.nbytes) : NULL;
     assert_true(bytes || !info.nbytes);
@@ -104,7 +104,7 @@ static void expect_file(const sluice_model *m, size_t i, const dg_result *r)
 {
     struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
     assert_int_equal(sluice_file_info(m, i, &fi), SLUICE_OK);
-    assert_int_equal(r->error, 0);
+    assert_true(r->ok);
     size_t len = 0;
     void *all = tu_read_file(fi.path, &len);
     assert_non_null(all);
@@ -115,38 +115,35 @@ static void expect_file(const sluice_model *m, size_t i, const dg_result *r)
     assert_int_equal(r->bytes, len);
 }
 
-/* Every combination of digests wanted and thread count (1 and 2 threads
- * read a file once for both digests when there are enough files; 3 and 8
- * hash files and tensors apart). */
+/* Every thread count, with and without whole files. */
 static void digests_equal_independent_sha256(void **state)
 {
     fx *f = *state;
     const char *models[] = {f->single, f->sharded};
     const unsigned threads[] = {1, 2, 3, 8};
-    const int kinds[][2] = {{1, 1}, {0, 1}, {1, 0}};
     for (size_t mi = 0; mi < 2; mi++) {
         sluice_model *m = open_index(models[mi]);
         for (size_t ti = 0; ti < sizeof threads / sizeof threads[0]; ti++)
-            for (size_t ki = 0; ki < 3; ki++) {
-                dg_job *job = dg_start(m, kinds[ki][0], kinds[ki][1], threads[ti], NULL);
-                assert_non_null(job);
-                const dg_result *files = NULL, *tensors = NULL;
-                dg_wait(job, &files, &tensors);
-                assert_true(!kinds[ki][0] == !files);
-                assert_true(!kinds[ki][1] == !tensors);
-                for (size_t i = 0; files && i < sluice_file_count(m); i++)
+            for (int with_files = 0; with_files <= 1; with_files++) {
+                dg_result *files = NULL, *tensors = NULL;
+                assert_int_equal(dg_compute(m, "test", with_files, threads[ti], NULL, &tensors,
+                                            &files), 0);
+                assert_non_null(tensors);
+                assert_non_null(files);
+                for (size_t i = 0; with_files && i < sluice_file_count(m); i++)
                     expect_file(m, i, &files[i]);
-                for (size_t i = 0; tensors && i < sluice_count(m); i++)
+                for (size_t i = 0; i < sluice_count(m); i++)
                     expect_tensor(m, i, &tensors[i]);
-                dg_free(job);
+                free(tensors);
+                free(files);
             }
         assert_int_equal(sluice_close(m), SLUICE_OK);
     }
 }
 
 /* The single file cut inside "big" after open: z0, a, z1 still hash; big,
- * b and z2 fail with EIO; the file digest covers what is left, and its
- * byte count shows the change. */
+ * b and z2 fail (the file ends first); the file digest covers what is
+ * left, and its byte count shows the change. */
 static void file_cut_short_after_open(void **state)
 {
     fx *f = *state;
@@ -161,11 +158,9 @@ static void file_cut_short_after_open(void **state)
         uint64_t cut = big.offset + (4u << 20);
         assert_int_equal(truncate(f->single, (off_t)cut), 0);
 
-        dg_job *job = dg_start(m, 1, 1, threads[ti], NULL);
-        assert_non_null(job);
-        const dg_result *files = NULL, *tensors = NULL;
-        dg_wait(job, &files, &tensors);
-        assert_int_equal(files[0].error, 0);
+        dg_result *files = NULL, *tensors = NULL;
+        assert_int_equal(dg_compute(m, "test", 1, threads[ti], NULL, &tensors, &files), 3);
+        assert_true(files[0].ok);
         assert_int_equal(files[0].bytes, cut);
         assert_true(files[0].bytes != fi.file_size);
         for (size_t i = 0; i < sluice_count(m); i++) {
@@ -173,47 +168,60 @@ static void file_cut_short_after_open(void **state)
             assert_int_equal(sluice_info(m, i, &info), SLUICE_OK);
             if (info.offset + info.nbytes <= cut && strcmp(info.name, "z2") != 0)
                 expect_tensor(m, i, &tensors[i]);
-            else if (tensors[i].error != EIO)
-                fail_msg("%u threads: tensor %s: error %d, expected EIO", threads[ti], info.name,
-                         tensors[i].error);
+            else if (tensors[i].ok)
+                fail_msg("%u threads: tensor %s hashed past the end of the file", threads[ti],
+                         info.name);
         }
-        dg_free(job);
+        free(tensors);
+        free(files);
         assert_int_equal(sluice_close(m), SLUICE_OK);
     }
 }
 
-/* A shard removed after open: its file and its tensors fail with ENOENT,
- * the other shards hash as before. */
+/* A shard removed after open: it is read through the descriptor opened
+ * then, like every read of the library, so every digest is still right. */
 static void shard_removed_after_open(void **state)
 {
     fx *f = *state;
     sluice_model *m = open_index(f->sharded);
     struct sluice_file_info gone = SLUICE_FILE_INFO_INIT;
     assert_int_equal(sluice_file_info(m, 1, &gone), SLUICE_OK);
+    size_t len = 0;
+    void *copy = tu_read_file(gone.path, &len);
+    assert_non_null(copy);
+    char *kept = tu_join(f->dir, "kept.safetensors");
+    tu_write_file(kept, copy, len);
+    free(copy);
     assert_int_equal(unlink(gone.path), 0);
     const unsigned threads[] = {1, 2, 8};
     for (size_t ti = 0; ti < 3; ti++) {
-        dg_job *job = dg_start(m, 1, 1, threads[ti], NULL);
-        assert_non_null(job);
-        const dg_result *files = NULL, *tensors = NULL;
-        dg_wait(job, &files, &tensors);
+        dg_result *files = NULL, *tensors = NULL;
+        assert_int_equal(dg_compute(m, "test", 1, threads[ti], NULL, &tensors, &files), 0);
         for (size_t i = 0; i < sluice_file_count(m); i++) {
-            if (i == 1)
-                assert_int_equal(files[i].error, ENOENT);
-            else
+            if (i != 1) {
                 expect_file(m, i, &files[i]);
+                continue;
+            }
+            size_t klen = 0;
+            void *all = tu_read_file(kept, &klen);
+            uint8_t want[32];
+            mf_sha256(all, klen, want);
+            free(all);
+            assert_memory_equal(files[i].digest, want, 32);
         }
         for (size_t i = 0; i < sluice_count(m); i++) {
             struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
             assert_int_equal(sluice_info(m, i, &info), SLUICE_OK);
-            if (info.file_index == 1)
-                assert_int_equal(tensors[i].error, ENOENT);
-            else
+            if (info.file_index != 1)
                 expect_tensor(m, i, &tensors[i]);
+            else
+                assert_true(tensors[i].ok);
         }
-        dg_free(job);
+        free(tensors);
+        free(files);
     }
     assert_int_equal(sluice_close(m), SLUICE_OK);
+    free(kept);
 }
 
 /* A model without tensors: the file still hashes, nothing else happens. */
@@ -223,13 +231,12 @@ static void empty_model(void **state)
     char *path = tu_join(f->dir, "empty.safetensors");
     tu_write_safetensors(path, "{}", NULL, 0);
     sluice_model *m = open_index(path);
-    dg_job *job = dg_start(m, 1, 1, 0, NULL);
-    assert_non_null(job);
-    const dg_result *files = NULL, *tensors = NULL;
-    dg_wait(job, &files, &tensors);
+    dg_result *files = NULL, *tensors = NULL;
+    assert_int_equal(dg_compute(m, "test", 1, 0, NULL, &tensors, &files), 0);
     expect_file(m, 0, &files[0]);
     assert_non_null(tensors);
-    dg_free(job);
+    free(tensors);
+    free(files);
     assert_int_equal(sluice_close(m), SLUICE_OK);
     free(path);
 }

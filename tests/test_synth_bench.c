@@ -407,8 +407,11 @@ static void test_bench_every_mode(void **state)
             ok_col = i;
     assert_int_not_equal(ok_col, SIZE_MAX);
 
-    /* 4 baselines + 2 pools x 2 verify x 2 backends x 2 modes, one run each */
-    size_t rows = 0, baseline = 0, stream = 0, random = 0, parallel = 0;
+    /* 4 baselines (+ (f) with /usr/bin/python3) + 2 pools x 2 verify x 2 backends x 3
+     * modes (stream, random, whole-process stream) + the verify-only path in-process
+     * and as a whole process, one run each */
+    size_t rows = 0, baseline = 0, stream = 0, random = 0, parallel = 0, python = 0, whole = 0,
+           verify = 0;
     while ((line = strtok_r(NULL, "\n", &save))) {
         char *f[64];
         assert_int_equal(split(line, f, 64), ncols);
@@ -426,6 +429,24 @@ static void test_bench_every_mode(void **state)
                 assert_true(strtod(f[col[18]], NULL) > 0);
             }
             assert_string_equal(f[col[19]], ""); /* vs (e): verified sluice runs only */
+            continue;
+        }
+        if (!strcmp(mode, "baseline*")) {
+            /* (f), the Python verifier, as a whole process */
+            python++;
+            assert_string_equal(f[col[0]], "python-verify");
+            assert_string_equal(f[col[16]], "623744");
+            assert_true(strtod(f[col[8]], NULL) > 0);
+            continue;
+        }
+        if (!strcmp(mode, "stream*") || !strcmp(mode, "verify") || !strcmp(mode, "verify*")) {
+            /* whole-process streams and the verify-only path */
+            whole += !strcmp(mode, "stream*");
+            verify += mode[0] == 'v';
+            assert_string_equal(f[col[16]], "623744");
+            assert_true(strtod(f[col[8]], NULL) > 0);  /* wall_s */
+            assert_true(strtod(f[col[14]], NULL) > 0); /* peak RSS, the process's own */
+            assert_true(strtod(f[col[18]], NULL) > 0); /* ratio */
             continue;
         }
         stream += !strcmp(mode, "stream");
@@ -452,7 +473,10 @@ static void test_bench_every_mode(void **state)
     assert_int_equal(parallel, 1);
     assert_int_equal(stream, 8);
     assert_int_equal(random, 8);
-    assert_int_equal(rows, 20);
+    assert_int_equal(whole, 8);
+    assert_int_equal(verify, 2);
+    assert_int_equal(python, access("/usr/bin/python3", X_OK) == 0 ? 1 : 0);
+    assert_int_equal(rows, 4 + python + 8 + 8 + 8 + 2);
     free(text);
     free(csv);
     free(model);

@@ -47,7 +47,12 @@ static void usage(FILE *f)
         "thread (hashing ceiling per core), (e) pread + SHA-256 on a thread per\n"
         "online CPU, largest tensor first, each into one reused 8 MiB buffer (the\n"
         "ceiling of a verified load: the kernel's copy plus SHA-256, nothing else),\n"
-        "and with --cold (d) fio when installed. Figures are medians of --runs runs.\n"
+        "with --cold (d) fio when installed, at the block size and depth of the\n"
+        "configuration (and of sluice_verify --direct), and (f) a Python verifier\n"
+        "(/usr/bin/python3: mmap + hashlib.sha256 on a thread per CPU, largest\n"
+        "tensor first; whole process). With a manifest, the verify-only path runs\n"
+        "too: sluice_verify in-process and `sluice verify` as a whole process.\n"
+        "Figures are medians of --runs runs; the spread table gives p10/p50/p90.\n"
         "\n"
         "sweeps (comma lists; the cross product is run):\n"
         "  --pool SIZES        buffer pool budget (default: the library's, 4G)\n"
@@ -63,6 +68,9 @@ static void usage(FILE *f)
         "  --cold              drop the files' page cache before every run\n"
         "                      (default: warm, after one untimed pass)\n"
         "  --baselines all|none  (default all)\n"
+        "  --whole-process on|off  also time each stream configuration, and `sluice\n"
+        "                      verify`, as whole fresh processes, fork to exit, with no\n"
+        "                      untimed pass (default on)\n"
         "  --manifest FILE     the manifest for --verify on (default: the sidecar)\n"
         "  --seed S            order of --random (default 1)\n"
         "  --csv FILE          every run, one line each\n"
@@ -78,7 +86,8 @@ static void usage(FILE *f)
         "  cpu s      user + system time of the run, every thread\n"
         "  rss MB     peak resident memory of the run's process\n"
         "  read/need  bytes read over tensor bytes (coalescing and read-ahead waste)\n"
-        "  ratio      GB/s over the ceiling: verify off: (a); verify on: min((a), CPUs x (c))\n"
+        "  ratio      GB/s over the ceiling: verify off: (a); verify on: min((a), CPUs x (c));\n"
+        "             verify-only rows and (f): CPUs x (c) (cold O_DIRECT: or fio at its blocks)\n"
         "  vs (e)     verified runs: GB/s over (e)\n");
 }
 
@@ -228,7 +237,7 @@ static int load_model(const char *path, bench_model *bm)
 
 /* Whether the model opens with policy REQUIRE: a manifest is there and
  * covers it. With say set, tells why not. */
-static int manifest_usable(const char *path, const char *manifest, int say)
+static int manifest_usable(const char *path, const char *manifest, int say, char **found)
 {
     sluice_options opts;
     sluice_options_init(&opts);
@@ -239,6 +248,8 @@ static int manifest_usable(const char *path, const char *manifest, int say)
     if (rc != SLUICE_OK && say)
         fprintf(stderr, "sluice bench: --verify on: %s\n",
                 m ? sluice_errmsg(m) : sluice_strerror(rc));
+    if (rc == SLUICE_OK && sluice_manifest_path(m))
+        *found = strdup(sluice_manifest_path(m));
     sluice_close(m);
     return rc == SLUICE_OK;
 }
@@ -287,6 +298,28 @@ size_t bench_stat(const bench_row *row, size_t off, double *med, double *min, do
     return n;
 }
 
+double bench_quantile(const bench_row *row, size_t off, double q)
+{
+    double v[256];
+    size_t n = 0;
+    for (size_t i = 0; i < row->nruns && n < 256; i++) {
+        const bench_result *r = &row->runs[i];
+        double x = *(const double *)((const char *)r + off);
+        if (r->ok && !isnan(x))
+            v[n++] = x;
+    }
+    if (!n)
+        return NAN;
+    for (size_t i = 1; i < n; i++)
+        for (size_t j = i; j > 0 && v[j - 1] > v[j]; j--) {
+            double t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    size_t k = (size_t)ceil(q * (double)n); /* nearest rank */
+    return v[k ? k - 1 : 0];
+}
+
 static void progress(int on, const char *what, size_t round, size_t rounds, size_t k, size_t n)
 {
     if (!on)
@@ -321,7 +354,7 @@ int cmd_bench(int argc, char **argv)
     const char *path = NULL, *csv = NULL, *plot = NULL;
     bench_opts bo = {.seed = 1};
     uint64_t runs = 3;
-    int random_mode = 0, baselines = 1, verify_given = 0;
+    int random_mode = 0, baselines = 1, verify_given = 0, whole_process = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int matched = 0;
@@ -359,6 +392,15 @@ int cmd_bench(int argc, char **argv)
                 runs = v;
             else
                 bo.seed = v;
+        } else if (!strcmp(a, "--whole-process")) {
+            if (!need_value(i, argc, a))
+                return 2;
+            const char *v = argv[++i];
+            if (strcmp(v, "on") && strcmp(v, "off")) {
+                fprintf(stderr, "sluice bench: --whole-process %s: use on or off\n", v);
+                return 2;
+            }
+            whole_process = !strcmp(v, "on");
         } else if (!strcmp(a, "--baselines")) {
             if (!need_value(i, argc, a))
                 return 2;
@@ -406,7 +448,8 @@ int cmd_bench(int argc, char **argv)
     int want_verify = 0;
     for (size_t k = 0; k < sw[SW_VERIFY].n; k++)
         want_verify |= sw[SW_VERIFY].v[k] != 0;
-    if (want_verify && !manifest_usable(path, bo.manifest, verify_given)) {
+    char *manifest_found = NULL;
+    if (want_verify && !manifest_usable(path, bo.manifest, verify_given, &manifest_found)) {
         if (verify_given)
             goto out;
         fprintf(stderr, "sluice bench: no usable manifest: --verify off only\n");
@@ -418,8 +461,10 @@ int cmd_bench(int argc, char **argv)
     size_t nconf = 1;
     for (int s = 0; s < SW_COUNT; s++)
         nconf *= sw[s].n;
-    size_t nmodes = random_mode ? 2 : 1;
-    size_t cap = (baselines ? 5 : 0) + nconf * nmodes;
+    bo.manifest_found = manifest_found;
+    size_t nmodes = (random_mode ? 2 : 1) + (whole_process ? 1 : 0);
+    /* baselines, modes of every configuration, two verify rows per direct value */
+    size_t cap = (baselines ? 7 : 0) + nconf * nmodes + 2 * sw[SW_DIRECT].n;
     rows = calloc(cap, sizeof *rows);
     bench_result *results = calloc(cap * runs, sizeof *results);
     if (!rows || !results) {
@@ -436,18 +481,48 @@ int cmd_bench(int argc, char **argv)
             {BM_SEQ, "(a) seq pread 8M, no hash"},
             {BM_PREAD_SHA, "(b) pread+SHA-256 per tensor, 1 thread"},
             {BM_SHA_MEM, "(c) SHA-256 of memory, 1 thread"},
-            {BM_FIO, "(d) fio io_uring O_DIRECT 1M x32"},
+            {BM_FIO, "(d) fio io_uring O_DIRECT"},
             {BM_PREAD_SHA_PAR, "(e) pread+SHA-256, a thread per CPU"},
+            {BM_PY_VERIFY, "(f) python mmap+hashlib, whole process"},
         };
-        /* fio, when installed, is the reference of cold O_DIRECT reads */
+        /* fio, when installed, is the reference of cold O_DIRECT reads:
+         * at the block size and depth of the first configuration */
         int fio = bo.cold && bench_have_program("fio");
+        int python = manifest_found && access("/usr/bin/python3", X_OK) == 0;
+        if (manifest_found && !python)
+            fprintf(stderr, "sluice bench: no /usr/bin/python3: baseline (f) skipped\n");
         for (size_t b = 0; b < sizeof base / sizeof base[0]; b++) {
-            if (base[b].mode == BM_FIO && !fio)
+            if ((base[b].mode == BM_FIO && !fio) || (base[b].mode == BM_PY_VERIFY && !python))
                 continue;
-            rows[nrows].cfg.mode = base[b].mode;
-            rows[nrows].cfg.verify = base[b].mode != BM_SEQ && base[b].mode != BM_FIO;
-            snprintf(rows[nrows].cfg.label, sizeof rows[nrows].cfg.label, "%s", base[b].label);
+            bench_config *c = &rows[nrows].cfg;
+            c->mode = base[b].mode;
+            c->verify = base[b].mode != BM_SEQ && base[b].mode != BM_FIO;
+            c->chunk = sw[SW_CHUNK].v[0];
+            c->qd = (uint32_t)sw[SW_QD].v[0];
+            snprintf(c->label, sizeof c->label, "%s", base[b].label);
+            if (c->mode == BM_FIO) {
+                char bs[32];
+                snprintf(c->label, sizeof c->label, "%s %s x%u", base[b].label,
+                         bench_size(c->chunk, bs), (unsigned)c->qd);
+            }
             nrows++;
+        }
+        /* and at sluice_verify's O_DIRECT block and depth, when it runs so */
+        int verify_direct = 0;
+        for (size_t a = 0; a < sw[SW_VERIFY].n; a++)
+            for (size_t d = 0; d < sw[SW_DIRECT].n; d++)
+                verify_direct |= sw[SW_VERIFY].v[a] && sw[SW_DIRECT].v[d];
+        if (fio && verify_direct) {
+            bench_config *c = &rows[nrows++].cfg;
+            unsigned ncpu = (unsigned)sysconf(_SC_NPROCESSORS_ONLN);
+            c->mode = BM_FIO;
+            c->chunk = bench_verify_block(ncpu);
+            c->qd = BENCH_VERIFY_DEPTH * ncpu;
+            c->direct = 1; /* marks it as the verify one */
+            c->verify = 1;
+            char bs[32];
+            snprintf(c->label, sizeof c->label, "(d) fio io_uring O_DIRECT %s x%u (as verify)",
+                     bench_size(c->chunk, bs), (unsigned)c->qd);
         }
     }
     bench_summary sum = {.model = &bm, .cold = bo.cold, .nruns = runs, .nconf = nconf,
@@ -487,10 +562,33 @@ int cmd_bench(int argc, char **argv)
             rc = 2;
             goto out;
         }
-        for (size_t md = 0; md < nmodes; md++) {
+        rows[nrows].cfg = c;
+        rows[nrows++].cfg.mode = BM_STREAM;
+        if (random_mode) {
             rows[nrows].cfg = c;
-            rows[nrows].cfg.mode = md ? BM_RANDOM : BM_STREAM;
-            nrows++;
+            rows[nrows++].cfg.mode = BM_RANDOM;
+        }
+        if (whole_process) {
+            rows[nrows].cfg = c;
+            rows[nrows++].cfg.mode = BM_PROC_STREAM;
+        }
+    }
+    /* The verify-only path, once per direct value that runs verified. */
+    for (size_t d = 0; d < sw[SW_DIRECT].n && manifest_found; d++) {
+        int on = 0;
+        for (size_t a = 0; a < sw[SW_VERIFY].n; a++)
+            on |= sw[SW_VERIFY].v[a] != 0;
+        if (!on)
+            break;
+        bench_config c = {.direct = (int)sw[SW_DIRECT].v[d], .verify = 1};
+        const char *dl = c.direct ? " direct=on" : sw[SW_DIRECT].n > 1 ? " direct=off" : "";
+        c.mode = BM_VERIFY;
+        snprintf(c.label, sizeof c.label, "sluice_verify%s", dl);
+        rows[nrows++].cfg = c;
+        if (whole_process) {
+            c.mode = BM_PROC_VERIFY;
+            snprintf(c.label, sizeof c.label, "sluice verify%s", dl);
+            rows[nrows++].cfg = c;
         }
     }
     for (size_t r = 0; r < nrows; r++)
@@ -549,7 +647,10 @@ int cmd_bench(int argc, char **argv)
             sum.sha_core = med;
         if (rows[r].cfg.mode == BM_FIO && bench_stat(&rows[r], offsetof(bench_result, gbps),
                                                      &med, &mn, &mx))
-            sum.fio = med;
+            *(rows[r].cfg.verify ? &sum.fio_verify : &sum.fio) = med;
+        if (rows[r].cfg.mode == BM_PY_VERIFY &&
+            bench_stat(&rows[r], offsetof(bench_result, gbps), &med, &mn, &mx))
+            sum.py_verify = med;
         if (rows[r].cfg.mode == BM_PREAD_SHA_PAR &&
             bench_stat(&rows[r], offsetof(bench_result, gbps), &med, &mn, &mx))
             sum.copy_hash = med;
@@ -564,7 +665,14 @@ int cmd_bench(int argc, char **argv)
         else if (c->mode == BM_SEQ)
             rows[r].ratio_base = sum.io_ceiling;
         else if (c->mode == BM_FIO)
-            rows[r].ratio_base = sum.fio;
+            rows[r].ratio_base = c->verify ? sum.fio_verify : sum.fio;
+        else if (c->mode == BM_VERIFY || c->mode == BM_PROC_VERIFY || c->mode == BM_PY_VERIFY) {
+            /* hashing every byte: CPUs x (c); cold O_DIRECT: or fio at its blocks */
+            double base = sum.sha_core > 0 ? sum.ncpu * sum.sha_core : 0;
+            if (c->direct && sum.fio_verify > 0 && (base <= 0 || sum.fio_verify < base))
+                base = sum.fio_verify;
+            rows[r].ratio_base = base;
+        }
         else if (c->direct && sum.fio > 0) /* cold O_DIRECT: against fio */
             rows[r].ratio_base = c->verify && sum.sha_core > 0 && sum.ncpu * sum.sha_core < sum.fio
                                      ? sum.ncpu * sum.sha_core : sum.fio;
@@ -583,6 +691,7 @@ int cmd_bench(int argc, char **argv)
     if (plot && bench_plot(plot, &sum, rows, nrows) < 0)
         rc = 1;
 out:
+    free(manifest_found);
     if (rows)
         free(rows[0].runs);
     free(rows);

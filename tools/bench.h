@@ -38,9 +38,21 @@ typedef enum bench_mode {
     BM_SHA_MEM,              /* baseline (c): SHA-256 of memory, one thread, 16 MiB */
     BM_PREAD_SHA_PAR,        /* baseline (e): pread + SHA-256, a thread per online CPU,
                                 largest tensor first, one reused 8 MiB buffer each */
-    BM_FIO                   /* baseline (d), --cold with fio on PATH: fio io_uring,
-                                O_DIRECT, 1 MiB blocks, 32 in flight, the model's files */
+    BM_FIO,                  /* baseline (d), --cold with fio on PATH: fio io_uring,
+                                O_DIRECT, the config's chunk as block size and its
+                                qd as depth, the model's files */
+    BM_VERIFY,               /* sluice_verify of every tensor (verify-only path) */
+    BM_PY_VERIFY,            /* baseline (f), whole process: /usr/bin/python3 with
+                                mmap + hashlib.sha256 on a thread per CPU
+                                (tools/perf/py_verify.py) */
+    BM_PROC_VERIFY,          /* whole process: `sluice verify PATH` exec'd */
+    BM_PROC_STREAM           /* whole process: a fresh process that opens, streams
+                                every tensor once and exits; no untimed pass */
 } bench_mode;
+
+/* Whether a mode is timed as a whole process (fork to exit) rather than
+ * in-process after an untimed pass. */
+int bench_whole_process(bench_mode mode);
 
 typedef struct bench_config {
     bench_mode mode;
@@ -63,6 +75,7 @@ typedef struct bench_result {
 
 typedef struct bench_opts {
     const char *manifest;    /* NULL: the sidecar */
+    const char *manifest_found; /* the manifest verify on uses (for (f)); NULL: none */
     uint64_t seed;           /* random order */
     int cold;
 } bench_opts;
@@ -99,6 +112,9 @@ typedef struct bench_summary {
     double sha_core;         /* median GB/s of baseline (c); 0 when not run */
     double fio;              /* median GB/s of baseline (d); 0 when not run */
     double copy_hash;        /* median GB/s of baseline (e); 0 when not run */
+    double fio_verify;       /* median GB/s of fio at sluice_verify's O_DIRECT block and
+                                depth; 0 when not run */
+    double py_verify;        /* median GB/s of baseline (f); 0 when not run */
     const char *swept[8];    /* names of the parameters that take several values */
     size_t nswept;
     char fixed[200];         /* the parameters that take one value: "qd=32 ..." */
@@ -110,6 +126,14 @@ typedef struct bench_summary {
  * returns the number of runs that had the field (not NAN). */
 size_t bench_stat(const bench_row *row, size_t field_offset, double *med, double *min,
                   double *max);
+/* The q-quantile (0..1, nearest rank) of a field over a row's successful
+ * runs; NAN when none. */
+double bench_quantile(const bench_row *row, size_t field_offset, double q);
+
+/* The O_DIRECT block sluice_verify reads with on threads threads, and the
+ * blocks it keeps in flight per thread (as sluice.h documents). */
+uint64_t bench_verify_block(unsigned threads);
+#define BENCH_VERIFY_DEPTH 4
 
 void bench_print_table(FILE *out, const bench_summary *s, const bench_row *rows, size_t nrows);
 int bench_write_csv(const char *path, const bench_summary *s, const bench_row *rows,

@@ -17,6 +17,10 @@ static const char *mode_name(bench_mode m)
     switch (m) {
     case BM_STREAM: return "stream";
     case BM_RANDOM: return "random";
+    case BM_VERIFY: return "verify";
+    case BM_PROC_STREAM: return "stream*";
+    case BM_PROC_VERIFY: return "verify*";
+    case BM_PY_VERIFY: return "baseline*";
     default: return "baseline";
     }
 }
@@ -30,6 +34,7 @@ static const char *config_name(const bench_config *c)
     case BM_SHA_MEM: return "sha256-mem";
     case BM_FIO: return "fio-direct";
     case BM_PREAD_SHA_PAR: return "pread-sha256-parallel";
+    case BM_PY_VERIFY: return "python-verify";
     default: return c->label;
     }
 }
@@ -58,7 +63,8 @@ static const char *human(uint64_t v, char buf[32])
 
 static int is_sluice(const bench_config *c)
 {
-    return c->mode == BM_STREAM || c->mode == BM_RANDOM;
+    return c->mode == BM_STREAM || c->mode == BM_RANDOM || c->mode == BM_PROC_STREAM ||
+           c->mode == BM_VERIFY || c->mode == BM_PROC_VERIFY;
 }
 
 /* The first successful run of a row, for the fields that do not vary
@@ -104,6 +110,36 @@ static double median_of(const bench_row *row, size_t field)
     return med;
 }
 
+/* The spread of every row's wall time over its runs, and the verify rows
+ * next to baseline (f): whole processes are noisier than in-process runs. */
+static void print_spread(FILE *out, const bench_summary *s, const bench_row *rows, size_t nrows)
+{
+    if (s->nruns < 3)
+        return;
+    int w = 6;
+    for (size_t r = 0; r < nrows; r++)
+        if ((int)strlen(rows[r].cfg.label) > w)
+            w = (int)strlen(rows[r].cfg.label);
+    fprintf(out, "\nspread over %zu runs (* = whole process: fork to exit, no untimed pass)\n",
+            s->nruns);
+    fprintf(out, "%-*s  %-9s  %8s  %8s  %8s  %9s  %8s  %7s\n", w, "config", "mode", "p10 s",
+            "p50 s", "p90 s", "p90/p50", "GB/s p50", "vs (f)");
+    for (size_t r = 0; r < nrows; r++) {
+        const bench_row *row = &rows[r];
+        double p10 = bench_quantile(row, FIELD(wall_s), 0.1);
+        double p50 = bench_quantile(row, FIELD(wall_s), 0.5);
+        double p90 = bench_quantile(row, FIELD(wall_s), 0.9);
+        double g = median_of(row, FIELD(gbps));
+        if (isnan(p50))
+            continue;
+        char vs_f[24];
+        int verifying = row->cfg.mode == BM_VERIFY || row->cfg.mode == BM_PROC_VERIFY;
+        fmt_num(vs_f, sizeof vs_f, verifying && s->py_verify > 0 ? g / s->py_verify : NAN, 2);
+        fprintf(out, "%-*s  %-9s  %8.3f  %8.3f  %8.3f  %9.2f  %8.2f  %7s\n", w, row->cfg.label,
+                mode_name(row->cfg.mode), p10, p50, p90, p90 / p50, g, vs_f);
+    }
+}
+
 void bench_print_table(FILE *out, const bench_summary *s, const bench_row *rows, size_t nrows)
 {
     const bench_model *m = s->model;
@@ -125,9 +161,13 @@ void bench_print_table(FILE *out, const bench_summary *s, const bench_row *rows,
                 s->sha_core > 0 && s->sha_core * s->ncpu < s->io_ceiling ? s->sha_core * s->ncpu
                                                                          : s->io_ceiling);
         if (s->fio > 0)
-            fprintf(out, "fio (d): %.2f GB/s (O_DIRECT, io_uring, 1 MiB x 32); sluice O_DIRECT runs "
-                         "are compared with it (verify on: with the smaller of it and CPUs x (c))\n",
-                    s->fio);
+            fprintf(out, "fio (d): %.2f GB/s (O_DIRECT, io_uring, the configuration's chunk and "
+                         "qd); sluice O_DIRECT runs are compared with it (verify on: with the "
+                         "smaller of it and CPUs x (c))\n", s->fio);
+        if (s->fio_verify > 0)
+            fprintf(out, "fio (d) at sluice_verify's blocks: %.2f GB/s\n", s->fio_verify);
+        if (s->py_verify > 0)
+            fprintf(out, "python verifier (f): %.2f GB/s, whole process\n", s->py_verify);
         if (s->copy_hash > 0 && s->sha_core > 0)
             fprintf(out, "copy + hash (e): %.2f GB/s = %.2f x CPUs x (c): the most a load that "
                          "copies the bytes out of the page cache and hashes them reaches here\n",
@@ -180,6 +220,7 @@ void bench_print_table(FILE *out, const bench_summary *s, const bench_row *rows,
                     (unsigned)ok->tensors_refused, ok->err);
         fprintf(out, "\n");
     }
+    print_spread(out, s, rows, nrows);
 }
 
 /* ---------------------------------------------------------------- CSV */

@@ -504,9 +504,10 @@ static void run_sluice(const bench_model *bm, const bench_config *c, const bench
 }
 
 /* Baseline (d): fio reading the model's files with O_DIRECT through
- * io_uring, 1 MiB blocks, 32 in flight, one after the other; its own
+ * io_uring, c->chunk bytes a block, c->qd in flight (those of the sluice
+ * configuration it is compared with), one file after the other; its own
  * terse report gives bytes and time. */
-static void run_fio(const bench_model *m, bench_result *r)
+static void run_fio(const bench_model *m, const bench_config *c, bench_result *r)
 {
     size_t len = 256;
     for (size_t f = 0; f < m->nfiles; f++) {
@@ -522,8 +523,9 @@ static void run_fio(const bench_model *m, bench_result *r)
         return;
     }
     size_t o = (size_t)snprintf(cmd, len, "fio --name=sluice-bench --ioengine=io_uring --direct=1 "
-                                          "--bs=1M --iodepth=32 --rw=read --file_service_type=sequential "
-                                          "--output-format=terse --terse-version=3 '--filename=");
+                                          "--bs=%llu --iodepth=%u --rw=read --file_service_type=sequential "
+                                          "--output-format=terse --terse-version=3 '--filename=",
+                                (unsigned long long)c->chunk, (unsigned)c->qd);
     for (size_t f = 0; f < m->nfiles; f++)
         o += (size_t)snprintf(cmd + o, len - o, "%s%s", f ? ":" : "", m->files[f]);
     snprintf(cmd + o, len - o, "' 2>&1");
@@ -558,6 +560,151 @@ static void reset(bench_result *r)
     r->open_ms = r->first_ms = r->p50_ms = r->p99_ms = NAN;
 }
 
+/* ---------------------------------------------------------------- verify */
+
+uint64_t bench_verify_block(unsigned threads)
+{
+    /* sluice.h: min(4 MiB, 12 MiB / threads), 4 KiB aligned, >= 256 KiB */
+    uint64_t b = ((uint64_t)12 << 20) / (threads ? threads : 1);
+    b &= ~(uint64_t)4095;
+    if (b > ((uint64_t)4 << 20))
+        b = (uint64_t)4 << 20;
+    if (b < ((uint64_t)256 << 10))
+        b = (uint64_t)256 << 10;
+    return b;
+}
+
+/* sluice_verify of every tensor: open, verify, close. */
+static void run_verify(const bench_model *bm, const bench_config *c, const bench_opts *o,
+                       bench_result *r)
+{
+    sluice_options opts;
+    sluice_options_init(&opts);
+    opts.flags = c->direct ? SLUICE_F_DIRECT : 0;
+    opts.verify = SLUICE_VERIFY_REQUIRE;
+    opts.manifest_path = o->manifest;
+    double t0 = bench_now();
+    sluice_model *m = NULL;
+    int rc = sluice_open(bm->path, &opts, &m);
+    if (rc != SLUICE_OK) {
+        fail(r, "open: %s", m ? sluice_errmsg(m) : sluice_strerror(rc));
+        sluice_close(m);
+        return;
+    }
+    r->open_ms = (bench_now() - t0) * 1e3;
+    struct sluice_verify_report rep = {.size = sizeof rep};
+    rc = sluice_verify(m, NULL, 0, NULL, &rep);
+    if (rc != SLUICE_OK)
+        fail(r, "verify: %s", sluice_errmsg(m)[0] ? sluice_errmsg(m) : sluice_strerror(rc));
+    r->bytes_read = r->bytes_hashed = rep.bytes_hashed;
+    r->bytes_needed = rep.bytes_hashed;
+    if (r->ok && rep.bytes_hashed != bm->tensor_bytes)
+        fail(r, "verified %llu bytes of %llu", (unsigned long long)rep.bytes_hashed,
+             (unsigned long long)bm->tensor_bytes);
+    rc = sluice_close(m);
+    r->wall_s = bench_now() - t0;
+    if (rc != SLUICE_OK && r->ok)
+        fail(r, "close: %s", sluice_strerror(rc));
+}
+
+/* ---------------------------------------------------------------- whole processes */
+
+/* Baseline (f): tools/perf/py_verify.py, embedded at build time. */
+static const unsigned char py_verify_script[] = {
+#include "py_verify.inc"
+};
+
+int bench_whole_process(bench_mode mode)
+{
+    return mode == BM_PY_VERIFY || mode == BM_PROC_VERIFY || mode == BM_PROC_STREAM;
+}
+
+/* A fresh process, timed from fork to its exit (exit's unmapping of what
+ * it touched included), with its own CPU time and peak RSS from wait4.
+ * BM_PROC_STREAM forks and streams in the new process (no exec: a few
+ * milliseconds of dynamic linking are not measured); the others exec
+ * `sluice verify` (this very executable) or /usr/bin/python3. Their output
+ * goes to /dev/null; a non-zero exit fails the run. */
+static void run_whole_process(const bench_model *bm, const bench_config *c,
+                              const bench_opts *o, bench_result *r)
+{
+    char self[4096];
+    const char *argv[12];
+    size_t argc = 0;
+    if (c->mode == BM_PROC_VERIFY) {
+        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+        if (n <= 0) {
+            fail(r, "cannot find this executable: %s", strerror(errno));
+            return;
+        }
+        self[n] = 0;
+        argv[argc++] = self;
+        argv[argc++] = "verify";
+        argv[argc++] = bm->path;
+        argv[argc++] = "-q";
+        if (o->manifest) {
+            argv[argc++] = "--manifest";
+            argv[argc++] = o->manifest;
+        }
+        if (c->direct)
+            argv[argc++] = "--direct";
+    } else if (c->mode == BM_PY_VERIFY) {
+        if (!o->manifest_found) {
+            fail(r, "(f) needs a manifest");
+            return;
+        }
+        argv[argc++] = "/usr/bin/python3";
+        argv[argc++] = "-c";
+        argv[argc++] = (const char *)py_verify_script;
+        argv[argc++] = bm->path;
+        argv[argc++] = o->manifest_found;
+    }
+    argv[argc] = NULL;
+    fflush(NULL);
+    double t0 = bench_now();
+    pid_t pid = fork();
+    if (pid < 0) {
+        fail(r, "fork: %s", strerror(errno));
+        return;
+    }
+    if (pid == 0) {
+        if (c->mode == BM_PROC_STREAM) {
+            bench_config sc = *c;
+            sc.mode = BM_STREAM;
+            bench_result gr;
+            reset(&gr);
+            double *lat = malloc((bm->ntensors ? bm->ntensors : 1) * sizeof *lat);
+            if (lat)
+                run_sluice(bm, &sc, o, &gr, lat);
+            _exit(lat && gr.ok ? 0 : 1);
+        }
+        int null = open("/dev/null", O_WRONLY | O_CLOEXEC);
+        if (null >= 0) {
+            dup2(null, 1);
+            dup2(null, 2);
+        }
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    int status = 0;
+    struct rusage ru;
+    while (wait4(pid, &status, 0, &ru) < 0) {
+        if (errno != EINTR) {
+            fail(r, "wait4: %s", strerror(errno));
+            return;
+        }
+    }
+    r->wall_s = bench_now() - t0;
+    r->cpu_s = ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + ru.ru_stime.tv_sec +
+               ru.ru_stime.tv_usec / 1e6;
+    r->peak_rss_mb = ru.ru_maxrss / 1024.0;
+    r->bytes_needed = r->bytes_read = bm->tensor_bytes;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail(r, "%s %s", c->mode == BM_PROC_STREAM ? "the stream process" : argv[0],
+             WIFEXITED(status) && WEXITSTATUS(status) == 127 ? "could not be run"
+             : WIFEXITED(status) ? "exited with a failure" : "died of a signal");
+}
+
 static void run_mode(const bench_model *m, const bench_config *c, const bench_opts *o,
                      bench_result *r, double *lat)
 {
@@ -566,9 +713,13 @@ static void run_mode(const bench_model *m, const bench_config *c, const bench_op
     case BM_PREAD_SHA: run_pread_sha(m, r, lat); break;
     case BM_SHA_MEM: run_sha_mem(m, r); break;
     case BM_PREAD_SHA_PAR: run_pread_sha_par(m, r); break;
-    case BM_FIO: run_fio(m, r); break;
+    case BM_FIO: run_fio(m, c, r); break;
     case BM_STREAM:
     case BM_RANDOM: run_sluice(m, c, o, r, lat); break;
+    case BM_VERIFY: run_verify(m, c, o, r); break;
+    case BM_PY_VERIFY:
+    case BM_PROC_VERIFY:
+    case BM_PROC_STREAM: run_whole_process(m, c, o, r); break;
     }
 }
 
@@ -585,17 +736,20 @@ static void child(const bench_model *m, const bench_config *c, const bench_opts 
          * a page fault per page (microseconds on a VM), which would
          * otherwise be measured as much as the load itself, and differ
          * from run to run with what the kernel hands out. */
-        if (!o->cold && c->mode != BM_FIO) {
+        if (!o->cold && c->mode != BM_FIO && !bench_whole_process(c->mode)) {
             run_mode(m, c, o, &r, lat);
             reset(&r);
         }
         double cpu0 = cpu_seconds();
         run_mode(m, c, o, &r, lat);
-        r.cpu_s = cpu_seconds() - cpu0;
+        if (!bench_whole_process(c->mode)) /* else the process's own, from wait4 */
+            r.cpu_s = cpu_seconds() - cpu0;
     }
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    r.peak_rss_mb = ru.ru_maxrss / 1024.0;
+    if (!bench_whole_process(c->mode)) {
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        r.peak_rss_mb = ru.ru_maxrss / 1024.0;
+    }
     r.gbps = r.wall_s > 0 ? r.bytes_needed / r.wall_s / 1e9 : 0;
     free(lat);
     const char *p = (const char *)&r;

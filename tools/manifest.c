@@ -2,11 +2,10 @@
  *
  * The model is opened for its index only; the digests of every tensor and
  * of every whole file (what the Hugging Face Hub lists for a Git LFS file)
- * are computed by digest.c's threads, which read each file once where they
- * can and feed both digests from the same bytes. A manifest is a statement
- * about the files, not a load: nothing needs to stay in memory, so this
- * does not go through the library's buffer pool (the library's own
- * digests are checked against these by `sluice verify` and the tests).
+ * are computed by the library's verify-only path (sluice_verify, digests
+ * only; digest.c): a manifest is a statement about the files, not a load,
+ * so nothing goes through the buffer pool and the bytes are hashed where
+ * they lie in the page cache.
  * Nothing is written unless every tensor and file was read.
  */
 #include "cmd.h"
@@ -28,8 +27,8 @@ static void usage(FILE *out)
             "\n"
             "Computes the SHA-256 of every tensor of the model at PATH (a .safetensors\n"
             "file, a directory, or a *.safetensors.index.json) and of every whole file,\n"
-            "on parallel threads that read each file once where they can (pread, one\n"
-            "8 MiB buffer per thread), and writes the manifest as JSON: the structured\n"
+            "on parallel threads (the library's sluice_verify, no buffer pool), and\n"
+            "writes the manifest as JSON: the structured\n"
             "form (format sluice-manifest, version 1, tensors in model order, files with\n"
             "their size), or with --flat {\"tensor\": \"digest\"} only.\n"
             "\n"
@@ -197,42 +196,24 @@ int cmd_manifest(int argc, char **argv)
             total += fi.file_size;
         }
     int status = 1;
-    size_t failed = 0;
+    dg_result *tensors = NULL, *files = NULL;
     progress *bar = progress_start("manifest", total, quiet);
-    dg_job *job = dg_start(m, !flat, 1, o.hash_threads, bar);
-    if (!job)
-        goto done;
-    const dg_result *tensors = NULL, *files = NULL;
-    dg_wait(job, &files, &tensors);
+    long failed = dg_compute(m, "manifest", !flat, o.hash_threads, bar, &tensors, &files);
     progress_stop(bar);
     bar = NULL;
-    for (size_t i = 0; i < n; i++) {
-        if (!tensors[i].error)
-            continue;
-        struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
-        sluice_info(m, i, &info);
-        fprintf(stderr, "sluice manifest: tensor ");
-        ig_quote(stderr, info.name, info.name_len);
-        fprintf(stderr, " (file %s, offset %llu, %llu bytes): %s\n", info.file,
-                (unsigned long long)info.offset, (unsigned long long)info.nbytes,
-                tensors[i].error == EIO ? "the file ends before the tensor does"
-                                        : strerror(tensors[i].error));
-        failed++;
-    }
-    for (size_t i = 0; files && i < nf; i++) {
+    if (failed < 0)
+        goto done;
+    for (size_t i = 0; !flat && i < nf; i++) {
         struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
         sluice_file_info(m, i, &fi);
-        if (files[i].error) {
-            fprintf(stderr, "sluice manifest: %s: %s\n", fi.path, strerror(files[i].error));
-            failed++;
-        } else if (files[i].bytes != fi.file_size) {
+        if (files[i].ok && files[i].bytes != fi.file_size) {
             fprintf(stderr, "sluice manifest: %s: %llu bytes now, %llu at open: the file changed\n",
                     fi.path, (unsigned long long)files[i].bytes, (unsigned long long)fi.file_size);
             failed++;
         }
     }
     if (failed) {
-        fprintf(stderr, "sluice manifest: %zu failure%s, nothing written\n", failed,
+        fprintf(stderr, "sluice manifest: %ld failure%s, nothing written\n", failed,
                 failed == 1 ? "" : "s");
         goto done;
     }
@@ -246,7 +227,8 @@ int cmd_manifest(int argc, char **argv)
     status = 0;
 done:
     progress_stop(bar);
-    dg_free(job);
+    free(tensors);
+    free(files);
     if (sluice_close(m) != SLUICE_OK) {
         fprintf(stderr, "sluice manifest: %s\n", sluice_errmsg(m));
         status = 1;

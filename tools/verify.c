@@ -1,6 +1,7 @@
 /* verify.c: `sluice verify`: checks every tensor of a model against its
- * manifest through the library's pipeline (policy REQUIRE), and with
- * --files every whole file too, and reports each failure. */
+ * manifest (policy REQUIRE) with the library's verify-only path
+ * (sluice_verify: no pool, no handle), and with --files
+ * every whole file too, and reports each failure. */
 #include "cmd.h"
 #include "digest.h"
 #include "integrity.h"
@@ -11,16 +12,19 @@
 #include <string.h>
 
 typedef struct vf_state {
-    const sluice_model *model;
-    size_t verified, failed;
-    uint64_t bytes;
     progress *bar;
 } vf_state;
 
-/* "FAILED tensor NAME: why", NAME JSON-escaped. The library's message
- * already begins with the tensor's name: it is then printed as it is. */
-static void print_failure(vf_state *s, const struct sluice_tensor_info *info, const char *why)
+/* "FAILED tensor NAME: why" with NAME JSON-quoted, or "FAILED file PATH:
+ * why". The library's message begins with the tensor's name quoted its
+ * own way, or with "file PATH": a file's is printed as it is, a tensor's
+ * after the JSON-quoted name, so that any name reads back unambiguously. */
+static void print_failure(vf_state *s, const struct sluice_verify_item *it, const char *why)
 {
+    if (it->kind == SLUICE_VERIFY_ITEM_FILE) {
+        progress_printf(s->bar, stdout, "FAILED %s\n", why);
+        return;
+    }
     char *q = NULL;
     size_t qlen = 0;
     FILE *mem = open_memstream(&q, &qlen);
@@ -29,7 +33,7 @@ static void print_failure(vf_state *s, const struct sluice_tensor_info *info, co
         return;
     }
     fputs("tensor ", mem);
-    ig_quote(mem, info->name, info->name_len);
+    ig_quote(mem, it->name, it->name_len);
     if (fclose(mem) != 0 || !q) {
         free(q);
         progress_printf(s->bar, stdout, "FAILED %s\n", why);
@@ -42,27 +46,13 @@ static void print_failure(vf_state *s, const struct sluice_tensor_info *info, co
     free(q);
 }
 
-static int on_tensor(void *user, sluice_tensor *t, int status,
-                     const struct sluice_tensor_info *info, const char *message)
+static int on_item(void *user, const struct sluice_verify_item *it)
 {
     vf_state *s = user;
-    progress_add(s->bar, info->nbytes);
-    s->bytes += info->nbytes;
-    if (status != SLUICE_OK) {
-        s->failed++;
-        print_failure(s, info, message && *message ? message : sluice_strerror(status));
-        return 0;
-    }
-    /* Belt and braces: the digest the pipeline computed is the one listed. */
-    uint8_t got[32], want[32];
-    if (sluice_manifest_tensor(s->model, info->index, want) != SLUICE_OK ||
-        sluice_tensor_digest(t, got) != SLUICE_OK || memcmp(got, want, 32) != 0) {
-        s->failed++;
-        print_failure(s, info, "delivered without a matching digest (library fault)");
-    } else {
-        s->verified++;
-    }
-    sluice_release(t);
+    progress_add(s->bar, it->bytes);
+    if (it->status != SLUICE_OK)
+        print_failure(s, it, it->message && *it->message ? it->message
+                                                         : sluice_strerror(it->status));
     return 0;
 }
 
@@ -71,10 +61,11 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: sluice verify PATH [--manifest FILE] [--files] [-q] [loader options]\n"
             "\n"
-            "Reads every tensor of the model at PATH through the library's pipeline\n"
-            "and checks it against the manifest (policy REQUIRE: every tensor must\n"
-            "have a digest). Prints each failure with its tensor, file, offset and\n"
-            "digests, then a summary line.\n"
+            "Reads every tensor of the model at PATH and checks it against the manifest\n"
+            "(policy REQUIRE: every tensor must have a digest), with the library's\n"
+            "verify-only path (sluice_verify): no buffer pool, each thread reading into\n"
+            "one small reused buffer; --direct reads with O_DIRECT. Prints each failure\n"
+            "with its tensor, file, offset and digests, then a summary line.\n"
             "\n"
             "  --manifest FILE   the manifest (default: the sidecar, F.manifest.json\n"
             "                    beside a single file F, else sluice.manifest.json in\n"
@@ -105,6 +96,7 @@ int cmd_verify(int argc, char **argv)
                 return 2;
         } else if (!strcmp(a, "--files")) {
             files = 1;
+
         } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
             quiet = 1;
         } else if ((r = ig_loader_option("verify", argc, argv, &i, &o)) != 0) {
@@ -148,61 +140,31 @@ int cmd_verify(int argc, char **argv)
             total += fi.file_size;
         }
 
-    vf_state s = {.model = m};
-    size_t files_ok = 0, files_failed = 0;
-    int status = 2;
-    dg_job *fh = NULL;
-    s.bar = progress_start("verify", total, quiet);
-    if (files && !(fh = dg_start(m, 1, 0, 0, s.bar)))
-        goto done;
-    rc = sluice_stream(m, NULL, 0, on_tensor, &s);
-    if (rc != SLUICE_OK && s.verified + s.failed < n) {
-        /* the stream stopped before delivering everything */
-        progress_printf(s.bar, stdout, "FAILED %s\n", sluice_errmsg(m));
-        s.failed += n - s.verified - s.failed;
-    }
-    if (fh) {
-        const dg_result *r = NULL;
-        dg_wait(fh, &r, NULL);
-        for (size_t i = 0; i < nf; i++) {
-            struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
-            uint8_t want[32];
-            uint64_t want_size = SLUICE_SIZE_UNKNOWN;
-            char wh[65], gh[65];
-            sluice_file_info(m, i, &fi);
-            s.bytes += r[i].bytes;
-            int listed = sluice_manifest_file(m, i, want, &want_size) == SLUICE_OK;
-            if (!listed)
-                progress_printf(s.bar, stdout, "FAILED file %s: the manifest has no digest for it\n", fi.path);
-            else if (r[i].error)
-                progress_printf(s.bar, stdout, "FAILED file %s: %s\n", fi.path, strerror(r[i].error));
-            else if (want_size != SLUICE_SIZE_UNKNOWN && want_size != r[i].bytes)
-                progress_printf(s.bar, stdout, "FAILED file %s: %llu bytes, the manifest says %llu\n", fi.path,
-                                (unsigned long long)r[i].bytes, (unsigned long long)want_size);
-            else if (memcmp(want, r[i].digest, 32) != 0)
-                progress_printf(s.bar, stdout, "FAILED file %s: sha256 %s, expected %s\n", fi.path,
-                                sluice_digest_hex(r[i].digest, gh), sluice_digest_hex(want, wh));
-            else {
-                files_ok++;
-                continue;
-            }
-            files_failed++;
-        }
-    }
+    vf_state s = {.bar = progress_start("verify", total, quiet)};
+    sluice_verify_options vo;
+    sluice_verify_options_init(&vo);
+    vo.flags = files ? SLUICE_VF_FILES : 0;
+    vo.on_item = on_item;
+    vo.user = &s;
+    struct sluice_verify_report r = {.size = sizeof r};
+    rc = sluice_verify(m, NULL, 0, &vo, &r);
     progress_stop(s.bar);
-    s.bar = NULL;
-    double dt = ig_now() - t0;
-    char b[32];
-    printf("%zu tensors verified, %zu failed", s.verified, s.failed);
-    if (files)
-        printf(", %zu files verified, %zu failed", files_ok, files_failed);
-    printf(", %s (%llu bytes) in %.2f s\n", progress_bytes(s.bytes, b, sizeof b),
-           (unsigned long long)s.bytes, dt);
-    fflush(stdout);
-    status = s.failed || files_failed ? 1 : 0;
-done:
-    progress_stop(s.bar);
-    dg_free(fh);
+    int status = 0;
+    if (rc != SLUICE_OK && r.tensors_failed + r.files_failed == 0) {
+        /* nothing was checked: the verify itself could not run */
+        fprintf(stderr, "sluice verify: %s\n", sluice_errmsg(m));
+        status = 2;
+    } else {
+        double dt = ig_now() - t0;
+        char b[32];
+        printf("%zu tensors verified, %zu failed", r.tensors_ok, r.tensors_failed);
+        if (files)
+            printf(", %zu files verified, %zu failed", r.files_ok, r.files_failed);
+        printf(", %s (%llu bytes) in %.2f s\n", progress_bytes(r.bytes_hashed, b, sizeof b),
+               (unsigned long long)r.bytes_hashed, dt);
+        fflush(stdout);
+        status = rc == SLUICE_OK ? 0 : 1;
+    }
     if (sluice_close(m) != SLUICE_OK) {
         fprintf(stderr, "sluice verify: %s\n", sluice_errmsg(m));
         status = 2;

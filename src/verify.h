@@ -1,0 +1,22 @@
+/* verify.h: the verify-only path of sluice_verify (verify.c): reads and
+ * hashes tensors and files straight from the model's files, without the
+ * engine. */
+#ifndef SLUICE_VERIFY_H
+#define SLUICE_VERIFY_H
+
+#include "error.h"
+#include "index.h"
+#include "sluice.h"
+
+typedef struct sl_manifest sl_manifest;
+
+/* Verifies the tensors ids[0..n) (all: every tensor, ids ignored) and the
+ * files o->flags asks for, against mf (NULL: only with
+ * SLUICE_VF_DIGEST_ONLY). model_opts gives SLUICE_F_DIRECT and the default
+ * thread count. o is complete (defaults filled, size checked); rep is
+ * filled whole. Returns what sluice_verify returns, the detail in err. */
+int sl_verify_run(const sl_index *ix, const sl_manifest *mf, const sluice_options *model_opts,
+                  const size_t *ids, size_t n, int all, const sluice_verify_options *o,
+                  struct sluice_verify_report *rep, sl_err *err);
+
+#endif
