@@ -756,7 +756,7 @@ SLUICE_API char *sluice_digest_hex(const uint8_t digest[32], char hex[65]);
  * gives SLUICE_E_FILE_CHANGED or SLUICE_E_IO for its items, never
  * SIGBUS. When the model was opened with SLUICE_F_DIRECT, items are read
  * with O_DIRECT instead (bypassing the page cache): blocks of
- * min(4 MiB, 12 MiB / threads) (4 KiB aligned, at least 256 KiB), 4 in
+ * min(1 MiB, 2 MiB / threads) (4 KiB aligned, at least 256 KiB), 24 in
  * flight per thread on an io_uring ring of the thread's own (or one at a
  * time with pread where io_uring is refused); a file that cannot be
  * opened so is read buffered. Items are handed to the threads largest

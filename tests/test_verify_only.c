@@ -28,7 +28,7 @@
 typedef struct fixture {
     char *dir, *model, *manifest;
     size_t n;
-    uint64_t file_size;
+    uint64_t file_size, data_bytes;
 } fixture;
 
 /* The manifest of the model at path (structured, with its file), each
@@ -87,6 +87,9 @@ static void make(fixture *fx, size_t n, uint64_t step)
     size_t len = 0;
     free(tu_read_file(fx->model, &len));
     fx->file_size = len;
+    fx->data_bytes = 0;
+    for (size_t i = 0; i < n; i++)
+        fx->data_bytes += 1 + i * step;
 }
 
 static void unmake(fixture *fx)
@@ -218,18 +221,25 @@ static void flipped_byte_fails_its_tensor_and_file(void **state)
     struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
     assert_int_equal(sluice_find(m, "t.13", &ti), SLUICE_OK);
     mf_flip_byte(fx.model, ti.offset + ti.nbytes - 1); /* its last byte */
-    seen s = {.m = m};
-    sluice_verify_options o = options(&s, SLUICE_VF_FILES);
-    struct sluice_verify_report r = {.size = sizeof r};
-    assert_int_equal(sluice_verify(m, NULL, 0, &o, &r), SLUICE_E_CHECKSUM);
-    assert_int_equal(r.tensors_ok, fx.n - 1);
-    assert_int_equal(r.tensors_failed, 1);
-    assert_int_equal(r.files_ok, 0);
-    assert_int_equal(r.files_failed, 1);
-    assert_int_equal(s.files, 1);
-    assert_int_equal(s.calls, fx.n + 1);
-    /* the last failure reported may be the file's: the tensor's by name */
-    assert_true(strstr(sluice_errmsg(m), "SHA-256 mismatch"));
+    /* 1 thread: the file and its tensors in one pass (fused); 2: apart */
+    for (unsigned threads = 1; threads <= 2; threads++) {
+        seen s = {.m = m};
+        sluice_verify_options o = options(&s, SLUICE_VF_FILES);
+        o.threads = threads;
+        struct sluice_verify_report r = {.size = sizeof r};
+        assert_int_equal(sluice_verify(m, NULL, 0, &o, &r), SLUICE_E_CHECKSUM);
+        assert_int_equal(r.tensors_ok, fx.n - 1);
+        assert_int_equal(r.tensors_failed, 1);
+        assert_int_equal(r.files_ok, 0);
+        assert_int_equal(r.files_failed, 1);
+        assert_int_equal(s.files, 1);
+        assert_int_equal(s.calls, fx.n + 1);
+        assert_int_equal(s.checked_digests, fx.n);
+        assert_int_equal(r.bytes_hashed, 2 * fx.file_size - (fx.file_size - fx.data_bytes));
+        /* the file's failure may come first: either names the mismatch */
+        assert_true(strstr(sluice_errmsg(m), "SHA-256 mismatch"));
+    }
+    sluice_verify_options o;
     uint8_t want[32];
     char hex[65];
     assert_int_equal(sluice_manifest_tensor(m, ti.index, want), SLUICE_OK);
@@ -361,7 +371,7 @@ static void direct_reads(void **state)
     char *model = tu_join(dir, "model.safetensors");
     char *manifest = tu_join(dir, "model.safetensors.manifest.json");
     const char *keys[] = {"a", "big", "c", "empty", "d"};
-    uint64_t sizes[] = {4097, (9u << 20) + 4093, 1, 0, 70001};
+    uint64_t sizes[] = {4097, (30u << 20) + 4093, 1, 0, 70001}; /* big: more blocks than in flight */
     mf_write_model(model, 5, keys, sizes);
     write_manifest(model, manifest, SIZE_MAX);
     sluice_model *m = open_model(model, SLUICE_VERIFY_DEFAULT, SLUICE_F_DIRECT);
@@ -377,7 +387,7 @@ static void direct_reads(void **state)
         struct sluice_stats st = {.size = sizeof st};
         assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
         if (st.direct_fallbacks == 0) /* the file system takes O_DIRECT */
-            assert_true(r.bytes_direct > (9u << 20));
+            assert_true(r.bytes_direct > (30u << 20));
         else
             fprintf(stderr, "note: no O_DIRECT on this file system; read buffered\n");
     }

@@ -564,11 +564,11 @@ static void reset(bench_result *r)
 
 uint64_t bench_verify_block(unsigned threads)
 {
-    /* sluice.h: min(4 MiB, 12 MiB / threads), 4 KiB aligned, >= 256 KiB */
-    uint64_t b = ((uint64_t)12 << 20) / (threads ? threads : 1);
+    /* sluice.h: min(1 MiB, 2 MiB / threads), 4 KiB aligned, >= 256 KiB */
+    uint64_t b = ((uint64_t)2 << 20) / (threads ? threads : 1);
     b &= ~(uint64_t)4095;
-    if (b > ((uint64_t)4 << 20))
-        b = (uint64_t)4 << 20;
+    if (b > ((uint64_t)1 << 20))
+        b = (uint64_t)1 << 20;
     if (b < ((uint64_t)256 << 10))
         b = (uint64_t)256 << 10;
     return b;
