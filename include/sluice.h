@@ -756,13 +756,17 @@ SLUICE_API char *sluice_digest_hex(const uint8_t digest[32], char hex[65]);
  * gives SLUICE_E_FILE_CHANGED or SLUICE_E_IO for its items, never
  * SIGBUS. When the model was opened with SLUICE_F_DIRECT, items are read
  * with O_DIRECT instead (bypassing the page cache): blocks of
- * min(1 MiB, 2 MiB / threads) (4 KiB aligned, at least 256 KiB), 24 in
- * flight per thread on an io_uring ring of the thread's own (or one at a
- * time with pread where io_uring is refused); a file that cannot be
- * opened so is read buffered. Items are handed to the threads largest
- * first. Memory: 256 KiB a thread, plus the O_DIRECT blocks (48 MiB at
- * most in all), plus one small record per item; nothing else grows with
- * the model, whose bytes stay in the page cache only.
+ * min(1 MiB, 2 MiB / threads), 4 KiB aligned, 24 in flight per thread on
+ * an io_uring ring of the thread's own (or one at a time with pread where
+ * io_uring is refused); past 8 threads, blocks of 256 KiB and fewer of
+ * them in flight, so that all threads' blocks stay within 48 MiB. Read
+ * buffered even then: tensors under 64 KiB (a block would read more than
+ * they hold), a file that cannot be opened with O_DIRECT, and the rest of
+ * an item whose O_DIRECT read the file system refuses (EINVAL). Items are
+ * handed to the threads largest first. Memory: 256 KiB a thread, plus
+ * the O_DIRECT blocks of the threads that read so (48 MiB at most in
+ * all), plus one small record per item; nothing else grows with the
+ * model, whose bytes stay in the page cache only.
  *
  * A tensor item's bytes are its data_offsets range, read through the
  * file opened at sluice_open (reopened through /proc/self/fd, so a file
@@ -800,7 +804,8 @@ struct sluice_verify_item {
  * order the items finish, with no lock of the library held; item is valid
  * during the call only. Return 0 to go on; non-zero stops the verify
  * (items not yet reported are not), which then returns that value. It may
- * call anything on the model except sluice_close. */
+ * call anything on the model except sluice_close, which would wait for
+ * this verify for ever (so may the progress callback). */
 typedef int (*sluice_verify_fn)(void *user, const struct sluice_verify_item *item);
 
 /* Flags of sluice_verify_options. */
@@ -848,8 +853,9 @@ struct sluice_verify_report {
  * o->on_item for each. o NULL: the defaults. report may be NULL.
  * Returns SLUICE_OK when every item matched; the callback's non-zero
  * value; SLUICE_E_CANCELLED when o->cancel was requested before every
- * item was reported (each thread stops after the buffer or block it is
- * hashing);
+ * item was reported (each thread stops after the buffer it is hashing,
+ * or with O_DIRECT once the reads it has in flight, 24 MiB at most, are
+ * done; the progress callback, if any, is called once more);
  * otherwise the status of the first failed item reported. Before any
  * item: SLUICE_E_INVAL (bad model, bad options, a NULL name, report
  * with a size smaller than its size field), SLUICE_E_NOT_FOUND (an

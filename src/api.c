@@ -603,14 +603,17 @@ SLUICE_API int sluice_verify(sluice_model *m, const char *const *names, size_t n
     struct sluice_verify_report r;
     int rc = sl_verify_run(&m->index, m->manifest, &m->opts, ids, names ? n : 0, !names, &vo,
                            &r, &err);
+    /* The message is recorded before leaving: once the count drops, a
+     * close waiting in another thread may free the model. */
+    sl_engine_pause_point(e, SL_PAUSE_VERIFY_EXIT);
+    if (rc < 0)
+        sl_model_error(m, &err);
     sl_engine_leave(e);
     free(ids);
     if (report) {
         r.size = report->size;
         memcpy(report, &r, report->size < sizeof r ? report->size : sizeof r);
     }
-    if (rc < 0)
-        sl_model_error(m, &err);
     return rc;
 }
 

@@ -38,7 +38,8 @@ int sl_engine_enter(sl_engine *e, sl_err *err); /* SLUICE_E_INVAL once close beg
 void sl_engine_leave(sl_engine *e);
 /* The test pause hook (engine_hooks.h), called between the two. */
 void sl_engine_pause_point(sl_engine *e, int where);
-enum { SL_PAUSE_STREAM_EXIT = 1, SL_PAUSE_RELEASE_EXIT, SL_PAUSE_ACQUIRE_EXIT, SL_PAUSE_REFUSED };
+enum { SL_PAUSE_STREAM_EXIT = 1, SL_PAUSE_RELEASE_EXIT, SL_PAUSE_ACQUIRE_EXIT, SL_PAUSE_REFUSED,
+       SL_PAUSE_VERIFY_EXIT };
 
 /* sluice_acquire of tensor i (< ix->ntensors). */
 int sl_engine_acquire(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err);

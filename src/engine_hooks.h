@@ -39,8 +39,9 @@ int sl_engine_quiesce(sluice_model *m);
  * dropped the engine's lock for the last time but has not yet left the
  * engine (where: 1 sluice_stream, 2 sluice_release, 3 sluice_acquire), so
  * that a test can hold a call there and race sluice_close against it; and
- * (where 4) in an acquire that the pump refused, before it leaves.
- * fn NULL clears. Returns SLUICE_OK or SLUICE_E_INVAL. */
+ * (where 4) in an acquire that the pump refused, before it leaves; and
+ * (where 5) in sluice_verify after the run, before its message is
+ * recorded and it leaves. fn NULL clears. Returns SLUICE_OK or SLUICE_E_INVAL. */
 int sl_engine_set_pause(sluice_model *m, void (*fn)(void *ctx, int where), void *ctx);
 
 /* Opens the O_DIRECT twins of the model's files again as if /proc were

@@ -46,9 +46,10 @@
 #include <unistd.h>
 
 #define VF_BUF ((size_t)256 << 10)         /* pread buffer: fits in L2 */
-#define VF_DIRECT_DEPTH 24                 /* O_DIRECT blocks in flight a thread */
+#define VF_DIRECT_DEPTH 24                 /* O_DIRECT blocks in flight a thread, at most */
 #define VF_DIRECT_MAX ((size_t)1 << 20)
-#define VF_DIRECT_MIN ((size_t)256 << 10)
+#define VF_DIRECT_MIN ((size_t)256 << 10)  /* smallest block: fewer in flight below it */
+#define VF_DIRECT_ITEM_MIN ((uint64_t)64 << 10) /* smaller tensors are read buffered */
 #define VF_ALIGN ((uint64_t)4096)
 #define VF_DIRECT_MEMORY ((size_t)48 << 20) /* O_DIRECT blocks, all threads */
 #define VF_MAX_THREADS 64
@@ -76,8 +77,9 @@ typedef struct vf_run {
     size_t *queue;              /* the work: items to run, largest first */
     size_t nqueue;
     int digest_only;
-    int *direct_fd;             /* per file; -1: buffered; NULL: not asked */
+    int *direct_fd;             /* per file; -1: buffered; NULL: none opened so */
     size_t block;               /* O_DIRECT block */
+    size_t depth;               /* O_DIRECT blocks in flight a thread */
     atomic_size_t next;         /* the next queue entry to take */
     atomic_int stop;            /* cancelled, or the callback said stop */
 
@@ -94,9 +96,11 @@ typedef struct vf_worker {
     EVP_MD_CTX *md;
     EVP_MD_CTX *tensor_md;      /* a fused pass's tensor digest */
     unsigned char *buf;         /* VF_BUF, for pread */
-    unsigned char *blocks;      /* VF_DIRECT_DEPTH x block, for O_DIRECT */
+    unsigned char *blocks;      /* depth x block, for O_DIRECT; made at first use */
     struct io_uring ring;
     int ring_ok;
+    int direct_off;             /* O_DIRECT unusable on this thread: read buffered */
+    int blocks_lost;            /* the ring failed with reads in flight into blocks */
 } vf_worker;
 
 static int stopped(const vf_run *run)
@@ -178,34 +182,35 @@ typedef struct vf_block {
     int busy;                   /* submitted, completion not seen */
 } vf_block;
 
-/* Starts reading block b at offset: on the ring, or now with pread when
- * the thread has no ring. Returns 0, or -1 when it could not be started. */
-static int block_start(vf_worker *w, int fd, vf_block *blk, size_t b, uint64_t offset)
+/* Starts reading block b at offset: on the ring, or, when the thread has
+ * no ring or the ring refuses the read, now with pread. */
+static void block_start(vf_worker *w, int fd, vf_block *blk, size_t b, uint64_t offset)
 {
     blk->offset = offset;
-    blk->busy = 1;
+    blk->busy = 0;
     unsigned char *p = w->blocks + b * w->run->block;
-    if (!w->ring_ok) {
-        ssize_t got;
+    struct io_uring_sqe *sqe = w->ring_ok ? io_uring_get_sqe(&w->ring) : NULL;
+    if (sqe) {
+        io_uring_prep_read(sqe, fd, p, (unsigned)w->run->block, offset);
+        io_uring_sqe_set_data64(sqe, b);
+        int rc, tries = 0;
         do
-            got = pread(fd, p, w->run->block, (off_t)offset);
-        while (got < 0 && errno == EINTR);
-        blk->result = got < 0 ? -errno : got;
-        blk->busy = 0;
-        return 0;
+            rc = io_uring_submit(&w->ring);
+        while ((rc == -EINTR || rc == -EAGAIN || rc == -EBUSY) && tries++ < 8);
+        if (rc >= 1) {
+            blk->busy = 1;
+            return;
+        }
+        /* Still queued: made a no-op, so that no later submit starts a
+         * read into a block that is reused by then. */
+        io_uring_prep_nop(sqe);
+        io_uring_sqe_set_data64(sqe, UINT64_MAX);
     }
-    struct io_uring_sqe *sqe = io_uring_get_sqe(&w->ring);
-    if (!sqe) {
-        blk->busy = 0;
-        return -1;
-    }
-    io_uring_prep_read(sqe, fd, p, (unsigned)w->run->block, offset);
-    io_uring_sqe_set_data64(sqe, b);
-    if (io_uring_submit(&w->ring) < 1) {
-        blk->busy = 0;
-        return -1;
-    }
-    return 0;
+    ssize_t got;
+    do
+        got = pread(fd, p, w->run->block, (off_t)offset);
+    while (got < 0 && errno == EINTR);
+    blk->result = got < 0 ? -errno : got;
 }
 
 /* Waits until block b's read is done. */
@@ -216,16 +221,21 @@ static void block_wait(vf_worker *w, vf_block *blocks, size_t b)
         int rc = io_uring_wait_cqe(&w->ring, &cqe);
         if (rc == -EINTR)
             continue;
-        if (rc < 0) { /* the ring itself failed: nothing more will come */
-            for (size_t k = 0; k < VF_DIRECT_DEPTH; k++)
+        if (rc < 0) {
+            /* The ring itself failed: nothing more will come, yet the
+             * kernel may still write the blocks. They are never used or
+             * freed again (see worker_free); this thread reads buffered. */
+            for (size_t k = 0; k < w->run->depth; k++)
                 if (blocks[k].busy) {
                     blocks[k].busy = 0;
                     blocks[k].result = rc;
                 }
+            w->blocks_lost = 1;
+            w->direct_off = 1;
             return;
         }
         size_t k = (size_t)io_uring_cqe_get_data64(cqe);
-        if (k < VF_DIRECT_DEPTH) {
+        if (k < w->run->depth) {
             blocks[k].result = cqe->res;
             blocks[k].busy = 0;
         }
@@ -233,13 +243,31 @@ static void block_wait(vf_worker *w, vf_block *blocks, size_t b)
     }
 }
 
+/* Makes the thread's O_DIRECT blocks and ring at its first O_DIRECT item;
+ * returns 0, or -1 when there is no memory for them (then it reads
+ * buffered). */
+static int direct_ready(vf_worker *w)
+{
+    if (w->direct_off)
+        return -1;
+    if (w->blocks)
+        return 0;
+    if (posix_memalign((void **)&w->blocks, 4096, w->run->depth * w->run->block) != 0) {
+        w->blocks = NULL;
+        w->direct_off = 1;
+        return -1;
+    }
+    w->ring_ok = io_uring_queue_init((unsigned)w->run->depth, &w->ring, 0) == 0;
+    return 0;
+}
+
 /*
  * Hashes [*pos, stop) of the O_DIRECT descriptor fd: aligned blocks, up to
- * VF_DIRECT_DEPTH in flight, hashed in order as each arrives while the
- * next ones are read. Stops at the end of the file, on an error (which
- * fails the item), or at a short read before the end (the caller reads
- * the rest buffered). Every read in flight is waited for before return:
- * the blocks are the thread's and are reused.
+ * run->depth in flight, hashed in order as each arrives while the next
+ * ones are read. Stops at the end of the file, on an error (which fails
+ * the item), at a short read before the end, or when the file refuses an
+ * O_DIRECT read with EINVAL (the caller reads the rest buffered). Every
+ * read in flight is waited for before return: the blocks are reused.
  */
 static void direct_range(vf_worker *w, vf_item *it, int fd, uint64_t *pos, uint64_t stop)
 {
@@ -248,16 +276,20 @@ static void direct_range(vf_worker *w, vf_item *it, int fd, uint64_t *pos, uint6
     uint64_t next = *pos & ~(VF_ALIGN - 1);
     size_t head = 0, started = 0;
     int ended = 0;
-    while (started < VF_DIRECT_DEPTH && next < stop &&
-           block_start(w, fd, &blocks[started], started, next) == 0) {
+    while (started < run->depth && next < stop) {
+        block_start(w, fd, &blocks[started], started, next);
         next += run->block;
         started++;
     }
-    for (size_t n = 0; n < started; n++, head = (head + 1) % VF_DIRECT_DEPTH) {
+    for (size_t n = 0; n < started; n++, head = (head + 1) % run->depth) {
         block_wait(w, blocks, head);
         vf_block *blk = &blocks[head];
         if (ended || stopped(run) || it->status != SLUICE_OK)
             continue; /* only draining */
+        if (blk->result == -EINVAL) {
+            ended = 1; /* this file or its filesystem refuses O_DIRECT reads */
+            continue;
+        }
         if (blk->result < 0) {
             char what[SL_ERRMSG_MAX / 2];
             item_fail(it, SLUICE_E_IO, "%s: O_DIRECT read at offset %llu failed: %s",
@@ -276,7 +308,8 @@ static void direct_range(vf_worker *w, vf_item *it, int fd, uint64_t *pos, uint6
             ended = 1; /* the end of the file, or a short read: pread goes on */
             continue;
         }
-        if (next < stop && block_start(w, fd, blk, head, next) == 0) {
+        if (next < stop && !w->direct_off) {
+            block_start(w, fd, blk, head, next);
             next += run->block;
             started++;
         }
@@ -425,7 +458,8 @@ static void run_item(vf_worker *w, vf_item *it)
     }
     uint64_t pos = it->begin;
     int direct_fd = run->direct_fd ? run->direct_fd[it->file] : -1;
-    if (direct_fd >= 0)
+    /* A small tensor read with O_DIRECT would cost a whole block or two. */
+    if (direct_fd >= 0 && it->end - it->begin >= VF_DIRECT_ITEM_MIN && direct_ready(w) == 0)
         direct_range(w, it, direct_fd, &pos, it->end);
     pread_range(w, it, f->fd, &pos, it->end);
     if (it->status == SLUICE_OK && !stopped(run))
@@ -442,7 +476,7 @@ static void *worker_main(void *arg)
             break;
         size_t i = run->queue[q];
         vf_item *it = &run->items[i];
-        if (!w->md || !w->tensor_md || !w->buf || (run->direct_fd && !w->blocks)) {
+        if (!w->md || !w->tensor_md || !w->buf) {
             item_fail(it, SLUICE_E_NOMEM, "out of memory for a verifying thread");
             for (size_t j = it->sub0; j < it->sub0 + it->nsub; j++)
                 item_fail(&run->items[j], SLUICE_E_NOMEM, "out of memory for a verifying thread");
@@ -473,12 +507,7 @@ static int worker_init(vf_worker *w, vf_run *run)
     w->tensor_md = EVP_MD_CTX_new();
     if (posix_memalign((void **)&w->buf, 4096, VF_BUF) != 0)
         w->buf = NULL;
-    if (run->direct_fd) {
-        if (posix_memalign((void **)&w->blocks, 4096, VF_DIRECT_DEPTH * run->block) != 0)
-            w->blocks = NULL;
-        w->ring_ok = io_uring_queue_init(VF_DIRECT_DEPTH, &w->ring, 0) == 0;
-    }
-    return w->md && w->tensor_md && w->buf && (!run->direct_fd || w->blocks) ? 0 : -1;
+    return w->md && w->tensor_md && w->buf ? 0 : -1;
 }
 
 static void worker_free(vf_worker *w)
@@ -488,7 +517,11 @@ static void worker_free(vf_worker *w)
     EVP_MD_CTX_free(w->md);
     EVP_MD_CTX_free(w->tensor_md);
     free(w->buf);
-    free(w->blocks);
+    /* Blocks the kernel may still be reading into are left allocated: a
+     * leak on a path that needs a broken ring, rather than memory that
+     * changes under its next owner. */
+    if (!w->blocks_lost)
+        free(w->blocks);
 }
 
 /* ------------------------------------------------------------------ the run */
@@ -558,9 +591,10 @@ static int plan(vf_run *run, const sl_manifest *mf, const size_t *ids, size_t n,
     run->queue = calloc(cap, sizeof *run->queue);
     vf_order *order = calloc(cap, sizeof *order);
     if (!run->items || !run->done || !run->queue || !order) {
+        size_t asked = run->nitems;
         free(order);
         run->nitems = 0;
-        return sl_fail(err, SLUICE_E_NOMEM, "verify: out of memory for %zu items", run->nitems);
+        return sl_fail(err, SLUICE_E_NOMEM, "verify: out of memory for %zu items", asked);
     }
     for (size_t k = 0; k < ntensors; k++) {
         size_t i = all ? k : ids[k];
@@ -637,19 +671,31 @@ int sl_verify_run(const sl_index *ix, const sl_manifest *mf, const sluice_option
         run.direct_fd = malloc((ix->nfiles ? ix->nfiles : 1) * sizeof *run.direct_fd);
         if (!run.direct_fd)
             rc = sl_fail(err, SLUICE_E_NOMEM, "verify: out of memory");
-        for (size_t f = 0; run.direct_fd && f < ix->nfiles; f++)
+        int opened = 0;
+        for (size_t f = 0; run.direct_fd && f < ix->nfiles; f++) {
             run.direct_fd[f] = sl_file_reopen(&ix->files[f], "/proc/self/fd", O_DIRECT);
+            opened |= run.direct_fd[f] >= 0;
+        }
+        if (!opened) { /* e.g. tmpfs: everything buffered, as without the flag */
+            free(run.direct_fd);
+            run.direct_fd = NULL;
+        }
     }
     if (rc == SLUICE_OK)
         rc = plan(&run, mf, ids, n, all, o->flags, nthreads, err);
     if (nthreads > run.nqueue)
         nthreads = run.nqueue ? (unsigned)run.nqueue : 1;
-    /* The O_DIRECT blocks of all threads within VF_DIRECT_MEMORY. */
+    /* The O_DIRECT blocks of all threads within VF_DIRECT_MEMORY: smaller
+     * blocks down to VF_DIRECT_MIN, then fewer of them (1 at least). */
     size_t share = VF_DIRECT_MEMORY / nthreads;
-    run.block = share / VF_DIRECT_DEPTH < VF_DIRECT_MAX
-              ? (share / VF_DIRECT_DEPTH) & ~(size_t)(VF_ALIGN - 1) : VF_DIRECT_MAX;
-    if (run.block < VF_DIRECT_MIN)
+    run.depth = VF_DIRECT_DEPTH;
+    run.block = (share / VF_DIRECT_DEPTH) & ~(size_t)(VF_ALIGN - 1);
+    if (run.block > VF_DIRECT_MAX)
+        run.block = VF_DIRECT_MAX;
+    if (run.block < VF_DIRECT_MIN) {
         run.block = VF_DIRECT_MIN;
+        run.depth = share / VF_DIRECT_MIN ? share / VF_DIRECT_MIN : 1;
+    }
 
     vf_worker *workers = NULL;
     int sync_ok = 0;
@@ -694,11 +740,13 @@ int sl_verify_run(const sl_index *ix, const sl_manifest *mf, const sluice_option
     for (size_t i = 0; i < run.nitems; i++)
         pr.bytes_total += run.items[i].weight;
     uint64_t interval = (uint64_t)o->progress_interval_ms * 1000000u, last_progress = 0;
+    size_t progress_done = SIZE_MAX; /* tensors_done at the last progress call */
     int first_failure = SLUICE_OK, stop_rc = SLUICE_OK;
     size_t delivered = 0;
     while (rc == SLUICE_OK && started) {
         pthread_mutex_lock(&run.lock);
-        while (delivered == run.ndone && run.running > 0 && !sl_cancel_requested(o->cancel))
+        while (delivered == run.ndone && run.running > 0 &&
+               (stop_rc || !sl_cancel_requested(o->cancel)))
             pthread_cond_wait(&run.cond, &run.lock);
         int have = delivered < run.ndone;
         size_t i = have ? run.done[delivered] : 0;
@@ -734,6 +782,7 @@ int sl_verify_run(const sl_index *ix, const sl_manifest *mf, const sluice_option
         uint64_t now = now_ns();
         if (o->progress && (pr.tensors_done == pr.tensors_total || now - last_progress >= interval)) {
             last_progress = now;
+            progress_done = pr.tensors_done;
             o->progress(o->progress_user, &pr);
         }
     }
@@ -743,8 +792,9 @@ int sl_verify_run(const sl_index *ix, const sl_manifest *mf, const sluice_option
         pthread_join(workers[t].thread, NULL);
         worker_free(&workers[t]);
     }
-    if (o->progress && rc == SLUICE_OK && pr.tensors_done < pr.tensors_total)
-        o->progress(o->progress_user, &pr); /* the last call, when stopped early */
+    /* The last call, when stopped early or when there was nothing to do. */
+    if (o->progress && rc == SLUICE_OK && progress_done != pr.tensors_done)
+        o->progress(o->progress_user, &pr);
     if (sync_ok) {
         pthread_cond_destroy(&run.cond);
         pthread_mutex_destroy(&run.lock);

@@ -367,6 +367,17 @@ static void *release_then_exit(void *arg)
     return NULL;
 }
 
+enum { PAUSE_VERIFY_EXIT = 5 }; /* engine_hooks.h */
+
+/* A verify with nothing to verify against fails inside the call, so its
+ * message is recorded on the way out, while close waits. */
+static void *verify_then_exit(void *arg)
+{
+    close_race *c = arg;
+    assert_int_equal(sluice_verify(c->m, NULL, 0, NULL, NULL), SLUICE_E_MANIFEST);
+    return NULL;
+}
+
 static void *closer(void *arg)
 {
     close_race *c = arg;
@@ -390,6 +401,8 @@ static void close_race_at(int where)
     if (where == 2) {
         assert_int_equal(sluice_acquire_index(c.m, 9, &c.held), SLUICE_OK);
         assert_int_equal(pthread_create(&caller, NULL, release_then_exit, &c), 0);
+    } else if (where == PAUSE_VERIFY_EXIT) {
+        assert_int_equal(pthread_create(&caller, NULL, verify_then_exit, &c), 0);
     } else {
         assert_int_equal(pthread_create(&caller, NULL, stream_then_exit, &c), 0);
     }
@@ -416,6 +429,12 @@ static void close_waits_for_release_exit(void **state)
 {
     (void)state;
     close_race_at(2);
+}
+
+static void close_waits_for_verify_exit(void **state)
+{
+    (void)state;
+    close_race_at(PAUSE_VERIFY_EXIT);
 }
 
 /* ------------------------------------------------------------ bug 3 */
@@ -871,6 +890,7 @@ int main(void)
         cmocka_unit_test(refusal_of_a_nested_stream_fails_it_alone),
         cmocka_unit_test(close_waits_for_stream_exit),
         cmocka_unit_test(close_waits_for_release_exit),
+        cmocka_unit_test(close_waits_for_verify_exit),
         cmocka_unit_test(placement_is_not_exhaustion),
         cmocka_unit_test(truncated_file_fails_only_past_its_end),
         cmocka_unit_test(trim_gives_memory_back),

@@ -514,10 +514,12 @@ int cmd_bench(int argc, char **argv)
                 verify_direct |= sw[SW_VERIFY].v[a] && sw[SW_DIRECT].v[d];
         if (fio && verify_direct) {
             bench_config *c = &rows[nrows++].cfg;
-            unsigned ncpu = (unsigned)sysconf(_SC_NPROCESSORS_ONLN);
+            /* sluice verify runs a thread per CPU, 64 at most */
+            long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+            unsigned threads = cpus < 1 ? 1 : cpus > 64 ? 64 : (unsigned)cpus, depth;
             c->mode = BM_FIO;
-            c->chunk = bench_verify_block(ncpu);
-            c->qd = BENCH_VERIFY_DEPTH * ncpu;
+            bench_verify_shape(threads, &c->chunk, &depth);
+            c->qd = depth * threads;
             c->direct = 1; /* marks it as the verify one */
             c->verify = 1;
             char bs[32];

@@ -132,8 +132,7 @@ double bench_quantile(const bench_row *row, size_t field_offset, double q);
 
 /* The O_DIRECT block sluice_verify reads with on threads threads, and the
  * blocks it keeps in flight per thread (as sluice.h documents). */
-uint64_t bench_verify_block(unsigned threads);
-#define BENCH_VERIFY_DEPTH 24
+void bench_verify_shape(unsigned threads, uint64_t *block, unsigned *depth);
 
 void bench_print_table(FILE *out, const bench_summary *s, const bench_row *rows, size_t nrows);
 int bench_write_csv(const char *path, const bench_summary *s, const bench_row *rows,

@@ -562,16 +562,24 @@ static void reset(bench_result *r)
 
 /* ---------------------------------------------------------------- verify */
 
-uint64_t bench_verify_block(unsigned threads)
+void bench_verify_shape(unsigned threads, uint64_t *block, unsigned *depth)
 {
-    /* sluice.h: min(1 MiB, 2 MiB / threads), 4 KiB aligned, >= 256 KiB */
-    uint64_t b = ((uint64_t)2 << 20) / (threads ? threads : 1);
-    b &= ~(uint64_t)4095;
+    /* sluice.h: min(1 MiB, 2 MiB / threads), 4 KiB aligned, 24 a thread;
+     * past 8 threads 256 KiB blocks, fewer of them, 48 MiB in all */
+    if (!threads)
+        threads = 1;
+    if (threads > 64)
+        threads = 64;
+    uint64_t share = ((uint64_t)48 << 20) / threads;
+    uint64_t b = (share / 24) & ~(uint64_t)4095;
+    *depth = 24;
     if (b > ((uint64_t)1 << 20))
         b = (uint64_t)1 << 20;
-    if (b < ((uint64_t)256 << 10))
+    if (b < ((uint64_t)256 << 10)) {
         b = (uint64_t)256 << 10;
-    return b;
+        *depth = share / b ? (unsigned)(share / b) : 1;
+    }
+    *block = b;
 }
 
 /* sluice_verify of every tensor: open, verify, close. */
@@ -628,17 +636,11 @@ int bench_whole_process(bench_mode mode)
 static void run_whole_process(const bench_model *bm, const bench_config *c,
                               const bench_opts *o, bench_result *r)
 {
-    char self[4096];
-    const char *argv[12];
+    const char *argv[12], *exe = NULL;
     size_t argc = 0;
     if (c->mode == BM_PROC_VERIFY) {
-        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-        if (n <= 0) {
-            fail(r, "cannot find this executable: %s", strerror(errno));
-            return;
-        }
-        self[n] = 0;
-        argv[argc++] = self;
+        exe = "/proc/self/exe"; /* this very file, even if rebuilt since */
+        argv[argc++] = "sluice";
         argv[argc++] = "verify";
         argv[argc++] = bm->path;
         argv[argc++] = "-q";
@@ -653,7 +655,7 @@ static void run_whole_process(const bench_model *bm, const bench_config *c,
             fail(r, "(f) needs a manifest");
             return;
         }
-        argv[argc++] = "/usr/bin/python3";
+        argv[argc++] = exe = "/usr/bin/python3";
         argv[argc++] = "-c";
         argv[argc++] = (const char *)py_verify_script;
         argv[argc++] = bm->path;
@@ -683,7 +685,7 @@ static void run_whole_process(const bench_model *bm, const bench_config *c,
             dup2(null, 1);
             dup2(null, 2);
         }
-        execv(argv[0], (char *const *)argv);
+        execv(exe, (char *const *)argv);
         _exit(127);
     }
     int status = 0;
