@@ -152,7 +152,6 @@ SLUICE_API int sluice_metrics_serve(const char *addr, unsigned port, sluice_metr
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)SL_SERVE_CONNECTIONS,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)SL_SERVE_REQUEST_BYTES,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)SL_SERVE_TIMEOUT_S,
-                            MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
                             MHD_OPTION_END);
     if (!s->d) {
         pthread_mutex_destroy(&s->lock);
