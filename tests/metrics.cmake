@@ -9,3 +9,9 @@ if(TEST test_metrics)
   set_tests_properties(metrics_promtool PROPERTIES LABELS "prometheus;metrics"
     SKIP_RETURN_CODE 77 TIMEOUT 120)
 endif()
+if(TEST test_metrics)
+  add_test(NAME metrics_prometheus
+    COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/metrics/prometheus.sh $<TARGET_FILE:test_metrics>)
+  set_tests_properties(metrics_prometheus PROPERTIES LABELS "prometheus;metrics"
+    SKIP_RETURN_CODE 77 TIMEOUT 150)
+endif()

@@ -443,8 +443,79 @@ static void test_endpoint(void **state)
     assert_int_equal(sluice_close(m), SLUICE_OK);
 }
 
-int main(void)
+/* test_metrics --free-port: prints a free TCP port of 127.0.0.1. */
+static int free_port_main(void)
 {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) != 0)
+        return 1;
+    printf("%u\n", (unsigned)ntohs(a.sin_port));
+    close(fd);
+    return 0;
+}
+
+/* test_metrics --serve PORTFILE SECONDS: for metrics_prometheus.sh. Loads
+ * the fixture model with one tampered tensor (every good tensor acquired
+ * in reverse order, so that read-ahead stays off, then the tampered one
+ * once: exactly one checksum failure), serves its metrics on a free port
+ * of 127.0.0.1, writes the port to PORTFILE, and serves for SECONDS. */
+static int serve_main(const char *portfile, int seconds)
+{
+    char *dir = ef_model(1, ef_sizes, EF_NSIZES, 7);
+    sluice_options o = ef_opts(8 << 20, 64 << 10, 0);
+    o.metrics_label = "tampered";
+    sluice_model *m = NULL;
+    if (sluice_open(dir, &o, &m) != SLUICE_OK)
+        return 1;
+    size_t n = sluice_count(m), bad = 5;
+    unsigned char(*d)[32] = calloc(n, 32);
+    unsigned char *has = calloc(n, 1);
+    memset(d[bad], 0xab, 32);
+    has[bad] = 1;
+    sl_engine_set_digests(m, (const unsigned char(*)[32])d, has);
+    int fails = 0;
+    for (size_t i = n; i-- > 0;) {
+        if (i == bad)
+            continue;
+        sluice_tensor *t = NULL;
+        fails += sluice_acquire_index(m, i, &t) != SLUICE_OK;
+        sluice_release(t);
+    }
+    sluice_tensor *t = NULL;
+    fails += sluice_acquire_index(m, bad, &t) != SLUICE_E_CHECKSUM;
+    sluice_metrics_server *s = NULL;
+    if (fails || sluice_metrics_serve(NULL, 0, &s) != SLUICE_OK ||
+        sluice_metrics_server_add(s, m) != SLUICE_OK)
+        return 1;
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", portfile);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return 1;
+    fprintf(f, "%u\n", sluice_metrics_server_port(s));
+    fclose(f);
+    rename(tmp, portfile);
+    sleep((unsigned)seconds);
+    sluice_metrics_server_remove(s, m);
+    sluice_metrics_server_free(s);
+    sluice_close(m);
+    tu_rmtree(dir);
+    free(dir);
+    free(d);
+    free(has);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 2 && !strcmp(argv[1], "--free-port"))
+        return free_port_main();
+    if (argc == 4 && !strcmp(argv[1], "--serve"))
+        return serve_main(argv[2], atoi(argv[3]));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_one_model),
         cmocka_unit_test(test_several_models_and_escapes),
