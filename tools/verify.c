@@ -4,6 +4,7 @@
 #include "cmd.h"
 #include "digest.h"
 #include "integrity.h"
+#include "metrics_cli.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -83,6 +84,7 @@ static void usage(FILE *out)
             "                    \"files\" digests and sizes\n"
             "  -q, --quiet       no progress bar (shown only when stderr is a terminal)\n"
             IG_LOADER_HELP
+            MC_PORT_HELP
             "\n"
             "Exit status: 0 everything matched, 1 a mismatch or read failure, 2 usage\n"
             "or open error (including a manifest that cannot be used).\n");
@@ -91,7 +93,7 @@ static void usage(FILE *out)
 int cmd_verify(int argc, char **argv)
 {
     const char *path = NULL;
-    int files = 0, quiet = 0;
+    int files = 0, quiet = 0, metrics_port = -1;
     sluice_options o;
     sluice_options_init(&o);
     for (int i = 1; i < argc; i++) {
@@ -101,6 +103,9 @@ int cmd_verify(int argc, char **argv)
             usage(stdout);
             return 0;
         } else if ((r = ig_file_option("verify", argc, argv, &i, "--manifest", "-m", &o.manifest_path)) != 0) {
+            if (r < 0)
+                return 2;
+        } else if ((r = mc_port_option("verify", argc, argv, &i, &metrics_port)) != 0) {
             if (r < 0)
                 return 2;
         } else if (!strcmp(a, "--files")) {
@@ -148,11 +153,15 @@ int cmd_verify(int argc, char **argv)
             total += fi.file_size;
         }
 
+    int serve_failed = 0;
+    sluice_metrics_server *ms = mc_serve("verify", metrics_port, m, &serve_failed);
     vf_state s = {.model = m};
     size_t files_ok = 0, files_failed = 0;
     int status = 2;
     dg_job *fh = NULL;
     s.bar = progress_start("verify", total, quiet);
+    if (serve_failed)
+        goto done;
     if (files && !(fh = dg_start(m, 1, 0, 0, s.bar)))
         goto done;
     rc = sluice_stream(m, NULL, 0, on_tensor, &s);
@@ -203,6 +212,7 @@ int cmd_verify(int argc, char **argv)
 done:
     progress_stop(s.bar);
     dg_free(fh);
+    mc_stop(ms, m);
     if (sluice_close(m) != SLUICE_OK) {
         fprintf(stderr, "sluice verify: %s\n", sluice_errmsg(m));
         status = 2;
