@@ -183,6 +183,35 @@ static void test_several_models_and_escapes(void **state)
         assert_int_equal(sluice_close(ms[k]), SLUICE_OK);
 }
 
+/* Retries by cause, from injected faults. */
+static void test_retry_causes(void **state)
+{
+    (void)state;
+    sluice_options o = ef_opts(8 << 20, 64 << 10, 0);
+    o.metrics_label = "r";
+    sluice_model *m = ef_open(model_dir, &o);
+    struct {
+        sl_io_fault kind;
+        const char *line;
+    } cases[] = {{SL_IO_FAULT_EINTR, "sluice_read_retries_total{model=\"r\",cause=\"eintr\"} 2\n"},
+                 {SL_IO_FAULT_EAGAIN, "sluice_read_retries_total{model=\"r\",cause=\"eagain\"} 2\n"},
+                 {SL_IO_FAULT_SHORT, "sluice_read_retries_total{model=\"r\",cause=\"short\"} 2\n"}};
+    for (int k = 0; k < 3; k++) {
+        sl_engine_drop_cache(m);
+        assert_int_equal(sl_engine_set_fault(m, cases[k].kind, 1, 2), SLUICE_OK);
+        sluice_tensor *t = NULL;
+        assert_int_equal(sluice_acquire_index(m, 9, &t), SLUICE_OK); /* 200000 bytes */
+        sluice_release(t);
+        sl_engine_quiesce(m);
+        sl_engine_set_fault(m, SL_IO_FAULT_NONE, 0, 0);
+        char *p = render(&m, 1, SLUICE_METRICS_PROMETHEUS);
+        if (!strstr(p, cases[k].line))
+            fail_msg("want %s in:\n%s", cases[k].line, strstr(p, "# HELP sluice_read_retries"));
+        free(p);
+    }
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+}
+
 static void test_bad_input(void **state)
 {
     (void)state;
@@ -519,6 +548,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_one_model),
         cmocka_unit_test(test_several_models_and_escapes),
+        cmocka_unit_test(test_retry_causes),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_endpoint),
     };
