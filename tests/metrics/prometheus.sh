@@ -26,7 +26,7 @@ trap cleanup EXIT
 trap 'exit 1' INT TERM
 fail() { echo "FAIL: $*"; echo "--- prometheus log"; tail -n 30 "$dir/prom.log" 2>/dev/null; exit 1; }
 
-"$bin" --serve "$dir/port" 90 &
+TMPDIR="$dir" "$bin" --serve "$dir/port" 90 &  # its model lives in $dir too
 served=$!
 i=0
 while [ ! -s "$dir/port" ]; do
