@@ -6,7 +6,9 @@
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-sh tools/deps.sh clang libclang-rt-14-dev
+# libmicrohttpd-dev: the metrics endpoint; prometheus and curl: the
+# metrics_promtool and metrics_prometheus ctests (about 12 s together)
+sh tools/deps.sh clang libclang-rt-14-dev libmicrohttpd-dev prometheus curl
 jobs=$(nproc 2>/dev/null || echo 2)
 
 echo "== ASan + UBSan build, all tests"
