@@ -937,6 +937,12 @@ SLUICE_API int sluice_stats(sluice_model *model, struct sluice_stats *stats);
  *   sluice_direct_fallbacks_total{cause="open"|"read"} (files read
  *   buffered though O_DIRECT was asked: the twin could not be opened, or
  *   a read was refused), sluice_evictions_total, sluice_streams_total.
+ *   sluice_verify (no load; none of the counters above moves) counts
+ *   apart, each item as it is reported: sluice_verify_runs_total,
+ *   sluice_verify_items_total{kind="tensor"|"file",
+ *   result="ok"|"checksum"|"error"} (checksum: SLUICE_E_CHECKSUM; error:
+ *   any other status), sluice_verify_bytes_hashed_total (the reported
+ *   items' bytes).
  * Gauges:
  *   sluice_pool_budget_bytes, sluice_pool_in_use_bytes,
  *   sluice_pool_high_water_bytes, sluice_live_handles,

@@ -608,6 +608,8 @@ SLUICE_API int sluice_verify(sluice_model *m, const char *const *names, size_t n
         free(ids);
         return sl_model_error(m, &err);
     }
+    sl_verify_tally tally; /* the model's metrics count each item as it is reported */
+    sl_metrics_verify_begin(sl_engine_metrics(e), &tally, &vo);
     struct sluice_verify_report r;
     int rc = sl_verify_run(&m->index, m->manifest, &m->opts, ids, names ? n : 0, !names, &vo,
                            &r, &err);

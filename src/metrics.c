@@ -102,6 +102,28 @@ void sl_metrics_first_tensor(sl_metrics *m)
         sl_metrics_since(m, SL_H_FIRST_TENSOR, m->open_ns);
 }
 
+static int verify_counted(void *user, const struct sluice_verify_item *it)
+{
+    sl_verify_tally *t = user;
+    int result = it->status == SLUICE_OK            ? SL_VERIFY_OK
+               : it->status == SLUICE_E_CHECKSUM ? SL_VERIFY_CHECKSUM
+                                                 : SL_VERIFY_ERROR;
+    int kind = it->kind == SLUICE_VERIFY_ITEM_FILE;
+    sl_metrics_add(t->m, &t->m->verify_items[kind][result], 1);
+    sl_metrics_add(t->m, &t->m->verify_bytes, it->bytes);
+    return t->on_item ? t->on_item(t->user, it) : 0;
+}
+
+void sl_metrics_verify_begin(sl_metrics *m, sl_verify_tally *t, sluice_verify_options *o)
+{
+    sl_metrics_add(m, &m->verifies, 1);
+    if (!m->on)
+        return; /* the caller's callback untouched: no cost */
+    *t = (sl_verify_tally){m, o->on_item, o->user};
+    o->on_item = verify_counted;
+    o->user = t;
+}
+
 sl_metrics *sl_engine_metrics(sl_engine *e)
 {
     return &e->met;
@@ -127,6 +149,7 @@ typedef struct snap {
     struct sluice_stats st;
     uint64_t live, streams_running;
     uint64_t misses, streams, retries[SL_RETRY_COUNT_], fallbacks[SL_FALLBACK_COUNT_];
+    uint64_t verifies, verify_items[2][SL_VERIFY_RESULT_COUNT_], verify_bytes;
     uint64_t bucket[SL_H_COUNT_][SL_HIST_BUCKETS + 1];
     uint64_t sum[SL_H_COUNT_];
 } snap;
@@ -147,6 +170,11 @@ static void take_snap(sl_engine *e, snap *s)
         s->retries[k] = LOAD(m->retries[k]);
     for (int k = 0; k < SL_FALLBACK_COUNT_; k++)
         s->fallbacks[k] = LOAD(m->fallbacks[k]);
+    s->verifies = LOAD(m->verifies);
+    for (int k = 0; k < 2; k++)
+        for (int r = 0; r < SL_VERIFY_RESULT_COUNT_; r++)
+            s->verify_items[k][r] = LOAD(m->verify_items[k][r]);
+    s->verify_bytes = LOAD(m->verify_bytes);
     for (int h = 0; h < SL_H_COUNT_; h++) {
         for (unsigned b = 0; b <= SL_HIST_BUCKETS; b++)
             s->bucket[h][b] = LOAD(m->hist[h].bucket[b]);
@@ -268,7 +296,8 @@ static void scalar(ctx *c, const char *name, const char *type, const char *help,
     }
 }
 
-/* A family with one extra label: values[j] at offsets offs[j]. */
+/* A family with one extra label: values[j] at offsets offs[j]; label NULL:
+ * each values[j] is already the label pairs. */
 static void labelled(ctx *c, const char *name, const char *type, const char *help,
                      const char *label, const char *const *values, const size_t *offs, int nv)
 {
@@ -276,7 +305,10 @@ static void labelled(ctx *c, const char *name, const char *type, const char *hel
     for (size_t k = 0; k < c->n; k++)
         for (int j = 0; j < nv; j++) {
             char extra[64];
-            snprintf(extra, sizeof extra, "%s=\"%s\"", label, values[j]);
+            if (label)
+                snprintf(extra, sizeof extra, "%s=\"%s\"", label, values[j]);
+            else
+                snprintf(extra, sizeof extra, "%s", values[j]);
             series(c, k, name, "", extra);
             uint64_t v;
             memcpy(&v, (const char *)&c->snaps[k] + offs[j], sizeof v);
@@ -321,6 +353,14 @@ static void render(ctx *c)
     static const size_t retry_offs[] = {OFF(retries[0]), OFF(retries[1]), OFF(retries[2])};
     static const char *const fb_causes[] = {"open", "read"};
     static const size_t fb_offs[] = {OFF(fallbacks[0]), OFF(fallbacks[1])};
+    static const char *const verify_pairs[] = {
+        "kind=\"tensor\",result=\"ok\"", "kind=\"tensor\",result=\"checksum\"",
+        "kind=\"tensor\",result=\"error\"", "kind=\"file\",result=\"ok\"",
+        "kind=\"file\",result=\"checksum\"", "kind=\"file\",result=\"error\""};
+    static const size_t verify_offs[] = {
+        OFF(verify_items[0][SL_VERIFY_OK]), OFF(verify_items[0][SL_VERIFY_CHECKSUM]),
+        OFF(verify_items[0][SL_VERIFY_ERROR]), OFF(verify_items[1][SL_VERIFY_OK]),
+        OFF(verify_items[1][SL_VERIFY_CHECKSUM]), OFF(verify_items[1][SL_VERIFY_ERROR])};
 
     scalar(c, "sluice_bytes_read_total", "counter",
            "Bytes the reads brought in, coalescing waste included.", OFF(st.bytes_read));
@@ -351,6 +391,14 @@ static void render(ctx *c)
     scalar(c, "sluice_evictions_total", "counter", "Cached tensors evicted from the pool.",
            OFF(st.evictions));
     scalar(c, "sluice_streams_total", "counter", "sluice_stream calls finished.", OFF(streams));
+    scalar(c, "sluice_verify_runs_total", "counter",
+           "sluice_verify calls (verifying without loading) that ran.", OFF(verifies));
+    labelled(c, "sluice_verify_items_total", "counter",
+             "Items sluice_verify reported, by kind and result: ok, checksum (digest or "
+             "file size differ) or error (I/O, file changed, no digest, ...).",
+             NULL, verify_pairs, verify_offs, 6);
+    scalar(c, "sluice_verify_bytes_hashed_total", "counter",
+           "Bytes sluice_verify hashed for the items it reported.", OFF(verify_bytes));
     scalar(c, "sluice_pool_budget_bytes", "gauge", "The pool's budget.", OFF(st.pool_bytes));
     scalar(c, "sluice_pool_in_use_bytes", "gauge", "Pool bytes held by buffers now.",
            OFF(st.pool_in_use));

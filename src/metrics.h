@@ -45,6 +45,9 @@ typedef struct sl_hist {
 
 enum { SL_RETRY_SHORT = 0, SL_RETRY_EINTR, SL_RETRY_EAGAIN, SL_RETRY_COUNT_ };
 enum { SL_FALLBACK_OPEN = 0, SL_FALLBACK_READ, SL_FALLBACK_COUNT_ };
+/* sluice_verify's items by result: matched (or hashed, digests only), the
+ * digest or a file's size differ (SLUICE_E_CHECKSUM), any other failure. */
+enum { SL_VERIFY_OK = 0, SL_VERIFY_CHECKSUM, SL_VERIFY_ERROR, SL_VERIFY_RESULT_COUNT_ };
 
 typedef struct sl_metrics {
     int on;                            /* immutable after init */
@@ -54,6 +57,11 @@ typedef struct sl_metrics {
     _Atomic uint64_t retries[SL_RETRY_COUNT_];
     _Atomic uint64_t fallbacks[SL_FALLBACK_COUNT_];
     _Atomic uint64_t streams;          /* sluice_stream calls finished */
+    /* sluice_verify (no engine load): its calls, and its items as they
+     * are reported, by kind (SLUICE_VERIFY_ITEM_*) and SL_VERIFY_* */
+    _Atomic uint64_t verifies;
+    _Atomic uint64_t verify_items[2][SL_VERIFY_RESULT_COUNT_];
+    _Atomic uint64_t verify_bytes;     /* the reported items' bytes hashed */
     sl_hist hist[SL_H_COUNT_];
 } sl_metrics;
 
@@ -93,6 +101,20 @@ static inline void sl_metrics_since(sl_metrics *m, int h, uint64_t t0)
 
 /* The first handle of the model went out: records open-to-first once. */
 void sl_metrics_first_tensor(sl_metrics *m);
+
+/* sluice_verify's metrics, counted while it runs so that a scrape during
+ * a long verify sees it go: the caller's callback and user, kept while
+ * o's point at sl_metrics_verify_begin's counting callback. */
+typedef struct sl_verify_tally {
+    sl_metrics *m;
+    sluice_verify_fn on_item;
+    void *user;
+} sl_verify_tally;
+
+/* Counts one sluice_verify call in m and, metrics on, makes o (the
+ * verify's own copy of the options) count each item in m before calling
+ * the caller's callback; t must outlive the verify. */
+void sl_metrics_verify_begin(sl_metrics *m, sl_verify_tally *t, sluice_verify_options *o);
 
 /* Renders the models (n >= 1, each usable, labels distinct) into buf as
  * sluice_metrics_write_models says. Called by api.c with every engine

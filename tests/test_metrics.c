@@ -5,12 +5,14 @@
  * the test hook) is loaded with acquires and a stream; the rendering must
  * count the checksum failure, fill the acquire histogram, escape labels,
  * render several models with one HELP/TYPE per family, and refuse bad
- * input. With SLUICE_METRICS_DUMP=DIR in the environment every rendering
+ * input. sluice_verify (no load) with one byte flipped counts its items
+ * by kind and result as they are reported. With SLUICE_METRICS_DUMP=DIR in the environment every rendering
  * is also written to DIR (metrics_promtool.sh feeds them to promtool).
  * The endpoint: 200 on GET /metrics, 404, 405, an oversized request, slow
  * clients and 200 connections at once while a load runs.
  */
 #include "engine_fixture.h"
+#include "mf_fixture.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -210,6 +212,121 @@ static void test_retry_causes(void **state)
         free(p);
     }
     assert_int_equal(sluice_close(m), SLUICE_OK);
+}
+
+/* The line "name{model=\"v\"<extra>} value\n" is in p. */
+static void want_sample(const char *p, const char *name, const char *extra, unsigned long long v)
+{
+    char line[256];
+    snprintf(line, sizeof line, "%s{model=\"v\"%s} %llu\n", name, extra, v);
+    if (!strstr(p, line))
+        fail_msg("want %s in:\n%s", line, p);
+}
+
+#define VERIFY_ITEMS "sluice_verify_items_total"
+
+typedef struct verify_seen {
+    sluice_model *m;
+    size_t calls;
+} verify_seen;
+
+/* The items are counted before the caller's callback sees them. */
+static int verify_cb(void *user, const struct sluice_verify_item *it)
+{
+    verify_seen *s = user;
+    (void)it;
+    s->calls++;
+    char *p = render(&s->m, 1, SLUICE_METRICS_PROMETHEUS);
+    unsigned long long sum = 0;
+    for (const char *q = p; (q = strstr(q, VERIFY_ITEMS "{model=\"v\",")); q++)
+        sum += strtoull(strchr(q, '}') + 2, NULL, 10);
+    assert_int_equal(sum, s->calls);
+    free(p);
+    return 0;
+}
+
+/* sluice_verify (no engine load) with one byte of one tensor flipped and
+ * whole files asked for, the manifest (flat: no file digests) computed
+ * here: one tensor fails its checksum, the file has no digest (error),
+ * the others are ok; the bytes hashed are the report's; the load counters
+ * stay 0. With SLUICE_METRICS=0 nothing is counted, the callback still
+ * called. */
+static void test_verify_counts(void **state)
+{
+    (void)state;
+    char *dir = ef_model(1, ef_sizes, EF_NSIZES, 7);
+    char *shard = tu_join(dir, "model-00001-of-00001.safetensors");
+    char *mfp = tu_join(dir, "sluice.manifest.json");
+    sluice_options o = ef_opts(8 << 20, 64 << 10, 0);
+    o.verify = SLUICE_VERIFY_OFF;
+    sluice_model *m = ef_open(dir, &o);
+    mf_buf b = {0};
+    mf_addf(&b, "{");
+    for (size_t i = 0; i < sluice_count(m); i++) {
+        struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+        assert_int_equal(sluice_info(m, i, &ti), SLUICE_OK);
+        void *bytes = tu_pread_range(shard, ti.offset, (size_t)ti.nbytes);
+        uint8_t d[32];
+        char hex[65];
+        mf_sha256(bytes, (size_t)ti.nbytes, d);
+        free(bytes);
+        mf_addf(&b, "%s\"%s\":\"%s\"", i ? "," : "", ti.name, mf_hex(d, hex));
+    }
+    mf_addf(&b, "}");
+    mf_write_text(mfp, b.p);
+    mf_buf_free(&b);
+    struct sluice_tensor_info bad = SLUICE_TENSOR_INFO_INIT;
+    assert_int_equal(sluice_find(m, "s0.t012", &bad), SLUICE_OK); /* 12345 bytes */
+    mf_flip_byte(shard, bad.offset + bad.nbytes / 2);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+
+    for (int on = 1; on >= 0; on--) {
+        o = ef_opts(8 << 20, 64 << 10, 0);
+        o.metrics_label = "v";
+        setenv("SLUICE_METRICS", on ? "1" : "0", 1);
+        m = ef_open(dir, &o);
+        unsetenv("SLUICE_METRICS");
+        size_t n = sluice_count(m);
+        verify_seen s = {.m = m};
+        sluice_verify_options vo;
+        sluice_verify_options_init(&vo);
+        vo.flags = SLUICE_VF_FILES;
+        vo.threads = 2;
+        vo.on_item = on ? verify_cb : NULL;
+        vo.user = &s;
+        struct sluice_verify_report r = {.size = sizeof r};
+        assert_int_not_equal(sluice_verify(m, NULL, 0, &vo, &r), SLUICE_OK);
+        assert_int_equal(r.tensors_ok, n - 1);
+        assert_int_equal(r.tensors_failed, 1);
+        assert_int_equal(r.files_failed, 1);
+        assert_int_equal(s.calls, on ? n + 1 : 0);
+        char *p = render(&m, 1, SLUICE_METRICS_PROMETHEUS);
+        want_sample(p, "sluice_verify_runs_total", "", on);
+        want_sample(p, VERIFY_ITEMS, ",kind=\"tensor\",result=\"ok\"", on ? n - 1 : 0);
+        want_sample(p, VERIFY_ITEMS, ",kind=\"tensor\",result=\"checksum\"", on);
+        want_sample(p, VERIFY_ITEMS, ",kind=\"tensor\",result=\"error\"", 0);
+        want_sample(p, VERIFY_ITEMS, ",kind=\"file\",result=\"ok\"", 0);
+        want_sample(p, VERIFY_ITEMS, ",kind=\"file\",result=\"checksum\"", 0);
+        want_sample(p, VERIFY_ITEMS, ",kind=\"file\",result=\"error\"", on);
+        want_sample(p, "sluice_verify_bytes_hashed_total", "", on ? r.bytes_hashed : 0);
+        want_sample(p, "sluice_tensors_loaded_total", "", 0);
+        want_sample(p, "sluice_checksum_failures_total", "", 0);
+        want_sample(p, "sluice_bytes_hashed_total", "", 0);
+        assert_int_equal(count_of(p, "# TYPE " VERIFY_ITEMS " counter\n"), 1);
+        if (on)
+            dump("verify.prom", p);
+        free(p);
+        char *om = render(&m, 1, SLUICE_METRICS_OPENMETRICS);
+        assert_non_null(strstr(om, "# TYPE sluice_verify_items counter\n"));
+        if (on)
+            dump("verify.om", om);
+        free(om);
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+    }
+    tu_rmtree(dir);
+    free(dir);
+    free(shard);
+    free(mfp);
 }
 
 static void test_bad_input(void **state)
@@ -549,6 +666,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_one_model),
         cmocka_unit_test(test_several_models_and_escapes),
         cmocka_unit_test(test_retry_causes),
+        cmocka_unit_test(test_verify_counts),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_endpoint),
     };
