@@ -27,4 +27,7 @@ cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebI
       -DSLUICE_FUZZ=ON -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_TOOLS=OFF >/dev/null
 cmake --build build-fuzz -j "$jobs"
 sh tests/fuzz/run.sh build-fuzz "${SLUICE_FUZZ_SECONDS:-45}"
+
+echo "== Python binding (bindings/python), pytest"
+sh tools/test_python.sh
 echo "all tests passed"
