@@ -22,10 +22,10 @@ import numpy as _np
 
 from . import _errors
 from ._errors import (  # noqa: F401  (re-exported)
-    BusyError, CancelledError, ChecksumError, ClosedError, Error, FileChangedError,
+    BufferTooSmallError, BusyError, CancelledError, ChecksumError, ClosedError, Error, FileChangedError,
     HeaderError, InvalidArgumentError, ManifestError, NoFilesError, NotFoundError,
     OutOfMemoryError, PoolError, PoolExhaustedError, ReadError, ShardIndexError,
-    TooLargeError, error_class,
+    TooLargeError, UnsupportedError, error_class,
 )
 from . import _sluice
 
@@ -37,7 +37,8 @@ __all__ = [
     "HeaderError", "ManifestError", "ShardIndexError", "ReadError", "FileChangedError",
     "NotFoundError", "NoFilesError", "InvalidArgumentError", "ClosedError",
     "OutOfMemoryError", "PoolError", "TooLargeError", "PoolExhaustedError", "BusyError",
-    "CancelledError", "parse_size", "HAVE_ML_DTYPES",
+    "CancelledError", "BufferTooSmallError", "UnsupportedError", "parse_size",
+    "HAVE_ML_DTYPES",
 ]
 
 # ------------------------------------------------------------------ dtypes

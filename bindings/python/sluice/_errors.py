@@ -4,7 +4,8 @@ Every one is a sluice.Error with .code (the negative SLUICE_E_* value) and
 .message (the library's message, unchanged). Where a built-in exception
 means the same thing, the class derives from it too, so that ordinary
 handlers catch it: NotFoundError is a KeyError, ReadError an OSError,
-InvalidArgumentError a ValueError, OutOfMemoryError a MemoryError.
+InvalidArgumentError a ValueError, OutOfMemoryError a MemoryError,
+BufferTooSmallError a ValueError, UnsupportedError a NotImplementedError.
 """
 
 # The codes of sluice.h, by name (they never change value).
@@ -18,6 +19,7 @@ E_INDEX, E_INDEX_SHARD, E_INDEX_MISMATCH = -30, -31, -32
 E_MANIFEST, E_MANIFEST_FORMAT, E_MANIFEST_DIGEST = -40, -41, -42
 E_MANIFEST_DUPLICATE, E_MANIFEST_UNKNOWN, E_MANIFEST_MISSING, E_CHECKSUM = -43, -44, -45, -46
 E_TOO_LARGE, E_POOL_EXHAUSTED, E_BUSY, E_FILE_CHANGED, E_CANCELLED = -50, -51, -52, -53, -54
+E_BUFFER, E_UNSUPPORTED = -60, -61
 
 
 class Error(Exception):
@@ -104,6 +106,15 @@ class CancelledError(Error):
     """SLUICE_E_CANCELLED."""
 
 
+class BufferTooSmallError(Error, ValueError):
+    """SLUICE_E_BUFFER: an output buffer given to the library is too small."""
+
+
+class UnsupportedError(Error, NotImplementedError):
+    """SLUICE_E_UNSUPPORTED: the library was built without what the call needs
+    (the metrics endpoint without libmicrohttpd, say)."""
+
+
 _BY_CODE = {
     E_INVAL: InvalidArgumentError, E_NOMEM: OutOfMemoryError, E_IO: ReadError,
     E_NOT_FOUND: NotFoundError, E_NO_FILES: NoFilesError,
@@ -111,6 +122,7 @@ _BY_CODE = {
     E_CHECKSUM: ChecksumError, E_TOO_LARGE: TooLargeError,
     E_POOL_EXHAUSTED: PoolExhaustedError, E_BUSY: BusyError,
     E_FILE_CHANGED: FileChangedError, E_CANCELLED: CancelledError,
+    E_BUFFER: BufferTooSmallError, E_UNSUPPORTED: UnsupportedError,
 }
 for _c in range(E_METADATA, E_HEADER_SHORT + 1):
     _BY_CODE[_c] = HeaderError

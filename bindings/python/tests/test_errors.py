@@ -131,10 +131,16 @@ def test_file_changed(tmp_path):
 
 
 def test_error_classes():
-    for code in range(-54, 0):
+    for code in list(range(-54, 0)) + [-60, -61]:
         cls = sluice.error_class(code)
         assert issubclass(cls, sluice.Error)
     assert sluice.error_class(-46) is sluice.ChecksumError
+    for code in (-60, -61):  # the library knows them (the build compiled src/ of today)
+        assert sluice._sluice.strerror(code) != sluice._sluice.strerror(-999)
+    assert sluice.error_class(E.E_BUFFER) is sluice.BufferTooSmallError
+    assert issubclass(sluice.BufferTooSmallError, ValueError)
+    assert sluice.error_class(E.E_UNSUPPORTED) is sluice.UnsupportedError
+    assert issubclass(sluice.UnsupportedError, NotImplementedError)
     assert sluice.error_class(-999) is sluice.Error
     assert sluice.error_class(E.E_IO) is sluice.ReadError
 
