@@ -385,6 +385,33 @@ class Model:
         the previous hint; an empty list goes back to the model's order)."""
         self._m.prefetch(self._indices(names))
 
+    def verify(self, names=None, files=False, threads=None):
+        """Checks tensors (names; None: every one) and, with files=True,
+        every whole file against the manifest without loading them
+        (sluice_verify: no pool, no array; each thread preads into a small
+        reused buffer). threads: None for the model's hash_threads.
+        Returns a dict of the report: tensors_ok, tensors_failed, files_ok,
+        files_failed, bytes_hashed, bytes_direct, threads, elapsed_ns, and
+        failures, a list of Error (ChecksumError, FileChangedError, ...)
+        each with .name (the tensor's name or the file's path) and .kind
+        ("tensor" or "file"): empty when everything matched. Raises when
+        the verify cannot run at all: ManifestError when no manifest was
+        read, NotFoundError for an unknown name, InvalidArgumentError."""
+        if not isinstance(files, bool):
+            raise TypeError(f"files must be a bool, not {type(files).__name__}")
+        threads = _opt_int(threads, "threads") or 0
+        code, message, failed, report = self._m.verify(self._indices(names), files, threads)
+        failures = []
+        for kind, i, c, msg in failed:
+            name = self._m.info(i)[0] if kind == "tensor" else self._m.file_info(i)[0]
+            e = _errors.make_error(c, msg, name)
+            e.kind = kind
+            failures.append(e)
+        if code != 0 and not failures:
+            raise _errors.make_error(code, message)
+        report["failures"] = failures
+        return report
+
     def stream(self, names=None, framework="np"):
         """Iterator of (name, tensor) in completion order, for names (None:
         every tensor), memory bounded by the pool. Failed tensors are not

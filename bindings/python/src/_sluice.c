@@ -600,6 +600,105 @@ static PyObject *model_trim(ModelObject *self, PyObject *unused)
     return PyLong_FromUnsignedLongLong(released);
 }
 
+/* ----------------------------------------------------------------- verify */
+
+/* A failed item of a verify, kept on the calling thread (GIL released). */
+typedef struct {
+    int kind;
+    size_t index;
+    int status;
+    char *message; /* malloc'd; NULL: out of memory (strerror is used) */
+} VerifyFailure;
+
+typedef struct {
+    VerifyFailure *v;
+    size_t n, cap;
+    int nomem;
+} VerifyFailures;
+
+static int verify_item(void *user, const struct sluice_verify_item *it)
+{
+    VerifyFailures *f = user;
+    if (it->status == SLUICE_OK)
+        return 0;
+    if (f->n == f->cap) {
+        size_t cap = f->cap ? 2 * f->cap : 16;
+        VerifyFailure *v = realloc(f->v, cap * sizeof *v);
+        if (!v) {
+            f->nomem = 1;
+            return 1; /* stops the verify: its failures could not be kept */
+        }
+        f->v = v;
+        f->cap = cap;
+    }
+    f->v[f->n++] = (VerifyFailure){it->kind, it->index, it->status,
+                                   it->message ? strdup(it->message) : NULL};
+    return 0;
+}
+
+/* verify(indices or None, files, threads) -> (code, message, failures,
+ * report): failures a list of ("tensor" or "file", index, code, message),
+ * report a dict of struct sluice_verify_report. The GIL is released
+ * while the library reads and hashes. */
+static PyObject *model_verify(ModelObject *self, PyObject *args)
+{
+    PyObject *indices;
+    int files;
+    unsigned int threads;
+    if (!PyArg_ParseTuple(args, "OpI", &indices, &files, &threads) || !model_usable(self))
+        return NULL;
+    const char **names = NULL;
+    size_t n = 0;
+    if (indices != Py_None && !(names = names_from_indices(self, indices, &n)))
+        return NULL;
+    sluice_verify_options o;
+    sluice_verify_options_init(&o);
+    o.flags = files ? SLUICE_VF_FILES : 0;
+    o.threads = threads;
+    VerifyFailures f = {0};
+    o.on_item = verify_item;
+    o.user = &f;
+    struct sluice_verify_report r;
+    memset(&r, 0, sizeof r);
+    r.size = sizeof r;
+    char message[1024] = "";
+    int rc;
+    sluice_model *m = self->m;
+    self->in_flight++;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sluice_verify(m, names, n, &o, &r);
+    if (rc != SLUICE_OK) /* per thread: read before another call records its own */
+        snprintf(message, sizeof message, "%s", sluice_errmsg(m));
+    Py_END_ALLOW_THREADS
+    self->in_flight--;
+    PyMem_Free(names);
+    PyObject *list = f.nomem ? NULL : PyList_New((Py_ssize_t)f.n);
+    for (size_t k = 0; list && k < f.n; k++) {
+        const VerifyFailure *v = &f.v[k];
+        PyObject *t = Py_BuildValue("(snis)", v->kind == SLUICE_VERIFY_ITEM_FILE ? "file" : "tensor",
+                                    (Py_ssize_t)v->index, v->status,
+                                    v->message ? v->message : sluice_strerror(v->status));
+        if (!t)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, (Py_ssize_t)k, t);
+    }
+    for (size_t k = 0; k < f.n; k++)
+        free(f.v[k].message);
+    free(f.v);
+    model_maybe_close(self);
+    if (!list)
+        return PyErr_Occurred() ? NULL : PyErr_NoMemory();
+#define U(x) (unsigned long long)(x)
+    return Py_BuildValue("(isN{s:n,s:n,s:n,s:n,s:K,s:K,s:I,s:K})", rc, message, list,
+                         "tensors_ok", (Py_ssize_t)r.tensors_ok, "tensors_failed",
+                         (Py_ssize_t)r.tensors_failed, "files_ok", (Py_ssize_t)r.files_ok,
+                         "files_failed", (Py_ssize_t)r.files_failed, "bytes_hashed",
+                         U(r.bytes_hashed), "bytes_direct", U(r.bytes_direct), "threads",
+                         (unsigned int)r.threads, "elapsed_ns", U(r.elapsed_ns));
+#undef U
+}
+
 /* ----------------------------------------------------------------- Stream */
 
 typedef struct {
@@ -840,6 +939,8 @@ static PyMethodDef model_methods[] = {
     {"prefetch", (PyCFunction)model_prefetch, METH_O, "Read-ahead hint by indices."},
     {"stream", (PyCFunction)model_stream, METH_O, "Start a stream over indices (or None)."},
     {"trim", (PyCFunction)model_trim, METH_NOARGS, "Give memory back; bytes released."},
+    {"verify", (PyCFunction)model_verify, METH_VARARGS,
+     "sluice_verify over indices (or None), files, threads (GIL released)."},
     {NULL, NULL, 0, NULL},
 };
 

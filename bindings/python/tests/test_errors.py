@@ -190,3 +190,37 @@ def test_wrong_types(sharded):
         sluice._sluice.open(sharded, verify="x")
     with pytest.raises(sluice.InvalidArgumentError):
         sluice._sluice.open(sharded, verify=99)
+
+
+def test_verify_without_loading(sharded):
+    with sluice.open(sharded) as m:
+        r = m.verify()
+        assert (r["tensors_ok"], r["tensors_failed"], r["failures"]) == (len(m), 0, [])
+        assert r["bytes_hashed"] == sum(m.info(k).nbytes for k in m.keys())
+        assert r["threads"] >= 1 and r["elapsed_ns"] > 0
+        assert m.stats()["bytes_read"] == 0  # nothing was loaded
+    flip_byte(os.path.join(sharded, "model-00001-of-00003.safetensors"), "a.f32")
+    with sluice.open(sharded) as m:
+        r = m.verify(["a.f32", "a.f64"], threads=2)
+        assert (r["tensors_ok"], r["tensors_failed"]) == (1, 1)
+        [e] = r["failures"]
+        assert isinstance(e, sluice.ChecksumError) and e.code == E.E_CHECKSUM
+        assert (e.name, e.kind) == ("a.f32", "tensor") and "a.f32" in e.message
+        # the flat manifest lists no file digests: each file fails, alone
+        r = m.verify(files=True)
+        assert (r["tensors_failed"], r["files_ok"], r["files_failed"]) == (1, 0, 3)
+        fails = [f for f in r["failures"] if f.kind == "file"]
+        assert sorted(f.name for f in fails) == sorted(m.files)
+        assert all(isinstance(f, sluice.ManifestError) for f in fails)
+        r = m.verify([])
+        assert r["tensors_ok"] + r["tensors_failed"] + r["bytes_hashed"] == 0
+        expect(E.E_NOT_FOUND, sluice.NotFoundError, lambda: m.verify(["nope"]))
+        for bad in [lambda: m.verify(files=1), lambda: m.verify("a.f32"),
+                    lambda: m.verify(threads="2"), lambda: m.verify([3])]:
+            with pytest.raises(TypeError):
+                bad()
+        with pytest.raises(ValueError):
+            m.verify(threads=-1)
+    with sluice.open(sharded, verify="off") as m:  # no manifest read
+        expect(E.E_MANIFEST, sluice.ManifestError, lambda: m.verify())
+    expect(E.E_INVAL, sluice.ClosedError, lambda: m.verify())
