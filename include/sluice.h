@@ -113,7 +113,11 @@ enum sluice_status {
     SLUICE_E_POOL_EXHAUSTED = -51, /* live handles hold the room a tensor needs */
     SLUICE_E_BUSY = -52,           /* close with live handles or a stream running */
     SLUICE_E_FILE_CHANGED = -53,   /* a file shrank or vanished after (or during) open */
-    SLUICE_E_CANCELLED = -54       /* a stream stopped by its cancellation token */
+    SLUICE_E_CANCELLED = -54,      /* a stream stopped by its cancellation token */
+
+    /* metrics */
+    SLUICE_E_BUFFER = -60,         /* the output buffer is too small (*needed says how large) */
+    SLUICE_E_UNSUPPORTED = -61     /* the library was built without what the call needs */
 };
 
 /* The version of the library running (not of the header compiled
@@ -207,6 +211,10 @@ typedef struct sluice_options {
     const char *manifest_path; /* NULL: the sidecar (see "Manifests") if present;
                                   ignored under SLUICE_VERIFY_OFF */
     sluice_verify_policy verify; /* default SLUICE_VERIFY_DEFAULT; see "Manifests" */
+    const char *metrics_label; /* the value of the model's `model` label in the
+                                  metrics (see "Metrics"); NULL: the path given
+                                  to sluice_open. Copied by open; valid UTF-8,
+                                  1..1024 bytes, else SLUICE_E_INVAL */
 } sluice_options;
 
 /* Fills *opts with the defaults. Returns SLUICE_E_INVAL if opts is NULL. */
@@ -907,6 +915,144 @@ struct sluice_stats {
  * knows are written). Returns SLUICE_OK, or SLUICE_E_INVAL (bad model,
  * NULL stats, size smaller than the size field). Any thread. */
 SLUICE_API int sluice_stats(sluice_model *model, struct sluice_stats *stats);
+
+/* ------------------------------------------------------------------------ */
+/* Metrics                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Every open model keeps metrics, always (no option turns them on; the
+ * environment variable SLUICE_METRICS=0 at open turns the histograms and
+ * the new counters off, for measuring what they cost). They cost relaxed
+ * atomic adds where the events happen and no lock of their own; a
+ * rendering takes the model's lock as long as sluice_stats does.
+ *
+ * They are rendered in the Prometheus text format 0.0.4 or OpenMetrics
+ * 1.0, each sample labelled model="..." (sluice_options.metrics_label,
+ * escaped as the formats require). Base units: seconds and bytes.
+ *
+ * Counters (_total):
+ *   sluice_bytes_read_total, sluice_bytes_delivered_total,
+ *   sluice_bytes_hashed_total, sluice_reads_total,
+ *   sluice_read_retries_total{cause="short"|"eintr"|"eagain"},
+ *   sluice_tensors_loaded_total, sluice_tensors_verified_total,
+ *   sluice_acquires_total, sluice_cache_hits_total (acquires served from
+ *   the pool without I/O), sluice_cache_misses_total (acquires that
+ *   waited for a load), sluice_failures_total (tensors that failed),
+ *   sluice_checksum_failures_total,
+ *   sluice_direct_fallbacks_total{cause="open"|"read"} (files read
+ *   buffered though O_DIRECT was asked: the twin could not be opened, or
+ *   a read was refused), sluice_evictions_total, sluice_streams_total.
+ *   sluice_verify (no load; none of the counters above moves) counts
+ *   apart, each item as it is reported: sluice_verify_runs_total,
+ *   sluice_verify_items_total{kind="tensor"|"file",
+ *   result="ok"|"checksum"|"error"} (checksum: SLUICE_E_CHECKSUM; error:
+ *   any other status), sluice_verify_bytes_hashed_total (the reported
+ *   items' bytes).
+ * Gauges:
+ *   sluice_pool_budget_bytes, sluice_pool_in_use_bytes,
+ *   sluice_pool_high_water_bytes, sluice_live_handles,
+ *   sluice_streams_running, sluice_backend_info{backend="io_uring"|"pread"} 1.
+ * Histograms (fixed buckets, le in seconds or bytes, plus +Inf):
+ *   sluice_acquire_wait_seconds        every acquire served (a cache hit
+ *       as 0); 50us 100us 250us 500us 1ms 2.5ms 5ms 10ms 25ms 50ms 100ms
+ *       250ms 500ms 1s 2.5s 5s 10s 30s 60s
+ *   sluice_read_duration_seconds       one read, queued to completed;
+ *       10us 25us 50us 100us 250us 500us 1ms 2.5ms 5ms 10ms 25ms 50ms
+ *       100ms 250ms 500ms 1s 2.5s 5s 10s
+ *   sluice_tensor_hash_seconds         hashing time of one tensor's
+ *       SHA-256 (the hasher's time on it, summed over its slices);
+ *       the buckets of sluice_read_duration_seconds and 30s 60s
+ *   sluice_open_to_first_tensor_seconds  sluice_open's start to the first
+ *       handle (one observation per model); 1ms 2.5ms 5ms 10ms 25ms 50ms
+ *       100ms 250ms 500ms 1s 2.5s 5s 10s 30s 60s 120s 300s
+ *   sluice_stream_duration_seconds     one sluice_stream(_ex) call;
+ *       1ms 5ms 10ms 50ms 100ms 250ms 500ms 1s 2.5s 5s 10s 30s 60s 120s
+ *       300s 600s 1800s 3600s
+ *   sluice_tensor_size_bytes           each tensor load completed; 1 KiB
+ *       and every power of 4 up to 16 GiB (4^5 .. 4^17)
+ */
+
+typedef enum sluice_metrics_format {
+    SLUICE_METRICS_PROMETHEUS = 0,  /* text format 0.0.4
+                                       (Content-Type: text/plain; version=0.0.4) */
+    SLUICE_METRICS_OPENMETRICS = 1  /* OpenMetrics 1.0 text, ending "# EOF"
+                                       (application/openmetrics-text; version=1.0.0) */
+} sluice_metrics_format;
+
+/*
+ * Renders the metrics of model into buf: the text and a NUL. *needed
+ * (needed may be NULL) gets the bytes the whole text takes, NUL included,
+ * whether or not it fitted. buf may be NULL when cap is 0 (a size query).
+ * The counters move between two calls and the size with them: allocate
+ * some room to spare, or call again on SLUICE_E_BUFFER.
+ * Returns SLUICE_OK, SLUICE_E_BUFFER (cap < *needed: buf holds an empty
+ * string when cap > 0), or SLUICE_E_INVAL (bad model, buf NULL with cap >
+ * 0, unknown format). Any thread.
+ */
+SLUICE_API int sluice_metrics_write(sluice_model *model, char *buf, size_t cap, size_t *needed,
+                                    sluice_metrics_format format);
+
+/*
+ * The same for n models (n >= 1) in one exposition: each family's HELP
+ * and TYPE once, then the samples of every model, so that the result is
+ * one valid exposition (concatenating sluice_metrics_write outputs is
+ * not: each repeats the HELP and TYPE lines). Every model must be open
+ * and their labels distinct, else SLUICE_E_INVAL, the message recorded on
+ * the offending model (models[0] when models itself is bad). Any thread.
+ */
+SLUICE_API int sluice_metrics_write_models(sluice_model *const *models, size_t n, char *buf,
+                                           size_t cap, size_t *needed,
+                                           sluice_metrics_format format);
+
+/*
+ * An HTTP endpoint serving the metrics of the models added to it, for a
+ * Prometheus server or an OpenTelemetry Collector's Prometheus receiver to
+ * scrape (libmicrohttpd; see README "Metrics"). Built when libmicrohttpd
+ * is found (CMake option SLUICE_WITH_MICROHTTPD, on by default); without
+ * it, sluice_metrics_serve returns SLUICE_E_UNSUPPORTED.
+ *
+ * It answers GET (and HEAD) /metrics with 200 and the models' exposition:
+ * OpenMetrics when the request's Accept header asks for
+ * application/openmetrics-text, else the text format 0.0.4. Any other path
+ * is 404, any other method on /metrics 405 (Allow: GET, HEAD). Bounds: 32
+ * connections at once (more are accepted and closed), 16 KiB of request
+ * per connection (a longer request line or header gets an error status
+ * and the connection is closed), 5 s of idleness per connection (a slow
+ * client is cut off), request bodies never read. It runs on one thread of
+ * its own, which takes a model's lock only as long as sluice_stats does:
+ * a scrape never waits for a load, and a load never waits for a client.
+ *
+ * sluice_metrics_serve: listens on addr (an IPv4 or IPv6 literal; NULL
+ * means "127.0.0.1") and port (0: any free port, see
+ * sluice_metrics_server_port). *out gets the server, to be freed with
+ * sluice_metrics_server_free. Returns SLUICE_OK, SLUICE_E_INVAL (out
+ * NULL, addr not a literal address), SLUICE_E_IO (cannot listen: the port
+ * taken, ...), SLUICE_E_NOMEM, or SLUICE_E_UNSUPPORTED. The server has no
+ * model: there is no sluice_errmsg detail.
+ *
+ * sluice_metrics_server_add: serves model's metrics too (at most 64
+ * models; a model added twice is served once). Returns SLUICE_OK,
+ * SLUICE_E_INVAL (a NULL or failed model, 64 already, or a label one of
+ * the server's models already has), SLUICE_E_NOMEM.
+ * sluice_metrics_server_remove: stops serving model, waiting for a
+ * scrape that is rendering it. Remove a model before closing it: the
+ * server does not learn of sluice_close. Returns SLUICE_OK, or
+ * SLUICE_E_NOT_FOUND when the server does not serve it.
+ * sluice_metrics_server_port: the port listened on (0 for NULL).
+ * sluice_metrics_server_free: stops listening, closes every connection
+ * (waiting for a scrape in progress) and frees the server. NULL is a
+ * no-op. The models are not touched.
+ * Thread safety: all of these may be called from any thread, at the same
+ * time as scrapes; free must not race with the other calls on the same
+ * server.
+ */
+typedef struct sluice_metrics_server sluice_metrics_server;
+SLUICE_API int sluice_metrics_serve(const char *addr, unsigned port, sluice_metrics_server **out);
+SLUICE_API int sluice_metrics_server_add(sluice_metrics_server *s, sluice_model *model);
+SLUICE_API int sluice_metrics_server_remove(sluice_metrics_server *s, sluice_model *model);
+SLUICE_API unsigned sluice_metrics_server_port(const sluice_metrics_server *s);
+SLUICE_API void sluice_metrics_server_free(sluice_metrics_server *s);
 
 #ifdef __cplusplus
 }

@@ -9,6 +9,8 @@
  *            lookup of digests), engine (engine.h: engine.c, slot.c,
  *            sched.c, stream.c over pool.c, io.c, hash.c), errmsg.c,
  *            cancel.c, error.c
+ * The metrics calls are in api_metrics.c, and the HTTP endpoint in
+ * metrics_http.c, with the same rules.
  * open:  index -> manifest -> engine (given the manifest's digests)
  * close: engine -> manifest -> index
  */
@@ -20,6 +22,7 @@
 #include "errmsg.h"
 #include "header.h"
 #include "manifest.h"
+#include "metrics.h"
 
 #include <stddef.h>
 #include <stdlib.h>
@@ -100,7 +103,7 @@ static int take_options(sluice_options *dst, const sluice_options *src, sl_err *
         return sl_fail(err, SLUICE_E_INVAL,
                        "options: size %zu is not one this library knows (%zu); "
                        "call sluice_options_init first", src->size, sizeof *dst);
-    size_t set = set_tail(src, src->size, SL_END_OF(sluice_options, verify));
+    size_t set = set_tail(src, src->size, SL_END_OF(sluice_options, metrics_label));
     if (set)
         return sl_fail(err, SLUICE_E_INVAL,
                        "options: byte %zu of the caller's %zu-byte struct is not zero, "
@@ -139,6 +142,7 @@ static void release_model(sluice_model *m)
      * out or when their thread exits. */
     sl_errmsg_forget(m->err_id);
     free(m->path);
+    free(m->metrics_label);
     free(m);
 }
 
@@ -167,6 +171,7 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
     if (!m)
         return SLUICE_E_NOMEM;
     m->err_id = sl_errmsg_new_id();
+    uint64_t t_open = sl_metrics_clock();
     sl_err *err = &m->open_err;
     int rc;
     if (!path) {
@@ -174,6 +179,8 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
         goto failed;
     }
     if ((rc = take_options(&m->opts, opts, err)) < 0)
+        goto failed;
+    if ((rc = sl_model_metrics_label(m, path, err)) < 0)
         goto failed;
     if (!(m->path = strdup(path))) {
         rc = sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
@@ -185,6 +192,7 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
         goto failed;
     if ((rc = create_engine(m, err)) < 0)
         goto failed;
+    sl_model_metrics_opened(m, t_open);
     return SLUICE_OK;
 
 failed:
@@ -600,6 +608,8 @@ SLUICE_API int sluice_verify(sluice_model *m, const char *const *names, size_t n
         free(ids);
         return sl_model_error(m, &err);
     }
+    sl_verify_tally tally; /* the model's metrics count each item as it is reported */
+    sl_metrics_verify_begin(sl_engine_metrics(e), &tally, &vo);
     struct sluice_verify_report r;
     int rc = sl_verify_run(&m->index, m->manifest, &m->opts, ids, names ? n : 0, !names, &vo,
                            &r, &err);

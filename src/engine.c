@@ -55,6 +55,7 @@ void sl_engine_open_direct(sl_engine *e, const char *proc_fd_dir)
         if (fd < 0) {
             e->files[f].fell_back = 1;
             e->st.direct_fallbacks++;
+            sl_metrics_add(&e->met, &e->met.fallbacks[SL_FALLBACK_OPEN], 1);
         }
     }
 }
@@ -165,6 +166,7 @@ int sl_engine_create(const sl_index *ix, const sluice_options *opts,
     e->n = ix->ntensors;
     e->dq_head = e->dq_tail = e->pq_head = e->pq_tail = SL_NONE;
     e->st.pool_bytes = opts->pool_bytes;
+    sl_metrics_init(&e->met);
 
     int rc;
     size_t n1 = e->n ? e->n : 1;
@@ -329,6 +331,7 @@ int sl_grant(sl_engine *e, size_t i, int by_stream, sluice_tensor **out, sl_err 
     sl_slot_take(e, i, by_stream);
     e->live_handles++;
     e->st.bytes_delivered += t->nbytes;
+    sl_metrics_first_tensor(&e->met);
     *out = h;
     return SLUICE_OK;
 }
@@ -412,8 +415,10 @@ int sl_engine_acquire(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err)
     int rc;
     follow_caller(e, e->plan_pos[i]);
     if (s->state == SL_SLOT_READY) {
-        if ((rc = sl_grant(e, i, 0, out, err)) == SLUICE_OK)
+        if ((rc = sl_grant(e, i, 0, out, err)) == SLUICE_OK) {
             e->st.cache_hits++;
+            sl_metrics_observe(&e->met, SL_H_ACQUIRE_WAIT, 0);
+        }
         sl_unlock(e);
         return rc;
     }
@@ -476,7 +481,10 @@ int sl_engine_acquire(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err)
     sl_mark_blocked(e, -1);
     sl_slot_unpin(e, i);
     sl_demand_drop_if_unwanted(e, i);
-    e->st.acquire_wait_ns += sl_now_ns() - t0;
+    uint64_t waited = sl_now_ns() - t0;
+    e->st.acquire_wait_ns += waited;
+    sl_metrics_add(&e->met, &e->met.cache_misses, 1);
+    sl_metrics_observe(&e->met, SL_H_ACQUIRE_WAIT, waited);
     if (e->dq_head != SL_NONE)
         sl_pump(e); /* a demand waiting for room may now learn it has none */
     sl_unlock(e);

@@ -22,6 +22,7 @@
 #include "engine.h"
 #include "hash.h"
 #include "io.h"
+#include "metrics.h"
 #include "pool.h"
 
 #include <pthread.h>
@@ -96,6 +97,7 @@ typedef struct sl_read {
     struct sl_read *next_free;
     size_t file;
     int direct;                  /* read through the O_DIRECT descriptor */
+    uint64_t t_submit;           /* metrics: when it was queued */
     uint64_t offset, len;        /* as first submitted */
     int nseg;
     sl_seg seg[SL_MAX_SEGS];
@@ -212,6 +214,7 @@ struct sl_engine {
     void *test_pause_ctx;
 
     struct sluice_stats st;      /* the counters */
+    sl_metrics met;              /* metrics.h: atomics, no lock */
 };
 
 /* ---------------------------------------------------------------- slot.c */

@@ -12,6 +12,7 @@
 #include <openssl/evp.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <time.h>
 
 /* The most bytes hashed between two looks at the job (a cancel waits at
  * most this long). */
@@ -22,6 +23,7 @@ struct sl_hash_job {
     uint64_t len;
     uint64_t ready;              /* bytes arrived */
     uint64_t hashed;             /* bytes hashed */
+    uint64_t busy_ns;            /* time spent in the digest calls */
     EVP_MD_CTX *md;              /* NULL: no digest, only the wait */
     void *owner;
     int queued, running, cancelled, finished;
@@ -73,6 +75,13 @@ static void unqueue(sl_hasher *h, sl_hash_job *job)
 
 enum { STILL_OPEN = 2 };
 
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 /* Works on job until it is done, cancelled or waiting for bytes. Lock
  * held on entry and exit. Returns the completion status, or STILL_OPEN. */
 static int work_on(sl_hasher *h, sl_hash_job *job)
@@ -87,7 +96,9 @@ static int work_on(sl_hasher *h, sl_hash_job *job)
             int ok = 1;
             if (job->md) {
                 pthread_mutex_unlock(&h->lock);
+                uint64_t t0 = now_ns();
                 ok = EVP_DigestUpdate(job->md, job->base + from, (size_t)n) == 1;
+                job->busy_ns += now_ns() - t0;
                 pthread_mutex_lock(&h->lock);
             }
             if (!ok)
@@ -101,7 +112,9 @@ static int work_on(sl_hasher *h, sl_hash_job *job)
         if (job->md) {
             unsigned got = 0;
             pthread_mutex_unlock(&h->lock);
+            uint64_t t0 = now_ns();
             ok = EVP_DigestFinal_ex(job->md, job->digest, &got) == 1 && got == 32;
+            job->busy_ns += now_ns() - t0;
             pthread_mutex_lock(&h->lock);
         }
         return ok ? SLUICE_OK : SLUICE_E_NOMEM;
@@ -265,4 +278,9 @@ const unsigned char *sl_hash_job_digest(const sl_hash_job *job)
 uint64_t sl_hash_job_hashed(const sl_hash_job *job)
 {
     return job->hashed;
+}
+
+uint64_t sl_hash_job_busy_ns(const sl_hash_job *job)
+{
+    return job->busy_ns;
 }

@@ -73,5 +73,7 @@ void *sl_hash_job_owner(const sl_hash_job *job);
 const unsigned char *sl_hash_job_digest(const sl_hash_job *job);
 /* Bytes hashed so far. */
 uint64_t sl_hash_job_hashed(const sl_hash_job *job);
+/* Time spent in its digest calls so far, in ns (metrics). */
+uint64_t sl_hash_job_busy_ns(const sl_hash_job *job);
 
 #endif

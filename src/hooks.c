@@ -137,6 +137,7 @@ int sl_engine_reopen_direct(sluice_model *m, const char *proc_fd_dir)
         e->files[f].fell_back = 0;
     }
     e->st.direct_fallbacks = 0;
+    atomic_store(&e->met.fallbacks[SL_FALLBACK_OPEN], 0);
     sl_engine_open_direct(e, proc_fd_dir);
     sl_unlock(e);
     return SLUICE_OK;

@@ -166,6 +166,10 @@ static int step(const sl_io *io, sl_io_req *r, int64_t res, uint64_t asked)
         if ((e == EINTR || e == EAGAIN) && r->attempts + 1 < SL_IO_MAX_ATTEMPTS) {
             r->due_ns = io_now(io) + backoff_ns(r->attempts++);
             r->retries++;
+            if (e == EINTR)
+                r->retries_eintr++;
+            else
+                r->retries_eagain++;
             return STEP_LATER;
         }
         r->error = e;
@@ -561,6 +565,7 @@ void sl_io_submit(sl_io *io, sl_io_req *r)
     r->done_bytes = 0;
     r->error_offset = 0;
     r->retries = 0;
+    r->retries_eintr = r->retries_eagain = 0;
     r->attempts = 0;
     r->total = iov_bytes(r->iov, r->iovcnt);
     r->next = NULL;

@@ -60,6 +60,7 @@ typedef struct sl_io_req {
     uint64_t done_bytes;     /* bytes read */
     uint64_t error_offset;   /* file offset of the attempt that failed */
     uint32_t retries;        /* resubmissions (short reads, EINTR, EAGAIN) */
+    uint32_t retries_eintr, retries_eagain; /* of which for EINTR, for EAGAIN */
 
     /* private to the seam */
     uint32_t attempts;       /* consecutive EINTR/EAGAIN */

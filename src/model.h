@@ -25,6 +25,7 @@ struct sluice_model {
     sl_index index;
     sl_manifest *manifest;     /* NULL when nothing is verified */
     sl_engine *engine;
+    char *metrics_label;       /* the `model` label of its metrics (api_metrics.c) */
 
     /* names the model in each thread's error entries (errmsg.c); unlike
      * the address, never reused by a later model */
@@ -34,6 +35,11 @@ struct sluice_model {
 /* Records err as the calling thread's last failure on m and returns
  * err->code. Public entry points end with: return sl_model_error(m, &err). */
 int sl_model_error(sluice_model *m, const sl_err *err);
+
+/* api_metrics.c: sets m->metrics_label from m->opts (or path), and
+ * notes when the open began (t0, CLOCK_MONOTONIC ns) in the engine. */
+int sl_model_metrics_label(sluice_model *m, const char *path, sl_err *err);
+void sl_model_metrics_opened(sluice_model *m, uint64_t t0);
 
 /* SLUICE_OK when m is an open, usable model, else SLUICE_E_INVAL. */
 int sl_model_usable(const sluice_model *m);

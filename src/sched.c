@@ -120,6 +120,7 @@ static void submit_read(sl_engine *e, sl_read *r)
     r->req.iov = r->iov;
     r->req.iovcnt = r->nseg;
     r->req.owner = r;
+    r->t_submit = sl_metrics_now(&e->met);
     sl_io_submit(e->io, &r->req);
     e->need_flush = 1;
 }
@@ -582,6 +583,10 @@ void sl_read_done(void *ctx, sl_io_req *list)
         next = q->next;
         sl_read *r = (sl_read *)q;
         e->st.retries += q->retries;
+        sl_metrics_add(&e->met, &e->met.retries[SL_RETRY_EINTR], q->retries_eintr);
+        sl_metrics_add(&e->met, &e->met.retries[SL_RETRY_EAGAIN], q->retries_eagain);
+        sl_metrics_add(&e->met, &e->met.retries[SL_RETRY_SHORT],
+                       q->retries - q->retries_eintr - q->retries_eagain);
         e->st.bytes_read += q->done_bytes;
         if (q->error == EINVAL && r->direct) {
             /* The file system refuses O_DIRECT: read this file buffered
@@ -590,12 +595,14 @@ void sl_read_done(void *ctx, sl_io_req *list)
             if (!f->fell_back) {
                 f->fell_back = 1;
                 e->st.direct_fallbacks++;
+                sl_metrics_add(&e->met, &e->met.fallbacks[SL_FALLBACK_READ], 1);
             }
             r->direct = 0;
             submit_read(e, r);
             continue;
         }
         e->st.reads++;
+        sl_metrics_since(&e->met, SL_H_READ, r->t_submit);
         for (int k = 0; k < r->nseg; k++)
             segment_complete(e, r, k);
         put_read(e, r);

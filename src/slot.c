@@ -438,6 +438,7 @@ static void become_ready(sl_engine *e, size_t i, const unsigned char *data)
     s->data = data;
     s->state = SL_SLOT_READY;
     e->st.tensors_loaded++;
+    sl_metrics_observe(&e->met, SL_H_TENSOR_SIZE, e->ix->tensors[i].nbytes);
     unhold(e, i);
     pthread_cond_broadcast(&e->cv);
 }
@@ -551,8 +552,10 @@ void sl_slot_hashed(sl_engine *e, size_t i, int verdict)
     /* The completion is the job's last word: it goes now. */
     unsigned char got[32];
     memcpy(got, sl_hash_job_digest(s->job), 32);
-    if (s->hashed && s->state == SL_SLOT_HASHING)
+    if (s->hashed && s->state == SL_SLOT_HASHING) {
         e->st.bytes_hashed += sl_hash_job_hashed(s->job);
+        sl_metrics_observe(&e->met, SL_H_HASH, sl_hash_job_busy_ns(s->job));
+    }
     sl_hash_job_free(s->job);
     s->job = NULL;
     s->job_busy = 0;

@@ -219,9 +219,12 @@ int sl_engine_stream(sl_engine *e, const size_t *ids, size_t n, sluice_stream_fn
         st.bytes_total += e->ix->tensors[st.ids[k]].nbytes;
     st.pstate = calloc(n ? n : 1, 1);
     st.pgen = calloc(n ? n : 1, sizeof *st.pgen);
+    uint64_t t0 = sl_metrics_now(&e->met);
     int rc = !st.pstate || !st.pgen
                  ? sl_fail(err, SLUICE_E_NOMEM, "sluice_stream: out of memory for %zu tensors", n)
                  : stream_run(e, &st, fn, user, err);
+    sl_metrics_since(&e->met, SL_H_STREAM, t0);
+    sl_metrics_add(&e->met, &e->met.streams, 1);
     free(st.pstate);
     free(st.pgen);
     return rc;

@@ -17,6 +17,8 @@ static const struct {
     {"manifest", cmd_manifest, "manifest PATH [-o FILE]    write the SHA-256 manifest of a model"},
     {"verify", cmd_verify, "verify PATH [--files]      check every tensor (and file) against the manifest"},
     {"cat", cmd_cat, "cat PATH NAME              write one tensor's verified bytes to stdout"},
+    {"stats", cmd_stats, "stats PATH [--openmetrics] load the model verified, print its metrics"},
+    {"bench-metrics", cmd_bench_metrics, "bench-metrics PATH [...]   what the metrics cost; rendering time and size"},
 };
 
 static void usage(FILE *out)

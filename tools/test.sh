@@ -6,7 +6,9 @@
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-sh tools/deps.sh clang libclang-rt-14-dev
+# libmicrohttpd-dev: the metrics endpoint; prometheus and curl: the
+# metrics_promtool and metrics_prometheus ctests (about 12 s together)
+sh tools/deps.sh clang libclang-rt-14-dev libmicrohttpd-dev prometheus curl
 jobs=$(nproc 2>/dev/null || echo 2)
 
 echo "== ASan + UBSan build, all tests"
@@ -25,4 +27,7 @@ cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebI
       -DSLUICE_FUZZ=ON -DSLUICE_BUILD_TESTS=OFF -DSLUICE_BUILD_TOOLS=OFF >/dev/null
 cmake --build build-fuzz -j "$jobs"
 sh tests/fuzz/run.sh build-fuzz "${SLUICE_FUZZ_SECONDS:-45}"
+
+echo "== Python binding (bindings/python), pytest"
+sh tools/test_python.sh
 echo "all tests passed"

@@ -5,6 +5,7 @@
 #include "cmd.h"
 #include "digest.h"
 #include "integrity.h"
+#include "metrics_cli.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -74,15 +75,45 @@ static void usage(FILE *out)
             "                    \"files\" digests and sizes\n"
             "  -q, --quiet       no progress bar (shown only when stderr is a terminal)\n"
             IG_LOADER_HELP
+            MC_PORT_HELP
             "\n"
             "Exit status: 0 everything matched, 1 a mismatch or read failure, 2 usage\n"
             "or open error (including a manifest that cannot be used).\n");
 }
 
+/* Verifies m with sluice_verify, printing each failure and a summary;
+ * returns the exit status. */
+static int verify_model(sluice_model *m, int files, int quiet, uint64_t total, double t0)
+{
+    vf_state s = {.bar = progress_start("verify", total, quiet)};
+    sluice_verify_options vo;
+    sluice_verify_options_init(&vo);
+    vo.flags = files ? SLUICE_VF_FILES : 0;
+    vo.on_item = on_item;
+    vo.user = &s;
+    struct sluice_verify_report r = {.size = sizeof r};
+    int rc = sluice_verify(m, NULL, 0, &vo, &r);
+    progress_stop(s.bar);
+    if (rc != SLUICE_OK && r.tensors_failed + r.files_failed == 0) {
+        /* nothing was checked: the verify itself could not run */
+        fprintf(stderr, "sluice verify: %s\n", sluice_errmsg(m));
+        return 2;
+    }
+    double dt = ig_now() - t0;
+    char b[32];
+    printf("%zu tensors verified, %zu failed", r.tensors_ok, r.tensors_failed);
+    if (files)
+        printf(", %zu files verified, %zu failed", r.files_ok, r.files_failed);
+    printf(", %s (%llu bytes) in %.2f s\n", progress_bytes(r.bytes_hashed, b, sizeof b),
+           (unsigned long long)r.bytes_hashed, dt);
+    fflush(stdout);
+    return rc == SLUICE_OK ? 0 : 1;
+}
+
 int cmd_verify(int argc, char **argv)
 {
     const char *path = NULL;
-    int files = 0, quiet = 0;
+    int files = 0, quiet = 0, metrics_port = -1;
     sluice_options o;
     sluice_options_init(&o);
     for (int i = 1; i < argc; i++) {
@@ -92,6 +123,9 @@ int cmd_verify(int argc, char **argv)
             usage(stdout);
             return 0;
         } else if ((r = ig_file_option("verify", argc, argv, &i, "--manifest", "-m", &o.manifest_path)) != 0) {
+            if (r < 0)
+                return 2;
+        } else if ((r = mc_port_option("verify", argc, argv, &i, &metrics_port)) != 0) {
             if (r < 0)
                 return 2;
         } else if (!strcmp(a, "--files")) {
@@ -140,31 +174,10 @@ int cmd_verify(int argc, char **argv)
             total += fi.file_size;
         }
 
-    vf_state s = {.bar = progress_start("verify", total, quiet)};
-    sluice_verify_options vo;
-    sluice_verify_options_init(&vo);
-    vo.flags = files ? SLUICE_VF_FILES : 0;
-    vo.on_item = on_item;
-    vo.user = &s;
-    struct sluice_verify_report r = {.size = sizeof r};
-    rc = sluice_verify(m, NULL, 0, &vo, &r);
-    progress_stop(s.bar);
-    int status = 0;
-    if (rc != SLUICE_OK && r.tensors_failed + r.files_failed == 0) {
-        /* nothing was checked: the verify itself could not run */
-        fprintf(stderr, "sluice verify: %s\n", sluice_errmsg(m));
-        status = 2;
-    } else {
-        double dt = ig_now() - t0;
-        char b[32];
-        printf("%zu tensors verified, %zu failed", r.tensors_ok, r.tensors_failed);
-        if (files)
-            printf(", %zu files verified, %zu failed", r.files_ok, r.files_failed);
-        printf(", %s (%llu bytes) in %.2f s\n", progress_bytes(r.bytes_hashed, b, sizeof b),
-               (unsigned long long)r.bytes_hashed, dt);
-        fflush(stdout);
-        status = rc == SLUICE_OK ? 0 : 1;
-    }
+    int serve_failed = 0;
+    sluice_metrics_server *ms = mc_serve("verify", metrics_port, m, &serve_failed);
+    int status = serve_failed ? 2 : verify_model(m, files, quiet, total, t0);
+    mc_stop(ms, m);
     if (sluice_close(m) != SLUICE_OK) {
         fprintf(stderr, "sluice verify: %s\n", sluice_errmsg(m));
         status = 2;

@@ -1,0 +1,521 @@
+"""sluice: lazy, verified loading of .safetensors weights.
+
+    import sluice
+    with sluice.open("model_dir") as model:          # headers only
+        w = model.get_tensor("lm_head.weight")       # read, verified, zero copy
+        for name, t in model.stream():                # every tensor, bounded memory
+            ...
+
+Arrays are read-only views of the library's verified buffer: no copy is
+made. An array keeps its buffer (and the model) alive; Model.close() is
+honoured at once for new calls, and the library's model is really closed
+when the last array made from it is gone.
+
+Drop-in for the safetensors package: ``from sluice import safe_open,
+load_file``. See bindings/python/README.md.
+"""
+import os as _os
+import re as _re
+from collections import namedtuple as _namedtuple
+
+import numpy as _np
+
+from . import _errors
+from ._errors import (  # noqa: F401  (re-exported)
+    BufferTooSmallError, BusyError, CancelledError, ChecksumError, ClosedError, Error, FileChangedError,
+    HeaderError, InvalidArgumentError, ManifestError, NoFilesError, NotFoundError,
+    OutOfMemoryError, PoolError, PoolExhaustedError, ReadError, ShardIndexError,
+    TooLargeError, UnsupportedError, error_class,
+)
+from . import _sluice
+
+__version__ = "0.1.0"
+library_version = _sluice.library_version
+
+__all__ = [
+    "open", "Model", "TensorInfo", "safe_open", "load_file", "Error", "ChecksumError",
+    "HeaderError", "ManifestError", "ShardIndexError", "ReadError", "FileChangedError",
+    "NotFoundError", "NoFilesError", "InvalidArgumentError", "ClosedError",
+    "OutOfMemoryError", "PoolError", "TooLargeError", "PoolExhaustedError", "BusyError",
+    "CancelledError", "BufferTooSmallError", "UnsupportedError", "parse_size",
+    "HAVE_ML_DTYPES",
+]
+
+# ------------------------------------------------------------------ dtypes
+
+try:  # optional: real NumPy dtypes for BF16 and the F8 types
+    import ml_dtypes as _ml_dtypes
+except ImportError:  # Debian does not package it: raw views, see _np_dtype
+    _ml_dtypes = None
+HAVE_ML_DTYPES = _ml_dtypes is not None
+
+_NP_DTYPES = {
+    "BOOL": _np.bool_, "U8": _np.uint8, "I8": _np.int8, "I16": _np.int16, "U16": _np.uint16,
+    "F16": _np.float16, "I32": _np.int32, "U32": _np.uint32, "F32": _np.float32,
+    "I64": _np.int64, "U64": _np.uint64, "F64": _np.float64, "C64": _np.complex64,
+}
+# Without ml_dtypes NumPy has no type for these: their elements are given as
+# raw unsigned integers of the same size (BF16 -> uint16, F8_* -> uint8),
+# never silently as another float type.
+_RAW_NP = {
+    "BF16": ("bfloat16", _np.uint16), "F8_E5M2": ("float8_e5m2", _np.uint8),
+    "F8_E4M3": ("float8_e4m3fn", _np.uint8), "F8_E8M0": ("float8_e8m0fnu", _np.uint8),
+    "F8_E4M3FNUZ": ("float8_e4m3fnuz", _np.uint8), "F8_E5M2FNUZ": ("float8_e5m2fnuz", _np.uint8),
+}
+# Packed types (elements smaller than a byte): given as the flat bytes
+# (uint8, shape (nbytes,)), for the caller to unpack.
+_PACKED = {"F4", "F6_E2M3", "F6_E3M2"}
+
+
+def _np_dtype(dtype):
+    """The NumPy dtype for a safetensors dtype name, and whether it is raw."""
+    t = _NP_DTYPES.get(dtype)
+    if t is not None:
+        return _np.dtype(t), False
+    if dtype in _RAW_NP:
+        ml_name, raw = _RAW_NP[dtype]
+        if _ml_dtypes is not None and hasattr(_ml_dtypes, ml_name):
+            return _np.dtype(getattr(_ml_dtypes, ml_name)), False
+        return _np.dtype(raw), True
+    return _np.dtype(_np.uint8), True  # packed
+
+
+def _to_numpy(handle, dtype, shape):
+    """A read-only array over the handle's bytes: no copy."""
+    npd, _raw = _np_dtype(dtype)
+    flat = _np.frombuffer(handle, dtype=npd)
+    if dtype in _PACKED:
+        return flat
+    return flat.reshape(shape)
+
+
+_torch = None
+_TORCH_DTYPES = None
+
+
+def _load_torch():
+    global _torch, _TORCH_DTYPES
+    if _torch is None:
+        try:
+            import torch
+        except ImportError as e:
+            raise ImportError("framework='pt' needs torch (Debian: python3-torch)") from e
+        t = {
+            "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16,
+            "F16": torch.float16, "BF16": torch.bfloat16, "I32": torch.int32,
+            "F32": torch.float32, "I64": torch.int64, "F64": torch.float64,
+            "C64": torch.complex64,
+        }
+        # Types this torch may or may not have (float8 since 2.1, uint16+ since 2.3).
+        for name, attr in (("F8_E5M2", "float8_e5m2"), ("F8_E4M3", "float8_e4m3fn"),
+                           ("F8_E8M0", "float8_e8m0fnu"), ("F8_E4M3FNUZ", "float8_e4m3fnuz"),
+                           ("F8_E5M2FNUZ", "float8_e5m2fnuz"), ("U16", "uint16"),
+                           ("U32", "uint32"), ("U64", "uint64")):
+            if hasattr(torch, attr):
+                t[name] = getattr(torch, attr)
+        _TORCH_DTYPES = t
+        _torch = torch
+    return _torch
+
+
+def _torch_dtype(dtype):
+    torch = _load_torch()
+    t = _TORCH_DTYPES.get(dtype)
+    if t is not None:
+        return t
+    if dtype.startswith("F8_") or dtype in _PACKED:
+        return torch.uint8  # raw bytes, as for NumPy without ml_dtypes
+    raise TypeError(f"torch {torch.__version__} has no dtype for {dtype}: "
+                    "use framework='np'")
+
+
+_torch_warned = False
+
+
+def _to_torch(handle, dtype, shape):
+    """A torch tensor over the handle's bytes: no copy. torch has no
+    read-only tensors: writing into it is writing into the library's
+    verified buffer, which later reads of the same tensor may be served
+    from. Do not (copy it first: t.clone())."""
+    global _torch_warned
+    torch = _load_torch()
+    tdt = _torch_dtype(dtype)
+    if dtype in _PACKED:
+        shape = (handle.nbytes,)
+    if handle.nbytes == 0:
+        return torch.empty(shape, dtype=tdt)
+    if not _torch_warned:
+        # torch warns once per process that the buffer is not writable;
+        # that is the point (see above): say it in the docs, not on stderr.
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.frombuffer(handle, dtype=tdt)
+        _torch_warned = True
+    else:
+        t = torch.frombuffer(handle, dtype=tdt)
+    return t.reshape(shape)
+
+
+def _wrap(handle, dtype, shape, framework):
+    if framework == "np" or framework == "numpy":
+        return _to_numpy(handle, dtype, shape)
+    return _to_torch(handle, dtype, shape)
+
+
+def _check_framework(framework):
+    if not isinstance(framework, str):
+        raise TypeError(f"framework must be a str, not {type(framework).__name__}")
+    if framework in ("np", "numpy"):
+        return "np"
+    if framework in ("pt", "torch"):
+        _load_torch()
+        return "pt"
+    raise ValueError(f"framework must be 'np' or 'pt', not {framework!r}")
+
+
+# ------------------------------------------------------------------ options
+
+_SIZE_RE = _re.compile(r"^\s*(\d+)\s*([kKmMgGtT]?)(i?[bB])?\s*$")
+
+
+def parse_size(value, what="size"):
+    """Bytes from an int or a string such as "4G", "512M", "64KiB" (powers
+    of 1024). None gives None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(f"{what} must be an int or a string like '4G', not {type(value).__name__}")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError(f"{what} must be positive, not {value}")
+        return value
+    m = _SIZE_RE.match(value)
+    if not m:
+        raise ValueError(f"{what}: cannot read {value!r} as a size (e.g. '4G', '512M')")
+    n = int(m.group(1)) << (10 * " KMGT".index((m.group(2) or " ").upper()))
+    if n <= 0:
+        raise ValueError(f"{what} must be positive, not {value!r}")
+    return n
+
+
+_VERIFY = {"default": 0, "require": 1, "if_present": 2, "off": 3}
+
+
+def _opt_int(value, what, minimum=0):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{what} must be >= {minimum}, not {value}")
+    return value
+
+
+def _fspath(path, what="path"):
+    try:
+        return _os.fspath(path)
+    except TypeError:
+        raise TypeError(f"{what} must be a str, bytes or os.PathLike, "
+                        f"not {type(path).__name__}") from None
+
+
+# ------------------------------------------------------------------ Model
+
+TensorInfo = _namedtuple("TensorInfo", "name dtype shape nbytes file offset index")
+
+
+def _name_arg(name):
+    if not isinstance(name, str):
+        raise TypeError(f"a tensor name must be str, not {type(name).__name__}")
+    return name
+
+
+class Model:
+    """An open model (see sluice.open). A context manager.
+
+    Mapping-like: len(model), name in model, iter(model), model[name]
+    (a NumPy array). Thread-safe: get_tensor from many threads at once
+    runs concurrently (the GIL is released while the library works).
+    """
+
+    def __init__(self, core, path):
+        self._m = core
+        self.path = path
+
+    # -- lifetime
+    def close(self):
+        """Closes the model for new calls. Arrays still alive keep their
+        memory: the library's model is closed when the last one is gone."""
+        self._m.close()
+
+    @property
+    def closed(self):
+        return self._m.closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self):
+        state = "closed" if self.closed else f"{len(self)} tensors"
+        return f"<sluice.Model {self.path!r} {state}>"
+
+    # -- index
+    def keys(self):
+        """Every tensor name, in model order (shard, then offset)."""
+        return self._m.names()
+
+    def __iter__(self):
+        return iter(self._m.names())
+
+    def __len__(self):
+        return self._m.count()
+
+    def __contains__(self, name):
+        if not isinstance(name, str):
+            return False
+        return self._m.find(name) >= 0
+
+    def _index(self, name):
+        i = self._m.find(_name_arg(name))
+        if i < 0:
+            raise NotFoundError(_errors.E_NOT_FOUND, f"no tensor named {name!r}", name)
+        return i
+
+    def info(self, name):
+        """TensorInfo(name, dtype, shape, nbytes, file, offset, index)."""
+        t = self._m.info(self._index(name))
+        return TensorInfo(t[0], t[1], t[2], t[3], t[4], t[5], t[7])
+
+    @property
+    def files(self):
+        """The paths of the model's files (shards), in order."""
+        return [self._m.file_info(i)[0] for i in range(self._m.file_count())]
+
+    def metadata(self, file=None):
+        """The __metadata__ of a file (a dict of str, or None when absent or
+        null). file: an index or a path among model.files; None: the first
+        file when the model has one, merged over all shards when the model
+        has several (later shards do not override earlier ones)."""
+        n = self._m.file_count()
+        if file is None:
+            if n == 0:
+                return None
+            merged = None
+            for i in range(n):
+                meta = self._m.file_info(i)[5]
+                if meta is not None:
+                    merged = dict(meta, **(merged or {}))
+            return merged
+        if isinstance(file, int) and not isinstance(file, bool):
+            if not 0 <= file < n:
+                raise IndexError(f"file index {file} out of range (model has {n} files)")
+            return self._m.file_info(file)[5]
+        if isinstance(file, (str, bytes, _os.PathLike)):
+            want = _os.fspath(file)
+            want = _os.fsdecode(want)
+            for i in range(n):
+                fi = self._m.file_info(i)
+                if fi[0] == want or _os.path.basename(fi[0]) == want:
+                    return fi[5]
+            raise KeyError(f"no file {want!r} in the model")
+        raise TypeError(f"file must be an int, a path or None, not {type(file).__name__}")
+
+    def stats(self):
+        """A dict of every field of sluice_stats."""
+        return self._m.stats()
+
+    @property
+    def verify_mode(self):
+        """'require', 'if_present' or 'off': the policy in force."""
+        return self._m.verify_mode()
+
+    @property
+    def manifest_path(self):
+        return self._m.manifest_path()
+
+    def trim(self):
+        """Gives the pool's free pages back to the system; returns bytes."""
+        return self._m.trim()
+
+    # -- tensors
+    def get_tensor(self, name, framework="np"):
+        """The tensor's bytes, read and verified, as a read-only NumPy array
+        (framework="np") or a torch tensor ("pt"), without a copy. The array
+        holds the library's handle until it is garbage-collected. Raises
+        ChecksumError, ReadError, PoolExhaustedError, ... on failure."""
+        framework = _check_framework(framework)
+        i = self._index(name)
+        h = self._acquire(i, name)
+        t = self._m.info(i)
+        return _wrap(h, t[1], t[2], framework)
+
+    def _acquire(self, i, name):
+        try:
+            return self._m.acquire(i)
+        except Error as e:
+            e.name = name
+            raise
+
+    def __getitem__(self, name):
+        return self.get_tensor(name)
+
+    def get_handle(self, name):
+        """The raw handle (buffer protocol, .address, .nbytes, .digest())."""
+        return self._acquire(self._index(name), name)
+
+    def _indices(self, names, what="names"):
+        if names is None:
+            return None
+        if isinstance(names, str):
+            raise TypeError(f"{what} must be a list of names, not a str")
+        try:
+            it = iter(names)
+        except TypeError:
+            raise TypeError(f"{what} must be an iterable of str, "
+                            f"not {type(names).__name__}") from None
+        return [self._index(n) for n in it]
+
+    def prefetch(self, names):
+        """Hint: these tensors will be wanted next, in this order (replaces
+        the previous hint; an empty list goes back to the model's order)."""
+        self._m.prefetch(self._indices(names))
+
+    def verify(self, names=None, files=False, threads=None):
+        """Checks tensors (names; None: every one) and, with files=True,
+        every whole file against the manifest without loading them
+        (sluice_verify: no pool, no array; each thread preads into a small
+        reused buffer). threads: None for the model's hash_threads.
+        Returns a dict of the report: tensors_ok, tensors_failed, files_ok,
+        files_failed, bytes_hashed, bytes_direct, threads, elapsed_ns, and
+        failures, a list of Error (ChecksumError, FileChangedError, ...)
+        each with .name (the tensor's name or the file's path) and .kind
+        ("tensor" or "file"): empty when everything matched. Raises when
+        the verify cannot run at all: ManifestError when no manifest was
+        read, NotFoundError for an unknown name, InvalidArgumentError."""
+        if not isinstance(files, bool):
+            raise TypeError(f"files must be a bool, not {type(files).__name__}")
+        threads = _opt_int(threads, "threads") or 0
+        code, message, failed, report = self._m.verify(self._indices(names), files, threads)
+        failures = []
+        for kind, i, c, msg in failed:
+            name = self._m.info(i)[0] if kind == "tensor" else self._m.file_info(i)[0]
+            e = _errors.make_error(c, msg, name)
+            e.kind = kind
+            failures.append(e)
+        if code != 0 and not failures:
+            raise _errors.make_error(code, message)
+        report["failures"] = failures
+        return report
+
+    def stream(self, names=None, framework="np"):
+        """Iterator of (name, tensor) in completion order, for names (None:
+        every tensor), memory bounded by the pool. Failed tensors are not
+        yielded: once the others were, it raises the first failure's error,
+        with .failures listing every one (each an Error with .name). Arrays
+        kept beyond the pool's room make later tensors fail with
+        PoolExhaustedError: drop each one when done with it."""
+        framework = _check_framework(framework)
+        indices = self._indices(names)
+        return _stream_gen(self._m, self._m.stream(indices), framework)
+
+
+def _stream_gen(core, cs, framework):
+    failures = []
+    infos = {}
+    try:
+        while True:
+            item = cs.next_item()
+            if item is None:
+                break
+            i, h, code, message = item
+            t = infos.get(i)
+            if t is None:
+                t = infos[i] = core.info(i)
+            if h is None:
+                failures.append(_errors.make_error(code, message, t[0]))
+                continue
+            arr = _wrap(h, t[1], t[2], framework)
+            del h
+            yield t[0], arr
+            del arr
+        code, message = cs.result()
+    finally:
+        cs.close()  # an abandoned iterator stops the stream and joins it
+    if failures:
+        first = failures[0]
+        err = _errors.make_error(first.code, first.message, first.name)
+        err.failures = failures
+        raise err
+    if code != 0:
+        err = _errors.make_error(code, message)
+        err.failures = []
+        raise err
+
+
+def open(path, *, manifest=None, verify="default", pool="4G", queue_depth=None, chunk=None,
+         direct=False, hash_threads=None, io_threads=None, force_pread=False):
+    """Opens a model: a .safetensors file, a directory of them, or a
+    *.safetensors.index.json. Reads headers only.
+
+    manifest: a manifest path (default: the sidecar, when present).
+    verify: "default" (require when a manifest is in play, else off),
+            "require", "if_present" or "off".
+    pool: the buffer budget, bytes or "4G"-style; queue_depth: reads in
+    flight; chunk: bytes per read; direct: O_DIRECT; hash_threads: hashing
+    threads (None: online CPUs). None means the library's default.
+    """
+    p = _fspath(path)
+    mf = None if manifest is None else _fspath(manifest, "manifest")
+    if not isinstance(verify, str):
+        raise TypeError(f"verify must be a str, not {type(verify).__name__}")
+    if verify not in _VERIFY:
+        raise ValueError(f"verify must be one of {sorted(_VERIFY)}, not {verify!r}")
+    if not isinstance(direct, bool):
+        raise TypeError(f"direct must be a bool, not {type(direct).__name__}")
+    if not isinstance(force_pread, bool):
+        raise TypeError(f"force_pread must be a bool, not {type(force_pread).__name__}")
+    kw = dict(verify=_VERIFY[verify], direct=direct, force_pread=force_pread)
+    size = parse_size(pool, "pool")
+    if size is not None:
+        kw["pool"] = size
+    qd = _opt_int(queue_depth, "queue_depth", 1)
+    if qd is not None:
+        if qd > 0xFFFFFFFF:
+            raise ValueError("queue_depth too large")
+        kw["queue_depth"] = qd
+    ch = parse_size(chunk, "chunk")
+    if ch is not None:
+        kw["chunk"] = ch
+    ht = _opt_int(hash_threads, "hash_threads", 0)
+    if ht is not None:
+        kw["hash_threads"] = min(ht, 1 << 20)
+    it = _opt_int(io_threads, "io_threads", 0)
+    if it is not None:
+        kw["io_threads"] = min(it, 1 << 20)
+    core = _sluice.open(p, mf, **kw)
+    return Model(core, _os.fsdecode(p))
+
+
+def handle_of(array):
+    """The sluice handle under an array made by sluice (NumPy or torch
+    via NumPy's base chain), or None. For tests and debugging."""
+    base = array
+    for _ in range(16):
+        if isinstance(base, _sluice.Handle):
+            return base
+        if isinstance(base, memoryview):
+            base = base.obj
+            continue
+        nxt = getattr(base, "base", None)
+        if nxt is None:
+            return None
+        base = nxt
+    return None
+
+
+from ._safe_open import safe_open, load_file  # noqa: E402

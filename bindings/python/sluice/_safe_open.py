@@ -1,0 +1,243 @@
+"""safe_open and load_file: drop-ins for the safetensors package's.
+
+    from sluice import safe_open            # was: from safetensors import safe_open
+    with safe_open("model.safetensors", framework="pt") as f:
+        for k in f.keys():
+            t = f.get_tensor(k)
+
+Differences from the reference, all on the safe side:
+ - path may also be a directory or a *.safetensors.index.json;
+ - tensors are verified when a manifest is in play (the sidecar or
+   manifest=...), and are zero-copy read-only views of the verified bytes
+   (torch: torch has no read-only tensors; do not write into them);
+ - the pool is sized to hold every tensor of the model at once (callers of
+   safe_open usually keep them all), so keeping them never fails;
+ - get_slice: see Slice for what is read and what is verified.
+"""
+import os
+
+import numpy as np
+
+from . import _errors
+from . import open as _open, parse_size, _check_framework, _np_dtype, _PACKED, _sluice
+
+_SLACK = 64 << 20  # room for read-ahead beside every tensor held
+
+
+def _open_for_all(path, manifest=None, verify="default"):
+    """Opens with a pool large enough to hold every tensor at once."""
+    model = _open(path, manifest=manifest, verify=verify)
+    core = model._m
+    total = sum(core.info(i)[3] + 64 for i in range(core.count()))
+    want = total + _SLACK
+    if want > parse_size("4G"):
+        model.close()
+        model = _open(path, manifest=manifest, verify=verify, pool=want)
+    return model
+
+
+def _check_device(framework, device):
+    if not isinstance(device, (str, int)) and type(device).__name__ != "device":
+        raise TypeError(f"device must be a str, not {type(device).__name__}")
+    if framework == "np" and device not in ("cpu", 0) and str(device) != "cpu":
+        raise ValueError("framework='np' loads to device='cpu' only")
+
+
+def _to_device(t, framework, device):
+    if framework == "pt" and str(device) != "cpu":
+        return t.to(device)
+    return t
+
+
+class safe_open:
+    """safe_open(path, framework="np"|"pt", device="cpu", *, manifest=None,
+    verify="default"): the reference's safe_open, on sluice."""
+
+    def __init__(self, path, framework="np", device="cpu", *, manifest=None, verify="default"):
+        self._framework = _check_framework(framework)
+        _check_device(self._framework, device)
+        self._device = device
+        self._model = _open_for_all(path, manifest=manifest, verify=verify)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def close(self):
+        """Closes the file for new calls (tensors already given stay valid)."""
+        self._model.close()
+
+    @property
+    def model(self):
+        """The underlying sluice.Model."""
+        return self._model
+
+    def keys(self):
+        """Tensor names, sorted (as the reference returns them)."""
+        return sorted(self._model.keys())
+
+    def offset_keys(self):
+        """Tensor names in the order of their data in the files."""
+        return self._model.keys()
+
+    def metadata(self):
+        """__metadata__ as a dict of str, or None."""
+        return self._model.metadata()
+
+    def get_tensor(self, name):
+        t = self._model.get_tensor(name, framework=self._framework)
+        return _to_device(t, self._framework, self._device)
+
+    def get_slice(self, name):
+        return Slice(self, name)
+
+
+class Slice:
+    """A lazily indexed tensor (safe_open.get_slice). Indexing with ints,
+    slices (any step) and Ellipsis selects rows of the FIRST dimension
+    through the file; further dimensions are then cut from those rows.
+
+    What is read and what is verified:
+     - when the manifest checks this tensor (a digest for it, verify not
+       "off"), the WHOLE tensor is acquired through the library and
+       verified, and the rows are copied out of it: a digest covers the
+       whole tensor, so no subset of its bytes can be verified alone (the
+       C library has no range API yet). The verified buffer stays cached
+       in the pool, so further slices of the same tensor cost no read.
+     - when nothing checks this tensor (no manifest, verify="off", or
+       "if_present" and the tensor not listed), only the bytes of the rows
+       asked for (from the first to the last row selected) are read, with
+       pread on the file, and are NOT verified: there is nothing to verify
+       them against.
+     - packed dtypes (F4, F6_*) and indices other than ints, slices and
+       Ellipsis on the first dimension: the whole tensor, as above.
+    The result is a new array (a copy), like the reference's.
+    """
+
+    def __init__(self, owner, name):
+        self._owner = owner
+        model = owner._model
+        self._name = name
+        self._index = model._index(name)
+        t = model._m.info(self._index)
+        self._dtype, self._shape, self._nbytes = t[1], t[2], t[3]
+        self._file, self._offset = t[4], t[5]
+
+    def get_shape(self):
+        return list(self._shape)
+
+    def get_dtype(self):
+        return self._dtype
+
+    @property
+    def verified(self):
+        """True when a slice of this tensor is verified (see the class)."""
+        return self._owner._model._m.manifest_digest(self._index) is not None
+
+    def __len__(self):
+        if not self._shape:
+            raise TypeError("len() of a scalar tensor")
+        return self._shape[0]
+
+    def __getitem__(self, idx):
+        framework = self._owner._framework
+        key = idx if isinstance(idx, tuple) else (idx,)
+        if self.verified or self._dtype in _PACKED or not self._shape or not key:
+            return self._whole(idx)
+        first, rest = key[0], key[1:]
+        if first is Ellipsis:
+            if Ellipsis in rest:
+                raise IndexError("an index can only have a single ellipsis ('...')")
+            first, rest = slice(None), (Ellipsis,) + rest
+        rows = self._shape[0]
+        if isinstance(first, (int, np.integer)) and not isinstance(first, bool):
+            r = int(first)
+            if r < 0:
+                r += rows
+            if not 0 <= r < rows:
+                raise IndexError(f"index {int(first)} is out of bounds for dimension 0 "
+                                 f"with size {rows}")
+            block = self._read_rows(r, r + 1)
+            out = block[(0,) + rest]
+        elif isinstance(first, slice):
+            sel = range(*first.indices(rows))
+            if len(sel) == 0:
+                block = self._read_rows(0, 0)
+                out = block[(slice(None),) + rest]
+            else:
+                lo, hi = min(sel[0], sel[-1]), max(sel[0], sel[-1]) + 1
+                block = self._read_rows(lo, hi)
+                local = slice(sel.start - lo, None if sel.stop - lo < 0 else sel.stop - lo,
+                              sel.step)
+                out = block[(local,) + rest]
+        else:
+            return self._whole(idx)
+        out = np.array(out, copy=True)
+        return self._framework_array(out)
+
+    def _whole(self, idx):
+        t = self._owner._model.get_tensor(self._name, framework=self._owner._framework)
+        out = t[idx]
+        if self._owner._framework == "np":
+            out = np.array(out, copy=True)
+        else:
+            out = out.clone()
+        return _to_device_owner(self._owner, out)
+
+    def _read_rows(self, lo, hi):
+        """Rows [lo, hi) of the tensor, read from its file (not verified)."""
+        npd, _raw = _np_dtype(self._dtype)
+        row_elems = 1
+        for d in self._shape[1:]:
+            row_elems *= d
+        row_bytes = row_elems * npd.itemsize
+        n = (hi - lo) * row_bytes
+        buf = np.empty(n, dtype=np.uint8)
+        if n:
+            fd = os.open(self._file, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                done = 0
+                view = memoryview(buf)
+                while done < n:
+                    got = os.preadv(fd, [view[done:]], self._offset + lo * row_bytes + done)
+                    if got == 0:
+                        raise _errors.FileChangedError(
+                            _errors.E_FILE_CHANGED,
+                            f"{self._file}: tensor {self._name!r} ends past the end of "
+                            "the file (it shrank after open)", self._name)
+                    done += got
+            finally:
+                os.close(fd)
+        return buf.view(npd).reshape((hi - lo,) + tuple(self._shape[1:]))
+
+    def _framework_array(self, arr):
+        if self._owner._framework == "np":
+            return arr
+        from . import _torch_dtype, _load_torch
+        torch = _load_torch()
+        tdt = _torch_dtype(self._dtype)
+        if arr.dtype == np.uint16:  # torch 1.13 takes no uint16 arrays: same bits
+            arr = arr.view(np.int16)
+        t = torch.from_numpy(arr)
+        if t.dtype != tdt:  # a raw view (BF16 as uint16): reinterpret the bits
+            t = t.view(tdt)
+        return _to_device_owner(self._owner, t)
+
+
+def _to_device_owner(owner, t):
+    return _to_device(t, owner._framework, owner._device)
+
+
+def load_file(path, framework="np", device="cpu", *, manifest=None, verify="default"):
+    """{name: tensor} of every tensor of path (a file, a directory or an
+    index.json), verified as safe_open verifies, zero copy."""
+    with safe_open(path, framework=framework, device=device, manifest=manifest,
+                   verify=verify) as f:
+        return {k: f.get_tensor(k) for k in f.offset_keys()}
+
+
+__all__ = ["safe_open", "load_file", "Slice"]
+_ = _sluice  # the C layer is loaded by the package first

@@ -1,0 +1,212 @@
+"""sluice for torch modules: weights loaded on demand, or all at once.
+
+lazy_load(module, path, budget="2G")
+    Attaches a model to a module built with its parameters on the "meta"
+    device (or empty): each submodule's own parameters and buffers are
+    acquired (read, verified) just before its forward runs, and given back
+    just after, so resident weight memory stays within the budget (the
+    pool's size). The first forward call records the order submodules run
+    in; from then on the library reads ahead along that order. When every
+    weight fits in the budget, the weights are kept after first use (no
+    re-read). Returns a LazyLoader; loader.detach() removes the hooks.
+
+    Limits: a submodule's weights exist only during its own forward: code
+    that reads another module's weight (tied embeddings read by a head,
+    `self.child.weight` used by a parent) sees the meta placeholder. Run
+    under torch.no_grad() / torch.inference_mode(): an autograd graph
+    would hold the weights past the release.
+
+load_state_dict(module, path, strict=True)
+    Fills a module from a model like Module.load_state_dict, without a
+    copy where the module's tensor is on the meta device or on the CPU
+    with the file's dtype: the parameter then IS the library's verified,
+    read-only buffer (torch cannot mark it read-only: do not train or
+    write into it in place; pass copy=True for that).
+"""
+from collections import namedtuple
+
+import torch
+
+import sluice
+from . import parse_size
+from ._safe_open import _open_for_all
+
+__all__ = ["lazy_load", "load_state_dict", "LazyLoader", "IncompatibleKeys"]
+
+IncompatibleKeys = namedtuple("IncompatibleKeys", "missing_keys unexpected_keys")
+
+
+def _entries(module):
+    """(owner module, attribute, 'param'|'buffer', state_dict key, tensor)
+    for every parameter and persistent buffer, each tensor once."""
+    out = []
+    seen = set()
+    for prefix, mod in module.named_modules(remove_duplicate=True):
+        for attr, p in mod._parameters.items():
+            if p is None or id(p) in seen:
+                continue
+            seen.add(id(p))
+            out.append((mod, attr, "param", f"{prefix}.{attr}" if prefix else attr, p))
+        for attr, b in mod._buffers.items():
+            if b is None or attr in mod._non_persistent_buffers_set or id(b) in seen:
+                continue
+            seen.add(id(b))
+            out.append((mod, attr, "buffer", f"{prefix}.{attr}" if prefix else attr, b))
+    return out
+
+
+def _set(mod, attr, kind, tensor, requires_grad=False):
+    if kind == "param":
+        mod._parameters[attr] = torch.nn.Parameter(tensor, requires_grad=requires_grad)
+    else:
+        mod._buffers[attr] = tensor
+
+
+def _restore(mod, attr, kind, placeholder):
+    (mod._parameters if kind == "param" else mod._buffers)[attr] = placeholder
+
+
+def _check_shape(key, want, info):
+    if tuple(want.shape) != tuple(info.shape):
+        raise RuntimeError(f"size mismatch for {key}: the file has {list(info.shape)}, "
+                           f"the module {list(want.shape)}")
+
+
+def _check_module(module):
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, not {type(module).__name__}")
+
+
+class LazyLoader:
+    """The hooks lazy_load attached (see the module's doc)."""
+
+    def __init__(self, module, path, budget, manifest, verify, strict):
+        _check_module(module)
+        self.budget = parse_size(budget, "budget")
+        self.model = sluice.open(path, manifest=manifest, verify=verify, pool=self.budget)
+        self.module = module
+        groups = {}
+        missing = []
+        total = 0
+        for mod, attr, kind, key, t in _entries(module):
+            if key not in self.model:
+                missing.append(key)
+                continue
+            info = self.model.info(key)
+            _check_shape(key, t, info)
+            total += info.nbytes
+            groups.setdefault(mod, []).append((attr, kind, key, t))
+        if missing and strict:
+            self.model.close()
+            raise RuntimeError(f"lazy_load: {len(missing)} tensors of the module are not in "
+                               f"{path}: {missing[:5]}")
+        self.missing_keys = missing
+        self.total_bytes = total
+        # Everything fits: keep each weight after its first use.
+        self.resident = total <= self.budget
+        self._groups = groups
+        self._order = []          # submodules in execution order (learned)
+        self._learning = True
+        self._handles = []
+        for mod in groups:
+            self._handles.append(mod.register_forward_pre_hook(self._pre))
+            self._handles.append(mod.register_forward_hook(self._post))
+        self._handles.append(module.register_forward_pre_hook(self._root_pre))
+        self._handles.append(module.register_forward_hook(self._root_post))
+        self._loaded = set()
+        self._depth = 0
+        # Until the first call says otherwise, guess registration order.
+        self.model.prefetch(self._names(groups))
+
+    def _names(self, mods):
+        return [key for m in mods for (_a, _k, key, _t) in self._groups[m]]
+
+    def _root_pre(self, module, args):
+        self._depth += 1
+
+    def _root_post(self, module, args, output):
+        self._depth -= 1
+        if self._depth == 0 and self._learning:
+            self._learning = False
+            if not self.resident and self._order:
+                self.model.prefetch(self._names(self._order))
+
+    def _pre(self, mod, args):
+        if self._learning and mod not in self._order:
+            self._order.append(mod)
+        if mod in self._loaded:
+            return
+        for attr, kind, key, want in self._groups[mod]:
+            t = self.model.get_tensor(key, framework="pt")
+            if t.dtype != want.dtype:
+                t = t.to(want.dtype)  # a copy; the handle goes at once
+            _set(mod, attr, kind, t)
+        self._loaded.add(mod)
+
+    def _post(self, mod, args, output):
+        if self.resident:
+            return
+        for attr, kind, key, want in self._groups[mod]:
+            _restore(mod, attr, kind, want)  # the placeholder back; the handle goes
+        self._loaded.discard(mod)
+
+    def detach(self):
+        """Removes the hooks, puts the placeholders back and closes the model."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        for mod in list(self._loaded):
+            for attr, kind, key, want in self._groups[mod]:
+                _restore(mod, attr, kind, want)
+        self._loaded.clear()
+        self.model.close()
+
+    def stats(self):
+        return self.model.stats()
+
+
+def lazy_load(module, path, *, budget="2G", manifest=None, verify="default", strict=True):
+    """Attach path's weights to module, loaded per submodule on demand
+    within budget. Returns the LazyLoader."""
+    return LazyLoader(module, path, budget, manifest, verify, strict)
+
+
+def load_state_dict(module, path, strict=True, *, manifest=None, verify="default", copy=False):
+    """Fills module from path (file, directory or index.json) like
+    Module.load_state_dict; zero copy where the module's tensor is on the
+    meta device, or on the CPU with the file's dtype (unless copy=True).
+    Returns IncompatibleKeys(missing_keys, unexpected_keys); with strict,
+    raises RuntimeError when either is non-empty (before changing anything)."""
+    _check_module(module)
+    if not isinstance(strict, bool) or not isinstance(copy, bool):
+        raise TypeError("strict and copy must be bool")
+    model = _open_for_all(path, manifest=manifest, verify=verify)
+    try:
+        entries = _entries(module)
+        keys = {e[3] for e in entries}
+        file_keys = set(model.keys())
+        missing = sorted(keys - file_keys)
+        unexpected = sorted(file_keys - keys)
+        if strict and (missing or unexpected):
+            raise RuntimeError(f"Error(s) in loading state_dict for {type(module).__name__}: "
+                               f"missing keys {missing[:10]}, unexpected keys {unexpected[:10]}")
+        for mod, attr, kind, key, want in entries:
+            if key in file_keys:
+                _check_shape(key, want, model.info(key))
+        for mod, attr, kind, key, want in entries:
+            if key not in file_keys:
+                continue
+            t = model.get_tensor(key, framework="pt")
+            zero_copy = not copy and (want.device.type == "meta" or
+                                      (want.device.type == "cpu" and want.dtype == t.dtype))
+            if zero_copy:
+                _set(mod, attr, kind, t, requires_grad=want.requires_grad)
+            elif want.device.type == "meta":
+                _set(mod, attr, kind, t.to(want.dtype).clone(), requires_grad=want.requires_grad)
+            else:
+                with torch.no_grad():
+                    want.copy_(t)
+            del t
+        return IncompatibleKeys(missing, unexpected)
+    finally:
+        model.close()  # deferred by the library while the tensors live

@@ -1,0 +1,1113 @@
+/*
+ * _sluice.c: the CPython 3.11 extension under the `sluice` package.
+ *
+ * This file is the thin layer between Python objects and sluice.h; the
+ * package's Python code (sluice/__init__.py) builds the public API on it.
+ * Three types:
+ *
+ *   Model   one sluice_model. close() only asks for the close: the model is
+ *           really closed when nothing uses it any more, that is when no
+ *           Handle is alive, no Stream runs and no call is on its way out
+ *           of the library in another thread. So an array that outlives
+ *           close() never sees its memory freed under it.
+ *   Handle  one sluice_tensor, exported read-only through the buffer
+ *           protocol: NumPy and torch arrays are made over it without a
+ *           copy, and keep it (and so the model) alive. Its dealloc
+ *           releases the tensor.
+ *   Stream  one sluice_stream run on a thread of its own, whose callback
+ *           hands each delivery to the Python iterator through a small
+ *           queue. The callback waits while the queue is full, so the
+ *           deliveries not yet taken by Python are at most STREAM_QUEUE.
+ *
+ * Every call that can wait (open, acquire, close, stream waits) releases
+ * the GIL. Every counter below is changed with the GIL held only.
+ * Errors are raised as instances of the classes of sluice/_errors.py,
+ * made by its make_error(code, message) function, with the library's
+ * message unchanged.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sluice.h"
+
+/* Deliveries a stream may have waiting for the Python consumer: enough to
+ * keep the library busy while Python wraps the previous one, few enough
+ * that the memory the queue holds stays a couple of tensors. */
+#define STREAM_QUEUE 2
+
+static PyObject *make_error_fn; /* sluice._errors.make_error */
+
+/* Raises the exception for code with message (copied). Returns NULL. */
+static PyObject *raise_code(int code, const char *message)
+{
+    if (!message || !*message)
+        message = sluice_strerror(code);
+    PyObject *exc = PyObject_CallFunction(make_error_fn, "is", code, message);
+    if (exc) {
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+        Py_DECREF(exc);
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ Model */
+
+typedef struct {
+    PyObject_HEAD
+    sluice_model *m;      /* NULL once really closed */
+    int close_requested;  /* close() was called: no new call may start */
+    Py_ssize_t live;      /* Handles alive */
+    Py_ssize_t streams;   /* Streams not yet joined */
+    Py_ssize_t in_flight; /* calls running with the GIL released */
+    int close_status;     /* what the deferred sluice_close returned */
+} ModelObject;
+
+static PyTypeObject ModelType;
+static PyTypeObject HandleType;
+static PyTypeObject StreamType;
+
+static PyObject *raise_model(ModelObject *self, int code)
+{
+    return raise_code(code, self->m ? sluice_errmsg(self->m) : NULL);
+}
+
+static int model_usable(ModelObject *self)
+{
+    if (!self->m || self->close_requested) {
+        raise_code(SLUICE_E_INVAL, "the model is closed");
+        return 0;
+    }
+    return 1;
+}
+
+/* Closes the library's model now. The GIL is released while close waits
+ * for reads in flight; self->m is cleared first so that no other Python
+ * thread can start a call on it meanwhile. */
+static int model_do_close(ModelObject *self)
+{
+    sluice_model *m = self->m;
+    if (!m)
+        return SLUICE_OK;
+    self->m = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sluice_close(m);
+    Py_END_ALLOW_THREADS
+    if (rc != SLUICE_OK) {
+        /* Cannot happen while the counters are right (close waits for
+         * every user). Keep the model rather than free it under a user:
+         * a leak, never a use after free. */
+        self->m = m;
+    }
+    self->close_status = rc;
+    return rc;
+}
+
+/* The deferred close: called whenever a user of the model goes away. */
+static void model_maybe_close(ModelObject *self)
+{
+    if (self->close_requested && self->m && self->live == 0 && self->streams == 0 &&
+        self->in_flight == 0)
+        model_do_close(self);
+}
+
+static void model_dealloc(ModelObject *self)
+{
+    /* Handles and Streams hold references, so none is alive here. */
+    if (self->m)
+        model_do_close(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *model_close(ModelObject *self, PyObject *unused)
+{
+    if (self->close_requested)
+        Py_RETURN_NONE;
+    self->close_requested = 1;
+    model_maybe_close(self);
+    if (!self->m && self->close_status != SLUICE_OK)
+        return raise_code(self->close_status, "close failed");
+    Py_RETURN_NONE;
+}
+
+/* True when the Python object has asked to close (whatever the library's
+ * model still does for live arrays). */
+static PyObject *model_get_closed(ModelObject *self, void *unused)
+{
+    return PyBool_FromLong(self->close_requested || !self->m);
+}
+
+/* True while the library's model is still open (live arrays after close). */
+static PyObject *model_get_open_in_library(ModelObject *self, void *unused)
+{
+    return PyBool_FromLong(self->m != NULL);
+}
+
+static PyObject *model_get_live(ModelObject *self, void *unused)
+{
+    return PyLong_FromSsize_t(self->live);
+}
+
+static PyObject *model_count(ModelObject *self, PyObject *unused)
+{
+    if (!model_usable(self))
+        return NULL;
+    return PyLong_FromSize_t(sluice_count(self->m));
+}
+
+static PyObject *str_from(const char *s, size_t n)
+{
+    return PyUnicode_DecodeUTF8(s, (Py_ssize_t)n, "surrogateescape");
+}
+
+static PyObject *info_tuple(const struct sluice_tensor_info *ti)
+{
+    PyObject *shape = PyTuple_New(ti->ndim);
+    if (!shape)
+        return NULL;
+    for (uint32_t d = 0; d < ti->ndim; d++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(ti->shape[d]);
+        if (!v) {
+            Py_DECREF(shape);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(shape, d, v);
+    }
+    PyObject *name = str_from(ti->name, ti->name_len);
+    if (!name) {
+        Py_DECREF(shape);
+        return NULL;
+    }
+    /* N steals the references to name and shape. */
+    return Py_BuildValue("(NsNKsKnnKK)", name, sluice_dtype_name(ti->dtype), shape,
+                         (unsigned long long)ti->nbytes, ti->file,
+                         (unsigned long long)ti->offset, (Py_ssize_t)ti->file_index,
+                         (Py_ssize_t)ti->index, (unsigned long long)ti->data_begin,
+                         (unsigned long long)ti->data_end);
+}
+
+static int index_arg(ModelObject *self, PyObject *arg, size_t *out)
+{
+    Py_ssize_t i = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    if (i == -1 && PyErr_Occurred())
+        return -1;
+    if (i < 0 || (size_t)i >= sluice_count(self->m)) {
+        PyErr_SetString(PyExc_IndexError, "tensor index out of range");
+        return -1;
+    }
+    *out = (size_t)i;
+    return 0;
+}
+
+/* info(i) -> (name, dtype, shape, nbytes, file, offset, file_index, index,
+ *             data_begin, data_end) */
+static PyObject *model_info(ModelObject *self, PyObject *arg)
+{
+    size_t i;
+    if (!model_usable(self) || index_arg(self, arg, &i) < 0)
+        return NULL;
+    struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+    int rc = sluice_info(self->m, i, &ti);
+    if (rc != SLUICE_OK)
+        return raise_model(self, rc);
+    return info_tuple(&ti);
+}
+
+/* find(name) -> index, or -1 when the model has no such tensor. */
+static PyObject *model_find(ModelObject *self, PyObject *arg)
+{
+    if (!model_usable(self))
+        return NULL;
+    if (!PyUnicode_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "a tensor name must be str, not %.100s",
+                     Py_TYPE(arg)->tp_name);
+        return NULL;
+    }
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(arg, &n);
+    if (!s) {
+        /* A lone surrogate cannot be in a valid UTF-8 header: not found. */
+        PyErr_Clear();
+        return PyLong_FromLong(-1);
+    }
+    struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+    int rc = sluice_find_n(self->m, s, (size_t)n, &ti);
+    if (rc == SLUICE_E_NOT_FOUND)
+        return PyLong_FromLong(-1);
+    if (rc != SLUICE_OK)
+        return raise_model(self, rc);
+    return PyLong_FromSize_t(ti.index);
+}
+
+static PyObject *model_names(ModelObject *self, PyObject *unused)
+{
+    if (!model_usable(self))
+        return NULL;
+    size_t n = sluice_count(self->m);
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    if (!list)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+        int rc = sluice_info(self->m, i, &ti);
+        if (rc != SLUICE_OK) {
+            Py_DECREF(list);
+            return raise_model(self, rc);
+        }
+        PyObject *name = str_from(ti.name, ti.name_len);
+        if (!name) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, name);
+    }
+    return list;
+}
+
+static PyObject *model_file_count(ModelObject *self, PyObject *unused)
+{
+    if (!model_usable(self))
+        return NULL;
+    return PyLong_FromSize_t(sluice_file_count(self->m));
+}
+
+/* file_info(i) -> (path, file_size, header_bytes, data_start, tensor_count,
+ *                  metadata) with metadata None (absent or null) or a dict. */
+static PyObject *model_file_info(ModelObject *self, PyObject *arg)
+{
+    if (!model_usable(self))
+        return NULL;
+    Py_ssize_t i = PyNumber_AsSsize_t(arg, PyExc_OverflowError);
+    if (i == -1 && PyErr_Occurred())
+        return NULL;
+    if (i < 0 || (size_t)i >= sluice_file_count(self->m)) {
+        PyErr_SetString(PyExc_IndexError, "file index out of range");
+        return NULL;
+    }
+    struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
+    int rc = sluice_file_info(self->m, (size_t)i, &fi);
+    if (rc != SLUICE_OK)
+        return raise_model(self, rc);
+    PyObject *meta;
+    if (fi.metadata_kind == SLUICE_METADATA_OBJECT) {
+        meta = PyDict_New();
+        if (!meta)
+            return NULL;
+        for (size_t k = 0; k < fi.metadata_count; k++) {
+            PyObject *key = str_from(fi.metadata[k].key, fi.metadata[k].key_len);
+            PyObject *val = key ? str_from(fi.metadata[k].value, fi.metadata[k].value_len) : NULL;
+            if (!val || PyDict_SetItem(meta, key, val) < 0) {
+                Py_XDECREF(key);
+                Py_XDECREF(val);
+                Py_DECREF(meta);
+                return NULL;
+            }
+            Py_DECREF(key);
+            Py_DECREF(val);
+        }
+    } else {
+        meta = Py_NewRef(Py_None);
+    }
+    return Py_BuildValue("(sKKKnN)", fi.path, (unsigned long long)fi.file_size,
+                         (unsigned long long)fi.header_bytes,
+                         (unsigned long long)fi.data_start, (Py_ssize_t)fi.tensor_count, meta);
+}
+
+static PyObject *model_stats(ModelObject *self, PyObject *unused)
+{
+    if (!model_usable(self))
+        return NULL;
+    struct sluice_stats st;
+    memset(&st, 0, sizeof st);
+    st.size = sizeof st;
+    int rc = sluice_stats(self->m, &st);
+    if (rc != SLUICE_OK)
+        return raise_model(self, rc);
+    const char *backend = st.backend == SLUICE_BACKEND_IO_URING ? "io_uring"
+                          : st.backend == SLUICE_BACKEND_PREAD  ? "pread"
+                                                                : "none";
+#define U(x) (unsigned long long)(x)
+    return Py_BuildValue(
+        "{s:s,s:i,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}",
+        "backend", backend, "backend_errno", st.backend_errno, "bytes_read", U(st.bytes_read),
+        "bytes_delivered", U(st.bytes_delivered), "bytes_hashed", U(st.bytes_hashed), "reads",
+        U(st.reads), "retries", U(st.retries), "tensors_loaded", U(st.tensors_loaded),
+        "tensors_verified", U(st.tensors_verified), "cache_hits", U(st.cache_hits), "failures",
+        U(st.failures), "checksum_failures", U(st.checksum_failures), "direct_fallbacks",
+        U(st.direct_fallbacks), "pool_bytes", U(st.pool_bytes), "pool_in_use",
+        U(st.pool_in_use), "pool_high_water", U(st.pool_high_water), "evictions",
+        U(st.evictions), "acquire_wait_ns", U(st.acquire_wait_ns), "acquire_count",
+        U(st.acquire_count));
+#undef U
+}
+
+static PyObject *model_verify_mode(ModelObject *self, PyObject *unused)
+{
+    if (!model_usable(self))
+        return NULL;
+    switch (sluice_verify_mode(self->m)) {
+    case SLUICE_VERIFY_REQUIRE: return PyUnicode_FromString("require");
+    case SLUICE_VERIFY_IF_PRESENT: return PyUnicode_FromString("if_present");
+    default: return PyUnicode_FromString("off");
+    }
+}
+
+static PyObject *model_manifest_path(ModelObject *self, PyObject *unused)
+{
+    if (!model_usable(self))
+        return NULL;
+    const char *p = sluice_manifest_path(self->m);
+    if (!p)
+        Py_RETURN_NONE;
+    return PyUnicode_DecodeFSDefault(p);
+}
+
+/* manifest_digest(i) -> the 32-byte digest the manifest gives tensor i, or
+ * None when tensor i is not checked. */
+static PyObject *model_manifest_digest(ModelObject *self, PyObject *arg)
+{
+    size_t i;
+    if (!model_usable(self) || index_arg(self, arg, &i) < 0)
+        return NULL;
+    uint8_t d[32];
+    int rc = sluice_manifest_tensor(self->m, i, d);
+    if (rc == SLUICE_E_NOT_FOUND)
+        Py_RETURN_NONE;
+    if (rc != SLUICE_OK)
+        return raise_model(self, rc);
+    return PyBytes_FromStringAndSize((const char *)d, 32);
+}
+
+/* ----------------------------------------------------------------- Handle */
+
+typedef struct {
+    PyObject_HEAD
+    ModelObject *model; /* strong */
+    sluice_tensor *t;
+    size_t index;
+} HandleObject;
+
+/* Wraps a live handle; on failure releases it. Called with the GIL. */
+static PyObject *handle_new(ModelObject *model, sluice_tensor *t, size_t index)
+{
+    HandleObject *h = PyObject_New(HandleObject, &HandleType);
+    if (!h) {
+        sluice_release(t);
+        return NULL;
+    }
+    h->model = (ModelObject *)Py_NewRef((PyObject *)model);
+    h->t = t;
+    h->index = index;
+    model->live++;
+    return (PyObject *)h;
+}
+
+static void handle_dealloc(HandleObject *self)
+{
+    ModelObject *model = self->model;
+    if (self->t) {
+        sluice_release(self->t);
+        self->t = NULL;
+        model->live--;
+        model_maybe_close(model);
+    }
+    Py_DECREF(model);
+    PyObject_Free(self);
+}
+
+/* Every empty tensor's buffer: NumPy wants a non-NULL pointer. */
+static char empty_buffer[64];
+
+static int handle_getbuffer(HandleObject *self, Py_buffer *view, int flags)
+{
+    if (flags & PyBUF_WRITABLE) {
+        PyErr_SetString(PyExc_BufferError,
+                        "sluice tensors are read-only: their bytes are the verified ones");
+        view->obj = NULL;
+        return -1;
+    }
+    const void *data = sluice_tensor_data(self->t);
+    uint64_t n = sluice_tensor_size(self->t);
+    if (!data || n == 0) {
+        data = empty_buffer;
+        n = 0;
+    }
+    return PyBuffer_FillInfo(view, (PyObject *)self, (void *)data, (Py_ssize_t)n, 1, flags);
+}
+
+static PyBufferProcs handle_as_buffer = {
+    .bf_getbuffer = (getbufferproc)handle_getbuffer,
+    .bf_releasebuffer = NULL,
+};
+
+static PyObject *handle_get_address(HandleObject *self, void *unused)
+{
+    return PyLong_FromVoidPtr((void *)sluice_tensor_data(self->t));
+}
+
+static PyObject *handle_get_nbytes(HandleObject *self, void *unused)
+{
+    return PyLong_FromUnsignedLongLong(sluice_tensor_size(self->t));
+}
+
+static PyObject *handle_get_index(HandleObject *self, void *unused)
+{
+    return PyLong_FromSize_t(self->index);
+}
+
+static PyObject *handle_get_model(HandleObject *self, void *unused)
+{
+    return Py_NewRef((PyObject *)self->model);
+}
+
+/* digest() -> the SHA-256 the pipeline computed, or None when not hashed. */
+static PyObject *handle_digest(HandleObject *self, PyObject *unused)
+{
+    uint8_t d[32];
+    if (sluice_tensor_digest(self->t, d) != SLUICE_OK)
+        Py_RETURN_NONE;
+    return PyBytes_FromStringAndSize((const char *)d, 32);
+}
+
+static PyMethodDef handle_methods[] = {
+    {"digest", (PyCFunction)handle_digest, METH_NOARGS,
+     "The SHA-256 of the bytes as the library computed it, or None."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef handle_getset[] = {
+    {"address", (getter)handle_get_address, NULL, "address of the first byte (0 when empty)", NULL},
+    {"nbytes", (getter)handle_get_nbytes, NULL, "bytes of the tensor", NULL},
+    {"index", (getter)handle_get_index, NULL, "the tensor's index in the model", NULL},
+    {"model", (getter)handle_get_model, NULL, "the _sluice.Model it belongs to", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject HandleType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "sluice._sluice.Handle",
+    .tp_basicsize = sizeof(HandleObject),
+    .tp_dealloc = (destructor)handle_dealloc,
+    .tp_as_buffer = &handle_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A live tensor handle; its buffer is the tensor's verified bytes (read-only).",
+    .tp_methods = handle_methods,
+    .tp_getset = handle_getset,
+};
+
+/* acquire(i) -> Handle; the GIL is released while the library reads. */
+static PyObject *model_acquire(ModelObject *self, PyObject *arg)
+{
+    size_t i;
+    if (!model_usable(self) || index_arg(self, arg, &i) < 0)
+        return NULL;
+    sluice_tensor *t = NULL;
+    int rc;
+    char message[1024] = "";
+    self->in_flight++;
+    sluice_model *m = self->m;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sluice_acquire_index(m, i, &t);
+    /* The detail is per thread: read it on this thread, before the GIL
+     * lets another call on the model record its own. */
+    if (rc != SLUICE_OK)
+        snprintf(message, sizeof message, "%s", sluice_errmsg(m));
+    Py_END_ALLOW_THREADS
+    self->in_flight--;
+    if (rc != SLUICE_OK) {
+        model_maybe_close(self);
+        return raise_code(rc, message);
+    }
+    PyObject *h = handle_new(self, t, i);
+    model_maybe_close(self);
+    return h;
+}
+
+/* Borrowed names of tensors by index, valid until the model is closed.
+ * Returns a malloc'd array or NULL with an exception set. */
+static const char **names_from_indices(ModelObject *self, PyObject *seq, size_t *n_out)
+{
+    PyObject *fast = PySequence_Fast(seq, "tensor indices must be a sequence");
+    if (!fast)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+    const char **names = PyMem_Calloc((size_t)n + 1, sizeof *names);
+    if (!names) {
+        Py_DECREF(fast);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        size_t i;
+        struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+        if (index_arg(self, PySequence_Fast_GET_ITEM(fast, k), &i) < 0 ||
+            sluice_info(self->m, i, &ti) != SLUICE_OK) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_IndexError, "tensor index out of range");
+            PyMem_Free(names);
+            Py_DECREF(fast);
+            return NULL;
+        }
+        names[k] = ti.name;
+    }
+    Py_DECREF(fast);
+    *n_out = (size_t)n;
+    return names;
+}
+
+/* prefetch(indices): the read-ahead hint (an empty list: model order). */
+static PyObject *model_prefetch(ModelObject *self, PyObject *arg)
+{
+    if (!model_usable(self))
+        return NULL;
+    size_t n = 0;
+    const char **names = names_from_indices(self, arg, &n);
+    if (!names)
+        return NULL;
+    int rc = sluice_prefetch(self->m, n ? names : NULL, n);
+    PyMem_Free(names);
+    if (rc != SLUICE_OK)
+        return raise_model(self, rc);
+    Py_RETURN_NONE;
+}
+
+/* trim() -> bytes given back to the system. */
+static PyObject *model_trim(ModelObject *self, PyObject *unused)
+{
+    if (!model_usable(self))
+        return NULL;
+    uint64_t released = 0;
+    int rc;
+    sluice_model *m = self->m;
+    self->in_flight++;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sluice_trim(m, &released);
+    Py_END_ALLOW_THREADS
+    self->in_flight--;
+    if (rc != SLUICE_OK) {
+        PyObject *r = raise_model(self, rc);
+        model_maybe_close(self);
+        return r;
+    }
+    model_maybe_close(self);
+    return PyLong_FromUnsignedLongLong(released);
+}
+
+/* ----------------------------------------------------------------- verify */
+
+/* A failed item of a verify, kept on the calling thread (GIL released). */
+typedef struct {
+    int kind;
+    size_t index;
+    int status;
+    char *message; /* malloc'd; NULL: out of memory (strerror is used) */
+} VerifyFailure;
+
+typedef struct {
+    VerifyFailure *v;
+    size_t n, cap;
+    int nomem;
+} VerifyFailures;
+
+static int verify_item(void *user, const struct sluice_verify_item *it)
+{
+    VerifyFailures *f = user;
+    if (it->status == SLUICE_OK)
+        return 0;
+    if (f->n == f->cap) {
+        size_t cap = f->cap ? 2 * f->cap : 16;
+        VerifyFailure *v = realloc(f->v, cap * sizeof *v);
+        if (!v) {
+            f->nomem = 1;
+            return 1; /* stops the verify: its failures could not be kept */
+        }
+        f->v = v;
+        f->cap = cap;
+    }
+    f->v[f->n++] = (VerifyFailure){it->kind, it->index, it->status,
+                                   it->message ? strdup(it->message) : NULL};
+    return 0;
+}
+
+/* verify(indices or None, files, threads) -> (code, message, failures,
+ * report): failures a list of ("tensor" or "file", index, code, message),
+ * report a dict of struct sluice_verify_report. The GIL is released
+ * while the library reads and hashes. */
+static PyObject *model_verify(ModelObject *self, PyObject *args)
+{
+    PyObject *indices;
+    int files;
+    unsigned int threads;
+    if (!PyArg_ParseTuple(args, "OpI", &indices, &files, &threads) || !model_usable(self))
+        return NULL;
+    const char **names = NULL;
+    size_t n = 0;
+    if (indices != Py_None && !(names = names_from_indices(self, indices, &n)))
+        return NULL;
+    sluice_verify_options o;
+    sluice_verify_options_init(&o);
+    o.flags = files ? SLUICE_VF_FILES : 0;
+    o.threads = threads;
+    VerifyFailures f = {0};
+    o.on_item = verify_item;
+    o.user = &f;
+    struct sluice_verify_report r;
+    memset(&r, 0, sizeof r);
+    r.size = sizeof r;
+    char message[1024] = "";
+    int rc;
+    sluice_model *m = self->m;
+    self->in_flight++;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sluice_verify(m, names, n, &o, &r);
+    if (rc != SLUICE_OK) /* per thread: read before another call records its own */
+        snprintf(message, sizeof message, "%s", sluice_errmsg(m));
+    Py_END_ALLOW_THREADS
+    self->in_flight--;
+    PyMem_Free(names);
+    PyObject *list = f.nomem ? NULL : PyList_New((Py_ssize_t)f.n);
+    for (size_t k = 0; list && k < f.n; k++) {
+        const VerifyFailure *v = &f.v[k];
+        PyObject *t = Py_BuildValue("(snis)", v->kind == SLUICE_VERIFY_ITEM_FILE ? "file" : "tensor",
+                                    (Py_ssize_t)v->index, v->status,
+                                    v->message ? v->message : sluice_strerror(v->status));
+        if (!t)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, (Py_ssize_t)k, t);
+    }
+    for (size_t k = 0; k < f.n; k++)
+        free(f.v[k].message);
+    free(f.v);
+    model_maybe_close(self);
+    if (!list)
+        return PyErr_Occurred() ? NULL : PyErr_NoMemory();
+#define U(x) (unsigned long long)(x)
+    return Py_BuildValue("(isN{s:n,s:n,s:n,s:n,s:K,s:K,s:I,s:K})", rc, message, list,
+                         "tensors_ok", (Py_ssize_t)r.tensors_ok, "tensors_failed",
+                         (Py_ssize_t)r.tensors_failed, "files_ok", (Py_ssize_t)r.files_ok,
+                         "files_failed", (Py_ssize_t)r.files_failed, "bytes_hashed",
+                         U(r.bytes_hashed), "bytes_direct", U(r.bytes_direct), "threads",
+                         (unsigned int)r.threads, "elapsed_ns", U(r.elapsed_ns));
+#undef U
+}
+
+/* ----------------------------------------------------------------- Stream */
+
+typedef struct {
+    sluice_tensor *t; /* NULL for a failure */
+    int status;
+    size_t index;
+    char *message;    /* malloc'd, failures only */
+} StreamItem;
+
+typedef struct {
+    PyObject_HEAD
+    ModelObject *model;  /* strong */
+    sluice_model *m;     /* model->m, kept open while this stream counts */
+    const char **names;  /* borrowed from the model; NULL: every tensor */
+    size_t n;
+    pthread_t thread;
+    int thread_started;
+    int joined;
+    pthread_mutex_t mu;
+    pthread_cond_t item_ready;
+    pthread_cond_t space_free;
+    StreamItem queue[STREAM_QUEUE];
+    size_t head, count;
+    int finished;        /* sluice_stream_ex returned */
+    int abandoned;       /* the consumer stopped: drop further deliveries */
+    int rc;              /* what it returned */
+    char *final_message; /* its detail, read on the stream's thread */
+} StreamObject;
+
+static int stream_deliver(void *user, sluice_tensor *t, int status,
+                          const struct sluice_tensor_info *info, const char *message)
+{
+    StreamObject *s = user;
+    pthread_mutex_lock(&s->mu);
+    while (s->count == STREAM_QUEUE && !s->abandoned)
+        pthread_cond_wait(&s->space_free, &s->mu);
+    if (s->abandoned) {
+        pthread_mutex_unlock(&s->mu);
+        sluice_release(t);
+        return 1; /* stops the stream */
+    }
+    StreamItem *it = &s->queue[(s->head + s->count) % STREAM_QUEUE];
+    it->t = t;
+    it->status = status;
+    it->index = info ? info->index : 0;
+    it->message = (status != SLUICE_OK && message) ? strdup(message) : NULL;
+    s->count++;
+    pthread_cond_signal(&s->item_ready);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+static void *stream_thread(void *arg)
+{
+    StreamObject *s = arg;
+    sluice_model *m = s->m;
+    int rc = sluice_stream(m, s->names, s->names ? s->n : 0, stream_deliver, s);
+    char *msg = NULL;
+    if (rc != SLUICE_OK)
+        msg = strdup(sluice_errmsg(m));
+    pthread_mutex_lock(&s->mu);
+    s->rc = rc;
+    s->final_message = msg;
+    s->finished = 1;
+    pthread_cond_broadcast(&s->item_ready);
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* stream(indices or None) -> Stream, already running. */
+static PyObject *model_stream(ModelObject *self, PyObject *arg)
+{
+    if (!model_usable(self))
+        return NULL;
+    const char **names = NULL;
+    size_t n = 0;
+    if (arg != Py_None) {
+        names = names_from_indices(self, arg, &n);
+        if (!names)
+            return NULL;
+    }
+    StreamObject *s = PyObject_New(StreamObject, &StreamType);
+    if (!s) {
+        PyMem_Free(names);
+        return NULL;
+    }
+    s->model = (ModelObject *)Py_NewRef((PyObject *)self);
+    s->m = self->m;
+    s->names = names;
+    s->n = n;
+    s->thread_started = 0;
+    s->joined = 0;
+    s->head = s->count = 0;
+    s->finished = s->abandoned = 0;
+    s->rc = SLUICE_OK;
+    s->final_message = NULL;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->item_ready, NULL);
+    pthread_cond_init(&s->space_free, NULL);
+    self->streams++;
+    int err = pthread_create(&s->thread, NULL, stream_thread, s);
+    if (err != 0) {
+        Py_DECREF(s); /* dealloc undoes the rest */
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    s->thread_started = 1;
+    return (PyObject *)s;
+}
+
+/* Stops the stream (if running), waits for its thread and gives back every
+ * delivery not taken. Idempotent. Called with the GIL. */
+static void stream_stop(StreamObject *s)
+{
+    if (s->joined)
+        return;
+    s->joined = 1;
+    if (s->thread_started) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&s->mu);
+        s->abandoned = 1;
+        pthread_cond_broadcast(&s->space_free);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->thread, NULL);
+        Py_END_ALLOW_THREADS
+    }
+    while (s->count) {
+        StreamItem *it = &s->queue[s->head];
+        sluice_release(it->t);
+        free(it->message);
+        s->head = (s->head + 1) % STREAM_QUEUE;
+        s->count--;
+    }
+    s->model->streams--;
+    model_maybe_close(s->model);
+}
+
+static void stream_dealloc(StreamObject *s)
+{
+    stream_stop(s);
+    free(s->final_message);
+    PyMem_Free(s->names);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->item_ready);
+    pthread_cond_destroy(&s->space_free);
+    Py_DECREF(s->model);
+    PyObject_Free(s);
+}
+
+/* next_item() -> (index, Handle, 0, None) for a tensor, (index, None, code,
+ * message) for a failure, None at the end (then see result()). */
+static PyObject *stream_next_item(StreamObject *s, PyObject *unused)
+{
+    if (s->joined)
+        Py_RETURN_NONE;
+    StreamItem it;
+    int have = 0;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&s->mu);
+    while (s->count == 0 && !s->finished)
+        pthread_cond_wait(&s->item_ready, &s->mu);
+    if (s->count) {
+        it = s->queue[s->head];
+        s->head = (s->head + 1) % STREAM_QUEUE;
+        s->count--;
+        have = 1;
+        pthread_cond_signal(&s->space_free);
+    }
+    pthread_mutex_unlock(&s->mu);
+    Py_END_ALLOW_THREADS
+    if (!have) {
+        stream_stop(s);
+        Py_RETURN_NONE;
+    }
+    if (it.t) {
+        PyObject *h = handle_new(s->model, it.t, it.index);
+        if (!h)
+            return NULL;
+        return Py_BuildValue("(nNiO)", (Py_ssize_t)it.index, h, 0, Py_None);
+    }
+    PyObject *r = Py_BuildValue("(nOis)", (Py_ssize_t)it.index, Py_None, it.status,
+                                it.message ? it.message : sluice_strerror(it.status));
+    free(it.message);
+    return r;
+}
+
+/* result() -> (code, message) of the finished stream. */
+static PyObject *stream_result(StreamObject *s, PyObject *unused)
+{
+    if (!s->joined) {
+        PyErr_SetString(PyExc_RuntimeError, "the stream has not finished");
+        return NULL;
+    }
+    return Py_BuildValue("(is)", s->rc,
+                         s->final_message ? s->final_message : sluice_strerror(s->rc));
+}
+
+static PyObject *stream_close(StreamObject *s, PyObject *unused)
+{
+    stream_stop(s);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef stream_methods[] = {
+    {"next_item", (PyCFunction)stream_next_item, METH_NOARGS, "The next delivery, or None."},
+    {"result", (PyCFunction)stream_result, METH_NOARGS, "(code, message) once finished."},
+    {"close", (PyCFunction)stream_close, METH_NOARGS, "Stop the stream and wait for it."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject StreamType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "sluice._sluice.Stream",
+    .tp_basicsize = sizeof(StreamObject),
+    .tp_dealloc = (destructor)stream_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A running sluice_stream; see sluice.Model.stream.",
+    .tp_methods = stream_methods,
+};
+
+/* ------------------------------------------------------------ Model type */
+
+static PyMethodDef model_methods[] = {
+    {"close", (PyCFunction)model_close, METH_NOARGS,
+     "Close; deferred while arrays, streams or calls still use the model."},
+    {"count", (PyCFunction)model_count, METH_NOARGS, "Number of tensors."},
+    {"info", (PyCFunction)model_info, METH_O, "Information of tensor i."},
+    {"find", (PyCFunction)model_find, METH_O, "Index of a tensor by name, or -1."},
+    {"names", (PyCFunction)model_names, METH_NOARGS, "Every tensor name, in model order."},
+    {"file_count", (PyCFunction)model_file_count, METH_NOARGS, "Number of files."},
+    {"file_info", (PyCFunction)model_file_info, METH_O, "Information of file i."},
+    {"stats", (PyCFunction)model_stats, METH_NOARGS, "Every field of sluice_stats."},
+    {"verify_mode", (PyCFunction)model_verify_mode, METH_NOARGS, "Policy in force."},
+    {"manifest_path", (PyCFunction)model_manifest_path, METH_NOARGS, "Manifest read, or None."},
+    {"manifest_digest", (PyCFunction)model_manifest_digest, METH_O,
+     "Digest the manifest gives tensor i, or None."},
+    {"acquire", (PyCFunction)model_acquire, METH_O, "Handle of tensor i (GIL released)."},
+    {"prefetch", (PyCFunction)model_prefetch, METH_O, "Read-ahead hint by indices."},
+    {"stream", (PyCFunction)model_stream, METH_O, "Start a stream over indices (or None)."},
+    {"trim", (PyCFunction)model_trim, METH_NOARGS, "Give memory back; bytes released."},
+    {"verify", (PyCFunction)model_verify, METH_VARARGS,
+     "sluice_verify over indices (or None), files, threads (GIL released)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef model_getset[] = {
+    {"closed", (getter)model_get_closed, NULL, "close() was called", NULL},
+    {"open_in_library", (getter)model_get_open_in_library, NULL,
+     "the library's model is still open (live arrays keep it)", NULL},
+    {"live_handles", (getter)model_get_live, NULL, "handles alive", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject ModelType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "sluice._sluice.Model",
+    .tp_basicsize = sizeof(ModelObject),
+    .tp_dealloc = (destructor)model_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One open sluice_model; see sluice.open.",
+    .tp_methods = model_methods,
+    .tp_getset = model_getset,
+};
+
+/* ---------------------------------------------------------------- module */
+
+/* PyUnicode_FSConverter that also takes None (leaving *out NULL). */
+static int fs_or_none(PyObject *arg, void *out)
+{
+    if (arg == Py_None) {
+        *(PyObject **)out = NULL;
+        return 1;
+    }
+    return PyUnicode_FSConverter(arg, out);
+}
+
+/* open(path, manifest, verify, pool, queue_depth, chunk, direct,
+ *      hash_threads, io_threads, force_pread) -> Model. 0 (or -1 for the
+ * thread counts) means the library's default. */
+static PyObject *mod_open(PyObject *mod, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"path", "manifest", "verify", "pool", "queue_depth", "chunk",
+                             "direct", "hash_threads", "io_threads", "force_pread", NULL};
+    PyObject *path = NULL, *manifest = NULL;
+    int verify = SLUICE_VERIFY_DEFAULT, direct = 0, force_pread = 0;
+    unsigned long long pool = 0, chunk = 0;
+    unsigned int queue_depth = 0;
+    int hash_threads = -1, io_threads = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|O&iKIKpiip", kwlist, PyUnicode_FSConverter,
+                                     &path, fs_or_none, &manifest, &verify, &pool,
+                                     &queue_depth, &chunk, &direct, &hash_threads, &io_threads,
+                                     &force_pread)) {
+        Py_XDECREF(path);
+        Py_XDECREF(manifest);
+        return NULL;
+    }
+    sluice_options o;
+    sluice_options_init(&o);
+    o.verify = (sluice_verify_policy)verify;
+    if (pool)
+        o.pool_bytes = pool;
+    if (queue_depth)
+        o.queue_depth = queue_depth;
+    if (chunk)
+        o.chunk_bytes = chunk;
+    if (hash_threads >= 0)
+        o.hash_threads = (uint32_t)hash_threads;
+    if (io_threads >= 0)
+        o.io_threads = (uint32_t)io_threads;
+    if (direct)
+        o.flags |= SLUICE_F_DIRECT;
+    if (force_pread)
+        o.flags |= SLUICE_F_FORCE_PREAD;
+    o.manifest_path = manifest ? PyBytes_AS_STRING(manifest) : NULL;
+    const char *cpath = PyBytes_AS_STRING(path);
+
+    sluice_model *m = NULL;
+    int rc;
+    char message[2048] = "";
+    Py_BEGIN_ALLOW_THREADS
+    rc = sluice_open(cpath, &o, &m);
+    if (rc != SLUICE_OK) {
+        snprintf(message, sizeof message, "%s", m ? sluice_errmsg(m) : "");
+        sluice_close(m); /* the shell of a failed open */
+        m = NULL;
+    }
+    Py_END_ALLOW_THREADS
+    Py_DECREF(path);
+    Py_XDECREF(manifest);
+    if (rc != SLUICE_OK)
+        return raise_code(rc, message);
+
+    ModelObject *self = PyObject_New(ModelObject, &ModelType);
+    if (!self) {
+        Py_BEGIN_ALLOW_THREADS
+        sluice_close(m);
+        Py_END_ALLOW_THREADS
+        return NULL;
+    }
+    self->m = m;
+    self->close_requested = 0;
+    self->live = self->streams = self->in_flight = 0;
+    self->close_status = SLUICE_OK;
+    return (PyObject *)self;
+}
+
+static PyObject *mod_strerror(PyObject *mod, PyObject *arg)
+{
+    int overflow = 0;
+    long code = PyLong_AsLongAndOverflow(arg, &overflow);
+    if (code == -1 && PyErr_Occurred())
+        return NULL;
+    if (overflow || code < INT_MIN || code > INT_MAX)
+        return PyUnicode_FromString(sluice_strerror(1));
+    return PyUnicode_FromString(sluice_strerror((int)code));
+}
+
+static PyObject *mod_dtype_bits(PyObject *mod, PyObject *arg)
+{
+    if (!PyUnicode_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "dtype name must be str");
+        return NULL;
+    }
+    const char *s = PyUnicode_AsUTF8(arg);
+    if (!s)
+        return NULL;
+    for (int d = 0; d < SLUICE_DTYPE_COUNT_; d++)
+        if (!strcmp(sluice_dtype_name((sluice_dtype)d), s))
+            return PyLong_FromUnsignedLong(sluice_dtype_bits((sluice_dtype)d));
+    PyErr_Format(PyExc_ValueError, "unknown dtype %R", arg);
+    return NULL;
+}
+
+static PyMethodDef module_methods[] = {
+    {"open", (PyCFunction)(void (*)(void))mod_open, METH_VARARGS | METH_KEYWORDS,
+     "Open a model (see sluice.open)."},
+    {"strerror", (PyCFunction)mod_strerror, METH_O, "Name of a status code."},
+    {"dtype_bits", (PyCFunction)mod_dtype_bits, METH_O, "Bits per element of a dtype name."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "sluice._sluice",
+    "The C layer of the sluice package; use the sluice module.", -1, module_methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__sluice(void)
+{
+    if (PyType_Ready(&ModelType) < 0 || PyType_Ready(&HandleType) < 0 ||
+        PyType_Ready(&StreamType) < 0)
+        return NULL;
+    PyObject *errors = PyImport_ImportModule("sluice._errors");
+    if (!errors)
+        return NULL;
+    make_error_fn = PyObject_GetAttrString(errors, "make_error");
+    Py_DECREF(errors);
+    if (!make_error_fn)
+        return NULL;
+    PyObject *m = PyModule_Create(&module_def);
+    if (!m)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "Model", (PyObject *)&ModelType) < 0 ||
+        PyModule_AddObjectRef(m, "Handle", (PyObject *)&HandleType) < 0 ||
+        PyModule_AddObjectRef(m, "Stream", (PyObject *)&StreamType) < 0 ||
+        PyModule_AddStringConstant(m, "library_version", sluice_version()) < 0 ||
+        PyModule_AddIntConstant(m, "STREAM_QUEUE", STREAM_QUEUE) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

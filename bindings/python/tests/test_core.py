@@ -1,0 +1,166 @@
+"""Core API: every tensor equals the bytes read independently, zero copy,
+the index calls, threads."""
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import sluice
+import stfile
+from conftest import real_models
+
+
+def check_model(path, **kw):
+    expected = stfile.read_model(path)
+    with sluice.open(path, **kw) as m:
+        assert sorted(m.keys()) == sorted(expected)
+        assert len(m) == len(expected)
+        for name, (dtype, shape, raw) in expected.items():
+            assert name in m
+            info = m.info(name)
+            assert (info.dtype, info.shape, info.nbytes) == (dtype, shape, len(raw))
+            a = m.get_tensor(name)
+            want = stfile.expected_array(dtype, shape, raw)
+            assert a.dtype == want.dtype, name
+            assert a.shape == want.shape, name
+            assert a.tobytes() == raw, name
+            assert not a.flags.writeable
+            # zero copy: the array's memory is the handle's buffer
+            h = sluice.handle_of(a)
+            assert h is not None and h.nbytes == len(raw)
+            if len(raw):
+                assert a.__array_interface__["data"][0] == h.address
+            del a, h
+    return expected
+
+
+@pytest.mark.parametrize("path", real_models() or ["<absent>"],
+                         ids=lambda p: os.path.basename(p))
+def test_every_real_tensor(real_dir, path):
+    check_model(path)
+
+
+def test_sharded_generated(sharded):
+    exp = check_model(sharded)
+    assert len(exp) == 18
+    # the same model through its index.json and with the manifest checked
+    check_model(os.path.join(sharded, "model.safetensors.index.json"))
+    with sluice.open(sharded) as m:
+        assert m.verify_mode == "require"
+        for k in m.keys():
+            m.get_tensor(k)
+        st = m.stats()
+        nonempty = sum(1 for k in m.keys() if m.info(k).nbytes)
+        assert st["tensors_verified"] == nonempty  # empty tensors need no read
+        assert st["checksum_failures"] == 0
+
+
+def test_scalar_and_empty(sharded):
+    with sluice.open(sharded) as m:
+        s = m.get_tensor("a.scalar")
+        assert s.shape == () and s[()] == np.float32(3.5)
+        e = m.get_tensor("a.empty")
+        assert e.shape == (0, 4) and e.dtype == np.float32
+        z = m.get_tensor("c.zero_scalar_dim")
+        assert z.shape == (3, 0)
+
+
+def test_index_calls(sharded):
+    with sluice.open(sharded) as m:
+        assert len(m.files) == 3 and all(os.path.isfile(f) for f in m.files)
+        assert m.metadata() == {"format": "np", "who": "test"}
+        assert m.metadata(0) == {"format": "np", "who": "test"}
+        assert m.metadata(os.path.basename(m.files[2])) == {"format": "np", "who": "test"}
+        with pytest.raises(IndexError):
+            m.metadata(5)
+        info = m.info("a.f32")
+        assert info.file == m.files[0] and info.shape == (17, 5) and info.dtype == "F32"
+        assert "nope" not in m and 3 not in m
+        assert list(m) == m.keys()
+        st = m.stats()
+        for field in ("backend", "backend_errno", "bytes_read", "bytes_delivered", "bytes_hashed",
+                      "reads", "retries", "tensors_loaded", "tensors_verified", "cache_hits",
+                      "failures", "checksum_failures", "direct_fallbacks", "pool_bytes",
+                      "pool_in_use", "pool_high_water", "evictions", "acquire_wait_ns",
+                      "acquire_count"):
+            assert field in st
+        assert st["pool_bytes"] == 4 << 30
+        m.prefetch(["c.i64", "a.f32"])
+        m.prefetch([])
+        assert m.trim() >= 0
+        assert m["a.i8"].dtype == np.int8
+
+
+def test_stream_all_and_subset(sharded):
+    exp = stfile.read_model(sharded)
+    with sluice.open(sharded, pool="64M") as m:
+        got = {}
+        for name, a in m.stream():
+            got[name] = a.tobytes()
+        del a  # the loop variable holds the last array
+        assert got == {k: v[2] for k, v in exp.items()}
+        names = ["b.f16", "a.f32", "b.f16"]
+        seen = [n for n, _ in m.stream(names)]
+        assert sorted(seen) == sorted(names)
+        assert list(m.stream([])) == []
+        # abandoning a stream midway stops it; the model closes afterwards
+        it = m.stream()
+        next(it)
+        del it
+    assert not m._m.open_in_library
+
+
+def test_threads_concurrent(tmp_path):
+    """get_tensor from many threads at once, and the GIL is released while
+    the library reads and hashes."""
+    big = np.arange(24 << 20, dtype=np.uint8)  # 24 MiB per tensor
+    tensors = {f"t{i}": np.roll(big, i) for i in range(4)}
+    path = str(tmp_path / "m.safetensors")
+    digests = stfile.write(path, tensors)
+    stfile.write_manifest(path + ".manifest.json", digests)
+    with sluice.open(path, hash_threads=1) as m:
+        errors, results = [], {}
+
+        def worker(k):
+            try:
+                for _ in range(3):
+                    a = m.get_tensor(k)
+                    results[k] = a[:1000].copy()
+                    del a
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+        threads = [threading.Thread(target=worker, args=(f"t{i % 4}",)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        for k, v in results.items():
+            assert (v == tensors[k][:1000]).all()
+        # While one thread waits in get_tensor (a fresh read, hashed on one
+        # thread: tens of ms), a pure-Python thread keeps running.
+        m.trim()
+        stop = False
+        ticks = 0
+
+        def spin():
+            nonlocal ticks
+            while not stop:
+                ticks += 1
+        sp = threading.Thread(target=spin)
+        sp.start()
+        time.sleep(0.01)
+        m2 = sluice.open(path, hash_threads=1)
+        before = ticks
+        t0 = time.perf_counter()
+        a = m2.get_tensor("t3")
+        elapsed = time.perf_counter() - t0
+        during = ticks - before
+        stop = True
+        sp.join()
+        del a
+        m2.close()
+        assert elapsed > 0
+        assert during > 0, "no Python ran while get_tensor waited: the GIL was held"
