@@ -603,7 +603,7 @@ SLUICE_API int sluice_verify(sluice_model *m, const char *const *names, size_t n
     size_t *ids = NULL;
     if (names && resolve(m, names, n, &ids, &err) < 0)
         return sl_model_error(m, &err);
-    /* The engine is not used, but close must wait for this call. */
+    /* No pool or handle is used, only the metrics; close must wait for this call. */
     if (sl_engine_enter(e, &err) < 0) {
         free(ids);
         return sl_model_error(m, &err);
