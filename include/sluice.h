@@ -768,9 +768,10 @@ SLUICE_API char *sluice_digest_hex(const uint8_t digest[32], char hex[65]);
  * an io_uring ring of the thread's own (or one at a time with pread where
  * io_uring is refused); past 8 threads, blocks of 256 KiB and fewer of
  * them in flight, so that all threads' blocks stay within 48 MiB. Read
- * buffered even then: tensors under 64 KiB (a block would read more than
- * they hold), a file that cannot be opened with O_DIRECT, and the rest of
- * an item whose O_DIRECT read the file system refuses (EINVAL). Items are
+ * buffered even then: items (tensors or files) under 64 KiB (a block
+ * would read more than they hold), a file that cannot be opened with
+ * O_DIRECT, and the rest of an item whose O_DIRECT read the file system
+ * refuses (EINVAL). Items are
  * handed to the threads largest first. Memory: 256 KiB a thread, plus
  * the O_DIRECT blocks of the threads that read so (48 MiB at most in
  * all), plus one small record per item; nothing else grows with the
@@ -863,7 +864,7 @@ struct sluice_verify_report {
  * value; SLUICE_E_CANCELLED when o->cancel was requested before every
  * item was reported (each thread stops after the buffer it is hashing,
  * or with O_DIRECT once the reads it has in flight, 24 MiB at most, are
- * done; the progress callback, if any, is called once more);
+ * done; the last progress call, if any, gives the counts reached);
  * otherwise the status of the first failed item reported. Before any
  * item: SLUICE_E_INVAL (bad model, bad options, a NULL name, report
  * with a size smaller than its size field), SLUICE_E_NOT_FOUND (an

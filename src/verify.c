@@ -41,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -49,7 +50,7 @@
 #define VF_DIRECT_DEPTH 24                 /* O_DIRECT blocks in flight a thread, at most */
 #define VF_DIRECT_MAX ((size_t)1 << 20)
 #define VF_DIRECT_MIN ((size_t)256 << 10)  /* smallest block: fewer in flight below it */
-#define VF_DIRECT_ITEM_MIN ((uint64_t)64 << 10) /* smaller tensors are read buffered */
+#define VF_DIRECT_ITEM_MIN ((uint64_t)64 << 10) /* smaller items are read buffered */
 #define VF_ALIGN ((uint64_t)4096)
 #define VF_DIRECT_MEMORY ((size_t)48 << 20) /* O_DIRECT blocks, all threads */
 #define VF_MAX_THREADS 64
@@ -196,8 +197,11 @@ static void block_start(vf_worker *w, int fd, vf_block *blk, size_t b, uint64_t 
         int rc, tries = 0;
         do
             rc = io_uring_submit(&w->ring);
-        while ((rc == -EINTR || rc == -EAGAIN || rc == -EBUSY) && tries++ < 8);
-        if (rc >= 1) {
+        while ((rc >= 0 ? io_uring_sq_ready(&w->ring) != 0
+                        : rc == -EINTR || rc == -EAGAIN || rc == -EBUSY) && tries++ < 8);
+        /* The read is the last SQE queued (a submit may take fewer than
+         * were queued): it went in only when none is left. */
+        if (rc >= 0 && io_uring_sq_ready(&w->ring) == 0) {
             blk->busy = 1;
             return;
         }
@@ -213,6 +217,17 @@ static void block_start(vf_worker *w, int fd, vf_block *blk, size_t b, uint64_t 
     blk->result = got < 0 ? -errno : got;
 }
 
+/* The ring failed with reads in flight: see block_wait. */
+static void blocks_lose(vf_worker *w)
+{
+    size_t len = w->run->depth * w->run->block;
+    if (mmap(w->blocks, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
+             -1, 0) == MAP_FAILED)
+        (void)mprotect(w->blocks, len, PROT_NONE); /* at least never read again */
+    w->blocks_lost = 1;
+    w->direct_off = 1;
+}
+
 /* Waits until block b's read is done. */
 static void block_wait(vf_worker *w, vf_block *blocks, size_t b)
 {
@@ -223,15 +238,16 @@ static void block_wait(vf_worker *w, vf_block *blocks, size_t b)
             continue;
         if (rc < 0) {
             /* The ring itself failed: nothing more will come, yet the
-             * kernel may still write the blocks. They are never used or
-             * freed again (see worker_free); this thread reads buffered. */
+             * kernel may still write the blocks. Their memory is given
+             * back but their addresses stay reserved, inaccessible, so a
+             * late write faults instead of landing in memory reused by
+             * then (blocks_lose); this thread reads buffered from here. */
             for (size_t k = 0; k < w->run->depth; k++)
                 if (blocks[k].busy) {
                     blocks[k].busy = 0;
                     blocks[k].result = rc;
                 }
-            w->blocks_lost = 1;
-            w->direct_off = 1;
+            blocks_lose(w);
             return;
         }
         size_t k = (size_t)io_uring_cqe_get_data64(cqe);
@@ -252,11 +268,13 @@ static int direct_ready(vf_worker *w)
         return -1;
     if (w->blocks)
         return 0;
-    if (posix_memalign((void **)&w->blocks, 4096, w->run->depth * w->run->block) != 0) {
-        w->blocks = NULL;
+    void *p = mmap(NULL, w->run->depth * w->run->block, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
         w->direct_off = 1;
         return -1;
     }
+    w->blocks = p;
     w->ring_ok = io_uring_queue_init((unsigned)w->run->depth, &w->ring, 0) == 0;
     return 0;
 }
@@ -286,8 +304,10 @@ static void direct_range(vf_worker *w, vf_item *it, int fd, uint64_t *pos, uint6
         vf_block *blk = &blocks[head];
         if (ended || stopped(run) || it->status != SLUICE_OK)
             continue; /* only draining */
-        if (blk->result == -EINVAL) {
-            ended = 1; /* this file or its filesystem refuses O_DIRECT reads */
+        if (blk->result == -EINVAL || w->blocks_lost) {
+            /* this file or its filesystem refuses O_DIRECT reads, or the
+             * ring failed: pread goes on from *pos */
+            ended = 1;
             continue;
         }
         if (blk->result < 0) {
@@ -458,8 +478,8 @@ static void run_item(vf_worker *w, vf_item *it)
     }
     uint64_t pos = it->begin;
     int direct_fd = run->direct_fd ? run->direct_fd[it->file] : -1;
-    /* A small tensor read with O_DIRECT would cost a whole block or two. */
-    if (direct_fd >= 0 && it->end - it->begin >= VF_DIRECT_ITEM_MIN && direct_ready(w) == 0)
+    /* A small item read with O_DIRECT would cost a whole block or two. */
+    if (direct_fd >= 0 && it->weight >= VF_DIRECT_ITEM_MIN && direct_ready(w) == 0)
         direct_range(w, it, direct_fd, &pos, it->end);
     pread_range(w, it, f->fd, &pos, it->end);
     if (it->status == SLUICE_OK && !stopped(run))
@@ -517,11 +537,10 @@ static void worker_free(vf_worker *w)
     EVP_MD_CTX_free(w->md);
     EVP_MD_CTX_free(w->tensor_md);
     free(w->buf);
-    /* Blocks the kernel may still be reading into are left allocated: a
-     * leak on a path that needs a broken ring, rather than memory that
-     * changes under its next owner. */
-    if (!w->blocks_lost)
-        free(w->blocks);
+    /* Blocks the kernel may still be reading into stay reserved (no
+     * memory, only addresses) rather than be mapped again by someone. */
+    if (w->blocks && !w->blocks_lost)
+        munmap(w->blocks, w->run->depth * w->run->block);
 }
 
 /* ------------------------------------------------------------------ the run */
@@ -746,7 +765,7 @@ int sl_verify_run(const sl_index *ix, const sl_manifest *mf, const sluice_option
     while (rc == SLUICE_OK && started) {
         pthread_mutex_lock(&run.lock);
         while (delivered == run.ndone && run.running > 0 &&
-               (stop_rc || !sl_cancel_requested(o->cancel)))
+               (stop_rc || delivered == run.nitems || !sl_cancel_requested(o->cancel)))
             pthread_cond_wait(&run.cond, &run.lock);
         int have = delivered < run.ndone;
         size_t i = have ? run.done[delivered] : 0;
