@@ -14,6 +14,7 @@
  * bench_run.c); each figure is the median of the rounds, with min and max.
  */
 #include "bench.h"
+#include "metrics_cli.h"
 #include "cmd.h"
 
 #include "sluice.h"
@@ -72,6 +73,8 @@ static void usage(FILE *f)
         "                      verify`, as whole fresh processes, fork to exit, with no\n"
         "                      untimed pass (default on)\n"
         "  --manifest FILE     the manifest for --verify on (default: the sidecar)\n"
+        "  --metrics-port N    each sluice run serves its model's metrics on\n"
+        "                      http://127.0.0.1:N/metrics while it runs (0: any free port)\n"
         "  --seed S            order of --random (default 1)\n"
         "  --csv FILE          every run, one line each\n"
         "  --plot FILE.png     throughput per configuration (needs gnuplot)\n"
@@ -352,7 +355,7 @@ int cmd_bench(int argc, char **argv)
         [SW_BACKEND] = {"backend", {0}, 1, 0, 1},
     };
     const char *path = NULL, *csv = NULL, *plot = NULL;
-    bench_opts bo = {.seed = 1};
+    bench_opts bo = {.seed = 1, .metrics_port = -1};
     uint64_t runs = 3;
     int random_mode = 0, baselines = 1, verify_given = 0, whole_process = 1;
     for (int i = 1; i < argc; i++) {
@@ -392,6 +395,10 @@ int cmd_bench(int argc, char **argv)
                 runs = v;
             else
                 bo.seed = v;
+        } else if (!strcmp(a, "--metrics-port")) {
+            int r = mc_port_option("bench", argc, argv, &i, &bo.metrics_port);
+            if (r < 0)
+                return 2;
         } else if (!strcmp(a, "--whole-process")) {
             if (!need_value(i, argc, a))
                 return 2;

@@ -78,6 +78,8 @@ typedef struct bench_opts {
     const char *manifest_found; /* the manifest verify on uses (for (f)); NULL: none */
     uint64_t seed;           /* random order */
     int cold;
+    int metrics_port;        /* >= 0: each sluice run serves its model's metrics
+                                there while it runs (0: any free port); -1: no */
 } bench_opts;
 
 /* Runs c once in a forked child and fills *r (r->ok says whether it

@@ -416,6 +416,34 @@ static void shuffle(size_t *v, size_t n, uint64_t seed)
     }
 }
 
+/* --metrics-port: a server started before the run's clock, so that only
+ * adding the model is timed; NULL when not asked or when it cannot start
+ * (the run then fails). */
+static sluice_metrics_server *metrics_start(const bench_opts *o, bench_result *r)
+{
+    if (o->metrics_port < 0)
+        return NULL;
+    sluice_metrics_server *s = NULL;
+    int rc = sluice_metrics_serve(NULL, (unsigned)o->metrics_port, &s);
+    if (rc != SLUICE_OK)
+        fail(r, "cannot serve metrics on 127.0.0.1:%d: %s", o->metrics_port, sluice_strerror(rc));
+    return s;
+}
+
+static void metrics_add(sluice_metrics_server *s, sluice_model *m, bench_result *r)
+{
+    int rc = s ? sluice_metrics_server_add(s, m) : SLUICE_OK;
+    if (rc != SLUICE_OK)
+        fail(r, "metrics: %s", sluice_strerror(rc));
+}
+
+static void metrics_stop(sluice_metrics_server *s, sluice_model *m)
+{
+    if (s && m)
+        sluice_metrics_server_remove(s, m);
+    sluice_metrics_server_free(s);
+}
+
 static void run_sluice(const bench_model *bm, const bench_config *c, const bench_opts *o,
                        bench_result *r, double *lat)
 {
@@ -438,15 +466,19 @@ static void run_sluice(const bench_model *bm, const bench_config *c, const bench
         shuffle(order, bm->ntensors, o->seed);
     }
 
+    sluice_metrics_server *ms = metrics_start(o, r);
     double t0 = bench_now();
     sluice_model *m = NULL;
-    int rc = sluice_open(bm->path, &opts, &m);
+    int rc = r->ok ? sluice_open(bm->path, &opts, &m) : SLUICE_E_INVAL;
     if (rc != SLUICE_OK) {
-        fail(r, "open: %s", m ? sluice_errmsg(m) : sluice_strerror(rc));
+        if (r->ok)
+            fail(r, "open: %s", m ? sluice_errmsg(m) : sluice_strerror(rc));
         sluice_close(m);
+        metrics_stop(ms, NULL);
         free(order);
         return;
     }
+    metrics_add(ms, m, r);
     double t1 = bench_now();
     r->open_ms = (t1 - t0) * 1e3;
     if (c->mode == BM_STREAM) {
@@ -496,6 +528,7 @@ static void run_sluice(const bench_model *bm, const bench_config *c, const bench
     if (r->ok && !r->tensors_refused && r->bytes_needed != bm->tensor_bytes)
         fail(r, "delivered %llu bytes of %llu", (unsigned long long)r->bytes_needed,
              (unsigned long long)bm->tensor_bytes);
+    metrics_stop(ms, m); /* before close: the server holds the model */
     rc = sluice_close(m);
     r->wall_s = bench_now() - t0;
     if (rc != SLUICE_OK && r->ok)
@@ -591,14 +624,18 @@ static void run_verify(const bench_model *bm, const bench_config *c, const bench
     opts.flags = c->direct ? SLUICE_F_DIRECT : 0;
     opts.verify = SLUICE_VERIFY_REQUIRE;
     opts.manifest_path = o->manifest;
+    sluice_metrics_server *ms = metrics_start(o, r);
     double t0 = bench_now();
     sluice_model *m = NULL;
-    int rc = sluice_open(bm->path, &opts, &m);
+    int rc = r->ok ? sluice_open(bm->path, &opts, &m) : SLUICE_E_INVAL;
     if (rc != SLUICE_OK) {
-        fail(r, "open: %s", m ? sluice_errmsg(m) : sluice_strerror(rc));
+        if (r->ok)
+            fail(r, "open: %s", m ? sluice_errmsg(m) : sluice_strerror(rc));
         sluice_close(m);
+        metrics_stop(ms, NULL);
         return;
     }
+    metrics_add(ms, m, r);
     r->open_ms = (bench_now() - t0) * 1e3;
     struct sluice_verify_report rep = {.size = sizeof rep};
     rc = sluice_verify(m, NULL, 0, NULL, &rep);
@@ -609,6 +646,7 @@ static void run_verify(const bench_model *bm, const bench_config *c, const bench
     if (r->ok && rep.bytes_hashed != bm->tensor_bytes)
         fail(r, "verified %llu bytes of %llu", (unsigned long long)rep.bytes_hashed,
              (unsigned long long)bm->tensor_bytes);
+    metrics_stop(ms, m); /* before close: the server holds the model */
     rc = sluice_close(m);
     r->wall_s = bench_now() - t0;
     if (rc != SLUICE_OK && r->ok)
@@ -636,7 +674,8 @@ int bench_whole_process(bench_mode mode)
 static void run_whole_process(const bench_model *bm, const bench_config *c,
                               const bench_opts *o, bench_result *r)
 {
-    const char *argv[12], *exe = NULL;
+    const char *argv[14], *exe = NULL;
+    char port[16];
     size_t argc = 0;
     if (c->mode == BM_PROC_VERIFY) {
         exe = "/proc/self/exe"; /* this very file, even if rebuilt since */
@@ -650,6 +689,11 @@ static void run_whole_process(const bench_model *bm, const bench_config *c,
         }
         if (c->direct)
             argv[argc++] = "--direct";
+        if (o->metrics_port >= 0) {
+            snprintf(port, sizeof port, "%d", o->metrics_port);
+            argv[argc++] = "--metrics-port";
+            argv[argc++] = port;
+        }
     } else if (c->mode == BM_PY_VERIFY) {
         if (!o->manifest_found) {
             fail(r, "(f) needs a manifest");
