@@ -953,10 +953,11 @@ SLUICE_API int sluice_stats(sluice_model *model, struct sluice_stats *stats);
  * Gauges:
  *   sluice_pool_budget_bytes, sluice_pool_in_use_bytes,
  *   sluice_pool_high_water_bytes, sluice_live_handles,
- *   sluice_streams_running, sluice_backend_info{backend="io_uring"|"pread"} 1.
+ *   sluice_streams_running, sluice_backend_info{backend="io_uring"|"pread"|
+ *   "none"} 1 (none: no read has chosen a backend yet).
  * Histograms (fixed buckets, le in seconds or bytes, plus +Inf):
- *   sluice_acquire_wait_seconds        every acquire served (a cache hit
- *       as 0); 50us 100us 250us 500us 1ms 2.5ms 5ms 10ms 25ms 50ms 100ms
+ *   sluice_acquire_wait_seconds        every acquire that succeeded (a
+ *       cache hit as 0); 50us 100us 250us 500us 1ms 2.5ms 5ms 10ms 25ms 50ms 100ms
  *       250ms 500ms 1s 2.5s 5s 10s 30s 60s
  *   sluice_read_duration_seconds       one read, queued to completed;
  *       10us 25us 50us 100us 250us 500us 1ms 2.5ms 5ms 10ms 25ms 50ms
@@ -1015,12 +1016,16 @@ SLUICE_API int sluice_metrics_write_models(sluice_model *const *models, size_t n
  *
  * It answers GET (and HEAD) /metrics with 200 and the models' exposition:
  * OpenMetrics when the request's Accept header asks for
- * application/openmetrics-text, else the text format 0.0.4. Any other path
- * is 404, any other method on /metrics 405 (Allow: GET, HEAD). Bounds: 32
- * connections at once (more are accepted and closed), 16 KiB of request
- * per connection (a longer request line or header gets an error status
- * and the connection is closed), 5 s of idleness per connection (a slow
- * client is cut off), request bodies never read. It runs on one thread of
+ * application/openmetrics-text (in any case), else the text format 0.0.4.
+ * Any other path is 404, any other method on /metrics 405 (Allow: GET,
+ * HEAD). Connections are kept alive between requests. Bounds: 32
+ * connections at once (more wait in the listen queue until one ends), 16
+ * KiB of request per connection (a longer request line or header gets an
+ * error status and the connection is closed), 5 s of idleness per
+ * connection, request bodies never read. The timeout is of idleness only:
+ * a local client that trickles a byte every few seconds keeps its
+ * connection, and 32 such clients delay every scrape; the endpoint is
+ * meant for 127.0.0.1 or a trusted network. It runs on one thread of
  * its own, which takes a model's lock only as long as sluice_stats does:
  * a scrape never waits for a load, and a load never waits for a client.
  *
@@ -1035,7 +1040,7 @@ SLUICE_API int sluice_metrics_write_models(sluice_model *const *models, size_t n
  * sluice_metrics_server_add: serves model's metrics too (at most 64
  * models; a model added twice is served once). Returns SLUICE_OK,
  * SLUICE_E_INVAL (a NULL or failed model, 64 already, or a label one of
- * the server's models already has), SLUICE_E_NOMEM.
+ * the server's models already has).
  * sluice_metrics_server_remove: stops serving model, waiting for a
  * scrape that is rendering it. Remove a model before closing it: the
  * server does not learn of sluice_close. Returns SLUICE_OK, or

@@ -484,7 +484,8 @@ int sl_engine_acquire(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err)
     uint64_t waited = sl_now_ns() - t0;
     e->st.acquire_wait_ns += waited;
     sl_metrics_add(&e->met, &e->met.cache_misses, 1);
-    sl_metrics_observe(&e->met, SL_H_ACQUIRE_WAIT, waited);
+    if (rc == SLUICE_OK) /* the histogram is of acquires served */
+        sl_metrics_observe(&e->met, SL_H_ACQUIRE_WAIT, waited);
     if (e->dq_head != SL_NONE)
         sl_pump(e); /* a demand waiting for room may now learn it has none */
     sl_unlock(e);

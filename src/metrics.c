@@ -407,10 +407,10 @@ static void render(ctx *c)
     scalar(c, "sluice_live_handles", "gauge", "Tensor handles live now.", OFF(live));
     scalar(c, "sluice_streams_running", "gauge", "sluice_stream calls running now.",
            OFF(streams_running));
-    family(c, "sluice_io_backend", "gauge", "The I/O backend in use (value 1).");
+    family(c, "sluice_backend_info", "gauge", "The I/O backend in use (value 1).");
     for (size_t k = 0; k < c->n; k++) {
         sluice_backend b = c->snaps[k].st.backend;
-        series(c, k, "sluice_io_backend", "",
+        series(c, k, "sluice_backend_info", "",
                b == SLUICE_BACKEND_IO_URING ? "backend=\"io_uring\""
                : b == SLUICE_BACKEND_PREAD  ? "backend=\"pread\""
                                             : "backend=\"none\"");

@@ -33,6 +33,8 @@ struct sluice_metrics_server {
     pthread_mutex_t lock;          /* models */
     sluice_model *models[SL_SERVE_MAX_MODELS];
     size_t n;
+    size_t last_need;              /* the last rendering's size: the next
+                                      one starts there, rendered once */
     unsigned port;
 };
 
@@ -64,7 +66,7 @@ static char *render_all(sluice_metrics_server *s, int om, size_t *len)
 {
     pthread_mutex_lock(&s->lock);
     char *buf = NULL;
-    size_t cap = 16384, need = 0;
+    size_t cap = s->last_need ? s->last_need + s->last_need / 8 + 256 : 16384, need = 0;
     int rc = SLUICE_OK;
     if (s->n == 0) {
         static const char eof[] = "# EOF\n";
@@ -86,6 +88,8 @@ static char *render_all(sluice_metrics_server *s, int om, size_t *len)
             break;
         cap = need + need / 4 + 256;
     }
+    if (rc == SLUICE_OK)
+        s->last_need = need;
     pthread_mutex_unlock(&s->lock);
     if (rc != SLUICE_OK) {
         free(buf);
@@ -104,8 +108,25 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         return text(c, MHD_HTTP_NOT_FOUND, "not found: only /metrics is served\n");
     if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
         return text(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed: GET /metrics\n");
+    /* Answered on the second call, once the request is read: a response
+     * queued on the first is an early one, after which libmicrohttpd
+     * closes the connection instead of keeping it alive. */
+    if (!*state) {
+        /* a body on a GET: not read, answered now, the connection closed */
+        const char *length =
+            MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if ((length && strcmp(length, "0") != 0) ||
+            MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING))
+            return text(c, MHD_HTTP_BAD_REQUEST, "bad request: GET /metrics has no body\n");
+        *state = s;
+        return MHD_YES;
+    }
+    if (*upload_size) { /* cannot be (no length, no chunks): dropped */
+        *upload_size = 0;
+        return MHD_YES;
+    }
     const char *accept = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT);
-    int om = accept && strstr(accept, "application/openmetrics-text") != NULL;
+    int om = accept && strcasestr(accept, "application/openmetrics-text") != NULL;
     size_t len = 0;
     char *body = render_all(s, om, &len);
     if (!body)

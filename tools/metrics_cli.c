@@ -211,7 +211,7 @@ int cmd_bench_metrics(int argc, char **argv)
     const char *names[4] = {"verify off, metrics on ", "verify off, metrics off",
                             "verify on,  metrics on ", "verify on,  metrics off"};
     sluice_model *m[4] = {0};
-    double *gbps[4];
+    double *gbps[4] = {0};
     uint64_t bytes = 0;
     int status = 0;
     sluice_metrics_server *srv = NULL;
