@@ -51,6 +51,20 @@ const char *sl_status_name(int code)
     }
 }
 
+void sl_utf8_cut(char *s)
+{
+    size_t len = strlen(s), k = len;
+    while (k > 0 && len - k < 3 && ((unsigned char)s[k - 1] & 0xC0) == 0x80)
+        k--; /* back over continuation bytes to their lead */
+    if (k == 0)
+        return;
+    unsigned char lead = (unsigned char)s[k - 1];
+    size_t want = lead >= 0xF0 && lead <= 0xF4 ? 4 : lead >= 0xE0 && lead <= 0xEF ? 3
+                : lead >= 0xC2 && lead <= 0xDF ? 2 : 1;
+    if (want > 1 && len - (k - 1) < want)
+        s[k - 1] = '\0';
+}
+
 __attribute__((format(printf, 4, 0)))
 static int vfail(sl_err *e, int code, int errnum, const char *fmt, va_list ap)
 {
@@ -63,7 +77,9 @@ static int vfail(sl_err *e, int code, int errnum, const char *fmt, va_list ap)
         n = 0;
     }
     if (errnum && (size_t)n < sizeof e->msg)
-        snprintf(e->msg + n, sizeof e->msg - (size_t)n, ": %s", strerror(errnum));
+        n += snprintf(e->msg + n, sizeof e->msg - (size_t)n, ": %s", strerror(errnum));
+    if ((size_t)n >= sizeof e->msg)
+        sl_utf8_cut(e->msg); /* cut short: never in the middle of a character */
     return code;
 }
 

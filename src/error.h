@@ -35,6 +35,10 @@ int sl_fail_errno(sl_err *e, int code, int errnum, const char *fmt, ...)
  * escaped string, cut to at most about 160 characters with "..." so a
  * message stays one readable line. Returns out. */
 char *sl_quote(char *out, size_t out_size, const char *name, size_t len);
+
+/* Drops an incomplete UTF-8 sequence at the end of s: for a message that
+ * snprintf cut short, so that it stays valid UTF-8 when the rest is. */
+void sl_utf8_cut(char *s);
 #define SL_QUOTE_MAX 200
 
 /* Writes a SHA-256 digest as 64 lowercase hex digits and a NUL. */

@@ -117,7 +117,8 @@ static int item_fail(vf_item *it, int code, const char *fmt, ...)
     char msg[SL_ERRMSG_MAX];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    if (vsnprintf(msg, sizeof msg, fmt, ap) >= (int)sizeof msg)
+        sl_utf8_cut(msg);
     va_end(ap);
     it->status = code;
     free(it->message);
@@ -129,15 +130,18 @@ static int item_fail(vf_item *it, int code, const char *fmt, ...)
 static const char *item_what(const vf_run *run, const vf_item *it, char *out, size_t cap)
 {
     const sl_file *f = &run->ix->files[it->file];
+    int n;
     if (it->kind == SLUICE_VERIFY_ITEM_FILE) {
-        snprintf(out, cap, "file %s", f->path);
+        n = snprintf(out, cap, "file %s", f->path);
     } else {
         const struct sluice_tensor_info *t = &run->ix->tensors[it->index];
         char q[SL_QUOTE_MAX];
-        snprintf(out, cap, "tensor %s (file %s, offset %llu, %llu bytes)",
-                 sl_quote(q, sizeof q, t->name, t->name_len), f->path,
-                 (unsigned long long)t->offset, (unsigned long long)t->nbytes);
+        n = snprintf(out, cap, "tensor %s (file %s, offset %llu, %llu bytes)",
+                     sl_quote(q, sizeof q, t->name, t->name_len), f->path,
+                     (unsigned long long)t->offset, (unsigned long long)t->nbytes);
     }
+    if (n >= (int)cap)
+        sl_utf8_cut(out);
     return out;
 }
 

@@ -12,6 +12,8 @@
 
 #include "sluice.h"
 
+#include <errno.h>
+#include <sys/stat.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -642,6 +644,89 @@ static void direct_memory_with_many_threads(void **state)
     free(manifest);
 }
 
+/* Whether s is valid UTF-8 (no overlong forms, no surrogates). */
+static int utf8_ok(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p) {
+        size_t n = *p < 0x80 ? 1 : *p >= 0xC2 && *p <= 0xDF ? 2 : *p >= 0xE0 && *p <= 0xEF ? 3
+                 : *p >= 0xF0 && *p <= 0xF4 ? 4 : 0;
+        if (!n)
+            return 0;
+        for (size_t k = 1; k < n; k++)
+            if ((p[k] & 0xC0) != 0x80)
+                return 0;
+        p += n;
+    }
+    return 1;
+}
+
+typedef struct messages {
+    int all_utf8;
+    size_t failed;
+} messages;
+
+static int check_message(void *user, const struct sluice_verify_item *it)
+{
+    messages *ms = user;
+    if (it->status != SLUICE_OK) {
+        ms->failed++;
+        ms->all_utf8 &= utf8_ok(it->message);
+    }
+    return 0;
+}
+
+/* A mismatch in a model under a long path of two-byte characters: the
+ * messages, cut to their size, are cut between characters, never inside
+ * one (a binding decoding them as UTF-8 would fail). Paddings of 0..3
+ * bytes move the cut across every position of a character. */
+static void long_path_messages_stay_utf8(void **state)
+{
+    (void)state;
+    char *top = tu_tmpdir();
+    char part[256];
+    size_t o = 0;
+    for (int k = 0; k < 120; k++) {
+        part[o++] = (char)0xC3;
+        part[o++] = (char)0xA9; /* é */
+    }
+    part[o] = 0;
+    for (int pad = 0; pad < 4; pad++) {
+        char dir[2048];
+        snprintf(dir, sizeof dir, "%s/%.*s", top, pad, "xyz");
+        for (int level = 0; level < 4; level++) {
+            assert_true(mkdir(dir, 0755) == 0 || errno == EEXIST);
+            strncat(dir, "/", sizeof dir - strlen(dir) - 1);
+            strncat(dir, part, sizeof dir - strlen(dir) - 1);
+        }
+        assert_true(mkdir(dir, 0755) == 0 || errno == EEXIST);
+        char *model = tu_join(dir, "model.safetensors");
+        char *manifest = tu_join(dir, "model.safetensors.manifest.json");
+        mf_write_simple(model, 3, 1000);
+        write_manifest(model, manifest, SIZE_MAX);
+        size_t size = 0;
+        free(tu_read_file(model, &size));
+        mf_flip_byte(model, size - 1); /* the last tensor's last byte */
+        sluice_model *m = open_model(model, SLUICE_VERIFY_DEFAULT, 0);
+        messages ms = {.all_utf8 = 1};
+        sluice_verify_options vo;
+        sluice_verify_options_init(&vo);
+        vo.flags = SLUICE_VF_FILES;
+        vo.on_item = check_message;
+        vo.user = &ms;
+        assert_true(sluice_verify(m, NULL, 0, &vo, NULL) < 0);
+        assert_true(ms.failed >= 1);
+        assert_true(ms.all_utf8);
+        if (!utf8_ok(sluice_errmsg(m)))
+            fail_msg("pad %d: the model's message is not UTF-8: %s", pad, sluice_errmsg(m));
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+        free(model);
+        free(manifest);
+    }
+    tu_rmtree(top);
+    free(top);
+}
+
 typedef struct side {
     sluice_model *m;
     int rc;
@@ -724,6 +809,7 @@ int main(void)
         cmocka_unit_test(bad_arguments),
         cmocka_unit_test(memory_does_not_grow_with_the_model),
         cmocka_unit_test(direct_memory_with_many_threads),
+        cmocka_unit_test(long_path_messages_stay_utf8),
         cmocka_unit_test(beside_a_stream),
         cmocka_unit_test(real_files),
     };
