@@ -44,12 +44,49 @@
 
 static PyObject *make_error_fn; /* sluice._errors.make_error */
 
+/* The strings the library gives, as str. Never strict UTF-8: a path is
+ * any bytes but NUL, and a message may quote one, or be cut to a buffer's
+ * size in the middle of a character.
+ *
+ * msg_str: a message, for people: UTF-8, an invalid byte becomes U+FFFD.
+ * path_str: a file path, as os.fsdecode gives it (the file system encoding,
+ *   surrogateescape): os.fsencode gives the bytes back. None for NULL.
+ * str_from: a tensor name or metadata text (n bytes): UTF-8, which the
+ *   header parser validated; surrogateescape all the same, never a
+ *   decoding error. */
+static PyObject *msg_str(const char *s)
+{
+    if (!s)
+        s = "";
+    return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "replace");
+}
+
+static PyObject *path_str_n(const char *s, size_t n)
+{
+    if (!s)
+        Py_RETURN_NONE;
+    return PyUnicode_DecodeFSDefaultAndSize(s, (Py_ssize_t)n);
+}
+
+static PyObject *path_str(const char *s)
+{
+    return path_str_n(s, s ? strlen(s) : 0);
+}
+
+static PyObject *str_from(const char *s, size_t n)
+{
+    return PyUnicode_DecodeUTF8(s, (Py_ssize_t)n, "surrogateescape");
+}
+
 /* Raises the exception for code with message (copied). Returns NULL. */
 static PyObject *raise_code(int code, const char *message)
 {
     if (!message || !*message)
         message = sluice_strerror(code);
-    PyObject *exc = PyObject_CallFunction(make_error_fn, "is", code, message);
+    PyObject *text = msg_str(message);
+    if (!text)
+        return NULL;
+    PyObject *exc = PyObject_CallFunction(make_error_fn, "iN", code, text);
     if (exc) {
         PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
         Py_DECREF(exc);
@@ -162,11 +199,6 @@ static PyObject *model_count(ModelObject *self, PyObject *unused)
     return PyLong_FromSize_t(sluice_count(self->m));
 }
 
-static PyObject *str_from(const char *s, size_t n)
-{
-    return PyUnicode_DecodeUTF8(s, (Py_ssize_t)n, "surrogateescape");
-}
-
 static PyObject *info_tuple(const struct sluice_tensor_info *ti)
 {
     PyObject *shape = PyTuple_New(ti->ndim);
@@ -185,9 +217,15 @@ static PyObject *info_tuple(const struct sluice_tensor_info *ti)
         Py_DECREF(shape);
         return NULL;
     }
-    /* N steals the references to name and shape. */
-    return Py_BuildValue("(NsNKsKnnKK)", name, sluice_dtype_name(ti->dtype), shape,
-                         (unsigned long long)ti->nbytes, ti->file,
+    PyObject *file = path_str(ti->file);
+    if (!file) {
+        Py_DECREF(name);
+        Py_DECREF(shape);
+        return NULL;
+    }
+    /* N steals the references to name, shape and file. */
+    return Py_BuildValue("(NsNKNKnnKK)", name, sluice_dtype_name(ti->dtype), shape,
+                         (unsigned long long)ti->nbytes, file,
                          (unsigned long long)ti->offset, (Py_ssize_t)ti->file_index,
                          (Py_ssize_t)ti->index, (unsigned long long)ti->data_begin,
                          (unsigned long long)ti->data_end);
@@ -315,7 +353,12 @@ static PyObject *model_file_info(ModelObject *self, PyObject *arg)
     } else {
         meta = Py_NewRef(Py_None);
     }
-    return Py_BuildValue("(sKKKnN)", fi.path, (unsigned long long)fi.file_size,
+    PyObject *path = path_str(fi.path);
+    if (!path) {
+        Py_DECREF(meta);
+        return NULL;
+    }
+    return Py_BuildValue("(NKKKnN)", path, (unsigned long long)fi.file_size,
                          (unsigned long long)fi.header_bytes,
                          (unsigned long long)fi.data_start, (Py_ssize_t)fi.tensor_count, meta);
 }
@@ -363,10 +406,7 @@ static PyObject *model_manifest_path(ModelObject *self, PyObject *unused)
 {
     if (!model_usable(self))
         return NULL;
-    const char *p = sluice_manifest_path(self->m);
-    if (!p)
-        Py_RETURN_NONE;
-    return PyUnicode_DecodeFSDefault(p);
+    return path_str(sluice_manifest_path(self->m));
 }
 
 /* manifest_digest(i) -> the 32-byte digest the manifest gives tensor i, or
@@ -675,9 +715,11 @@ static PyObject *model_verify(ModelObject *self, PyObject *args)
     PyObject *list = f.nomem ? NULL : PyList_New((Py_ssize_t)f.n);
     for (size_t k = 0; list && k < f.n; k++) {
         const VerifyFailure *v = &f.v[k];
-        PyObject *t = Py_BuildValue("(snis)", v->kind == SLUICE_VERIFY_ITEM_FILE ? "file" : "tensor",
-                                    (Py_ssize_t)v->index, v->status,
-                                    v->message ? v->message : sluice_strerror(v->status));
+        PyObject *text = msg_str(v->message ? v->message : sluice_strerror(v->status));
+        PyObject *t = !text ? NULL
+                            : Py_BuildValue("(sniN)",
+                                            v->kind == SLUICE_VERIFY_ITEM_FILE ? "file" : "tensor",
+                                            (Py_ssize_t)v->index, v->status, text);
         if (!t)
             Py_CLEAR(list);
         else
@@ -689,8 +731,13 @@ static PyObject *model_verify(ModelObject *self, PyObject *args)
     model_maybe_close(self);
     if (!list)
         return PyErr_Occurred() ? NULL : PyErr_NoMemory();
+    PyObject *text = msg_str(message);
+    if (!text) {
+        Py_DECREF(list);
+        return NULL;
+    }
 #define U(x) (unsigned long long)(x)
-    return Py_BuildValue("(isN{s:n,s:n,s:n,s:n,s:K,s:K,s:I,s:K})", rc, message, list,
+    return Py_BuildValue("(iNN{s:n,s:n,s:n,s:n,s:K,s:K,s:I,s:K})", rc, text, list,
                          "tensors_ok", (Py_ssize_t)r.tensors_ok, "tensors_failed",
                          (Py_ssize_t)r.tensors_failed, "files_ok", (Py_ssize_t)r.files_ok,
                          "files_failed", (Py_ssize_t)r.files_failed, "bytes_hashed",
@@ -879,10 +926,11 @@ static PyObject *stream_next_item(StreamObject *s, PyObject *unused)
             return NULL;
         return Py_BuildValue("(nNiO)", (Py_ssize_t)it.index, h, 0, Py_None);
     }
-    PyObject *r = Py_BuildValue("(nOis)", (Py_ssize_t)it.index, Py_None, it.status,
-                                it.message ? it.message : sluice_strerror(it.status));
+    PyObject *text = msg_str(it.message ? it.message : sluice_strerror(it.status));
     free(it.message);
-    return r;
+    if (!text)
+        return NULL;
+    return Py_BuildValue("(nOiN)", (Py_ssize_t)it.index, Py_None, it.status, text);
 }
 
 /* result() -> (code, message) of the finished stream. */
@@ -892,8 +940,10 @@ static PyObject *stream_result(StreamObject *s, PyObject *unused)
         PyErr_SetString(PyExc_RuntimeError, "the stream has not finished");
         return NULL;
     }
-    return Py_BuildValue("(is)", s->rc,
-                         s->final_message ? s->final_message : sluice_strerror(s->rc));
+    PyObject *text = msg_str(s->final_message ? s->final_message : sluice_strerror(s->rc));
+    if (!text)
+        return NULL;
+    return Py_BuildValue("(iN)", s->rc, text);
 }
 
 static PyObject *stream_close(StreamObject *s, PyObject *unused)
