@@ -402,8 +402,9 @@ class Model:
         threads = _opt_int(threads, "threads") or 0
         code, message, failed, report = self._m.verify(self._indices(names), files, threads)
         failures = []
-        for kind, i, c, msg in failed:
-            name = self._m.info(i)[0] if kind == "tensor" else self._m.file_info(i)[0]
+        # Each failure comes with its name: no call on the model here, which
+        # a close() from another thread during the verify would refuse.
+        for kind, _i, c, msg, name in failed:
             e = _errors.make_error(c, msg, name)
             e.kind = kind
             failures.append(e)
@@ -421,21 +422,20 @@ class Model:
         PoolExhaustedError: drop each one when done with it."""
         framework = _check_framework(framework)
         indices = self._indices(names)
-        return _stream_gen(self._m, self._m.stream(indices), framework)
+        return _stream_gen(self._m.stream(indices), framework)
 
 
-def _stream_gen(core, cs, framework):
+def _stream_gen(cs, framework):
+    # Each item comes with its tensor's info: no call on the model here,
+    # which a close() during the stream would refuse (close() affects new
+    # calls only; the stream goes on to its end).
     failures = []
-    infos = {}
     try:
         while True:
             item = cs.next_item()
             if item is None:
                 break
-            i, h, code, message = item
-            t = infos.get(i)
-            if t is None:
-                t = infos[i] = core.info(i)
+            _i, h, code, message, t = item
             if h is None:
                 failures.append(_errors.make_error(code, message, t[0]))
                 continue

@@ -648,6 +648,8 @@ typedef struct {
     size_t index;
     int status;
     char *message; /* malloc'd; NULL: out of memory (strerror is used) */
+    char *name;    /* malloc'd copy of the item's name (a file: its path) */
+    size_t name_len;
 } VerifyFailure;
 
 typedef struct {
@@ -671,13 +673,25 @@ static int verify_item(void *user, const struct sluice_verify_item *it)
         f->v = v;
         f->cap = cap;
     }
+    /* The name is copied here, so that the Python side needs no further
+     * call on the model (which a close() meanwhile would refuse). */
+    const char *name = it->name ? it->name : "";
+    size_t name_len = it->name ? it->name_len : 0;
+    char *copy = malloc(name_len + 1);
+    if (!copy) {
+        f->nomem = 1;
+        return 1;
+    }
+    memcpy(copy, name, name_len);
+    copy[name_len] = '\0';
     f->v[f->n++] = (VerifyFailure){it->kind, it->index, it->status,
-                                   it->message ? strdup(it->message) : NULL};
+                                   it->message ? strdup(it->message) : NULL, copy, name_len};
     return 0;
 }
 
 /* verify(indices or None, files, threads) -> (code, message, failures,
- * report): failures a list of ("tensor" or "file", index, code, message),
+ * report): failures a list of ("tensor" or "file", index, code, message,
+ * name), name the tensor's name or the file's path (as os.fsdecode),
  * report a dict of struct sluice_verify_report. The GIL is released
  * while the library reads and hashes. */
 static PyObject *model_verify(ModelObject *self, PyObject *args)
@@ -715,18 +729,25 @@ static PyObject *model_verify(ModelObject *self, PyObject *args)
     PyObject *list = f.nomem ? NULL : PyList_New((Py_ssize_t)f.n);
     for (size_t k = 0; list && k < f.n; k++) {
         const VerifyFailure *v = &f.v[k];
+        int file = v->kind == SLUICE_VERIFY_ITEM_FILE;
         PyObject *text = msg_str(v->message ? v->message : sluice_strerror(v->status));
-        PyObject *t = !text ? NULL
-                            : Py_BuildValue("(sniN)",
-                                            v->kind == SLUICE_VERIFY_ITEM_FILE ? "file" : "tensor",
-                                            (Py_ssize_t)v->index, v->status, text);
+        PyObject *name = !text ? NULL
+                         : file ? path_str_n(v->name, v->name_len)
+                                : str_from(v->name, v->name_len);
+        if (!name)
+            Py_XDECREF(text);
+        PyObject *t = !name ? NULL
+                            : Py_BuildValue("(sniNN)", file ? "file" : "tensor",
+                                            (Py_ssize_t)v->index, v->status, text, name);
         if (!t)
             Py_CLEAR(list);
         else
             PyList_SET_ITEM(list, (Py_ssize_t)k, t);
     }
-    for (size_t k = 0; k < f.n; k++)
+    for (size_t k = 0; k < f.n; k++) {
         free(f.v[k].message);
+        free(f.v[k].name);
+    }
     free(f.v);
     model_maybe_close(self);
     if (!list)
@@ -895,8 +916,41 @@ static void stream_dealloc(StreamObject *s)
     PyObject_Free(s);
 }
 
-/* next_item() -> (index, Handle, 0, None) for a tensor, (index, None, code,
- * message) for a failure, None at the end (then see result()). */
+/* The tuple of next_item for a delivery taken from the queue; the
+ * delivery's handle is given to a Handle, or released on failure. The
+ * tensor's info is read here, while the stream keeps the library's model
+ * open: the Python side needs no call on the model, which a close() since
+ * the stream began would refuse. */
+static PyObject *stream_item_tuple(StreamObject *s, StreamItem *it)
+{
+    struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+    int rc = sluice_info(s->m, it->index, &ti);
+    PyObject *info = rc == SLUICE_OK ? info_tuple(&ti) : raise_code(rc, sluice_errmsg(s->m));
+    if (!info) {
+        sluice_release(it->t);
+        free(it->message);
+        return NULL;
+    }
+    if (it->t) {
+        PyObject *h = handle_new(s->model, it->t, it->index);
+        if (!h) {
+            Py_DECREF(info);
+            return NULL;
+        }
+        return Py_BuildValue("(nNiON)", (Py_ssize_t)it->index, h, 0, Py_None, info);
+    }
+    PyObject *text = msg_str(it->message ? it->message : sluice_strerror(it->status));
+    free(it->message);
+    if (!text) {
+        Py_DECREF(info);
+        return NULL;
+    }
+    return Py_BuildValue("(nOiNN)", (Py_ssize_t)it->index, Py_None, it->status, text, info);
+}
+
+/* next_item() -> (index, Handle, 0, None, info) for a tensor, (index, None,
+ * code, message, info) for a failure, None at the end (then see result());
+ * info the tuple of Model.info. */
 static PyObject *stream_next_item(StreamObject *s, PyObject *unused)
 {
     if (s->joined)
@@ -920,17 +974,7 @@ static PyObject *stream_next_item(StreamObject *s, PyObject *unused)
         stream_stop(s);
         Py_RETURN_NONE;
     }
-    if (it.t) {
-        PyObject *h = handle_new(s->model, it.t, it.index);
-        if (!h)
-            return NULL;
-        return Py_BuildValue("(nNiO)", (Py_ssize_t)it.index, h, 0, Py_None);
-    }
-    PyObject *text = msg_str(it.message ? it.message : sluice_strerror(it.status));
-    free(it.message);
-    if (!text)
-        return NULL;
-    return Py_BuildValue("(nOiN)", (Py_ssize_t)it.index, Py_None, it.status, text);
+    return stream_item_tuple(s, &it);
 }
 
 /* result() -> (code, message) of the finished stream. */

@@ -10,6 +10,7 @@ import pytest
 import sluice
 import stfile
 from conftest import real_models
+from test_errors import flip_byte
 
 
 def check_model(path, **kw):
@@ -164,3 +165,70 @@ def test_threads_concurrent(tmp_path):
         m2.close()
         assert elapsed > 0
         assert during > 0, "no Python ran while get_tensor waited: the GIL was held"
+
+
+def test_close_during_stream(sharded):
+    """close() affects new calls only: a stream running goes on to its
+    end, and the library's model closes once it is done."""
+    exp = stfile.read_model(sharded)
+    m = sluice.open(sharded, pool="64M")
+    got = {}
+    for name, a in m.stream():
+        m.close()
+        assert m.closed and m._m.open_in_library
+        got[name] = a.tobytes()
+    assert got == {k: v[2] for k, v in exp.items()}
+    assert m._m.open_in_library  # the loop variable holds the last array
+    del a
+    assert not m._m.open_in_library
+    with pytest.raises(sluice.ClosedError):
+        m.stream()
+    # a stream that fails a tensor: its failure is named all the same
+    flip_byte(os.path.join(sharded, "model-00001-of-00003.safetensors"), "a.f32")
+    m = sluice.open(sharded, pool="64M")
+    seen = []
+    with pytest.raises(sluice.ChecksumError) as ei:
+        for name, a in m.stream():
+            m.close()
+            seen.append(name)
+    del a
+    assert [f.name for f in ei.value.failures] == ["a.f32"]
+    assert sorted(seen) == sorted(k for k in exp if k != "a.f32")
+    assert not m._m.open_in_library
+
+
+def test_close_during_verify(tmp_path):
+    """close() from another thread while verify runs: the verify returns
+    its report (failures named), then the library's model closes."""
+    big = np.arange(32 << 20, dtype=np.uint8)  # 32 MiB per tensor
+    path = str(tmp_path / "m.safetensors")
+    digests = stfile.write(path, {f"t{i}": np.roll(big, i) for i in range(4)})
+    digests["t2"] = "0" * 64  # t2 fails its digest
+    stfile.write_manifest(path + ".manifest.json", digests)
+    m = sluice.open(path)
+    started, out = threading.Event(), {}
+
+    def run():
+        started.set()
+        try:
+            out["report"] = m.verify(files=True, threads=1)
+        except Exception as e:  # noqa: BLE001
+            out["error"] = e
+    t = threading.Thread(target=run)
+    t.start()
+    started.wait()
+    time.sleep(0.02)
+    m.close()
+    during = t.is_alive()
+    still_open = m._m.open_in_library
+    t.join()
+    assert "error" not in out, out["error"]
+    assert during, "the verify ended within 20 ms: the close did not land during it"
+    assert still_open  # the close waited for the verify
+    r = out["report"]
+    assert (r["tensors_ok"], r["tensors_failed"], r["files_failed"]) == (3, 1, 1)
+    names = sorted((f.kind, f.name) for f in r["failures"])
+    assert names == [("file", path), ("tensor", "t2")]
+    assert not m._m.open_in_library
+    with pytest.raises(sluice.ClosedError):
+        m.verify()
