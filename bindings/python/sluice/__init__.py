@@ -179,9 +179,12 @@ def _check_framework(framework):
 _SIZE_RE = _re.compile(r"^\s*(\d+)\s*([kKmMgGtT]?)(i?[bB])?\s*$")
 
 
+_SIZE_MAX = (1 << 64) - 1  # the library's sizes are uint64_t
+
+
 def parse_size(value, what="size"):
     """Bytes from an int or a string such as "4G", "512M", "64KiB" (powers
-    of 1024). None gives None."""
+    of 1024), from 1 to 2**64 - 1. None gives None."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, str)):
@@ -189,6 +192,8 @@ def parse_size(value, what="size"):
     if isinstance(value, int):
         if value <= 0:
             raise ValueError(f"{what} must be positive, not {value}")
+        if value > _SIZE_MAX:
+            raise ValueError(f"{what} {value} is too large (at most 2**64 - 1 bytes)")
         return value
     m = _SIZE_RE.match(value)
     if not m:
@@ -196,6 +201,8 @@ def parse_size(value, what="size"):
     n = int(m.group(1)) << (10 * " KMGT".index((m.group(2) or " ").upper()))
     if n <= 0:
         raise ValueError(f"{what} must be positive, not {value!r}")
+    if n > _SIZE_MAX:
+        raise ValueError(f"{what} {value!r} is too large (at most 2**64 - 1 bytes)")
     return n
 
 
@@ -400,6 +407,8 @@ class Model:
         if not isinstance(files, bool):
             raise TypeError(f"files must be a bool, not {type(files).__name__}")
         threads = _opt_int(threads, "threads") or 0
+        if threads > 0xFFFFFFFF:
+            raise ValueError(f"threads {threads} is too large")
         code, message, failed, report = self._m.verify(self._indices(names), files, threads)
         failures = []
         # Each failure comes with its name: no call on the model here, which

@@ -94,6 +94,36 @@ static PyObject *raise_code(int code, const char *message)
     return NULL;
 }
 
+/* O& converters for unsigned integers that refuse, with OverflowError,
+ * what the C type cannot hold (negative included): PyArg's K and I would
+ * wrap it silently (2**64 + 4096 as 4096). */
+static int u64_arg(PyObject *arg, void *out)
+{
+    PyObject *i = PyNumber_Index(arg);
+    if (!i)
+        return 0;
+    unsigned long long v = PyLong_AsUnsignedLongLong(i);
+    Py_DECREF(i);
+    if (v == (unsigned long long)-1 && PyErr_Occurred())
+        return 0;
+    *(unsigned long long *)out = v;
+    return 1;
+}
+
+static int u32_arg(PyObject *arg, void *out)
+{
+    unsigned long long v;
+    if (!u64_arg(arg, &v))
+        return 0;
+    if (v > UINT32_MAX) {
+        PyErr_Format(PyExc_OverflowError, "%R is too large (at most %lu)", arg,
+                     (unsigned long)UINT32_MAX);
+        return 0;
+    }
+    *(unsigned int *)out = (unsigned int)v;
+    return 1;
+}
+
 /* ------------------------------------------------------------------ Model */
 
 typedef struct {
@@ -699,7 +729,8 @@ static PyObject *model_verify(ModelObject *self, PyObject *args)
     PyObject *indices;
     int files;
     unsigned int threads;
-    if (!PyArg_ParseTuple(args, "OpI", &indices, &files, &threads) || !model_usable(self))
+    if (!PyArg_ParseTuple(args, "OpO&", &indices, &files, u32_arg, &threads) ||
+        !model_usable(self))
         return NULL;
     const char **names = NULL;
     size_t n = 0;
@@ -1081,9 +1112,10 @@ static PyObject *mod_open(PyObject *mod, PyObject *args, PyObject *kw)
     unsigned long long pool = 0, chunk = 0;
     unsigned int queue_depth = 0;
     int hash_threads = -1, io_threads = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|O&iKIKpiip", kwlist, PyUnicode_FSConverter,
-                                     &path, fs_or_none, &manifest, &verify, &pool,
-                                     &queue_depth, &chunk, &direct, &hash_threads, &io_threads,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|O&iO&O&O&piip", kwlist,
+                                     PyUnicode_FSConverter, &path, fs_or_none, &manifest,
+                                     &verify, u64_arg, &pool, u32_arg, &queue_depth, u64_arg,
+                                     &chunk, &direct, &hash_threads, &io_threads,
                                      &force_pread)) {
         Py_XDECREF(path);
         Py_XDECREF(manifest);

@@ -224,3 +224,37 @@ def test_verify_without_loading(sharded):
     with sluice.open(sharded, verify="off") as m:  # no manifest read
         expect(E.E_MANIFEST, sluice.ManifestError, lambda: m.verify())
     expect(E.E_INVAL, sluice.ClosedError, lambda: m.verify())
+
+
+def test_integer_overflow_refused(sharded):
+    """Sizes and counts the C types cannot hold are refused, never wrapped
+    (2**64 + 4096 as 4096) nor taken for the default (2**64 as 0)."""
+    assert sluice.parse_size(2**64 - 1) == 2**64 - 1
+    assert sluice.parse_size("16777215T") == 16777215 << 40
+    for v in [2**64, 2**64 + 4096, "16777216T", "18446744073709551616", 2**200]:
+        with pytest.raises(ValueError, match="too large"):
+            sluice.parse_size(v, "pool")
+        for kw in ("pool", "chunk"):
+            with pytest.raises(ValueError, match="too large"):
+                sluice.open(sharded, **{kw: v})
+    with pytest.raises(ValueError):
+        sluice.open(sharded, queue_depth=2**32)
+    core_open = sluice._sluice.open
+    for kw, v in [("pool", 2**64 + 4096), ("pool", 2**64), ("pool", -1), ("chunk", 2**64),
+                  ("queue_depth", 2**32), ("queue_depth", -1)]:
+        with pytest.raises(OverflowError):
+            core_open(sharded, **{kw: v})
+    with pytest.raises(TypeError):
+        core_open(sharded, pool=1.5)
+    core = core_open(sharded, pool=(64 << 20) + 4096)
+    assert core.stats()["pool_bytes"] == (64 << 20) + 4096
+    core.close()
+    with sluice.open(sharded) as m:
+        for bad in [2**32, 2**32 + 1, 2**64]:
+            with pytest.raises(ValueError):
+                m.verify(threads=bad)
+            with pytest.raises(OverflowError):
+                m._m.verify(None, False, bad)
+        with pytest.raises(OverflowError):
+            m._m.verify(None, False, -1)
+        assert m.verify(threads=2**32 - 1)["threads"] >= 1  # the library caps it
