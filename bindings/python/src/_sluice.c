@@ -154,53 +154,95 @@ static int model_usable(ModelObject *self)
     return 1;
 }
 
+#ifdef SLUICE_PY_TEST_HOOKS
+/* The code the next sluice_close is to fail with, without closing (see
+ * mod_fail_next_close). Built in for the tests only: through the binding,
+ * whose counters keep every user of the model, the library's close cannot
+ * fail. */
+static int test_close_fault;
+#endif
+
 /* Closes the library's model now. The GIL is released while close waits
  * for reads in flight; self->m is cleared first so that no other Python
- * thread can start a call on it meanwhile. */
-static int model_do_close(ModelObject *self)
+ * thread can start a call on it meanwhile. On failure message (size
+ * bytes, may be NULL) gets the library's detail. */
+static int model_do_close(ModelObject *self, char *message, size_t size)
 {
     sluice_model *m = self->m;
     if (!m)
         return SLUICE_OK;
     self->m = NULL;
     int rc;
+#ifdef SLUICE_PY_TEST_HOOKS
+    int fault = test_close_fault;
+    test_close_fault = 0;
+#endif
     Py_BEGIN_ALLOW_THREADS
-    rc = sluice_close(m);
+#ifdef SLUICE_PY_TEST_HOOKS
+    if (fault) {
+        rc = fault;
+        if (message)
+            snprintf(message, size, "close failed (test hook)");
+    } else
+#endif
+    {
+        rc = sluice_close(m);
+        if (rc != SLUICE_OK && message) /* per thread: read on this one */
+            snprintf(message, size, "%s", sluice_errmsg(m));
+    }
     Py_END_ALLOW_THREADS
     if (rc != SLUICE_OK) {
         /* Cannot happen while the counters are right (close waits for
          * every user). Keep the model rather than free it under a user:
-         * a leak, never a use after free. */
+         * a leak, never a use after free. close() again, or the
+         * collection of the object, tries again. */
         self->m = m;
     }
     self->close_status = rc;
     return rc;
 }
 
-/* The deferred close: called whenever a user of the model goes away. */
+/* Nothing uses the model: no Handle alive, no Stream running, no call on
+ * its way out of the library in another thread. */
+static int model_idle(ModelObject *self)
+{
+    return self->live == 0 && self->streams == 0 && self->in_flight == 0;
+}
+
+/* The deferred close: called whenever a user of the model goes away. A
+ * failure there has no caller to be raised to: close_status keeps it (and
+ * the model stays open; see model_do_close). */
 static void model_maybe_close(ModelObject *self)
 {
-    if (self->close_requested && self->m && self->live == 0 && self->streams == 0 &&
-        self->in_flight == 0)
-        model_do_close(self);
+    if (self->close_requested && self->m && model_idle(self))
+        model_do_close(self, NULL, 0);
 }
 
 static void model_dealloc(ModelObject *self)
 {
     /* Handles and Streams hold references, so none is alive here. */
     if (self->m)
-        model_do_close(self);
+        model_do_close(self, NULL, 0);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* close(): while Handles, Streams or calls use the model, the close is
+ * deferred to the last of them (model_maybe_close): that is by design, no
+ * failure. Otherwise the library's model is closed now, and a failure of
+ * that is raised (the model then stays open in the library, still closed
+ * to new calls; close() again tries again). */
 static PyObject *model_close(ModelObject *self, PyObject *unused)
 {
-    if (self->close_requested)
+    int retry = self->close_requested && self->m && self->close_status != SLUICE_OK;
+    if (self->close_requested && !retry)
         Py_RETURN_NONE;
     self->close_requested = 1;
-    model_maybe_close(self);
-    if (!self->m && self->close_status != SLUICE_OK)
-        return raise_code(self->close_status, "close failed");
+    if (!self->m || !model_idle(self))
+        Py_RETURN_NONE;
+    char message[1024] = "";
+    int rc = model_do_close(self, message, sizeof message);
+    if (rc != SLUICE_OK)
+        return raise_code(rc, message);
     Py_RETURN_NONE;
 }
 
@@ -1198,7 +1240,24 @@ static PyObject *mod_dtype_bits(PyObject *mod, PyObject *arg)
     return NULL;
 }
 
+#ifdef SLUICE_PY_TEST_HOOKS
+/* _fail_next_close(code): the next close of a library model, by any Model,
+ * fails with code and leaves the model open. Tests only. */
+static PyObject *mod_fail_next_close(PyObject *mod, PyObject *arg)
+{
+    int code = (int)PyLong_AsLong(arg);
+    if (code == -1 && PyErr_Occurred())
+        return NULL;
+    test_close_fault = code;
+    Py_RETURN_NONE;
+}
+#endif
+
 static PyMethodDef module_methods[] = {
+#ifdef SLUICE_PY_TEST_HOOKS
+    {"_fail_next_close", (PyCFunction)mod_fail_next_close, METH_O,
+     "Tests only: the next close fails with this code."},
+#endif
     {"open", (PyCFunction)(void (*)(void))mod_open, METH_VARARGS | METH_KEYWORDS,
      "Open a model (see sluice.open)."},
     {"strerror", (PyCFunction)mod_strerror, METH_O, "Name of a status code."},
