@@ -966,12 +966,21 @@ static void stream_stop(StreamObject *s)
         pthread_join(s->thread, NULL);
         Py_END_ALLOW_THREADS
     }
+    /* Under s->mu: another thread may be in stream_next_item, taking an
+     * item with the GIL released. What it took is its own (its in_flight
+     * keeps the model open until it has made the item a Handle). */
+    StreamItem left[STREAM_QUEUE];
+    size_t nleft = 0;
+    pthread_mutex_lock(&s->mu);
     while (s->count) {
-        StreamItem *it = &s->queue[s->head];
-        sluice_release(it->t);
-        free(it->message);
+        left[nleft++] = s->queue[s->head];
         s->head = (s->head + 1) % STREAM_QUEUE;
         s->count--;
+    }
+    pthread_mutex_unlock(&s->mu);
+    for (size_t k = 0; k < nleft; k++) {
+        sluice_release(left[k].t);
+        free(left[k].message);
     }
     s->model->streams--;
     model_maybe_close(s->model);
@@ -1030,6 +1039,10 @@ static PyObject *stream_next_item(StreamObject *s, PyObject *unused)
         Py_RETURN_NONE;
     StreamItem it;
     int have = 0;
+    /* A call on its way out: a stream_stop by another thread meanwhile
+     * (Stream.close) cannot let the model close under the item taken. */
+    ModelObject *model = s->model;
+    model->in_flight++;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&s->mu);
     while (s->count == 0 && !s->finished)
@@ -1043,11 +1056,16 @@ static PyObject *stream_next_item(StreamObject *s, PyObject *unused)
     }
     pthread_mutex_unlock(&s->mu);
     Py_END_ALLOW_THREADS
-    if (!have) {
+    PyObject *r;
+    if (have) {
+        r = stream_item_tuple(s, &it); /* its Handle now counts in live */
+    } else {
         stream_stop(s);
-        Py_RETURN_NONE;
+        r = Py_NewRef(Py_None);
     }
-    return stream_item_tuple(s, &it);
+    model->in_flight--;
+    model_maybe_close(model);
+    return r;
 }
 
 /* result() -> (code, message) of the finished stream. */

@@ -8,6 +8,7 @@ import gc
 import itertools
 import sys
 import threading
+import time
 
 import numpy as np
 
@@ -108,7 +109,42 @@ def main(path):
         assert not core.open_in_library
         del core
 
-    # 6. torch tensors keep the handle too (when torch is here)
+    # 6. a stream stopped by one thread (Stream.close) while another takes
+    #    its items, the model closed meanwhile: every item taken stays good,
+    #    none is given back twice, and the model closes after the last one
+    for k in range(20):
+        m = sluice.open(path)
+        core = m._m
+        cs = core.stream(None)
+        taken, errors = [], []
+
+        def consume():
+            try:
+                while True:
+                    item = cs.next_item()
+                    if item is None:
+                        return
+                    taken.append(item)
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+        t = threading.Thread(target=consume)
+        t.start()
+        if k % 2:
+            time.sleep(0.0002 * k)
+        cs.close()
+        m.close()
+        t.join()
+        assert not errors, errors
+        h = None
+        for i, h, code, _msg, info in taken:
+            assert code == 0 and bytes(h) == ref[info[0]].tobytes() and info[7] == i
+        assert cs.next_item() is None
+        del taken, h, cs, m
+        gc.collect()
+        assert not core.open_in_library and core.live_handles == 0, k
+        del core
+
+    # 7. torch tensors keep the handle too (when torch is here)
     try:
         import torch  # noqa: F401
     except ImportError:
