@@ -403,7 +403,8 @@ class Model:
         each with .name (the tensor's name or the file's path) and .kind
         ("tensor" or "file"): empty when everything matched. Raises when
         the verify cannot run at all: ManifestError when no manifest was
-        read, NotFoundError for an unknown name, InvalidArgumentError."""
+        read (verify="off" reads none, not even the sidecar), NotFoundError
+        for an unknown name, InvalidArgumentError."""
         if not isinstance(files, bool):
             raise TypeError(f"files must be a bool, not {type(files).__name__}")
         threads = _opt_int(threads, "threads") or 0
@@ -473,7 +474,8 @@ def open(path, *, manifest=None, verify="default", pool="4G", queue_depth=None, 
 
     manifest: a manifest path (default: the sidecar, when present).
     verify: "default" (require when a manifest is in play, else off),
-            "require", "if_present" or "off".
+            "require", "if_present" or "off" (no manifest is read, not
+            even the sidecar: Model.verify then raises ManifestError).
     pool: the buffer budget, bytes or "4G"-style; queue_depth: reads in
     flight; chunk: bytes per read; direct: O_DIRECT; hash_threads: hashing
     threads (None: online CPUs). None means the library's default.

@@ -1,7 +1,8 @@
 """The exception classes of sluice, one per family of SLUICE_E_* codes.
 
 Every one is a sluice.Error with .code (the negative SLUICE_E_* value) and
-.message (the library's message, unchanged). Where a built-in exception
+.message (the library's message, unchanged but for bytes that are not
+UTF-8, such as a quoted path's, which become U+FFFD). Where a built-in exception
 means the same thing, the class derives from it too, so that ordinary
 handlers catch it: NotFoundError is a KeyError, ReadError an OSError,
 InvalidArgumentError a ValueError, OutOfMemoryError a MemoryError,

@@ -23,7 +23,8 @@
  * the GIL. Every counter below is changed with the GIL held only.
  * Errors are raised as instances of the classes of sluice/_errors.py,
  * made by its make_error(code, message) function, with the library's
- * message unchanged.
+ * message unchanged but for bytes that are not UTF-8 (U+FFFD; see
+ * msg_str). File paths are given as os.fsdecode gives them (path_str).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
