@@ -61,9 +61,12 @@ SLUICE_API int sluice_metrics_write_models(sluice_model *const *models, size_t n
         for (size_t j = 0; j < k; j++)
             if (!strcmp(models[k]->metrics_label, models[j]->metrics_label)) {
                 sl_fail(&err, SLUICE_E_INVAL,
-                        "metrics: models %zu and %zu have the same label \"%.200s\" (set "
+                        "metrics: models %zu and %zu have the same label \"%.*s\" (set "
                         "sluice_options.metrics_label); %s",
-                        j, k, models[k]->metrics_label,
+                        j, k,
+                        (int)sl_utf8_prefix(models[k]->metrics_label,
+                                            strlen(models[k]->metrics_label), 200),
+                        models[k]->metrics_label,
                         models[k] == models[j] ? "the same model is listed twice"
                                                : "their series would collide");
                 return sl_model_error(models[k], &err);

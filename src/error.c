@@ -65,6 +65,16 @@ void sl_utf8_cut(char *s)
         s[k - 1] = '\0';
 }
 
+size_t sl_utf8_prefix(const char *s, size_t len, size_t max)
+{
+    if (len <= max)
+        return len;
+    size_t k = max;
+    while (k > 0 && max - k < 3 && ((unsigned char)s[k] & 0xC0) == 0x80)
+        k--; /* s[k] continues a character that began before it */
+    return ((unsigned char)s[k] & 0xC0) == 0x80 ? max : k;
+}
+
 __attribute__((format(printf, 4, 0)))
 static int vfail(sl_err *e, int code, int errnum, const char *fmt, va_list ap)
 {

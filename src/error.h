@@ -39,6 +39,10 @@ char *sl_quote(char *out, size_t out_size, const char *name, size_t len);
 /* Drops an incomplete UTF-8 sequence at the end of s: for a message that
  * snprintf cut short, so that it stays valid UTF-8 when the rest is. */
 void sl_utf8_cut(char *s);
+
+/* The length of s's first bytes, at most max, that ends between two
+ * UTF-8 characters (for "%.*s"); len when len <= max. */
+size_t sl_utf8_prefix(const char *s, size_t len, size_t max);
 #define SL_QUOTE_MAX 200
 
 /* Writes a SHA-256 digest as 64 lowercase hex digits and a NUL. */

@@ -100,7 +100,7 @@ static const char *qname(where *w)
 static int number_error(sl_err *err, where *w, const char *field, const sj_node *n, int rc)
 {
     return sl_fail(err, SLUICE_E_INTEGER, "%s: tensor %s: %s holds %.*s, %s", w->label, qname(w),
-                   field, (int)(n->len > 40 ? 40 : n->len), n->str,
+                   field, (int)sl_utf8_prefix(n->str, n->len, 40), n->str,
                    rc == -2 ? "which is over 2^64-1" : "which is not a non-negative integer literal");
 }
 

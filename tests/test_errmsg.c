@@ -3,6 +3,7 @@
  * the number of open models. Counting uses the test hook
  * sl_errmsg_live_entries(), so every check is exact, not a timing. */
 #include "errmsg.h"
+#include "error.h"
 #include "util.h"
 
 #include <sluice.h>
@@ -193,12 +194,45 @@ static void many_models_at_once(void **state)
     free(m);
 }
 
+/* Cutting messages between UTF-8 characters: sl_utf8_cut on what
+ * snprintf cut short, sl_utf8_prefix for "%.*s". */
+static void utf8_cuts(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *in, *out;
+    } cut[] = {
+        {"", ""}, {"a", "a"}, {"a\xc3", "a"}, {"a\xc3\xa9", "a\xc3\xa9"}, {"a\xe2\x82", "a"},
+        {"a\xe2\x82\xac", "a\xe2\x82\xac"}, {"a\xf0\x9f\x98", "a"}, {"\xf0", ""},
+        {"a\xf0\x9f\x98\x80", "a\xf0\x9f\x98\x80"}, {"\x80\x80", "\x80\x80"},
+        {"a\xff", "a\xff"}, {"a\xc0", "a\xc0"},
+    };
+    for (size_t i = 0; i < sizeof cut / sizeof cut[0]; i++) {
+        char buf[16];
+        strcpy(buf, cut[i].in);
+        sl_utf8_cut(buf);
+        if (strcmp(buf, cut[i].out) != 0)
+            fail_msg("sl_utf8_cut case %zu", i);
+    }
+    const char *e = "\xc3\xa9\xc3\xa9x"; /* é é x */
+    assert_int_equal(sl_utf8_prefix(e, 5, 5), 5);
+    assert_int_equal(sl_utf8_prefix(e, 5, 4), 4);
+    assert_int_equal(sl_utf8_prefix(e, 5, 3), 2);
+    assert_int_equal(sl_utf8_prefix(e, 5, 1), 0);
+    assert_int_equal(sl_utf8_prefix("abc", 3, 2), 2);
+    const char *euro = "\xe2\x82\xac\xe2\x82\xac";
+    assert_int_equal(sl_utf8_prefix(euro, 6, 5), 3);
+    assert_int_equal(sl_utf8_prefix(euro, 6, 4), 3);
+    assert_int_equal(sl_utf8_prefix(euro, 6, 3), 3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(short_lived_threads_leave_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(long_lived_thread_is_bounded, setup, teardown),
         cmocka_unit_test_setup_teardown(many_models_at_once, setup, teardown),
+        cmocka_unit_test(utf8_cuts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
