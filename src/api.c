@@ -464,25 +464,36 @@ SLUICE_API int sluice_stream_options_init(sluice_stream_options *o)
     return SLUICE_OK;
 }
 
-/* Copies the caller's stream options over the defaults, up to the size
- * the caller knows; a longer struct must have a zero tail. */
+/* Copies a caller's call options (a struct that starts with its size,
+ * already filled with the defaults in dst) up to the size the caller
+ * knows; a longer struct must have a zero tail past `known`. `what` names
+ * the struct ("stream" for sluice_stream_options) in the messages. */
+static int take_call_options(void *dst, size_t dst_size, const void *src, size_t known,
+                             const char *what, sl_err *err)
+{
+    if (!src)
+        return SLUICE_OK;
+    size_t size;
+    memcpy(&size, src, sizeof size);
+    if (size < sizeof size)
+        return sl_fail(err, SLUICE_E_INVAL, "%s options: size %zu is too small; "
+                       "call sluice_%s_options_init first", what, size, what);
+    size_t set = set_tail(src, size, known);
+    if (set)
+        return sl_fail(err, SLUICE_E_INVAL, "%s options: byte %zu of the caller's %zu-byte "
+                       "struct is not zero, but this library knows only the first %zu bytes",
+                       what, set, size, dst_size);
+    memcpy(dst, src, size < dst_size ? size : dst_size);
+    memcpy(dst, &dst_size, sizeof dst_size);
+    return SLUICE_OK;
+}
+
 static int take_stream_options(sluice_stream_options *dst, const sluice_stream_options *src,
                                sl_err *err)
 {
     sluice_stream_options_init(dst);
-    if (!src)
-        return SLUICE_OK;
-    if (src->size < sizeof src->size)
-        return sl_fail(err, SLUICE_E_INVAL, "stream options: size %zu is too small; "
-                       "call sluice_stream_options_init first", src->size);
-    size_t set = set_tail(src, src->size, SL_END_OF(sluice_stream_options, cancel));
-    if (set)
-        return sl_fail(err, SLUICE_E_INVAL, "stream options: byte %zu of the caller's %zu-byte "
-                       "struct is not zero, but this library knows only the first %zu bytes",
-                       set, src->size, sizeof *dst);
-    memcpy(dst, src, src->size < sizeof *dst ? src->size : sizeof *dst);
-    dst->size = sizeof *dst;
-    return SLUICE_OK;
+    return take_call_options(dst, sizeof *dst, src, SL_END_OF(sluice_stream_options, cancel),
+                             "stream", err);
 }
 
 SLUICE_API int sluice_stream_ex(sluice_model *m, const char *const *names, size_t n,
@@ -550,8 +561,6 @@ SLUICE_API void sluice_cancel_free(sluice_cancel *c)
     sl_cancel_free(c);
 }
 
-/* ---------------------------------------------------------------- stats, trim */
-
 /* ---------------------------------------------------------------- verify */
 
 SLUICE_API int sluice_verify_options_init(sluice_verify_options *o)
@@ -568,18 +577,10 @@ static int take_verify_options(sluice_verify_options *dst, const sluice_verify_o
                                sl_err *err)
 {
     sluice_verify_options_init(dst);
-    if (!src)
-        return SLUICE_OK;
-    if (src->size < sizeof src->size)
-        return sl_fail(err, SLUICE_E_INVAL, "verify options: size %zu is too small; "
-                       "call sluice_verify_options_init first", src->size);
-    size_t set = set_tail(src, src->size, SL_END_OF(sluice_verify_options, cancel));
-    if (set)
-        return sl_fail(err, SLUICE_E_INVAL, "verify options: byte %zu of the caller's %zu-byte "
-                       "struct is not zero, but this library knows only the first %zu bytes",
-                       set, src->size, sizeof *dst);
-    memcpy(dst, src, src->size < sizeof *dst ? src->size : sizeof *dst);
-    dst->size = sizeof *dst;
+    int rc = take_call_options(dst, sizeof *dst, src, SL_END_OF(sluice_verify_options, cancel),
+                               "verify", err);
+    if (rc < 0)
+        return rc;
     if (dst->flags & ~SLUICE_VF_ALL_)
         return sl_fail(err, SLUICE_E_INVAL, "verify options: unknown flags 0x%x",
                        dst->flags & ~SLUICE_VF_ALL_);
@@ -626,6 +627,8 @@ SLUICE_API int sluice_verify(sluice_model *m, const char *const *names, size_t n
     }
     return rc;
 }
+
+/* ---------------------------------------------------------------- stats, trim */
 
 SLUICE_API int sluice_stats(sluice_model *m, struct sluice_stats *out)
 {

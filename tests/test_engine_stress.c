@@ -253,20 +253,6 @@ static void test_errmsg_per_thread(void **state)
 
 /* ---------------------------------------------------------------- memory */
 
-static long status_kib(const char *key)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    long v = -1;
-    size_t kl = strlen(key);
-    while (f && fgets(line, sizeof line, f))
-        if (strncmp(line, key, kl) == 0)
-            v = strtol(line + kl + 1, NULL, 10);
-    if (f)
-        fclose(f);
-    return v;
-}
-
 typedef struct rss_arg {
     int fd;
     unsigned char *buf;       /* reused: the check allocates nothing */
@@ -289,7 +275,7 @@ static int rss_cb(void *user, sluice_tensor *t, int status,
         memcmp(a->buf, sluice_tensor_data(t), len) != 0)
         a->bad++;
     sluice_release(t);
-    long rss = status_kib("VmRSS:");
+    long rss = tu_status_kib("VmRSS:");
     if (rss > a->peak_kib)
         a->peak_kib = rss;
     a->delivered++;
@@ -313,7 +299,7 @@ static void test_rss_bounded(void **state)
     assert_true(a.fd >= 0);
     a.buf = malloc((1u << 20) + 4096);
     memset(a.buf, 0, (1u << 20) + 4096);
-    long base = status_kib("VmRSS:");
+    long base = tu_status_kib("VmRSS:");
     assert_true(base > 0);
     for (int pass = 0; pass < 2; pass++)
         assert_int_equal(sluice_stream(m, NULL, 0, rss_cb, &a), SLUICE_OK);

@@ -459,19 +459,6 @@ static void *load_loop(void *arg)
     return NULL;
 }
 
-static long rss_kib(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    long v = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "VmRSS: %ld", &v) == 1)
-            break;
-    if (f)
-        fclose(f);
-    return v;
-}
-
 static void test_endpoint(void **state)
 {
     (void)state;
@@ -536,7 +523,7 @@ static void test_endpoint(void **state)
                  "Connection: close\r\n\r\nhello", methods[k]);
         assert_int_equal(http(port, req, NULL), 405);
     }
-    long rss0 = rss_kib();
+    long rss0 = tu_status_kib("VmRSS:");
 
     /* Oversized: a 1 MiB header. The server answers an error or closes. */
     size_t big = 1 << 20;
@@ -593,7 +580,7 @@ static void test_endpoint(void **state)
     pthread_join(th, NULL);
     assert_true(atomic_load(&l.rounds) > 0);
     (void)before;
-    long rss1 = rss_kib();
+    long rss1 = tu_status_kib("VmRSS:");
     print_message("endpoint: %d load rounds; RSS %ld -> %ld KiB\n", atomic_load(&l.rounds), rss0, rss1);
     assert_true(rss1 - rss0 < 64 * 1024);
 

@@ -541,20 +541,6 @@ static void bad_arguments(void **state)
     unmake(&fx);
 }
 
-/* Peak resident memory (VmHWM) in KiB. */
-static long peak_kib(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    long v = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "VmHWM: %ld", &v) == 1)
-            break;
-    if (f)
-        fclose(f);
-    return v;
-}
-
 /* 256 MiB of tensors: the process's peak memory grows by far less. */
 static void memory_does_not_grow_with_the_model(void **state)
 {
@@ -566,18 +552,13 @@ static void memory_does_not_grow_with_the_model(void **state)
     uint64_t sizes[] = {64u << 20, 64u << 20, 64u << 20, 64u << 20};
     mf_write_model(model, 4, keys, sizes);
     write_manifest(model, manifest, SIZE_MAX);
-    /* "5" resets VmHWM to the present RSS (proc(5), clear_refs) */
-    FILE *cr = fopen("/proc/self/clear_refs", "w");
-    if (cr) {
-        fputs("5", cr);
-        fclose(cr);
-    }
-    long before = peak_kib();
+    tu_reset_peak_rss();
+    long before = tu_status_kib("VmHWM:");
     sluice_model *m = open_model(model, SLUICE_VERIFY_DEFAULT, 0);
     struct sluice_verify_report r = {.size = sizeof r};
     assert_int_equal(sluice_verify(m, NULL, 0, NULL, &r), SLUICE_OK);
     assert_int_equal(r.bytes_hashed, 256u << 20);
-    long after = peak_kib();
+    long after = tu_status_kib("VmHWM:");
     assert_int_equal(sluice_close(m), SLUICE_OK);
     if (before > 0 && after > 0) {
         fprintf(stderr, "peak RSS grew by %ld KiB verifying 256 MiB\n", after - before);
@@ -608,12 +589,8 @@ static void direct_memory_with_many_threads(void **state)
     }
     mf_write_model(model, N, keys, sizes);
     write_manifest(model, manifest, SIZE_MAX);
-    FILE *cr = fopen("/proc/self/clear_refs", "w");
-    if (cr) {
-        fputs("5", cr);
-        fclose(cr);
-    }
-    long before = peak_kib();
+    tu_reset_peak_rss();
+    long before = tu_status_kib("VmHWM:");
     sluice_model *m = open_model(model, SLUICE_VERIFY_DEFAULT, SLUICE_F_DIRECT);
     sluice_verify_options o;
     sluice_verify_options_init(&o);
@@ -622,7 +599,7 @@ static void direct_memory_with_many_threads(void **state)
     assert_int_equal(sluice_verify(m, NULL, 0, &o, &r), SLUICE_OK);
     assert_int_equal(r.tensors_ok, N);
     assert_int_equal(r.bytes_hashed, (uint64_t)N << 22);
-    long after = peak_kib();
+    long after = tu_status_kib("VmHWM:");
     assert_int_equal(sluice_close(m), SLUICE_OK);
     if (!r.bytes_direct) {
         fprintf(stderr, "note: no O_DIRECT on this file system; nothing to measure\n");

@@ -185,3 +185,26 @@ void tu_free_list(char **list, size_t n)
         free(list[i]);
     free(list);
 }
+
+long tu_status_kib(const char *key)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long v = -1;
+    size_t kl = strlen(key);
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, key, kl) == 0)
+            v = strtol(line + kl + 1, NULL, 10);
+    if (f)
+        fclose(f);
+    return v;
+}
+
+void tu_reset_peak_rss(void)
+{
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (f) {
+        fputs("5", f);
+        fclose(f);
+    }
+}

@@ -38,6 +38,14 @@ void *tu_pread_range(const char *path, uint64_t offset, size_t len);
  * (then it says so on stderr, and the caller skips its test). */
 const char *tu_real_data(void);
 
+/* The field key ("VmRSS:", "VmHWM:") of /proc/self/status in KiB; -1
+ * when it cannot be read. */
+long tu_status_kib(const char *key);
+
+/* Resets the process's peak resident memory (VmHWM) to its present one
+ * ("5" to /proc/self/clear_refs, proc(5)); nothing where it cannot. */
+void tu_reset_peak_rss(void);
+
 /* Lists the *.safetensors files directly inside dir, sorted; returns
  * the count and a malloc'd array of malloc'd paths (free with tu_free_list). */
 size_t tu_list_safetensors(const char *dir, char ***out);

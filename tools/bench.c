@@ -276,9 +276,10 @@ static int options_accepted(const char *path, const bench_config *c)
     return rc == SLUICE_OK;
 }
 
-size_t bench_stat(const bench_row *row, size_t off, double *med, double *min, double *max)
+/* The field at off of row's successful runs (256 at most), sorted
+ * ascending into v; returns how many. */
+static size_t sorted_field(const bench_row *row, size_t off, double v[256])
 {
-    double v[256];
     size_t n = 0;
     for (size_t i = 0; i < row->nruns && n < 256; i++) {
         const bench_result *r = &row->runs[i];
@@ -286,15 +287,22 @@ size_t bench_stat(const bench_row *row, size_t off, double *med, double *min, do
         if (r->ok && !isnan(x))
             v[n++] = x;
     }
-    *med = *min = *max = NAN;
-    if (!n)
-        return 0;
     for (size_t i = 1; i < n; i++) /* insertion sort: n is small */
         for (size_t j = i; j > 0 && v[j - 1] > v[j]; j--) {
             double t = v[j];
             v[j] = v[j - 1];
             v[j - 1] = t;
         }
+    return n;
+}
+
+size_t bench_stat(const bench_row *row, size_t off, double *med, double *min, double *max)
+{
+    double v[256];
+    size_t n = sorted_field(row, off, v);
+    *med = *min = *max = NAN;
+    if (!n)
+        return 0;
     *min = v[0];
     *max = v[n - 1];
     *med = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
@@ -304,21 +312,9 @@ size_t bench_stat(const bench_row *row, size_t off, double *med, double *min, do
 double bench_quantile(const bench_row *row, size_t off, double q)
 {
     double v[256];
-    size_t n = 0;
-    for (size_t i = 0; i < row->nruns && n < 256; i++) {
-        const bench_result *r = &row->runs[i];
-        double x = *(const double *)((const char *)r + off);
-        if (r->ok && !isnan(x))
-            v[n++] = x;
-    }
+    size_t n = sorted_field(row, off, v);
     if (!n)
         return NAN;
-    for (size_t i = 1; i < n; i++)
-        for (size_t j = i; j > 0 && v[j - 1] > v[j]; j--) {
-            double t = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = t;
-        }
     size_t k = (size_t)ceil(q * (double)n); /* nearest rank */
     return v[k ? k - 1 : 0];
 }

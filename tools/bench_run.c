@@ -430,18 +430,44 @@ static sluice_metrics_server *metrics_start(const bench_opts *o, bench_result *r
     return s;
 }
 
-static void metrics_add(sluice_metrics_server *s, sluice_model *m, bench_result *r)
-{
-    int rc = s ? sluice_metrics_server_add(s, m) : SLUICE_OK;
-    if (rc != SLUICE_OK)
-        fail(r, "metrics: %s", sluice_strerror(rc));
-}
-
 static void metrics_stop(sluice_metrics_server *s, sluice_model *m)
 {
     if (s && m)
         sluice_metrics_server_remove(s, m);
     sluice_metrics_server_free(s);
+}
+
+/* Opens the run's model with opts, *t0 the clock's start (after the
+ * metrics server's, whose model it is added to); NULL, the run failed and
+ * nothing left open, when it cannot. */
+static sluice_model *open_timed(const bench_model *bm, const sluice_options *opts,
+                                const bench_opts *o, bench_result *r,
+                                sluice_metrics_server **ms, double *t0)
+{
+    *ms = metrics_start(o, r);
+    *t0 = bench_now();
+    sluice_model *m = NULL;
+    int rc = r->ok ? sluice_open(bm->path, opts, &m) : SLUICE_E_INVAL;
+    if (rc == SLUICE_OK && *ms && (rc = sluice_metrics_server_add(*ms, m)) != SLUICE_OK)
+        fail(r, "metrics: %s", sluice_strerror(rc));
+    else if (rc != SLUICE_OK && r->ok)
+        fail(r, "open: %s", m ? sluice_errmsg(m) : sluice_strerror(rc));
+    if (rc == SLUICE_OK)
+        return m;
+    sluice_close(m);
+    metrics_stop(*ms, NULL);
+    return NULL;
+}
+
+/* Ends what open_timed began: the server first (it holds the model),
+ * then the model; the run's wall time ends with its close. */
+static void close_timed(sluice_model *m, sluice_metrics_server *ms, double t0, bench_result *r)
+{
+    metrics_stop(ms, m);
+    int rc = sluice_close(m);
+    r->wall_s = bench_now() - t0;
+    if (rc != SLUICE_OK && r->ok)
+        fail(r, "close: %s", sluice_strerror(rc));
 }
 
 static void run_sluice(const bench_model *bm, const bench_config *c, const bench_opts *o,
@@ -466,19 +492,14 @@ static void run_sluice(const bench_model *bm, const bench_config *c, const bench
         shuffle(order, bm->ntensors, o->seed);
     }
 
-    sluice_metrics_server *ms = metrics_start(o, r);
-    double t0 = bench_now();
-    sluice_model *m = NULL;
-    int rc = r->ok ? sluice_open(bm->path, &opts, &m) : SLUICE_E_INVAL;
-    if (rc != SLUICE_OK) {
-        if (r->ok)
-            fail(r, "open: %s", m ? sluice_errmsg(m) : sluice_strerror(rc));
-        sluice_close(m);
-        metrics_stop(ms, NULL);
+    sluice_metrics_server *ms;
+    double t0;
+    sluice_model *m = open_timed(bm, &opts, o, r, &ms, &t0);
+    if (!m) {
         free(order);
         return;
     }
-    metrics_add(ms, m, r);
+    int rc;
     double t1 = bench_now();
     r->open_ms = (t1 - t0) * 1e3;
     if (c->mode == BM_STREAM) {
@@ -528,11 +549,7 @@ static void run_sluice(const bench_model *bm, const bench_config *c, const bench
     if (r->ok && !r->tensors_refused && r->bytes_needed != bm->tensor_bytes)
         fail(r, "delivered %llu bytes of %llu", (unsigned long long)r->bytes_needed,
              (unsigned long long)bm->tensor_bytes);
-    metrics_stop(ms, m); /* before close: the server holds the model */
-    rc = sluice_close(m);
-    r->wall_s = bench_now() - t0;
-    if (rc != SLUICE_OK && r->ok)
-        fail(r, "close: %s", sluice_strerror(rc));
+    close_timed(m, ms, t0, r);
     free(order);
 }
 
@@ -624,18 +641,12 @@ static void run_verify(const bench_model *bm, const bench_config *c, const bench
     opts.flags = c->direct ? SLUICE_F_DIRECT : 0;
     opts.verify = SLUICE_VERIFY_REQUIRE;
     opts.manifest_path = o->manifest;
-    sluice_metrics_server *ms = metrics_start(o, r);
-    double t0 = bench_now();
-    sluice_model *m = NULL;
-    int rc = r->ok ? sluice_open(bm->path, &opts, &m) : SLUICE_E_INVAL;
-    if (rc != SLUICE_OK) {
-        if (r->ok)
-            fail(r, "open: %s", m ? sluice_errmsg(m) : sluice_strerror(rc));
-        sluice_close(m);
-        metrics_stop(ms, NULL);
+    sluice_metrics_server *ms;
+    double t0;
+    sluice_model *m = open_timed(bm, &opts, o, r, &ms, &t0);
+    if (!m)
         return;
-    }
-    metrics_add(ms, m, r);
+    int rc;
     r->open_ms = (bench_now() - t0) * 1e3;
     struct sluice_verify_report rep = {.size = sizeof rep};
     rc = sluice_verify(m, NULL, 0, NULL, &rep);
@@ -646,11 +657,7 @@ static void run_verify(const bench_model *bm, const bench_config *c, const bench
     if (r->ok && rep.bytes_hashed != bm->tensor_bytes)
         fail(r, "verified %llu bytes of %llu", (unsigned long long)rep.bytes_hashed,
              (unsigned long long)bm->tensor_bytes);
-    metrics_stop(ms, m); /* before close: the server holds the model */
-    rc = sluice_close(m);
-    r->wall_s = bench_now() - t0;
-    if (rc != SLUICE_OK && r->ok)
-        fail(r, "close: %s", sluice_strerror(rc));
+    close_timed(m, ms, t0, r);
 }
 
 /* ---------------------------------------------------------------- whole processes */

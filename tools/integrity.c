@@ -86,6 +86,21 @@ int ig_loader_option(const char *cmd, int argc, char **argv, int *i, sluice_opti
     return 1;
 }
 
+int ig_path_operand(const char *cmd, const char *a, const char **path, void (*usage)(FILE *))
+{
+    if (a[0] == '-' && a[1]) {
+        fprintf(stderr, "sluice %s: unknown option '%s'\n", cmd, a);
+        usage(stderr);
+        return -1;
+    }
+    if (*path) {
+        fprintf(stderr, "sluice %s: one PATH only ('%s')\n", cmd, a);
+        return -1;
+    }
+    *path = a;
+    return 0;
+}
+
 int ig_file_option(const char *cmd, int argc, char **argv, int *i, const char *name,
                    const char *alias, const char **value)
 {

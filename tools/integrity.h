@@ -32,6 +32,12 @@ int ig_loader_option(const char *cmd, int argc, char **argv, int *i, sluice_opti
 int ig_file_option(const char *cmd, int argc, char **argv, int *i, const char *name,
                    const char *alias, const char **value);
 
+/* The argument a that no option took, in a command of one PATH: stores
+ * it in *path and returns 0; returns -1 (after a message on stderr naming
+ * cmd, and usage(stderr) for an unknown option) when it is an option or a
+ * second PATH. */
+int ig_path_operand(const char *cmd, const char *a, const char **path, void (*usage)(FILE *));
+
 /* name (len bytes, any content) as a quoted, escaped JSON string. */
 void ig_quote(FILE *out, const char *name, size_t len);
 

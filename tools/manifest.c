@@ -154,14 +154,7 @@ int cmd_manifest(int argc, char **argv)
         } else if (!strcmp(a, "--threads")) {
             if ((r = ig_loader_option("manifest", argc, argv, &i, &o)) < 0)
                 return 2;
-        } else if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "sluice manifest: unknown option '%s'\n", a);
-            usage(stderr);
-            return 2;
-        } else if (!path) {
-            path = a;
-        } else {
-            fprintf(stderr, "sluice manifest: one PATH only ('%s')\n", a);
+        } else if (ig_path_operand("manifest", a, &path, usage) < 0) {
             return 2;
         }
     }

@@ -121,14 +121,7 @@ int cmd_stats(int argc, char **argv)
         } else if ((r = ig_loader_option("stats", argc, argv, &i, &o)) != 0) {
             if (r < 0)
                 return 2;
-        } else if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "sluice stats: unknown option '%s'\n", a);
-            stats_usage(stderr);
-            return 2;
-        } else if (!path) {
-            path = a;
-        } else {
-            fprintf(stderr, "sluice stats: one PATH only ('%s')\n", a);
+        } else if (ig_path_operand("stats", a, &path, stats_usage) < 0) {
             return 2;
         }
     }

@@ -130,20 +130,12 @@ int cmd_verify(int argc, char **argv)
                 return 2;
         } else if (!strcmp(a, "--files")) {
             files = 1;
-
         } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
             quiet = 1;
         } else if ((r = ig_loader_option("verify", argc, argv, &i, &o)) != 0) {
             if (r < 0)
                 return 2;
-        } else if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "sluice verify: unknown option '%s'\n", a);
-            usage(stderr);
-            return 2;
-        } else if (!path) {
-            path = a;
-        } else {
-            fprintf(stderr, "sluice verify: one PATH only ('%s')\n", a);
+        } else if (ig_path_operand("verify", a, &path, usage) < 0) {
             return 2;
         }
     }
