@@ -546,8 +546,9 @@ static void test_endpoint(void **state)
     assert_int_equal(http(port, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
                           NULL), 200);
 
-    /* 200 connections at once: those past the bound are refused; a
-     * scrape works again once they go. */
+    /* 200 connections at once: 32 are served, the others wait in the
+     * listen queue (sluice.h); the server lives on, and a scrape works
+     * again once they go. */
     int many[200];
     for (int k = 0; k < 200; k++)
         many[k] = connect_to(port);
@@ -564,7 +565,8 @@ static void test_endpoint(void **state)
     }
     assert_true(ok);
 
-    /* A slow client is cut off after the idle timeout (5 s). */
+    /* A client that begins a request and then sends nothing is cut off
+     * after the idle timeout (5 s). */
     int fd = connect_to(port);
     assert_true(fd >= 0);
     assert_int_equal(send(fd, "GET /", 5, MSG_NOSIGNAL), 5);
