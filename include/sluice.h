@@ -107,6 +107,8 @@ enum sluice_status {
     SLUICE_E_MANIFEST_UNKNOWN = -44, /* a digest for a tensor (or file) the model lacks */
     SLUICE_E_MANIFEST_MISSING = -45, /* REQUIRE policy and tensors without a digest */
     SLUICE_E_CHECKSUM = -46,       /* bytes read do not match the manifest digest */
+    SLUICE_E_MANIFEST_MISMATCH = -47, /* the headers disagree with a version 2 manifest
+                                         (dtype, shape, size or header digest) */
 
     /* engine */
     SLUICE_E_TOO_LARGE = -50,      /* tensor larger than the whole pool budget */
@@ -167,6 +169,22 @@ SLUICE_API const char *sluice_dtype_name(sluice_dtype dtype);
 /* Bits per element (4, 6, 8, 16, 32 or 64), or 0 when out of range. */
 SLUICE_API unsigned sluice_dtype_bits(sluice_dtype dtype);
 
+/* Digest algorithms. Both give 32-byte digests. A manifest names its own
+ * (see "Manifests"); SHA-256 is the default. BLAKE3 is built from the
+ * upstream C sources when they are found at build time (Debian package
+ * librust-blake3-dev); without them a BLAKE3 manifest or option fails
+ * with SLUICE_E_UNSUPPORTED. */
+typedef enum sluice_algorithm {
+    SLUICE_ALG_SHA256 = 0,
+    SLUICE_ALG_BLAKE3 = 1
+} sluice_algorithm;
+
+/* The manifest spelling ("sha256", "blake3"), or NULL when out of range.
+ * Any thread. */
+SLUICE_API const char *sluice_algorithm_name(sluice_algorithm alg);
+/* 1 when this build of the library computes alg, else 0. Any thread. */
+SLUICE_API int sluice_algorithm_supported(sluice_algorithm alg);
+
 /* ------------------------------------------------------------------------ */
 /* Options                                                                  */
 /* ------------------------------------------------------------------------ */
@@ -215,6 +233,12 @@ typedef struct sluice_options {
                                   metrics (see "Metrics"); NULL: the path given
                                   to sluice_open. Copied by open; valid UTF-8,
                                   1..1024 bytes, else SLUICE_E_INVAL */
+    sluice_algorithm algorithm; /* the digest computed when no manifest names
+                                  one (SLUICE_F_HASH_ALL, sluice_verify with
+                                  SLUICE_VF_DIGEST_ONLY): default SHA-256; a
+                                  manifest's own algorithm always wins.
+                                  Unknown: SLUICE_E_INVAL; not built in:
+                                  SLUICE_E_UNSUPPORTED */
 } sluice_options;
 
 /* Fills *opts with the defaults. Returns SLUICE_E_INVAL if opts is NULL. */
@@ -524,8 +548,8 @@ SLUICE_API const void *sluice_tensor_data(const sluice_tensor *t);
 SLUICE_API uint64_t sluice_tensor_size(const sluice_tensor *t);
 SLUICE_API const struct sluice_tensor_info *sluice_tensor_info(const sluice_tensor *t);
 
-/* Copies the SHA-256 of the handle's bytes, as the pipeline computed it,
- * into digest (32 bytes). Returns SLUICE_OK, or SLUICE_E_INVAL when the
+/* Copies the digest of the handle's bytes (in sluice_digest_algorithm),
+ * as the pipeline computed it, into digest (32 bytes). Returns SLUICE_OK, or SLUICE_E_INVAL when the
  * tensor was not hashed (no digest to check and no SLUICE_F_HASH_ALL), or
  * t or digest is NULL. */
 SLUICE_API int sluice_tensor_digest(const sluice_tensor *t, uint8_t digest[32]);
@@ -666,20 +690,40 @@ SLUICE_API int sluice_trim(sluice_model *model, uint64_t *released);
 /* ------------------------------------------------------------------------ */
 
 /*
- * A manifest is a JSON file of SHA-256 digests, read once by sluice_open
- * (see there for where it is looked for). Two forms are read:
+ * A manifest is a JSON file of digests, read once by sluice_open (see
+ * there for where it is looked for). Three forms are read:
  *
- *  - flat: {"tensor name": "64 hex digits", ...}
- *  - structured:
+ *  - flat: {"tensor name": "64 hex digits", ...} (SHA-256)
+ *  - version 1:
  *      {"format": "sluice-manifest", "version": 1, "algorithm": "sha256",
  *       "tensors": {"tensor name": {"sha256": "..."}, ...},
  *       "files": {"model-00001-of-00002.safetensors":
  *                   {"sha256": "...", "size": 4970000000}, ...}}
- *    "tensors" and "files" are optional; "size" is optional. File keys are
- *    the shards' base names; a file's digest is the SHA-256 of the whole
- *    file, the one the Hugging Face Hub lists for a Git LFS file. Open does
- *    not read whole files: the files part is for sluice_manifest_file()
- *    (the `sluice verify --files` command).
+ *    "tensors" and "files" are optional; "size" is optional.
+ *  - version 2 (what `sluice manifest` writes):
+ *      {"format": "sluice-manifest", "version": 2, "algorithm": "sha256",
+ *       "tensors": {"tensor name": {"digest": "...", "dtype": "BF16",
+ *                                   "shape": [4, 8], "nbytes": 64}, ...},
+ *       "files": {"model.safetensors": {"digest": "...", "size": 1234,
+ *                                       "header": "..."}, ...}}
+ *    "algorithm" is "sha256" or "blake3" (every digest of the manifest is
+ *    of that algorithm); each tensor entry needs all four keys and each
+ *    file entry all three. "header" is the digest of the file's first
+ *    8 + N bytes: the length prefix and the JSON header exactly as stored
+ *    (`head -c $((8 + N)) F | sha256sum`). At open, every listed tensor's
+ *    dtype, shape and nbytes, and every listed file's size and header
+ *    digest, must equal the model's (the header digest is taken of the
+ *    very bytes parsed), else the open fails with
+ *    SLUICE_E_MANIFEST_MISMATCH naming the tensor or file and both
+ *    values. So a header rewritten to change how the bytes are read
+ *    (BF16 [4, 8] made F16 [8, 4], offsets swapped between tensors of one
+ *    size, __metadata__ edited) fails the open. A version 1 or flat
+ *    manifest covers the tensor bytes only: such a rewrite passes it.
+ *
+ * File keys are the shards' base names; a file's digest is of the whole
+ * file (with SHA-256, the one the Hugging Face Hub lists for a Git LFS
+ * file). Open does not read whole files: the whole-file digests are for
+ * sluice_manifest_file() (the `sluice verify --files` command).
  *
  * A top-level object whose "format" member is not itself a digest is the
  * structured form; any other object is flat (so a tensor may be named
@@ -695,18 +739,24 @@ SLUICE_API int sluice_trim(sluice_model *model, uint64_t *released);
  *                               (the message names the sidecar looked for)
  *  SLUICE_E_MANIFEST_FORMAT     not an object; unknown "format", "version" or
  *                               "algorithm"; an unknown key; an entry that is
- *                               not an object or lacks "sha256"; a bad "size"
+ *                               not an object or lacks a key its version
+ *                               needs; a bad "size", "nbytes", "dtype" or
+ *                               "shape"
  *  SLUICE_E_MANIFEST_DIGEST     a digest that is not a string of 64 hex digits
  *  SLUICE_E_MANIFEST_DUPLICATE  a tensor, file or key listed twice
  *  SLUICE_E_MANIFEST_UNKNOWN    a tensor or file the model does not have
  *  SLUICE_E_MANIFEST_MISSING    REQUIRE and tensors without a digest (the
- *                               message gives the count and the first names)
+ *                               message gives the count and the first names),
+ *                               or, version 2, a file without an entry
+ *  SLUICE_E_MANIFEST_MISMATCH   version 2: a header disagrees (see above)
+ *  SLUICE_E_UNSUPPORTED         "algorithm": "blake3" in a build without it
  *
  * Policies (sluice_options.verify):
  *  DEFAULT     REQUIRE when a manifest is in play (manifest_path set, or the
  *              sidecar exists), else OFF.
- *  REQUIRE     a manifest must be found and give every tensor a digest;
- *              every tensor is checked when read.
+ *  REQUIRE     a manifest must be found and give every tensor a digest
+ *              (version 2: and list every file, so every header is
+ *              checked); every tensor is checked when read.
  *  IF_PRESENT  the tensors the manifest lists are checked, others are not;
  *              no manifest found: nothing is checked (an explicit
  *              manifest_path that cannot be read still fails).
@@ -729,6 +779,22 @@ SLUICE_API sluice_verify_policy sluice_verify_mode(const sluice_model *model);
 /* The path of the manifest read at open (as given, or the sidecar's), or
  * NULL when none was read. Borrowed until sluice_close. Any thread. */
 SLUICE_API const char *sluice_manifest_path(const sluice_model *model);
+
+/* The algorithm of every digest the model checks and reports (the
+ * manifest's; without one, sluice_options.algorithm). SHA-256 for a NULL
+ * or failed model. Any thread. */
+SLUICE_API sluice_algorithm sluice_digest_algorithm(const sluice_model *model);
+
+/* The manifest's version: 0 flat, 1 or 2; also 0 when none was read; -1
+ * for a NULL or failed model. Any thread. */
+SLUICE_API int sluice_manifest_version(const sluice_model *model);
+
+/* Copies the digest in alg of file i's header bytes (its first 8 + N
+ * bytes, as read and parsed at open: what a version 2 manifest's "header"
+ * holds) into digest. Returns SLUICE_OK, SLUICE_E_UNSUPPORTED (alg not
+ * built in) or SLUICE_E_INVAL. Any thread. */
+SLUICE_API int sluice_file_header_digest(const sluice_model *model, size_t file_index,
+                                         sluice_algorithm alg, uint8_t digest[32]);
 
 /* Copies the digest the manifest gives tensor i (model order) into digest.
  * Returns SLUICE_OK, SLUICE_E_NOT_FOUND when tensor i is not checked (no
@@ -805,7 +871,7 @@ struct sluice_verify_item {
     const char *message;    /* "" on success, else the detail, naming the
                                item, its file and offset, and both digests */
     int has_digest;         /* digest below is valid: every byte was read */
-    uint8_t digest[32];     /* the SHA-256 computed */
+    uint8_t digest[32];     /* the digest computed (sluice_digest_algorithm) */
     uint64_t bytes;         /* bytes hashed (a file: its size as read) */
 };
 

@@ -22,6 +22,7 @@
 #include "errmsg.h"
 #include "header.h"
 #include "manifest.h"
+#include "digest.h"
 #include "metrics.h"
 
 #include <stddef.h>
@@ -55,6 +56,16 @@ SLUICE_API const char *sluice_dtype_name(sluice_dtype dtype)
 SLUICE_API unsigned sluice_dtype_bits(sluice_dtype dtype)
 {
     return sl_dtype_bits(dtype);
+}
+
+SLUICE_API const char *sluice_algorithm_name(sluice_algorithm alg)
+{
+    return alg == SLUICE_ALG_SHA256 ? "sha256" : alg == SLUICE_ALG_BLAKE3 ? "blake3" : NULL;
+}
+
+SLUICE_API int sluice_algorithm_supported(sluice_algorithm alg)
+{
+    return sl_md_supported(alg);
 }
 
 /* ---------------------------------------------------------------- open, close */
@@ -103,7 +114,7 @@ static int take_options(sluice_options *dst, const sluice_options *src, sl_err *
         return sl_fail(err, SLUICE_E_INVAL,
                        "options: size %zu is not one this library knows (%zu); "
                        "call sluice_options_init first", src->size, sizeof *dst);
-    size_t set = set_tail(src, src->size, SL_END_OF(sluice_options, metrics_label));
+    size_t set = set_tail(src, src->size, SL_END_OF(sluice_options, algorithm));
     if (set)
         return sl_fail(err, SLUICE_E_INVAL,
                        "options: byte %zu of the caller's %zu-byte struct is not zero, "
@@ -130,6 +141,13 @@ static int take_options(sluice_options *dst, const sluice_options *src, sl_err *
                        (unsigned)dst->hash_threads);
     if ((unsigned)dst->verify > SLUICE_VERIFY_OFF)
         return sl_fail(err, SLUICE_E_INVAL, "options: unknown verify policy %d", (int)dst->verify);
+    if ((unsigned)dst->algorithm > SLUICE_ALG_BLAKE3)
+        return sl_fail(err, SLUICE_E_INVAL, "options: unknown digest algorithm %d",
+                       (int)dst->algorithm);
+    if (!sl_md_supported(dst->algorithm))
+        return sl_fail(err, SLUICE_E_UNSUPPORTED,
+                       "options: digest algorithm %s: this build of the library lacks it",
+                       sluice_algorithm_name(dst->algorithm));
     return SLUICE_OK;
 }
 
@@ -190,6 +208,8 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
         goto failed;
     if ((rc = sl_manifest_load(&m->index, &m->opts, path, &m->manifest, err)) < 0)
         goto failed;
+    if (m->manifest) /* the manifest's algorithm is the model's */
+        m->opts.algorithm = sl_manifest_algorithm(m->manifest);
     if ((rc = create_engine(m, err)) < 0)
         goto failed;
     sl_model_metrics_opened(m, t_open);
@@ -669,6 +689,29 @@ SLUICE_API sluice_verify_policy sluice_verify_mode(const sluice_model *model)
 {
     return sl_model_usable(model) == SLUICE_OK ? sl_manifest_policy(model->manifest)
                                                : SLUICE_VERIFY_OFF;
+}
+
+SLUICE_API sluice_algorithm sluice_digest_algorithm(const sluice_model *model)
+{
+    return sl_model_usable(model) == SLUICE_OK ? model->opts.algorithm : SLUICE_ALG_SHA256;
+}
+
+SLUICE_API int sluice_manifest_version(const sluice_model *model)
+{
+    return sl_model_usable(model) == SLUICE_OK ? sl_manifest_version(model->manifest) : -1;
+}
+
+SLUICE_API int sluice_file_header_digest(const sluice_model *model, size_t file_index,
+                                         sluice_algorithm alg, uint8_t digest[32])
+{
+    if (sl_model_usable(model) != SLUICE_OK || file_index >= model->index.nfiles || !digest ||
+        (unsigned)alg > SLUICE_ALG_BLAKE3)
+        return SLUICE_E_INVAL;
+    const uint8_t *d = sl_index_header_digest(&model->index.files[file_index], alg);
+    if (!d)
+        return SLUICE_E_UNSUPPORTED;
+    memcpy(digest, d, 32);
+    return SLUICE_OK;
 }
 
 SLUICE_API const char *sluice_manifest_path(const sluice_model *model)

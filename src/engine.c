@@ -14,6 +14,8 @@
  */
 #include "engine_int.h"
 
+#include "digest.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -23,10 +25,6 @@
 #include <time.h>
 #include <unistd.h>
 
-/* SHA-256 of no bytes: the digest of every empty tensor. */
-static const unsigned char sha256_empty[32] = {
-    0xe3, 0xb0, 0xc4, 0x42, 0x98, 0xfc, 0x1c, 0x14, 0x9a, 0xfb, 0xf4, 0xc8, 0x99, 0x6f, 0xb9, 0x24,
-    0x27, 0xae, 0x41, 0xe4, 0x64, 0x9b, 0x93, 0x4c, 0xa4, 0x95, 0x99, 0x1b, 0x78, 0x52, 0xb8, 0x55};
 
 /* Where the handle of an empty tensor points: aligned, never written. */
 static const _Alignas(64) unsigned char empty_bytes[64];
@@ -78,7 +76,7 @@ int sl_hasher_need(sl_engine *e, sl_err *err)
         n = cpus > 0 ? (unsigned)(cpus < 64 ? cpus : 64) : 1;
     }
     sl_hasher *h;
-    SL_TRY(sl_hasher_create(n, sl_hash_done, e, &h, err));
+    SL_TRY(sl_hasher_create(n, e->alg, sl_hash_done, e, &h, err));
     /* Published under the lock: the pump reads it to start hashed loads. */
     pthread_mutex_lock(&e->lock);
     if (!e->hasher) {
@@ -163,6 +161,8 @@ int sl_engine_create(const sl_index *ix, const sluice_options *opts,
         e->stream_window = opts->pool_bytes / 2;
     e->queue_depth = opts->queue_depth;
     e->hash_threads = opts->hash_threads;
+    e->alg = opts->algorithm;
+    e->empty_digest = sl_md_empty(opts->algorithm); /* checked by take_options */
     e->n = ix->ntensors;
     e->dq_head = e->dq_tail = e->pq_head = e->pq_tail = SL_NONE;
     e->st.pool_bytes = opts->pool_bytes;
@@ -296,10 +296,10 @@ void sl_engine_pause_point(sl_engine *e, int where)
 static int check_empty(sl_engine *e, size_t i, sl_err *err)
 {
     const unsigned char *want = sl_expected_digest(e, i);
-    if (!want || memcmp(want, sha256_empty, 32) == 0)
+    if (!want || memcmp(want, e->empty_digest, 32) == 0)
         return SLUICE_OK;
     e->st.failures++;
-    return sl_slot_checksum_error(e, i, sha256_empty, err);
+    return sl_slot_checksum_error(e, i, e->empty_digest, err);
 }
 
 int sl_grant(sl_engine *e, size_t i, int by_stream, sluice_tensor **out, sl_err *err)
@@ -327,7 +327,7 @@ int sl_grant(sl_engine *e, size_t i, int by_stream, sluice_tensor **out, sl_err 
     h->data = t->nbytes ? (const void *)s->data : (const void *)empty_bytes;
     h->live = 1;
     h->has_digest = t->nbytes ? s->has_digest : s->hashed;
-    memcpy(h->digest, t->nbytes ? s->digest : sha256_empty, 32);
+    memcpy(h->digest, t->nbytes ? s->digest : e->empty_digest, 32);
     sl_slot_take(e, i, by_stream);
     e->live_handles++;
     e->st.bytes_delivered += t->nbytes;

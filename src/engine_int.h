@@ -167,6 +167,8 @@ struct sl_engine {
     uint64_t stream_window;      /* bytes a stream may read ahead of delivery */
     unsigned queue_depth;
     unsigned hash_threads;
+    sluice_algorithm alg;           /* of every digest (the manifest's) */
+    const uint8_t *empty_digest;    /* alg's digest of no bytes */
     size_t n;
     size_t *order;               /* 0..n-1: the default plan and a NULL stream */
     sl_efile *files;

@@ -9,7 +9,8 @@
  */
 #include "hash.h"
 
-#include <openssl/evp.h>
+#include "digest.h"
+
 #include <pthread.h>
 #include <stdlib.h>
 #include <time.h>
@@ -24,7 +25,7 @@ struct sl_hash_job {
     uint64_t ready;              /* bytes arrived */
     uint64_t hashed;             /* bytes hashed */
     uint64_t busy_ns;            /* time spent in the digest calls */
-    EVP_MD_CTX *md;              /* NULL: no digest, only the wait */
+    sl_md *md;                   /* NULL: no digest, only the wait */
     void *owner;
     int queued, running, cancelled, finished;
     sl_hash_job *next;           /* run queue */
@@ -34,7 +35,7 @@ struct sl_hash_job {
 struct sl_hasher {
     sl_hash_done_fn done;
     void *ctx;
-    EVP_MD *sha256;
+    sluice_algorithm alg;
     pthread_mutex_t lock;
     pthread_cond_t work;         /* a job was queued, or quit */
     pthread_cond_t idle;         /* a worker let a job go */
@@ -97,7 +98,7 @@ static int work_on(sl_hasher *h, sl_hash_job *job)
             if (job->md) {
                 pthread_mutex_unlock(&h->lock);
                 uint64_t t0 = now_ns();
-                ok = EVP_DigestUpdate(job->md, job->base + from, (size_t)n) == 1;
+                ok = sl_md_update(job->md, job->base + from, (size_t)n) == 0;
                 job->busy_ns += now_ns() - t0;
                 pthread_mutex_lock(&h->lock);
             }
@@ -110,10 +111,9 @@ static int work_on(sl_hasher *h, sl_hash_job *job)
             return STILL_OPEN;
         int ok = 1;
         if (job->md) {
-            unsigned got = 0;
             pthread_mutex_unlock(&h->lock);
             uint64_t t0 = now_ns();
-            ok = EVP_DigestFinal_ex(job->md, job->digest, &got) == 1 && got == 32;
+            ok = sl_md_final(job->md, job->digest) == 0;
             job->busy_ns += now_ns() - t0;
             pthread_mutex_lock(&h->lock);
         }
@@ -150,8 +150,8 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-int sl_hasher_create(unsigned threads, sl_hash_done_fn done, void *ctx, sl_hasher **out,
-                     sl_err *err)
+int sl_hasher_create(unsigned threads, sluice_algorithm alg, sl_hash_done_fn done, void *ctx,
+                     sl_hasher **out, sl_err *err)
 {
     *out = NULL;
     sl_hasher *h = calloc(1, sizeof *h);
@@ -165,10 +165,14 @@ int sl_hasher_create(unsigned threads, sl_hash_done_fn done, void *ctx, sl_hashe
     }
     pthread_cond_init(&h->work, NULL);
     pthread_cond_init(&h->idle, NULL);
-    if (!(h->sha256 = EVP_MD_fetch(NULL, "SHA256", NULL))) {
+    h->alg = alg;
+    sl_md *probe = sl_md_new(alg);
+    if (!probe) {
         sl_hasher_destroy(h);
-        return sl_fail(err, SLUICE_E_NOMEM, "hashing: OpenSSL has no SHA256");
+        return sl_fail(err, SLUICE_E_NOMEM, "hashing: cannot make a %s context",
+                       sluice_algorithm_name(alg));
     }
+    sl_md_free(probe);
     unsigned n = threads ? threads : 1;
     if (!(h->threads = calloc(n, sizeof *h->threads))) {
         sl_hasher_destroy(h);
@@ -198,7 +202,6 @@ void sl_hasher_destroy(sl_hasher *h)
     for (unsigned k = 0; k < h->nthreads; k++)
         pthread_join(h->threads[k], NULL);
     free(h->threads);
-    EVP_MD_free(h->sha256);
     pthread_cond_destroy(&h->idle);
     pthread_cond_destroy(&h->work);
     pthread_mutex_destroy(&h->lock);
@@ -220,8 +223,7 @@ int sl_hash_job_create(sl_hasher *h, const unsigned char *base, uint64_t len, in
     sl_hash_job *job = calloc(1, sizeof *job);
     if (!job)
         return SLUICE_E_NOMEM;
-    if (with_digest && (!(job->md = EVP_MD_CTX_new()) ||
-                        EVP_DigestInit_ex(job->md, h->sha256, NULL) != 1)) {
+    if (with_digest && !(job->md = sl_md_new(h->alg))) {
         sl_hash_job_free(job);
         return SLUICE_E_NOMEM;
     }
@@ -236,7 +238,7 @@ void sl_hash_job_free(sl_hash_job *job)
 {
     if (!job)
         return;
-    EVP_MD_CTX_free(job->md);
+    sl_md_free(job->md);
     free(job);
 }
 

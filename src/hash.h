@@ -1,4 +1,4 @@
-/* hash.h: the hashing layer (hash.c): SHA-256 on worker threads over
+/* hash.h: the hashing layer (hash.c): digests (digest.h) on worker threads over
  * buffers whose bytes arrive in order, while they arrive.
  *
  * It knows nothing of tensors, slots or manifests. A caller makes a job
@@ -34,10 +34,11 @@ typedef struct sl_hash_job sl_hash_job;
  * hasher never touches the job again. */
 typedef void (*sl_hash_done_fn)(void *ctx, sl_hash_job *job, int status);
 
-/* Starts `threads` workers (at least 1). Returns SLUICE_OK or
- * SLUICE_E_NOMEM (no memory, no SHA-256 in OpenSSL, no thread). */
-int sl_hasher_create(unsigned threads, sl_hash_done_fn done, void *ctx, sl_hasher **out,
-                     sl_err *err);
+/* Starts `threads` workers (at least 1), whose jobs digest with alg.
+ * Returns SLUICE_OK or SLUICE_E_NOMEM (no memory, no such digest, no
+ * thread). */
+int sl_hasher_create(unsigned threads, sluice_algorithm alg, sl_hash_done_fn done, void *ctx,
+                     sl_hasher **out, sl_err *err);
 
 /* Lets the jobs in workers' hands finish (their completions run), drops
  * queued ones, joins the workers and frees the hasher. Jobs stay the
@@ -48,7 +49,7 @@ void sl_hasher_destroy(sl_hasher *h);
  * included). The caller must not hold a lock that a completion takes. */
 void sl_hasher_wait_idle(sl_hasher *h);
 
-/* A job over len bytes at base (len > 0), with a SHA-256 digest or not.
+/* A job over len bytes at base (len > 0), with a digest or not.
  * Nothing is queued until bytes are ready. Returns SLUICE_OK or
  * SLUICE_E_NOMEM. */
 int sl_hash_job_create(sl_hasher *h, const unsigned char *base, uint64_t len, int with_digest,

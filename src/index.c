@@ -8,6 +8,8 @@
  */
 #include "index.h"
 
+#include "digest.h"
+
 #include "header.h"
 
 #include <cjson/cJSON.h>
@@ -180,6 +182,16 @@ static int read_header(sl_index *ix, size_t file_index, sl_err *err)
     run_hook(ix, SL_INDEX_AFTER_HEADER_READ, f);
     sl_header h;
     rc = sl_header_parse(f->path, bytes, len, f->size, &h, err);
+    /* A version 2 manifest checks these at open; the bytes digested are
+     * the very bytes parsed. */
+    for (int alg = SLUICE_ALG_SHA256; rc == SLUICE_OK && alg <= SLUICE_ALG_BLAKE3; alg++)
+        if (sl_md_supported((sluice_algorithm)alg)) {
+            if (sl_md_oneshot((sluice_algorithm)alg, bytes, len, f->header_digest[alg]) < 0)
+                rc = sl_fail(err, SLUICE_E_NOMEM, "%s: cannot digest the header (%s)", f->path,
+                             sluice_algorithm_name((sluice_algorithm)alg));
+            else
+                f->header_digest_has |= 1u << alg;
+        }
     if (rc == SLUICE_OK) {
         f->header_bytes = n;
         f->data_start = 8 + n;
@@ -191,6 +203,13 @@ static int read_header(sl_index *ix, size_t file_index, sl_err *err)
     sl_header_free(&h);
     free(bytes); /* after h: its number literals point into it */
     return rc;
+}
+
+const uint8_t *sl_index_header_digest(const sl_file *f, sluice_algorithm alg)
+{
+    if ((unsigned)alg > SLUICE_ALG_BLAKE3 || !(f->header_digest_has & 1u << alg))
+        return NULL;
+    return f->header_digest[alg];
 }
 
 int sl_open_read(const char *path)

@@ -26,6 +26,10 @@ typedef struct sl_file {
     sluice_metadata_kind metadata_kind;
     sluice_kv *metadata;
     size_t metadata_count;
+    /* Digests of the 8 + N header bytes as read and parsed, one per
+     * algorithm this build has (bit alg of header_digest_has). */
+    uint8_t header_digest[2][32];
+    unsigned header_digest_has;
 } sl_file;
 
 /* Test hooks of sl_index_open_hooked: the points of reading a header. */
@@ -77,6 +81,10 @@ int sl_open_read(const char *path);
  * another file now). A reader that needs a description of its own (a
  * lease, O_DIRECT) uses this instead of the shared f->fd. */
 int sl_file_reopen(const sl_file *f, const char *proc_fd_dir, int flags);
+
+/* The digest in alg of f's header bytes (the 8-byte length and the
+ * header, as parsed at open), or NULL when this build lacks alg. */
+const uint8_t *sl_index_header_digest(const sl_file *f, sluice_algorithm alg);
 
 /* The index of the tensor named name (len bytes), or SIZE_MAX. */
 size_t sl_index_find(const sl_index *ix, const char *name, size_t len);

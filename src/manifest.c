@@ -1,5 +1,7 @@
-/* manifest.c: reads the SHA-256 manifest of a model and resolves the
- * verification policy (see "Manifests" in sluice.h).
+/* manifest.c: reads the manifest of a model (flat, version 1 or version
+ * 2), checks a version 2 manifest's description of every tensor and header
+ * against the index, and resolves the verification policy (see
+ * "Manifests" in sluice.h).
  *
  * The text is read whole with read(), capped at SLUICE_MAX_MANIFEST_BYTES,
  * parsed with cJSON, then walked. cJSON keeps object keys as C strings, so
@@ -13,6 +15,7 @@
  */
 #include "manifest.h"
 
+#include "digest.h"
 
 #include <cjson/cJSON.h>
 
@@ -26,6 +29,8 @@
 
 struct sl_manifest {
     sluice_verify_policy policy; /* REQUIRE or IF_PRESENT */
+    sluice_algorithm algorithm;
+    int version;                 /* 0 flat, 1 or 2 */
     char *path;
     size_t ntensors;
     uint8_t (*tensor_digest)[32];
@@ -117,6 +122,7 @@ static int read_text(const char *path, char **out, size_t *out_len, sl_err *err)
 typedef struct mf_ctx {
     const sl_index *ix;
     sl_manifest *m;
+    int version;        /* 0 flat, 1 or 2 */
     const char *path;
     const char *text;
     size_t len;
@@ -432,98 +438,221 @@ static int key_is(const mf_member *mem, const char *s)
     return mem->key_len == strlen(s) && memcmp(mem->key, s, mem->key_len) == 0;
 }
 
-/* Structured tensor entry: {"sha256": "..."}. */
-static int structured_tensor(mf_ctx *c, const mf_member *entry)
+/* The members of one entry object ("tensor" or "file" `what`, named by
+ * entry) into vals by key (keys[k] -> vals[k], at[k] its position); an
+ * unknown key or one given twice is an error naming the allowed ones. */
+static int collect(mf_ctx *c, const mf_member *entry, const char *what, const char *const *keys,
+                   size_t nkeys, const cJSON **vals, size_t *at)
 {
-    char q[SL_QUOTE_MAX], msg[SL_QUOTE_MAX + 96];
+    char q[SL_QUOTE_MAX], msg[SL_QUOTE_MAX + 256], list[160], w_at[96];
     sl_quote(q, sizeof q, entry->key, entry->key_len);
+    size_t o = 0;
+    for (size_t k = 0; k < nkeys; k++)
+        o += (size_t)snprintf(list + o, sizeof list - o, "%s\"%s\"", k ? ", " : "", keys[k]);
     if (!cJSON_IsObject(entry->value)) {
-        snprintf(msg, sizeof msg, "entry of tensor %s is not an object {\"sha256\": ...}", q);
+        snprintf(msg, sizeof msg, "entry of %s %s is not an object (keys: %s)", what, q, list);
         return format_error(c, entry->at, msg);
     }
     mf_walk w;
     mf_member mem;
-    const cJSON *digest = NULL;
     int rc;
     SL_TRY(walk_begin(c, &w, 2, entry->value, entry->value_at));
     while ((rc = walk_next(&w, &mem)) > 0) {
-        if (!key_is(&mem, "sha256")) {
-            snprintf(msg, sizeof msg, "entry of tensor %s has an unknown key (only \"sha256\")", q);
+        size_t k = 0;
+        while (k < nkeys && !key_is(&mem, keys[k]))
+            k++;
+        if (k == nkeys) {
+            char kq[SL_QUOTE_MAX];
+            snprintf(msg, sizeof msg, "entry of %s %s has the unknown key %s (version %d keys: %s)",
+                     what, q, sl_quote(kq, sizeof kq, mem.key, mem.key_len), c->version, list);
             return format_error(c, mem.at, msg);
         }
-        if (digest) {
-            snprintf(msg, sizeof msg, "entry of tensor %s has \"sha256\" twice", q);
-            return sl_fail(c->err, SLUICE_E_MANIFEST_DUPLICATE, "manifest %s: %s", c->path, msg);
-        }
-        digest = mem.value;
+        if (vals[k])
+            return sl_fail(c->err, SLUICE_E_MANIFEST_DUPLICATE,
+                           "manifest %s: entry of %s %s has \"%s\" twice (%s)", c->path, what, q,
+                           keys[k], where(c, mem.at, w_at, sizeof w_at));
+        vals[k] = mem.value;
+        at[k] = mem.value_at;
     }
-    if (rc < 0)
-        return rc;
-    if (!digest) {
-        snprintf(msg, sizeof msg, "entry of tensor %s has no \"sha256\"", q);
-        return format_error(c, entry->at, msg);
-    }
-    return add_tensor(c, entry, digest);
+    return rc;
 }
 
-/* Structured file entry: {"sha256": "...", "size": N}, size optional. */
-static int structured_file(mf_ctx *c, const mf_member *entry)
+static int missing_key(mf_ctx *c, const mf_member *entry, const char *what, const char *key)
 {
-    char q[SL_QUOTE_MAX], msg[SL_QUOTE_MAX + 96], why[128], at[96];
-    sl_quote(q, sizeof q, entry->key, entry->key_len);
-    size_t fi = SIZE_MAX;
+    char q[SL_QUOTE_MAX], msg[SL_QUOTE_MAX + 96];
+    snprintf(msg, sizeof msg, "entry of %s %s has no \"%s\" (required in version %d)", what,
+             sl_quote(q, sizeof q, entry->key, entry->key_len), key, c->version);
+    return format_error(c, entry->at, msg);
+}
+
+/* A JSON integer in 0..2^53 (what a double holds exactly). */
+static int json_u53(const cJSON *v, uint64_t *out)
+{
+    if (!cJSON_IsNumber(v))
+        return -1;
+    double d = v->valuedouble;
+    if (!(d >= 0 && d <= 9007199254740992.0) || (double)(uint64_t)d != d)
+        return -1;
+    *out = (uint64_t)d;
+    return 0;
+}
+
+static int bad_field(mf_ctx *c, const mf_member *entry, const char *what, const char *field,
+                     size_t pos, const char *expected)
+{
+    char q[SL_QUOTE_MAX], msg[SL_QUOTE_MAX + 160];
+    snprintf(msg, sizeof msg, "\"%s\" of %s %s is not %s", field, what,
+             sl_quote(q, sizeof q, entry->key, entry->key_len), expected);
+    return format_error(c, pos, msg);
+}
+
+/* "BF16 [4, 8] (64 bytes)" into out. */
+static void describe(char *out, size_t cap, sluice_dtype dtype, const uint64_t *shape,
+                     size_t ndim, uint64_t nbytes)
+{
+    const char *name = sluice_dtype_name(dtype);
+    int n = snprintf(out, cap, "%s [", name ? name : "?");
+    for (size_t d = 0; d < ndim && n > 0 && (size_t)n < cap; d++)
+        n += snprintf(out + n, cap - (size_t)n, "%s%llu", d ? ", " : "", (unsigned long long)shape[d]);
+    if (n > 0 && (size_t)n < cap)
+        snprintf(out + n, cap - (size_t)n, "] (%llu bytes)", (unsigned long long)nbytes);
+}
+
+#define MF_MAX_DIMS 64 /* more than any tensor library allows */
+
+/* A version 2 entry's dtype, shape and nbytes, read strictly, must be
+ * tensor i's in the header: the manifest covers what the caller trusts
+ * besides the bytes. */
+static int check_description(mf_ctx *c, const mf_member *entry, size_t i, const cJSON *dtype,
+                             size_t dtype_at, const cJSON *shape, size_t shape_at,
+                             const cJSON *nbytes, size_t nbytes_at)
+{
+    const char *dname = cJSON_GetStringValue(dtype);
+    int dt = 0;
+    while (dname && dt < SLUICE_DTYPE_COUNT_ && strcmp(sluice_dtype_name((sluice_dtype)dt), dname) != 0)
+        dt++;
+    if (!dname || dt == SLUICE_DTYPE_COUNT_)
+        return bad_field(c, entry, "tensor", "dtype", dtype_at,
+                         "a dtype name of the safetensors format (\"BF16\", \"F32\", ...)");
+    uint64_t dims[MF_MAX_DIMS], bytes;
+    size_t ndim = 0;
+    if (!cJSON_IsArray(shape))
+        return bad_field(c, entry, "tensor", "shape", shape_at, "an array of integers");
+    for (const cJSON *d = shape->child; d; d = d->next) {
+        if (ndim == MF_MAX_DIMS || json_u53(d, &dims[ndim]) < 0)
+            return bad_field(c, entry, "tensor", "shape", shape_at,
+                             "an array of at most 64 integers in 0..2^53");
+        ndim++;
+    }
+    if (json_u53(nbytes, &bytes) < 0)
+        return bad_field(c, entry, "tensor", "nbytes", nbytes_at, "an integer in 0..2^53");
+    const struct sluice_tensor_info *t = &c->ix->tensors[i];
+    int same = t->dtype == (sluice_dtype)dt && t->ndim == ndim && t->nbytes == bytes;
+    for (size_t d = 0; same && d < ndim; d++)
+        same = t->shape[d] == dims[d];
+    if (same)
+        return SLUICE_OK;
+    char q[SL_QUOTE_MAX], have[256], want[256];
+    describe(have, sizeof have, t->dtype, t->shape, t->ndim, t->nbytes);
+    describe(want, sizeof want, (sluice_dtype)dt, dims, ndim, bytes);
+    return sl_fail(c->err, SLUICE_E_MANIFEST_MISMATCH,
+                   "manifest %s: tensor %s is %s in the header of %s, but %s in the manifest",
+                   c->path, sl_quote(q, sizeof q, t->name, t->name_len), have,
+                   c->ix->files[t->file_index].path, want);
+}
+
+/* Structured tensor entry: version 1 {"sha256": "..."}; version 2
+ * {"digest": "...", "dtype": "BF16", "shape": [4, 8], "nbytes": 64}. */
+static int structured_tensor(mf_ctx *c, const mf_member *entry)
+{
+    static const char *const v1[] = {"sha256"};
+    static const char *const v2[] = {"digest", "dtype", "shape", "nbytes"};
+    enum { T_DIGEST, T_DTYPE, T_SHAPE, T_NBYTES, T_COUNT };
+    const cJSON *v[T_COUNT] = {0};
+    size_t at[T_COUNT] = {0};
+    if (c->version == 1)
+        SL_TRY(collect(c, entry, "tensor", v1, 1, v, at));
+    else
+        SL_TRY(collect(c, entry, "tensor", v2, T_COUNT, v, at));
+    size_t nkeys = c->version == 1 ? 1 : T_COUNT;
+    const char *const *names = c->version == 1 ? v1 : v2;
+    for (size_t k = 0; k < nkeys; k++)
+        if (!v[k])
+            return missing_key(c, entry, "tensor", names[k]);
+    SL_TRY(add_tensor(c, entry, v[T_DIGEST]));
+    if (c->version == 1)
+        return SLUICE_OK;
+    size_t i = sl_index_find(c->ix, entry->key, entry->key_len); /* found by add_tensor */
+    return check_description(c, entry, i, v[T_DTYPE], at[T_DTYPE], v[T_SHAPE], at[T_SHAPE],
+                             v[T_NBYTES], at[T_NBYTES]);
+}
+
+/* The file of the model whose base name is the entry's key, or SIZE_MAX. */
+static size_t find_file(const mf_ctx *c, const mf_member *entry)
+{
     for (size_t i = 0; i < c->ix->nfiles; i++) {
         const char *name = c->ix->files[i].name;
-        if (name && strlen(name) == entry->key_len && memcmp(name, entry->key, entry->key_len) == 0) {
-            fi = i;
-            break;
-        }
+        if (name && strlen(name) == entry->key_len && memcmp(name, entry->key, entry->key_len) == 0)
+            return i;
     }
-    if (!cJSON_IsObject(entry->value)) {
-        snprintf(msg, sizeof msg, "entry of file %s is not an object {\"sha256\": ..., \"size\": N}", q);
-        return format_error(c, entry->at, msg);
-    }
-    mf_walk w;
-    mf_member mem;
-    const cJSON *digest = NULL, *size = NULL;
-    int rc;
-    SL_TRY(walk_begin(c, &w, 2, entry->value, entry->value_at));
-    while ((rc = walk_next(&w, &mem)) > 0) {
-        const cJSON **slot = key_is(&mem, "sha256") ? &digest : key_is(&mem, "size") ? &size : NULL;
-        if (!slot) {
-            snprintf(msg, sizeof msg, "entry of file %s has an unknown key (only \"sha256\", \"size\")", q);
-            return format_error(c, mem.at, msg);
-        }
-        if (*slot)
-            return sl_fail(c->err, SLUICE_E_MANIFEST_DUPLICATE, "manifest %s: entry of file %s has \"%s\" twice (%s)",
-                           c->path, q, mem.key, where(c, mem.at, at, sizeof at));
-        *slot = mem.value;
-    }
-    if (rc < 0)
-        return rc;
-    if (!digest) {
-        snprintf(msg, sizeof msg, "entry of file %s has no \"sha256\"", q);
-        return format_error(c, entry->at, msg);
-    }
-    uint8_t d[32];
-    if (parse_digest(digest, d, why, sizeof why) < 0)
+    return SIZE_MAX;
+}
+
+/* Structured file entry: version 1 {"sha256": "...", "size": N} (size
+ * optional); version 2 {"digest": "...", "size": N, "header": "..."}, all
+ * three required, size and header checked against the file at open. */
+static int structured_file(mf_ctx *c, const mf_member *entry)
+{
+    static const char *const v1[] = {"sha256", "size"};
+    static const char *const v2[] = {"digest", "size", "header"};
+    enum { F_DIGEST, F_SIZE, F_HEADER, F_COUNT };
+    const cJSON *v[F_COUNT] = {0};
+    size_t at[F_COUNT] = {0};
+    char q[SL_QUOTE_MAX], why[128], w_at[96];
+    sl_quote(q, sizeof q, entry->key, entry->key_len);
+    size_t nkeys = c->version == 1 ? 2 : F_COUNT;
+    const char *const *names = c->version == 1 ? v1 : v2;
+    SL_TRY(collect(c, entry, "file", names, nkeys, v, at));
+    for (size_t k = 0; k < nkeys; k++)
+        if (!v[k] && !(c->version == 1 && k == F_SIZE))
+            return missing_key(c, entry, "file", names[k]);
+    uint8_t d[32], header[32];
+    if (parse_digest(v[F_DIGEST], d, why, sizeof why) < 0)
         return digest_error(c, "file", entry, why);
     uint64_t bytes = SLUICE_SIZE_UNKNOWN;
-    if (size) {
-        double v = size->valuedouble;
-        if (!cJSON_IsNumber(size) || !(v >= 0 && v <= 9007199254740992.0) || (double)(uint64_t)v != v) {
-            snprintf(msg, sizeof msg, "size of file %s is not an integer in 0..2^53", q);
-            return format_error(c, entry->at, msg);
-        }
-        bytes = (uint64_t)v;
-    }
+    if (v[F_SIZE] && json_u53(v[F_SIZE], &bytes) < 0)
+        return bad_field(c, entry, "file", "size", at[F_SIZE], "an integer in 0..2^53");
+    if (v[F_HEADER] && parse_digest(v[F_HEADER], header, why, sizeof why) < 0)
+        return digest_error(c, "the header of file", entry, why);
+    size_t fi = find_file(c, entry);
     if (fi == SIZE_MAX)
         return sl_fail(c->err, SLUICE_E_MANIFEST_UNKNOWN,
                        "manifest %s: file %s (%s) is not a file of the model", c->path, q,
-                       where(c, entry->at, at, sizeof at));
+                       where(c, entry->at, w_at, sizeof w_at));
     if (c->m->file_has[fi])
         return sl_fail(c->err, SLUICE_E_MANIFEST_DUPLICATE, "manifest %s: file %s listed twice (again at %s)",
-                       c->path, q, where(c, entry->at, at, sizeof at));
+                       c->path, q, where(c, entry->at, w_at, sizeof w_at));
+    const sl_file *f = &c->ix->files[fi];
+    if (c->version == 2 && bytes != f->size)
+        return sl_fail(c->err, SLUICE_E_MANIFEST_MISMATCH,
+                       "manifest %s: file %s is %llu bytes, the manifest says %llu", c->path,
+                       f->path, (unsigned long long)f->size, (unsigned long long)bytes);
+    if (v[F_HEADER]) {
+        const uint8_t *have = sl_index_header_digest(f, c->m->algorithm);
+        if (!have)
+            return sl_fail(c->err, SLUICE_E_NOMEM, "manifest %s: no header digest of %s", c->path,
+                           f->path);
+        if (memcmp(have, header, 32) != 0) {
+            char hx[65], wx[65];
+            return sl_fail(c->err, SLUICE_E_MANIFEST_MISMATCH,
+                           "manifest %s: the header of %s (its first %llu bytes) has the %s digest "
+                           "%s, the manifest says %s: the header changed since the manifest was "
+                           "written (a dtype, shape, offset or __metadata__ entry)",
+                           c->path, f->path, (unsigned long long)f->data_start,
+                           sluice_algorithm_name(c->m->algorithm), sl_hex_digest(hx, have),
+                           sl_hex_digest(wx, header));
+        }
+    }
     c->m->file_has[fi] = 1;
     memcpy(c->m->file_digest[fi], d, 32);
     c->m->file_size[fi] = bytes;
@@ -597,14 +726,25 @@ static int structured(mf_ctx *c, const cJSON *root, size_t pos)
         return format_error(c, at[K_FORMAT], msg);
     }
     if (!v[K_VERSION])
-        return format_error(c, pos, "no \"version\" (expected 1)");
-    if (!cJSON_IsNumber(v[K_VERSION]) || v[K_VERSION]->valuedouble != 1.0)
-        return format_error(c, at[K_VERSION], "unsupported version (this library reads version 1)");
+        return format_error(c, pos, "no \"version\" (expected 1 or 2)");
+    double version = cJSON_IsNumber(v[K_VERSION]) ? v[K_VERSION]->valuedouble : 0;
+    if (version != 1.0 && version != 2.0)
+        return format_error(c, at[K_VERSION], "unsupported version (this library reads 1 and 2)");
+    c->version = c->m->version = (int)version;
     if (!v[K_ALGORITHM])
-        return format_error(c, pos, "no \"algorithm\" (expected \"sha256\")");
+        return format_error(c, pos, "no \"algorithm\" (expected \"sha256\" or \"blake3\")");
     const char *alg = cJSON_GetStringValue(v[K_ALGORITHM]);
-    if (!alg || strcmp(alg, "sha256") != 0) {
-        snprintf(msg, sizeof msg, "unsupported algorithm %s (only \"sha256\")",
+    if (alg && strcmp(alg, "sha256") == 0) {
+        c->m->algorithm = SLUICE_ALG_SHA256;
+    } else if (alg && c->version == 2 && strcmp(alg, "blake3") == 0) {
+        c->m->algorithm = SLUICE_ALG_BLAKE3;
+        if (!sl_md_supported(SLUICE_ALG_BLAKE3))
+            return sl_fail(c->err, SLUICE_E_UNSUPPORTED,
+                           "manifest %s: algorithm \"blake3\": this build of the library has no "
+                           "BLAKE3 (built without the sources of librust-blake3-dev)", c->path);
+    } else {
+        snprintf(msg, sizeof msg, "unsupported algorithm %s (version 1: \"sha256\"; version 2: "
+                 "\"sha256\" or \"blake3\")",
                  alg ? sl_quote(q, sizeof q, alg, strlen(alg)) : "(not a string)");
         return format_error(c, at[K_ALGORITHM], msg);
     }
@@ -620,6 +760,13 @@ static int structured(mf_ctx *c, const cJSON *root, size_t pos)
 static int require_all(mf_ctx *c)
 {
     const sl_manifest *m = c->m;
+    /* Version 2 covers the headers through the files' entries: under
+     * REQUIRE a file left out would leave its header unchecked. */
+    for (size_t f = 0; m->version == 2 && f < m->nfiles; f++)
+        if (!m->file_has[f])
+            return sl_fail(c->err, SLUICE_E_MANIFEST_MISSING,
+                           "manifest %s: file %s has no entry (version 2, policy REQUIRE: every "
+                           "file's header is checked)", c->path, c->ix->files[f].path);
     size_t missing = 0;
     for (size_t i = 0; i < m->ntensors; i++)
         missing += !m->tensor_has[i];
@@ -813,4 +960,14 @@ sluice_verify_policy sl_manifest_policy(const sl_manifest *m)
 const char *sl_manifest_path(const sl_manifest *m)
 {
     return m ? m->path : NULL;
+}
+
+sluice_algorithm sl_manifest_algorithm(const sl_manifest *m)
+{
+    return m ? m->algorithm : SLUICE_ALG_SHA256;
+}
+
+int sl_manifest_version(const sl_manifest *m)
+{
+    return m ? m->version : 0;
 }

@@ -1,4 +1,4 @@
-/* manifest.h: the SHA-256 manifest of a model (manifest.c).
+/* manifest.h: the digest manifest of a model (manifest.c).
  *
  * Read once at open (after the index, before the engine) and immutable
  * after, so every thread may read it without a lock. The forms read, the
@@ -24,17 +24,24 @@ int sl_manifest_load(const sl_index *ix, const sluice_options *opts,
 
 void sl_manifest_free(sl_manifest *m);
 
-/* The expected SHA-256 (32 bytes) of tensor i, or NULL when tensor i is not
+/* The expected digest (32 bytes, sl_manifest_algorithm) of tensor i, or NULL when tensor i is not
  * checked. m may be NULL (nothing checked). Immutable: any thread. */
 const uint8_t *sl_manifest_tensor_digest(const sl_manifest *m, size_t i);
 
-/* The expected SHA-256 of file i (whole file), or NULL when the manifest
+/* The expected digest of file i (whole file), or NULL when the manifest
  * lists none; *size (may be NULL) gets the listed size or
  * SLUICE_SIZE_UNKNOWN. m may be NULL. */
 const uint8_t *sl_manifest_file_digest(const sl_manifest *m, size_t i, uint64_t *size);
 
 /* The policy in force: REQUIRE or IF_PRESENT; OFF for a NULL m. */
 sluice_verify_policy sl_manifest_policy(const sl_manifest *m);
+
+/* The algorithm of every digest of m (SHA-256 for a NULL m). */
+sluice_algorithm sl_manifest_algorithm(const sl_manifest *m);
+
+/* 0 for the flat form, else the structured form's version (1 or 2); 0
+ * for a NULL m. */
+int sl_manifest_version(const sl_manifest *m);
 
 /* The path the manifest was read from; NULL for a NULL m. */
 const char *sl_manifest_path(const sl_manifest *m);

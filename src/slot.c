@@ -36,6 +36,8 @@
  */
 #include "engine_int.h"
 
+#include "digest.h"
+
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -538,10 +540,11 @@ int sl_slot_checksum_error(sl_engine *e, size_t i, const unsigned char got[32], 
     char q[SL_QUOTE_MAX], hw[65], hg[65];
     e->st.checksum_failures++;
     return sl_fail(err, SLUICE_E_CHECKSUM,
-                   "tensor %s (file %s, offset %llu, %llu bytes): SHA-256 mismatch: "
+                   "tensor %s (file %s, offset %llu, %llu bytes): %s mismatch: "
                    "expected %s, actual %s",
                    sl_quote(q, sizeof q, t->name, t->name_len), t->file,
                    (unsigned long long)t->offset, (unsigned long long)t->nbytes,
+                   sl_md_title(e->alg),
                    sl_hex_digest(hw, sl_expected_digest(e, i)), sl_hex_digest(hg, got));
 }
 
@@ -567,7 +570,8 @@ void sl_slot_hashed(sl_engine *e, size_t i, int verdict)
     sl_err err;
     sl_quote(q, sizeof q, t->name, t->name_len);
     if (verdict == VERDICT_NOMEM || verdict == VERDICT_QUIET) {
-        sl_fail(&err, SLUICE_E_NOMEM, "tensor %s (file %s): SHA-256 failed (OpenSSL)", q, t->file);
+        sl_fail(&err, SLUICE_E_NOMEM, "tensor %s (file %s): %s failed (OpenSSL)", q, t->file,
+                sl_md_title(e->alg));
         fail_load(e, i, &err);
         return;
     }

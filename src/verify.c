@@ -26,6 +26,7 @@
  * order they finish, with no lock held.
  */
 #include "cancel.h"
+#include "digest.h"
 #include "model.h"
 #include "index.h"
 #include "manifest.h"
@@ -34,7 +35,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
-#include <openssl/evp.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -78,6 +78,8 @@ typedef struct vf_run {
     size_t *queue;              /* the work: items to run, largest first */
     size_t nqueue;
     int digest_only;
+    sluice_algorithm alg;       /* of every digest computed and compared */
+    const char *alg_name;       /* for the messages */
     int *direct_fd;             /* per file; -1: buffered; NULL: none opened so */
     size_t block;               /* O_DIRECT block */
     size_t depth;               /* O_DIRECT blocks in flight a thread */
@@ -94,8 +96,8 @@ typedef struct vf_run {
 typedef struct vf_worker {
     vf_run *run;
     pthread_t thread;
-    EVP_MD_CTX *md;
-    EVP_MD_CTX *tensor_md;      /* a fused pass's tensor digest */
+    sl_md *md;
+    sl_md *tensor_md;           /* a fused pass's tensor digest */
     unsigned char *buf;         /* VF_BUF, for pread */
     unsigned char *blocks;      /* depth x block, for O_DIRECT; made at first use */
     struct io_uring ring;
@@ -147,8 +149,8 @@ static const char *item_what(const vf_run *run, const vf_item *it, char *out, si
 
 static int hash(vf_worker *w, vf_item *it, const void *p, size_t len)
 {
-    if (!EVP_DigestUpdate(w->md, p, len))
-        return item_fail(it, SLUICE_E_NOMEM, "SHA-256 update failed (OpenSSL)");
+    if (sl_md_update(w->md, p, len) < 0)
+        return item_fail(it, SLUICE_E_NOMEM, "%s update failed (OpenSSL)", w->run->alg_name);
     it->bytes += len;
     return SLUICE_OK;
 }
@@ -344,7 +346,7 @@ static void direct_range(vf_worker *w, vf_item *it, int fd, uint64_t *pos, uint6
 
 /* Ends item it, whose bytes up to pos went into md: the tensor must have
  * been read to its end, then the digest is compared with the manifest's. */
-static void conclude(const vf_run *run, vf_item *it, EVP_MD_CTX *md, uint64_t pos)
+static void conclude(const vf_run *run, vf_item *it, sl_md *md, uint64_t pos)
 {
     const sl_file *f = &run->ix->files[it->file];
     char what[SL_ERRMSG_MAX / 2];
@@ -361,9 +363,8 @@ static void conclude(const vf_run *run, vf_item *it, EVP_MD_CTX *md, uint64_t po
                   (unsigned long long)st.st_size);
         return;
     }
-    unsigned len = 0;
-    if (!EVP_DigestFinal_ex(md, it->digest, &len)) {
-        item_fail(it, SLUICE_E_NOMEM, "SHA-256 final failed (OpenSSL)");
+    if (sl_md_final(md, it->digest) < 0) {
+        item_fail(it, SLUICE_E_NOMEM, "%s final failed (OpenSSL)", run->alg_name);
         return;
     }
     it->has_digest = 1;
@@ -379,8 +380,8 @@ static void conclude(const vf_run *run, vf_item *it, EVP_MD_CTX *md, uint64_t po
                   item_what(run, it, what, sizeof what), (unsigned long long)it->bytes,
                   (unsigned long long)it->want_size);
     } else if (memcmp(it->want, it->digest, 32) != 0) {
-        item_fail(it, SLUICE_E_CHECKSUM, "%s: SHA-256 mismatch: expected %s, actual %s",
-                  item_what(run, it, what, sizeof what), sl_hex_digest(hw, it->want),
+        item_fail(it, SLUICE_E_CHECKSUM, "%s: %s mismatch: expected %s, actual %s",
+                  item_what(run, it, what, sizeof what), run->alg_name, sl_hex_digest(hw, it->want),
                   sl_hex_digest(hg, it->digest));
     }
 }
@@ -400,8 +401,8 @@ static void run_fused(vf_worker *w, vf_item *fit)
     for (size_t j = k; j < kend; j++)
         run->items[j].status = SLUICE_OK;
     fit->status = SLUICE_OK;
-    if (!EVP_DigestInit_ex(w->md, EVP_sha256(), NULL)) {
-        item_fail(fit, SLUICE_E_NOMEM, "SHA-256 init failed (OpenSSL)");
+    if (sl_md_reset(w->md) < 0) {
+        item_fail(fit, SLUICE_E_NOMEM, "%s init failed (OpenSSL)", run->alg_name);
         return;
     }
     uint64_t pos = 0;
@@ -426,8 +427,8 @@ static void run_fused(vf_worker *w, vf_item *fit)
         /* the tensors this piece holds: the last may go on into the next */
         while (k < kend && run->items[k].begin < piece_end) {
             vf_item *t = &run->items[k];
-            if (!open_tensor && !EVP_DigestInit_ex(w->tensor_md, EVP_sha256(), NULL)) {
-                item_fail(t, SLUICE_E_NOMEM, "SHA-256 init failed (OpenSSL)");
+            if (!open_tensor && sl_md_reset(w->tensor_md) < 0) {
+                item_fail(t, SLUICE_E_NOMEM, "%s init failed (OpenSSL)", run->alg_name);
                 k++;
                 continue;
             }
@@ -435,8 +436,8 @@ static void run_fused(vf_worker *w, vf_item *fit)
             uint64_t lo = t->begin > pos ? t->begin : pos;
             uint64_t hi = t->end < piece_end ? t->end : piece_end;
             if (hi > lo) {
-                if (!EVP_DigestUpdate(w->tensor_md, w->buf + (lo - pos), (size_t)(hi - lo)))
-                    item_fail(t, SLUICE_E_NOMEM, "SHA-256 update failed (OpenSSL)");
+                if (sl_md_update(w->tensor_md, w->buf + (lo - pos), (size_t)(hi - lo)) < 0)
+                    item_fail(t, SLUICE_E_NOMEM, "%s update failed (OpenSSL)", run->alg_name);
                 t->bytes += hi - lo;
             }
             if (t->end > piece_end)
@@ -461,10 +462,10 @@ static void run_fused(vf_worker *w, vf_item *fit)
         } else if (open_tensor || t->begin != t->end) {
             conclude(run, t, w->tensor_md, t->begin + t->bytes); /* short: FILE_CHANGED */
             open_tensor = 0;
-        } else if (EVP_DigestInit_ex(w->tensor_md, EVP_sha256(), NULL)) {
+        } else if (sl_md_reset(w->tensor_md) == 0) {
             conclude(run, t, w->tensor_md, t->end);
         } else {
-            item_fail(t, SLUICE_E_NOMEM, "SHA-256 init failed (OpenSSL)");
+            item_fail(t, SLUICE_E_NOMEM, "%s init failed (OpenSSL)", run->alg_name);
         }
     }
     if (fit->status == SLUICE_OK)
@@ -476,8 +477,8 @@ static void run_item(vf_worker *w, vf_item *it)
     const vf_run *run = w->run;
     const sl_file *f = &run->ix->files[it->file];
     it->status = SLUICE_OK;
-    if (!EVP_DigestInit_ex(w->md, EVP_sha256(), NULL)) {
-        item_fail(it, SLUICE_E_NOMEM, "SHA-256 init failed (OpenSSL)");
+    if (sl_md_reset(w->md) < 0) {
+        item_fail(it, SLUICE_E_NOMEM, "%s init failed (OpenSSL)", run->alg_name);
         return;
     }
     uint64_t pos = it->begin;
@@ -527,8 +528,8 @@ static int worker_init(vf_worker *w, vf_run *run)
 {
     memset(w, 0, sizeof *w);
     w->run = run;
-    w->md = EVP_MD_CTX_new();
-    w->tensor_md = EVP_MD_CTX_new();
+    w->md = sl_md_new(w->run->alg);
+    w->tensor_md = sl_md_new(w->run->alg);
     if (posix_memalign((void **)&w->buf, 4096, VF_BUF) != 0)
         w->buf = NULL;
     return w->md && w->tensor_md && w->buf ? 0 : -1;
@@ -538,8 +539,8 @@ static void worker_free(vf_worker *w)
 {
     if (w->ring_ok)
         io_uring_queue_exit(&w->ring);
-    EVP_MD_CTX_free(w->md);
-    EVP_MD_CTX_free(w->tensor_md);
+    sl_md_free(w->md);
+    sl_md_free(w->tensor_md);
     free(w->buf);
     /* Blocks the kernel may still be reading into stay reserved (no
      * memory, only addresses) rather than be mapped again by someone. */
@@ -675,7 +676,9 @@ int sl_verify_run(const sl_index *ix, const sl_manifest *mf, const sluice_option
 {
     uint64_t t0 = now_ns();
     memset(rep, 0, sizeof *rep);
-    vf_run run = {.ix = ix, .digest_only = !!(o->flags & SLUICE_VF_DIGEST_ONLY)};
+    vf_run run = {.ix = ix, .digest_only = !!(o->flags & SLUICE_VF_DIGEST_ONLY),
+                  .alg = model_opts->algorithm,
+                  .alg_name = sl_md_title(model_opts->algorithm)};
     atomic_init(&run.next, 0);
     atomic_init(&run.stop, 0);
     if (!mf && !run.digest_only)

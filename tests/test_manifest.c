@@ -609,7 +609,7 @@ static void fault_unknown_format_version_algorithm(void **state)
     expect_fault(f, "{\"format\": \"other-manifest\", \"version\": 1, \"algorithm\": \"sha256\"}",
                  SLUICE_E_MANIFEST_FORMAT, "format", NULL);
     expect_fault(f, "{\"format\": 3}", SLUICE_E_MANIFEST_FORMAT, "format", NULL);
-    expect_fault(f, "{\"format\": \"sluice-manifest\", \"version\": 2, \"algorithm\": \"sha256\"}",
+    expect_fault(f, "{\"format\": \"sluice-manifest\", \"version\": 3, \"algorithm\": \"sha256\"}",
                  SLUICE_E_MANIFEST_FORMAT, "version", NULL);
     expect_fault(f, "{\"format\": \"sluice-manifest\", \"version\": \"1\", \"algorithm\": \"sha256\"}",
                  SLUICE_E_MANIFEST_FORMAT, "version", NULL);

@@ -7,8 +7,10 @@ set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 # libmicrohttpd-dev: the metrics endpoint; prometheus and curl: the
-# metrics_promtool and metrics_prometheus ctests (about 12 s together)
-sh tools/deps.sh clang libclang-rt-14-dev libmicrohttpd-dev prometheus curl
+# metrics_promtool and metrics_prometheus ctests (about 12 s together);
+# librust-blake3-dev: the BLAKE3 C sources the library builds; b3sum: the
+# independent BLAKE3 the tests compare with
+sh tools/deps.sh clang libclang-rt-14-dev libmicrohttpd-dev prometheus curl librust-blake3-dev b3sum
 jobs=$(nproc 2>/dev/null || echo 2)
 
 echo "== ASan + UBSan build, all tests"
