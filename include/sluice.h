@@ -554,6 +554,59 @@ SLUICE_API const struct sluice_tensor_info *sluice_tensor_info(const sluice_tens
  * t or digest is NULL. */
 SLUICE_API int sluice_tensor_digest(const sluice_tensor *t, uint8_t digest[32]);
 
+/*
+ * Ranges of a tensor, verified, without the pool
+ * ----------------------------------------------
+ * sluice_read_into reads bytes [byte_begin, byte_begin + len) of the
+ * tensor `name` straight into dst (any alignment, len bytes) with pread,
+ * and returns once every byte in it is verified:
+ *  - the manifest gives the tensor chunk digests (version 2 "chunks"):
+ *    only the chunks covering the range are read, each whole, and each
+ *    must match; the bytes of those chunks outside the range are read
+ *    into a bounce buffer of at most 4 MiB, never into dst;
+ *  - the manifest gives only the whole tensor's digest: the whole tensor
+ *    is read and must match, however small the range (its bytes outside
+ *    the range pass through the bounce buffer);
+ *  - the tensor is not checked (no manifest, policy OFF, or IF_PRESENT
+ *    and not listed): the bytes are read, nothing is verified.
+ * It needs no room in the pool and holds no handle, so a tensor larger
+ * than the pool loads into the caller's memory, and it never evicts a
+ * cached tensor. It does not use the io_uring ring or O_DIRECT: one
+ * thread reads and hashes, the calling one; several calls on several
+ * threads run in parallel. On failure (SLUICE_E_CHECKSUM,
+ * SLUICE_E_IO, SLUICE_E_FILE_CHANGED, SLUICE_E_NOMEM) the content of dst
+ * is unspecified: some bytes may have been written, none are verified.
+ * Counted in the stats (bytes_read, bytes_hashed, chunks_verified,
+ * checksum_failures, failures), not in tensors_loaded.
+ * Returns SLUICE_OK, those codes, SLUICE_E_NOT_FOUND (no such name) or
+ * SLUICE_E_INVAL (range past the tensor's end, dst NULL with len > 0, bad
+ * model). Any thread, concurrently with every other call but close.
+ */
+SLUICE_API int sluice_read_into(sluice_model *model, const char *name, uint64_t byte_begin,
+                                void *dst, uint64_t len);
+
+/*
+ * sluice_acquire_range gives a handle on bytes [byte_begin, byte_end) of
+ * the tensor `name`, read and verified as sluice_read_into does, into a
+ * buffer of their size that the handle owns (malloc'd, 64-byte aligned,
+ * outside the pool's budget; freed by sluice_release). sluice_tensor_data
+ * and sluice_tensor_size give the range; sluice_tensor_info the whole
+ * tensor's description; sluice_tensor_digest says SLUICE_E_INVAL (a range
+ * has no digest of its own). The handle counts as live for sluice_close.
+ * Returns as sluice_read_into, and SLUICE_E_INVAL for byte_end before
+ * byte_begin or out NULL (*out is NULL on every failure). Any thread.
+ */
+SLUICE_API int sluice_acquire_range(sluice_model *model, const char *name, uint64_t byte_begin,
+                                    uint64_t byte_end, sluice_tensor **out);
+
+/* The digest (sluice_digest_algorithm) of bytes [byte_begin, byte_end)
+ * of tensor i as its file holds them now, read with pread; nothing is
+ * verified (what `sluice manifest --chunk` writes chunk digests with).
+ * Returns SLUICE_OK, SLUICE_E_IO, SLUICE_E_FILE_CHANGED, SLUICE_E_NOMEM,
+ * or SLUICE_E_INVAL (bad model, i or range, NULL digest). Any thread. */
+SLUICE_API int sluice_digest_range(sluice_model *model, size_t i, uint64_t byte_begin,
+                                   uint64_t byte_end, uint8_t digest[32]);
+
 /* Gives a handle back. The tensor's buffer stays cached until the pool
  * needs its room. NULL is a no-op. Returns SLUICE_OK, or SLUICE_E_INVAL
  * for a handle that is not live: a handle released twice is detected as
@@ -975,6 +1028,10 @@ struct sluice_stats {
     uint64_t evictions;
     uint64_t acquire_wait_ns;   /* total time acquire calls waited */
     uint64_t acquire_count;
+    uint64_t chunks_verified;   /* chunk digests matched (version 2 manifests
+                                   with "chunks"; see "Manifests") */
+    uint32_t hash_parallel_peak; /* the most hashing threads that worked on
+                                   one tensor's chunks at once */
 };
 
 /* Fills *stats (whose size field the caller sets; fields past it are not

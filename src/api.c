@@ -22,6 +22,7 @@
 #include "errmsg.h"
 #include "header.h"
 #include "manifest.h"
+#include "range.h"
 #include "digest.h"
 #include "metrics.h"
 
@@ -175,7 +176,8 @@ static int create_engine(sluice_model *m, sl_err *err)
         for (size_t i = 0; i < m->index.ntensors; i++)
             expect[i] = sl_manifest_tensor_digest(m->manifest, i);
     }
-    int rc = sl_engine_create(&m->index, &m->opts, expect, &m->engine, err);
+    int rc = sl_engine_create(&m->index, &m->opts, expect, sl_manifest_chunks(m->manifest),
+                              &m->engine, err);
     free(expect);
     return rc;
 }
@@ -407,6 +409,117 @@ SLUICE_API int sluice_acquire(sluice_model *m, const char *name, sluice_tensor *
     if (find(m, name, &i, &err) < 0)
         return sl_model_error(m, &err);
     return acquire(m, e, i, out);
+}
+
+/* ---------------------------------------------------------------- ranges */
+
+/* Reads [begin, begin + len) of tensor `name` into dst, verified; the
+ * common part of sluice_read_into and sluice_acquire_range. */
+static int read_range(sluice_model *m, sl_engine *e, const char *call, const char *name,
+                      uint64_t begin, uint64_t len, void *dst, size_t *index, sl_err *err)
+{
+    size_t i = 0;
+    SL_TRY(find(m, name, &i, err));
+    const struct sluice_tensor_info *t = &m->index.tensors[i];
+    if (begin > t->nbytes || len > t->nbytes - begin) {
+        char q[SL_QUOTE_MAX];
+        return sl_fail(err, SLUICE_E_INVAL,
+                       "%s: bytes %llu..+%llu are outside tensor %s (%llu bytes)", call,
+                       (unsigned long long)begin, (unsigned long long)len,
+                       sl_quote(q, sizeof q, t->name, t->name_len), (unsigned long long)t->nbytes);
+    }
+    if (!dst && len)
+        return sl_fail(err, SLUICE_E_INVAL, "%s: dst is NULL", call);
+    const sl_chunk_digests *chunks = sl_manifest_chunks(m->manifest);
+    const uint8_t *want = sl_manifest_tensor_digest(m->manifest, i);
+    sl_range_tally tally = {0};
+    int rc = sl_range_read(&m->index, i, begin, len, dst, want, chunks ? &chunks[i] : NULL,
+                           m->opts.algorithm, &tally, err);
+    sl_engine_range_tally(e, &tally, rc < 0);
+    *index = i;
+    return rc;
+}
+
+SLUICE_API int sluice_read_into(sluice_model *m, const char *name, uint64_t byte_begin,
+                                void *dst, uint64_t len)
+{
+    sl_err err = {0};
+    sl_engine *e = engine_of(m);
+    if (!e)
+        return SLUICE_E_INVAL;
+    /* No pool or handle: close must still wait for the reads. */
+    if (sl_engine_enter(e, &err) < 0)
+        return sl_model_error(m, &err);
+    size_t i;
+    int rc = read_range(m, e, "sluice_read_into", name, byte_begin, len, dst, &i, &err);
+    if (rc < 0)
+        sl_model_error(m, &err);
+    sl_engine_leave(e);
+    return rc;
+}
+
+SLUICE_API int sluice_digest_range(sluice_model *m, size_t i, uint64_t byte_begin,
+                                   uint64_t byte_end, uint8_t digest[32])
+{
+    sl_err err = {0};
+    sl_engine *e = engine_of(m);
+    if (!e)
+        return SLUICE_E_INVAL;
+    if (i >= m->index.ntensors || !digest || byte_end < byte_begin ||
+        byte_end > m->index.tensors[i].nbytes) {
+        sl_fail(&err, SLUICE_E_INVAL, "sluice_digest_range: tensor %zu, bytes %llu..%llu: %s", i,
+                (unsigned long long)byte_begin, (unsigned long long)byte_end,
+                i >= m->index.ntensors ? "no such tensor" : !digest ? "digest is NULL"
+                                                          : "not a range of the tensor");
+        return sl_model_error(m, &err);
+    }
+    if (sl_engine_enter(e, &err) < 0)
+        return sl_model_error(m, &err);
+    sl_range_tally tally = {0};
+    int rc = sl_range_digest(&m->index, i, byte_begin, byte_end, m->opts.algorithm, digest,
+                             &tally, &err);
+    sl_engine_range_tally(e, &tally, rc < 0);
+    if (rc < 0)
+        sl_model_error(m, &err);
+    sl_engine_leave(e);
+    return rc;
+}
+
+SLUICE_API int sluice_acquire_range(sluice_model *m, const char *name, uint64_t byte_begin,
+                                    uint64_t byte_end, sluice_tensor **out)
+{
+    sl_err err = {0};
+    sl_engine *e = engine_of(m);
+    if (out)
+        *out = NULL;
+    if (!e || !out) {
+        sl_fail(&err, SLUICE_E_INVAL, "sluice_acquire_range: %s is NULL or unusable",
+                e ? "out" : "the model");
+        return e ? sl_model_error(m, &err) : SLUICE_E_INVAL;
+    }
+    if (byte_end < byte_begin) {
+        sl_fail(&err, SLUICE_E_INVAL, "sluice_acquire_range: byte_end %llu is before byte_begin %llu",
+                (unsigned long long)byte_end, (unsigned long long)byte_begin);
+        return sl_model_error(m, &err);
+    }
+    if (sl_engine_enter(e, &err) < 0)
+        return sl_model_error(m, &err);
+    uint64_t len = byte_end - byte_begin;
+    void *buf = NULL;
+    size_t i = 0;
+    int rc = SLUICE_OK;
+    if (len > SIZE_MAX || (len && posix_memalign(&buf, 64, (size_t)len) != 0))
+        rc = sl_fail(&err, SLUICE_E_NOMEM, "sluice_acquire_range: out of memory for %llu bytes",
+                     (unsigned long long)len);
+    if (rc == SLUICE_OK)
+        rc = read_range(m, e, "sluice_acquire_range", name, byte_begin, len, buf, &i, &err);
+    if (rc == SLUICE_OK && (rc = sl_engine_grant_range(e, i, buf, len, out, &err)) == SLUICE_OK)
+        buf = NULL;
+    free(buf);
+    if (rc < 0)
+        sl_model_error(m, &err);
+    sl_engine_leave(e);
+    return rc;
 }
 
 SLUICE_API int sluice_acquire_index(sluice_model *m, size_t i, sluice_tensor **out)

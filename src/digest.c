@@ -126,6 +126,11 @@ int sl_md_oneshot(sluice_algorithm alg, const void *p, size_t n, uint8_t out[32]
     return rc;
 }
 
+sluice_algorithm sl_md_algorithm(const sl_md *md)
+{
+    return md->alg;
+}
+
 const char *sl_md_title(sluice_algorithm alg)
 {
     return alg == SLUICE_ALG_BLAKE3 ? "BLAKE3" : "SHA-256";

@@ -16,6 +16,15 @@
 
 typedef struct sl_md sl_md;
 
+/* A tensor's chunk digests (a version 2 manifest's "chunks"): the digest
+ * of each consecutive `bytes`-byte chunk of it, the last one shorter.
+ * count 0: none. */
+typedef struct sl_chunk_digests {
+    uint64_t bytes;
+    uint32_t count;
+    const uint8_t (*digest)[32];
+} sl_chunk_digests;
+
 /* 1 when this build can compute alg, else 0 (BLAKE3 without its sources,
  * or a value out of range). */
 int sl_md_supported(sluice_algorithm alg);
@@ -34,6 +43,9 @@ int sl_md_final(sl_md *md, uint8_t out[32]);
 
 /* The digest of n bytes at p, in one call. 0 or -1. */
 int sl_md_oneshot(sluice_algorithm alg, const void *p, size_t n, uint8_t out[32]);
+
+/* The algorithm md computes. */
+sluice_algorithm sl_md_algorithm(const sl_md *md);
 
 /* How messages name alg: "SHA-256", "BLAKE3". */
 const char *sl_md_title(sluice_algorithm alg);

@@ -63,6 +63,11 @@ const unsigned char *sl_expected_digest(const sl_engine *e, size_t i)
     return e->expect_has && e->expect_has[i] ? e->expect[i] : NULL;
 }
 
+const sl_chunk_digests *sl_expected_chunks(const sl_engine *e, size_t i)
+{
+    return sl_expected_digest(e, i) && e->chunks && e->chunks[i].count ? &e->chunks[i] : NULL;
+}
+
 int sl_hasher_need(sl_engine *e, sl_err *err)
 {
     pthread_mutex_lock(&e->lock);
@@ -137,7 +142,8 @@ static int copy_expected(sl_engine *e, const uint8_t *const *expect, sl_err *err
 }
 
 int sl_engine_create(const sl_index *ix, const sluice_options *opts,
-                     const uint8_t *const *expect, sl_engine **out, sl_err *err)
+                     const uint8_t *const *expect, const sl_chunk_digests *chunks,
+                     sl_engine **out, sl_err *err)
 {
     *out = NULL;
     sl_engine *e = calloc(1, sizeof *e);
@@ -162,6 +168,7 @@ int sl_engine_create(const sl_index *ix, const sluice_options *opts,
     e->queue_depth = opts->queue_depth;
     e->hash_threads = opts->hash_threads;
     e->alg = opts->algorithm;
+    e->chunks = chunks;
     e->empty_digest = sl_md_empty(opts->algorithm); /* checked by take_options */
     e->n = ix->ntensors;
     e->dq_head = e->dq_tail = e->pq_head = e->pq_tail = SL_NONE;
@@ -302,12 +309,10 @@ static int check_empty(sl_engine *e, size_t i, sl_err *err)
     return sl_slot_checksum_error(e, i, e->empty_digest, err);
 }
 
-int sl_grant(sl_engine *e, size_t i, int by_stream, sluice_tensor **out, sl_err *err)
+/* A handle: a released one past the quarantine, else a new one. Lock
+ * held. NULL when out of memory. */
+static sluice_tensor *take_handle(sl_engine *e)
 {
-    const struct sluice_tensor_info *t = &e->ix->tensors[i];
-    const sl_slot *s = &e->slots[i];
-    if (t->nbytes == 0)
-        SL_TRY(check_empty(e, i, err));
     sluice_tensor *h = e->hfree_count > SL_HANDLE_QUARANTINE ? e->hfree : NULL;
     if (h) {
         e->hfree = h->next_free;
@@ -316,11 +321,58 @@ int sl_grant(sl_engine *e, size_t i, int by_stream, sluice_tensor **out, sl_err 
         e->hfree_count--;
     } else {
         if (!(h = calloc(1, sizeof *h)))
-            return sl_fail(err, SLUICE_E_NOMEM, "acquire: out of memory");
+            return NULL;
         h->e = e;
         h->next_all = e->hall;
         e->hall = h;
     }
+    h->owned = NULL;
+    return h;
+}
+
+int sl_engine_grant_range(sl_engine *e, size_t i, void *buf, uint64_t len, sluice_tensor **out,
+                          sl_err *err)
+{
+    pthread_mutex_lock(&e->lock);
+    sluice_tensor *h = take_handle(e);
+    if (!h) {
+        pthread_mutex_unlock(&e->lock);
+        return sl_fail(err, SLUICE_E_NOMEM, "acquire_range: out of memory");
+    }
+    h->index = i;
+    h->info = &e->ix->tensors[i];
+    h->size = len;
+    h->owned = buf;
+    h->data = len ? (const void *)buf : (const void *)empty_bytes;
+    h->live = 1;
+    h->has_digest = 0; /* a range, not the tensor: no digest of its own */
+    e->live_handles++;
+    e->st.bytes_delivered += len;
+    pthread_mutex_unlock(&e->lock);
+    *out = h;
+    return SLUICE_OK;
+}
+
+void sl_engine_range_tally(sl_engine *e, const sl_range_tally *t, int failed)
+{
+    pthread_mutex_lock(&e->lock);
+    e->st.bytes_read += t->bytes_read;
+    e->st.bytes_hashed += t->bytes_hashed;
+    e->st.chunks_verified += t->chunks_verified;
+    e->st.checksum_failures += t->checksum_failures;
+    e->st.failures += failed != 0;
+    pthread_mutex_unlock(&e->lock);
+}
+
+int sl_grant(sl_engine *e, size_t i, int by_stream, sluice_tensor **out, sl_err *err)
+{
+    const struct sluice_tensor_info *t = &e->ix->tensors[i];
+    const sl_slot *s = &e->slots[i];
+    if (t->nbytes == 0)
+        SL_TRY(check_empty(e, i, err));
+    sluice_tensor *h = take_handle(e);
+    if (!h)
+        return sl_fail(err, SLUICE_E_NOMEM, "acquire: out of memory");
     h->index = i;
     h->info = t;
     h->size = t->nbytes;
@@ -357,9 +409,13 @@ int sl_handle_release(sluice_tensor *t)
     e->hfree_tail = t;
     e->hfree_count++;
     e->live_handles--;
-    sl_slot_put(e, i);
+    void *owned = t->owned;
+    t->owned = NULL;
+    if (!owned)
+        sl_slot_put(e, i);
     sl_pump(e);     /* its room may let something start */
     sl_unlock(e);
+    free(owned);    /* a range's own buffer (sluice_acquire_range) */
     sl_engine_pause_point(e, SL_PAUSE_RELEASE_EXIT);
     sl_engine_leave(e);
     return SLUICE_OK;

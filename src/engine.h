@@ -12,7 +12,9 @@
 #ifndef SLUICE_ENGINE_H
 #define SLUICE_ENGINE_H
 
+#include "digest.h"
 #include "error.h"
+#include "range.h"
 #include "index.h"
 #include "sluice.h"
 
@@ -21,11 +23,15 @@
 typedef struct sl_engine sl_engine;
 
 /* Creates the engine for an open index (which must outlive it). expect
- * holds ix->ntensors pointers: the SHA-256 tensor i must match, or NULL
- * when it is not checked; expect itself may be NULL (nothing checked).
- * The digests are copied. opts must have been checked. */
+ * holds ix->ntensors pointers: the digest (opts->algorithm) tensor i must
+ * match, or NULL when it is not checked; expect itself may be NULL
+ * (nothing checked). The digests are copied. chunks (may be NULL) holds
+ * ix->ntensors chunk lists: a checked tensor with chunks is hashed chunk
+ * by chunk on several workers and each chunk must match; it is not
+ * copied and must outlive the engine. opts must have been checked. */
 int sl_engine_create(const sl_index *ix, const sluice_options *opts,
-                     const uint8_t *const *expect, sl_engine **out, sl_err *err);
+                     const uint8_t *const *expect, const sl_chunk_digests *chunks,
+                     sl_engine **out, sl_err *err);
 
 /* Waits for calls on their way out and reads in flight, and frees the
  * engine. With live handles (or a stream running) it frees nothing and
@@ -40,6 +46,15 @@ void sl_engine_leave(sl_engine *e);
 void sl_engine_pause_point(sl_engine *e, int where);
 enum { SL_PAUSE_STREAM_EXIT = 1, SL_PAUSE_RELEASE_EXIT, SL_PAUSE_ACQUIRE_EXIT, SL_PAUSE_REFUSED,
        SL_PAUSE_VERIFY_EXIT };
+
+/* A handle on len bytes at buf (malloc'd; the handle owns it and frees
+ * it at release) that were read and verified from tensor i: a range
+ * (sluice_acquire_range). Counted as a live handle. Lock not held. */
+int sl_engine_grant_range(sl_engine *e, size_t i, void *buf, uint64_t len, sluice_tensor **out,
+                          sl_err *err);
+
+/* Adds a range read's figures (range.h) to the stats; failed: it failed. */
+void sl_engine_range_tally(sl_engine *e, const sl_range_tally *t, int failed);
 
 /* sluice_acquire of tensor i (< ix->ntensors). */
 int sl_engine_acquire(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err);

@@ -62,6 +62,7 @@ typedef struct sl_slot {
     uint8_t lru;         /* SL_LRU_*: the list it is on */
     uint8_t has_digest;  /* digest holds the SHA-256 of the bytes */
     uint8_t job_busy;    /* the hash job will still call back */
+    uint32_t bad_chunk;  /* the first chunk digest that did not match */
     uint32_t refs, pins; /* handles; waiters that will take a handle */
     uint32_t nchunks, issued, done, inflight, prefix;
     uint64_t done_word;  /* chunk completion bits when nchunks <= 64 */
@@ -155,6 +156,8 @@ struct sluice_tensor {
     int live;
     int has_digest;
     unsigned char digest[32];
+    void *owned;                 /* a range handle's own buffer (data), freed
+                                    at release; NULL: the slot's */
     struct sluice_tensor *next_free, *next_all;
 };
 
@@ -169,6 +172,7 @@ struct sl_engine {
     unsigned hash_threads;
     sluice_algorithm alg;           /* of every digest (the manifest's) */
     const uint8_t *empty_digest;    /* alg's digest of no bytes */
+    const sl_chunk_digests *chunks; /* per tensor, or NULL (the manifest's) */
     size_t n;
     size_t *order;               /* 0..n-1: the default plan and a NULL stream */
     sl_efile *files;
@@ -326,6 +330,8 @@ int sl_grant(sl_engine *e, size_t i, int by_stream, sluice_tensor **out, sl_err 
 
 /* The digest tensor i must match, or NULL. */
 const unsigned char *sl_expected_digest(const sl_engine *e, size_t i);
+/* Tensor i's chunk digests when it is checked chunk by chunk, else NULL. */
+const sl_chunk_digests *sl_expected_chunks(const sl_engine *e, size_t i);
 
 /* Starts the hasher if it is not running yet. Lock not held. */
 int sl_hasher_need(sl_engine *e, sl_err *err);

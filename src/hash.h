@@ -9,8 +9,10 @@
  * without a digest only waits for its bytes and calls back on a worker
  * thread (the engine uses that to move O_DIRECT bytes off its reaper).
  *
- * One job is in one worker's hands at a time, so its bytes are hashed in
- * order; different jobs hash in parallel. The completion runs on a worker
+ * A job may be cut into pieces of piece_bytes, each with a digest of its
+ * own (a manifest's chunk digests): the pieces of one job hash on several
+ * workers at once. One piece is in one worker's hands at a time, so its
+ * bytes are hashed in order; different jobs hash in parallel. The completion runs on a worker
  * with no lock of the hasher held, so it may take the caller's lock; the
  * caller may call sl_hash_job_ready and sl_hash_job_cancel while holding
  * that same lock (lock order: the caller's, then the hasher's).
@@ -49,11 +51,11 @@ void sl_hasher_destroy(sl_hasher *h);
  * included). The caller must not hold a lock that a completion takes. */
 void sl_hasher_wait_idle(sl_hasher *h);
 
-/* A job over len bytes at base (len > 0), with a digest or not.
- * Nothing is queued until bytes are ready. Returns SLUICE_OK or
- * SLUICE_E_NOMEM. */
+/* A job over len bytes at base (len > 0), with a digest or not, in
+ * pieces of piece_bytes (0, or len or more: one piece, the whole). Nothing
+ * is queued until bytes are ready. Returns SLUICE_OK or SLUICE_E_NOMEM. */
 int sl_hash_job_create(sl_hasher *h, const unsigned char *base, uint64_t len, int with_digest,
-                       void *owner, sl_hash_job **out);
+                       uint64_t piece_bytes, void *owner, sl_hash_job **out);
 
 /* Frees a job that is done, quiet after a cancel, or was never made
  * ready. NULL is a no-op. */
@@ -69,9 +71,15 @@ void sl_hash_job_ready(sl_hasher *h, sl_hash_job *job, uint64_t ready);
 int sl_hash_job_cancel(sl_hasher *h, sl_hash_job *job);
 
 void *sl_hash_job_owner(const sl_hash_job *job);
-/* The digest (32 bytes), valid once the completion said SLUICE_OK on a
- * job with a digest. */
+/* The digest (32 bytes) of the first piece (of the whole, for a job of
+ * one piece), valid once the completion said SLUICE_OK on a job with a
+ * digest. */
 const unsigned char *sl_hash_job_digest(const sl_hash_job *job);
+/* The job's pieces, and the digest of piece k (< pieces), likewise. */
+uint32_t sl_hash_job_pieces(const sl_hash_job *job);
+const unsigned char *sl_hash_job_piece_digest(const sl_hash_job *job, uint32_t k);
+/* The most workers that held the job at once. */
+unsigned sl_hash_job_parallel_peak(const sl_hash_job *job);
 /* Bytes hashed so far. */
 uint64_t sl_hash_job_hashed(const sl_hash_job *job);
 /* Time spent in its digest calls so far, in ns (metrics). */

@@ -39,6 +39,10 @@ struct sl_manifest {
     uint8_t (*file_digest)[32];
     uint64_t *file_size;
     uint8_t *file_has;
+    sl_chunk_digests *chunks;    /* per tensor; count 0: none */
+    uint64_t *chunk_at;          /* per tensor: its first digest in chunk_store */
+    uint8_t (*chunk_store)[32];  /* every chunk digest, tensor after tensor */
+    size_t nstored, stored_cap;
 };
 
 /* ---------------------------------------------------------------- reading */
@@ -519,6 +523,8 @@ static void describe(char *out, size_t cap, sluice_dtype dtype, const uint64_t *
 }
 
 #define MF_MAX_DIMS 64 /* more than any tensor library allows */
+/* The smallest chunk_bytes: no manifest makes a digest per few bytes. */
+#define SL_MIN_CHUNK_BYTES 4096
 
 /* A version 2 entry's dtype, shape and nbytes, read strictly, must be
  * tensor i's in the header: the manifest covers what the caller trusts
@@ -561,20 +567,70 @@ static int check_description(mf_ctx *c, const mf_member *entry, size_t i, const 
                    c->ix->files[t->file_index].path, want);
 }
 
+/* Tensor i's chunk list: chunk_bytes (4096..2^53) and one digest per
+ * chunk_bytes of its nbytes, the last chunk shorter. */
+static int add_chunks(mf_ctx *c, const mf_member *entry, size_t i, const cJSON *bytes_v,
+                      size_t bytes_at, const cJSON *list, size_t list_at)
+{
+    uint64_t bytes;
+    if (json_u53(bytes_v, &bytes) < 0 || bytes < SL_MIN_CHUNK_BYTES)
+        return bad_field(c, entry, "tensor", "chunk_bytes", bytes_at,
+                         "an integer in 4096..2^53");
+    if (!cJSON_IsArray(list))
+        return bad_field(c, entry, "tensor", "chunks", list_at, "an array of digests");
+    uint64_t nbytes = c->ix->tensors[i].nbytes, want = (nbytes + bytes - 1) / bytes;
+    uint64_t have = 0;
+    for (const cJSON *d = list->child; d; d = d->next)
+        have++;
+    char q[SL_QUOTE_MAX], msg[SL_QUOTE_MAX + 200], why[128];
+    sl_quote(q, sizeof q, entry->key, entry->key_len);
+    if (have != want) {
+        snprintf(msg, sizeof msg, "tensor %s lists %llu chunk digests; its %llu bytes in chunks "
+                 "of %llu make %llu", q, (unsigned long long)have, (unsigned long long)nbytes,
+                 (unsigned long long)bytes, (unsigned long long)want);
+        return format_error(c, list_at, msg);
+    }
+    sl_manifest *m = c->m;
+    if (m->nstored + have > m->stored_cap) {
+        size_t cap = m->stored_cap ? m->stored_cap : 64;
+        while (cap < m->nstored + have)
+            cap *= 2;
+        uint8_t (*grown)[32] = realloc(m->chunk_store, cap * sizeof *grown);
+        if (!grown)
+            return sl_fail(c->err, SLUICE_E_NOMEM, "manifest %s: out of memory", c->path);
+        m->chunk_store = grown;
+        m->stored_cap = cap;
+    }
+    uint64_t k = 0;
+    for (const cJSON *d = list->child; d; d = d->next, k++)
+        if (parse_digest(d, m->chunk_store[m->nstored + k], why, sizeof why) < 0) {
+            char at[96];
+            return sl_fail(c->err, SLUICE_E_MANIFEST_DIGEST,
+                           "manifest %s: digest of chunk %llu of tensor %s (%s) %s", c->path,
+                           (unsigned long long)k, q, where(c, list_at, at, sizeof at), why);
+        }
+    m->chunks[i].bytes = bytes;
+    m->chunks[i].count = (uint32_t)have;
+    m->chunk_at[i] = m->nstored;
+    m->nstored += have;
+    return SLUICE_OK;
+}
+
 /* Structured tensor entry: version 1 {"sha256": "..."}; version 2
  * {"digest": "...", "dtype": "BF16", "shape": [4, 8], "nbytes": 64}. */
 static int structured_tensor(mf_ctx *c, const mf_member *entry)
 {
     static const char *const v1[] = {"sha256"};
-    static const char *const v2[] = {"digest", "dtype", "shape", "nbytes"};
-    enum { T_DIGEST, T_DTYPE, T_SHAPE, T_NBYTES, T_COUNT };
+    static const char *const v2[] = {"digest", "dtype", "shape", "nbytes", "chunk_bytes", "chunks"};
+    enum { T_DIGEST, T_DTYPE, T_SHAPE, T_NBYTES, T_REQUIRED, T_CHUNK_BYTES = T_REQUIRED, T_CHUNKS,
+           T_COUNT };
     const cJSON *v[T_COUNT] = {0};
     size_t at[T_COUNT] = {0};
     if (c->version == 1)
         SL_TRY(collect(c, entry, "tensor", v1, 1, v, at));
     else
         SL_TRY(collect(c, entry, "tensor", v2, T_COUNT, v, at));
-    size_t nkeys = c->version == 1 ? 1 : T_COUNT;
+    size_t nkeys = c->version == 1 ? 1 : T_REQUIRED;
     const char *const *names = c->version == 1 ? v1 : v2;
     for (size_t k = 0; k < nkeys; k++)
         if (!v[k])
@@ -583,8 +639,13 @@ static int structured_tensor(mf_ctx *c, const mf_member *entry)
     if (c->version == 1)
         return SLUICE_OK;
     size_t i = sl_index_find(c->ix, entry->key, entry->key_len); /* found by add_tensor */
-    return check_description(c, entry, i, v[T_DTYPE], at[T_DTYPE], v[T_SHAPE], at[T_SHAPE],
-                             v[T_NBYTES], at[T_NBYTES]);
+    SL_TRY(check_description(c, entry, i, v[T_DTYPE], at[T_DTYPE], v[T_SHAPE], at[T_SHAPE],
+                             v[T_NBYTES], at[T_NBYTES]));
+    if (!v[T_CHUNK_BYTES] != !v[T_CHUNKS])
+        return missing_key(c, entry, "tensor", v[T_CHUNKS] ? "chunk_bytes" : "chunks");
+    if (!v[T_CHUNKS])
+        return SLUICE_OK;
+    return add_chunks(c, entry, i, v[T_CHUNK_BYTES], at[T_CHUNK_BYTES], v[T_CHUNKS], at[T_CHUNKS]);
 }
 
 /* The file of the model whose base name is the entry's key, or SIZE_MAX. */
@@ -833,7 +894,10 @@ static sl_manifest *manifest_new(const sl_index *ix)
     m->file_digest = malloc((ix->nfiles ? ix->nfiles : 1) * sizeof *m->file_digest);
     m->file_size = malloc((ix->nfiles ? ix->nfiles : 1) * sizeof *m->file_size);
     m->file_has = calloc(ix->nfiles ? ix->nfiles : 1, 1);
-    if (!m->tensor_digest || !m->tensor_has || !m->file_digest || !m->file_size || !m->file_has) {
+    m->chunks = calloc(ix->ntensors ? ix->ntensors : 1, sizeof *m->chunks);
+    m->chunk_at = calloc(ix->ntensors ? ix->ntensors : 1, sizeof *m->chunk_at);
+    if (!m->tensor_digest || !m->tensor_has || !m->file_digest || !m->file_size || !m->file_has ||
+        !m->chunks || !m->chunk_at) {
         sl_manifest_free(m);
         return NULL;
     }
@@ -905,6 +969,10 @@ int sl_manifest_load(const sl_index *ix, const sluice_options *opts,
         rc = each_entry(&c, root, start, "manifest", flat_tensor);
     if (rc < 0)
         goto done;
+    /* The store grew while it was read: its pointers are taken now. */
+    for (size_t i = 0; i < c.m->ntensors; i++)
+        if (c.m->chunks[i].count)
+            c.m->chunks[i].digest = (const uint8_t (*)[32])c.m->chunk_store[c.m->chunk_at[i]];
     c.m->policy = opts->verify == SLUICE_VERIFY_IF_PRESENT ? SLUICE_VERIFY_IF_PRESENT
                                                            : SLUICE_VERIFY_REQUIRE;
     if (c.m->policy == SLUICE_VERIFY_REQUIRE && (rc = require_all(&c)) < 0)
@@ -933,7 +1001,15 @@ void sl_manifest_free(sl_manifest *m)
     free(m->file_digest);
     free(m->file_size);
     free(m->file_has);
+    free(m->chunks);
+    free(m->chunk_at);
+    free(m->chunk_store);
     free(m);
+}
+
+const sl_chunk_digests *sl_manifest_chunks(const sl_manifest *m)
+{
+    return m ? m->chunks : NULL;
 }
 
 const uint8_t *sl_manifest_tensor_digest(const sl_manifest *m, size_t i)

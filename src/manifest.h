@@ -7,6 +7,7 @@
 #ifndef SLUICE_MANIFEST_H
 #define SLUICE_MANIFEST_H
 
+#include "digest.h"
 #include "error.h"
 #include "index.h"
 #include "sluice.h"
@@ -32,6 +33,10 @@ const uint8_t *sl_manifest_tensor_digest(const sl_manifest *m, size_t i);
  * lists none; *size (may be NULL) gets the listed size or
  * SLUICE_SIZE_UNKNOWN. m may be NULL. */
 const uint8_t *sl_manifest_file_digest(const sl_manifest *m, size_t i, uint64_t *size);
+
+/* The chunk digests of every tensor (ntensors entries; count 0: none),
+ * living as long as m; NULL for a NULL m. */
+const sl_chunk_digests *sl_manifest_chunks(const sl_manifest *m);
 
 /* The policy in force: REQUIRE or IF_PRESENT; OFF for a NULL m. */
 sluice_verify_policy sl_manifest_policy(const sl_manifest *m);

@@ -390,6 +390,7 @@ int sl_slot_start(sl_engine *e, size_t i, int room)
      * O_DIRECT bytes to an aligned start off the completion thread. */
     if ((s->hashed || (direct && (delta & (SL_POOL_ALIGN - 1)))) &&
         (!e->hasher || sl_hash_job_create(e->hasher, buf + delta, t->nbytes, s->hashed,
+                                          sl_expected_chunks(e, i) ? sl_expected_chunks(e, i)->bytes : 0,
                                           (void *)(uintptr_t)i, &job) < 0))
         goto nomem;
     s->done_word = 0;
@@ -522,8 +523,21 @@ int sl_slot_check(sl_engine *e, size_t i, int status)
     /* HASHING: nothing else touches the slot until the verdict is in. */
     sl_slot *s = &e->slots[i];
     const unsigned char *want = sl_expected_digest(e, i);
-    if (s->hashed && want && memcmp(sl_hash_job_digest(s->job), want, 32) != 0)
+    const sl_chunk_digests *chunks = sl_expected_chunks(e, i);
+    if (chunks) {
+        /* Every chunk must match; the whole digest then is the manifest's
+         * (the bytes are the ones its chunks describe). */
+        s->bad_chunk = 0;
+        if (sl_hash_job_pieces(s->job) != chunks->count)
+            return VERDICT_MISMATCH; /* cannot be: the job was cut by these chunks */
+        for (uint32_t k = 0; k < chunks->count; k++)
+            if (memcmp(sl_hash_job_piece_digest(s->job, k), chunks->digest[k], 32) != 0) {
+                s->bad_chunk = k;
+                return VERDICT_MISMATCH;
+            }
+    } else if (s->hashed && want && memcmp(sl_hash_job_digest(s->job), want, 32) != 0) {
         return VERDICT_MISMATCH;
+    }
     unsigned char *data = s->buf + s->delta;
     if (((uintptr_t)data & (SL_POOL_ALIGN - 1)) == 0)
         return VERDICT_OK;
@@ -539,6 +553,20 @@ int sl_slot_checksum_error(sl_engine *e, size_t i, const unsigned char got[32], 
     const struct sluice_tensor_info *t = &e->ix->tensors[i];
     char q[SL_QUOTE_MAX], hw[65], hg[65];
     e->st.checksum_failures++;
+    const sl_chunk_digests *chunks = t->nbytes ? sl_expected_chunks(e, i) : NULL;
+    if (chunks) {
+        uint32_t k = e->slots[i].bad_chunk;
+        uint64_t lo = (uint64_t)k * chunks->bytes;
+        uint64_t hi = lo + chunks->bytes < t->nbytes ? lo + chunks->bytes : t->nbytes;
+        return sl_fail(err, SLUICE_E_CHECKSUM,
+                       "tensor %s (file %s, offset %llu, %llu bytes): %s mismatch in chunk %u "
+                       "of %u (tensor bytes %llu..%llu): expected %s, actual %s",
+                       sl_quote(q, sizeof q, t->name, t->name_len), t->file,
+                       (unsigned long long)t->offset, (unsigned long long)t->nbytes,
+                       sl_md_title(e->alg), k, chunks->count, (unsigned long long)lo,
+                       (unsigned long long)hi, sl_hex_digest(hw, chunks->digest[k]),
+                       sl_hex_digest(hg, got));
+    }
     return sl_fail(err, SLUICE_E_CHECKSUM,
                    "tensor %s (file %s, offset %llu, %llu bytes): %s mismatch: "
                    "expected %s, actual %s",
@@ -554,8 +582,19 @@ void sl_slot_hashed(sl_engine *e, size_t i, int verdict)
     const struct sluice_tensor_info *t = &e->ix->tensors[i];
     /* The completion is the job's last word: it goes now. */
     unsigned char got[32];
-    memcpy(got, sl_hash_job_digest(s->job), 32);
+    const sl_chunk_digests *chunks = sl_expected_chunks(e, i);
+    /* Chunked: the digest that failed, or (all matched) the manifest's. */
+    if (chunks && verdict == VERDICT_MISMATCH && s->bad_chunk < sl_hash_job_pieces(s->job))
+        memcpy(got, sl_hash_job_piece_digest(s->job, s->bad_chunk), 32);
+    else
+        memcpy(got, chunks ? sl_expected_digest(e, i) : sl_hash_job_digest(s->job), 32);
     if (s->hashed && s->state == SL_SLOT_HASHING) {
+        if (chunks) {
+            e->st.chunks_verified += verdict == VERDICT_MISMATCH ? 0 : chunks->count;
+            unsigned peak = sl_hash_job_parallel_peak(s->job);
+            if (peak > e->st.hash_parallel_peak)
+                e->st.hash_parallel_peak = peak;
+        }
         e->st.bytes_hashed += sl_hash_job_hashed(s->job);
         sl_metrics_observe(&e->met, SL_H_HASH, sl_hash_job_busy_ns(s->job));
     }

@@ -13,7 +13,8 @@ endforeach()
 # ThreadSanitizer (tools/test.sh: ctest -L threads in the TSan build).
 foreach(name IN ITEMS test_engine test_engine_pread test_engine_stress test_engine_stress_pread test_verify
                     test_engine_regress test_engine_regress_pread
-                    test_io_faults test_io_faults_pread test_io_retry test_errmsg test_verify_only)
+                    test_io_faults test_io_faults_pread test_io_retry test_errmsg test_verify_only
+                    test_chunks)
   if(TEST ${name})
     set_property(TEST ${name} APPEND PROPERTY LABELS threads)
   endif()

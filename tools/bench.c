@@ -31,10 +31,11 @@ typedef struct sweep {
     const char *name;        /* "pool" */
     uint64_t v[MAX_VALUES];
     size_t n;
-    int is_size, is_bool;    /* how values are written and parsed */
+    int is_size;             /* how values are written and parsed */
+    const char *word[2];     /* a two-valued sweep's spelling of 0 and 1 */
 } sweep;
 
-enum { SW_POOL, SW_QD, SW_CHUNK, SW_DIRECT, SW_VERIFY, SW_BACKEND, SW_COUNT };
+enum { SW_POOL, SW_QD, SW_CHUNK, SW_DIRECT, SW_VERIFY, SW_ALGORITHM, SW_BACKEND, SW_COUNT };
 
 static void usage(FILE *f)
 {
@@ -62,6 +63,9 @@ static void usage(FILE *f)
         "  --direct off,on     O_DIRECT reads (default off)\n"
         "  --verify off,on     on: the manifest with policy REQUIRE (default: off,on\n"
         "                      when the model has a manifest, else off)\n"
+        "  --algorithm sha256,blake3  the digest of verified runs (default sha256);\n"
+        "                      blake3 runs read a version 2 BLAKE3 manifest the bench\n"
+        "                      writes first (`sluice manifest --algorithm blake3`)\n"
         "  --backend auto,pread  auto: io_uring where the kernel allows (default auto)\n"
         "other options:\n"
         "  --random            also acquire every tensor in random order\n"
@@ -111,12 +115,10 @@ const char *bench_size(uint64_t v, char buf[32])
 
 static int parse_value(const sweep *s, const char *tok, uint64_t *out)
 {
-    if (s->is_bool) {
-        const char *yes = !strcmp(s->name, "backend") ? "pread" : "on";
-        const char *no = !strcmp(s->name, "backend") ? "auto" : "off";
-        if (!strcmp(tok, yes))
+    if (s->word[0]) {
+        if (!strcmp(tok, s->word[1]))
             *out = 1;
-        else if (!strcmp(tok, no))
+        else if (!strcmp(tok, s->word[0]))
             *out = 0;
         else
             return -1;
@@ -173,9 +175,8 @@ static int parse_sweep(sweep *s, const char *list)
 
 static void sweep_value(const sweep *s, uint64_t v, char buf[32])
 {
-    if (s->is_bool)
-        snprintf(buf, 32, "%s", !strcmp(s->name, "backend") ? (v ? "pread" : "auto")
-                                                            : (v ? "on" : "off"));
+    if (s->word[0])
+        snprintf(buf, 32, "%s", s->word[v ? 1 : 0]);
     else if (s->is_size)
         bench_size(v, buf);
     else
@@ -343,12 +344,13 @@ int cmd_bench(int argc, char **argv)
     sluice_options defaults;
     sluice_options_init(&defaults);
     sweep sw[SW_COUNT] = {
-        [SW_POOL] = {"pool", {defaults.pool_bytes}, 1, 1, 0},
-        [SW_QD] = {"qd", {defaults.queue_depth}, 1, 0, 0},
-        [SW_CHUNK] = {"chunk", {defaults.chunk_bytes}, 1, 1, 0},
-        [SW_DIRECT] = {"direct", {0}, 1, 0, 1},
-        [SW_VERIFY] = {"verify", {0, 1}, 2, 0, 1},
-        [SW_BACKEND] = {"backend", {0}, 1, 0, 1},
+        [SW_POOL] = {"pool", {defaults.pool_bytes}, 1, 1, {NULL, NULL}},
+        [SW_QD] = {"qd", {defaults.queue_depth}, 1, 0, {NULL, NULL}},
+        [SW_CHUNK] = {"chunk", {defaults.chunk_bytes}, 1, 1, {NULL, NULL}},
+        [SW_DIRECT] = {"direct", {0}, 1, 0, {"off", "on"}},
+        [SW_VERIFY] = {"verify", {0, 1}, 2, 0, {"off", "on"}},
+        [SW_ALGORITHM] = {"algorithm", {SLUICE_ALG_SHA256}, 1, 0, {"sha256", "blake3"}},
+        [SW_BACKEND] = {"backend", {0}, 1, 0, {"auto", "pread"}},
     };
     const char *path = NULL, *csv = NULL, *plot = NULL;
     bench_opts bo = {.seed = 1, .metrics_port = -1};
@@ -446,6 +448,7 @@ int cmd_bench(int argc, char **argv)
     int rc = 1;
     bench_row *rows = NULL;
     size_t nrows = 0;
+    char b3_dir[] = "/tmp/sluice-bench-XXXXXX", b3_path[sizeof b3_dir + 32] = "";
 
     /* --verify: by default on too when a manifest covers the model. */
     int want_verify = 0;
@@ -460,6 +463,27 @@ int cmd_bench(int argc, char **argv)
         sw[SW_VERIFY].v[0] = 0;
     }
 
+    /* --algorithm blake3: a BLAKE3 manifest of the model, written once. */
+    int want_blake3 = 0;
+    for (size_t k = 0; k < sw[SW_ALGORITHM].n; k++)
+        want_blake3 |= sw[SW_ALGORITHM].v[k] == SLUICE_ALG_BLAKE3;
+    if (want_blake3 && !want_verify) {
+        fprintf(stderr, "sluice bench: --algorithm blake3 needs --verify on\n");
+        rc = 2;
+        goto out;
+    }
+    if (want_blake3) {
+        if (!mkdtemp(b3_dir)) {
+            fprintf(stderr, "sluice bench: %s: %s\n", b3_dir, strerror(errno));
+            goto out;
+        }
+        snprintf(b3_path, sizeof b3_path, "%s/blake3.manifest.json", b3_dir);
+        progress(isatty(2), "writing the BLAKE3 manifest", 0, runs, 0, 0);
+        if (bench_write_blake3_manifest(path, b3_path) < 0)
+            goto out;
+        bo.manifest_blake3 = b3_path;
+    }
+
     /* The rows: the baselines, then the cross product x modes. */
     size_t nconf = 1;
     for (int s = 0; s < SW_COUNT; s++)
@@ -467,7 +491,7 @@ int cmd_bench(int argc, char **argv)
     bo.manifest_found = manifest_found;
     size_t nmodes = (random_mode ? 2 : 1) + (whole_process ? 1 : 0);
     /* baselines, modes of every configuration, two verify rows per direct value */
-    size_t cap = (baselines ? 7 : 0) + nconf * nmodes + 2 * sw[SW_DIRECT].n;
+    size_t cap = (baselines ? 7 : 0) + nconf * nmodes + 2 * sw[SW_DIRECT].n * sw[SW_ALGORITHM].n;
     rows = calloc(cap, sizeof *rows);
     bench_result *results = calloc(cap * runs, sizeof *results);
     if (!rows || !results) {
@@ -547,6 +571,9 @@ int cmd_bench(int argc, char **argv)
         c.chunk = sw[SW_CHUNK].v[idx[SW_CHUNK]];
         c.direct = (int)sw[SW_DIRECT].v[idx[SW_DIRECT]];
         c.verify = (int)sw[SW_VERIFY].v[idx[SW_VERIFY]];
+        c.algorithm = (int)sw[SW_ALGORITHM].v[idx[SW_ALGORITHM]];
+        if (!c.verify && idx[SW_ALGORITHM] > 0)
+            continue; /* an unverified run reads no digest: once is enough */
         c.force_pread = (int)sw[SW_BACKEND].v[idx[SW_BACKEND]];
         /* The label names the swept parameters; the others are in the
          * table's heading. */
@@ -585,15 +612,20 @@ int cmd_bench(int argc, char **argv)
             on |= sw[SW_VERIFY].v[a] != 0;
         if (!on)
             break;
-        bench_config c = {.direct = (int)sw[SW_DIRECT].v[d], .verify = 1};
-        const char *dl = c.direct ? " direct=on" : sw[SW_DIRECT].n > 1 ? " direct=off" : "";
-        c.mode = BM_VERIFY;
-        snprintf(c.label, sizeof c.label, "sluice_verify%s", dl);
-        rows[nrows++].cfg = c;
-        if (whole_process) {
-            c.mode = BM_PROC_VERIFY;
-            snprintf(c.label, sizeof c.label, "sluice verify%s", dl);
+        for (size_t a = 0; a < sw[SW_ALGORITHM].n; a++) {
+            bench_config c = {.direct = (int)sw[SW_DIRECT].v[d], .verify = 1,
+                              .algorithm = (int)sw[SW_ALGORITHM].v[a]};
+            const char *dl = c.direct ? " direct=on" : sw[SW_DIRECT].n > 1 ? " direct=off" : "";
+            const char *al = sw[SW_ALGORITHM].n > 1 ? (c.algorithm ? " algorithm=blake3"
+                                                                   : " algorithm=sha256") : "";
+            c.mode = BM_VERIFY;
+            snprintf(c.label, sizeof c.label, "sluice_verify%s%s", dl, al);
             rows[nrows++].cfg = c;
+            if (whole_process) {
+                c.mode = BM_PROC_VERIFY;
+                snprintf(c.label, sizeof c.label, "sluice verify%s%s", dl, al);
+                rows[nrows++].cfg = c;
+            }
         }
     }
     for (size_t r = 0; r < nrows; r++)
@@ -667,6 +699,8 @@ int cmd_bench(int argc, char **argv)
         const bench_config *c = &rows[r].cfg;
         if (c->mode == BM_SHA_MEM)
             rows[r].ratio_base = 0;
+        else if (c->verify && c->algorithm == SLUICE_ALG_BLAKE3)
+            rows[r].ratio_base = sum.io_ceiling; /* (c) is SHA-256's ceiling */
         else if (c->mode == BM_SEQ)
             rows[r].ratio_base = sum.io_ceiling;
         else if (c->mode == BM_FIO)
@@ -696,6 +730,10 @@ int cmd_bench(int argc, char **argv)
     if (plot && bench_plot(plot, &sum, rows, nrows) < 0)
         rc = 1;
 out:
+    if (b3_path[0]) {
+        unlink(b3_path);
+        rmdir(b3_dir);
+    }
     free(manifest_found);
     if (rows)
         free(rows[0].runs);

@@ -60,6 +60,7 @@ typedef struct bench_config {
     uint64_t pool, chunk;
     uint32_t qd;
     int direct, verify, force_pread;
+    int algorithm;           /* sluice_algorithm of a verified run's manifest */
     char label[160];         /* "pool=1G qd=32 ..." or the baseline's name */
 } bench_config;
 
@@ -75,6 +76,8 @@ typedef struct bench_result {
 
 typedef struct bench_opts {
     const char *manifest;    /* NULL: the sidecar */
+    const char *manifest_blake3; /* the BLAKE3 manifest the bench wrote, for
+                                   --algorithm blake3; NULL: none */
     const char *manifest_found; /* the manifest verify on uses (for (f)); NULL: none */
     uint64_t seed;           /* random order */
     int cold;
@@ -86,6 +89,11 @@ typedef struct bench_opts {
  * worked; r->err why not). Returns 0, or -1 when no child could be made. */
 int bench_run(const bench_model *m, const bench_config *c, const bench_opts *o,
               bench_result *r);
+
+/* Writes the version 2 BLAKE3 manifest of the model at path to out, by
+ * running `sluice manifest` (this very executable). Returns 0, or -1 after
+ * a message on stderr. */
+int bench_write_blake3_manifest(const char *path, const char *out);
 
 /* Drops the page cache of the model's files (fdatasync, then
  * POSIX_FADV_DONTNEED). Returns the fraction of pages still resident

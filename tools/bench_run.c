@@ -470,6 +470,13 @@ static void close_timed(sluice_model *m, sluice_metrics_server *ms, double t0, b
         fail(r, "close: %s", sluice_strerror(rc));
 }
 
+/* The manifest a verified run of c reads: the BLAKE3 one the bench wrote,
+ * or the one given (NULL: the sidecar). */
+static const char *manifest_of(const bench_config *c, const bench_opts *o)
+{
+    return c->algorithm == SLUICE_ALG_BLAKE3 ? o->manifest_blake3 : o->manifest;
+}
+
 static void run_sluice(const bench_model *bm, const bench_config *c, const bench_opts *o,
                        bench_result *r, double *lat)
 {
@@ -480,7 +487,7 @@ static void run_sluice(const bench_model *bm, const bench_config *c, const bench
     opts.queue_depth = c->qd;
     opts.flags = (c->direct ? SLUICE_F_DIRECT : 0) | (c->force_pread ? SLUICE_F_FORCE_PREAD : 0);
     opts.verify = c->verify ? SLUICE_VERIFY_REQUIRE : SLUICE_VERIFY_OFF;
-    opts.manifest_path = c->verify ? o->manifest : NULL;
+    opts.manifest_path = c->verify ? manifest_of(c, o) : NULL;
     size_t *order = NULL;
     if (c->mode == BM_RANDOM) {
         if (!(order = malloc((bm->ntensors ? bm->ntensors : 1) * sizeof *order))) {
@@ -640,7 +647,7 @@ static void run_verify(const bench_model *bm, const bench_config *c, const bench
     sluice_options_init(&opts);
     opts.flags = c->direct ? SLUICE_F_DIRECT : 0;
     opts.verify = SLUICE_VERIFY_REQUIRE;
-    opts.manifest_path = o->manifest;
+    opts.manifest_path = manifest_of(c, o);
     sluice_metrics_server *ms;
     double t0;
     sluice_model *m = open_timed(bm, &opts, o, r, &ms, &t0);
@@ -661,6 +668,30 @@ static void run_verify(const bench_model *bm, const bench_config *c, const bench
 }
 
 /* ---------------------------------------------------------------- whole processes */
+
+int bench_write_blake3_manifest(const char *path, const char *out)
+{
+    pid_t pid = fork();
+    if (pid < 0) {
+        fprintf(stderr, "sluice bench: cannot fork: %s\n", strerror(errno));
+        return -1;
+    }
+    if (pid == 0) {
+        const char *argv[] = {"sluice", "manifest", path, "--algorithm", "blake3", "-q",
+                              "-o", out, NULL};
+        execv("/proc/self/exe", (char *const *)argv);
+        _exit(127);
+    }
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr, "sluice bench: `sluice manifest %s --algorithm blake3` failed (status "
+                        "%d): no BLAKE3 runs\n", path, status);
+        return -1;
+    }
+    return 0;
+}
 
 /* Baseline (f): tools/perf/py_verify.py, embedded at build time. */
 static const unsigned char py_verify_script[] = {
@@ -690,9 +721,9 @@ static void run_whole_process(const bench_model *bm, const bench_config *c,
         argv[argc++] = "verify";
         argv[argc++] = bm->path;
         argv[argc++] = "-q";
-        if (o->manifest) {
+        if (manifest_of(c, o)) {
             argv[argc++] = "--manifest";
-            argv[argc++] = o->manifest;
+            argv[argc++] = manifest_of(c, o);
         }
         if (c->direct)
             argv[argc++] = "--direct";

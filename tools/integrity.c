@@ -20,8 +20,7 @@ void ig_quote(FILE *out, const char *name, size_t len)
     json_string(out, name, len);
 }
 
-/* "512M", "4G", "1.5G", "4096" (bytes; K, M, G, T are powers of 1024). */
-static int parse_size(const char *s, uint64_t *out)
+int ig_parse_size(const char *s, uint64_t *out)
 {
     char *end;
     errno = 0;
@@ -76,7 +75,7 @@ int ig_loader_option(const char *cmd, int argc, char **argv, int *i, sluice_opti
         return -1;
     }
     const char *v = argv[++*i];
-    int bad = which == 1 ? parse_size(v, &o->pool_bytes)
+    int bad = which == 1 ? ig_parse_size(v, &o->pool_bytes)
             : which == 2 ? parse_u32(v, &o->queue_depth)
                          : parse_u32(v, &o->hash_threads);
     if (bad) {

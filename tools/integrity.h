@@ -38,6 +38,10 @@ int ig_file_option(const char *cmd, int argc, char **argv, int *i, const char *n
  * second PATH. */
 int ig_path_operand(const char *cmd, const char *a, const char **path, void (*usage)(FILE *));
 
+/* "512M", "4G", "1.5G", "4096" into bytes (K, M, G, T are powers of
+ * 1024). Returns 0, or -1 when s is not a size. */
+int ig_parse_size(const char *s, uint64_t *out);
+
 /* name (len bytes, any content) as a quoted, escaped JSON string. */
 void ig_quote(FILE *out, const char *name, size_t len);
 

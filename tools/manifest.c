@@ -17,6 +17,8 @@
 #include "jsonout.h"
 
 #include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +39,10 @@ static void usage(FILE *out)
             "the digest of their header, all of which sluice_open checks.\n"
             "\n"
             "  --algorithm ALG   sha256 (default) or blake3 (version 2 only)\n"
+            "  --chunk SIZE      version 2: tensors larger than SIZE also get the digest of\n"
+            "                    each SIZE-byte chunk (K, M, G suffixes; at least 4K), so\n"
+            "                    that one tensor hashes on every core and a range of it\n"
+            "                    verifies alone (default 16M; 0: no chunk digests)\n"
             "  --v1              version 1: SHA-256 digests of tensors and files only,\n"
             "                    for readers older than version 2 (headers not covered)\n"
             "  --flat            {\"tensor\": \"SHA-256\"} only (headers not covered)\n"
@@ -54,19 +60,118 @@ static void usage(FILE *out)
 /* Writes the manifest to out; returns 0 or -1 (errno set by stdio). */
 enum { FORM_V2, FORM_V1, FORM_FLAT };
 
-/* The version 2 entry of one tensor: digest, dtype, shape, nbytes. */
-static void v2_tensor(FILE *out, const struct sluice_tensor_info *info, const uint8_t digest[32])
+/* Chunk digests: per tensor, its first digest in all[] (count 0: none). */
+typedef struct chunk_set {
+    uint64_t bytes;
+    uint32_t *count;
+    size_t *first;
+    uint8_t (*all)[32];
+    size_t total;
+    /* the work, shared by the threads */
+    sluice_model *m;
+    size_t *tensor_of;          /* per digest: its tensor */
+    atomic_size_t next;
+    atomic_int failed;
+} chunk_set;
+
+static void *chunk_worker(void *arg)
+{
+    chunk_set *cs = arg;
+    for (size_t k; (k = atomic_fetch_add(&cs->next, 1)) < cs->total && !atomic_load(&cs->failed);) {
+        size_t i = cs->tensor_of[k];
+        struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
+        sluice_info(cs->m, i, &info);
+        uint64_t lo = (uint64_t)(k - cs->first[i]) * cs->bytes;
+        uint64_t hi = lo + cs->bytes < info.nbytes ? lo + cs->bytes : info.nbytes;
+        if (sluice_digest_range(cs->m, i, lo, hi, cs->all[k]) != SLUICE_OK) {
+            if (!atomic_exchange(&cs->failed, 1))
+                fprintf(stderr, "sluice manifest: %s\n", sluice_errmsg(cs->m));
+        }
+    }
+    return NULL;
+}
+
+/* The chunk digests of every tensor larger than bytes, on threads
+ * threads. Returns 0, or -1 after a message. */
+static int compute_chunks(sluice_model *m, uint64_t bytes, unsigned threads, chunk_set *cs)
+{
+    size_t n = sluice_count(m);
+    memset(cs, 0, sizeof *cs);
+    cs->bytes = bytes;
+    cs->m = m;
+    cs->count = calloc(n ? n : 1, sizeof *cs->count);
+    cs->first = calloc(n ? n : 1, sizeof *cs->first);
+    if (!cs->count || !cs->first)
+        goto nomem;
+    for (size_t i = 0; bytes && i < n; i++) {
+        struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
+        sluice_info(m, i, &info);
+        cs->first[i] = cs->total;
+        if (info.nbytes > bytes) {
+            cs->count[i] = (uint32_t)((info.nbytes + bytes - 1) / bytes);
+            cs->total += cs->count[i];
+        }
+    }
+    if (!cs->total)
+        return 0;
+    cs->all = malloc(cs->total * sizeof *cs->all);
+    cs->tensor_of = malloc(cs->total * sizeof *cs->tensor_of);
+    if (!cs->all || !cs->tensor_of)
+        goto nomem;
+    for (size_t i = 0; i < n; i++)
+        for (uint32_t k = 0; k < cs->count[i]; k++)
+            cs->tensor_of[cs->first[i] + k] = i;
+    if (!threads) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = cpus < 1 ? 1 : cpus > 64 ? 64 : (unsigned)cpus;
+    }
+    pthread_t tid[64];
+    unsigned started = 0;
+    for (; started < threads && started < 64; started++)
+        if (pthread_create(&tid[started], NULL, chunk_worker, cs) != 0)
+            break;
+    if (!started)
+        chunk_worker(cs);
+    for (unsigned t = 0; t < started; t++)
+        pthread_join(tid[t], NULL);
+    return atomic_load(&cs->failed) ? -1 : 0;
+nomem:
+    fprintf(stderr, "sluice manifest: out of memory\n");
+    return -1;
+}
+
+static void chunk_set_free(chunk_set *cs)
+{
+    free(cs->count);
+    free(cs->first);
+    free(cs->all);
+    free(cs->tensor_of);
+}
+
+/* The version 2 entry of one tensor: digest, dtype, shape, nbytes, and
+ * its chunk digests when it has some. */
+static void v2_tensor(FILE *out, const struct sluice_tensor_info *info, const uint8_t digest[32],
+                      const chunk_set *cs)
 {
     char hex[65];
     fprintf(out, ": {\"digest\": \"%s\", \"dtype\": \"%s\", \"shape\": [",
             sluice_digest_hex(digest, hex), sluice_dtype_name(info->dtype));
     for (uint32_t d = 0; d < info->ndim; d++)
         fprintf(out, "%s%llu", d ? ", " : "", (unsigned long long)info->shape[d]);
-    fprintf(out, "], \"nbytes\": %llu}", (unsigned long long)info->nbytes);
+    fprintf(out, "], \"nbytes\": %llu", (unsigned long long)info->nbytes);
+    uint32_t n = cs ? cs->count[info->index] : 0;
+    if (n) {
+        fprintf(out, ", \"chunk_bytes\": %llu, \"chunks\": [", (unsigned long long)cs->bytes);
+        for (uint32_t k = 0; k < n; k++)
+            fprintf(out, "%s\"%s\"", k ? ", " : "",
+                    sluice_digest_hex(cs->all[cs->first[info->index] + k], hex));
+        fputs("]", out);
+    }
+    fputs("}", out);
 }
 
 static int write_json(FILE *out, const sluice_model *m, const dg_result *tensors,
-                      const dg_result *files, int form)
+                      const dg_result *files, int form, const chunk_set *cs)
 {
     size_t n = sluice_count(m);
     char hex[65], header_hex[65];
@@ -91,7 +196,7 @@ static int write_json(FILE *out, const sluice_model *m, const dg_result *tensors
             fputs(i ? ",\n    " : "\n    ", out);
             json_string(out, info.name, info.name_len);
             if (form == FORM_V2)
-                v2_tensor(out, &info, tensors[i].digest);
+                v2_tensor(out, &info, tensors[i].digest, cs);
             else
                 fprintf(out, ": {\"sha256\": \"%s\"}", sluice_digest_hex(tensors[i].digest, hex));
         }
@@ -123,7 +228,7 @@ static int write_json(FILE *out, const sluice_model *m, const dg_result *tensors
 /* Writes to path through a temporary file in the same directory, renamed
  * over path once complete. */
 static int write_file(const char *path, const sluice_model *m, const dg_result *tensors,
-                      const dg_result *files, int form)
+                      const dg_result *files, int form, const chunk_set *cs)
 {
     size_t n = strlen(path) + sizeof ".tmp.XXXXXX";
     char *tmp = malloc(n);
@@ -147,7 +252,7 @@ static int write_file(const char *path, const sluice_model *m, const dg_result *
         free(tmp);
         return -1;
     }
-    int bad = write_json(out, m, tensors, files, form) < 0 || fflush(out) != 0 || fsync(fd) != 0;
+    int bad = write_json(out, m, tensors, files, form, cs) < 0 || fflush(out) != 0 || fsync(fd) != 0;
     int e = errno;
     if (fclose(out) != 0 && !bad) {
         bad = 1;
@@ -167,8 +272,9 @@ static int write_file(const char *path, const sluice_model *m, const dg_result *
 
 int cmd_manifest(int argc, char **argv)
 {
-    const char *path = NULL, *out_path = NULL, *alg_name = NULL;
+    const char *path = NULL, *out_path = NULL, *alg_name = NULL, *chunk_arg = NULL;
     int form = FORM_V2, quiet = 0;
+    uint64_t chunk_bytes = (uint64_t)16 << 20;
     sluice_options o;
     sluice_options_init(&o);
     for (int i = 1; i < argc; i++) {
@@ -186,6 +292,13 @@ int cmd_manifest(int argc, char **argv)
                 return 2;
             }
             form = a[2] == 'f' ? FORM_FLAT : FORM_V1;
+        } else if (!strcmp(a, "--chunk")) {
+            if (i + 1 >= argc || ig_parse_size(argv[i + 1], &chunk_bytes) < 0 ||
+                (chunk_bytes && chunk_bytes < 4096)) {
+                fprintf(stderr, "sluice manifest: --chunk needs 0 or a size of at least 4K\n");
+                return 2;
+            }
+            chunk_arg = argv[++i];
         } else if (!strcmp(a, "--algorithm")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "sluice manifest: --algorithm needs sha256 or blake3\n");
@@ -208,6 +321,12 @@ int cmd_manifest(int argc, char **argv)
     if (out_path && !strcmp(out_path, "-"))
         out_path = NULL;
     int flat = form == FORM_FLAT;
+    if (chunk_arg && form != FORM_V2) {
+        fprintf(stderr, "sluice manifest: --chunk needs version 2 (not --v1 or --flat)\n");
+        return 2;
+    }
+    if (form != FORM_V2)
+        chunk_bytes = 0;
     if (alg_name) {
         if (!strcmp(alg_name, "blake3")) {
             o.algorithm = SLUICE_ALG_BLAKE3;
@@ -252,6 +371,7 @@ int cmd_manifest(int argc, char **argv)
         }
     int status = 1;
     dg_result *tensors = NULL, *files = NULL;
+    chunk_set cs = {0};
     progress *bar = progress_start("manifest", total, quiet);
     long failed = dg_compute(m, "manifest", !flat, o.hash_threads, bar, &tensors, &files);
     progress_stop(bar);
@@ -267,21 +387,24 @@ int cmd_manifest(int argc, char **argv)
             failed++;
         }
     }
+    if (!failed && compute_chunks(m, chunk_bytes, o.hash_threads, &cs) < 0)
+        failed++;
     if (failed) {
         fprintf(stderr, "sluice manifest: %ld failure%s, nothing written\n", failed,
                 failed == 1 ? "" : "s");
         goto done;
     }
     if (out_path) {
-        if (write_file(out_path, m, tensors, files, form) < 0)
+        if (write_file(out_path, m, tensors, files, form, &cs) < 0)
             goto done;
-    } else if (write_json(stdout, m, tensors, files, form) < 0 || fflush(stdout) != 0) {
+    } else if (write_json(stdout, m, tensors, files, form, &cs) < 0 || fflush(stdout) != 0) {
         fprintf(stderr, "sluice manifest: cannot write to stdout: %s\n", strerror(errno));
         goto done;
     }
     status = 0;
 done:
     progress_stop(bar);
+    chunk_set_free(&cs);
     free(tensors);
     free(files);
     if (sluice_close(m) != SLUICE_OK) {

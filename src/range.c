@@ -1,0 +1,162 @@
+/* range.c: verified reads of a byte range of one tensor into memory the
+ * caller gives (sluice_read_into, and sluice_acquire_range through it).
+ *
+ * No pool, no ring: the range is read with pread straight into the
+ * caller's buffer, and hashed there. The digests a manifest gives cover
+ * whole chunks (or the whole tensor), so the bytes of a covering chunk
+ * that lie outside the range are read too, into a small bounce buffer,
+ * and hashed in their place in the chunk's order; nothing outside the
+ * range is written to the caller's memory. A chunk whose digest does not
+ * match fails the call. The memory such a call needs is the bounce buffer
+ * (RG_BOUNCE at most), whatever the size of the tensor.
+ */
+#include "range.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* The largest bounce buffer: the bytes of a chunk outside the range are
+ * read and hashed this many at a time. */
+#define RG_BOUNCE ((size_t)4 << 20)
+
+typedef struct rg_ctx {
+    const sl_index *ix;
+    size_t i;
+    const struct sluice_tensor_info *t;
+    int fd;
+    unsigned char *bounce;
+    size_t bounce_cap;
+    sl_md *md;
+    sl_range_tally *tally;
+    sl_err *err;
+} rg_ctx;
+
+static int rg_fail_read(rg_ctx *c, uint64_t at, int e)
+{
+    char q[SL_QUOTE_MAX];
+    sl_quote(q, sizeof q, c->t->name, c->t->name_len);
+    if (e == 0)
+        return sl_fail(c->err, SLUICE_E_FILE_CHANGED,
+                       "tensor %s (file %s): the file ends before byte %llu of the tensor: it "
+                       "shrank after open", q, c->t->file, (unsigned long long)at);
+    return sl_fail_errno(c->err, SLUICE_E_IO, e, "tensor %s (file %s): read at tensor byte %llu failed",
+                         q, c->t->file, (unsigned long long)at);
+}
+
+/* Reads tensor bytes [lo, hi) into dst (NULL: through the bounce buffer,
+ * discarded) and feeds them to md (NULL: no hashing). */
+static int rg_read(rg_ctx *c, uint64_t lo, uint64_t hi, unsigned char *dst)
+{
+    while (lo < hi) {
+        size_t want = hi - lo > ((uint64_t)1 << 30) ? (size_t)1 << 30 : (size_t)(hi - lo);
+        unsigned char *into = dst;
+        if (!dst) {
+            if (!c->bounce) {
+                c->bounce_cap = RG_BOUNCE;
+                if (!(c->bounce = malloc(c->bounce_cap)))
+                    return sl_fail(c->err, SLUICE_E_NOMEM, "read_into: out of memory");
+            }
+            into = c->bounce;
+            if (want > c->bounce_cap)
+                want = c->bounce_cap;
+        }
+        ssize_t got = pread(c->fd, into, want, (off_t)(c->t->offset + lo));
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            return rg_fail_read(c, lo, got < 0 ? errno : 0);
+        if (c->md && sl_md_update(c->md, into, (size_t)got) < 0)
+            return sl_fail(c->err, SLUICE_E_NOMEM, "read_into: digest update failed (OpenSSL)");
+        c->tally->bytes_read += (uint64_t)got;
+        if (c->md)
+            c->tally->bytes_hashed += (uint64_t)got;
+        lo += (uint64_t)got;
+        if (dst)
+            dst += got;
+    }
+    return SLUICE_OK;
+}
+
+/* One digest unit [ulo, uhi) of the tensor (a chunk, or the whole): the
+ * part inside [begin, end) lands in dst at its place, the rest passes
+ * through the bounce buffer; then the digest must be want. */
+static int rg_unit(rg_ctx *c, uint64_t ulo, uint64_t uhi, uint64_t begin, uint64_t end,
+                   unsigned char *dst, const uint8_t want[32], const char *what)
+{
+    uint64_t in_lo = ulo > begin ? ulo : begin, in_hi = uhi < end ? uhi : end;
+    if (sl_md_reset(c->md) < 0)
+        return sl_fail(c->err, SLUICE_E_NOMEM, "read_into: digest init failed (OpenSSL)");
+    SL_TRY(rg_read(c, ulo, in_lo, NULL));
+    SL_TRY(rg_read(c, in_lo, in_hi, dst + (in_lo - begin)));
+    SL_TRY(rg_read(c, in_hi, uhi, NULL));
+    uint8_t got[32];
+    if (sl_md_final(c->md, got) < 0)
+        return sl_fail(c->err, SLUICE_E_NOMEM, "read_into: digest final failed (OpenSSL)");
+    if (memcmp(got, want, 32) == 0)
+        return SLUICE_OK;
+    char q[SL_QUOTE_MAX], hw[65], hg[65];
+    c->tally->checksum_failures++;
+    return sl_fail(c->err, SLUICE_E_CHECKSUM,
+                   "tensor %s (file %s, offset %llu, %llu bytes): %s mismatch in %s (tensor bytes "
+                   "%llu..%llu): expected %s, actual %s",
+                   sl_quote(q, sizeof q, c->t->name, c->t->name_len), c->t->file,
+                   (unsigned long long)c->t->offset, (unsigned long long)c->t->nbytes,
+                   sl_md_title(sl_md_algorithm(c->md)), what, (unsigned long long)ulo,
+                   (unsigned long long)uhi, sl_hex_digest(hw, want), sl_hex_digest(hg, got));
+}
+
+int sl_range_read(const sl_index *ix, size_t i, uint64_t begin, uint64_t len, void *dst,
+                  const uint8_t *want, const sl_chunk_digests *chunks, sluice_algorithm alg,
+                  sl_range_tally *tally, sl_err *err)
+{
+    const struct sluice_tensor_info *t = &ix->tensors[i];
+    rg_ctx c = {.ix = ix, .i = i, .t = t, .fd = ix->files[t->file_index].fd, .tally = tally,
+                .err = err};
+    uint64_t end = begin + len;
+    int rc = SLUICE_OK;
+    if (!want) { /* not checked: the bytes only */
+        rc = rg_read(&c, begin, end, dst);
+    } else if (!(c.md = sl_md_new(alg))) {
+        rc = sl_fail(err, SLUICE_E_NOMEM, "read_into: out of memory");
+    } else if (chunks && chunks->count) {
+        uint64_t k0 = begin / chunks->bytes;
+        uint64_t k1 = len ? (end - 1) / chunks->bytes : k0; /* len 0: nothing to read */
+        for (uint64_t k = k0; len && k <= k1 && rc == SLUICE_OK; k++) {
+            char what[64];
+            uint64_t lo = k * chunks->bytes;
+            uint64_t hi = lo + chunks->bytes < t->nbytes ? lo + chunks->bytes : t->nbytes;
+            snprintf(what, sizeof what, "chunk %llu of %u", (unsigned long long)k, chunks->count);
+            rc = rg_unit(&c, lo, hi, begin, end, dst, chunks->digest[k], what);
+            if (rc == SLUICE_OK)
+                tally->chunks_verified++;
+        }
+    } else {
+        /* One digest for the whole tensor: all of it is read and hashed,
+         * however small the range. */
+        rc = rg_unit(&c, 0, t->nbytes, begin, end, dst, want, "the whole tensor");
+    }
+    sl_md_free(c.md);
+    free(c.bounce);
+    return rc;
+}
+
+int sl_range_digest(const sl_index *ix, size_t i, uint64_t begin, uint64_t end,
+                    sluice_algorithm alg, uint8_t out[32], sl_range_tally *tally, sl_err *err)
+{
+    const struct sluice_tensor_info *t = &ix->tensors[i];
+    rg_ctx c = {.ix = ix, .i = i, .t = t, .fd = ix->files[t->file_index].fd, .tally = tally,
+                .err = err};
+    int rc = SLUICE_OK;
+    if (!(c.md = sl_md_new(alg)))
+        rc = sl_fail(err, SLUICE_E_NOMEM, "digest_range: out of memory");
+    if (rc == SLUICE_OK)
+        rc = rg_read(&c, begin, end, NULL);
+    if (rc == SLUICE_OK && sl_md_final(c.md, out) < 0)
+        rc = sl_fail(err, SLUICE_E_NOMEM, "digest_range: digest final failed (OpenSSL)");
+    sl_md_free(c.md);
+    free(c.bounce);
+    return rc;
+}
