@@ -109,6 +109,9 @@ enum sluice_status {
     SLUICE_E_CHECKSUM = -46,       /* bytes read do not match the manifest digest */
     SLUICE_E_MANIFEST_MISMATCH = -47, /* the headers disagree with a version 2 manifest
                                          (dtype, shape, size or header digest) */
+    SLUICE_E_SIGNATURE = -48,      /* trusted keys set and the manifest's signature is
+                                      missing, malformed, by another key or invalid, or a
+                                      trusted key file is unusable ("Signed manifests") */
 
     /* engine */
     SLUICE_E_TOO_LARGE = -50,      /* tensor larger than the whole pool budget */
@@ -239,6 +242,12 @@ typedef struct sluice_options {
                                   manifest's own algorithm always wins.
                                   Unknown: SLUICE_E_INVAL; not built in:
                                   SLUICE_E_UNSUPPORTED */
+    const char *const *trusted_keys; /* paths of Ed25519 public key files (PEM); when
+                                        set, the manifest must carry a valid signature
+                                        by one of them (see "Signed manifests"). NULL:
+                                        no signature asked. Read by sluice_open only */
+    size_t ntrusted_keys;   /* entries in trusted_keys: 0 with trusted_keys NULL,
+                               else 1 or more, none NULL (else SLUICE_E_INVAL) */
 } sluice_options;
 
 /* Fills *opts with the defaults. Returns SLUICE_E_INVAL if opts is NULL. */
@@ -304,6 +313,8 @@ typedef struct sluice_model sluice_model;
  * Its forms, its checks and the policies are described under "Manifests"
  * below; any manifest fault fails the open with its own SLUICE_E_MANIFEST*
  * code and a message naming the manifest, the line and byte, and the name.
+ * With opts->trusted_keys, the manifest must also be signed by one of
+ * them ("Signed manifests" below), else SLUICE_E_SIGNATURE.
  *
  * opts may be NULL for the defaults. On success *out is the model, to be
  * closed with sluice_close. On failure *out is still set, to a closed model
@@ -314,7 +325,7 @@ typedef struct sluice_model sluice_model;
  *
  * Returns SLUICE_OK, SLUICE_E_INVAL, SLUICE_E_NOMEM, SLUICE_E_IO,
  * SLUICE_E_NO_FILES, SLUICE_E_FILE_CHANGED, any header or index code, any
- * manifest code.
+ * manifest code, SLUICE_E_SIGNATURE.
  * Thread safety: any thread; the model is not shared until open returns.
  */
 SLUICE_API int sluice_open(const char *path, const sluice_options *opts,
@@ -816,6 +827,48 @@ SLUICE_API int sluice_trim(sluice_model *model, uint64_t *released);
  *  OFF         no manifest is read at all, manifest_path included.
  * A checked tensor whose bytes do not match fails with SLUICE_E_CHECKSUM
  * (see sluice_acquire); its bytes are never handed out.
+ *
+ * Signed manifests
+ * ----------------
+ * A manifest next to the weights protects against damage, not against
+ * whoever can write that directory: they can rewrite the manifest with
+ * the weights. sluice_options.trusted_keys closes that: when it is set,
+ * sluice_open fails closed, with SLUICE_E_SIGNATURE, unless the manifest
+ * it reads carries a valid Ed25519 signature by one of the trusted keys.
+ *  - The signature is the file "M.sig" beside the manifest M that was
+ *    read (the sidecar's, or manifest_path's), written by `sluice sign`.
+ *    It is detached: Ed25519 (RFC 8032, pure) over M's exact bytes.
+ *  - Its format is strict text, exactly five lines each ended by LF:
+ *      sluice-signature 1
+ *      algorithm ed25519
+ *      key sha256:<64 lowercase hex: SHA-256 of the signer's public key
+ *                  as DER SubjectPublicKeyInfo>
+ *      manifest-sha256 <64 lowercase hex: SHA-256 of the bytes signed>
+ *      signature <the 64-byte signature in canonical base64, 88 characters>
+ *    The key and manifest-sha256 lines pick the key and explain a
+ *    failure; they are not trusted: the verdict is the Ed25519
+ *    verification of the manifest's bytes with that trusted key.
+ *  - A trusted key is a PEM file "-----BEGIN PUBLIC KEY-----" holding an
+ *    Ed25519 key (`sluice keygen` writes one, PREFIX.pub). Every file
+ *    listed must be such a key, or the open fails, whichever key signed.
+ *  - The manifest is read once: the very bytes verified are the bytes
+ *    parsed, and the signature is checked before they are parsed.
+ *  - Each fault has its own message (code SLUICE_E_SIGNATURE; a NULL
+ *    entry, or trusted_keys and ntrusted_keys that disagree, one NULL or
+ *    0 and not the other, is SLUICE_E_INVAL): a key file
+ *    unreadable, empty, not PEM, truncated (no END line), a private key,
+ *    not Ed25519; the signature file missing, unreadable, not a regular
+ *    file, malformed (the message names the line and what is wrong), made
+ *    with a key that is not trusted (both key ids named); the manifest
+ *    changed after signing (both SHA-256 named); the signature altered
+ *    (the manifest is the one it names, yet it does not verify).
+ *  - Trusted keys never mean "unverified": with SLUICE_VERIFY_OFF they
+ *    fail the open with SLUICE_E_INVAL, and when no manifest is found
+ *    (DEFAULT or IF_PRESENT without a sidecar) with SLUICE_E_SIGNATURE.
+ *    The policy then applies as usual to the signed manifest.
+ * Not protected against: a stolen signing key; an older manifest that
+ * was validly signed, with its weights (rollback: nothing here dates a
+ * signature); whoever can change the list of trusted keys or the program.
  */
 
 /* The largest manifest read, in bytes. */

@@ -104,6 +104,25 @@ SLUICE_API int sluice_options_init(sluice_options *opts)
     return SLUICE_OK;
 }
 
+/* Trusted keys ask for a signed manifest: a list that cannot be read as
+ * one, or a policy that reads no manifest, must not pass for "no
+ * signature asked". */
+static int take_trusted_keys(const sluice_options *o, sl_err *err)
+{
+    if (!o->trusted_keys && !o->ntrusted_keys)
+        return SLUICE_OK;
+    if (!o->trusted_keys || !o->ntrusted_keys)
+        return sl_fail(err, SLUICE_E_INVAL, "options: trusted_keys is %s but ntrusted_keys is %zu",
+                       o->trusted_keys ? "set" : "NULL", o->ntrusted_keys);
+    for (size_t i = 0; i < o->ntrusted_keys; i++)
+        if (!o->trusted_keys[i])
+            return sl_fail(err, SLUICE_E_INVAL, "options: trusted_keys[%zu] is NULL", i);
+    if (o->verify == SLUICE_VERIFY_OFF)
+        return sl_fail(err, SLUICE_E_INVAL, "options: trusted_keys ask for a signed manifest, "
+                       "but the verify policy is SLUICE_VERIFY_OFF (which reads none)");
+    return SLUICE_OK;
+}
+
 /* Copies the caller's options over the defaults, field by field up to the
  * size the caller knows, and checks them. */
 static int take_options(sluice_options *dst, const sluice_options *src, sl_err *err)
@@ -115,7 +134,7 @@ static int take_options(sluice_options *dst, const sluice_options *src, sl_err *
         return sl_fail(err, SLUICE_E_INVAL,
                        "options: size %zu is not one this library knows (%zu); "
                        "call sluice_options_init first", src->size, sizeof *dst);
-    size_t set = set_tail(src, src->size, SL_END_OF(sluice_options, algorithm));
+    size_t set = set_tail(src, src->size, SL_END_OF(sluice_options, ntrusted_keys));
     if (set)
         return sl_fail(err, SLUICE_E_INVAL,
                        "options: byte %zu of the caller's %zu-byte struct is not zero, "
@@ -149,7 +168,7 @@ static int take_options(sluice_options *dst, const sluice_options *src, sl_err *
         return sl_fail(err, SLUICE_E_UNSUPPORTED,
                        "options: digest algorithm %s: this build of the library lacks it",
                        sluice_algorithm_name(dst->algorithm));
-    return SLUICE_OK;
+    return take_trusted_keys(dst, err);
 }
 
 static void release_model(sluice_model *m)
@@ -212,6 +231,17 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
         goto failed;
     if (m->manifest) /* the manifest's algorithm is the model's */
         m->opts.algorithm = sl_manifest_algorithm(m->manifest);
+    if (m->opts.ntrusted_keys && !m->manifest) { /* a signature asked, none to check */
+        char *side = sl_manifest_sidecar(path);
+        rc = sl_fail(err, SLUICE_E_SIGNATURE, "%s: trusted keys are set but there is no "
+                     "manifest to check the signature of: no sidecar %s (write one with "
+                     "'sluice manifest', or set manifest_path)", path, side ? side : "(out of memory)");
+        free(side);
+        goto failed;
+    }
+    /* the caller's key list is borrowed for the open only */
+    m->opts.trusted_keys = NULL;
+    m->opts.ntrusted_keys = 0;
     if ((rc = create_engine(m, err)) < 0)
         goto failed;
     sl_model_metrics_opened(m, t_open);

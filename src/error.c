@@ -41,6 +41,7 @@ const char *sl_status_name(int code)
     case SLUICE_E_MANIFEST_MISSING: return "tensors without a digest in the manifest";
     case SLUICE_E_CHECKSUM: return "checksum mismatch";
     case SLUICE_E_MANIFEST_MISMATCH: return "the header disagrees with the manifest";
+    case SLUICE_E_SIGNATURE: return "manifest signature missing or invalid";
     case SLUICE_E_TOO_LARGE: return "tensor larger than the pool";
     case SLUICE_E_POOL_EXHAUSTED: return "pool exhausted by live handles";
     case SLUICE_E_BUSY: return "model busy";

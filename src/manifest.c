@@ -14,6 +14,7 @@
  * O(n).
  */
 #include "manifest.h"
+#include "signature.h"
 
 #include "digest.h"
 
@@ -936,6 +937,10 @@ int sl_manifest_load(const sl_index *ix, const sluice_options *opts,
     mf_ctx c = {.ix = ix, .path = path, .err = err};
     int rc = read_text(path, &text, &len, err);
     if (rc < 0)
+        goto done;
+    /* Signed manifests: the very bytes parsed below, checked before parsing. */
+    if (opts->ntrusted_keys &&
+        (rc = sl_signature_check(path, text, len, opts->trusted_keys, opts->ntrusted_keys, err)) < 0)
         goto done;
     c.text = text;
     c.len = len;

@@ -10,6 +10,8 @@ int cmd_bench(int argc, char **argv);
 int cmd_manifest(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
 int cmd_cat(int argc, char **argv);
+int cmd_keygen(int argc, char **argv);        /* sign.c */
+int cmd_sign(int argc, char **argv);          /* sign.c */
 int cmd_stats(int argc, char **argv);         /* metrics_cli.c */
 int cmd_bench_metrics(int argc, char **argv); /* metrics_cli.c */
 

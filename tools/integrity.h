@@ -20,6 +20,27 @@
     "  --direct          read with O_DIRECT where the file system allows\n"   \
     "  --pread           use the pread thread pool instead of io_uring\n"
 
+/* The help text of ig_key_option's option. */
+#define IG_KEY_HELP                                                           \
+    "  --key PUB         a trusted public key (PEM; repeatable, up to 16): the\n" \
+    "                    manifest must carry a valid signature MANIFEST.sig by\n" \
+    "                    one of them ('sluice keygen', 'sluice sign')\n"
+
+#define IG_KEY_MAX 16
+
+/* The trusted keys of a command line; lives as long as the options it
+ * was given to. */
+typedef struct ig_keys {
+    const char *path[IG_KEY_MAX];
+    size_t n;
+} ig_keys;
+
+/* If argv[*i] is --key, adds the file that follows to keys, points
+ * o->trusted_keys at them, advances *i and returns 1; returns 0 when it
+ * is another argument; -1 (after a message on stderr naming cmd) when the
+ * file is missing or there are too many. */
+int ig_key_option(const char *cmd, int argc, char **argv, int *i, ig_keys *keys, sluice_options *o);
+
 /* If argv[*i] is one of IG_LOADER_HELP's options, applies it to o,
  * advances *i past its value and returns 1; returns 0 when it is not one;
  * -1 (after a message on stderr naming cmd) for a bad or missing value. */

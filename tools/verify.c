@@ -60,7 +60,8 @@ static int on_item(void *user, const struct sluice_verify_item *it)
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: sluice verify PATH [--manifest FILE] [--files] [-q] [loader options]\n"
+            "usage: sluice verify PATH [--manifest FILE] [--key PUB]... [--files] [-q]\n"
+            "                     [loader options]\n"
             "\n"
             "Reads every tensor of the model at PATH and checks it against the manifest\n"
             "(policy REQUIRE: every tensor must have a digest), with the library's\n"
@@ -71,6 +72,7 @@ static void usage(FILE *out)
             "  --manifest FILE   the manifest (default: the sidecar, F.manifest.json\n"
             "                    beside a single file F, else sluice.manifest.json in\n"
             "                    the model's directory)\n"
+            IG_KEY_HELP
             "  --files           also check every whole file against the manifest's\n"
             "                    \"files\" digests and sizes\n"
             "  -q, --quiet       no progress bar (shown only when stderr is a terminal)\n"
@@ -78,7 +80,8 @@ static void usage(FILE *out)
             MC_PORT_HELP
             "\n"
             "Exit status: 0 everything matched, 1 a mismatch or read failure, 2 usage\n"
-            "or open error (including a manifest that cannot be used).\n");
+            "or open error (including a manifest that cannot be used, and with --key a\n"
+            "signature that is missing or invalid).\n");
 }
 
 /* Verifies m with sluice_verify, printing each failure and a summary;
@@ -114,6 +117,7 @@ int cmd_verify(int argc, char **argv)
 {
     const char *path = NULL;
     int files = 0, quiet = 0, metrics_port = -1;
+    ig_keys keys = {.n = 0};
     sluice_options o;
     sluice_options_init(&o);
     for (int i = 1; i < argc; i++) {
@@ -123,6 +127,9 @@ int cmd_verify(int argc, char **argv)
             usage(stdout);
             return 0;
         } else if ((r = ig_file_option("verify", argc, argv, &i, "--manifest", "-m", &o.manifest_path)) != 0) {
+            if (r < 0)
+                return 2;
+        } else if ((r = ig_key_option("verify", argc, argv, &i, &keys, &o)) != 0) {
             if (r < 0)
                 return 2;
         } else if ((r = mc_port_option("verify", argc, argv, &i, &metrics_port)) != 0) {
@@ -152,6 +159,9 @@ int cmd_verify(int argc, char **argv)
         sluice_close(m);
         return 2;
     }
+    if (keys.n)
+        printf("manifest %s: signature verified (%s.sig, by one of %zu trusted key%s)\n",
+               sluice_manifest_path(m), sluice_manifest_path(m), keys.n, keys.n == 1 ? "" : "s");
     size_t n = sluice_count(m), nf = sluice_file_count(m);
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++) {

@@ -7,7 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* The target's name in verdicts.txt: header, index, manifest, model. */
+/* The target's name in verdicts.txt: header, index, manifest, model,
+ * signature. */
 extern const char fuzz_target_name[];
 
 /* Runs the target on one input, as LLVMFuzzerTestOneInput does, and

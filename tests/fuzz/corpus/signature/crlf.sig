@@ -1,0 +1,5 @@
+sluice-signature 1
+algorithm ed25519
+key sha256:ebec49965830036a93c80a4fece7c081f6230d251b2cc883287abc96e255e3f2
+manifest-sha256 35aac49332b4316f64c77934dd936c2a06c57447999ae208ff5ed17571a5e978
+signature sUzbMEpORu0BXVji9XJ3Q3yvX98FMXzTgQm/PVkrerdsN5mQ/DHuGQu2KFNpyUtiRqV7p1FxQJ+5JXKp14PSBw==

@@ -1,0 +1,5 @@
+sluice-signature 1
+algorithm ed25519
+key sha256:e3a08e67b28a9f1b508b3ebdc4ea524b297dbee405abee3a0641e1d8e920e01c
+manifest-sha256 35aac49332b4316f64c77934dd936c2a06c57447999ae208ff5ed17571a5e978
+signature pAeLivgTb8lcCXkw72Lp9EXRzFdtFal2Bu9k8ewy5xVAY2NpdLJssUzHg1zOkYQJeoFYm5F9RwPw+M0e7dR8Dw==

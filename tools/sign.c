@@ -1,0 +1,272 @@
+/* sign.c: `sluice keygen` and `sluice sign`: Ed25519 key pairs and
+ * detached signatures of manifests, which sluice_open checks when given
+ * trusted keys (`sluice verify --key`; "Signed manifests" in sluice.h).
+ *
+ * The signature file's format and the key loading are the library's own
+ * (src/signature.c, compiled into this command): one file writes what the
+ * library reads.
+ */
+#include "cmd.h"
+#include "integrity.h"
+#include "signature.h"
+
+#include <openssl/pem.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---------------------------------------------------------------- keygen */
+
+static void keygen_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: sluice keygen --out PREFIX\n"
+            "\n"
+            "Makes an Ed25519 key pair for signing manifests:\n"
+            "  PREFIX.key  the private key (PKCS#8 PEM, unencrypted, mode 0600): keep it\n"
+            "              secret, and away from the machines that hold the weights\n"
+            "  PREFIX.pub  the public key (SubjectPublicKeyInfo PEM): give it to\n"
+            "              'sluice verify --key' and sluice_options.trusted_keys\n"
+            "Neither file may exist: a key is never overwritten. Prints the key id\n"
+            "(sha256: of the public key's DER), which signature files name.\n"
+            "\n"
+            "Exit status: 0 written, 2 usage error or a file could not be written\n"
+            "(then neither is left).\n");
+}
+
+/* Creates path (which must not exist) with mode, writes key into it as
+ * PEM (the private or the public part) and syncs it. Returns 0, or -1
+ * after a message; a file it created is then removed. */
+static int write_key_file(const char *path, mode_t mode, EVP_PKEY *key, int private_part)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+    if (fd < 0) {
+        if (errno == EEXIST)
+            fprintf(stderr, "sluice keygen: %s exists: a key is never overwritten\n", path);
+        else
+            fprintf(stderr, "sluice keygen: cannot create %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    BIO *bio = BIO_new_fd(fd, BIO_NOCLOSE);
+    /* the mode exactly, whatever the umask (it can only have removed bits) */
+    int ok = bio && fchmod(fd, mode) == 0 &&
+             (private_part ? PEM_write_bio_PKCS8PrivateKey(bio, key, NULL, NULL, 0, NULL, NULL)
+                           : PEM_write_bio_PUBKEY(bio, key)) == 1 &&
+             BIO_flush(bio) == 1 && fsync(fd) == 0;
+    int e = errno;
+    BIO_free(bio);
+    if (close(fd) != 0 && ok) {
+        ok = 0;
+        e = errno;
+    }
+    if (!ok) {
+        fprintf(stderr, "sluice keygen: cannot write %s: %s\n", path, e ? strerror(e) : "OpenSSL failed");
+        unlink(path);
+        return -1;
+    }
+    return 0;
+}
+
+static char *with_suffix(const char *prefix, const char *suffix)
+{
+    size_t n = strlen(prefix) + strlen(suffix) + 1;
+    char *p = malloc(n);
+    if (p)
+        snprintf(p, n, "%s%s", prefix, suffix);
+    return p;
+}
+
+int cmd_keygen(int argc, char **argv)
+{
+    const char *prefix = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int r;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            keygen_usage(stdout);
+            return 0;
+        } else if ((r = ig_file_option("keygen", argc, argv, &i, "--out", "-o", &prefix)) != 0) {
+            if (r < 0)
+                return 2;
+        } else {
+            fprintf(stderr, "sluice keygen: unknown argument '%s'\n", a);
+            keygen_usage(stderr);
+            return 2;
+        }
+    }
+    if (!prefix || !*prefix) {
+        keygen_usage(stderr);
+        return 2;
+    }
+    int status = 2;
+    char *key_path = with_suffix(prefix, ".key"), *pub_path = with_suffix(prefix, ".pub");
+    EVP_PKEY *key = EVP_PKEY_Q_keygen(NULL, NULL, "ED25519");
+    uint8_t id[32];
+    char id_text[72];
+    if (!key_path || !pub_path || !key || sl_sig_key_id(key, id) < 0) {
+        fprintf(stderr, "sluice keygen: cannot make an Ed25519 key (out of memory?)\n");
+        goto done;
+    }
+    /* the public file first: refusing there leaves no private key behind */
+    if (write_key_file(pub_path, 0644, key, 0) < 0)
+        goto done;
+    if (write_key_file(key_path, 0600, key, 1) < 0) {
+        unlink(pub_path);
+        goto done;
+    }
+    printf("%s: private key (keep it secret)\n%s: public key %s\n", key_path, pub_path,
+           sl_sig_key_id_text(id, id_text));
+    status = 0;
+done:
+    EVP_PKEY_free(key);
+    free(key_path);
+    free(pub_path);
+    return status;
+}
+
+/* ---------------------------------------------------------------- sign */
+
+static void sign_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: sluice sign MANIFEST --key KEY [-o FILE]\n"
+            "\n"
+            "Signs the manifest file's exact bytes with the Ed25519 private key KEY\n"
+            "(PREFIX.key of 'sluice keygen') and writes the detached signature\n"
+            "MANIFEST.sig beside it (replaced atomically), which sluice_open checks\n"
+            "when given trusted keys ('sluice verify PATH --key PREFIX.pub'). Any\n"
+            "later change to the manifest's bytes voids the signature: sign last.\n"
+            "\n"
+            "  --key KEY         the private key (unencrypted PKCS#8 PEM)\n"
+            "  -o FILE           write the signature to FILE instead (the library reads\n"
+            "                    MANIFEST.sig only)\n"
+            "\n"
+            "Exit status: 0 written, 2 usage error, a manifest or key that cannot be\n"
+            "used, or a signature that cannot be written.\n");
+}
+
+/* Reads path whole (at most SLUICE_MAX_MANIFEST_BYTES); NULL after a
+ * message. */
+static char *read_manifest(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "sluice sign: cannot open %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 65536, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap || ferror(f))
+            break;
+        char *grown = cap > SLUICE_MAX_MANIFEST_BYTES ? NULL : realloc(buf, cap * 2);
+        if (!grown) {
+            fprintf(stderr, "sluice sign: %s: %s\n", path,
+                    cap > SLUICE_MAX_MANIFEST_BYTES ? "larger than a manifest may be" : "out of memory");
+            free(buf);
+            fclose(f);
+            return NULL;
+        }
+        buf = grown;
+        cap *= 2;
+    }
+    int bad = !buf || ferror(f);
+    fclose(f);
+    if (bad || n > SLUICE_MAX_MANIFEST_BYTES) {
+        fprintf(stderr, "sluice sign: %s %s\n", bad ? "cannot read" : "larger than a manifest may be:", path);
+        free(buf);
+        return NULL;
+    }
+    *len = n;
+    return buf;
+}
+
+/* Writes text to path through a temporary file renamed over it. */
+static int write_signature(const char *path, const char *text, size_t len)
+{
+    char *tmp = with_suffix(path, ".tmp.XXXXXX");
+    int fd = tmp ? mkstemp(tmp) : -1;
+    if (fd < 0) {
+        fprintf(stderr, "sluice sign: cannot create a file beside %s: %s\n", path,
+                tmp ? strerror(errno) : "out of memory");
+        free(tmp);
+        return -1;
+    }
+    int ok = fchmod(fd, 0644) == 0 && write(fd, text, len) == (ssize_t)len && fsync(fd) == 0;
+    int e = errno;
+    if (close(fd) != 0 && ok) {
+        ok = 0;
+        e = errno;
+    }
+    if (ok && rename(tmp, path) != 0) {
+        ok = 0;
+        e = errno;
+    }
+    if (!ok) {
+        fprintf(stderr, "sluice sign: cannot write %s: %s\n", path, strerror(e));
+        unlink(tmp);
+    }
+    free(tmp);
+    return ok ? 0 : -1;
+}
+
+int cmd_sign(int argc, char **argv)
+{
+    const char *manifest = NULL, *key_path = NULL, *out_path = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int r;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            sign_usage(stdout);
+            return 0;
+        } else if ((r = ig_file_option("sign", argc, argv, &i, "--key", "-k", &key_path)) != 0 ||
+                   (r = ig_file_option("sign", argc, argv, &i, "--output", "-o", &out_path)) != 0) {
+            if (r < 0)
+                return 2;
+        } else if (ig_path_operand("sign", a, &manifest, sign_usage) < 0) {
+            return 2;
+        }
+    }
+    if (!manifest || !key_path) {
+        sign_usage(stderr);
+        return 2;
+    }
+    int status = 2;
+    sl_err err = {0};
+    EVP_PKEY *key = NULL;
+    size_t len = 0;
+    char *text = NULL, *sig_path = out_path ? strdup(out_path) : sl_sig_path(manifest);
+    if (!sig_path) {
+        fprintf(stderr, "sluice sign: out of memory\n");
+        goto done;
+    }
+    if (sl_sig_load_key("key", key_path, 1, &key, &err) < 0) {
+        fprintf(stderr, "sluice sign: %s\n", err.msg);
+        goto done;
+    }
+    if (!(text = read_manifest(manifest, &len)))
+        goto done;
+    sl_sig sig;
+    char sig_text[SL_SIG_TEXT_LEN + 1], id[72];
+    if (sl_sig_sign(key, text, len, &sig, &err) < 0) {
+        fprintf(stderr, "sluice sign: %s\n", err.msg);
+        goto done;
+    }
+    size_t n = sl_sig_format(&sig, sig_text);
+    if (write_signature(sig_path, sig_text, n) < 0)
+        goto done;
+    printf("%s: signed %s (%zu bytes) with key %s\n", sig_path, manifest, len,
+           sl_sig_key_id_text(sig.key_id, id));
+    status = 0;
+done:
+    EVP_PKEY_free(key);
+    free(text);
+    free(sig_path);
+    return status;
+}
