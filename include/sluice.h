@@ -909,6 +909,13 @@ SLUICE_API int sluice_file_header_digest(const sluice_model *model, size_t file_
 SLUICE_API int sluice_manifest_tensor(const sluice_model *model, size_t i,
                                       uint8_t digest[32]);
 
+/* The chunk digests the manifest gives tensor i (version 2 "chunks"):
+ * *chunk_bytes and *count (either may be NULL). Returns SLUICE_OK,
+ * SLUICE_E_NOT_FOUND when tensor i has none (or is not checked), or
+ * SLUICE_E_INVAL. Any thread. */
+SLUICE_API int sluice_manifest_chunks(const sluice_model *model, size_t i, uint64_t *chunk_bytes,
+                                      uint32_t *count);
+
 /* Copies the whole-file digest the manifest gives file i (see
  * sluice_file_info) into digest, and its size into *size (size may be
  * NULL; SLUICE_SIZE_UNKNOWN when the manifest gives none). Returns

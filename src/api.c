@@ -873,6 +873,21 @@ SLUICE_API int sluice_manifest_tensor(const sluice_model *model, size_t i, uint8
     return SLUICE_OK;
 }
 
+SLUICE_API int sluice_manifest_chunks(const sluice_model *model, size_t i, uint64_t *chunk_bytes,
+                                      uint32_t *count)
+{
+    if (sl_model_usable(model) != SLUICE_OK || i >= model->index.ntensors)
+        return SLUICE_E_INVAL;
+    const sl_chunk_digests *c = sl_manifest_chunks(model->manifest);
+    if (!c || !c[i].count || !sl_manifest_tensor_digest(model->manifest, i))
+        return SLUICE_E_NOT_FOUND;
+    if (chunk_bytes)
+        *chunk_bytes = c[i].bytes;
+    if (count)
+        *count = c[i].count;
+    return SLUICE_OK;
+}
+
 SLUICE_API int sluice_manifest_file(const sluice_model *model, size_t file_index,
                                     uint8_t digest[32], uint64_t *size)
 {

@@ -161,6 +161,13 @@ static void chunked_tensor_loads_on_several_workers(void **state)
     mf_sha256(f->bytes, BIG, want);
     assert_memory_equal(d, want, 32);
     sluice_release(t);
+    uint64_t cb = 0;
+    uint32_t cn = 0;
+    assert_int_equal(sluice_manifest_chunks(m, 0, &cb, &cn), SLUICE_OK);
+    assert_int_equal(cb, CHUNK);
+    assert_int_equal(cn, NCHUNKS);
+    assert_int_equal(sluice_manifest_chunks(m, 1, &cb, &cn), SLUICE_E_NOT_FOUND);
+    assert_int_equal(sluice_manifest_chunks(m, 2, &cb, &cn), SLUICE_E_INVAL);
     struct sluice_stats st = stats_of(m);
     assert_int_equal(st.chunks_verified, NCHUNKS);
     assert_true(st.tensors_verified >= 1); /* small may have been read along */
