@@ -1,6 +1,9 @@
 /* synth.c: `sluice synth`: writes a synthetic model with the tensor names
  * and shapes of a real architecture, pseudo-random weights, the Hugging
- * Face sharded layout, and its SHA-256 manifest computed while writing.
+ * Face sharded layout, and its SHA-256 manifest (version 2: digests of
+ * the tensors, dtypes, shapes, sizes, and each file's header digest; no
+ * chunk digests: `sluice manifest --chunk` adds them) computed while
+ * writing.
  *
  * The files are laid out as the reference writer lays them out: an 8-byte
  * little-endian header length, a JSON header with "__metadata__" first and
@@ -44,6 +47,7 @@ typedef struct syn_shard {
     size_t count;
     uint64_t size;             /* whole file */
     uint8_t digest[32];
+    uint8_t header_digest[32]; /* of its first 8 + N bytes (manifest version 2) */
 } syn_shard;
 
 /* A growable string for the JSON we write. */
@@ -548,6 +552,10 @@ int cmd_synth(int argc, char **argv)
             len8[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
         if (put(&o, len8, 8) < 0 || put(&o, header, hlen) < 0)
             goto out;
+        if (tctx && (!EVP_DigestInit_ex(tctx, EVP_sha256(), NULL) ||
+                     !EVP_DigestUpdate(tctx, len8, 8) || !EVP_DigestUpdate(tctx, header, hlen) ||
+                     !EVP_DigestFinal_ex(tctx, sh[s].header_digest, NULL)))
+            goto hash_failed;
         for (size_t i = 0; i < sh[s].count; i++)
             if (put_tensor(&o, sh[s].members[i], seed, tctx) < 0)
                 goto hash_failed;
@@ -589,18 +597,25 @@ int cmd_synth(int argc, char **argv)
     if (manifest) {
         char h[65];
         sbuf b = {0};
-        sb_add(&b, "{\n  \"format\": \"sluice-manifest\",\n  \"version\": 1,\n"
+        char hh[65];
+        sb_add(&b, "{\n  \"format\": \"sluice-manifest\",\n  \"version\": 2,\n"
                    "  \"algorithm\": \"sha256\",\n  \"tensors\": {\n");
         for (size_t i = 0; i < n; i++) {
+            const sl_preset_tensor *t = &byname[i]->t;
             hex(h, byname[i]->digest);
-            sb_add(&b, "    \"%s\": {\"sha256\": \"%s\"}%s\n", byname[i]->t.name, h,
+            sb_add(&b, "    \"%s\": {\"digest\": \"%s\", \"dtype\": \"%s\", \"shape\": [%llu",
+                   t->name, h, dtype, (unsigned long long)t->shape[0]);
+            if (t->ndim > 1)
+                sb_add(&b, ", %llu", (unsigned long long)t->shape[1]);
+            sb_add(&b, "], \"nbytes\": %llu}%s\n", (unsigned long long)byname[i]->nbytes,
                    i + 1 < n ? "," : "");
         }
         sb_add(&b, "  },\n  \"files\": {\n");
         for (unsigned s = 0; s < nshards; s++) {
             hex(h, sh[s].digest);
-            sb_add(&b, "    \"%s\": {\"sha256\": \"%s\", \"size\": %llu}%s\n", sh[s].name, h,
-                   (unsigned long long)sh[s].size, s + 1 < nshards ? "," : "");
+            hex(hh, sh[s].header_digest);
+            sb_add(&b, "    \"%s\": {\"digest\": \"%s\", \"size\": %llu, \"header\": \"%s\"}%s\n",
+                   sh[s].name, h, (unsigned long long)sh[s].size, hh, s + 1 < nshards ? "," : "");
         }
         sb_add(&b, "  }\n}\n");
         int w = write_text(outdir, nshards > 1 ? "sluice.manifest.json"

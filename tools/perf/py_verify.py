@@ -38,7 +38,11 @@ def main():
     with open(manifest) as f:
         doc = json.load(f)
     entries = doc.get("tensors", doc)
-    want = {k: (v["sha256"] if isinstance(v, dict) else v) for k, v in entries.items()}
+    if doc.get("algorithm", "sha256") != "sha256":
+        sys.exit("py_verify: only SHA-256 manifests (this one is %s)" % doc["algorithm"])
+    # flat: {name: digest}; version 1: {"sha256": ...}; version 2: {"digest": ...}
+    want = {k: (v.get("digest", v.get("sha256")) if isinstance(v, dict) else v)
+            for k, v in entries.items()}
 
     maps, work = [], []
     for p in shard_paths(model):
