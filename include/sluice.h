@@ -959,7 +959,11 @@ SLUICE_API char *sluice_digest_hex(const uint8_t digest[32], char hex[65]);
  * A tensor item's bytes are its data_offsets range, read through the
  * file opened at sluice_open (reopened through /proc/self/fd, so a file
  * renamed over the path since is not the one read). A file item is the
- * whole file, read to its end now.
+ * whole file, read to its end now. A tensor the manifest gives chunk
+ * digests is checked chunk by chunk, as loading checks it (a failure
+ * names the chunk; on success the item's digest is the manifest's whole
+ * digest); with SLUICE_VF_DIGEST_ONLY every tensor's whole digest is
+ * computed instead.
  */
 
 /* What an item is. */

@@ -61,6 +61,9 @@ typedef struct vf_item {
     uint64_t begin, end;        /* a tensor's range; a file: 0, UINT64_MAX */
     const uint8_t *want;        /* NULL: nothing to compare with */
     uint64_t want_size;         /* a file's listed size, or SLUICE_SIZE_UNKNOWN */
+    const sl_chunk_digests *chunks; /* a tensor checked chunk by chunk (no whole digest
+                                       is computed then), or NULL */
+    uint32_t bad_chunk;         /* the first chunk that did not match, + 1; 0: none */
     uint64_t weight;            /* the order of the work */
     size_t sub0, nsub;          /* a fused file item: the tensor items items[sub0..+nsub)
                                    hashed in the same pass (see plan) */
@@ -147,12 +150,44 @@ static const char *item_what(const vf_run *run, const vf_item *it, char *out, si
     return out;
 }
 
+/* The next len bytes of item it into md. A tensor with chunk digests is
+ * checked as the engine checks it: each chunk's digest, compared when its
+ * last byte is in (md starts again for the next); no whole digest. */
+static int feed(const vf_run *run, vf_item *it, sl_md *md, const unsigned char *p, size_t len)
+{
+    const sl_chunk_digests *c = it->chunks;
+    if (!c) {
+        if (sl_md_update(md, p, len) < 0)
+            return item_fail(it, SLUICE_E_NOMEM, "%s update failed (OpenSSL)", run->alg_name);
+        it->bytes += len;
+        return SLUICE_OK;
+    }
+    uint64_t nbytes = it->end - it->begin;
+    while (len) {
+        uint64_t k = it->bytes / c->bytes;
+        uint64_t end = k + 1 < c->count ? (k + 1) * c->bytes : nbytes;
+        size_t n = end - it->bytes < len ? (size_t)(end - it->bytes) : len;
+        if (sl_md_update(md, p, n) < 0)
+            return item_fail(it, SLUICE_E_NOMEM, "%s update failed (OpenSSL)", run->alg_name);
+        it->bytes += n;
+        p += n;
+        len -= n;
+        if (it->bytes == end) {
+            uint8_t got[32];
+            if (sl_md_final(md, got) < 0 || sl_md_reset(md) < 0)
+                return item_fail(it, SLUICE_E_NOMEM, "%s final failed (OpenSSL)", run->alg_name);
+            if (!it->bad_chunk && memcmp(got, c->digest[k], 32) != 0) {
+                it->bad_chunk = (uint32_t)k + 1;
+                memcpy(it->digest, got, 32);
+            }
+        }
+    }
+    return SLUICE_OK;
+}
+
 static int hash(vf_worker *w, vf_item *it, const void *p, size_t len)
 {
-    if (sl_md_update(w->md, p, len) < 0)
-        return item_fail(it, SLUICE_E_NOMEM, "%s update failed (OpenSSL)", w->run->alg_name);
-    it->bytes += len;
-    return SLUICE_OK;
+    return feed(w->run, it, w->md, p, len);
 }
 
 /* ------------------------------------------------------------- pread reads */
@@ -363,6 +398,23 @@ static void conclude(const vf_run *run, vf_item *it, sl_md *md, uint64_t pos)
                   (unsigned long long)st.st_size);
         return;
     }
+    char hw[65], hg[65];
+    if (it->chunks) { /* every chunk was compared as it came in */
+        const sl_chunk_digests *c = it->chunks;
+        if (it->bad_chunk) {
+            uint64_t k = it->bad_chunk - 1, lo = k * c->bytes;
+            uint64_t hi = k + 1 < c->count ? lo + c->bytes : it->end - it->begin;
+            item_fail(it, SLUICE_E_CHECKSUM, "%s: %s mismatch in chunk %llu of %u (tensor bytes "
+                      "%llu..%llu): expected %s, actual %s", item_what(run, it, what, sizeof what),
+                      run->alg_name, (unsigned long long)k, c->count, (unsigned long long)lo,
+                      (unsigned long long)hi, sl_hex_digest(hw, c->digest[k]),
+                      sl_hex_digest(hg, it->digest));
+        } else {
+            memcpy(it->digest, it->want, 32); /* its chunks are the manifest's */
+            it->has_digest = 1;
+        }
+        return;
+    }
     if (sl_md_final(md, it->digest) < 0) {
         item_fail(it, SLUICE_E_NOMEM, "%s final failed (OpenSSL)", run->alg_name);
         return;
@@ -370,7 +422,6 @@ static void conclude(const vf_run *run, vf_item *it, sl_md *md, uint64_t pos)
     it->has_digest = 1;
     if (run->digest_only)
         return;
-    char hw[65], hg[65];
     if (!it->want) {
         item_fail(it, SLUICE_E_MANIFEST_MISSING, "%s: the manifest has no digest for it",
                   item_what(run, it, what, sizeof what));
@@ -435,11 +486,8 @@ static void run_fused(vf_worker *w, vf_item *fit)
             open_tensor = 1;
             uint64_t lo = t->begin > pos ? t->begin : pos;
             uint64_t hi = t->end < piece_end ? t->end : piece_end;
-            if (hi > lo) {
-                if (sl_md_update(w->tensor_md, w->buf + (lo - pos), (size_t)(hi - lo)) < 0)
-                    item_fail(t, SLUICE_E_NOMEM, "%s update failed (OpenSSL)", run->alg_name);
-                t->bytes += hi - lo;
-            }
+            if (hi > lo)
+                feed(run, t, w->tensor_md, w->buf + (lo - pos), (size_t)(hi - lo));
             if (t->end > piece_end)
                 break;
             if (t->status == SLUICE_OK)
@@ -627,6 +675,9 @@ static int plan(vf_run *run, const sl_manifest *mf, const size_t *ids, size_t n,
                                   .file = t->file_index, .begin = t->offset,
                                   .end = t->offset + t->nbytes, .weight = t->nbytes,
                                   .want = sl_manifest_tensor_digest(mf, i)};
+        const sl_chunk_digests *chunks = sl_manifest_chunks(mf);
+        if (!run->digest_only && run->items[k].want && chunks && chunks[i].count)
+            run->items[k].chunks = &chunks[i];
         if (!fuse)
             order[run->nqueue++] = (vf_order){t->nbytes, k};
     }

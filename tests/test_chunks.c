@@ -244,6 +244,59 @@ static void flipped_chunk_fails_only_what_covers_it(void **state)
     assert_int_equal(sluice_close(m), SLUICE_OK);
 }
 
+typedef struct vf_seen {
+    int big_status, named;
+    uint8_t big_digest[32];
+    int big_has_digest;
+} vf_seen;
+
+static int on_item(void *user, const struct sluice_verify_item *it)
+{
+    vf_seen *v = user;
+    if (it->kind == SLUICE_VERIFY_ITEM_TENSOR && it->index == 0) {
+        v->big_status = it->status;
+        v->named = it->message && strstr(it->message, "mismatch in chunk 17 of 49") != NULL;
+        v->big_has_digest = it->has_digest;
+        memcpy(v->big_digest, it->digest, 32);
+    }
+    return 0;
+}
+
+/* sluice_verify checks chunk digests as loading does, in its plain pass
+ * and in its fused one (whole files with one thread). */
+static void verify_checks_chunks(void **state)
+{
+    fx *f = *state;
+    write_manifest(f, 1, NULL);
+    uint8_t want[32];
+    mf_sha256(f->bytes, BIG, want);
+    for (int flipped = 0; flipped < 2; flipped++) {
+        if (flipped)
+            flip_big(f, 17 * CHUNK + 77);
+        for (int fused = 0; fused < 2; fused++) {
+            sluice_model *m = open_model(f, 0, 0);
+            vf_seen v = {0};
+            sluice_verify_options vo;
+            sluice_verify_options_init(&vo);
+            vo.on_item = on_item;
+            vo.user = &v;
+            vo.threads = fused ? 1 : 2;
+            vo.flags = fused ? SLUICE_VF_FILES : 0;
+            int rc = sluice_verify(m, NULL, 0, &vo, NULL);
+            if (!flipped) {
+                assert_int_equal(rc, SLUICE_OK);
+                assert_int_equal(v.big_status, SLUICE_OK);
+                assert_true(v.big_has_digest);
+                assert_memory_equal(v.big_digest, want, 32);
+            } else {
+                assert_int_equal(v.big_status, SLUICE_E_CHECKSUM);
+                assert_true(v.named);
+            }
+            assert_int_equal(sluice_close(m), SLUICE_OK);
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- read_into */
 
 static void read_into_reads_the_covering_chunks(void **state)
@@ -462,6 +515,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(chunked_tensor_loads_on_several_workers, setup, teardown),
         cmocka_unit_test_setup_teardown(flipped_chunk_fails_only_what_covers_it, setup, teardown),
+        cmocka_unit_test_setup_teardown(verify_checks_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(read_into_reads_the_covering_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(read_into_needs_no_pool_room, setup, teardown),
         cmocka_unit_test_setup_teardown(whole_digest_checks_the_whole, setup, teardown),
