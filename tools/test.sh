@@ -7,8 +7,9 @@ set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 # libmicrohttpd-dev: the metrics endpoint; prometheus and curl: the
-# metrics_promtool and metrics_prometheus ctests (about 12 s together)
-sh tools/deps.sh clang libclang-rt-14-dev libmicrohttpd-dev prometheus curl
+# metrics_promtool and metrics_prometheus ctests (about 12 s together);
+# libcurl4-openssl-dev: remote models; nginx: test_remote and test_remote_faults
+sh tools/deps.sh clang libclang-rt-14-dev libmicrohttpd-dev prometheus curl libcurl4-openssl-dev nginx
 jobs=$(nproc 2>/dev/null || echo 2)
 
 echo "== ASan + UBSan build, all tests"
