@@ -726,6 +726,79 @@ static int take_verify_options(sluice_verify_options *dst, const sluice_verify_o
     return SLUICE_OK;
 }
 
+/* sluice_verify of a model with remote files: the verify-only path reads
+ * local descriptors, so the tensors go through the engine instead (a
+ * stream: the same range reads and hashing as any load, so through the
+ * pool), each delivered tensor one item. Whole files and digest-only
+ * runs are not offered remotely. */
+typedef struct rv_ctx {
+    sluice_model *m;
+    const sluice_verify_options *vo;
+    struct sluice_verify_report r;
+} rv_ctx;
+
+static int rv_item(void *user, sluice_tensor *t, int status, const struct sluice_tensor_info *info,
+                   const char *message)
+{
+    rv_ctx *c = user;
+    struct sluice_verify_item it;
+    memset(&it, 0, sizeof it);
+    it.size = sizeof it;
+    it.kind = SLUICE_VERIFY_ITEM_TENSOR;
+    it.index = info->index;
+    it.name = info->name;
+    it.name_len = info->name_len;
+    it.status = status;
+    it.message = status ? message : "";
+    if (t) {
+        it.has_digest = sluice_tensor_digest(t, it.digest) == SLUICE_OK;
+        it.bytes = info->nbytes;
+        sluice_release(t);
+    }
+    if (status == SLUICE_OK && !sl_manifest_tensor_digest(c->m->manifest, info->index)) {
+        it.status = SLUICE_E_MANIFEST_MISSING;
+        it.message = "the manifest lists no digest for this tensor";
+    }
+    if (it.status == SLUICE_OK)
+        c->r.tensors_ok++;
+    else
+        c->r.tensors_failed++;
+    c->r.bytes_hashed += it.has_digest ? it.bytes : 0;
+    if (c->vo->on_item)
+        return c->vo->on_item(c->vo->user, &it);
+    return 0;
+}
+
+static int remote_verify(sluice_model *m, const char *const *names, size_t n,
+                         const sluice_verify_options *vo, struct sluice_verify_report *r,
+                         sl_err *err)
+{
+    if (vo->flags & (SLUICE_VF_FILES | SLUICE_VF_DIGEST_ONLY))
+        return sl_fail(err, SLUICE_E_UNSUPPORTED, "sluice_verify: whole files and digest-only "
+                       "runs are not offered for a model with remote files (%s)", m->path);
+    if (!m->manifest)
+        return sl_fail(err, SLUICE_E_MANIFEST, "sluice_verify: no manifest was read for %s",
+                       m->path);
+    rv_ctx c = {.m = m, .vo = vo};
+    sluice_stream_options so;
+    sluice_stream_options_init(&so);
+    so.progress = vo->progress;
+    so.progress_user = vo->progress_user;
+    so.progress_interval_ms = vo->progress_interval_ms;
+    so.cancel = vo->cancel;
+    uint64_t t0 = sl_metrics_clock();
+    int rc = (vo->flags & SLUICE_VF_NO_TENSORS) ? SLUICE_OK
+             : sluice_stream_ex(m, names, names ? n : 0, rv_item, &c, &so);
+    c.r.elapsed_ns = sl_metrics_clock() - t0;
+    c.r.threads = m->opts.hash_threads;
+    *r = c.r;
+    if (rc < 0 && rc != SLUICE_E_CHECKSUM && rc != SLUICE_E_MANIFEST_MISSING)
+        return sl_fail(err, rc, "%s", sluice_errmsg(m));
+    if (rc == SLUICE_OK && c.r.tensors_failed)
+        rc = SLUICE_E_MANIFEST_MISSING;
+    return rc < 0 ? sl_fail(err, rc, "%s", sluice_errmsg(m)) : rc;
+}
+
 SLUICE_API int sluice_verify(sluice_model *m, const char *const *names, size_t n,
                              const sluice_verify_options *o, struct sluice_verify_report *report)
 {
@@ -740,6 +813,16 @@ SLUICE_API int sluice_verify(sluice_model *m, const char *const *names, size_t n
     sluice_verify_options vo;
     if (take_verify_options(&vo, o, &err) < 0)
         return sl_model_error(m, &err);
+    if (m->index.any_remote) {
+        struct sluice_verify_report r;
+        memset(&r, 0, sizeof r);
+        int rc = remote_verify(m, names, n, &vo, &r, &err);
+        if (report) {
+            r.size = report->size;
+            memcpy(report, &r, report->size < sizeof r ? report->size : sizeof r);
+        }
+        return rc < 0 ? sl_model_error(m, &err) : rc;
+    }
     size_t *ids = NULL;
     if (names && resolve(m, names, n, &ids, &err) < 0)
         return sl_model_error(m, &err);

@@ -616,6 +616,54 @@ static void test_fallback_remote_primary(void **state)
     (void)state;
 }
 
+static void test_verify_and_commands(void **state)
+{
+    sluice_model *m = open_ok(at("one.safetensors"), NULL);
+    struct sluice_verify_report r = {.size = sizeof r};
+    assert_int_equal(sluice_verify(m, NULL, 0, NULL, &r), SLUICE_OK);
+    assert_int_equal(r.tensors_ok, ONE_N);
+    assert_int_equal(r.tensors_failed, 0);
+    sluice_verify_options vo;
+    sluice_verify_options_init(&vo);
+    vo.flags = SLUICE_VF_FILES;
+    assert_int_equal(sluice_verify(m, NULL, 0, &vo, &r), SLUICE_E_UNSUPPORTED);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    /* the command line, over HTTP, with a local mirror given by --fallback */
+    char cmd[4096], *p = tu_join(root, "one.safetensors");
+    snprintf(cmd, sizeof cmd, "%s/sluice verify -q %s >/dev/null", SLUICE_BINARY_DIR,
+             at("one.safetensors"));
+    assert_int_equal(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "%s/sluice inspect %s >/dev/null", SLUICE_BINARY_DIR,
+             at("sh/"));
+    assert_int_equal(system(cmd), 0);
+    char *d = tu_tmpdir(), *q = tu_join(d, "one.safetensors"), *out = tu_join(d, "e.bin");
+    char *qm = tu_join(d, "one.safetensors.manifest.json");
+    char *pm = tu_join(root, "one.safetensors.manifest.json");
+    copy_file(p, q);
+    copy_file(pm, qm);
+    flip_byte(q, tensor_offset(q, "e") + 10);
+    snprintf(cmd, sizeof cmd, "%s/sluice cat %s e >%s 2>/dev/null", SLUICE_BINARY_DIR, q, out);
+    assert_int_not_equal(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "%s/sluice cat %s e --fallback %s --fallback %s >%s",
+             SLUICE_BINARY_DIR, q, at("nowhere/"), at("one.safetensors"), out);
+    assert_int_equal(system(cmd), 0);
+    size_t len;
+    void *got = tu_read_file(out, &len);
+    void *good = tu_pread_range(p, tensor_offset(p, "e"), 5 * MIB + 3);
+    assert_int_equal(len, 5 * MIB + 3);
+    assert_memory_equal(got, good, len);
+    free(got);
+    free(good);
+    tu_rmtree(d);
+    free(d);
+    free(q);
+    free(qm);
+    free(pm);
+    free(out);
+    free(p);
+    (void)state;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -630,6 +678,7 @@ int main(void)
         cmocka_unit_test(test_fallback_all_fail),
         cmocka_unit_test(test_fallback_needs_manifest),
         cmocka_unit_test(test_fallback_remote_primary),
+        cmocka_unit_test(test_verify_and_commands),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

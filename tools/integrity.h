@@ -18,7 +18,11 @@
     "  --qd N            reads in flight (default 32)\n"                      \
     "  --threads N       hashing threads (default: online CPUs)\n"            \
     "  --direct          read with O_DIRECT where the file system allows\n"   \
-    "  --pread           use the pread thread pool instead of io_uring\n"
+    "  --pread           use the pread thread pool instead of io_uring\n"     \
+    "  --fallback LOC    a mirror (directory, file, http(s):// or s3://) that\n" \
+    "                    serves a tensor whose copy at PATH fails to verify\n"  \
+    "                    or to read; repeatable, tried in order; needs a\n"     \
+    "                    manifest\n"
 
 /* If argv[*i] is one of IG_LOADER_HELP's options, applies it to o,
  * advances *i past its value and returns 1; returns 0 when it is not one;
