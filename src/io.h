@@ -65,6 +65,7 @@ typedef struct sl_io_req {
                               * a failure with a reason of its own, else 0 */
     char detail[200];        /* and its detail (no secret in it) */
     const char *url;         /* remote seam: what sl_rio_submit was given */
+    const char *location;
     uint64_t object_size;
 
     /* private to the seam */

@@ -185,7 +185,8 @@ int sl_rio_create(const sl_remote_cfg *c, sl_io_done_fn done, void *ctx, sl_rio 
     return unsupported(err, "remote reads");
 }
 
-void sl_rio_submit(sl_rio *r, sl_io_req *req, const char *url, uint64_t object_size) {}
+void sl_rio_submit(sl_rio *r, sl_io_req *req, const char *location, const char *url,
+                   uint64_t object_size) {}
 void sl_rio_flush(sl_rio *r) {}
 void sl_rio_abort(sl_rio *r) {}
 void sl_rio_destroy(sl_rio *r) {}
@@ -778,7 +779,7 @@ static void start(sl_rio *r, rreq *q)
     uint64_t now = mono_ms();
     curl_slist_free_all(q->hdrs);
     q->hdrs = NULL;
-    setup(q->h, r->c, q->url, q->url, &q->x, q->deadline > now ? q->deadline - now : 1, &q->hdrs);
+    setup(q->h, r->c, q->req->location, q->url, &q->x, q->deadline > now ? q->deadline - now : 1, &q->hdrs);
     curl_easy_setopt(q->h, CURLOPT_PRIVATE, q);
     if (curl_multi_add_handle(r->multi, q->h) != CURLM_OK) {
         complete(r, q, SLUICE_E_REMOTE, "curl_multi_add_handle failed", EIO);
@@ -971,7 +972,8 @@ int sl_rio_create(const sl_remote_cfg *c, sl_io_done_fn done, void *ctx, sl_rio 
     return SLUICE_OK;
 }
 
-void sl_rio_submit(sl_rio *r, sl_io_req *req, const char *url, uint64_t object_size)
+void sl_rio_submit(sl_rio *r, sl_io_req *req, const char *location, const char *url,
+                   uint64_t object_size)
 {
     req->error = 0;
     req->eof = 0;
@@ -986,6 +988,7 @@ void sl_rio_submit(sl_rio *r, sl_io_req *req, const char *url, uint64_t object_s
         t += req->iov[i].iov_len;
     req->total = t;
     req->url = url;
+    req->location = location;
     req->object_size = object_size;
     req->next = NULL;
     pthread_mutex_lock(&r->lock);

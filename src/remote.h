@@ -81,10 +81,11 @@ typedef struct sl_rio sl_rio;
 int sl_rio_create(const sl_remote_cfg *c, sl_io_done_fn done, void *ctx, sl_rio **out,
                   sl_err *err);
 
-/* Queues req for url (object_size: the size seen at open, which every
+/* Queues req for url, the http(s) form of location (object_size: the size seen at open, which every
  * reply must name). Results as io.h's, plus req->status and req->detail
  * when the request failed for a reason of its own. */
-void sl_rio_submit(sl_rio *r, sl_io_req *req, const char *url, uint64_t object_size);
+void sl_rio_submit(sl_rio *r, sl_io_req *req, const char *location, const char *url,
+                   uint64_t object_size);
 void sl_rio_flush(sl_rio *r);
 
 /* Fails every request queued, waiting or in flight with ECANCELED at once

@@ -9,6 +9,7 @@ A test arms a fault with a control request:
 
     GET /ctl?mode=MODE&count=N&arg=X    the next N GETs of files misbehave
     GET /ctl/stats                      "requests=R faults=F" so far
+    GET /ctl/headers                    the last file request's headers
 
 MODE is one of:
     status     answer HTTP arg (503, 429, 404, ...) with no body
@@ -31,7 +32,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
-STATE = {"mode": "ok", "count": 0, "arg": "", "requests": 0, "faults": 0}
+STATE = {"mode": "ok", "count": 0, "arg": "", "requests": 0, "faults": 0, "headers": ""}
 LOCK = threading.Lock()
 ROOT = "."
 
@@ -73,6 +74,12 @@ class Handler(BaseHTTPRequestHandler):
             with LOCK:
                 body = "requests=%d faults=%d" % (STATE["requests"], STATE["faults"])
             return self.small(200, body.encode())
+        if u.path == "/ctl/headers":
+            with LOCK:
+                body = STATE["headers"]
+            return self.small(200, body.encode())
+        with LOCK:
+            STATE["headers"] = "GET %s\n%s" % (self.path, str(self.headers))
         path = os.path.join(ROOT, u.path.lstrip("/"))
         if not os.path.isfile(path):
             take_fault()

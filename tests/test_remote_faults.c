@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -311,6 +312,92 @@ static void test_close_with_reads_hanging(void **state)
     (void)state;
 }
 
+static char *last_headers(void)
+{
+    char *r = rf_get(&srv, "/ctl/headers");
+    assert_non_null(r);
+    return r;
+}
+
+/* The request format: a bearer token on http(s)://, SigV4 on s3://, and
+ * no secret in any message. */
+static void test_request_format(void **state)
+{
+    static const char token[] = "tok-SECRET-123";
+    sluice_options o = fast_options();
+    o.http_token = token;
+    o.verify = SLUICE_VERIFY_OFF;   /* the last request of the open is then a range read */
+    sluice_model *m;
+    assert_int_equal(sluice_open(model_url, &o, &m), SLUICE_OK);
+    char *h = last_headers();
+    assert_non_null(strstr(h, "Authorization: Bearer tok-SECRET-123"));
+    assert_non_null(strstr(h, "Range: bytes="));
+    free(h);
+    sluice_close(m);
+    /* a failure names the place, never the token */
+    char missing[300];
+    snprintf(missing, sizeof missing, "%s/absent.safetensors", srv.base);
+    assert_int_equal(sluice_open(missing, &o, &m), SLUICE_E_NO_FILES);
+    assert_null(strstr(sluice_errmsg(m), "SECRET"));
+    sluice_close(m);
+    /* SLUICE_HTTP_TOKEN when the option is not set */
+    setenv("SLUICE_HTTP_TOKEN", "env-token", 1);
+    o.http_token = NULL;
+    assert_int_equal(sluice_open(model_url, &o, &m), SLUICE_OK);
+    h = last_headers();
+    assert_non_null(strstr(h, "Authorization: Bearer env-token"));
+    free(h);
+    sluice_close(m);
+    unsetenv("SLUICE_HTTP_TOKEN");
+
+    /* s3:// path-style against this server: ROOT/models/m.safetensors */
+    char *d = tu_join(root, "models");
+    mkdir(d, 0755);
+    char *src = tu_join(root, "m.safetensors"), *dst = tu_join(d, "m.safetensors");
+    size_t len;
+    void *bytes = tu_read_file(src, &len);
+    tu_write_file(dst, bytes, len);
+    free(bytes);
+    setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE", 1);
+    setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI-SECRET", 1);
+    setenv("AWS_SESSION_TOKEN", "session-SECRET", 1);
+    sluice_options_init(&o);
+    o.s3_endpoint = srv.base;
+    o.s3_region = "eu-west-3";
+    o.verify = SLUICE_VERIFY_OFF;
+    assert_int_equal(sluice_open("s3://models/m.safetensors", &o, &m), SLUICE_OK);
+    sluice_tensor *t;
+    assert_int_equal(sluice_acquire(m, "b", &t), SLUICE_OK);
+    assert_memory_equal(sluice_tensor_data(t), good_b, B_SIZE);
+    sluice_release(t);
+    h = last_headers();
+    assert_non_null(strstr(h, "GET /models/m.safetensors"));
+    assert_non_null(strstr(h, "Authorization: AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/"));
+    assert_non_null(strstr(h, "/eu-west-3/s3/aws4_request"));
+    assert_non_null(strstr(h, "x-amz-content-sha256: e3b0c442"));
+    assert_non_null(strstr(h, "x-amz-security-token: session-SECRET"));
+    assert_non_null(strcasestr(h, "x-amz-date: "));
+    free(h);
+    sluice_close(m);
+    assert_int_equal(sluice_open("s3://models/absent.safetensors", &o, &m), SLUICE_E_NO_FILES);
+    assert_null(strstr(sluice_errmsg(m), "SECRET"));
+    assert_non_null(strstr(sluice_errmsg(m), "s3://models/absent.safetensors"));
+    sluice_close(m);
+    /* anonymous: no Authorization at all */
+    unsetenv("AWS_ACCESS_KEY_ID");
+    unsetenv("AWS_SECRET_ACCESS_KEY");
+    unsetenv("AWS_SESSION_TOKEN");
+    assert_int_equal(sluice_open("s3://models/m.safetensors", &o, &m), SLUICE_OK);
+    h = last_headers();
+    assert_null(strstr(h, "Authorization"));
+    free(h);
+    sluice_close(m);
+    free(src);
+    free(dst);
+    free(d);
+    (void)state;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -327,6 +414,7 @@ int main(void)
         cmocka_unit_test(test_stall_times_out),
         cmocka_unit_test(test_flipped_byte),
         cmocka_unit_test(test_close_with_reads_hanging),
+        cmocka_unit_test(test_request_format),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
