@@ -230,7 +230,7 @@ struct sl_engine {
     sl_rio *rio;
     sl_remote_cfg rcfg;          /* the model's, with abort_flag = &abort_fetch */
     int have_rcfg;
-    volatile int abort_fetch;    /* close: blocking fetches (a mirror's open) stop */
+    _Atomic int abort_fetch;     /* close: blocking fetches (a mirror's open) stop */
     sl_mirror *mirrors;
     unsigned nmirrors;
     pthread_t opener;

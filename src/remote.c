@@ -246,7 +246,7 @@ typedef struct xfer {
     char errbuf[CURL_ERROR_SIZE];
     const char *shown;           /* the location as messages show it */
     /* stall detection (the progress callback): no byte for stall_ms */
-    volatile int *abort_flag;
+    _Atomic int *abort_flag;
     uint64_t stall_ms, last_move_ms;
     curl_off_t last_dl;
     int stalled, aborted;
@@ -558,7 +558,7 @@ static int outcome(xfer *x, CURLcode rc, int missing_code, int *code, char *msg,
     }
     if (rc != CURLE_OK) {
         *code = SLUICE_E_REMOTE;
-        snprintf(msg, cap, "%s%s%s", curl_easy_strerror(rc), x->errbuf[0] ? ": " : "", x->errbuf);
+        snprintf(msg, cap, "%.80s%s%.150s", curl_easy_strerror(rc), x->errbuf[0] ? ": " : "", x->errbuf);
         return transient_curl(rc) ? OUT_RETRY : OUT_FAIL;
     }
     long s = x->status;
@@ -643,8 +643,13 @@ static int fetch(const sl_remote_cfg *c, const char *loc, xfer *x, uint64_t off,
             uint64_t wait = backoff_ms(c, attempt, x->retry_after_ms);
             now = mono_ms();
             if (now + wait < deadline) {
-                struct timespec ts = {(time_t)(wait / 1000), (long)(wait % 1000) * 1000000L};
-                nanosleep(&ts, NULL);
+                /* in slices, so that a close stops the wait */
+                for (uint64_t end = now + wait; mono_ms() < end;) {
+                    if (c->abort_flag && *c->abort_flag)
+                        break;
+                    struct timespec ts = {0, 20000000L};
+                    nanosleep(&ts, NULL);
+                }
                 continue;
             }
             rc = sl_fail(err, code, "%s: %s (attempt %u; no retry: the %llu ms deadline would "

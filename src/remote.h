@@ -44,7 +44,7 @@ typedef struct sl_remote_cfg {
     char *s3_region;
     int s3_virtual;              /* virtual-host-style addressing */
     char *aws_key, *aws_secret, *aws_session; /* NULL: anonymous */
-    volatile int *abort_flag;    /* non-NULL and set: blocking fetches stop */
+    _Atomic int *abort_flag;    /* non-NULL and set: blocking fetches stop */
 } sl_remote_cfg;
 
 /* Whether path names a remote location (http://, https://, s3://). */
