@@ -243,6 +243,8 @@ typedef struct sluice_options {
                                   https://s3.REGION.amazonaws.com */
     const char *s3_region;      /* NULL: $AWS_REGION, else us-east-1 */
     uint32_t s3_addressing;     /* SLUICE_S3_* */
+    const char *remote_ca_file; /* PEM file of the CAs https:// servers are checked
+                                  against; NULL: the system's store */
 } sluice_options;
 
 /* sluice_options.s3_addressing */

@@ -111,7 +111,7 @@ static int take_options(sluice_options *dst, const sluice_options *src, sl_err *
         return sl_fail(err, SLUICE_E_INVAL,
                        "options: size %zu is not one this library knows (%zu); "
                        "call sluice_options_init first", src->size, sizeof *dst);
-    size_t set = set_tail(src, src->size, SL_END_OF(sluice_options, s3_addressing));
+    size_t set = set_tail(src, src->size, SL_END_OF(sluice_options, remote_ca_file));
     if (set)
         return sl_fail(err, SLUICE_E_INVAL,
                        "options: byte %zu of the caller's %zu-byte struct is not zero, "
@@ -183,7 +183,7 @@ static int take_remote(sluice_model *m, const char *path, sl_err *err)
     }
     if (remote)
         SL_TRY(sl_remote_cfg_new(o, &m->remote, err));
-    o->http_token = o->s3_endpoint = o->s3_region = NULL;
+    o->http_token = o->s3_endpoint = o->s3_region = o->remote_ca_file = NULL;
     return SLUICE_OK;
 }
 

@@ -58,6 +58,7 @@ void sl_remote_cfg_free(sl_remote_cfg *c)
     /* secrets: wiped before the memory goes back */
     if (c->aws_secret)
         memset(c->aws_secret, 0, strlen(c->aws_secret));
+    free(c->ca_file);
     free(c->aws_key);
     free(c->aws_secret);
     free(c->aws_session);
@@ -98,6 +99,8 @@ int sl_remote_cfg_new(const sluice_options *o, sl_remote_cfg **out, sl_err *err)
             c->s3_endpoint[--n] = '\0';
     }
     c->s3_virtual = o->s3_addressing == SLUICE_S3_VIRTUAL_HOST;
+    if (o->remote_ca_file)
+        nomem |= !(c->ca_file = strdup(o->remote_ca_file));
     if (env("AWS_ACCESS_KEY_ID") && env("AWS_SECRET_ACCESS_KEY")) {
         nomem |= !(c->aws_key = dup_or_null(env("AWS_ACCESS_KEY_ID")));
         nomem |= !(c->aws_secret = dup_or_null(env("AWS_SECRET_ACCESS_KEY")));
@@ -469,6 +472,8 @@ static int setup(CURL *h, const sl_remote_cfg *c, const char *loc, const char *u
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)c->connect_timeout_ms);
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)(remaining_ms ? remaining_ms : 1));
     curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+    if (c->ca_file)
+        curl_easy_setopt(h, CURLOPT_CAINFO, c->ca_file);
     curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(h, CURLOPT_HEADERDATA, x);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
@@ -656,11 +661,10 @@ static int fetch(const sl_remote_cfg *c, const char *loc, xfer *x, uint64_t off,
                          "pass)", x->shown, msg, attempt + 1, (unsigned long long)c->deadline_ms);
             break;
         }
-        rc = sl_fail(err, code, "%s: %s%s", x->shown, msg,
-                     out == OUT_RETRY ? " (every attempt failed)" : "");
         if (out == OUT_RETRY)
-            snprintf(err->msg + strlen(err->msg), sizeof err->msg - strlen(err->msg),
-                     " after %u attempts", attempt + 1);
+            rc = sl_fail(err, code, "%s: %s (after %u attempts)", x->shown, msg, attempt + 1);
+        else
+            rc = sl_fail(err, code, "%s: %s", x->shown, msg);
         break;
     }
     curl_easy_cleanup(h);
@@ -745,7 +749,10 @@ static void complete(sl_rio *r, rreq *q, int code, const char *msg, int errnum)
         req->error = errnum ? errnum : EIO;
         req->error_offset = req->offset;
         req->status = code;
-        snprintf(req->detail, sizeof req->detail, "%s", msg);
+        size_t n = strlen(msg) < sizeof req->detail - 1 ? strlen(msg) : sizeof req->detail - 1;
+        memcpy(req->detail, msg, n);
+        req->detail[n] = '\0';
+        sl_utf8_cut(req->detail);
     }
     req->retries = q->attempt;
     if (q->h) {

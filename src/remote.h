@@ -44,6 +44,7 @@ typedef struct sl_remote_cfg {
     char *s3_region;
     int s3_virtual;              /* virtual-host-style addressing */
     char *aws_key, *aws_secret, *aws_session; /* NULL: anonymous */
+    char *ca_file;               /* NULL: libcurl's default CA store */
     _Atomic int *abort_flag;    /* non-NULL and set: blocking fetches stop */
 } sl_remote_cfg;
 

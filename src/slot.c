@@ -600,13 +600,17 @@ int sl_slot_check(sl_engine *e, size_t i, int status)
 int sl_slot_checksum_error(sl_engine *e, size_t i, const unsigned char got[32], sl_err *err)
 {
     const struct sluice_tensor_info *t = &e->ix->tensors[i];
+    const sl_slot *s = &e->slots[i];
     char q[SL_QUOTE_MAX], hw[65], hg[65];
     e->st.checksum_failures++;
+    /* a load from a mirror names the mirror's file */
+    const char *file = s->source ? sl_read_file(e, s->source, s->src_file)->path : t->file;
+    uint64_t offset = s->source ? s->src_off : t->offset;
     return sl_fail(err, SLUICE_E_CHECKSUM,
                    "tensor %s (file %s, offset %llu, %llu bytes): SHA-256 mismatch: "
                    "expected %s, actual %s",
-                   sl_quote(q, sizeof q, t->name, t->name_len), t->file,
-                   (unsigned long long)t->offset, (unsigned long long)t->nbytes,
+                   sl_quote(q, sizeof q, t->name, t->name_len), file,
+                   (unsigned long long)offset, (unsigned long long)t->nbytes,
                    sl_hex_digest(hw, sl_expected_digest(e, i)), sl_hex_digest(hg, got));
 }
 

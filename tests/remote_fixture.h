@@ -12,6 +12,8 @@
 
 #include "util.h"
 
+#include "sluice.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -31,6 +33,9 @@ typedef struct rf_server {
     unsigned port;
     char *dir;          /* its own temp dir (config, logs) */
     char base[64];      /* http://127.0.0.1:PORT */
+    unsigned tls_port;  /* nginx: https on this port, 0 when no certificate could be made */
+    char tls_base[64];  /* https://127.0.0.1:TLS_PORT */
+    char ca_file[512];  /* the self-signed certificate it serves (its own CA) */
 } rf_server;
 
 static inline unsigned rf_free_port(void)
@@ -123,7 +128,22 @@ static inline int rf_nginx_start(rf_server *sv, const char *root, const char *re
         sv->dir = tu_tmpdir();
         sv->port = rf_free_port();
         chmod(sv->dir, 0755);
-        char *conf = tu_join(sv->dir, "nginx.conf"), text[4096];
+        char *conf = tu_join(sv->dir, "nginx.conf"), text[4096], cmd[2048], tls[1024] = "";
+        /* https: a self-signed certificate for 127.0.0.1, made by openssl */
+        snprintf(cmd, sizeof cmd,
+                 "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=127.0.0.1 "
+                 "-addext subjectAltName=IP:127.0.0.1 -keyout '%s/key.pem' -out '%s/cert.pem' "
+                 ">/dev/null 2>&1", sv->dir, sv->dir);
+        sv->tls_port = system(cmd) == 0 ? rf_free_port() : 0;
+        if (sv->tls_port) {
+            snprintf(sv->ca_file, sizeof sv->ca_file, "%s/cert.pem", sv->dir);
+            snprintf(tls, sizeof tls,
+                     "  server {\n"
+                     "    listen 127.0.0.1:%u ssl;\n"
+                     "    ssl_certificate %s/cert.pem; ssl_certificate_key %s/key.pem;\n"
+                     "    location / { root %s; }\n"
+                     "  }\n", sv->tls_port, sv->dir, sv->dir, root);
+        }
         /* Workers of a master run by root would run as nobody: keep them
          * the same user, so that they read what the test wrote. */
         snprintf(text, sizeof text,
@@ -144,11 +164,12 @@ static inline int rf_nginx_start(rf_server *sv, const char *root, const char *re
                  "    location /norange/ { alias %s/; max_ranges 0; }\n"
                  "%s%s%s"
                  "  }\n"
+                 "%s"
                  "}\n",
                  geteuid() == 0 ? "user root;\n" : "", sv->dir, sv->dir, sv->dir, sv->dir,
                  sv->dir, sv->dir, sv->dir, sv->port, root, root,
                  real ? "    location /real/ { alias " : "", real ? real : "",
-                 real ? "/; }\n" : "");
+                 real ? "/; }\n" : "", tls);
         tu_write_file(conf, text, strlen(text));
         pid_t pid = fork();
         if (pid == 0) {
@@ -165,6 +186,13 @@ static inline int rf_nginx_start(rf_server *sv, const char *root, const char *re
         sv->pid = pid;
         if (pid > 0 && rf_wait_ready(sv)) {
             snprintf(sv->base, sizeof sv->base, "http://127.0.0.1:%u", sv->port);
+            if (sv->tls_port) {
+                for (int i = 0; i < 500 && !rf_can_connect(sv->tls_port); i++) {
+                    struct timespec ts = {0, 10000000};
+                    nanosleep(&ts, NULL);
+                }
+                snprintf(sv->tls_base, sizeof sv->tls_base, "https://127.0.0.1:%u", sv->tls_port);
+            }
             return 1;
         }
         rf_stop(sv);
@@ -233,6 +261,25 @@ static inline char *rf_get(const rf_server *sv, const char *path)
     char *out = strdup(body ? body + 4 : "");
     free(buf);
     return out;
+}
+
+/* Exits 77 when the library was built without libcurl
+ * (-DSLUICE_WITH_CURL=OFF): remote locations are then SLUICE_E_UNSUPPORTED. */
+static inline void rf_skip_without_curl(void)
+{
+    sluice_options o;
+    sluice_options_init(&o);
+    o.remote_attempts = 1;
+    o.remote_connect_timeout_ms = 200;
+    sluice_model *m = NULL;
+    char loc[64];
+    snprintf(loc, sizeof loc, "http://127.0.0.1:%u/x.safetensors", rf_free_port());
+    int rc = sluice_open(loc, &o, &m);
+    sluice_close(m);
+    if (rc == SLUICE_E_UNSUPPORTED) {
+        fprintf(stderr, "skipped: this library was built without libcurl\n");
+        exit(77);
+    }
 }
 
 #endif

@@ -136,6 +136,7 @@ static uint64_t tensor_offset(const char *path, const char *name)
 static int setup(void **state)
 {
     char why[256];
+    rf_skip_without_curl();
     root = tu_tmpdir();
     chmod(root, 0755);
     char *p = tu_join(root, "one.safetensors");
@@ -544,6 +545,7 @@ static void test_fallback_all_fail(void **state)
     assert_non_null(strstr(msg, "primary: "));
     assert_non_null(strstr(msg, "fallback 1 ("));
     assert_non_null(strstr(msg, "fallback 2 ("));
+    assert_non_null(strstr(msg, m2));   /* the mirror's failure names the mirror's file */
     assert_non_null(strstr(msg, "neither model.safetensors.index.json nor"));
     assert_int_equal(sluice_acquire(m, "a", &t), SLUICE_OK);
     sluice_release(t);
@@ -664,6 +666,32 @@ static void test_verify_and_commands(void **state)
     (void)state;
 }
 
+static void test_https(void **state)
+{
+    if (!nginx.tls_port) {
+        fprintf(stderr, "no certificate could be made (openssl): https not tried\n");
+        skip();
+        return;
+    }
+    char loc[256], *p = tu_join(root, "one.safetensors");
+    snprintf(loc, sizeof loc, "%s/one.safetensors", nginx.tls_base);
+    sluice_options o;
+    sluice_options_init(&o);
+    o.remote_ca_file = nginx.ca_file;
+    sluice_model *l = open_ok(p, NULL), *r = open_ok(loc, &o);
+    compare_models(l, r);
+    assert_int_equal(sluice_verify(r, NULL, 0, NULL, NULL), SLUICE_OK);
+    sluice_close(r);
+    sluice_close(l);
+    /* the system's store does not know this certificate: refused, not retried */
+    sluice_options_init(&o);
+    assert_int_equal(sluice_open(loc, &o, &r), SLUICE_E_REMOTE);
+    assert_non_null(strcasestr(sluice_errmsg(r), "certificate"));
+    sluice_close(r);
+    free(p);
+    (void)state;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -679,6 +707,7 @@ int main(void)
         cmocka_unit_test(test_fallback_needs_manifest),
         cmocka_unit_test(test_fallback_remote_primary),
         cmocka_unit_test(test_verify_and_commands),
+        cmocka_unit_test(test_https),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -39,6 +39,7 @@ static double now_s(void)
 static int setup(void **state)
 {
     char why[256];
+    rf_skip_without_curl();
     root = tu_tmpdir();
     char *p = tu_join(root, "m.safetensors");
     char header[512];

@@ -80,6 +80,7 @@ static void write_model(const char *path, const char *prefix, uint64_t big)
 static int setup(void **state)
 {
     char npm_dir[1024], bin[1200], cmd[4096];
+    rf_skip_without_curl();
     snprintf(npm_dir, sizeof npm_dir, "%s/s3rver-npm", SLUICE_BINARY_DIR);
     snprintf(bin, sizeof bin, "%s/node_modules/.bin/s3rver", npm_dir);
     if (access(bin, X_OK) != 0) {
