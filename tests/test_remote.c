@@ -638,6 +638,12 @@ static void test_verify_and_commands(void **state)
     snprintf(cmd, sizeof cmd, "%s/sluice inspect %s >/dev/null", SLUICE_BINARY_DIR,
              at("sh/"));
     assert_int_equal(system(cmd), 0);
+    /* bench learns URLs: curl is its baseline (a) */
+    snprintf(cmd, sizeof cmd, "%s/sluice bench %s --runs 1 --pool 64M 2>/dev/null "
+             "| grep -q '(a) curl -s -o /dev/null, 8 connections'", SLUICE_BINARY_DIR,
+             at("one.safetensors"));
+    if (system("command -v curl >/dev/null 2>&1") == 0)
+        assert_int_equal(system(cmd), 0);
     char *d = tu_tmpdir(), *q = tu_join(d, "one.safetensors"), *out = tu_join(d, "e.bin");
     char *qm = tu_join(d, "one.safetensors.manifest.json");
     char *pm = tu_join(root, "one.safetensors.manifest.json");
