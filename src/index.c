@@ -133,7 +133,8 @@ static int read_fully(const sl_index *ix, sl_file *f, unsigned char *buf, size_t
 {
     if (f->url) {
         uint64_t size = f->size;
-        return sl_remote_read(ix->remote, f->path, offset, len, buf, &size, SLUICE_E_NO_FILES, err);
+        return sl_remote_read(ix->remote, f->path, offset, len, buf, &size, f->etag,
+                              SLUICE_E_NO_FILES, err);
     }
     size_t got = 0;
     while (got < len) {
@@ -267,7 +268,8 @@ static int open_file(sl_index *ix, const char *dir, const char *name, int missin
         ix->any_remote = 1;
         unsigned char probe[8];
         uint64_t size = 0;
-        int rc = sl_remote_read(ix->remote, f->path, 0, 8, probe, &size, missing_code, &e2);
+        int rc = sl_remote_read(ix->remote, f->path, 0, 8, probe, &size, f->etag, missing_code,
+                                &e2);
         if (rc < 0 && strstr(e2.msg, "HTTP 416"))
             size = 0;   /* an empty object: no byte can be asked for */
         else if (rc < 0)

@@ -18,6 +18,8 @@ typedef struct sl_file {
     char *path;              /* as opened: directory + name (or a remote location) */
     char *url;               /* remote: the http(s) URL its bytes are read from
                                 (fd is -1); NULL for a local file */
+    char etag[160];          /* remote: its strong ETag at open, "" when none
+                                (asked with If-Match on every later read) */
     const char *name;        /* the base name inside path (manifest "files" key) */
     int fd;                  /* open O_RDONLY|O_CLOEXEC until sl_index_free */
     uint64_t size;           /* st_size at open */

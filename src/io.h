@@ -66,6 +66,7 @@ typedef struct sl_io_req {
     char detail[200];        /* and its detail (no secret in it) */
     const char *url;         /* remote seam: what sl_rio_submit was given */
     const char *location;
+    const char *etag;
     uint64_t object_size;
 
     /* private to the seam */

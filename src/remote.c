@@ -169,7 +169,7 @@ static int unsupported(sl_err *err, const char *loc)
 }
 
 int sl_remote_read(const sl_remote_cfg *c, const char *location, uint64_t offset, uint64_t len,
-                   unsigned char *buf, uint64_t *size, int missing_code, sl_err *err)
+                   unsigned char *buf, uint64_t *size, char *etag, int missing_code, sl_err *err)
 {
     return unsupported(err, location);
 }
@@ -189,7 +189,7 @@ int sl_rio_create(const sl_remote_cfg *c, sl_io_done_fn done, void *ctx, sl_rio 
 }
 
 void sl_rio_submit(sl_rio *r, sl_io_req *req, const char *location, const char *url,
-                   uint64_t object_size) {}
+                   uint64_t object_size, const char *etag) {}
 void sl_rio_flush(sl_rio *r) {}
 void sl_rio_abort(sl_rio *r) {}
 void sl_rio_destroy(sl_rio *r) {}
@@ -242,6 +242,8 @@ typedef struct xfer {
     int have_cr;
     uint64_t cr_a, cr_b, cr_total;
     long retry_after_ms;         /* -1: none */
+    char etag[SL_ETAG_MAX];      /* the reply's strong ETag, "" when none */
+    const char *if_match;        /* asked with If-Match, or NULL */
     uint64_t got;                /* body bytes of this attempt */
     int checked;
     int verdict;                 /* a code decided by a callback (stops the transfer) */
@@ -260,6 +262,7 @@ static void x_reset_attempt(xfer *x)
     x->status = 0;
     x->have_cr = 0;
     x->retry_after_ms = -1;
+    x->etag[0] = '\0';
     x->got = 0;
     x->checked = 0;
     x->verdict = 0;
@@ -285,6 +288,14 @@ static size_t on_header(char *line, size_t sz, size_t n, void *ud)
         x->status = sp ? strtol(sp + 1, NULL, 10) : 0;
         x->have_cr = 0;
         x->retry_after_ms = -1;
+        x->etag[0] = '\0';
+    } else if (!strncasecmp(h, "etag:", 5)) {
+        const char *v = h + 5;
+        while (*v == ' ' || *v == '\t')
+            v++;
+        /* strong ones only: If-Match compares strongly */
+        if (*v == '"' && strlen(v) < sizeof x->etag)
+            snprintf(x->etag, sizeof x->etag, "%s", v);
     } else if (!strncasecmp(h, "content-range:", 14)) {
         unsigned long long a, b, t;
         const char *v = h + 14;
@@ -489,6 +500,10 @@ static int setup(CURL *h, const sl_remote_cfg *c, const char *loc, const char *u
                  (unsigned long long)(x->want_off + x->want_len - 1));
         l = curl_slist_append(l, line);
     }
+    if (x->if_match && *x->if_match) {
+        snprintf(line, sizeof line, "If-Match: %s", x->if_match);
+        l = curl_slist_append(l, line);
+    }
     if (!strncmp(loc, "s3://", 5)) {
         if (c->aws_key) {
             snprintf(line, sizeof line, "aws:amz:%s:s3", c->s3_region);
@@ -575,6 +590,12 @@ static int outcome(xfer *x, CURLcode rc, int missing_code, int *code, char *msg,
             return OUT_RETRY;
         }
         return OUT_OK;
+    }
+    if (s == 412 && x->if_match) {
+        *code = SLUICE_E_FILE_CHANGED;
+        snprintf(msg, cap, "HTTP 412: the object changed after open (its ETag is no longer %s)",
+                 x->if_match);
+        return OUT_FAIL;
     }
     *code = SLUICE_E_REMOTE;
     if (s == 404 && missing_code)
@@ -673,13 +694,15 @@ static int fetch(const sl_remote_cfg *c, const char *loc, xfer *x, uint64_t off,
 }
 
 int sl_remote_read(const sl_remote_cfg *c, const char *location, uint64_t offset, uint64_t len,
-                   unsigned char *buf, uint64_t *size, int missing_code, sl_err *err)
+                   unsigned char *buf, uint64_t *size, char *etag, int missing_code, sl_err *err)
 {
-    xfer x = {.buf = buf, .ranged = 1, .size = *size};
+    xfer x = {.buf = buf, .ranged = 1, .size = *size, .if_match = etag && *etag ? etag : NULL};
     if (len == 0)
         return SLUICE_OK;
     SL_TRY(fetch(c, location, &x, offset, len, missing_code, err));
     *size = x.cr_total;
+    if (etag && !*etag)
+        snprintf(etag, SL_ETAG_MAX, "%s", x.etag);
     return SLUICE_OK;
 }
 
@@ -902,6 +925,7 @@ static void *rio_main(void *arg)
             q->x.req = req;
             q->x.ranged = 1;
             q->x.size = req->object_size;
+            q->x.if_match = req->etag;
             q->deadline = now + r->c->deadline_ms;
             if (r->pending_tail)
                 r->pending_tail->next = q;
@@ -985,7 +1009,7 @@ int sl_rio_create(const sl_remote_cfg *c, sl_io_done_fn done, void *ctx, sl_rio 
 }
 
 void sl_rio_submit(sl_rio *r, sl_io_req *req, const char *location, const char *url,
-                   uint64_t object_size)
+                   uint64_t object_size, const char *etag)
 {
     req->error = 0;
     req->eof = 0;
@@ -1001,6 +1025,7 @@ void sl_rio_submit(sl_rio *r, sl_io_req *req, const char *location, const char *
     req->total = t;
     req->url = url;
     req->location = location;
+    req->etag = etag;
     req->object_size = object_size;
     req->next = NULL;
     pthread_mutex_lock(&r->lock);

@@ -61,12 +61,18 @@ void sl_remote_cfg_free(sl_remote_cfg *c);
  * malloc'd (NULL when out of memory or not a valid location: err says). */
 char *sl_remote_url(const sl_remote_cfg *c, const char *location, sl_err *err);
 
+/* The longest strong ETag kept (a longer one is not used). */
+#define SL_ETAG_MAX 160
+
 /* Range GET of len bytes at offset of location into buf. *size gets the
- * object's size (from Content-Range). Codes: SLUICE_E_NO_FILES (missing_code)
- * for 404, SLUICE_E_REMOTE, SLUICE_E_FILE_CHANGED (ignored Range, or size
- * other than *size when *size is not 0 on entry), SLUICE_E_UNSUPPORTED. */
+ * object's size (from Content-Range). etag (NULL: not used; else
+ * SL_ETAG_MAX bytes): when it holds one, the request asks If-Match it;
+ * when empty, it gets the reply's strong ETag, if any. Codes:
+ * SLUICE_E_NO_FILES (missing_code) for 404, SLUICE_E_REMOTE,
+ * SLUICE_E_FILE_CHANGED (ignored Range, a size other than *size when *size
+ * is not 0 on entry, 412 to If-Match), SLUICE_E_UNSUPPORTED. */
 int sl_remote_read(const sl_remote_cfg *c, const char *location, uint64_t offset, uint64_t len,
-                   unsigned char *buf, uint64_t *size, int missing_code, sl_err *err);
+                   unsigned char *buf, uint64_t *size, char *etag, int missing_code, sl_err *err);
 
 /* GET of a whole object of at most max bytes into a malloc'd, NUL-ended
  * buffer. 404 gives missing_code (0: returns 0 with *out NULL: absent). */
@@ -83,10 +89,11 @@ int sl_rio_create(const sl_remote_cfg *c, sl_io_done_fn done, void *ctx, sl_rio 
                   sl_err *err);
 
 /* Queues req for url, the http(s) form of location (object_size: the size seen at open, which every
- * reply must name). Results as io.h's, plus req->status and req->detail
+ * reply must name; etag: the object's strong ETag at open, asked with
+ * If-Match, or NULL). Results as io.h's, plus req->status and req->detail
  * when the request failed for a reason of its own. */
 void sl_rio_submit(sl_rio *r, sl_io_req *req, const char *location, const char *url,
-                   uint64_t object_size);
+                   uint64_t object_size, const char *etag);
 void sl_rio_flush(sl_rio *r);
 
 /* Fails every request queued, waiting or in flight with ECANCELED at once

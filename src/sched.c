@@ -129,7 +129,7 @@ static void submit_read(sl_engine *e, sl_read *r)
     r->t_submit = sl_metrics_now(&e->met);
     r->remote = f->url != NULL;
     if (r->remote)
-        sl_rio_submit(e->rio, &r->req, f->path, f->url, f->size);
+        sl_rio_submit(e->rio, &r->req, f->path, f->url, f->size, f->etag[0] ? f->etag : NULL);
     else
         sl_io_submit(e->io, &r->req);
     e->need_flush = 1;

@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -418,6 +420,17 @@ static void test_checksum_and_changed(void **state)
     tu_write_file(q, longer, len + 1);
     assert_int_equal(sluice_acquire(m, "e", &t), SLUICE_E_FILE_CHANGED);
     assert_non_null(strstr(sluice_errmsg(m), "changed after open"));
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    /* replaced by another object of the same size (nginx's ETag is mtime
+     * and size: the mtime moves on): If-Match answers 412 */
+    tu_write_file(q, bytes, len);
+    m = open_ok(at("bad.safetensors"), NULL);
+    bytes[len - 1] ^= 1;
+    tu_write_file(q, bytes, len);
+    struct timeval later[2] = {{time(NULL) + 100, 0}, {time(NULL) + 100, 0}};
+    assert_int_equal(utimes(q, later), 0);
+    assert_int_equal(sluice_acquire(m, "f", &t), SLUICE_E_FILE_CHANGED);
+    assert_non_null(strstr(sluice_errmsg(m), "HTTP 412: the object changed after open"));
     assert_int_equal(sluice_close(m), SLUICE_OK);
     free(longer);
     free(bytes);
