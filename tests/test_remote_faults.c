@@ -313,6 +313,48 @@ static void test_close_with_reads_hanging(void **state)
     (void)state;
 }
 
+/* A local copy whose tensor b fails its digest, a mirror that never
+ * answers: the mirror's open hangs on the opener thread while the slot
+ * waits; close must still return at once. */
+static void test_close_while_mirror_opens(void **state)
+{
+    char *d = tu_tmpdir(), *q = tu_join(d, "m.safetensors");
+    char *qm = tu_join(d, "m.safetensors.manifest.json");
+    char *p = tu_join(root, "m.safetensors"), *pm = tu_join(root, "m.safetensors.manifest.json");
+    size_t len;
+    unsigned char *bytes = tu_read_file(p, &len);
+    bytes[len - 10] ^= 0xff;        /* inside b */
+    tu_write_file(q, bytes, len);
+    free(bytes);
+    bytes = tu_read_file(pm, &len);
+    tu_write_file(qm, bytes, len);
+    free(bytes);
+    sluice_options o = fast_options();
+    o.remote_stall_timeout_ms = 60000;
+    o.remote_deadline_ms = 120000;
+    const char *mirrors[] = {model_url};
+    o.fallback = mirrors;
+    o.fallback_count = 1;
+    sluice_model *m;
+    assert_int_equal(sluice_open(q, &o, &m), SLUICE_OK);
+    arm("hang", 100, "30");
+    assert_int_equal(sluice_prefetch(m, NULL, 0), SLUICE_OK);
+    struct timespec ts = {0, 500000000};
+    nanosleep(&ts, NULL);           /* b failed, the mirror's open is on the wire */
+    assert_true(faults_served() > 0);
+    double t0 = now_s();
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    assert_true(now_s() - t0 < 2.0);
+    arm("ok", 0, NULL);
+    tu_rmtree(d);
+    free(d);
+    free(q);
+    free(qm);
+    free(p);
+    free(pm);
+    (void)state;
+}
+
 static char *last_headers(void)
 {
     char *r = rf_get(&srv, "/ctl/headers");
@@ -415,6 +457,7 @@ int main(void)
         cmocka_unit_test(test_stall_times_out),
         cmocka_unit_test(test_flipped_byte),
         cmocka_unit_test(test_close_with_reads_hanging),
+        cmocka_unit_test(test_close_while_mirror_opens),
         cmocka_unit_test(test_request_format),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
