@@ -119,6 +119,9 @@ enum sluice_status {
     SLUICE_E_BUSY = -52,           /* close with live handles or a stream running */
     SLUICE_E_FILE_CHANGED = -53,   /* a file shrank or vanished after (or during) open */
     SLUICE_E_CANCELLED = -54,      /* a stream stopped by its cancellation token */
+    SLUICE_E_REMOTE = -55,         /* a remote source refused a request for good
+                                      (HTTP 403, 404, 416, ...) or could not be
+                                      reached within its attempts and deadline */
 
     /* metrics */
     SLUICE_E_BUFFER = -60,         /* the output buffer is too small (*needed says how large) */
@@ -248,7 +251,38 @@ typedef struct sluice_options {
                                         no signature asked. Read by sluice_open only */
     size_t ntrusted_keys;   /* entries in trusted_keys: 0 with trusted_keys NULL,
                                else 1 or more, none NULL (else SLUICE_E_INVAL) */
+
+    /* Remote sources and fallback (see "Remote models and mirrors"). */
+    const char *const *fallback; /* fallback_count mirrors of the model, tried
+                                  in order: a directory or file, an http(s)://
+                                  or an s3:// location; copied by open. Needs a
+                                  manifest (else SLUICE_E_INVAL at open) */
+    uint32_t fallback_count;    /* 0: no fallback; at most 16 */
+    uint32_t remote_connections; /* connections at once per remote model (and
+                                  per mirror); default 8, 1..256 */
+    uint32_t remote_attempts;   /* attempts of one remote read (transient
+                                  failures); default 5, 1..100 */
+    uint32_t remote_connect_timeout_ms; /* default 10000 */
+    uint32_t remote_stall_timeout_ms;   /* an attempt that moves no byte for this
+                                  long (waiting for the reply included) is
+                                  stopped and retried; default 30000 */
+    uint32_t remote_deadline_ms; /* one read's time, every attempt and wait
+                                  included; default 120000 */
+    uint32_t remote_backoff_ms; /* the first retry's backoff cap, doubled each
+                                  attempt up to 30 s (full jitter); default 200 */
+    const char *http_token;     /* "Authorization: Bearer" for http(s):// (not
+                                  for s3://); NULL: $SLUICE_HTTP_TOKEN if set */
+    const char *s3_endpoint;    /* NULL: $AWS_ENDPOINT_URL, else
+                                  https://s3.REGION.amazonaws.com */
+    const char *s3_region;      /* NULL: $AWS_REGION, else us-east-1 */
+    uint32_t s3_addressing;     /* SLUICE_S3_* */
+    const char *remote_ca_file; /* PEM file of the CAs https:// servers are checked
+                                  against; NULL: the system's store */
 } sluice_options;
+
+/* sluice_options.s3_addressing */
+#define SLUICE_S3_PATH 0u           /* ENDPOINT/BUCKET/KEY (the default) */
+#define SLUICE_S3_VIRTUAL_HOST 1u   /* SCHEME://BUCKET.HOST/KEY */
 
 /* Fills *opts with the defaults. Returns SLUICE_E_INVAL if opts is NULL. */
 SLUICE_API int sluice_options_init(sluice_options *opts);
@@ -1061,6 +1095,12 @@ struct sluice_verify_report {
 SLUICE_API int sluice_verify(sluice_model *model, const char *const *names, size_t n,
                              const sluice_verify_options *o, struct sluice_verify_report *report);
 
+/* Where a handle's bytes came from: "" when from the model's own files,
+ * else the mirror and why ("fallback 1 (LOC), after: primary: <why>"; see
+ * sluice_options.fallback). Borrowed: valid while the handle is live.
+ * NULL for a NULL handle. */
+SLUICE_API const char *sluice_tensor_source(const sluice_tensor *t);
+
 /* ------------------------------------------------------------------------ */
 /* Statistics                                                               */
 /* ------------------------------------------------------------------------ */
@@ -1096,6 +1136,13 @@ struct sluice_stats {
                                    with "chunks"; see "Manifests") */
     uint32_t hash_parallel_peak; /* the most hashing threads that worked on
                                    one tensor's chunks at once */
+    /* remote sources and mirrors */
+    uint64_t remote_reads;      /* range requests completed (any outcome) */
+    uint64_t remote_bytes;      /* bytes they brought in */
+    uint64_t remote_retries;    /* attempts retried (status, reset, timeout, short body) */
+    uint64_t fallback_tensors;  /* loads delivered from a mirror */
+    uint64_t fallback_bytes;    /* their bytes */
+    uint64_t fallback_failures; /* mirror attempts that failed too */
 };
 
 /* Fills *stats (whose size field the caller sets; fields past it are not

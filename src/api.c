@@ -25,8 +25,10 @@
 #include "range.h"
 #include "digest.h"
 #include "metrics.h"
+#include "remote.h"
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -101,6 +103,12 @@ SLUICE_API int sluice_options_init(sluice_options *opts)
     opts->hash_threads = 0;
     opts->manifest_path = NULL;
     opts->verify = SLUICE_VERIFY_DEFAULT;
+    opts->remote_connections = 8;
+    opts->remote_attempts = 5;
+    opts->remote_connect_timeout_ms = 10000;
+    opts->remote_stall_timeout_ms = 30000;
+    opts->remote_deadline_ms = 120000;
+    opts->remote_backoff_ms = 200;
     return SLUICE_OK;
 }
 
@@ -134,7 +142,7 @@ static int take_options(sluice_options *dst, const sluice_options *src, sl_err *
         return sl_fail(err, SLUICE_E_INVAL,
                        "options: size %zu is not one this library knows (%zu); "
                        "call sluice_options_init first", src->size, sizeof *dst);
-    size_t set = set_tail(src, src->size, SL_END_OF(sluice_options, ntrusted_keys));
+    size_t set = set_tail(src, src->size, SL_END_OF(sluice_options, remote_ca_file));
     if (set)
         return sl_fail(err, SLUICE_E_INVAL,
                        "options: byte %zu of the caller's %zu-byte struct is not zero, "
@@ -168,13 +176,123 @@ static int take_options(sluice_options *dst, const sluice_options *src, sl_err *
         return sl_fail(err, SLUICE_E_UNSUPPORTED,
                        "options: digest algorithm %s: this build of the library lacks it",
                        sluice_algorithm_name(dst->algorithm));
+    if (dst->fallback_count > SL_MAX_FALLBACK)
+        return sl_fail(err, SLUICE_E_INVAL, "options: fallback_count %u is over %d",
+                       (unsigned)dst->fallback_count, SL_MAX_FALLBACK);
+    if (dst->fallback_count && !dst->fallback)
+        return sl_fail(err, SLUICE_E_INVAL, "options: fallback is NULL with fallback_count %u",
+                       (unsigned)dst->fallback_count);
+    for (uint32_t k = 0; k < dst->fallback_count; k++)
+        if (!dst->fallback[k] || !*dst->fallback[k])
+            return sl_fail(err, SLUICE_E_INVAL, "options: fallback[%u] is NULL or empty",
+                           (unsigned)k);
+    if (dst->remote_connections < 1 || dst->remote_connections > 256)
+        return sl_fail(err, SLUICE_E_INVAL, "options: remote_connections %u is outside 1..256",
+                       (unsigned)dst->remote_connections);
+    if (dst->remote_attempts < 1 || dst->remote_attempts > 100)
+        return sl_fail(err, SLUICE_E_INVAL, "options: remote_attempts %u is outside 1..100",
+                       (unsigned)dst->remote_attempts);
+    if (!dst->remote_connect_timeout_ms || !dst->remote_stall_timeout_ms ||
+        !dst->remote_deadline_ms)
+        return sl_fail(err, SLUICE_E_INVAL, "options: a remote timeout or deadline is 0");
+    if (dst->s3_addressing > SLUICE_S3_VIRTUAL_HOST)
+        return sl_fail(err, SLUICE_E_INVAL, "options: unknown s3_addressing %u",
+                       (unsigned)dst->s3_addressing);
     return take_trusted_keys(dst, err);
+}
+
+/* The caller's strings are the caller's: the model keeps copies of the
+ * mirrors, and the remote configuration keeps the rest (token and S3
+ * settings, which then leave m->opts). */
+static int take_remote(sluice_model *m, const char *path, sl_err *err)
+{
+    sluice_options *o = &m->opts;
+    int remote = sl_is_remote(path) || (o->manifest_path && sl_is_remote(o->manifest_path));
+    if (o->fallback_count) {
+        if (!(m->fallback = calloc(o->fallback_count, sizeof *m->fallback)))
+            return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
+        for (uint32_t k = 0; k < o->fallback_count; k++) {
+            if (!(m->fallback[k] = strdup(o->fallback[k])))
+                return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
+            remote |= sl_is_remote(o->fallback[k]);
+        }
+        m->nfallback = o->fallback_count;
+        o->fallback = (const char *const *)m->fallback;
+    }
+    if (remote)
+        SL_TRY(sl_remote_cfg_new(o, &m->remote, err));
+    o->http_token = o->s3_endpoint = o->s3_region = o->remote_ca_file = NULL;
+    return SLUICE_OK;
+}
+
+/* The manifest of a model whose manifest is remote: opts->manifest_path
+ * when it is a URL, else the sidecar at the remote model's place. */
+static int load_remote_manifest(sluice_model *m, const char *path, sl_err *err)
+{
+    const sluice_options *o = &m->opts;
+    char *loc = o->manifest_path ? strdup(o->manifest_path) : sl_manifest_sidecar_remote(path);
+    if (!loc)
+        return sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
+    char *text = NULL;
+    size_t len = 0;
+    int rc = sl_remote_get(m->remote, loc, SLUICE_MAX_MANIFEST_BYTES, &text, &len,
+                           o->manifest_path ? SLUICE_E_MANIFEST : 0, err);
+    if (rc == SLUICE_OK && !text) {
+        if (o->verify == SLUICE_VERIFY_REQUIRE)
+            rc = sl_fail(err, SLUICE_E_MANIFEST, "manifest: policy REQUIRE and no manifest: no "
+                         "sidecar %s (set manifest_path or write one with 'sluice manifest')", loc);
+        free(loc);
+        return rc;
+    }
+    if (rc < 0) {
+        if (rc != SLUICE_E_NOMEM && rc != SLUICE_E_UNSUPPORTED)
+            err->code = rc = SLUICE_E_MANIFEST;
+        free(loc);
+        return rc;
+    }
+    return sl_manifest_from_text(&m->index, o, loc, text, len, &m->manifest, err);
+}
+
+/* The sidecar of a remote model: FILE.manifest.json for a .safetensors,
+ * sluice.manifest.json beside an index.json or inside a prefix. */
+char *sl_manifest_sidecar_remote(const char *path)
+{
+    size_t n = strlen(path);
+    size_t cap = n + sizeof "/sluice.manifest.json" + 1;
+    char *p = malloc(cap);
+    if (!p)
+        return NULL;
+    if (n >= 12 && !strcmp(path + n - 12, ".safetensors")) {
+        snprintf(p, cap, "%s.manifest.json", path);
+        return p;
+    }
+    if (n >= 5 && !strcmp(path + n - 5, ".json"))
+        while (n > 0 && path[n - 1] != '/')
+            n--;
+    while (n > 0 && path[n - 1] == '/')
+        n--;
+    snprintf(p, cap, "%.*s/sluice.manifest.json", (int)n, path);
+    return p;
+}
+
+static void free_remote(sluice_model *m)
+{
+    for (size_t k = 0; m->fallback && k < m->nfallback; k++)
+        free(m->fallback[k]);
+    free(m->fallback);
+    m->fallback = NULL;
+    m->nfallback = 0;
+    m->opts.fallback = NULL;
+    m->opts.fallback_count = 0;
+    sl_remote_cfg_free(m->remote);
+    m->remote = NULL;
 }
 
 static void release_model(sluice_model *m)
 {
     sl_manifest_free(m->manifest);
     sl_index_free(&m->index);
+    free_remote(m);
     /* The closing thread's own entry goes now; other threads' entries can
      * never match a later model (ids are not reused) and go when pushed
      * out or when their thread exits. */
@@ -225,9 +343,18 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
         rc = sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
         goto failed;
     }
-    if ((rc = sl_index_open(&m->index, path, err)) < 0)
+    if ((rc = take_remote(m, path, err)) < 0)
         goto failed;
-    if ((rc = sl_manifest_load(&m->index, &m->opts, path, &m->manifest, err)) < 0)
+    if ((rc = sl_index_open_ex(&m->index, path, m->remote, err)) < 0)
+        goto failed;
+    m->index.remote = m->remote;    /* the mirrors' too */
+    if (m->opts.verify != SLUICE_VERIFY_OFF &&
+        ((m->opts.manifest_path && sl_is_remote(m->opts.manifest_path)) ||
+         (!m->opts.manifest_path && sl_is_remote(path))))
+        rc = load_remote_manifest(m, path, err);
+    else
+        rc = sl_manifest_load(&m->index, &m->opts, path, &m->manifest, err);
+    if (rc < 0)
         goto failed;
     if (m->manifest) /* the manifest's algorithm is the model's */
         m->opts.algorithm = sl_manifest_algorithm(m->manifest);
@@ -242,6 +369,12 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
     /* the caller's key list is borrowed for the open only */
     m->opts.trusted_keys = NULL;
     m->opts.ntrusted_keys = 0;
+    if (m->nfallback && !m->manifest) {
+        rc = sl_fail(err, SLUICE_E_INVAL, "%s: fallback mirrors need a manifest to verify their "
+                     "bytes against, and none is in force (no sidecar, no manifest_path, or "
+                     "verify OFF): unverified bytes from elsewhere are never handed out", path);
+        goto failed;
+    }
     if ((rc = create_engine(m, err)) < 0)
         goto failed;
     sl_model_metrics_opened(m, t_open);
@@ -252,6 +385,7 @@ failed:
     sl_manifest_free(m->manifest);
     m->manifest = NULL;
     sl_index_free(&m->index);
+    free_remote(m);
     m->failed = 1;
     return rc;
 }
@@ -588,6 +722,11 @@ SLUICE_API const struct sluice_tensor_info *sluice_tensor_info(const sluice_tens
     return t ? sl_handle_info(t) : NULL;
 }
 
+SLUICE_API const char *sluice_tensor_source(const sluice_tensor *t)
+{
+    return t ? sl_handle_source(t) : NULL;
+}
+
 SLUICE_API int sluice_tensor_digest(const sluice_tensor *t, uint8_t digest[32])
 {
     if (!t || !digest)
@@ -750,6 +889,79 @@ static int take_verify_options(sluice_verify_options *dst, const sluice_verify_o
     return SLUICE_OK;
 }
 
+/* sluice_verify of a model with remote files: the verify-only path reads
+ * local descriptors, so the tensors go through the engine instead (a
+ * stream: the same range reads and hashing as any load, so through the
+ * pool), each delivered tensor one item. Whole files and digest-only
+ * runs are not offered remotely. */
+typedef struct rv_ctx {
+    sluice_model *m;
+    const sluice_verify_options *vo;
+    struct sluice_verify_report r;
+} rv_ctx;
+
+static int rv_item(void *user, sluice_tensor *t, int status, const struct sluice_tensor_info *info,
+                   const char *message)
+{
+    rv_ctx *c = user;
+    struct sluice_verify_item it;
+    memset(&it, 0, sizeof it);
+    it.size = sizeof it;
+    it.kind = SLUICE_VERIFY_ITEM_TENSOR;
+    it.index = info->index;
+    it.name = info->name;
+    it.name_len = info->name_len;
+    it.status = status;
+    it.message = status ? message : "";
+    if (t) {
+        it.has_digest = sluice_tensor_digest(t, it.digest) == SLUICE_OK;
+        it.bytes = info->nbytes;
+        sluice_release(t);
+    }
+    if (status == SLUICE_OK && !sl_manifest_tensor_digest(c->m->manifest, info->index)) {
+        it.status = SLUICE_E_MANIFEST_MISSING;
+        it.message = "the manifest lists no digest for this tensor";
+    }
+    if (it.status == SLUICE_OK)
+        c->r.tensors_ok++;
+    else
+        c->r.tensors_failed++;
+    c->r.bytes_hashed += it.has_digest ? it.bytes : 0;
+    if (c->vo->on_item)
+        return c->vo->on_item(c->vo->user, &it);
+    return 0;
+}
+
+static int remote_verify(sluice_model *m, const char *const *names, size_t n,
+                         const sluice_verify_options *vo, struct sluice_verify_report *r,
+                         sl_err *err)
+{
+    if (vo->flags & (SLUICE_VF_FILES | SLUICE_VF_DIGEST_ONLY))
+        return sl_fail(err, SLUICE_E_UNSUPPORTED, "sluice_verify: whole files and digest-only "
+                       "runs are not offered for a model with remote files (%s)", m->path);
+    if (!m->manifest)
+        return sl_fail(err, SLUICE_E_MANIFEST, "sluice_verify: no manifest was read for %s",
+                       m->path);
+    rv_ctx c = {.m = m, .vo = vo};
+    sluice_stream_options so;
+    sluice_stream_options_init(&so);
+    so.progress = vo->progress;
+    so.progress_user = vo->progress_user;
+    so.progress_interval_ms = vo->progress_interval_ms;
+    so.cancel = vo->cancel;
+    uint64_t t0 = sl_metrics_clock();
+    int rc = (vo->flags & SLUICE_VF_NO_TENSORS) ? SLUICE_OK
+             : sluice_stream_ex(m, names, names ? n : 0, rv_item, &c, &so);
+    c.r.elapsed_ns = sl_metrics_clock() - t0;
+    c.r.threads = m->opts.hash_threads;
+    *r = c.r;
+    if (rc < 0 && rc != SLUICE_E_CHECKSUM && rc != SLUICE_E_MANIFEST_MISSING)
+        return sl_fail(err, rc, "%s", sluice_errmsg(m));
+    if (rc == SLUICE_OK && c.r.tensors_failed)
+        rc = SLUICE_E_MANIFEST_MISSING;
+    return rc < 0 ? sl_fail(err, rc, "%s", sluice_errmsg(m)) : rc;
+}
+
 SLUICE_API int sluice_verify(sluice_model *m, const char *const *names, size_t n,
                              const sluice_verify_options *o, struct sluice_verify_report *report)
 {
@@ -764,6 +976,16 @@ SLUICE_API int sluice_verify(sluice_model *m, const char *const *names, size_t n
     sluice_verify_options vo;
     if (take_verify_options(&vo, o, &err) < 0)
         return sl_model_error(m, &err);
+    if (m->index.any_remote) {
+        struct sluice_verify_report r;
+        memset(&r, 0, sizeof r);
+        int rc = remote_verify(m, names, n, &vo, &r, &err);
+        if (report) {
+            r.size = report->size;
+            memcpy(report, &r, report->size < sizeof r ? report->size : sizeof r);
+        }
+        return rc < 0 ? sl_model_error(m, &err) : rc;
+    }
     size_t *ids = NULL;
     if (names && resolve(m, names, n, &ids, &err) < 0)
         return sl_model_error(m, &err);

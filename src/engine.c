@@ -48,6 +48,10 @@ void sl_engine_open_direct(sl_engine *e, const char *proc_fd_dir)
 {
     for (size_t f = 0; f < e->ix->nfiles; f++) {
         const sl_file *file = &e->ix->files[f];
+        if (file->url) {
+            e->files[f].direct_fd = -1;  /* remote: no descriptor at all */
+            continue;
+        }
         int fd = sl_file_reopen(file, proc_fd_dir, O_DIRECT);
         e->files[f].direct_fd = fd;
         if (fd < 0) {
@@ -97,8 +101,10 @@ static void free_engine(sl_engine *e)
 {
     if (!e)
         return;
+    sl_fallback_free(e);
     sl_hasher_destroy(e->hasher);
     sl_io_destroy(e->io);
+    sl_rio_destroy(e->rio);
     sl_slots_free(e);
     if (e->files)
         for (size_t f = 0; f < e->ix->nfiles; f++)
@@ -118,6 +124,7 @@ static void free_engine(sl_engine *e)
     free(e->expect);
     free(e->expect_has);
     sl_pool_destroy(e->pool);
+    pthread_cond_destroy(&e->opener_cv);
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->lock);
     free(e);
@@ -141,6 +148,31 @@ static int copy_expected(sl_engine *e, const uint8_t *const *expect, sl_err *err
     return SLUICE_OK;
 }
 
+/* The mirrors (opened when first needed) and the remote seam, when a
+ * file of the model or a mirror is remote: none of it otherwise. */
+static int create_remote(sl_engine *e, const sluice_options *opts, sl_err *err)
+{
+    int remote = e->ix->any_remote;
+    if (opts->fallback_count) {
+        e->mirrors = calloc(opts->fallback_count, sizeof *e->mirrors);
+        if (!e->mirrors)
+            return sl_fail(err, SLUICE_E_NOMEM, "engine: out of memory");
+        e->nmirrors = opts->fallback_count;
+        for (unsigned k = 0; k < e->nmirrors; k++) {
+            e->mirrors[k].loc = opts->fallback[k];
+            remote |= sl_is_remote(opts->fallback[k]);
+        }
+    }
+    if (e->ix->remote) {
+        e->rcfg = *e->ix->remote;
+        e->rcfg.abort_flag = &e->abort_fetch;
+        e->have_rcfg = 1;
+    }
+    if (remote && e->have_rcfg)
+        SL_TRY(sl_rio_create(&e->rcfg, sl_read_done, e, &e->rio, err));
+    return SLUICE_OK;
+}
+
 int sl_engine_create(const sl_index *ix, const sluice_options *opts,
                      const uint8_t *const *expect, const sl_chunk_digests *chunks,
                      sl_engine **out, sl_err *err)
@@ -154,6 +186,7 @@ int sl_engine_create(const sl_index *ix, const sluice_options *opts,
         return sl_fail(err, SLUICE_E_NOMEM, "engine: cannot create a mutex");
     }
     pthread_cond_init(&e->cv, NULL);
+    pthread_cond_init(&e->opener_cv, NULL);
     e->ix = ix;
     e->flags = opts->flags;
     e->chunk = opts->chunk_bytes;
@@ -219,6 +252,8 @@ int sl_engine_create(const sl_index *ix, const sluice_options *opts,
     };
     if ((rc = sl_io_create(&cfg, &e->io, err)) < 0)
         goto fail;
+    if ((rc = create_remote(e, opts, err)) < 0)
+        goto fail;
     e->st.backend = sl_io_backend(e->io, &e->st.backend_errno);
     if ((any_hashed || (e->flags & SLUICE_F_DIRECT)) && (rc = sl_hasher_need(e, err)) < 0)
         goto fail;
@@ -268,6 +303,11 @@ int sl_engine_destroy(sl_engine *e, sl_err *err)
         pthread_cond_wait(&e->cv, &e->lock);
     }
     e->closing = 1; /* nothing new starts */
+    /* Remote reads in flight are read-ahead nobody waits for (no handle,
+     * no stream, no call): stopped now rather than waited for. */
+    e->abort_fetch = 1;
+    if (e->rio)
+        sl_rio_abort(e->rio);
     sl_quiesce(e);
     pthread_mutex_unlock(&e->lock);
     free_engine(e);
@@ -434,6 +474,14 @@ uint64_t sl_handle_size(const sluice_tensor *t)
 const struct sluice_tensor_info *sl_handle_info(const sluice_tensor *t)
 {
     return t->info;
+}
+
+const char *sl_handle_source(const sluice_tensor *t)
+{
+    /* Written before the slot became READY, under the lock the acquire
+     * took; unchanged while a handle holds the slot. */
+    const char *note = t->e->slots[t->index].fb_note;
+    return note ? note : "";
 }
 
 int sl_handle_digest(const sluice_tensor *t, uint8_t digest[32])

@@ -81,5 +81,6 @@ const void *sl_handle_data(const sluice_tensor *t);
 uint64_t sl_handle_size(const sluice_tensor *t);
 const struct sluice_tensor_info *sl_handle_info(const sluice_tensor *t);
 int sl_handle_digest(const sluice_tensor *t, uint8_t digest[32]);
+const char *sl_handle_source(const sluice_tensor *t);
 
 #endif

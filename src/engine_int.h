@@ -24,6 +24,7 @@
 #include "io.h"
 #include "metrics.h"
 #include "pool.h"
+#include "remote.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -80,6 +81,16 @@ typedef struct sl_slot {
     char *err_msg;       /* the last failure's detail */
     size_t lprev, lnext; /* LRU */
 
+    /* the source of this load (fallback.c): 0 the model's own files, k a
+     * mirror (opts.fallback[k - 1]); written by slot.c and fallback.c */
+    uint8_t source;
+    uint8_t fb_wait;     /* FAILED, its buffer kept: waits for mirror `source` to open */
+    int fb_code;         /* the primary's failure code */
+    size_t src_file;     /* source > 0: the mirror's file and offset of the tensor */
+    uint64_t src_off;
+    char *fb_log;        /* the failures so far of this load, one per source */
+    char *fb_note;       /* READY from a mirror: where from and why */
+
     /* written by sched.c only: the demand and partial queues */
     uint8_t in_demand, in_partial;
     size_t dnext, pnext;
@@ -96,7 +107,9 @@ typedef struct sl_seg {
 typedef struct sl_read {
     sl_io_req req;               /* first: the seam hands it back */
     struct sl_read *next_free;
-    size_t file;
+    size_t file;                 /* in the index of its source */
+    uint8_t source;              /* 0: the model's files; k: mirror k */
+    uint8_t remote;              /* went to the remote seam */
     int direct;                  /* read through the O_DIRECT descriptor */
     uint64_t t_submit;           /* metrics: when it was queued */
     uint64_t offset, len;        /* as first submitted */
@@ -161,6 +174,17 @@ struct sluice_tensor {
     struct sluice_tensor *next_free, *next_all;
 };
 
+/* A mirror of the model (fallback.c): opened on first need, by the
+ * opener thread. */
+enum { SL_MIRROR_UNOPENED = 0, SL_MIRROR_REQUESTED, SL_MIRROR_OPENING, SL_MIRROR_OPEN,
+       SL_MIRROR_FAILED };
+typedef struct sl_mirror {
+    const char *loc;             /* the model's copy of opts.fallback[k - 1] */
+    int state;
+    sl_index ix;                 /* OPEN */
+    char *why;                   /* FAILED: the open's error */
+} sl_mirror;
+
 struct sl_engine {
     /* immutable after create (expect: also changed by a test hook, with
      * nothing loading) */
@@ -207,6 +231,18 @@ struct sl_engine {
     sl_io *io;
     sl_hasher *hasher;           /* NULL while no tensor needs one */
 
+    /* remote sources and mirrors (remote.c, fallback.c); NULL / 0 when
+     * nothing is remote and no mirror is given */
+    sl_rio *rio;
+    sl_remote_cfg rcfg;          /* the model's, with abort_flag = &abort_fetch */
+    int have_rcfg;
+    _Atomic int abort_fetch;     /* close: blocking fetches (a mirror's open) stop */
+    sl_mirror *mirrors;
+    unsigned nmirrors;
+    pthread_t opener;
+    int opener_started, opener_quit;
+    pthread_cond_t opener_cv;
+
     /* handles */
     /* released handles, oldest first: reused only past SL_HANDLE_QUARANTINE
      * of them, so that a handle released twice is still recognised */
@@ -246,6 +282,14 @@ void sl_slot_landed(sl_engine *e, size_t i, uint32_t c, const sl_err *failure);
 int sl_slot_check(sl_engine *e, size_t i, int status);
 /* The hash job's verdict: READY, or FAILED (checksum, OpenSSL). */
 void sl_slot_hashed(sl_engine *e, size_t i, int verdict);
+/* FAILED, drained, and no other source takes it: IDLE, gen + 1. */
+void sl_slot_fail_drained(sl_engine *e, size_t i);
+/* FAILED and drained: the load begins again from mirror `source`, whose
+ * file `file` holds the tensor at `off`, into the same buffer. Returns 1,
+ * or -1 when out of memory (the slot is untouched). */
+int sl_slot_restart(sl_engine *e, size_t i, unsigned source, size_t file, uint64_t off);
+/* Replaces the slot's kept error. */
+void sl_slot_set_error(sl_engine *e, size_t i, int code, const char *msg);
 /* Fails an IDLE slot at once (its waiters see gen move). */
 void sl_slot_fail_idle(sl_engine *e, size_t i, const sl_err *err);
 /* The failure a waiter saw: the slot's last error. */
@@ -291,6 +335,24 @@ void sl_pump(sl_engine *e);
 void sl_read_done(void *ctx, sl_io_req *list);
 /* The hasher's completion callback (ctx is the engine). */
 void sl_hash_done(void *ctx, sl_hash_job *job, int status);
+
+/* Slot i (READING, restarted) has chunks to issue. Lock held. */
+void sl_sched_restarted(sl_engine *e, size_t i);
+
+/* The file a read goes to: of the model, or of a mirror. */
+const sl_file *sl_read_file(const sl_engine *e, unsigned source, size_t file);
+
+/* ---------------------------------------------------------------- fallback.c */
+
+/* Slot i (FAILED, drained) failed from its present source: another
+ * source takes the load over (returns 1: restarted, or waiting for a
+ * mirror to open) or none does (returns 0, the slot's error now naming
+ * every source's failure). Lock held. */
+int sl_fallback_next(sl_engine *e, size_t i);
+/* A load from a mirror became READY: counted, and its note kept. */
+void sl_fallback_delivered(sl_engine *e, size_t i);
+/* Stops the opener thread and closes the mirrors (destroy). */
+void sl_fallback_free(sl_engine *e);
 
 /* Puts slot i (IDLE) on the demand queue. Lock held. */
 void sl_demand(sl_engine *e, size_t i);
@@ -359,8 +421,11 @@ static inline void sl_unlock(sl_engine *e)
     int flush = e->need_flush;
     e->need_flush = 0;
     pthread_mutex_unlock(&e->lock);
-    if (flush)
+    if (flush) {
         sl_io_flush(e->io);
+        if (e->rio)
+            sl_rio_flush(e->rio);
+    }
 }
 
 /* Waits for e->cv, unless queued reads must be started first (then it

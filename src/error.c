@@ -47,6 +47,7 @@ const char *sl_status_name(int code)
     case SLUICE_E_BUSY: return "model busy";
     case SLUICE_E_FILE_CHANGED: return "file changed after open";
     case SLUICE_E_CANCELLED: return "cancelled";
+    case SLUICE_E_REMOTE: return "remote source failed";
     case SLUICE_E_BUFFER: return "output buffer too small";
     case SLUICE_E_UNSUPPORTED: return "not supported by this build";
     default: return "unknown status";

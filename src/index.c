@@ -11,6 +11,7 @@
 #include "digest.h"
 
 #include "header.h"
+#include "remote.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -129,8 +130,14 @@ static int copy_metadata(sl_index *ix, sl_file *f, const sl_header *h)
 
 /* Reads len bytes at offset 0.. of fd into buf, looping on short reads and
  * EINTR. A read that ends early means the file shrank since its fstat. */
-static int read_fully(sl_file *f, unsigned char *buf, size_t len, uint64_t offset, sl_err *err)
+static int read_fully(const sl_index *ix, sl_file *f, unsigned char *buf, size_t len,
+                      uint64_t offset, sl_err *err)
 {
+    if (f->url) {
+        uint64_t size = f->size;
+        return sl_remote_read(ix->remote, f->path, offset, len, buf, &size, f->etag,
+                              SLUICE_E_NO_FILES, err);
+    }
     size_t got = 0;
     while (got < len) {
         ssize_t r = pread(f->fd, buf + got, len - got, (off_t)(offset + got));
@@ -166,7 +173,7 @@ static int read_header(sl_index *ix, size_t file_index, sl_err *err)
     unsigned char first8[8];
     run_hook(ix, SL_INDEX_AFTER_STAT, f);
     if (f->size >= 8)
-        SL_TRY(read_fully(f, first8, 8, 0, err));
+        SL_TRY(read_fully(ix, f, first8, 8, 0, err));
     uint64_t n;
     SL_TRY(sl_header_length(f->path, first8, f->size, &n, err));
     size_t len = (size_t)(8 + n);
@@ -174,7 +181,7 @@ static int read_header(sl_index *ix, size_t file_index, sl_err *err)
     if (!bytes)
         return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory for the %zu-byte header", f->path, len);
     memcpy(bytes, first8, 8);
-    int rc = read_fully(f, bytes + 8, (size_t)n, 8, err);
+    int rc = read_fully(ix, f, bytes + 8, (size_t)n, 8, err);
     if (rc < 0) {
         free(bytes);
         return rc;
@@ -270,6 +277,24 @@ static int open_file(sl_index *ix, const char *dir, const char *name, int missin
         memcpy(f->path, name, nlen + 1);
         const char *slash = strrchr(f->path, '/');
         f->name = slash ? slash + 1 : f->path;
+    }
+    if (ix->remote && sl_is_remote(f->path)) {
+        /* The size comes with the first range reply; an object of fewer
+         * than 8 bytes is then as short as a local one. */
+        sl_err e2;
+        if (!(f->url = sl_remote_url(ix->remote, f->path, err)))
+            return err->code;
+        ix->any_remote = 1;
+        unsigned char probe[8];
+        uint64_t size = 0;
+        int rc = sl_remote_read(ix->remote, f->path, 0, 8, probe, &size, f->etag, missing_code,
+                                &e2);
+        if (rc < 0 && strstr(e2.msg, "HTTP 416"))
+            size = 0;   /* an empty object: no byte can be asked for */
+        else if (rc < 0)
+            return sl_fail(err, rc, "%s", e2.msg);
+        f->size = size;
+        return read_header(ix, ix->nfiles - 1, err);
     }
     f->fd = sl_open_read(f->path);
     if (f->fd < 0)
@@ -391,14 +416,19 @@ static int plain_name(const char *s)
     return *s && !strchr(s, '/') && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
 }
 
-static int open_sharded(sl_index *ix, const char *json_path, sl_err *err)
+/* text: the index.json already read (taken), or NULL to read it. */
+static int open_sharded(sl_index *ix, const char *json_path, char *text, size_t len, sl_err *err)
 {
-    char *text = NULL, *dir = NULL;
+    char *dir = NULL;
     const char **shards = NULL;
     unsigned char *seen = NULL;
-    size_t len = 0, nshards = 0;
+    size_t nshards = 0;
     cJSON *root = NULL;
-    int rc = read_small_file(json_path, INDEX_JSON_MAX, &text, &len, SLUICE_E_INDEX, err);
+    int rc = SLUICE_OK;
+    if (!text && ix->remote && sl_is_remote(json_path))
+        rc = sl_remote_get(ix->remote, json_path, INDEX_JSON_MAX, &text, &len, SLUICE_E_NO_FILES, err);
+    else if (!text)
+        rc = read_small_file(json_path, INDEX_JSON_MAX, &text, &len, SLUICE_E_INDEX, err);
     if (rc < 0)
         return rc;
     root = cJSON_ParseWithLength(text, len);
@@ -545,7 +575,7 @@ static int open_directory(sl_index *ix, const char *dir, sl_err *err)
                 strcpy(p, dir);
                 strcat(p, "/");
                 strcat(p, chosen);
-                rc = open_sharded(ix, p, err);
+                rc = open_sharded(ix, p, NULL, 0, err);
                 free(p);
             }
         } else if (nindex > 1) {
@@ -573,6 +603,59 @@ int sl_index_open(sl_index *ix, const char *path, sl_err *err)
     return sl_index_open_hooked(ix, path, NULL, err);
 }
 
+/* A remote "directory" is a prefix: its model.safetensors.index.json when
+ * there is one, else its model.safetensors (nothing can be listed). */
+static int open_remote_directory(sl_index *ix, const char *loc, sl_err *err)
+{
+    size_t n = strlen(loc);
+    while (n > 0 && loc[n - 1] == '/')
+        n--;
+    char *p = malloc(n + sizeof "/model.safetensors.index.json");
+    if (!p)
+        return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
+    snprintf(p, n + sizeof "/model.safetensors.index.json", "%.*s/model.safetensors.index.json",
+             (int)n, loc);
+    char *text = NULL;
+    size_t len = 0;
+    int rc = sl_remote_get(ix->remote, p, INDEX_JSON_MAX, &text, &len, 0, err);
+    if (rc == SLUICE_OK && text) {
+        rc = open_sharded(ix, p, text, len, err);
+    } else if (rc == SLUICE_OK) {
+        snprintf(p, n + sizeof "/model.safetensors.index.json", "%.*s/model.safetensors", (int)n, loc);
+        if ((rc = open_file(ix, NULL, p, SLUICE_E_NO_FILES, err)) == SLUICE_OK)
+            rc = build_table(ix, err);
+        else if (rc == SLUICE_E_NO_FILES)
+            rc = sl_fail(err, SLUICE_E_NO_FILES, "%.*s: neither model.safetensors.index.json nor "
+                         "model.safetensors is there", (int)n, loc);
+    }
+    free(p);
+    return rc;
+}
+
+int sl_index_open_ex(sl_index *ix, const char *path, const struct sl_remote_cfg *remote,
+                     sl_err *err)
+{
+    if (!sl_is_remote(path))
+        return sl_index_open_hooked(ix, path, NULL, err);
+    memset(ix, 0, sizeof *ix);
+    ix->remote = remote;
+    int rc;
+    if (!remote)
+        rc = sl_fail(err, SLUICE_E_UNSUPPORTED, "%s: remote locations are not enabled", path);
+    else if (ends_with(path, ".json"))
+        rc = open_sharded(ix, path, NULL, 0, err);
+    else if (ends_with(path, ".safetensors")) {
+        if ((rc = open_file(ix, NULL, path, SLUICE_E_NO_FILES, err)) == SLUICE_OK)
+            rc = build_table(ix, err);
+    } else
+        rc = open_remote_directory(ix, path, err);
+    if (rc < 0)
+        sl_index_free(ix);
+    else
+        ix->remote = remote;
+    return rc;
+}
+
 int sl_index_open_hooked(sl_index *ix, const char *path, const sl_index_hooks *hooks, sl_err *err)
 {
     memset(ix, 0, sizeof *ix);
@@ -584,7 +667,7 @@ int sl_index_open_hooked(sl_index *ix, const char *path, const sl_index_hooks *h
     else if (S_ISDIR(st.st_mode))
         rc = open_directory(ix, path, err);
     else if (ends_with(path, ".json"))
-        rc = open_sharded(ix, path, err);
+        rc = open_sharded(ix, path, NULL, 0, err);
     else if ((rc = open_file(ix, NULL, path, SLUICE_E_NO_FILES, err)) == SLUICE_OK)
         rc = build_table(ix, err);
     ix->hooks = NULL; /* the caller's, for this call only */
@@ -599,6 +682,7 @@ void sl_index_free(sl_index *ix)
         if (ix->files[i].fd >= 0)
             close(ix->files[i].fd);
         free(ix->files[i].path);
+        free(ix->files[i].url);
     }
     free(ix->files);
     free(ix->tensors);

@@ -15,7 +15,11 @@
 #include <stdint.h>
 
 typedef struct sl_file {
-    char *path;              /* as opened: directory + name */
+    char *path;              /* as opened: directory + name (or a remote location) */
+    char *url;               /* remote: the http(s) URL its bytes are read from
+                                (fd is -1); NULL for a local file */
+    char etag[160];          /* remote: its strong ETag at open, "" when none
+                                (asked with If-Match on every later read) */
     const char *name;        /* the base name inside path (manifest "files" key) */
     int fd;                  /* open O_RDONLY|O_CLOEXEC until sl_index_free */
     uint64_t size;           /* st_size at open */
@@ -43,8 +47,13 @@ typedef struct sl_index_hooks {
     void *ctx;
 } sl_index_hooks;
 
+struct sl_remote_cfg;
+
 typedef struct sl_index {
     const sl_index_hooks *hooks; /* NULL but in tests; only during open */
+    const struct sl_remote_cfg *remote; /* remote.h: how remote files are
+                                reached (owned by the model); NULL: none */
+    int any_remote;          /* some file is remote */
     sl_file *files;
     size_t nfiles;
     struct sluice_tensor_info *tensors; /* pointers inside point into the storage below */
@@ -63,6 +72,11 @@ int sl_index_open(sl_index *ix, const char *path, sl_err *err);
 /* The same, calling hooks (may be NULL) at each stage of each file: the
  * tests' way to change a file at an exact point of the open. */
 int sl_index_open_hooked(sl_index *ix, const char *path, const sl_index_hooks *hooks, sl_err *err);
+
+/* The same for a location that may be remote (http(s)://, s3://; see
+ * sluice_open), reached through remote (NULL: local paths only). */
+int sl_index_open_ex(sl_index *ix, const char *path, const struct sl_remote_cfg *remote,
+                     sl_err *err);
 
 /* Closes the files and frees everything; *ix is zeroed. */
 void sl_index_free(sl_index *ix);

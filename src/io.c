@@ -566,6 +566,8 @@ void sl_io_submit(sl_io *io, sl_io_req *r)
     r->error_offset = 0;
     r->retries = 0;
     r->retries_eintr = r->retries_eagain = 0;
+    r->status = 0;
+    r->detail[0] = '\0';
     r->attempts = 0;
     r->total = iov_bytes(r->iov, r->iovcnt);
     r->next = NULL;

@@ -61,6 +61,13 @@ typedef struct sl_io_req {
     uint64_t error_offset;   /* file offset of the attempt that failed */
     uint32_t retries;        /* resubmissions (short reads, EINTR, EAGAIN) */
     uint32_t retries_eintr, retries_eagain; /* of which for EINTR, for EAGAIN */
+    int status;              /* remote seam (remote.h) only: the SLUICE_E_* code of
+                              * a failure with a reason of its own, else 0 */
+    char detail[200];        /* and its detail (no secret in it) */
+    const char *url;         /* remote seam: what sl_rio_submit was given */
+    const char *location;
+    const char *etag;
+    uint64_t object_size;
 
     /* private to the seam */
     uint32_t attempts;       /* consecutive EINTR/EAGAIN */

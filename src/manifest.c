@@ -933,11 +933,21 @@ int sl_manifest_load(const sl_index *ix, const sluice_options *opts,
 
     char *text = NULL;
     size_t len = 0;
+    int rc = read_text(path, &text, &len, err);
+    if (rc < 0) {
+        free(path);
+        return rc;
+    }
+    return sl_manifest_from_text(ix, opts, path, text, len, out, err);
+}
+
+int sl_manifest_from_text(const sl_index *ix, const sluice_options *opts, char *path,
+                          char *text, size_t len, sl_manifest **out, sl_err *err)
+{
+    *out = NULL;
     cJSON *root = NULL;
     mf_ctx c = {.ix = ix, .path = path, .err = err};
-    int rc = read_text(path, &text, &len, err);
-    if (rc < 0)
-        goto done;
+    int rc = SLUICE_OK;
     /* Signed manifests: the very bytes parsed below, checked before parsing. */
     if (opts->ntrusted_keys &&
         (rc = sl_signature_check(path, text, len, opts->trusted_keys, opts->ntrusted_keys, err)) < 0)

@@ -23,6 +23,12 @@ typedef struct sl_manifest sl_manifest;
 int sl_manifest_load(const sl_index *ix, const sluice_options *opts,
                      const char *model_path, sl_manifest **out, sl_err *err);
 
+/* The same for a manifest already read: text (len bytes, a NUL after
+ * them) from path (a file or a remote location, named in messages).
+ * Takes path and text (malloc'd) whatever the outcome. */
+int sl_manifest_from_text(const sl_index *ix, const sluice_options *opts, char *path,
+                          char *text, size_t len, sl_manifest **out, sl_err *err);
+
 void sl_manifest_free(sl_manifest *m);
 
 /* The expected digest (32 bytes, sl_manifest_algorithm) of tensor i, or NULL when tensor i is not

@@ -26,6 +26,9 @@ struct sluice_model {
     sl_manifest *manifest;     /* NULL when nothing is verified */
     sl_engine *engine;
     char *metrics_label;       /* the `model` label of its metrics (api_metrics.c) */
+    char **fallback;           /* copies of opts.fallback (m->opts points here) */
+    size_t nfallback;
+    struct sl_remote_cfg *remote; /* remote.h; NULL when nothing is remote */
 
     /* names the model in each thread's error entries (errmsg.c); unlike
      * the address, never reused by a later model */
@@ -35,6 +38,12 @@ struct sluice_model {
 /* Records err as the calling thread's last failure on m and returns
  * err->code. Public entry points end with: return sl_model_error(m, &err). */
 int sl_model_error(sluice_model *m, const sl_err *err);
+
+/* The mirrors a model may have at most (sluice_options.fallback_count). */
+#define SL_MAX_FALLBACK 16
+
+/* The manifest sidecar of a remote model location (malloc'd). */
+char *sl_manifest_sidecar_remote(const char *path);
 
 /* api_metrics.c: sets m->metrics_label from m->opts (or path), and
  * notes when the open began (t0, CLOCK_MONOTONIC ns) in the engine. */

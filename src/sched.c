@@ -112,17 +112,32 @@ static void put_read(sl_engine *e, sl_read *r)
         pthread_cond_broadcast(&e->cv); /* close waits for this */
 }
 
+const sl_file *sl_read_file(const sl_engine *e, unsigned source, size_t file)
+{
+    return source ? &e->mirrors[source - 1].ix.files[file] : &e->ix->files[file];
+}
+
 static void submit_read(sl_engine *e, sl_read *r)
 {
-    r->req.fd = r->direct ? e->files[r->file].direct_fd : e->ix->files[r->file].fd;
+    const sl_file *f = sl_read_file(e, r->source, r->file);
+    r->req.fd = r->direct ? e->files[r->file].direct_fd : f->fd;
     r->req.offset = r->offset;
     memcpy(r->iov, r->iov0, (size_t)r->nseg * sizeof *r->iov);
     r->req.iov = r->iov;
     r->req.iovcnt = r->nseg;
     r->req.owner = r;
     r->t_submit = sl_metrics_now(&e->met);
-    sl_io_submit(e->io, &r->req);
+    r->remote = f->url != NULL;
+    if (r->remote)
+        sl_rio_submit(e->rio, &r->req, f->path, f->url, f->size, f->etag[0] ? f->etag : NULL);
+    else
+        sl_io_submit(e->io, &r->req);
     e->need_flush = 1;
+}
+
+void sl_sched_restarted(sl_engine *e, size_t i)
+{
+    partial_push(e, i, 1);
 }
 
 /* Issues reads for the chunks of slot i while read slots are free. */
@@ -138,9 +153,10 @@ static void issue_chunks(sl_engine *e, size_t i)
         uint32_t c = s->issued;
         uint64_t b0 = (uint64_t)c * s->chunk;
         uint64_t b1 = b0 + s->chunk < s->span ? b0 + s->chunk : s->span;
-        r->file = t->file_index;
+        r->source = s->source;
+        r->file = s->source ? s->src_file : t->file_index;
         r->direct = s->direct && !e->files[t->file_index].fell_back;
-        r->offset = t->offset - s->delta + b0;
+        r->offset = (s->source ? s->src_off : t->offset) - s->delta + b0;
         r->len = b1 - b0;
         r->nseg = 1;
         r->seg[0] = (sl_seg){i, c};
@@ -156,6 +172,7 @@ static void issue_group(sl_engine *e, const size_t *group, int k)
 {
     sl_read *r = take_read(e);
     const struct sluice_tensor_info *t0 = &e->ix->tensors[group[0]];
+    r->source = 0;
     r->file = t0->file_index;
     r->direct = 0;
     r->offset = t0->offset;
@@ -526,6 +543,24 @@ static void read_failure(const sl_engine *e, size_t i, const sl_read *r, sl_err 
     char qn[SL_QUOTE_MAX];
     sl_quote(qn, sizeof qn, t->name, t->name_len);
     struct stat sb;
+    const sl_file *f = sl_read_file(e, r->source, r->file);
+    if (q->status) {
+        sl_fail(err, q->status, "tensor %s (file %s, offset %llu, %llu bytes): read of %llu bytes "
+                "at offset %llu failed: %s", qn, f->path,
+                r->source ? (unsigned long long)e->slots[i].src_off : (unsigned long long)t->offset,
+                (unsigned long long)t->nbytes, (unsigned long long)r->len,
+                (unsigned long long)r->offset, q->detail);
+        return;
+    }
+    if (r->source) {
+        /* a mirror's local file */
+        sl_fail_errno(err, q->eof ? SLUICE_E_FILE_CHANGED : SLUICE_E_IO, q->eof ? EIO : q->error,
+                      "tensor %s (file %s, offset %llu): read of %llu bytes at offset %llu "
+                      "failed%s", qn, f->path, (unsigned long long)e->slots[i].src_off,
+                      (unsigned long long)r->len, (unsigned long long)r->offset,
+                      q->eof ? " (the file ends early)" : "");
+        return;
+    }
     if (q->eof && fstat(e->ix->files[r->file].fd, &sb) == 0)
         sl_fail(err, SLUICE_E_FILE_CHANGED,
                 "tensor %s (file %s, offset %llu, %llu bytes): the file is now %llu bytes, "
@@ -582,6 +617,18 @@ void sl_read_done(void *ctx, sl_io_req *list)
     for (sl_io_req *q = list, *next; q; q = next) {
         next = q->next;
         sl_read *r = (sl_read *)q;
+        if (r->remote) {
+            e->st.remote_reads++;
+            e->st.remote_bytes += q->done_bytes;
+            e->st.remote_retries += q->retries;
+            e->st.bytes_read += q->done_bytes;
+            e->st.reads++;
+            sl_metrics_since(&e->met, SL_H_READ, r->t_submit);
+            for (int k = 0; k < r->nseg; k++)
+                segment_complete(e, r, k);
+            put_read(e, r);
+            continue;
+        }
         e->st.retries += q->retries;
         sl_metrics_add(&e->met, &e->met.retries[SL_RETRY_EINTR], q->retries_eintr);
         sl_metrics_add(&e->met, &e->met.retries[SL_RETRY_EAGAIN], q->retries_eagain);

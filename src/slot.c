@@ -70,6 +70,8 @@ void sl_slots_free(sl_engine *e)
 {
     for (size_t i = 0; e->slots && i < e->n; i++) {
         free(e->slots[i].err_msg);
+        free(e->slots[i].fb_log);
+        free(e->slots[i].fb_note);
         free(e->slots[i].done_bits);
         sl_hash_job_free(e->slots[i].job);
     }
@@ -407,6 +409,11 @@ int sl_slot_start(sl_engine *e, size_t i, int room)
     s->nchunks = (uint32_t)nchunks;
     s->issued = s->done = s->inflight = s->prefix = 0;
     s->consumed = s->has_digest = 0;
+    s->source = 0;
+    s->fb_wait = 0;
+    free(s->fb_log);
+    free(s->fb_note);
+    s->fb_log = s->fb_note = NULL;
     s->state = SL_SLOT_READING;
     e->loading_bytes += span;
     return 1;
@@ -438,6 +445,8 @@ static void become_ready(sl_engine *e, size_t i, const unsigned char *data)
 {
     sl_slot *s = &e->slots[i];
     end_load(e, s);
+    if (s->source)
+        sl_fallback_delivered(e, i);
     s->data = data;
     s->state = SL_SLOT_READY;
     e->st.tensors_loaded++;
@@ -446,12 +455,21 @@ static void become_ready(sl_engine *e, size_t i, const unsigned char *data)
     pthread_cond_broadcast(&e->cv);
 }
 
-/* FAILED -> IDLE once nothing works on the buffer any more. */
+/* FAILED -> IDLE once nothing works on the buffer any more, unless a
+ * mirror takes the load over (fallback.c). */
 static void drain(sl_engine *e, size_t i)
 {
     sl_slot *s = &e->slots[i];
-    if (s->state != SL_SLOT_FAILED || s->inflight || s->job_busy)
+    if (s->state != SL_SLOT_FAILED || s->inflight || s->job_busy || s->fb_wait)
         return;
+    if (e->nmirrors && sl_fallback_next(e, i))
+        return;
+    sl_slot_fail_drained(e, i);
+}
+
+void sl_slot_fail_drained(sl_engine *e, size_t i)
+{
+    sl_slot *s = &e->slots[i];
     end_load(e, s);
     sl_pool_free(e->pool, s->blk);
     s->blk = NULL;
@@ -461,6 +479,54 @@ static void drain(sl_engine *e, size_t i)
     s->gen++;
     e->st.failures++;
     pthread_cond_broadcast(&e->cv);
+}
+
+void sl_slot_set_error(sl_engine *e, size_t i, int code, const char *msg)
+{
+    sl_err err;
+    sl_fail(&err, code, "%s", msg);
+    keep_error(&e->slots[i], &err);
+}
+
+int sl_slot_restart(sl_engine *e, size_t i, unsigned source, size_t file, uint64_t off)
+{
+    sl_slot *s = &e->slots[i];
+    uint64_t nbytes = e->ix->tensors[i].nbytes, chunk = e->chunk;
+    uint64_t nchunks = (nbytes + chunk - 1) / chunk;
+    uint64_t *bits = NULL;
+    sl_hash_job *job = NULL;
+    if (nchunks > 64 && !(bits = calloc((size_t)(nchunks + 63) / 64, sizeof *bits)))
+        return -1;
+    /* Always hashed: only a tensor with a digest to match goes to a mirror. */
+    const sl_chunk_digests *chunks = sl_expected_chunks(e, i);
+    if (!e->hasher || sl_hash_job_create(e->hasher, s->buf, nbytes, 1, chunks ? chunks->bytes : 0,
+                                         (void *)(uintptr_t)i, &job) < 0) {
+        free(bits);
+        return -1;
+    }
+    free(s->done_bits);
+    s->done_bits = bits;
+    s->done_word = 0;
+    sl_hash_job_free(s->job);
+    s->job = job;
+    s->job_busy = 0;
+    /* The mirror's bytes land at the buffer's start, unaligned reads. */
+    e->loading_bytes -= s->span;
+    s->span = nbytes;
+    e->loading_bytes += s->span;
+    s->delta = 0;
+    s->direct = 0;
+    s->chunk = chunk;
+    s->nchunks = (uint32_t)nchunks;
+    s->issued = s->done = s->inflight = s->prefix = 0;
+    s->hashed = 1;
+    s->source = (uint8_t)source;
+    s->src_file = file;
+    s->src_off = off;
+    s->fb_wait = 0;
+    s->state = SL_SLOT_READING;
+    sl_sched_restarted(e, i);
+    return 1;
 }
 
 /* READING or HASHING -> FAILED: the error is kept for the waiters. */
@@ -551,8 +617,12 @@ int sl_slot_check(sl_engine *e, size_t i, int status)
 int sl_slot_checksum_error(sl_engine *e, size_t i, const unsigned char got[32], sl_err *err)
 {
     const struct sluice_tensor_info *t = &e->ix->tensors[i];
+    const sl_slot *s = &e->slots[i];
     char q[SL_QUOTE_MAX], hw[65], hg[65];
     e->st.checksum_failures++;
+    /* a load from a mirror names the mirror's file */
+    const char *file = s->source ? sl_read_file(e, s->source, s->src_file)->path : t->file;
+    uint64_t offset = s->source ? s->src_off : t->offset;
     const sl_chunk_digests *chunks = t->nbytes ? sl_expected_chunks(e, i) : NULL;
     if (chunks) {
         uint32_t k = e->slots[i].bad_chunk;
@@ -561,8 +631,8 @@ int sl_slot_checksum_error(sl_engine *e, size_t i, const unsigned char got[32], 
         return sl_fail(err, SLUICE_E_CHECKSUM,
                        "tensor %s (file %s, offset %llu, %llu bytes): %s mismatch in chunk %u "
                        "of %u (tensor bytes %llu..%llu): expected %s, actual %s",
-                       sl_quote(q, sizeof q, t->name, t->name_len), t->file,
-                       (unsigned long long)t->offset, (unsigned long long)t->nbytes,
+                       sl_quote(q, sizeof q, t->name, t->name_len), file,
+                       (unsigned long long)offset, (unsigned long long)t->nbytes,
                        sl_md_title(e->alg), k, chunks->count, (unsigned long long)lo,
                        (unsigned long long)hi, sl_hex_digest(hw, chunks->digest[k]),
                        sl_hex_digest(hg, got));
@@ -570,8 +640,8 @@ int sl_slot_checksum_error(sl_engine *e, size_t i, const unsigned char got[32], 
     return sl_fail(err, SLUICE_E_CHECKSUM,
                    "tensor %s (file %s, offset %llu, %llu bytes): %s mismatch: "
                    "expected %s, actual %s",
-                   sl_quote(q, sizeof q, t->name, t->name_len), t->file,
-                   (unsigned long long)t->offset, (unsigned long long)t->nbytes,
+                   sl_quote(q, sizeof q, t->name, t->name_len), file,
+                   (unsigned long long)offset, (unsigned long long)t->nbytes,
                    sl_md_title(e->alg),
                    sl_hex_digest(hw, sl_expected_digest(e, i)), sl_hex_digest(hg, got));
 }

@@ -74,7 +74,7 @@ static void load(sluice_model *m, size_t bad)
     assert_non_null(has);
     memset(d[bad], 0xab, 32);
     has[bad] = 1;
-    struct sluice_tensor_info info;
+    struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
     assert_int_equal(sluice_info(m, bad, &info), SLUICE_OK);
     assert_true(info.nbytes > 0);
     assert_int_equal(sl_engine_set_digests(m, (const unsigned char(*)[32])d, has), SLUICE_OK);

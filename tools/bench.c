@@ -55,6 +55,10 @@ static void usage(FILE *f)
         "tensor first; whole process). With a manifest, the verify-only path runs\n"
         "too: sluice_verify in-process and `sluice verify` as a whole process.\n"
         "Figures are medians of --runs runs; the spread table gives p10/p50/p90.\n"
+        "PATH may be a URL (http(s)://, s3://): then baseline (a) is curl fetching\n"
+        "every file in 8 ranges at once (the library's remote connections; http(s)\n"
+        "only), (c) runs as usual, nothing else reads the files, and neither --cold\n"
+        "nor the whole-process rows apply.\n"
         "\n"
         "sweeps (comma lists; the cross product is run):\n"
         "  --pool SIZES        buffer pool budget (default: the library's, 4G)\n"
@@ -442,6 +446,15 @@ int cmd_bench(int argc, char **argv)
         return 2;
     }
 
+    /* A remote model (a URL): no file can be read directly; its baseline
+     * (a) is curl over as many connections as the library opens. */
+    bo.remote = strstr(path, "://") != NULL;
+    if (bo.remote && bo.cold) {
+        fprintf(stderr, "sluice bench: --cold is for local files, not %s\n", path);
+        return 2;
+    }
+    if (bo.remote)
+        whole_process = 0;
     bench_model bm;
     if (load_model(path, &bm) < 0)
         return 1;
@@ -521,12 +534,19 @@ int cmd_bench(int argc, char **argv)
         for (size_t b = 0; b < sizeof base / sizeof base[0]; b++) {
             if ((base[b].mode == BM_FIO && !fio) || (base[b].mode == BM_PY_VERIFY && !python))
                 continue;
+            /* remote: (a) is curl, and nothing else reads the files */
+            if (bo.remote && base[b].mode != BM_SEQ && base[b].mode != BM_SHA_MEM)
+                continue;
             bench_config *c = &rows[nrows].cfg;
             c->mode = base[b].mode;
             c->verify = base[b].mode != BM_SEQ && base[b].mode != BM_FIO;
             c->chunk = sw[SW_CHUNK].v[0];
             c->qd = (uint32_t)sw[SW_QD].v[0];
             snprintf(c->label, sizeof c->label, "%s", base[b].label);
+            if (bo.remote && c->mode == BM_SEQ) {
+                c->mode = BM_CURL;
+                snprintf(c->label, sizeof c->label, "(a) curl -s -o /dev/null, 8 connections");
+            }
             if (c->mode == BM_FIO) {
                 char bs[32];
                 snprintf(c->label, sizeof c->label, "%s %s x%u", base[b].label,
@@ -634,7 +654,7 @@ int cmd_bench(int argc, char **argv)
     int tty = isatty(2);
     int warned_cache = 0;
     if (!bo.cold) {
-        bench_config warm = {.mode = BM_SEQ};
+        bench_config warm = {.mode = bo.remote ? BM_CURL : BM_SEQ};
         bench_result wr;
         progress(tty, "warm-up: reading every file once", 0, runs, 0, nrows);
         if (bench_run(&bm, &warm, &bo, &wr) < 0 || !wr.ok) {
@@ -676,7 +696,8 @@ int cmd_bench(int argc, char **argv)
     double mn, mx;
     for (size_t r = 0; r < nrows; r++) {
         double med;
-        if (rows[r].cfg.mode == BM_SEQ && bench_stat(&rows[r], offsetof(bench_result, gbps),
+        if ((rows[r].cfg.mode == BM_SEQ || rows[r].cfg.mode == BM_CURL) &&
+            bench_stat(&rows[r], offsetof(bench_result, gbps),
                                                      &med, &mn, &mx))
             sum.io_ceiling = med;
         if (rows[r].cfg.mode == BM_SHA_MEM && bench_stat(&rows[r], offsetof(bench_result, gbps),
@@ -701,7 +722,7 @@ int cmd_bench(int argc, char **argv)
             rows[r].ratio_base = 0;
         else if (c->verify && c->algorithm == SLUICE_ALG_BLAKE3)
             rows[r].ratio_base = sum.io_ceiling; /* (c) is SHA-256's ceiling */
-        else if (c->mode == BM_SEQ)
+        else if (c->mode == BM_SEQ || c->mode == BM_CURL)
             rows[r].ratio_base = sum.io_ceiling;
         else if (c->mode == BM_FIO)
             rows[r].ratio_base = c->verify ? sum.fio_verify : sum.fio;

@@ -46,6 +46,9 @@ typedef enum bench_mode {
                                 mmap + hashlib.sha256 on a thread per CPU
                                 (tools/perf/py_verify.py) */
     BM_PROC_VERIFY,          /* whole process: `sluice verify PATH` exec'd */
+    BM_CURL,                 /* baseline (a) of a remote model: `curl -s -o /dev/null`
+                                of every file's bytes, split in as many ranges as
+                                the library's remote connections (8), all at once */
     BM_PROC_STREAM           /* whole process: a fresh process that opens, streams
                                 every tensor once and exits; no untimed pass */
 } bench_mode;
@@ -81,6 +84,8 @@ typedef struct bench_opts {
     const char *manifest_found; /* the manifest verify on uses (for (f)); NULL: none */
     uint64_t seed;           /* random order */
     int cold;
+    int remote;              /* PATH is a URL (http(s)://, s3://): no file is read
+                                directly, baseline (a) is curl */
     int metrics_port;        /* >= 0: each sluice run serves its model's metrics
                                 there while it runs (0: any free port); -1: no */
 } bench_opts;

@@ -30,6 +30,7 @@ static const char *config_name(const bench_config *c)
 {
     switch (c->mode) {
     case BM_SEQ: return "seq-pread";
+    case BM_CURL: return "curl";
     case BM_PREAD_SHA: return "pread-sha256";
     case BM_SHA_MEM: return "sha256-mem";
     case BM_FIO: return "fio-direct";

@@ -366,6 +366,56 @@ out:
     free(buf);
 }
 
+/* (a) of a remote model: curl fetching every file's bytes, split into
+ * BENCH_CURL_CONNECTIONS ranges (the library's remote_connections
+ * default), one process each, all at once; only http(s):// (an s3://
+ * model would need curl to sign). */
+#define BENCH_CURL_CONNECTIONS 8
+
+static void run_curl(const bench_model *m, bench_result *r)
+{
+    uint64_t total = 0;
+    for (size_t f = 0; f < m->nfiles; f++)
+        total += m->file_sizes[f];
+    uint64_t part = total / BENCH_CURL_CONNECTIONS + 1;
+    pid_t pids[BENCH_CURL_CONNECTIONS * 64];
+    size_t np = 0;
+    double t0 = bench_now();
+    for (size_t f = 0; f < m->nfiles && r->ok; f++) {
+        if (strncmp(m->files[f], "http://", 7) && strncmp(m->files[f], "https://", 8)) {
+            fail(r, "curl baseline: %s is not an http(s):// URL", m->files[f]);
+            break;
+        }
+        for (uint64_t a = 0; a < m->file_sizes[f] && np < sizeof pids / sizeof *pids; a += part) {
+            uint64_t b = a + part < m->file_sizes[f] ? a + part - 1 : m->file_sizes[f] - 1;
+            char range[64];
+            snprintf(range, sizeof range, "%llu-%llu", (unsigned long long)a,
+                     (unsigned long long)b);
+            pid_t pid = fork();
+            if (pid == 0) {
+                execlp("curl", "curl", "-s", "-f", "-o", "/dev/null", "-r", range, m->files[f],
+                       (char *)NULL);
+                _exit(127);
+            }
+            if (pid < 0) {
+                fail(r, "curl baseline: fork: %s", strerror(errno));
+                break;
+            }
+            pids[np++] = pid;
+        }
+    }
+    for (size_t k = 0; k < np; k++) {
+        int st;
+        while (waitpid(pids[k], &st, 0) < 0 && errno == EINTR)
+            ;
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            fail(r, "curl baseline: curl exited with %d", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    }
+    r->wall_s = bench_now() - t0;
+    r->bytes_read = total;
+    r->bytes_needed = total;
+}
+
 /* ---------------------------------------------------------------- sluice */
 
 typedef struct stream_ctx {
@@ -794,6 +844,7 @@ static void run_mode(const bench_model *m, const bench_config *c, const bench_op
 {
     switch (c->mode) {
     case BM_SEQ: run_seq(m, r, lat); break;
+    case BM_CURL: run_curl(m, r); break;
     case BM_PREAD_SHA: run_pread_sha(m, r, lat); break;
     case BM_SHA_MEM: run_sha_mem(m, r); break;
     case BM_PREAD_SHA_PAR: run_pread_sha_par(m, r); break;

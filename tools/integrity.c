@@ -67,6 +67,21 @@ int ig_loader_option(const char *cmd, int argc, char **argv, int *i, sluice_opti
         o->flags |= SLUICE_F_FORCE_PREAD;
         return 1;
     }
+    if (!strcmp(a, "--fallback")) {
+        /* argv outlives every model the command opens */
+        static const char *mirrors[16];
+        if (*i + 1 >= argc) {
+            fprintf(stderr, "sluice %s: --fallback needs a location\n", cmd);
+            return -1;
+        }
+        if (o->fallback_count >= 16) {
+            fprintf(stderr, "sluice %s: at most 16 --fallback\n", cmd);
+            return -1;
+        }
+        mirrors[o->fallback_count++] = argv[++*i];
+        o->fallback = mirrors;
+        return 1;
+    }
     int which = !strcmp(a, "--pool") ? 1 : !strcmp(a, "--qd") ? 2 : !strcmp(a, "--threads") ? 3 : 0;
     if (!which)
         return 0;

@@ -18,7 +18,11 @@
     "  --qd N            reads in flight (default 32)\n"                      \
     "  --threads N       hashing threads (default: online CPUs)\n"            \
     "  --direct          read with O_DIRECT where the file system allows\n"   \
-    "  --pread           use the pread thread pool instead of io_uring\n"
+    "  --pread           use the pread thread pool instead of io_uring\n"     \
+    "  --fallback LOC    a mirror (directory, file, http(s):// or s3://) that\n" \
+    "                    serves a tensor whose copy at PATH fails to verify\n"  \
+    "                    or to read; repeatable, tried in order; needs a\n"     \
+    "                    manifest\n"
 
 /* The help text of ig_key_option's option. */
 #define IG_KEY_HELP                                                           \

@@ -9,8 +9,9 @@ cd "$root"
 # libmicrohttpd-dev: the metrics endpoint; prometheus and curl: the
 # metrics_promtool and metrics_prometheus ctests (about 12 s together);
 # librust-blake3-dev: the BLAKE3 C sources the library builds; b3sum: the
-# independent BLAKE3 the tests compare with
-sh tools/deps.sh clang libclang-rt-14-dev libmicrohttpd-dev prometheus curl librust-blake3-dev b3sum
+# independent BLAKE3 the tests compare with; libcurl4-openssl-dev: remote
+# models; nginx: test_remote and test_remote_faults
+sh tools/deps.sh clang libclang-rt-14-dev libmicrohttpd-dev prometheus curl librust-blake3-dev b3sum libcurl4-openssl-dev nginx
 jobs=$(nproc 2>/dev/null || echo 2)
 
 echo "== ASan + UBSan build, all tests"

@@ -1,0 +1,1075 @@
+/* remote.c: see remote.h.
+ *
+ * One attempt is one HTTP GET made by an easy handle. Its header callback
+ * learns the status, Content-Range and Retry-After of the final reply
+ * (a redirect's headers are forgotten when the next status line comes);
+ * its write callback checks that reply before the first byte is stored
+ * (a range request must get 206 and a Content-Range that starts where
+ * asked, inside what was asked, and names the object size known from
+ * open) and stops the transfer at once when it is wrong, so that a 200
+ * with a whole multi-GB object is not downloaded to be thrown away and no
+ * byte is ever stored at the wrong place. The outcome of an attempt is
+ * OK, RETRY (transient) or FAIL, decided in one place (outcome()) for the
+ * blocking fetches and the seam alike.
+ *
+ * The seam's thread owns the multi handle and every easy handle; other
+ * threads only queue requests under the seam's lock and wake the thread
+ * with curl_multi_wakeup. At most `connections` transfers run at once;
+ * the rest wait in the thread's FIFO, so that a request's timeouts only
+ * run while it is on the wire. Retries wait in a list by due time: no
+ * thread sleeps for one.
+ */
+#include "remote.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/random.h>
+#include <time.h>
+
+int sl_is_remote(const char *p)
+{
+    return p && (!strncmp(p, "http://", 7) || !strncmp(p, "https://", 8) || !strncmp(p, "s3://", 5));
+}
+
+static char *dup_or_null(const char *s)
+{
+    return s && *s ? strdup(s) : NULL;
+}
+
+static const char *env(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v ? v : NULL;
+}
+
+void sl_remote_cfg_free(sl_remote_cfg *c)
+{
+    if (!c)
+        return;
+    if (c->token)
+        memset(c->token, 0, strlen(c->token));
+    free(c->token);
+    free(c->s3_endpoint);
+    free(c->s3_region);
+    /* secrets: wiped before the memory goes back */
+    if (c->aws_secret)
+        memset(c->aws_secret, 0, strlen(c->aws_secret));
+    free(c->ca_file);
+    free(c->aws_key);
+    free(c->aws_secret);
+    free(c->aws_session);
+    free(c);
+}
+
+int sl_remote_cfg_new(const sluice_options *o, sl_remote_cfg **out, sl_err *err)
+{
+    *out = NULL;
+    sl_remote_cfg *c = calloc(1, sizeof *c);
+    if (!c)
+        return sl_fail(err, SLUICE_E_NOMEM, "remote: out of memory");
+    c->connections = o->remote_connections;
+    c->attempts = o->remote_attempts;
+    c->connect_timeout_ms = o->remote_connect_timeout_ms;
+    c->stall_timeout_ms = o->remote_stall_timeout_ms;
+    c->deadline_ms = o->remote_deadline_ms;
+    c->backoff_ms = o->remote_backoff_ms;
+    const char *tok = o->http_token ? o->http_token : env("SLUICE_HTTP_TOKEN");
+    const char *region = o->s3_region ? o->s3_region
+                         : env("AWS_REGION") ? env("AWS_REGION") : env("AWS_DEFAULT_REGION");
+    const char *ep = o->s3_endpoint ? o->s3_endpoint : env("AWS_ENDPOINT_URL");
+    int nomem = 0;
+    if (tok && *tok)
+        nomem |= !(c->token = strdup(tok));
+    nomem |= !(c->s3_region = strdup(region ? region : "us-east-1"));
+    if (ep) {
+        nomem |= !(c->s3_endpoint = strdup(ep));
+    } else if (c->s3_region) {
+        size_t n = strlen(c->s3_region) + 40;
+        if ((c->s3_endpoint = malloc(n)))
+            snprintf(c->s3_endpoint, n, "https://s3.%s.amazonaws.com", c->s3_region);
+        nomem |= !c->s3_endpoint;
+    }
+    if (c->s3_endpoint) {
+        size_t n = strlen(c->s3_endpoint);
+        while (n > 0 && c->s3_endpoint[n - 1] == '/')
+            c->s3_endpoint[--n] = '\0';
+    }
+    c->s3_virtual = o->s3_addressing == SLUICE_S3_VIRTUAL_HOST;
+    if (o->remote_ca_file)
+        nomem |= !(c->ca_file = strdup(o->remote_ca_file));
+    if (env("AWS_ACCESS_KEY_ID") && env("AWS_SECRET_ACCESS_KEY")) {
+        nomem |= !(c->aws_key = dup_or_null(env("AWS_ACCESS_KEY_ID")));
+        nomem |= !(c->aws_secret = dup_or_null(env("AWS_SECRET_ACCESS_KEY")));
+        if (env("AWS_SESSION_TOKEN"))
+            nomem |= !(c->aws_session = dup_or_null(env("AWS_SESSION_TOKEN")));
+    }
+    if (nomem) {
+        sl_remote_cfg_free(c);
+        return sl_fail(err, SLUICE_E_NOMEM, "remote: out of memory");
+    }
+    *out = c;
+    return SLUICE_OK;
+}
+
+/* location without what may hold a secret: user:password@ and ?query. */
+static const char *shown(const char *loc, char *buf, size_t cap)
+{
+    const char *p = strstr(loc, "://");
+    const char *host = p ? p + 3 : loc;
+    const char *at = strchr(host, '@'), *slash = strchr(host, '/');
+    if (at && (!slash || at < slash))
+        host = at + 1;
+    size_t scheme = p ? (size_t)(p + 3 - loc) : 0;
+    const char *q = strpbrk(host, "?#");
+    size_t hl = q ? (size_t)(q - host) : strlen(host);
+    snprintf(buf, cap, "%.*s%.*s%s", (int)scheme, loc, (int)hl, host, q ? "?..." : "");
+    return buf;
+}
+
+char *sl_remote_url(const sl_remote_cfg *c, const char *loc, sl_err *err)
+{
+    if (strncmp(loc, "s3://", 5) != 0) {
+        char *u = strdup(loc);
+        if (!u)
+            sl_fail(err, SLUICE_E_NOMEM, "remote: out of memory");
+        return u;
+    }
+    const char *b = loc + 5, *slash = strchr(b, '/');
+    size_t bl = slash ? (size_t)(slash - b) : strlen(b);
+    const char *key = slash ? slash + 1 : "";
+    if (bl == 0) {
+        sl_fail(err, SLUICE_E_INVAL, "%s: no bucket in the s3:// location", loc);
+        return NULL;
+    }
+    const char *ep = c->s3_endpoint;
+    size_t n = strlen(ep) + bl + strlen(key) + 8;
+    char *u = malloc(n);
+    if (!u) {
+        sl_fail(err, SLUICE_E_NOMEM, "remote: out of memory");
+        return NULL;
+    }
+    const char *sep = strstr(ep, "://");
+    if (c->s3_virtual && sep)
+        snprintf(u, n, "%.*s%.*s.%s/%s", (int)(sep + 3 - ep), ep, (int)bl, b, sep + 3, key);
+    else
+        snprintf(u, n, "%s/%.*s/%s", ep, (int)bl, b, key);
+    return u;
+}
+
+#ifndef SLUICE_HAVE_CURL
+
+static int unsupported(sl_err *err, const char *loc)
+{
+    return sl_fail(err, SLUICE_E_UNSUPPORTED, "%s: remote locations need libcurl, and this "
+                   "library was built without it", loc);
+}
+
+int sl_remote_read(const sl_remote_cfg *c, const char *location, uint64_t offset, uint64_t len,
+                   unsigned char *buf, uint64_t *size, char *etag, int missing_code, sl_err *err)
+{
+    return unsupported(err, location);
+}
+
+int sl_remote_get(const sl_remote_cfg *c, const char *location, size_t max, char **out,
+                  size_t *len, int missing_code, sl_err *err)
+{
+    *out = NULL;
+    return unsupported(err, location);
+}
+
+int sl_rio_create(const sl_remote_cfg *c, sl_io_done_fn done, void *ctx, sl_rio **out,
+                  sl_err *err)
+{
+    *out = NULL;
+    return unsupported(err, "remote reads");
+}
+
+void sl_rio_submit(sl_rio *r, sl_io_req *req, const char *location, const char *url,
+                   uint64_t object_size, const char *etag) {}
+void sl_rio_flush(sl_rio *r) {}
+void sl_rio_abort(sl_rio *r) {}
+void sl_rio_destroy(sl_rio *r) {}
+
+#else
+
+#include <curl/curl.h>
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static CURLcode curl_init_rc;
+
+static void curl_init(void)
+{
+    /* Never cleaned up: other threads of the process may use curl too. */
+    curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+}
+
+static int curl_ready(sl_err *err)
+{
+    pthread_once(&curl_once, curl_init);
+    if (curl_init_rc != CURLE_OK)
+        return sl_fail(err, SLUICE_E_REMOTE, "remote: curl_global_init failed: %s",
+                       curl_easy_strerror(curl_init_rc));
+    return SLUICE_OK;
+}
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* ---------------------------------------------------------------- one attempt */
+
+#define ERR_BODY_MAX (64u << 10)   /* an error reply's body read before it is cut */
+
+typedef struct xfer {
+    /* where the body goes: an iovec array (ranged) or a growing buffer */
+    sl_io_req *req;              /* seam: iov, offset, done_bytes advanced */
+    unsigned char *buf;          /* blocking ranged read: buf + done */
+    char *gbuf;                  /* whole GET */
+    size_t glen, gcap, gmax;
+    int ranged;
+    uint64_t want_off, want_len; /* this attempt's range */
+    uint64_t size;               /* the object's size, 0 = learn it */
+    uint64_t done;               /* ranged bytes landed over all attempts */
+    /* this attempt's reply */
+    long status;
+    int have_cr;
+    uint64_t cr_a, cr_b, cr_total;
+    long retry_after_ms;         /* -1: none */
+    char etag[SL_ETAG_MAX];      /* the reply's strong ETag, "" when none */
+    const char *if_match;        /* asked with If-Match, or NULL */
+    uint64_t got;                /* body bytes of this attempt */
+    int checked;
+    int verdict;                 /* a code decided by a callback (stops the transfer) */
+    char why[160];
+    char errbuf[CURL_ERROR_SIZE];
+    const char *shown;           /* the location as messages show it */
+    /* stall detection (the progress callback): no byte for stall_ms */
+    _Atomic int *abort_flag;
+    uint64_t stall_ms, last_move_ms;
+    curl_off_t last_dl;
+    int stalled, aborted;
+} xfer;
+
+static void x_reset_attempt(xfer *x)
+{
+    x->status = 0;
+    x->have_cr = 0;
+    x->retry_after_ms = -1;
+    x->etag[0] = '\0';
+    x->got = 0;
+    x->checked = 0;
+    x->verdict = 0;
+    x->why[0] = '\0';
+    x->errbuf[0] = '\0';
+    x->last_move_ms = mono_ms();
+    x->last_dl = 0;
+    x->stalled = x->aborted = 0;
+}
+
+static size_t on_header(char *line, size_t sz, size_t n, void *ud)
+{
+    xfer *x = ud;
+    size_t len = sz * n;
+    char h[512];
+    size_t k = len < sizeof h - 1 ? len : sizeof h - 1;
+    memcpy(h, line, k);
+    h[k] = '\0';
+    while (k > 0 && (h[k - 1] == '\r' || h[k - 1] == '\n'))
+        h[--k] = '\0';
+    if (!strncmp(h, "HTTP/", 5)) {
+        const char *sp = strchr(h, ' ');
+        x->status = sp ? strtol(sp + 1, NULL, 10) : 0;
+        x->have_cr = 0;
+        x->retry_after_ms = -1;
+        x->etag[0] = '\0';
+    } else if (!strncasecmp(h, "etag:", 5)) {
+        const char *v = h + 5;
+        while (*v == ' ' || *v == '\t')
+            v++;
+        /* strong ones only: If-Match compares strongly */
+        if (*v == '"' && strlen(v) < sizeof x->etag)
+            snprintf(x->etag, sizeof x->etag, "%s", v);
+    } else if (!strncasecmp(h, "content-range:", 14)) {
+        unsigned long long a, b, t;
+        const char *v = h + 14;
+        while (*v == ' ' || *v == '\t')
+            v++;
+        if (sscanf(v, "bytes %llu-%llu/%llu", &a, &b, &t) == 3) {
+            x->have_cr = 1;
+            x->cr_a = a;
+            x->cr_b = b;
+            x->cr_total = t;
+        }
+    } else if (!strncasecmp(h, "retry-after:", 12)) {
+        const char *v = h + 12;
+        while (*v == ' ' || *v == '\t')
+            v++;
+        char *end;
+        long s = strtol(v, &end, 10);
+        if (end != v && s >= 0) {
+            x->retry_after_ms = s > 86400 ? 86400000L : s * 1000L;
+        } else {
+            time_t when = curl_getdate(v, NULL);
+            time_t now = time(NULL);
+            if (when > 0)
+                x->retry_after_ms = when > now ? (long)(when - now) * 1000L : 0;
+        }
+    }
+    return len;
+}
+
+/* The checks of a reply, before its first byte is stored. */
+static int check_reply(xfer *x)
+{
+    if (!x->ranged) {
+        if (x->status == 200)
+            return 1;
+        return x->status >= 200 && x->status < 300 ? (snprintf(x->why, sizeof x->why,
+               "HTTP %ld where 200 was expected", x->status), x->verdict = SLUICE_E_REMOTE, 0) : 1;
+    }
+    if (x->status == 200) {
+        snprintf(x->why, sizeof x->why, "HTTP 200 (the whole object) for a range request: the "
+                 "server ignores Range, so no byte of it can be placed");
+        x->verdict = SLUICE_E_FILE_CHANGED;
+        return 0;
+    }
+    if (x->status != 206)
+        return 1;   /* an error reply: its body is discarded, the status decides */
+    if (!x->have_cr) {
+        snprintf(x->why, sizeof x->why, "HTTP 206 without a Content-Range");
+        x->verdict = SLUICE_E_REMOTE;
+        return 0;
+    }
+    if (x->size && x->cr_total != x->size) {
+        snprintf(x->why, sizeof x->why, "the object is now %llu bytes, %llu at open: it "
+                 "changed after open", (unsigned long long)x->cr_total,
+                 (unsigned long long)x->size);
+        x->verdict = SLUICE_E_FILE_CHANGED;
+        return 0;
+    }
+    if (x->cr_a != x->want_off || x->cr_b < x->cr_a ||
+        x->cr_b > x->want_off + x->want_len - 1) {
+        snprintf(x->why, sizeof x->why, "Content-Range bytes %llu-%llu for a request of bytes "
+                 "%llu-%llu", (unsigned long long)x->cr_a, (unsigned long long)x->cr_b,
+                 (unsigned long long)x->want_off,
+                 (unsigned long long)(x->want_off + x->want_len - 1));
+        x->verdict = SLUICE_E_FILE_CHANGED;
+        return 0;
+    }
+    return 1;
+}
+
+static void iov_advance(sl_io_req *r, uint64_t n)
+{
+    r->done_bytes += n;
+    r->offset += n;
+    while (n && r->iovcnt) {
+        if (n >= r->iov[0].iov_len) {
+            n -= r->iov[0].iov_len;
+            r->iov++;
+            r->iovcnt--;
+        } else {
+            r->iov[0].iov_base = (char *)r->iov[0].iov_base + n;
+            r->iov[0].iov_len -= n;
+            n = 0;
+        }
+    }
+}
+
+static size_t on_body(char *data, size_t sz, size_t n, void *ud)
+{
+    xfer *x = ud;
+    size_t len = sz * n;
+    if (!x->checked) {
+        x->checked = 1;
+        if (!check_reply(x))
+            return 0;   /* stops the transfer: CURLE_WRITE_ERROR */
+    }
+    int good = x->ranged ? x->status == 206 : x->status == 200;
+    if (!good) {
+        x->got += len;
+        return x->got > ERR_BODY_MAX ? 0 : len;
+    }
+    if (x->ranged) {
+        if (x->got + len > x->want_len) {
+            snprintf(x->why, sizeof x->why, "more bytes than the %llu asked",
+                     (unsigned long long)x->want_len);
+            x->verdict = SLUICE_E_FILE_CHANGED;
+            return 0;
+        }
+        if (x->req) {
+            for (size_t left = len; left;) {
+                size_t k = x->req->iov[0].iov_len < left ? x->req->iov[0].iov_len : left;
+                memcpy(x->req->iov[0].iov_base, data + (len - left), k);
+                iov_advance(x->req, k);
+                left -= k;
+            }
+        } else {
+            memcpy(x->buf + x->done, data, len);
+        }
+        x->done += len;
+        x->got += len;
+        return len;
+    }
+    if (x->glen + len > x->gmax) {
+        snprintf(x->why, sizeof x->why, "larger than the limit of %zu bytes", x->gmax);
+        x->verdict = SLUICE_E_REMOTE;
+        return 0;
+    }
+    if (x->glen + len + 1 > x->gcap) {
+        size_t cap = x->gcap ? x->gcap : 65536;
+        while (cap < x->glen + len + 1)
+            cap *= 2;
+        char *g = realloc(x->gbuf, cap);
+        if (!g) {
+            snprintf(x->why, sizeof x->why, "out of memory");
+            x->verdict = SLUICE_E_NOMEM;
+            return 0;
+        }
+        x->gbuf = g;
+        x->gcap = cap;
+    }
+    memcpy(x->gbuf + x->glen, data, len);
+    x->glen += len;
+    x->got += len;
+    return len;
+}
+
+/* Stops a transfer that moved no byte for stall_ms (curl's low-speed
+ * limit averages over seconds, and a burst hides a stall behind it), or
+ * whose model is closing. */
+static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
+                       curl_off_t ulnow)
+{
+    xfer *x = ud;
+    if (x->abort_flag && *x->abort_flag) {
+        x->aborted = 1;
+        return 1;
+    }
+    uint64_t now = mono_ms();
+    if (dlnow != x->last_dl) {
+        x->last_dl = dlnow;
+        x->last_move_ms = now;
+        return 0;
+    }
+    if (now - x->last_move_ms >= x->stall_ms) {
+        x->stalled = 1;
+        return 1;
+    }
+    return 0;
+}
+
+/* Sets h up for one attempt of x at url; *hdrs gets the header list to
+ * free after the attempt. */
+static int setup(CURL *h, const sl_remote_cfg *c, const char *loc, const char *url, xfer *x,
+                 uint64_t remaining_ms, struct curl_slist **hdrs)
+{
+    struct curl_slist *l = NULL;
+    char line[256];
+    curl_easy_reset(h);
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 1L);
+    curl_easy_setopt(h, CURLOPT_MAXREDIRS, 5L);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)c->connect_timeout_ms);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)(remaining_ms ? remaining_ms : 1));
+    curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+    if (c->ca_file)
+        curl_easy_setopt(h, CURLOPT_CAINFO, c->ca_file);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(h, CURLOPT_HEADERDATA, x);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, x);
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, x->errbuf);
+    x->abort_flag = c->abort_flag;
+    x->stall_ms = c->stall_timeout_ms;
+    curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
+    curl_easy_setopt(h, CURLOPT_XFERINFODATA, x);
+    curl_easy_setopt(h, CURLOPT_NOPROGRESS, 0L);
+    if (x->ranged) {
+        snprintf(line, sizeof line, "Range: bytes=%llu-%llu", (unsigned long long)x->want_off,
+                 (unsigned long long)(x->want_off + x->want_len - 1));
+        l = curl_slist_append(l, line);
+    }
+    if (x->if_match && *x->if_match) {
+        snprintf(line, sizeof line, "If-Match: %s", x->if_match);
+        l = curl_slist_append(l, line);
+    }
+    if (!strncmp(loc, "s3://", 5)) {
+        if (c->aws_key) {
+            snprintf(line, sizeof line, "aws:amz:%s:s3", c->s3_region);
+            curl_easy_setopt(h, CURLOPT_AWS_SIGV4, line);
+            curl_easy_setopt(h, CURLOPT_USERNAME, c->aws_key);
+            curl_easy_setopt(h, CURLOPT_PASSWORD, c->aws_secret);
+            /* SHA-256 of the empty payload of a GET */
+            l = curl_slist_append(l, "x-amz-content-sha256: "
+                                  "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+            if (c->aws_session) {
+                char *t = malloc(strlen(c->aws_session) + 32);
+                if (t) {
+                    sprintf(t, "x-amz-security-token: %s", c->aws_session);
+                    l = curl_slist_append(l, t);
+                    free(t);
+                }
+            }
+        }
+    } else if (c->token) {
+        char *t = malloc(strlen(c->token) + 32);
+        if (t) {
+            sprintf(t, "Authorization: Bearer %s", c->token);
+            l = curl_slist_append(l, t);
+            memset(t, 0, strlen(t));
+            free(t);
+        }
+    }
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, l);
+    *hdrs = l;
+    return SLUICE_OK;
+}
+
+enum { OUT_OK, OUT_RETRY, OUT_FAIL };
+
+static int transient_curl(CURLcode rc)
+{
+    switch (rc) {
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_OPERATION_TIMEDOUT:
+    case CURLE_RECV_ERROR:
+    case CURLE_SEND_ERROR:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_GOT_NOTHING:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+    case CURLE_SSL_CONNECT_ERROR:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* The outcome of an attempt that ended with rc: *code and msg for a
+ * failure (of this attempt, or for good). */
+static int outcome(xfer *x, CURLcode rc, int missing_code, int *code, char *msg, size_t cap)
+{
+    if (x->verdict) {
+        *code = x->verdict;
+        snprintf(msg, cap, "%s", x->why);
+        return OUT_FAIL;
+    }
+    if (rc == CURLE_ABORTED_BY_CALLBACK && x->stalled) {
+        *code = SLUICE_E_REMOTE;
+        snprintf(msg, cap, "no byte for %llu ms (stalled)", (unsigned long long)x->stall_ms);
+        return OUT_RETRY;
+    }
+    if (rc == CURLE_ABORTED_BY_CALLBACK) {
+        *code = SLUICE_E_CANCELLED;
+        snprintf(msg, cap, "cancelled (the model is closing)");
+        return OUT_FAIL;
+    }
+    if (rc != CURLE_OK) {
+        *code = SLUICE_E_REMOTE;
+        snprintf(msg, cap, "%.80s%s%.150s", curl_easy_strerror(rc), x->errbuf[0] ? ": " : "", x->errbuf);
+        return transient_curl(rc) ? OUT_RETRY : OUT_FAIL;
+    }
+    long s = x->status;
+    if ((x->ranged && s == 206) || (!x->ranged && s == 200)) {
+        if (x->ranged && x->got < x->want_len) {
+            *code = SLUICE_E_REMOTE;
+            snprintf(msg, cap, "short body: %llu of %llu bytes", (unsigned long long)x->got,
+                     (unsigned long long)x->want_len);
+            return OUT_RETRY;
+        }
+        return OUT_OK;
+    }
+    if (s == 412 && x->if_match) {
+        *code = SLUICE_E_FILE_CHANGED;
+        snprintf(msg, cap, "HTTP 412: the object changed after open (its ETag is no longer %s)",
+                 x->if_match);
+        return OUT_FAIL;
+    }
+    *code = SLUICE_E_REMOTE;
+    if (s == 404 && missing_code)
+        *code = missing_code;
+    snprintf(msg, cap, "HTTP %ld", s);
+    return (s == 429 || s == 500 || s == 502 || s == 503 || s == 504) ? OUT_RETRY : OUT_FAIL;
+}
+
+static uint64_t rand_below(uint64_t n)
+{
+    uint64_t v = 0;
+    if (n == 0)
+        return 0;
+    if (getrandom(&v, sizeof v, GRND_NONBLOCK) != (ssize_t)sizeof v)
+        v = (uint64_t)mono_ms() * 6364136223846793005ull + 1442695040888963407ull;
+    return v % n;
+}
+
+/* The wait before attempt number `attempt` + 1 (attempt counts from 0):
+ * Retry-After when the reply gave one, else full jitter under a cap that
+ * doubles from backoff_ms up to 30 s. */
+static uint64_t backoff_ms(const sl_remote_cfg *c, unsigned attempt, long retry_after_ms)
+{
+    if (retry_after_ms >= 0)
+        return (uint64_t)retry_after_ms;
+    uint64_t cap = c->backoff_ms;
+    for (unsigned k = 0; k < attempt && cap < 30000; k++)
+        cap *= 2;
+    if (cap > 30000)
+        cap = 30000;
+    return rand_below(cap + 1);
+}
+
+/* ---------------------------------------------------------------- blocking fetches */
+
+static int fetch(const sl_remote_cfg *c, const char *loc, xfer *x, uint64_t off, uint64_t len,
+                 int missing_code, sl_err *err)
+{
+    SL_TRY(curl_ready(err));
+    char shown_buf[512];
+    x->shown = shown(loc, shown_buf, sizeof shown_buf);
+    char *url = sl_remote_url(c, loc, err);
+    if (!url)
+        return err->code;
+    CURL *h = curl_easy_init();
+    if (!h) {
+        free(url);
+        return sl_fail(err, SLUICE_E_NOMEM, "%s: cannot start a transfer", x->shown);
+    }
+    uint64_t deadline = mono_ms() + c->deadline_ms;
+    int rc = SLUICE_OK;
+    char msg[256];
+    for (unsigned attempt = 0;; attempt++) {
+        x_reset_attempt(x);
+        if (x->ranged) {
+            x->want_off = off + x->done;
+            x->want_len = len - x->done;
+        } else {
+            x->glen = 0;
+        }
+        uint64_t now = mono_ms();
+        struct curl_slist *hdrs = NULL;
+        setup(h, c, loc, url, x, deadline > now ? deadline - now : 1, &hdrs);
+        CURLcode cr = curl_easy_perform(h);
+        curl_slist_free_all(hdrs);
+        int code = 0;
+        int out = outcome(x, cr, missing_code, &code, msg, sizeof msg);
+        if (out == OUT_OK)
+            break;
+        if (out == OUT_RETRY && attempt + 1 < c->attempts && !(c->abort_flag && *c->abort_flag)) {
+            uint64_t wait = backoff_ms(c, attempt, x->retry_after_ms);
+            now = mono_ms();
+            if (now + wait < deadline) {
+                /* in slices, so that a close stops the wait */
+                for (uint64_t end = now + wait; mono_ms() < end;) {
+                    if (c->abort_flag && *c->abort_flag)
+                        break;
+                    struct timespec ts = {0, 20000000L};
+                    nanosleep(&ts, NULL);
+                }
+                continue;
+            }
+            rc = sl_fail(err, code, "%s: %s (attempt %u; no retry: the %llu ms deadline would "
+                         "pass)", x->shown, msg, attempt + 1, (unsigned long long)c->deadline_ms);
+            break;
+        }
+        if (out == OUT_RETRY)
+            rc = sl_fail(err, code, "%s: %s (after %u attempts)", x->shown, msg, attempt + 1);
+        else
+            rc = sl_fail(err, code, "%s: %s", x->shown, msg);
+        break;
+    }
+    curl_easy_cleanup(h);
+    free(url);
+    return rc;
+}
+
+int sl_remote_read(const sl_remote_cfg *c, const char *location, uint64_t offset, uint64_t len,
+                   unsigned char *buf, uint64_t *size, char *etag, int missing_code, sl_err *err)
+{
+    xfer x = {.buf = buf, .ranged = 1, .size = *size, .if_match = etag && *etag ? etag : NULL};
+    if (len == 0)
+        return SLUICE_OK;
+    SL_TRY(fetch(c, location, &x, offset, len, missing_code, err));
+    *size = x.cr_total;
+    if (etag && !*etag)
+        snprintf(etag, SL_ETAG_MAX, "%s", x.etag);
+    return SLUICE_OK;
+}
+
+int sl_remote_get(const sl_remote_cfg *c, const char *location, size_t max, char **out,
+                  size_t *len, int missing_code, sl_err *err)
+{
+    *out = NULL;
+    *len = 0;
+    xfer x = {.gmax = max};
+    int rc = fetch(c, location, &x, 0, 0, missing_code ? missing_code : -1000, err);
+    if (rc == -1000) {
+        free(x.gbuf);
+        return SLUICE_OK;   /* absent */
+    }
+    if (rc < 0) {
+        free(x.gbuf);
+        return rc;
+    }
+    if (!x.gbuf && !(x.gbuf = malloc(1)))
+        return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", location);
+    x.gbuf[x.glen] = '\0';
+    *out = x.gbuf;
+    *len = x.glen;
+    return SLUICE_OK;
+}
+
+/* ---------------------------------------------------------------- the seam */
+
+typedef struct rreq {
+    struct rreq *next;
+    struct rreq *wnext;          /* on the wire list */
+    sl_io_req *req;
+    const char *url;
+    CURL *h;
+    struct curl_slist *hdrs;
+    xfer x;
+    uint64_t deadline, due;      /* ms, monotonic */
+    unsigned attempt;
+    char last[200];              /* the last attempt's failure */
+    int last_code;
+} rreq;
+
+struct sl_rio {
+    const sl_remote_cfg *c;
+    sl_io_done_fn done;
+    void *ctx;
+    pthread_mutex_t lock;
+    sl_io_req *head, *tail;      /* queued by other threads */
+    int quit, abort;
+    CURLM *multi;
+    pthread_t thread;
+    int started;
+    /* the thread's own */
+    rreq *pending, *pending_tail; /* to start, in order */
+    rreq *parked;                /* retries, by due time */
+    unsigned active;
+    rreq *wire;                  /* the transfers in the multi */
+    CURL **easy;                 /* idle handles */
+    unsigned neasy, easy_cap;
+    sl_io_req *out, **out_tail;  /* completions to deliver */
+};
+
+static void complete(sl_rio *r, rreq *q, int code, const char *msg, int errnum)
+{
+    sl_io_req *req = q->req;
+    if (code) {
+        req->error = errnum ? errnum : EIO;
+        req->error_offset = req->offset;
+        req->status = code;
+        size_t n = strlen(msg) < sizeof req->detail - 1 ? strlen(msg) : sizeof req->detail - 1;
+        memcpy(req->detail, msg, n);
+        req->detail[n] = '\0';
+        sl_utf8_cut(req->detail);
+    }
+    req->retries = q->attempt;
+    if (q->h) {
+        if (r->neasy < r->easy_cap)
+            r->easy[r->neasy++] = q->h;
+        else
+            curl_easy_cleanup(q->h);
+    }
+    curl_slist_free_all(q->hdrs);
+    free(q);
+    req->next = NULL;
+    *r->out_tail = req;
+    r->out_tail = &req->next;
+}
+
+static void deliver(sl_rio *r)
+{
+    sl_io_req *list = r->out;
+    r->out = NULL;
+    r->out_tail = &r->out;
+    if (list)
+        r->done(r->ctx, list);
+}
+
+static void start(sl_rio *r, rreq *q)
+{
+    if (!q->h)
+        q->h = r->neasy ? r->easy[--r->neasy] : curl_easy_init();
+    if (!q->h) {
+        complete(r, q, SLUICE_E_NOMEM, "out of memory (curl_easy_init)", ENOMEM);
+        return;
+    }
+    x_reset_attempt(&q->x);
+    q->x.want_off = q->req->offset;
+    q->x.want_len = q->req->total - q->req->done_bytes;
+    uint64_t now = mono_ms();
+    curl_slist_free_all(q->hdrs);
+    q->hdrs = NULL;
+    setup(q->h, r->c, q->req->location, q->url, &q->x, q->deadline > now ? q->deadline - now : 1, &q->hdrs);
+    curl_easy_setopt(q->h, CURLOPT_PRIVATE, q);
+    if (curl_multi_add_handle(r->multi, q->h) != CURLM_OK) {
+        complete(r, q, SLUICE_E_REMOTE, "curl_multi_add_handle failed", EIO);
+        return;
+    }
+    r->active++;
+    q->wnext = r->wire;
+    r->wire = q;
+}
+
+static void off_wire(sl_rio *r, rreq *q)
+{
+    for (rreq **p = &r->wire; *p; p = &(*p)->wnext)
+        if (*p == q) {
+            *p = q->wnext;
+            break;
+        }
+    curl_multi_remove_handle(r->multi, q->h);
+    r->active--;
+}
+
+static void park(sl_rio *r, rreq *q)
+{
+    rreq **p = &r->parked;
+    while (*p && (*p)->due <= q->due)
+        p = &(*p)->next;
+    q->next = *p;
+    *p = q;
+}
+
+static void finished(sl_rio *r, rreq *q, CURLcode cr)
+{
+    off_wire(r, q);
+    int code = 0;
+    char msg[200];
+    int out = outcome(&q->x, cr, 0, &code, msg, sizeof msg);
+    if (out == OUT_OK) {
+        complete(r, q, 0, NULL, 0);
+        return;
+    }
+    if (out == OUT_RETRY && q->attempt + 1 < r->c->attempts && !r->abort) {
+        uint64_t wait = backoff_ms(r->c, q->attempt, q->x.retry_after_ms), now = mono_ms();
+        if (now + wait < q->deadline) {
+            q->attempt++;
+            q->due = now + wait;
+            snprintf(q->last, sizeof q->last, "%s", msg);
+            q->last_code = code;
+            park(r, q);
+            return;
+        }
+        char m2[300];
+        snprintf(m2, sizeof m2, "%.200s (attempt %u; no retry: the %llu ms deadline would pass)",
+                 msg, q->attempt + 1, (unsigned long long)r->c->deadline_ms);
+        complete(r, q, code, m2, EIO);
+        return;
+    }
+    if (out == OUT_RETRY) {
+        char m2[300];
+        snprintf(m2, sizeof m2, "%.200s (after %u attempts)", msg, q->attempt + 1);
+        complete(r, q, code, m2, EIO);
+        return;
+    }
+    complete(r, q, code, msg, code == SLUICE_E_CANCELLED ? ECANCELED : EIO);
+}
+
+static void abort_all(sl_rio *r)
+{
+    static const char why[] = "cancelled: the model is closing";
+    for (rreq *q; (q = r->wire);) {
+        off_wire(r, q);
+        complete(r, q, SLUICE_E_CANCELLED, why, ECANCELED);
+    }
+    for (rreq *q; (q = r->pending);) {
+        r->pending = q->next;
+        complete(r, q, SLUICE_E_CANCELLED, why, ECANCELED);
+    }
+    r->pending_tail = NULL;
+    for (rreq *q; (q = r->parked);) {
+        r->parked = q->next;
+        complete(r, q, SLUICE_E_CANCELLED, why, ECANCELED);
+    }
+}
+
+static void *rio_main(void *arg)
+{
+    sl_rio *r = arg;
+    for (;;) {
+        pthread_mutex_lock(&r->lock);
+        sl_io_req *in = r->head;
+        r->head = r->tail = NULL;
+        int quit = r->quit, ab = r->abort;
+        pthread_mutex_unlock(&r->lock);
+        uint64_t now = mono_ms();
+        for (sl_io_req *req = in, *n; req; req = n) {
+            n = req->next;
+            rreq *q = calloc(1, sizeof *q);
+            if (!q) {
+                req->error = ENOMEM;
+                req->status = SLUICE_E_NOMEM;
+                snprintf(req->detail, sizeof req->detail, "out of memory");
+                req->next = NULL;
+                *r->out_tail = req;
+                r->out_tail = &req->next;
+                continue;
+            }
+            q->req = req;
+            q->url = req->url;
+            q->x.req = req;
+            q->x.ranged = 1;
+            q->x.size = req->object_size;
+            q->x.if_match = req->etag;
+            q->deadline = now + r->c->deadline_ms;
+            if (r->pending_tail)
+                r->pending_tail->next = q;
+            else
+                r->pending = q;
+            r->pending_tail = q;
+        }
+        if (ab)
+            abort_all(r);
+        while (r->parked && r->parked->due <= now) {
+            rreq *q = r->parked;
+            r->parked = q->next;
+            q->next = r->pending;
+            r->pending = q;
+            if (!r->pending_tail)
+                r->pending_tail = q;
+        }
+        while (r->pending && r->active < r->c->connections) {
+            rreq *q = r->pending;
+            r->pending = q->next;
+            if (!r->pending)
+                r->pending_tail = NULL;
+            q->next = NULL;
+            start(r, q);
+        }
+        deliver(r);
+        if (quit && !r->active && !r->pending && !r->parked)
+            break;
+        int running = 0;
+        curl_multi_perform(r->multi, &running);
+        CURLMsg *m;
+        int left;
+        while ((m = curl_multi_info_read(r->multi, &left)))
+            if (m->msg == CURLMSG_DONE) {
+                rreq *q;
+                curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&q);
+                finished(r, q, m->data.result);
+            }
+        deliver(r);
+        long wait = 1000;
+        now = mono_ms();
+        if (r->parked)
+            wait = r->parked->due > now ? (long)(r->parked->due - now) : 0;
+        if (wait > 1000)
+            wait = 1000;
+        if (r->pending && r->active < r->c->connections)
+            wait = 0;
+        curl_multi_poll(r->multi, NULL, 0, (int)wait, NULL);
+    }
+    return NULL;
+}
+
+int sl_rio_create(const sl_remote_cfg *c, sl_io_done_fn done, void *ctx, sl_rio **out,
+                  sl_err *err)
+{
+    *out = NULL;
+    SL_TRY(curl_ready(err));
+    sl_rio *r = calloc(1, sizeof *r);
+    if (!r)
+        return sl_fail(err, SLUICE_E_NOMEM, "remote: out of memory");
+    r->c = c;
+    r->done = done;
+    r->ctx = ctx;
+    r->out_tail = &r->out;
+    r->easy_cap = c->connections;
+    r->easy = calloc(r->easy_cap ? r->easy_cap : 1, sizeof *r->easy);
+    pthread_mutex_init(&r->lock, NULL);
+    if (!r->easy || !(r->multi = curl_multi_init())) {
+        sl_rio_destroy(r);
+        return sl_fail(err, SLUICE_E_NOMEM, "remote: out of memory (curl_multi_init)");
+    }
+    curl_multi_setopt(r->multi, CURLMOPT_MAX_HOST_CONNECTIONS, (long)c->connections);
+    curl_multi_setopt(r->multi, CURLMOPT_MAXCONNECTS, (long)c->connections);
+    if (pthread_create(&r->thread, NULL, rio_main, r) != 0) {
+        sl_rio_destroy(r);
+        return sl_fail(err, SLUICE_E_NOMEM, "remote: cannot start a thread");
+    }
+    r->started = 1;
+    *out = r;
+    return SLUICE_OK;
+}
+
+void sl_rio_submit(sl_rio *r, sl_io_req *req, const char *location, const char *url,
+                   uint64_t object_size, const char *etag)
+{
+    req->error = 0;
+    req->eof = 0;
+    req->done_bytes = 0;
+    req->error_offset = 0;
+    req->retries = req->retries_eintr = req->retries_eagain = 0;
+    req->status = 0;
+    req->detail[0] = '\0';
+    req->attempts = 0;
+    uint64_t t = 0;
+    for (int i = 0; i < req->iovcnt; i++)
+        t += req->iov[i].iov_len;
+    req->total = t;
+    req->url = url;
+    req->location = location;
+    req->etag = etag;
+    req->object_size = object_size;
+    req->next = NULL;
+    pthread_mutex_lock(&r->lock);
+    if (r->tail)
+        r->tail->next = req;
+    else
+        r->head = req;
+    r->tail = req;
+    pthread_mutex_unlock(&r->lock);
+}
+
+void sl_rio_flush(sl_rio *r)
+{
+    curl_multi_wakeup(r->multi);
+}
+
+void sl_rio_abort(sl_rio *r)
+{
+    if (!r)
+        return;
+    pthread_mutex_lock(&r->lock);
+    r->abort = 1;
+    pthread_mutex_unlock(&r->lock);
+    curl_multi_wakeup(r->multi);
+}
+
+void sl_rio_destroy(sl_rio *r)
+{
+    if (!r)
+        return;
+    if (r->started) {
+        pthread_mutex_lock(&r->lock);
+        r->quit = 1;
+        pthread_mutex_unlock(&r->lock);
+        curl_multi_wakeup(r->multi);
+        pthread_join(r->thread, NULL);
+    }
+    for (unsigned i = 0; i < r->neasy; i++)
+        curl_easy_cleanup(r->easy[i]);
+    free(r->easy);
+    if (r->multi)
+        curl_multi_cleanup(r->multi);
+    pthread_mutex_destroy(&r->lock);
+    free(r);
+}
+
+#endif

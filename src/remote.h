@@ -1,0 +1,106 @@
+/* remote.h: remote sources (remote.c): http(s):// and s3:// locations read
+ * with HTTP range requests through libcurl.
+ *
+ * Two ways in:
+ *  - blocking fetches, for open (headers, index.json, the manifest): one
+ *    easy handle per call, retried by the same rules as the reads;
+ *  - sl_rio, the remote seam of an engine: requests shaped like the I/O
+ *    seam's (io.h: an sl_io_req with its iov), served by one thread that
+ *    owns a curl multi handle, many requests in flight over kept-alive
+ *    connections, completion through the same callback as the ring's.
+ *
+ * Every reply to a range request is checked: 206, a Content-Range that
+ * starts where asked and names the object size seen at open. A 200 (the
+ * server ignores Range) or another size fails the request with
+ * SLUICE_E_FILE_CHANGED, before any byte of it lands; a short body is
+ * resumed from where it stopped. Transient failures (connect, reset,
+ * timeouts, 429, 500, 502, 503, 504, a short body) are retried with
+ * exponential backoff and full jitter, or after Retry-After, within
+ * remote_attempts and remote_deadline_ms; the others fail at once
+ * (SLUICE_E_REMOTE, the message giving the status).
+ *
+ * Nothing here is called, and no curl function runs, for a model that has
+ * no remote location. Built without libcurl (SLUICE_HAVE_CURL unset),
+ * every entry returns SLUICE_E_UNSUPPORTED.
+ */
+#ifndef SLUICE_REMOTE_H
+#define SLUICE_REMOTE_H
+
+#include "error.h"
+#include "io.h"
+#include "sluice.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* What every remote request of one model is made with (owned by the
+ * model; immutable once built). Secrets live here only: no message, log
+ * or stat ever holds them. */
+typedef struct sl_remote_cfg {
+    unsigned connections, attempts;
+    uint64_t connect_timeout_ms, stall_timeout_ms, deadline_ms, backoff_ms;
+    char *token;                 /* Bearer for http(s)://, or NULL */
+    char *s3_endpoint;           /* scheme://host[:port], no trailing slash */
+    char *s3_region;
+    int s3_virtual;              /* virtual-host-style addressing */
+    char *aws_key, *aws_secret, *aws_session; /* NULL: anonymous */
+    char *ca_file;               /* NULL: libcurl's default CA store */
+    _Atomic int *abort_flag;    /* non-NULL and set: blocking fetches stop */
+} sl_remote_cfg;
+
+/* Whether path names a remote location (http://, https://, s3://). */
+int sl_is_remote(const char *path);
+
+/* Builds the configuration from the options and the environment
+ * (SLUICE_HTTP_TOKEN, AWS_*). *out is malloc'd; free with
+ * sl_remote_cfg_free. */
+int sl_remote_cfg_new(const sluice_options *o, sl_remote_cfg **out, sl_err *err);
+void sl_remote_cfg_free(sl_remote_cfg *c);
+
+/* The http(s) URL that location (http(s):// or s3://) is fetched from,
+ * malloc'd (NULL when out of memory or not a valid location: err says). */
+char *sl_remote_url(const sl_remote_cfg *c, const char *location, sl_err *err);
+
+/* The longest strong ETag kept (a longer one is not used). */
+#define SL_ETAG_MAX 160
+
+/* Range GET of len bytes at offset of location into buf. *size gets the
+ * object's size (from Content-Range). etag (NULL: not used; else
+ * SL_ETAG_MAX bytes): when it holds one, the request asks If-Match it;
+ * when empty, it gets the reply's strong ETag, if any. Codes:
+ * SLUICE_E_NO_FILES (missing_code) for 404, SLUICE_E_REMOTE,
+ * SLUICE_E_FILE_CHANGED (ignored Range, a size other than *size when *size
+ * is not 0 on entry, 412 to If-Match), SLUICE_E_UNSUPPORTED. */
+int sl_remote_read(const sl_remote_cfg *c, const char *location, uint64_t offset, uint64_t len,
+                   unsigned char *buf, uint64_t *size, char *etag, int missing_code, sl_err *err);
+
+/* GET of a whole object of at most max bytes into a malloc'd, NUL-ended
+ * buffer. 404 gives missing_code (0: returns 0 with *out NULL: absent). */
+int sl_remote_get(const sl_remote_cfg *c, const char *location, size_t max, char **out,
+                  size_t *len, int missing_code, sl_err *err);
+
+/* ---------------------------------------------------------------- the seam */
+
+typedef struct sl_rio sl_rio;
+
+/* Starts the seam (its thread). done(ctx, list) is called on that thread
+ * with no lock of the seam held, as io.h's. */
+int sl_rio_create(const sl_remote_cfg *c, sl_io_done_fn done, void *ctx, sl_rio **out,
+                  sl_err *err);
+
+/* Queues req for url, the http(s) form of location (object_size: the size seen at open, which every
+ * reply must name; etag: the object's strong ETag at open, asked with
+ * If-Match, or NULL). Results as io.h's, plus req->status and req->detail
+ * when the request failed for a reason of its own. */
+void sl_rio_submit(sl_rio *r, sl_io_req *req, const char *location, const char *url,
+                   uint64_t object_size, const char *etag);
+void sl_rio_flush(sl_rio *r);
+
+/* Fails every request queued, waiting or in flight with ECANCELED at once
+ * (their completions run on the seam's thread); later ones too. */
+void sl_rio_abort(sl_rio *r);
+
+/* Stops the thread and frees the seam: every request must have completed. */
+void sl_rio_destroy(sl_rio *r);
+
+#endif

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""The remote tests' fault-injecting HTTP server (test_remote_faults.c).
+
+usage: remote_fault_server.py PORT ROOT
+
+Serves the files under ROOT on 127.0.0.1:PORT with single byte ranges
+(206 + Content-Range), HTTP/1.1 keep-alive, one thread per connection.
+A test arms a fault with a control request:
+
+    GET /ctl?mode=MODE&count=N&arg=X    the next N GETs of files misbehave
+    GET /ctl/stats                      "requests=R faults=F" so far
+    GET /ctl/headers                    the last file request's headers
+
+MODE is one of:
+    status     answer HTTP arg (503, 429, 404, ...) with no body
+    status_ra  the same with "Retry-After: 1"
+    norange    200 with the whole file (Range ignored)
+    short      206 headers for the whole range, half the body, then close
+    stall      206 headers, half the body, then sleep arg seconds
+    hang       read the request, answer nothing for arg seconds
+    reset      close the connection at once with a TCP reset
+    flip       a correct 206 with one byte of the body flipped
+    grow       Content-Range naming a size one byte larger
+A fault served counts down N; at 0 the server behaves again.
+"""
+import os
+import socket
+import struct
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+STATE = {"mode": "ok", "count": 0, "arg": "", "requests": 0, "faults": 0, "headers": ""}
+LOCK = threading.Lock()
+ROOT = "."
+
+
+def take_fault():
+    with LOCK:
+        STATE["requests"] += 1
+        if STATE["count"] > 0:
+            STATE["count"] -= 1
+            STATE["faults"] += 1
+            return STATE["mode"], STATE["arg"]
+        return "ok", ""
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def small(self, code, body=b"", extra=()):
+        self.send_response(code)
+        for k, v in extra:
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        u = urlparse(self.path)
+        if u.path == "/ctl":
+            q = parse_qs(u.query)
+            with LOCK:
+                STATE["mode"] = q.get("mode", ["ok"])[0]
+                STATE["count"] = int(q.get("count", ["0"])[0])
+                STATE["arg"] = q.get("arg", [""])[0]
+            return self.small(200, b"ok")
+        if u.path == "/ctl/stats":
+            with LOCK:
+                body = "requests=%d faults=%d" % (STATE["requests"], STATE["faults"])
+            return self.small(200, body.encode())
+        if u.path == "/ctl/headers":
+            with LOCK:
+                body = STATE["headers"]
+            return self.small(200, body.encode())
+        with LOCK:
+            STATE["headers"] = "GET %s\n%s" % (self.path, str(self.headers))
+        path = os.path.join(ROOT, u.path.lstrip("/"))
+        if not os.path.isfile(path):
+            take_fault()
+            return self.small(404, b"not found")
+        mode, arg = take_fault()
+        with open(path, "rb") as f:
+            data = f.read()
+        size = len(data)
+        rng = self.headers.get("Range")
+        a, b = 0, size - 1
+        ranged = False
+        if rng and rng.startswith("bytes="):
+            s, _, e = rng[6:].partition("-")
+            a = int(s)
+            b = min(int(e), size - 1) if e else size - 1
+            ranged = True
+        if mode == "status":
+            return self.small(int(arg or 503), b"fault")
+        if mode == "status_ra":
+            return self.small(int(arg or 503), b"fault", [("Retry-After", "1")])
+        if mode == "reset":
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                       struct.pack("ii", 1, 0))
+            self.close_connection = True
+            self.connection.close()
+            return
+        if mode == "hang":
+            time.sleep(float(arg or 30))
+            self.close_connection = True
+            return
+        if mode == "norange" or not ranged:
+            return self.small(200, data)
+        if a >= size:
+            return self.small(416, b"", [("Content-Range", "bytes */%d" % size)])
+        body = bytearray(data[a:b + 1])
+        total = size + 1 if mode == "grow" else size
+        if mode == "flip" and body:
+            body[len(body) // 2] ^= 0xFF
+        self.send_response(206)
+        self.send_header("Content-Range", "bytes %d-%d/%d" % (a, b, total))
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if mode == "short":
+            self.wfile.write(bytes(body[: len(body) // 2]))
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        if mode == "stall":
+            self.wfile.write(bytes(body[: len(body) // 2]))
+            self.wfile.flush()
+            time.sleep(float(arg or 30))
+            self.close_connection = True
+            return
+        self.wfile.write(bytes(body))
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def handle_error(self, request, client_address):
+        pass    # resets and closed connections are what the tests ask for
+
+
+def main():
+    global ROOT
+    port, ROOT = int(sys.argv[1]), sys.argv[2]
+    srv = Server(("127.0.0.1", port), Handler)
+    try:
+        srv.serve_forever(poll_interval=0.05)
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

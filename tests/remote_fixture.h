@@ -1,0 +1,285 @@
+/* remote_fixture.h: real servers for the remote tests, started and stopped
+ * by the test itself, on 127.0.0.1 and a free port:
+ *  - nginx (Debian's package) as an unprivileged foreground process
+ *    (-p TMP -c CONF -g 'daemon off;'), serving a folder, and /real/ the
+ *    real-world corpus when present;
+ *  - the tests' own fault server (tests/remote_fault_server.py, Python's
+ *    ThreadingHTTPServer), which serves a folder with ranges and misbehaves
+ *    on request (see that file).
+ * Header-only so that the shared test library stays as it is. */
+#ifndef SLUICE_TEST_REMOTE_FIXTURE_H
+#define SLUICE_TEST_REMOTE_FIXTURE_H
+
+#include "util.h"
+
+#include "sluice.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct rf_server {
+    pid_t pid;
+    unsigned port;
+    char *dir;          /* its own temp dir (config, logs) */
+    char base[64];      /* http://127.0.0.1:PORT */
+    unsigned tls_port;  /* nginx: https on this port, 0 when no certificate could be made */
+    char tls_base[64];  /* https://127.0.0.1:TLS_PORT */
+    char ca_file[512];  /* the self-signed certificate it serves (its own CA) */
+} rf_server;
+
+static inline unsigned rf_free_port(void)
+{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) != 0 ||
+        getsockname(s, (struct sockaddr *)&a, &len) != 0) {
+        if (s >= 0)
+            close(s);
+        return 0;
+    }
+    close(s);
+    return ntohs(a.sin_port);
+}
+
+static inline int rf_can_connect(unsigned port)
+{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int ok = s >= 0 && connect(s, (struct sockaddr *)&a, sizeof a) == 0;
+    if (s >= 0)
+        close(s);
+    return ok;
+}
+
+/* Waits until the port accepts (up to 10 s) or the child died. */
+static inline int rf_wait_ready(rf_server *sv)
+{
+    for (int i = 0; i < 1000; i++) {
+        if (rf_can_connect(sv->port))
+            return 1;
+        int st;
+        if (waitpid(sv->pid, &st, WNOHANG) == sv->pid) {
+            sv->pid = 0;
+            return 0;
+        }
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+    return 0;
+}
+
+static inline void rf_stop(rf_server *sv)
+{
+    if (sv->pid > 0) {
+        kill(sv->pid, SIGTERM);
+        int st;
+        for (int i = 0; i < 300 && waitpid(sv->pid, &st, WNOHANG) == 0; i++) {
+            struct timespec ts = {0, 10000000};
+            nanosleep(&ts, NULL);
+        }
+        if (waitpid(sv->pid, &st, WNOHANG) == 0) {
+            kill(sv->pid, SIGKILL);
+            waitpid(sv->pid, &st, 0);
+        }
+    }
+    sv->pid = 0;
+    if (sv->dir) {
+        tu_rmtree(sv->dir);
+        free(sv->dir);
+        sv->dir = NULL;
+    }
+}
+
+static inline const char *rf_nginx_binary(void)
+{
+    static const char *const where[] = {"/usr/sbin/nginx", "/usr/bin/nginx", "/usr/local/sbin/nginx"};
+    for (size_t i = 0; i < sizeof where / sizeof *where; i++)
+        if (access(where[i], X_OK) == 0)
+            return where[i];
+    return NULL;
+}
+
+/* Starts nginx serving root at / (and real, when not NULL, at /real/;
+ * /norange/ serves root with Range ignored). 1 on success, 0 when nginx
+ * is missing or does not start (why says). */
+static inline int rf_nginx_start(rf_server *sv, const char *root, const char *real, char *why,
+                                 size_t cap)
+{
+    memset(sv, 0, sizeof *sv);
+    const char *bin = rf_nginx_binary();
+    if (!bin) {
+        snprintf(why, cap, "nginx is not installed (apt-get install -y nginx)");
+        return 0;
+    }
+    for (int attempt = 0; attempt < 5; attempt++) {
+        sv->dir = tu_tmpdir();
+        sv->port = rf_free_port();
+        chmod(sv->dir, 0755);
+        char *conf = tu_join(sv->dir, "nginx.conf"), text[4096], cmd[2048], tls[1024] = "";
+        /* https: a self-signed certificate for 127.0.0.1, made by openssl */
+        snprintf(cmd, sizeof cmd,
+                 "openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=127.0.0.1 "
+                 "-addext subjectAltName=IP:127.0.0.1 -keyout '%s/key.pem' -out '%s/cert.pem' "
+                 ">/dev/null 2>&1", sv->dir, sv->dir);
+        sv->tls_port = system(cmd) == 0 ? rf_free_port() : 0;
+        if (sv->tls_port) {
+            snprintf(sv->ca_file, sizeof sv->ca_file, "%s/cert.pem", sv->dir);
+            snprintf(tls, sizeof tls,
+                     "  server {\n"
+                     "    listen 127.0.0.1:%u ssl;\n"
+                     "    ssl_certificate %s/cert.pem; ssl_certificate_key %s/key.pem;\n"
+                     "    location / { root %s; }\n"
+                     "  }\n", sv->tls_port, sv->dir, sv->dir, root);
+        }
+        /* Workers of a master run by root would run as nobody: keep them
+         * the same user, so that they read what the test wrote. */
+        snprintf(text, sizeof text,
+                 "%s"
+                 "worker_processes 2;\n"
+                 "pid %s/nginx.pid;\n"
+                 "error_log %s/error.log warn;\n"
+                 "events { worker_connections 512; }\n"
+                 "http {\n"
+                 "  access_log off;\n"
+                 "  client_body_temp_path %s/cb; proxy_temp_path %s/px;\n"
+                 "  fastcgi_temp_path %s/fc; uwsgi_temp_path %s/uw; scgi_temp_path %s/sc;\n"
+                 "  default_type application/octet-stream;\n"
+                 "  sendfile on; tcp_nopush on; keepalive_requests 1000000;\n"
+                 "  server {\n"
+                 "    listen 127.0.0.1:%u;\n"
+                 "    location / { root %s; }\n"
+                 "    location /norange/ { alias %s/; max_ranges 0; }\n"
+                 "%s%s%s"
+                 "  }\n"
+                 "%s"
+                 "}\n",
+                 geteuid() == 0 ? "user root;\n" : "", sv->dir, sv->dir, sv->dir, sv->dir,
+                 sv->dir, sv->dir, sv->dir, sv->port, root, root,
+                 real ? "    location /real/ { alias " : "", real ? real : "",
+                 real ? "/; }\n" : "", tls);
+        tu_write_file(conf, text, strlen(text));
+        pid_t pid = fork();
+        if (pid == 0) {
+            int devnull = open("/dev/null", O_WRONLY);
+            if (devnull >= 0) {
+                dup2(devnull, 1);
+                dup2(devnull, 2);
+            }
+            execl(bin, bin, "-e", "stderr", "-p", sv->dir, "-c", conf, "-g", "daemon off;",
+                  (char *)NULL);
+            _exit(127);
+        }
+        free(conf);
+        sv->pid = pid;
+        if (pid > 0 && rf_wait_ready(sv)) {
+            snprintf(sv->base, sizeof sv->base, "http://127.0.0.1:%u", sv->port);
+            if (sv->tls_port) {
+                for (int i = 0; i < 500 && !rf_can_connect(sv->tls_port); i++) {
+                    struct timespec ts = {0, 10000000};
+                    nanosleep(&ts, NULL);
+                }
+                snprintf(sv->tls_base, sizeof sv->tls_base, "https://127.0.0.1:%u", sv->tls_port);
+            }
+            return 1;
+        }
+        rf_stop(sv);
+    }
+    snprintf(why, cap, "nginx did not start (5 tries)");
+    return 0;
+}
+
+/* The fault server: python3 tests/remote_fault_server.py PORT ROOT. */
+static inline int rf_fault_start(rf_server *sv, const char *script, const char *root, char *why,
+                                 size_t cap)
+{
+    memset(sv, 0, sizeof *sv);
+    const char *py = access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
+    for (int attempt = 0; attempt < 5; attempt++) {
+        sv->port = rf_free_port();
+        char port[16];
+        snprintf(port, sizeof port, "%u", sv->port);
+        pid_t pid = fork();
+        if (pid == 0) {
+            execlp(py, py, script, port, root, (char *)NULL);
+            _exit(127);
+        }
+        sv->pid = pid;
+        if (pid > 0 && rf_wait_ready(sv)) {
+            snprintf(sv->base, sizeof sv->base, "http://127.0.0.1:%u", sv->port);
+            return 1;
+        }
+        rf_stop(sv);
+    }
+    snprintf(why, cap, "the fault server (%s %s) did not start", py, script);
+    return 0;
+}
+
+/* One plain HTTP GET of path on the server, for the fault server's
+ * control requests; returns the body (malloc'd) or NULL. */
+static inline char *rf_get(const rf_server *sv, const char *path)
+{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)sv->port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (s < 0 || connect(s, (struct sockaddr *)&a, sizeof a) != 0) {
+        if (s >= 0)
+            close(s);
+        return NULL;
+    }
+    char req[1024];
+    int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
+    if (write(s, req, (size_t)n) != n) {
+        close(s);
+        return NULL;
+    }
+    size_t len = 0, cap = 4096;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (len + 1 >= cap)
+            buf = realloc(buf, cap *= 2);
+        ssize_t r = read(s, buf + len, cap - len - 1);
+        if (r <= 0)
+            break;
+        len += (size_t)r;
+    }
+    close(s);
+    buf[len] = '\0';
+    char *body = strstr(buf, "\r\n\r\n");
+    char *out = strdup(body ? body + 4 : "");
+    free(buf);
+    return out;
+}
+
+/* Exits 77 when the library was built without libcurl
+ * (-DSLUICE_WITH_CURL=OFF): remote locations are then SLUICE_E_UNSUPPORTED. */
+static inline void rf_skip_without_curl(void)
+{
+    sluice_options o;
+    sluice_options_init(&o);
+    o.remote_attempts = 1;
+    o.remote_connect_timeout_ms = 200;
+    sluice_model *m = NULL;
+    char loc[64];
+    snprintf(loc, sizeof loc, "http://127.0.0.1:%u/x.safetensors", rf_free_port());
+    int rc = sluice_open(loc, &o, &m);
+    sluice_close(m);
+    if (rc == SLUICE_E_UNSUPPORTED) {
+        fprintf(stderr, "skipped: this library was built without libcurl\n");
+        exit(77);
+    }
+}
+
+#endif

@@ -1,0 +1,732 @@
+/* test_remote.c: models read over HTTP from a real nginx started by the
+ * test (remote_fixture.h), and mirrors (opts.fallback) that take over a
+ * tensor whose local copy is corrupt or cut.
+ *
+ * Every check compares with the bytes of the local file the server
+ * serves (read with pread, independently of sluice). Skipped (77, with
+ * the reason) when nginx is not installed or does not start. */
+#include "remote_fixture.h"
+#include "util.h"
+
+#include "sluice.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+static rf_server nginx;
+static char *root;          /* served at / */
+
+static const char *at(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static const char *at(const char *fmt, ...)
+{
+    static char buf[4][1024];
+    static int k;
+    char *b = buf[k++ & 3];
+    int n = snprintf(b, 1024, "%s/", nginx.base);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(b + n, 1024 - (size_t)n, fmt, ap);
+    va_end(ap);
+    return b;
+}
+
+/* ---------------------------------------------------------------- models */
+
+#define MIB (1u << 20)
+
+/* one.safetensors: tensors of every size class (empty, tiny, several
+ * chunks of 1 MiB). */
+static const char *const one_names[] = {"a", "b", "c", "d", "e", "f"};
+static const uint64_t one_sizes[] = {100, 3 * MIB + 17, 0, 7, 5 * MIB + 3, 4096};
+#define ONE_N 6
+
+static void write_model(const char *path, size_t n, const char *const *names,
+                        const uint64_t *sizes, const char *prefix)
+{
+    char header[8192];
+    size_t len = 0;
+    uint64_t off = 0;
+    len += (size_t)snprintf(header + len, sizeof header - len, "{");
+    for (size_t i = 0; i < n; i++) {
+        len += (size_t)snprintf(header + len, sizeof header - len,
+                                "%s\"%s%s\":{\"dtype\":\"U8\",\"shape\":[%llu],"
+                                "\"data_offsets\":[%llu,%llu]}",
+                                i ? "," : "", prefix, names[i], (unsigned long long)sizes[i],
+                                (unsigned long long)off, (unsigned long long)(off + sizes[i]));
+        off += sizes[i];
+    }
+    snprintf(header + len, sizeof header - len, "}");
+    tu_write_safetensors(path, header, NULL, (size_t)off);
+}
+
+/* The flat manifest of the model at path (every tensor's SHA-256),
+ * written to out. */
+static void write_manifest(const char *path, const char *out)
+{
+    sluice_options o;
+    sluice_options_init(&o);
+    o.flags = SLUICE_F_HASH_ALL;
+    o.verify = SLUICE_VERIFY_OFF;
+    sluice_model *m;
+    assert_int_equal(sluice_open(path, &o, &m), SLUICE_OK);
+    size_t n = sluice_count(m), cap = 64 + n * 200, len = 0;
+    char *text = malloc(cap);
+    len += (size_t)snprintf(text, cap, "{");
+    for (size_t i = 0; i < n; i++) {
+        sluice_tensor *t;
+        assert_int_equal(sluice_acquire_index(m, i, &t), SLUICE_OK);
+        uint8_t d[32];
+        char hex[65];
+        assert_int_equal(sluice_tensor_digest(t, d), SLUICE_OK);
+        len += (size_t)snprintf(text + len, cap - len, "%s\"%s\":\"%s\"", i ? "," : "",
+                                sluice_tensor_info(t)->name, sluice_digest_hex(d, hex));
+        sluice_release(t);
+    }
+    len += (size_t)snprintf(text + len, cap - len, "}");
+    tu_write_file(out, text, len);
+    free(text);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+}
+
+static void flip_byte(const char *path, uint64_t offset)
+{
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    unsigned char b;
+    assert_int_equal(pread(fd, &b, 1, (off_t)offset), 1);
+    b ^= 0x5a;
+    assert_int_equal(pwrite(fd, &b, 1, (off_t)offset), 1);
+    close(fd);
+}
+
+static void copy_file(const char *from, const char *to)
+{
+    size_t len;
+    void *p = tu_read_file(from, &len);
+    assert_non_null(p);
+    tu_write_file(to, p, len);
+    free(p);
+}
+
+/* The absolute offset of tensor name in the local model at path. */
+static uint64_t tensor_offset(const char *path, const char *name)
+{
+    sluice_options o;
+    sluice_options_init(&o);
+    o.verify = SLUICE_VERIFY_OFF;
+    sluice_model *m;
+    assert_int_equal(sluice_open(path, &o, &m), SLUICE_OK);
+    struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+    assert_int_equal(sluice_find(m, name, &ti), SLUICE_OK);
+    uint64_t off = ti.offset;
+    sluice_close(m);
+    return off;
+}
+
+static int setup(void **state)
+{
+    char why[256];
+    rf_skip_without_curl();
+    root = tu_tmpdir();
+    chmod(root, 0755);
+    char *p = tu_join(root, "one.safetensors");
+    write_model(p, ONE_N, one_names, one_sizes, "");
+    char *mf = tu_join(root, "one.safetensors.manifest.json");
+    write_manifest(p, mf);
+    free(mf);
+    free(p);
+    /* a sharded model in sh/, with its manifest */
+    char *sh = tu_join(root, "sh");
+    mkdir(sh, 0755);
+    static const char *const n1[] = {"x", "y"}, *const n2[] = {"z", "w", "v"};
+    static const uint64_t s1[] = {2 * MIB, 10}, s2[] = {33, MIB + 1, 0};
+    char *f1 = tu_join(sh, "model-00001-of-00002.safetensors");
+    char *f2 = tu_join(sh, "model-00002-of-00002.safetensors");
+    write_model(f1, 2, n1, s1, "l1.");
+    write_model(f2, 3, n2, s2, "l2.");
+    const char *idx = "{\"metadata\":{},\"weight_map\":{"
+                      "\"l1.x\":\"model-00001-of-00002.safetensors\","
+                      "\"l1.y\":\"model-00001-of-00002.safetensors\","
+                      "\"l2.z\":\"model-00002-of-00002.safetensors\","
+                      "\"l2.w\":\"model-00002-of-00002.safetensors\","
+                      "\"l2.v\":\"model-00002-of-00002.safetensors\"}}";
+    char *ip = tu_join(sh, "model.safetensors.index.json");
+    tu_write_file(ip, idx, strlen(idx));
+    char *smf = tu_join(sh, "sluice.manifest.json");
+    write_manifest(ip, smf);
+    free(smf);
+    free(ip);
+    free(f1);
+    free(f2);
+    free(sh);
+    if (!rf_nginx_start(&nginx, root, tu_real_data(), why, sizeof why)) {
+        fprintf(stderr, "skipped: %s\n", why);
+        tu_rmtree(root);
+        free(root);
+        exit(77);
+    }
+    (void)state;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    rf_stop(&nginx);
+    tu_rmtree(root);
+    free(root);
+    (void)state;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- checks */
+
+static sluice_model *open_ok(const char *loc, const sluice_options *o)
+{
+    sluice_model *m = NULL;
+    int rc = sluice_open(loc, o, &m);
+    if (rc != SLUICE_OK)
+        fail_msg("open %s: %s: %s", loc, sluice_strerror(rc), sluice_errmsg(m));
+    return m;
+}
+
+/* Every tensor of remote equals local's: info and bytes (through acquire,
+ * and once more through a stream). */
+static int same_bytes_cb(void *user, sluice_tensor *t, int status,
+                         const struct sluice_tensor_info *info, const char *message)
+{
+    sluice_model *local = user;
+    const char *name = info->name;
+    if (status != SLUICE_OK)
+        fail_msg("stream %s: %s: %s", name, sluice_strerror(status), message);
+    sluice_tensor *lt;
+    assert_int_equal(sluice_acquire(local, name, &lt), SLUICE_OK);
+    assert_int_equal(sluice_tensor_size(t), sluice_tensor_size(lt));
+    assert_memory_equal(sluice_tensor_data(t), sluice_tensor_data(lt), sluice_tensor_size(t));
+    sluice_release(lt);
+    sluice_release(t);
+    return 0;
+}
+
+static void compare_models(sluice_model *local, sluice_model *remote)
+{
+    size_t n = sluice_count(local);
+    assert_int_equal(sluice_count(remote), n);
+    assert_int_equal(sluice_file_count(remote), sluice_file_count(local));
+    for (size_t i = 0; i < n; i++) {
+        struct sluice_tensor_info a = SLUICE_TENSOR_INFO_INIT, b = SLUICE_TENSOR_INFO_INIT;
+        assert_int_equal(sluice_info(local, i, &a), SLUICE_OK);
+        assert_int_equal(sluice_info(remote, i, &b), SLUICE_OK);
+        assert_int_equal(a.name_len, b.name_len);
+        assert_memory_equal(a.name, b.name, a.name_len);
+        assert_int_equal(a.dtype, b.dtype);
+        assert_int_equal(a.ndim, b.ndim);
+        if (a.ndim)
+            assert_memory_equal(a.shape, b.shape, a.ndim * sizeof *a.shape);
+        assert_int_equal(a.offset, b.offset);
+        assert_int_equal(a.nbytes, b.nbytes);
+        sluice_tensor *ta, *tb;
+        assert_int_equal(sluice_acquire_index(local, i, &ta), SLUICE_OK);
+        int rc = sluice_acquire_index(remote, i, &tb);
+        if (rc != SLUICE_OK)
+            fail_msg("acquire %s: %s: %s", a.name, sluice_strerror(rc), sluice_errmsg(remote));
+        assert_memory_equal(sluice_tensor_data(ta), sluice_tensor_data(tb), a.nbytes);
+        sluice_release(ta);
+        sluice_release(tb);
+    }
+    for (size_t f = 0; f < sluice_file_count(local); f++) {
+        struct sluice_file_info a = {.size = sizeof a}, b = {.size = sizeof b};
+        assert_int_equal(sluice_file_info(local, f, &a), SLUICE_OK);
+        assert_int_equal(sluice_file_info(remote, f, &b), SLUICE_OK);
+        assert_int_equal(a.file_size, b.file_size);
+        assert_int_equal(a.header_bytes, b.header_bytes);
+        assert_int_equal(a.metadata_count, b.metadata_count);
+    }
+    sluice_trim(remote, NULL);
+    assert_int_equal(sluice_stream(remote, NULL, 0, same_bytes_cb, local), SLUICE_OK);
+}
+
+static void compare_at(const char *local_path, const char *remote_loc, uint64_t chunk)
+{
+    sluice_options o;
+    sluice_options_init(&o);
+    o.verify = SLUICE_VERIFY_OFF;
+    o.pool_bytes = 64u * MIB;
+    sluice_model *l = open_ok(local_path, &o);
+    if (chunk)
+        o.chunk_bytes = chunk;
+    o.verify = SLUICE_VERIFY_DEFAULT;
+    sluice_model *r = open_ok(remote_loc, &o);
+    compare_models(l, r);
+    struct sluice_stats st = {.size = sizeof st};
+    assert_int_equal(sluice_stats(r, &st), SLUICE_OK);
+    assert_true(st.remote_reads > 0 || st.bytes_delivered == 0);
+    assert_int_equal(st.failures, 0);
+    assert_int_equal(sluice_close(r), SLUICE_OK);
+    assert_int_equal(sluice_close(l), SLUICE_OK);
+}
+
+/* ---------------------------------------------------------------- tests */
+
+static void test_file_url(void **state)
+{
+    char *p = tu_join(root, "one.safetensors");
+    compare_at(p, at("one.safetensors"), MIB);
+    /* the sidecar was found beside it: every tensor verified */
+    sluice_model *m = open_ok(at("one.safetensors"), NULL);
+    assert_int_equal(sluice_verify_mode(m), SLUICE_VERIFY_REQUIRE);
+    assert_string_equal(sluice_manifest_path(m), at("one.safetensors.manifest.json"));
+    for (size_t i = 0; i < sluice_count(m); i++) {
+        sluice_tensor *t;
+        assert_int_equal(sluice_acquire_index(m, i, &t), SLUICE_OK);
+        sluice_release(t);
+    }
+    struct sluice_stats st = {.size = sizeof st};
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    assert_int_equal(st.tensors_verified, ONE_N - 1);  /* the empty one is never loaded */
+    assert_int_equal(st.remote_bytes, st.bytes_read);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    free(p);
+    (void)state;
+}
+
+static void test_sharded_urls(void **state)
+{
+    char *sh = tu_join(root, "sh"), *ip = tu_join(sh, "model.safetensors.index.json");
+    compare_at(ip, at("sh/model.safetensors.index.json"), 0);
+    compare_at(ip, at("sh"), 256u << 10);
+    compare_at(ip, at("sh/"), 0);
+    sluice_model *m = open_ok(at("sh/"), NULL);
+    assert_int_equal(sluice_verify_mode(m), SLUICE_VERIFY_REQUIRE);
+    assert_string_equal(sluice_manifest_path(m), at("sh/sluice.manifest.json"));
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    free(ip);
+    free(sh);
+    (void)state;
+}
+
+static void test_real_files(void **state)
+{
+    const char *real = tu_real_data();
+    if (!real) {
+        skip();
+        return;
+    }
+    char **files;
+    size_t n = tu_list_safetensors(real, &files);
+    assert_true(n > 0);
+    for (size_t i = 0; i < n; i++) {
+        const char *name = strrchr(files[i], '/') + 1;
+        compare_at(files[i], at("real/%s", name), 0);
+    }
+    tu_free_list(files, n);
+    char *sh = tu_join(real, "SafeTensors.jl__sharded");
+    char *ip = tu_join(sh, "model.safetensors.index.json");
+    compare_at(ip, at("real/SafeTensors.jl__sharded/model.safetensors.index.json"), 0);
+    compare_at(ip, at("real/SafeTensors.jl__sharded/"), 0);
+    free(ip);
+    free(sh);
+    (void)state;
+}
+
+static void test_manifest_url(void **state)
+{
+    /* a local model, its manifest given as a URL */
+    char *p = tu_join(root, "one.safetensors");
+    sluice_options o;
+    sluice_options_init(&o);
+    o.manifest_path = at("one.safetensors.manifest.json");
+    sluice_model *m = open_ok(p, &o);
+    assert_int_equal(sluice_verify_mode(m), SLUICE_VERIFY_REQUIRE);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    /* a manifest URL that is not there */
+    o.manifest_path = at("nothing.manifest.json");
+    assert_int_equal(sluice_open(p, &o, &m), SLUICE_E_MANIFEST);
+    assert_non_null(strstr(sluice_errmsg(m), "404"));
+    sluice_close(m);
+    /* REQUIRE with no sidecar at a remote place */
+    sluice_options_init(&o);
+    o.verify = SLUICE_VERIFY_REQUIRE;
+    char *q = tu_join(root, "nomf.safetensors");
+    copy_file(p, q);
+    assert_int_equal(sluice_open(at("nomf.safetensors"), &o, &m), SLUICE_E_MANIFEST);
+    sluice_close(m);
+    /* DEFAULT with none: nothing verified */
+    m = open_ok(at("nomf.safetensors"), NULL);
+    assert_int_equal(sluice_verify_mode(m), SLUICE_VERIFY_OFF);
+    sluice_close(m);
+    unlink(q);
+    free(q);
+    free(p);
+    (void)state;
+}
+
+static void test_missing_and_norange(void **state)
+{
+    sluice_model *m;
+    assert_int_equal(sluice_open(at("absent.safetensors"), NULL, &m), SLUICE_E_NO_FILES);
+    assert_non_null(strstr(sluice_errmsg(m), "404"));
+    sluice_close(m);
+    assert_int_equal(sluice_open(at("absent-dir/"), NULL, &m), SLUICE_E_NO_FILES);
+    sluice_close(m);
+    /* nginx with max_ranges 0 answers 200 and the whole file */
+    assert_int_equal(sluice_open(at("norange/one.safetensors"), NULL, &m), SLUICE_E_FILE_CHANGED);
+    assert_non_null(strstr(sluice_errmsg(m), "ignores Range"));
+    sluice_close(m);
+    /* nothing listens there */
+    sluice_options o;
+    sluice_options_init(&o);
+    o.remote_attempts = 2;
+    o.remote_backoff_ms = 1;
+    char dead[128];
+    snprintf(dead, sizeof dead, "http://127.0.0.1:%u/x.safetensors", rf_free_port());
+    assert_int_equal(sluice_open(dead, &o, &m), SLUICE_E_REMOTE);
+    assert_non_null(strstr(sluice_errmsg(m), "after 2 attempts"));
+    sluice_close(m);
+    (void)state;
+}
+
+static void test_checksum_and_changed(void **state)
+{
+    char *p = tu_join(root, "one.safetensors"), *q = tu_join(root, "bad.safetensors");
+    char *qm = tu_join(root, "bad.safetensors.manifest.json");
+    char *pm = tu_join(root, "one.safetensors.manifest.json");
+    copy_file(p, q);
+    copy_file(pm, qm);
+    free(pm);
+    flip_byte(q, tensor_offset(q, "b") + 12345);
+    sluice_model *m = open_ok(at("bad.safetensors"), NULL);
+    sluice_tensor *t;
+    /* b first: not the plan's first position, so nothing is read ahead */
+    assert_int_equal(sluice_acquire(m, "b", &t), SLUICE_E_CHECKSUM);
+    assert_non_null(strstr(sluice_errmsg(m), "SHA-256 mismatch"));
+    /* the object grows after open: every later read fails, none misplaced */
+    size_t len;
+    unsigned char *bytes = tu_read_file(q, &len);
+    unsigned char *longer = malloc(len + 1);
+    memcpy(longer, bytes, len);
+    longer[len] = 0;
+    tu_write_file(q, longer, len + 1);
+    assert_int_equal(sluice_acquire(m, "e", &t), SLUICE_E_FILE_CHANGED);
+    assert_non_null(strstr(sluice_errmsg(m), "changed after open"));
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    /* replaced by another object of the same size (nginx's ETag is mtime
+     * and size: the mtime moves on): If-Match answers 412 */
+    tu_write_file(q, bytes, len);
+    m = open_ok(at("bad.safetensors"), NULL);
+    bytes[len - 1] ^= 1;
+    tu_write_file(q, bytes, len);
+    struct timeval later[2] = {{time(NULL) + 100, 0}, {time(NULL) + 100, 0}};
+    assert_int_equal(utimes(q, later), 0);
+    assert_int_equal(sluice_acquire(m, "f", &t), SLUICE_E_FILE_CHANGED);
+    assert_non_null(strstr(sluice_errmsg(m), "HTTP 412: the object changed after open"));
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    free(longer);
+    free(bytes);
+    unlink(q);
+    unlink(qm);
+    free(q);
+    free(qm);
+    free(p);
+    (void)state;
+}
+
+/* ---------------------------------------------------------------- fallback */
+
+/* A local copy in a fresh folder (with the manifest of the good model). */
+static char *local_copy(char **model)
+{
+    char *d = tu_tmpdir();
+    char *p = tu_join(root, "one.safetensors"), *pm = tu_join(root, "one.safetensors.manifest.json");
+    *model = tu_join(d, "one.safetensors");
+    char *qm = tu_join(d, "one.safetensors.manifest.json");
+    copy_file(p, *model);
+    copy_file(pm, qm);
+    free(p);
+    free(pm);
+    free(qm);
+    return d;
+}
+
+static void acquire_all_ok(sluice_model *m)
+{
+    for (size_t i = 0; i < sluice_count(m); i++) {
+        sluice_tensor *t;
+        int rc = sluice_acquire_index(m, i, &t);
+        if (rc != SLUICE_OK)
+            fail_msg("acquire %zu: %s: %s", i, sluice_strerror(rc), sluice_errmsg(m));
+        sluice_release(t);
+    }
+}
+
+static void test_fallback_corrupt_local(void **state)
+{
+    char *model, *d = local_copy(&model);
+    flip_byte(model, tensor_offset(model, "e") + 3 * MIB);
+    const char *mirrors[] = {at("one.safetensors")};
+    sluice_options o;
+    sluice_options_init(&o);
+    o.fallback = mirrors;
+    o.fallback_count = 1;
+    o.chunk_bytes = MIB;
+    sluice_model *m = open_ok(model, &o);
+    acquire_all_ok(m);
+    /* the bytes are the good ones */
+    sluice_tensor *t;
+    assert_int_equal(sluice_acquire(m, "e", &t), SLUICE_OK);
+    char *p = tu_join(root, "one.safetensors");
+    void *good = tu_pread_range(p, tensor_offset(p, "e"), 5 * MIB + 3);
+    assert_memory_equal(sluice_tensor_data(t), good, 5 * MIB + 3);
+    const char *src = sluice_tensor_source(t);
+    assert_non_null(strstr(src, "fallback 1"));
+    assert_non_null(strstr(src, "SHA-256 mismatch"));
+    sluice_release(t);
+    assert_int_equal(sluice_acquire(m, "a", &t), SLUICE_OK);
+    assert_string_equal(sluice_tensor_source(t), "");
+    sluice_release(t);
+    struct sluice_stats st = {.size = sizeof st};
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    assert_int_equal(st.fallback_tensors, 1);
+    assert_int_equal(st.fallback_bytes, 5 * MIB + 3);
+    assert_int_equal(st.failures, 0);
+    assert_int_equal(st.checksum_failures, 1);
+    assert_int_equal(st.tensors_verified, ONE_N - 1);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    free(good);
+    free(p);
+    tu_rmtree(d);
+    free(d);
+    free(model);
+    (void)state;
+}
+
+static void test_fallback_truncated_after_open(void **state)
+{
+    char *model, *d = local_copy(&model);
+    const char *mirrors[] = {at("sh"), at("one.safetensors")}; /* the first lacks the tensors */
+    sluice_options o;
+    sluice_options_init(&o);
+    o.fallback = mirrors;
+    o.fallback_count = 2;
+    sluice_model *m = open_ok(model, &o);
+    assert_int_equal(truncate(model, (off_t)tensor_offset(model, "b") + 10), 0);
+    acquire_all_ok(m);
+    sluice_tensor *t;
+    assert_int_equal(sluice_acquire(m, "e", &t), SLUICE_OK);
+    const char *src = sluice_tensor_source(t);
+    assert_non_null(strstr(src, "fallback 2"));
+    assert_non_null(strstr(src, "no tensor \"e\" there"));
+    sluice_release(t);
+    struct sluice_stats st = {.size = sizeof st};
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    assert_int_equal(st.fallback_tensors, 4);   /* b, d, e, f: past the cut */
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(d);
+    free(d);
+    free(model);
+    (void)state;
+}
+
+static void test_fallback_all_fail(void **state)
+{
+    char *model, *d = local_copy(&model);
+    flip_byte(model, tensor_offset(model, "b") + 1);
+    /* a local mirror, corrupt in the same tensor */
+    char *d2 = tu_tmpdir(), *m2 = tu_join(d2, "one.safetensors");
+    copy_file(model, m2);
+    const char *mirrors[] = {d2, at("nowhere/")};
+    sluice_options o;
+    sluice_options_init(&o);
+    o.fallback = mirrors;
+    o.fallback_count = 2;
+    sluice_model *m = open_ok(model, &o);
+    sluice_tensor *t;
+    assert_int_equal(sluice_acquire(m, "b", &t), SLUICE_E_CHECKSUM);
+    const char *msg = sluice_errmsg(m);
+    assert_non_null(strstr(msg, "every source failed"));
+    assert_non_null(strstr(msg, "primary: "));
+    assert_non_null(strstr(msg, "fallback 1 ("));
+    assert_non_null(strstr(msg, "fallback 2 ("));
+    assert_non_null(strstr(msg, m2));   /* the mirror's failure names the mirror's file */
+    assert_non_null(strstr(msg, "neither model.safetensors.index.json nor"));
+    assert_int_equal(sluice_acquire(m, "a", &t), SLUICE_OK);
+    sluice_release(t);
+    struct sluice_stats st = {.size = sizeof st};
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    assert_int_equal(st.fallback_tensors, 0);
+    assert_int_equal(st.failures, 1);
+    assert_int_equal(st.fallback_failures, 2);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(d2);
+    free(d2);
+    free(m2);
+    tu_rmtree(d);
+    free(d);
+    free(model);
+    (void)state;
+}
+
+static void test_fallback_needs_manifest(void **state)
+{
+    char *model, *d = local_copy(&model);
+    const char *mirrors[] = {at("one.safetensors")};
+    sluice_options o;
+    sluice_options_init(&o);
+    o.fallback = mirrors;
+    o.fallback_count = 1;
+    o.verify = SLUICE_VERIFY_OFF;
+    sluice_model *m;
+    assert_int_equal(sluice_open(model, &o, &m), SLUICE_E_INVAL);
+    assert_non_null(strstr(sluice_errmsg(m), "need a manifest"));
+    sluice_close(m);
+    char *mf = tu_join(d, "one.safetensors.manifest.json");
+    unlink(mf);
+    o.verify = SLUICE_VERIFY_DEFAULT;
+    assert_int_equal(sluice_open(model, &o, &m), SLUICE_E_INVAL);
+    sluice_close(m);
+    free(mf);
+    tu_rmtree(d);
+    free(d);
+    free(model);
+    (void)state;
+}
+
+/* A remote primary whose object is corrupt, a local mirror that is not. */
+static void test_fallback_remote_primary(void **state)
+{
+    char *p = tu_join(root, "one.safetensors"), *q = tu_join(root, "rp.safetensors");
+    char *qm = tu_join(root, "rp.safetensors.manifest.json");
+    char *pm = tu_join(root, "one.safetensors.manifest.json");
+    copy_file(p, q);
+    copy_file(pm, qm);
+    flip_byte(q, tensor_offset(q, "a") + 50);
+    const char *mirrors[] = {p};
+    sluice_options o;
+    sluice_options_init(&o);
+    o.fallback = mirrors;
+    o.fallback_count = 1;
+    sluice_model *m = open_ok(at("rp.safetensors"), &o);
+    acquire_all_ok(m);
+    struct sluice_stats st = {.size = sizeof st};
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    assert_int_equal(st.fallback_tensors, 1);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    unlink(q);
+    unlink(qm);
+    free(p);
+    free(q);
+    free(qm);
+    free(pm);
+    (void)state;
+}
+
+static void test_verify_and_commands(void **state)
+{
+    sluice_model *m = open_ok(at("one.safetensors"), NULL);
+    struct sluice_verify_report r = {.size = sizeof r};
+    assert_int_equal(sluice_verify(m, NULL, 0, NULL, &r), SLUICE_OK);
+    assert_int_equal(r.tensors_ok, ONE_N);
+    assert_int_equal(r.tensors_failed, 0);
+    sluice_verify_options vo;
+    sluice_verify_options_init(&vo);
+    vo.flags = SLUICE_VF_FILES;
+    assert_int_equal(sluice_verify(m, NULL, 0, &vo, &r), SLUICE_E_UNSUPPORTED);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    /* the command line, over HTTP, with a local mirror given by --fallback */
+    char cmd[4096], *p = tu_join(root, "one.safetensors");
+    snprintf(cmd, sizeof cmd, "%s/sluice verify -q %s >/dev/null", SLUICE_BINARY_DIR,
+             at("one.safetensors"));
+    assert_int_equal(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "%s/sluice inspect %s >/dev/null", SLUICE_BINARY_DIR,
+             at("sh/"));
+    assert_int_equal(system(cmd), 0);
+    /* bench learns URLs: curl is its baseline (a) */
+    snprintf(cmd, sizeof cmd, "%s/sluice bench %s --runs 1 --pool 64M 2>/dev/null "
+             "| grep -q '(a) curl -s -o /dev/null, 8 connections'", SLUICE_BINARY_DIR,
+             at("one.safetensors"));
+    if (system("command -v curl >/dev/null 2>&1") == 0)
+        assert_int_equal(system(cmd), 0);
+    char *d = tu_tmpdir(), *q = tu_join(d, "one.safetensors"), *out = tu_join(d, "e.bin");
+    char *qm = tu_join(d, "one.safetensors.manifest.json");
+    char *pm = tu_join(root, "one.safetensors.manifest.json");
+    copy_file(p, q);
+    copy_file(pm, qm);
+    flip_byte(q, tensor_offset(q, "e") + 10);
+    snprintf(cmd, sizeof cmd, "%s/sluice cat %s e >%s 2>/dev/null", SLUICE_BINARY_DIR, q, out);
+    assert_int_not_equal(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "%s/sluice cat %s e --fallback %s --fallback %s >%s",
+             SLUICE_BINARY_DIR, q, at("nowhere/"), at("one.safetensors"), out);
+    assert_int_equal(system(cmd), 0);
+    size_t len;
+    void *got = tu_read_file(out, &len);
+    void *good = tu_pread_range(p, tensor_offset(p, "e"), 5 * MIB + 3);
+    assert_int_equal(len, 5 * MIB + 3);
+    assert_memory_equal(got, good, len);
+    free(got);
+    free(good);
+    tu_rmtree(d);
+    free(d);
+    free(q);
+    free(qm);
+    free(pm);
+    free(out);
+    free(p);
+    (void)state;
+}
+
+static void test_https(void **state)
+{
+    if (!nginx.tls_port) {
+        fprintf(stderr, "no certificate could be made (openssl): https not tried\n");
+        skip();
+        return;
+    }
+    char loc[256], *p = tu_join(root, "one.safetensors");
+    snprintf(loc, sizeof loc, "%s/one.safetensors", nginx.tls_base);
+    sluice_options o;
+    sluice_options_init(&o);
+    o.remote_ca_file = nginx.ca_file;
+    sluice_model *l = open_ok(p, NULL), *r = open_ok(loc, &o);
+    compare_models(l, r);
+    assert_int_equal(sluice_verify(r, NULL, 0, NULL, NULL), SLUICE_OK);
+    sluice_close(r);
+    sluice_close(l);
+    /* the system's store does not know this certificate: refused, not retried */
+    sluice_options_init(&o);
+    assert_int_equal(sluice_open(loc, &o, &r), SLUICE_E_REMOTE);
+    assert_non_null(strcasestr(sluice_errmsg(r), "certificate"));
+    sluice_close(r);
+    free(p);
+    (void)state;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_file_url),
+        cmocka_unit_test(test_sharded_urls),
+        cmocka_unit_test(test_real_files),
+        cmocka_unit_test(test_manifest_url),
+        cmocka_unit_test(test_missing_and_norange),
+        cmocka_unit_test(test_checksum_and_changed),
+        cmocka_unit_test(test_fallback_corrupt_local),
+        cmocka_unit_test(test_fallback_truncated_after_open),
+        cmocka_unit_test(test_fallback_all_fail),
+        cmocka_unit_test(test_fallback_needs_manifest),
+        cmocka_unit_test(test_fallback_remote_primary),
+        cmocka_unit_test(test_verify_and_commands),
+        cmocka_unit_test(test_https),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

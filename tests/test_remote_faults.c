@@ -1,0 +1,464 @@
+/* test_remote_faults.c: retries, timeouts and cancellation of remote reads
+ * against the tests' own fault server (remote_fault_server.py, started
+ * here on 127.0.0.1): 503 with and without Retry-After, 429, 404, a 200
+ * that ignores Range, a short body, a stall past the timeout, a reset, a
+ * flipped byte, an object that grew; each with the right retries
+ * (counted), the right final code, nothing unverified handed out, no hang.
+ * Skipped (77) when python3 cannot start the server. */
+#include "remote_fixture.h"
+#include "util.h"
+
+#include "sluice.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+static rf_server srv;
+static char *root;
+static char model_url[256];
+static unsigned char *good_b;   /* the bytes of tensor b */
+
+#define B_SIZE (300u << 10)
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int setup(void **state)
+{
+    char why[256];
+    rf_skip_without_curl();
+    root = tu_tmpdir();
+    char *p = tu_join(root, "m.safetensors");
+    char header[512];
+    snprintf(header, sizeof header,
+             "{\"a\":{\"dtype\":\"U8\",\"shape\":[1000],\"data_offsets\":[0,1000]},"
+             "\"b\":{\"dtype\":\"U8\",\"shape\":[%u],\"data_offsets\":[1000,%u]}}",
+             B_SIZE, 1000 + B_SIZE);
+    tu_write_safetensors(p, header, NULL, 1000 + B_SIZE);
+    /* its manifest */
+    sluice_options o;
+    sluice_options_init(&o);
+    o.flags = SLUICE_F_HASH_ALL;
+    sluice_model *m;
+    assert_int_equal(sluice_open(p, &o, &m), SLUICE_OK);
+    char text[512], ha[65], hb[65];
+    uint8_t d[32];
+    sluice_tensor *t;
+    assert_int_equal(sluice_acquire(m, "a", &t), SLUICE_OK);
+    sluice_tensor_digest(t, d);
+    sluice_digest_hex(d, ha);
+    sluice_release(t);
+    assert_int_equal(sluice_acquire(m, "b", &t), SLUICE_OK);
+    sluice_tensor_digest(t, d);
+    sluice_digest_hex(d, hb);
+    good_b = malloc(B_SIZE);
+    memcpy(good_b, sluice_tensor_data(t), B_SIZE);
+    sluice_release(t);
+    sluice_close(m);
+    int n = snprintf(text, sizeof text, "{\"a\":\"%s\",\"b\":\"%s\"}", ha, hb);
+    char *mf = tu_join(root, "m.safetensors.manifest.json");
+    tu_write_file(mf, text, (size_t)n);
+    free(mf);
+    free(p);
+    if (!rf_fault_start(&srv, SLUICE_FAULT_SERVER, root, why, sizeof why)) {
+        fprintf(stderr, "skipped: %s\n", why);
+        exit(77);
+    }
+    snprintf(model_url, sizeof model_url, "%s/m.safetensors", srv.base);
+    (void)state;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    rf_stop(&srv);
+    tu_rmtree(root);
+    free(root);
+    free(good_b);
+    (void)state;
+    return 0;
+}
+
+static void arm(const char *mode, int count, const char *arg)
+{
+    char q[256];
+    snprintf(q, sizeof q, "/ctl?mode=%s&count=%d&arg=%s", mode, count, arg ? arg : "");
+    char *r = rf_get(&srv, q);
+    assert_non_null(r);
+    assert_string_equal(r, "ok");
+    free(r);
+}
+
+static int faults_served(void)
+{
+    char *r = rf_get(&srv, "/ctl/stats");
+    assert_non_null(r);
+    const char *f = strstr(r, "faults=");
+    int n = f ? atoi(f + 7) : -1;
+    free(r);
+    return n;
+}
+
+static sluice_options fast_options(void)
+{
+    sluice_options o;
+    sluice_options_init(&o);
+    o.remote_attempts = 4;
+    o.remote_backoff_ms = 20;
+    o.remote_stall_timeout_ms = 1000;
+    o.remote_connect_timeout_ms = 2000;
+    o.remote_deadline_ms = 20000;
+    return o;
+}
+
+/* Opens the model (no fault armed), arms mode, acquires b (the first
+ * acquire, at plan position 1: no read-ahead), checks the outcome. */
+typedef struct outcome {
+    int rc;
+    uint64_t retries;
+    int faults;
+    double seconds;
+    char msg[1024];
+} outcome;
+
+static outcome run(const sluice_options *o, const char *mode, int count, const char *arg)
+{
+    outcome out = {0};
+    arm("ok", 0, NULL);
+    int before = faults_served();
+    sluice_model *m;
+    int rc = sluice_open(model_url, o, &m);
+    if (rc != SLUICE_OK)
+        fail_msg("open: %s", sluice_errmsg(m));
+    arm(mode, count, arg);
+    double t0 = now_s();
+    sluice_tensor *t = NULL;
+    out.rc = sluice_acquire(m, "b", &t);
+    out.seconds = now_s() - t0;
+    snprintf(out.msg, sizeof out.msg, "%s", out.rc ? sluice_errmsg(m) : "");
+    if (out.rc == SLUICE_OK) {
+        assert_int_equal(sluice_tensor_size(t), B_SIZE);
+        assert_memory_equal(sluice_tensor_data(t), good_b, B_SIZE);
+        sluice_release(t);
+    } else {
+        assert_null(t);
+    }
+    struct sluice_stats st = {.size = sizeof st};
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    out.retries = st.remote_retries;
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    out.faults = faults_served() - before;
+    arm("ok", 0, NULL);
+    return out;
+}
+
+static void test_503_retried(void **state)
+{
+    sluice_options o = fast_options();
+    outcome r = run(&o, "status", 2, "503");
+    assert_int_equal(r.rc, SLUICE_OK);
+    assert_int_equal(r.retries, 2);
+    assert_int_equal(r.faults, 2);
+    (void)state;
+}
+
+static void test_retry_after(void **state)
+{
+    sluice_options o = fast_options();
+    outcome r = run(&o, "status_ra", 1, "503");
+    assert_int_equal(r.rc, SLUICE_OK);
+    assert_int_equal(r.retries, 1);
+    assert_true(r.seconds >= 0.9);  /* Retry-After: 1, not the 20 ms backoff */
+    assert_true(r.seconds < 5);
+    (void)state;
+}
+
+static void test_429_and_500s(void **state)
+{
+    sluice_options o = fast_options();
+    static const char *const codes[] = {"429", "500", "502", "504"};
+    for (size_t i = 0; i < 4; i++) {
+        outcome r = run(&o, "status", 1, codes[i]);
+        assert_int_equal(r.rc, SLUICE_OK);
+        assert_int_equal(r.retries, 1);
+    }
+    (void)state;
+}
+
+static void test_permanent_not_retried(void **state)
+{
+    sluice_options o = fast_options();
+    static const char *const codes[] = {"404", "403", "416"};
+    for (size_t i = 0; i < 3; i++) {
+        outcome r = run(&o, "status", 5, codes[i]);
+        assert_int_equal(r.rc, SLUICE_E_REMOTE);
+        assert_int_equal(r.retries, 0);
+        assert_int_equal(r.faults, 1);
+        char want[16];
+        snprintf(want, sizeof want, "HTTP %s", codes[i]);
+        assert_non_null(strstr(r.msg, want));
+    }
+    (void)state;
+}
+
+static void test_attempts_bounded(void **state)
+{
+    sluice_options o = fast_options();
+    o.remote_attempts = 3;
+    outcome r = run(&o, "status", 100, "503");
+    assert_int_equal(r.rc, SLUICE_E_REMOTE);
+    assert_int_equal(r.faults, 3);
+    assert_int_equal(r.retries, 2);
+    assert_non_null(strstr(r.msg, "HTTP 503 (after 3 attempts)"));
+    (void)state;
+}
+
+static void test_deadline_bounded(void **state)
+{
+    sluice_options o = fast_options();
+    o.remote_deadline_ms = 500;
+    outcome r = run(&o, "status_ra", 100, "503");   /* Retry-After 1 s > deadline */
+    assert_int_equal(r.rc, SLUICE_E_REMOTE);
+    assert_true(r.seconds < 1.5);
+    assert_non_null(strstr(r.msg, "deadline"));
+    (void)state;
+}
+
+static void test_range_ignored(void **state)
+{
+    sluice_options o = fast_options();
+    outcome r = run(&o, "norange", 1, NULL);
+    assert_int_equal(r.rc, SLUICE_E_FILE_CHANGED);
+    assert_non_null(strstr(r.msg, "ignores Range"));
+    assert_int_equal(r.retries, 0);
+    (void)state;
+}
+
+static void test_object_grew(void **state)
+{
+    sluice_options o = fast_options();
+    outcome r = run(&o, "grow", 1, NULL);
+    assert_int_equal(r.rc, SLUICE_E_FILE_CHANGED);
+    assert_non_null(strstr(r.msg, "changed after open"));
+    (void)state;
+}
+
+static void test_short_body_resumed(void **state)
+{
+    sluice_options o = fast_options();
+    outcome r = run(&o, "short", 1, NULL);
+    assert_int_equal(r.rc, SLUICE_OK);
+    assert_int_equal(r.retries, 1);
+    (void)state;
+}
+
+static void test_reset_retried(void **state)
+{
+    sluice_options o = fast_options();
+    outcome r = run(&o, "reset", 2, NULL);
+    assert_int_equal(r.rc, SLUICE_OK);
+    assert_int_equal(r.retries, 2);
+    (void)state;
+}
+
+static void test_stall_times_out(void **state)
+{
+    sluice_options o = fast_options();
+    outcome r = run(&o, "stall", 1, "8");
+    assert_int_equal(r.rc, SLUICE_OK);
+    assert_int_equal(r.retries, 1);
+    assert_true(r.seconds < 6);
+    (void)state;
+}
+
+static void test_flipped_byte(void **state)
+{
+    sluice_options o = fast_options();
+    outcome r = run(&o, "flip", 1, NULL);
+    assert_int_equal(r.rc, SLUICE_E_CHECKSUM);     /* never retried on the same source */
+    assert_int_equal(r.retries, 0);
+    (void)state;
+}
+
+static void test_close_with_reads_hanging(void **state)
+{
+    sluice_options o = fast_options();
+    o.remote_stall_timeout_ms = 60000;
+    o.remote_deadline_ms = 120000;
+    arm("ok", 0, NULL);
+    sluice_model *m;
+    assert_int_equal(sluice_open(model_url, &o, &m), SLUICE_OK);
+    arm("hang", 100, "30");
+    assert_int_equal(sluice_prefetch(m, NULL, 0), SLUICE_OK);
+    struct timespec ts = {0, 300000000};
+    nanosleep(&ts, NULL);   /* the reads are on the wire */
+    double t0 = now_s();
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    assert_true(now_s() - t0 < 2.0);
+    assert_true(faults_served() > 0);
+    arm("ok", 0, NULL);
+    (void)state;
+}
+
+/* A local copy whose tensor b fails its digest, a mirror that never
+ * answers: the mirror's open hangs on the opener thread while the slot
+ * waits; close must still return at once. */
+static void test_close_while_mirror_opens(void **state)
+{
+    char *d = tu_tmpdir(), *q = tu_join(d, "m.safetensors");
+    char *qm = tu_join(d, "m.safetensors.manifest.json");
+    char *p = tu_join(root, "m.safetensors"), *pm = tu_join(root, "m.safetensors.manifest.json");
+    size_t len;
+    unsigned char *bytes = tu_read_file(p, &len);
+    bytes[len - 10] ^= 0xff;        /* inside b */
+    tu_write_file(q, bytes, len);
+    free(bytes);
+    bytes = tu_read_file(pm, &len);
+    tu_write_file(qm, bytes, len);
+    free(bytes);
+    sluice_options o = fast_options();
+    o.remote_stall_timeout_ms = 60000;
+    o.remote_deadline_ms = 120000;
+    const char *mirrors[] = {model_url};
+    o.fallback = mirrors;
+    o.fallback_count = 1;
+    sluice_model *m;
+    assert_int_equal(sluice_open(q, &o, &m), SLUICE_OK);
+    arm("hang", 100, "30");
+    assert_int_equal(sluice_prefetch(m, NULL, 0), SLUICE_OK);
+    struct timespec ts = {0, 500000000};
+    nanosleep(&ts, NULL);           /* b failed, the mirror's open is on the wire */
+    assert_true(faults_served() > 0);
+    double t0 = now_s();
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    assert_true(now_s() - t0 < 2.0);
+    arm("ok", 0, NULL);
+    tu_rmtree(d);
+    free(d);
+    free(q);
+    free(qm);
+    free(p);
+    free(pm);
+    (void)state;
+}
+
+static char *last_headers(void)
+{
+    char *r = rf_get(&srv, "/ctl/headers");
+    assert_non_null(r);
+    return r;
+}
+
+/* The request format: a bearer token on http(s)://, SigV4 on s3://, and
+ * no secret in any message. */
+static void test_request_format(void **state)
+{
+    static const char token[] = "tok-SECRET-123";
+    sluice_options o = fast_options();
+    o.http_token = token;
+    o.verify = SLUICE_VERIFY_OFF;   /* the last request of the open is then a range read */
+    sluice_model *m;
+    assert_int_equal(sluice_open(model_url, &o, &m), SLUICE_OK);
+    char *h = last_headers();
+    assert_non_null(strstr(h, "Authorization: Bearer tok-SECRET-123"));
+    assert_non_null(strstr(h, "Range: bytes="));
+    free(h);
+    sluice_close(m);
+    /* a failure names the place, never the token */
+    char missing[300];
+    snprintf(missing, sizeof missing, "%s/absent.safetensors", srv.base);
+    assert_int_equal(sluice_open(missing, &o, &m), SLUICE_E_NO_FILES);
+    assert_null(strstr(sluice_errmsg(m), "SECRET"));
+    sluice_close(m);
+    /* SLUICE_HTTP_TOKEN when the option is not set */
+    setenv("SLUICE_HTTP_TOKEN", "env-token", 1);
+    o.http_token = NULL;
+    assert_int_equal(sluice_open(model_url, &o, &m), SLUICE_OK);
+    h = last_headers();
+    assert_non_null(strstr(h, "Authorization: Bearer env-token"));
+    free(h);
+    sluice_close(m);
+    unsetenv("SLUICE_HTTP_TOKEN");
+
+    /* s3:// path-style against this server: ROOT/models/m.safetensors */
+    char *d = tu_join(root, "models");
+    mkdir(d, 0755);
+    char *src = tu_join(root, "m.safetensors"), *dst = tu_join(d, "m.safetensors");
+    size_t len;
+    void *bytes = tu_read_file(src, &len);
+    tu_write_file(dst, bytes, len);
+    free(bytes);
+    setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE", 1);
+    setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI-SECRET", 1);
+    setenv("AWS_SESSION_TOKEN", "session-SECRET", 1);
+    sluice_options_init(&o);
+    o.s3_endpoint = srv.base;
+    o.s3_region = "eu-west-3";
+    o.verify = SLUICE_VERIFY_OFF;
+    assert_int_equal(sluice_open("s3://models/m.safetensors", &o, &m), SLUICE_OK);
+    sluice_tensor *t;
+    assert_int_equal(sluice_acquire(m, "b", &t), SLUICE_OK);
+    assert_memory_equal(sluice_tensor_data(t), good_b, B_SIZE);
+    sluice_release(t);
+    h = last_headers();
+    assert_non_null(strstr(h, "GET /models/m.safetensors"));
+    assert_non_null(strstr(h, "Authorization: AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/"));
+    assert_non_null(strstr(h, "/eu-west-3/s3/aws4_request"));
+    assert_non_null(strstr(h, "x-amz-content-sha256: e3b0c442"));
+    assert_non_null(strstr(h, "x-amz-security-token: session-SECRET"));
+    assert_non_null(strcasestr(h, "x-amz-date: "));
+    free(h);
+    sluice_close(m);
+    assert_int_equal(sluice_open("s3://models/absent.safetensors", &o, &m), SLUICE_E_NO_FILES);
+    assert_null(strstr(sluice_errmsg(m), "SECRET"));
+    assert_non_null(strstr(sluice_errmsg(m), "s3://models/absent.safetensors"));
+    sluice_close(m);
+    /* anonymous: no Authorization at all */
+    unsetenv("AWS_ACCESS_KEY_ID");
+    unsetenv("AWS_SECRET_ACCESS_KEY");
+    unsetenv("AWS_SESSION_TOKEN");
+    assert_int_equal(sluice_open("s3://models/m.safetensors", &o, &m), SLUICE_OK);
+    h = last_headers();
+    assert_null(strstr(h, "Authorization"));
+    free(h);
+    sluice_close(m);
+    free(src);
+    free(dst);
+    free(d);
+    (void)state;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_503_retried),
+        cmocka_unit_test(test_retry_after),
+        cmocka_unit_test(test_429_and_500s),
+        cmocka_unit_test(test_permanent_not_retried),
+        cmocka_unit_test(test_attempts_bounded),
+        cmocka_unit_test(test_deadline_bounded),
+        cmocka_unit_test(test_range_ignored),
+        cmocka_unit_test(test_object_grew),
+        cmocka_unit_test(test_short_body_resumed),
+        cmocka_unit_test(test_reset_retried),
+        cmocka_unit_test(test_stall_times_out),
+        cmocka_unit_test(test_flipped_byte),
+        cmocka_unit_test(test_close_with_reads_hanging),
+        cmocka_unit_test(test_close_while_mirror_opens),
+        cmocka_unit_test(test_request_format),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
