@@ -97,8 +97,10 @@ else:
     sources += sorted(os.path.relpath(p, here) for p in glob.glob(os.path.join(root, "src", "*.c")))
 blake3_dir = None if static_lib else find_blake3()
 if not static_lib and blake3_dir is None:
-    print("sluice setup.py: BLAKE3 sources not found (apt-get install librust-blake3-dev, or "
-          "set SLUICE_BLAKE3_DIR): building without BLAKE3; BLAKE3 manifests will raise "
+    why = ("SLUICE_BLAKE3_DIR says none" if os.environ.get("SLUICE_BLAKE3_DIR") is not None
+           else "BLAKE3 sources not found (apt-get install librust-blake3-dev, or set "
+           "SLUICE_BLAKE3_DIR)")
+    print(f"sluice setup.py: {why}: building without BLAKE3; BLAKE3 manifests will raise "
           "UnsupportedError", file=sys.stderr)
 
 cflags = ["-std=c11", "-fvisibility=hidden", "-Wno-unused-parameter"]
