@@ -331,3 +331,46 @@ def test_get_range(model):
     assert m._m.open_in_library
     del r  # the last: the library's model is closed now
     assert m._m.live_handles == 0 and not m._m.open_in_library
+
+
+# ------------------------------------------- the project's own CLI, interop
+
+def test_cli_written_blake3_chunked_signed(model, tmp_path):
+    """A manifest written by `sluice manifest --algorithm blake3 --chunk 4K`
+    and signed with `sluice keygen`/`sluice sign` (the build's command,
+    built by tools/test.sh before this stage) is read from Python: signed,
+    BLAKE3 (digests equal b3sum's), chunk-verified slices."""
+    from conftest import sluice_cli
+    cli = sluice_cli()
+    if cli is None:
+        pytest.skip("the sluice command is not built (tools/test.sh builds build-asan/sluice)")
+    need("b3sum")
+    if not sluice.algorithm_supported("blake3"):
+        pytest.skip("this build of the binding has no BLAKE3")
+    path, tensors = model
+    big = tensors["big"]
+    mf = path + ".manifest.json"
+    prefix = str(tmp_path / "signer")
+
+    def run(*args):
+        r = subprocess.run([cli, *args], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, (args, r.stdout, r.stderr)
+
+    run("manifest", path, "--algorithm", "blake3", "--chunk", "4K", "-q", "-o", mf)
+    run("keygen", "--out", prefix)
+    run("sign", mf, "--key", prefix + ".key")
+    corrupt_chunk(path, 2)  # rows 8..11, after the manifest was written
+    with safe_open(path, trusted_keys=[prefix + ".pub"]) as f:
+        m = f.model
+        assert m.digest_algorithm == "blake3" and m.manifest_version == 2
+        assert m.manifest_chunks("big") == (CHUNK, 16)
+        h = m.get_handle("w")
+        assert h.digest().hex() == stfile.b3sum(tensors["w"].tobytes())
+        del h
+        s = f.get_slice("big")
+        assert s.chunked
+        np.testing.assert_array_equal(s[12:40], big[12:40])
+        with pytest.raises(sluice.ChecksumError):
+            s[10]
+    with pytest.raises(sluice.SignatureError):
+        sluice.open(path, trusted_keys=[str(tmp_path / "other.pub")])  # unreadable key
