@@ -10,7 +10,11 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 torch=python3-torch
 [ "${SLUICE_PY_NO_TORCH:-0}" = 1 ] && torch=""
-sh tools/deps.sh python3-dev python3-numpy python3-pytest python3-venv python3-setuptools $torch
+# librust-blake3-dev: the BLAKE3 C sources setup.py compiles in; b3sum and
+# openssl: the independent BLAKE3 digests and Ed25519 signatures the tests
+# write manifests with.
+sh tools/deps.sh python3-dev python3-numpy python3-pytest python3-venv python3-setuptools \
+    librust-blake3-dev b3sum openssl $torch
 
 # /usr/bin/python3 explicitly: the python3 first on PATH may be another
 # interpreter that cannot see Debian's packages.

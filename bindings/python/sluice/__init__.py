@@ -23,9 +23,9 @@ import numpy as _np
 from . import _errors
 from ._errors import (  # noqa: F401  (re-exported)
     BufferTooSmallError, BusyError, CancelledError, ChecksumError, ClosedError, Error, FileChangedError,
-    HeaderError, InvalidArgumentError, ManifestError, NoFilesError, NotFoundError,
-    OutOfMemoryError, PoolError, PoolExhaustedError, ReadError, ShardIndexError,
-    TooLargeError, UnsupportedError, error_class,
+    HeaderError, InvalidArgumentError, ManifestError, ManifestMismatchError, NoFilesError,
+    NotFoundError, OutOfMemoryError, PoolError, PoolExhaustedError, ReadError, ShardIndexError,
+    SignatureError, TooLargeError, UnsupportedError, error_class,
 )
 from . import _sluice
 
@@ -34,12 +34,20 @@ library_version = _sluice.library_version
 
 __all__ = [
     "open", "Model", "TensorInfo", "safe_open", "load_file", "Error", "ChecksumError",
-    "HeaderError", "ManifestError", "ShardIndexError", "ReadError", "FileChangedError",
+    "HeaderError", "ManifestError", "ManifestMismatchError", "SignatureError", "ShardIndexError", "ReadError", "FileChangedError",
     "NotFoundError", "NoFilesError", "InvalidArgumentError", "ClosedError",
     "OutOfMemoryError", "PoolError", "TooLargeError", "PoolExhaustedError", "BusyError",
     "CancelledError", "BufferTooSmallError", "UnsupportedError", "parse_size",
-    "HAVE_ML_DTYPES",
+    "HAVE_ML_DTYPES", "algorithm_supported",
 ]
+
+
+def algorithm_supported(name):
+    """True when this build computes the digest algorithm name ("sha256",
+    "blake3"): BLAKE3 needs its C sources at build time (setup.py)."""
+    if not isinstance(name, str):
+        raise TypeError(f"algorithm must be a str, not {type(name).__name__}")
+    return _sluice.algorithm_supported(name)
 
 # ------------------------------------------------------------------ dtypes
 
@@ -345,6 +353,23 @@ class Model:
     def manifest_path(self):
         return self._m.manifest_path()
 
+    @property
+    def digest_algorithm(self):
+        """'sha256' or 'blake3': the algorithm of the digests checked (the
+        manifest's)."""
+        return self._m.digest_algorithm()
+
+    @property
+    def manifest_version(self):
+        """The manifest's version: 0 (flat, or none read), 1 or 2."""
+        return self._m.manifest_version()
+
+    def manifest_chunks(self, name):
+        """(chunk_bytes, count) of the manifest's chunk digests for the
+        tensor, or None when it gives none (or does not check it)."""
+        entry = self._m.manifest_entry(self._index(name))
+        return None if entry is None else entry[1]
+
     def trim(self):
         """Gives the pool's free pages back to the system; returns bytes."""
         return self._m.trim()
@@ -367,6 +392,51 @@ class Model:
         except Error as e:
             e.name = name
             raise
+
+    def read_into(self, name, buffer, offset=0):
+        """Reads the tensor's bytes from byte `offset` into `buffer` (any
+        writable C-contiguous buffer: bytearray, NumPy array, memoryview,
+        at any alignment), as many as fit up to the tensor's end, and
+        returns the count. Verified before it returns, like get_tensor's
+        bytes: with the manifest's chunk digests only the chunks covering
+        the range are read; with a whole-tensor digest the whole tensor is
+        read (its bytes outside the range pass through a small buffer of
+        the library's). No pool room, no handle: a tensor larger than the
+        pool can be read so. The GIL is released meanwhile. On failure
+        (ChecksumError, ReadError, ...) the buffer's content is
+        unspecified: some bytes may have been written, none verified."""
+        i = self._index(name)
+        if offset is None:
+            raise TypeError("offset must be an int")
+        offset = _opt_int(offset, "offset")
+        try:
+            return self._m.read_into(i, buffer, offset)
+        except Error as e:
+            e.name = name
+            raise
+
+    def get_range(self, name, begin, end):
+        """Bytes [begin, end) of the tensor, read and verified as read_into
+        reads them, as a read-only 1-D uint8 NumPy array over a buffer the
+        library's handle owns (no copy; outside the pool). The array keeps
+        the handle, and so the model, alive, like get_tensor's. Use
+        .view(dtype) for typed elements."""
+        i = self._index(name)
+        if begin is None or end is None:
+            raise TypeError("begin and end must be ints")
+        begin = _opt_int(begin, "begin")
+        end = _opt_int(end, "end")
+        if end < begin:
+            raise ValueError(f"end {end} is before begin {begin}")
+        nbytes = self._m.info(i)[3]
+        if end > nbytes:
+            raise ValueError(f"end {end} is past the end of tensor {name!r} ({nbytes} bytes)")
+        try:
+            h = self._m.acquire_range(i, begin, end)
+        except Error as e:
+            e.name = name
+            raise
+        return _np.frombuffer(h, dtype=_np.uint8)
 
     def __getitem__(self, name):
         return self.get_tensor(name)
@@ -468,7 +538,8 @@ def _stream_gen(cs, framework):
 
 
 def open(path, *, manifest=None, verify="default", pool="4G", queue_depth=None, chunk=None,
-         direct=False, hash_threads=None, io_threads=None, force_pread=False):
+         direct=False, hash_threads=None, io_threads=None, force_pread=False,
+         trusted_keys=None):
     """Opens a model: a .safetensors file, a directory of them, or a
     *.safetensors.index.json. Reads headers only.
 
@@ -479,6 +550,11 @@ def open(path, *, manifest=None, verify="default", pool="4G", queue_depth=None, 
     pool: the buffer budget, bytes or "4G"-style; queue_depth: reads in
     flight; chunk: bytes per read; direct: O_DIRECT; hash_threads: hashing
     threads (None: online CPUs). None means the library's default.
+    trusted_keys: a list of Ed25519 public key files (PEM, `sluice keygen`
+    writes them): the manifest must then carry a valid signature
+    (MANIFEST.sig beside it) by one of them, else SignatureError; with
+    verify="off" they are refused (InvalidArgumentError). None or []: no
+    signature asked.
     """
     p = _fspath(path)
     mf = None if manifest is None else _fspath(manifest, "manifest")
@@ -508,6 +584,18 @@ def open(path, *, manifest=None, verify="default", pool="4G", queue_depth=None, 
     it = _opt_int(io_threads, "io_threads", 0)
     if it is not None:
         kw["io_threads"] = min(it, 1 << 20)
+    if trusted_keys is not None:
+        if isinstance(trusted_keys, (str, bytes, _os.PathLike)):
+            raise TypeError("trusted_keys must be a list of paths, not one path")
+        try:
+            keys = [_fspath(k, "a trusted key") for k in trusted_keys]
+        except TypeError as e:
+            if "trusted key" in str(e):
+                raise
+            raise TypeError(f"trusted_keys must be a list of paths, "
+                            f"not {type(trusted_keys).__name__}") from None
+        if keys:
+            kw["trusted_keys"] = keys
     core = _sluice.open(p, mf, **kw)
     return Model(core, _os.fsdecode(p))
 

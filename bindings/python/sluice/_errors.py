@@ -19,6 +19,7 @@ E_METADATA = -24
 E_INDEX, E_INDEX_SHARD, E_INDEX_MISMATCH = -30, -31, -32
 E_MANIFEST, E_MANIFEST_FORMAT, E_MANIFEST_DIGEST = -40, -41, -42
 E_MANIFEST_DUPLICATE, E_MANIFEST_UNKNOWN, E_MANIFEST_MISSING, E_CHECKSUM = -43, -44, -45, -46
+E_MANIFEST_MISMATCH, E_SIGNATURE = -47, -48
 E_TOO_LARGE, E_POOL_EXHAUSTED, E_BUSY, E_FILE_CHANGED, E_CANCELLED = -50, -51, -52, -53, -54
 E_BUFFER, E_UNSUPPORTED = -60, -61
 
@@ -83,6 +84,21 @@ class ManifestError(Error):
     """SLUICE_E_MANIFEST*: the manifest cannot be used (unreadable, malformed, ...)."""
 
 
+class ManifestMismatchError(ManifestError):
+    """SLUICE_E_MANIFEST_MISMATCH: a header disagrees with a version 2
+    manifest (a tensor's dtype, shape or size, a file's size or header
+    digest): the file was changed to be read otherwise than it was signed
+    off."""
+
+
+class SignatureError(Error):
+    """SLUICE_E_SIGNATURE: trusted keys were given and the manifest's
+    signature is missing, malformed, by another key or invalid, or a
+    trusted key file is unusable. Deliberately not a ManifestError: code
+    that falls back to opening without a manifest on ManifestError must
+    not turn a signature failure into an unverified open."""
+
+
 class ChecksumError(Error):
     """SLUICE_E_CHECKSUM: the bytes read do not match the manifest's digest."""
 
@@ -113,14 +129,15 @@ class BufferTooSmallError(Error, ValueError):
 
 class UnsupportedError(Error, NotImplementedError):
     """SLUICE_E_UNSUPPORTED: the library was built without what the call needs
-    (the metrics endpoint without libmicrohttpd, say)."""
+    (a BLAKE3 manifest in a build without the BLAKE3 sources, say)."""
 
 
 _BY_CODE = {
     E_INVAL: InvalidArgumentError, E_NOMEM: OutOfMemoryError, E_IO: ReadError,
     E_NOT_FOUND: NotFoundError, E_NO_FILES: NoFilesError,
     E_INDEX: ShardIndexError, E_INDEX_SHARD: ShardIndexError, E_INDEX_MISMATCH: ShardIndexError,
-    E_CHECKSUM: ChecksumError, E_TOO_LARGE: TooLargeError,
+    E_CHECKSUM: ChecksumError, E_MANIFEST_MISMATCH: ManifestMismatchError,
+    E_SIGNATURE: SignatureError, E_TOO_LARGE: TooLargeError,
     E_POOL_EXHAUSTED: PoolExhaustedError, E_BUSY: BusyError,
     E_FILE_CHANGED: FileChangedError, E_CANCELLED: CancelledError,
     E_BUFFER: BufferTooSmallError, E_UNSUPPORTED: UnsupportedError,

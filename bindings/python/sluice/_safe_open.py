@@ -24,15 +24,16 @@ from . import open as _open, parse_size, _check_framework, _np_dtype, _PACKED, _
 _SLACK = 64 << 20  # room for read-ahead beside every tensor held
 
 
-def _open_for_all(path, manifest=None, verify="default"):
+def _open_for_all(path, manifest=None, verify="default", trusted_keys=None):
     """Opens with a pool large enough to hold every tensor at once."""
-    model = _open(path, manifest=manifest, verify=verify)
+    model = _open(path, manifest=manifest, verify=verify, trusted_keys=trusted_keys)
     core = model._m
     total = sum(core.info(i)[3] + 64 for i in range(core.count()))
     want = total + _SLACK
     if want > parse_size("4G"):
         model.close()
-        model = _open(path, manifest=manifest, verify=verify, pool=want)
+        model = _open(path, manifest=manifest, verify=verify, pool=want,
+                      trusted_keys=trusted_keys)
     return model
 
 
@@ -51,13 +52,16 @@ def _to_device(t, framework, device):
 
 class safe_open:
     """safe_open(path, framework="np"|"pt", device="cpu", *, manifest=None,
-    verify="default"): the reference's safe_open, on sluice."""
+    verify="default", trusted_keys=None): the reference's safe_open, on
+    sluice (manifest, verify and trusted_keys as for sluice.open)."""
 
-    def __init__(self, path, framework="np", device="cpu", *, manifest=None, verify="default"):
+    def __init__(self, path, framework="np", device="cpu", *, manifest=None, verify="default",
+                 trusted_keys=None):
         self._framework = _check_framework(framework)
         _check_device(self._framework, device)
         self._device = device
-        self._model = _open_for_all(path, manifest=manifest, verify=verify)
+        self._model = _open_for_all(path, manifest=manifest, verify=verify,
+                                    trusted_keys=trusted_keys)
 
     def __enter__(self):
         return self
@@ -100,20 +104,27 @@ class Slice:
     slices (any step) and Ellipsis selects rows of the FIRST dimension
     through the file; further dimensions are then cut from those rows.
 
-    What is read and what is verified:
-     - when the manifest checks this tensor (a digest for it, verify not
-       "off"), the WHOLE tensor is acquired through the library and
-       verified, and the rows are copied out of it: a digest covers the
-       whole tensor, so no subset of its bytes can be verified alone (the
-       C library has no range API yet). The verified buffer stays cached
-       in the pool, so further slices of the same tensor cost no read.
-     - when nothing checks this tensor (no manifest, verify="off", or
-       "if_present" and the tensor not listed), only the bytes of the rows
+    What is read and what is verified (`s.verified`, `s.chunked`):
+     - the manifest checks this tensor AND gives it chunk digests (a
+       version 2 manifest written with chunks, `sluice manifest --chunk`):
+       only the bytes from the first to the last row selected are read
+       through the library (sluice_read_into), which reads and verifies
+       exactly the chunks covering them, before the rows are seen. A
+       damaged chunk fails only the slices whose rows it covers
+       (ChecksumError). Nothing is kept in the pool.
+     - the manifest checks this tensor with a whole-tensor digest only:
+       the WHOLE tensor is acquired through the library and verified, and
+       the rows are copied out of it (no subset of its bytes can be
+       verified alone). The verified buffer stays cached in the pool, so
+       further slices of the same tensor cost no read.
+     - nothing checks this tensor (no manifest, verify="off", or
+       "if_present" and the tensor not listed): only the bytes of the rows
        asked for (from the first to the last row selected) are read, with
        pread on the file, and are NOT verified: there is nothing to verify
        them against.
      - packed dtypes (F4, F6_*) and indices other than ints, slices and
-       Ellipsis on the first dimension: the whole tensor, as above.
+       Ellipsis on the first dimension: the whole tensor, as in the
+       second case (also for a chunked tensor).
     The result is a new array (a copy), like the reference's.
     """
 
@@ -135,7 +146,14 @@ class Slice:
     @property
     def verified(self):
         """True when a slice of this tensor is verified (see the class)."""
-        return self._owner._model._m.manifest_digest(self._index) is not None
+        return self._owner._model._m.manifest_entry(self._index) is not None
+
+    @property
+    def chunked(self):
+        """True when the manifest gives this tensor chunk digests: a slice
+        then reads and verifies only the chunks covering its rows."""
+        entry = self._owner._model._m.manifest_entry(self._index)
+        return entry is not None and entry[1] is not None
 
     def __len__(self):
         if not self._shape:
@@ -145,8 +163,14 @@ class Slice:
     def __getitem__(self, idx):
         framework = self._owner._framework
         key = idx if isinstance(idx, tuple) else (idx,)
-        if self.verified or self._dtype in _PACKED or not self._shape or not key:
+        if self._dtype in _PACKED or not self._shape or not key:
             return self._whole(idx)
+        if self.verified:
+            if not self.chunked:
+                return self._whole(idx)
+            read_rows = self._read_rows_verified
+        else:
+            read_rows = self._read_rows
         first, rest = key[0], key[1:]
         if first is Ellipsis:
             if Ellipsis in rest:
@@ -160,16 +184,16 @@ class Slice:
             if not 0 <= r < rows:
                 raise IndexError(f"index {int(first)} is out of bounds for dimension 0 "
                                  f"with size {rows}")
-            block = self._read_rows(r, r + 1)
+            block = read_rows(r, r + 1)
             out = block[(0,) + rest]
         elif isinstance(first, slice):
             sel = range(*first.indices(rows))
             if len(sel) == 0:
-                block = self._read_rows(0, 0)
+                block = read_rows(0, 0)
                 out = block[(slice(None),) + rest]
             else:
                 lo, hi = min(sel[0], sel[-1]), max(sel[0], sel[-1]) + 1
-                block = self._read_rows(lo, hi)
+                block = read_rows(lo, hi)
                 local = slice(sel.start - lo, None if sel.stop - lo < 0 else sel.stop - lo,
                               sel.step)
                 out = block[(local,) + rest]
@@ -187,14 +211,26 @@ class Slice:
             out = out.clone()
         return _to_device_owner(self._owner, out)
 
-    def _read_rows(self, lo, hi):
-        """Rows [lo, hi) of the tensor, read from its file (not verified)."""
+    def _row_layout(self, lo, hi):
         npd, _raw = _np_dtype(self._dtype)
         row_elems = 1
         for d in self._shape[1:]:
             row_elems *= d
         row_bytes = row_elems * npd.itemsize
-        n = (hi - lo) * row_bytes
+        return npd, row_bytes, (hi - lo) * row_bytes
+
+    def _read_rows_verified(self, lo, hi):
+        """Rows [lo, hi) of the tensor, read and verified by the library:
+        only the chunks covering them (sluice_read_into)."""
+        npd, row_bytes, n = self._row_layout(lo, hi)
+        buf = np.empty(n, dtype=np.uint8)
+        if n:
+            self._owner._model.read_into(self._name, buf, lo * row_bytes)
+        return buf.view(npd).reshape((hi - lo,) + tuple(self._shape[1:]))
+
+    def _read_rows(self, lo, hi):
+        """Rows [lo, hi) of the tensor, read from its file (not verified)."""
+        npd, row_bytes, n = self._row_layout(lo, hi)
         buf = np.empty(n, dtype=np.uint8)
         if n:
             fd = os.open(self._file, os.O_RDONLY | os.O_CLOEXEC)
@@ -231,11 +267,12 @@ def _to_device_owner(owner, t):
     return _to_device(t, owner._framework, owner._device)
 
 
-def load_file(path, framework="np", device="cpu", *, manifest=None, verify="default"):
+def load_file(path, framework="np", device="cpu", *, manifest=None, verify="default",
+              trusted_keys=None):
     """{name: tensor} of every tensor of path (a file, a directory or an
     index.json), verified as safe_open verifies, zero copy."""
     with safe_open(path, framework=framework, device=device, manifest=manifest,
-                   verify=verify) as f:
+                   verify=verify, trusted_keys=trusted_keys) as f:
         return {k: f.get_tensor(k) for k in f.offset_keys()}
 
 

@@ -451,7 +451,7 @@ static PyObject *model_stats(ModelObject *self, PyObject *unused)
                                                                 : "none";
 #define U(x) (unsigned long long)(x)
     return Py_BuildValue(
-        "{s:s,s:i,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}",
+        "{s:s,s:i,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:I}",
         "backend", backend, "backend_errno", st.backend_errno, "bytes_read", U(st.bytes_read),
         "bytes_delivered", U(st.bytes_delivered), "bytes_hashed", U(st.bytes_hashed), "reads",
         U(st.reads), "retries", U(st.retries), "tensors_loaded", U(st.tensors_loaded),
@@ -460,7 +460,8 @@ static PyObject *model_stats(ModelObject *self, PyObject *unused)
         U(st.direct_fallbacks), "pool_bytes", U(st.pool_bytes), "pool_in_use",
         U(st.pool_in_use), "pool_high_water", U(st.pool_high_water), "evictions",
         U(st.evictions), "acquire_wait_ns", U(st.acquire_wait_ns), "acquire_count",
-        U(st.acquire_count));
+        U(st.acquire_count), "chunks_verified", U(st.chunks_verified), "hash_parallel_peak",
+        (unsigned int)st.hash_parallel_peak);
 #undef U
 }
 
@@ -482,20 +483,46 @@ static PyObject *model_manifest_path(ModelObject *self, PyObject *unused)
     return path_str(sluice_manifest_path(self->m));
 }
 
-/* manifest_digest(i) -> the 32-byte digest the manifest gives tensor i, or
- * None when tensor i is not checked. */
-static PyObject *model_manifest_digest(ModelObject *self, PyObject *arg)
+/* manifest_entry(i) -> None when the manifest does not check tensor i,
+ * else (digest, chunks): the 32-byte digest it gives, and chunks None or
+ * (chunk_bytes, count) of its chunk digests. */
+static PyObject *model_manifest_entry(ModelObject *self, PyObject *arg)
 {
     size_t i;
     if (!model_usable(self) || index_arg(self, arg, &i) < 0)
         return NULL;
     uint8_t d[32];
+    uint64_t bytes = 0;
+    uint32_t count = 0;
     int rc = sluice_manifest_tensor(self->m, i, d);
     if (rc == SLUICE_E_NOT_FOUND)
         Py_RETURN_NONE;
     if (rc != SLUICE_OK)
         return raise_model(self, rc);
-    return PyBytes_FromStringAndSize((const char *)d, 32);
+    rc = sluice_manifest_chunks(self->m, i, &bytes, &count);
+    if (rc != SLUICE_OK && rc != SLUICE_E_NOT_FOUND)
+        return raise_model(self, rc);
+    if (rc == SLUICE_E_NOT_FOUND)
+        return Py_BuildValue("(y#O)", (const char *)d, (Py_ssize_t)32, Py_None);
+    return Py_BuildValue("(y#(KI))", (const char *)d, (Py_ssize_t)32, (unsigned long long)bytes,
+                         (unsigned int)count);
+}
+
+/* digest_algorithm() -> "sha256" or "blake3": what the model checks with. */
+static PyObject *model_digest_algorithm(ModelObject *self, PyObject *unused)
+{
+    if (!model_usable(self))
+        return NULL;
+    const char *name = sluice_algorithm_name(sluice_digest_algorithm(self->m));
+    return PyUnicode_FromString(name ? name : "unknown");
+}
+
+/* manifest_version() -> 0 (flat, or none read), 1 or 2. */
+static PyObject *model_manifest_version(ModelObject *self, PyObject *unused)
+{
+    if (!model_usable(self))
+        return NULL;
+    return PyLong_FromLong(sluice_manifest_version(self->m));
 }
 
 /* ----------------------------------------------------------------- Handle */
@@ -615,19 +642,21 @@ static PyTypeObject HandleType = {
     .tp_getset = handle_getset,
 };
 
-/* acquire(i) -> Handle; the GIL is released while the library reads. */
-static PyObject *model_acquire(ModelObject *self, PyObject *arg)
+/* A Handle on tensor i (range_name NULL: sluice_acquire_index), or on
+ * bytes [begin, end) of it (range_name, its name: sluice_acquire_range,
+ * whose handle owns its buffer, outside the pool, and counts as live).
+ * The GIL is released while the library reads. */
+static PyObject *acquire_handle(ModelObject *self, size_t i, const char *range_name,
+                                uint64_t begin, uint64_t end)
 {
-    size_t i;
-    if (!model_usable(self) || index_arg(self, arg, &i) < 0)
-        return NULL;
     sluice_tensor *t = NULL;
     int rc;
     char message[1024] = "";
     self->in_flight++;
     sluice_model *m = self->m;
     Py_BEGIN_ALLOW_THREADS
-    rc = sluice_acquire_index(m, i, &t);
+    rc = range_name ? sluice_acquire_range(m, range_name, begin, end, &t)
+                    : sluice_acquire_index(m, i, &t);
     /* The detail is per thread: read it on this thread, before the GIL
      * lets another call on the model record its own. */
     if (rc != SLUICE_OK)
@@ -641,6 +670,99 @@ static PyObject *model_acquire(ModelObject *self, PyObject *arg)
     PyObject *h = handle_new(self, t, i);
     model_maybe_close(self);
     return h;
+}
+
+/* acquire(i) -> Handle of the whole tensor. */
+static PyObject *model_acquire(ModelObject *self, PyObject *arg)
+{
+    size_t i;
+    if (!model_usable(self) || index_arg(self, arg, &i) < 0)
+        return NULL;
+    return acquire_handle(self, i, NULL, 0, 0);
+}
+
+/* The tensor's name (borrowed until the library's model is closed) for
+ * the calls that take a name. */
+static const char *name_of(ModelObject *self, size_t i)
+{
+    struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+    if (sluice_info(self->m, i, &ti) != SLUICE_OK) {
+        raise_model(self, SLUICE_E_INVAL);
+        return NULL;
+    }
+    if (strlen(ti.name) != ti.name_len) {
+        /* sluice_read_into and sluice_acquire_range take NUL-terminated
+         * names: a name holding a NUL cannot be passed to them. */
+        raise_code(SLUICE_E_INVAL, "a tensor name holding a NUL cannot be read by range");
+        return NULL;
+    }
+    return ti.name;
+}
+
+/* acquire_range(i, begin, end) -> Handle on bytes [begin, end) of tensor
+ * i, read and verified (sluice_acquire_range). */
+static PyObject *model_acquire_range(ModelObject *self, PyObject *args)
+{
+    PyObject *iarg;
+    unsigned long long begin, end;
+    if (!PyArg_ParseTuple(args, "OO&O&", &iarg, u64_arg, &begin, u64_arg, &end))
+        return NULL;
+    size_t i;
+    if (!model_usable(self) || index_arg(self, iarg, &i) < 0)
+        return NULL;
+    const char *name = name_of(self, i);
+    if (!name)
+        return NULL;
+    return acquire_handle(self, i, name, begin, end);
+}
+
+/* read_into(i, buffer, offset) -> bytes written: sluice_read_into of
+ * min(len(buffer), nbytes - offset) bytes of tensor i from byte offset
+ * into any writable C-contiguous buffer, verified before it returns (see
+ * sluice.h); the GIL is released meanwhile, the buffer held (a bytearray
+ * cannot be resized under the call). On failure the buffer's content is
+ * unspecified. */
+static PyObject *model_read_into(ModelObject *self, PyObject *args)
+{
+    PyObject *iarg, *obj;
+    unsigned long long offset;
+    if (!PyArg_ParseTuple(args, "OOO&", &iarg, &obj, u64_arg, &offset))
+        return NULL;
+    size_t i;
+    if (!model_usable(self) || index_arg(self, iarg, &i) < 0)
+        return NULL;
+    struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+    int rc = sluice_info(self->m, i, &ti);
+    if (rc != SLUICE_OK)
+        return raise_model(self, rc);
+    if (offset > ti.nbytes) {
+        PyErr_Format(PyExc_ValueError, "offset %llu is past the end of the tensor (%llu bytes)",
+                     offset, (unsigned long long)ti.nbytes);
+        return NULL;
+    }
+    const char *name = name_of(self, i);
+    if (!name)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    uint64_t len = ti.nbytes - offset;
+    if ((uint64_t)view.len < len)
+        len = (uint64_t)view.len;
+    char message[1024] = "";
+    sluice_model *m = self->m;
+    self->in_flight++;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sluice_read_into(m, name, offset, view.buf, len);
+    if (rc != SLUICE_OK)
+        snprintf(message, sizeof message, "%s", sluice_errmsg(m));
+    Py_END_ALLOW_THREADS
+    self->in_flight--;
+    PyBuffer_Release(&view);
+    model_maybe_close(self);
+    if (rc != SLUICE_OK)
+        return raise_code(rc, message);
+    return PyLong_FromUnsignedLongLong(len);
 }
 
 /* Borrowed names of tensors by index, valid until the model is closed.
@@ -1119,9 +1241,17 @@ static PyMethodDef model_methods[] = {
     {"stats", (PyCFunction)model_stats, METH_NOARGS, "Every field of sluice_stats."},
     {"verify_mode", (PyCFunction)model_verify_mode, METH_NOARGS, "Policy in force."},
     {"manifest_path", (PyCFunction)model_manifest_path, METH_NOARGS, "Manifest read, or None."},
-    {"manifest_digest", (PyCFunction)model_manifest_digest, METH_O,
-     "Digest the manifest gives tensor i, or None."},
+    {"manifest_entry", (PyCFunction)model_manifest_entry, METH_O,
+     "(digest, (chunk_bytes, count) or None) the manifest gives tensor i, or None."},
     {"acquire", (PyCFunction)model_acquire, METH_O, "Handle of tensor i (GIL released)."},
+    {"acquire_range", (PyCFunction)model_acquire_range, METH_VARARGS,
+     "Handle of bytes [begin, end) of tensor i, verified (GIL released)."},
+    {"read_into", (PyCFunction)model_read_into, METH_VARARGS,
+     "Verified bytes of tensor i from offset into a writable buffer (GIL released)."},
+    {"digest_algorithm", (PyCFunction)model_digest_algorithm, METH_NOARGS,
+     "Algorithm of the digests checked."},
+    {"manifest_version", (PyCFunction)model_manifest_version, METH_NOARGS,
+     "Manifest version: 0 flat or none, 1 or 2."},
     {"prefetch", (PyCFunction)model_prefetch, METH_O, "Read-ahead hint by indices."},
     {"stream", (PyCFunction)model_stream, METH_O, "Start a stream over indices (or None)."},
     {"trim", (PyCFunction)model_trim, METH_NOARGS, "Give memory back; bytes released."},
@@ -1161,24 +1291,81 @@ static int fs_or_none(PyObject *arg, void *out)
     return PyUnicode_FSConverter(arg, out);
 }
 
+/* The paths of a sequence (not a str or bytes: one path is a mistake
+ * here) as file system bytes, in *keys (a tuple of bytes; NULL for None),
+ * and borrowed C strings in *paths (PyMem). Returns 0, or -1 with an
+ * exception set. */
+static int trusted_keys_arg(PyObject *arg, PyObject **keys, const char ***paths, size_t *n)
+{
+    *keys = NULL;
+    *paths = NULL;
+    *n = 0;
+    if (arg == Py_None)
+        return 0;
+    if (PyUnicode_Check(arg) || PyBytes_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "trusted_keys must be a list of paths, not one path");
+        return -1;
+    }
+    PyObject *fast = PySequence_Fast(arg, "trusted_keys must be a list of paths");
+    if (!fast)
+        return -1;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
+    PyObject *t = PyTuple_New(count);
+    const char **v = PyMem_Calloc((size_t)count + 1, sizeof *v);
+    if (!t || !v) {
+        Py_DECREF(fast);
+        Py_XDECREF(t);
+        PyMem_Free(v);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < count; k++) {
+        PyObject *b = NULL;
+        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(fast, k), &b)) {
+            Py_DECREF(fast);
+            Py_DECREF(t);
+            PyMem_Free(v);
+            return -1;
+        }
+        PyTuple_SET_ITEM(t, k, b);
+        v[k] = PyBytes_AS_STRING(b);
+    }
+    Py_DECREF(fast);
+    *keys = t;
+    *paths = v;
+    *n = (size_t)count;
+    return 0;
+}
+
 /* open(path, manifest, verify, pool, queue_depth, chunk, direct,
- *      hash_threads, io_threads, force_pread) -> Model. 0 (or -1 for the
- * thread counts) means the library's default. */
+ *      hash_threads, io_threads, force_pread, trusted_keys) -> Model. 0
+ * (or -1 for the thread counts) means the library's default; trusted_keys
+ * None or a sequence of paths (an empty one: none; the library takes no
+ * empty list). */
 static PyObject *mod_open(PyObject *mod, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"path", "manifest", "verify", "pool", "queue_depth", "chunk",
-                             "direct", "hash_threads", "io_threads", "force_pread", NULL};
-    PyObject *path = NULL, *manifest = NULL;
+                             "direct", "hash_threads", "io_threads", "force_pread",
+                             "trusted_keys", NULL};
+    PyObject *path = NULL, *manifest = NULL, *trusted = Py_None;
     int verify = SLUICE_VERIFY_DEFAULT, direct = 0, force_pread = 0;
     unsigned long long pool = 0, chunk = 0;
     unsigned int queue_depth = 0;
     int hash_threads = -1, io_threads = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|O&iO&O&O&piip", kwlist,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|O&iO&O&O&piipO", kwlist,
                                      PyUnicode_FSConverter, &path, fs_or_none, &manifest,
                                      &verify, u64_arg, &pool, u32_arg, &queue_depth, u64_arg,
                                      &chunk, &direct, &hash_threads, &io_threads,
-                                     &force_pread)) {
+                                     &force_pread, &trusted)) {
         Py_XDECREF(path);
+        Py_XDECREF(manifest);
+        return NULL;
+    }
+    PyObject *keys;
+    const char **key_paths;
+    size_t nkeys;
+    if (trusted_keys_arg(trusted, &keys, &key_paths, &nkeys) < 0) {
+        Py_DECREF(path);
         Py_XDECREF(manifest);
         return NULL;
     }
@@ -1200,6 +1387,10 @@ static PyObject *mod_open(PyObject *mod, PyObject *args, PyObject *kw)
     if (force_pread)
         o.flags |= SLUICE_F_FORCE_PREAD;
     o.manifest_path = manifest ? PyBytes_AS_STRING(manifest) : NULL;
+    if (nkeys) {
+        o.trusted_keys = key_paths;
+        o.ntrusted_keys = nkeys;
+    }
     const char *cpath = PyBytes_AS_STRING(path);
 
     sluice_model *m = NULL;
@@ -1215,6 +1406,8 @@ static PyObject *mod_open(PyObject *mod, PyObject *args, PyObject *kw)
     Py_END_ALLOW_THREADS
     Py_DECREF(path);
     Py_XDECREF(manifest);
+    Py_XDECREF(keys);
+    PyMem_Free(key_paths);
     if (rc != SLUICE_OK)
         return raise_code(rc, message);
 
@@ -1241,6 +1434,22 @@ static PyObject *mod_strerror(PyObject *mod, PyObject *arg)
     if (overflow || code < INT_MIN || code > INT_MAX)
         return PyUnicode_FromString(sluice_strerror(1));
     return PyUnicode_FromString(sluice_strerror((int)code));
+}
+
+/* algorithm_supported(name) -> bool: this build computes it. */
+static PyObject *mod_algorithm_supported(PyObject *mod, PyObject *arg)
+{
+    const char *s = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
+    if (!s) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "algorithm name must be str");
+        return NULL;
+    }
+    for (int a = SLUICE_ALG_SHA256; a <= SLUICE_ALG_BLAKE3; a++)
+        if (!strcmp(sluice_algorithm_name((sluice_algorithm)a), s))
+            return PyBool_FromLong(sluice_algorithm_supported((sluice_algorithm)a));
+    PyErr_Format(PyExc_ValueError, "unknown digest algorithm %R (\"sha256\" or \"blake3\")", arg);
+    return NULL;
 }
 
 static PyObject *mod_dtype_bits(PyObject *mod, PyObject *arg)
@@ -1281,6 +1490,8 @@ static PyMethodDef module_methods[] = {
      "Open a model (see sluice.open)."},
     {"strerror", (PyCFunction)mod_strerror, METH_O, "Name of a status code."},
     {"dtype_bits", (PyCFunction)mod_dtype_bits, METH_O, "Bits per element of a dtype name."},
+    {"algorithm_supported", (PyCFunction)mod_algorithm_supported, METH_O,
+     "Whether this build computes a digest algorithm."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -11,6 +11,18 @@ REPO = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", ".."
 REAL = os.path.normpath(os.path.join(REPO, "..", "shared", "data", "real"))
 
 
+def sluice_cli():
+    """The `sluice` command: $SLUICE_CLI, else a build*/sluice of the
+    repository (tools/test.sh builds build-asan before the Python stage);
+    None when none is built."""
+    import glob
+    cands = [os.environ.get("SLUICE_CLI", "")] + sorted(glob.glob(os.path.join(REPO, "build*", "sluice")))
+    for c in cands:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    return None
+
+
 @pytest.fixture(scope="session")
 def real_dir():
     if not os.path.isdir(REAL):

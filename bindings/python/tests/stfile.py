@@ -58,8 +58,9 @@ def write_manifest(path, digests):
         json.dump(digests, f)
 
 
-def read(path):
-    """{name: (dtype_name, shape tuple, raw bytes)} and the metadata."""
+def parse(path):
+    """(the file's bytes, N, {name: (dtype_name, shape tuple, raw bytes,
+    absolute offset)}, the metadata)."""
     with open(path, "rb") as f:
         data = f.read()
     (n,) = struct.unpack("<Q", data[:8])
@@ -68,8 +69,14 @@ def read(path):
     out = {}
     for name, e in header.items():
         b, end = e["data_offsets"]
-        out[name] = (e["dtype"], tuple(e["shape"]), data[8 + n + b:8 + n + end])
-    return out, meta
+        out[name] = (e["dtype"], tuple(e["shape"]), data[8 + n + b:8 + n + end], 8 + n + b)
+    return data, n, out, meta
+
+
+def read(path):
+    """{name: (dtype_name, shape tuple, raw bytes)} and the metadata."""
+    _, _, tensors, meta = parse(path)
+    return {k: v[:3] for k, v in tensors.items()}, meta
 
 
 def read_model(path):
@@ -116,3 +123,54 @@ def write_sharded(d, shards, metadata=None):
         json.dump({"metadata": {"total_size": 0}, "weight_map": weight_map}, f)
     write_manifest(os.path.join(d, "sluice.manifest.json"), digests)
     return digests
+
+
+def b3sum(data):
+    """BLAKE3 of data by the b3sum program (Debian package b3sum): an
+    implementation independent of the one compiled into sluice."""
+    import subprocess
+    out = subprocess.run(["b3sum", "--no-names"], input=data, capture_output=True,
+                         check=True).stdout
+    return out.split()[0].decode()
+
+
+def sha256(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_manifest_v2(path, files, algorithm="sha256", chunk_bytes=None):
+    """A version 2 manifest for the .safetensors files (paths), written
+    from the format's description in sluice.h: per tensor its digest,
+    dtype, shape, nbytes (and with chunk_bytes, the digests of its
+    chunk_bytes-sized chunks, for tensors of more than one chunk); per file
+    its digest, size and the digest of its first 8 + N bytes."""
+    digest = {"sha256": sha256, "blake3": b3sum}[algorithm]
+    tensors, out_files = {}, {}
+    for p in files:
+        data, n, parsed, _ = parse(p)
+        for name, (dtype, shape, raw, _) in parsed.items():
+            entry = {"digest": digest(raw), "dtype": dtype, "shape": list(shape),
+                     "nbytes": len(raw)}
+            if chunk_bytes and len(raw) > chunk_bytes:
+                entry["chunk_bytes"] = chunk_bytes
+                entry["chunks"] = [digest(raw[k:k + chunk_bytes])
+                                   for k in range(0, len(raw), chunk_bytes)]
+            tensors[name] = entry
+        out_files[os.path.basename(p)] = {"digest": digest(data), "size": len(data),
+                                          "header": digest(data[:8 + n])}
+    with open(path, "w") as f:
+        json.dump({"format": "sluice-manifest", "version": 2, "algorithm": algorithm,
+                   "tensors": tensors, "files": out_files}, f)
+
+
+def tensor_offset(path, name):
+    """Absolute offset of a tensor's first byte in its file."""
+    return parse(path)[2][name][3]
+
+
+def flip_byte(path, offset):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0xFF]))

@@ -135,7 +135,11 @@ def test_error_classes():
         cls = sluice.error_class(code)
         assert issubclass(cls, sluice.Error)
     assert sluice.error_class(-46) is sluice.ChecksumError
-    for code in (-60, -61):  # the library knows them (the build compiled src/ of today)
+    assert sluice.error_class(E.E_MANIFEST_MISMATCH) is sluice.ManifestMismatchError
+    assert issubclass(sluice.ManifestMismatchError, sluice.ManifestError)
+    assert sluice.error_class(E.E_SIGNATURE) is sluice.SignatureError
+    assert not issubclass(sluice.SignatureError, sluice.ManifestError)
+    for code in (-47, -48, -60, -61):  # the library knows them (the build compiled src/ of today)
         assert sluice._sluice.strerror(code) != sluice._sluice.strerror(-999)
     assert sluice.error_class(E.E_BUFFER) is sluice.BufferTooSmallError
     assert issubclass(sluice.BufferTooSmallError, ValueError)
@@ -171,7 +175,7 @@ def test_wrong_types(sharded):
             (lambda: m._m.acquire(2**70), OverflowError), (lambda: m._m.find(3), TypeError),
             (lambda: m._m.stream(5), TypeError), (lambda: m._m.prefetch([None]), TypeError),
             (lambda: m._m.file_info(99), IndexError),
-            (lambda: m._m.manifest_digest(-3), IndexError),
+            (lambda: m._m.manifest_entry(-3), IndexError),
         ]:
             with pytest.raises(exc):
                 call()

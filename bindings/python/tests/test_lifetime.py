@@ -81,6 +81,18 @@ def test_lifetimes_asan(sharded, asan_build):
     assert r.stdout.startswith(lib), r.stdout + r.stderr
 
 
+def test_verify2_asan(asan_build, tmp_path):
+    """The verification v2 tests (read_into into caller buffers, ranges,
+    chunked slices, BLAKE3, signatures) with the library and extension
+    built with AddressSanitizer."""
+    env = asan_env(asan_build)
+    r = subprocess.run([sys.executable, "-X", "dev", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        "--basetemp", str(tmp_path / "t"), "test_verify2.py"],
+                       env=env, capture_output=True, text=True, timeout=600, cwd=HERE)
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-8000:]
+    assert " passed" in r.stdout and "failed" not in r.stdout, r.stdout[-2000:]
+
+
 CLOSE_FAILURE = r"""
 import sys
 import sluice

@@ -1,6 +1,5 @@
 """sluice.torch: lazy_load equals eager loading, stays within its budget;
 load_state_dict. Skipped when torch is absent."""
-import glob
 import os
 import shutil
 import subprocess
@@ -15,18 +14,10 @@ torch = pytest.importorskip("torch", reason="torch is not installed (Debian: pyt
 import sluice  # noqa: E402
 import sluice.torch as st  # noqa: E402
 import stfile  # noqa: E402
-from conftest import REPO  # noqa: E402
+from conftest import REPO, sluice_cli  # noqa: E402
 
 sys.path.insert(0, os.path.join(REPO, "examples", "python"))
 import tiny_transformer as tt  # noqa: E402
-
-
-def sluice_cli():
-    cands = [os.environ.get("SLUICE_CLI", "")] + sorted(glob.glob(os.path.join(REPO, "build*", "sluice")))
-    for c in cands:
-        if c and os.path.isfile(c) and os.access(c, os.X_OK):
-            return c
-    return None
 
 
 @pytest.fixture(scope="module")
