@@ -136,7 +136,7 @@ static sl_io_req *retry_take_due(sl_io *io, sl_io_req **list, uint64_t now)
     return r;
 }
 
-static void advance(sl_io_req *r, uint64_t n)
+void sl_io_req_advance(sl_io_req *r, uint64_t n)
 {
     r->done_bytes += n;
     r->offset += n;
@@ -184,7 +184,7 @@ static int step(const sl_io *io, sl_io_req *r, int64_t res, uint64_t asked)
         }
         return STEP_DONE;
     }
-    advance(r, (uint64_t)res);
+    sl_io_req_advance(r, (uint64_t)res);
     if (r->done_bytes >= r->total)
         return STEP_DONE;
     /* Short. With what was needed in hand, a short read is the end of the

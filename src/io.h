@@ -75,6 +75,9 @@ typedef struct sl_io_req {
     uint64_t due_ns;         /* when a parked retry goes again (cfg.clock_ns) */
 } sl_io_req;
 
+/* n more bytes of r arrived: its offset and iovecs move past them. */
+void sl_io_req_advance(sl_io_req *r, uint64_t n);
+
 typedef void (*sl_io_done_fn)(void *ctx, sl_io_req *list);
 
 typedef struct sl_io_config {

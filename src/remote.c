@@ -366,23 +366,6 @@ static int check_reply(xfer *x)
     return 1;
 }
 
-static void iov_advance(sl_io_req *r, uint64_t n)
-{
-    r->done_bytes += n;
-    r->offset += n;
-    while (n && r->iovcnt) {
-        if (n >= r->iov[0].iov_len) {
-            n -= r->iov[0].iov_len;
-            r->iov++;
-            r->iovcnt--;
-        } else {
-            r->iov[0].iov_base = (char *)r->iov[0].iov_base + n;
-            r->iov[0].iov_len -= n;
-            n = 0;
-        }
-    }
-}
-
 static size_t on_body(char *data, size_t sz, size_t n, void *ud)
 {
     xfer *x = ud;
@@ -408,7 +391,7 @@ static size_t on_body(char *data, size_t sz, size_t n, void *ud)
             for (size_t left = len; left;) {
                 size_t k = x->req->iov[0].iov_len < left ? x->req->iov[0].iov_len : left;
                 memcpy(x->req->iov[0].iov_base, data + (len - left), k);
-                iov_advance(x->req, k);
+                sl_io_req_advance(x->req, k);
                 left -= k;
             }
         } else {
