@@ -8,7 +8,10 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 # libmicrohttpd-dev: the metrics endpoint; prometheus and curl: the
 # metrics_promtool and metrics_prometheus ctests (about 12 s together)
-sh tools/deps.sh clang libclang-rt-14-dev libmicrohttpd-dev prometheus curl
+# libgrpc++-dev, libprotobuf-dev, protobuf-compiler(-grpc): sluice serve;
+# openssl: its TLS tests make a CA; python3: their test model writer
+sh tools/deps.sh clang libclang-rt-14-dev libmicrohttpd-dev prometheus curl \
+    libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc openssl python3
 jobs=$(nproc 2>/dev/null || echo 2)
 
 echo "== ASan + UBSan build, all tests"
