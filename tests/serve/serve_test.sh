@@ -13,6 +13,7 @@ SRC=$(cd "$(dirname "$0")/../.." && pwd)
 SERVE=$B/sluice-serve
 CLIENT=$B/serve_client
 SLUICE=$B/sluice
+SERVE_CMD=("$SERVE")
 T=$(mktemp -d /tmp/sluice-serve-test.XXXXXX)
 PIDS=()
 FAILS=0
@@ -35,7 +36,7 @@ bad() { FAILS=$((FAILS + 1)); echo "FAIL - $*"; }
 start_server() {
     local name=$1
     shift
-    "$SERVE" "$@" --listen 127.0.0.1:0 >"$T/$name.out" 2>"$T/$name.err" &
+    "${SERVE_CMD[@]}" "$@" --listen 127.0.0.1:0 >"$T/$name.out" 2>"$T/$name.err" &
     SPID=$!
     PIDS+=("$SPID")
     local i
@@ -129,10 +130,13 @@ case_fetch() {
         expect 0 "$m: every tensor by StreamTensors (64 KiB chunks) equal to the local bytes" \
             "$ADDR" fetch "$m" --stream --chunk 65536 --compare "$T/root/$m" -q
     done
-    # One model served alone (ROOT_OR_MODEL a directory with an index).
+    # One model served alone (ROOT_OR_MODEL a directory with an index),
+    # through the sluice command's `serve`.
     stop_server fetch
+    SERVE_CMD=("$SLUICE" serve)
     start_server one "$T/root/synth-sharded"
-    expect 0 "one model served alone" "$ADDR" fetch synth-sharded --compare "$T/root/synth-sharded" -q
+    SERVE_CMD=("$SERVE")
+    expect 0 "one model served alone by 'sluice serve'" "$ADDR" fetch synth-sharded --compare "$T/root/synth-sharded" -q
     stop_server one
 }
 
