@@ -160,7 +160,7 @@ with open(p, "r+b") as f:
     f.seek(-1, 1)
     f.write(bytes([x[0] ^ 0xFF]))
 EOF
-    start_server errors "$T/root"
+    start_server errors "$T/root" --metrics-port 0
     grep -q 'escape.safetensors: refused' "$T/errors.err" && ok "symlink out of the root refused at start" ||
         bad "symlink out of the root not refused"
     expect 105 "symlinked model out of the root: NOT_FOUND" "$ADDR" info escape.safetensors
@@ -189,6 +189,29 @@ EOF
         bad "DATA_LOSS message: $(cat "$T/client.err")"
     expect 0 "untampered tensors of that model still served" "$ADDR" get tampered c
     expect 115 "StreamTensors over the tampered tensor: DATA_LOSS" "$ADDR" fetch tampered --stream
+    # /metrics: the library's families of every model and the server's own.
+    local mport
+    mport=$(sed -n 's/^metrics on 127.0.0.1:\([0-9]*\)$/\1/p' "$T/errors.out")
+    if timeout 20 curl -sf "http://127.0.0.1:$mport/metrics" >"$T/metrics.txt"; then
+        local want
+        for want in 'sluice_serve_calls_total{method="GetTensor",code="NOT_FOUND"} [1-9]' \
+            'sluice_serve_calls_total{method="GetTensor",code="DATA_LOSS"} [1-9]' \
+            'sluice_serve_calls_total{method="GetModel",code="INVALID_ARGUMENT"} [1-9]' \
+            'sluice_serve_call_duration_seconds_bucket{method="GetTensor",le="+Inf"} [1-9]' \
+            'sluice_serve_bytes_sent_total [1-9]' 'sluice_serve_active_streams 0' \
+            'sluice_serve_refused_total{reason="name"} [1-9]' \
+            'sluice_checksum_failures_total{model="tampered"} [1-9]' \
+            'sluice_bytes_delivered_total{model="synth-sharded"} [1-9]'; do
+            grep -q "^$want" "$T/metrics.txt" && ok "/metrics: $want" || bad "/metrics lacks $want"
+        done
+        if command -v promtool >/dev/null; then
+            promtool check metrics <"$T/metrics.txt" >"$T/promtool.out" 2>&1 &&
+                ok "/metrics passes promtool check metrics" ||
+                { bad "promtool: $(head -5 "$T/promtool.out")"; }
+        fi
+    else
+        bad "/metrics not served on port $mport"
+    fi
     stop_server errors
 
     # The server-side fault hook: a sent chunk corrupted; the client's

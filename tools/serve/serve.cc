@@ -36,6 +36,11 @@
 #include <thread>
 #include <vector>
 
+#ifdef SLUICE_SERVE_HAVE_MHD
+#include <microhttpd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#endif
 #include <dirent.h>
 #include <pthread.h>
 #include <sys/stat.h>
@@ -892,8 +897,93 @@ private:
 };
 
 // ------------------------------------------------------------ metrics HTTP
-// The library's endpoint serves the models; the server's own families are
-// served on the next port by a tiny HTTP responder (see README).
+// GET /metrics: the models' families, rendered by the library in one
+// exposition (sluice_metrics_write_models, Prometheus text 0.0.4), then the
+// server's own (metrics_text). libmicrohttpd directly, with the bounds of
+// the library's endpoint (sluice_metrics_serve serves models only: the
+// server's families could not be added to it without a library change).
+#ifdef SLUICE_SERVE_HAVE_MHD
+struct MetricsHttp {
+    std::vector<sluice_model *> models;
+    struct MHD_Daemon *d = nullptr;
+    unsigned port = 0;
+};
+
+MHD_Result metrics_handle(void *cls, struct MHD_Connection *conn, const char *url,
+                          const char *method, const char *, const char *, size_t *upload_size,
+                          void **con_cls)
+{
+    auto *mh = static_cast<MetricsHttp *>(cls);
+    if (*con_cls == nullptr) {  // headers only: wait for the end of the request
+        *con_cls = mh;
+        return MHD_YES;
+    }
+    *upload_size = 0;
+    std::string body;
+    unsigned code = MHD_HTTP_OK;
+    if (strcmp(url, "/metrics") != 0) {
+        code = MHD_HTTP_NOT_FOUND;
+        body = "not found\n";
+    } else if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
+        code = MHD_HTTP_METHOD_NOT_ALLOWED;
+        body = "GET or HEAD\n";
+    } else {
+        size_t need = 0;
+        sluice_metrics_write_models(mh->models.data(), mh->models.size(), nullptr, 0, &need,
+                                    SLUICE_METRICS_PROMETHEUS);
+        for (int tries = 0; tries < 4; tries++) {
+            body.assign(need + 4096, '\0');
+            int rc = sluice_metrics_write_models(mh->models.data(), mh->models.size(), &body[0],
+                                                 body.size(), &need, SLUICE_METRICS_PROMETHEUS);
+            if (rc == SLUICE_OK) {
+                body.resize(strlen(body.c_str()));
+                break;
+            }
+            if (rc != SLUICE_E_BUFFER) {
+                body.clear();
+                break;
+            }
+        }
+        body += metrics_text();
+    }
+    struct MHD_Response *r = MHD_create_response_from_buffer(body.size(), &body[0],
+                                                             MHD_RESPMEM_MUST_COPY);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, "Content-Type",
+                            code == MHD_HTTP_OK ? "text/plain; version=0.0.4; charset=utf-8"
+                                                : "text/plain");
+    MHD_Result ret = MHD_queue_response(conn, code, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+bool metrics_start(MetricsHttp *mh, unsigned port)
+{
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    mh->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO, (uint16_t)port,
+                             nullptr, nullptr, metrics_handle, mh, MHD_OPTION_SOCK_ADDR,
+                             (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_LIMIT, 32u,
+                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384,
+                             MHD_OPTION_CONNECTION_TIMEOUT, 5u, MHD_OPTION_END);
+    if (!mh->d)
+        return false;
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(mh->d, MHD_DAEMON_INFO_BIND_PORT);
+    mh->port = info ? info->port : port;
+    return true;
+}
+
+void metrics_stop(MetricsHttp *mh)
+{
+    if (mh->d)
+        MHD_stop_daemon(mh->d);
+    mh->d = nullptr;
+}
+#endif
 }  // namespace
 
 int main(int argc, char **argv)
@@ -1044,20 +1134,25 @@ int main(int argc, char **argv)
     }
     std::string host = cfg.listen.substr(0, cfg.listen.rfind(':'));
 
-    sluice_metrics_server *ms = nullptr;
+#ifdef SLUICE_SERVE_HAVE_MHD
+    MetricsHttp mh;
+    for (auto &kv : models)
+        mh.models.push_back(kv.second->m);
     if (cfg.metrics_port >= 0) {
-        int rc = sluice_metrics_serve("127.0.0.1", (unsigned)cfg.metrics_port, &ms);
-        if (rc != SLUICE_OK) {
-            fprintf(stderr, "sluice serve: metrics endpoint: %s\n", sluice_strerror(rc));
+        if (!metrics_start(&mh, (unsigned)cfg.metrics_port)) {
+            fprintf(stderr, "sluice serve: cannot serve metrics on 127.0.0.1:%d\n",
+                    cfg.metrics_port);
             server->Shutdown();
             for (auto &kv : models)
                 sluice_close(kv.second->m);
             return 1;
         }
-        for (auto &kv : models)
-            sluice_metrics_server_add(ms, kv.second->m);
-        printf("metrics on 127.0.0.1:%u\n", sluice_metrics_server_port(ms));
+        printf("metrics on 127.0.0.1:%u\n", mh.port);
     }
+#else
+    if (cfg.metrics_port >= 0)
+        fprintf(stderr, "sluice serve: built without libmicrohttpd: no --metrics-port\n");
+#endif
     printf("listening on %s:%d (%zu model%s)\n", host.c_str(), port, models.size(),
            models.size() == 1 ? "" : "s");
     fflush(stdout);
@@ -1111,11 +1206,9 @@ int main(int argc, char **argv)
     server->Wait();
     stop_watchdog = true;
     watchdog.join();
-    if (ms) {
-        for (auto &kv : models)
-            sluice_metrics_server_remove(ms, kv.second->m);
-        sluice_metrics_server_free(ms);
-    }
+#ifdef SLUICE_SERVE_HAVE_MHD
+    metrics_stop(&mh);
+#endif
     fprintf(stderr, "sluice serve: server down (%.2f s)\n", since(sig_at));
     int bad = 0;
     for (auto &kv : models)
