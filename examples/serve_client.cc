@@ -9,6 +9,7 @@
 //   list                       the models
 //   info MODEL                 files and tensors with their digests
 //   get MODEL NAME             one tensor (--offset/--length: a range; -o FILE)
+//   latency MODEL NAME         GetTensor --repeat times; p50/p99 latency
 //   fetch MODEL                every tensor, one GetTensor each (--stream: one
 //                              StreamTensors call; --ranges: also three byte
 //                              ranges of each tensor; --compare LOCAL_PATH)
@@ -28,6 +29,7 @@
 #include <grpcpp/grpcpp.h>
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -373,6 +375,34 @@ int main(int argc, char **argv)
         return 0;
     }
 
+    if (cmd == "latency") {
+        // GetTensor of one tensor --repeat times, each verified; prints the
+        // latency quantiles (for the benchmark).
+        if (pos.size() < 2)
+            return usage();
+        auto it = by_name.find(pos[1]);
+        if (it == by_name.end())
+            return usage();
+        std::vector<double> ms;
+        for (int r = 0; r < o.repeat; r++) {
+            std::string bytes, sent;
+            auto a = std::chrono::steady_clock::now();
+            if (!(st = c.tensor(pos[0], pos[1], false, 0, 0, &bytes, &sent)).ok())
+                return fail_status(st);
+            ms.push_back(std::chrono::duration<double, std::milli>(
+                              std::chrono::steady_clock::now() - a)
+                              .count());
+            Opts quiet = o;
+            quiet.quiet = true;
+            if (check_tensor(*it->second, bytes, sent, nullptr, quiet))
+                return 1;
+        }
+        std::sort(ms.begin(), ms.end());
+        auto q = [&](double p) { return ms[std::min(ms.size() - 1, (size_t)(p * ms.size()))]; };
+        printf("latency %s %zu calls: p50 %.3f ms p99 %.3f ms max %.3f ms\n", pos[1].c_str(),
+               ms.size(), q(0.50), q(0.99), ms.back());
+        return 0;
+    }
     if (cmd != "fetch")
         return usage();
     int bad = 0;
