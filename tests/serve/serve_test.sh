@@ -55,20 +55,28 @@ start_server() {
     exit 1
 }
 
-# stop_server NAME: SIGTERM, then waits at most 30 s; the exit status must be 0.
-stop_server() {
-    local name=$1 i
+# term_wait SECONDS: SIGTERM to the server, then waits at most SECONDS for
+# it (killed past that, a failure); sets RC to its exit status.
+term_wait() {
+    local i
     kill -TERM "$SPID" 2>/dev/null
-    for i in $(seq 300); do
+    for i in $(seq $(($1 * 10))); do
         kill -0 "$SPID" 2>/dev/null || break
         sleep 0.1
     done
     if kill -0 "$SPID" 2>/dev/null; then
-        bad "server $name still running 30 s after SIGTERM"
+        bad "server still running $1 s after SIGTERM"
         kill -KILL "$SPID"
     fi
     wait "$SPID"
-    local rc=$?
+    RC=$?
+}
+
+# stop_server NAME: SIGTERM, then waits at most 30 s; the exit status must be 0.
+stop_server() {
+    local name=$1 rc
+    term_wait 30
+    rc=$RC
     if [ $rc -eq 0 ]; then ok "server $name exits 0 on SIGTERM"; else
         bad "server $name exited $rc"
         tail -30 "$T/$name.err"
@@ -308,24 +316,15 @@ case_shutdown() {
     # SIGTERM during 8 active streams: each finishes or ends UNAVAILABLE; the
     # server exits 0 within its grace.
     start_server term "$T/big/model.safetensors" --grace 3
-    local pids=() rcs=()
+    local pids=()
     for i in 1 2 3 4 5 6 7 8; do
         timeout 60 "$CLIENT" "$ADDR" fetch model.safetensors --stream --repeat 50 -q >/dev/null 2>"$T/term$i.err" &
         pids+=($!)
     done
     sleep 3
     local t0=$SECONDS
-    kill -TERM "$SPID"
-    for i in $(seq 150); do
-        kill -0 "$SPID" 2>/dev/null || break
-        sleep 0.1
-    done
-    if kill -0 "$SPID" 2>/dev/null; then
-        bad "server still running 15 s after SIGTERM"
-        kill -KILL "$SPID"
-    fi
-    wait "$SPID"
-    local rc=$?
+    term_wait 15
+    local rc=$RC
     [ $rc -eq 0 ] && ok "SIGTERM with 8 active streams: exit 0 after $((SECONDS - t0)) s (grace 3 s)" ||
         { bad "SIGTERM: exit $rc"; tail -20 "$T/term.err"; }
     local others=0

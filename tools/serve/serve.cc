@@ -721,6 +721,18 @@ private:
         return Status::OK;
     }
 
+    // The common start of the streaming calls: admitted, a model, a chunk size.
+    Status begin_stream(ServerContext *ctx, const Admit &a, const std::string &model,
+                        uint32_t chunk_bytes, Model **m, uint32_t *chunk)
+    {
+        if (!a.status.ok())
+            return a.status;
+        Status st = find_model(ctx, model, m);
+        if (!st.ok())
+            return st;
+        return chunk_size(chunk_bytes, chunk);
+    }
+
     bool past_drain() const
     {
         return draining.load() && now_ns() > drain_deadline_ns.load();
@@ -815,14 +827,10 @@ private:
                       ServerWriter<pb::TensorChunk> *w)
     {
         Admit a(this, ctx);
-        if (!a.status.ok())
-            return a.status;
         Model *m = nullptr;
-        Status st = find_model(ctx, req->model(), &m);
-        if (!st.ok())
-            return st;
         uint32_t chunk = 0;
-        if (!(st = chunk_size(req->chunk_bytes(), &chunk)).ok())
+        Status st = begin_stream(ctx, a, req->model(), req->chunk_bytes(), &m, &chunk);
+        if (!st.ok())
             return st;
         struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
         int rc = sluice_find_n(m->m, req->name().data(), req->name().size(), &ti);
@@ -856,14 +864,10 @@ private:
                           ServerWriter<pb::TensorChunk> *w)
     {
         Admit a(this, ctx);
-        if (!a.status.ok())
-            return a.status;
         Model *m = nullptr;
-        Status st = find_model(ctx, req->model(), &m);
-        if (!st.ok())
-            return st;
         uint32_t chunk = 0;
-        if (!(st = chunk_size(req->chunk_bytes(), &chunk)).ok())
+        Status st = begin_stream(ctx, a, req->model(), req->chunk_bytes(), &m, &chunk);
+        if (!st.ok())
             return st;
         std::vector<size_t> order;
         if (req->names_size() == 0) {
