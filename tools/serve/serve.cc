@@ -1194,8 +1194,9 @@ int main(int argc, char **argv)
     // A call whose handler returned may still have chunks and its status
     // in the transport's buffers, on their way to a slow reader: a moment
     // for them before the transports close.
-    if (Clock::now() < grace_end)
-        std::this_thread::sleep_for(std::min<Clock::duration>(grace_end - Clock::now(), secs(1.0)));
+    auto flush_end = std::min(Clock::now() + secs(0.5), grace_end - secs(0.25));
+    if (Clock::now() < flush_end)
+        std::this_thread::sleep_for(flush_end - Clock::now());
     long left = (long)stats.active_streams.load();
     if (left > 0) {
         fprintf(stderr, "sluice serve: cancelling %ld call(s) at the grace's end\n", left);
