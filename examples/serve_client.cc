@@ -417,8 +417,10 @@ int main(int argc, char **argv)
             size_t done = 0;
             bool first = true;
             while (reader->Read(&ch)) {
-                if (first && o.stall > 0)
+                if (first && o.stall > 0) {
+                    fprintf(stderr, "stalling after the first chunk\n");
                     std::this_thread::sleep_for(std::chrono::duration<double>(o.stall));
+                }
                 if (first && o.cancel) {
                     ctx.TryCancel();
                     st = reader->Finish();
