@@ -3,8 +3,11 @@
 
 #include <sluice.h>
 
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 static const struct {
     const char *name;
@@ -21,7 +24,34 @@ static const struct {
     {"cat", cmd_cat, "cat PATH NAME              write one tensor's verified bytes to stdout"},
     {"stats", cmd_stats, "stats PATH [--openmetrics] load the model verified, print its metrics"},
     {"bench-metrics", cmd_bench_metrics, "bench-metrics PATH [...]   what the metrics cost; rendering time and size"},
+    {"serve", NULL, "serve ROOT_OR_MODEL [...]  serve tensors over gRPC (the sluice-serve program)"},
 };
+
+/* `sluice serve`: the gRPC server is a program of its own, sluice-serve
+ * (C++ and grpc++, built when grpc++ is found), installed beside this one:
+ * exec it with the same arguments. */
+static int run_serve(char **argv)
+{
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) {
+        self[n] = '\0';
+        char *slash = strrchr(self, '/');
+        if (slash && (size_t)(slash - self) + sizeof "/sluice-serve" <= sizeof self) {
+            strcpy(slash, "/sluice-serve");
+            argv[0] = self;
+            execv(self, argv);
+            if (errno != ENOENT) {
+                fprintf(stderr, "sluice serve: %s: %s\n", self, strerror(errno));
+                return 2;
+            }
+        }
+    }
+    fprintf(stderr, "sluice serve: sluice-serve is not installed beside this program "
+                    "(it is built when grpc++ is found: apt-get install -y libgrpc++-dev "
+                    "libprotobuf-dev protobuf-compiler protobuf-compiler-grpc)\n");
+    return 2;
+}
 
 static void usage(FILE *out)
 {
@@ -48,7 +78,7 @@ int main(int argc, char **argv)
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name))
-            return commands[i].run(argc - 1, argv + 1);
+            return commands[i].run ? commands[i].run(argc - 1, argv + 1) : run_serve(argv + 1);
     fprintf(stderr, "sluice: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

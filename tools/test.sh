@@ -10,8 +10,12 @@ cd "$root"
 # metrics_promtool and metrics_prometheus ctests (about 12 s together);
 # librust-blake3-dev: the BLAKE3 C sources the library builds; b3sum: the
 # independent BLAKE3 the tests compare with; libcurl4-openssl-dev: remote
-# models; nginx: test_remote and test_remote_faults
-sh tools/deps.sh clang libclang-rt-14-dev libmicrohttpd-dev prometheus curl librust-blake3-dev b3sum libcurl4-openssl-dev nginx
+# models; nginx: test_remote and test_remote_faults; libgrpc++-dev,
+# libprotobuf-dev, protobuf-compiler(-grpc): sluice serve; openssl: its TLS
+# tests make a CA; python3: their test model writer
+sh tools/deps.sh clang libclang-rt-14-dev libmicrohttpd-dev prometheus curl librust-blake3-dev b3sum \
+    libcurl4-openssl-dev nginx libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc \
+    openssl python3
 jobs=$(nproc 2>/dev/null || echo 2)
 
 echo "== ASan + UBSan build, all tests"
@@ -21,7 +25,9 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j "$jobs"
 
 echo "== ThreadSanitizer build, concurrency tests"
-cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSLUICE_TSAN=ON >/dev/null
+# (no sluice serve here: its tests run in the ASan build; grpc++ itself is
+# not instrumented)
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSLUICE_TSAN=ON -DSLUICE_WITH_GRPC=OFF >/dev/null
 cmake --build build-tsan -j "$jobs"
 TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -L threads -j "$jobs"
 
@@ -33,4 +39,7 @@ sh tests/fuzz/run.sh build-fuzz "${SLUICE_FUZZ_SECONDS:-45}"
 
 echo "== Python binding (bindings/python), pytest"
 sh tools/test_python.sh
+
+echo "== Python client of sluice serve (clients/python), pytest, ASan server"
+sh tools/test_serve_python.sh build-asan
 echo "all tests passed"

@@ -1,0 +1,428 @@
+#!/bin/bash
+# The tests of `sluice serve` (tools/serve/serve.cc): the real server
+# process on 127.0.0.1 (port 0: the server prints the port it bound), real
+# gRPC clients (examples/serve_client.cc). Every wait is bounded; every
+# server started is stopped at the end, also on failure.
+# usage: serve_test.sh BUILD_DIR REAL_DATA_DIR CASE
+#   CASE: fetch | errors | security | shutdown | load
+set -u
+B=$1
+REAL=$2
+CASE=$3
+SRC=$(cd "$(dirname "$0")/../.." && pwd)
+SERVE=$B/sluice-serve
+CLIENT=$B/serve_client
+SLUICE=$B/sluice
+SERVE_CMD=("$SERVE")
+T=$(mktemp -d /tmp/sluice-serve-test.XXXXXX)
+PIDS=()
+FAILS=0
+PASSES=0
+
+cleanup() {
+    for p in "${PIDS[@]}"; do
+        kill -KILL "$p" 2>/dev/null
+    done
+    wait 2>/dev/null
+    rm -rf "$T"
+}
+trap cleanup EXIT
+
+ok() { PASSES=$((PASSES + 1)); echo "ok - $*"; }
+bad() { FAILS=$((FAILS + 1)); echo "FAIL - $*"; }
+
+# start_server NAME ARGS...: starts the server in the background, waits (at
+# most 30 s) for its "listening on" line; sets SPID and ADDR.
+start_server() {
+    local name=$1
+    shift
+    "${SERVE_CMD[@]}" "$@" --listen 127.0.0.1:0 >"$T/$name.out" 2>"$T/$name.err" &
+    SPID=$!
+    PIDS+=("$SPID")
+    local i
+    for i in $(seq 300); do
+        if grep -q '^listening on ' "$T/$name.out" 2>/dev/null; then
+            ADDR=$(sed -n 's/^listening on \([^ ]*\).*/\1/p' "$T/$name.out")
+            return 0
+        fi
+        if ! kill -0 "$SPID" 2>/dev/null; then
+            break
+        fi
+        sleep 0.1
+    done
+    echo "server $name did not start:"
+    cat "$T/$name.out" "$T/$name.err"
+    exit 1
+}
+
+# term_wait SECONDS: SIGTERM to the server, then waits at most SECONDS for
+# it (killed past that, a failure); sets RC to its exit status.
+term_wait() {
+    local i
+    kill -TERM "$SPID" 2>/dev/null
+    for i in $(seq $(($1 * 10))); do
+        kill -0 "$SPID" 2>/dev/null || break
+        sleep 0.1
+    done
+    if kill -0 "$SPID" 2>/dev/null; then
+        bad "server still running $1 s after SIGTERM"
+        kill -KILL "$SPID"
+    fi
+    wait "$SPID"
+    RC=$?
+}
+
+# stop_server NAME: SIGTERM, then waits at most 30 s; the exit status must be 0.
+stop_server() {
+    local name=$1 rc
+    term_wait 30
+    rc=$RC
+    if [ $rc -eq 0 ]; then ok "server $name exits 0 on SIGTERM"; else
+        bad "server $name exited $rc"
+        tail -30 "$T/$name.err"
+    fi
+}
+
+# expect RC DESCRIPTION CLIENT-ARGS...: runs the client (at most 120 s).
+expect() {
+    local want=$1 what=$2
+    shift 2
+    timeout 120 "$CLIENT" "$@" >"$T/client.out" 2>"$T/client.err"
+    local rc=$?
+    if [ "$rc" -eq "$want" ]; then ok "$what (exit $rc)"; else
+        bad "$what: exit $rc, want $want"
+        tail -5 "$T/client.err"
+    fi
+}
+
+# A root with every real file and the sharded set, their manifests, and a
+# synthetic sharded model.
+make_root() {
+    local root=$1 f
+    if [ ! -d "$REAL" ]; then
+        echo "skipped: the real-world corpus $REAL is absent"
+        exit 77
+    fi
+    mkdir -p "$root"
+    cp "$REAL"/*.safetensors "$root"/
+    cp -r "$REAL"/SafeTensors.jl__sharded "$root"/
+    chmod -R u+w "$root"
+    for f in "$root"/*.safetensors; do
+        "$SLUICE" manifest "$f" -q -o "$f.manifest.json" || exit 1
+    done
+    "$SLUICE" manifest "$root/SafeTensors.jl__sharded" -q \
+        -o "$root/SafeTensors.jl__sharded/sluice.manifest.json" || exit 1
+    "$SLUICE" synth tiny "$root/synth-sharded" --shards 3 >/dev/null 2>&1 || exit 1
+}
+
+# A model of a few large U8 tensors (flow control needs more than the
+# HTTP/2 windows), with its manifest.
+make_big() {
+    local dir=$1
+    shift
+    mkdir -p "$dir"
+    python3 "$SRC/tests/serve/mkmodel.py" "$dir/model.safetensors" "$@" || exit 1
+    "$SLUICE" manifest "$dir/model.safetensors" -q -o "$dir/model.safetensors.manifest.json" || exit 1
+    # Served as a directory, the sidecar is sluice.manifest.json.
+    cp "$dir/model.safetensors.manifest.json" "$dir/sluice.manifest.json"
+}
+
+models_of() { ls "$1" | grep -v '\.manifest\.json$'; }
+
+case_fetch() {
+    make_root "$T/root"
+    start_server fetch "$T/root"
+    local n
+    n=$(timeout 30 "$CLIENT" "$ADDR" list | wc -l)
+    [ "$n" -eq "$(models_of "$T/root" | wc -l)" ] && ok "ListModels lists $n models" ||
+        bad "ListModels lists $n models"
+    for m in $(models_of "$T/root"); do
+        expect 0 "$m: every tensor by GetTensor, three ranges each, equal to the local bytes and digests" \
+            "$ADDR" fetch "$m" --ranges --compare "$T/root/$m" -q
+        expect 0 "$m: every tensor by StreamTensors (64 KiB chunks) equal to the local bytes" \
+            "$ADDR" fetch "$m" --stream --chunk 65536 --compare "$T/root/$m" -q
+    done
+    # One model served alone (ROOT_OR_MODEL a directory with an index),
+    # through the sluice command's `serve`.
+    stop_server fetch
+    SERVE_CMD=("$SLUICE" serve)
+    start_server one "$T/root/synth-sharded"
+    SERVE_CMD=("$SERVE")
+    expect 0 "one model served alone by 'sluice serve'" "$ADDR" fetch synth-sharded --compare "$T/root/synth-sharded" -q
+    stop_server one
+}
+
+case_errors() {
+    make_root "$T/root"
+    # A symlink out of the root, and a model outside it.
+    mkdir -p "$T/outside"
+    cp "$REAL/mnist-tinygrad__model.safetensors" "$T/outside/secret.safetensors"
+    "$SLUICE" manifest "$T/outside/secret.safetensors" -q -o "$T/outside/secret.safetensors.manifest.json"
+    ln -s "$T/outside/secret.safetensors" "$T/root/escape.safetensors"
+    ln -s "$T/outside" "$T/root/escape-dir"
+    # A tampered tensor on the server's disk (its manifest made before).
+    make_big "$T/root/tampered" a:100000 b:200000 c:300000
+    python3 - "$T/root/tampered/model.safetensors" <<'EOF'
+import struct, sys
+p = sys.argv[1]
+with open(p, "r+b") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    f.seek(8 + n + 100000 + 12345)   # inside tensor b
+    x = f.read(1)
+    f.seek(-1, 1)
+    f.write(bytes([x[0] ^ 0xFF]))
+EOF
+    start_server errors "$T/root" --metrics-port 0
+    grep -q 'escape.safetensors: refused' "$T/errors.err" && ok "symlink out of the root refused at start" ||
+        bad "symlink out of the root not refused"
+    expect 105 "symlinked model out of the root: NOT_FOUND" "$ADDR" info escape.safetensors
+    expect 105 "symlinked directory out of the root: NOT_FOUND" "$ADDR" info escape-dir
+    for name in ../outside . .. /etc/passwd "synth-sharded/../synth-sharded" "a/b" ".hidden" \
+        "../$(basename "$T")/outside/secret.safetensors"; do
+        expect 103 "model name '$name': INVALID_ARGUMENT" "$ADDR" info "$name"
+    done
+    expect 105 "unknown model: NOT_FOUND" "$ADDR" info no-such-model
+    expect 105 "unknown tensor: NOT_FOUND" "$ADDR" get synth-sharded no.such.tensor
+    local m=synth-sharded t=model.embed_tokens.weight
+    local nb
+    nb=$("$CLIENT" "$ADDR" info $m | awk -F'\t' -v t=$t '$1 == t {print $4}')
+    [ -n "$nb" ] || bad "no size for $t"
+    expect 0 "range: whole by offset 0 length 0" "$ADDR" get $m $t --offset 0 --length 0 --compare "$T/root/$m"
+    expect 0 "range: last byte" "$ADDR" get $m $t --offset $((nb - 1)) --length 1 --compare "$T/root/$m"
+    expect 0 "range: empty at the end" "$ADDR" get $m $t --offset "$nb" --length 0
+    expect 0 "range: odd middle, 4 KiB chunks" "$ADDR" get $m $t --offset 777 --length 29999 --chunk 4096 --compare "$T/root/$m"
+    expect 103 "range: offset past the end: INVALID_ARGUMENT" "$ADDR" get $m $t --offset $((nb + 1)) --length 0
+    expect 103 "range: length past the end: INVALID_ARGUMENT" "$ADDR" get $m $t --offset 1 --length "$nb"
+    expect 103 "range: length overflowing: INVALID_ARGUMENT" "$ADDR" get $m $t --offset 8 --length 18446744073709551615
+    expect 103 "chunk_bytes 100: INVALID_ARGUMENT" "$ADDR" get $m $t --chunk 100
+    expect 103 "chunk_bytes 8 MiB: INVALID_ARGUMENT" "$ADDR" get $m $t --chunk 8388608
+    expect 115 "tampered tensor on the server's disk: DATA_LOSS" "$ADDR" get tampered b
+    grep -q 'DATA_LOSS: .*b' "$T/client.err" && ok "DATA_LOSS carries the library's message" ||
+        bad "DATA_LOSS message: $(cat "$T/client.err")"
+    expect 0 "untampered tensors of that model still served" "$ADDR" get tampered c
+    expect 115 "StreamTensors over the tampered tensor: DATA_LOSS" "$ADDR" fetch tampered --stream
+    # /metrics: the library's families of every model and the server's own.
+    local mport
+    mport=$(sed -n 's/^metrics on 127.0.0.1:\([0-9]*\)$/\1/p' "$T/errors.out")
+    if timeout 20 curl -sf "http://127.0.0.1:$mport/metrics" >"$T/metrics.txt"; then
+        local want
+        for want in 'sluice_serve_calls_total{method="GetTensor",code="NOT_FOUND"} [1-9]' \
+            'sluice_serve_calls_total{method="GetTensor",code="DATA_LOSS"} [1-9]' \
+            'sluice_serve_calls_total{method="GetModel",code="INVALID_ARGUMENT"} [1-9]' \
+            'sluice_serve_call_duration_seconds_bucket{method="GetTensor",le="+Inf"} [1-9]' \
+            'sluice_serve_bytes_sent_total [1-9]' 'sluice_serve_active_streams 0' \
+            'sluice_serve_refused_total{reason="name"} [1-9]' \
+            'sluice_checksum_failures_total{model="tampered"} [1-9]' \
+            'sluice_bytes_delivered_total{model="synth-sharded"} [1-9]'; do
+            grep -q "^$want" "$T/metrics.txt" && ok "/metrics: $want" || bad "/metrics lacks $want"
+        done
+        if command -v promtool >/dev/null; then
+            promtool check metrics <"$T/metrics.txt" >"$T/promtool.out" 2>&1 &&
+                ok "/metrics passes promtool check metrics" ||
+                { bad "promtool: $(head -5 "$T/promtool.out")"; }
+        fi
+    else
+        bad "/metrics not served on port $mport"
+    fi
+    stop_server errors
+
+    # The server-side fault hook: a sent chunk corrupted; the client's
+    # end-to-end check must catch it.
+    SLUICE_SERVE_TEST_CORRUPT_CHUNK=model.norm.weight start_server fault "$T/root/synth-sharded"
+    expect 1 "corrupted chunk in flight: the client's digest check fails" "$ADDR" get synth-sharded model.norm.weight
+    grep -q 'MISMATCH model.norm.weight: sha256' "$T/client.err" && ok "mismatch reported against the manifest digest" ||
+        bad "mismatch message: $(cat "$T/client.err")"
+    expect 1 "corrupted chunk in StreamTensors: the client's check fails" "$ADDR" fetch synth-sharded --stream -q
+    stop_server fault
+}
+
+case_security() {
+    make_root "$T/root"
+    local m=synth-sharded
+    # Token.
+    printf 's3cret-token\n' >"$T/token"
+    printf 'wrong-token\n' >"$T/wrong"
+    start_server token "$T/root/$m" --token-file "$T/token"
+    expect 116 "no token: UNAUTHENTICATED" "$ADDR" list
+    expect 116 "wrong token: UNAUTHENTICATED" "$ADDR" list --token "$T/wrong"
+    expect 116 "GetTensor without the token: UNAUTHENTICATED" "$ADDR" get $m model.norm.weight --token "$T/wrong"
+    expect 0 "with the token: served and verified" "$ADDR" fetch $m --token "$T/token" -q
+    grep -q 'refused .*no valid token' "$T/token.err" && ok "refusal logged" || bad "refusal not logged"
+    stop_server token
+
+    # Oversized request messages.
+    start_server size "$T/root/$m" --max-request-bytes 4096
+    expect 108 "request over --max-request-bytes: RESOURCE_EXHAUSTED" "$ADDR" get $m "$(head -c 8000 /dev/zero | tr '\0' x)"
+    expect 0 "a request under it still served" "$ADDR" get $m model.norm.weight
+    stop_server size
+
+    # TLS and mutual TLS, with a CA made here.
+    local d=$T/pki
+    mkdir -p "$d"
+    (
+        cd "$d" || exit 1
+        set -e
+        openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 2 -subj /CN=test-ca 2>/dev/null
+        openssl req -x509 -newkey rsa:2048 -nodes -keyout other-ca.key -out other-ca.pem -days 2 -subj /CN=other-ca 2>/dev/null
+        printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' >san.ext
+        openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr -subj /CN=localhost 2>/dev/null
+        openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 2 -extfile san.ext 2>/dev/null
+        openssl req -newkey rsa:2048 -nodes -keyout client.key -out client.csr -subj /CN=client 2>/dev/null
+        openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out client.pem -days 2 2>/dev/null
+        openssl req -newkey rsa:2048 -nodes -keyout rogue.key -out rogue.csr -subj /CN=rogue 2>/dev/null
+        openssl x509 -req -in rogue.csr -CA other-ca.pem -CAkey other-ca.key -CAcreateserial -out rogue.pem -days 2 2>/dev/null
+    ) || { bad "openssl could not make the test CA"; return; }
+    start_server tls "$T/root/$m" --tls-cert "$d/server.pem" --tls-key "$d/server.key"
+    expect 0 "TLS: verified fetch" "$ADDR" fetch $m --ca "$d/ca.pem" --server-name localhost -q
+    expect 114 "TLS server, plaintext client: UNAVAILABLE" "$ADDR" list
+    expect 114 "TLS: a server certificate from another CA is refused" "$ADDR" list --ca "$d/other-ca.pem" --server-name localhost
+    stop_server tls
+    start_server mtls "$T/root/$m" --tls-cert "$d/server.pem" --tls-key "$d/server.key" --client-ca "$d/ca.pem"
+    expect 0 "mTLS: client certificate from the CA: served" "$ADDR" fetch $m --ca "$d/ca.pem" --server-name localhost \
+        --cert "$d/client.pem" --key "$d/client.key" -q
+    expect 114 "mTLS: no client certificate: refused" "$ADDR" list --ca "$d/ca.pem" --server-name localhost
+    expect 114 "mTLS: client certificate from another CA: refused" "$ADDR" list --ca "$d/ca.pem" --server-name localhost \
+        --cert "$d/rogue.pem" --key "$d/rogue.key"
+    stop_server mtls
+}
+
+case_shutdown() {
+    make_big "$T/big" w0:33554432 w1:33554432 w2:33554432 w3:33554432
+    # Per-client limit: two streams held open by stalled readers, the third refused.
+    start_server limit "$T/big/model.safetensors" --max-streams-per-client 2 --stall-timeout 10
+    local p1 p2
+    timeout 60 "$CLIENT" "$ADDR" fetch model.safetensors --stream --stall 60 -q >/dev/null 2>"$T/s1.err" &
+    p1=$!
+    timeout 60 "$CLIENT" "$ADDR" fetch model.safetensors --stream --stall 60 -q >/dev/null 2>"$T/s2.err" &
+    p2=$!
+    # Both streams open (each has its first chunk), at most 30 s.
+    local i
+    for i in $(seq 300); do
+        grep -q stalling "$T/s1.err" && grep -q stalling "$T/s2.err" && break
+        sleep 0.1
+    done
+    expect 108 "third concurrent call from one client: RESOURCE_EXHAUSTED" "$ADDR" get model.safetensors w0
+    kill $p1 $p2 2>/dev/null
+    wait $p1 $p2 2>/dev/null
+    expect 0 "after they end, calls are served again" "$ADDR" get model.safetensors w3
+    # A reader stalled past --stall-timeout is cancelled by the server.
+    timeout 60 "$CLIENT" "$ADDR" fetch model.safetensors --stream --stall 30 -q >/dev/null 2>"$T/stalled.err" &
+    p1=$!
+    for i in $(seq 250); do
+        grep -q 'stalled' "$T/limit.err" && break
+        sleep 0.1
+    done
+    grep -q 'stalled' "$T/limit.err" && ok "stalled reader cancelled by the server after --stall-timeout" ||
+        bad "stalled reader not cancelled"
+    kill "$p1" 2>/dev/null
+    wait "$p1" 2>/dev/null
+    stop_server limit
+
+    # SIGTERM during 8 active streams: each finishes or ends UNAVAILABLE; the
+    # server exits 0 within its grace.
+    start_server term "$T/big/model.safetensors" --grace 3
+    local pids=()
+    for i in 1 2 3 4 5 6 7 8; do
+        timeout 60 "$CLIENT" "$ADDR" fetch model.safetensors --stream --repeat 50 -q >/dev/null 2>"$T/term$i.err" &
+        pids+=($!)
+    done
+    sleep 3
+    local t0 ms
+    t0=$(date +%s%N)
+    term_wait 15
+    local rc=$RC
+    ms=$((($(date +%s%N) - t0) / 1000000))
+    [ $rc -eq 0 ] && ok "SIGTERM with 8 active streams: exit 0" ||
+        { bad "SIGTERM: exit $rc"; tail -20 "$T/term.err"; }
+    # Within the grace (3 s), with 2 s of slack for a loaded machine and the
+    # leak check of an ASan build at exit.
+    [ $ms -le 5000 ] && ok "exited ${ms} ms after SIGTERM (grace 3 s)" ||
+        bad "exited ${ms} ms after SIGTERM, grace 3 s"
+    local others=0
+    for p in "${pids[@]}"; do
+        wait "$p"
+        rc=$?
+        [ $rc -eq 0 ] || [ $rc -eq 114 ] || others=$((others + 1))
+    done
+    [ $others -eq 0 ] && ok "the 8 streams finished or ended UNAVAILABLE" ||
+        { bad "$others streams ended otherwise"; cat "$T"/term*.err | sort | uniq -c | head; }
+    expect 114 "after shutdown: UNAVAILABLE" "$ADDR" list
+}
+
+# rss_kib PID: the resident size; hwm_kib PID: its peak (VmHWM).
+rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status" 2>/dev/null; }
+hwm_kib() { awk '/^VmHWM:/ {print $2}' "/proc/$1/status" 2>/dev/null; }
+
+case_load() {
+    local nclients=${SLUICE_SERVE_LOAD_CLIENTS:-16}
+    # 8 x 8 MiB tensors and a 1 MiB one: 65 MiB; the model's pool is capped
+    # at its size (+1/16 + 1 MiB).
+    make_big "$T/big" w0:8388608 w1:8388608 w2:8388608 w3:8388608 w4:8388608 \
+        w5:8388608 w6:8388608 w7:8388608 small:1048576
+    local model_bytes=$((8 * 8388608 + 1048576))
+    local pool=$((model_bytes + model_bytes / 16 + 1048576))
+    local limit_kib=$(((pool + 128 * 1048576) / 1024))
+    # An AddressSanitizer build: its quarantine of freed blocks kept small,
+    # its shadow and allocator add to the resident size: 128 MiB more.
+    if nm -D "$SERVE" 2>/dev/null | grep -q __asan_init || ldd "$SERVE" | grep -q libasan; then
+        export ASAN_OPTIONS="${ASAN_OPTIONS:-}:quarantine_size_mb=16"
+        limit_kib=$((limit_kib + 131072))
+        echo "# AddressSanitizer build: RSS limit raised by 128 MiB"
+    fi
+    start_server load "$T/big/model.safetensors" --stall-timeout 60 --max-streams-per-client 64
+    local m=model.safetensors
+    # A stalled reader and one that cancels, started first.
+    timeout 120 "$CLIENT" "$ADDR" fetch $m --stream --stall 100 -q >/dev/null 2>&1 &
+    local stalled=$!
+    PIDS+=("$stalled")
+    timeout 60 "$CLIENT" "$ADDR" fetch $m --stream --cancel -q >/dev/null 2>"$T/cancel.err" &
+    local canceller=$!
+    # One killed mid-stream (SIGKILL): its call must leave nothing behind.
+    timeout 60 "$CLIENT" "$ADDR" fetch $m --stream --repeat 100 -q >/dev/null 2>&1 &
+    local victim=$!
+    PIDS+=("$victim")
+    sleep 1
+    kill -KILL "$victim" 2>/dev/null
+    wait "$victim" 2>/dev/null
+    local i pids=() t0=$SECONDS maxrss=0 r
+    for i in $(seq "$nclients"); do
+        timeout 240 "$CLIENT" "$ADDR" fetch $m --stream -q >/dev/null 2>"$T/load$i.err" &
+        pids+=($!)
+        PIDS+=($!)
+    done
+    # The server's resident size, sampled while they run.
+    while :; do
+        local running=0
+        for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && running=$((running + 1)); done
+        r=$(rss_kib "$SPID")
+        [ -n "$r" ] && [ "$r" -gt "$maxrss" ] && maxrss=$r
+        [ $running -eq 0 ] && break
+        [ $((SECONDS - t0)) -gt 240 ] && break
+        sleep 0.2
+    done
+    local failed=0
+    for p in "${pids[@]}"; do
+        wait "$p" || failed=$((failed + 1))
+    done
+    local took=$((SECONDS - t0))
+    [ $failed -eq 0 ] && ok "$nclients concurrent clients streamed and verified the whole model in ${took} s, beside a stalled and a cancelling client" ||
+        { bad "$failed of $nclients clients failed"; cat "$T"/load*.err | sort | uniq -c | head; }
+    kill -0 "$stalled" 2>/dev/null && ok "the stalled client was still stalled meanwhile" ||
+        bad "the stalled client ended early"
+    wait "$canceller"
+    [ $? -eq 101 ] && ok "the cancelling client ended CANCELLED" || bad "cancelling client: $(cat "$T/cancel.err")"
+    local hwm
+    hwm=$(hwm_kib "$SPID")
+    echo "# server RSS: sampled max ${maxrss} KiB, peak (VmHWM) ${hwm} KiB; limit ${limit_kib} KiB (pool $((pool / 1024)) KiB + 128 MiB)"
+    [ "$hwm" -le "$limit_kib" ] && ok "server peak RSS ${hwm} KiB <= pool + 128 MiB" ||
+        bad "server peak RSS ${hwm} KiB > ${limit_kib} KiB"
+    kill -KILL "$stalled" 2>/dev/null
+    wait "$stalled" 2>/dev/null
+    # Served still, and its exit (with the leak check of an ASan build) clean.
+    expect 0 "served after the load" "$ADDR" get $m small
+    stop_server load
+}
+
+"case_$CASE"
+echo "$PASSES passed, $FAILS failed"
+[ $FAILS -eq 0 ]

@@ -1,0 +1,1234 @@
+// serve.cc: `sluice serve` (the sluice-serve program): the gRPC tensor
+// service of proto/sluice/v1/tensor_service.proto over the library's public
+// API. C++17 with grpc++'s synchronous API: one thread per active call
+// (bounded by --max-threads), flow control by blocking writes (a client
+// that stops reading blocks its own call's thread only, and holds at most
+// its handle, one message and the HTTP/2 window), memory by the library's
+// pool (each model's --pool). One translation unit on purpose: grpc++'s
+// headers are slow to compile.
+#include "tensor_service.grpc.pb.h"
+
+#include <sluice.h>
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#ifdef SLUICE_SERVE_HAVE_MHD
+#include <microhttpd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#endif
+#include <dirent.h>
+#include <pthread.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+extern "C" int __lsan_do_recoverable_leak_check(void) __attribute__((weak));
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using grpc::ServerContext;
+using grpc::ServerWriter;
+using grpc::Status;
+using grpc::StatusCode;
+namespace pb = sluice::v1;
+
+// ------------------------------------------------------------ options
+struct Config {
+    std::string path;
+    std::string listen = "127.0.0.1:7070";
+    uint64_t pool_bytes = 1ull << 30;
+    int metrics_port = -1;
+    std::string tls_cert, tls_key, client_ca, token_file;
+    unsigned max_streams_per_client = 16;
+    unsigned max_streams = 256;
+    unsigned max_threads = 300;
+    uint64_t max_request_bytes = 1 << 20;
+    double stall_timeout_s = 30;
+    double pool_wait_s = 10;
+    double grace_s = 10;
+    bool allow_unverified = false;
+    bool force_root = false;
+    bool quiet = false;
+};
+
+const char usage_text[] =
+    "usage: sluice serve ROOT_OR_MODEL [--listen ADDR:PORT] [--pool SIZE]\n"
+    "                    [--metrics-port N] [--tls-cert PEM --tls-key PEM]\n"
+    "                    [--client-ca PEM] [--token-file FILE] [...]\n"
+    "\n"
+    "Serves the tensors of one model (a .safetensors file, a directory with a\n"
+    "*.safetensors.index.json) or of every model under a root directory (each\n"
+    "*.safetensors file and each subdirectory is a model, named by its entry)\n"
+    "over gRPC (proto/sluice/v1/tensor_service.proto) and grpc.health.v1.\n"
+    "Every model needs a manifest (sluice manifest) unless --allow-unverified.\n"
+    "\n"
+    "  --listen ADDR:PORT     default 127.0.0.1:7070; port 0 picks a free one;\n"
+    "                         the bound address is printed: 'listening on A:P'\n"
+    "  --pool SIZE            each model's pool budget (K/M/G suffixes), capped\n"
+    "                         at the model's size; default 1G\n"
+    "  --metrics-port N       /metrics over HTTP on 127.0.0.1:N (0: any free port)\n"
+    "  --tls-cert F --tls-key F  TLS; --client-ca F: require client certificates\n"
+    "                         signed by that CA (mutual TLS)\n"
+    "  --token-file F         every call needs 'authorization: Bearer TOKEN'\n"
+    "  --max-streams-per-client N  concurrent calls per client address (16)\n"
+    "  --max-streams N        concurrent calls in all (256)\n"
+    "  --max-request-bytes N  largest request message (1 MiB)\n"
+    "  --stall-timeout S      cancel a call whose client has not taken a chunk\n"
+    "                         for S seconds (30)\n"
+    "  --pool-wait S          wait at most S seconds for pool room (10)\n"
+    "  --grace S              on SIGTERM/SIGINT, let calls finish for S seconds (10)\n"
+    "  --root                 ROOT_OR_MODEL is a root even if it looks like a model\n"
+    "  --allow-unverified     serve models without a manifest (no digests)\n"
+    "  -q                     no per-refusal log lines\n";
+
+bool parse_size(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (end == s || errno)
+        return false;
+    uint64_t mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1ull << 10; end++; break;
+    case 'm': case 'M': mul = 1ull << 20; end++; break;
+    case 'g': case 'G': mul = 1ull << 30; end++; break;
+    default: break;
+    }
+    if (*end == 'i' || *end == 'B')
+        end++;
+    if (*end == 'B')
+        end++;
+    if (*end || v > UINT64_MAX / mul)
+        return false;
+    *out = v * mul;
+    return true;
+}
+
+bool parse_args(int argc, char **argv, Config *c)
+{
+    for (int i = 1; i < argc; i++) {
+        std::string a = argv[i];
+        auto next = [&](const char **v) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "sluice serve: %s needs a value\n", a.c_str());
+                return false;
+            }
+            *v = argv[++i];
+            return true;
+        };
+        const char *v = nullptr;
+        uint64_t n = 0;
+        if (a == "-h" || a == "--help") {
+            fputs(usage_text, stdout);
+            exit(0);
+        } else if (a == "--listen") {
+            if (!next(&v)) return false;
+            c->listen = v;
+        } else if (a == "--pool") {
+            if (!next(&v) || !parse_size(v, &c->pool_bytes) || c->pool_bytes < 4096) {
+                fprintf(stderr, "sluice serve: bad --pool\n");
+                return false;
+            }
+        } else if (a == "--metrics-port") {
+            if (!next(&v) || !parse_size(v, &n) || n > 65535) {
+                fprintf(stderr, "sluice serve: bad --metrics-port\n");
+                return false;
+            }
+            c->metrics_port = (int)n;
+        } else if (a == "--tls-cert") {
+            if (!next(&v)) return false;
+            c->tls_cert = v;
+        } else if (a == "--tls-key") {
+            if (!next(&v)) return false;
+            c->tls_key = v;
+        } else if (a == "--client-ca") {
+            if (!next(&v)) return false;
+            c->client_ca = v;
+        } else if (a == "--token-file") {
+            if (!next(&v)) return false;
+            c->token_file = v;
+        } else if (a == "--max-streams-per-client" || a == "--max-streams" ||
+                   a == "--max-threads" || a == "--max-request-bytes") {
+            if (!next(&v) || !parse_size(v, &n) || n == 0 || n > INT_MAX) {
+                fprintf(stderr, "sluice serve: bad %s\n", a.c_str());
+                return false;
+            }
+            if (a == "--max-streams-per-client") c->max_streams_per_client = (unsigned)n;
+            else if (a == "--max-streams") c->max_streams = (unsigned)n;
+            else if (a == "--max-threads") c->max_threads = (unsigned)n;
+            else c->max_request_bytes = n;
+        } else if (a == "--stall-timeout" || a == "--pool-wait" || a == "--grace") {
+            if (!next(&v)) return false;
+            char *end;
+            double d = strtod(v, &end);
+            if (end == v || *end || !(d > 0) || d > 86400) {
+                fprintf(stderr, "sluice serve: bad %s\n", a.c_str());
+                return false;
+            }
+            if (a == "--stall-timeout") c->stall_timeout_s = d;
+            else if (a == "--pool-wait") c->pool_wait_s = d;
+            else c->grace_s = d;
+        } else if (a == "--root") {
+            c->force_root = true;
+        } else if (a == "--allow-unverified") {
+            c->allow_unverified = true;
+        } else if (a == "-q" || a == "--quiet") {
+            c->quiet = true;
+        } else if (!a.empty() && a[0] == '-') {
+            fprintf(stderr, "sluice serve: unknown option %s\n", a.c_str());
+            return false;
+        } else if (c->path.empty()) {
+            c->path = a;
+        } else {
+            fprintf(stderr, "sluice serve: one ROOT_OR_MODEL only\n");
+            return false;
+        }
+    }
+    if (c->path.empty()) {
+        fputs(usage_text, stderr);
+        return false;
+    }
+    if (c->tls_cert.empty() != c->tls_key.empty()) {
+        fprintf(stderr, "sluice serve: --tls-cert and --tls-key go together\n");
+        return false;
+    }
+    if (!c->client_ca.empty() && c->tls_cert.empty()) {
+        fprintf(stderr, "sluice serve: --client-ca needs --tls-cert and --tls-key\n");
+        return false;
+    }
+    return true;
+}
+
+bool read_file(const std::string &path, std::string *out)
+{
+    std::ifstream f(path, std::ios::binary);
+    if (!f)
+        return false;
+    std::ostringstream ss;
+    ss << f.rdbuf();
+    *out = ss.str();
+    return !f.bad();
+}
+
+// ------------------------------------------------------------ metrics
+// The server's own counters, rendered after the models' exposition on
+// /metrics (see metrics_text below).
+enum Rpc { RPC_LIST, RPC_MODEL, RPC_TENSOR, RPC_STREAM, RPC_COUNT_ };
+const char *const rpc_names[RPC_COUNT_] = {"ListModels", "GetModel", "GetTensor", "StreamTensors"};
+const double lat_buckets[] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                              0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+constexpr size_t n_lat = sizeof lat_buckets / sizeof lat_buckets[0];
+
+struct RpcStats {
+    std::atomic<uint64_t> calls{0};
+    std::atomic<uint64_t> by_code[17] = {};
+    std::atomic<uint64_t> bucket[n_lat + 1] = {};
+    std::atomic<uint64_t> sum_us{0};
+};
+
+struct Stats {
+    RpcStats rpc[RPC_COUNT_];
+    std::atomic<uint64_t> bytes_sent{0};
+    std::atomic<uint64_t> chunks_sent{0};
+    std::atomic<int64_t> active_streams{0};
+    std::atomic<uint64_t> refused_auth{0}, refused_limit{0}, refused_name{0},
+        refused_shutdown{0}, stalled{0};
+};
+Stats stats;
+
+void observe(Rpc r, StatusCode code, Clock::time_point start)
+{
+    double s = std::chrono::duration<double>(Clock::now() - start).count();
+    RpcStats &st = stats.rpc[r];
+    st.calls++;
+    unsigned c = (unsigned)code;
+    st.by_code[c < 17 ? c : 2]++;
+    size_t b = 0;
+    while (b < n_lat && s > lat_buckets[b])
+        b++;
+    st.bucket[b]++;
+    st.sum_us += (uint64_t)(s * 1e6);
+}
+
+const char *const code_names[17] = {
+    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+    "UNAUTHENTICATED"};
+
+std::string metrics_text()
+{
+    std::ostringstream o;
+    o << "# HELP sluice_serve_calls_total gRPC calls ended, by method and status code.\n"
+         "# TYPE sluice_serve_calls_total counter\n";
+    for (int r = 0; r < RPC_COUNT_; r++)
+        for (int c = 0; c < 17; c++) {
+            uint64_t v = stats.rpc[r].by_code[c].load();
+            if (v || c == 0)
+                o << "sluice_serve_calls_total{method=\"" << rpc_names[r] << "\",code=\""
+                  << code_names[c] << "\"} " << v << "\n";
+        }
+    o << "# HELP sluice_serve_call_duration_seconds gRPC call duration, by method.\n"
+         "# TYPE sluice_serve_call_duration_seconds histogram\n";
+    for (int r = 0; r < RPC_COUNT_; r++) {
+        uint64_t cum = 0;
+        for (size_t b = 0; b <= n_lat; b++) {
+            cum += stats.rpc[r].bucket[b].load();
+            o << "sluice_serve_call_duration_seconds_bucket{method=\"" << rpc_names[r]
+              << "\",le=\"";
+            if (b < n_lat)
+                o << lat_buckets[b];
+            else
+                o << "+Inf";
+            o << "\"} " << cum << "\n";
+        }
+        o << "sluice_serve_call_duration_seconds_sum{method=\"" << rpc_names[r] << "\"} "
+          << stats.rpc[r].sum_us.load() / 1e6 << "\n";
+        o << "sluice_serve_call_duration_seconds_count{method=\"" << rpc_names[r] << "\"} "
+          << cum << "\n";
+    }
+    o << "# HELP sluice_serve_bytes_sent_total Tensor bytes sent in chunks.\n"
+         "# TYPE sluice_serve_bytes_sent_total counter\n"
+         "sluice_serve_bytes_sent_total "
+      << stats.bytes_sent.load()
+      << "\n# HELP sluice_serve_chunks_sent_total Chunks sent.\n"
+         "# TYPE sluice_serve_chunks_sent_total counter\n"
+         "sluice_serve_chunks_sent_total "
+      << stats.chunks_sent.load()
+      << "\n# HELP sluice_serve_active_streams Calls in progress.\n"
+         "# TYPE sluice_serve_active_streams gauge\n"
+         "sluice_serve_active_streams "
+      << stats.active_streams.load()
+      << "\n# HELP sluice_serve_refused_total Calls refused, by reason.\n"
+         "# TYPE sluice_serve_refused_total counter\n"
+      << "sluice_serve_refused_total{reason=\"auth\"} " << stats.refused_auth.load() << "\n"
+      << "sluice_serve_refused_total{reason=\"limit\"} " << stats.refused_limit.load() << "\n"
+      << "sluice_serve_refused_total{reason=\"name\"} " << stats.refused_name.load() << "\n"
+      << "sluice_serve_refused_total{reason=\"shutdown\"} " << stats.refused_shutdown.load()
+      << "\n"
+      << "sluice_serve_refused_total{reason=\"stalled\"} " << stats.stalled.load() << "\n";
+    return o.str();
+}
+
+// ------------------------------------------------------------ models
+struct Model {
+    std::string name;       // the entry name clients use
+    std::string path;
+    sluice_model *m = nullptr;
+    pb::ModelInfo info;     // GetModel's answer, built once
+    pb::ModelSummary summary;
+};
+
+StatusCode code_of(int rc)
+{
+    switch (rc) {
+    case SLUICE_E_NOT_FOUND: return StatusCode::NOT_FOUND;
+    case SLUICE_E_CHECKSUM:
+    case SLUICE_E_FILE_CHANGED: return StatusCode::DATA_LOSS;
+    case SLUICE_E_POOL_EXHAUSTED:
+    case SLUICE_E_TOO_LARGE:
+    case SLUICE_E_NOMEM: return StatusCode::RESOURCE_EXHAUSTED;
+    case SLUICE_E_INVAL: return StatusCode::INVALID_ARGUMENT;
+    case SLUICE_E_CANCELLED: return StatusCode::CANCELLED;
+    default: return StatusCode::INTERNAL;
+    }
+}
+
+bool ends_with(const std::string &s, const char *suf)
+{
+    size_t n = strlen(suf);
+    return s.size() >= n && s.compare(s.size() - n, n, suf) == 0;
+}
+
+// Whether a directory is one model (holds an index or safetensors files and
+// no subdirectory that is a model of its own): the rule is simply "holds a
+// *.safetensors.index.json, or holds *.safetensors files and no directory".
+bool dir_is_model(const std::string &dir)
+{
+    DIR *d = opendir(dir.c_str());
+    if (!d)
+        return false;
+    bool index = false, files = false, subdirs = false;
+    while (struct dirent *e = readdir(d)) {
+        std::string n = e->d_name;
+        if (n == "." || n == "..")
+            continue;
+        if (ends_with(n, ".safetensors.index.json"))
+            index = true;
+        else if (ends_with(n, ".safetensors"))
+            files = true;
+        struct stat st;
+        if (stat((dir + "/" + n).c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+            subdirs = true;
+    }
+    closedir(d);
+    return index || (files && !subdirs);
+}
+
+// The model names a request may give: a plain entry of the root. Anything
+// with a '/', a NUL, "." or "..", a leading '.', or empty is refused before
+// any lookup (and the lookup is in the set found at start, so a name never
+// reaches the file system).
+bool valid_model_name(const std::string &n)
+{
+    if (n.empty() || n.size() > 4096 || n[0] == '.')
+        return false;
+    for (char ch : n)
+        if (ch == '/' || ch == '\0' || ch == '\\')
+            return false;
+    return true;
+}
+
+std::string base_name(const char *p)
+{
+    const char *s = strrchr(p, '/');
+    return s ? s + 1 : p;
+}
+
+int open_model(const Config &cfg, const std::string &name, const std::string &path, Model *out)
+{
+    // First a header-only open to size the pool: no bigger than the model.
+    sluice_options o;
+    sluice_options_init(&o);
+    o.verify = SLUICE_VERIFY_OFF;
+    o.pool_bytes = 1 << 20;
+    sluice_model *probe = nullptr;
+    int rc = sluice_open(path.c_str(), &o, &probe);
+    if (rc != SLUICE_OK) {
+        fprintf(stderr, "sluice serve: %s: %s\n", path.c_str(), sluice_errmsg(probe));
+        sluice_close(probe);
+        return rc;
+    }
+    uint64_t total = 0, largest = 0;
+    for (size_t i = 0; i < sluice_count(probe); i++) {
+        struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+        sluice_info(probe, i, &ti);
+        total += ti.nbytes;
+        largest = std::max(largest, ti.nbytes);
+    }
+    sluice_close(probe);
+
+    sluice_options_init(&o);
+    o.flags = SLUICE_F_HASH_ALL;
+    uint64_t want = total + (total >> 4) + (1 << 20);
+    o.pool_bytes = std::min(cfg.pool_bytes, want);
+    o.pool_bytes = std::max<uint64_t>(o.pool_bytes, 1 << 20);
+    o.verify = cfg.allow_unverified ? SLUICE_VERIFY_DEFAULT : SLUICE_VERIFY_REQUIRE;
+    o.metrics_label = name.c_str();
+    sluice_model *m = nullptr;
+    rc = sluice_open(path.c_str(), &o, &m);
+    if (rc != SLUICE_OK) {
+        fprintf(stderr, "sluice serve: %s: %s\n", path.c_str(), sluice_errmsg(m));
+        sluice_close(m);
+        return rc;
+    }
+    (void)largest;
+    out->name = name;
+    out->path = path;
+    out->m = m;
+    pb::ModelInfo &mi = out->info;
+    mi.set_name(name);
+    sluice_verify_policy pol = sluice_verify_mode(m);
+    mi.set_verify_policy(pol == SLUICE_VERIFY_REQUIRE     ? "require"
+                         : pol == SLUICE_VERIFY_IF_PRESENT ? "if_present"
+                                                           : "off");
+    if (const char *mp = sluice_manifest_path(m)) {
+        std::string text;
+        if (read_file(mp, &text))
+            mi.set_manifest(text);
+    }
+    for (size_t f = 0; f < sluice_file_count(m); f++) {
+        struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
+        sluice_file_info(m, f, &fi);
+        pb::FileInfo *pf = mi.add_files();
+        pf->set_name(base_name(fi.path));
+        pf->set_size(fi.file_size);
+        pf->set_header_bytes(fi.header_bytes);
+        pf->set_tensor_count(fi.tensor_count);
+        pf->set_metadata_null(fi.metadata_kind == SLUICE_METADATA_NULL);
+        for (size_t k = 0; k < fi.metadata_count; k++)
+            (*pf->mutable_metadata())[std::string(fi.metadata[k].key, fi.metadata[k].key_len)] =
+                std::string(fi.metadata[k].value, fi.metadata[k].value_len);
+        uint8_t d[32];
+        if (sluice_manifest_file(m, f, d, nullptr) == SLUICE_OK)
+            pf->set_sha256(d, 32);
+    }
+    bool all = true;
+    for (size_t i = 0; i < sluice_count(m); i++) {
+        struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+        sluice_info(m, i, &ti);
+        pb::TensorInfo *pt = mi.add_tensors();
+        pt->set_name(std::string(ti.name, ti.name_len));
+        pt->set_dtype(sluice_dtype_name(ti.dtype));
+        for (uint32_t k = 0; k < ti.ndim; k++)
+            pt->add_shape(ti.shape[k]);
+        pt->set_nbytes(ti.nbytes);
+        pt->set_file_index((uint32_t)ti.file_index);
+        pt->set_index(i);
+        uint8_t d[32];
+        if (sluice_manifest_tensor(m, i, d) == SLUICE_OK)
+            pt->set_sha256(d, 32);
+        else
+            all = false;
+    }
+    mi.set_total_bytes(total);
+    out->summary.set_name(name);
+    out->summary.set_tensor_count(sluice_count(m));
+    out->summary.set_total_bytes(total);
+    out->summary.set_verified(all && pol != SLUICE_VERIFY_OFF);
+    return SLUICE_OK;
+}
+
+// ------------------------------------------------------------ call tracking
+// Every call in progress: its context (for the stall watchdog and for
+// shutdown) and when its current write began (0: not writing).
+struct Track {
+    ServerContext *ctx;
+    std::string client;
+    std::atomic<int64_t> write_since_ns{0};
+};
+
+class Server final : public pb::TensorService::Service {
+public:
+    Server(const Config &cfg, std::map<std::string, std::unique_ptr<Model>> &models)
+        : cfg_(cfg), models_(models) {}
+
+    std::atomic<bool> draining{false};
+    std::atomic<int64_t> drain_deadline_ns{0};
+    std::string token;  // empty: none required
+    std::string fault_corrupt;  // test hook: tensor whose first sent chunk is corrupted
+
+    void watchdog_loop(std::atomic<bool> *stop)
+    {
+        while (!stop->load()) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+            int64_t now = now_ns();
+            int64_t limit = (int64_t)(cfg_.stall_timeout_s * 1e9);
+            std::lock_guard<std::mutex> g(mu_);
+            for (Track *t : tracks_) {
+                int64_t since = t->write_since_ns.load();
+                if (since && now - since > limit) {
+                    t->write_since_ns = 0;
+                    stats.stalled++;
+                    log_refusal(t->client, "stalled: no chunk taken for --stall-timeout, cancelled");
+                    t->ctx->TryCancel();
+                }
+            }
+        }
+    }
+
+    void cancel_all()
+    {
+        std::lock_guard<std::mutex> g(mu_);
+        for (Track *t : tracks_)
+            t->ctx->TryCancel();
+    }
+
+    Status ListModels(ServerContext *ctx, const pb::ListModelsRequest *,
+                      pb::ListModelsResponse *resp) override
+    {
+        auto start = Clock::now();
+        Admit a(this, ctx);
+        Status st = a.status;
+        if (st.ok())
+            for (auto &kv : models_)
+                *resp->add_models() = kv.second->summary;
+        observe(RPC_LIST, st.error_code(), start);
+        return st;
+    }
+
+    Status GetModel(ServerContext *ctx, const pb::GetModelRequest *req,
+                    pb::ModelInfo *resp) override
+    {
+        auto start = Clock::now();
+        Admit a(this, ctx);
+        Status st = a.status;
+        Model *m = nullptr;
+        if (st.ok())
+            st = find_model(ctx, req->model(), &m);
+        if (st.ok())
+            *resp = m->info;
+        observe(RPC_MODEL, st.error_code(), start);
+        return st;
+    }
+
+    Status GetTensor(ServerContext *ctx, const pb::GetTensorRequest *req,
+                     ServerWriter<pb::TensorChunk> *w) override
+    {
+        auto start = Clock::now();
+        Status st = get_tensor(ctx, req, w);
+        observe(RPC_TENSOR, st.error_code(), start);
+        return st;
+    }
+
+    Status StreamTensors(ServerContext *ctx, const pb::StreamTensorsRequest *req,
+                         ServerWriter<pb::TensorChunk> *w) override
+    {
+        auto start = Clock::now();
+        Status st = stream_tensors(ctx, req, w);
+        observe(RPC_STREAM, st.error_code(), start);
+        return st;
+    }
+
+private:
+    const Config &cfg_;
+    std::map<std::string, std::unique_ptr<Model>> &models_;
+    std::mutex mu_;
+    std::list<Track *> tracks_;
+    std::map<std::string, unsigned> per_client_;
+    unsigned active_ = 0;
+
+    static int64_t now_ns()
+    {
+        return std::chrono::duration_cast<std::chrono::nanoseconds>(
+                   Clock::now().time_since_epoch())
+            .count();
+    }
+
+    void log_refusal(const std::string &client, const std::string &why)
+    {
+        if (!cfg_.quiet)
+            fprintf(stderr, "sluice serve: refused %s: %s\n", client.c_str(), why.c_str());
+    }
+
+    // The client's address without its port: "ipv4:127.0.0.1:5555" -> "ipv4:127.0.0.1".
+    static std::string client_key(const std::string &peer)
+    {
+        size_t colon = peer.rfind(':');
+        size_t first = peer.find(':');
+        if (colon != std::string::npos && colon != first)
+            return peer.substr(0, colon);
+        return peer;
+    }
+
+    bool token_ok(ServerContext *ctx)
+    {
+        if (token.empty())
+            return true;
+        const auto &md = ctx->client_metadata();
+        auto it = md.find("authorization");
+        if (it == md.end())
+            return false;
+        std::string got(it->second.data(), it->second.size());
+        std::string want = "Bearer " + token;
+        return got.size() == want.size() && CRYPTO_memcmp(got.data(), want.data(), want.size()) == 0;
+    }
+
+    // Admission of one call: token, shutdown, limits; tracked until its end.
+    struct Admit {
+        Server *s;
+        Track track;
+        bool counted = false;
+        Status status;
+        Admit(Server *srv, ServerContext *ctx) : s(srv)
+        {
+            track.ctx = ctx;
+            track.client = client_key(ctx->peer());
+            if (!s->token_ok(ctx)) {
+                stats.refused_auth++;
+                s->log_refusal(track.client, "no valid token");
+                status = Status(StatusCode::UNAUTHENTICATED, "a valid token is required");
+                return;
+            }
+            if (s->draining.load()) {
+                stats.refused_shutdown++;
+                status = Status(StatusCode::UNAVAILABLE, "server shutting down");
+                return;
+            }
+            std::lock_guard<std::mutex> g(s->mu_);
+            unsigned &n = s->per_client_[track.client];
+            if (n >= s->cfg_.max_streams_per_client || s->active_ >= s->cfg_.max_streams) {
+                if (n == 0)
+                    s->per_client_.erase(track.client);
+                stats.refused_limit++;
+                s->log_refusal(track.client, "too many concurrent calls");
+                status = Status(StatusCode::RESOURCE_EXHAUSTED,
+                                n >= s->cfg_.max_streams_per_client
+                                    ? "too many concurrent calls from this client"
+                                    : "too many concurrent calls");
+                return;
+            }
+            n++;
+            s->active_++;
+            counted = true;
+            s->tracks_.push_back(&track);
+            stats.active_streams++;
+        }
+        ~Admit()
+        {
+            if (!counted)
+                return;
+            std::lock_guard<std::mutex> g(s->mu_);
+            s->tracks_.remove(&track);
+            auto it = s->per_client_.find(track.client);
+            if (it != s->per_client_.end() && --it->second == 0)
+                s->per_client_.erase(it);
+            s->active_--;
+            stats.active_streams--;
+        }
+    };
+
+    Status find_model(ServerContext *ctx, const std::string &name, Model **out)
+    {
+        if (!valid_model_name(name)) {
+            stats.refused_name++;
+            log_refusal(client_key(ctx->peer()), "bad model name");
+            return Status(StatusCode::INVALID_ARGUMENT,
+                          "bad model name: a plain entry of the server's root is expected");
+        }
+        auto it = models_.find(name);
+        if (it == models_.end())
+            return Status(StatusCode::NOT_FOUND, "no such model: " + name);
+        *out = it->second.get();
+        return Status::OK;
+    }
+
+    Status chunk_size(uint32_t asked, uint32_t *out)
+    {
+        if (asked == 0) {
+            *out = 1 << 20;
+            return Status::OK;
+        }
+        if (asked < 4096 || asked > (4u << 20))
+            return Status(StatusCode::INVALID_ARGUMENT, "chunk_bytes must be 0 or 4 KiB .. 4 MiB");
+        *out = asked;
+        return Status::OK;
+    }
+
+    // The common start of the streaming calls: admitted, a model, a chunk size.
+    Status begin_stream(ServerContext *ctx, const Admit &a, const std::string &model,
+                        uint32_t chunk_bytes, Model **m, uint32_t *chunk)
+    {
+        if (!a.status.ok())
+            return a.status;
+        Status st = find_model(ctx, model, m);
+        if (!st.ok())
+            return st;
+        return chunk_size(chunk_bytes, chunk);
+    }
+
+    bool past_drain() const
+    {
+        return draining.load() && now_ns() > drain_deadline_ns.load();
+    }
+
+    // Acquires a verified handle, waiting up to --pool-wait for pool room.
+    Status acquire(ServerContext *ctx, Model *m, size_t index, sluice_tensor **t)
+    {
+        auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(cfg_.pool_wait_s));
+        unsigned sleep_ms = 1;
+        for (;;) {
+            int rc = sluice_acquire_index(m->m, index, t);
+            if (rc == SLUICE_OK)
+                return Status::OK;
+            std::string msg = sluice_errmsg(m->m);
+            if (rc != SLUICE_E_POOL_EXHAUSTED || Clock::now() > give_up || ctx->IsCancelled())
+                return Status(code_of(rc), msg);
+            if (past_drain())
+                return Status(StatusCode::UNAVAILABLE, "server shutting down");
+            std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+            sleep_ms = std::min(sleep_ms * 2, 50u);
+        }
+    }
+
+    // Sends [off, off+len) of handle t as chunks; the last carries the digest.
+    Status send(ServerContext *ctx, ServerWriter<pb::TensorChunk> *w, Track *track,
+                sluice_tensor *t, size_t index, uint64_t off, uint64_t len, bool whole,
+                uint32_t chunk)
+    {
+        const struct sluice_tensor_info *ti = sluice_tensor_info(t);
+        const uint8_t *data = static_cast<const uint8_t *>(sluice_tensor_data(t));
+        std::string name(ti->name, ti->name_len);
+        uint8_t digest[32];
+        EVP_MD_CTX *md = nullptr;
+        if (whole) {
+            if (sluice_tensor_digest(t, digest) != SLUICE_OK)
+                return Status(StatusCode::INTERNAL, "no digest for " + name);
+        } else {
+            md = EVP_MD_CTX_new();
+            if (!md || EVP_DigestInit_ex(md, EVP_sha256(), nullptr) != 1) {
+                EVP_MD_CTX_free(md);
+                return Status(StatusCode::RESOURCE_EXHAUSTED, "out of memory");
+            }
+        }
+        bool corrupt = !fault_corrupt.empty() && fault_corrupt == name;
+        uint64_t pos = off, end = off + len;
+        Status st = Status::OK;
+        pb::TensorChunk c;
+        do {
+            uint64_t n = std::min<uint64_t>(chunk, end - pos);
+            c.Clear();
+            c.set_name(name);
+            c.set_index(index);
+            c.set_offset(pos);
+            c.set_total_bytes(len);
+            c.set_data(n ? reinterpret_cast<const char *>(data + pos) : "", n);
+            if (md)
+                EVP_DigestUpdate(md, data + pos, n);
+            if (corrupt && n) {
+                (*c.mutable_data())[0] ^= 0x01;
+                corrupt = false;
+            }
+            pos += n;
+            if (pos == end) {
+                c.set_last(true);
+                if (md) {
+                    EVP_DigestFinal_ex(md, digest, nullptr);
+                }
+                c.set_sha256(digest, 32);
+            }
+            if (past_drain()) {
+                st = Status(StatusCode::UNAVAILABLE, "server shutting down");
+                break;
+            }
+            track->write_since_ns = now_ns();
+            bool ok = w->Write(c);
+            track->write_since_ns = 0;
+            if (!ok) {
+                st = Status(StatusCode::CANCELLED, "the client went away or was cancelled");
+                break;
+            }
+            stats.bytes_sent += n;
+            stats.chunks_sent++;
+        } while (pos < end);
+        (void)ctx;
+        EVP_MD_CTX_free(md);
+        return st;
+    }
+
+    Status get_tensor(ServerContext *ctx, const pb::GetTensorRequest *req,
+                      ServerWriter<pb::TensorChunk> *w)
+    {
+        Admit a(this, ctx);
+        Model *m = nullptr;
+        uint32_t chunk = 0;
+        Status st = begin_stream(ctx, a, req->model(), req->chunk_bytes(), &m, &chunk);
+        if (!st.ok())
+            return st;
+        struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+        int rc = sluice_find_n(m->m, req->name().data(), req->name().size(), &ti);
+        if (rc != SLUICE_OK)
+            return Status(rc == SLUICE_E_NOT_FOUND ? StatusCode::NOT_FOUND : code_of(rc),
+                          rc == SLUICE_E_NOT_FOUND ? "no such tensor: " + req->name()
+                                                   : std::string(sluice_errmsg(m->m)));
+        uint64_t off = 0, len = ti.nbytes;
+        bool whole = true;
+        if (req->has_range()) {
+            off = req->range().offset();
+            len = req->range().length();
+            if (off > ti.nbytes || len > ti.nbytes - off)
+                return Status(StatusCode::INVALID_ARGUMENT,
+                              "range [" + std::to_string(off) + ", +" + std::to_string(len) +
+                                  ") is outside the tensor's " + std::to_string(ti.nbytes) +
+                                  " bytes");
+            if (len == 0)
+                len = ti.nbytes - off;
+            whole = off == 0 && len == ti.nbytes;
+        }
+        sluice_tensor *t = nullptr;
+        if (!(st = acquire(ctx, m, ti.index, &t)).ok())
+            return st;
+        st = send(ctx, w, &a.track, t, ti.index, off, len, whole, chunk);
+        sluice_release(t);
+        return st;
+    }
+
+    Status stream_tensors(ServerContext *ctx, const pb::StreamTensorsRequest *req,
+                          ServerWriter<pb::TensorChunk> *w)
+    {
+        Admit a(this, ctx);
+        Model *m = nullptr;
+        uint32_t chunk = 0;
+        Status st = begin_stream(ctx, a, req->model(), req->chunk_bytes(), &m, &chunk);
+        if (!st.ok())
+            return st;
+        std::vector<size_t> order;
+        if (req->names_size() == 0) {
+            for (size_t i = 0; i < sluice_count(m->m); i++)
+                order.push_back(i);
+        } else {
+            for (const std::string &n : req->names()) {
+                struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+                if (sluice_find_n(m->m, n.data(), n.size(), &ti) != SLUICE_OK)
+                    return Status(StatusCode::NOT_FOUND, "no such tensor: " + n);
+                order.push_back(ti.index);
+            }
+        }
+        // One handle at a time: the library reads ahead along the model's
+        // order while acquires follow it.
+        for (size_t i : order) {
+            if (past_drain())
+                return Status(StatusCode::UNAVAILABLE, "server shutting down");
+            if (ctx->IsCancelled())
+                return Status(StatusCode::CANCELLED, "cancelled");
+            sluice_tensor *t = nullptr;
+            if (!(st = acquire(ctx, m, i, &t)).ok())
+                return st;
+            st = send(ctx, w, &a.track, t, i, 0, sluice_tensor_size(t), true, chunk);
+            sluice_release(t);
+            if (!st.ok())
+                return st;
+        }
+        return Status::OK;
+    }
+};
+
+// ------------------------------------------------------------ metrics HTTP
+// GET /metrics: the models' families, rendered by the library in one
+// exposition (sluice_metrics_write_models, Prometheus text 0.0.4), then the
+// server's own (metrics_text). libmicrohttpd directly, with the bounds of
+// the library's endpoint (sluice_metrics_serve serves models only: the
+// server's families could not be added to it without a library change).
+#ifdef SLUICE_SERVE_HAVE_MHD
+struct MetricsHttp {
+    std::vector<sluice_model *> models;
+    struct MHD_Daemon *d = nullptr;
+    unsigned port = 0;
+};
+
+MHD_Result metrics_handle(void *cls, struct MHD_Connection *conn, const char *url,
+                          const char *method, const char *, const char *, size_t *upload_size,
+                          void **con_cls)
+{
+    auto *mh = static_cast<MetricsHttp *>(cls);
+    if (*con_cls == nullptr) {  // headers only: wait for the end of the request
+        *con_cls = mh;
+        return MHD_YES;
+    }
+    *upload_size = 0;
+    std::string body;
+    unsigned code = MHD_HTTP_OK;
+    if (strcmp(url, "/metrics") != 0) {
+        code = MHD_HTTP_NOT_FOUND;
+        body = "not found\n";
+    } else if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
+        code = MHD_HTTP_METHOD_NOT_ALLOWED;
+        body = "GET or HEAD\n";
+    } else {
+        size_t need = 0;
+        sluice_metrics_write_models(mh->models.data(), mh->models.size(), nullptr, 0, &need,
+                                    SLUICE_METRICS_PROMETHEUS);
+        for (int tries = 0; tries < 4; tries++) {
+            body.assign(need + 4096, '\0');
+            int rc = sluice_metrics_write_models(mh->models.data(), mh->models.size(), &body[0],
+                                                 body.size(), &need, SLUICE_METRICS_PROMETHEUS);
+            if (rc == SLUICE_OK) {
+                body.resize(strlen(body.c_str()));
+                break;
+            }
+            if (rc != SLUICE_E_BUFFER) {
+                body.clear();
+                break;
+            }
+        }
+        body += metrics_text();
+    }
+    struct MHD_Response *r = MHD_create_response_from_buffer(body.size(), &body[0],
+                                                             MHD_RESPMEM_MUST_COPY);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, "Content-Type",
+                            code == MHD_HTTP_OK ? "text/plain; version=0.0.4; charset=utf-8"
+                                                : "text/plain");
+    MHD_Result ret = MHD_queue_response(conn, code, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+bool metrics_start(MetricsHttp *mh, unsigned port)
+{
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    mh->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO, (uint16_t)port,
+                             nullptr, nullptr, metrics_handle, mh, MHD_OPTION_SOCK_ADDR,
+                             (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_LIMIT, 32u,
+                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384,
+                             MHD_OPTION_CONNECTION_TIMEOUT, 5u, MHD_OPTION_END);
+    if (!mh->d)
+        return false;
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(mh->d, MHD_DAEMON_INFO_BIND_PORT);
+    mh->port = info ? info->port : port;
+    return true;
+}
+
+void metrics_stop(MetricsHttp *mh)
+{
+    if (mh->d)
+        MHD_stop_daemon(mh->d);
+    mh->d = nullptr;
+}
+#endif
+}  // namespace
+
+int main(int argc, char **argv)
+{
+    Config cfg;
+    if (!parse_args(argc, argv, &cfg))
+        return 2;
+
+    // SIGTERM and SIGINT are taken by sigwait on the main thread: blocked
+    // before any thread starts, so every thread inherits the mask.
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+    signal(SIGPIPE, SIG_IGN);
+
+    // The models.
+    std::map<std::string, std::unique_ptr<Model>> models;
+    struct stat st;
+    if (stat(cfg.path.c_str(), &st) != 0) {
+        fprintf(stderr, "sluice serve: %s: %s\n", cfg.path.c_str(), strerror(errno));
+        return 2;
+    }
+    std::vector<std::pair<std::string, std::string>> todo;  // name, path
+    std::string path = cfg.path;
+    while (path.size() > 1 && path.back() == '/')
+        path.pop_back();
+    if (S_ISREG(st.st_mode) || (!cfg.force_root && dir_is_model(path))) {
+        todo.emplace_back(base_name(path.c_str()), path);
+    } else {
+        char *rroot = realpath(path.c_str(), nullptr);
+        if (!rroot) {
+            fprintf(stderr, "sluice serve: %s: %s\n", path.c_str(), strerror(errno));
+            return 2;
+        }
+        std::string root = rroot;
+        free(rroot);
+        DIR *d = opendir(path.c_str());
+        if (!d) {
+            fprintf(stderr, "sluice serve: %s: %s\n", path.c_str(), strerror(errno));
+            return 2;
+        }
+        while (struct dirent *e = readdir(d)) {
+            std::string n = e->d_name;
+            if (!valid_model_name(n))
+                continue;
+            std::string p = path + "/" + n;
+            char *real = realpath(p.c_str(), nullptr);
+            if (!real)
+                continue;
+            std::string r = real;
+            free(real);
+            // Symlinks out of the root are refused: the real path must be
+            // inside the root's real path.
+            if (r.compare(0, root.size() + 1, root + "/") != 0) {
+                fprintf(stderr, "sluice serve: %s: refused, it resolves outside the root\n",
+                        p.c_str());
+                continue;
+            }
+            struct stat es;
+            if (stat(p.c_str(), &es) != 0)
+                continue;
+            if (S_ISREG(es.st_mode) && ends_with(n, ".safetensors"))
+                todo.emplace_back(n, p);
+            else if (S_ISDIR(es.st_mode) && dir_is_model(p))
+                todo.emplace_back(n, p);
+        }
+        closedir(d);
+    }
+    int failed = 0;
+    for (auto &np : todo) {
+        auto m = std::make_unique<Model>();
+        if (open_model(cfg, np.first, np.second, m.get()) != SLUICE_OK) {
+            failed++;
+            continue;
+        }
+        models[np.first] = std::move(m);
+    }
+    if (models.empty()) {
+        fprintf(stderr, "sluice serve: no model to serve under %s\n", cfg.path.c_str());
+        return 2;
+    }
+    if (failed)
+        fprintf(stderr, "sluice serve: %d model(s) not served (see above)\n", failed);
+
+    Server service(cfg, models);
+    if (const char *f = getenv("SLUICE_SERVE_TEST_CORRUPT_CHUNK")) {
+        service.fault_corrupt = f;
+        fprintf(stderr, "sluice serve: TEST FAULT: corrupting the first chunk sent of '%s'\n", f);
+    }
+    if (!cfg.token_file.empty()) {
+        std::string tok;
+        if (!read_file(cfg.token_file, &tok)) {
+            fprintf(stderr, "sluice serve: cannot read %s\n", cfg.token_file.c_str());
+            return 2;
+        }
+        while (!tok.empty() && (tok.back() == '\n' || tok.back() == '\r' || tok.back() == ' '))
+            tok.pop_back();
+        if (tok.empty()) {
+            fprintf(stderr, "sluice serve: %s is empty\n", cfg.token_file.c_str());
+            return 2;
+        }
+        service.token = tok;
+    }
+
+    std::shared_ptr<grpc::ServerCredentials> creds;
+    if (!cfg.tls_cert.empty()) {
+        grpc::SslServerCredentialsOptions so;
+        grpc::SslServerCredentialsOptions::PemKeyCertPair kp;
+        if (!read_file(cfg.tls_key, &kp.private_key) || !read_file(cfg.tls_cert, &kp.cert_chain)) {
+            fprintf(stderr, "sluice serve: cannot read --tls-cert/--tls-key\n");
+            return 2;
+        }
+        so.pem_key_cert_pairs.push_back(kp);
+        if (!cfg.client_ca.empty()) {
+            if (!read_file(cfg.client_ca, &so.pem_root_certs)) {
+                fprintf(stderr, "sluice serve: cannot read --client-ca\n");
+                return 2;
+            }
+            so.client_certificate_request =
+                GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+        }
+        creds = grpc::SslServerCredentials(so);
+    } else {
+        creds = grpc::InsecureServerCredentials();
+    }
+
+    grpc::EnableDefaultHealthCheckService(true);
+    grpc::ServerBuilder b;
+    int port = 0;
+    b.AddListeningPort(cfg.listen, creds, &port);
+    b.RegisterService(&service);
+    b.SetMaxReceiveMessageSize((int)cfg.max_request_bytes);
+    b.SetMaxSendMessageSize(8 << 20);
+    grpc::ResourceQuota quota("sluice-serve");
+    quota.SetMaxThreads((int)cfg.max_threads);
+    b.SetResourceQuota(quota);
+    // The sync server's pollers wake up this often; at exit the server
+    // waits for each (the default, 10 s, delays the exit after SIGTERM).
+    b.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::CQ_TIMEOUT_MSEC, 200);
+    std::unique_ptr<grpc::Server> server = b.BuildAndStart();
+    if (!server || port == 0) {
+        fprintf(stderr, "sluice serve: cannot listen on %s\n", cfg.listen.c_str());
+        for (auto &kv : models)
+            sluice_close(kv.second->m);
+        return 1;
+    }
+    std::string host = cfg.listen.substr(0, cfg.listen.rfind(':'));
+
+#ifdef SLUICE_SERVE_HAVE_MHD
+    MetricsHttp mh;
+    for (auto &kv : models)
+        mh.models.push_back(kv.second->m);
+    if (cfg.metrics_port >= 0) {
+        if (!metrics_start(&mh, (unsigned)cfg.metrics_port)) {
+            fprintf(stderr, "sluice serve: cannot serve metrics on 127.0.0.1:%d\n",
+                    cfg.metrics_port);
+            server->Shutdown();
+            for (auto &kv : models)
+                sluice_close(kv.second->m);
+            return 1;
+        }
+        printf("metrics on 127.0.0.1:%u\n", mh.port);
+    }
+#else
+    if (cfg.metrics_port >= 0)
+        fprintf(stderr, "sluice serve: built without libmicrohttpd: no --metrics-port\n");
+#endif
+    printf("listening on %s:%d (%zu model%s)\n", host.c_str(), port, models.size(),
+           models.size() == 1 ? "" : "s");
+    fflush(stdout);
+
+    std::atomic<bool> stop_watchdog{false};
+    std::thread watchdog([&] { service.watchdog_loop(&stop_watchdog); });
+
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    auto sig_at = Clock::now();
+    auto since = [](Clock::time_point t) {
+        return std::chrono::duration<double>(Clock::now() - t).count();
+    };
+    fprintf(stderr, "sluice serve: %s: draining for %.1f s\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+            cfg.grace_s);
+    // New calls are refused (UNAVAILABLE, by the service while the port
+    // stays open); calls in progress may finish until the grace ends minus
+    // a margin, then end with UNAVAILABLE at their next chunk; a call still
+    // blocked on a client that does not read is cancelled at the grace's
+    // end. Then grpc shuts down with no call left.
+    double margin = std::min(2.0, cfg.grace_s / 3);
+    auto to_ns = [](Clock::time_point t) {
+        return (int64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch())
+            .count();
+    };
+    auto secs = [](double s) {
+        return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+    };
+    service.drain_deadline_ns = to_ns(sig_at + secs(cfg.grace_s - margin));
+    service.draining = true;
+    server->GetHealthCheckService()->SetServingStatus(false);
+    auto grace_end = sig_at + secs(cfg.grace_s);
+    while (stats.active_streams.load() > 0 && Clock::now() < grace_end)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    // A call whose handler returned may still have chunks and its status
+    // in the transport's buffers, on their way to a slow reader: a moment
+    // for them before the transports close.
+    auto flush_end = std::min(Clock::now() + secs(0.5), grace_end - secs(0.25));
+    if (Clock::now() < flush_end)
+        std::this_thread::sleep_for(flush_end - Clock::now());
+    long left = (long)stats.active_streams.load();
+    if (left > 0) {
+        fprintf(stderr, "sluice serve: cancelling %ld call(s) at the grace's end\n", left);
+        service.cancel_all();
+    }
+    // Room for the last statuses to reach slow readers, then cancelled.
+    auto sd_end = std::max(grace_end, Clock::now() + std::chrono::milliseconds(500));
+    server->Shutdown(std::chrono::system_clock::now() +
+                     std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                         sd_end - Clock::now()));
+    fprintf(stderr, "sluice serve: calls ended (%.2f s)\n", since(sig_at));
+    server->Wait();
+    stop_watchdog = true;
+    watchdog.join();
+#ifdef SLUICE_SERVE_HAVE_MHD
+    metrics_stop(&mh);
+#endif
+    fprintf(stderr, "sluice serve: server down (%.2f s)\n", since(sig_at));
+    int bad = 0;
+    for (auto &kv : models)
+        if (sluice_close(kv.second->m) != SLUICE_OK)
+            bad++;
+    fprintf(stderr, "sluice serve: stopped (%.2f s after the signal)\n", since(sig_at));
+    fflush(stdout);
+    fflush(stderr);
+    // Out without grpc's own teardown: grpc_shutdown joins an executor
+    // thread that may sleep in a poll for up to 10 s (grpc 1.51), which
+    // would hold the exit past the grace. Everything of ours is closed;
+    // an AddressSanitizer build checks for leaks first.
+    if (__lsan_do_recoverable_leak_check && __lsan_do_recoverable_leak_check()) {
+        fprintf(stderr, "sluice serve: leaks found\n");
+        _exit(1);
+    }
+    _exit(bad ? 1 : 0);
+}
