@@ -40,6 +40,6 @@ sh tests/fuzz/run.sh build-fuzz "${SLUICE_FUZZ_SECONDS:-45}"
 echo "== Python binding (bindings/python), pytest"
 sh tools/test_python.sh
 
-echo "== Python client of sluice serve (clients/python), pytest, ASan server"
+echo "== Python client of sluice serve (bindings/serve-python), pytest, ASan server"
 sh tools/test_serve_python.sh build-asan
 echo "all tests passed"

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The Python client of `sluice serve` (clients/python/sluice_serve.py):
+# The Python client of `sluice serve` (bindings/serve-python/sluice_serve.py):
 # generates its gRPC modules from proto/ with Debian's python3-grpc-tools and
 # runs its pytest suite against the real server process of a build.
 # usage: tools/test_serve_python.sh [BUILD_DIR]   (default build-asan; tools/test.sh runs it)
@@ -20,5 +20,5 @@ venv=build-serve-py/venv
 gen=build-serve-py/gen
 rm -rf "$gen"
 SLUICE_SERVE_PROTO_OUT=$gen SLUICE_BUILD=$build \
-SLUICE_REAL_DATA=$(cd .. && pwd)/shared/data/real PYTHONPATH=clients/python \
-    "$venv/bin/python" -m pytest -q -p no:cacheprovider --basetemp=build-serve-py/tmp clients/python/tests
+SLUICE_REAL_DATA=$(cd .. && pwd)/shared/data/real PYTHONPATH=bindings/serve-python \
+    "$venv/bin/python" -m pytest -q -p no:cacheprovider --basetemp=build-serve-py/tmp bindings/serve-python/tests
