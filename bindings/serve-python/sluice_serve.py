@@ -135,7 +135,12 @@ class Client:
         with open(path) as f:
             doc = json.load(f)
         if isinstance(doc, dict) and doc.get("format") == "sluice-manifest":
-            return {k: bytes.fromhex(v["sha256"]) for k, v in doc.get("tensors", {}).items()}
+            if doc.get("algorithm") != "sha256":
+                raise ValueError("%s: a %s manifest; the service's digests are SHA-256"
+                                 % (path, doc.get("algorithm")))
+            # version 1: {"sha256": ...}; version 2: {"digest": ...}
+            return {k: bytes.fromhex(v["digest"] if "digest" in v else v["sha256"])
+                    for k, v in doc.get("tensors", {}).items()}
         return {k: bytes.fromhex(v) for k, v in doc.items()}
 
     def close(self):

@@ -449,6 +449,16 @@ int open_model(const Config &cfg, const std::string &name, const std::string &pa
         return rc;
     }
     (void)largest;
+    // The protocol's digests are SHA-256 (its fields say so, and the
+    // clients check with SHA-256): a model whose manifest is BLAKE3 is not
+    // served rather than sent with digests no client could check.
+    if (sluice_digest_algorithm(m) != SLUICE_ALG_SHA256) {
+        fprintf(stderr, "sluice serve: %s: its manifest is %s; the service's digests are SHA-256 "
+                        "(write a SHA-256 manifest with 'sluice manifest')\n", path.c_str(),
+                sluice_algorithm_name(sluice_digest_algorithm(m)));
+        sluice_close(m);
+        return SLUICE_E_UNSUPPORTED;
+    }
     out->name = name;
     out->path = path;
     out->m = m;

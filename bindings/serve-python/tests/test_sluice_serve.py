@@ -180,7 +180,7 @@ def test_trusted_manifest(server, root, tmp_path):
     # A manifest the caller trusts, one digest altered: that tensor raises.
     with open(root / "synth" / "sluice.manifest.json") as f:
         doc = json.load(f)
-    doc["tensors"]["model.norm.weight"]["sha256"] = "00" * 32
+    doc["tensors"]["model.norm.weight"]["digest"] = "00" * 32  # version 2
     p = tmp_path / "trusted.json"
     p.write_text(json.dumps(doc))
     with Client(server.addr, manifest=str(p)) as c:
