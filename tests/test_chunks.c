@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <pthread.h>
 
 #define CHUNK ((uint64_t)1 << 20)
 #define BIG (48 * CHUNK + 12345)
@@ -399,6 +400,34 @@ static void acquire_range_hands_out_the_range(void **state)
     assert_int_equal(sluice_close(m), SLUICE_OK);
 }
 
+/* An empty range handle owns no buffer, yet it is no handle on the
+ * tensor's slot: releasing it must not give back a reference that a
+ * whole handle holds (the buffer would be evicted under that handle). */
+static void empty_range_leaves_whole_handles_alone(void **state)
+{
+    fx *f = *state;
+    write_manifest(f, 1, NULL);
+    sluice_model *m = open_model(f, 0, 0);
+    sluice_tensor *t = NULL, *u = NULL;
+    assert_int_equal(sluice_acquire(m, "small", &t), SLUICE_OK);
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(sluice_acquire_range(m, "small", 9, 9, &u), SLUICE_OK);
+        assert_int_equal(sluice_release(u), SLUICE_OK);
+    }
+    uint64_t released = 0, evictions = stats_of(m).evictions;
+    assert_int_equal(sluice_trim(m, &released), SLUICE_OK);
+    /* small is held: trim leaves it, its bytes stay */
+    assert_int_equal(stats_of(m).evictions, evictions);
+    assert_memory_equal(sluice_tensor_data(t), f->bytes + BIG, SMALL);
+    assert_int_equal(sluice_release(t), SLUICE_OK);
+    /* and, released, it is cached as usual: the next acquire hits */
+    struct sluice_stats st = stats_of(m);
+    assert_int_equal(sluice_acquire(m, "small", &t), SLUICE_OK);
+    assert_int_equal(stats_of(m).cache_hits, st.cache_hits + 1);
+    sluice_release(t);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+}
+
 /* ---------------------------------------------------------------- strictness */
 
 static void expect_open_fault(fx *f, const char *big_extra, int code, const char *needle)
@@ -457,6 +486,121 @@ static void chunk_fields_are_strict(void **state)
     assert_int_equal(sluice_close(m), SLUICE_OK);
 }
 
+/* ---------------------------------------------------------------- threads */
+
+typedef struct racer {
+    fx *f;
+    sluice_model *m;
+    unsigned seed;
+    int bad;        /* wrong bytes or an unexpected status */
+} racer;
+
+/* read_into, acquire_range and acquire of big and small, in a loop, each
+ * result compared with the truth. No assertion in here (threads). */
+static void *race_main(void *arg)
+{
+    racer *r = arg;
+    unsigned char *buf = malloc(3 * CHUNK + 64);
+    if (!buf) {
+        r->bad++;
+        return NULL;
+    }
+    for (int k = 0; k < 12; k++) {
+        uint64_t begin = (uint64_t)rand_r(&r->seed) % BIG;
+        uint64_t len = (uint64_t)rand_r(&r->seed) % (2 * CHUNK);
+        if (len > BIG - begin)
+            len = BIG - begin;
+        sluice_tensor *t = NULL;
+        switch (k % 4) {
+        case 0:
+            if (sluice_read_into(r->m, "big", begin, buf + 1, len) != SLUICE_OK ||
+                memcmp(buf + 1, r->f->bytes + begin, len) != 0)
+                r->bad++;
+            break;
+        case 1:
+            if (sluice_acquire_range(r->m, "big", begin, begin + len, &t) != SLUICE_OK ||
+                sluice_tensor_size(t) != len || memcmp(sluice_tensor_data(t), r->f->bytes + begin, len) != 0)
+                r->bad++;
+            sluice_release(t);
+            break;
+        case 2:
+            if (sluice_acquire(r->m, "big", &t) != SLUICE_OK ||
+                memcmp(sluice_tensor_data(t), r->f->bytes, BIG) != 0)
+                r->bad++;
+            sluice_release(t);
+            sluice_trim(r->m, NULL); /* the next acquire reads and hashes again */
+            break;
+        default:
+            if (sluice_acquire(r->m, "small", &t) != SLUICE_OK ||
+                memcmp(sluice_tensor_data(t), r->f->bytes + BIG, SMALL) != 0)
+                r->bad++;
+            sluice_release(t);
+            break;
+        }
+    }
+    free(buf);
+    return NULL;
+}
+
+/* Many threads on one chunked model at once (TSan runs this too). */
+static void ranges_and_loads_race(void **state)
+{
+    fx *f = *state;
+    write_manifest(f, 1, NULL);
+    sluice_model *m = open_model(f, 4 * BIG, 4);
+    enum { N = 4 };
+    pthread_t th[N];
+    racer r[N];
+    for (int k = 0; k < N; k++) {
+        r[k] = (racer){.f = f, .m = m, .seed = 1234u + (unsigned)k};
+        assert_int_equal(pthread_create(&th[k], NULL, race_main, &r[k]), 0);
+    }
+    for (int k = 0; k < N; k++) {
+        assert_int_equal(pthread_join(th[k], NULL), 0);
+        assert_int_equal(r[k].bad, 0);
+    }
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+}
+
+static int cancel_on_first(void *user, sluice_tensor *t, int status,
+                           const struct sluice_tensor_info *info, const char *message)
+{
+    sluice_cancel_request(user);
+    sluice_release(t);
+    (void)status, (void)info, (void)message;
+    return 0;
+}
+
+/* A stream cancelled while big's chunks hash (small first, big being read
+ * ahead), then closed at once; again with close right after an acquire
+ * of small while big hashes on the read-ahead. */
+static void cancel_and_close_while_hashing(void **state)
+{
+    fx *f = *state;
+    write_manifest(f, 1, NULL);
+    for (int round = 0; round < 4; round++) {
+        sluice_model *m = open_model(f, 4 * BIG, 4);
+        sluice_cancel *c = NULL;
+        assert_int_equal(sluice_cancel_create(&c), SLUICE_OK);
+        sluice_stream_options so;
+        sluice_stream_options_init(&so);
+        so.cancel = c;
+        const char *names[] = {"small", "big"};
+        int rc = sluice_stream_ex(m, names, 2, cancel_on_first, c, &so);
+        assert_true(rc == SLUICE_E_CANCELLED || rc == SLUICE_OK);
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+        sluice_cancel_free(c);
+
+        m = open_model(f, 4 * BIG, 4);
+        const char *order[] = {"small", "big"};
+        assert_int_equal(sluice_prefetch(m, order, 2), SLUICE_OK);
+        sluice_tensor *t = NULL;
+        assert_int_equal(sluice_acquire(m, "small", &t), SLUICE_OK);
+        sluice_release(t);
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -467,7 +611,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(whole_digest_checks_the_whole, setup, teardown),
         cmocka_unit_test_setup_teardown(unchecked_tensor_reads_plainly, setup, teardown),
         cmocka_unit_test_setup_teardown(acquire_range_hands_out_the_range, setup, teardown),
+        cmocka_unit_test_setup_teardown(empty_range_leaves_whole_handles_alone, setup, teardown),
         cmocka_unit_test_setup_teardown(chunk_fields_are_strict, setup, teardown),
+        cmocka_unit_test_setup_teardown(ranges_and_loads_race, setup, teardown),
+        cmocka_unit_test_setup_teardown(cancel_and_close_while_hashing, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
