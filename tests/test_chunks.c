@@ -245,6 +245,53 @@ static void flipped_chunk_fails_only_what_covers_it(void **state)
     assert_int_equal(sluice_close(m), SLUICE_OK);
 }
 
+/* Changes hex digit `digit` of the digest that follows `key` in the
+ * manifest (skipping `skip` digests of a list). */
+static void alter_digest(fx *f, const char *key, int skip, int digit)
+{
+    size_t len = 0;
+    char *text = tu_read_file(f->manifest, &len);
+    assert_non_null(text);
+    char *p = strstr(text, key);
+    assert_non_null(p);
+    p += strlen(key) + (size_t)skip * (66 + 2) + 1; /* "hex", "hex", ... */
+    assert_true(p + 64 < text + len && p[-1] == '"' && p[64] == '"');
+    p[digit] = p[digit] == '0' ? '1' : '0';
+    tu_write_file(f->manifest, text, len);
+    free(text);
+}
+
+/* A manifest digest right but for byte 16 or 31 (the last): a chunk's,
+ * seen by the pipeline and by sluice_read_into, and the whole tensor's,
+ * seen by sluice_read_into. Every byte of a digest is compared. */
+static void every_digest_byte_is_compared(void **state)
+{
+    fx *f = *state;
+    static const int digit[] = {32, 63};
+    unsigned char *buf = malloc(CHUNK);
+    assert_non_null(buf);
+    for (size_t d = 0; d < 2; d++) {
+        write_manifest(f, 1, NULL);
+        alter_digest(f, "\"chunks\": [", 5, digit[d]);
+        sluice_model *m = open_model(f, 0, 2);
+        sluice_tensor *t = NULL;
+        assert_int_equal(sluice_acquire(m, "big", &t), SLUICE_E_CHECKSUM);
+        assert_non_null(strstr(sluice_errmsg(m), "chunk 5 of 49"));
+        assert_int_equal(sluice_read_into(m, "big", 5 * CHUNK + 1, buf, 10), SLUICE_E_CHECKSUM);
+        assert_non_null(strstr(sluice_errmsg(m), "chunk 5 of 49"));
+        assert_int_equal(sluice_read_into(m, "big", 6 * CHUNK, buf, 10), SLUICE_OK);
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+
+        write_manifest(f, 0, NULL);
+        alter_digest(f, "\"big\": {\"digest\": ", 0, digit[d]);
+        m = open_model(f, 0, 2);
+        assert_int_equal(sluice_read_into(m, "big", 0, buf, 10), SLUICE_E_CHECKSUM);
+        assert_non_null(strstr(sluice_errmsg(m), "mismatch in the whole tensor"));
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+    }
+    free(buf);
+}
+
 /* ---------------------------------------------------------------- read_into */
 
 static void read_into_reads_the_covering_chunks(void **state)
@@ -606,6 +653,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(chunked_tensor_loads_on_several_workers, setup, teardown),
         cmocka_unit_test_setup_teardown(flipped_chunk_fails_only_what_covers_it, setup, teardown),
+        cmocka_unit_test_setup_teardown(every_digest_byte_is_compared, setup, teardown),
         cmocka_unit_test_setup_teardown(read_into_reads_the_covering_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(read_into_needs_no_pool_room, setup, teardown),
         cmocka_unit_test_setup_teardown(whole_digest_checks_the_whole, setup, teardown),
