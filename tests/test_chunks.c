@@ -438,6 +438,12 @@ static void acquire_range_hands_out_the_range(void **state)
     assert_int_equal(sluice_acquire_range(m, "big", 5, 4, &t), SLUICE_E_INVAL);
     assert_null(t);
     assert_int_equal(sluice_acquire_range(m, "big", 0, BIG + 1, &t), SLUICE_E_INVAL);
+    /* checked before any memory is taken for the range */
+    assert_int_equal(sluice_acquire_range(m, "big", 0, UINT64_MAX, &t), SLUICE_E_INVAL);
+    assert_non_null(strstr(sluice_errmsg(m), "outside tensor \"big\""));
+    assert_int_equal(sluice_acquire_range(m, "big", 1, UINT64_MAX / 2, &t), SLUICE_E_INVAL);
+    assert_int_equal(sluice_acquire_range(m, "none", 0, UINT64_MAX, &t), SLUICE_E_NOT_FOUND);
+    assert_null(t);
     assert_int_equal(sluice_acquire_range(m, "none", 0, 1, &t), SLUICE_E_NOT_FOUND);
     assert_int_equal(sluice_acquire_range(m, "big", 0, 1, NULL), SLUICE_E_INVAL);
     /* a whole acquire of the same tensor still works beside ranges */
