@@ -292,6 +292,48 @@ static void every_digest_byte_is_compared(void **state)
     free(buf);
 }
 
+/* The same chunked load through O_DIRECT (the tensor starts off a block
+ * edge: its bytes are found inside the aligned span and moved) and the
+ * pread backend; then a byte of the short last chunk flipped. */
+static void chunked_load_direct_and_pread(void **state)
+{
+    fx *f = *state;
+    static const uint32_t flags[] = {SLUICE_F_DIRECT, SLUICE_F_FORCE_PREAD,
+                                     SLUICE_F_DIRECT | SLUICE_F_FORCE_PREAD};
+    for (int flipped = 0; flipped < 2; flipped++) {
+        write_manifest(f, 1, NULL);
+        if (flipped)
+            flip_big(f, BIG - 3);
+        for (size_t k = 0; k < sizeof flags / sizeof flags[0]; k++) {
+            sluice_options o;
+            sluice_options_init(&o);
+            o.manifest_path = f->manifest;
+            o.hash_threads = 3;
+            o.flags = flags[k];
+            sluice_model *m = NULL;
+            if (sluice_open(f->model, &o, &m) != SLUICE_OK)
+                fail_msg("open: %s", sluice_errmsg(m));
+            sluice_tensor *t = NULL;
+            int rc = sluice_acquire(m, "big", &t);
+            if (flipped) {
+                assert_int_equal(rc, SLUICE_E_CHECKSUM);
+                assert_non_null(strstr(sluice_errmsg(m), "chunk 48 of 49"));
+            } else {
+                assert_int_equal(rc, SLUICE_OK);
+                assert_memory_equal(sluice_tensor_data(t), f->bytes, BIG);
+                sluice_release(t);
+                assert_int_equal(stats_of(m).chunks_verified, NCHUNKS);
+            }
+            assert_int_equal(sluice_acquire(m, "small", &t), SLUICE_OK);
+            assert_memory_equal(sluice_tensor_data(t), f->bytes + BIG, SMALL);
+            sluice_release(t);
+            assert_int_equal(sluice_close(m), SLUICE_OK);
+        }
+        if (flipped)
+            flip_big(f, BIG - 3);
+    }
+}
+
 /* ---------------------------------------------------------------- read_into */
 
 static void read_into_reads_the_covering_chunks(void **state)
@@ -660,6 +702,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(chunked_tensor_loads_on_several_workers, setup, teardown),
         cmocka_unit_test_setup_teardown(flipped_chunk_fails_only_what_covers_it, setup, teardown),
         cmocka_unit_test_setup_teardown(every_digest_byte_is_compared, setup, teardown),
+        cmocka_unit_test_setup_teardown(chunked_load_direct_and_pread, setup, teardown),
         cmocka_unit_test_setup_teardown(read_into_reads_the_covering_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(read_into_needs_no_pool_room, setup, teardown),
         cmocka_unit_test_setup_teardown(whole_digest_checks_the_whole, setup, teardown),
