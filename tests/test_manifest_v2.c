@@ -455,6 +455,11 @@ static void strict_values(void **state)
         {"{\"digest\": \"12@\", \"dtype\": \"BF16\", \"shape\": [4, 8], \"nbytes\": 64}",
          SLUICE_E_MANIFEST_DIGEST, "66 characters"},
         {"[\"@\"]", SLUICE_E_MANIFEST_FORMAT, "entry of tensor \"a\" is not an object"},
+        /* an escaped NUL in a value: cJSON's string would end there */
+        {"{\"digest\": \"@\\u0000zz\", \"dtype\": \"BF16\", \"shape\": [4, 8], \"nbytes\": 64}",
+         SLUICE_E_MANIFEST_FORMAT, "a string value holds an escaped NUL"},
+        {"{\"digest\": \"@\", \"dtype\": \"BF16\\u0000junk\", \"shape\": [4, 8], \"nbytes\": 64}",
+         SLUICE_E_MANIFEST_FORMAT, "a string value holds an escaped NUL"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         size_t o = 0;
