@@ -68,13 +68,38 @@ static void staging_wait(staging *s)
 #endif
 }
 
-/* Starts the copy of n verified bytes to device + offset. */
-static void upload(staging *s, unsigned char *device, uint64_t offset, size_t n)
+/* Starts the copy of n verified bytes to device + offset. Returns 0, or
+ * -1 when the copy cannot start. */
+static int upload(staging *s, unsigned char *device, uint64_t offset, size_t n)
 {
 #ifdef SLUICE_EXAMPLE_CUDA
-    cudaMemcpyAsync(device + offset, s->host, n, cudaMemcpyHostToDevice, s->stream);
+    return cudaMemcpyAsync(device + offset, s->host, n, cudaMemcpyHostToDevice, s->stream) ==
+                   cudaSuccess
+               ? 0
+               : -1;
 #else
     memcpy(device + offset, s->host, n);
+    return 0;
+#endif
+}
+
+/* Memory for one tensor on the device (a host array without CUDA). */
+static unsigned char *device_alloc(size_t bytes)
+{
+#ifdef SLUICE_EXAMPLE_CUDA
+    void *p = NULL;
+    return cudaMalloc(&p, bytes) == cudaSuccess ? p : NULL;
+#else
+    return malloc(bytes);
+#endif
+}
+
+static void device_free(unsigned char *p)
+{
+#ifdef SLUICE_EXAMPLE_CUDA
+    cudaFree(p);
+#else
+    free(p);
 #endif
 }
 
@@ -109,7 +134,7 @@ int main(int argc, char **argv)
         struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
         sluice_info(m, i, &ti);
         /* device memory of the tensor (cudaMalloc on a GPU machine) */
-        unsigned char *device = malloc(ti.nbytes ? (size_t)ti.nbytes : 1);
+        unsigned char *device = device_alloc(ti.nbytes ? (size_t)ti.nbytes : 1);
         if (!device) {
             fprintf(stderr, "%s: out of memory for %s\n", argv[0], ti.name);
             status = 1;
@@ -126,13 +151,17 @@ int main(int argc, char **argv)
                 status = 1;
                 break;
             }
-            upload(s, device, at, n);
+            if (upload(s, device, at, n) < 0) {
+                fprintf(stderr, "%s: cannot copy %s to the device\n", argv[0], ti.name);
+                status = 1;
+                break;
+            }
             pieces++;
         }
         for (int k = 0; k < NBUF; k++)
             staging_wait(&buf[k]);
         total += ti.nbytes;
-        free(device);
+        device_free(device);
     }
     struct sluice_stats st = {.size = sizeof st};
     sluice_stats(m, &st);

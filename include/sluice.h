@@ -839,7 +839,8 @@ SLUICE_API int sluice_trim(sluice_model *model, uint64_t *released);
  *                               "algorithm"; an unknown key; an entry that is
  *                               not an object or lacks a key its version
  *                               needs; a bad "size", "nbytes", "dtype" or
- *                               "shape"
+ *                               "shape"; a string value holding an escaped
+ *                               NUL ("\u0000"; names may hold one)
  *  SLUICE_E_MANIFEST_DIGEST     a digest that is not a string of 64 hex digits
  *  SLUICE_E_MANIFEST_DUPLICATE  a tensor, file or key listed twice
  *  SLUICE_E_MANIFEST_UNKNOWN    a tensor or file the model does not have

@@ -577,10 +577,10 @@ SLUICE_API int sluice_acquire(sluice_model *m, const char *name, sluice_tensor *
 
 /* ---------------------------------------------------------------- ranges */
 
-/* Reads [begin, begin + len) of tensor `name` into dst, verified; the
- * common part of sluice_read_into and sluice_acquire_range. */
-static int read_range(sluice_model *m, sl_engine *e, const char *call, const char *name,
-                      uint64_t begin, uint64_t len, void *dst, size_t *index, sl_err *err)
+/* The tensor `name` into *index, when [begin, begin + len) lies within
+ * it: checked before anything is allocated or read for the range. */
+static int find_range(sluice_model *m, const char *call, const char *name, uint64_t begin,
+                      uint64_t len, size_t *index, sl_err *err)
 {
     size_t i = 0;
     SL_TRY(find(m, name, &i, err));
@@ -592,6 +592,17 @@ static int read_range(sluice_model *m, sl_engine *e, const char *call, const cha
                        (unsigned long long)begin, (unsigned long long)len,
                        sl_quote(q, sizeof q, t->name, t->name_len), (unsigned long long)t->nbytes);
     }
+    *index = i;
+    return SLUICE_OK;
+}
+
+/* Reads [begin, begin + len) of tensor `name` into dst, verified; the
+ * common part of sluice_read_into and sluice_acquire_range. */
+static int read_range(sluice_model *m, sl_engine *e, const char *call, const char *name,
+                      uint64_t begin, uint64_t len, void *dst, size_t *index, sl_err *err)
+{
+    size_t i = 0;
+    SL_TRY(find_range(m, call, name, begin, len, &i, err));
     if (!dst && len)
         return sl_fail(err, SLUICE_E_INVAL, "%s: dst is NULL", call);
     const sl_chunk_digests *chunks = sl_manifest_chunks(m->manifest);
@@ -671,8 +682,9 @@ SLUICE_API int sluice_acquire_range(sluice_model *m, const char *name, uint64_t 
     uint64_t len = byte_end - byte_begin;
     void *buf = NULL;
     size_t i = 0;
-    int rc = SLUICE_OK;
-    if (len > SIZE_MAX || (len && posix_memalign(&buf, 64, (size_t)len) != 0))
+    /* the range is checked before its memory is asked for */
+    int rc = find_range(m, "sluice_acquire_range", name, byte_begin, len, &i, &err);
+    if (rc == SLUICE_OK && (len > SIZE_MAX || (len && posix_memalign(&buf, 64, (size_t)len) != 0)))
         rc = sl_fail(&err, SLUICE_E_NOMEM, "sluice_acquire_range: out of memory for %llu bytes",
                      (unsigned long long)len);
     if (rc == SLUICE_OK)

@@ -367,6 +367,7 @@ static sluice_tensor *take_handle(sl_engine *e)
         e->hall = h;
     }
     h->owned = NULL;
+    h->is_range = 0;
     return h;
 }
 
@@ -383,6 +384,7 @@ int sl_engine_grant_range(sl_engine *e, size_t i, void *buf, uint64_t len, sluic
     h->info = &e->ix->tensors[i];
     h->size = len;
     h->owned = buf;
+    h->is_range = 1;
     h->data = len ? (const void *)buf : (const void *)empty_bytes;
     h->live = 1;
     h->has_digest = 0; /* a range, not the tensor: no digest of its own */
@@ -451,7 +453,7 @@ int sl_handle_release(sluice_tensor *t)
     e->live_handles--;
     void *owned = t->owned;
     t->owned = NULL;
-    if (!owned)
+    if (!t->is_range)
         sl_slot_put(e, i);
     sl_pump(e);     /* its room may let something start */
     sl_unlock(e);

@@ -170,7 +170,9 @@ struct sluice_tensor {
     int has_digest;
     unsigned char digest[32];
     void *owned;                 /* a range handle's own buffer (data), freed
-                                    at release; NULL: the slot's */
+                                    at release; NULL: the slot's, or none */
+    int is_range;                /* a range handle: it holds no reference on
+                                    the slot (an empty range owns no buffer) */
     struct sluice_tensor *next_free, *next_all;
 };
 

@@ -322,7 +322,9 @@ int sl_hash_job_cancel(sl_hasher *h, sl_hash_job *job)
     job->cancelled = 1;
     if (job->queued)
         unqueue(h, job);
-    int quiet = !job->running;
+    /* A finished job is being delivered by a worker that has already let
+     * go of it (running is 0): its completion is on its way. */
+    int quiet = !job->running && !job->finished;
     pthread_mutex_unlock(&h->lock);
     return quiet;
 }

@@ -212,6 +212,33 @@ static size_t skip_value(const char *t, size_t len, size_t p)
     return p;
 }
 
+/* Where the first string value holding an escaped NUL ("\u0000") starts
+ * in text that cJSON accepted, or len. cJSON's C string of such a value
+ * ends at the NUL, so what follows would go unseen ("<64 hex>\u0000junk"
+ * read as that digest, "BF16\u0000junk" as BF16). Names (keys, followed by
+ * ':') may hold one; no value of a manifest may. */
+static size_t value_with_nul(const char *t, size_t len)
+{
+    for (size_t p = 0; p < len;) {
+        if (t[p] != '"') {
+            p++;
+            continue;
+        }
+        size_t start = p;
+        int nul = 0;
+        for (p++; p < len && t[p] != '"'; p++)
+            if (t[p] == '\\') {
+                nul |= len - p > 5 && t[p + 1] == 'u' && memcmp(t + p + 2, "0000", 4) == 0;
+                p++;
+            }
+        p = p < len ? p + 1 : len;
+        size_t q = skip_ws(t, len, p);
+        if (nul && (q >= len || t[q] != ':'))
+            return start;
+    }
+    return len;
+}
+
 static int hexval(char ch)
 {
     if (ch >= '0' && ch <= '9')
@@ -978,6 +1005,12 @@ int sl_manifest_from_text(const sl_index *ix, const sluice_options *opts, char *
     size_t start = skip_ws(text, len, 0);
     if (len - start >= 3 && memcmp(text + start, "\xEF\xBB\xBF", 3) == 0)
         start += 3;
+    size_t nul_at = value_with_nul(text, len);
+    if (nul_at < len) {
+        rc = format_error(&c, nul_at, "a string value holds an escaped NUL (\\u0000), which "
+                          "would cut it short; only names may hold one");
+        goto done;
+    }
     if (is_structured(root))
         rc = structured(&c, root, start);
     else

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <pthread.h>
 
 #define CHUNK ((uint64_t)1 << 20)
 #define BIG (48 * CHUNK + 12345)
@@ -297,6 +298,95 @@ static void verify_checks_chunks(void **state)
     }
 }
 
+/* Changes hex digit `digit` of the digest that follows `key` in the
+ * manifest (skipping `skip` digests of a list). */
+static void alter_digest(fx *f, const char *key, int skip, int digit)
+{
+    size_t len = 0;
+    char *text = tu_read_file(f->manifest, &len);
+    assert_non_null(text);
+    char *p = strstr(text, key);
+    assert_non_null(p);
+    p += strlen(key) + (size_t)skip * (66 + 2) + 1; /* "hex", "hex", ... */
+    assert_true(p + 64 < text + len && p[-1] == '"' && p[64] == '"');
+    p[digit] = p[digit] == '0' ? '1' : '0';
+    tu_write_file(f->manifest, text, len);
+    free(text);
+}
+
+/* A manifest digest right but for byte 16 or 31 (the last): a chunk's,
+ * seen by the pipeline and by sluice_read_into, and the whole tensor's,
+ * seen by sluice_read_into. Every byte of a digest is compared. */
+static void every_digest_byte_is_compared(void **state)
+{
+    fx *f = *state;
+    static const int digit[] = {32, 63};
+    unsigned char *buf = malloc(CHUNK);
+    assert_non_null(buf);
+    for (size_t d = 0; d < 2; d++) {
+        write_manifest(f, 1, NULL);
+        alter_digest(f, "\"chunks\": [", 5, digit[d]);
+        sluice_model *m = open_model(f, 0, 2);
+        sluice_tensor *t = NULL;
+        assert_int_equal(sluice_acquire(m, "big", &t), SLUICE_E_CHECKSUM);
+        assert_non_null(strstr(sluice_errmsg(m), "chunk 5 of 49"));
+        assert_int_equal(sluice_read_into(m, "big", 5 * CHUNK + 1, buf, 10), SLUICE_E_CHECKSUM);
+        assert_non_null(strstr(sluice_errmsg(m), "chunk 5 of 49"));
+        assert_int_equal(sluice_read_into(m, "big", 6 * CHUNK, buf, 10), SLUICE_OK);
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+
+        write_manifest(f, 0, NULL);
+        alter_digest(f, "\"big\": {\"digest\": ", 0, digit[d]);
+        m = open_model(f, 0, 2);
+        assert_int_equal(sluice_read_into(m, "big", 0, buf, 10), SLUICE_E_CHECKSUM);
+        assert_non_null(strstr(sluice_errmsg(m), "mismatch in the whole tensor"));
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+    }
+    free(buf);
+}
+
+/* The same chunked load through O_DIRECT (the tensor starts off a block
+ * edge: its bytes are found inside the aligned span and moved) and the
+ * pread backend; then a byte of the short last chunk flipped. */
+static void chunked_load_direct_and_pread(void **state)
+{
+    fx *f = *state;
+    static const uint32_t flags[] = {SLUICE_F_DIRECT, SLUICE_F_FORCE_PREAD,
+                                     SLUICE_F_DIRECT | SLUICE_F_FORCE_PREAD};
+    for (int flipped = 0; flipped < 2; flipped++) {
+        write_manifest(f, 1, NULL);
+        if (flipped)
+            flip_big(f, BIG - 3);
+        for (size_t k = 0; k < sizeof flags / sizeof flags[0]; k++) {
+            sluice_options o;
+            sluice_options_init(&o);
+            o.manifest_path = f->manifest;
+            o.hash_threads = 3;
+            o.flags = flags[k];
+            sluice_model *m = NULL;
+            if (sluice_open(f->model, &o, &m) != SLUICE_OK)
+                fail_msg("open: %s", sluice_errmsg(m));
+            sluice_tensor *t = NULL;
+            int rc = sluice_acquire(m, "big", &t);
+            if (flipped) {
+                assert_int_equal(rc, SLUICE_E_CHECKSUM);
+                assert_non_null(strstr(sluice_errmsg(m), "chunk 48 of 49"));
+            } else {
+                assert_int_equal(rc, SLUICE_OK);
+                assert_memory_equal(sluice_tensor_data(t), f->bytes, BIG);
+                sluice_release(t);
+                assert_int_equal(stats_of(m).chunks_verified, NCHUNKS);
+            }
+            assert_int_equal(sluice_acquire(m, "small", &t), SLUICE_OK);
+            assert_memory_equal(sluice_tensor_data(t), f->bytes + BIG, SMALL);
+            sluice_release(t);
+            assert_int_equal(sluice_close(m), SLUICE_OK);
+        }
+        if (flipped)
+            flip_big(f, BIG - 3);
+    }
+}
+
 /* ---------------------------------------------------------------- read_into */
 
 static void read_into_reads_the_covering_chunks(void **state)
@@ -443,11 +533,45 @@ static void acquire_range_hands_out_the_range(void **state)
     assert_int_equal(sluice_acquire_range(m, "big", 5, 4, &t), SLUICE_E_INVAL);
     assert_null(t);
     assert_int_equal(sluice_acquire_range(m, "big", 0, BIG + 1, &t), SLUICE_E_INVAL);
+    /* checked before any memory is taken for the range */
+    assert_int_equal(sluice_acquire_range(m, "big", 0, UINT64_MAX, &t), SLUICE_E_INVAL);
+    assert_non_null(strstr(sluice_errmsg(m), "outside tensor \"big\""));
+    assert_int_equal(sluice_acquire_range(m, "big", 1, UINT64_MAX / 2, &t), SLUICE_E_INVAL);
+    assert_int_equal(sluice_acquire_range(m, "none", 0, UINT64_MAX, &t), SLUICE_E_NOT_FOUND);
+    assert_null(t);
     assert_int_equal(sluice_acquire_range(m, "none", 0, 1, &t), SLUICE_E_NOT_FOUND);
     assert_int_equal(sluice_acquire_range(m, "big", 0, 1, NULL), SLUICE_E_INVAL);
     /* a whole acquire of the same tensor still works beside ranges */
     assert_int_equal(sluice_acquire(m, "big", &t), SLUICE_OK);
     assert_memory_equal(sluice_tensor_data(t), f->bytes, BIG);
+    sluice_release(t);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+}
+
+/* An empty range handle owns no buffer, yet it is no handle on the
+ * tensor's slot: releasing it must not give back a reference that a
+ * whole handle holds (the buffer would be evicted under that handle). */
+static void empty_range_leaves_whole_handles_alone(void **state)
+{
+    fx *f = *state;
+    write_manifest(f, 1, NULL);
+    sluice_model *m = open_model(f, 0, 0);
+    sluice_tensor *t = NULL, *u = NULL;
+    assert_int_equal(sluice_acquire(m, "small", &t), SLUICE_OK);
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(sluice_acquire_range(m, "small", 9, 9, &u), SLUICE_OK);
+        assert_int_equal(sluice_release(u), SLUICE_OK);
+    }
+    uint64_t released = 0, evictions = stats_of(m).evictions;
+    assert_int_equal(sluice_trim(m, &released), SLUICE_OK);
+    /* small is held: trim leaves it, its bytes stay */
+    assert_int_equal(stats_of(m).evictions, evictions);
+    assert_memory_equal(sluice_tensor_data(t), f->bytes + BIG, SMALL);
+    assert_int_equal(sluice_release(t), SLUICE_OK);
+    /* and, released, it is cached as usual: the next acquire hits */
+    struct sluice_stats st = stats_of(m);
+    assert_int_equal(sluice_acquire(m, "small", &t), SLUICE_OK);
+    assert_int_equal(stats_of(m).cache_hits, st.cache_hits + 1);
     sluice_release(t);
     assert_int_equal(sluice_close(m), SLUICE_OK);
 }
@@ -510,18 +634,138 @@ static void chunk_fields_are_strict(void **state)
     assert_int_equal(sluice_close(m), SLUICE_OK);
 }
 
+/* ---------------------------------------------------------------- threads */
+
+typedef struct racer {
+    fx *f;
+    sluice_model *m;
+    unsigned seed;
+    int bad;        /* wrong bytes or an unexpected status */
+} racer;
+
+/* read_into, acquire_range and acquire of big and small, in a loop, each
+ * result compared with the truth. No assertion in here (threads). */
+static void *race_main(void *arg)
+{
+    racer *r = arg;
+    unsigned char *buf = malloc(3 * CHUNK + 64);
+    if (!buf) {
+        r->bad++;
+        return NULL;
+    }
+    for (int k = 0; k < 12; k++) {
+        uint64_t begin = (uint64_t)rand_r(&r->seed) % BIG;
+        uint64_t len = (uint64_t)rand_r(&r->seed) % (2 * CHUNK);
+        if (len > BIG - begin)
+            len = BIG - begin;
+        sluice_tensor *t = NULL;
+        switch (k % 4) {
+        case 0:
+            if (sluice_read_into(r->m, "big", begin, buf + 1, len) != SLUICE_OK ||
+                memcmp(buf + 1, r->f->bytes + begin, len) != 0)
+                r->bad++;
+            break;
+        case 1:
+            if (sluice_acquire_range(r->m, "big", begin, begin + len, &t) != SLUICE_OK ||
+                sluice_tensor_size(t) != len || memcmp(sluice_tensor_data(t), r->f->bytes + begin, len) != 0)
+                r->bad++;
+            sluice_release(t);
+            break;
+        case 2:
+            if (sluice_acquire(r->m, "big", &t) != SLUICE_OK ||
+                memcmp(sluice_tensor_data(t), r->f->bytes, BIG) != 0)
+                r->bad++;
+            sluice_release(t);
+            sluice_trim(r->m, NULL); /* the next acquire reads and hashes again */
+            break;
+        default:
+            if (sluice_acquire(r->m, "small", &t) != SLUICE_OK ||
+                memcmp(sluice_tensor_data(t), r->f->bytes + BIG, SMALL) != 0)
+                r->bad++;
+            sluice_release(t);
+            break;
+        }
+    }
+    free(buf);
+    return NULL;
+}
+
+/* Many threads on one chunked model at once (TSan runs this too). */
+static void ranges_and_loads_race(void **state)
+{
+    fx *f = *state;
+    write_manifest(f, 1, NULL);
+    sluice_model *m = open_model(f, 4 * BIG, 4);
+    enum { N = 4 };
+    pthread_t th[N];
+    racer r[N];
+    for (int k = 0; k < N; k++) {
+        r[k] = (racer){.f = f, .m = m, .seed = 1234u + (unsigned)k};
+        assert_int_equal(pthread_create(&th[k], NULL, race_main, &r[k]), 0);
+    }
+    for (int k = 0; k < N; k++) {
+        assert_int_equal(pthread_join(th[k], NULL), 0);
+        assert_int_equal(r[k].bad, 0);
+    }
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+}
+
+static int cancel_on_first(void *user, sluice_tensor *t, int status,
+                           const struct sluice_tensor_info *info, const char *message)
+{
+    sluice_cancel_request(user);
+    sluice_release(t);
+    (void)status, (void)info, (void)message;
+    return 0;
+}
+
+/* A stream cancelled while big's chunks hash (small first, big being read
+ * ahead), then closed at once; again with close right after an acquire
+ * of small while big hashes on the read-ahead. */
+static void cancel_and_close_while_hashing(void **state)
+{
+    fx *f = *state;
+    write_manifest(f, 1, NULL);
+    for (int round = 0; round < 4; round++) {
+        sluice_model *m = open_model(f, 4 * BIG, 4);
+        sluice_cancel *c = NULL;
+        assert_int_equal(sluice_cancel_create(&c), SLUICE_OK);
+        sluice_stream_options so;
+        sluice_stream_options_init(&so);
+        so.cancel = c;
+        const char *names[] = {"small", "big"};
+        int rc = sluice_stream_ex(m, names, 2, cancel_on_first, c, &so);
+        assert_true(rc == SLUICE_E_CANCELLED || rc == SLUICE_OK);
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+        sluice_cancel_free(c);
+
+        m = open_model(f, 4 * BIG, 4);
+        const char *order[] = {"small", "big"};
+        assert_int_equal(sluice_prefetch(m, order, 2), SLUICE_OK);
+        sluice_tensor *t = NULL;
+        assert_int_equal(sluice_acquire(m, "small", &t), SLUICE_OK);
+        sluice_release(t);
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(chunked_tensor_loads_on_several_workers, setup, teardown),
         cmocka_unit_test_setup_teardown(flipped_chunk_fails_only_what_covers_it, setup, teardown),
         cmocka_unit_test_setup_teardown(verify_checks_chunks, setup, teardown),
+        cmocka_unit_test_setup_teardown(every_digest_byte_is_compared, setup, teardown),
+        cmocka_unit_test_setup_teardown(chunked_load_direct_and_pread, setup, teardown),
         cmocka_unit_test_setup_teardown(read_into_reads_the_covering_chunks, setup, teardown),
         cmocka_unit_test_setup_teardown(read_into_needs_no_pool_room, setup, teardown),
         cmocka_unit_test_setup_teardown(whole_digest_checks_the_whole, setup, teardown),
         cmocka_unit_test_setup_teardown(unchecked_tensor_reads_plainly, setup, teardown),
         cmocka_unit_test_setup_teardown(acquire_range_hands_out_the_range, setup, teardown),
+        cmocka_unit_test_setup_teardown(empty_range_leaves_whole_handles_alone, setup, teardown),
         cmocka_unit_test_setup_teardown(chunk_fields_are_strict, setup, teardown),
+        cmocka_unit_test_setup_teardown(ranges_and_loads_race, setup, teardown),
+        cmocka_unit_test_setup_teardown(cancel_and_close_while_hashing, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -290,6 +290,27 @@ static void tamper_padding(void **state)
     expect_open(f, SLUICE_E_MANIFEST_MISMATCH, "the header of", NULL);
 }
 
+/* The header digest in the manifest right but for one hex digit of
+ * byte 16 or of byte 31 (the last): every byte of it is compared. */
+static void header_digest_every_byte(void **state)
+{
+    fx *f = *state;
+    static const int digit[] = {32, 63};
+    for (size_t k = 0; k < sizeof digit / sizeof digit[0]; k++) {
+        write_v2(f, NULL, NULL);
+        size_t len = 0;
+        char *text = tu_read_file(f->manifest, &len);
+        assert_non_null(text);
+        char *h = strstr(text, "\"header\": \"");
+        assert_non_null(h);
+        h += strlen("\"header\": \"");
+        h[digit[k]] = h[digit[k]] == '0' ? '1' : '0';
+        tu_write_file(f->manifest, text, len);
+        free(text);
+        expect_open(f, SLUICE_E_MANIFEST_MISMATCH, "the header of", "header changed", NULL);
+    }
+}
+
 /* A size that is not the file's (the format allows no bytes past the
  * data, so a file of another size has another header: the manifest is
  * what differs here). */
@@ -434,6 +455,11 @@ static void strict_values(void **state)
         {"{\"digest\": \"12@\", \"dtype\": \"BF16\", \"shape\": [4, 8], \"nbytes\": 64}",
          SLUICE_E_MANIFEST_DIGEST, "66 characters"},
         {"[\"@\"]", SLUICE_E_MANIFEST_FORMAT, "entry of tensor \"a\" is not an object"},
+        /* an escaped NUL in a value: cJSON's string would end there */
+        {"{\"digest\": \"@\\u0000zz\", \"dtype\": \"BF16\", \"shape\": [4, 8], \"nbytes\": 64}",
+         SLUICE_E_MANIFEST_FORMAT, "a string value holds an escaped NUL"},
+        {"{\"digest\": \"@\", \"dtype\": \"BF16\\u0000junk\", \"shape\": [4, 8], \"nbytes\": 64}",
+         SLUICE_E_MANIFEST_FORMAT, "a string value holds an escaped NUL"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         size_t o = 0;
@@ -765,6 +791,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(tamper_offsets_swapped, setup, teardown),
         cmocka_unit_test_setup_teardown(tamper_metadata, setup, teardown),
         cmocka_unit_test_setup_teardown(tamper_padding, setup, teardown),
+        cmocka_unit_test_setup_teardown(header_digest_every_byte, setup, teardown),
         cmocka_unit_test_setup_teardown(file_size_differs, setup, teardown),
         cmocka_unit_test_setup_teardown(if_present_checks_descriptions, setup, teardown),
         cmocka_unit_test_setup_teardown(strict_fields, setup, teardown),
