@@ -594,7 +594,10 @@ SLUICE_API uint64_t sluice_tensor_size(const sluice_tensor *t);
 SLUICE_API const struct sluice_tensor_info *sluice_tensor_info(const sluice_tensor *t);
 
 /* Copies the digest of the handle's bytes (in sluice_digest_algorithm),
- * as the pipeline computed it, into digest (32 bytes). Returns SLUICE_OK, or SLUICE_E_INVAL when the
+ * as the pipeline computed it, into digest (32 bytes); for a tensor
+ * checked chunk by chunk (a manifest with chunk digests) no whole digest
+ * is computed: every chunk matched, and this is the manifest's digest of
+ * the whole tensor. Returns SLUICE_OK, or SLUICE_E_INVAL when the
  * tensor was not hashed (no digest to check and no SLUICE_F_HASH_ALL), or
  * t or digest is NULL. */
 SLUICE_API int sluice_tensor_digest(const sluice_tensor *t, uint8_t digest[32]);
@@ -614,6 +617,7 @@ SLUICE_API int sluice_tensor_digest(const sluice_tensor *t, uint8_t digest[32]);
  *    the range pass through the bounce buffer);
  *  - the tensor is not checked (no manifest, policy OFF, or IF_PRESENT
  *    and not listed): the bytes are read, nothing is verified.
+ * len 0 reads nothing with chunk digests, and the whole tensor without.
  * It needs no room in the pool and holds no handle, so a tensor larger
  * than the pool loads into the caller's memory, and it never evicts a
  * cached tensor. It does not use the io_uring ring or O_DIRECT: one

@@ -660,7 +660,8 @@ void sl_slot_hashed(sl_engine *e, size_t i, int verdict)
         memcpy(got, chunks ? sl_expected_digest(e, i) : sl_hash_job_digest(s->job), 32);
     if (s->hashed && s->state == SL_SLOT_HASHING) {
         if (chunks) {
-            e->st.chunks_verified += verdict == VERDICT_MISMATCH ? 0 : chunks->count;
+            if (verdict == VERDICT_OK || verdict == VERDICT_OK_MOVED)
+                e->st.chunks_verified += chunks->count;
             unsigned peak = sl_hash_job_parallel_peak(s->job);
             if (peak > e->st.hash_parallel_peak)
                 e->st.hash_parallel_peak = peak;

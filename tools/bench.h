@@ -95,8 +95,8 @@ typedef struct bench_opts {
 int bench_run(const bench_model *m, const bench_config *c, const bench_opts *o,
               bench_result *r);
 
-/* Writes the version 2 BLAKE3 manifest of the model at path to out, by
- * running `sluice manifest` (this very executable). Returns 0, or -1 after
+/* Writes the version 2 BLAKE3 manifest of the model at path to out, no
+ * chunk digests, by running `sluice manifest` (this very executable). Returns 0, or -1 after
  * a message on stderr. */
 int bench_write_blake3_manifest(const char *path, const char *out);
 

@@ -727,8 +727,10 @@ int bench_write_blake3_manifest(const char *path, const char *out)
         return -1;
     }
     if (pid == 0) {
-        const char *argv[] = {"sluice", "manifest", path, "--algorithm", "blake3", "-q",
-                              "-o", out, NULL};
+        /* no chunk digests: the same one digest per tensor as a SHA-256
+         * sidecar, so that the rows differ by the algorithm alone */
+        const char *argv[] = {"sluice", "manifest", path, "--algorithm", "blake3", "--chunk", "0",
+                              "-q", "-o", out, NULL};
         execv("/proc/self/exe", (char *const *)argv);
         _exit(127);
     }

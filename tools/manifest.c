@@ -140,6 +140,38 @@ nomem:
     return -1;
 }
 
+/* What says a file is the same file with the same bytes: the manifest is
+ * written from two passes (whole digests, then chunk digests), and a file
+ * changed in between would pair old whole digests with new chunks. */
+typedef struct file_id {
+    dev_t dev;
+    ino_t ino;
+    off_t size;
+    struct timespec mtime, ctime;
+} file_id;
+
+static int take_ids(const sluice_model *m, file_id *ids)
+{
+    for (size_t i = 0; i < sluice_file_count(m); i++) {
+        struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
+        struct stat st;
+        if (sluice_file_info(m, i, &fi) != SLUICE_OK || stat(fi.path, &st) != 0)
+            return -1;
+        ids[i] = (file_id){st.st_dev, st.st_ino, st.st_size, st.st_mtim, st.st_ctim};
+    }
+    return 0;
+}
+
+static int same_ids(const file_id *a, const file_id *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (a[i].dev != b[i].dev || a[i].ino != b[i].ino || a[i].size != b[i].size ||
+            a[i].mtime.tv_sec != b[i].mtime.tv_sec || a[i].mtime.tv_nsec != b[i].mtime.tv_nsec ||
+            a[i].ctime.tv_sec != b[i].ctime.tv_sec || a[i].ctime.tv_nsec != b[i].ctime.tv_nsec)
+            return 0;
+    return 1;
+}
+
 static void chunk_set_free(chunk_set *cs)
 {
     free(cs->count);
@@ -372,8 +404,15 @@ int cmd_manifest(int argc, char **argv)
     int status = 1;
     dg_result *tensors = NULL, *files = NULL;
     chunk_set cs = {0};
-    progress *bar = progress_start("manifest", total, quiet);
-    long failed = dg_compute(m, "manifest", !flat, o.hash_threads, bar, &tensors, &files);
+    progress *bar = NULL;
+    long failed = 0;
+    file_id *before = calloc(nf ? nf : 1, sizeof *before), *after = calloc(nf ? nf : 1, sizeof *after);
+    if (!before || !after || take_ids(m, before) < 0) {
+        fprintf(stderr, "sluice manifest: cannot stat the model's files: %s\n", strerror(errno));
+        goto done;
+    }
+    bar = progress_start("manifest", total, quiet);
+    failed = dg_compute(m, "manifest", !flat, o.hash_threads, bar, &tensors, &files);
     progress_stop(bar);
     bar = NULL;
     if (failed < 0)
@@ -389,6 +428,11 @@ int cmd_manifest(int argc, char **argv)
     }
     if (!failed && compute_chunks(m, chunk_bytes, o.hash_threads, &cs) < 0)
         failed++;
+    if (!failed && (take_ids(m, after) < 0 || !same_ids(before, after, nf))) {
+        fprintf(stderr, "sluice manifest: a file of the model changed (or was replaced) while its "
+                        "digests were computed\n");
+        failed++;
+    }
     if (failed) {
         fprintf(stderr, "sluice manifest: %ld failure%s, nothing written\n", failed,
                 failed == 1 ? "" : "s");
@@ -405,6 +449,8 @@ int cmd_manifest(int argc, char **argv)
 done:
     progress_stop(bar);
     chunk_set_free(&cs);
+    free(before);
+    free(after);
     free(tensors);
     free(files);
     if (sluice_close(m) != SLUICE_OK) {
