@@ -115,6 +115,7 @@ int sl_remote_cfg_new(const sluice_options *o, sl_remote_cfg **out, sl_err *err)
     return SLUICE_OK;
 }
 
+#ifdef SLUICE_HAVE_CURL
 /* location without what may hold a secret: user:password@ and ?query. */
 static const char *shown(const char *loc, char *buf, size_t cap)
 {
@@ -129,6 +130,7 @@ static const char *shown(const char *loc, char *buf, size_t cap)
     snprintf(buf, cap, "%.*s%.*s%s", (int)scheme, loc, (int)hl, host, q ? "?..." : "");
     return buf;
 }
+#endif
 
 char *sl_remote_url(const sl_remote_cfg *c, const char *loc, sl_err *err)
 {

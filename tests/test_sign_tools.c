@@ -127,7 +127,7 @@ static void keygen_writes_a_pair(void **state)
     int n = i2d_PUBKEY(k, &der);
     assert_true(n > 0);
     uint8_t id[32];
-    char hex[65], want[80];
+    char hex[65], want[128];
     mf_sha256(der, (size_t)n, id);
     OPENSSL_free(der);
     EVP_PKEY_free(k);
