@@ -5,7 +5,8 @@
  *
  * MODEL is a .safetensors file, a directory of them, or an index.json.
  * When a manifest sits beside it (see sluice_open), every tensor is
- * checked against its SHA-256 before this program sees a byte of it.
+ * checked against its digest (SHA-256, or BLAKE3 when the manifest says
+ * so) before this program sees a byte of it.
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <sluice.h>
@@ -80,9 +81,10 @@ int main(int argc, char **argv)
     printf("streamed %zu tensors, %llu bytes in %.1f ms (%.2f GB/s), first tensor after %.2f ms\n",
            tally.ok, (unsigned long long)tally.bytes, ms, ms > 0 ? (double)tally.bytes / ms / 1e6 : 0.0,
            tally.first_ms);
-    printf("verified %llu of %zu tensors with SHA-256, %zu failed; %llu reads, backend %s, "
+    printf("verified %llu of %zu tensors with %s, %zu failed; %llu reads, backend %s, "
            "pool high water %llu of %llu bytes\n",
-           (unsigned long long)st.tensors_verified, sluice_count(model), tally.failed,
+           (unsigned long long)st.tensors_verified, sluice_count(model),
+           sluice_digest_algorithm(model) == SLUICE_ALG_BLAKE3 ? "BLAKE3" : "SHA-256", tally.failed,
            (unsigned long long)st.reads, st.backend == SLUICE_BACKEND_IO_URING ? "io_uring" : "pread",
            (unsigned long long)st.pool_high_water, (unsigned long long)st.pool_bytes);
     sluice_close(model);
