@@ -24,8 +24,8 @@ from . import _errors
 from ._errors import (  # noqa: F401  (re-exported)
     BufferTooSmallError, BusyError, CancelledError, ChecksumError, ClosedError, Error, FileChangedError,
     HeaderError, InvalidArgumentError, ManifestError, ManifestMismatchError, NoFilesError,
-    NotFoundError, OutOfMemoryError, PoolError, PoolExhaustedError, ReadError, ShardIndexError,
-    SignatureError, TooLargeError, UnsupportedError, error_class,
+    NotFoundError, OutOfMemoryError, PoolError, PoolExhaustedError, ReadError, RemoteError,
+    ShardIndexError, SignatureError, TooLargeError, UnsupportedError, error_class,
 )
 from . import _sluice
 
@@ -35,7 +35,7 @@ library_version = _sluice.library_version
 __all__ = [
     "open", "Model", "TensorInfo", "safe_open", "load_file", "Error", "ChecksumError",
     "HeaderError", "ManifestError", "ManifestMismatchError", "SignatureError", "ShardIndexError", "ReadError", "FileChangedError",
-    "NotFoundError", "NoFilesError", "InvalidArgumentError", "ClosedError",
+    "NotFoundError", "NoFilesError", "InvalidArgumentError", "ClosedError", "RemoteError",
     "OutOfMemoryError", "PoolError", "TooLargeError", "PoolExhaustedError", "BusyError",
     "CancelledError", "BufferTooSmallError", "UnsupportedError", "parse_size",
     "HAVE_ML_DTYPES", "algorithm_supported",

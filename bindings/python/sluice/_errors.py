@@ -21,6 +21,7 @@ E_MANIFEST, E_MANIFEST_FORMAT, E_MANIFEST_DIGEST = -40, -41, -42
 E_MANIFEST_DUPLICATE, E_MANIFEST_UNKNOWN, E_MANIFEST_MISSING, E_CHECKSUM = -43, -44, -45, -46
 E_MANIFEST_MISMATCH, E_SIGNATURE = -47, -48
 E_TOO_LARGE, E_POOL_EXHAUSTED, E_BUSY, E_FILE_CHANGED, E_CANCELLED = -50, -51, -52, -53, -54
+E_REMOTE = -55
 E_BUFFER, E_UNSUPPORTED = -60, -61
 
 
@@ -123,6 +124,12 @@ class CancelledError(Error):
     """SLUICE_E_CANCELLED."""
 
 
+class RemoteError(ReadError):
+    """SLUICE_E_REMOTE: a remote source refused a request for good (403, 404,
+    416, ...): not retried on that source. This binding is built without
+    libcurl, so it meets this code only through a library that has it."""
+
+
 class BufferTooSmallError(Error, ValueError):
     """SLUICE_E_BUFFER: an output buffer given to the library is too small."""
 
@@ -139,7 +146,7 @@ _BY_CODE = {
     E_CHECKSUM: ChecksumError, E_MANIFEST_MISMATCH: ManifestMismatchError,
     E_SIGNATURE: SignatureError, E_TOO_LARGE: TooLargeError,
     E_POOL_EXHAUSTED: PoolExhaustedError, E_BUSY: BusyError,
-    E_FILE_CHANGED: FileChangedError, E_CANCELLED: CancelledError,
+    E_FILE_CHANGED: FileChangedError, E_CANCELLED: CancelledError, E_REMOTE: RemoteError,
     E_BUFFER: BufferTooSmallError, E_UNSUPPORTED: UnsupportedError,
 }
 for _c in range(E_METADATA, E_HEADER_SHORT + 1):

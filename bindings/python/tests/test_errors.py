@@ -131,7 +131,7 @@ def test_file_changed(tmp_path):
 
 
 def test_error_classes():
-    for code in list(range(-54, 0)) + [-60, -61]:
+    for code in list(range(-55, 0)) + [-60, -61]:
         cls = sluice.error_class(code)
         assert issubclass(cls, sluice.Error)
     assert sluice.error_class(-46) is sluice.ChecksumError
@@ -139,7 +139,9 @@ def test_error_classes():
     assert issubclass(sluice.ManifestMismatchError, sluice.ManifestError)
     assert sluice.error_class(E.E_SIGNATURE) is sluice.SignatureError
     assert not issubclass(sluice.SignatureError, sluice.ManifestError)
-    for code in (-47, -48, -60, -61):  # the library knows them (the build compiled src/ of today)
+    assert sluice.error_class(E.E_REMOTE) is sluice.RemoteError
+    assert issubclass(sluice.RemoteError, sluice.ReadError)
+    for code in (-47, -48, -55, -60, -61):  # the library knows them (the build compiled src/ of today)
         assert sluice._sluice.strerror(code) != sluice._sluice.strerror(-999)
     assert sluice.error_class(E.E_BUFFER) is sluice.BufferTooSmallError
     assert issubclass(sluice.BufferTooSmallError, ValueError)
