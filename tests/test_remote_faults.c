@@ -256,6 +256,40 @@ static void test_object_grew(void **state)
     (void)state;
 }
 
+/* Replies whose bytes belong elsewhere than asked: refused before any
+ * byte lands, never retried, and named as what they are (the manifest
+ * would catch most of them too, as SLUICE_E_CHECKSUM: the message shows
+ * which check refused them). */
+static void wrong_reply(const char *mode, int code, const char *why)
+{
+    sluice_options o = fast_options();
+    outcome r = run(&o, mode, 1, NULL);
+    assert_int_equal(r.rc, code);
+    if (!strstr(r.msg, why))
+        fail_msg("%s: %s", mode, r.msg);
+    assert_int_equal(r.retries, 0);
+}
+
+static void test_wrong_range_refused(void **state)
+{
+    wrong_reply("shift", SLUICE_E_FILE_CHANGED, "Content-Range bytes");
+    wrong_reply("widen", SLUICE_E_FILE_CHANGED, "Content-Range bytes");
+    wrong_reply("nocr", SLUICE_E_REMOTE, "without a Content-Range");
+    wrong_reply("long", SLUICE_E_FILE_CHANGED, "more bytes than");
+    (void)state;
+}
+
+/* A 206 for part of the range (legal): the rest is asked again. */
+static void test_partial_range_resumed(void **state)
+{
+    sluice_options o = fast_options();
+    outcome r = run(&o, "half", 1, NULL);
+    assert_int_equal(r.rc, SLUICE_OK);
+    assert_int_equal(r.retries, 1);
+    assert_non_null(r.msg);
+    (void)state;
+}
+
 static void test_short_body_resumed(void **state)
 {
     sluice_options o = fast_options();
@@ -452,6 +486,8 @@ int main(void)
         cmocka_unit_test(test_deadline_bounded),
         cmocka_unit_test(test_range_ignored),
         cmocka_unit_test(test_object_grew),
+        cmocka_unit_test(test_wrong_range_refused),
+        cmocka_unit_test(test_partial_range_resumed),
         cmocka_unit_test(test_short_body_resumed),
         cmocka_unit_test(test_reset_retried),
         cmocka_unit_test(test_stall_times_out),
