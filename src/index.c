@@ -649,8 +649,10 @@ int sl_index_open_ex(sl_index *ix, const char *path, const struct sl_remote_cfg 
             rc = build_table(ix, err);
     } else
         rc = open_remote_directory(ix, path, err);
-    if (rc < 0)
+    if (rc < 0) {
         sl_index_free(ix);
+        sl_remote_scrub(err->msg, sizeof err->msg, path);
+    }
     else
         ix->remote = remote;
     return rc;

@@ -389,6 +389,63 @@ static void test_close_while_mirror_opens(void **state)
     (void)state;
 }
 
+/* A mirror given as a URL with credentials (user:password@, a presigned
+ * query): sluice_tensor_source and the error of a tensor every source
+ * failed name the mirror without them. */
+static void test_mirror_secrets_not_shown(void **state)
+{
+    char *d = tu_tmpdir(), *q = tu_join(d, "m.safetensors");
+    char *qm = tu_join(d, "m.safetensors.manifest.json");
+    char *p = tu_join(root, "m.safetensors"), *pm = tu_join(root, "m.safetensors.manifest.json");
+    size_t len;
+    unsigned char *bytes = tu_read_file(p, &len);
+    bytes[len - 10] ^= 0xff;        /* inside b */
+    tu_write_file(q, bytes, len);
+    free(bytes);
+    bytes = tu_read_file(pm, &len);
+    tu_write_file(qm, bytes, len);
+    free(bytes);
+    char mirror[400];
+    snprintf(mirror, sizeof mirror, "http://user:PW-SECRET@%s/m.safetensors",
+             srv.base + strlen("http://"));
+    const char *mirrors[] = {mirror};
+    sluice_options o = fast_options();
+    o.fallback = mirrors;
+    o.fallback_count = 1;
+    sluice_model *m;
+    arm("ok", 0, NULL);
+    assert_int_equal(sluice_open(q, &o, &m), SLUICE_OK);
+    sluice_tensor *t;
+    if (sluice_acquire(m, "b", &t) != SLUICE_OK)
+        fail_msg("%s", sluice_errmsg(m));
+    const char *src = sluice_tensor_source(t);
+    if (strstr(src, "SECRET") || !strstr(src, "fallback 1 (http://"))
+        fail_msg("source: %s", src);
+    sluice_release(t);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    /* a presigned mirror that refuses: the tensor's error names both
+     * sources, the mirror without its signature */
+    snprintf(mirror, sizeof mirror, "http://user:PW-SECRET@%s/m.safetensors?X-Amz-Signature=SIG-SECRET",
+             srv.base + strlen("http://"));
+    assert_int_equal(sluice_open(q, &o, &m), SLUICE_OK);
+    arm("status", 100, "403");
+    int rc = sluice_acquire(m, "b", &t);
+    const char *msg = sluice_errmsg(m);
+    if (rc != SLUICE_E_CHECKSUM)
+        fail_msg("%d: %s", rc, msg);
+    if (strstr(msg, "SECRET") || !strstr(msg, "fallback 1 (http://"))
+        fail_msg("error: %s", msg);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    arm("ok", 0, NULL);
+    tu_rmtree(d);
+    free(d);
+    free(q);
+    free(qm);
+    free(p);
+    free(pm);
+    (void)state;
+}
+
 static char *last_headers(void)
 {
     char *r = rf_get(&srv, "/ctl/headers");
@@ -494,6 +551,7 @@ int main(void)
         cmocka_unit_test(test_flipped_byte),
         cmocka_unit_test(test_close_with_reads_hanging),
         cmocka_unit_test(test_close_while_mirror_opens),
+        cmocka_unit_test(test_mirror_secrets_not_shown),
         cmocka_unit_test(test_request_format),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
