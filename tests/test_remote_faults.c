@@ -347,6 +347,29 @@ static void test_close_with_reads_hanging(void **state)
     (void)state;
 }
 
+/* Close while every read is being retried (503 after 503): the remote
+ * thread decides retries while close aborts it (run under TSan). */
+static void test_close_while_retrying(void **state)
+{
+    sluice_options o = fast_options();
+    o.remote_attempts = 100;
+    o.remote_backoff_ms = 1;
+    for (int round = 0; round < 10; round++) {
+        arm("ok", 0, NULL);
+        sluice_model *m;
+        assert_int_equal(sluice_open(model_url, &o, &m), SLUICE_OK);
+        arm("status", 100000, "503");
+        assert_int_equal(sluice_prefetch(m, NULL, 0), SLUICE_OK);
+        struct timespec ts = {0, 20000000L * (round % 4)};
+        nanosleep(&ts, NULL);
+        double t0 = now_s();
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+        assert_true(now_s() - t0 < 2.0);
+    }
+    arm("ok", 0, NULL);
+    (void)state;
+}
+
 /* A local copy whose tensor b fails its digest, a mirror that never
  * answers: the mirror's open hangs on the opener thread while the slot
  * waits; close must still return at once. */
@@ -550,6 +573,7 @@ int main(void)
         cmocka_unit_test(test_stall_times_out),
         cmocka_unit_test(test_flipped_byte),
         cmocka_unit_test(test_close_with_reads_hanging),
+        cmocka_unit_test(test_close_while_retrying),
         cmocka_unit_test(test_close_while_mirror_opens),
         cmocka_unit_test(test_mirror_secrets_not_shown),
         cmocka_unit_test(test_request_format),
