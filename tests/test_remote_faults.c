@@ -472,6 +472,21 @@ static void test_mirror_secrets_not_shown(void **state)
     if (rc != SLUICE_E_CHECKSUM || strstr(msg, "SECRET") || !strstr(msg, "file http://127.0.0.1:"))
         fail_msg("%d: %s", rc, msg);
     assert_int_equal(sluice_close(m), SLUICE_OK);
+    /* ... and a missing sidecar under REQUIRE names it without it too */
+    char *nm = tu_join(root, "nomanifest.safetensors");
+    bytes = tu_read_file(p, &len);
+    tu_write_file(nm, bytes, len);
+    free(bytes);
+    snprintf(mirror, sizeof mirror, "http://user:PW-SECRET@%s/nomanifest.safetensors",
+             srv.base + strlen("http://"));
+    o.verify = SLUICE_VERIFY_REQUIRE;
+    rc = sluice_open(mirror, &o, &m);
+    msg = sluice_errmsg(m);
+    if (rc != SLUICE_E_MANIFEST || strstr(msg, "SECRET") || !strstr(msg, "sidecar http://127"))
+        fail_msg("%d: %s", rc, msg);
+    sluice_close(m);
+    unlink(nm);
+    free(nm);
     arm("ok", 0, NULL);
     tu_rmtree(d);
     free(d);
