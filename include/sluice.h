@@ -483,7 +483,9 @@ typedef enum sluice_metadata_kind {
  * (SLUICE_FILE_INFO_INIT); only the fields that fit are written. */
 struct sluice_file_info {
     size_t size;             /* set by the caller */
-    const char *path;        /* as opened (directory + shard name) */
+    const char *path;        /* as opened (directory + shard name); a remote
+                                location without its user:password@ and with
+                                "?..." for its query, as messages show it */
     uint64_t file_size;      /* bytes, at open (named size before 0.1.0's size field) */
     uint64_t header_bytes;   /* the header length N of the file */
     uint64_t data_start;     /* 8 + N: where data_offsets count from */

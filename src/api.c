@@ -241,16 +241,23 @@ static int load_remote_manifest(sluice_model *m, const char *path, sl_err *err)
         if (o->verify == SLUICE_VERIFY_REQUIRE)
             rc = sl_fail(err, SLUICE_E_MANIFEST, "manifest: policy REQUIRE and no manifest: no "
                          "sidecar %s (set manifest_path or write one with 'sluice manifest')", loc);
-        free(loc);
-        return rc;
-    }
-    if (rc < 0) {
+    } else if (rc < 0) {
         if (rc != SLUICE_E_NOMEM && rc != SLUICE_E_UNSUPPORTED)
             err->code = rc = SLUICE_E_MANIFEST;
-        free(loc);
-        return rc;
+    } else {
+        rc = sl_manifest_from_text(&m->index, o, loc, text, len, &m->manifest, err);
+        loc = NULL;     /* the manifest's now (or freed by it) */
     }
-    return sl_manifest_from_text(&m->index, o, loc, text, len, &m->manifest, err);
+    if (rc < 0) {
+        /* messages name locations without their credentials */
+        if (loc)
+            sl_remote_scrub(err->msg, sizeof err->msg, loc);
+        if (o->manifest_path)
+            sl_remote_scrub(err->msg, sizeof err->msg, o->manifest_path);
+        sl_remote_scrub(err->msg, sizeof err->msg, path);
+    }
+    free(loc);
+    return rc;
 }
 
 /* The sidecar of a remote model: FILE.manifest.json for a .safetensors,

@@ -20,6 +20,7 @@
  */
 #include "engine_int.h"
 #include "header.h"
+#include "remote.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,8 +48,12 @@ static void source_label(const sl_engine *e, unsigned k, char *buf, size_t cap)
 {
     if (k == 0)
         snprintf(buf, cap, "primary");
-    else
-        snprintf(buf, cap, "fallback %u (%s)", k, e->mirrors[k - 1].loc);
+    else {
+        char safe[512];
+        const char *loc = e->mirrors[k - 1].loc;
+        snprintf(buf, cap, "fallback %u (%s)", k,
+                 sl_is_remote(loc) ? sl_remote_shown(loc, safe, sizeof safe) : loc);
+    }
 }
 
 /* Where mirror m holds tensor i, when it holds the same tensor. */

@@ -135,7 +135,8 @@ static int read_fully(const sl_index *ix, sl_file *f, unsigned char *buf, size_t
 {
     if (f->url) {
         uint64_t size = f->size;
-        return sl_remote_read(ix->remote, f->path, offset, len, buf, &size, f->etag,
+        return sl_remote_read(ix->remote, f->fetch_loc ? f->fetch_loc : f->path, offset, len,
+                              buf, &size, f->etag,
                               SLUICE_E_NO_FILES, err);
     }
     size_t got = 0;
@@ -284,11 +285,20 @@ static int open_file(sl_index *ix, const char *dir, const char *name, int missin
         sl_err e2;
         if (!(f->url = sl_remote_url(ix->remote, f->path, err)))
             return err->code;
+        /* messages quote path: it keeps no credential of the location */
+        char safe[512];
+        if (strcmp(sl_remote_shown(f->path, safe, sizeof safe), f->path) != 0) {
+            f->fetch_loc = f->path;
+            if (!(f->path = strdup(safe)))
+                return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
+            const char *slash = strrchr(f->path, '/');
+            f->name = slash ? slash + 1 : f->path;
+        }
         ix->any_remote = 1;
         unsigned char probe[8];
         uint64_t size = 0;
-        int rc = sl_remote_read(ix->remote, f->path, 0, 8, probe, &size, f->etag, missing_code,
-                                &e2);
+        int rc = sl_remote_read(ix->remote, f->fetch_loc ? f->fetch_loc : f->path, 0, 8, probe,
+                                &size, f->etag, missing_code, &e2);
         if (rc < 0 && strstr(e2.msg, "HTTP 416"))
             size = 0;   /* an empty object: no byte can be asked for */
         else if (rc < 0)
@@ -649,8 +659,10 @@ int sl_index_open_ex(sl_index *ix, const char *path, const struct sl_remote_cfg 
             rc = build_table(ix, err);
     } else
         rc = open_remote_directory(ix, path, err);
-    if (rc < 0)
+    if (rc < 0) {
         sl_index_free(ix);
+        sl_remote_scrub(err->msg, sizeof err->msg, path);
+    }
     else
         ix->remote = remote;
     return rc;
@@ -682,6 +694,7 @@ void sl_index_free(sl_index *ix)
         if (ix->files[i].fd >= 0)
             close(ix->files[i].fd);
         free(ix->files[i].path);
+        free(ix->files[i].fetch_loc);
         free(ix->files[i].url);
     }
     free(ix->files);

@@ -15,7 +15,10 @@
 #include <stdint.h>
 
 typedef struct sl_file {
-    char *path;              /* as opened: directory + name (or a remote location) */
+    char *path;              /* as opened: directory + name (or a remote location,
+                                as messages show it: no user:password@ or query) */
+    char *fetch_loc;         /* remote: the location as given, credentials
+                                included, when path had to leave them out */
     char *url;               /* remote: the http(s) URL its bytes are read from
                                 (fd is -1); NULL for a local file */
     char etag[160];          /* remote: its strong ETag at open, "" when none

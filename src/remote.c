@@ -117,7 +117,7 @@ int sl_remote_cfg_new(const sluice_options *o, sl_remote_cfg **out, sl_err *err)
 
 #ifdef SLUICE_HAVE_CURL
 /* location without what may hold a secret: user:password@ and ?query. */
-static const char *shown(const char *loc, char *buf, size_t cap)
+const char *sl_remote_shown(const char *loc, char *buf, size_t cap)
 {
     const char *p = strstr(loc, "://");
     const char *host = p ? p + 3 : loc;
@@ -131,6 +131,21 @@ static const char *shown(const char *loc, char *buf, size_t cap)
     return buf;
 }
 #endif
+
+void sl_remote_scrub(char *msg, size_t cap, const char *loc)
+{
+    char safe[512];
+    sl_remote_shown(loc, safe, sizeof safe);
+    size_t n = strlen(loc), k = strlen(safe);
+    if (!sl_is_remote(loc) || strcmp(safe, loc) == 0 || k > n)
+        return;
+    /* safe is never longer than loc: the message only shrinks */
+    for (char *p = strstr(msg, loc); p; p = strstr(p + k, loc)) {
+        memmove(p + k, p + n, strlen(p + n) + 1);
+        memcpy(p, safe, k);
+    }
+    (void)cap;
+}
 
 char *sl_remote_url(const sl_remote_cfg *c, const char *loc, sl_err *err)
 {
@@ -621,7 +636,7 @@ static int fetch(const sl_remote_cfg *c, const char *loc, xfer *x, uint64_t off,
 {
     SL_TRY(curl_ready(err));
     char shown_buf[512];
-    x->shown = shown(loc, shown_buf, sizeof shown_buf);
+    x->shown = sl_remote_shown(loc, shown_buf, sizeof shown_buf);
     char *url = sl_remote_url(c, loc, err);
     if (!url)
         return err->code;

@@ -57,6 +57,14 @@ int sl_is_remote(const char *path);
 int sl_remote_cfg_new(const sluice_options *o, sl_remote_cfg **out, sl_err *err);
 void sl_remote_cfg_free(sl_remote_cfg *c);
 
+/* location as messages show it: without user:password@ and with "?..."
+ * for its query (a presigned URL's signature); in buf, returned. */
+const char *sl_remote_shown(const char *loc, char *buf, size_t cap);
+
+/* Replaces every loc in msg (a message that may quote it, or a URL made
+ * from it) by sl_remote_shown(loc); nothing for a local path. */
+void sl_remote_scrub(char *msg, size_t cap, const char *loc);
+
 /* The http(s) URL that location (http(s):// or s3://) is fetched from,
  * malloc'd (NULL when out of memory or not a valid location: err says). */
 char *sl_remote_url(const sl_remote_cfg *c, const char *location, sl_err *err);

@@ -21,6 +21,12 @@ MODE is one of:
     reset      close the connection at once with a TCP reset
     flip       a correct 206 with one byte of the body flipped
     grow       Content-Range naming a size one byte larger
+    shift      206 for the range one byte earlier (Content-Range says so)
+    widen      206 naming one byte past the range, and sending it
+    nocr       a correct 206 body without a Content-Range
+    long       a correct Content-Range, one byte more body than it names
+    half       206 for the first half of the range only (Content-Range
+               says so), keep-alive: a legal partial answer
 A fault served counts down N; at 0 the server behaves again.
 """
 import os
@@ -114,12 +120,22 @@ class Handler(BaseHTTPRequestHandler):
             return self.small(200, data)
         if a >= size:
             return self.small(416, b"", [("Content-Range", "bytes */%d" % size)])
+        if mode == "shift" and a > 0:
+            a, b = a - 1, b - 1
         body = bytearray(data[a:b + 1])
         total = size + 1 if mode == "grow" else size
+        if mode in ("widen", "long"):
+            body.append(0)
+        if mode == "widen":
+            b += 1
+        if mode == "half" and b > a:
+            b = a + (b - a + 1) // 2 - 1
+            body = body[: b - a + 1]
         if mode == "flip" and body:
             body[len(body) // 2] ^= 0xFF
         self.send_response(206)
-        self.send_header("Content-Range", "bytes %d-%d/%d" % (a, b, total))
+        if mode != "nocr":
+            self.send_header("Content-Range", "bytes %d-%d/%d" % (a, b, total))
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if mode == "short":

@@ -256,6 +256,40 @@ static void test_object_grew(void **state)
     (void)state;
 }
 
+/* Replies whose bytes belong elsewhere than asked: refused before any
+ * byte lands, never retried, and named as what they are (the manifest
+ * would catch most of them too, as SLUICE_E_CHECKSUM: the message shows
+ * which check refused them). */
+static void wrong_reply(const char *mode, int code, const char *why)
+{
+    sluice_options o = fast_options();
+    outcome r = run(&o, mode, 1, NULL);
+    assert_int_equal(r.rc, code);
+    if (!strstr(r.msg, why))
+        fail_msg("%s: %s", mode, r.msg);
+    assert_int_equal(r.retries, 0);
+}
+
+static void test_wrong_range_refused(void **state)
+{
+    wrong_reply("shift", SLUICE_E_FILE_CHANGED, "Content-Range bytes");
+    wrong_reply("widen", SLUICE_E_FILE_CHANGED, "Content-Range bytes");
+    wrong_reply("nocr", SLUICE_E_REMOTE, "without a Content-Range");
+    wrong_reply("long", SLUICE_E_FILE_CHANGED, "more bytes than");
+    (void)state;
+}
+
+/* A 206 for part of the range (legal): the rest is asked again. */
+static void test_partial_range_resumed(void **state)
+{
+    sluice_options o = fast_options();
+    outcome r = run(&o, "half", 1, NULL);
+    assert_int_equal(r.rc, SLUICE_OK);
+    assert_int_equal(r.retries, 1);
+    assert_non_null(r.msg);
+    (void)state;
+}
+
 static void test_short_body_resumed(void **state)
 {
     sluice_options o = fast_options();
@@ -313,6 +347,29 @@ static void test_close_with_reads_hanging(void **state)
     (void)state;
 }
 
+/* Close while every read is being retried (503 after 503): the remote
+ * thread decides retries while close aborts it (run under TSan). */
+static void test_close_while_retrying(void **state)
+{
+    sluice_options o = fast_options();
+    o.remote_attempts = 100;
+    o.remote_backoff_ms = 1;
+    for (int round = 0; round < 10; round++) {
+        arm("ok", 0, NULL);
+        sluice_model *m;
+        assert_int_equal(sluice_open(model_url, &o, &m), SLUICE_OK);
+        arm("status", 100000, "503");
+        assert_int_equal(sluice_prefetch(m, NULL, 0), SLUICE_OK);
+        struct timespec ts = {0, 20000000L * (round % 4)};
+        nanosleep(&ts, NULL);
+        double t0 = now_s();
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+        assert_true(now_s() - t0 < 2.0);
+    }
+    arm("ok", 0, NULL);
+    (void)state;
+}
+
 /* A local copy whose tensor b fails its digest, a mirror that never
  * answers: the mirror's open hangs on the opener thread while the slot
  * waits; close must still return at once. */
@@ -345,6 +402,91 @@ static void test_close_while_mirror_opens(void **state)
     double t0 = now_s();
     assert_int_equal(sluice_close(m), SLUICE_OK);
     assert_true(now_s() - t0 < 2.0);
+    arm("ok", 0, NULL);
+    tu_rmtree(d);
+    free(d);
+    free(q);
+    free(qm);
+    free(p);
+    free(pm);
+    (void)state;
+}
+
+/* A mirror given as a URL with credentials (user:password@, a presigned
+ * query): sluice_tensor_source and the error of a tensor every source
+ * failed name the mirror without them. */
+static void test_mirror_secrets_not_shown(void **state)
+{
+    char *d = tu_tmpdir(), *q = tu_join(d, "m.safetensors");
+    char *qm = tu_join(d, "m.safetensors.manifest.json");
+    char *p = tu_join(root, "m.safetensors"), *pm = tu_join(root, "m.safetensors.manifest.json");
+    size_t len;
+    unsigned char *bytes = tu_read_file(p, &len);
+    bytes[len - 10] ^= 0xff;        /* inside b */
+    tu_write_file(q, bytes, len);
+    free(bytes);
+    bytes = tu_read_file(pm, &len);
+    tu_write_file(qm, bytes, len);
+    free(bytes);
+    char mirror[400];
+    snprintf(mirror, sizeof mirror, "http://user:PW-SECRET@%s/m.safetensors",
+             srv.base + strlen("http://"));
+    const char *mirrors[] = {mirror};
+    sluice_options o = fast_options();
+    o.fallback = mirrors;
+    o.fallback_count = 1;
+    sluice_model *m;
+    arm("ok", 0, NULL);
+    assert_int_equal(sluice_open(q, &o, &m), SLUICE_OK);
+    sluice_tensor *t;
+    if (sluice_acquire(m, "b", &t) != SLUICE_OK)
+        fail_msg("%s", sluice_errmsg(m));
+    const char *src = sluice_tensor_source(t);
+    if (strstr(src, "SECRET") || !strstr(src, "fallback 1 (http://"))
+        fail_msg("source: %s", src);
+    sluice_release(t);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    /* a presigned mirror that refuses: the tensor's error names both
+     * sources, the mirror without its signature */
+    snprintf(mirror, sizeof mirror, "http://user:PW-SECRET@%s/m.safetensors?X-Amz-Signature=SIG-SECRET",
+             srv.base + strlen("http://"));
+    assert_int_equal(sluice_open(q, &o, &m), SLUICE_OK);
+    arm("status", 100, "403");
+    int rc = sluice_acquire(m, "b", &t);
+    const char *msg = sluice_errmsg(m);
+    if (rc != SLUICE_E_CHECKSUM)
+        fail_msg("%d: %s", rc, msg);
+    if (strstr(msg, "SECRET") || !strstr(msg, "fallback 1 (http://"))
+        fail_msg("error: %s", msg);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    /* the model itself at such a URL: a tensor's error names its file
+     * without the password */
+    snprintf(mirror, sizeof mirror, "http://user:PW-SECRET@%s/m.safetensors",
+             srv.base + strlen("http://"));
+    arm("ok", 0, NULL);
+    o.fallback_count = 0;
+    assert_int_equal(sluice_open(mirror, &o, &m), SLUICE_OK);
+    arm("flip", 1, NULL);
+    rc = sluice_acquire(m, "b", &t);
+    msg = sluice_errmsg(m);
+    if (rc != SLUICE_E_CHECKSUM || strstr(msg, "SECRET") || !strstr(msg, "file http://127.0.0.1:"))
+        fail_msg("%d: %s", rc, msg);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    /* ... and a missing sidecar under REQUIRE names it without it too */
+    char *nm = tu_join(root, "nomanifest.safetensors");
+    bytes = tu_read_file(p, &len);
+    tu_write_file(nm, bytes, len);
+    free(bytes);
+    snprintf(mirror, sizeof mirror, "http://user:PW-SECRET@%s/nomanifest.safetensors",
+             srv.base + strlen("http://"));
+    o.verify = SLUICE_VERIFY_REQUIRE;
+    rc = sluice_open(mirror, &o, &m);
+    msg = sluice_errmsg(m);
+    if (rc != SLUICE_E_MANIFEST || strstr(msg, "SECRET") || !strstr(msg, "sidecar http://127"))
+        fail_msg("%d: %s", rc, msg);
+    sluice_close(m);
+    unlink(nm);
+    free(nm);
     arm("ok", 0, NULL);
     tu_rmtree(d);
     free(d);
@@ -452,12 +594,16 @@ int main(void)
         cmocka_unit_test(test_deadline_bounded),
         cmocka_unit_test(test_range_ignored),
         cmocka_unit_test(test_object_grew),
+        cmocka_unit_test(test_wrong_range_refused),
+        cmocka_unit_test(test_partial_range_resumed),
         cmocka_unit_test(test_short_body_resumed),
         cmocka_unit_test(test_reset_retried),
         cmocka_unit_test(test_stall_times_out),
         cmocka_unit_test(test_flipped_byte),
         cmocka_unit_test(test_close_with_reads_hanging),
+        cmocka_unit_test(test_close_while_retrying),
         cmocka_unit_test(test_close_while_mirror_opens),
+        cmocka_unit_test(test_mirror_secrets_not_shown),
         cmocka_unit_test(test_request_format),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
