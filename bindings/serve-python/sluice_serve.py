@@ -233,15 +233,23 @@ class Client:
     def stream(self, model, names=None, raw=False):
         """Yields (name, array) (or (name, bytes) with raw=True) for the
         listed tensors (None: all), each verified, in delivery order."""
-        info = {t.name: t for t in self.model(model).tensors}
-        req = pb.StreamTensorsRequest(model=model, names=list(names or []),
-                                      chunk_bytes=self._chunk)
+        tensors = self.model(model).tensors
+        info = {t.name: t for t in tensors}
+        names = list(names or [])
+        # What the server owes, in order (the proto: the names as given, or
+        # every tensor in the model's order): a stream that ends early with
+        # status OK, or skips or swaps a tensor, raises.
+        owed = names or [t.name for t in tensors]
+        req = pb.StreamTensorsRequest(model=model, names=names, chunk_bytes=self._chunk)
         it = self._stub.StreamTensors(req, timeout=self._timeout, metadata=self._metadata)
-        cur, buf = None, bytearray()
+        cur, buf, done = None, bytearray(), 0
         for c in it:
             if c.name != cur:
-                if buf:
+                if cur is not None:
                     raise ChecksumError("%s: next tensor before the last chunk" % cur)
+                if done >= len(owed) or c.name != owed[done]:
+                    raise ChecksumError("%s: not the tensor expected next (%s)"
+                                        % (c.name, owed[done] if done < len(owed) else "none"))
                 cur = c.name
             if c.offset != len(buf):
                 raise ChecksumError("%s: chunk out of order" % c.name)
@@ -253,4 +261,9 @@ class Client:
                 data = bytes(buf)
                 self._check(t, data)
                 yield cur, (data if raw else to_array(data, t.dtype, t.shape))
-                cur, buf = None, bytearray()
+                cur, buf, done = None, bytearray(), done + 1
+        if cur is not None:
+            raise ChecksumError("%s: the stream ended before its last chunk" % cur)
+        if done < len(owed):
+            raise ChecksumError("%s: the stream ended before it (%d of %d tensors)"
+                                % (owed[done], done, len(owed)))
