@@ -13,8 +13,10 @@ equal the manifest digest GetModel gave (or the digests of a manifest the
 caller trusts: Client(..., manifest="path/sluice.manifest.json")); a
 mismatch raises ChecksumError, as the library's binding does. The service
 is then a cache, not a point of trust. Byte ranges (get_bytes with offset
-and length) have no manifest digest: they are checked against the digest
-the server sends, which guards the transfer only.
+and length) have no manifest digest: with a trusted manifest the client
+fetches the whole tensor, checks it and slices it; without one, a range is
+checked against the digest the server sends, which guards the transfer only.
+A stream that ends early, even with status OK, raises ChecksumError.
 
 The gRPC modules are generated from the proto with Debian's
 python3-grpc-tools, at test time by tools/test_serve_python.sh (into a
@@ -205,9 +207,22 @@ class Client:
     def get_bytes(self, model, name, offset=None, length=None):
         """The raw bytes of a tensor, or of length bytes from offset (length
         0 or None: to the end). A whole tensor is checked against the
-        manifest digest; a range against the server's digest of it."""
-        req = pb.GetTensorRequest(model=model, name=name, chunk_bytes=self._chunk)
+        manifest digest. A range has no manifest digest: with a trusted
+        manifest the whole tensor is fetched, checked and sliced (a range
+        is never taken on the server's word); without one, the range is
+        checked against the server's digest of it (the transfer only)."""
         ranged = offset is not None or length is not None
+        if ranged and self._trusted is not None:
+            t = self._tensor_info(model, name)
+            if t is None:
+                raise ChecksumError("%s: not listed by GetModel" % name)
+            off, n = offset or 0, length or 0
+            if off > t.nbytes or n > t.nbytes - off:
+                raise ValueError("range [%d, +%d) is outside %s's %d bytes"
+                                 % (off, n, name, t.nbytes))
+            data = self.get_bytes(model, name)
+            return data[off:off + n] if n else data[off:]
+        req = pb.GetTensorRequest(model=model, name=name, chunk_bytes=self._chunk)
         if ranged:
             req.range.offset = offset or 0
             req.range.length = length or 0

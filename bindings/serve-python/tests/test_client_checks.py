@@ -113,6 +113,17 @@ def test_wrong_bytes_caught_by_getmodel_digest(fake):
             list(c.stream("m", ["a"]))
 
 
+def test_range_checked_against_trusted_manifest(fake, trusted):
+    # A range's digest comes from the server: with a trusted manifest the
+    # client must not take a range on the server's word.
+    fake.data["a"] = B
+    with Client(fake.addr, manifest=trusted) as c:
+        with pytest.raises(ChecksumError, match="a"):
+            c.get_bytes("m", "a", 8, 16)
+        with pytest.raises(ValueError):
+            c.get_bytes("m", "a", len(A) + 1, 0)
+
+
 def test_missing_digest_raises(fake):
     del fake.digests["a"]
     with Client(fake.addr) as c:
