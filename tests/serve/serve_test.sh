@@ -158,8 +158,17 @@ case_errors() {
     mkdir -p "$T/outside"
     cp "$REAL/mnist-tinygrad__model.safetensors" "$T/outside/secret.safetensors"
     "$SLUICE" manifest "$T/outside/secret.safetensors" -q -o "$T/outside/secret.safetensors.manifest.json"
-    ln -s "$T/outside/secret.safetensors" "$T/root/escape.safetensors"
-    ln -s "$T/outside" "$T/root/escape-dir"
+    # Symlinked with a manifest that names the link (and a directory model
+    # outside with its own): were the start-time check gone, both would be
+    # served, not NOT_FOUND.
+    cp "$REAL/mnist-tinygrad__model.safetensors" "$T/outside/escape.safetensors"
+    "$SLUICE" manifest "$T/outside/escape.safetensors" -q -o "$T/outside/escape.safetensors.manifest.json"
+    ln -s "$T/outside/escape.safetensors" "$T/root/escape.safetensors"
+    ln -s "$T/outside/escape.safetensors.manifest.json" "$T/root/escape.safetensors.manifest.json"
+    mkdir -p "$T/outside/dirmodel"
+    cp "$REAL/mnist-tinygrad__model.safetensors" "$T/outside/dirmodel/model.safetensors"
+    "$SLUICE" manifest "$T/outside/dirmodel" -q -o "$T/outside/dirmodel/sluice.manifest.json"
+    ln -s "$T/outside/dirmodel" "$T/root/escape-dir"
     # A tampered tensor on the server's disk (its manifest made before).
     make_big "$T/root/tampered" a:100000 b:200000 c:300000
     python3 - "$T/root/tampered/model.safetensors" <<'EOF'
