@@ -254,6 +254,14 @@ case_security() {
     start_server token "$T/root/$m" --token-file "$T/token"
     expect 116 "no token: UNAUTHENTICATED" "$ADDR" list
     expect 116 "wrong token: UNAUTHENTICATED" "$ADDR" list --token "$T/wrong"
+    # Same length, one byte off; a prefix; the token and more: the bytes
+    # are compared, not the length or a prefix.
+    printf 's3cret-tokem\n' >"$T/samelen"
+    printf 's3cret\n' >"$T/prefix"
+    printf 's3cret-token-and-more\n' >"$T/longer"
+    for w in samelen prefix longer; do
+        expect 116 "token $w: UNAUTHENTICATED" "$ADDR" list --token "$T/$w"
+    done
     expect 116 "GetTensor without the token: UNAUTHENTICATED" "$ADDR" get $m model.norm.weight --token "$T/wrong"
     expect 0 "with the token: served and verified" "$ADDR" fetch $m --token "$T/token" -q
     grep -q 'refused .*no valid token' "$T/token.err" && ok "refusal logged" || bad "refusal not logged"

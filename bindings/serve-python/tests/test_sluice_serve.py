@@ -214,6 +214,12 @@ def test_token(root, tmp_path):
             with pytest.raises(grpc.RpcError) as e:
                 c.list_models()
             assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        # One byte off (same length), a prefix, the token and more.
+        for wrong in ["python-secreT", "python", "python-secret2"]:
+            with Client(s.addr, token=wrong) as c:
+                with pytest.raises(grpc.RpcError) as e:
+                    c.list_models()
+                assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED, wrong
         with Client(s.addr, token_file=str(tok)) as c:
             assert c.list_models()[0]["name"] == "synth"
             c.get_tensor("synth", "model.norm.weight")
