@@ -235,6 +235,17 @@ EOF
     fi
     stop_server errors
 
+    # A model served without a manifest (--allow-unverified): GetModel has
+    # no digests, so the client cannot say "verified" (exit 1) unless told
+    # to accept that (--allow-unverified).
+    mkdir -p "$T/unverified"
+    cp "$REAL/mnist-tinygrad__model.safetensors" "$T/unverified/plain.safetensors"
+    start_server unverified "$T/unverified/plain.safetensors" --allow-unverified
+    expect 1 "no manifest digest: fetch is not verified" "$ADDR" fetch plain.safetensors -q
+    expect 1 "no manifest digest: fetch --stream is not verified" "$ADDR" fetch plain.safetensors --stream -q
+    expect 0 "no manifest digest, --allow-unverified: fetched" "$ADDR" fetch plain.safetensors -q --allow-unverified
+    stop_server unverified
+
     # The server-side fault hook: a sent chunk corrupted; the client's
     # end-to-end check must catch it.
     SLUICE_SERVE_TEST_CORRUPT_CHUNK=model.norm.weight start_server fault "$T/root/synth-sharded"
