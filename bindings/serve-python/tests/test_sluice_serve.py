@@ -174,6 +174,15 @@ def test_errors(server):
         with pytest.raises(grpc.RpcError) as e:
             c.get_bytes("synth", "no.such.tensor")
         assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        # A long unknown name: still NOT_FOUND (the status message does not
+        # echo it whole past the client's metadata limit).
+        long = "x" * 20000
+        with pytest.raises(grpc.RpcError) as e:
+            c.get_bytes("synth", long)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND, e.value.details()
+        with pytest.raises(grpc.RpcError) as e:
+            list(c.stream("synth", [long]))
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND, e.value.details()
 
 
 def test_trusted_manifest(server, root, tmp_path):
