@@ -140,10 +140,13 @@ class Client:
             if doc.get("algorithm") != "sha256":
                 raise ValueError("%s: a %s manifest; the service's digests are SHA-256"
                                  % (path, doc.get("algorithm")))
-            # version 1: {"sha256": ...}; version 2: {"digest": ...}
-            return {k: bytes.fromhex(v["digest"] if "digest" in v else v["sha256"])
+            # version 1: {"sha256": ...}; version 2: {"digest": ..., "dtype",
+            # "shape"}: those, when given, are checked too (the right bytes
+            # under another dtype or shape are other values).
+            return {k: (bytes.fromhex(v["digest"] if "digest" in v else v["sha256"]),
+                        v.get("dtype"), v.get("shape"))
                     for k, v in doc.get("tensors", {}).items()}
-        return {k: bytes.fromhex(v) for k, v in doc.items()}
+        return {k: (bytes.fromhex(v), None, None) for k, v in doc.items()}
 
     def close(self):
         self._channel.close()
@@ -175,9 +178,15 @@ class Client:
 
     def _expected(self, t):
         if self._trusted is not None:
-            d = self._trusted.get(t.name)
-            if d is None:
+            e = self._trusted.get(t.name)
+            if e is None:
                 raise ChecksumError("%s: not in the trusted manifest" % t.name)
+            d, dtype, shape = e
+            if dtype is not None and t.dtype != dtype:
+                raise ChecksumError("%s: dtype %s, trusted manifest %s" % (t.name, t.dtype, dtype))
+            if shape is not None and list(t.shape) != list(shape):
+                raise ChecksumError("%s: shape %s, trusted manifest %s"
+                                    % (t.name, list(t.shape), list(shape)))
             return d
         return bytes(t.sha256)
 

@@ -30,11 +30,13 @@ class Fake(pb_grpc.TensorServiceServicer):
         self.digests = {k: sha(v) for k, v in REAL.items()}
         self.stop_after = None
         self.split = True
+        self.meta = {}  # name: (dtype, shape) GetModel says instead
 
     def GetModel(self, req, ctx):
         mi = pb.ModelInfo(name="m")
         for i, (k, v) in enumerate(REAL.items()):
-            mi.tensors.add(name=k, dtype="U8", shape=[len(v)], nbytes=len(v), index=i,
+            dtype, shape = self.meta.get(k, ("U8", [len(v)]))
+            mi.tensors.add(name=k, dtype=dtype, shape=shape, nbytes=len(v), index=i,
                            sha256=self.digests.get(k, b""))
         return mi
 
@@ -154,3 +156,21 @@ def test_get_ending_early_raises(fake):
     with Client(fake.addr) as c:
         with pytest.raises(ChecksumError):
             c.get_bytes("m", "a")
+
+
+def test_dtype_and_shape_checked_against_trusted_manifest(fake, tmp_path):
+    # The right bytes under another dtype or shape are other values: a
+    # trusted manifest that gives dtype and shape (version 2) is the word.
+    doc = {"format": "sluice-manifest", "version": 2, "algorithm": "sha256",
+           "tensors": {k: {"digest": sha(v).hex(), "dtype": "U8", "shape": [len(v)],
+                           "nbytes": len(v)} for k, v in REAL.items()}}
+    p = tmp_path / "trusted2.json"
+    p.write_text(json.dumps(doc))
+    fake.meta = {"a": ("I8", [64]), "b": ("U8", [8, 8])}
+    with Client(fake.addr, manifest=str(p)) as c:
+        with pytest.raises(ChecksumError, match="dtype"):
+            c.get_tensor("m", "a")
+        with pytest.raises(ChecksumError, match="shape"):
+            c.get_tensor("m", "b")
+        with pytest.raises(ChecksumError, match="dtype"):
+            list(c.stream("m"))
