@@ -15,7 +15,8 @@
 //                              ranges of each tensor; --compare LOCAL_PATH)
 // options: --token FILE, --ca PEM (TLS), --cert PEM --key PEM (client
 // certificate), --server-name NAME (TLS name to check), --chunk N,
-// --repeat N (fetch N times), --quiet; for tests of the server's flow
+// --repeat N (fetch N times), --quiet, --allow-unverified (accept tensors
+// GetModel gives no manifest digest for: else a mismatch); for tests of the server's flow
 // control, with --stream: --stall S (stop reading for S seconds after the
 // first chunk), --cancel (cancel after the first chunk).
 // Exit status: 0 all verified, 1 a digest or comparison mismatch, 2 usage,
@@ -55,6 +56,7 @@ struct Opts {
     std::string token, ca, cert, key, server_name, out, compare;
     uint64_t offset = 0, length = 0;
     bool range = false, stream = false, ranges = false, quiet = false;
+    bool allow_unverified = false;  // accept tensors GetModel gives no digest for
     uint32_t chunk = 0;
     int repeat = 1;
     double stall = 0;      // --stall S: sleep S seconds after the first chunk
@@ -244,7 +246,7 @@ int usage()
             "usage: serve_client ADDR list | info MODEL | get MODEL NAME | fetch MODEL\n"
             "  [--offset N --length N] [-o FILE] [--stream] [--ranges] [--compare PATH]\n"
             "  [--token FILE] [--ca PEM [--cert PEM --key PEM] [--server-name N]]\n"
-            "  [--chunk N] [--repeat N] [--quiet]\n");
+            "  [--chunk N] [--repeat N] [--quiet] [--allow-unverified]\n");
     return 2;
 }
 
@@ -255,6 +257,14 @@ int check_tensor(const pb::TensorInfo &ti, const std::string &bytes, const std::
     if (bytes.size() != ti.nbytes()) {
         fprintf(stderr, "MISMATCH %s: %zu bytes, want %llu\n", ti.name().c_str(), bytes.size(),
                 (unsigned long long)ti.nbytes());
+        return 1;
+    }
+    // No manifest digest (a model served --allow-unverified, or a server
+    // that omits it): only the server's own digest would be left, which
+    // guards the transfer only, so this is not "verified" unless asked.
+    if (ti.sha256().empty() && !o.allow_unverified) {
+        fprintf(stderr, "MISMATCH %s: GetModel gives no manifest digest (--allow-unverified "
+                        "to accept)\n", ti.name().c_str());
         return 1;
     }
     if (!ti.sha256().empty() && d != ti.sha256()) {
@@ -304,6 +314,7 @@ int main(int argc, char **argv)
         else if (a == "--stream") o.stream = true;
         else if (a == "--ranges") o.ranges = true;
         else if (a == "--quiet" || a == "-q") o.quiet = true;
+        else if (a == "--allow-unverified") o.allow_unverified = true;
         else if (!a.empty() && a[0] == '-') return usage();
         else pos.push_back(a);
     }

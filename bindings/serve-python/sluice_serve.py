@@ -13,8 +13,10 @@ equal the manifest digest GetModel gave (or the digests of a manifest the
 caller trusts: Client(..., manifest="path/sluice.manifest.json")); a
 mismatch raises ChecksumError, as the library's binding does. The service
 is then a cache, not a point of trust. Byte ranges (get_bytes with offset
-and length) have no manifest digest: they are checked against the digest
-the server sends, which guards the transfer only.
+and length) have no manifest digest: with a trusted manifest the client
+fetches the whole tensor, checks it and slices it; without one, a range is
+checked against the digest the server sends, which guards the transfer only.
+A stream that ends early, even with status OK, raises ChecksumError.
 
 The gRPC modules are generated from the proto with Debian's
 python3-grpc-tools, at test time by tools/test_serve_python.sh (into a
@@ -138,10 +140,13 @@ class Client:
             if doc.get("algorithm") != "sha256":
                 raise ValueError("%s: a %s manifest; the service's digests are SHA-256"
                                  % (path, doc.get("algorithm")))
-            # version 1: {"sha256": ...}; version 2: {"digest": ...}
-            return {k: bytes.fromhex(v["digest"] if "digest" in v else v["sha256"])
+            # version 1: {"sha256": ...}; version 2: {"digest": ..., "dtype",
+            # "shape"}: those, when given, are checked too (the right bytes
+            # under another dtype or shape are other values).
+            return {k: (bytes.fromhex(v["digest"] if "digest" in v else v["sha256"]),
+                        v.get("dtype"), v.get("shape"))
                     for k, v in doc.get("tensors", {}).items()}
-        return {k: bytes.fromhex(v) for k, v in doc.items()}
+        return {k: (bytes.fromhex(v), None, None) for k, v in doc.items()}
 
     def close(self):
         self._channel.close()
@@ -173,9 +178,15 @@ class Client:
 
     def _expected(self, t):
         if self._trusted is not None:
-            d = self._trusted.get(t.name)
-            if d is None:
+            e = self._trusted.get(t.name)
+            if e is None:
                 raise ChecksumError("%s: not in the trusted manifest" % t.name)
+            d, dtype, shape = e
+            if dtype is not None and t.dtype != dtype:
+                raise ChecksumError("%s: dtype %s, trusted manifest %s" % (t.name, t.dtype, dtype))
+            if shape is not None and list(t.shape) != list(shape):
+                raise ChecksumError("%s: shape %s, trusted manifest %s"
+                                    % (t.name, list(t.shape), list(shape)))
             return d
         return bytes(t.sha256)
 
@@ -205,9 +216,22 @@ class Client:
     def get_bytes(self, model, name, offset=None, length=None):
         """The raw bytes of a tensor, or of length bytes from offset (length
         0 or None: to the end). A whole tensor is checked against the
-        manifest digest; a range against the server's digest of it."""
-        req = pb.GetTensorRequest(model=model, name=name, chunk_bytes=self._chunk)
+        manifest digest. A range has no manifest digest: with a trusted
+        manifest the whole tensor is fetched, checked and sliced (a range
+        is never taken on the server's word); without one, the range is
+        checked against the server's digest of it (the transfer only)."""
         ranged = offset is not None or length is not None
+        if ranged and self._trusted is not None:
+            t = self._tensor_info(model, name)
+            if t is None:
+                raise ChecksumError("%s: not listed by GetModel" % name)
+            off, n = offset or 0, length or 0
+            if off > t.nbytes or n > t.nbytes - off:
+                raise ValueError("range [%d, +%d) is outside %s's %d bytes"
+                                 % (off, n, name, t.nbytes))
+            data = self.get_bytes(model, name)
+            return data[off:off + n] if n else data[off:]
+        req = pb.GetTensorRequest(model=model, name=name, chunk_bytes=self._chunk)
         if ranged:
             req.range.offset = offset or 0
             req.range.length = length or 0
@@ -233,15 +257,23 @@ class Client:
     def stream(self, model, names=None, raw=False):
         """Yields (name, array) (or (name, bytes) with raw=True) for the
         listed tensors (None: all), each verified, in delivery order."""
-        info = {t.name: t for t in self.model(model).tensors}
-        req = pb.StreamTensorsRequest(model=model, names=list(names or []),
-                                      chunk_bytes=self._chunk)
+        tensors = self.model(model).tensors
+        info = {t.name: t for t in tensors}
+        names = list(names or [])
+        # What the server owes, in order (the proto: the names as given, or
+        # every tensor in the model's order): a stream that ends early with
+        # status OK, or skips or swaps a tensor, raises.
+        owed = names or [t.name for t in tensors]
+        req = pb.StreamTensorsRequest(model=model, names=names, chunk_bytes=self._chunk)
         it = self._stub.StreamTensors(req, timeout=self._timeout, metadata=self._metadata)
-        cur, buf = None, bytearray()
+        cur, buf, done = None, bytearray(), 0
         for c in it:
             if c.name != cur:
-                if buf:
+                if cur is not None:
                     raise ChecksumError("%s: next tensor before the last chunk" % cur)
+                if done >= len(owed) or c.name != owed[done]:
+                    raise ChecksumError("%s: not the tensor expected next (%s)"
+                                        % (c.name, owed[done] if done < len(owed) else "none"))
                 cur = c.name
             if c.offset != len(buf):
                 raise ChecksumError("%s: chunk out of order" % c.name)
@@ -253,4 +285,9 @@ class Client:
                 data = bytes(buf)
                 self._check(t, data)
                 yield cur, (data if raw else to_array(data, t.dtype, t.shape))
-                cur, buf = None, bytearray()
+                cur, buf, done = None, bytearray(), done + 1
+        if cur is not None:
+            raise ChecksumError("%s: the stream ended before its last chunk" % cur)
+        if done < len(owed):
+            raise ChecksumError("%s: the stream ended before it (%d of %d tensors)"
+                                % (owed[done], done, len(owed)))

@@ -158,8 +158,17 @@ case_errors() {
     mkdir -p "$T/outside"
     cp "$REAL/mnist-tinygrad__model.safetensors" "$T/outside/secret.safetensors"
     "$SLUICE" manifest "$T/outside/secret.safetensors" -q -o "$T/outside/secret.safetensors.manifest.json"
-    ln -s "$T/outside/secret.safetensors" "$T/root/escape.safetensors"
-    ln -s "$T/outside" "$T/root/escape-dir"
+    # Symlinked with a manifest that names the link (and a directory model
+    # outside with its own): were the start-time check gone, both would be
+    # served, not NOT_FOUND.
+    cp "$REAL/mnist-tinygrad__model.safetensors" "$T/outside/escape.safetensors"
+    "$SLUICE" manifest "$T/outside/escape.safetensors" -q -o "$T/outside/escape.safetensors.manifest.json"
+    ln -s "$T/outside/escape.safetensors" "$T/root/escape.safetensors"
+    ln -s "$T/outside/escape.safetensors.manifest.json" "$T/root/escape.safetensors.manifest.json"
+    mkdir -p "$T/outside/dirmodel"
+    cp "$REAL/mnist-tinygrad__model.safetensors" "$T/outside/dirmodel/model.safetensors"
+    "$SLUICE" manifest "$T/outside/dirmodel" -q -o "$T/outside/dirmodel/sluice.manifest.json"
+    ln -s "$T/outside/dirmodel" "$T/root/escape-dir"
     # A tampered tensor on the server's disk (its manifest made before).
     make_big "$T/root/tampered" a:100000 b:200000 c:300000
     python3 - "$T/root/tampered/model.safetensors" <<'EOF'
@@ -226,6 +235,17 @@ EOF
     fi
     stop_server errors
 
+    # A model served without a manifest (--allow-unverified): GetModel has
+    # no digests, so the client cannot say "verified" (exit 1) unless told
+    # to accept that (--allow-unverified).
+    mkdir -p "$T/unverified"
+    cp "$REAL/mnist-tinygrad__model.safetensors" "$T/unverified/plain.safetensors"
+    start_server unverified "$T/unverified/plain.safetensors" --allow-unverified
+    expect 1 "no manifest digest: fetch is not verified" "$ADDR" fetch plain.safetensors -q
+    expect 1 "no manifest digest: fetch --stream is not verified" "$ADDR" fetch plain.safetensors --stream -q
+    expect 0 "no manifest digest, --allow-unverified: fetched" "$ADDR" fetch plain.safetensors -q --allow-unverified
+    stop_server unverified
+
     # The server-side fault hook: a sent chunk corrupted; the client's
     # end-to-end check must catch it.
     SLUICE_SERVE_TEST_CORRUPT_CHUNK=model.norm.weight start_server fault "$T/root/synth-sharded"
@@ -245,6 +265,14 @@ case_security() {
     start_server token "$T/root/$m" --token-file "$T/token"
     expect 116 "no token: UNAUTHENTICATED" "$ADDR" list
     expect 116 "wrong token: UNAUTHENTICATED" "$ADDR" list --token "$T/wrong"
+    # Same length, one byte off; a prefix; the token and more: the bytes
+    # are compared, not the length or a prefix.
+    printf 's3cret-tokem\n' >"$T/samelen"
+    printf 's3cret\n' >"$T/prefix"
+    printf 's3cret-token-and-more\n' >"$T/longer"
+    for w in samelen prefix longer; do
+        expect 116 "token $w: UNAUTHENTICATED" "$ADDR" list --token "$T/$w"
+    done
     expect 116 "GetTensor without the token: UNAUTHENTICATED" "$ADDR" get $m model.norm.weight --token "$T/wrong"
     expect 0 "with the token: served and verified" "$ADDR" fetch $m --token "$T/token" -q
     grep -q 'refused .*no valid token' "$T/token.err" && ok "refusal logged" || bad "refusal not logged"

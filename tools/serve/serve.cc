@@ -405,6 +405,18 @@ bool valid_model_name(const std::string &n)
     return true;
 }
 
+// A name the client sent, for a status message: at most 256 bytes of it.
+// The message travels in the trailers, and a name near --max-request-bytes
+// echoed whole passes the clients' metadata limit (16 KiB in grpc), which
+// turns NOT_FOUND into RESOURCE_EXHAUSTED on their side.
+std::string echo_name(const std::string &n)
+{
+    const size_t max = 256;
+    if (n.size() <= max)
+        return n;
+    return n.substr(0, max) + "... (" + std::to_string(n.size()) + " bytes)";
+}
+
 std::string base_name(const char *p)
 {
     const char *s = strrchr(p, '/');
@@ -714,7 +726,7 @@ private:
         }
         auto it = models_.find(name);
         if (it == models_.end())
-            return Status(StatusCode::NOT_FOUND, "no such model: " + name);
+            return Status(StatusCode::NOT_FOUND, "no such model: " + echo_name(name));
         *out = it->second.get();
         return Status::OK;
     }
@@ -846,7 +858,7 @@ private:
         int rc = sluice_find_n(m->m, req->name().data(), req->name().size(), &ti);
         if (rc != SLUICE_OK)
             return Status(rc == SLUICE_E_NOT_FOUND ? StatusCode::NOT_FOUND : code_of(rc),
-                          rc == SLUICE_E_NOT_FOUND ? "no such tensor: " + req->name()
+                          rc == SLUICE_E_NOT_FOUND ? "no such tensor: " + echo_name(req->name())
                                                    : std::string(sluice_errmsg(m->m)));
         uint64_t off = 0, len = ti.nbytes;
         bool whole = true;
@@ -887,7 +899,7 @@ private:
             for (const std::string &n : req->names()) {
                 struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
                 if (sluice_find_n(m->m, n.data(), n.size(), &ti) != SLUICE_OK)
-                    return Status(StatusCode::NOT_FOUND, "no such tensor: " + n);
+                    return Status(StatusCode::NOT_FOUND, "no such tensor: " + echo_name(n));
                 order.push_back(ti.index);
             }
         }

@@ -174,6 +174,15 @@ def test_errors(server):
         with pytest.raises(grpc.RpcError) as e:
             c.get_bytes("synth", "no.such.tensor")
         assert e.value.code() == grpc.StatusCode.NOT_FOUND
+        # A long unknown name: still NOT_FOUND (the status message does not
+        # echo it whole past the client's metadata limit).
+        long = "x" * 20000
+        with pytest.raises(grpc.RpcError) as e:
+            c.get_bytes("synth", long)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND, e.value.details()
+        with pytest.raises(grpc.RpcError) as e:
+            list(c.stream("synth", [long]))
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND, e.value.details()
 
 
 def test_trusted_manifest(server, root, tmp_path):
@@ -214,6 +223,12 @@ def test_token(root, tmp_path):
             with pytest.raises(grpc.RpcError) as e:
                 c.list_models()
             assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        # One byte off (same length), a prefix, the token and more.
+        for wrong in ["python-secreT", "python", "python-secret2"]:
+            with Client(s.addr, token=wrong) as c:
+                with pytest.raises(grpc.RpcError) as e:
+                    c.list_models()
+                assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED, wrong
         with Client(s.addr, token_file=str(tok)) as c:
             assert c.list_models()[0]["name"] == "synth"
             c.get_tensor("synth", "model.norm.weight")

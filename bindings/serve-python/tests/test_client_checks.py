@@ -1,0 +1,176 @@
+"""The Python client's own checks against a server that lies or stops short:
+a fake TensorService in this process (grpc's Python server on 127.0.0.1,
+a free port, stopped at the end), so each check is shown to fail the call
+whatever the real server does. Needs no build."""
+import hashlib
+import json
+from concurrent import futures
+
+import grpc
+import pytest
+
+from sluice_serve import ChecksumError, Client, pb, pb_grpc
+
+A = bytes(range(64))
+B = bytes(range(100, 164))
+REAL = {"a": A, "b": B}
+
+
+def sha(b):
+    return hashlib.sha256(b).digest()
+
+
+class Fake(pb_grpc.TensorServiceServicer):
+    """Serves model "m" (tensors a, b); `data` is what it sends and
+    `digests` what GetModel says; `stop_after` ends a stream (status OK)
+    after that many chunks; `split` sends each tensor as two chunks."""
+
+    def __init__(self):
+        self.data = dict(REAL)
+        self.digests = {k: sha(v) for k, v in REAL.items()}
+        self.stop_after = None
+        self.split = True
+        self.meta = {}  # name: (dtype, shape) GetModel says instead
+
+    def GetModel(self, req, ctx):
+        mi = pb.ModelInfo(name="m")
+        for i, (k, v) in enumerate(REAL.items()):
+            dtype, shape = self.meta.get(k, ("U8", [len(v)]))
+            mi.tensors.add(name=k, dtype=dtype, shape=shape, nbytes=len(v), index=i,
+                           sha256=self.digests.get(k, b""))
+        return mi
+
+    def _chunks(self, name, off, length):
+        d = self.data[name][off:off + length]
+        parts = [d[:len(d) // 2], d[len(d) // 2:]] if self.split else [d]
+        pos = off
+        for i, p in enumerate(parts):
+            last = i == len(parts) - 1
+            yield pb.TensorChunk(name=name, offset=pos, data=p, total_bytes=len(d), last=last,
+                                 sha256=sha(d) if last else b"")
+            pos += len(p)
+
+    def _limited(self, gen):
+        for n, c in enumerate(gen):
+            if self.stop_after is not None and n >= self.stop_after:
+                return
+            yield c
+
+    def GetTensor(self, req, ctx):
+        n = len(REAL[req.name])
+        off, length = (req.range.offset, req.range.length) if req.HasField("range") else (0, n)
+        yield from self._limited(self._chunks(req.name, off, length or n - off))
+
+    def StreamTensors(self, req, ctx):
+        names = list(req.names) or list(REAL)
+        yield from self._limited(c for k in names for c in self._chunks(k, 0, len(REAL[k])))
+
+
+@pytest.fixture
+def fake():
+    f = Fake()
+    s = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_TensorServiceServicer_to_server(f, s)
+    port = s.add_insecure_port("127.0.0.1:0")
+    s.start()
+    f.addr = "127.0.0.1:%d" % port
+    yield f
+    s.stop(grace=None)
+
+
+@pytest.fixture
+def trusted(tmp_path):
+    p = tmp_path / "trusted.json"
+    p.write_text(json.dumps({k: sha(v).hex() for k, v in REAL.items()}))
+    return str(p)
+
+
+def test_honest_fake_passes(fake, trusted):
+    for manifest in (None, trusted):
+        with Client(fake.addr, manifest=manifest) as c:
+            assert c.get_bytes("m", "a") == A
+            assert c.get_bytes("m", "b", 10, 20) == B[10:30]
+            assert dict(c.stream("m", raw=True)) == REAL
+            assert dict(c.stream("m", ["b", "a"], raw=True)) == REAL
+
+
+def test_wrong_bytes_with_matching_digests_caught_by_trusted_manifest(fake, trusted):
+    # The server sends other bytes and vouches for them: only the trusted
+    # manifest can tell.
+    fake.data["a"] = B
+    fake.digests["a"] = sha(B)
+    with Client(fake.addr, manifest=trusted) as c:
+        with pytest.raises(ChecksumError, match="a"):
+            c.get_bytes("m", "a")
+        with pytest.raises(ChecksumError, match="a"):
+            list(c.stream("m", ["a"]))
+
+
+def test_wrong_bytes_caught_by_getmodel_digest(fake):
+    fake.data["a"] = B
+    with Client(fake.addr) as c:
+        with pytest.raises(ChecksumError, match="a"):
+            c.get_bytes("m", "a")
+        with pytest.raises(ChecksumError, match="a"):
+            list(c.stream("m", ["a"]))
+
+
+def test_range_checked_against_trusted_manifest(fake, trusted):
+    # A range's digest comes from the server: with a trusted manifest the
+    # client must not take a range on the server's word.
+    fake.data["a"] = B
+    with Client(fake.addr, manifest=trusted) as c:
+        with pytest.raises(ChecksumError, match="a"):
+            c.get_bytes("m", "a", 8, 16)
+        with pytest.raises(ValueError):
+            c.get_bytes("m", "a", len(A) + 1, 0)
+
+
+def test_missing_digest_raises(fake):
+    del fake.digests["a"]
+    with Client(fake.addr) as c:
+        with pytest.raises(ChecksumError, match="no manifest digest"):
+            c.get_bytes("m", "a")
+        with pytest.raises(ChecksumError, match="no manifest digest"):
+            list(c.stream("m", ["a"]))
+
+
+def test_stream_ending_mid_tensor_raises(fake):
+    fake.stop_after = 3  # a's two chunks, then b's first: status OK
+    with Client(fake.addr) as c:
+        with pytest.raises(ChecksumError, match="b"):
+            list(c.stream("m", raw=True))
+
+
+def test_stream_missing_a_tensor_raises(fake):
+    fake.stop_after = 2  # a whole, b never sent: status OK
+    with Client(fake.addr) as c:
+        with pytest.raises(ChecksumError, match="b"):
+            list(c.stream("m", ["a", "b"], raw=True))
+        with pytest.raises(ChecksumError, match="b"):
+            list(c.stream("m", raw=True))
+
+
+def test_get_ending_early_raises(fake):
+    fake.stop_after = 1
+    with Client(fake.addr) as c:
+        with pytest.raises(ChecksumError):
+            c.get_bytes("m", "a")
+
+
+def test_dtype_and_shape_checked_against_trusted_manifest(fake, tmp_path):
+    # The right bytes under another dtype or shape are other values: a
+    # trusted manifest that gives dtype and shape (version 2) is the word.
+    doc = {"format": "sluice-manifest", "version": 2, "algorithm": "sha256",
+           "tensors": {k: {"digest": sha(v).hex(), "dtype": "U8", "shape": [len(v)],
+                           "nbytes": len(v)} for k, v in REAL.items()}}
+    p = tmp_path / "trusted2.json"
+    p.write_text(json.dumps(doc))
+    fake.meta = {"a": ("I8", [64]), "b": ("U8", [8, 8])}
+    with Client(fake.addr, manifest=str(p)) as c:
+        with pytest.raises(ChecksumError, match="dtype"):
+            c.get_tensor("m", "a")
+        with pytest.raises(ChecksumError, match="shape"):
+            c.get_tensor("m", "b")
+        with pytest.raises(ChecksumError, match="dtype"):
+            list(c.stream("m"))
