@@ -115,7 +115,6 @@ int sl_remote_cfg_new(const sluice_options *o, sl_remote_cfg **out, sl_err *err)
     return SLUICE_OK;
 }
 
-#ifdef SLUICE_HAVE_CURL
 /* location without what may hold a secret: user:password@ and ?query. */
 const char *sl_remote_shown(const char *loc, char *buf, size_t cap)
 {
@@ -130,7 +129,6 @@ const char *sl_remote_shown(const char *loc, char *buf, size_t cap)
     snprintf(buf, cap, "%.*s%.*s%s", (int)scheme, loc, (int)hl, host, q ? "?..." : "");
     return buf;
 }
-#endif
 
 void sl_remote_scrub(char *msg, size_t cap, const char *loc)
 {
