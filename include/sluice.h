@@ -608,8 +608,9 @@ SLUICE_API int sluice_tensor_digest(const sluice_tensor *t, uint8_t digest[32]);
  * Ranges of a tensor, verified, without the pool
  * ----------------------------------------------
  * sluice_read_into reads bytes [byte_begin, byte_begin + len) of the
- * tensor `name` straight into dst (any alignment, len bytes) with pread,
- * and returns once every byte in it is verified:
+ * tensor `name` straight into dst (any alignment, len bytes) with pread
+ * (a remote file: with range GETs, one at a time; fallback mirrors are
+ * not tried), and returns once every byte in it is verified:
  *  - the manifest gives the tensor chunk digests (version 2 "chunks"):
  *    only the chunks covering the range are read, each whole, and each
  *    must match; the bytes of those chunks outside the range are read

@@ -1,8 +1,8 @@
 /* range.c: verified reads of a byte range of one tensor into memory the
  * caller gives (sluice_read_into, and sluice_acquire_range through it).
  *
- * No pool, no ring: the range is read with pread straight into the
- * caller's buffer, and hashed there. The digests a manifest gives cover
+ * No pool, no ring: the range is read with pread (a remote file: with
+ * range GETs) straight into the caller's buffer, and hashed there. The digests a manifest gives cover
  * whole chunks (or the whole tensor), so the bytes of a covering chunk
  * that lie outside the range are read too, into a small bounce buffer,
  * and hashed in their place in the chunk's order; nothing outside the
@@ -11,6 +11,8 @@
  * (RG_BOUNCE at most), whatever the size of the tensor.
  */
 #include "range.h"
+
+#include "remote.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -26,6 +28,7 @@ typedef struct rg_ctx {
     const sl_index *ix;
     size_t i;
     const struct sluice_tensor_info *t;
+    const sl_file *f;
     int fd;
     unsigned char *bounce;
     size_t bounce_cap;
@@ -63,11 +66,23 @@ static int rg_read(rg_ctx *c, uint64_t lo, uint64_t hi, unsigned char *dst)
             if (want > c->bounce_cap)
                 want = c->bounce_cap;
         }
-        ssize_t got = pread(c->fd, into, want, (off_t)(c->t->offset + lo));
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0)
-            return rg_fail_read(c, lo, got < 0 ? errno : 0);
+        ssize_t got;
+        if (c->f->url) {
+            /* the ETag of open, copied: a call on any thread writes none */
+            char etag[sizeof c->f->etag];
+            uint64_t size = c->f->size;
+            memcpy(etag, c->f->etag, sizeof etag);
+            SL_TRY(sl_remote_read(c->ix->remote, c->f->fetch_loc ? c->f->fetch_loc : c->f->path,
+                                  c->t->offset + lo, want, into, &size, etag,
+                                  SLUICE_E_FILE_CHANGED, c->err));
+            got = (ssize_t)want;
+        } else {
+            got = pread(c->fd, into, want, (off_t)(c->t->offset + lo));
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got <= 0)
+                return rg_fail_read(c, lo, got < 0 ? errno : 0);
+        }
         if (c->md && sl_md_update(c->md, into, (size_t)got) < 0)
             return sl_fail(c->err, SLUICE_E_NOMEM, "read_into: digest update failed (OpenSSL)");
         c->tally->bytes_read += (uint64_t)got;
@@ -113,8 +128,8 @@ int sl_range_read(const sl_index *ix, size_t i, uint64_t begin, uint64_t len, vo
                   sl_range_tally *tally, sl_err *err)
 {
     const struct sluice_tensor_info *t = &ix->tensors[i];
-    rg_ctx c = {.ix = ix, .i = i, .t = t, .fd = ix->files[t->file_index].fd, .tally = tally,
-                .err = err};
+    rg_ctx c = {.ix = ix, .i = i, .t = t, .f = &ix->files[t->file_index],
+                .fd = ix->files[t->file_index].fd, .tally = tally, .err = err};
     uint64_t end = begin + len;
     int rc = SLUICE_OK;
     if (!want) { /* not checked: the bytes only */
@@ -147,8 +162,8 @@ int sl_range_digest(const sl_index *ix, size_t i, uint64_t begin, uint64_t end,
                     sluice_algorithm alg, uint8_t out[32], sl_range_tally *tally, sl_err *err)
 {
     const struct sluice_tensor_info *t = &ix->tensors[i];
-    rg_ctx c = {.ix = ix, .i = i, .t = t, .fd = ix->files[t->file_index].fd, .tally = tally,
-                .err = err};
+    rg_ctx c = {.ix = ix, .i = i, .t = t, .f = &ix->files[t->file_index],
+                .fd = ix->files[t->file_index].fd, .tally = tally, .err = err};
     int rc = SLUICE_OK;
     if (!(c.md = sl_md_new(alg)))
         rc = sl_fail(err, SLUICE_E_NOMEM, "digest_range: out of memory");

@@ -442,6 +442,76 @@ static void test_checksum_and_changed(void **state)
     (void)state;
 }
 
+/* sluice_read_into, sluice_acquire_range and sluice_digest_range on a
+ * remote model read with range GETs (the file has no descriptor), chunk
+ * by chunk against a chunked version 2 manifest written by the CLI; a
+ * flipped byte fails the ranges that cover its chunk only. */
+static void test_ranges_of_a_remote_model(void **state)
+{
+    char *p = tu_join(root, "one.safetensors"), *q = tu_join(root, "rng.safetensors");
+    char *mf = tu_join(root, "rng.chunked.json");
+    copy_file(p, q);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s/sluice' manifest '%s' --chunk 1M -q -o '%s'", SLUICE_BINARY_DIR,
+             q, mf);
+    assert_int_equal(system(cmd), 0);
+    sluice_options o;
+    sluice_options_init(&o);
+    o.manifest_path = mf;
+    sluice_model *m = open_ok(at("rng.safetensors"), &o);
+    uint64_t cb = 0;
+    uint32_t cn = 0;
+    assert_int_equal(sluice_manifest_chunks(m, 1, &cb, &cn), SLUICE_OK); /* b: 3 MiB + 17 */
+    assert_int_equal(cb, MIB);
+    assert_int_equal(cn, 4);
+    uint64_t off_b = tensor_offset(q, "b"), off_e = tensor_offset(q, "e");
+    unsigned char *want = tu_pread_range(q, off_b + MIB + 5, MIB + 95);
+    unsigned char *buf = malloc(5 * MIB + 4);
+    assert_non_null(buf);
+    int rc = sluice_read_into(m, "b", MIB + 5, buf + 1, MIB + 95);
+    if (rc != SLUICE_OK)
+        fail_msg("read_into over http: %s", sluice_errmsg(m));
+    assert_memory_equal(buf + 1, want, MIB + 95);
+    free(want);
+    want = tu_pread_range(q, off_e, 5 * MIB + 3);
+    assert_int_equal(sluice_read_into(m, "e", 0, buf, 5 * MIB + 3), SLUICE_OK);
+    assert_memory_equal(buf, want, 5 * MIB + 3);
+    sluice_tensor *t = NULL;
+    assert_int_equal(sluice_acquire_range(m, "e", 10, 20, &t), SLUICE_OK);
+    assert_memory_equal(sluice_tensor_data(t), want + 10, 10);
+    sluice_release(t);
+    free(want);
+    struct sluice_stats st = {.size = sizeof st};
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    assert_true(st.chunks_verified >= 2 + 6);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+
+    /* one byte of chunk 0 of b flipped on the server */
+    flip_byte(q, off_b + 12345);
+    m = open_ok(at("rng.safetensors"), &o);
+    assert_int_equal(sluice_read_into(m, "b", 2 * MIB, buf, 100), SLUICE_OK);
+    assert_int_equal(sluice_read_into(m, "b", 0, buf, 100), SLUICE_E_CHECKSUM);
+    assert_non_null(strstr(sluice_errmsg(m), "chunk 0 of 4"));
+    uint8_t d[32], d2[32];
+    assert_int_equal(sluice_digest_range(m, 1, 0, MIB, d), SLUICE_OK); /* the bytes as they are */
+    unsigned char *now = tu_pread_range(q, off_b, MIB);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    sluice_options_init(&o);
+    o.verify = SLUICE_VERIFY_OFF;
+    sluice_model *l = open_ok(q, &o);
+    assert_int_equal(sluice_digest_range(l, 1, 0, MIB, d2), SLUICE_OK);
+    assert_memory_equal(d, d2, 32);
+    assert_int_equal(sluice_close(l), SLUICE_OK);
+    free(now);
+    free(buf);
+    unlink(q);
+    unlink(mf);
+    free(p);
+    free(q);
+    free(mf);
+    (void)state;
+}
+
 /* ---------------------------------------------------------------- fallback */
 
 /* A local copy in a fresh folder (with the manifest of the good model). */
@@ -720,6 +790,7 @@ int main(void)
         cmocka_unit_test(test_manifest_url),
         cmocka_unit_test(test_missing_and_norange),
         cmocka_unit_test(test_checksum_and_changed),
+        cmocka_unit_test(test_ranges_of_a_remote_model),
         cmocka_unit_test(test_fallback_corrupt_local),
         cmocka_unit_test(test_fallback_truncated_after_open),
         cmocka_unit_test(test_fallback_all_fail),
