@@ -127,7 +127,6 @@ static int read_text(const char *path, char **out, size_t *out_len, sl_err *err)
 typedef struct mf_ctx {
     const sl_index *ix;
     sl_manifest *m;
-    int version;        /* 0 flat, 1 or 2 */
     const char *path;
     const char *text;
     size_t len;
@@ -496,7 +495,7 @@ static int collect(mf_ctx *c, const mf_member *entry, const char *what, const ch
         if (k == nkeys) {
             char kq[SL_QUOTE_MAX];
             snprintf(msg, sizeof msg, "entry of %s %s has the unknown key %s (version %d keys: %s)",
-                     what, q, sl_quote(kq, sizeof kq, mem.key, mem.key_len), c->version, list);
+                     what, q, sl_quote(kq, sizeof kq, mem.key, mem.key_len), c->m->version, list);
             return format_error(c, mem.at, msg);
         }
         if (vals[k])
@@ -513,7 +512,7 @@ static int missing_key(mf_ctx *c, const mf_member *entry, const char *what, cons
 {
     char q[SL_QUOTE_MAX], msg[SL_QUOTE_MAX + 96];
     snprintf(msg, sizeof msg, "entry of %s %s has no \"%s\" (required in version %d)", what,
-             sl_quote(q, sizeof q, entry->key, entry->key_len), key, c->version);
+             sl_quote(q, sizeof q, entry->key, entry->key_len), key, c->m->version);
     return format_error(c, entry->at, msg);
 }
 
@@ -654,17 +653,17 @@ static int structured_tensor(mf_ctx *c, const mf_member *entry)
            T_COUNT };
     const cJSON *v[T_COUNT] = {0};
     size_t at[T_COUNT] = {0};
-    if (c->version == 1)
+    if (c->m->version == 1)
         SL_TRY(collect(c, entry, "tensor", v1, 1, v, at));
     else
         SL_TRY(collect(c, entry, "tensor", v2, T_COUNT, v, at));
-    size_t nkeys = c->version == 1 ? 1 : T_REQUIRED;
-    const char *const *names = c->version == 1 ? v1 : v2;
+    size_t nkeys = c->m->version == 1 ? 1 : T_REQUIRED;
+    const char *const *names = c->m->version == 1 ? v1 : v2;
     for (size_t k = 0; k < nkeys; k++)
         if (!v[k])
             return missing_key(c, entry, "tensor", names[k]);
     SL_TRY(add_tensor(c, entry, v[T_DIGEST]));
-    if (c->version == 1)
+    if (c->m->version == 1)
         return SLUICE_OK;
     size_t i = sl_index_find(c->ix, entry->key, entry->key_len); /* found by add_tensor */
     SL_TRY(check_description(c, entry, i, v[T_DTYPE], at[T_DTYPE], v[T_SHAPE], at[T_SHAPE],
@@ -699,11 +698,11 @@ static int structured_file(mf_ctx *c, const mf_member *entry)
     size_t at[F_COUNT] = {0};
     char q[SL_QUOTE_MAX], why[128], w_at[96];
     sl_quote(q, sizeof q, entry->key, entry->key_len);
-    size_t nkeys = c->version == 1 ? 2 : F_COUNT;
-    const char *const *names = c->version == 1 ? v1 : v2;
+    size_t nkeys = c->m->version == 1 ? 2 : F_COUNT;
+    const char *const *names = c->m->version == 1 ? v1 : v2;
     SL_TRY(collect(c, entry, "file", names, nkeys, v, at));
     for (size_t k = 0; k < nkeys; k++)
-        if (!v[k] && !(c->version == 1 && k == F_SIZE))
+        if (!v[k] && !(c->m->version == 1 && k == F_SIZE))
             return missing_key(c, entry, "file", names[k]);
     uint8_t d[32], header[32];
     if (parse_digest(v[F_DIGEST], d, why, sizeof why) < 0)
@@ -722,7 +721,7 @@ static int structured_file(mf_ctx *c, const mf_member *entry)
         return sl_fail(c->err, SLUICE_E_MANIFEST_DUPLICATE, "manifest %s: file %s listed twice (again at %s)",
                        c->path, q, where(c, entry->at, w_at, sizeof w_at));
     const sl_file *f = &c->ix->files[fi];
-    if (c->version == 2 && bytes != f->size)
+    if (c->m->version == 2 && bytes != f->size)
         return sl_fail(c->err, SLUICE_E_MANIFEST_MISMATCH,
                        "manifest %s: file %s is %llu bytes, the manifest says %llu", c->path,
                        f->path, (unsigned long long)f->size, (unsigned long long)bytes);
@@ -819,13 +818,13 @@ static int structured(mf_ctx *c, const cJSON *root, size_t pos)
     double version = cJSON_IsNumber(v[K_VERSION]) ? v[K_VERSION]->valuedouble : 0;
     if (version != 1.0 && version != 2.0)
         return format_error(c, at[K_VERSION], "unsupported version (this library reads 1 and 2)");
-    c->version = c->m->version = (int)version;
+    c->m->version = (int)version;
     if (!v[K_ALGORITHM])
         return format_error(c, pos, "no \"algorithm\" (expected \"sha256\" or \"blake3\")");
     const char *alg = cJSON_GetStringValue(v[K_ALGORITHM]);
     if (alg && strcmp(alg, "sha256") == 0) {
         c->m->algorithm = SLUICE_ALG_SHA256;
-    } else if (alg && c->version == 2 && strcmp(alg, "blake3") == 0) {
+    } else if (alg && c->m->version == 2 && strcmp(alg, "blake3") == 0) {
         c->m->algorithm = SLUICE_ALG_BLAKE3;
         if (!sl_md_supported(SLUICE_ALG_BLAKE3))
             return sl_fail(c->err, SLUICE_E_UNSUPPORTED,

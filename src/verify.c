@@ -185,11 +185,6 @@ static int feed(const vf_run *run, vf_item *it, sl_md *md, const unsigned char *
     return SLUICE_OK;
 }
 
-static int hash(vf_worker *w, vf_item *it, const void *p, size_t len)
-{
-    return feed(w->run, it, w->md, p, len);
-}
-
 /* ------------------------------------------------------------- pread reads */
 
 /* Hashes [*pos, stop) of fd with pread, to the end of the file at most. */
@@ -211,7 +206,7 @@ static void pread_range(vf_worker *w, vf_item *it, int fd, uint64_t *pos, uint64
         if (got == 0)
             return; /* the end of the file */
         again = 0;
-        if (hash(w, it, w->buf, (size_t)got) == SLUICE_OK)
+        if (feed(w->run, it, w->md, w->buf, (size_t)got) == SLUICE_OK)
             *pos += (uint64_t)got;
     }
 }
@@ -360,7 +355,7 @@ static void direct_range(vf_worker *w, vf_item *it, int fd, uint64_t *pos, uint6
         }
         uint64_t got_end = blk->offset + (uint64_t)blk->result;
         uint64_t lo = *pos, hi = got_end < stop ? got_end : stop;
-        if (hi > lo && hash(w, it, w->blocks + head * run->block + (lo - blk->offset),
+        if (hi > lo && feed(w->run, it, w->md, w->blocks + head * run->block + (lo - blk->offset),
                             (size_t)(hi - lo)) == SLUICE_OK) {
             it->direct += hi - lo;
             *pos = hi;
@@ -472,7 +467,7 @@ static void run_fused(vf_worker *w, vf_item *fit)
         if (got == 0)
             break;
         again = 0;
-        if (hash(w, fit, w->buf, (size_t)got) != SLUICE_OK)
+        if (feed(w->run, fit, w->md, w->buf, (size_t)got) != SLUICE_OK)
             break;
         uint64_t piece_end = pos + (uint64_t)got;
         /* the tensors this piece holds: the last may go on into the next */

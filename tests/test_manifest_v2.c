@@ -86,6 +86,14 @@ static void sha_of_range(const char *path, uint64_t offset, size_t len, char hex
     free(p);
 }
 
+/* The SHA-256 of tensors a, b and c as the file holds them now. */
+static void tensor_hexes(const fx *f, char a[65], char b[65], char c[65])
+{
+    sha_of_range(f->model, 8 + HEADER_LEN, 64, a);
+    sha_of_range(f->model, 8 + HEADER_LEN + 64, 12, b);
+    sha_of_range(f->model, 8 + HEADER_LEN + 76, 12, c);
+}
+
 /* A version 2 SHA-256 manifest of the model as it is now (digests of its
  * bytes and of its header), with extra text spliced in: tensor_extra
  * after a's entry keys, file_extra after the file entry's keys. */
@@ -101,9 +109,7 @@ static void write_v2(const fx *f, const char *tensor_extra, const char *file_ext
     mf_sha256(all, 8 + HEADER_LEN, d);
     mf_hex(d, header);
     free(all);
-    sha_of_range(f->model, 8 + HEADER_LEN, 64, a);
-    sha_of_range(f->model, 8 + HEADER_LEN + 64, 12, b);
-    sha_of_range(f->model, 8 + HEADER_LEN + 76, 12, c);
+    tensor_hexes(f, a, b, c);
     mf_buf m = {0};
     mf_addf(&m, "{\"format\": \"sluice-manifest\", \"version\": 2, \"algorithm\": \"sha256\",\n"
                 " \"tensors\": {\n"
@@ -122,9 +128,7 @@ static void write_v2(const fx *f, const char *tensor_extra, const char *file_ext
 static void write_v1(const fx *f)
 {
     char a[65], b[65], c[65];
-    sha_of_range(f->model, 8 + HEADER_LEN, 64, a);
-    sha_of_range(f->model, 8 + HEADER_LEN + 64, 12, b);
-    sha_of_range(f->model, 8 + HEADER_LEN + 76, 12, c);
+    tensor_hexes(f, a, b, c);
     mf_buf m = {0};
     mf_addf(&m, "{\"format\": \"sluice-manifest\", \"version\": 1, \"algorithm\": \"sha256\", "
                 "\"tensors\": {\"a\": {\"sha256\": \"%s\"}, \"b\": {\"sha256\": \"%s\"}, "
@@ -520,9 +524,7 @@ static void strict_algorithm_and_version(void **state)
     expect_open(f, SLUICE_E_MANIFEST_FORMAT, "unsupported version", NULL);
     /* version 2 under REQUIRE: every file listed */
     char a[65], b[65], c[65];
-    sha_of_range(f->model, 8 + HEADER_LEN, 64, a);
-    sha_of_range(f->model, 8 + HEADER_LEN + 64, 12, b);
-    sha_of_range(f->model, 8 + HEADER_LEN + 76, 12, c);
+    tensor_hexes(f, a, b, c);
     mf_buf m = {0};
     mf_addf(&m, "{\"format\": \"sluice-manifest\", \"version\": 2, \"algorithm\": \"sha256\", \"tensors\": {"
                 "\"a\": {\"digest\": \"%s\", \"dtype\": \"BF16\", \"shape\": [4, 8], \"nbytes\": 64},"

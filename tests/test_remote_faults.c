@@ -370,22 +370,33 @@ static void test_close_while_retrying(void **state)
     (void)state;
 }
 
+/* A fresh folder (returned) holding m.safetensors with one byte of b
+ * flipped, *model its path, and the served model's manifest beside it. */
+static char *corrupt_copy(char **model)
+{
+    char *d = tu_tmpdir(), *qm = tu_join(d, "m.safetensors.manifest.json");
+    char *p = tu_join(root, "m.safetensors"), *pm = tu_join(root, "m.safetensors.manifest.json");
+    *model = tu_join(d, "m.safetensors");
+    size_t len;
+    unsigned char *bytes = tu_read_file(p, &len);
+    bytes[len - 10] ^= 0xff;        /* inside b */
+    tu_write_file(*model, bytes, len);
+    free(bytes);
+    bytes = tu_read_file(pm, &len);
+    tu_write_file(qm, bytes, len);
+    free(bytes);
+    free(qm);
+    free(p);
+    free(pm);
+    return d;
+}
+
 /* A local copy whose tensor b fails its digest, a mirror that never
  * answers: the mirror's open hangs on the opener thread while the slot
  * waits; close must still return at once. */
 static void test_close_while_mirror_opens(void **state)
 {
-    char *d = tu_tmpdir(), *q = tu_join(d, "m.safetensors");
-    char *qm = tu_join(d, "m.safetensors.manifest.json");
-    char *p = tu_join(root, "m.safetensors"), *pm = tu_join(root, "m.safetensors.manifest.json");
-    size_t len;
-    unsigned char *bytes = tu_read_file(p, &len);
-    bytes[len - 10] ^= 0xff;        /* inside b */
-    tu_write_file(q, bytes, len);
-    free(bytes);
-    bytes = tu_read_file(pm, &len);
-    tu_write_file(qm, bytes, len);
-    free(bytes);
+    char *q, *d = corrupt_copy(&q);
     sluice_options o = fast_options();
     o.remote_stall_timeout_ms = 60000;
     o.remote_deadline_ms = 120000;
@@ -406,9 +417,6 @@ static void test_close_while_mirror_opens(void **state)
     tu_rmtree(d);
     free(d);
     free(q);
-    free(qm);
-    free(p);
-    free(pm);
     (void)state;
 }
 
@@ -417,17 +425,7 @@ static void test_close_while_mirror_opens(void **state)
  * failed name the mirror without them. */
 static void test_mirror_secrets_not_shown(void **state)
 {
-    char *d = tu_tmpdir(), *q = tu_join(d, "m.safetensors");
-    char *qm = tu_join(d, "m.safetensors.manifest.json");
-    char *p = tu_join(root, "m.safetensors"), *pm = tu_join(root, "m.safetensors.manifest.json");
-    size_t len;
-    unsigned char *bytes = tu_read_file(p, &len);
-    bytes[len - 10] ^= 0xff;        /* inside b */
-    tu_write_file(q, bytes, len);
-    free(bytes);
-    bytes = tu_read_file(pm, &len);
-    tu_write_file(qm, bytes, len);
-    free(bytes);
+    char *q, *d = corrupt_copy(&q);
     char mirror[400];
     snprintf(mirror, sizeof mirror, "http://user:PW-SECRET@%s/m.safetensors",
              srv.base + strlen("http://"));
@@ -473,10 +471,12 @@ static void test_mirror_secrets_not_shown(void **state)
         fail_msg("%d: %s", rc, msg);
     assert_int_equal(sluice_close(m), SLUICE_OK);
     /* ... and a missing sidecar under REQUIRE names it without it too */
-    char *nm = tu_join(root, "nomanifest.safetensors");
-    bytes = tu_read_file(p, &len);
+    char *nm = tu_join(root, "nomanifest.safetensors"), *p = tu_join(root, "m.safetensors");
+    size_t len;
+    unsigned char *bytes = tu_read_file(p, &len);
     tu_write_file(nm, bytes, len);
     free(bytes);
+    free(p);
     snprintf(mirror, sizeof mirror, "http://user:PW-SECRET@%s/nomanifest.safetensors",
              srv.base + strlen("http://"));
     o.verify = SLUICE_VERIFY_REQUIRE;
@@ -491,9 +491,6 @@ static void test_mirror_secrets_not_shown(void **state)
     tu_rmtree(d);
     free(d);
     free(q);
-    free(qm);
-    free(p);
-    free(pm);
     (void)state;
 }
 
