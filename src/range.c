@@ -12,6 +12,8 @@
  */
 #include "range.h"
 
+#include "remote.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +23,10 @@
 /* The largest bounce buffer: the bytes of a chunk outside the range are
  * read and hashed this many at a time. */
 #define RG_BOUNCE ((size_t)4 << 20)
+
+/* The most one range request of a remote file asks for: the deadline and
+ * attempts bound each request, as they bound each read of a load. */
+#define RG_REMOTE_PIECE ((size_t)16 << 20)
 
 typedef struct rg_ctx {
     const sl_index *ix;
@@ -63,11 +69,28 @@ static int rg_read(rg_ctx *c, uint64_t lo, uint64_t hi, unsigned char *dst)
             if (want > c->bounce_cap)
                 want = c->bounce_cap;
         }
-        ssize_t got = pread(c->fd, into, want, (off_t)(c->t->offset + lo));
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0)
-            return rg_fail_read(c, lo, got < 0 ? errno : 0);
+        ssize_t got;
+        const sl_file *f = &c->ix->files[c->t->file_index];
+        if (f->url) {
+            /* A remote file has no descriptor: a range request, checked
+             * against the size and ETag seen at open (a copy: f is
+             * shared with the engine's reads). */
+            uint64_t size = f->size;
+            char etag[SL_ETAG_MAX];
+            snprintf(etag, sizeof etag, "%s", f->etag);
+            if (want > RG_REMOTE_PIECE)
+                want = RG_REMOTE_PIECE;
+            SL_TRY(sl_remote_read(c->ix->remote, f->fetch_loc ? f->fetch_loc : f->path,
+                                  c->t->offset + lo, want, into, &size, etag[0] ? etag : NULL,
+                                  SLUICE_E_REMOTE, c->err));
+            got = (ssize_t)want;
+        } else {
+            got = pread(c->fd, into, want, (off_t)(c->t->offset + lo));
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got <= 0)
+                return rg_fail_read(c, lo, got < 0 ? errno : 0);
+        }
         if (c->md && sl_md_update(c->md, into, (size_t)got) < 0)
             return sl_fail(c->err, SLUICE_E_NOMEM, "read_into: digest update failed (OpenSSL)");
         c->tally->bytes_read += (uint64_t)got;

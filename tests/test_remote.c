@@ -301,6 +301,54 @@ static void test_file_url(void **state)
     (void)state;
 }
 
+/* sluice_read_into, sluice_acquire_range and sluice_digest_range on a
+ * remote model give the bytes (and digests) of the same model read
+ * locally: a remote file has no descriptor to pread. */
+static void test_ranges(void **state)
+{
+    char *p = tu_join(root, "one.safetensors");
+    sluice_options o;
+    sluice_options_init(&o);
+    sluice_model *l = open_ok(p, &o);
+    sluice_model *r = open_ok(at("one.safetensors"), &o);
+    assert_int_equal(sluice_verify_mode(r), SLUICE_VERIFY_REQUIRE);
+    for (size_t i = 0; i < sluice_count(l); i++) {
+        struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+        assert_int_equal(sluice_info(l, i, &ti), SLUICE_OK);
+        uint64_t begin = ti.nbytes / 3, len = ti.nbytes / 2;
+        unsigned char *a = malloc(len + 1), *b = malloc(len + 1);
+        assert_int_equal(sluice_read_into(l, ti.name, begin, a, len), SLUICE_OK);
+        int rc = sluice_read_into(r, ti.name, begin, b, len);
+        if (rc != SLUICE_OK)
+            fail_msg("read_into %s: %s: %s", ti.name, sluice_strerror(rc), sluice_errmsg(r));
+        assert_memory_equal(a, b, len);
+        sluice_tensor *t = NULL;
+        rc = sluice_acquire_range(r, ti.name, begin, begin + len, &t);
+        if (rc != SLUICE_OK)
+            fail_msg("acquire_range %s: %s: %s", ti.name, sluice_strerror(rc),
+                     sluice_errmsg(r));
+        assert_int_equal(sluice_tensor_size(t), len);
+        if (len)
+            assert_memory_equal(sluice_tensor_data(t), a, len);
+        sluice_release(t);
+        uint8_t da[32], db[32];
+        assert_int_equal(sluice_digest_range(l, i, begin, begin + len, da), SLUICE_OK);
+        rc = sluice_digest_range(r, i, begin, begin + len, db);
+        if (rc != SLUICE_OK)
+            fail_msg("digest_range %s: %s: %s", ti.name, sluice_strerror(rc), sluice_errmsg(r));
+        assert_memory_equal(da, db, 32);
+        free(a);
+        free(b);
+    }
+    struct sluice_stats st = {.size = sizeof st};
+    assert_int_equal(sluice_stats(r, &st), SLUICE_OK);
+    assert_int_equal(st.failures, 0);
+    assert_int_equal(sluice_close(r), SLUICE_OK);
+    assert_int_equal(sluice_close(l), SLUICE_OK);
+    free(p);
+    (void)state;
+}
+
 static void test_sharded_urls(void **state)
 {
     char *sh = tu_join(root, "sh"), *ip = tu_join(sh, "model.safetensors.index.json");
@@ -716,6 +764,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_file_url),
         cmocka_unit_test(test_sharded_urls),
+        cmocka_unit_test(test_ranges),
         cmocka_unit_test(test_real_files),
         cmocka_unit_test(test_manifest_url),
         cmocka_unit_test(test_missing_and_norange),
