@@ -619,6 +619,12 @@ SLUICE_API int sluice_tensor_digest(const sluice_tensor *t, uint8_t digest[32]);
  *    the range pass through the bounce buffer);
  *  - the tensor is not checked (no manifest, policy OFF, or IF_PRESENT
  *    and not listed): the bytes are read, nothing is verified.
+ * A checked range that fails from the model's own files with
+ * SLUICE_E_CHECKSUM, SLUICE_E_IO, SLUICE_E_FILE_CHANGED or
+ * SLUICE_E_REMOTE is read again from the mirrors (sluice_options.fallback)
+ * in order, each opened for the call, against the same digests; when all
+ * fail, the primary's code and every source's failure in the message.
+ * A remote model's ranges are read with range requests.
  * len 0 reads nothing with chunk digests, and the whole tensor without.
  * It needs no room in the pool and holds no handle, so a tensor larger
  * than the pool loads into the caller's memory, and it never evicts a
