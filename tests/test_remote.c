@@ -569,6 +569,42 @@ static void test_fallback_corrupt_local(void **state)
     (void)state;
 }
 
+/* A mirror whose tensor has the same name, dtype, rank, size and bytes but
+ * another shape is not used: neither by a load nor by a range. */
+static void test_fallback_other_shape(void **state)
+{
+    char *d = tu_tmpdir(), *e = tu_tmpdir();
+    char *p = tu_join(d, "two.safetensors"), *pm = tu_join(d, "two.safetensors.manifest.json");
+    char *q = tu_join(e, "two.safetensors");
+    tu_write_safetensors(p, "{\"x\":{\"dtype\":\"U8\",\"shape\":[64,64],"
+                            "\"data_offsets\":[0,4096]}}", NULL, 4096);
+    tu_write_safetensors(q, "{\"x\":{\"dtype\":\"U8\",\"shape\":[32,128],"
+                            "\"data_offsets\":[0,4096]}}", NULL, 4096);
+    write_manifest(p, pm);
+    flip_byte(p, tensor_offset(p, "x") + 100);
+    const char *mirrors[] = {q};
+    sluice_options o;
+    sluice_options_init(&o);
+    o.fallback = mirrors;
+    o.fallback_count = 1;
+    sluice_model *m = open_ok(p, &o);
+    sluice_tensor *t = NULL;
+    assert_int_equal(sluice_acquire(m, "x", &t), SLUICE_E_CHECKSUM);
+    assert_non_null(strstr(sluice_errmsg(m), "not the same"));
+    unsigned char buf[16];
+    assert_int_equal(sluice_read_into(m, "x", 0, buf, sizeof buf), SLUICE_E_CHECKSUM);
+    assert_non_null(strstr(sluice_errmsg(m), "same dtype, shape and size"));
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(d);
+    tu_rmtree(e);
+    free(d);
+    free(e);
+    free(p);
+    free(pm);
+    free(q);
+    (void)state;
+}
+
 static void test_fallback_truncated_after_open(void **state)
 {
     char *model, *d = local_copy(&model);
@@ -780,6 +816,7 @@ int main(void)
         cmocka_unit_test(test_missing_and_norange),
         cmocka_unit_test(test_checksum_and_changed),
         cmocka_unit_test(test_fallback_corrupt_local),
+        cmocka_unit_test(test_fallback_other_shape),
         cmocka_unit_test(test_fallback_truncated_after_open),
         cmocka_unit_test(test_fallback_all_fail),
         cmocka_unit_test(test_fallback_needs_manifest),
