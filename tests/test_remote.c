@@ -459,6 +459,9 @@ static void test_checksum_and_changed(void **state)
     /* b first: not the plan's first position, so nothing is read ahead */
     assert_int_equal(sluice_acquire(m, "b", &t), SLUICE_E_CHECKSUM);
     assert_non_null(strstr(sluice_errmsg(m), "SHA-256 mismatch"));
+    unsigned char few[8];
+    assert_int_equal(sluice_read_into(m, "b", 0, few, sizeof few), SLUICE_E_CHECKSUM);
+    assert_non_null(strstr(sluice_errmsg(m), "SHA-256 mismatch"));
     /* the object grows after open: every later read fails, none misplaced */
     size_t len;
     unsigned char *bytes = tu_read_file(q, &len);
@@ -467,6 +470,8 @@ static void test_checksum_and_changed(void **state)
     longer[len] = 0;
     tu_write_file(q, longer, len + 1);
     assert_int_equal(sluice_acquire(m, "e", &t), SLUICE_E_FILE_CHANGED);
+    assert_non_null(strstr(sluice_errmsg(m), "changed after open"));
+    assert_int_equal(sluice_read_into(m, "f", 0, few, sizeof few), SLUICE_E_FILE_CHANGED);
     assert_non_null(strstr(sluice_errmsg(m), "changed after open"));
     assert_int_equal(sluice_close(m), SLUICE_OK);
     /* replaced by another object of the same size (nginx's ETag is mtime
@@ -478,6 +483,8 @@ static void test_checksum_and_changed(void **state)
     struct timeval later[2] = {{time(NULL) + 100, 0}, {time(NULL) + 100, 0}};
     assert_int_equal(utimes(q, later), 0);
     assert_int_equal(sluice_acquire(m, "f", &t), SLUICE_E_FILE_CHANGED);
+    assert_non_null(strstr(sluice_errmsg(m), "HTTP 412: the object changed after open"));
+    assert_int_equal(sluice_read_into(m, "a", 0, few, sizeof few), SLUICE_E_FILE_CHANGED);
     assert_non_null(strstr(sluice_errmsg(m), "HTTP 412: the object changed after open"));
     assert_int_equal(sluice_close(m), SLUICE_OK);
     free(longer);
