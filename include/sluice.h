@@ -900,6 +900,8 @@ SLUICE_API int sluice_trim(sluice_model *model, uint64_t *released);
  *    listed must be such a key, or the open fails, whichever key signed.
  *  - The manifest is read once: the very bytes verified are the bytes
  *    parsed, and the signature is checked before they are parsed.
+ *  - A remote manifest's (http(s)://, s3://) signature is not fetched:
+ *    trusted keys with a remote manifest fail with SLUICE_E_SIGNATURE.
  *  - Each fault has its own message (code SLUICE_E_SIGNATURE; a NULL
  *    entry, or trusted_keys and ntrusted_keys that disagree, one NULL or
  *    0 and not the other, is SLUICE_E_INVAL): a key file

@@ -732,6 +732,46 @@ static void test_fallback_remote_primary(void **state)
     (void)state;
 }
 
+/* Trusted keys with a remote manifest fail closed: its signature is not
+ * fetched, and a local file that happens to sit at the URL read as a
+ * relative path (./http:/HOST:PORT/....sig) is not taken for it. */
+static void test_signed_remote_manifest(void **state)
+{
+    char *k = tu_tmpdir(), *c = tu_tmpdir(), cmd[4096], old_cwd[4096];
+    char *mf = tu_join(root, "one.safetensors.manifest.json");
+    snprintf(cmd, sizeof cmd, "%s/sluice keygen --out %s/p >/dev/null && %s/sluice sign %s "
+             "--key %s/p.key -o %s/one.sig >/dev/null && mkdir -p '%s/%s' && cp %s/one.sig "
+             "'%s/%s/one.safetensors.manifest.json.sig'", SLUICE_BINARY_DIR, k,
+             SLUICE_BINARY_DIR, mf, k, k, c, nginx.base, k, c, nginx.base);
+    assert_int_equal(system(cmd), 0);
+    char *pub = tu_join(k, "p.pub");
+    const char *keys[] = {pub};
+    sluice_options o;
+    sluice_options_init(&o);
+    o.trusted_keys = keys;
+    o.ntrusted_keys = 1;
+    sluice_model *m = NULL;
+    assert_int_equal(sluice_open(at("one.safetensors"), &o, &m), SLUICE_E_SIGNATURE);
+    sluice_close(m);
+    m = NULL;
+    assert_non_null(getcwd(old_cwd, sizeof old_cwd));
+    assert_int_equal(chdir(c), 0);
+    int rc = sluice_open(at("one.safetensors"), &o, &m);
+    assert_int_equal(chdir(old_cwd), 0);
+    if (rc != SLUICE_E_SIGNATURE)
+        fail_msg("trusted keys, remote manifest, a .sig at ./%s/...: %s", nginx.base,
+                 sluice_strerror(rc));
+    assert_non_null(strstr(sluice_errmsg(m), "remote"));
+    sluice_close(m);
+    tu_rmtree(k);
+    tu_rmtree(c);
+    free(k);
+    free(c);
+    free(mf);
+    free(pub);
+    (void)state;
+}
+
 static void test_verify_and_commands(void **state)
 {
     sluice_model *m = open_ok(at("one.safetensors"), NULL);
@@ -828,6 +868,7 @@ int main(void)
         cmocka_unit_test(test_fallback_all_fail),
         cmocka_unit_test(test_fallback_needs_manifest),
         cmocka_unit_test(test_fallback_remote_primary),
+        cmocka_unit_test(test_signed_remote_manifest),
         cmocka_unit_test(test_verify_and_commands),
         cmocka_unit_test(test_https),
     };
