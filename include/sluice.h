@@ -326,7 +326,35 @@ typedef struct sluice_model sluice_model;
  *    named; other keys are ignored;
  *  - a directory: its model.safetensors.index.json when present (else its
  *    only *.safetensors.index.json), otherwise every *.safetensors in it, in
- *    name order.
+ *    name order;
+ *  - an http://, https:// or s3://bucket/key location of one of these
+ *    (see "Remote models and mirrors" below).
+ *
+ * Remote models and mirrors
+ * -------------------------
+ * A remote location (built with libcurl, else SLUICE_E_UNSUPPORTED) is
+ * read with HTTP range requests: headers at open, validated as local ones;
+ * for a "directory" (a prefix) its model.safetensors.index.json, else its
+ * model.safetensors (nothing is listed); the sidecar manifest at the same
+ * place, and manifest_path may be a URL. Tensors load into the pool as
+ * local ones, through one thread of the model that keeps up to
+ * remote_connections connections; sluice_read_into, sluice_acquire_range
+ * and sluice_digest_range send range requests on the calling thread.
+ * Every reply must be a 206 for the bytes asked of the object seen at open
+ * (its size, and its strong ETag by If-Match), else SLUICE_E_FILE_CHANGED;
+ * a permanent refusal is SLUICE_E_REMOTE; transient failures are retried
+ * within remote_attempts and remote_deadline_ms. sluice_verify on a
+ * remote model checks tensors only (SLUICE_VF_FILES and
+ * SLUICE_VF_DIGEST_ONLY: SLUICE_E_UNSUPPORTED); SLUICE_F_DIRECT does not
+ * apply; a remote manifest's signature is not fetched ("Signed
+ * manifests"). Messages, sluice_file_info and sluice_tensor_source show a
+ * location without its user:password@ and with "?..." for its query.
+ * Mirrors (opts.fallback, a manifest required): a checked tensor or range
+ * that fails from the model's own files with SLUICE_E_CHECKSUM,
+ * SLUICE_E_IO, SLUICE_E_FILE_CHANGED or SLUICE_E_REMOTE is read from the
+ * next mirror whose tensor has the same name, dtype, shape and size, and
+ * verified against the model's manifest; when all fail, the primary's
+ * code and every source's failure in the message.
  *
  * Each header is read once (pread) into private memory, and that copy
  * alone is parsed as strict JSON, validated as the reference implementation
