@@ -669,6 +669,26 @@ static void test_fallback_all_fail(void **state)
     assert_int_equal(st.failures, 1);
     assert_int_equal(st.fallback_failures, 2);
     assert_int_equal(sluice_close(m), SLUICE_OK);
+    /* a range: the same sources, in order, and a mirror's credentials
+     * never in the message */
+    char secret[256];
+    snprintf(secret, sizeof secret, "http://user:s3cr3t@%s/nowhere2/?sig=t0p",
+             nginx.base + strlen("http://"));
+    const char *mirrors3[] = {d2, at("nowhere/"), secret};
+    o.fallback = mirrors3;
+    o.fallback_count = 3;
+    m = open_ok(model, &o);
+    unsigned char few[4];
+    assert_int_equal(sluice_read_into(m, "b", 0, few, sizeof few), SLUICE_E_CHECKSUM);
+    msg = sluice_errmsg(m);
+    assert_non_null(strstr(msg, "every source failed: primary: "));
+    assert_non_null(strstr(msg, "; fallback 1 ("));
+    assert_non_null(strstr(msg, m2));
+    assert_non_null(strstr(msg, "; fallback 2 ("));
+    assert_non_null(strstr(msg, "; fallback 3 ("));
+    assert_null(strstr(msg, "s3cr3t"));
+    assert_null(strstr(msg, "t0p"));
+    assert_int_equal(sluice_close(m), SLUICE_OK);
     tu_rmtree(d2);
     free(d2);
     free(m2);
