@@ -402,6 +402,8 @@ void sl_engine_range_tally(sl_engine *e, const sl_range_tally *t, int failed)
     e->st.bytes_hashed += t->bytes_hashed;
     e->st.chunks_verified += t->chunks_verified;
     e->st.checksum_failures += t->checksum_failures;
+    e->st.remote_reads += t->remote_reads;
+    e->st.remote_bytes += t->remote_bytes;
     e->st.failures += failed != 0;
     pthread_mutex_unlock(&e->lock);
 }

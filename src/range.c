@@ -80,9 +80,13 @@ static int rg_read(rg_ctx *c, uint64_t lo, uint64_t hi, unsigned char *dst)
             snprintf(etag, sizeof etag, "%s", f->etag);
             if (want > RG_REMOTE_PIECE)
                 want = RG_REMOTE_PIECE;
-            SL_TRY(sl_remote_read(c->ix->remote, f->fetch_loc ? f->fetch_loc : f->path,
-                                  c->t->offset + lo, want, into, &size, etag[0] ? etag : NULL,
-                                  SLUICE_E_REMOTE, c->err));
+            int rc = sl_remote_read(c->ix->remote, f->fetch_loc ? f->fetch_loc : f->path,
+                                    c->t->offset + lo, want, into, &size,
+                                    etag[0] ? etag : NULL, SLUICE_E_REMOTE, c->err);
+            c->tally->remote_reads++;
+            if (rc < 0)
+                return rc;
+            c->tally->remote_bytes += want;
             got = (ssize_t)want;
         } else {
             got = pread(c->fd, into, want, (off_t)(c->t->offset + lo));

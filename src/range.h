@@ -12,6 +12,7 @@
 /* What one call did, for the stats. */
 typedef struct sl_range_tally {
     uint64_t bytes_read, bytes_hashed, chunks_verified, checksum_failures;
+    uint64_t remote_reads, remote_bytes;    /* range requests of a remote file */
 } sl_range_tally;
 
 /* Reads bytes [begin, begin + len) of tensor i (within its nbytes) into

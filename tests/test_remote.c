@@ -343,6 +343,10 @@ static void test_ranges(void **state)
     struct sluice_stats st = {.size = sizeof st};
     assert_int_equal(sluice_stats(r, &st), SLUICE_OK);
     assert_int_equal(st.failures, 0);
+    /* the range requests are counted as the loads' are */
+    assert_true(st.remote_reads > 0);
+    assert_true(st.bytes_read > 0);
+    assert_int_equal(st.remote_bytes, st.bytes_read);
     assert_int_equal(sluice_close(r), SLUICE_OK);
     assert_int_equal(sluice_close(l), SLUICE_OK);
     free(p);
