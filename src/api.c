@@ -628,10 +628,7 @@ static int range_from_mirrors(sluice_model *m, size_t i, uint64_t begin, uint64_
         if (rc == SLUICE_OK) {
             size_t j = sl_index_find(&mix, t->name, t->name_len);
             const struct sluice_tensor_info *u = j == SIZE_MAX ? NULL : &mix.tensors[j];
-            int same = u && u->dtype == t->dtype && u->ndim == t->ndim && u->nbytes == t->nbytes;
-            for (uint32_t d = 0; same && d < t->ndim; d++)
-                same = u->shape[d] == t->shape[d];
-            if (!same)
+            if (!u || !sl_tensor_same_kind(u, t))
                 rc = sl_fail(&e2, SLUICE_E_NOT_FOUND, "no tensor %s of the same dtype, shape "
                              "and size there", sl_quote(q, sizeof q, t->name, t->name_len));
             else
