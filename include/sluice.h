@@ -662,7 +662,8 @@ SLUICE_API int sluice_tensor_digest(const sluice_tensor *t, uint8_t digest[32]);
  * SLUICE_E_IO, SLUICE_E_FILE_CHANGED, SLUICE_E_NOMEM) the content of dst
  * is unspecified: some bytes may have been written, none are verified.
  * Counted in the stats (bytes_read, bytes_hashed, chunks_verified,
- * checksum_failures, failures), not in tensors_loaded.
+ * checksum_failures, failures; remote_reads and remote_bytes for a
+ * remote file), not in tensors_loaded nor in the fallback_* counts.
  * Returns SLUICE_OK, those codes, SLUICE_E_NOT_FOUND (no such name) or
  * SLUICE_E_INVAL (range past the tensor's end, dst NULL with len > 0, bad
  * model). Any thread, concurrently with every other call but close.
