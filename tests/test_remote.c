@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <pthread.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -349,6 +350,66 @@ static void test_ranges(void **state)
     assert_int_equal(st.remote_bytes, st.bytes_read);
     assert_int_equal(sluice_close(r), SLUICE_OK);
     assert_int_equal(sluice_close(l), SLUICE_OK);
+    free(p);
+    (void)state;
+}
+
+/* Range reads of a remote model on several threads at once, beside
+ * loads of the same tensors (this program runs under TSan too). */
+typedef struct range_job {
+    sluice_model *m;
+    const unsigned char *good[2];   /* b, e as the file holds them */
+    unsigned seed;
+    int bad;
+} range_job;
+
+static void *range_worker(void *arg)
+{
+    range_job *j = arg;
+    static const char *const name[2] = {"b", "e"};
+    static const uint64_t size[2] = {3 * MIB + 17, 5 * MIB + 3};
+    for (int it = 0; it < 12; it++) {
+        int k = (int)(rand_r(&j->seed) % 2);
+        uint64_t begin = rand_r(&j->seed) % size[k];
+        uint64_t len = rand_r(&j->seed) % (size[k] - begin + 1) % (MIB + 5);
+        unsigned char *d = malloc(len + 1);
+        if (sluice_read_into(j->m, name[k], begin, d, len) != SLUICE_OK ||
+            memcmp(d, j->good[k] + begin, len) != 0)
+            j->bad++;
+        free(d);
+        sluice_tensor *t;
+        if (it % 3 == 0 && sluice_acquire(j->m, name[k], &t) == SLUICE_OK) {
+            if (memcmp(sluice_tensor_data(t), j->good[k], size[k]) != 0)
+                j->bad++;
+            sluice_release(t);
+        }
+    }
+    return NULL;
+}
+
+static void test_ranges_threads(void **state)
+{
+    char *p = tu_join(root, "one.safetensors");
+    unsigned char *gb = tu_pread_range(p, tensor_offset(p, "b"), 3 * MIB + 17);
+    unsigned char *ge = tu_pread_range(p, tensor_offset(p, "e"), 5 * MIB + 3);
+    sluice_options o;
+    sluice_options_init(&o);
+    o.pool_bytes = 16u * MIB;
+    o.chunk_bytes = MIB;
+    sluice_model *m = open_ok(at("one.safetensors"), &o);
+    range_job jobs[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = (range_job){.m = m, .good = {gb, ge}, .seed = 17u * (unsigned)i + 1};
+        assert_int_equal(pthread_create(&th[i], NULL, range_worker, &jobs[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(jobs[i].bad, 0);
+    }
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    free(gb);
+    free(ge);
     free(p);
     (void)state;
 }
@@ -882,6 +943,7 @@ int main(void)
         cmocka_unit_test(test_file_url),
         cmocka_unit_test(test_sharded_urls),
         cmocka_unit_test(test_ranges),
+        cmocka_unit_test(test_ranges_threads),
         cmocka_unit_test(test_real_files),
         cmocka_unit_test(test_manifest_url),
         cmocka_unit_test(test_missing_and_norange),
