@@ -1134,7 +1134,11 @@ struct sluice_verify_report {
  * Thread safety: any thread; any number of verifies, streams and acquires
  * may run on the model at once (a verify touches neither the pool nor the
  * engine's state); also from a stream callback, since it never waits for
- * the pool.
+ * the pool. A model with remote files is the exception: its tensors are
+ * checked through a stream (through the pool and the engine, waiting for
+ * room as any stream does); a tensor that only a mirror delivered right
+ * fails with the code the model's own bytes failed with, the message
+ * naming the mirror.
  */
 SLUICE_API int sluice_verify(sluice_model *model, const char *const *names, size_t n,
                              const sluice_verify_options *o, struct sluice_verify_report *report);

@@ -965,6 +965,8 @@ typedef struct rv_ctx {
     sluice_model *m;
     const sluice_verify_options *vo;
     struct sluice_verify_report r;
+    int first_fail;             /* the status of the first failed item */
+    char first_msg[1024];       /* and its message */
 } rv_ctx;
 
 static int rv_item(void *user, sluice_tensor *t, int status, const struct sluice_tensor_info *info,
@@ -980,9 +982,17 @@ static int rv_item(void *user, sluice_tensor *t, int status, const struct sluice
     it.name_len = info->name_len;
     it.status = status;
     it.message = status ? message : "";
+    char note[1024];
     if (t) {
         it.has_digest = sluice_tensor_digest(t, it.digest) == SLUICE_OK;
         it.bytes = info->nbytes;
+        /* A mirror's bytes are not the model's: the model's own failed. */
+        if (status == SLUICE_OK && sl_handle_primary_code(t) != SLUICE_OK) {
+            it.status = sl_handle_primary_code(t);
+            snprintf(note, sizeof note, "the model's own bytes failed; delivered by %s",
+                     sl_handle_source(t));
+            it.message = note;
+        }
         sluice_release(t);
     }
     if (status == SLUICE_OK && !sl_manifest_tensor_digest(c->m->manifest, info->index)) {
@@ -991,8 +1001,10 @@ static int rv_item(void *user, sluice_tensor *t, int status, const struct sluice
     }
     if (it.status == SLUICE_OK)
         c->r.tensors_ok++;
-    else
-        c->r.tensors_failed++;
+    else if (c->r.tensors_failed++ == 0) {
+        c->first_fail = it.status;
+        snprintf(c->first_msg, sizeof c->first_msg, "%s", it.message);
+    }
     c->r.bytes_hashed += it.has_digest ? it.bytes : 0;
     if (c->vo->on_item)
         return c->vo->on_item(c->vo->user, &it);
@@ -1025,7 +1037,7 @@ static int remote_verify(sluice_model *m, const char *const *names, size_t n,
     if (rc < 0 && rc != SLUICE_E_CHECKSUM && rc != SLUICE_E_MANIFEST_MISSING)
         return sl_fail(err, rc, "%s", sluice_errmsg(m));
     if (rc == SLUICE_OK && c.r.tensors_failed)
-        rc = SLUICE_E_MANIFEST_MISSING;
+        return sl_fail(err, c.first_fail, "%s", c.first_msg);
     return rc < 0 ? sl_fail(err, rc, "%s", sluice_errmsg(m)) : rc;
 }
 

@@ -808,6 +808,15 @@ static void test_fallback_remote_primary(void **state)
     assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
     assert_int_equal(st.fallback_tensors, 1);
     assert_int_equal(sluice_close(m), SLUICE_OK);
+    /* sluice_verify checks the model's bytes: a tensor only a mirror had
+     * right fails, by the primary's code, naming the mirror */
+    m = open_ok(at("rp.safetensors"), &o);
+    struct sluice_verify_report r = {.size = sizeof r};
+    assert_int_equal(sluice_verify(m, NULL, 0, NULL, &r), SLUICE_E_CHECKSUM);
+    assert_int_equal(r.tensors_ok, ONE_N - 1);
+    assert_int_equal(r.tensors_failed, 1);
+    assert_non_null(strstr(sluice_errmsg(m), "the model's own bytes failed; delivered by fallback 1"));
+    assert_int_equal(sluice_close(m), SLUICE_OK);
     unlink(q);
     unlink(qm);
     free(p);
