@@ -326,7 +326,35 @@ typedef struct sluice_model sluice_model;
  *    named; other keys are ignored;
  *  - a directory: its model.safetensors.index.json when present (else its
  *    only *.safetensors.index.json), otherwise every *.safetensors in it, in
- *    name order.
+ *    name order;
+ *  - an http://, https:// or s3://bucket/key location of one of these
+ *    (see "Remote models and mirrors" below).
+ *
+ * Remote models and mirrors
+ * -------------------------
+ * A remote location (built with libcurl, else SLUICE_E_UNSUPPORTED) is
+ * read with HTTP range requests: headers at open, validated as local ones;
+ * for a "directory" (a prefix) its model.safetensors.index.json, else its
+ * model.safetensors (nothing is listed); the sidecar manifest at the same
+ * place, and manifest_path may be a URL. Tensors load into the pool as
+ * local ones, through one thread of the model that keeps up to
+ * remote_connections connections; sluice_read_into, sluice_acquire_range
+ * and sluice_digest_range send range requests on the calling thread.
+ * Every reply must be a 206 for the bytes asked of the object seen at open
+ * (its size, and its strong ETag by If-Match), else SLUICE_E_FILE_CHANGED;
+ * a permanent refusal is SLUICE_E_REMOTE; transient failures are retried
+ * within remote_attempts and remote_deadline_ms. sluice_verify on a
+ * remote model checks tensors only (SLUICE_VF_FILES and
+ * SLUICE_VF_DIGEST_ONLY: SLUICE_E_UNSUPPORTED); SLUICE_F_DIRECT does not
+ * apply; a remote manifest's signature is not fetched ("Signed
+ * manifests"). Messages, sluice_file_info and sluice_tensor_source show a
+ * location without its user:password@ and with "?..." for its query.
+ * Mirrors (opts.fallback, a manifest required): a checked tensor or range
+ * that fails from the model's own files with SLUICE_E_CHECKSUM,
+ * SLUICE_E_IO, SLUICE_E_FILE_CHANGED or SLUICE_E_REMOTE is read from the
+ * next mirror whose tensor has the same name, dtype, shape and size, and
+ * verified against the model's manifest; when all fail, the primary's
+ * code and every source's failure in the message.
  *
  * Each header is read once (pread) into private memory, and that copy
  * alone is parsed as strict JSON, validated as the reference implementation
@@ -620,6 +648,12 @@ SLUICE_API int sluice_tensor_digest(const sluice_tensor *t, uint8_t digest[32]);
  *    the range pass through the bounce buffer);
  *  - the tensor is not checked (no manifest, policy OFF, or IF_PRESENT
  *    and not listed): the bytes are read, nothing is verified.
+ * A checked range that fails from the model's own files with
+ * SLUICE_E_CHECKSUM, SLUICE_E_IO, SLUICE_E_FILE_CHANGED or
+ * SLUICE_E_REMOTE is read again from the mirrors (sluice_options.fallback)
+ * in order, each opened for the call, against the same digests; when all
+ * fail, the primary's code and every source's failure in the message.
+ * A remote model's ranges are read with range requests.
  * len 0 reads nothing with chunk digests, and the whole tensor without.
  * It needs no room in the pool and holds no handle, so a tensor larger
  * than the pool loads into the caller's memory, and it never evicts a
@@ -629,7 +663,8 @@ SLUICE_API int sluice_tensor_digest(const sluice_tensor *t, uint8_t digest[32]);
  * SLUICE_E_IO, SLUICE_E_FILE_CHANGED, SLUICE_E_NOMEM) the content of dst
  * is unspecified: some bytes may have been written, none are verified.
  * Counted in the stats (bytes_read, bytes_hashed, chunks_verified,
- * checksum_failures, failures), not in tensors_loaded.
+ * checksum_failures, failures; remote_reads and remote_bytes for a
+ * remote file), not in tensors_loaded nor in the fallback_* counts.
  * Returns SLUICE_OK, those codes, SLUICE_E_NOT_FOUND (no such name) or
  * SLUICE_E_INVAL (range past the tensor's end, dst NULL with len > 0, bad
  * model). Any thread, concurrently with every other call but close.
@@ -895,6 +930,8 @@ SLUICE_API int sluice_trim(sluice_model *model, uint64_t *released);
  *    listed must be such a key, or the open fails, whichever key signed.
  *  - The manifest is read once: the very bytes verified are the bytes
  *    parsed, and the signature is checked before they are parsed.
+ *  - A remote manifest's (http(s)://, s3://) signature is not fetched:
+ *    trusted keys with a remote manifest fail with SLUICE_E_SIGNATURE.
  *  - Each fault has its own message (code SLUICE_E_SIGNATURE; a NULL
  *    entry, or trusted_keys and ntrusted_keys that disagree, one NULL or
  *    0 and not the other, is SLUICE_E_INVAL): a key file
@@ -1098,7 +1135,11 @@ struct sluice_verify_report {
  * Thread safety: any thread; any number of verifies, streams and acquires
  * may run on the model at once (a verify touches neither the pool nor the
  * engine's state); also from a stream callback, since it never waits for
- * the pool.
+ * the pool. A model with remote files is the exception: its tensors are
+ * checked through a stream (through the pool and the engine, waiting for
+ * room as any stream does); a tensor that only a mirror delivered right
+ * fails with the code the model's own bytes failed with, the message
+ * naming the mirror.
  */
 SLUICE_API int sluice_verify(sluice_model *model, const char *const *names, size_t n,
                              const sluice_verify_options *o, struct sluice_verify_report *report);

@@ -603,6 +603,50 @@ static int find_range(sluice_model *m, const char *call, const char *name, uint6
     return SLUICE_OK;
 }
 
+/* A range that failed from the model's own files with a code a load
+ * would take to a mirror is read from the mirrors (opts.fallback) in
+ * order, each opened for this call (its headers only), and verified
+ * against the same digests; a mirror's tensor is used only when it is
+ * the same (dtype, shape, size). Returns SLUICE_OK when one delivered,
+ * else the primary's code with every source's failure in err. */
+static int range_from_mirrors(sluice_model *m, size_t i, uint64_t begin, uint64_t len, void *dst,
+                              const uint8_t *want, const sl_chunk_digests *chunks,
+                              sl_range_tally *tally, sl_err *err)
+{
+    const struct sluice_tensor_info *t = &m->index.tensors[i];
+    char log[3072], q[SL_QUOTE_MAX];
+    int code = err->code;
+    size_t n = (size_t)snprintf(log, sizeof log, "primary: %s", err->msg);
+    for (size_t k = 0; k < m->nfallback; k++) {
+        char shown[512], why[sizeof err->msg];
+        const char *loc = m->fallback[k];
+        if (sl_is_remote(loc))
+            loc = sl_remote_shown(loc, shown, sizeof shown);
+        sl_index mix;
+        sl_err e2 = {0};
+        int rc = sl_index_open_ex(&mix, m->fallback[k], m->remote, &e2);
+        if (rc == SLUICE_OK) {
+            size_t j = sl_index_find(&mix, t->name, t->name_len);
+            const struct sluice_tensor_info *u = j == SIZE_MAX ? NULL : &mix.tensors[j];
+            if (!u || !sl_tensor_same_kind(u, t))
+                rc = sl_fail(&e2, SLUICE_E_NOT_FOUND, "no tensor %s of the same dtype, shape "
+                             "and size there", sl_quote(q, sizeof q, t->name, t->name_len));
+            else
+                rc = sl_range_read(&mix, j, begin, len, dst, want, chunks, m->opts.algorithm,
+                                   tally, &e2);
+        }
+        sl_index_free(&mix);
+        if (rc == SLUICE_OK)
+            return SLUICE_OK;
+        snprintf(why, sizeof why, "%s", e2.msg);
+        if (n < sizeof log)
+            n += (size_t)snprintf(log + n, sizeof log - n, "; fallback %zu (%s): %s", k + 1, loc,
+                                  why);
+    }
+    return sl_fail(err, code, "tensor %s: every source failed: %s",
+                   sl_quote(q, sizeof q, t->name, t->name_len), log);
+}
+
 /* Reads [begin, begin + len) of tensor `name` into dst, verified; the
  * common part of sluice_read_into and sluice_acquire_range. */
 static int read_range(sluice_model *m, sl_engine *e, const char *call, const char *name,
@@ -617,6 +661,10 @@ static int read_range(sluice_model *m, sl_engine *e, const char *call, const cha
     sl_range_tally tally = {0};
     int rc = sl_range_read(&m->index, i, begin, len, dst, want, chunks ? &chunks[i] : NULL,
                            m->opts.algorithm, &tally, err);
+    if (want && m->nfallback && (rc == SLUICE_E_CHECKSUM || rc == SLUICE_E_IO ||
+                                 rc == SLUICE_E_FILE_CHANGED || rc == SLUICE_E_REMOTE))
+        rc = range_from_mirrors(m, i, begin, len, dst, want, chunks ? &chunks[i] : NULL, &tally,
+                                err);
     sl_engine_range_tally(e, &tally, rc < 0);
     *index = i;
     return rc;
@@ -917,6 +965,8 @@ typedef struct rv_ctx {
     sluice_model *m;
     const sluice_verify_options *vo;
     struct sluice_verify_report r;
+    int first_fail;             /* the status of the first failed item */
+    char first_msg[1024];       /* and its message */
 } rv_ctx;
 
 static int rv_item(void *user, sluice_tensor *t, int status, const struct sluice_tensor_info *info,
@@ -932,9 +982,17 @@ static int rv_item(void *user, sluice_tensor *t, int status, const struct sluice
     it.name_len = info->name_len;
     it.status = status;
     it.message = status ? message : "";
+    char note[1024];
     if (t) {
         it.has_digest = sluice_tensor_digest(t, it.digest) == SLUICE_OK;
         it.bytes = info->nbytes;
+        /* A mirror's bytes are not the model's: the model's own failed. */
+        if (status == SLUICE_OK && sl_handle_primary_code(t) != SLUICE_OK) {
+            it.status = sl_handle_primary_code(t);
+            snprintf(note, sizeof note, "the model's own bytes failed; delivered by %s",
+                     sl_handle_source(t));
+            it.message = note;
+        }
         sluice_release(t);
     }
     if (status == SLUICE_OK && !sl_manifest_tensor_digest(c->m->manifest, info->index)) {
@@ -943,8 +1001,10 @@ static int rv_item(void *user, sluice_tensor *t, int status, const struct sluice
     }
     if (it.status == SLUICE_OK)
         c->r.tensors_ok++;
-    else
-        c->r.tensors_failed++;
+    else if (c->r.tensors_failed++ == 0) {
+        c->first_fail = it.status;
+        snprintf(c->first_msg, sizeof c->first_msg, "%s", it.message);
+    }
     c->r.bytes_hashed += it.has_digest ? it.bytes : 0;
     if (c->vo->on_item)
         return c->vo->on_item(c->vo->user, &it);
@@ -977,7 +1037,7 @@ static int remote_verify(sluice_model *m, const char *const *names, size_t n,
     if (rc < 0 && rc != SLUICE_E_CHECKSUM && rc != SLUICE_E_MANIFEST_MISSING)
         return sl_fail(err, rc, "%s", sluice_errmsg(m));
     if (rc == SLUICE_OK && c.r.tensors_failed)
-        rc = SLUICE_E_MANIFEST_MISSING;
+        return sl_fail(err, c.first_fail, "%s", c.first_msg);
     return rc < 0 ? sl_fail(err, rc, "%s", sluice_errmsg(m)) : rc;
 }
 

@@ -402,6 +402,8 @@ void sl_engine_range_tally(sl_engine *e, const sl_range_tally *t, int failed)
     e->st.bytes_hashed += t->bytes_hashed;
     e->st.chunks_verified += t->chunks_verified;
     e->st.checksum_failures += t->checksum_failures;
+    e->st.remote_reads += t->remote_reads;
+    e->st.remote_bytes += t->remote_bytes;
     e->st.failures += failed != 0;
     pthread_mutex_unlock(&e->lock);
 }
@@ -484,6 +486,12 @@ const char *sl_handle_source(const sluice_tensor *t)
      * took; unchanged while a handle holds the slot. */
     const char *note = t->e->slots[t->index].fb_note;
     return note ? note : "";
+}
+
+int sl_handle_primary_code(const sluice_tensor *t)
+{
+    const sl_slot *s = &t->e->slots[t->index];
+    return s->fb_note ? (s->fb_code ? s->fb_code : SLUICE_E_IO) : SLUICE_OK;
 }
 
 int sl_handle_digest(const sluice_tensor *t, uint8_t digest[32])

@@ -82,5 +82,8 @@ uint64_t sl_handle_size(const sluice_tensor *t);
 const struct sluice_tensor_info *sl_handle_info(const sluice_tensor *t);
 int sl_handle_digest(const sluice_tensor *t, uint8_t digest[32]);
 const char *sl_handle_source(const sluice_tensor *t);
+/* The code the model's own files failed with, for a handle a mirror
+ * delivered (sl_handle_source not ""); else SLUICE_OK. */
+int sl_handle_primary_code(const sluice_tensor *t);
 
 #endif

@@ -69,10 +69,7 @@ static int mirror_tensor(const sl_engine *e, size_t i, const sl_mirror *m, size_
         return 0;
     }
     const struct sluice_tensor_info *u = &m->ix.tensors[j];
-    int same = u->dtype == t->dtype && u->ndim == t->ndim && u->nbytes == t->nbytes;
-    for (uint32_t d = 0; same && d < t->ndim; d++)
-        same = u->shape[d] == t->shape[d];
-    if (!same) {
+    if (!sl_tensor_same_kind(u, t)) {
         snprintf(why, cap, "its tensor %s is not the same (dtype %s, %u dimensions, %llu bytes; "
                  "here %s, %u dimensions, %llu bytes, or another shape)", q,
                  sl_dtype_name(u->dtype), (unsigned)u->ndim, (unsigned long long)u->nbytes,

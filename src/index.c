@@ -332,6 +332,14 @@ static uint64_t hash_name(uint64_t seed, const char *s, size_t len)
     return h ^ (h >> 29);
 }
 
+int sl_tensor_same_kind(const struct sluice_tensor_info *a, const struct sluice_tensor_info *b)
+{
+    int same = a->dtype == b->dtype && a->ndim == b->ndim && a->nbytes == b->nbytes;
+    for (uint32_t d = 0; same && d < a->ndim; d++)
+        same = a->shape[d] == b->shape[d];
+    return same;
+}
+
 size_t sl_index_find(const sl_index *ix, const char *name, size_t len)
 {
     if (!ix->slots)

@@ -106,4 +106,8 @@ const uint8_t *sl_index_header_digest(const sl_file *f, sluice_algorithm alg);
 /* The index of the tensor named name (len bytes), or SIZE_MAX. */
 size_t sl_index_find(const sl_index *ix, const char *name, size_t len);
 
+/* 1 when a and b describe the same tensor bytes: dtype, shape and size
+ * (what a mirror's tensor must share with the model's to stand in). */
+int sl_tensor_same_kind(const struct sluice_tensor_info *a, const struct sluice_tensor_info *b);
+
 #endif

@@ -24,6 +24,10 @@
  * read and hashed this many at a time. */
 #define RG_BOUNCE ((size_t)4 << 20)
 
+/* The most one range request of a remote file asks for: the deadline and
+ * attempts bound each request, as they bound each read of a load. */
+#define RG_REMOTE_PIECE ((size_t)16 << 20)
+
 typedef struct rg_ctx {
     const sl_index *ix;
     size_t i;
@@ -67,14 +71,23 @@ static int rg_read(rg_ctx *c, uint64_t lo, uint64_t hi, unsigned char *dst)
                 want = c->bounce_cap;
         }
         ssize_t got;
-        if (c->f->url) {
-            /* the ETag of open, copied: a call on any thread writes none */
-            char etag[sizeof c->f->etag];
-            uint64_t size = c->f->size;
-            memcpy(etag, c->f->etag, sizeof etag);
-            SL_TRY(sl_remote_read(c->ix->remote, c->f->fetch_loc ? c->f->fetch_loc : c->f->path,
-                                  c->t->offset + lo, want, into, &size, etag,
-                                  SLUICE_E_FILE_CHANGED, c->err));
+        const sl_file *f = c->f;
+        if (f->url) {
+            /* A remote file has no descriptor: a range request, checked
+             * against the size and ETag seen at open (a copy: f is
+             * shared with the engine's reads). */
+            uint64_t size = f->size;
+            char etag[SL_ETAG_MAX];
+            snprintf(etag, sizeof etag, "%s", f->etag);
+            if (want > RG_REMOTE_PIECE)
+                want = RG_REMOTE_PIECE;
+            int rc = sl_remote_read(c->ix->remote, f->fetch_loc ? f->fetch_loc : f->path,
+                                    c->t->offset + lo, want, into, &size,
+                                    etag[0] ? etag : NULL, SLUICE_E_REMOTE, c->err);
+            c->tally->remote_reads++;
+            if (rc < 0)
+                return rc;
+            c->tally->remote_bytes += want;
             got = (ssize_t)want;
         } else {
             got = pread(c->fd, into, want, (off_t)(c->t->offset + lo));

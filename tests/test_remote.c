@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <pthread.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -301,6 +302,118 @@ static void test_file_url(void **state)
     (void)state;
 }
 
+/* sluice_read_into, sluice_acquire_range and sluice_digest_range on a
+ * remote model give the bytes (and digests) of the same model read
+ * locally: a remote file has no descriptor to pread. */
+static void test_ranges(void **state)
+{
+    char *p = tu_join(root, "one.safetensors");
+    sluice_options o;
+    sluice_options_init(&o);
+    sluice_model *l = open_ok(p, &o);
+    sluice_model *r = open_ok(at("one.safetensors"), &o);
+    assert_int_equal(sluice_verify_mode(r), SLUICE_VERIFY_REQUIRE);
+    for (size_t i = 0; i < sluice_count(l); i++) {
+        struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+        assert_int_equal(sluice_info(l, i, &ti), SLUICE_OK);
+        uint64_t begin = ti.nbytes / 3, len = ti.nbytes / 2;
+        unsigned char *a = malloc(len + 1), *b = malloc(len + 1);
+        assert_int_equal(sluice_read_into(l, ti.name, begin, a, len), SLUICE_OK);
+        int rc = sluice_read_into(r, ti.name, begin, b, len);
+        if (rc != SLUICE_OK)
+            fail_msg("read_into %s: %s: %s", ti.name, sluice_strerror(rc), sluice_errmsg(r));
+        assert_memory_equal(a, b, len);
+        sluice_tensor *t = NULL;
+        rc = sluice_acquire_range(r, ti.name, begin, begin + len, &t);
+        if (rc != SLUICE_OK)
+            fail_msg("acquire_range %s: %s: %s", ti.name, sluice_strerror(rc),
+                     sluice_errmsg(r));
+        assert_int_equal(sluice_tensor_size(t), len);
+        if (len)
+            assert_memory_equal(sluice_tensor_data(t), a, len);
+        sluice_release(t);
+        uint8_t da[32], db[32];
+        assert_int_equal(sluice_digest_range(l, i, begin, begin + len, da), SLUICE_OK);
+        rc = sluice_digest_range(r, i, begin, begin + len, db);
+        if (rc != SLUICE_OK)
+            fail_msg("digest_range %s: %s: %s", ti.name, sluice_strerror(rc), sluice_errmsg(r));
+        assert_memory_equal(da, db, 32);
+        free(a);
+        free(b);
+    }
+    struct sluice_stats st = {.size = sizeof st};
+    assert_int_equal(sluice_stats(r, &st), SLUICE_OK);
+    assert_int_equal(st.failures, 0);
+    /* the range requests are counted as the loads' are */
+    assert_true(st.remote_reads > 0);
+    assert_true(st.bytes_read > 0);
+    assert_int_equal(st.remote_bytes, st.bytes_read);
+    assert_int_equal(sluice_close(r), SLUICE_OK);
+    assert_int_equal(sluice_close(l), SLUICE_OK);
+    free(p);
+    (void)state;
+}
+
+/* Range reads of a remote model on several threads at once, beside
+ * loads of the same tensors (this program runs under TSan too). */
+typedef struct range_job {
+    sluice_model *m;
+    const unsigned char *good[2];   /* b, e as the file holds them */
+    unsigned seed;
+    int bad;
+} range_job;
+
+static void *range_worker(void *arg)
+{
+    range_job *j = arg;
+    static const char *const name[2] = {"b", "e"};
+    static const uint64_t size[2] = {3 * MIB + 17, 5 * MIB + 3};
+    for (int it = 0; it < 12; it++) {
+        int k = (int)(rand_r(&j->seed) % 2);
+        uint64_t begin = rand_r(&j->seed) % size[k];
+        uint64_t len = rand_r(&j->seed) % (size[k] - begin + 1) % (MIB + 5);
+        unsigned char *d = malloc(len + 1);
+        if (sluice_read_into(j->m, name[k], begin, d, len) != SLUICE_OK ||
+            memcmp(d, j->good[k] + begin, len) != 0)
+            j->bad++;
+        free(d);
+        sluice_tensor *t;
+        if (it % 3 == 0 && sluice_acquire(j->m, name[k], &t) == SLUICE_OK) {
+            if (memcmp(sluice_tensor_data(t), j->good[k], size[k]) != 0)
+                j->bad++;
+            sluice_release(t);
+        }
+    }
+    return NULL;
+}
+
+static void test_ranges_threads(void **state)
+{
+    char *p = tu_join(root, "one.safetensors");
+    unsigned char *gb = tu_pread_range(p, tensor_offset(p, "b"), 3 * MIB + 17);
+    unsigned char *ge = tu_pread_range(p, tensor_offset(p, "e"), 5 * MIB + 3);
+    sluice_options o;
+    sluice_options_init(&o);
+    o.pool_bytes = 16u * MIB;
+    o.chunk_bytes = MIB;
+    sluice_model *m = open_ok(at("one.safetensors"), &o);
+    range_job jobs[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        jobs[i] = (range_job){.m = m, .good = {gb, ge}, .seed = 17u * (unsigned)i + 1};
+        assert_int_equal(pthread_create(&th[i], NULL, range_worker, &jobs[i]), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(jobs[i].bad, 0);
+    }
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    free(gb);
+    free(ge);
+    free(p);
+    (void)state;
+}
+
 static void test_sharded_urls(void **state)
 {
     char *sh = tu_join(root, "sh"), *ip = tu_join(sh, "model.safetensors.index.json");
@@ -411,6 +524,9 @@ static void test_checksum_and_changed(void **state)
     /* b first: not the plan's first position, so nothing is read ahead */
     assert_int_equal(sluice_acquire(m, "b", &t), SLUICE_E_CHECKSUM);
     assert_non_null(strstr(sluice_errmsg(m), "SHA-256 mismatch"));
+    unsigned char few[8];
+    assert_int_equal(sluice_read_into(m, "b", 0, few, sizeof few), SLUICE_E_CHECKSUM);
+    assert_non_null(strstr(sluice_errmsg(m), "SHA-256 mismatch"));
     /* the object grows after open: every later read fails, none misplaced */
     size_t len;
     unsigned char *bytes = tu_read_file(q, &len);
@@ -419,6 +535,8 @@ static void test_checksum_and_changed(void **state)
     longer[len] = 0;
     tu_write_file(q, longer, len + 1);
     assert_int_equal(sluice_acquire(m, "e", &t), SLUICE_E_FILE_CHANGED);
+    assert_non_null(strstr(sluice_errmsg(m), "changed after open"));
+    assert_int_equal(sluice_read_into(m, "f", 0, few, sizeof few), SLUICE_E_FILE_CHANGED);
     assert_non_null(strstr(sluice_errmsg(m), "changed after open"));
     assert_int_equal(sluice_close(m), SLUICE_OK);
     /* replaced by another object of the same size (nginx's ETag is mtime
@@ -430,6 +548,8 @@ static void test_checksum_and_changed(void **state)
     struct timeval later[2] = {{time(NULL) + 100, 0}, {time(NULL) + 100, 0}};
     assert_int_equal(utimes(q, later), 0);
     assert_int_equal(sluice_acquire(m, "f", &t), SLUICE_E_FILE_CHANGED);
+    assert_non_null(strstr(sluice_errmsg(m), "HTTP 412: the object changed after open"));
+    assert_int_equal(sluice_read_into(m, "a", 0, few, sizeof few), SLUICE_E_FILE_CHANGED);
     assert_non_null(strstr(sluice_errmsg(m), "HTTP 412: the object changed after open"));
     assert_int_equal(sluice_close(m), SLUICE_OK);
     free(longer);
@@ -562,6 +682,16 @@ static void test_fallback_corrupt_local(void **state)
     assert_non_null(strstr(src, "fallback 1"));
     assert_non_null(strstr(src, "SHA-256 mismatch"));
     sluice_release(t);
+    /* a range over the flipped byte comes from the mirror too, verified */
+    unsigned char *r = malloc(MIB);
+    int rc = sluice_read_into(m, "e", 3 * MIB - 100, r, MIB);
+    if (rc != SLUICE_OK)
+        fail_msg("read_into e: %s: %s", sluice_strerror(rc), sluice_errmsg(m));
+    assert_memory_equal(r, (unsigned char *)good + 3 * MIB - 100, MIB);
+    free(r);
+    assert_int_equal(sluice_acquire_range(m, "e", 3 * MIB, 3 * MIB + 8, &t), SLUICE_OK);
+    assert_memory_equal(sluice_tensor_data(t), (unsigned char *)good + 3 * MIB, 8);
+    sluice_release(t);
     assert_int_equal(sluice_acquire(m, "a", &t), SLUICE_OK);
     assert_string_equal(sluice_tensor_source(t), "");
     sluice_release(t);
@@ -570,7 +700,7 @@ static void test_fallback_corrupt_local(void **state)
     assert_int_equal(st.fallback_tensors, 1);
     assert_int_equal(st.fallback_bytes, 5 * MIB + 3);
     assert_int_equal(st.failures, 0);
-    assert_int_equal(st.checksum_failures, 1);
+    assert_int_equal(st.checksum_failures, 3);   /* the load, then each range */
     assert_int_equal(st.tensors_verified, ONE_N - 1);
     assert_int_equal(sluice_close(m), SLUICE_OK);
     free(good);
@@ -578,6 +708,42 @@ static void test_fallback_corrupt_local(void **state)
     tu_rmtree(d);
     free(d);
     free(model);
+    (void)state;
+}
+
+/* A mirror whose tensor has the same name, dtype, rank, size and bytes but
+ * another shape is not used: neither by a load nor by a range. */
+static void test_fallback_other_shape(void **state)
+{
+    char *d = tu_tmpdir(), *e = tu_tmpdir();
+    char *p = tu_join(d, "two.safetensors"), *pm = tu_join(d, "two.safetensors.manifest.json");
+    char *q = tu_join(e, "two.safetensors");
+    tu_write_safetensors(p, "{\"x\":{\"dtype\":\"U8\",\"shape\":[64,64],"
+                            "\"data_offsets\":[0,4096]}}", NULL, 4096);
+    tu_write_safetensors(q, "{\"x\":{\"dtype\":\"U8\",\"shape\":[32,128],"
+                            "\"data_offsets\":[0,4096]}}", NULL, 4096);
+    write_manifest(p, pm);
+    flip_byte(p, tensor_offset(p, "x") + 100);
+    const char *mirrors[] = {q};
+    sluice_options o;
+    sluice_options_init(&o);
+    o.fallback = mirrors;
+    o.fallback_count = 1;
+    sluice_model *m = open_ok(p, &o);
+    sluice_tensor *t = NULL;
+    assert_int_equal(sluice_acquire(m, "x", &t), SLUICE_E_CHECKSUM);
+    assert_non_null(strstr(sluice_errmsg(m), "not the same"));
+    unsigned char buf[16];
+    assert_int_equal(sluice_read_into(m, "x", 0, buf, sizeof buf), SLUICE_E_CHECKSUM);
+    assert_non_null(strstr(sluice_errmsg(m), "same dtype, shape and size"));
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(d);
+    tu_rmtree(e);
+    free(d);
+    free(e);
+    free(p);
+    free(pm);
+    free(q);
     (void)state;
 }
 
@@ -638,6 +804,26 @@ static void test_fallback_all_fail(void **state)
     assert_int_equal(st.failures, 1);
     assert_int_equal(st.fallback_failures, 2);
     assert_int_equal(sluice_close(m), SLUICE_OK);
+    /* a range: the same sources, in order, and a mirror's credentials
+     * never in the message */
+    char secret[256];
+    snprintf(secret, sizeof secret, "http://user:s3cr3t@%s/nowhere2/?sig=t0p",
+             nginx.base + strlen("http://"));
+    const char *mirrors3[] = {d2, at("nowhere/"), secret};
+    o.fallback = mirrors3;
+    o.fallback_count = 3;
+    m = open_ok(model, &o);
+    unsigned char few[4];
+    assert_int_equal(sluice_read_into(m, "b", 0, few, sizeof few), SLUICE_E_CHECKSUM);
+    msg = sluice_errmsg(m);
+    assert_non_null(strstr(msg, "every source failed: primary: "));
+    assert_non_null(strstr(msg, "; fallback 1 ("));
+    assert_non_null(strstr(msg, m2));
+    assert_non_null(strstr(msg, "; fallback 2 ("));
+    assert_non_null(strstr(msg, "; fallback 3 ("));
+    assert_null(strstr(msg, "s3cr3t"));
+    assert_null(strstr(msg, "t0p"));
+    assert_int_equal(sluice_close(m), SLUICE_OK);
     tu_rmtree(d2);
     free(d2);
     free(m2);
@@ -692,12 +878,61 @@ static void test_fallback_remote_primary(void **state)
     assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
     assert_int_equal(st.fallback_tensors, 1);
     assert_int_equal(sluice_close(m), SLUICE_OK);
+    /* sluice_verify checks the model's bytes: a tensor only a mirror had
+     * right fails, by the primary's code, naming the mirror */
+    m = open_ok(at("rp.safetensors"), &o);
+    struct sluice_verify_report r = {.size = sizeof r};
+    assert_int_equal(sluice_verify(m, NULL, 0, NULL, &r), SLUICE_E_CHECKSUM);
+    assert_int_equal(r.tensors_ok, ONE_N - 1);
+    assert_int_equal(r.tensors_failed, 1);
+    assert_non_null(strstr(sluice_errmsg(m), "the model's own bytes failed; delivered by fallback 1"));
+    assert_int_equal(sluice_close(m), SLUICE_OK);
     unlink(q);
     unlink(qm);
     free(p);
     free(q);
     free(qm);
     free(pm);
+    (void)state;
+}
+
+/* Trusted keys with a remote manifest fail closed: its signature is not
+ * fetched, and a local file that happens to sit at the URL read as a
+ * relative path (./http:/HOST:PORT/....sig) is not taken for it. */
+static void test_signed_remote_manifest(void **state)
+{
+    char *k = tu_tmpdir(), *c = tu_tmpdir(), cmd[4096], old_cwd[4096];
+    char *mf = tu_join(root, "one.safetensors.manifest.json");
+    snprintf(cmd, sizeof cmd, "%s/sluice keygen --out %s/p >/dev/null && %s/sluice sign %s "
+             "--key %s/p.key -o %s/one.sig >/dev/null && mkdir -p '%s/%s' && cp %s/one.sig "
+             "'%s/%s/one.safetensors.manifest.json.sig'", SLUICE_BINARY_DIR, k,
+             SLUICE_BINARY_DIR, mf, k, k, c, nginx.base, k, c, nginx.base);
+    assert_int_equal(system(cmd), 0);
+    char *pub = tu_join(k, "p.pub");
+    const char *keys[] = {pub};
+    sluice_options o;
+    sluice_options_init(&o);
+    o.trusted_keys = keys;
+    o.ntrusted_keys = 1;
+    sluice_model *m = NULL;
+    assert_int_equal(sluice_open(at("one.safetensors"), &o, &m), SLUICE_E_SIGNATURE);
+    sluice_close(m);
+    m = NULL;
+    assert_non_null(getcwd(old_cwd, sizeof old_cwd));
+    assert_int_equal(chdir(c), 0);
+    int rc = sluice_open(at("one.safetensors"), &o, &m);
+    assert_int_equal(chdir(old_cwd), 0);
+    if (rc != SLUICE_E_SIGNATURE)
+        fail_msg("trusted keys, remote manifest, a .sig at ./%s/...: %s", nginx.base,
+                 sluice_strerror(rc));
+    assert_non_null(strstr(sluice_errmsg(m), "remote"));
+    sluice_close(m);
+    tu_rmtree(k);
+    tu_rmtree(c);
+    free(k);
+    free(c);
+    free(mf);
+    free(pub);
     (void)state;
 }
 
@@ -786,16 +1021,20 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_file_url),
         cmocka_unit_test(test_sharded_urls),
+        cmocka_unit_test(test_ranges),
+        cmocka_unit_test(test_ranges_threads),
         cmocka_unit_test(test_real_files),
         cmocka_unit_test(test_manifest_url),
         cmocka_unit_test(test_missing_and_norange),
         cmocka_unit_test(test_checksum_and_changed),
         cmocka_unit_test(test_ranges_of_a_remote_model),
         cmocka_unit_test(test_fallback_corrupt_local),
+        cmocka_unit_test(test_fallback_other_shape),
         cmocka_unit_test(test_fallback_truncated_after_open),
         cmocka_unit_test(test_fallback_all_fail),
         cmocka_unit_test(test_fallback_needs_manifest),
         cmocka_unit_test(test_fallback_remote_primary),
+        cmocka_unit_test(test_signed_remote_manifest),
         cmocka_unit_test(test_verify_and_commands),
         cmocka_unit_test(test_https),
     };
