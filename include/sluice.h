@@ -206,7 +206,18 @@ SLUICE_API int sluice_algorithm_supported(sluice_algorithm alg);
 /* Hash every tensor read, even those no manifest checks, so that
  * sluice_tensor_digest() can report it (used to write manifests). */
 #define SLUICE_F_HASH_ALL 0x4u
-#define SLUICE_F_ALL_ (SLUICE_F_DIRECT | SLUICE_F_FORCE_PREAD | SLUICE_F_HASH_ALL)
+/* Verified-once memo (needs a persistent cache; see "Persistent cache"):
+ * a tensor of a local file that a load verified before, against the same
+ * digest, in the same unchanged file (device, inode, size, mtime, ctime),
+ * is not hashed again. Opt-in: it trusts the file's identity in place of
+ * its bytes. Implies SLUICE_F_CACHE_DEFAULT when no cache is named. */
+#define SLUICE_F_TRUST_UNCHANGED 0x8u
+/* Use the default cache directory, $XDG_CACHE_HOME/sluice (else
+ * $HOME/.cache/sluice), when neither cache_dir nor $SLUICE_CACHE_DIR names
+ * one. Without it (or TRUST_UNCHANGED) no cache is used unless named. */
+#define SLUICE_F_CACHE_DEFAULT 0x10u
+#define SLUICE_F_ALL_ (SLUICE_F_DIRECT | SLUICE_F_FORCE_PREAD | SLUICE_F_HASH_ALL | \
+                       SLUICE_F_TRUST_UNCHANGED | SLUICE_F_CACHE_DEFAULT)
 
 typedef enum sluice_verify_policy {
     SLUICE_VERIFY_DEFAULT = 0,  /* REQUIRE when a manifest is in play, else OFF */
@@ -278,7 +289,20 @@ typedef struct sluice_options {
     uint32_t s3_addressing;     /* SLUICE_S3_* */
     const char *remote_ca_file; /* PEM file of the CAs https:// servers are checked
                                   against; NULL: the system's store */
+
+    /* Persistent cache (see "Persistent cache"). */
+    const char *cache_dir;      /* the cache directory (made if missing); NULL:
+                                  $SLUICE_CACHE_DIR when set, else the default
+                                  with SLUICE_F_CACHE_DEFAULT or
+                                  SLUICE_F_TRUST_UNCHANGED, else no cache.
+                                  Copied by open */
+    uint64_t cache_bytes;       /* the cache's budget in bytes of blobs: least
+                                  recently used blobs are evicted past it;
+                                  default SLUICE_CACHE_DEFAULT_BYTES (64 GiB);
+                                  0: SLUICE_E_INVAL */
 } sluice_options;
+
+#define SLUICE_CACHE_DEFAULT_BYTES ((uint64_t)64 << 30)
 
 /* sluice_options.s3_addressing */
 #define SLUICE_S3_PATH 0u           /* ENDPOINT/BUCKET/KEY (the default) */
@@ -1192,6 +1216,18 @@ struct sluice_stats {
     uint64_t fallback_tensors;  /* loads delivered from a mirror */
     uint64_t fallback_bytes;    /* their bytes */
     uint64_t fallback_failures; /* mirror attempts that failed too */
+    /* persistent cache and verified-once memo (see "Persistent cache") */
+    uint64_t disk_hits;         /* tensor loads read from the cache's blobs */
+    uint64_t disk_hit_bytes;    /* their bytes */
+    uint64_t disk_misses;       /* remote tensor loads that found no blob */
+    uint64_t disk_stored;       /* blobs written (fetched and verified here) */
+    uint64_t disk_rotten;       /* blobs that failed verification: dropped,
+                                   fetched again */
+    uint64_t disk_evicted;      /* blobs this model's stores evicted */
+    uint64_t memo_tensors;      /* loads the memo spared hashing */
+    uint64_t memo_bytes;        /* their bytes */
+    uint32_t disk_degraded;     /* 1: the cache was turned off for this model
+                                   (sluice_cache_warning says why) */
 };
 
 /* Fills *stats (whose size field the caller sets; fields past it are not
@@ -1199,6 +1235,121 @@ struct sluice_stats {
  * knows are written). Returns SLUICE_OK, or SLUICE_E_INVAL (bad model,
  * NULL stats, size smaller than the size field). Any thread. */
 SLUICE_API int sluice_stats(sluice_model *model, struct sluice_stats *stats);
+
+/* ------------------------------------------------------------------------ */
+/* Persistent cache                                                         */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * A cache directory (opts.cache_dir) kept across processes and shared by
+ * every process that names it. It holds:
+ *  - blobs: the bytes of tensors fetched from a remote source and verified
+ *    against the manifest, one file per tensor named by its digest
+ *    (blobs/ALGORITHM/XX/HEX); only tensors with a digest are kept;
+ *  - index.sqlite: an SQLite database (WAL) of the blobs (algorithm,
+ *    digest, size, source, created, last access) and of the verified-once
+ *    memo; its schema is versioned and older versions are migrated.
+ *
+ * A remote model opened with a cache loads each tensor whose blob is there
+ * from the blob, through the local read path, and verifies it again as
+ * it is read: a blob that fails is deleted, counted (disk_rotten) and the
+ * tensor fetched from the source. A tensor fetched from the source and
+ * verified is written to a temporary file, fsynced, renamed into place,
+ * the directory fsynced, and only then recorded. The headers and the
+ * manifest are fetched at every open (the blobs are named by the digests
+ * of the manifest read then), so a remote model that changed loads the
+ * tensors whose digests changed from the source, and the unchanged ones
+ * from the cache. sluice_read_into, sluice_acquire_range and sluice_verify
+ * do not use the cache.
+ *
+ * Eviction: after a store, the least recently used blobs are deleted until
+ * the blobs take at most cache_bytes. A process reading a blob holds its
+ * descriptor for the read, so deleting it (another process's eviction,
+ * `sluice cache gc`) never cuts a read short; a blob gone before its load
+ * starts is a miss, fetched again.
+ *
+ * Many processes: each finds a blob by its name, so a tensor another
+ * process stored since this open is read from the cache; processes that
+ * start at the same moment may each fetch the same tensor (at most once
+ * per process); the rename makes a blob appear whole or not at all.
+ *
+ * Failures: a corrupt or foreign index.sqlite is moved aside (to
+ * corrupt/) and rebuilt from the blobs; temporary files left by dead
+ * processes are deleted at open. When the cache cannot be used (a
+ * read-only or full file system, a newer schema), loading goes on
+ * without it: disk_degraded is 1 and sluice_cache_warning() says why,
+ * once per model. A cache never fails a load.
+ *
+ * Verified-once memo (SLUICE_F_TRUST_UNCHANGED): after a tensor of a
+ * local file is verified, the cache records the file's identity (st_dev,
+ * st_ino, size, mtime and ctime in ns), the tensor's offset and size, and
+ * the digest it matched. A later open with the flag that finds the same
+ * record for the same digest hands the tensor out without hashing it
+ * (memo_tensors). Any write to the file changes its mtime and ctime, and
+ * ctime cannot be set back by any user-level call, so a changed file no
+ * longer matches; a file whose mtime or ctime is within the last second at
+ * open is not recorded (a write in the same clock tick would not change
+ * them). What it does not cover: the root user changing the clock or
+ * writing the device below the file system, and a file system that
+ * does not update ctime. That is why it is opt-in.
+ */
+
+/* The warning of a model whose cache was turned off (read-only or full
+ * file system, a newer schema, ...), or NULL when its cache works or it
+ * has none. Borrowed: valid until sluice_close. Any thread. */
+SLUICE_API const char *sluice_cache_warning(sluice_model *model);
+
+/* A cache directory opened for administration (`sluice cache`): listing,
+ * usage, garbage collection, clearing, rehashing. One thread at a time
+ * per handle; any number of handles and models may use one directory at
+ * once. */
+typedef struct sluice_cache sluice_cache;
+
+typedef struct sluice_cache_entry {
+    sluice_algorithm algorithm;
+    char digest[65];            /* lower-case hex */
+    uint64_t bytes;
+    const char *source;         /* where it was fetched from (credentials and
+                                  query left out); borrowed for the callback */
+    int64_t created_ns;         /* CLOCK_REALTIME */
+    int64_t last_access_ns;
+    int present;                /* its blob file exists with that size */
+} sluice_cache_entry;
+
+/* Opens dir (NULL: $SLUICE_CACHE_DIR, else the default of
+ * SLUICE_F_CACHE_DEFAULT), creating it as a model's open would (and
+ * repairing its index the same way). *out is always set unless out is
+ * NULL or memory runs out: on failure to a handle that only carries the
+ * error (sluice_cache_errmsg), to be closed. */
+SLUICE_API int sluice_cache_open(const char *dir, sluice_cache **out);
+/* The detail of the handle's last failure ("" when none). Borrowed: valid
+ * until the next call on the handle. */
+SLUICE_API const char *sluice_cache_errmsg(const sluice_cache *cache);
+/* The directory (borrowed, valid until close). */
+SLUICE_API const char *sluice_cache_path(const sluice_cache *cache);
+/* Calls fn for every entry, least recently used first; fn returning non-0
+ * stops the walk (returned as is). */
+SLUICE_API int sluice_cache_list(sluice_cache *cache,
+                                 int (*fn)(void *user, const sluice_cache_entry *entry),
+                                 void *user);
+/* The bytes and entries recorded. */
+SLUICE_API int sluice_cache_usage(sluice_cache *cache, uint64_t *bytes, uint64_t *entries);
+/* Deletes least recently used blobs until at most max_bytes remain, and
+ * entries whose blob is gone; blobs no entry names are recorded back.
+ * Either count pointer may be NULL. */
+SLUICE_API int sluice_cache_gc(sluice_cache *cache, uint64_t max_bytes, uint64_t *freed_bytes,
+                               uint64_t *freed_entries);
+/* Deletes every blob and entry (and the memo). */
+SLUICE_API int sluice_cache_clear(sluice_cache *cache, uint64_t *freed_bytes,
+                                  uint64_t *freed_entries);
+/* Rehashes every blob and deletes those whose bytes do not match their
+ * name (fn, may be NULL, is told of each, with the digest found). */
+SLUICE_API int sluice_cache_verify(sluice_cache *cache, uint64_t *checked, uint64_t *dropped,
+                                   void (*fn)(void *user, const sluice_cache_entry *entry,
+                                              const char *why),
+                                   void *user);
+/* Frees the handle. NULL: no-op. */
+SLUICE_API void sluice_cache_close(sluice_cache *cache);
 
 /* ------------------------------------------------------------------------ */
 /* Metrics                                                                  */

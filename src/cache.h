@@ -1,0 +1,121 @@
+/* cache.h: the persistent cache (cache.c): blobs of verified tensors named
+ * by their digest, an SQLite index of them, and the verified-once memo of
+ * local files. See "Persistent cache" in sluice.h for what it promises.
+ *
+ * Layout of a cache directory DIR:
+ *   DIR/index.sqlite (+ -wal, -shm)   the index, WAL mode
+ *   DIR/lock                          flock'ed while the index is opened,
+ *                                     created, migrated or rebuilt
+ *   DIR/blobs/ALG/XX/HEX              a tensor's bytes (ALG "sha256" or
+ *                                     "blake3", HEX its 64-digit digest,
+ *                                     XX HEX's first two digits)
+ *   DIR/tmp/PID.RANDOM.tmp            a fill in progress
+ *   DIR/corrupt/index.sqlite.NS       an index moved aside
+ *
+ * Schema (PRAGMA user_version = SL_CACHE_SCHEMA):
+ *   meta(key TEXT PRIMARY KEY, value TEXT)        ('format','sluice-cache')
+ *   blobs(algorithm TEXT, digest TEXT, size INTEGER, source TEXT,
+ *         created_ns INTEGER, last_access_ns INTEGER,
+ *         PRIMARY KEY(algorithm, digest))
+ *   memo(dev, ino, size, mtime_ns, ctime_ns, offset, nbytes, algorithm,
+ *        digest, recorded_ns, PRIMARY KEY(all but recorded_ns))   (v2)
+ * Version 1 had meta and blobs only; open migrates 1 -> 2.
+ *
+ * Reading a blob never touches SQLite: its path is its digest, and a blob
+ * exists whole or not at all (renamed into place). SQLite holds what
+ * eviction and `sluice cache` need. Every SQLite use is one short
+ * transaction under the handle's mutex, with a busy timeout; no lock of
+ * it is held across a blob's I/O.
+ *
+ * Degrading: an error that makes the cache unusable (EROFS, EACCES,
+ * ENOSPC, EDQUOT on a write; a newer schema; an index that cannot be
+ * rebuilt) turns the handle off: it keeps the first such message
+ * (sl_cache_warning), every later store and record does nothing, lookups
+ * find nothing. Loading never fails because of the cache.
+ *
+ * Fault hook for tests (processes the tests start): the environment
+ * variable SLUICE_TEST_CACHE_FAULT, read at sl_cache_open, "kill@N" sends
+ * SIGKILL to the process at the Nth step of its fills (steps: the temporary
+ * file made, each write, the fsync, the rename, the directory's fsync, the
+ * insert), "enospc@N" makes the Nth step's call fail with ENOSPC, "erofs"
+ * makes making the directories fail with EROFS. Unset in normal use.
+ *
+ * Thread safety: an sl_cache may be used by any number of threads at once.
+ */
+#ifndef SLUICE_CACHE_H
+#define SLUICE_CACHE_H
+
+#include "error.h"
+#include "sluice.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SL_CACHE_SCHEMA 2
+
+typedef struct sl_cache sl_cache;
+
+/* The directory a model uses: o->cache_dir, else $SLUICE_CACHE_DIR, else
+ * (flags SLUICE_F_CACHE_DEFAULT or SLUICE_F_TRUST_UNCHANGED)
+ * $XDG_CACHE_HOME/sluice or $HOME/.cache/sluice; malloc'd. *out NULL: no
+ * cache. Returns SLUICE_E_NOMEM only. */
+int sl_cache_dir_for(const sluice_options *o, char **out, sl_err *err);
+
+/* Opens (making what is missing) the cache at dir with a budget of
+ * max_bytes. Returns SLUICE_E_NOMEM, or SLUICE_OK with *out set: a usable
+ * handle, or one turned off with its warning (see above). Cleans the
+ * temporary files of processes that are gone, and moves a corrupt or
+ * foreign index aside and rebuilds it from the blobs. */
+int sl_cache_open(const char *dir, uint64_t max_bytes, sl_cache **out, sl_err *err);
+void sl_cache_close(sl_cache *c);
+
+/* NULL, or why the handle is off (borrowed, valid until close). */
+const char *sl_cache_warning(const sl_cache *c);
+const char *sl_cache_dir(const sl_cache *c);
+
+/* Opens the blob of (alg, digest) for reading: its descriptor (O_RDONLY |
+ * O_CLOEXEC), or -1 when there is none, or none of exactly size bytes (a
+ * blob of another size is deleted: it cannot be this tensor). *path gets
+ * the blob's path (malloc'd) when the descriptor is returned. */
+int sl_cache_open_blob(sl_cache *c, sluice_algorithm alg, const uint8_t digest[32],
+                       uint64_t size, char **path);
+
+/* Stores the size bytes at data, already verified to have digest, as the
+ * blob of (alg, digest), fetched from source (a location as messages show
+ * it), then evicts down to the budget (*evicted, may be NULL, gets the
+ * count). A blob larger than the budget is not stored. Returns 1 stored,
+ * 0 not (off, too large, or turned off by this failure: see warning). */
+int sl_cache_store(sl_cache *c, sluice_algorithm alg, const uint8_t digest[32], const void *data,
+                   uint64_t size, const char *source, uint64_t *evicted);
+
+/* Deletes the blob of (alg, digest) and its entry: its bytes failed
+ * verification. */
+void sl_cache_drop(sl_cache *c, sluice_algorithm alg, const uint8_t digest[32]);
+
+/* Marks the entries of n digests used now (one transaction). */
+void sl_cache_touch(sl_cache *c, sluice_algorithm alg, const uint8_t (*digests)[32], size_t n);
+
+/* ---------------------------------------------------------------- memo */
+
+typedef struct sl_file_id {
+    uint64_t dev, ino, size;
+    int64_t mtime_ns, ctime_ns;
+} sl_file_id;
+
+/* The identity of fd's file (fstat). */
+int sl_file_id_of(int fd, sl_file_id *id);
+
+/* Calls fn for every memo record of file id in alg. */
+void sl_cache_memo_each(sl_cache *c, const sl_file_id *id, sluice_algorithm alg,
+                        void (*fn)(void *user, uint64_t offset, uint64_t nbytes,
+                                   const uint8_t digest[32]),
+                        void *user);
+
+/* Records that bytes [offset, offset + nbytes) of file id matched digest.
+ * Does nothing for a file whose mtime or ctime is not at least a second
+ * older than opened_ns (CLOCK_REALTIME when its identity was taken). */
+void sl_cache_memo_record(sl_cache *c, const sl_file_id *id, int64_t opened_ns,
+                          sluice_algorithm alg, uint64_t offset, uint64_t nbytes,
+                          const uint8_t digest[32]);
+
+#endif
