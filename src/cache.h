@@ -39,6 +39,11 @@
  * file made, each write, the fsync, the rename, the directory's fsync, the
  * insert), "enospc@N" makes the Nth step's call fail with ENOSPC, "erofs"
  * makes making the directories fail with EROFS. Unset in normal use.
+ * Steps are counted across all fills of one handle, from 1; a kill comes
+ * right after its step's call succeeded, an ENOSPC in place of the call.
+ * Each write() is at most SL_CACHE_WRITE_MAX bytes (so a fill of n bytes
+ * has ceil(n / SL_CACHE_WRITE_MAX) write steps). N is a positive decimal
+ * without leading zeros; any other value is ignored.
  *
  * Thread safety: an sl_cache may be used by any number of threads at once.
  */
@@ -52,6 +57,9 @@
 #include <stdint.h>
 
 #define SL_CACHE_SCHEMA 2
+
+/* The most bytes one write() of a fill asks for. */
+#define SL_CACHE_WRITE_MAX ((size_t)1 << 20)
 
 typedef struct sl_cache sl_cache;
 
@@ -117,5 +125,45 @@ void sl_cache_memo_each(sl_cache *c, const sl_file_id *id, sluice_algorithm alg,
 void sl_cache_memo_record(sl_cache *c, const sl_file_id *id, int64_t opened_ns,
                           sluice_algorithm alg, uint64_t offset, uint64_t nbytes,
                           const uint8_t digest[32]);
+
+/* ---------------------------------------------------------------- administration
+ * For sluice_cache_* (api_cache.c). Each fails with SLUICE_E_IO (the
+ * handle's warning as the message) on a handle that is off, and with
+ * SLUICE_E_UNSUPPORTED in a build without SQLite. */
+
+/* One entry of the index. */
+typedef struct sl_cache_row {
+    sluice_algorithm alg;
+    char digest[65];      /* lower-case hex */
+    uint64_t size;
+    char *source;         /* malloc'd, "" when none */
+    int64_t created_ns, last_access_ns;
+} sl_cache_row;
+
+/* Every entry, least recently used first (a snapshot: the index may
+ * change as soon as it is taken). Free with sl_cache_rows_free. */
+int sl_cache_rows(sl_cache *c, sl_cache_row **rows, size_t *n, sl_err *err);
+void sl_cache_rows_free(sl_cache_row *rows, size_t n);
+
+/* The bytes and the entries recorded. */
+int sl_cache_usage(sl_cache *c, uint64_t *bytes, uint64_t *entries, sl_err *err);
+
+/* Deletes the temporary files of dead processes, the entries whose blob
+ * is missing (or of another size, deleting that file too), records the
+ * blobs no entry names (source "rebuilt"), then evicts down to max_bytes. */
+int sl_cache_gc(sl_cache *c, uint64_t max_bytes, uint64_t *freed_bytes, uint64_t *freed_entries,
+                sl_err *err);
+
+/* Deletes every entry and the memo, then every blob file. */
+int sl_cache_clear(sl_cache *c, uint64_t *freed_bytes, uint64_t *freed_entries, sl_err *err);
+
+/* DIR/blobs/ALG/XX/HEX (malloc'd), NULL for an unknown alg or no memory. */
+char *sl_cache_blob_path(const sl_cache *c, sluice_algorithm alg, const char hex[65]);
+
+/* "sha256"/"blake3" into *alg: 0, or -1 for another name. */
+int sl_cache_alg_parse(const char *name, sluice_algorithm *alg);
+
+/* 64 lower-case hex digits into 32 bytes: 0, or -1. */
+int sl_cache_hex_parse(const char *hex, uint8_t out[32]);
 
 #endif

@@ -14,5 +14,6 @@ int cmd_keygen(int argc, char **argv);        /* sign.c */
 int cmd_sign(int argc, char **argv);          /* sign.c */
 int cmd_stats(int argc, char **argv);         /* metrics_cli.c */
 int cmd_bench_metrics(int argc, char **argv); /* metrics_cli.c */
+int cmd_cache(int argc, char **argv);
 
 #endif

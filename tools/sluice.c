@@ -24,6 +24,7 @@ static const struct {
     {"cat", cmd_cat, "cat PATH NAME              write one tensor's verified bytes to stdout"},
     {"stats", cmd_stats, "stats PATH [--openmetrics] load the model verified, print its metrics"},
     {"bench-metrics", cmd_bench_metrics, "bench-metrics PATH [...]   what the metrics cost; rendering time and size"},
+    {"cache", cmd_cache, "cache ls|du|gc|clear|verify  look after the persistent cache"},
     {"serve", NULL, "serve ROOT_OR_MODEL [...]  serve tensors over gRPC (the sluice-serve program)"},
 };
 

@@ -12,10 +12,11 @@ cd "$root"
 # independent BLAKE3 the tests compare with; libcurl4-openssl-dev: remote
 # models; nginx: test_remote and test_remote_faults; libgrpc++-dev,
 # libprotobuf-dev, protobuf-compiler(-grpc): sluice serve; openssl: its TLS
-# tests make a CA; python3: their test model writer
+# tests make a CA; python3: their test model writer; libsqlite3-dev: the
+# persistent cache's index
 sh tools/deps.sh clang libclang-rt-14-dev libmicrohttpd-dev prometheus curl librust-blake3-dev b3sum \
     libcurl4-openssl-dev nginx libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc \
-    openssl python3
+    openssl python3 libsqlite3-dev
 jobs=$(nproc 2>/dev/null || echo 2)
 
 echo "== ASan + UBSan build, all tests"

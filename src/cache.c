@@ -1,0 +1,1670 @@
+/* cache.c: the persistent cache (see cache.h): blobs named by their digest,
+ * written whole by rename, and an SQLite index of them for eviction and
+ * administration, plus the verified-once memo.
+ *
+ * The order of a fill is what makes a crash at any point harmless: the
+ * bytes go to DIR/tmp first (a dead process's leftovers are deleted by the
+ * next open), become a blob only by rename (whole or absent), and get an
+ * entry only after the rename and the directory's fsync, so an entry never
+ * names a blob that is not there in full. Eviction deletes entries first
+ * and files after, for the same reason.
+ *
+ * Nothing here may fail a load: every trouble either turns the handle off
+ * (with one message) or makes the one call do nothing.
+ */
+#include "cache.h"
+
+#ifdef SLUICE_HAVE_SQLITE
+#include <sqlite3.h>
+#endif
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define NS_PER_S 1000000000LL
+#define TMP_MAX_AGE_NS (24LL * 3600 * NS_PER_S)
+
+typedef enum fault_kind { FAULT_NONE, FAULT_KILL, FAULT_ENOSPC, FAULT_EROFS } fault_kind;
+
+enum { ON = 0, TURNING_OFF = 1, OFF = 2 };
+
+struct sl_cache {
+    char *dir;
+    uint64_t max_bytes;
+    /* ON, or OFF once warning is written (TURNING_OFF while it is): the
+     * fast paths read state alone, and warning only after seeing OFF */
+    atomic_int state;
+    char warning[SL_ERRMSG_MAX];
+    fault_kind fault;
+    uint64_t fault_at;
+    atomic_uint_fast64_t steps; /* fill steps so far, for the fault hook */
+    pthread_mutex_t mu;         /* serialises every use of db and last_ns */
+    int64_t last_ns;            /* the last access time given out */
+#ifdef SLUICE_HAVE_SQLITE
+    sqlite3 *db;
+#endif
+};
+
+/* ---------------------------------------------------------------- helpers */
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * NS_PER_S + ts.tv_nsec;
+}
+
+static char *str_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *str_printf(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *s = NULL;
+    int n = vasprintf(&s, fmt, ap);
+    va_end(ap);
+    return n < 0 ? NULL : s;
+}
+
+/* The directory name of alg under blobs/, NULL for an unknown one. */
+static const char *alg_dir(sluice_algorithm alg)
+{
+    switch (alg) {
+    case SLUICE_ALG_SHA256: return "sha256";
+    case SLUICE_ALG_BLAKE3: return "blake3";
+    }
+    return NULL;
+}
+
+int sl_cache_alg_parse(const char *name, sluice_algorithm *alg)
+{
+    if (!strcmp(name, "sha256"))
+        *alg = SLUICE_ALG_SHA256;
+    else if (!strcmp(name, "blake3"))
+        *alg = SLUICE_ALG_BLAKE3;
+    else
+        return -1;
+    return 0;
+}
+
+/* 1 when s is n lower-case hex digits (and nothing more). */
+static int is_hex(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+            return 0;
+    return s[n] == '\0';
+}
+
+int sl_cache_hex_parse(const char *hex, uint8_t out[32])
+{
+    if (!is_hex(hex, 64))
+        return -1;
+    for (int i = 0; i < 32; i++) {
+        int hi = hex[2 * i] <= '9' ? hex[2 * i] - '0' : hex[2 * i] - 'a' + 10;
+        int lo = hex[2 * i + 1] <= '9' ? hex[2 * i + 1] - '0' : hex[2 * i + 1] - 'a' + 10;
+        out[i] = (uint8_t)(hi << 4 | lo);
+    }
+    return 0;
+}
+
+char *sl_cache_blob_path(const sl_cache *c, sluice_algorithm alg, const char hex[65])
+{
+    const char *a = alg_dir(alg);
+    return a ? str_printf("%s/blobs/%s/%.2s/%s", c->dir, a, hex, hex) : NULL;
+}
+
+static inline int is_off(const sl_cache *c)
+{
+    return atomic_load_explicit(&c->state, memory_order_acquire) != ON;
+}
+
+/* Turns the handle off with "cache DIR: turned off: WHY"; the first
+ * caller's message stays. */
+static void turn_off(sl_cache *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void turn_off(sl_cache *c, const char *fmt, ...)
+{
+    char why[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    int expected = ON;
+    if (!atomic_compare_exchange_strong(&c->state, &expected, TURNING_OFF))
+        return;
+    snprintf(c->warning, sizeof c->warning, "cache %s: turned off: %s", c->dir, why);
+    sl_utf8_cut(c->warning);
+    atomic_store_explicit(&c->state, OFF, memory_order_release);
+}
+
+const char *sl_cache_warning(const sl_cache *c)
+{
+    if (!c || atomic_load_explicit(&c->state, memory_order_acquire) != OFF)
+        return NULL;
+    return c->warning;
+}
+
+const char *sl_cache_dir(const sl_cache *c)
+{
+    return c ? c->dir : NULL;
+}
+
+/* ---------------------------------------------------------------- directory */
+
+int sl_cache_dir_for(const sluice_options *o, char **out, sl_err *err)
+{
+    *out = NULL;
+    const char *dir = o && o->cache_dir && *o->cache_dir ? o->cache_dir : NULL;
+    char *made = NULL;
+    if (!dir) {
+        const char *env = getenv("SLUICE_CACHE_DIR");
+        if (env && *env)
+            dir = env;
+    }
+    if (!dir && o && (o->flags & (SLUICE_F_CACHE_DEFAULT | SLUICE_F_TRUST_UNCHANGED))) {
+        /* XDG: a relative $XDG_CACHE_HOME is invalid and ignored */
+        const char *xdg = getenv("XDG_CACHE_HOME");
+        const char *home = getenv("HOME");
+        if (xdg && xdg[0] == '/')
+            made = str_printf("%s/sluice", xdg);
+        else if (home && *home)
+            made = str_printf("%s/.cache/sluice", home);
+        else
+            return SLUICE_OK; /* nowhere to put it: no cache */
+        if (!made)
+            return sl_fail(err, SLUICE_E_NOMEM, "out of memory naming the cache directory");
+        *out = made;
+        return SLUICE_OK;
+    }
+    if (!dir)
+        return SLUICE_OK;
+    if (!(*out = strdup(dir)))
+        return sl_fail(err, SLUICE_E_NOMEM, "out of memory naming the cache directory");
+    return SLUICE_OK;
+}
+
+int sl_file_id_of(int fd, sl_file_id *id)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return -1;
+    id->dev = (uint64_t)st.st_dev;
+    id->ino = (uint64_t)st.st_ino;
+    id->size = (uint64_t)st.st_size;
+    id->mtime_ns = (int64_t)st.st_mtim.tv_sec * NS_PER_S + st.st_mtim.tv_nsec;
+    id->ctime_ns = (int64_t)st.st_ctim.tv_sec * NS_PER_S + st.st_ctim.tv_nsec;
+    return 0;
+}
+
+#ifdef SLUICE_HAVE_SQLITE
+
+/* The errors after which the cache cannot work here at all (read-only,
+ * forbidden or full): they turn the handle off rather than fail one fill. */
+static int is_fatal_errno(int e)
+{
+    return e == EROFS || e == EACCES || e == EPERM || e == ENOSPC || e == EDQUOT;
+}
+
+/* mkdir that is content with a directory already there. */
+static int mkdir_one(const char *path)
+{
+    if (mkdir(path, 0755) == 0)
+        return 0;
+    if (errno != EEXIST)
+        return -1;
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return -1;
+    if (!S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
+    }
+    return 0;
+}
+
+/* mkdir -p path (mode 0755). 0, or -1 with errno. */
+static int mkdir_p(const char *path)
+{
+    char *p = strdup(path);
+    if (!p) {
+        errno = ENOMEM;
+        return -1;
+    }
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/')
+            continue;
+        *s = '\0';
+        int rc = mkdir_one(p);
+        *s = '/';
+        if (rc != 0 && errno != EEXIST) {
+            int e = errno;
+            free(p);
+            errno = e;
+            return -1;
+        }
+    }
+    int rc = mkdir_one(p);
+    int e = errno;
+    free(p);
+    errno = e;
+    return rc;
+}
+
+/* Deletes the temporary files of fills that cannot finish: their process
+ * is gone (its pid no longer exists), or they are over a day old (a pid
+ * reused, or another pid namespace). A live process's fill is left. */
+static void clean_tmp(const sl_cache *c)
+{
+    char *path = str_printf("%s/tmp", c->dir);
+    DIR *d = path ? opendir(path) : NULL;
+    free(path);
+    if (!d)
+        return;
+    int64_t now = now_ns();
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        const char *name = e->d_name;
+        if (name[0] == '.')
+            continue;
+        struct stat st;
+        if (fstatat(dirfd(d), name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        int gone = now - ((int64_t)st.st_mtim.tv_sec * NS_PER_S + st.st_mtim.tv_nsec) > TMP_MAX_AGE_NS;
+        /* PID.RANDOM.tmp */
+        char *end;
+        errno = 0;
+        long pid = strtol(name, &end, 10);
+        size_t len = strlen(name);
+        if (!gone && name[0] >= '1' && name[0] <= '9' && !errno && pid > 0 && pid <= INT_MAX &&
+            end[0] == '.' && end[1] != '\0' && len > 4 && !strcmp(name + len - 4, ".tmp") &&
+            end + 1 < name + len - 4 && kill((pid_t)pid, 0) != 0 && errno == ESRCH)
+            gone = 1;
+        if (gone)
+            unlinkat(dirfd(d), name, 0);
+    }
+    closedir(d);
+}
+
+/* One blob file found by walking DIR/blobs. */
+typedef struct found_blob {
+    sluice_algorithm alg;
+    char hex[65];
+    uint64_t size;
+    int64_t mtime_ns;
+} found_blob;
+
+typedef struct found_list {
+    found_blob *v;
+    size_t n, cap;
+} found_list;
+
+/* Lists every file DIR/blobs/ALG/XX/HEX that is a regular file with a
+ * well-formed name; anything else there is left alone and not listed.
+ * 0, or -1 (out of memory). A directory that cannot be read counts as
+ * empty: the cache works with what it can see. */
+static int walk_blobs(const sl_cache *c, found_list *out)
+{
+    static const sluice_algorithm algs[] = {SLUICE_ALG_SHA256, SLUICE_ALG_BLAKE3};
+    for (size_t a = 0; a < sizeof algs / sizeof algs[0]; a++) {
+        char *path = str_printf("%s/blobs/%s", c->dir, alg_dir(algs[a]));
+        DIR *top = path ? opendir(path) : NULL;
+        free(path);
+        if (!top)
+            continue;
+        struct dirent *x;
+        while ((x = readdir(top))) {
+            if (!is_hex(x->d_name, 2))
+                continue;
+            int fd = openat(dirfd(top), x->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+            DIR *sub = fd >= 0 ? fdopendir(fd) : NULL;
+            if (!sub) {
+                if (fd >= 0)
+                    close(fd);
+                continue;
+            }
+            struct dirent *h;
+            while ((h = readdir(sub))) {
+                struct stat st;
+                if (!is_hex(h->d_name, 64) || memcmp(h->d_name, x->d_name, 2) != 0 ||
+                    fstatat(dirfd(sub), h->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+                    !S_ISREG(st.st_mode))
+                    continue;
+                if (out->n == out->cap) {
+                    size_t cap = out->cap ? out->cap * 2 : 64;
+                    found_blob *v = realloc(out->v, cap * sizeof *v);
+                    if (!v) {
+                        closedir(sub);
+                        closedir(top);
+                        return -1;
+                    }
+                    out->v = v;
+                    out->cap = cap;
+                }
+                found_blob *f = &out->v[out->n++];
+                f->alg = algs[a];
+                memcpy(f->hex, h->d_name, 65);
+                f->size = (uint64_t)st.st_size;
+                f->mtime_ns = (int64_t)st.st_mtim.tv_sec * NS_PER_S + st.st_mtim.tv_nsec;
+            }
+            closedir(sub);
+        }
+        closedir(top);
+    }
+    return 0;
+}
+
+/* SLUICE_TEST_CACHE_FAULT, parsed strictly: "erofs", "kill@N" or
+ * "enospc@N" with N a positive decimal without leading zeros; anything
+ * else is ignored. */
+static void parse_fault(sl_cache *c)
+{
+    const char *v = getenv("SLUICE_TEST_CACHE_FAULT");
+    if (!v)
+        return;
+    if (!strcmp(v, "erofs")) {
+        c->fault = FAULT_EROFS;
+        return;
+    }
+    fault_kind k;
+    const char *n;
+    if (!strncmp(v, "kill@", 5)) {
+        k = FAULT_KILL;
+        n = v + 5;
+    } else if (!strncmp(v, "enospc@", 7)) {
+        k = FAULT_ENOSPC;
+        n = v + 7;
+    } else {
+        return;
+    }
+    if (*n < '1' || *n > '9')
+        return;
+    uint64_t x = 0;
+    for (; *n; n++) {
+        if (*n < '0' || *n > '9' || x > (UINT64_MAX - 9) / 10)
+            return;
+        x = x * 10 + (uint64_t)(*n - '0');
+    }
+    c->fault = k;
+    c->fault_at = x;
+}
+
+/* The fault hook's view of one fill step: step_begin numbers it (0 when
+ * no hook is set) and says whether its call must fail with ENOSPC instead
+ * of being made; step_end, after the call, kills the process at the step
+ * asked. */
+static uint64_t step_begin(sl_cache *c, int *fail)
+{
+    *fail = 0;
+    if (c->fault != FAULT_KILL && c->fault != FAULT_ENOSPC)
+        return 0;
+    uint64_t step = atomic_fetch_add(&c->steps, 1) + 1;
+    if (c->fault == FAULT_ENOSPC && step == c->fault_at) {
+        *fail = 1;
+        errno = ENOSPC;
+    }
+    return step;
+}
+
+static void step_end(const sl_cache *c, uint64_t step)
+{
+    if (c->fault == FAULT_KILL && step == c->fault_at)
+        kill(getpid(), SIGKILL);
+}
+
+
+/* ---------------------------------------------------------------- SQLite */
+
+static pthread_once_t sqlite_once = PTHREAD_ONCE_INIT;
+static int sqlite_init_rc;
+
+static void sqlite_init(void)
+{
+    sqlite_init_rc = sqlite3_initialize();
+}
+
+static const char *const SCHEMA_META =
+    "CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT);"
+    "INSERT INTO meta(key, value) VALUES('format', 'sluice-cache');";
+static const char *const SCHEMA_BLOBS =
+    "CREATE TABLE blobs(algorithm TEXT NOT NULL, digest TEXT NOT NULL, size INTEGER NOT NULL,"
+    " source TEXT, created_ns INTEGER NOT NULL, last_access_ns INTEGER NOT NULL,"
+    " PRIMARY KEY(algorithm, digest));";
+/* version 2 */
+static const char *const SCHEMA_MEMO =
+    "CREATE TABLE memo(dev INTEGER NOT NULL, ino INTEGER NOT NULL, size INTEGER NOT NULL,"
+    " mtime_ns INTEGER NOT NULL, ctime_ns INTEGER NOT NULL, offset INTEGER NOT NULL,"
+    " nbytes INTEGER NOT NULL, algorithm TEXT NOT NULL, digest TEXT NOT NULL,"
+    " recorded_ns INTEGER NOT NULL,"
+    " PRIMARY KEY(dev, ino, size, mtime_ns, ctime_ns, offset, nbytes, algorithm, digest));"
+    "CREATE INDEX IF NOT EXISTS blobs_lru ON blobs(last_access_ns);";
+
+/* A result code that says the file is not (or no longer) a database. */
+static int is_corrupt_rc(int rc)
+{
+    rc &= 0xff;
+    return rc == SQLITE_NOTADB || rc == SQLITE_CORRUPT;
+}
+
+/* An access time for the index: now, but always later than the last one
+ * given, so that least recently used is a strict order. Under mu. */
+static int64_t access_ns(sl_cache *c)
+{
+    int64_t t = now_ns();
+    if (t <= c->last_ns)
+        t = c->last_ns + 1;
+    c->last_ns = t;
+    return t;
+}
+
+/* After a failed statement (under mu): turns the handle off when the
+ * index cannot be written at all (read-only, full, corrupt); a busy or
+ * other passing failure only fails the one call. */
+static void db_trouble(sl_cache *c, int rc, const char *what)
+{
+    int prim = rc & 0xff;
+    int se = sqlite3_system_errno(c->db);
+    if (prim == SQLITE_FULL || prim == SQLITE_READONLY || prim == SQLITE_CORRUPT ||
+        prim == SQLITE_NOTADB || prim == SQLITE_PERM || prim == SQLITE_CANTOPEN ||
+        (prim == SQLITE_IOERR && is_fatal_errno(se)))
+        turn_off(c, "%s failed: %s", what,
+                 se && is_fatal_errno(se) ? strerror(se) : sqlite3_errmsg(c->db));
+}
+
+static int db_exec(sqlite3 *db, const char *sql)
+{
+    return sqlite3_exec(db, sql, NULL, NULL, NULL);
+}
+
+/* Runs a one-value query; *out gets its integer (0 with no row). */
+static int db_int(sqlite3 *db, const char *sql, int64_t *out)
+{
+    sqlite3_stmt *st = NULL;
+    *out = 0;
+    int rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
+    if (rc == SQLITE_OK) {
+        rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW) {
+            *out = sqlite3_column_int64(st, 0);
+            rc = SQLITE_OK;
+        } else if (rc == SQLITE_DONE) {
+            rc = SQLITE_OK;
+        }
+    }
+    sqlite3_finalize(st);
+    return rc;
+}
+
+static int db_begin(sqlite3 *db)
+{
+    return db_exec(db, "BEGIN IMMEDIATE");
+}
+
+/* Commits, or rolls back when rc (the transaction's status so far) is a
+ * failure; returns the transaction's status. */
+static int db_end(sqlite3 *db, int rc)
+{
+    if (rc == SQLITE_OK) {
+        rc = db_exec(db, "COMMIT");
+        if (rc == SQLITE_OK)
+            return rc;
+    }
+    db_exec(db, "ROLLBACK");
+    return rc;
+}
+
+/* ---------------------------------------------------------------- open */
+
+typedef enum index_state {
+    INDEX_OK,     /* usable, schema current */
+    INDEX_ASIDE,  /* corrupt or foreign: move it aside */
+    INDEX_NEWER,  /* a newer schema: leave it, turn off */
+    INDEX_FAILED  /* cannot be opened now: turn off */
+} index_state;
+
+/* Checks the database at db and brings it to the current schema: creates
+ * it when empty, migrates version 1. *why says what went wrong. */
+static index_state prepare_index(sqlite3 *db, int64_t *version, char *why, size_t why_size)
+{
+    int64_t v = 0, tables = 0;
+    int rc = db_int(db, "PRAGMA user_version", &v);
+    *version = v;
+    if (rc != SQLITE_OK) {
+        snprintf(why, why_size, "%s", sqlite3_errmsg(db));
+        return is_corrupt_rc(rc) ? INDEX_ASIDE : INDEX_FAILED;
+    }
+    if (v > SL_CACHE_SCHEMA) {
+        snprintf(why, why_size,
+                 "its index has schema version %lld, newer than this sluice's %d (a newer "
+                 "sluice made it)",
+                 (long long)v, SL_CACHE_SCHEMA);
+        return INDEX_NEWER;
+    }
+    sqlite3_stmt *st = NULL;
+    rc = sqlite3_prepare_v2(db, "PRAGMA quick_check", -1, &st, NULL);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(st);
+    if (rc != SQLITE_ROW) {
+        snprintf(why, why_size, "%s", sqlite3_errmsg(db));
+        sqlite3_finalize(st);
+        return is_corrupt_rc(rc) ? INDEX_ASIDE : INDEX_FAILED;
+    }
+    const unsigned char *qc = sqlite3_column_text(st, 0);
+    int ok = qc && !strcmp((const char *)qc, "ok");
+    sqlite3_finalize(st);
+    if (!ok) {
+        snprintf(why, why_size, "quick_check failed");
+        return INDEX_ASIDE;
+    }
+    rc = db_int(db, "SELECT count(*) FROM sqlite_master", &tables);
+    if (rc != SQLITE_OK) {
+        snprintf(why, why_size, "%s", sqlite3_errmsg(db));
+        return is_corrupt_rc(rc) ? INDEX_ASIDE : INDEX_FAILED;
+    }
+    if (tables > 0) {
+        /* ours only with the format row and the tables of its version */
+        int64_t n = 0;
+        rc = db_int(db, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND "
+                        "name = 'meta'", &n);
+        int64_t mine = 0, have_blobs = 0, have_memo = 0;
+        if (rc == SQLITE_OK && n == 1)
+            rc = db_int(db, "SELECT count(*) FROM meta WHERE key = 'format' AND "
+                            "value = 'sluice-cache'", &mine);
+        if (rc == SQLITE_OK)
+            rc = db_int(db, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND "
+                            "name = 'blobs'", &have_blobs);
+        if (rc == SQLITE_OK)
+            rc = db_int(db, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND "
+                            "name = 'memo'", &have_memo);
+        if (rc != SQLITE_OK) {
+            snprintf(why, why_size, "%s", sqlite3_errmsg(db));
+            return is_corrupt_rc(rc) ? INDEX_ASIDE : INDEX_FAILED;
+        }
+        if (!mine || !have_blobs || (v != 1 && v != 2) || (v == 2 && !have_memo)) {
+            snprintf(why, why_size, "not a sluice cache index");
+            return INDEX_ASIDE;
+        }
+    }
+    /* WAL: readers never wait for the writer; NORMAL: a commit is durable
+     * at the next checkpoint, and a lost entry is only a blob gc records */
+    rc = db_exec(db, "PRAGMA journal_mode = WAL");
+    if (rc == SQLITE_OK)
+        rc = db_exec(db, "PRAGMA synchronous = NORMAL");
+    if (rc != SQLITE_OK) {
+        snprintf(why, why_size, "%s", sqlite3_errmsg(db));
+        return is_corrupt_rc(rc) ? INDEX_ASIDE : INDEX_FAILED;
+    }
+    if (tables > 0 && v == SL_CACHE_SCHEMA)
+        return INDEX_OK;
+    rc = db_begin(db);
+    if (rc == SQLITE_OK) {
+        if (tables == 0) {
+            rc = db_exec(db, SCHEMA_META);
+            if (rc == SQLITE_OK)
+                rc = db_exec(db, SCHEMA_BLOBS);
+        }
+        if (rc == SQLITE_OK) /* new, or version 1 migrated */
+            rc = db_exec(db, SCHEMA_MEMO);
+        if (rc == SQLITE_OK)
+            rc = db_exec(db, "PRAGMA user_version = 2");
+        rc = db_end(db, rc);
+    }
+    if (rc != SQLITE_OK) {
+        snprintf(why, why_size, "%s", sqlite3_errstr(rc));
+        return INDEX_FAILED;
+    }
+    *version = SL_CACHE_SCHEMA;
+    return INDEX_OK;
+}
+
+/* Moves DIR/index.sqlite and its companion files to
+ * DIR/corrupt/index.sqlite.NS. 0 or -1 with errno. */
+static int move_aside(const sl_cache *c)
+{
+    static const char *const suffix[] = {"", "-wal", "-shm", "-journal"};
+    int64_t ns = now_ns();
+    for (size_t i = 0; i < sizeof suffix / sizeof suffix[0]; i++) {
+        char *from = str_printf("%s/index.sqlite%s", c->dir, suffix[i]);
+        char *to = str_printf("%s/corrupt/index.sqlite.%lld%s", c->dir, (long long)ns, suffix[i]);
+        int rc = from && to ? rename(from, to) : -1;
+        int e = from && to ? errno : ENOMEM;
+        free(from);
+        free(to);
+        if (rc != 0 && e != ENOENT) {
+            errno = e;
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int db_open(const sl_cache *c, sqlite3 **db)
+{
+    char *path = str_printf("%s/index.sqlite", c->dir);
+    if (!path) {
+        *db = NULL;
+        return SQLITE_NOMEM;
+    }
+    /* NOMUTEX: the handle's mutex serialises the connection */
+    int rc = sqlite3_open_v2(path, db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE |
+                             SQLITE_OPEN_NOMUTEX, NULL);
+    free(path);
+    if (*db)
+        sqlite3_busy_timeout(*db, 5000);
+    return rc;
+}
+
+/* Records found blobs that have no entry (source "rebuilt", times from
+ * their mtime), in one transaction. Under mu. SQLite status. */
+static int record_found(sl_cache *c, const found_list *f, uint64_t *added)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = db_begin(c->db);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_prepare_v2(c->db,
+                                "INSERT OR IGNORE INTO blobs(algorithm, digest, size, source,"
+                                " created_ns, last_access_ns) VALUES(?, ?, ?, 'rebuilt', ?, ?)",
+                                -1, &st, NULL);
+    for (size_t i = 0; rc == SQLITE_OK && i < f->n; i++) {
+        sqlite3_bind_text(st, 1, alg_dir(f->v[i].alg), -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 2, f->v[i].hex, 64, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 3, (sqlite3_int64)f->v[i].size);
+        sqlite3_bind_int64(st, 4, f->v[i].mtime_ns);
+        sqlite3_bind_int64(st, 5, f->v[i].mtime_ns);
+        rc = sqlite3_step(st);
+        if (rc == SQLITE_DONE) {
+            rc = SQLITE_OK;
+            if (added)
+                *added += (uint64_t)sqlite3_changes(c->db);
+        }
+        sqlite3_reset(st);
+    }
+    sqlite3_finalize(st);
+    return db_end(c->db, rc);
+}
+
+/* Opens, checks and if need be repairs the index, under DIR/lock (so that
+ * two processes never both move it aside or create it). Turns c off on
+ * failure. */
+static void open_index(sl_cache *c)
+{
+    char *lock_path = str_printf("%s/lock", c->dir);
+    int lock = lock_path ? open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644) : -1;
+    int e = lock_path ? errno : ENOMEM;
+    free(lock_path);
+    if (lock < 0) {
+        turn_off(c, "opening its lock file failed: %s", strerror(e));
+        return;
+    }
+    int rc;
+    while ((rc = flock(lock, LOCK_EX)) != 0 && errno == EINTR)
+        ;
+    if (rc != 0) {
+        turn_off(c, "locking it failed: %s", strerror(errno));
+        close(lock);
+        return;
+    }
+    clean_tmp(c);
+
+    char why[512] = "";
+    int64_t version = 0;
+    sqlite3 *db = NULL;
+    index_state s;
+    rc = db_open(c, &db);
+    if (rc != SQLITE_OK) {
+        snprintf(why, sizeof why, "%s", db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+        s = is_corrupt_rc(rc) ? INDEX_ASIDE : INDEX_FAILED;
+    } else {
+        s = prepare_index(db, &version, why, sizeof why);
+    }
+    int rebuilt = 0;
+    if (s == INDEX_ASIDE) {
+        sqlite3_close(db);
+        db = NULL;
+        if (move_aside(c) != 0) {
+            snprintf(why, sizeof why, "moving the corrupt index aside failed: %s", strerror(errno));
+            s = INDEX_FAILED;
+        } else {
+            rc = db_open(c, &db);
+            s = rc == SQLITE_OK ? prepare_index(db, &version, why, sizeof why) : INDEX_FAILED;
+            if (rc != SQLITE_OK)
+                snprintf(why, sizeof why, "%s", db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+            if (s == INDEX_ASIDE) /* a fresh one bad again: give up */
+                s = INDEX_FAILED;
+            rebuilt = 1;
+        }
+    }
+    if (s == INDEX_OK && rebuilt) {
+        found_list f = {0};
+        c->db = db;
+        if (walk_blobs(c, &f) != 0)
+            snprintf(why, sizeof why, "out of memory"), s = INDEX_FAILED;
+        else if ((rc = record_found(c, &f, NULL)) != SQLITE_OK)
+            snprintf(why, sizeof why, "%s", sqlite3_errstr(rc)), s = INDEX_FAILED;
+        free(f.v);
+        c->db = NULL;
+    }
+    if (s == INDEX_OK) {
+        c->db = db;
+    } else {
+        sqlite3_close(db);
+        if (s == INDEX_NEWER)
+            turn_off(c, "%s", why);
+        else
+            turn_off(c, "%s the index failed: %s", rebuilt ? "rebuilding" : "opening", why);
+    }
+    flock(lock, LOCK_UN);
+    close(lock);
+}
+
+int sl_cache_open(const char *dir, uint64_t max_bytes, sl_cache **out, sl_err *err)
+{
+    *out = NULL;
+    sl_cache *c = calloc(1, sizeof *c);
+    if (!c || !(c->dir = strdup(dir))) {
+        free(c);
+        return sl_fail(err, SLUICE_E_NOMEM, "out of memory opening the cache %s", dir);
+    }
+    /* a trailing slash would make every path in messages read oddly */
+    for (size_t n = strlen(c->dir); n > 1 && c->dir[n - 1] == '/'; n--)
+        c->dir[n - 1] = '\0';
+    c->max_bytes = max_bytes;
+    atomic_init(&c->state, ON);
+    atomic_init(&c->steps, 0);
+    pthread_mutex_init(&c->mu, NULL);
+    parse_fault(c);
+    *out = c;
+
+    pthread_once(&sqlite_once, sqlite_init);
+    if (sqlite_init_rc != SQLITE_OK || !sqlite3_threadsafe()) {
+        turn_off(c, "SQLite cannot be used here (%s)",
+                 sqlite_init_rc != SQLITE_OK ? sqlite3_errstr(sqlite_init_rc)
+                                             : "built without thread support");
+        return SLUICE_OK;
+    }
+    static const char *const sub[] = {"", "/blobs", "/tmp", "/corrupt"};
+    for (size_t i = 0; i < sizeof sub / sizeof sub[0]; i++) {
+        char *p = str_printf("%s%s", c->dir, sub[i]);
+        int rc = -1;
+        if (!p)
+            errno = ENOMEM;
+        else if (c->fault == FAULT_EROFS)
+            errno = EROFS;
+        else
+            rc = i == 0 ? mkdir_p(p) : mkdir_one(p);
+        int e = errno;
+        free(p);
+        if (rc != 0) {
+            if (e == ENOMEM) {
+                sl_cache_close(c);
+                *out = NULL;
+                return sl_fail(err, SLUICE_E_NOMEM, "out of memory opening the cache %s", dir);
+            }
+            turn_off(c, "making the directory failed: %s", strerror(e));
+            return SLUICE_OK;
+        }
+    }
+    open_index(c);
+    return SLUICE_OK;
+}
+
+void sl_cache_close(sl_cache *c)
+{
+    if (!c)
+        return;
+    sqlite3_close(c->db);
+    pthread_mutex_destroy(&c->mu);
+    free(c->dir);
+    free(c);
+}
+
+/* ---------------------------------------------------------------- blobs */
+
+/* Deletes entries (alg, hex), inside a transaction, under mu. */
+static int delete_entries_in(sl_cache *c, const char *const *algs, const char (*hex)[65], size_t n)
+{
+    if (n == 0)
+        return SQLITE_OK;
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(c->db, "DELETE FROM blobs WHERE algorithm = ? AND digest = ?",
+                                -1, &st, NULL);
+    for (size_t i = 0; rc == SQLITE_OK && i < n; i++) {
+        sqlite3_bind_text(st, 1, algs[i], -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 2, hex[i], 64, SQLITE_STATIC);
+        rc = sqlite3_step(st);
+        if (rc == SQLITE_DONE)
+            rc = SQLITE_OK;
+        sqlite3_reset(st);
+    }
+    sqlite3_finalize(st);
+    return rc;
+}
+
+/* The same as one transaction. */
+static int delete_entries(sl_cache *c, const char *const *algs, const char (*hex)[65], size_t n)
+{
+    int rc = db_begin(c->db);
+    if (rc == SQLITE_OK)
+        rc = delete_entries_in(c, algs, hex, n);
+    return db_end(c->db, rc);
+}
+
+static void drop_hex(sl_cache *c, sluice_algorithm alg, const char hex[65])
+{
+    char *path = sl_cache_blob_path(c, alg, hex);
+    if (!path)
+        return;
+    /* the entry first: an entry must never name a missing blob */
+    pthread_mutex_lock(&c->mu);
+    const char *a = alg_dir(alg);
+    int rc = delete_entries(c, &a, (const char(*)[65])hex, 1);
+    if (rc != SQLITE_OK)
+        db_trouble(c, rc, "deleting an entry");
+    pthread_mutex_unlock(&c->mu);
+    unlink(path);
+    free(path);
+}
+
+void sl_cache_drop(sl_cache *c, sluice_algorithm alg, const uint8_t digest[32])
+{
+    if (!c || is_off(c) || !alg_dir(alg))
+        return;
+    char hex[65];
+    drop_hex(c, alg, sl_hex_digest(hex, digest));
+}
+
+int sl_cache_open_blob(sl_cache *c, sluice_algorithm alg, const uint8_t digest[32],
+                       uint64_t size, char **path)
+{
+    if (path)
+        *path = NULL;
+    if (!c || is_off(c) || !alg_dir(alg))
+        return -1;
+    char hex[65];
+    sl_hex_digest(hex, digest);
+    char *p = sl_cache_blob_path(c, alg, hex);
+    if (!p)
+        return -1;
+    int fd = open(p, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    struct stat st;
+    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size == size) {
+        if (path)
+            *path = p;
+        else
+            free(p);
+        return fd;
+    }
+    int wrong_size = fd >= 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size != size;
+    if (fd >= 0)
+        close(fd);
+    free(p);
+    if (wrong_size) /* cannot be this tensor: whatever it is, it is bad */
+        drop_hex(c, alg, hex);
+    return -1;
+}
+
+/* A blob path of an eviction, to be unlinked once the lock is released. */
+typedef struct victim_list {
+    char **path;
+    size_t n, cap;
+    uint64_t bytes;
+} victim_list;
+
+static void victims_free(victim_list *v)
+{
+    for (size_t i = 0; i < v->n; i++)
+        free(v->path[i]);
+    free(v->path);
+}
+
+/* Inside a transaction, under mu: deletes the entries of least recently
+ * used blobs until the rest take at most max_bytes, never (keep_alg,
+ * keep_hex) when given; their paths go to *v. The victims are chosen by
+ * one query run to its end and deleted after, so that no row is deleted
+ * under a statement still reading the table. SQLite status. */
+static int evict_entries(sl_cache *c, uint64_t max_bytes, const char *keep_alg,
+                         const char *keep_hex, victim_list *v)
+{
+    int64_t total = 0;
+    int rc = db_int(c->db, "SELECT COALESCE(SUM(size), 0) FROM blobs", &total);
+    if (rc != SQLITE_OK || (uint64_t)total <= max_bytes)
+        return rc;
+    const char **algs = NULL;
+    char(*hex)[65] = NULL;
+    size_t n = 0, cap = 0;
+    sqlite3_stmt *sel = NULL;
+    rc = sqlite3_prepare_v2(c->db, "SELECT algorithm, digest, size FROM blobs"
+                                   " ORDER BY last_access_ns, rowid", -1, &sel, NULL);
+    uint64_t left = (uint64_t)total;
+    while (rc == SQLITE_OK && left > max_bytes) {
+        int s = sqlite3_step(sel);
+        if (s == SQLITE_DONE)
+            break;
+        if (s != SQLITE_ROW) {
+            rc = s;
+            break;
+        }
+        const char *a = (const char *)sqlite3_column_text(sel, 0);
+        const char *h = (const char *)sqlite3_column_text(sel, 1);
+        uint64_t size = (uint64_t)sqlite3_column_int64(sel, 2);
+        sluice_algorithm alg;
+        /* a row this version cannot name is left to the sluice that wrote it */
+        if (!a || !h || sl_cache_alg_parse(a, &alg) != 0 || !is_hex(h, 64) ||
+            (keep_alg && !strcmp(a, keep_alg) && !strcmp(h, keep_hex)))
+            continue;
+        if (n == cap) {
+            size_t ncap = cap ? cap * 2 : 16;
+            const char **na = realloc(algs, ncap * sizeof *na);
+            if (na)
+                algs = na;
+            char(*nh)[65] = na ? realloc(hex, ncap * sizeof *nh) : NULL;
+            char **np = nh ? realloc(v->path, ncap * sizeof *np) : NULL;
+            if (nh)
+                hex = nh;
+            if (np)
+                v->path = np;
+            if (!np) {
+                rc = SQLITE_NOMEM;
+                break;
+            }
+            cap = v->cap = ncap;
+        }
+        if (!(v->path[n] = sl_cache_blob_path(c, alg, h))) {
+            rc = SQLITE_NOMEM;
+            break;
+        }
+        algs[n] = alg_dir(alg);
+        memcpy(hex[n], h, 65);
+        v->n = ++n;
+        v->bytes += size;
+        left -= size < left ? size : left;
+    }
+    sqlite3_finalize(sel);
+    if (rc == SQLITE_OK)
+        rc = delete_entries_in(c, algs, (const char(*)[65])hex, n);
+    free(algs);
+    free(hex);
+    return rc;
+}
+
+static void unlink_victims(victim_list *v)
+{
+    for (size_t i = 0; i < v->n; i++)
+        unlink(v->path[i]); /* ENOENT: another process was first */
+}
+
+/* Writes all of n bytes to fd, each write() at most SL_CACHE_WRITE_MAX
+ * bytes and one fault-hook step. 0 or -1 with errno. */
+static int write_all(sl_cache *c, int fd, const uint8_t *p, uint64_t n)
+{
+    while (n > 0) {
+        size_t len = n < SL_CACHE_WRITE_MAX ? (size_t)n : SL_CACHE_WRITE_MAX;
+        int fail;
+        uint64_t step = step_begin(c, &fail);
+        if (fail)
+            return -1;
+        ssize_t w = write(fd, p, len);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return -1;
+        step_end(c, step);
+        if (w == 0) {
+            errno = EIO;
+            return -1;
+        }
+        p += w;
+        n -= (uint64_t)w;
+    }
+    return 0;
+}
+
+static int fsync_dir(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    int rc = fsync(fd);
+    int e = errno;
+    close(fd);
+    errno = e;
+    return rc;
+}
+
+/* Puts the bytes in place as the blob at final (its directory xx made if
+ * need be): temporary file, writes, fsync, rename, the directory's fsync.
+ * 0, or -1 with errno and *what naming the step that failed. */
+static int fill_blob(sl_cache *c, const char *final, const char *xx, const char *algdir,
+                     const void *data, uint64_t size, const char **what)
+{
+    char *tmp = NULL;
+    int fd = -1, fail;
+    uint64_t step;
+    *what = "making a temporary file";
+    for (int tries = 0; fd < 0 && tries < 8; tries++) {
+        uint64_t r;
+        if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r)
+            r = (uint64_t)now_ns() ^ ((uint64_t)(uintptr_t)&r << 16) ^ (uint64_t)tries;
+        free(tmp);
+        if (!(tmp = str_printf("%s/tmp/%ld.%016llx.tmp", c->dir, (long)getpid(),
+                               (unsigned long long)r))) {
+            errno = ENOMEM;
+            return -1;
+        }
+        step = step_begin(c, &fail);
+        if (fail) {
+            free(tmp);
+            return -1;
+        }
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (fd < 0 && errno != EEXIST) {
+            int e = errno;
+            free(tmp);
+            errno = e;
+            return -1;
+        }
+        if (fd >= 0)
+            step_end(c, step);
+    }
+    if (fd < 0) {
+        free(tmp);
+        errno = EEXIST;
+        return -1;
+    }
+    int rc = -1;
+    *what = "writing a blob";
+    if (write_all(c, fd, data, size) != 0)
+        goto out;
+    *what = "syncing a blob";
+    step = step_begin(c, &fail);
+    if (fail || fsync(fd) != 0)
+        goto out;
+    step_end(c, step);
+    *what = "making a blob's directory";
+    if ((mkdir_one(algdir) != 0 && errno != EEXIST) || (mkdir_one(xx) != 0 && errno != EEXIST))
+        goto out;
+    *what = "renaming a blob into place";
+    step = step_begin(c, &fail);
+    if (fail || rename(tmp, final) != 0)
+        goto out;
+    step_end(c, step);
+    free(tmp);
+    tmp = NULL; /* it is the blob now */
+    *what = "syncing a blob's directory";
+    step = step_begin(c, &fail);
+    if (fail || fsync_dir(xx) != 0) {
+        /* in place but maybe not durable: not recorded, so not kept */
+        int e = errno;
+        unlink(final);
+        errno = e;
+        goto out;
+    }
+    step_end(c, step);
+    rc = 0;
+out:;
+    int e = errno;
+    close(fd);
+    if (tmp)
+        unlink(tmp);
+    free(tmp);
+    errno = e;
+    return rc;
+}
+
+int sl_cache_store(sl_cache *c, sluice_algorithm alg, const uint8_t digest[32], const void *data,
+                   uint64_t size, const char *source, uint64_t *evicted)
+{
+    if (evicted)
+        *evicted = 0;
+    const char *a = alg_dir(alg);
+    if (!c || is_off(c) || !a || size > c->max_bytes || size > INT64_MAX)
+        return 0;
+    char hex[65];
+    sl_hex_digest(hex, digest);
+    char *final = sl_cache_blob_path(c, alg, hex);
+    char *algdir = str_printf("%s/blobs/%s", c->dir, a);
+    char *xx = str_printf("%s/blobs/%s/%.2s", c->dir, a, hex);
+    int stored = 0;
+    if (!final || !algdir || !xx)
+        goto out;
+    const char *what;
+    if (fill_blob(c, final, xx, algdir, data, size, &what) != 0) {
+        if (is_fatal_errno(errno))
+            turn_off(c, "%s failed: %s", what, strerror(errno));
+        goto out;
+    }
+
+    /* the insert (or a newer access time for a blob stored before) and
+     * the eviction it calls for, in one transaction */
+    victim_list v = {0};
+    int fail;
+    uint64_t step = step_begin(c, &fail);
+    pthread_mutex_lock(&c->mu);
+    int rc;
+    if (fail) {
+        rc = SQLITE_FULL;
+        turn_off(c, "recording a blob failed: %s", strerror(ENOSPC));
+    } else {
+        sqlite3_stmt *st = NULL;
+        int64_t t = access_ns(c);
+        rc = db_begin(c->db);
+        if (rc == SQLITE_OK)
+            rc = sqlite3_prepare_v2(c->db,
+                                    "INSERT INTO blobs(algorithm, digest, size, source, created_ns,"
+                                    " last_access_ns) VALUES(?, ?, ?, ?, ?, ?)"
+                                    " ON CONFLICT(algorithm, digest) DO UPDATE SET"
+                                    " size = excluded.size, last_access_ns = excluded.last_access_ns",
+                                    -1, &st, NULL);
+        if (rc == SQLITE_OK) {
+            sqlite3_bind_text(st, 1, a, -1, SQLITE_STATIC);
+            sqlite3_bind_text(st, 2, hex, 64, SQLITE_STATIC);
+            sqlite3_bind_int64(st, 3, (sqlite3_int64)size);
+            sqlite3_bind_text(st, 4, source ? source : "", -1, SQLITE_STATIC);
+            sqlite3_bind_int64(st, 5, t);
+            sqlite3_bind_int64(st, 6, t);
+            rc = sqlite3_step(st);
+            if (rc == SQLITE_DONE)
+                rc = SQLITE_OK;
+        }
+        sqlite3_finalize(st);
+        if (rc == SQLITE_OK)
+            rc = evict_entries(c, c->max_bytes, a, hex, &v);
+        rc = db_end(c->db, rc);
+        if (rc != SQLITE_OK)
+            db_trouble(c, rc, "recording a blob");
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (rc == SQLITE_OK) {
+        step_end(c, step);
+        unlink_victims(&v);
+        if (evicted)
+            *evicted = v.n;
+        stored = 1;
+    } else {
+        unlink(final); /* no entry: not kept, so that its bytes are counted */
+    }
+    victims_free(&v);
+out:
+    free(final);
+    free(algdir);
+    free(xx);
+    return stored;
+}
+
+void sl_cache_touch(sl_cache *c, sluice_algorithm alg, const uint8_t (*digests)[32], size_t n)
+{
+    const char *a = alg_dir(alg);
+    if (!c || is_off(c) || !a || n == 0)
+        return;
+    pthread_mutex_lock(&c->mu);
+    sqlite3_stmt *st = NULL;
+    int64_t t = access_ns(c);
+    int rc = db_begin(c->db);
+    if (rc == SQLITE_OK)
+        rc = sqlite3_prepare_v2(c->db, "UPDATE blobs SET last_access_ns = ?"
+                                       " WHERE algorithm = ? AND digest = ?", -1, &st, NULL);
+    for (size_t i = 0; rc == SQLITE_OK && i < n; i++) {
+        char hex[65];
+        sl_hex_digest(hex, digests[i]);
+        sqlite3_bind_int64(st, 1, t);
+        sqlite3_bind_text(st, 2, a, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 3, hex, 64, SQLITE_TRANSIENT);
+        rc = sqlite3_step(st);
+        if (rc == SQLITE_DONE)
+            rc = SQLITE_OK;
+        sqlite3_reset(st);
+    }
+    sqlite3_finalize(st);
+    rc = db_end(c->db, rc);
+    if (rc != SQLITE_OK)
+        db_trouble(c, rc, "marking blobs used");
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* ---------------------------------------------------------------- memo */
+
+typedef struct memo_hit {
+    uint64_t offset, nbytes;
+    uint8_t digest[32];
+} memo_hit;
+
+void sl_cache_memo_each(sl_cache *c, const sl_file_id *id, sluice_algorithm alg,
+                        void (*fn)(void *user, uint64_t offset, uint64_t nbytes,
+                                   const uint8_t digest[32]),
+                        void *user)
+{
+    const char *a = alg_dir(alg);
+    if (!c || is_off(c) || !a)
+        return;
+    /* collected first, called after: fn runs without the lock */
+    memo_hit *hits = NULL;
+    size_t n = 0, cap = 0;
+    pthread_mutex_lock(&c->mu);
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(c->db,
+                                "SELECT offset, nbytes, digest FROM memo WHERE dev = ? AND ino = ?"
+                                " AND size = ? AND mtime_ns = ? AND ctime_ns = ? AND algorithm = ?"
+                                " ORDER BY offset", -1, &st, NULL);
+    if (rc == SQLITE_OK) {
+        sqlite3_bind_int64(st, 1, (sqlite3_int64)id->dev);
+        sqlite3_bind_int64(st, 2, (sqlite3_int64)id->ino);
+        sqlite3_bind_int64(st, 3, (sqlite3_int64)id->size);
+        sqlite3_bind_int64(st, 4, id->mtime_ns);
+        sqlite3_bind_int64(st, 5, id->ctime_ns);
+        sqlite3_bind_text(st, 6, a, -1, SQLITE_STATIC);
+        while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+            const char *h = (const char *)sqlite3_column_text(st, 2);
+            memo_hit hit;
+            if (!h || sl_cache_hex_parse(h, hit.digest) != 0)
+                continue;
+            hit.offset = (uint64_t)sqlite3_column_int64(st, 0);
+            hit.nbytes = (uint64_t)sqlite3_column_int64(st, 1);
+            if (n == cap) {
+                size_t ncap = cap ? cap * 2 : 64;
+                memo_hit *p = realloc(hits, ncap * sizeof *p);
+                if (!p)
+                    break; /* the ones so far: the rest are hashed */
+                hits = p;
+                cap = ncap;
+            }
+            hits[n++] = hit;
+        }
+    }
+    sqlite3_finalize(st);
+    pthread_mutex_unlock(&c->mu);
+    for (size_t i = 0; i < n; i++)
+        fn(user, hits[i].offset, hits[i].nbytes, hits[i].digest);
+    free(hits);
+}
+
+void sl_cache_memo_record(sl_cache *c, const sl_file_id *id, int64_t opened_ns,
+                          sluice_algorithm alg, uint64_t offset, uint64_t nbytes,
+                          const uint8_t digest[32])
+{
+    const char *a = alg_dir(alg);
+    if (!c || is_off(c) || !a)
+        return;
+    /* a write within the same clock tick as the identity was taken would
+     * leave mtime and ctime as they are: only a file quiet for a second
+     * is trusted to show every change in them */
+    if (id->mtime_ns >= opened_ns - NS_PER_S || id->ctime_ns >= opened_ns - NS_PER_S)
+        return;
+    char hex[65];
+    sl_hex_digest(hex, digest);
+    pthread_mutex_lock(&c->mu);
+    sqlite3_stmt *del = NULL, *ins = NULL;
+    int rc = db_begin(c->db);
+    /* the records of this inode under an older identity can never match
+     * again: dropped here, so that the memo stays the size of the files */
+    if (rc == SQLITE_OK)
+        rc = sqlite3_prepare_v2(c->db, "DELETE FROM memo WHERE dev = ? AND ino = ? AND"
+                                       " (size != ? OR mtime_ns != ? OR ctime_ns != ?)",
+                                -1, &del, NULL);
+    if (rc == SQLITE_OK) {
+        sqlite3_bind_int64(del, 1, (sqlite3_int64)id->dev);
+        sqlite3_bind_int64(del, 2, (sqlite3_int64)id->ino);
+        sqlite3_bind_int64(del, 3, (sqlite3_int64)id->size);
+        sqlite3_bind_int64(del, 4, id->mtime_ns);
+        sqlite3_bind_int64(del, 5, id->ctime_ns);
+        rc = sqlite3_step(del);
+        rc = rc == SQLITE_DONE ? SQLITE_OK : rc;
+    }
+    if (rc == SQLITE_OK)
+        rc = sqlite3_prepare_v2(c->db, "INSERT OR REPLACE INTO memo(dev, ino, size, mtime_ns,"
+                                       " ctime_ns, offset, nbytes, algorithm, digest, recorded_ns)"
+                                       " VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", -1, &ins, NULL);
+    if (rc == SQLITE_OK) {
+        sqlite3_bind_int64(ins, 1, (sqlite3_int64)id->dev);
+        sqlite3_bind_int64(ins, 2, (sqlite3_int64)id->ino);
+        sqlite3_bind_int64(ins, 3, (sqlite3_int64)id->size);
+        sqlite3_bind_int64(ins, 4, id->mtime_ns);
+        sqlite3_bind_int64(ins, 5, id->ctime_ns);
+        sqlite3_bind_int64(ins, 6, (sqlite3_int64)offset);
+        sqlite3_bind_int64(ins, 7, (sqlite3_int64)nbytes);
+        sqlite3_bind_text(ins, 8, a, -1, SQLITE_STATIC);
+        sqlite3_bind_text(ins, 9, hex, 64, SQLITE_STATIC);
+        sqlite3_bind_int64(ins, 10, now_ns());
+        rc = sqlite3_step(ins);
+        rc = rc == SQLITE_DONE ? SQLITE_OK : rc;
+    }
+    sqlite3_finalize(del);
+    sqlite3_finalize(ins);
+    rc = db_end(c->db, rc);
+    if (rc != SQLITE_OK)
+        db_trouble(c, rc, "recording a verified file");
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* ---------------------------------------------------------------- administration */
+
+/* The message of a failed administration call (under mu). */
+static int admin_fail(sl_cache *c, sl_err *err, int rc, const char *what)
+{
+    if (rc == SQLITE_NOMEM)
+        return sl_fail(err, SLUICE_E_NOMEM, "cache %s: out of memory %s", c->dir, what);
+    return sl_fail(err, SLUICE_E_IO, "cache %s: %s: %s", c->dir, what, sqlite3_errmsg(c->db));
+}
+
+static int admin_off(const sl_cache *c, sl_err *err)
+{
+    const char *w = sl_cache_warning(c);
+    return sl_fail(err, SLUICE_E_IO, "%s", w ? w : "the cache is turned off");
+}
+
+void sl_cache_rows_free(sl_cache_row *rows, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(rows[i].source);
+    free(rows);
+}
+
+int sl_cache_rows(sl_cache *c, sl_cache_row **out, size_t *count, sl_err *err)
+{
+    *out = NULL;
+    *count = 0;
+    if (is_off(c))
+        return admin_off(c, err);
+    sl_cache_row *rows = NULL;
+    size_t n = 0, cap = 0;
+    pthread_mutex_lock(&c->mu);
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(c->db, "SELECT algorithm, digest, size, source, created_ns,"
+                                       " last_access_ns FROM blobs ORDER BY last_access_ns, rowid",
+                                -1, &st, NULL);
+    while (rc == SQLITE_OK) {
+        int s = sqlite3_step(st);
+        if (s == SQLITE_DONE)
+            break;
+        if (s != SQLITE_ROW) {
+            rc = s;
+            break;
+        }
+        const char *a = (const char *)sqlite3_column_text(st, 0);
+        const char *h = (const char *)sqlite3_column_text(st, 1);
+        const char *src = (const char *)sqlite3_column_text(st, 3);
+        sluice_algorithm alg;
+        if (!a || !h || sl_cache_alg_parse(a, &alg) != 0 || !is_hex(h, 64))
+            continue; /* not a row this version can name: left to its writer */
+        if (n == cap) {
+            size_t ncap = cap ? cap * 2 : 64;
+            sl_cache_row *p = realloc(rows, ncap * sizeof *p);
+            if (!p) {
+                rc = SQLITE_NOMEM;
+                break;
+            }
+            rows = p;
+            cap = ncap;
+        }
+        sl_cache_row *r = &rows[n];
+        r->alg = alg;
+        memcpy(r->digest, h, 65);
+        r->size = (uint64_t)sqlite3_column_int64(st, 2);
+        r->created_ns = sqlite3_column_int64(st, 4);
+        r->last_access_ns = sqlite3_column_int64(st, 5);
+        if (!(r->source = strdup(src ? src : ""))) {
+            rc = SQLITE_NOMEM;
+            break;
+        }
+        n++;
+    }
+    sqlite3_finalize(st);
+    if (rc != SQLITE_OK) {
+        int code = admin_fail(c, err, rc, "listing the entries");
+        pthread_mutex_unlock(&c->mu);
+        sl_cache_rows_free(rows, n);
+        return code;
+    }
+    pthread_mutex_unlock(&c->mu);
+    *out = rows;
+    *count = n;
+    return SLUICE_OK;
+}
+
+int sl_cache_usage(sl_cache *c, uint64_t *bytes, uint64_t *entries, sl_err *err)
+{
+    *bytes = *entries = 0;
+    if (is_off(c))
+        return admin_off(c, err);
+    pthread_mutex_lock(&c->mu);
+    int64_t b = 0, n = 0;
+    int rc = db_int(c->db, "SELECT COALESCE(SUM(size), 0) FROM blobs", &b);
+    if (rc == SQLITE_OK)
+        rc = db_int(c->db, "SELECT count(*) FROM blobs", &n);
+    int code = rc == SQLITE_OK ? SLUICE_OK : admin_fail(c, err, rc, "counting the entries");
+    pthread_mutex_unlock(&c->mu);
+    *bytes = (uint64_t)b;
+    *entries = (uint64_t)n;
+    return code;
+}
+
+int sl_cache_gc(sl_cache *c, uint64_t max_bytes, uint64_t *freed_bytes, uint64_t *freed_entries,
+                sl_err *err)
+{
+    *freed_bytes = *freed_entries = 0;
+    if (is_off(c))
+        return admin_off(c, err);
+    clean_tmp(c);
+    /* 1. entries whose blob is gone or of another size (stat outside the lock) */
+    sl_cache_row *rows;
+    size_t n;
+    SL_TRY(sl_cache_rows(c, &rows, &n, err));
+    const char **algs = calloc(n ? n : 1, sizeof *algs);
+    char(*hex)[65] = calloc(n ? n : 1, sizeof *hex);
+    size_t bad = 0;
+    if (!algs || !hex) {
+        free(algs);
+        free(hex);
+        sl_cache_rows_free(rows, n);
+        return sl_fail(err, SLUICE_E_NOMEM, "cache %s: out of memory collecting garbage", c->dir);
+    }
+    for (size_t i = 0; i < n; i++) {
+        char *p = sl_cache_blob_path(c, rows[i].alg, rows[i].digest);
+        struct stat st;
+        int rc = p ? lstat(p, &st) : -1;
+        if (p && (rc != 0 ? errno == ENOENT : !S_ISREG(st.st_mode) ||
+                                                  (uint64_t)st.st_size != rows[i].size)) {
+            if (rc == 0 && S_ISREG(st.st_mode)) {
+                unlink(p); /* of another size: not the blob its name says */
+                *freed_bytes += (uint64_t)st.st_size;
+            }
+            algs[bad] = alg_dir(rows[i].alg);
+            memcpy(hex[bad], rows[i].digest, 65);
+            bad++;
+        }
+        free(p);
+    }
+    int code = SLUICE_OK;
+    pthread_mutex_lock(&c->mu);
+    int rc = delete_entries(c, algs, (const char(*)[65])hex, bad);
+    if (rc != SQLITE_OK)
+        code = admin_fail(c, err, rc, "deleting entries of missing blobs");
+    pthread_mutex_unlock(&c->mu);
+    free(algs);
+    free(hex);
+    sl_cache_rows_free(rows, n);
+    if (code < 0)
+        return code;
+    *freed_entries += bad;
+
+    /* 2. blobs no entry names are recorded back, so that they are counted */
+    found_list f = {0};
+    if (walk_blobs(c, &f) != 0) {
+        free(f.v);
+        return sl_fail(err, SLUICE_E_NOMEM, "cache %s: out of memory collecting garbage", c->dir);
+    }
+    pthread_mutex_lock(&c->mu);
+    rc = record_found(c, &f, NULL);
+    if (rc != SQLITE_OK)
+        code = admin_fail(c, err, rc, "recording blobs");
+    pthread_mutex_unlock(&c->mu);
+    free(f.v);
+    if (code < 0)
+        return code;
+
+    /* 3. least recently used first, down to max_bytes */
+    victim_list v = {0};
+    pthread_mutex_lock(&c->mu);
+    rc = db_begin(c->db);
+    if (rc == SQLITE_OK)
+        rc = evict_entries(c, max_bytes, NULL, NULL, &v);
+    rc = db_end(c->db, rc);
+    if (rc != SQLITE_OK)
+        code = admin_fail(c, err, rc, "evicting");
+    pthread_mutex_unlock(&c->mu);
+    if (code == SLUICE_OK) {
+        unlink_victims(&v);
+        *freed_bytes += v.bytes;
+        *freed_entries += v.n;
+    }
+    victims_free(&v);
+    return code;
+}
+
+int sl_cache_clear(sl_cache *c, uint64_t *freed_bytes, uint64_t *freed_entries, sl_err *err)
+{
+    *freed_bytes = *freed_entries = 0;
+    if (is_off(c))
+        return admin_off(c, err);
+    /* entries first (none may outlive its blob), then every blob file */
+    pthread_mutex_lock(&c->mu);
+    int rc = db_begin(c->db);
+    if (rc == SQLITE_OK)
+        rc = db_exec(c->db, "DELETE FROM blobs");
+    int64_t n = rc == SQLITE_OK ? sqlite3_changes64(c->db) : 0;
+    if (rc == SQLITE_OK)
+        rc = db_exec(c->db, "DELETE FROM memo");
+    rc = db_end(c->db, rc);
+    int code = rc == SQLITE_OK ? SLUICE_OK : admin_fail(c, err, rc, "clearing the index");
+    pthread_mutex_unlock(&c->mu);
+    if (code < 0)
+        return code;
+    *freed_entries = (uint64_t)n;
+    found_list f = {0};
+    if (walk_blobs(c, &f) != 0) {
+        free(f.v);
+        return sl_fail(err, SLUICE_E_NOMEM, "cache %s: out of memory clearing", c->dir);
+    }
+    for (size_t i = 0; i < f.n; i++) {
+        char *p = sl_cache_blob_path(c, f.v[i].alg, f.v[i].hex);
+        if (p && unlink(p) == 0)
+            *freed_bytes += f.v[i].size;
+        free(p);
+    }
+    free(f.v);
+    return SLUICE_OK;
+}
+
+#else /* no SQLite: every handle is off */
+
+int sl_cache_open(const char *dir, uint64_t max_bytes, sl_cache **out, sl_err *err)
+{
+    *out = NULL;
+    sl_cache *c = calloc(1, sizeof *c);
+    if (!c || !(c->dir = strdup(dir))) {
+        free(c);
+        return sl_fail(err, SLUICE_E_NOMEM, "out of memory opening the cache %s", dir);
+    }
+    c->max_bytes = max_bytes;
+    atomic_init(&c->state, ON);
+    atomic_init(&c->steps, 0);
+    pthread_mutex_init(&c->mu, NULL);
+    turn_off(c, "this sluice was built without SQLite (libsqlite3-dev)");
+    *out = c;
+    return SLUICE_OK;
+}
+
+void sl_cache_close(sl_cache *c)
+{
+    if (!c)
+        return;
+    pthread_mutex_destroy(&c->mu);
+    free(c->dir);
+    free(c);
+}
+
+int sl_cache_open_blob(sl_cache *c, sluice_algorithm alg, const uint8_t digest[32],
+                       uint64_t size, char **path)
+{
+    if (path)
+        *path = NULL;
+    return -1;
+}
+
+int sl_cache_store(sl_cache *c, sluice_algorithm alg, const uint8_t digest[32], const void *data,
+                   uint64_t size, const char *source, uint64_t *evicted)
+{
+    if (evicted)
+        *evicted = 0;
+    return 0;
+}
+
+void sl_cache_drop(sl_cache *c, sluice_algorithm alg, const uint8_t digest[32])
+{
+}
+
+void sl_cache_touch(sl_cache *c, sluice_algorithm alg, const uint8_t (*digests)[32], size_t n)
+{
+}
+
+void sl_cache_memo_each(sl_cache *c, const sl_file_id *id, sluice_algorithm alg,
+                        void (*fn)(void *user, uint64_t offset, uint64_t nbytes,
+                                   const uint8_t digest[32]),
+                        void *user)
+{
+}
+
+void sl_cache_memo_record(sl_cache *c, const sl_file_id *id, int64_t opened_ns,
+                          sluice_algorithm alg, uint64_t offset, uint64_t nbytes,
+                          const uint8_t digest[32])
+{
+}
+
+static int no_sqlite(const sl_cache *c, sl_err *err)
+{
+    return sl_fail(err, SLUICE_E_UNSUPPORTED, "%s", sl_cache_warning(c));
+}
+
+void sl_cache_rows_free(sl_cache_row *rows, size_t n)
+{
+    free(rows);
+}
+
+int sl_cache_rows(sl_cache *c, sl_cache_row **out, size_t *count, sl_err *err)
+{
+    *out = NULL;
+    *count = 0;
+    return no_sqlite(c, err);
+}
+
+int sl_cache_usage(sl_cache *c, uint64_t *bytes, uint64_t *entries, sl_err *err)
+{
+    *bytes = *entries = 0;
+    return no_sqlite(c, err);
+}
+
+int sl_cache_gc(sl_cache *c, uint64_t max_bytes, uint64_t *freed_bytes, uint64_t *freed_entries,
+                sl_err *err)
+{
+    *freed_bytes = *freed_entries = 0;
+    return no_sqlite(c, err);
+}
+
+int sl_cache_clear(sl_cache *c, uint64_t *freed_bytes, uint64_t *freed_entries, sl_err *err)
+{
+    *freed_bytes = *freed_entries = 0;
+    return no_sqlite(c, err);
+}
+
+#endif
