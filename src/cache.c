@@ -6,8 +6,18 @@
  * bytes go to DIR/tmp first (a dead process's leftovers are deleted by the
  * next open), become a blob only by rename (whole or absent), and get an
  * entry only after the rename and the directory's fsync, so an entry never
- * names a blob that is not there in full. Eviction deletes entries first
- * and files after, for the same reason.
+ * names a blob that is not there in full.
+ *
+ * Deleting a blob (eviction, drop, gc, clear) unlinks its file inside the
+ * write transaction that deletes its entry, and a store checks that its
+ * blob is still in place inside the transaction that inserts the entry.
+ * SQLite's write lock thus orders the two, across threads and processes:
+ * a blob evicted by one while another stores the same digest either is
+ * seen missing by the store (not recorded) or is unlinked before it was
+ * put back (recorded, present). Only a COMMIT that fails after the unlink
+ * can leave an entry without its blob; a reader treats that as a miss and
+ * gc deletes it. These unlinks are the one piece of file work done under
+ * the lock; no blob is read or written under it.
  *
  * Nothing here may fail a load: every trouble either turns the handle off
  * (with one message) or makes the one call do nothing.
@@ -852,28 +862,23 @@ static int delete_entries_in(sl_cache *c, const char *const *algs, const char (*
     return rc;
 }
 
-/* The same as one transaction. */
-static int delete_entries(sl_cache *c, const char *const *algs, const char (*hex)[65], size_t n)
-{
-    int rc = db_begin(c->db);
-    if (rc == SQLITE_OK)
-        rc = delete_entries_in(c, algs, hex, n);
-    return db_end(c->db, rc);
-}
-
 static void drop_hex(sl_cache *c, sluice_algorithm alg, const char hex[65])
 {
     char *path = sl_cache_blob_path(c, alg, hex);
     if (!path)
         return;
-    /* the entry first: an entry must never name a missing blob */
+    /* the file inside the entry's transaction: see the top of this file */
     pthread_mutex_lock(&c->mu);
     const char *a = alg_dir(alg);
-    int rc = delete_entries(c, &a, (const char(*)[65])hex, 1);
+    int rc = db_begin(c->db);
+    if (rc == SQLITE_OK)
+        rc = delete_entries_in(c, &a, (const char(*)[65])hex, 1);
+    if (rc == SQLITE_OK)
+        unlink(path);
+    rc = db_end(c->db, rc);
     if (rc != SQLITE_OK)
         db_trouble(c, rc, "deleting an entry");
     pthread_mutex_unlock(&c->mu);
-    unlink(path);
     free(path);
 }
 
@@ -915,7 +920,7 @@ int sl_cache_open_blob(sl_cache *c, sluice_algorithm alg, const uint8_t digest[3
     return -1;
 }
 
-/* A blob path of an eviction, to be unlinked once the lock is released. */
+/* The blobs an eviction deleted. */
 typedef struct victim_list {
     char **path;
     size_t n, cap;
@@ -931,9 +936,10 @@ static void victims_free(victim_list *v)
 
 /* Inside a transaction, under mu: deletes the entries of least recently
  * used blobs until the rest take at most max_bytes, never (keep_alg,
- * keep_hex) when given; their paths go to *v. The victims are chosen by
- * one query run to its end and deleted after, so that no row is deleted
- * under a statement still reading the table. SQLite status. */
+ * keep_hex) when given, and their files; their paths go to *v. The
+ * victims are chosen by one query run to its end and deleted after, so
+ * that no row is deleted under a statement still reading the table.
+ * SQLite status. */
 static int evict_entries(sl_cache *c, uint64_t max_bytes, const char *keep_alg,
                          const char *keep_hex, victim_list *v)
 {
@@ -994,15 +1000,12 @@ static int evict_entries(sl_cache *c, uint64_t max_bytes, const char *keep_alg,
     sqlite3_finalize(sel);
     if (rc == SQLITE_OK)
         rc = delete_entries_in(c, algs, (const char(*)[65])hex, n);
+    if (rc == SQLITE_OK)
+        for (size_t i = 0; i < n; i++)
+            unlink(v->path[i]); /* ENOENT: another process was first */
     free(algs);
     free(hex);
     return rc;
-}
-
-static void unlink_victims(victim_list *v)
-{
-    for (size_t i = 0; i < v->n; i++)
-        unlink(v->path[i]); /* ENOENT: another process was first */
 }
 
 /* Writes all of n bytes to fd, each write() at most SL_CACHE_WRITE_MAX
@@ -1156,10 +1159,17 @@ int sl_cache_store(sl_cache *c, sluice_algorithm alg, const uint8_t digest[32], 
     if (fail) {
         rc = SQLITE_FULL;
         turn_off(c, "recording a blob failed: %s", strerror(ENOSPC));
+        unlink(final);
     } else {
         sqlite3_stmt *st = NULL;
         int64_t t = access_ns(c);
+        struct stat bs;
         rc = db_begin(c->db);
+        /* still in place: an eviction of the same digest may have
+         * unlinked it since the rename (see the top of this file) */
+        if (rc == SQLITE_OK && (lstat(final, &bs) != 0 || !S_ISREG(bs.st_mode) ||
+                                (uint64_t)bs.st_size != size))
+            rc = SQLITE_ABORT;
         if (rc == SQLITE_OK)
             rc = sqlite3_prepare_v2(c->db,
                                     "INSERT INTO blobs(algorithm, digest, size, source, created_ns,"
@@ -1181,19 +1191,19 @@ int sl_cache_store(sl_cache *c, sluice_algorithm alg, const uint8_t digest[32], 
         sqlite3_finalize(st);
         if (rc == SQLITE_OK)
             rc = evict_entries(c, c->max_bytes, a, hex, &v);
+        int vanished = rc == SQLITE_ABORT;
         rc = db_end(c->db, rc);
-        if (rc != SQLITE_OK)
+        if (rc != SQLITE_OK && !vanished) {
             db_trouble(c, rc, "recording a blob");
+            unlink(final); /* no entry: not kept, so that its bytes are counted */
+        }
     }
     pthread_mutex_unlock(&c->mu);
     if (rc == SQLITE_OK) {
         step_end(c, step);
-        unlink_victims(&v);
         if (evicted)
             *evicted = v.n;
         stored = 1;
-    } else {
-        unlink(final); /* no entry: not kept, so that its bytes are counted */
     }
     victims_free(&v);
 out:
@@ -1449,6 +1459,26 @@ int sl_cache_usage(sl_cache *c, uint64_t *bytes, uint64_t *entries, sl_err *err)
     return code;
 }
 
+/* What became of row's blob: 1 a regular file of its size (or it cannot
+ * be looked at now: kept); 0 missing (or not a regular file); -1 a
+ * regular file of another size, *wrong bytes. */
+static int blob_state(const sl_cache *c, const sl_cache_row *row, uint64_t *wrong)
+{
+    char *p = sl_cache_blob_path(c, row->alg, row->digest);
+    struct stat st;
+    int rc = p ? lstat(p, &st) : -1;
+    int e = p ? errno : ENOMEM;
+    free(p);
+    if (rc != 0)
+        return e != ENOENT;
+    if (!S_ISREG(st.st_mode))
+        return 0;
+    if ((uint64_t)st.st_size == row->size)
+        return 1;
+    *wrong = (uint64_t)st.st_size;
+    return -1;
+}
+
 int sl_cache_gc(sl_cache *c, uint64_t max_bytes, uint64_t *freed_bytes, uint64_t *freed_entries,
                 sl_err *err)
 {
@@ -1456,47 +1486,40 @@ int sl_cache_gc(sl_cache *c, uint64_t max_bytes, uint64_t *freed_bytes, uint64_t
     if (is_off(c))
         return admin_off(c, err);
     clean_tmp(c);
-    /* 1. entries whose blob is gone or of another size (stat outside the lock) */
+    /* 1. entries whose blob is gone or of another size, deleted (with a
+     * file of another size) inside one transaction, where no store can
+     * race them: lstat is all the file work done under it */
     sl_cache_row *rows;
     size_t n;
     SL_TRY(sl_cache_rows(c, &rows, &n, err));
-    const char **algs = calloc(n ? n : 1, sizeof *algs);
-    char(*hex)[65] = calloc(n ? n : 1, sizeof *hex);
-    size_t bad = 0;
-    if (!algs || !hex) {
-        free(algs);
-        free(hex);
-        sl_cache_rows_free(rows, n);
-        return sl_fail(err, SLUICE_E_NOMEM, "cache %s: out of memory collecting garbage", c->dir);
-    }
-    for (size_t i = 0; i < n; i++) {
-        char *p = sl_cache_blob_path(c, rows[i].alg, rows[i].digest);
-        struct stat st;
-        int rc = p ? lstat(p, &st) : -1;
-        if (p && (rc != 0 ? errno == ENOENT : !S_ISREG(st.st_mode) ||
-                                                  (uint64_t)st.st_size != rows[i].size)) {
-            if (rc == 0 && S_ISREG(st.st_mode)) {
-                unlink(p); /* of another size: not the blob its name says */
-                *freed_bytes += (uint64_t)st.st_size;
-            }
-            algs[bad] = alg_dir(rows[i].alg);
-            memcpy(hex[bad], rows[i].digest, 65);
-            bad++;
-        }
-        free(p);
-    }
     int code = SLUICE_OK;
     pthread_mutex_lock(&c->mu);
-    int rc = delete_entries(c, algs, (const char(*)[65])hex, bad);
-    if (rc != SQLITE_OK)
+    int rc = db_begin(c->db);
+    for (size_t i = 0; rc == SQLITE_OK && i < n; i++) {
+        uint64_t wrong = 0;
+        int state = blob_state(c, &rows[i], &wrong);
+        if (state == 1)
+            continue;
+        const char *a = alg_dir(rows[i].alg);
+        rc = delete_entries_in(c, &a, (const char(*)[65])rows[i].digest, 1);
+        if (rc == SQLITE_OK && state < 0) {
+            char *p = sl_cache_blob_path(c, rows[i].alg, rows[i].digest);
+            if (p && unlink(p) == 0)
+                *freed_bytes += wrong;
+            free(p);
+        }
+        if (rc == SQLITE_OK)
+            ++*freed_entries;
+    }
+    rc = db_end(c->db, rc);
+    if (rc != SQLITE_OK) {
         code = admin_fail(c, err, rc, "deleting entries of missing blobs");
+        *freed_bytes = *freed_entries = 0;
+    }
     pthread_mutex_unlock(&c->mu);
-    free(algs);
-    free(hex);
     sl_cache_rows_free(rows, n);
     if (code < 0)
         return code;
-    *freed_entries += bad;
 
     /* 2. blobs no entry names are recorded back, so that they are counted */
     found_list f = {0};
@@ -1524,7 +1547,6 @@ int sl_cache_gc(sl_cache *c, uint64_t max_bytes, uint64_t *freed_bytes, uint64_t
         code = admin_fail(c, err, rc, "evicting");
     pthread_mutex_unlock(&c->mu);
     if (code == SLUICE_OK) {
-        unlink_victims(&v);
         *freed_bytes += v.bytes;
         *freed_entries += v.n;
     }
@@ -1537,7 +1559,9 @@ int sl_cache_clear(sl_cache *c, uint64_t *freed_bytes, uint64_t *freed_entries, 
     *freed_bytes = *freed_entries = 0;
     if (is_off(c))
         return admin_off(c, err);
-    /* entries first (none may outlive its blob), then every blob file */
+    /* every file inside the transaction that deletes the entries: see the
+     * top of this file */
+    found_list f = {0};
     pthread_mutex_lock(&c->mu);
     int rc = db_begin(c->db);
     if (rc == SQLITE_OK)
@@ -1545,25 +1569,21 @@ int sl_cache_clear(sl_cache *c, uint64_t *freed_bytes, uint64_t *freed_entries, 
     int64_t n = rc == SQLITE_OK ? sqlite3_changes64(c->db) : 0;
     if (rc == SQLITE_OK)
         rc = db_exec(c->db, "DELETE FROM memo");
-    rc = db_end(c->db, rc);
-    int code = rc == SQLITE_OK ? SLUICE_OK : admin_fail(c, err, rc, "clearing the index");
-    pthread_mutex_unlock(&c->mu);
-    if (code < 0)
-        return code;
-    *freed_entries = (uint64_t)n;
-    found_list f = {0};
-    if (walk_blobs(c, &f) != 0) {
-        free(f.v);
-        return sl_fail(err, SLUICE_E_NOMEM, "cache %s: out of memory clearing", c->dir);
-    }
-    for (size_t i = 0; i < f.n; i++) {
+    if (rc == SQLITE_OK && walk_blobs(c, &f) != 0)
+        rc = SQLITE_NOMEM;
+    for (size_t i = 0; rc == SQLITE_OK && i < f.n; i++) {
         char *p = sl_cache_blob_path(c, f.v[i].alg, f.v[i].hex);
         if (p && unlink(p) == 0)
             *freed_bytes += f.v[i].size;
         free(p);
     }
+    rc = db_end(c->db, rc);
+    int code = rc == SQLITE_OK ? SLUICE_OK : admin_fail(c, err, rc, "clearing the cache");
+    pthread_mutex_unlock(&c->mu);
     free(f.v);
-    return SLUICE_OK;
+    if (code == SLUICE_OK)
+        *freed_entries = (uint64_t)n;
+    return code;
 }
 
 #else /* no SQLite: every handle is off */

@@ -1,0 +1,13 @@
+# test_cache makes and inspects index databases with SQLite itself, and
+# both cache tests fill a cache through src/cache.c: built without SQLite
+# they check only that the cache says so.
+foreach(name IN ITEMS test_cache test_cache_tools)
+  if(TARGET ${name} AND SLUICE_HAVE_SQLITE)
+    target_compile_definitions(${name} PRIVATE SLUICE_HAVE_SQLITE)
+    target_link_libraries(${name} PRIVATE PkgConfig::SQLITE3)
+  endif()
+endforeach()
+# test_cache_tools runs the sluice command.
+if(TARGET test_cache_tools AND TARGET sluice_cli)
+  add_dependencies(test_cache_tools sluice_cli)
+endif()

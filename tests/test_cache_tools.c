@@ -1,0 +1,155 @@
+/* test_cache_tools.c: `sluice cache`, run as a program
+ * (SLUICE_BINARY_DIR/sluice) on a cache filled here through src/cache.c:
+ * du and ls show what is there, verify finds a flipped byte (exit 1) and
+ * drops that blob, gc --max and clear free what they say, and bad
+ * arguments exit 2. */
+#include "util.h"
+
+#include "cache.h"
+#include "digest.h"
+#include "sluice.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "tool_run.h"
+
+#ifdef SLUICE_HAVE_SQLITE
+
+static size_t count(const char *hay, const char *needle)
+{
+    size_t n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+static void cache_commands(void **state)
+{
+    (void)state;
+    char *root = tu_tmpdir();
+    char *dir = tu_join(root, "cache");
+    sl_cache *c = NULL;
+    sl_err err = {0};
+    assert_int_equal(sl_cache_open(dir, (uint64_t)1 << 30, &c, &err), SLUICE_OK);
+    assert_null(sl_cache_warning(c));
+    char hex[2][65];
+    char *bad_path = NULL;
+    for (int i = 0; i < 2; i++) {
+        size_t n = 10000 + 5000 * (size_t)i;
+        uint8_t *data = malloc(n), d[32];
+        assert_non_null(data);
+        for (size_t k = 0; k < n; k++)
+            data[k] = (uint8_t)(k * 7 + (size_t)i);
+        assert_int_equal(sl_md_oneshot(SLUICE_ALG_SHA256, data, n, d), 0);
+        assert_int_equal(sl_cache_store(c, SLUICE_ALG_SHA256, d, data, n, "https://h/model", NULL), 1);
+        sl_hex_digest(hex[i], d);
+        if (i == 1)
+            bad_path = sl_cache_blob_path(c, SLUICE_ALG_SHA256, hex[i]);
+        free(data);
+    }
+    sl_cache_close(c);
+
+    run_result r = run(root, "cache", "--cache-dir", dir, "du", NULL);
+    expect_status(&r, 0, "du");
+    assert_non_null(strstr(r.out, "(25000 bytes) in 2 entries"));
+    assert_non_null(strstr(r.out, dir));
+    run_free(&r);
+
+    r = run(root, "cache", "ls", "--cache-dir", dir, NULL);
+    expect_status(&r, 0, "ls");
+    assert_int_equal(count(r.out, "\n"), 2);
+    assert_int_equal(count(r.out, "https://h/model"), 2);
+    for (int i = 0; i < 2; i++) {
+        char want[80];
+        snprintf(want, sizeof want, "sha256:%s", hex[i]);
+        assert_non_null(strstr(r.out, want));
+    }
+    run_free(&r);
+
+    r = run(root, "cache", "--cache-dir", dir, "verify", NULL);
+    expect_status(&r, 0, "verify (clean)");
+    assert_non_null(strstr(r.out, "2 blobs checked, 0 dropped"));
+    run_free(&r);
+
+    int fd = open(bad_path, O_RDWR);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, "?", 1, 77), 1);
+    close(fd);
+    r = run(root, "cache", "--cache-dir", dir, "verify", NULL);
+    expect_status(&r, 1, "verify (a flipped byte)");
+    assert_non_null(strstr(r.out, "2 blobs checked, 1 dropped"));
+    assert_non_null(strstr(r.out, "BAD sha256:"));
+    assert_non_null(strstr(r.out, hex[1]));
+    run_free(&r);
+    assert_int_not_equal(access(bad_path, F_OK), 0);
+
+    r = run(root, "cache", "--cache-dir", dir, "gc", "--max", "0", NULL);
+    expect_status(&r, 0, "gc --max 0");
+    assert_non_null(strstr(r.out, "freed 9.8 KiB (10000 bytes) and 1 entries"));
+    assert_non_null(strstr(r.out, "(0 bytes) in 0 entries left"));
+    run_free(&r);
+
+    r = run(root, "cache", "--cache-dir", dir, "clear", NULL);
+    expect_status(&r, 0, "clear");
+    assert_non_null(strstr(r.out, "(0 bytes) in 0 entries left"));
+    run_free(&r);
+
+    /* $SLUICE_CACHE_DIR when no --cache-dir */
+    setenv("SLUICE_CACHE_DIR", dir, 1);
+    r = run(root, "cache", "du", NULL);
+    unsetenv("SLUICE_CACHE_DIR");
+    expect_status(&r, 0, "du from the environment");
+    assert_non_null(strstr(r.out, dir));
+    run_free(&r);
+
+    static const char *const bad[][4] = {
+        {"cache", NULL}, {"cache", "frobnicate", NULL}, {"cache", "gc", "--max", "lots"},
+        {"cache", "ls", "--max", "1G"}, {"cache", "ls", "du", NULL}, {"cache", "--cache-dir", NULL},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        r = run(root, bad[i][0], bad[i][1], bad[i][2], bad[i][3], NULL);
+        expect_status(&r, 2, "bad arguments");
+        run_free(&r);
+    }
+    /* a directory that cannot be a cache */
+    char *file = tu_join(root, "plain");
+    tu_write_file(file, "x", 1);
+    r = run(root, "cache", "--cache-dir", file, "du", NULL);
+    expect_status(&r, 2, "a file as the cache");
+    assert_non_null(strstr(r.err, file));
+    run_free(&r);
+
+    tu_rmtree(root);
+    free(file);
+    free(bad_path);
+    free(dir);
+    free(root);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {cmocka_unit_test(cache_commands)};
+    return cmocka_run_group_tests(tests, tool_group_setup, NULL);
+}
+
+#else
+
+int main(void)
+{
+    fprintf(stderr, "built without SQLite: skipping\n");
+    return 77;
+}
+
+#endif
