@@ -71,7 +71,7 @@ struct sl_cache {
 
 /* ---------------------------------------------------------------- helpers */
 
-static int64_t now_ns(void)
+static inline int64_t now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -479,7 +479,8 @@ static int64_t access_ns(sl_cache *c)
     return t;
 }
 
-/* After a failed statement (under mu): turns the handle off when the
+/* After a failed transaction (under mu; rc its code, since the ROLLBACK
+ * has replaced the connection's message): turns the handle off when the
  * index cannot be written at all (read-only, full, corrupt); a busy or
  * other passing failure only fails the one call. */
 static void db_trouble(sl_cache *c, int rc, const char *what)
@@ -490,7 +491,7 @@ static void db_trouble(sl_cache *c, int rc, const char *what)
         prim == SQLITE_NOTADB || prim == SQLITE_PERM || prim == SQLITE_CANTOPEN ||
         (prim == SQLITE_IOERR && is_fatal_errno(se)))
         turn_off(c, "%s failed: %s", what,
-                 se && is_fatal_errno(se) ? strerror(se) : sqlite3_errmsg(c->db));
+                 se && is_fatal_errno(se) ? strerror(se) : sqlite3_errstr(rc));
 }
 
 static int db_exec(sqlite3 *db, const char *sql)
@@ -1164,12 +1165,15 @@ int sl_cache_store(sl_cache *c, sluice_algorithm alg, const uint8_t digest[32], 
         sqlite3_stmt *st = NULL;
         int64_t t = access_ns(c);
         struct stat bs;
+        int vanished = 0;
         rc = db_begin(c->db);
         /* still in place: an eviction of the same digest may have
          * unlinked it since the rename (see the top of this file) */
         if (rc == SQLITE_OK && (lstat(final, &bs) != 0 || !S_ISREG(bs.st_mode) ||
-                                (uint64_t)bs.st_size != size))
+                                (uint64_t)bs.st_size != size)) {
+            vanished = 1;
             rc = SQLITE_ABORT;
+        }
         if (rc == SQLITE_OK)
             rc = sqlite3_prepare_v2(c->db,
                                     "INSERT INTO blobs(algorithm, digest, size, source, created_ns,"
@@ -1191,11 +1195,13 @@ int sl_cache_store(sl_cache *c, sluice_algorithm alg, const uint8_t digest[32], 
         sqlite3_finalize(st);
         if (rc == SQLITE_OK)
             rc = evict_entries(c, c->max_bytes, a, hex, &v);
-        int vanished = rc == SQLITE_ABORT;
         rc = db_end(c->db, rc);
         if (rc != SQLITE_OK && !vanished) {
             db_trouble(c, rc, "recording a blob");
-            unlink(final); /* no entry: not kept, so that its bytes are counted */
+            /* no entry: not kept, so that every blob's bytes are counted
+             * (a store of the same digest racing this failure may lose
+             * its blob: a miss, and gc deletes its entry) */
+            unlink(final);
         }
     }
     pthread_mutex_unlock(&c->mu);
@@ -1359,12 +1365,12 @@ void sl_cache_memo_record(sl_cache *c, const sl_file_id *id, int64_t opened_ns,
 
 /* ---------------------------------------------------------------- administration */
 
-/* The message of a failed administration call (under mu). */
+/* The message of a failed administration call (under mu; rc its code). */
 static int admin_fail(sl_cache *c, sl_err *err, int rc, const char *what)
 {
     if (rc == SQLITE_NOMEM)
         return sl_fail(err, SLUICE_E_NOMEM, "cache %s: out of memory %s", c->dir, what);
-    return sl_fail(err, SLUICE_E_IO, "cache %s: %s: %s", c->dir, what, sqlite3_errmsg(c->db));
+    return sl_fail(err, SLUICE_E_IO, "cache %s: %s: %s", c->dir, what, sqlite3_errstr(rc));
 }
 
 static int admin_off(const sl_cache *c, sl_err *err)

@@ -93,7 +93,10 @@ int cmd_cache(int argc, char **argv)
                 fprintf(stderr, "sluice cache: %s needs a value\n", a);
                 return 2;
             }
-            *(a[2] == 'c' ? &dir : &max_arg) = argv[++i];
+            if (!strcmp(a, "--cache-dir"))
+                dir = argv[++i];
+            else
+                max_arg = argv[++i];
         } else if (a[0] == '-' || action) {
             fprintf(stderr, "sluice cache: unexpected argument '%s'\n", a);
             usage(stderr);
