@@ -46,6 +46,9 @@
  * without leading zeros; any other value is ignored.
  *
  * Thread safety: an sl_cache may be used by any number of threads at once.
+ * Not from a signal handler, and not by the child of a fork (SQLite's
+ * connection belongs to the process that opened it): a child opens its
+ * own handle.
  */
 #ifndef SLUICE_CACHE_H
 #define SLUICE_CACHE_H
