@@ -14,6 +14,7 @@
  * open:  index -> manifest -> engine (given the manifest's digests)
  * close: engine -> manifest -> index
  */
+#include "cache.h"
 #include "model.h"
 #include "verify.h"
 
@@ -109,6 +110,7 @@ SLUICE_API int sluice_options_init(sluice_options *opts)
     opts->remote_stall_timeout_ms = 30000;
     opts->remote_deadline_ms = 120000;
     opts->remote_backoff_ms = 200;
+    opts->cache_bytes = SLUICE_CACHE_DEFAULT_BYTES;
     return SLUICE_OK;
 }
 
@@ -142,7 +144,7 @@ static int take_options(sluice_options *dst, const sluice_options *src, sl_err *
         return sl_fail(err, SLUICE_E_INVAL,
                        "options: size %zu is not one this library knows (%zu); "
                        "call sluice_options_init first", src->size, sizeof *dst);
-    size_t set = set_tail(src, src->size, SL_END_OF(sluice_options, remote_ca_file));
+    size_t set = set_tail(src, src->size, SL_END_OF(sluice_options, cache_bytes));
     if (set)
         return sl_fail(err, SLUICE_E_INVAL,
                        "options: byte %zu of the caller's %zu-byte struct is not zero, "
@@ -195,6 +197,8 @@ static int take_options(sluice_options *dst, const sluice_options *src, sl_err *
     if (!dst->remote_connect_timeout_ms || !dst->remote_stall_timeout_ms ||
         !dst->remote_deadline_ms)
         return sl_fail(err, SLUICE_E_INVAL, "options: a remote timeout or deadline is 0");
+    if (dst->cache_bytes == 0)
+        return sl_fail(err, SLUICE_E_INVAL, "options: cache_bytes is 0");
     if (dst->s3_addressing > SLUICE_S3_VIRTUAL_HOST)
         return sl_fail(err, SLUICE_E_INVAL, "options: unknown s3_addressing %u",
                        (unsigned)dst->s3_addressing);
@@ -326,6 +330,34 @@ static int create_engine(sluice_model *m, sl_err *err)
     return rc;
 }
 
+/* The persistent cache, when one is named and has a use here: blobs for
+ * a remote model's checked tensors, the memo for a local one's. A cache
+ * that cannot be used is a warning (sluice_cache_warning), never a
+ * failed open. */
+static int attach_cache(sluice_model *m, sl_err *err)
+{
+    const sluice_options *o = &m->opts;
+    if (!m->manifest || !(m->index.any_remote || (o->flags & SLUICE_F_TRUST_UNCHANGED)))
+        return SLUICE_OK;
+    char *dir = NULL;
+    SL_TRY(sl_cache_dir_for(o, &dir, err));
+    if (!dir)
+        return SLUICE_OK;
+    sl_cache *c = NULL;
+    int rc = sl_cache_open(dir, o->cache_bytes, &c, err);
+    free(dir);
+    if (rc < 0)
+        return rc;
+    return sl_engine_attach_cache(m->engine, c, err);
+}
+
+SLUICE_API const char *sluice_cache_warning(sluice_model *m)
+{
+    if (sl_model_usable(m) != SLUICE_OK)
+        return NULL;
+    return sl_engine_cache_warning(m->engine);
+}
+
 SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_model **out)
 {
     if (!out)
@@ -384,6 +416,12 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
     }
     if ((rc = create_engine(m, err)) < 0)
         goto failed;
+    if ((rc = attach_cache(m, err)) < 0) {
+        sl_err ignored;
+        sl_engine_destroy(m->engine, &ignored);   /* nothing can hold it yet */
+        m->engine = NULL;
+        goto failed;
+    }
     sl_model_metrics_opened(m, t_open);
     return SLUICE_OK;
 

@@ -102,6 +102,7 @@ static void free_engine(sl_engine *e)
     if (!e)
         return;
     sl_fallback_free(e);
+    sl_ecache_free(e);
     sl_hasher_destroy(e->hasher);
     sl_io_destroy(e->io);
     sl_rio_destroy(e->rio);
@@ -651,6 +652,7 @@ void sl_engine_stats(sl_engine *e, struct sluice_stats *out)
     out->pool_in_use = sl_pool_in_use(e->pool);
     out->pool_high_water = sl_pool_high_water(e->pool);
     pthread_mutex_unlock(&e->lock);
+    out->disk_degraded = sl_engine_cache_warning(e) != NULL;
 }
 
 uint64_t sl_engine_trim(sl_engine *e)

@@ -33,6 +33,16 @@ int sl_engine_create(const sl_index *ix, const sluice_options *opts,
                      const uint8_t *const *expect, const sl_chunk_digests *chunks,
                      sl_engine **out, sl_err *err);
 
+struct sl_cache;
+/* Gives the engine a persistent cache (cache.h; the engine owns it from
+ * now, and closes it even when this fails), right after create, before
+ * any call: loads of remote tensors use its blobs, and with
+ * SLUICE_F_TRUST_UNCHANGED its memo spares hashing local tensors verified
+ * before. */
+int sl_engine_attach_cache(sl_engine *e, struct sl_cache *c, sl_err *err);
+/* The cache's warning (cache.h), or NULL. */
+const char *sl_engine_cache_warning(const sl_engine *e);
+
 /* Waits for calls on their way out and reads in flight, and frees the
  * engine. With live handles (or a stream running) it frees nothing and
  * returns SLUICE_E_BUSY. NULL: OK. */

@@ -241,6 +241,14 @@ struct sl_engine {
     _Atomic int abort_fetch;     /* close: blocking fetches (a mirror's open) stop */
     sl_mirror *mirrors;
     unsigned nmirrors;
+
+    /* the persistent cache (engine_cache.c, cache.c); NULL when none */
+    struct sl_cache *cache;      /* owned */
+    sl_file *blob;               /* per tensor: its blob while one is open (fd >= 0) */
+    uint8_t *blob_hit;           /* per tensor: a load came from its blob (touched at close) */
+    uint8_t *memo;               /* per tensor: the memo vouches for its bytes */
+    struct sl_file_id *file_id;  /* per file: a local file's identity at attach */
+    int64_t opened_ns;           /* CLOCK_REALTIME when they were taken */
     pthread_t opener;
     int opener_started, opener_quit;
     pthread_cond_t opener_cv;
@@ -326,6 +334,36 @@ int sl_slot_too_large_error(const sl_engine *e, size_t i, sl_err *err);
  * (counted in checksum_failures). */
 int sl_slot_checksum_error(sl_engine *e, size_t i, const unsigned char got[32], sl_err *err);
 
+
+/* ---------------------------------------------------------------- engine_cache.c */
+
+/* The source of a load read from the persistent cache's blob of the
+ * tensor (slot.source; the blob is e->blob[i], read from offset 0). */
+#define SL_SRC_CACHE 255u
+
+/* Lock held. Whether tensor i would load from a blob: opens it when the
+ * tensor is one the cache may hold and its blob is there. */
+int sl_ecache_probe(sl_engine *e, size_t i);
+/* Lock held, slot i IDLE, before its load is set up: the memo's identity
+ * check (a file changed since attach is hashed after all) and the probe.
+ * Returns the load's source: SL_SRC_CACHE or 0. */
+unsigned sl_ecache_before_start(sl_engine *e, size_t i);
+/* Lock held: slot i becomes READY (counts a blob's hit or the memo's, and
+ * closes the blob). */
+void sl_ecache_ready(sl_engine *e, size_t i);
+/* Lock held: slot i, loading from its blob, FAILED and drained: the blob
+ * is dropped and the load starts again from the model's own file.
+ * Returns 1 (restarted) or 0 (out of memory: the failure stands). */
+int sl_ecache_refetch(sl_engine *e, size_t i);
+/* Hash completion of slot i with verdict (sl_slot_check's), lock NOT
+ * held: stores a fetched tensor's blob, records the memo. Takes the lock
+ * itself, briefly, to decide. */
+void sl_ecache_verified(sl_engine *e, size_t i, int verdict);
+/* Destroy: touches the entries read, closes blobs, frees (nothing loading). */
+void sl_ecache_free(sl_engine *e);
+
+/* Whether sl_slot_check's verdict means the bytes matched. */
+int sl_slot_verdict_ok(int verdict);
 
 /* ---------------------------------------------------------------- sched.c */
 

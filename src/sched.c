@@ -114,6 +114,8 @@ static void put_read(sl_engine *e, sl_read *r)
 
 const sl_file *sl_read_file(const sl_engine *e, unsigned source, size_t file)
 {
+    if (source == SL_SRC_CACHE)
+        return &e->blob[file];
     return source ? &e->mirrors[source - 1].ix.files[file] : &e->ix->files[file];
 }
 
@@ -200,7 +202,7 @@ static size_t start_run(sl_engine *e, const size_t *ids, size_t n, int room)
     if (sl_slot_start(e, i, room) <= 0)
         return 0;
     sl_slot *s = &e->slots[i];
-    if (s->direct || s->nchunks > 1) {
+    if (s->direct || s->nchunks > 1 || s->source) {
         issue_chunks(e, i);
         if (s->issued < s->nchunks)
             partial_push(e, i, 0);
@@ -220,8 +222,8 @@ static size_t start_run(sl_engine *e, const size_t *ids, size_t n, int room)
         if (t->nbytes == 0)
             continue;   /* always READY; covered */
         if (e->slots[j].state != SL_SLOT_IDLE || sl_slot_would_be_direct(e, j) ||
-            len + t->nbytes > e->chunk)
-            break;
+            len + t->nbytes > e->chunk || (e->cache && sl_ecache_probe(e, j)))
+            break;  /* (a tensor with a blob reads it, apart) */
         if (sl_slot_start(e, j, room) != 1)
             break;
         group[k++] = j;
@@ -663,6 +665,8 @@ void sl_hash_done(void *ctx, sl_hash_job *job, int status)
     sl_engine *e = ctx;
     size_t i = (size_t)(uintptr_t)sl_hash_job_owner(job);
     int verdict = sl_slot_check(e, i, status); /* the compare and the move, unlocked */
+    if (e->cache)
+        sl_ecache_verified(e, i, verdict);  /* a blob stored, the memo recorded */
     pthread_mutex_lock(&e->lock);
     sl_slot_hashed(e, i, verdict);
     sl_pump(e);     /* a failure gave room back */

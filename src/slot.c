@@ -357,6 +357,8 @@ int sl_slot_start(sl_engine *e, size_t i, int room)
 {
     sl_slot *s = &e->slots[i];
     const struct sluice_tensor_info *t = &e->ix->tensors[i];
+    /* Before the job is made: the memo may have to hash after all. */
+    unsigned source = e->cache ? sl_ecache_before_start(e, i) : 0;
     int direct = sl_slot_would_be_direct(e, i);
     uint64_t a0, span, chunk = direct ? round_up(e->chunk, SL_DIRECT_ALIGN) : e->chunk;
     load_range(e, i, direct, &a0, &span);
@@ -409,7 +411,9 @@ int sl_slot_start(sl_engine *e, size_t i, int room)
     s->nchunks = (uint32_t)nchunks;
     s->issued = s->done = s->inflight = s->prefix = 0;
     s->consumed = s->has_digest = 0;
-    s->source = 0;
+    s->source = (uint8_t)source;
+    s->src_file = i;    /* a blob: the tensor's own, from its first byte */
+    s->src_off = 0;
     s->fb_wait = 0;
     free(s->fb_log);
     free(s->fb_note);
@@ -445,6 +449,8 @@ static void become_ready(sl_engine *e, size_t i, const unsigned char *data)
 {
     sl_slot *s = &e->slots[i];
     end_load(e, s);
+    if (e->cache)
+        sl_ecache_ready(e, i);
     if (s->source)
         sl_fallback_delivered(e, i);
     s->data = data;
@@ -461,6 +467,8 @@ static void drain(sl_engine *e, size_t i)
 {
     sl_slot *s = &e->slots[i];
     if (s->state != SL_SLOT_FAILED || s->inflight || s->job_busy || s->fb_wait)
+        return;
+    if (s->source == SL_SRC_CACHE && sl_ecache_refetch(e, i))
         return;
     if (e->nmirrors && sl_fallback_next(e, i))
         return;
@@ -580,6 +588,11 @@ void sl_slot_landed(sl_engine *e, size_t i, uint32_t c, const sl_err *failure)
 
 enum { VERDICT_OK, VERDICT_OK_MOVED, VERDICT_QUIET, VERDICT_NOMEM, VERDICT_MISMATCH };
 
+int sl_slot_verdict_ok(int verdict)
+{
+    return verdict == VERDICT_OK || verdict == VERDICT_OK_MOVED;
+}
+
 int sl_slot_check(sl_engine *e, size_t i, int status)
 {
     if (status == SL_HASH_CANCELLED)
@@ -589,7 +602,7 @@ int sl_slot_check(sl_engine *e, size_t i, int status)
     /* HASHING: nothing else touches the slot until the verdict is in. */
     sl_slot *s = &e->slots[i];
     const unsigned char *want = sl_expected_digest(e, i);
-    const sl_chunk_digests *chunks = sl_expected_chunks(e, i);
+    const sl_chunk_digests *chunks = s->hashed ? sl_expected_chunks(e, i) : NULL;
     if (chunks) {
         /* Every chunk must match; the whole digest then is the manifest's
          * (the bytes are the ones its chunks describe). */
@@ -695,7 +708,7 @@ void sl_slot_hashed(sl_engine *e, size_t i, int verdict)
         memcpy(s->digest, got, 32);
         s->has_digest = 1;
     }
-    if (want)
+    if (want && s->hashed)
         e->st.tensors_verified++;
     become_ready(e, i, verdict == VERDICT_OK_MOVED ? s->buf : s->buf + s->delta);
 }

@@ -11,3 +11,12 @@ endforeach()
 if(TARGET test_cache_tools AND TARGET sluice_cli)
   add_dependencies(test_cache_tools sluice_cli)
 endif()
+# test_cache_load loads remote models from the test's own nginx (it skips,
+# 77, without nginx or libcurl) and runs the sluice command to make its
+# model; its threads share one cache, so it also runs under TSan.
+if(TARGET test_cache_load)
+  if(TARGET sluice_cli)
+    add_dependencies(test_cache_load sluice_cli)
+  endif()
+  set_tests_properties(test_cache_load PROPERTIES LABELS "remote;threads" TIMEOUT 300)
+endif()

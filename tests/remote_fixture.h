@@ -153,7 +153,8 @@ static inline int rf_nginx_start(rf_server *sv, const char *root, const char *re
                  "error_log %s/error.log warn;\n"
                  "events { worker_connections 512; }\n"
                  "http {\n"
-                 "  access_log off;\n"
+                 "  log_format req '$status $http_range $uri';\n"
+                 "  access_log %s/access.log req;\n"
                  "  client_body_temp_path %s/cb; proxy_temp_path %s/px;\n"
                  "  fastcgi_temp_path %s/fc; uwsgi_temp_path %s/uw; scgi_temp_path %s/sc;\n"
                  "  default_type application/octet-stream;\n"
@@ -166,7 +167,7 @@ static inline int rf_nginx_start(rf_server *sv, const char *root, const char *re
                  "  }\n"
                  "%s"
                  "}\n",
-                 geteuid() == 0 ? "user root;\n" : "", sv->dir, sv->dir, sv->dir, sv->dir,
+                 geteuid() == 0 ? "user root;\n" : "", sv->dir, sv->dir, sv->dir, sv->dir, sv->dir,
                  sv->dir, sv->dir, sv->dir, sv->port, root, root,
                  real ? "    location /real/ { alias " : "", real ? real : "",
                  real ? "/; }\n" : "", tls);
@@ -199,6 +200,20 @@ static inline int rf_nginx_start(rf_server *sv, const char *root, const char *re
     }
     snprintf(why, cap, "nginx did not start (5 tries)");
     return 0;
+}
+
+/* nginx: the requests it logged so far (a line each, "STATUS RANGE URI";
+ * written when each completes, so wait for the client to be done). */
+static inline size_t rf_requests(const rf_server *sv)
+{
+    char *path = tu_join(sv->dir, "access.log");
+    size_t len = 0, n = 0;
+    char *text = tu_read_file(path, &len);
+    for (size_t i = 0; text && i < len; i++)
+        n += text[i] == '\n';
+    free(text);
+    free(path);
+    return n;
 }
 
 /* The fault server: python3 tests/remote_fault_server.py PORT ROOT. */

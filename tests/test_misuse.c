@@ -139,7 +139,7 @@ static void test_bad_options(void **state)
         case 0: o.size = 0; why = "size 0"; break;
         case 1: o.size = offsetof(sluice_options, flags); why = "is not one this library knows"; break;
         case 2: o.size = sizeof o.size; why = "is not one this library knows"; break;
-        case 3: o.flags = 0x8; why = "unknown flag bits 0x8"; break;
+        case 3: o.flags = 0x20; why = "unknown flag bits 0x20"; break;
         case 4: o.flags = 0x80000000u | SLUICE_F_HASH_ALL; why = "unknown flag bits 0x80000000"; break;
         case 5: o.queue_depth = 0; why = "queue_depth 0"; break;
         case 6: o.queue_depth = 4097; why = "queue_depth 4097"; break;

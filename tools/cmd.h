@@ -15,5 +15,6 @@ int cmd_sign(int argc, char **argv);          /* sign.c */
 int cmd_stats(int argc, char **argv);         /* metrics_cli.c */
 int cmd_bench_metrics(int argc, char **argv); /* metrics_cli.c */
 int cmd_cache(int argc, char **argv);
+int cmd_bench_cache(int argc, char **argv);   /* bench_cache.c */
 
 #endif

@@ -67,6 +67,18 @@ int ig_loader_option(const char *cmd, int argc, char **argv, int *i, sluice_opti
         o->flags |= SLUICE_F_FORCE_PREAD;
         return 1;
     }
+    if (!strcmp(a, "--trust-unchanged")) {
+        o->flags |= SLUICE_F_TRUST_UNCHANGED;
+        return 1;
+    }
+    if (!strcmp(a, "--cache-dir")) {
+        if (*i + 1 >= argc) {
+            fprintf(stderr, "sluice %s: --cache-dir needs a directory\n", cmd);
+            return -1;
+        }
+        o->cache_dir = argv[++*i];  /* argv outlives every model the command opens */
+        return 1;
+    }
     if (!strcmp(a, "--fallback")) {
         /* argv outlives every model the command opens */
         static const char *mirrors[16];
@@ -82,7 +94,8 @@ int ig_loader_option(const char *cmd, int argc, char **argv, int *i, sluice_opti
         o->fallback = mirrors;
         return 1;
     }
-    int which = !strcmp(a, "--pool") ? 1 : !strcmp(a, "--qd") ? 2 : !strcmp(a, "--threads") ? 3 : 0;
+    int which = !strcmp(a, "--pool") ? 1 : !strcmp(a, "--qd") ? 2 : !strcmp(a, "--threads") ? 3
+              : !strcmp(a, "--cache-max") ? 4 : 0;
     if (!which)
         return 0;
     if (*i + 1 >= argc) {
@@ -91,6 +104,7 @@ int ig_loader_option(const char *cmd, int argc, char **argv, int *i, sluice_opti
     }
     const char *v = argv[++*i];
     int bad = which == 1 ? ig_parse_size(v, &o->pool_bytes)
+            : which == 4 ? ig_parse_size(v, &o->cache_bytes)
             : which == 2 ? parse_u32(v, &o->queue_depth)
                          : parse_u32(v, &o->hash_threads);
     if (bad) {

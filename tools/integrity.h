@@ -22,7 +22,12 @@
     "  --fallback LOC    a mirror (directory, file, http(s):// or s3://) that\n" \
     "                    serves a tensor whose copy at PATH fails to verify\n"  \
     "                    or to read; repeatable, tried in order; needs a\n"     \
-    "                    manifest\n"
+    "                    manifest\n"                                          \
+    "  --cache-dir DIR   a persistent cache ($SLUICE_CACHE_DIR is the default):\n" \
+    "                    a remote model's verified tensors are kept there\n"   \
+    "  --cache-max SIZE  the cache's budget (default 64G)\n"                  \
+    "  --trust-unchanged skip hashing tensors of local files this cache saw\n" \
+    "                    verified, in files unchanged since (see README)\n"
 
 /* The help text of ig_key_option's option. */
 #define IG_KEY_HELP                                                           \

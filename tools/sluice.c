@@ -25,6 +25,7 @@ static const struct {
     {"stats", cmd_stats, "stats PATH [--openmetrics] load the model verified, print its metrics"},
     {"bench-metrics", cmd_bench_metrics, "bench-metrics PATH [...]   what the metrics cost; rendering time and size"},
     {"cache", cmd_cache, "cache ls|du|gc|clear|verify  look after the persistent cache"},
+    {"bench-cache", cmd_bench_cache, "bench-cache PATH --url URL --cache-dir DIR  what the persistent cache buys"},
     {"serve", NULL, "serve ROOT_OR_MODEL [...]  serve tensors over gRPC (the sluice-serve program)"},
 };
 

@@ -1,0 +1,711 @@
+/* The persistent cache as loads use it (engine_cache.c over cache.c): a
+ * remote model served by the test's own nginx loaded cold then warm, rotten
+ * and cut blobs, a broken index, a cache that cannot be written, SIGKILL in
+ * the middle of fills, several processes and threads on one cache; and the
+ * verified-once memo of local files, with what invalidates it.
+ * The model is `sluice synth tiny` (41 tensors, with its manifest). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include "remote_fixture.h"
+#include "tool_run.h"
+
+#include <dirent.h>
+#include <pthread.h>
+#include <sys/time.h>
+
+static char *root;          /* served by nginx: root/m is the model */
+static char *model;         /* root/m/model.safetensors */
+static char *url;           /* its URL */
+static rf_server nginx;
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static char *fresh_cache(void)
+{
+    char *d = tu_tmpdir();
+    return d;
+}
+
+static sluice_options cached_opts(const char *dir)
+{
+    sluice_options o;
+    sluice_options_init(&o);
+    o.cache_dir = dir;
+    o.pool_bytes = 64u << 20;
+    return o;
+}
+
+static sluice_model *open_ok(const char *loc, const sluice_options *o)
+{
+    sluice_model *m = NULL;
+    int rc = sluice_open(loc, o, &m);
+    if (rc != SLUICE_OK)
+        fail_msg("open %s: %s: %s", loc, sluice_strerror(rc), sluice_errmsg(m));
+    return m;
+}
+
+/* Streams every tensor, comparing its bytes with the local file's (read
+ * with pread, not by the library); returns the stats. */
+typedef struct check_ctx {
+    size_t delivered, failed;
+    int first_failure;
+} check_ctx;
+
+static int check_cb(void *user, sluice_tensor *t, int status, const struct sluice_tensor_info *info,
+                    const char *message)
+{
+    check_ctx *c = user;
+    if (status != SLUICE_OK) {
+        if (!c->failed)
+            c->first_failure = status;
+        c->failed++;
+        fprintf(stderr, "  stream: %s: %s\n", info ? info->name : "?", message);
+        return 0;
+    }
+    void *want = tu_pread_range(model, info->offset, (size_t)info->nbytes);
+    assert_int_equal(sluice_tensor_size(t), info->nbytes);
+    assert_memory_equal(sluice_tensor_data(t), want, info->nbytes);
+    free(want);
+    sluice_release(t);
+    c->delivered++;
+    return 0;
+}
+
+static struct sluice_stats load_all(const char *loc, const sluice_options *o, check_ctx *c)
+{
+    sluice_model *m = open_ok(loc, o);
+    memset(c, 0, sizeof *c);
+    sluice_stream(m, NULL, 0, check_cb, c);
+    struct sluice_stats st = {.size = sizeof st};
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    return st;
+}
+
+static size_t ntensors, nonempty;
+
+static void count_tensors(void)
+{
+    sluice_options o;
+    sluice_options_init(&o);
+    sluice_model *m = open_ok(model, &o);
+    ntensors = sluice_count(m);
+    nonempty = 0;
+    for (size_t i = 0; i < ntensors; i++) {
+        struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+        assert_int_equal(sluice_info(m, i, &ti), SLUICE_OK);
+        nonempty += ti.nbytes > 0;
+    }
+    sluice_close(m);
+}
+
+/* The path of one blob in cache dir (the first found), or NULL. */
+static char *some_blob(const char *dir)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "find '%s/blobs' -type f | sort | head -n 1", dir);
+    FILE *p = popen(cmd, "r");
+    char line[1024] = "";
+    if (!p)
+        return NULL;
+    if (!fgets(line, sizeof line, p))
+        line[0] = '\0';
+    pclose(p);
+    line[strcspn(line, "\n")] = '\0';
+    return line[0] ? strdup(line) : NULL;
+}
+
+static size_t count_files(const char *dir, const char *sub)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "find '%s/%s' -type f 2>/dev/null | wc -l", dir, sub);
+    FILE *p = popen(cmd, "r");
+    size_t n = 0;
+    if (p && fscanf(p, "%zu", &n) != 1)
+        n = 0;
+    if (p)
+        pclose(p);
+    return n;
+}
+
+/* ---------------------------------------------------------------- set-up */
+
+static int setup(void **state)
+{
+    char why[256];
+    (void)state;
+    rf_skip_without_curl();
+    root = tu_tmpdir();
+    chmod(root, 0755);
+    char *dir = tu_join(root, "m");
+    run_result r = run(root, "synth", "tiny", dir, "--shards", "1", NULL);
+    if (r.status != 0)
+        fail_msg("sluice synth tiny: %s", r.err);
+    run_free(&r);
+    model = tu_join(dir, "model.safetensors");
+    free(dir);
+    count_tensors();
+    if (!rf_nginx_start(&nginx, root, NULL, why, sizeof why)) {
+        fprintf(stderr, "skipped: %s\n", why);
+        exit(77);
+    }
+    size_t n = strlen(nginx.base) + 64;
+    url = malloc(n);
+    snprintf(url, n, "%s/m/model.safetensors", nginx.base);
+    /* The memo records files whose mtime and ctime are a second old. */
+    sleep_ms(1100);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    rf_stop(&nginx);
+    tu_rmtree(root);
+    free(root);
+    free(model);
+    free(url);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- remote */
+
+/* Cold: every tensor fetched and stored. Warm: no tensor request reaches
+ * the server (its log grows by what an open alone costs), bytes equal. */
+static void test_cold_then_warm(void **state)
+{
+    (void)state;
+    char *dir = fresh_cache();
+    sluice_options o = cached_opts(dir);
+    check_ctx c;
+
+    size_t before = rf_requests(&nginx);
+    sluice_model *m = open_ok(url, &o);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    size_t open_only = rf_requests(&nginx) - before;
+    assert_true(open_only >= 1);
+
+    before = rf_requests(&nginx);
+    struct sluice_stats cold = load_all(url, &o, &c);
+    size_t cold_requests = rf_requests(&nginx) - before;
+    assert_int_equal(c.failed, 0);
+    assert_int_equal(c.delivered, ntensors);
+    assert_int_equal(cold.disk_hits, 0);
+    assert_int_equal(cold.disk_misses, nonempty);
+    assert_int_equal(cold.disk_stored, nonempty);
+    assert_int_equal(cold.disk_degraded, 0);
+    assert_true(cold.remote_reads >= 1);
+    assert_int_equal(cold_requests, open_only + cold.remote_reads);
+
+    before = rf_requests(&nginx);
+    struct sluice_stats warm = load_all(url, &o, &c);
+    size_t warm_requests = rf_requests(&nginx) - before;
+    assert_int_equal(c.failed, 0);
+    assert_int_equal(c.delivered, ntensors);
+    assert_int_equal(warm.remote_reads, 0);
+    assert_int_equal(warm_requests, open_only);   /* no tensor request at all */
+    assert_int_equal(warm.disk_hits, nonempty);
+    assert_int_equal(warm.disk_misses, 0);
+    assert_int_equal(warm.disk_stored, 0);
+    assert_int_equal(warm.tensors_verified, nonempty); /* a blob is verified as it is read */
+    fprintf(stderr, "  server requests: open alone %zu, cold load %zu, warm load %zu\n",
+            open_only, cold_requests, warm_requests);
+
+    /* the administration sees what the loads stored */
+    sluice_cache *ca = NULL;
+    assert_int_equal(sluice_cache_open(dir, &ca), SLUICE_OK);
+    uint64_t bytes = 0, entries = 0;
+    assert_int_equal(sluice_cache_usage(ca, &bytes, &entries), SLUICE_OK);
+    assert_int_equal(entries, nonempty);
+    sluice_cache_close(ca);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* A blob whose byte rotted on disk is caught as it is read, dropped,
+ * fetched again and stored again; a cut one is a miss. */
+static void test_rotten_blob(void **state)
+{
+    (void)state;
+    char *dir = fresh_cache();
+    sluice_options o = cached_opts(dir);
+    check_ctx c;
+    load_all(url, &o, &c);
+    char *blob = some_blob(dir);
+    assert_non_null(blob);
+    int fd = open(blob, O_RDWR);
+    assert_true(fd >= 0);
+    unsigned char b;
+    assert_int_equal(pread(fd, &b, 1, 0), 1);
+    b ^= 0xff;
+    assert_int_equal(pwrite(fd, &b, 1, 0), 1);
+    close(fd);
+
+    struct sluice_stats st = load_all(url, &o, &c);
+    assert_int_equal(c.failed, 0);
+    assert_int_equal(c.delivered, ntensors);
+    assert_int_equal(st.disk_rotten, 1);
+    assert_int_equal(st.disk_hits, nonempty - 1);
+    assert_int_equal(st.disk_stored, 1);
+    assert_int_equal(st.remote_reads, 1);
+    assert_int_equal(st.checksum_failures, 1);
+
+    st = load_all(url, &o, &c);   /* stored again, whole */
+    assert_int_equal(st.disk_hits, nonempty);
+    assert_int_equal(st.disk_rotten, 0);
+
+    assert_int_equal(truncate(blob, 3), 0);   /* cut: not this tensor's size */
+    st = load_all(url, &o, &c);
+    assert_int_equal(c.failed, 0);
+    assert_int_equal(st.disk_hits, nonempty - 1);
+    assert_int_equal(st.disk_misses, 1);
+    assert_int_equal(st.disk_stored, 1);
+    free(blob);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* index.sqlite truncated, or garbage: the open moves it aside, rebuilds it
+ * from the blobs, and the load is still warm. */
+static void test_broken_index(void **state)
+{
+    (void)state;
+    for (int kind = 0; kind < 2; kind++) {
+        char *dir = fresh_cache();
+        sluice_options o = cached_opts(dir);
+        check_ctx c;
+        load_all(url, &o, &c);
+        char *db = tu_join(dir, "index.sqlite");
+        if (kind == 0) {
+            assert_int_equal(truncate(db, 100), 0);
+        } else {
+            char junk[4096];
+            for (size_t i = 0; i < sizeof junk; i++)
+                junk[i] = (char)(i * 7 + 3);
+            tu_write_file(db, junk, sizeof junk);
+        }
+        char *wal = tu_join(dir, "index.sqlite-wal"), *shm = tu_join(dir, "index.sqlite-shm");
+        unlink(wal);
+        unlink(shm);
+        struct sluice_stats st = load_all(url, &o, &c);
+        assert_int_equal(c.failed, 0);
+        assert_int_equal(st.disk_hits, nonempty);
+        assert_int_equal(st.disk_degraded, 0);
+        assert_true(count_files(dir, "corrupt") >= 1);
+        sluice_cache *ca = NULL;
+        assert_int_equal(sluice_cache_open(dir, &ca), SLUICE_OK);
+        uint64_t bytes = 0, entries = 0;
+        assert_int_equal(sluice_cache_usage(ca, &bytes, &entries), SLUICE_OK);
+        assert_int_equal(entries, nonempty);
+        sluice_cache_close(ca);
+        free(wal);
+        free(shm);
+        free(db);
+        tu_rmtree(dir);
+        free(dir);
+    }
+}
+
+/* A cache that cannot be written (a full disk, a read-only file system,
+ * by the fault hook): the load succeeds uncached, with one warning. */
+static void test_degraded(void **state)
+{
+    (void)state;
+    static const char *const faults[] = {"enospc@1", "enospc@3", "erofs"};
+    for (size_t k = 0; k < sizeof faults / sizeof *faults; k++) {
+        char *dir = fresh_cache();
+        sluice_options o = cached_opts(dir);
+        setenv("SLUICE_TEST_CACHE_FAULT", faults[k], 1);
+        sluice_model *m = open_ok(url, &o);
+        check_ctx c = {0};
+        sluice_stream(m, NULL, 0, check_cb, &c);
+        struct sluice_stats st = {.size = sizeof st};
+        sluice_stats(m, &st);
+        const char *w = sluice_cache_warning(m);
+        assert_non_null(w);
+        fprintf(stderr, "  %s: %s\n", faults[k], w);
+        assert_int_equal(st.disk_degraded, 1);
+        assert_int_equal(c.failed, 0);
+        assert_int_equal(c.delivered, ntensors);
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+        unsetenv("SLUICE_TEST_CACHE_FAULT");
+        assert_int_equal(count_files(dir, "tmp"), 0);   /* no partial fill left */
+        /* later opens without the fault cache again */
+        struct sluice_stats again = load_all(url, &o, &c);
+        assert_int_equal(again.disk_degraded, 0);
+        assert_int_equal(c.failed, 0);
+        tu_rmtree(dir);
+        free(dir);
+    }
+}
+
+/* SIGKILL at the Nth step of the fills (temporary file, writes, fsync,
+ * rename, directory fsync, insert), then a fresh open: leftovers cleaned,
+ * no partial blob ever served, every byte right. */
+static void test_sigkill_fills(void **state)
+{
+    (void)state;
+    /* 39 fills of about 6 steps each (every tensor here is one write) */
+    static const int points[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 60, 121, 180, 229};
+    for (size_t k = 0; k < sizeof points / sizeof *points; k++) {
+        int n = points[k];
+        char *dir = fresh_cache();
+        sluice_options o = cached_opts(dir);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            char f[32];
+            snprintf(f, sizeof f, "kill@%d", n);
+            setenv("SLUICE_TEST_CACHE_FAULT", f, 1);
+            sluice_model *m = NULL;
+            if (sluice_open(url, &o, &m) != SLUICE_OK)
+                _exit(3);
+            check_ctx c = {0};
+            sluice_stream(m, NULL, 0, check_cb, &c);
+            sluice_close(m);
+            _exit(0);
+        }
+        int wst = 0;
+        assert_int_equal(waitpid(pid, &wst, 0), pid);
+        assert_true(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL);
+        check_ctx c;
+        struct sluice_stats st = load_all(url, &o, &c);
+        assert_int_equal(c.failed, 0);
+        assert_int_equal(c.delivered, ntensors);
+        assert_int_equal(st.disk_rotten, 0);          /* nothing partial was there */
+        assert_int_equal(st.disk_hits + st.disk_misses, nonempty);
+        assert_int_equal(count_files(dir, "tmp"), 0); /* the dead child's fill is gone */
+        st = load_all(url, &o, &c);
+        assert_int_equal(st.disk_hits, nonempty);
+        tu_rmtree(dir);
+        free(dir);
+    }
+}
+
+static uint64_t total_bytes(void);
+
+/* Four processes open the model at once on one cold cache. */
+static void test_processes(void **state)
+{
+    (void)state;
+    enum { P = 4 };
+    char *dir = fresh_cache();
+    sluice_options o = cached_opts(dir);
+    int fds[P][2];
+    pid_t pids[P];
+    size_t before = rf_requests(&nginx);
+    for (int p = 0; p < P; p++) {
+        assert_int_equal(pipe(fds[p]), 0);
+        pids[p] = fork();
+        assert_true(pids[p] >= 0);
+        if (pids[p] == 0) {
+            check_ctx c;
+            struct sluice_stats st = load_all(url, &o, &c);
+            uint64_t out[3] = {st.remote_bytes, st.disk_hits, c.failed || c.delivered != ntensors};
+            if (write(fds[p][1], out, sizeof out) != sizeof out)
+                _exit(2);
+            _exit(0);
+        }
+        close(fds[p][1]);
+    }
+    uint64_t reads = 0, hits = 0;
+    for (int p = 0; p < P; p++) {
+        uint64_t in[3];
+        assert_int_equal(read(fds[p][0], in, sizeof in), sizeof in);
+        close(fds[p][0]);
+        int wst;
+        assert_int_equal(waitpid(pids[p], &wst, 0), pids[p]);
+        assert_true(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+        assert_int_equal(in[2], 0);
+        reads += in[0];
+        hits += in[1];
+    }
+    size_t server = rf_requests(&nginx) - before;
+    uint64_t total = total_bytes();
+    fprintf(stderr, "  %d processes at once: %llu tensor bytes fetched for %llu in the model "
+            "(each byte %.2f times; at most %d), %llu blob hits, %zu server requests in all\n",
+            P, (unsigned long long)reads, (unsigned long long)total,
+            (double)reads / (double)total, P, (unsigned long long)hits, server);
+    assert_true(reads <= (uint64_t)P * total);
+    check_ctx c;
+    struct sluice_stats st = load_all(url, &o, &c);
+    assert_int_equal(st.disk_hits, nonempty);
+    assert_int_equal(st.remote_reads, 0);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* Threads of one process, each with its own model on one cache (TSan). */
+typedef struct thread_arg {
+    const char *dir;
+    size_t failed;
+} thread_arg;
+
+static void *thread_load(void *p)
+{
+    thread_arg *a = p;
+    sluice_options o = cached_opts(a->dir);
+    /* The pread backend: rings made and unmapped on several threads reuse
+     * addresses that ThreadSanitizer never saw unmapped (liburing maps
+     * them by system call), which it reports as races in the rings. */
+    o.flags |= SLUICE_F_FORCE_PREAD;
+    for (int k = 0; k < 2; k++) {
+        sluice_model *m = NULL;
+        if (sluice_open(url, &o, &m) != SLUICE_OK) {
+            a->failed++;
+            sluice_close(m);
+            continue;
+        }
+        check_ctx c = {0};
+        sluice_stream(m, NULL, 0, check_cb, &c);
+        a->failed += c.failed + (c.delivered != ntensors);
+        sluice_close(m);
+    }
+    return NULL;
+}
+
+static void test_threads(void **state)
+{
+    (void)state;
+    enum { T = 4 };
+    char *dir = fresh_cache();
+    pthread_t th[T];
+    thread_arg a[T];
+    for (int t = 0; t < T; t++) {
+        a[t] = (thread_arg){dir, 0};
+        assert_int_equal(pthread_create(&th[t], NULL, thread_load, &a[t]), 0);
+    }
+    for (int t = 0; t < T; t++) {
+        pthread_join(th[t], NULL);
+        assert_int_equal(a[t].failed, 0);
+    }
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* ---------------------------------------------------------------- memo */
+
+static struct sluice_stats memo_load(const char *dir, uint32_t flags, const char *manifest,
+                                     check_ctx *c)
+{
+    sluice_options o = cached_opts(dir);
+    o.flags |= flags;
+    o.manifest_path = manifest;
+    return load_all(model, &o, c);
+}
+
+static uint64_t total_bytes(void)
+{
+    sluice_options o;
+    sluice_options_init(&o);
+    sluice_model *m = open_ok(model, &o);
+    uint64_t total = 0;
+    for (size_t i = 0; i < ntensors; i++) {
+        struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+        sluice_info(m, i, &ti);
+        total += ti.nbytes;
+    }
+    sluice_close(m);
+    return total;
+}
+
+/* Rewrites the file in place with the same bytes (a write; mtime and
+ * ctime move, the inode stays). */
+static void rewrite_in_place(const char *path)
+{
+    size_t len;
+    void *p = tu_read_file(path, &len);
+    assert_non_null(p);
+    int fd = open(path, O_WRONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, p, len, 0), (ssize_t)len);
+    close(fd);
+    free(p);
+}
+
+static void test_memo(void **state)
+{
+    (void)state;
+    char *dir = fresh_cache();
+    uint64_t total = total_bytes();
+    check_ctx c;
+
+    /* first load: hashed, and recorded */
+    struct sluice_stats st = memo_load(dir, SLUICE_F_TRUST_UNCHANGED, NULL, &c);
+    assert_int_equal(c.failed, 0);
+    assert_int_equal(st.memo_tensors, 0);
+    assert_int_equal(st.bytes_hashed, total);
+    /* second: nothing hashed, bytes still right, digests still reported */
+    st = memo_load(dir, SLUICE_F_TRUST_UNCHANGED, NULL, &c);
+    assert_int_equal(c.failed, 0);
+    assert_int_equal(st.memo_tensors, nonempty);
+    assert_int_equal(st.memo_bytes, total);
+    assert_int_equal(st.bytes_hashed, 0);
+    /* without the flag, or with HASH_ALL, everything is hashed */
+    st = memo_load(dir, 0, NULL, &c);
+    assert_int_equal(st.memo_tensors, 0);
+    assert_int_equal(st.bytes_hashed, total);
+    st = memo_load(dir, SLUICE_F_TRUST_UNCHANGED | SLUICE_F_HASH_ALL, NULL, &c);
+    assert_int_equal(st.memo_tensors, 0);
+
+    /* touch: identity changed, hashed again; too fresh to be recorded */
+    assert_int_equal(utimes(model, NULL), 0);
+    st = memo_load(dir, SLUICE_F_TRUST_UNCHANGED, NULL, &c);
+    assert_int_equal(st.memo_tensors, 0);
+    assert_int_equal(st.bytes_hashed, total);
+    st = memo_load(dir, SLUICE_F_TRUST_UNCHANGED, NULL, &c);
+    assert_int_equal(st.memo_tensors, 0);       /* it was not recorded */
+    sleep_ms(1100);
+    memo_load(dir, SLUICE_F_TRUST_UNCHANGED, NULL, &c);   /* recorded now */
+    st = memo_load(dir, SLUICE_F_TRUST_UNCHANGED, NULL, &c);
+    assert_int_equal(st.memo_tensors, nonempty);
+
+    /* a rewrite in place (same bytes, same inode) */
+    rewrite_in_place(model);
+    sleep_ms(1100);
+    st = memo_load(dir, SLUICE_F_TRUST_UNCHANGED, NULL, &c);
+    assert_int_equal(st.memo_tensors, 0);
+    assert_int_equal(st.bytes_hashed, total);
+    st = memo_load(dir, SLUICE_F_TRUST_UNCHANGED, NULL, &c);
+    assert_int_equal(st.memo_tensors, nonempty);
+
+    /* a copy renamed over it (another inode) */
+    char *copy = tu_join(root, "m/model.copy");
+    size_t len;
+    void *p = tu_read_file(model, &len);
+    tu_write_file(copy, p, len);
+    free(p);
+    assert_int_equal(rename(copy, model), 0);
+    free(copy);
+    sleep_ms(1100);
+    st = memo_load(dir, SLUICE_F_TRUST_UNCHANGED, NULL, &c);
+    assert_int_equal(st.memo_tensors, 0);
+    assert_int_equal(st.bytes_hashed, total);
+    st = memo_load(dir, SLUICE_F_TRUST_UNCHANGED, NULL, &c);
+    assert_int_equal(st.memo_tensors, nonempty);
+
+    /* another manifest: BLAKE3 digests, which the memo never saw */
+    char *mf3 = tu_join(dir, "blake3.manifest.json");
+    run_result r = run(root, "manifest", model, "--algorithm", "blake3", "-o", mf3, NULL);
+    if (r.status == 0) {
+        st = memo_load(dir, SLUICE_F_TRUST_UNCHANGED, mf3, &c);
+        assert_int_equal(c.failed, 0);
+        assert_int_equal(st.memo_tensors, 0);
+        assert_int_equal(st.bytes_hashed, total);
+    }
+    run_free(&r);
+    free(mf3);
+    /* a manifest whose digest of one tensor differs: that one is hashed
+     * (and fails), the memo does not vouch for it */
+    char *mfpath = tu_join(root, "m/model.safetensors.manifest.json");
+    size_t mlen;
+    char *text = tu_read_file(mfpath, &mlen);
+    assert_non_null(text);
+    char *d = strstr(text, "\"digest\": \"");
+    int spaced = d != NULL;
+    if (!d)
+        d = strstr(text, "\"digest\":\"");
+    assert_non_null(d);
+    d += spaced ? 11 : 10;
+    *d = *d == '0' ? '1' : '0';
+    char *bad = tu_join(dir, "bad.manifest.json");
+    tu_write_file(bad, text, mlen);
+    st = memo_load(dir, SLUICE_F_TRUST_UNCHANGED, bad, &c);
+    assert_int_equal(c.failed, 1);
+    assert_int_equal(c.first_failure, SLUICE_E_CHECKSUM);
+    assert_int_equal(st.memo_tensors, nonempty - 1);
+    free(bad);
+    free(text);
+    free(mfpath);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* A file changed after the open that found the memo: the load compares
+ * the identity again and hashes (here: catches the flipped byte). */
+static void test_memo_changed_after_open(void **state)
+{
+    (void)state;
+    char *dir = fresh_cache();
+    check_ctx c;
+    sleep_ms(1100);
+    memo_load(dir, SLUICE_F_TRUST_UNCHANGED, NULL, &c);
+    sluice_options o = cached_opts(dir);
+    o.flags |= SLUICE_F_TRUST_UNCHANGED;
+    sluice_model *m = open_ok(model, &o);
+    struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+    size_t last = ntensors - 1;
+    assert_int_equal(sluice_info(m, last, &ti), SLUICE_OK);
+    int fd = open(model, O_RDWR);
+    unsigned char b;
+    assert_int_equal(pread(fd, &b, 1, (off_t)ti.offset), 1);
+    b ^= 1;
+    assert_int_equal(pwrite(fd, &b, 1, (off_t)ti.offset), 1);
+    close(fd);
+    sluice_tensor *t = NULL;
+    assert_int_equal(sluice_acquire_index(m, last, &t), SLUICE_E_CHECKSUM);
+    struct sluice_stats st = {.size = sizeof st};
+    sluice_stats(m, &st);
+    assert_int_equal(st.memo_tensors, 0);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    /* put it back */
+    fd = open(model, O_RDWR);
+    b ^= 1;
+    assert_int_equal(pwrite(fd, &b, 1, (off_t)ti.offset), 1);
+    close(fd);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* Options: cache_bytes 0 is refused; the flag alone works (no cache named:
+ * the default directory, here under a temporary XDG_CACHE_HOME). */
+static void test_options(void **state)
+{
+    (void)state;
+    sluice_options o;
+    sluice_options_init(&o);
+    assert_int_equal(o.cache_bytes, SLUICE_CACHE_DEFAULT_BYTES);
+    o.cache_bytes = 0;
+    sluice_model *m = NULL;
+    assert_int_equal(sluice_open(model, &o, &m), SLUICE_E_INVAL);
+    assert_non_null(strstr(sluice_errmsg(m), "cache_bytes"));
+    sluice_close(m);
+
+    char *xdg = tu_tmpdir();
+    setenv("XDG_CACHE_HOME", xdg, 1);
+    unsetenv("SLUICE_CACHE_DIR");
+    sluice_options_init(&o);
+    o.flags = SLUICE_F_TRUST_UNCHANGED;
+    check_ctx c;
+    load_all(model, &o, &c);
+    char *made = tu_join(xdg, "sluice/index.sqlite");
+    assert_int_equal(access(made, F_OK), 0);
+    free(made);
+    unsetenv("XDG_CACHE_HOME");
+    tu_rmtree(xdg);
+    free(xdg);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cold_then_warm),
+        cmocka_unit_test(test_rotten_blob),
+        cmocka_unit_test(test_broken_index),
+        cmocka_unit_test(test_degraded),
+        cmocka_unit_test(test_sigkill_fills),
+        cmocka_unit_test(test_processes),
+        cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_memo),
+        cmocka_unit_test(test_memo_changed_after_open),
+        cmocka_unit_test(test_options),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

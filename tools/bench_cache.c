@@ -1,0 +1,199 @@
+/* bench_cache.c: `sluice bench-cache`, what the persistent cache buys.
+ *
+ * Five loads of one model, each a fresh open, a stream of every tensor
+ * and a close, timed from open to close:
+ *   (a) remote (URL), cache emptied first: every tensor fetched and stored
+ *   (b) remote, cache warm: every tensor read from its blob, verified
+ *   (c) local (PATH), verified against the manifest
+ *   (d) local, verified-once memo (SLUICE_F_TRUST_UNCHANGED), memo warm
+ *   (e) local, not verified
+ * One untimed pass of each first (page cache, the pool's first touch, the
+ * memo recorded), then --runs rounds in that order; figures are medians,
+ * ratios are of medians in this run. The remote requests counted are the
+ * library's tensor range requests (remote_reads); the headers and the
+ * manifest are fetched at every open on top (tools/bench_cache.sh counts
+ * the server's log).
+ */
+#include "cmd.h"
+#include "integrity.h"
+
+#include "sluice.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { ROW_A, ROW_B, ROW_C, ROW_D, ROW_E, ROWS };
+
+static const char *const row_name[ROWS] = {
+    "(a) remote, cold cache", "(b) remote, warm cache", "(c) local, verified",
+    "(d) local, verified-once memo", "(e) local, unverified",
+};
+
+typedef struct row_run {
+    double s;
+    struct sluice_stats st;
+} row_run;
+
+static int on_tensor(void *user, sluice_tensor *t, int status,
+                     const struct sluice_tensor_info *info, const char *msg)
+{
+    int *failed = user;
+    (void)info;
+    if (status != SLUICE_OK) {
+        if (!*failed)
+            fprintf(stderr, "sluice bench-cache: %s\n", msg);
+        (*failed)++;
+    }
+    sluice_release(t);
+    return 0;
+}
+
+/* One load of row r; 0, or -1 after a message. */
+static int load(int r, const char *path, const char *url, const char *dir, uint64_t pool,
+                row_run *out)
+{
+    sluice_options o;
+    sluice_options_init(&o);
+    if (pool)
+        o.pool_bytes = pool;
+    o.cache_dir = dir;
+    const char *where = r <= ROW_B ? url : path;
+    if (r == ROW_A) {
+        sluice_cache *c = NULL;
+        int rc = sluice_cache_open(dir, &c);
+        if (rc == SLUICE_OK)
+            rc = sluice_cache_clear(c, NULL, NULL);
+        if (rc != SLUICE_OK) {
+            fprintf(stderr, "sluice bench-cache: emptying %s: %s\n", dir,
+                    c ? sluice_cache_errmsg(c) : sluice_strerror(rc));
+            sluice_cache_close(c);
+            return -1;
+        }
+        sluice_cache_close(c);
+    }
+    if (r == ROW_D)
+        o.flags |= SLUICE_F_TRUST_UNCHANGED;
+    if (r == ROW_C || r == ROW_E)
+        o.cache_dir = NULL;
+    if (r == ROW_E)
+        o.verify = SLUICE_VERIFY_OFF;
+    double t0 = ig_now();
+    sluice_model *m = NULL;
+    int rc = sluice_open(where, &o, &m);
+    if (rc != SLUICE_OK) {
+        fprintf(stderr, "sluice bench-cache: %s: %s\n", row_name[r],
+                m ? sluice_errmsg(m) : sluice_strerror(rc));
+        sluice_close(m);
+        return -1;
+    }
+    int failed = 0;
+    rc = sluice_stream(m, NULL, 0, on_tensor, &failed);
+    out->st.size = sizeof out->st;
+    sluice_stats(m, &out->st);
+    const char *warn = sluice_cache_warning(m);
+    if (warn)
+        fprintf(stderr, "sluice bench-cache: %s: cache: %s\n", row_name[r], warn);
+    sluice_close(m);
+    out->s = ig_now() - t0;
+    if (rc != SLUICE_OK || failed) {
+        fprintf(stderr, "sluice bench-cache: %s: %d tensors failed\n", row_name[r], failed);
+        return -1;
+    }
+    return 0;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: sluice bench-cache PATH --url URL --cache-dir DIR [--runs N] [--pool SIZE]\n"
+            "Loads the model five ways, each a fresh open, stream and close: (a) from URL\n"
+            "with the cache DIR emptied first, (b) from URL with DIR warm, (c) PATH\n"
+            "verified, (d) PATH with the verified-once memo (--trust-unchanged), (e) PATH\n"
+            "unverified. URL must serve the same files as PATH, with its manifest. DIR is\n"
+            "emptied: give a directory for this benchmark only. Prints medians of N runs\n"
+            "(default 3) after an untimed pass, and the ratios (b)/(c), (d)/(e), (d)/(c).\n"
+            "tools/bench_cache.sh PATH serves PATH with nginx and runs this.\n");
+}
+
+int cmd_bench_cache(int argc, char **argv)
+{
+    const char *path = NULL, *url = NULL, *dir = NULL;
+    int runs = 3;
+    uint64_t pool = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if ((!strcmp(a, "--url") || !strcmp(a, "--cache-dir")) && i + 1 < argc) {
+            *(!strcmp(a, "--url") ? &url : &dir) = argv[++i];
+        } else if (!strcmp(a, "--runs") && i + 1 < argc) {
+            runs = atoi(argv[++i]);
+            if (runs < 1 || runs > 100) {
+                fprintf(stderr, "sluice bench-cache: --runs 1..100\n");
+                return 2;
+            }
+        } else if (!strcmp(a, "--pool") && i + 1 < argc) {
+            if (ig_parse_size(argv[++i], &pool) < 0) {
+                fprintf(stderr, "sluice bench-cache: --pool: bad size '%s'\n", argv[i]);
+                return 2;
+            }
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (ig_path_operand("bench-cache", a, &path, usage) < 0) {
+            return 2;
+        }
+    }
+    if (!path || !url || !dir) {
+        usage(stderr);
+        return 2;
+    }
+    row_run *res = calloc((size_t)runs * ROWS, sizeof *res);
+    row_run warm;
+    if (!res)
+        return 2;
+    int status = 0;
+    for (int r = 0; r < ROWS && !status; r++)
+        if (load(r, path, url, dir, pool, &warm) < 0)
+            status = 1;
+    for (int k = 0; k < runs && !status; k++)
+        for (int r = 0; r < ROWS && !status; r++)
+            if (load(r, path, url, dir, pool, &res[k * ROWS + r]) < 0)
+                status = 1;
+    if (status) {
+        free(res);
+        return 1;
+    }
+    double med[ROWS];
+    printf("%-32s %9s %9s %11s %11s %10s %10s %10s\n", "load", "median s", "GB/s",
+           "bytes read", "hashed", "tensor req", "disk hits", "memo");
+    for (int r = 0; r < ROWS; r++) {
+        double v[100];
+        for (int k = 0; k < runs; k++)
+            v[k] = res[k * ROWS + r].s;
+        qsort(v, (size_t)runs, sizeof *v, cmp_double);
+        med[r] = runs % 2 ? v[runs / 2] : (v[runs / 2 - 1] + v[runs / 2]) / 2;
+        const struct sluice_stats *st = &res[(runs - 1) * ROWS + r].st; /* the last round's */
+        printf("%-32s %9.3f %9.2f %11llu %11llu %10llu %10llu %10llu\n", row_name[r], med[r],
+               (double)st->bytes_delivered / med[r] / 1e9, (unsigned long long)st->bytes_read,
+               (unsigned long long)st->bytes_hashed, (unsigned long long)st->remote_reads,
+               (unsigned long long)st->disk_hits, (unsigned long long)st->memo_tensors);
+    }
+    printf("rounds: %d; every round's times (s):", runs);
+    for (int r = 0; r < ROWS; r++) {
+        printf("\n  %c:", 'a' + r);
+        for (int k = 0; k < runs; k++)
+            printf(" %.3f", res[k * ROWS + r].s);
+    }
+    printf("\nratios of medians (throughput): (b)/(c) = %.2f (target >= 0.9), "
+           "(d)/(e) = %.2f (target >= 0.9), (d)/(c) = %.2f, (a)/(c) = %.2f\n",
+           med[ROW_C] / med[ROW_B], med[ROW_E] / med[ROW_D], med[ROW_C] / med[ROW_D],
+           med[ROW_C] / med[ROW_A]);
+    free(res);
+    return 0;
+}
