@@ -2,7 +2,7 @@
  *
  * Five loads of one model, each a fresh open, a stream of every tensor
  * and a close, timed from open to close:
- *   (a) remote (URL), cache emptied first: every tensor fetched and stored
+ *   (a) remote (URL), every blob deleted first: every tensor fetched and stored
  *   (b) remote, cache warm: every tensor read from its blob, verified
  *   (c) local (PATH), verified against the manifest
  *   (d) local, verified-once memo (SLUICE_F_TRUST_UNCHANGED), memo warm
@@ -62,8 +62,8 @@ static int load(int r, const char *path, const char *url, const char *dir, uint6
     if (r == ROW_A) {
         sluice_cache *c = NULL;
         int rc = sluice_cache_open(dir, &c);
-        if (rc == SLUICE_OK)
-            rc = sluice_cache_clear(c, NULL, NULL);
+        if (rc == SLUICE_OK)   /* every blob goes; the memo (row d's) stays */
+            rc = sluice_cache_gc(c, 0, NULL, NULL);
         if (rc != SLUICE_OK) {
             fprintf(stderr, "sluice bench-cache: emptying %s: %s\n", dir,
                     c ? sluice_cache_errmsg(c) : sluice_strerror(rc));
@@ -84,6 +84,12 @@ static int load(int r, const char *path, const char *url, const char *dir, uint6
     if (rc != SLUICE_OK) {
         fprintf(stderr, "sluice bench-cache: %s: %s\n", row_name[r],
                 m ? sluice_errmsg(m) : sluice_strerror(rc));
+        sluice_close(m);
+        return -1;
+    }
+    if (r != ROW_E && !sluice_manifest_path(m)) {
+        fprintf(stderr, "sluice bench-cache: %s: %s has no manifest (a directory's is "
+                "sluice.manifest.json, a file F's F.manifest.json)\n", row_name[r], where);
         sluice_close(m);
         return -1;
     }
@@ -117,7 +123,7 @@ static void usage(FILE *f)
             "with the cache DIR emptied first, (b) from URL with DIR warm, (c) PATH\n"
             "verified, (d) PATH with the verified-once memo (--trust-unchanged), (e) PATH\n"
             "unverified. URL must serve the same files as PATH, with its manifest. DIR is\n"
-            "emptied: give a directory for this benchmark only. Prints medians of N runs\n"
+            "emptied of blobs: give a directory for this benchmark only. Prints medians of N runs\n"
             "(default 3) after an untimed pass, and the ratios (b)/(c), (d)/(e), (d)/(c).\n"
             "tools/bench_cache.sh PATH serves PATH with nginx and runs this.\n");
 }

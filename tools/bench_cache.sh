@@ -3,10 +3,19 @@
 # unprivileged foreground process on 127.0.0.1, a free port, its config
 # in a temp dir, stopped on exit), counts the requests the server sees
 # for a cold and a warm cached load, then runs `sluice bench-cache`.
-# usage: tools/bench_cache.sh MODEL_DIR [SLUICE_BINARY] [bench-cache options...]
-#   e.g. tools/bench_cache.sh /tmp/sluice-llama1b build-release/sluice --runs 5
+# usage: tools/bench_cache.sh MODEL [SLUICE_BINARY] [bench-cache options...]
+#   MODEL: a .safetensors file or a model directory (with its manifest)
+#   e.g. tools/bench_cache.sh /tmp/sluice-llama1b/model.safetensors build-release/sluice --runs 5
 set -eu
-model=$(cd "$1" && pwd)
+if [ -d "$1" ]; then
+    model=$(cd "$1" && pwd)
+    served=$model
+    name=""
+else
+    served=$(cd "$(dirname "$1")" && pwd)
+    name=$(basename "$1")
+    model=$served/$name
+fi
 sluice=${2:-build-release/sluice}
 [ $# -ge 2 ] && shift 2 || shift $#
 nginx=$(command -v nginx || echo /usr/sbin/nginx)
@@ -34,7 +43,7 @@ http {
   fastcgi_temp_path $tmp/fc; uwsgi_temp_path $tmp/uw; scgi_temp_path $tmp/sc;
   default_type application/octet-stream;
   sendfile on; tcp_nopush on; keepalive_requests 1000000;
-  server { listen 127.0.0.1:$port; location / { root $model; } }
+  server { listen 127.0.0.1:$port; location / { root $served; } }
 }
 CONF
 "$nginx" -e stderr -p "$tmp" -c "$tmp/nginx.conf" -g 'daemon off;' 2>"$tmp/nginx.err" &
@@ -45,7 +54,7 @@ until /usr/bin/python3 -c "import socket; socket.create_connection(('127.0.0.1',
     [ $i -lt 100 ] || { echo "bench_cache.sh: nginx did not start" >&2; cat "$tmp/nginx.err" >&2; exit 2; }
     sleep 0.1
 done
-url="http://127.0.0.1:$port/"
+url="http://127.0.0.1:$port/$name"
 cache="$tmp/cache"
 count() { # requests logged since the last count: all, and those for tensor bytes
     n=$(wc -l < "$tmp/access.log")
