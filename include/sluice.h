@@ -295,7 +295,7 @@ typedef struct sluice_options {
                                   $SLUICE_CACHE_DIR when set, else the default
                                   with SLUICE_F_CACHE_DEFAULT or
                                   SLUICE_F_TRUST_UNCHANGED, else no cache.
-                                  Copied by open */
+                                  Read by sluice_open only */
     uint64_t cache_bytes;       /* the cache's budget in bytes of blobs: least
                                   recently used blobs are evicted past it;
                                   default SLUICE_CACHE_DEFAULT_BYTES (64 GiB);

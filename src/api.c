@@ -422,6 +422,7 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
         m->engine = NULL;
         goto failed;
     }
+    m->opts.cache_dir = NULL;   /* the caller's string, read by open only */
     sl_model_metrics_opened(m, t_open);
     return SLUICE_OK;
 

@@ -27,7 +27,9 @@
     "                    a remote model's verified tensors are kept there\n"   \
     "  --cache-max SIZE  the cache's budget (default 64G)\n"                  \
     "  --trust-unchanged skip hashing tensors of local files this cache saw\n" \
-    "                    verified, in files unchanged since (see README)\n"
+    "                    verified, in files unchanged since (see README)\n"    \
+    "                    (the cache serves loads: cat, stats; verify and\n"    \
+    "                    manifest always read and hash every byte)\n"
 
 /* The help text of ig_key_option's option. */
 #define IG_KEY_HELP                                                           \
