@@ -346,6 +346,52 @@ static void test_degraded(void **state)
     }
 }
 
+/* The same on real file systems, where the machine lets the test mount
+ * them (root, mounts allowed; else it says so and passes): a 192 KiB
+ * tmpfs that fills up during the load, and a read-only tmpfs. */
+static void test_degraded_real(void **state)
+{
+    (void)state;
+    static const char *const how[] = {"size=192k", "ro,size=1m"};
+    for (size_t k = 0; k < 2; k++) {
+        char *mnt = tu_tmpdir(), cmd[1024];
+        snprintf(cmd, sizeof cmd, "mount -t tmpfs -o %s sluice-test '%s' 2>/dev/null", how[k], mnt);
+        if (system(cmd) != 0) {
+            fprintf(stderr, "  no tmpfs mount here (%s): the fault hook's test stands in\n",
+                    how[k]);
+            tu_rmtree(mnt);
+            free(mnt);
+            return;
+        }
+        sluice_options o = cached_opts(mnt);
+        sluice_model *m = NULL;
+        int rc = sluice_open(url, &o, &m);
+        check_ctx c = {0};
+        struct sluice_stats st = {.size = sizeof st};
+        char warning[512] = "";
+        if (rc == SLUICE_OK) {
+            sluice_stream(m, NULL, 0, check_cb, &c);
+            sluice_stats(m, &st);
+            snprintf(warning, sizeof warning, "%s",
+                     sluice_cache_warning(m) ? sluice_cache_warning(m) : "");
+        }
+        sluice_close(m);
+        size_t tmp_left = count_files(mnt, "tmp");
+        snprintf(cmd, sizeof cmd, "umount '%s'", mnt);
+        assert_int_equal(system(cmd), 0);
+        tu_rmtree(mnt);
+        free(mnt);
+        fprintf(stderr, "  tmpfs %s: %s (%llu blobs stored first)\n", how[k], warning,
+                (unsigned long long)st.disk_stored);
+        assert_int_equal(rc, SLUICE_OK);
+        assert_int_equal(c.failed, 0);
+        assert_int_equal(c.delivered, ntensors);
+        assert_int_equal(st.disk_degraded, 1);
+        assert_non_null(strstr(warning, k == 0 ? "No space left" : "Read-only"));
+        assert_int_equal(tmp_left, 0);
+    }
+}
+
 /* SIGKILL at the Nth step of the fills (temporary file, writes, fsync,
  * rename, directory fsync, insert), then a fresh open: leftovers cleaned,
  * no partial blob ever served, every byte right. */
@@ -706,6 +752,7 @@ int main(void)
         cmocka_unit_test(test_rotten_blob),
         cmocka_unit_test(test_broken_index),
         cmocka_unit_test(test_degraded),
+        cmocka_unit_test(test_degraded_real),
         cmocka_unit_test(test_sigkill_fills),
         cmocka_unit_test(test_processes),
         cmocka_unit_test(test_threads),
