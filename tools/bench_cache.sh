@@ -65,9 +65,22 @@ seen=0
 : > "$tmp/access.log"
 "$sluice" cache --cache-dir "$cache" clear >/dev/null 2>&1 || true
 "$sluice" stats "$url" --cache-dir "$cache" >/dev/null
+first_cold=$(( $(wc -l < "$tmp/access.log") - seen ))
 count "cold cached load (open + every tensor)"
 "$sluice" stats "$url" --cache-dir "$cache" >/dev/null
 count "warm cached load (open + every tensor)"
 "$sluice" inspect "$url" >/dev/null
 count "an open alone (headers; sluice inspect)"
+# Four processes at once on an empty cache: each may fetch what the
+# others have not stored yet when it starts a tensor.
+"$sluice" cache --cache-dir "$cache" clear >/dev/null
+loaders=""
+for k in 1 2 3 4; do
+    "$sluice" stats "$url" --cache-dir "$cache" >/dev/null &
+    loaders="$loaders $!"
+done
+for l in $loaders; do wait "$l"; done
+n=$(wc -l < "$tmp/access.log")
+echo "four processes at once, cold: $((n - seen)) requests to the server (one cold load alone: $((first_cold)))"
+seen=$n
 "$sluice" bench-cache "$model" --url "$url" --cache-dir "$cache" "$@"
