@@ -1377,7 +1377,12 @@ SLUICE_API void sluice_cache_close(sluice_cache *cache);
  *   sluice_checksum_failures_total,
  *   sluice_direct_fallbacks_total{cause="open"|"read"} (files read
  *   buffered though O_DIRECT was asked: the twin could not be opened, or
- *   a read was refused), sluice_evictions_total, sluice_streams_total.
+ *   a read was refused), sluice_evictions_total, sluice_streams_total,
+ *   and the persistent cache's: sluice_disk_cache_hits_total,
+ *   sluice_disk_cache_hit_bytes_total, sluice_disk_cache_misses_total,
+ *   sluice_disk_cache_stored_total, sluice_disk_cache_rotten_total,
+ *   sluice_disk_cache_evicted_total, sluice_memo_tensors_total (the
+ *   stats of the same names, see struct sluice_stats).
  *   sluice_verify (no load; none of the counters above moves) counts
  *   apart, each item as it is reported: sluice_verify_runs_total,
  *   sluice_verify_items_total{kind="tensor"|"file",
@@ -1388,7 +1393,8 @@ SLUICE_API void sluice_cache_close(sluice_cache *cache);
  *   sluice_pool_budget_bytes, sluice_pool_in_use_bytes,
  *   sluice_pool_high_water_bytes, sluice_live_handles,
  *   sluice_streams_running, sluice_backend_info{backend="io_uring"|"pread"|
- *   "none"} 1 (none: no read has chosen a backend yet).
+ *   "none"} 1 (none: no read has chosen a backend yet),
+ *   sluice_disk_cache_degraded (1: the cache was turned off).
  * Histograms (fixed buckets, le in seconds or bytes, plus +Inf):
  *   sluice_acquire_wait_seconds        every acquire that succeeded (a
  *       cache hit as 0); 50us 100us 250us 500us 1ms 2.5ms 5ms 10ms 25ms 50ms 100ms

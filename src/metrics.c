@@ -147,7 +147,7 @@ int sl_metrics_label_check(const char *label, sl_err *err)
 
 typedef struct snap {
     struct sluice_stats st;
-    uint64_t live, streams_running;
+    uint64_t live, streams_running, degraded;
     uint64_t misses, streams, retries[SL_RETRY_COUNT_], fallbacks[SL_FALLBACK_COUNT_];
     uint64_t verifies, verify_items[2][SL_VERIFY_RESULT_COUNT_], verify_bytes;
     uint64_t bucket[SL_H_COUNT_][SL_HIST_BUCKETS + 1];
@@ -163,6 +163,7 @@ static void take_snap(sl_engine *e, snap *s)
     s->live = e->live_handles;
     s->streams_running = e->nstreams;
     pthread_mutex_unlock(&e->lock);
+    s->degraded = s->st.disk_degraded;
     const sl_metrics *m = &e->met;
     s->misses = LOAD(m->cache_misses);
     s->streams = LOAD(m->streams);
@@ -391,6 +392,20 @@ static void render(ctx *c)
     scalar(c, "sluice_evictions_total", "counter", "Cached tensors evicted from the pool.",
            OFF(st.evictions));
     scalar(c, "sluice_streams_total", "counter", "sluice_stream calls finished.", OFF(streams));
+    scalar(c, "sluice_disk_cache_hits_total", "counter",
+           "Tensor loads read from the persistent cache's blobs.", OFF(st.disk_hits));
+    scalar(c, "sluice_disk_cache_hit_bytes_total", "counter", "Their bytes.",
+           OFF(st.disk_hit_bytes));
+    scalar(c, "sluice_disk_cache_misses_total", "counter",
+           "Remote tensor loads that found no blob.", OFF(st.disk_misses));
+    scalar(c, "sluice_disk_cache_stored_total", "counter",
+           "Blobs written after a verified fetch.", OFF(st.disk_stored));
+    scalar(c, "sluice_disk_cache_rotten_total", "counter",
+           "Blobs that failed verification: dropped and fetched again.", OFF(st.disk_rotten));
+    scalar(c, "sluice_disk_cache_evicted_total", "counter",
+           "Blobs this model's stores evicted for the budget.", OFF(st.disk_evicted));
+    scalar(c, "sluice_memo_tensors_total", "counter",
+           "Tensor loads the verified-once memo spared hashing.", OFF(st.memo_tensors));
     scalar(c, "sluice_verify_runs_total", "counter",
            "sluice_verify calls (verifying without loading) that ran.", OFF(verifies));
     labelled(c, "sluice_verify_items_total", "counter",
@@ -405,6 +420,8 @@ static void render(ctx *c)
     scalar(c, "sluice_pool_high_water_bytes", "gauge", "Most pool bytes ever held at once.",
            OFF(st.pool_high_water));
     scalar(c, "sluice_live_handles", "gauge", "Tensor handles live now.", OFF(live));
+    scalar(c, "sluice_disk_cache_degraded", "gauge",
+           "1 when the persistent cache was turned off for this model.", OFF(degraded));
     scalar(c, "sluice_streams_running", "gauge", "sluice_stream calls running now.",
            OFF(streams_running));
     family(c, "sluice_backend_info", "gauge", "The I/O backend in use (value 1).");

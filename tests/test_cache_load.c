@@ -218,6 +218,21 @@ static void test_cold_then_warm(void **state)
     fprintf(stderr, "  server requests: open alone %zu, cold load %zu, warm load %zu\n",
             open_only, cold_requests, warm_requests);
 
+    /* the metrics count the same */
+    sluice_options mo = o;
+    mo.metrics_label = "warm";
+    m = open_ok(url, &mo);
+    sluice_tensor *t = NULL;
+    assert_int_equal(sluice_acquire_index(m, ntensors - 1, &t), SLUICE_OK);
+    sluice_release(t);
+    static char text[1 << 16];
+    assert_int_equal(sluice_metrics_write(m, text, sizeof text, NULL, SLUICE_METRICS_PROMETHEUS),
+                     SLUICE_OK);
+    assert_non_null(strstr(text, "sluice_disk_cache_hits_total{model=\"warm\"} 1\n"));
+    assert_non_null(strstr(text, "sluice_disk_cache_misses_total{model=\"warm\"} 0\n"));
+    assert_non_null(strstr(text, "sluice_disk_cache_degraded{model=\"warm\"} 0\n"));
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+
     /* the administration sees what the loads stored */
     sluice_cache *ca = NULL;
     assert_int_equal(sluice_cache_open(dir, &ca), SLUICE_OK);
