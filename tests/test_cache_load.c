@@ -287,6 +287,59 @@ static void test_rotten_blob(void **state)
     free(dir);
 }
 
+/* Every blob deleted (sluice_cache_clear, as another process's eviction
+ * would) in the middle of a warm stream: the loads that had their blob open
+ * read it whole, those that start later are misses fetched from the
+ * server; every byte right. The pool is small and reads are 4 KiB, one at
+ * a time, so that the stream is still loading when it happens. */
+typedef struct clear_ctx {
+    check_ctx c;
+    const char *dir;
+    int cleared;
+} clear_ctx;
+
+static int clear_at_first(void *user, sluice_tensor *t, int status,
+                          const struct sluice_tensor_info *info, const char *message)
+{
+    clear_ctx *x = user;
+    if (!x->cleared) {
+        sluice_cache *ca = NULL;
+        assert_int_equal(sluice_cache_open(x->dir, &ca), SLUICE_OK);
+        assert_int_equal(sluice_cache_clear(ca, NULL, NULL), SLUICE_OK);
+        sluice_cache_close(ca);
+        x->cleared = 1;
+    }
+    return check_cb(&x->c, t, status, info, message);
+}
+
+static void test_blobs_deleted_while_loading(void **state)
+{
+    (void)state;
+    char *dir = fresh_cache();
+    sluice_options o = cached_opts(dir);
+    check_ctx c;
+    load_all(url, &o, &c);   /* warm */
+    o.pool_bytes = 256u << 10;
+    o.queue_depth = 1;
+    o.chunk_bytes = 4096;
+    sluice_model *m = open_ok(url, &o);
+    clear_ctx x = {.dir = dir};
+    sluice_stream(m, NULL, 0, clear_at_first, &x);
+    struct sluice_stats st = {.size = sizeof st};
+    sluice_stats(m, &st);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    fprintf(stderr, "  blobs deleted after the first delivery: %llu hits, %llu misses\n",
+            (unsigned long long)st.disk_hits, (unsigned long long)st.disk_misses);
+    assert_int_equal(x.c.failed, 0);
+    assert_int_equal(x.c.delivered, ntensors);
+    assert_true(st.disk_hits >= 1);
+    assert_true(st.disk_misses >= 1);
+    assert_int_equal(st.disk_hits + st.disk_misses, nonempty);
+    assert_int_equal(st.disk_rotten, 0);
+    tu_rmtree(dir);
+    free(dir);
+}
+
 /* index.sqlite truncated, or garbage: the open moves it aside, rebuilds it
  * from the blobs, and the load is still warm. */
 static void test_broken_index(void **state)
@@ -765,6 +818,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cold_then_warm),
         cmocka_unit_test(test_rotten_blob),
+        cmocka_unit_test(test_blobs_deleted_while_loading),
         cmocka_unit_test(test_broken_index),
         cmocka_unit_test(test_degraded),
         cmocka_unit_test(test_degraded_real),
