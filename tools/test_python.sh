@@ -12,9 +12,9 @@ torch=python3-torch
 [ "${SLUICE_PY_NO_TORCH:-0}" = 1 ] && torch=""
 # librust-blake3-dev: the BLAKE3 C sources setup.py compiles in; b3sum and
 # openssl: the independent BLAKE3 digests and Ed25519 signatures the tests
-# write manifests with.
+# write manifests with; libsqlite3-dev: the persistent cache (test_cache.py).
 sh tools/deps.sh python3-dev python3-numpy python3-pytest python3-venv python3-setuptools \
-    librust-blake3-dev b3sum openssl $torch
+    librust-blake3-dev b3sum openssl libsqlite3-dev $torch
 
 # /usr/bin/python3 explicitly: the python3 first on PATH may be another
 # interpreter that cannot see Debian's packages.

@@ -13,6 +13,12 @@ its own -m flags (BLAKE3 picks one at run time). Without those sources
 the extension builds without BLAKE3 (a note on stderr) and a BLAKE3
 manifest raises UnsupportedError.
 
+The persistent cache (cache_dir=, trust_unchanged=), as in the CMake build:
+with SQLite when pkg-config finds sqlite3 (Debian: libsqlite3-dev),
+SLUICE_HAVE_SQLITE defined and -lsqlite3 linked; without it (a note on
+stderr) a model's cache is turned off with a warning (Model.cache_warning)
+and loads go on uncached.
+
 Environment:
   SLUICE_SOURCE_DIR   the repository root (default: two directories up)
   SLUICE_STATIC_LIB   link this libsluice.a instead of compiling src/
@@ -21,6 +27,7 @@ Environment:
                       that library was built with)
   SLUICE_BLAKE3_DIR   another directory of the BLAKE3 C sources; "" or
                       "none": build without BLAKE3
+  SLUICE_WITH_SQLITE  "0": build without SQLite even when it is installed
   SLUICE_EXTRA_CFLAGS / SLUICE_EXTRA_LDFLAGS   added flags (the ASan test
                       builds with -fsanitize=address through them)
 """
@@ -48,6 +55,18 @@ def pkg_config(*args):
     except (OSError, subprocess.CalledProcessError) as e:
         raise SystemExit("pkg-config cannot find libcrypto, libcjson, liburing "
                          f"(apt-get install libssl-dev libcjson-dev liburing-dev): {e}")
+    return shlex.split(out)
+
+
+def find_sqlite():
+    """pkg-config's flags for sqlite3, or None when absent or turned off."""
+    if os.environ.get("SLUICE_WITH_SQLITE", "1") == "0":
+        return None
+    try:
+        out = subprocess.run(["pkg-config", "--cflags", "--libs", "sqlite3"], check=True,
+                             capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
     return shlex.split(out)
 
 
@@ -103,6 +122,14 @@ if not static_lib and blake3_dir is None:
     print(f"sluice setup.py: {why}: building without BLAKE3; BLAKE3 manifests will raise "
           "UnsupportedError", file=sys.stderr)
 
+# SQLite only for the library's own sources: a static library brings
+# whatever it was built with (its -lsqlite3 then comes from SLUICE_EXTRA_LDFLAGS).
+sqlite = None if static_lib else find_sqlite()
+if not static_lib and sqlite is None:
+    print("sluice setup.py: sqlite3 not found (apt-get install libsqlite3-dev) or "
+          "SLUICE_WITH_SQLITE=0: building without the persistent cache; cache_dir and "
+          "trust_unchanged will only set Model.cache_warning", file=sys.stderr)
+
 cflags = ["-std=c11", "-fvisibility=hidden", "-Wno-unused-parameter"]
 extra_cflags = shlex.split(os.environ.get("SLUICE_EXTRA_CFLAGS", ""))
 cflags += extra_cflags
@@ -114,11 +141,14 @@ ext = Extension(
     sources=sources,
     include_dirs=[os.path.join(root, "include"), os.path.join(root, "src")]
     + ([blake3_dir] if blake3_dir else [])
-    + [f[2:] for f in pkg_config("--cflags-only-I")],
+    + [f[2:] for f in pkg_config("--cflags-only-I")]
+    + [f[2:] for f in (sqlite or []) if f.startswith("-I")],
     define_macros=[("_GNU_SOURCE", None), ("SLUICE_STATIC", None)]
-    + ([("SLUICE_HAVE_BLAKE3", None)] if blake3_dir else []),
+    + ([("SLUICE_HAVE_BLAKE3", None)] if blake3_dir else [])
+    + ([("SLUICE_HAVE_SQLITE", None)] if sqlite is not None else []),
     extra_compile_args=cflags,
-    extra_link_args=ldflags + pkg_config("--libs") + ["-lpthread"],
+    extra_link_args=ldflags + pkg_config("--libs")
+    + [f for f in (sqlite or []) if not f.startswith("-I")] + ["-lpthread"],
     extra_objects=extra_objects,
 )
 

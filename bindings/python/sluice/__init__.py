@@ -341,8 +341,19 @@ class Model:
         raise TypeError(f"file must be an int, a path or None, not {type(file).__name__}")
 
     def stats(self):
-        """A dict of every field of sluice_stats."""
+        """A dict of the fields of sluice_stats (all but the remote ones:
+        this binding opens local models), the persistent cache's included:
+        disk_hits, disk_hit_bytes, disk_misses, disk_stored, disk_rotten,
+        disk_evicted, memo_tensors, memo_bytes, disk_degraded (1: the cache
+        was turned off, cache_warning says why)."""
         return self._m.stats()
+
+    @property
+    def cache_warning(self):
+        """Why the persistent cache was turned off for this model (a
+        read-only or full file system, a newer schema, a build without
+        SQLite, ...), or None when it works or none was asked for."""
+        return self._m.cache_warning()
 
     @property
     def verify_mode(self):
@@ -539,7 +550,7 @@ def _stream_gen(cs, framework):
 
 def open(path, *, manifest=None, verify="default", pool="4G", queue_depth=None, chunk=None,
          direct=False, hash_threads=None, io_threads=None, force_pread=False,
-         trusted_keys=None):
+         trusted_keys=None, cache_dir=None, cache_bytes=None, trust_unchanged=False):
     """Opens a model: a .safetensors file, a directory of them, or a
     *.safetensors.index.json. Reads headers only.
 
@@ -555,6 +566,16 @@ def open(path, *, manifest=None, verify="default", pool="4G", queue_depth=None, 
     (MANIFEST.sig beside it) by one of them, else SignatureError; with
     verify="off" they are refused (InvalidArgumentError). None or []: no
     signature asked.
+    cache_dir: the persistent cache's directory (made if missing; see
+    "Persistent cache" in sluice.h). None: $SLUICE_CACHE_DIR when set, else
+    the default ($XDG_CACHE_HOME/sluice, else ~/.cache/sluice) when
+    trust_unchanged is set, else no cache. cache_bytes: the cache's budget
+    in bytes of blobs, an int or "64G"-style (None: 64 GiB; 0 is refused
+    with InvalidArgumentError). trust_unchanged: the verified-once memo: a
+    tensor of a local file verified before, against the same digest, in
+    the same unchanged file (device, inode, size, mtime, ctime), is not
+    hashed again (stats' memo_tensors). A cache that cannot be used never
+    fails the open: Model.cache_warning says why.
     """
     p = _fspath(path)
     mf = None if manifest is None else _fspath(manifest, "manifest")
@@ -566,7 +587,20 @@ def open(path, *, manifest=None, verify="default", pool="4G", queue_depth=None, 
         raise TypeError(f"direct must be a bool, not {type(direct).__name__}")
     if not isinstance(force_pread, bool):
         raise TypeError(f"force_pread must be a bool, not {type(force_pread).__name__}")
-    kw = dict(verify=_VERIFY[verify], direct=direct, force_pread=force_pread)
+    if not isinstance(trust_unchanged, bool):
+        raise TypeError(f"trust_unchanged must be a bool, not {type(trust_unchanged).__name__}")
+    kw = dict(verify=_VERIFY[verify], direct=direct, force_pread=force_pread,
+              trust_unchanged=trust_unchanged)
+    if cache_dir is not None:
+        kw["cache_dir"] = _fspath(cache_dir, "cache_dir")
+    if cache_bytes is not None:
+        if isinstance(cache_bytes, str):
+            kw["cache_bytes"] = parse_size(cache_bytes, "cache_bytes")
+        else:  # 0 goes to the library, which refuses it (InvalidArgumentError)
+            cb = _opt_int(cache_bytes, "cache_bytes")
+            if cb > _SIZE_MAX:
+                raise ValueError(f"cache_bytes {cb} is too large (at most 2**64 - 1 bytes)")
+            kw["cache_bytes"] = cb
     size = parse_size(pool, "pool")
     if size is not None:
         kw["pool"] = size

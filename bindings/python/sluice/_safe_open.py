@@ -24,16 +24,17 @@ from . import open as _open, parse_size, _check_framework, _np_dtype, _PACKED, _
 _SLACK = 64 << 20  # room for read-ahead beside every tensor held
 
 
-def _open_for_all(path, manifest=None, verify="default", trusted_keys=None):
-    """Opens with a pool large enough to hold every tensor at once."""
-    model = _open(path, manifest=manifest, verify=verify, trusted_keys=trusted_keys)
+def _open_for_all(path, manifest=None, verify="default", trusted_keys=None, **cache):
+    """Opens with a pool large enough to hold every tensor at once. cache:
+    cache_dir, cache_bytes, trust_unchanged, as sluice.open takes them."""
+    model = _open(path, manifest=manifest, verify=verify, trusted_keys=trusted_keys, **cache)
     core = model._m
     total = sum(core.info(i)[3] + 64 for i in range(core.count()))
     want = total + _SLACK
     if want > parse_size("4G"):
         model.close()
         model = _open(path, manifest=manifest, verify=verify, pool=want,
-                      trusted_keys=trusted_keys)
+                      trusted_keys=trusted_keys, **cache)
     return model
 
 
@@ -52,16 +53,18 @@ def _to_device(t, framework, device):
 
 class safe_open:
     """safe_open(path, framework="np"|"pt", device="cpu", *, manifest=None,
-    verify="default", trusted_keys=None): the reference's safe_open, on
-    sluice (manifest, verify and trusted_keys as for sluice.open)."""
+    verify="default", trusted_keys=None, cache_dir=None, cache_bytes=None,
+    trust_unchanged=False): the reference's safe_open, on sluice (the
+    keyword arguments as for sluice.open)."""
 
     def __init__(self, path, framework="np", device="cpu", *, manifest=None, verify="default",
-                 trusted_keys=None):
+                 trusted_keys=None, cache_dir=None, cache_bytes=None, trust_unchanged=False):
         self._framework = _check_framework(framework)
         _check_device(self._framework, device)
         self._device = device
         self._model = _open_for_all(path, manifest=manifest, verify=verify,
-                                    trusted_keys=trusted_keys)
+                                    trusted_keys=trusted_keys, cache_dir=cache_dir,
+                                    cache_bytes=cache_bytes, trust_unchanged=trust_unchanged)
 
     def __enter__(self):
         return self
@@ -268,11 +271,13 @@ def _to_device_owner(owner, t):
 
 
 def load_file(path, framework="np", device="cpu", *, manifest=None, verify="default",
-              trusted_keys=None):
+              trusted_keys=None, cache_dir=None, cache_bytes=None, trust_unchanged=False):
     """{name: tensor} of every tensor of path (a file, a directory or an
-    index.json), verified as safe_open verifies, zero copy."""
+    index.json), verified as safe_open verifies, zero copy (the keyword
+    arguments as for sluice.open)."""
     with safe_open(path, framework=framework, device=device, manifest=manifest,
-                   verify=verify, trusted_keys=trusted_keys) as f:
+                   verify=verify, trusted_keys=trusted_keys, cache_dir=cache_dir,
+                   cache_bytes=cache_bytes, trust_unchanged=trust_unchanged) as f:
         return {k: f.get_tensor(k) for k in f.offset_keys()}
 
 

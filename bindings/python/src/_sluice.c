@@ -450,7 +450,7 @@ static PyObject *model_stats(ModelObject *self, PyObject *unused)
                           : st.backend == SLUICE_BACKEND_PREAD  ? "pread"
                                                                 : "none";
 #define U(x) (unsigned long long)(x)
-    return Py_BuildValue(
+    PyObject *d = Py_BuildValue(
         "{s:s,s:i,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:I}",
         "backend", backend, "backend_errno", st.backend_errno, "bytes_read", U(st.bytes_read),
         "bytes_delivered", U(st.bytes_delivered), "bytes_hashed", U(st.bytes_hashed), "reads",
@@ -463,6 +463,38 @@ static PyObject *model_stats(ModelObject *self, PyObject *unused)
         U(st.acquire_count), "chunks_verified", U(st.chunks_verified), "hash_parallel_peak",
         (unsigned int)st.hash_parallel_peak);
 #undef U
+    /* The persistent cache's and the memo's counters, from a table: a
+     * format string of thirty fields is past checking by eye. */
+    const struct {
+        const char *key;
+        uint64_t value;
+    } more[] = {
+        {"disk_hits", st.disk_hits},       {"disk_hit_bytes", st.disk_hit_bytes},
+        {"disk_misses", st.disk_misses},   {"disk_stored", st.disk_stored},
+        {"disk_rotten", st.disk_rotten},   {"disk_evicted", st.disk_evicted},
+        {"memo_tensors", st.memo_tensors}, {"memo_bytes", st.memo_bytes},
+        {"disk_degraded", st.disk_degraded},
+    };
+    for (size_t k = 0; d && k < sizeof more / sizeof *more; k++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(more[k].value);
+        if (!v || PyDict_SetItemString(d, more[k].key, v) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(v);
+    }
+    return d;
+}
+
+/* cache_warning() -> why the model's persistent cache was turned off, or
+ * None (it works, or there is none). The library's string lives until
+ * sluice_close, which cannot run while this holds the GIL. */
+static PyObject *model_cache_warning(ModelObject *self, PyObject *unused)
+{
+    if (!model_usable(self))
+        return NULL;
+    const char *w = sluice_cache_warning(self->m);
+    if (!w)
+        Py_RETURN_NONE;
+    return msg_str(w);
 }
 
 static PyObject *model_verify_mode(ModelObject *self, PyObject *unused)
@@ -1239,6 +1271,8 @@ static PyMethodDef model_methods[] = {
     {"file_count", (PyCFunction)model_file_count, METH_NOARGS, "Number of files."},
     {"file_info", (PyCFunction)model_file_info, METH_O, "Information of file i."},
     {"stats", (PyCFunction)model_stats, METH_NOARGS, "Every field of sluice_stats."},
+    {"cache_warning", (PyCFunction)model_cache_warning, METH_NOARGS,
+     "Why the persistent cache was turned off, or None."},
     {"verify_mode", (PyCFunction)model_verify_mode, METH_NOARGS, "Policy in force."},
     {"manifest_path", (PyCFunction)model_manifest_path, METH_NOARGS, "Manifest read, or None."},
     {"manifest_entry", (PyCFunction)model_manifest_entry, METH_O,
@@ -1338,27 +1372,35 @@ static int trusted_keys_arg(PyObject *arg, PyObject **keys, const char ***paths,
 }
 
 /* open(path, manifest, verify, pool, queue_depth, chunk, direct,
- *      hash_threads, io_threads, force_pread, trusted_keys) -> Model. 0
- * (or -1 for the thread counts) means the library's default; trusted_keys
- * None or a sequence of paths (an empty one: none; the library takes no
- * empty list). */
+ *      hash_threads, io_threads, force_pread, trusted_keys, cache_dir,
+ *      cache_bytes, trust_unchanged) -> Model. 0 (or -1 for the thread
+ * counts) means the library's default; trusted_keys None or a sequence of
+ * paths (an empty one: none; the library takes no empty list); cache_dir
+ * None: the library's choice; cache_bytes None: the default, any int
+ * (0 too, which the library refuses) given as is. */
 static PyObject *mod_open(PyObject *mod, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"path", "manifest", "verify", "pool", "queue_depth", "chunk",
                              "direct", "hash_threads", "io_threads", "force_pread",
-                             "trusted_keys", NULL};
-    PyObject *path = NULL, *manifest = NULL, *trusted = Py_None;
-    int verify = SLUICE_VERIFY_DEFAULT, direct = 0, force_pread = 0;
+                             "trusted_keys", "cache_dir", "cache_bytes", "trust_unchanged",
+                             NULL};
+    PyObject *path = NULL, *manifest = NULL, *trusted = Py_None, *cache_dir = NULL;
+    PyObject *cache_bytes = Py_None;
+    int verify = SLUICE_VERIFY_DEFAULT, direct = 0, force_pread = 0, trust_unchanged = 0;
     unsigned long long pool = 0, chunk = 0;
     unsigned int queue_depth = 0;
     int hash_threads = -1, io_threads = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|O&iO&O&O&piipO", kwlist,
+    unsigned long long cache_budget = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|O&iO&O&O&piipOO&Op", kwlist,
                                      PyUnicode_FSConverter, &path, fs_or_none, &manifest,
                                      &verify, u64_arg, &pool, u32_arg, &queue_depth, u64_arg,
                                      &chunk, &direct, &hash_threads, &io_threads,
-                                     &force_pread, &trusted)) {
+                                     &force_pread, &trusted, fs_or_none, &cache_dir,
+                                     &cache_bytes, &trust_unchanged) ||
+        (cache_bytes != Py_None && !u64_arg(cache_bytes, &cache_budget))) {
         Py_XDECREF(path);
         Py_XDECREF(manifest);
+        Py_XDECREF(cache_dir);
         return NULL;
     }
     PyObject *keys;
@@ -1367,6 +1409,7 @@ static PyObject *mod_open(PyObject *mod, PyObject *args, PyObject *kw)
     if (trusted_keys_arg(trusted, &keys, &key_paths, &nkeys) < 0) {
         Py_DECREF(path);
         Py_XDECREF(manifest);
+        Py_XDECREF(cache_dir);
         return NULL;
     }
     sluice_options o;
@@ -1386,6 +1429,12 @@ static PyObject *mod_open(PyObject *mod, PyObject *args, PyObject *kw)
         o.flags |= SLUICE_F_DIRECT;
     if (force_pread)
         o.flags |= SLUICE_F_FORCE_PREAD;
+    if (trust_unchanged)
+        o.flags |= SLUICE_F_TRUST_UNCHANGED;
+    /* cache_dir's bytes live until after sluice_open, which copies them. */
+    o.cache_dir = cache_dir ? PyBytes_AS_STRING(cache_dir) : NULL;
+    if (cache_bytes != Py_None)
+        o.cache_bytes = cache_budget;
     o.manifest_path = manifest ? PyBytes_AS_STRING(manifest) : NULL;
     if (nkeys) {
         o.trusted_keys = key_paths;
@@ -1406,6 +1455,7 @@ static PyObject *mod_open(PyObject *mod, PyObject *args, PyObject *kw)
     Py_END_ALLOW_THREADS
     Py_DECREF(path);
     Py_XDECREF(manifest);
+    Py_XDECREF(cache_dir);
     Py_XDECREF(keys);
     PyMem_Free(key_paths);
     if (rc != SLUICE_OK)

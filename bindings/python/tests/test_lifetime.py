@@ -83,11 +83,12 @@ def test_lifetimes_asan(sharded, asan_build):
 
 def test_verify2_asan(asan_build, tmp_path):
     """The verification v2 tests (read_into into caller buffers, ranges,
-    chunked slices, BLAKE3, signatures) with the library and extension
-    built with AddressSanitizer."""
+    chunked slices, BLAKE3, signatures) and the persistent cache's
+    (cache_dir's bytes kept through the open, the memo) with the library
+    and extension built with AddressSanitizer."""
     env = asan_env(asan_build)
     r = subprocess.run([sys.executable, "-X", "dev", "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        "--basetemp", str(tmp_path / "t"), "test_verify2.py"],
+                        "--basetemp", str(tmp_path / "t"), "test_verify2.py", "test_cache.py"],
                        env=env, capture_output=True, text=True, timeout=600, cwd=HERE)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-8000:]
     assert " passed" in r.stdout and "failed" not in r.stdout, r.stdout[-2000:]
