@@ -7,6 +7,7 @@
  *   (c) local (PATH), verified against the manifest
  *   (d) local, verified-once memo (SLUICE_F_TRUST_UNCHANGED), memo warm
  *   (e) local, not verified
+ *   (r) remote, no cache: what (a) costs over a plain remote load
  * One untimed pass of each first (page cache, the pool's first touch, the
  * memo recorded), then --runs rounds in that order; figures are medians,
  * ratios are of medians in this run. The remote requests counted are the
@@ -23,11 +24,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { ROW_A, ROW_B, ROW_C, ROW_D, ROW_E, ROWS };
+enum { ROW_A, ROW_B, ROW_C, ROW_D, ROW_E, ROW_R, ROWS };
 
 static const char *const row_name[ROWS] = {
     "(a) remote, cold cache", "(b) remote, warm cache", "(c) local, verified",
-    "(d) local, verified-once memo", "(e) local, unverified",
+    "(d) local, verified-once memo", "(e) local, unverified", "(r) remote, no cache",
 };
 
 typedef struct row_run {
@@ -58,7 +59,7 @@ static int load(int r, const char *path, const char *url, const char *dir, uint6
     if (pool)
         o.pool_bytes = pool;
     o.cache_dir = dir;
-    const char *where = r <= ROW_B ? url : path;
+    const char *where = r <= ROW_B || r == ROW_R ? url : path;
     if (r == ROW_A) {
         sluice_cache *c = NULL;
         int rc = sluice_cache_open(dir, &c);
@@ -74,7 +75,7 @@ static int load(int r, const char *path, const char *url, const char *dir, uint6
     }
     if (r == ROW_D)
         o.flags |= SLUICE_F_TRUST_UNCHANGED;
-    if (r == ROW_C || r == ROW_E)
+    if (r == ROW_C || r == ROW_E || r == ROW_R)
         o.cache_dir = NULL;
     if (r == ROW_E)
         o.verify = SLUICE_VERIFY_OFF;
@@ -119,12 +120,12 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: sluice bench-cache PATH --url URL --cache-dir DIR [--runs N] [--pool SIZE]\n"
-            "Loads the model five ways, each a fresh open, stream and close: (a) from URL\n"
-            "with the cache DIR emptied first, (b) from URL with DIR warm, (c) PATH\n"
-            "verified, (d) PATH with the verified-once memo (--trust-unchanged), (e) PATH\n"
-            "unverified. URL must serve the same files as PATH, with its manifest. DIR is\n"
-            "emptied of blobs: give a directory for this benchmark only. Prints medians of N runs\n"
-            "(default 3) after an untimed pass, and the ratios (b)/(c), (d)/(e), (d)/(c).\n"
+            "Loads the model six ways, each a fresh open, stream and close: (a) from URL\n"
+            "with the blobs of the cache DIR deleted first, (b) from URL with DIR warm,\n"
+            "(c) PATH verified, (d) PATH with the verified-once memo (--trust-unchanged),\n"
+            "(e) PATH unverified, (r) from URL without a cache. URL must serve the same\n"
+            "files as PATH, with its manifest. Give a DIR for this benchmark only. Prints\n"
+            "medians of N runs (default 3) after an untimed pass, and their ratios.\n"
             "tools/bench_cache.sh PATH serves PATH with nginx and runs this.\n");
 }
 
@@ -197,9 +198,10 @@ int cmd_bench_cache(int argc, char **argv)
             printf(" %.3f", res[k * ROWS + r].s);
     }
     printf("\nratios of medians (throughput): (b)/(c) = %.2f (target >= 0.9), "
-           "(d)/(e) = %.2f (target >= 0.9), (d)/(c) = %.2f, (a)/(c) = %.2f\n",
+           "(d)/(e) = %.2f (target >= 0.9), (d)/(c) = %.2f, (a)/(c) = %.2f, (a)/(r) = %.2f, "
+           "(b)/(r) = %.2f\n",
            med[ROW_C] / med[ROW_B], med[ROW_E] / med[ROW_D], med[ROW_C] / med[ROW_D],
-           med[ROW_C] / med[ROW_A]);
+           med[ROW_C] / med[ROW_A], med[ROW_R] / med[ROW_A], med[ROW_R] / med[ROW_B]);
     free(res);
     return 0;
 }
