@@ -693,6 +693,159 @@ static void test_options(void **state)
     free(xdg);
 }
 
+
+/* ---------------------------------------------------------------- descriptors and hostile blobs */
+
+/* Every tensor's digest (a load through the cache at dir, which stores
+ * them all). */
+static uint8_t (*digests_via(const char *dir))[32]
+{
+    sluice_options o = cached_opts(dir);
+    sluice_model *m = open_ok(url, &o);
+    uint8_t (*d)[32] = calloc(ntensors, sizeof *d);
+    assert_non_null(d);
+    for (size_t i = 0; i < ntensors; i++) {
+        sluice_tensor *t = NULL;
+        assert_int_equal(sluice_acquire_index(m, i, &t), SLUICE_OK);
+        if (sluice_tensor_size(t))
+            assert_int_equal(sluice_tensor_digest(t, d[i]), SLUICE_OK);
+        sluice_release(t);
+    }
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    return d;
+}
+
+static char *blob_path_of(const char *dir, const uint8_t d[32])
+{
+    char hex[65];
+    for (int k = 0; k < 32; k++)
+        snprintf(hex + 2 * k, 3, "%02x", d[k]);
+    size_t n = strlen(dir) + 100;
+    char *p = malloc(n);
+    assert_non_null(p);
+    snprintf(p, n, "%s/blobs/sha256/%.2s/%s", dir, hex, hex);
+    return p;
+}
+
+/* Descriptors of this process open on files under dir. */
+static size_t fds_under(const char *dir)
+{
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    size_t n = 0, len = strlen(dir);
+    struct dirent *x;
+    while ((x = readdir(d))) {
+        char link[300], target[4096];
+        snprintf(link, sizeof link, "/proc/self/fd/%s", x->d_name);
+        ssize_t k = readlink(link, target, sizeof target - 1);
+        if (k <= 0)
+            continue;
+        target[k] = '\0';
+        n += !strncmp(target, dir, len) && strstr(target, "/blobs/");
+    }
+    closedir(d);
+    return n;
+}
+
+/* A blob's descriptor lives while its load does: a tensor that only had
+ * its blob looked at (next to a tensor read from the server) holds none
+ * once nothing is loading. */
+static void test_blob_fds_bounded(void **state)
+{
+    (void)state;
+    char *dir = fresh_cache();
+    uint8_t (*d)[32] = digests_via(dir);
+    /* even tensors lose their blob: each is fetched, its neighbour has one */
+    size_t gone = 0;
+    for (size_t i = 0; i < ntensors; i += 2) {
+        char *p = blob_path_of(dir, d[i]);
+        gone += unlink(p) == 0;
+        free(p);
+    }
+    assert_true(gone > 4);
+    sluice_options o = cached_opts(dir);
+    sluice_model *m = open_ok(url, &o);
+    for (size_t i = 0; i < ntensors; i += 2) {
+        sluice_tensor *t = NULL;
+        assert_int_equal(sluice_acquire_index(m, i, &t), SLUICE_OK);
+        sluice_release(t);
+    }
+    size_t held = fds_under(dir);
+    fprintf(stderr, "  blob descriptors held with nothing loading: %zu\n", held);
+    struct sluice_stats st = {.size = sizeof st};
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    assert_int_equal(held, 0);
+    assert_int_equal(st.disk_misses, gone);
+    assert_int_equal(fds_under(dir), 0);
+    free(d);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+static void on_alarm(int sig)
+{
+    (void)sig;
+    static const char msg[] = "hung on a hostile cache directory\n";
+    if (write(2, msg, sizeof msg - 1) < 0) {
+    }
+    _exit(1);
+}
+
+static void verify_seen(void *user, const sluice_cache_entry *e, const char *why)
+{
+    (void)e;
+    (void)why;
+    ++*(size_t *)user;
+}
+
+/* Blob paths that are a FIFO, a directory, a symbolic link: each is a
+ * miss (never a hang, never served), the load succeeds, and verify gets
+ * through them too. */
+static void test_hostile_blobs(void **state)
+{
+    (void)state;
+    char *dir = fresh_cache();
+    uint8_t (*d)[32] = digests_via(dir);
+    size_t made = 0;
+    for (size_t i = 0; i < ntensors && made < 3; i++) {
+        char *p = blob_path_of(dir, d[i]);
+        if (unlink(p) == 0) {
+            int rc = made == 0 ? mkfifo(p, 0644) : made == 1 ? mkdir(p, 0755) : symlink(model, p);
+            assert_int_equal(rc, 0);
+            made++;
+        }
+        free(p);
+    }
+    assert_int_equal(made, 3);
+    signal(SIGALRM, on_alarm);
+    alarm(60);
+    sluice_options o = cached_opts(dir);
+    check_ctx c;
+    struct sluice_stats st = load_all(url, &o, &c);
+    assert_int_equal(c.failed, 0);
+    assert_int_equal(c.delivered, ntensors);
+    assert_int_equal(st.disk_hits, nonempty - 3);
+    assert_int_equal(st.disk_rotten, 0);
+    /* the fills replaced the FIFO and the link: a FIFO again, for verify */
+    char *p = blob_path_of(dir, d[ntensors - 1]);
+    assert_int_equal(unlink(p), 0);
+    assert_int_equal(mkfifo(p, 0644), 0);
+    free(p);
+    sluice_cache *ca = NULL;
+    assert_int_equal(sluice_cache_open(dir, &ca), SLUICE_OK);
+    uint64_t checked = 0, dropped = 0;
+    size_t told = 0;
+    assert_int_equal(sluice_cache_verify(ca, &checked, &dropped, verify_seen, &told), SLUICE_OK);
+    assert_true(told >= 1);   /* the FIFO, reported (and kept: it could not be read) */
+    sluice_cache_close(ca);
+    alarm(0);
+    signal(SIGALRM, SIG_DFL);
+    free(d);
+    tu_rmtree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -706,6 +859,8 @@ int main(void)
         cmocka_unit_test(test_memo),
         cmocka_unit_test(test_memo_changed_after_open),
         cmocka_unit_test(test_options),
+        cmocka_unit_test(test_blob_fds_bounded),
+        cmocka_unit_test(test_hostile_blobs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
