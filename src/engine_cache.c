@@ -157,11 +157,15 @@ unsigned sl_ecache_before_start(sl_engine *e, size_t i)
     }
     if (!e->blob)
         return 0;
-    if (sl_ecache_probe(e, i))
-        return SL_SRC_CACHE;
-    if (blob_candidate(e, i))
+    return sl_ecache_probe(e, i) ? SL_SRC_CACHE : 0;
+}
+
+void sl_ecache_started(sl_engine *e, size_t i, unsigned source)
+{
+    /* here, not in before_start: a start that finds no room is tried
+     * again, and would count its miss each time */
+    if (e->blob && source != SL_SRC_CACHE && blob_candidate(e, i))
         e->st.disk_misses++;
-    return 0;
 }
 
 void sl_ecache_ready(sl_engine *e, size_t i)

@@ -420,6 +420,8 @@ int sl_slot_start(sl_engine *e, size_t i, int room)
     s->fb_log = s->fb_note = NULL;
     s->state = SL_SLOT_READING;
     e->loading_bytes += span;
+    if (e->cache)
+        sl_ecache_started(e, i, source);
     return 1;
 
 nomem:

@@ -846,6 +846,30 @@ static void test_hostile_blobs(void **state)
     free(dir);
 }
 
+/* A pool that holds a few tensors at a time: starts that find no room are
+ * tried again, and each load is still one miss (cold) or one hit (warm). */
+static void test_small_pool_counts(void **state)
+{
+    (void)state;
+    char *dir = fresh_cache();
+    sluice_options o = cached_opts(dir);
+    o.pool_bytes = 192u << 10;
+    check_ctx c;
+    struct sluice_stats st = load_all(url, &o, &c);
+    fprintf(stderr, "  cold: misses %llu stored %llu loaded %llu\n",
+            (unsigned long long)st.disk_misses, (unsigned long long)st.disk_stored,
+            (unsigned long long)st.tensors_loaded);
+    assert_int_equal(c.failed, 0);
+    assert_int_equal(st.disk_misses, nonempty);
+    assert_int_equal(st.disk_stored, nonempty);
+    st = load_all(url, &o, &c);
+    assert_int_equal(c.failed, 0);
+    assert_int_equal(st.disk_hits, nonempty);
+    assert_int_equal(st.disk_misses, 0);
+    tu_rmtree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -861,6 +885,7 @@ int main(void)
         cmocka_unit_test(test_options),
         cmocka_unit_test(test_blob_fds_bounded),
         cmocka_unit_test(test_hostile_blobs),
+        cmocka_unit_test(test_small_pool_counts),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
