@@ -142,19 +142,33 @@ int sl_ecache_probe(sl_engine *e, size_t i)
     return 1;
 }
 
+/* Whether tensor i's file is no longer what it was at attach; if so the
+ * memo no longer speaks for the tensor, which is hashed from now on. */
+static int memo_check(sl_engine *e, size_t i)
+{
+    const struct sluice_tensor_info *t = &e->ix->tensors[i];
+    sl_file_id now;
+    const sl_file_id *then = &e->file_id[t->file_index];
+    if (sl_file_id_of(e->ix->files[t->file_index].fd, &now) == 0 &&
+        memcmp(&now, then, sizeof now) == 0)
+        return 0;
+    e->memo[i] = 0;
+    sl_slot_set_hashed(e, i, 1);
+    return 1;
+}
+
+int sl_ecache_memo_stale(sl_engine *e, size_t i)
+{
+    /* Checked again after the read: the check at the start cannot see a
+     * write made while the bytes were being read. ctime never goes back,
+     * so the same identity now means no write since attach. */
+    return e->memo && e->memo[i] && memo_check(e, i);
+}
+
 unsigned sl_ecache_before_start(sl_engine *e, size_t i)
 {
-    if (e->memo && e->memo[i]) {
-        const struct sluice_tensor_info *t = &e->ix->tensors[i];
-        sl_file_id now;
-        const sl_file_id *then = &e->file_id[t->file_index];
-        if (sl_file_id_of(e->ix->files[t->file_index].fd, &now) < 0 ||
-            memcmp(&now, then, sizeof now) != 0) {
-            /* changed since attach: the memo no longer speaks for it */
-            e->memo[i] = 0;
-            sl_slot_set_hashed(e, i, 1);
-        }
-    }
+    if (e->memo && e->memo[i])
+        memo_check(e, i);   /* changed already: hashed, no read wasted */
     if (!e->blob)
         return 0;
     return sl_ecache_probe(e, i) ? SL_SRC_CACHE : 0;

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include "engine_hooks.h"
 #include "remote_fixture.h"
 #include "tool_run.h"
 
@@ -870,6 +871,64 @@ static void test_small_pool_counts(void **state)
     free(dir);
 }
 
+/* A write to the file while a tensor the memo vouches for is being read
+ * (after its load started and compared the identity): the identity is
+ * compared again once the bytes are in, and the tensor is hashed. */
+typedef struct flip_ctx {
+    int armed;
+    off_t at;
+    unsigned char was;
+} flip_ctx;
+
+static void flip_when_started(void *ctx, int where)
+{
+    flip_ctx *f = ctx;
+    if (where != 6 || !f->armed)   /* a load started (engine_hooks.h) */
+        return;
+    f->armed = 0;
+    int fd = open(model, O_RDWR);
+    if (fd < 0 || pread(fd, &f->was, 1, f->at) != 1)
+        abort();
+    unsigned char b = f->was ^ 1;
+    if (pwrite(fd, &b, 1, f->at) != 1)
+        abort();
+    close(fd);
+}
+
+static void test_memo_changed_while_read(void **state)
+{
+    (void)state;
+    char *dir = fresh_cache();
+    check_ctx c;
+    sleep_ms(1100);
+    memo_load(dir, SLUICE_F_TRUST_UNCHANGED, NULL, &c);
+    sluice_options o = cached_opts(dir);
+    o.flags |= SLUICE_F_TRUST_UNCHANGED;
+    sluice_model *m = open_ok(model, &o);
+    struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+    size_t last = ntensors - 1;
+    assert_int_equal(sluice_info(m, last, &ti), SLUICE_OK);
+    flip_ctx f = {1, (off_t)ti.offset, 0};
+    assert_int_equal(sl_engine_set_pause(m, flip_when_started, &f), SLUICE_OK);
+    sluice_tensor *t = NULL;
+    int rc = sluice_acquire_index(m, last, &t);
+    assert_int_equal(f.armed, 0);
+    if (rc == SLUICE_OK)
+        sluice_release(t);
+    sl_engine_set_pause(m, NULL, NULL);
+    struct sluice_stats st = {.size = sizeof st};
+    sluice_stats(m, &st);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    /* put it back */
+    int fd = open(model, O_RDWR);
+    assert_int_equal(pwrite(fd, &f.was, 1, f.at), 1);
+    close(fd);
+    assert_int_equal(rc, SLUICE_E_CHECKSUM);
+    assert_int_equal(st.memo_tensors, 0);
+    tu_rmtree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -882,6 +941,7 @@ int main(void)
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_memo),
         cmocka_unit_test(test_memo_changed_after_open),
+        cmocka_unit_test(test_memo_changed_while_read),
         cmocka_unit_test(test_options),
         cmocka_unit_test(test_blob_fds_bounded),
         cmocka_unit_test(test_hostile_blobs),
