@@ -945,6 +945,45 @@ static void test_memo_changed_while_read(void **state)
     free(dir);
 }
 
+/* A byte changed and the file's mtime set back to what it was: only the
+ * ctime says so, and that is enough for the memo to stand aside. */
+static void test_memo_mtime_set_back(void **state)
+{
+    (void)state;
+    char *dir = fresh_cache();
+    check_ctx c;
+    sleep_ms(1100);
+    memo_load(dir, SLUICE_F_TRUST_UNCHANGED, NULL, &c);
+    struct sluice_stats st = memo_load(dir, SLUICE_F_TRUST_UNCHANGED, NULL, &c);
+    assert_int_equal(st.memo_tensors, nonempty);
+    struct stat before;
+    assert_int_equal(stat(model, &before), 0);
+    sluice_options o;
+    sluice_options_init(&o);
+    sluice_model *m = open_ok(model, &o);
+    struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+    assert_int_equal(sluice_info(m, ntensors - 1, &ti), SLUICE_OK);
+    sluice_close(m);
+    int fd = open(model, O_RDWR);
+    assert_true(fd >= 0);
+    unsigned char b;
+    assert_int_equal(pread(fd, &b, 1, (off_t)ti.offset), 1);
+    b ^= 1;
+    assert_int_equal(pwrite(fd, &b, 1, (off_t)ti.offset), 1);
+    struct timespec times[2] = {before.st_atim, before.st_mtim};
+    assert_int_equal(futimens(fd, times), 0);
+    sleep_ms(1100);   /* old enough for the memo to record it */
+    st = memo_load(dir, SLUICE_F_TRUST_UNCHANGED, NULL, &c);
+    b ^= 1;
+    assert_int_equal(pwrite(fd, &b, 1, (off_t)ti.offset), 1);   /* put it back */
+    close(fd);
+    assert_int_equal(c.failed, 1);
+    assert_int_equal(c.first_failure, SLUICE_E_CHECKSUM);
+    assert_int_equal(st.memo_tensors, 0);
+    tu_rmtree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -958,6 +997,7 @@ int main(void)
         cmocka_unit_test(test_memo),
         cmocka_unit_test(test_memo_changed_after_open),
         cmocka_unit_test(test_memo_changed_while_read),
+        cmocka_unit_test(test_memo_mtime_set_back),
         cmocka_unit_test(test_options),
         cmocka_unit_test(test_blob_fds_bounded),
         cmocka_unit_test(test_hostile_blobs),
