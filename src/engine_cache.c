@@ -193,9 +193,11 @@ void sl_ecache_ready(sl_engine *e, size_t i)
         close_blob(e, i);
         s->source = 0;
     }
-    if (e->memo && e->memo[i] && !s->hashed) {
-        /* the digest the memo vouched for is the handle's */
-        memcpy(s->digest, sl_expected_digest(e, i), 32);
+    const unsigned char *want = sl_expected_digest(e, i);
+    if (e->memo && e->memo[i] && !s->hashed && want) {
+        /* the digest the memo vouched for is the handle's (none: the
+         * digest table was replaced since, and the memo vouches for nothing) */
+        memcpy(s->digest, want, 32);
         s->has_digest = 1;
         e->st.memo_tensors++;
         e->st.memo_bytes += nbytes;

@@ -984,6 +984,35 @@ static void test_memo_mtime_set_back(void **state)
     free(dir);
 }
 
+/* The digest table replaced after open (the engine hook), leaving tensors
+ * the memo vouched for with no digest at all: they load plain, the memo
+ * claims nothing for them. */
+static void test_memo_then_no_digests(void **state)
+{
+    (void)state;
+    char *dir = fresh_cache();
+    check_ctx c;
+    sleep_ms(1100);
+    memo_load(dir, SLUICE_F_TRUST_UNCHANGED, NULL, &c);
+    sluice_options o = cached_opts(dir);
+    o.flags |= SLUICE_F_TRUST_UNCHANGED;
+    sluice_model *m = open_ok(model, &o);
+    unsigned char (*d)[32] = calloc(ntensors, 32);
+    unsigned char *has = calloc(ntensors, 1);
+    assert_int_equal(sl_engine_set_digests(m, (const unsigned char (*)[32])d, has), SLUICE_OK);
+    memset(&c, 0, sizeof c);
+    sluice_stream(m, NULL, 0, check_cb, &c);
+    struct sluice_stats st = {.size = sizeof st};
+    sluice_stats(m, &st);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    assert_int_equal(c.failed, 0);
+    assert_int_equal(st.memo_tensors, 0);
+    free(d);
+    free(has);
+    tu_rmtree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -998,6 +1027,7 @@ int main(void)
         cmocka_unit_test(test_memo_changed_after_open),
         cmocka_unit_test(test_memo_changed_while_read),
         cmocka_unit_test(test_memo_mtime_set_back),
+        cmocka_unit_test(test_memo_then_no_digests),
         cmocka_unit_test(test_options),
         cmocka_unit_test(test_blob_fds_bounded),
         cmocka_unit_test(test_hostile_blobs),
