@@ -174,7 +174,8 @@ static int check_blob(sluice_cache *h, const sl_cache_row *r, sl_md *md, uint8_t
     char *p = sl_cache_blob_path(h->c, r->alg, r->digest);
     if (!p)
         return -2;
-    int fd = open(p, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    /* O_NONBLOCK: a FIFO in its place must not hang the walk */
+    int fd = open(p, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     free(p);
     if (fd < 0) {
         if (errno == ENOENT) {

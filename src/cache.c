@@ -903,9 +903,12 @@ int sl_cache_open_blob(sl_cache *c, sluice_algorithm alg, const uint8_t digest[3
     char *p = sl_cache_blob_path(c, alg, hex);
     if (!p)
         return -1;
-    int fd = open(p, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    struct stat st;
-    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size == size) {
+    /* O_NONBLOCK: a FIFO put there must not block the open (and the
+     * engine's lock with it); cleared once it is known a regular file */
+    int fd = open(p, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    struct stat st = {0};
+    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size == size &&
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) == 0) {
         if (path)
             *path = p;
         else

@@ -142,26 +142,44 @@ int sl_ecache_probe(sl_engine *e, size_t i)
     return 1;
 }
 
+/* Whether tensor i's file is no longer what it was at attach; if so the
+ * memo no longer speaks for the tensor, which is hashed from now on. */
+static int memo_check(sl_engine *e, size_t i)
+{
+    const struct sluice_tensor_info *t = &e->ix->tensors[i];
+    sl_file_id now;
+    const sl_file_id *then = &e->file_id[t->file_index];
+    if (sl_file_id_of(e->ix->files[t->file_index].fd, &now) == 0 &&
+        memcmp(&now, then, sizeof now) == 0)
+        return 0;
+    e->memo[i] = 0;
+    sl_slot_set_hashed(e, i, 1);
+    return 1;
+}
+
+int sl_ecache_memo_stale(sl_engine *e, size_t i)
+{
+    /* Checked again after the read: the check at the start cannot see a
+     * write made while the bytes were being read. ctime never goes back,
+     * so the same identity now means no write since attach. */
+    return e->memo && e->memo[i] && memo_check(e, i);
+}
+
 unsigned sl_ecache_before_start(sl_engine *e, size_t i)
 {
-    if (e->memo && e->memo[i]) {
-        const struct sluice_tensor_info *t = &e->ix->tensors[i];
-        sl_file_id now;
-        const sl_file_id *then = &e->file_id[t->file_index];
-        if (sl_file_id_of(e->ix->files[t->file_index].fd, &now) < 0 ||
-            memcmp(&now, then, sizeof now) != 0) {
-            /* changed since attach: the memo no longer speaks for it */
-            e->memo[i] = 0;
-            sl_slot_set_hashed(e, i, 1);
-        }
-    }
+    if (e->memo && e->memo[i])
+        memo_check(e, i);   /* changed already: hashed, no read wasted */
     if (!e->blob)
         return 0;
-    if (sl_ecache_probe(e, i))
-        return SL_SRC_CACHE;
-    if (blob_candidate(e, i))
+    return sl_ecache_probe(e, i) ? SL_SRC_CACHE : 0;
+}
+
+void sl_ecache_started(sl_engine *e, size_t i, unsigned source)
+{
+    /* here, not in before_start: a start that finds no room is tried
+     * again, and would count its miss each time */
+    if (e->blob && source != SL_SRC_CACHE && blob_candidate(e, i))
         e->st.disk_misses++;
-    return 0;
 }
 
 void sl_ecache_ready(sl_engine *e, size_t i)
@@ -175,9 +193,11 @@ void sl_ecache_ready(sl_engine *e, size_t i)
         close_blob(e, i);
         s->source = 0;
     }
-    if (e->memo && e->memo[i] && !s->hashed) {
-        /* the digest the memo vouched for is the handle's */
-        memcpy(s->digest, sl_expected_digest(e, i), 32);
+    const unsigned char *want = sl_expected_digest(e, i);
+    if (e->memo && e->memo[i] && !s->hashed && want) {
+        /* the digest the memo vouched for is the handle's (none: the
+         * digest table was replaced since, and the memo vouches for nothing) */
+        memcpy(s->digest, want, 32);
         s->has_digest = 1;
         e->st.memo_tensors++;
         e->st.memo_bytes += nbytes;

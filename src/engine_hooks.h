@@ -41,7 +41,9 @@ int sl_engine_quiesce(sluice_model *m);
  * that a test can hold a call there and race sluice_close against it; and
  * (where 4) in an acquire that the pump refused, before it leaves; and
  * (where 5) in sluice_verify after the run, before its message is
- * recorded and it leaves. fn NULL clears. Returns SLUICE_OK or SLUICE_E_INVAL. */
+ * recorded and it leaves; and (where 6) when a load has started but
+ * none of its reads is issued yet, with the engine's lock HELD (fn must
+ * not call the library: it may change the model's file). fn NULL clears. Returns SLUICE_OK or SLUICE_E_INVAL. */
 int sl_engine_set_pause(sluice_model *m, void (*fn)(void *ctx, int where), void *ctx);
 
 /* Opens the O_DIRECT twins of the model's files again as if /proc were

@@ -348,6 +348,13 @@ int sl_ecache_probe(sl_engine *e, size_t i);
  * check (a file changed since attach is hashed after all) and the probe.
  * Returns the load's source: SL_SRC_CACHE or 0. */
 unsigned sl_ecache_before_start(sl_engine *e, size_t i);
+/* Lock held: slot i, loading unhashed on the memo's word, has all its
+ * bytes: 1 when its file's identity is no longer the one taken at attach
+ * (the memo no longer vouches for it: it is hashed from now on), else 0. */
+int sl_ecache_memo_stale(sl_engine *e, size_t i);
+/* Lock held: slot i's load started from source (before_start's): counts
+ * a tensor the cache may hold that had no blob (disk_misses). */
+void sl_ecache_started(sl_engine *e, size_t i, unsigned source);
 /* Lock held: slot i becomes READY (counts a blob's hit or the memo's, and
  * closes the blob). */
 void sl_ecache_ready(sl_engine *e, size_t i);

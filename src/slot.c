@@ -420,6 +420,9 @@ int sl_slot_start(sl_engine *e, size_t i, int room)
     s->fb_log = s->fb_note = NULL;
     s->state = SL_SLOT_READING;
     e->loading_bytes += span;
+    if (e->cache)
+        sl_ecache_started(e, i, source);
+    sl_engine_pause_point(e, SL_PAUSE_LOAD_STARTED);
     return 1;
 
 nomem:
@@ -575,6 +578,12 @@ void sl_slot_landed(sl_engine *e, size_t i, uint32_t c, const sl_err *failure)
         sl_hash_job_ready(e->hasher, s->job, ready < t->nbytes ? ready : t->nbytes);
     }
     if (s->done < s->nchunks)
+        return;
+    /* A tensor the memo spares hashing: its file must still be the one
+     * the memo vouched for now that the bytes are in, or a write since
+     * the load started would go out unverified. */
+    if (!s->hashed && e->memo && sl_ecache_memo_stale(e, i) &&
+        sl_slot_restart(e, i, 0, t->file_index, t->offset) > 0)
         return;
     if (!s->job) {
         become_ready(e, i, s->buf + s->delta);

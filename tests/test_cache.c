@@ -781,6 +781,57 @@ static void *work(void *arg)
     return NULL;
 }
 
+/* A store whose blob is unlinked (another process's eviction of the same
+ * digest) after its rename but before its insert: held at the insert by a
+ * write lock taken here, it sees the blob gone and records nothing, so
+ * that no entry names a missing blob. */
+typedef struct store_arg {
+    sl_cache *c;
+    const blob *b;
+    int stored;
+} store_arg;
+
+static void *store_thread(void *p)
+{
+    store_arg *a = p;
+    a->stored = sl_cache_store(a->c, SLUICE_ALG_SHA256, a->b->digest, a->b->data, a->b->size,
+                               "test", NULL);
+    return NULL;
+}
+
+static void store_sees_vanished_blob(void **state)
+{
+    fx *f = *state;
+    sl_cache *c = open_cache(f->dir, 64 * MIB);
+    expect_on(c);
+    blob b = make_blob(4096, 77);
+    char *index = tu_join(f->dir, "index.sqlite");
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open(index, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+    store_arg a = {c, &b, -1};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, store_thread, &a), 0);
+    char *path = blob_file(c, b.digest);
+    /* the rename comes before the insert, which waits for the lock */
+    for (int k = 0; k < 20000 && !exists(path); k++) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    assert_true(exists(path));
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(sqlite3_exec(db, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
+    pthread_join(th, NULL);
+    sqlite3_close(db);
+    assert_int_equal(a.stored, 0);
+    usage_is(c, 0, 0);
+    expect_on(c);   /* a passing thing, not a reason to turn off */
+    free(path);
+    free(index);
+    free(b.data);
+    sl_cache_close(c);
+}
+
 static void two_threads(void **state)
 {
     fx *f = *state;
@@ -995,6 +1046,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(fault_enospc, setup, teardown),
         cmocka_unit_test_setup_teardown(sigkill_every_step, setup, teardown),
         cmocka_unit_test_setup_teardown(two_threads, setup, teardown),
+        cmocka_unit_test_setup_teardown(store_sees_vanished_blob, setup, teardown),
         cmocka_unit_test_setup_teardown(public_api, setup, teardown),
         cmocka_unit_test(dir_for),
     };

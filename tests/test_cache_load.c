@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include "engine_hooks.h"
 #include "remote_fixture.h"
 #include "tool_run.h"
 
@@ -489,6 +490,15 @@ static void test_sigkill_fills(void **state)
         int wst = 0;
         assert_int_equal(waitpid(pid, &wst, 0), pid);
         assert_true(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL);
+        /* every file in blobs/ is whole: gc records any that lacks an
+         * entry, verify rehashes them all and drops none */
+        sluice_cache *ca = NULL;
+        assert_int_equal(sluice_cache_open(dir, &ca), SLUICE_OK);
+        assert_int_equal(sluice_cache_gc(ca, UINT64_MAX, NULL, NULL), SLUICE_OK);
+        uint64_t checked = 0, dropped = 0;
+        assert_int_equal(sluice_cache_verify(ca, &checked, &dropped, NULL, NULL), SLUICE_OK);
+        sluice_cache_close(ca);
+        assert_int_equal(dropped, 0);
         check_ctx c;
         struct sluice_stats st = load_all(url, &o, &c);
         assert_int_equal(c.failed, 0);
@@ -813,6 +823,316 @@ static void test_options(void **state)
     free(xdg);
 }
 
+
+/* ---------------------------------------------------------------- descriptors and hostile blobs */
+
+/* Every tensor's digest (a load through the cache at dir, which stores
+ * them all). */
+static uint8_t (*digests_via(const char *dir))[32]
+{
+    sluice_options o = cached_opts(dir);
+    sluice_model *m = open_ok(url, &o);
+    uint8_t (*d)[32] = calloc(ntensors, sizeof *d);
+    assert_non_null(d);
+    for (size_t i = 0; i < ntensors; i++) {
+        sluice_tensor *t = NULL;
+        assert_int_equal(sluice_acquire_index(m, i, &t), SLUICE_OK);
+        if (sluice_tensor_size(t))
+            assert_int_equal(sluice_tensor_digest(t, d[i]), SLUICE_OK);
+        sluice_release(t);
+    }
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    return d;
+}
+
+static char *blob_path_of(const char *dir, const uint8_t d[32])
+{
+    char hex[65];
+    for (int k = 0; k < 32; k++)
+        snprintf(hex + 2 * k, 3, "%02x", d[k]);
+    size_t n = strlen(dir) + 100;
+    char *p = malloc(n);
+    assert_non_null(p);
+    snprintf(p, n, "%s/blobs/sha256/%.2s/%s", dir, hex, hex);
+    return p;
+}
+
+/* Descriptors of this process open on files under dir. */
+static size_t fds_under(const char *dir)
+{
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    size_t n = 0, len = strlen(dir);
+    struct dirent *x;
+    while ((x = readdir(d))) {
+        char link[300], target[4096];
+        snprintf(link, sizeof link, "/proc/self/fd/%s", x->d_name);
+        ssize_t k = readlink(link, target, sizeof target - 1);
+        if (k <= 0)
+            continue;
+        target[k] = '\0';
+        n += !strncmp(target, dir, len) && strstr(target, "/blobs/");
+    }
+    closedir(d);
+    return n;
+}
+
+/* A blob's descriptor lives while its load does: a tensor that only had
+ * its blob looked at (next to a tensor read from the server) holds none
+ * once nothing is loading. */
+static void test_blob_fds_bounded(void **state)
+{
+    (void)state;
+    char *dir = fresh_cache();
+    uint8_t (*d)[32] = digests_via(dir);
+    /* even tensors lose their blob: each is fetched, its neighbour has one */
+    size_t gone = 0;
+    for (size_t i = 0; i < ntensors; i += 2) {
+        char *p = blob_path_of(dir, d[i]);
+        gone += unlink(p) == 0;
+        free(p);
+    }
+    assert_true(gone > 4);
+    sluice_options o = cached_opts(dir);
+    sluice_model *m = open_ok(url, &o);
+    for (size_t i = 0; i < ntensors; i += 2) {
+        sluice_tensor *t = NULL;
+        assert_int_equal(sluice_acquire_index(m, i, &t), SLUICE_OK);
+        sluice_release(t);
+    }
+    size_t held = fds_under(dir);
+    /* the odd ones now, read from their blobs */
+    for (size_t i = 1; i < ntensors; i += 2) {
+        sluice_tensor *t = NULL;
+        assert_int_equal(sluice_acquire_index(m, i, &t), SLUICE_OK);
+        sluice_release(t);
+    }
+    held += fds_under(dir);
+    fprintf(stderr, "  blob descriptors held with nothing loading: %zu\n", held);
+    struct sluice_stats st = {.size = sizeof st};
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    assert_int_equal(held, 0);
+    assert_int_equal(st.disk_misses, gone);
+    assert_int_equal(fds_under(dir), 0);
+    free(d);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+static void on_alarm(int sig)
+{
+    (void)sig;
+    static const char msg[] = "hung on a hostile cache directory\n";
+    if (write(2, msg, sizeof msg - 1) < 0) {
+    }
+    _exit(1);
+}
+
+static void verify_seen(void *user, const sluice_cache_entry *e, const char *why)
+{
+    (void)e;
+    (void)why;
+    ++*(size_t *)user;
+}
+
+/* Blob paths that are a FIFO, a directory, a symbolic link: each is a
+ * miss (never a hang, never served), the load succeeds, and verify gets
+ * through them too. */
+static void test_hostile_blobs(void **state)
+{
+    (void)state;
+    char *dir = fresh_cache();
+    uint8_t (*d)[32] = digests_via(dir);
+    size_t made = 0;
+    for (size_t i = 0; i < ntensors && made < 3; i++) {
+        char *p = blob_path_of(dir, d[i]);
+        if (unlink(p) == 0) {
+            int rc = made == 0 ? mkfifo(p, 0644) : made == 1 ? mkdir(p, 0755) : symlink(model, p);
+            assert_int_equal(rc, 0);
+            made++;
+        }
+        free(p);
+    }
+    assert_int_equal(made, 3);
+    signal(SIGALRM, on_alarm);
+    alarm(60);
+    sluice_options o = cached_opts(dir);
+    check_ctx c;
+    struct sluice_stats st = load_all(url, &o, &c);
+    assert_int_equal(c.failed, 0);
+    assert_int_equal(c.delivered, ntensors);
+    assert_int_equal(st.disk_hits, nonempty - 3);
+    assert_int_equal(st.disk_rotten, 0);
+    /* the fills replaced the FIFO and the link: a FIFO again, for verify */
+    char *p = blob_path_of(dir, d[ntensors - 1]);
+    assert_int_equal(unlink(p), 0);
+    assert_int_equal(mkfifo(p, 0644), 0);
+    free(p);
+    sluice_cache *ca = NULL;
+    assert_int_equal(sluice_cache_open(dir, &ca), SLUICE_OK);
+    uint64_t checked = 0, dropped = 0;
+    size_t told = 0;
+    assert_int_equal(sluice_cache_verify(ca, &checked, &dropped, verify_seen, &told), SLUICE_OK);
+    assert_true(told >= 1);   /* the FIFO, reported (and kept: it could not be read) */
+    sluice_cache_close(ca);
+    alarm(0);
+    signal(SIGALRM, SIG_DFL);
+    free(d);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* A pool that holds a few tensors at a time: starts that find no room are
+ * tried again, and each load is still one miss (cold) or one hit (warm). */
+static void test_small_pool_counts(void **state)
+{
+    (void)state;
+    char *dir = fresh_cache();
+    sluice_options o = cached_opts(dir);
+    o.pool_bytes = 192u << 10;
+    check_ctx c;
+    struct sluice_stats st = load_all(url, &o, &c);
+    fprintf(stderr, "  cold: misses %llu stored %llu loaded %llu\n",
+            (unsigned long long)st.disk_misses, (unsigned long long)st.disk_stored,
+            (unsigned long long)st.tensors_loaded);
+    assert_int_equal(c.failed, 0);
+    assert_int_equal(st.disk_misses, nonempty);
+    assert_int_equal(st.disk_stored, nonempty);
+    st = load_all(url, &o, &c);
+    assert_int_equal(c.failed, 0);
+    assert_int_equal(st.disk_hits, nonempty);
+    assert_int_equal(st.disk_misses, 0);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* A write to the file while a tensor the memo vouches for is being read
+ * (after its load started and compared the identity): the identity is
+ * compared again once the bytes are in, and the tensor is hashed. */
+typedef struct flip_ctx {
+    int armed;
+    off_t at;
+    unsigned char was;
+} flip_ctx;
+
+static void flip_when_started(void *ctx, int where)
+{
+    flip_ctx *f = ctx;
+    if (where != 6 || !f->armed)   /* a load started (engine_hooks.h) */
+        return;
+    f->armed = 0;
+    int fd = open(model, O_RDWR);
+    if (fd < 0 || pread(fd, &f->was, 1, f->at) != 1)
+        abort();
+    unsigned char b = f->was ^ 1;
+    if (pwrite(fd, &b, 1, f->at) != 1)
+        abort();
+    close(fd);
+}
+
+static void test_memo_changed_while_read(void **state)
+{
+    (void)state;
+    char *dir = fresh_cache();
+    check_ctx c;
+    sleep_ms(1100);
+    memo_load(dir, SLUICE_F_TRUST_UNCHANGED, NULL, &c);
+    sluice_options o = cached_opts(dir);
+    o.flags |= SLUICE_F_TRUST_UNCHANGED;
+    sluice_model *m = open_ok(model, &o);
+    struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+    size_t last = ntensors - 1;
+    assert_int_equal(sluice_info(m, last, &ti), SLUICE_OK);
+    flip_ctx f = {1, (off_t)ti.offset, 0};
+    assert_int_equal(sl_engine_set_pause(m, flip_when_started, &f), SLUICE_OK);
+    sluice_tensor *t = NULL;
+    int rc = sluice_acquire_index(m, last, &t);
+    assert_int_equal(f.armed, 0);
+    if (rc == SLUICE_OK)
+        sluice_release(t);
+    sl_engine_set_pause(m, NULL, NULL);
+    struct sluice_stats st = {.size = sizeof st};
+    sluice_stats(m, &st);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    /* put it back */
+    int fd = open(model, O_RDWR);
+    assert_int_equal(pwrite(fd, &f.was, 1, f.at), 1);
+    close(fd);
+    assert_int_equal(rc, SLUICE_E_CHECKSUM);
+    assert_int_equal(st.memo_tensors, 0);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* A byte changed and the file's mtime set back to what it was: only the
+ * ctime says so, and that is enough for the memo to stand aside. */
+static void test_memo_mtime_set_back(void **state)
+{
+    (void)state;
+    char *dir = fresh_cache();
+    check_ctx c;
+    sleep_ms(1100);
+    memo_load(dir, SLUICE_F_TRUST_UNCHANGED, NULL, &c);
+    struct sluice_stats st = memo_load(dir, SLUICE_F_TRUST_UNCHANGED, NULL, &c);
+    assert_int_equal(st.memo_tensors, nonempty);
+    struct stat before;
+    assert_int_equal(stat(model, &before), 0);
+    sluice_options o;
+    sluice_options_init(&o);
+    sluice_model *m = open_ok(model, &o);
+    struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+    assert_int_equal(sluice_info(m, ntensors - 1, &ti), SLUICE_OK);
+    sluice_close(m);
+    int fd = open(model, O_RDWR);
+    assert_true(fd >= 0);
+    unsigned char b;
+    assert_int_equal(pread(fd, &b, 1, (off_t)ti.offset), 1);
+    b ^= 1;
+    assert_int_equal(pwrite(fd, &b, 1, (off_t)ti.offset), 1);
+    struct timespec times[2] = {before.st_atim, before.st_mtim};
+    assert_int_equal(futimens(fd, times), 0);
+    sleep_ms(1100);   /* old enough for the memo to record it */
+    st = memo_load(dir, SLUICE_F_TRUST_UNCHANGED, NULL, &c);
+    b ^= 1;
+    assert_int_equal(pwrite(fd, &b, 1, (off_t)ti.offset), 1);   /* put it back */
+    close(fd);
+    assert_int_equal(c.failed, 1);
+    assert_int_equal(c.first_failure, SLUICE_E_CHECKSUM);
+    assert_int_equal(st.memo_tensors, 0);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* The digest table replaced after open (the engine hook), leaving tensors
+ * the memo vouched for with no digest at all: they load plain, the memo
+ * claims nothing for them. */
+static void test_memo_then_no_digests(void **state)
+{
+    (void)state;
+    char *dir = fresh_cache();
+    check_ctx c;
+    sleep_ms(1100);
+    memo_load(dir, SLUICE_F_TRUST_UNCHANGED, NULL, &c);
+    sluice_options o = cached_opts(dir);
+    o.flags |= SLUICE_F_TRUST_UNCHANGED;
+    sluice_model *m = open_ok(model, &o);
+    unsigned char (*d)[32] = calloc(ntensors, 32);
+    unsigned char *has = calloc(ntensors, 1);
+    assert_int_equal(sl_engine_set_digests(m, (const unsigned char (*)[32])d, has), SLUICE_OK);
+    memset(&c, 0, sizeof c);
+    sluice_stream(m, NULL, 0, check_cb, &c);
+    struct sluice_stats st = {.size = sizeof st};
+    sluice_stats(m, &st);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    assert_int_equal(c.failed, 0);
+    assert_int_equal(st.memo_tensors, 0);
+    free(d);
+    free(has);
+    tu_rmtree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -827,7 +1147,13 @@ int main(void)
         cmocka_unit_test(test_threads),
         cmocka_unit_test(test_memo),
         cmocka_unit_test(test_memo_changed_after_open),
+        cmocka_unit_test(test_memo_changed_while_read),
+        cmocka_unit_test(test_memo_mtime_set_back),
+        cmocka_unit_test(test_memo_then_no_digests),
         cmocka_unit_test(test_options),
+        cmocka_unit_test(test_blob_fds_bounded),
+        cmocka_unit_test(test_hostile_blobs),
+        cmocka_unit_test(test_small_pool_counts),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
