@@ -582,9 +582,18 @@ void sl_slot_landed(sl_engine *e, size_t i, uint32_t c, const sl_err *failure)
     /* A tensor the memo spares hashing: its file must still be the one
      * the memo vouched for now that the bytes are in, or a write since
      * the load started would go out unverified. */
-    if (!s->hashed && e->memo && sl_ecache_memo_stale(e, i) &&
-        sl_slot_restart(e, i, 0, t->file_index, t->offset) > 0)
+    if (!s->hashed && e->memo && sl_ecache_memo_stale(e, i)) {
+        if (sl_slot_restart(e, i, 0, t->file_index, t->offset) > 0)
+            return;
+        /* never handed out unverified: no memory to read it again */
+        char q[SL_QUOTE_MAX];
+        sl_err err;
+        sl_fail(&err, SLUICE_E_NOMEM, "tensor %s (file %s): its file changed while it was "
+                "read, and there is no memory to read it again, hashed",
+                sl_quote(q, sizeof q, t->name, t->name_len), t->file);
+        fail_load(e, i, &err);
         return;
+    }
     if (!s->job) {
         become_ready(e, i, s->buf + s->delta);
         return;
