@@ -20,9 +20,10 @@
  *    hashed after all. A hashed local tensor that matched is recorded
  *    for the next open (not for this one: its identity was taken before).
  *
- * The blob's descriptor is opened when the load is about to start and
- * closed when it ends, so descriptors stay bounded by the loads in flight
- * and a blob deleted by another process before then is simply a miss.
+ * A blob's descriptor is opened when its load is about to start (or when
+ * the scheduler looks at the tensor to group it with a neighbour's read)
+ * and closed when that load ends, or at close: a blob deleted by another
+ * process after that is still read whole, one deleted before is a miss.
  */
 #include "cache.h"
 #include "engine_int.h"
