@@ -72,7 +72,7 @@ static void cache_commands(void **state)
     assert_int_equal(count(r.out, "\n"), 2);
     assert_int_equal(count(r.out, "https://h/model"), 2);
     for (int i = 0; i < 2; i++) {
-        char want[80];
+        char want[160];
         snprintf(want, sizeof want, "sha256:%s", hex[i]);
         assert_non_null(strstr(r.out, want));
     }
