@@ -193,7 +193,7 @@ int cmd_bench_cache(int argc, char **argv)
     }
     printf("rounds: %d; every round's times (s):", runs);
     for (int r = 0; r < ROWS; r++) {
-        printf("\n  %c:", 'a' + r);
+        printf("\n  %c:", "abcder"[r]);
         for (int k = 0; k < runs; k++)
             printf(" %.3f", res[k * ROWS + r].s);
     }
