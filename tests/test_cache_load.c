@@ -758,21 +758,31 @@ static void test_memo(void **state)
     free(dir);
 }
 
+/* The memo recorded in a fresh cache *dir (a load a second after the
+ * file's last change), then an open with the flag that finds it; *ti
+ * gets the last tensor's description. */
+static sluice_model *open_memo_warm(char **dir, struct sluice_tensor_info *ti)
+{
+    check_ctx c;
+    *dir = fresh_cache();
+    sleep_ms(1100);
+    memo_load(*dir, SLUICE_F_TRUST_UNCHANGED, NULL, &c);
+    sluice_options o = cached_opts(*dir);
+    o.flags |= SLUICE_F_TRUST_UNCHANGED;
+    sluice_model *m = open_ok(model, &o);
+    assert_int_equal(sluice_info(m, ntensors - 1, ti), SLUICE_OK);
+    return m;
+}
+
 /* A file changed after the open that found the memo: the load compares
  * the identity again and hashes (here: catches the flipped byte). */
 static void test_memo_changed_after_open(void **state)
 {
     (void)state;
-    char *dir = fresh_cache();
-    check_ctx c;
-    sleep_ms(1100);
-    memo_load(dir, SLUICE_F_TRUST_UNCHANGED, NULL, &c);
-    sluice_options o = cached_opts(dir);
-    o.flags |= SLUICE_F_TRUST_UNCHANGED;
-    sluice_model *m = open_ok(model, &o);
+    char *dir;
     struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+    sluice_model *m = open_memo_warm(&dir, &ti);
     size_t last = ntensors - 1;
-    assert_int_equal(sluice_info(m, last, &ti), SLUICE_OK);
     int fd = open(model, O_RDWR);
     unsigned char b;
     assert_int_equal(pread(fd, &b, 1, (off_t)ti.offset), 1);
@@ -1034,16 +1044,10 @@ static void flip_when_started(void *ctx, int where)
 static void test_memo_changed_while_read(void **state)
 {
     (void)state;
-    char *dir = fresh_cache();
-    check_ctx c;
-    sleep_ms(1100);
-    memo_load(dir, SLUICE_F_TRUST_UNCHANGED, NULL, &c);
-    sluice_options o = cached_opts(dir);
-    o.flags |= SLUICE_F_TRUST_UNCHANGED;
-    sluice_model *m = open_ok(model, &o);
+    char *dir;
     struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+    sluice_model *m = open_memo_warm(&dir, &ti);
     size_t last = ntensors - 1;
-    assert_int_equal(sluice_info(m, last, &ti), SLUICE_OK);
     flip_ctx f = {1, (off_t)ti.offset, 0};
     assert_int_equal(sl_engine_set_pause(m, flip_when_started, &f), SLUICE_OK);
     sluice_tensor *t = NULL;
@@ -1110,13 +1114,10 @@ static void test_memo_mtime_set_back(void **state)
 static void test_memo_then_no_digests(void **state)
 {
     (void)state;
-    char *dir = fresh_cache();
+    char *dir;
     check_ctx c;
-    sleep_ms(1100);
-    memo_load(dir, SLUICE_F_TRUST_UNCHANGED, NULL, &c);
-    sluice_options o = cached_opts(dir);
-    o.flags |= SLUICE_F_TRUST_UNCHANGED;
-    sluice_model *m = open_ok(model, &o);
+    struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+    sluice_model *m = open_memo_warm(&dir, &ti);
     unsigned char (*d)[32] = calloc(ntensors, 32);
     unsigned char *has = calloc(ntensors, 1);
     assert_int_equal(sl_engine_set_digests(m, (const unsigned char (*)[32])d, has), SLUICE_OK);
