@@ -1069,6 +1069,126 @@ static void test_memo_changed_while_read(void **state)
     free(dir);
 }
 
+/* Flips one byte of the model at off, returning the byte that was there. */
+static unsigned char flip_byte(off_t off)
+{
+    int fd = open(model, O_RDWR);
+    unsigned char b;
+    assert_true(fd >= 0);
+    assert_int_equal(pread(fd, &b, 1, off), 1);
+    unsigned char nb = b ^ 1;
+    assert_int_equal(pwrite(fd, &nb, 1, off), 1);
+    close(fd);
+    return b;
+}
+
+static void put_byte(off_t off, unsigned char b)
+{
+    int fd = open(model, O_RDWR);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, &b, 1, off), 1);
+    close(fd);
+}
+
+/* A memo-warm open with extra flags. */
+static sluice_model *open_memo_flags(const char *dir, uint32_t flags)
+{
+    sluice_options o = cached_opts(dir);
+    o.flags |= SLUICE_F_TRUST_UNCHANGED | flags;
+    return open_ok(model, &o);
+}
+
+/* The other ways a memo-trusted tensor's bytes can come in: an O_DIRECT
+ * load whose tensor sits off 64 bytes (a move job, hashed 0, exists when
+ * the file changes under the read), a group of small tensors read at once
+ * (the write lands before the group's read), and the calls that must never
+ * take the memo's word: sluice_read_into, sluice_acquire_range and
+ * sluice_verify. Each one sees the flipped byte. */
+static void test_memo_other_paths(void **state)
+{
+    (void)state;
+    char *dir;
+    struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+    sluice_model *m = open_memo_warm(&dir, &ti);
+    /* a tensor off 64 bytes (else the last one) for the O_DIRECT case, and
+     * a small one after another small one for the group */
+    size_t odd = ntensors - 1, grouped = SIZE_MAX;
+    struct sluice_tensor_info prev = SLUICE_TENSOR_INFO_INIT;
+    for (size_t i = 0; i < ntensors; i++) {
+        struct sluice_tensor_info x = SLUICE_TENSOR_INFO_INIT;
+        assert_int_equal(sluice_info(m, i, &x), SLUICE_OK);
+        if (x.nbytes && (x.offset & 63) && odd == ntensors - 1)
+            odd = i;
+        if (i && grouped == SIZE_MAX && x.nbytes && x.nbytes < 4096 && prev.nbytes &&
+            prev.nbytes < 4096 && prev.offset + prev.nbytes == x.offset)
+            grouped = i;
+        prev = x;
+    }
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+
+    /* O_DIRECT: the write made once the load started */
+    struct sluice_tensor_info to = SLUICE_TENSOR_INFO_INIT;
+    m = open_memo_flags(dir, SLUICE_F_DIRECT);
+    assert_int_equal(sluice_info(m, odd, &to), SLUICE_OK);
+    flip_ctx f = {1, (off_t)to.offset, 0};
+    assert_int_equal(sl_engine_set_pause(m, flip_when_started, &f), SLUICE_OK);
+    sluice_tensor *t = NULL;
+    int rc = sluice_acquire_index(m, odd, &t);
+    assert_int_equal(f.armed, 0);
+    if (rc == SLUICE_OK)
+        sluice_release(t);
+    sl_engine_set_pause(m, NULL, NULL);
+    struct sluice_stats st = {.size = sizeof st};
+    sluice_stats(m, &st);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    put_byte(f.at, f.was);
+    assert_int_equal(rc, SLUICE_E_CHECKSUM);
+    assert_int_equal(st.memo_tensors, 0);
+
+    /* a group: the write made when the stream's first load started */
+    if (grouped != SIZE_MAX) {
+        struct sluice_tensor_info tg = SLUICE_TENSOR_INFO_INIT;
+        sleep_ms(1100);
+        check_ctx c;
+        memo_load(dir, SLUICE_F_TRUST_UNCHANGED, NULL, &c);    /* the memo again */
+        m = open_memo_flags(dir, 0);
+        assert_int_equal(sluice_info(m, grouped, &tg), SLUICE_OK);
+        flip_ctx g = {1, (off_t)tg.offset, 0};
+        assert_int_equal(sl_engine_set_pause(m, flip_when_started, &g), SLUICE_OK);
+        memset(&c, 0, sizeof c);
+        sluice_stream(m, NULL, 0, check_cb, &c);
+        sl_engine_set_pause(m, NULL, NULL);
+        sluice_stats(m, &st);
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+        put_byte(g.at, g.was);
+        assert_int_equal(g.armed, 0);
+        assert_int_equal(c.failed, 1);
+        assert_int_equal(c.first_failure, SLUICE_E_CHECKSUM);
+        assert_int_equal(st.memo_tensors, 0);
+    }
+
+    /* the calls that always hash, on an open that found the memo */
+    sleep_ms(1100);
+    check_ctx c;
+    memo_load(dir, SLUICE_F_TRUST_UNCHANGED, NULL, &c);
+    m = open_memo_flags(dir, 0);
+    assert_int_equal(sluice_info(m, ntensors - 1, &ti), SLUICE_OK);   /* names of this open */
+    unsigned char was = flip_byte((off_t)ti.offset);
+    unsigned char *buf = malloc((size_t)ti.nbytes);
+    assert_int_equal(sluice_read_into(m, ti.name, 0, buf, ti.nbytes), SLUICE_E_CHECKSUM);
+    free(buf);
+    assert_int_equal(sluice_acquire_range(m, ti.name, 0, ti.nbytes, &t), SLUICE_E_CHECKSUM);
+    struct sluice_verify_report rep = {.size = sizeof rep};
+    const char *names[1] = {ti.name};
+    assert_int_equal(sluice_verify(m, names, 1, NULL, &rep), SLUICE_E_CHECKSUM);
+    assert_int_equal(rep.tensors_failed, 1);
+    assert_int_equal(rep.bytes_hashed, ti.nbytes);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    put_byte((off_t)ti.offset, was);
+    tu_rmtree(dir);
+    free(dir);
+}
+
 /* A byte changed and the file's mtime set back to what it was: only the
  * ctime says so, and that is enough for the memo to stand aside. */
 static void test_memo_mtime_set_back(void **state)
@@ -1150,6 +1270,7 @@ int main(void)
         cmocka_unit_test(test_memo_changed_after_open),
         cmocka_unit_test(test_memo_changed_while_read),
         cmocka_unit_test(test_memo_mtime_set_back),
+        cmocka_unit_test(test_memo_other_paths),
         cmocka_unit_test(test_memo_then_no_digests),
         cmocka_unit_test(test_options),
         cmocka_unit_test(test_blob_fds_bounded),
