@@ -1259,8 +1259,11 @@ SLUICE_API int sluice_stats(sluice_model *model, struct sluice_stats *stats);
  * manifest are fetched at every open (the blobs are named by the digests
  * of the manifest read then), so a remote model that changed loads the
  * tensors whose digests changed from the source, and the unchanged ones
- * from the cache. sluice_read_into, sluice_acquire_range and sluice_verify
- * do not use the cache.
+ * from the cache. sluice_read_into and sluice_acquire_range do not use the
+ * cache, nor does sluice_verify of a local model. sluice_verify of a
+ * remote model checks its tensors through a stream (see sluice_verify),
+ * like any load: a tensor whose blob is present is checked from the blob
+ * (hashed as it is read), not fetched from the source again.
  *
  * Eviction: after a store, the least recently used blobs are deleted until
  * the blobs take at most cache_bytes. A process reading a blob holds its

@@ -245,6 +245,38 @@ static void test_cold_then_warm(void **state)
     free(dir);
 }
 
+/* sluice_verify of a remote model streams its tensors through the engine,
+ * so a warm cache answers it from the blobs (verified as they are read):
+ * no tensor request reaches the server. sluice_read_into does go there. */
+static void test_remote_verify_uses_blobs(void **state)
+{
+    (void)state;
+    char *dir = fresh_cache();
+    sluice_options o = cached_opts(dir);
+    check_ctx c;
+    load_all(url, &o, &c);   /* cold: fills the cache */
+    assert_int_equal(c.failed, 0);
+    sluice_model *m = open_ok(url, &o);
+    size_t before = rf_requests(&nginx);
+    struct sluice_verify_report rep = {.size = sizeof rep};
+    assert_int_equal(sluice_verify(m, NULL, 0, NULL, &rep), SLUICE_OK);
+    assert_int_equal(rep.tensors_ok, ntensors);
+    struct sluice_stats st = {.size = sizeof st};
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    assert_int_equal(rf_requests(&nginx), before);
+    assert_int_equal(st.disk_hits, nonempty);
+    assert_int_equal(st.remote_reads, 0);
+    struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+    assert_int_equal(sluice_info(m, ntensors - 1, &ti), SLUICE_OK);
+    unsigned char *buf = malloc((size_t)ti.nbytes);
+    assert_int_equal(sluice_read_into(m, ti.name, 0, buf, ti.nbytes), SLUICE_OK);
+    free(buf);
+    assert_true(rf_requests(&nginx) > before);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(dir);
+    free(dir);
+}
+
 /* A blob whose byte rotted on disk is caught as it is read, dropped,
  * fetched again and stored again; a cut one is a miss. */
 static void test_rotten_blob(void **state)
@@ -1258,6 +1290,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cold_then_warm),
+        cmocka_unit_test(test_remote_verify_uses_blobs),
         cmocka_unit_test(test_rotten_blob),
         cmocka_unit_test(test_blobs_deleted_while_loading),
         cmocka_unit_test(test_broken_index),
