@@ -277,6 +277,69 @@ static void test_remote_verify_uses_blobs(void **state)
     free(dir);
 }
 
+/* sluice_close right after a cold prefetch: stores run on the hashing
+ * threads with the engine's lock dropped; close waits for them (the hasher
+ * idle) before the cache goes. Under ASan a store outliving the cache is a
+ * use after free; after each close every blob recorded rehashes to its
+ * name. Then a stream cancelled from its first callback, stores still on
+ * their way, and a trim, must leave the same. */
+static int cancel_first(void *user, sluice_tensor *t, int status,
+                        const struct sluice_tensor_info *info, const char *message)
+{
+    (void)status, (void)info, (void)message;
+    sluice_cancel_request(user);
+    if (t)
+        sluice_release(t);
+    return 0;
+}
+
+static void expect_blobs_sound(const char *dir)
+{
+    sluice_cache *ca = NULL;
+    assert_int_equal(sluice_cache_open(dir, &ca), SLUICE_OK);
+    uint64_t checked = 0, dropped = 0, bytes = 0, entries = 0;
+    assert_int_equal(sluice_cache_verify(ca, &checked, &dropped, NULL, NULL), SLUICE_OK);
+    assert_int_equal(dropped, 0);
+    assert_int_equal(sluice_cache_usage(ca, &bytes, &entries), SLUICE_OK);
+    assert_true(entries <= nonempty);
+    sluice_cache_close(ca);
+}
+
+static void test_close_cancel_while_storing(void **state)
+{
+    (void)state;
+    for (int round = 0; round < 6; round++) {
+        char *dir = fresh_cache();
+        sluice_options o = cached_opts(dir);
+        sluice_model *m = open_ok(url, &o);
+        assert_int_equal(sluice_prefetch(m, NULL, 0), SLUICE_OK);
+        if (round & 1) {
+            uint64_t released = 0;
+            sluice_trim(m, &released);
+        }
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+        expect_blobs_sound(dir);
+
+        m = open_ok(url, &o);
+        sluice_cancel *cc = NULL;
+        assert_int_equal(sluice_cancel_create(&cc), SLUICE_OK);
+        sluice_stream_options so;
+        sluice_stream_options_init(&so);
+        so.cancel = cc;
+        sluice_stream_ex(m, NULL, 0, cancel_first, cc, &so);
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+        sluice_cancel_free(cc);
+        expect_blobs_sound(dir);
+        /* what is there loads right */
+        check_ctx c;
+        load_all(url, &o, &c);
+        assert_int_equal(c.failed, 0);
+        assert_int_equal(c.delivered, ntensors);
+        tu_rmtree(dir);
+        free(dir);
+    }
+}
+
 /* A blob whose byte rotted on disk is caught as it is read, dropped,
  * fetched again and stored again; a cut one is a miss. */
 static void test_rotten_blob(void **state)
@@ -1291,6 +1354,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cold_then_warm),
         cmocka_unit_test(test_remote_verify_uses_blobs),
+        cmocka_unit_test(test_close_cancel_while_storing),
         cmocka_unit_test(test_rotten_blob),
         cmocka_unit_test(test_blobs_deleted_while_loading),
         cmocka_unit_test(test_broken_index),
