@@ -211,6 +211,10 @@ int sl_ecache_refetch(sl_engine *e, size_t i)
     close_blob(e, i);
     sl_cache_drop(e->cache, e->alg, sl_expected_digest(e, i));
     e->st.disk_rotten++;
+    /* The blob is gone from this load: a failure that stands (closing, no
+     * memory) is the model's own from here on, for the mirrors' code too
+     * (source 255 is no mirror's number). */
+    e->slots[i].source = 0;
     if (e->closing)
         return 0;
     return sl_slot_restart(e, i, 0, t->file_index, t->offset) > 0;

@@ -340,6 +340,60 @@ static void test_close_cancel_while_storing(void **state)
     }
 }
 
+/* Flips the first byte of every blob in dir. */
+static void rot_all_blobs(const char *dir)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "find '%s/blobs' -type f", dir);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    char line[1024];
+    while (fgets(line, sizeof line, p)) {
+        line[strcspn(line, "\n")] = '\0';
+        int fd = open(line, O_RDWR);
+        assert_true(fd >= 0);
+        unsigned char b;
+        assert_int_equal(pread(fd, &b, 1, 0), 1);
+        b ^= 0xff;
+        assert_int_equal(pwrite(fd, &b, 1, 0), 1);
+        close(fd);
+    }
+    pclose(p);
+}
+
+/* Rotten blobs of a model with a mirror, their loads ending while the
+ * model closes: the blob is dropped and no fetch starts (closing); the
+ * failure then goes to the mirrors' code as the model's own, never as a
+ * load from a mirror numbered by the cache's source (255, past the
+ * mirrors). */
+static void test_rotten_blobs_at_close_with_mirror(void **state)
+{
+    (void)state;
+    char *mirror = tu_join(root, "m");
+    const char *fb[1] = {mirror};
+    for (int round = 0; round < 8; round++) {
+        char *dir = fresh_cache();
+        sluice_options o = cached_opts(dir);
+        check_ctx c;
+        load_all(url, &o, &c);   /* fills the cache */
+        assert_int_equal(c.failed, 0);
+        rot_all_blobs(dir);
+        o.fallback = fb;
+        o.fallback_count = 1;
+        sluice_model *m = open_ok(url, &o);
+        assert_int_equal(sluice_prefetch(m, NULL, 0), SLUICE_OK);
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+        /* and loaded to the end: every tensor right, fetched again */
+        o.fallback = NULL;
+        o.fallback_count = 0;
+        load_all(url, &o, &c);
+        assert_int_equal(c.failed, 0);
+        tu_rmtree(dir);
+        free(dir);
+    }
+    free(mirror);
+}
+
 /* A blob whose byte rotted on disk is caught as it is read, dropped,
  * fetched again and stored again; a cut one is a miss. */
 static void test_rotten_blob(void **state)
@@ -1355,6 +1409,7 @@ int main(void)
         cmocka_unit_test(test_cold_then_warm),
         cmocka_unit_test(test_remote_verify_uses_blobs),
         cmocka_unit_test(test_close_cancel_while_storing),
+        cmocka_unit_test(test_rotten_blobs_at_close_with_mirror),
         cmocka_unit_test(test_rotten_blob),
         cmocka_unit_test(test_blobs_deleted_while_loading),
         cmocka_unit_test(test_broken_index),
