@@ -394,7 +394,8 @@ static void render(ctx *c)
     scalar(c, "sluice_streams_total", "counter", "sluice_stream calls finished.", OFF(streams));
     scalar(c, "sluice_disk_cache_hits_total", "counter",
            "Tensor loads read from the persistent cache's blobs.", OFF(st.disk_hits));
-    scalar(c, "sluice_disk_cache_hit_bytes_total", "counter", "Their bytes.",
+    scalar(c, "sluice_disk_cache_hit_bytes_total", "counter",
+           "Bytes of the tensor loads read from the persistent cache's blobs.",
            OFF(st.disk_hit_bytes));
     scalar(c, "sluice_disk_cache_misses_total", "counter",
            "Remote tensor loads that found no blob.", OFF(st.disk_misses));
