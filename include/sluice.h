@@ -1274,7 +1274,7 @@ SLUICE_API int sluice_stats(sluice_model *model, struct sluice_stats *stats);
  * Many processes: each finds a blob by its name, so a tensor another
  * process stored since this open is read from the cache; processes that
  * start at the same moment may each fetch the same tensor (at most once
- * per process); the rename makes a blob appear whole or not at all.
+ * per open model); the rename makes a blob appear whole or not at all.
  *
  * Failures: a corrupt or foreign index.sqlite is moved aside (to
  * corrupt/) and rebuilt from the blobs; temporary files left by dead
