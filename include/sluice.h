@@ -1260,10 +1260,11 @@ SLUICE_API int sluice_stats(sluice_model *model, struct sluice_stats *stats);
  * of the manifest read then), so a remote model that changed loads the
  * tensors whose digests changed from the source, and the unchanged ones
  * from the cache. sluice_read_into and sluice_acquire_range do not use the
- * cache, nor does sluice_verify of a local model. sluice_verify of a
- * remote model checks its tensors through a stream (see sluice_verify),
- * like any load: a tensor whose blob is present is checked from the blob
- * (hashed as it is read), not fetched from the source again.
+ * cache. sluice_verify checks the source: while it runs on a remote model
+ * (a stream through the pool, see sluice_verify) its loads, and any other
+ * load of that model started meanwhile, fetch from the source and store
+ * what they fetch; a tensor already in the pool (read from a blob, hashed
+ * as it was read) is not read again.
  *
  * Eviction: after a store, the least recently used blobs are deleted until
  * the blobs take at most cache_bytes. A process reading a blob holds its

@@ -1068,8 +1068,10 @@ static int remote_verify(sluice_model *m, const char *const *names, size_t n,
     so.progress_interval_ms = vo->progress_interval_ms;
     so.cancel = vo->cancel;
     uint64_t t0 = sl_metrics_clock();
+    sl_engine_bypass_blobs(m->engine, 1);   /* a verify checks the source, not the cache */
     int rc = (vo->flags & SLUICE_VF_NO_TENSORS) ? SLUICE_OK
              : sluice_stream_ex(m, names, names ? n : 0, rv_item, &c, &so);
+    sl_engine_bypass_blobs(m->engine, -1);
     c.r.elapsed_ns = sl_metrics_clock() - t0;
     c.r.threads = m->opts.hash_threads;
     *r = c.r;

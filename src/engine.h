@@ -40,6 +40,10 @@ struct sl_cache;
  * SLUICE_F_TRUST_UNCHANGED its memo spares hashing local tensors verified
  * before. */
 int sl_engine_attach_cache(sl_engine *e, struct sl_cache *c, sl_err *err);
+/* While a sluice_verify of a remote model runs (delta +1, then -1), loads
+ * fetch from the source rather than read blobs: a verify checks the
+ * source. Blobs already read into the pool are not read again. */
+void sl_engine_bypass_blobs(sl_engine *e, int delta);
 /* The cache's warning (cache.h), or NULL. */
 const char *sl_engine_cache_warning(const sl_engine *e);
 

@@ -121,6 +121,13 @@ int sl_engine_attach_cache(sl_engine *e, sl_cache *c, sl_err *err)
     return SLUICE_OK;
 }
 
+void sl_engine_bypass_blobs(sl_engine *e, int delta)
+{
+    pthread_mutex_lock(&e->lock);
+    e->blob_bypass += (unsigned)delta;
+    pthread_mutex_unlock(&e->lock);
+}
+
 const char *sl_engine_cache_warning(const sl_engine *e)
 {
     return e && e->cache ? sl_cache_warning(e->cache) : NULL;
@@ -128,7 +135,7 @@ const char *sl_engine_cache_warning(const sl_engine *e)
 
 int sl_ecache_probe(sl_engine *e, size_t i)
 {
-    if (!blob_candidate(e, i))
+    if (!blob_candidate(e, i) || e->blob_bypass)
         return 0;
     if (e->blob[i].fd >= 0)
         return 1;
