@@ -216,8 +216,12 @@ int sl_ecache_refetch(sl_engine *e, size_t i)
 {
     const struct sluice_tensor_info *t = &e->ix->tensors[i];
     close_blob(e, i);
-    sl_cache_drop(e->cache, e->alg, sl_expected_digest(e, i));
-    e->st.disk_rotten++;
+    /* Out of memory (hashing, a buffer) says nothing of the blob's bytes:
+     * it stays. Anything else (a mismatch, a read that failed) drops it. */
+    if (e->slots[i].err_code != SLUICE_E_NOMEM) {
+        sl_cache_drop(e->cache, e->alg, sl_expected_digest(e, i));
+        e->st.disk_rotten++;
+    }
     /* The blob is gone from this load: a failure that stands (closing, no
      * memory) is the model's own from here on, for the mirrors' code too
      * (source 255 is no mirror's number). */

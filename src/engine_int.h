@@ -360,7 +360,8 @@ void sl_ecache_started(sl_engine *e, size_t i, unsigned source);
  * closes the blob). */
 void sl_ecache_ready(sl_engine *e, size_t i);
 /* Lock held: slot i, loading from its blob, FAILED and drained: the blob
- * is dropped and the load starts again from the model's own file.
+ * is dropped (unless the failure was only out of memory) and the load
+ * starts again from the model's own file.
  * Returns 1 (restarted) or 0 (out of memory: the failure stands). */
 int sl_ecache_refetch(sl_engine *e, size_t i);
 /* Hash completion of slot i with verdict (sl_slot_check's), lock NOT
