@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -62,6 +63,17 @@ static inline int rf_can_connect(unsigned port)
     if (s >= 0)
         close(s);
     return ok;
+}
+
+/* In a server's child, before exec: the server gets SIGTERM when the test
+ * that started it dies without its teardown (a sanitizer's abort, a
+ * crash, a skip's exit), so no server outlives its test. parent: the
+ * test's pid, taken before fork (it may be gone already). */
+static inline void rf_die_with_parent(pid_t parent)
+{
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent)
+        _exit(0);
 }
 
 /* Waits until the port accepts (up to 10 s) or the child died. */
@@ -172,8 +184,9 @@ static inline int rf_nginx_start(rf_server *sv, const char *root, const char *re
                  real ? "    location /real/ { alias " : "", real ? real : "",
                  real ? "/; }\n" : "", tls);
         tu_write_file(conf, text, strlen(text));
-        pid_t pid = fork();
+        pid_t parent = getpid(), pid = fork();
         if (pid == 0) {
+            rf_die_with_parent(parent);
             int devnull = open("/dev/null", O_WRONLY);
             if (devnull >= 0) {
                 dup2(devnull, 1);
@@ -226,8 +239,9 @@ static inline int rf_fault_start(rf_server *sv, const char *script, const char *
         sv->port = rf_free_port();
         char port[16];
         snprintf(port, sizeof port, "%u", sv->port);
-        pid_t pid = fork();
+        pid_t parent = getpid(), pid = fork();
         if (pid == 0) {
+            rf_die_with_parent(parent);
             execlp(py, py, script, port, root, (char *)NULL);
             _exit(127);
         }

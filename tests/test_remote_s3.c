@@ -98,8 +98,9 @@ static int setup(void **state)
         s3.port = rf_free_port();
         char port[16];
         snprintf(port, sizeof port, "%u", s3.port);
-        pid_t pid = fork();
+        pid_t parent = getpid(), pid = fork();
         if (pid == 0) {
+            rf_die_with_parent(parent);
             int devnull = open("/dev/null", O_WRONLY);
             if (devnull >= 0) {
                 dup2(devnull, 1);
