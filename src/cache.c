@@ -123,11 +123,8 @@ int sl_cache_hex_parse(const char *hex, uint8_t out[32])
 {
     if (!is_hex(hex, 64))
         return -1;
-    for (int i = 0; i < 32; i++) {
-        int hi = hex[2 * i] <= '9' ? hex[2 * i] - '0' : hex[2 * i] - 'a' + 10;
-        int lo = hex[2 * i + 1] <= '9' ? hex[2 * i + 1] - '0' : hex[2 * i + 1] - 'a' + 10;
-        out[i] = (uint8_t)(hi << 4 | lo);
-    }
+    for (int i = 0; i < 32; i++)
+        out[i] = (uint8_t)(sl_hex_value(hex[2 * i]) << 4 | sl_hex_value(hex[2 * i + 1]));
     return 0;
 }
 

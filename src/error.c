@@ -148,6 +148,17 @@ char *sl_quote(char *out, size_t out_size, const char *name, size_t len)
     return out;
 }
 
+int sl_hex_value(char ch)
+{
+    if (ch >= '0' && ch <= '9')
+        return ch - '0';
+    if (ch >= 'a' && ch <= 'f')
+        return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F')
+        return ch - 'A' + 10;
+    return -1;
+}
+
 char *sl_hex_digest(char out[65], const unsigned char digest[32])
 {
     static const char digits[] = "0123456789abcdef";

@@ -45,6 +45,9 @@ void sl_utf8_cut(char *s);
 size_t sl_utf8_prefix(const char *s, size_t len, size_t max);
 #define SL_QUOTE_MAX 200
 
+/* The value of one hex digit (either case), or -1. */
+int sl_hex_value(char ch);
+
 /* Writes a SHA-256 digest as 64 lowercase hex digits and a NUL. */
 char *sl_hex_digest(char out[65], const unsigned char digest[32]);
 

@@ -238,24 +238,13 @@ static size_t value_with_nul(const char *t, size_t len)
     return len;
 }
 
-static int hexval(char ch)
-{
-    if (ch >= '0' && ch <= '9')
-        return ch - '0';
-    if (ch >= 'a' && ch <= 'f')
-        return ch - 'a' + 10;
-    if (ch >= 'A' && ch <= 'F')
-        return ch - 'A' + 10;
-    return -1;
-}
-
 static int read_u16(const char *s, const char *end, unsigned *out)
 {
     if (end - s < 4)
         return -1;
     unsigned v = 0;
     for (int i = 0; i < 4; i++) {
-        int h = hexval(s[i]);
+        int h = sl_hex_value(s[i]);
         if (h < 0)
             return -1;
         v = v << 4 | (unsigned)h;
@@ -413,7 +402,7 @@ static int parse_digest(const cJSON *v, uint8_t out[32], char *why, size_t why_s
         return -1;
     }
     for (size_t i = 0; i < 32; i++) {
-        int hi = hexval(s[2 * i]), lo = hexval(s[2 * i + 1]);
+        int hi = sl_hex_value(s[2 * i]), lo = sl_hex_value(s[2 * i + 1]);
         if (hi < 0 || lo < 0) {
             size_t bad = hi < 0 ? 2 * i : 2 * i + 1;
             unsigned char ch = (unsigned char)s[bad];

@@ -136,6 +136,31 @@ static size_t count_files(const char *dir, const char *sub)
     return n;
 }
 
+/* Flips the lowest bit of the byte at off of path, without the library
+ * (the same call puts it back). Safe where cmocka's asserts are not (a
+ * pause hook inside the library): it aborts on failure. */
+static void flip_byte(const char *path, off_t off)
+{
+    int fd = open(path, O_RDWR);
+    unsigned char b;
+    if (fd < 0 || pread(fd, &b, 1, off) != 1)
+        abort();
+    b ^= 1;
+    if (pwrite(fd, &b, 1, off) != 1)
+        abort();
+    close(fd);
+}
+
+/* One blob of dir (which must have some) with its first byte flipped:
+ * its path (malloc'd). */
+static char *rot_one_blob(const char *dir)
+{
+    char *blob = some_blob(dir);
+    assert_non_null(blob);
+    flip_byte(blob, 0);
+    return blob;
+}
+
 /* ---------------------------------------------------------------- set-up */
 
 static int setup(void **state)
@@ -258,15 +283,7 @@ static void test_remote_verify_checks_source(void **state)
     check_ctx c;
     load_all(url, &o, &c);   /* cold: fills the cache */
     assert_int_equal(c.failed, 0);
-    char *blob = some_blob(dir);
-    assert_non_null(blob);
-    int fd = open(blob, O_RDWR);
-    assert_true(fd >= 0);
-    unsigned char b;
-    assert_int_equal(pread(fd, &b, 1, 0), 1);
-    b ^= 0xff;
-    assert_int_equal(pwrite(fd, &b, 1, 0), 1);
-    close(fd);
+    char *blob = rot_one_blob(dir);
     sluice_model *m = open_ok(url, &o);
     size_t before = rf_requests(&nginx);
     struct sluice_verify_report rep = {.size = sizeof rep};
@@ -363,13 +380,7 @@ static void rot_all_blobs(const char *dir)
     char line[1024];
     while (fgets(line, sizeof line, p)) {
         line[strcspn(line, "\n")] = '\0';
-        int fd = open(line, O_RDWR);
-        assert_true(fd >= 0);
-        unsigned char b;
-        assert_int_equal(pread(fd, &b, 1, 0), 1);
-        b ^= 0xff;
-        assert_int_equal(pwrite(fd, &b, 1, 0), 1);
-        close(fd);
+        flip_byte(line, 0);
     }
     pclose(p);
 }
@@ -416,15 +427,7 @@ static void test_rotten_blob(void **state)
     sluice_options o = cached_opts(dir);
     check_ctx c;
     load_all(url, &o, &c);
-    char *blob = some_blob(dir);
-    assert_non_null(blob);
-    int fd = open(blob, O_RDWR);
-    assert_true(fd >= 0);
-    unsigned char b;
-    assert_int_equal(pread(fd, &b, 1, 0), 1);
-    b ^= 0xff;
-    assert_int_equal(pwrite(fd, &b, 1, 0), 1);
-    close(fd);
+    char *blob = rot_one_blob(dir);
 
     struct sluice_stats st = load_all(url, &o, &c);
     assert_int_equal(c.failed, 0);
@@ -945,23 +948,14 @@ static void test_memo_changed_after_open(void **state)
     struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
     sluice_model *m = open_memo_warm(&dir, &ti);
     size_t last = ntensors - 1;
-    int fd = open(model, O_RDWR);
-    unsigned char b;
-    assert_int_equal(pread(fd, &b, 1, (off_t)ti.offset), 1);
-    b ^= 1;
-    assert_int_equal(pwrite(fd, &b, 1, (off_t)ti.offset), 1);
-    close(fd);
+    flip_byte(model, (off_t)ti.offset);
     sluice_tensor *t = NULL;
     assert_int_equal(sluice_acquire_index(m, last, &t), SLUICE_E_CHECKSUM);
     struct sluice_stats st = {.size = sizeof st};
     sluice_stats(m, &st);
     assert_int_equal(st.memo_tensors, 0);
     assert_int_equal(sluice_close(m), SLUICE_OK);
-    /* put it back */
-    fd = open(model, O_RDWR);
-    b ^= 1;
-    assert_int_equal(pwrite(fd, &b, 1, (off_t)ti.offset), 1);
-    close(fd);
+    flip_byte(model, (off_t)ti.offset);   /* put it back */
     tu_rmtree(dir);
     free(dir);
 }
@@ -1185,7 +1179,6 @@ static void test_small_pool_counts(void **state)
 typedef struct flip_ctx {
     int armed;
     off_t at;
-    unsigned char was;
 } flip_ctx;
 
 static void flip_when_started(void *ctx, int where)
@@ -1194,13 +1187,7 @@ static void flip_when_started(void *ctx, int where)
     if (where != 6 || !f->armed)   /* a load started (engine_hooks.h) */
         return;
     f->armed = 0;
-    int fd = open(model, O_RDWR);
-    if (fd < 0 || pread(fd, &f->was, 1, f->at) != 1)
-        abort();
-    unsigned char b = f->was ^ 1;
-    if (pwrite(fd, &b, 1, f->at) != 1)
-        abort();
-    close(fd);
+    flip_byte(model, f->at);
 }
 
 static void test_memo_changed_while_read(void **state)
@@ -1210,7 +1197,7 @@ static void test_memo_changed_while_read(void **state)
     struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
     sluice_model *m = open_memo_warm(&dir, &ti);
     size_t last = ntensors - 1;
-    flip_ctx f = {1, (off_t)ti.offset, 0};
+    flip_ctx f = {1, (off_t)ti.offset};
     assert_int_equal(sl_engine_set_pause(m, flip_when_started, &f), SLUICE_OK);
     sluice_tensor *t = NULL;
     int rc = sluice_acquire_index(m, last, &t);
@@ -1221,35 +1208,11 @@ static void test_memo_changed_while_read(void **state)
     struct sluice_stats st = {.size = sizeof st};
     sluice_stats(m, &st);
     assert_int_equal(sluice_close(m), SLUICE_OK);
-    /* put it back */
-    int fd = open(model, O_RDWR);
-    assert_int_equal(pwrite(fd, &f.was, 1, f.at), 1);
-    close(fd);
+    flip_byte(model, f.at);   /* put it back */
     assert_int_equal(rc, SLUICE_E_CHECKSUM);
     assert_int_equal(st.memo_tensors, 0);
     tu_rmtree(dir);
     free(dir);
-}
-
-/* Flips one byte of the model at off, returning the byte that was there. */
-static unsigned char flip_byte(off_t off)
-{
-    int fd = open(model, O_RDWR);
-    unsigned char b;
-    assert_true(fd >= 0);
-    assert_int_equal(pread(fd, &b, 1, off), 1);
-    unsigned char nb = b ^ 1;
-    assert_int_equal(pwrite(fd, &nb, 1, off), 1);
-    close(fd);
-    return b;
-}
-
-static void put_byte(off_t off, unsigned char b)
-{
-    int fd = open(model, O_RDWR);
-    assert_true(fd >= 0);
-    assert_int_equal(pwrite(fd, &b, 1, off), 1);
-    close(fd);
 }
 
 /* A memo-warm open with extra flags. */
@@ -1292,7 +1255,7 @@ static void test_memo_other_paths(void **state)
     struct sluice_tensor_info to = SLUICE_TENSOR_INFO_INIT;
     m = open_memo_flags(dir, SLUICE_F_DIRECT);
     assert_int_equal(sluice_info(m, odd, &to), SLUICE_OK);
-    flip_ctx f = {1, (off_t)to.offset, 0};
+    flip_ctx f = {1, (off_t)to.offset};
     assert_int_equal(sl_engine_set_pause(m, flip_when_started, &f), SLUICE_OK);
     sluice_tensor *t = NULL;
     int rc = sluice_acquire_index(m, odd, &t);
@@ -1303,7 +1266,7 @@ static void test_memo_other_paths(void **state)
     struct sluice_stats st = {.size = sizeof st};
     sluice_stats(m, &st);
     assert_int_equal(sluice_close(m), SLUICE_OK);
-    put_byte(f.at, f.was);
+    flip_byte(model, f.at);
     assert_int_equal(rc, SLUICE_E_CHECKSUM);
     assert_int_equal(st.memo_tensors, 0);
 
@@ -1315,14 +1278,14 @@ static void test_memo_other_paths(void **state)
         memo_load(dir, SLUICE_F_TRUST_UNCHANGED, NULL, &c);    /* the memo again */
         m = open_memo_flags(dir, 0);
         assert_int_equal(sluice_info(m, grouped, &tg), SLUICE_OK);
-        flip_ctx g = {1, (off_t)tg.offset, 0};
+        flip_ctx g = {1, (off_t)tg.offset};
         assert_int_equal(sl_engine_set_pause(m, flip_when_started, &g), SLUICE_OK);
         memset(&c, 0, sizeof c);
         sluice_stream(m, NULL, 0, check_cb, &c);
         sl_engine_set_pause(m, NULL, NULL);
         sluice_stats(m, &st);
         assert_int_equal(sluice_close(m), SLUICE_OK);
-        put_byte(g.at, g.was);
+        flip_byte(model, g.at);
         assert_int_equal(g.armed, 0);
         assert_int_equal(c.failed, 1);
         assert_int_equal(c.first_failure, SLUICE_E_CHECKSUM);
@@ -1335,7 +1298,7 @@ static void test_memo_other_paths(void **state)
     memo_load(dir, SLUICE_F_TRUST_UNCHANGED, NULL, &c);
     m = open_memo_flags(dir, 0);
     assert_int_equal(sluice_info(m, ntensors - 1, &ti), SLUICE_OK);   /* names of this open */
-    unsigned char was = flip_byte((off_t)ti.offset);
+    flip_byte(model, (off_t)ti.offset);
     unsigned char *buf = malloc((size_t)ti.nbytes);
     assert_int_equal(sluice_read_into(m, ti.name, 0, buf, ti.nbytes), SLUICE_E_CHECKSUM);
     free(buf);
@@ -1346,7 +1309,7 @@ static void test_memo_other_paths(void **state)
     assert_int_equal(rep.tensors_failed, 1);
     assert_int_equal(rep.bytes_hashed, ti.nbytes);
     assert_int_equal(sluice_close(m), SLUICE_OK);
-    put_byte((off_t)ti.offset, was);
+    flip_byte(model, (off_t)ti.offset);
     tu_rmtree(dir);
     free(dir);
 }
