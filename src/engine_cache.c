@@ -198,9 +198,10 @@ void sl_ecache_ready(sl_engine *e, size_t i)
         e->st.disk_hits++;
         e->st.disk_hit_bytes += nbytes;
         e->blob_hit[i] = 1;
-        close_blob(e, i);
         s->source = 0;
     }
+    if (e->blob)
+        close_blob(e, i);   /* also one a probe opened that this load did not use */
     const unsigned char *want = sl_expected_digest(e, i);
     if (e->memo && e->memo[i] && !s->hashed && want) {
         /* the digest the memo vouched for is the handle's (none: the
