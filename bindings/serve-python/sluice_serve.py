@@ -2,21 +2,41 @@
 (proto/sluice/v1/tensor_service.proto).
 
     from sluice_serve import Client, ChecksumError
-    with Client("127.0.0.1:7070") as c:
+    # The manifest is a copy the caller trusts (sluice manifest MODEL on a
+    # machine that holds the model, or shipped with the job): its digests,
+    # not the server's, are what each tensor is checked against.
+    with Client("127.0.0.1:7070", manifest="synth/sluice.manifest.json") as c:
         info = c.model("synth")              # files, tensors, digests
         w = c.get_tensor("synth", "model.norm.weight")   # NumPy array, verified
         for name, arr in c.stream("synth"):  # every tensor, verified
             ...
 
+Trust: the service is a cache, not a point of trust, only when the caller
+passes a manifest it trusts (Client(..., manifest=PATH)). Then what is
+owed is that manifest's tensors: GetModel must list exactly them, each
+once, with the dtype, shape and nbytes the manifest gives (a tensor
+missing, extra or described otherwise raises ChecksumError, before any
+byte is read), and each tensor's bytes must have the manifest's SHA-256.
+Without one, the digests come from the server itself (GetModel), so the
+check catches corruption on the way and on the server's disk (its library
+verified the tensor against its manifest) but not a server, or anyone who
+can answer in its place, that lies about the model: use that only with a
+server and a channel (TLS) you trust.
+
 Every tensor is checked end to end: the SHA-256 of the bytes received must
-equal the manifest digest GetModel gave (or the digests of a manifest the
-caller trusts: Client(..., manifest="path/sluice.manifest.json")); a
-mismatch raises ChecksumError, as the library's binding does. The service
-is then a cache, not a point of trust. Byte ranges (get_bytes with offset
-and length) have no manifest digest: with a trusted manifest the client
-fetches the whole tensor, checks it and slices it; without one, a range is
-checked against the digest the server sends, which guards the transfer only.
-A stream that ends early, even with status OK, raises ChecksumError.
+equal the trusted manifest's digest (or, without one, the manifest digest
+GetModel gave); a mismatch raises ChecksumError, as the library's binding
+does. Byte ranges (get_bytes with offset and length) have no manifest
+digest: with a trusted manifest the client fetches the whole tensor,
+checks it and slices it; without one, a range is checked against the
+digest the server sends, which guards the transfer only. Lengths are
+checked as chunks arrive: every chunk's total_bytes must be what is owed
+(the tensor's nbytes, or the range asked for), and a server that sends
+more bytes than that is stopped at the first chunk past it (the client
+never holds more than what is owed plus one message). A stream that ends
+early, even with status OK, raises ChecksumError. ChecksumError is the
+client's one integrity error: whatever the server sent that does not
+match what is owed.
 
 The gRPC modules are generated from the proto with Debian's
 python3-grpc-tools, at test time by tools/test_serve_python.sh (into a
@@ -44,7 +64,13 @@ _PROTO = os.path.join(_HERE, "..", "..", "proto", "sluice", "v1", "tensor_servic
 
 
 class ChecksumError(Exception):
-    """The bytes received do not match the manifest digest."""
+    """The client's integrity error: what the server sent does not match
+    what is owed. A tensor's bytes (their SHA-256 against the manifest
+    digest, their count against nbytes or the range asked for, chunks out
+    of order, a stream ending early) or, with a trusted manifest, the
+    model's listing (a tensor of the manifest missing from GetModel, one
+    it does not list, one listed twice, or another dtype, shape or nbytes
+    than the manifest gives)."""
 
 
 def generate(out_dir, proto=_PROTO):
@@ -98,8 +124,14 @@ class Client:
     root_certificates (PEM bytes or a path) for the server's CA, and
     certificate_chain + private_key for a client certificate (mutual TLS);
     server_name overrides the name checked in the server's certificate.
-    manifest: a manifest file the caller trusts (its digests replace
-    GetModel's). chunk_bytes: 0 for the server's default (1 MiB).
+    manifest: a manifest file the caller trusts for the model it reads (a
+    sluice manifest, version 1 or 2, or a {name: sha256} object). Pass
+    one: only then is the server a cache, not a point of trust. Its
+    tensors are what is owed (GetModel must list exactly them, with its
+    dtype, shape and nbytes where it gives them) and its digests replace
+    GetModel's; without one, the server's own digests are the check, which
+    catches corruption but not a server that lies. Every mismatch raises
+    ChecksumError. chunk_bytes: 0 for the server's default (1 MiB).
     """
 
     def __init__(self, addr, token=None, token_file=None, root_certificates=None,
@@ -141,12 +173,12 @@ class Client:
                 raise ValueError("%s: a %s manifest; the service's digests are SHA-256"
                                  % (path, doc.get("algorithm")))
             # version 1: {"sha256": ...}; version 2: {"digest": ..., "dtype",
-            # "shape"}: those, when given, are checked too (the right bytes
-            # under another dtype or shape are other values).
+            # "shape", "nbytes"}: those, when given, are checked too (the
+            # right bytes under another dtype or shape are other values).
             return {k: (bytes.fromhex(v["digest"] if "digest" in v else v["sha256"]),
-                        v.get("dtype"), v.get("shape"))
+                        v.get("dtype"), v.get("shape"), v.get("nbytes"))
                     for k, v in doc.get("tensors", {}).items()}
-        return {k: (bytes.fromhex(v), None, None) for k, v in doc.items()}
+        return {k: (bytes.fromhex(v), None, None, None) for k, v in doc.items()}
 
     def close(self):
         self._channel.close()
@@ -164,11 +196,40 @@ class Client:
                  "verified": m.verified} for m in r.models]
 
     def model(self, model):
-        """GetModel's answer (a ModelInfo message), cached per model."""
+        """GetModel's answer (a ModelInfo message), cached per model. With a
+        trusted manifest it must list exactly the manifest's tensors, each
+        once, described as the manifest describes them: else ChecksumError
+        (naming each difference), for this and every call that reads the
+        model."""
         if model not in self._models:
-            self._models[model] = self._stub.GetModel(
-                pb.GetModelRequest(model=model), timeout=self._timeout, metadata=self._metadata)
+            mi = self._stub.GetModel(pb.GetModelRequest(model=model), timeout=self._timeout,
+                                     metadata=self._metadata)
+            if self._trusted is not None:
+                self._check_listing(model, mi)
+            self._models[model] = mi
         return self._models[model]
+
+    def _check_listing(self, model, mi):
+        # What is owed is the trusted manifest's tensors, not the server's
+        # list: a tensor left out of GetModel (and of the stream) would
+        # otherwise pass unnoticed.
+        problems, seen = [], set()
+        for t in mi.tensors:
+            if t.name in seen:
+                problems.append("%s: listed twice" % t.name)
+                continue
+            seen.add(t.name)
+            try:
+                self._expected(t)
+            except ChecksumError as e:
+                problems.append(str(e))
+        problems += ["%s: in the trusted manifest, not listed by GetModel" % k
+                     for k in self._trusted if k not in seen]
+        if problems:
+            more = " and %d more" % (len(problems) - 8) if len(problems) > 8 else ""
+            raise ChecksumError("model %s: GetModel does not match the trusted manifest (%d "
+                                "tensors): %s%s" % (model, len(self._trusted),
+                                                    "; ".join(problems[:8]), more))
 
     def _tensor_info(self, model, name):
         for t in self.model(model).tensors:
@@ -181,12 +242,15 @@ class Client:
             e = self._trusted.get(t.name)
             if e is None:
                 raise ChecksumError("%s: not in the trusted manifest" % t.name)
-            d, dtype, shape = e
+            d, dtype, shape, nbytes = e
             if dtype is not None and t.dtype != dtype:
                 raise ChecksumError("%s: dtype %s, trusted manifest %s" % (t.name, t.dtype, dtype))
             if shape is not None and list(t.shape) != list(shape):
                 raise ChecksumError("%s: shape %s, trusted manifest %s"
                                     % (t.name, list(t.shape), list(shape)))
+            if nbytes is not None and t.nbytes != nbytes:
+                raise ChecksumError("%s: nbytes %d, trusted manifest %d"
+                                    % (t.name, t.nbytes, nbytes))
             return d
         return bytes(t.sha256)
 
@@ -200,29 +264,19 @@ class Client:
         if got != want:
             raise ChecksumError("%s: sha256 %s, manifest %s" % (t.name, got.hex(), want.hex()))
 
-    def _read_chunks(self, chunks, base=0):
-        buf = bytearray()
-        sent = None
-        for c in chunks:
-            if c.offset != base + len(buf) or sent is not None:
-                raise ChecksumError("%s: chunk out of order" % c.name)
-            buf += c.data
-            if c.last:
-                sent = bytes(c.sha256)
-        if sent is None:
-            raise ChecksumError("the stream ended without its last chunk")
-        return bytes(buf), sent
-
     def get_bytes(self, model, name, offset=None, length=None):
         """The raw bytes of a tensor, or of length bytes from offset (length
         0 or None: to the end). A whole tensor is checked against the
         manifest digest. A range has no manifest digest: with a trusted
         manifest the whole tensor is fetched, checked and sliced (a range
         is never taken on the server's word); without one, the range is
-        checked against the server's digest of it (the transfer only)."""
+        checked against the server's digest of it (the transfer only) and
+        its length against what was asked (nbytes - offset for length 0).
+        The tensor must be listed by GetModel: its nbytes bounds what is
+        read."""
         ranged = offset is not None or length is not None
+        t = self._tensor_info(model, name)
         if ranged and self._trusted is not None:
-            t = self._tensor_info(model, name)
             if t is None:
                 raise ChecksumError("%s: not listed by GetModel" % name)
             off, n = offset or 0, length or 0
@@ -232,19 +286,41 @@ class Client:
             data = self.get_bytes(model, name)
             return data[off:off + n] if n else data[off:]
         req = pb.GetTensorRequest(model=model, name=name, chunk_bytes=self._chunk)
+        off = 0
+        owed = t.nbytes if t is not None else None
         if ranged:
-            req.range.offset = offset or 0
+            off = req.range.offset = offset or 0
             req.range.length = length or 0
-        t = self._tensor_info(model, name)
-        data, sent = self._read_chunks(
-            self._stub.GetTensor(req, timeout=self._timeout, metadata=self._metadata),
-            base=(offset or 0) if ranged else 0)
+            # A range outside the tensor is the server's INVALID_ARGUMENT;
+            # chunks for one are owed nothing.
+            if owed is not None:
+                owed = (length if off + length <= owed else None) if length else \
+                    (owed - off if off <= owed else None)
+        it = self._stub.GetTensor(req, timeout=self._timeout, metadata=self._metadata)
+        rx = None
+        try:
+            # Read to the call's end: a chunk after the last one is an error,
+            # and so is a stream that ends before it.
+            for c in it:
+                if rx is None:
+                    if t is None:
+                        raise ChecksumError("%s: not listed by GetModel" % name)
+                    if owed is None:
+                        raise ChecksumError("%s: chunks for a range outside its %d bytes"
+                                            % (name, t.nbytes))
+                    rx = _Receiver(name, off, owed)
+                elif rx.sent is not None:
+                    raise ChecksumError("%s: a chunk after the last one" % name)
+                rx.add(c)
+        finally:
+            it.cancel()  # stops the server at once when a check raised; else a no-op
+        if rx is None or rx.sent is None:
+            raise ChecksumError("%s: the stream ended without its last chunk" % name)
+        data = bytes(rx.buf)
         if ranged:
-            if hashlib.sha256(data).digest() != sent:
+            if hashlib.sha256(data).digest() != rx.sent:
                 raise ChecksumError("%s: range does not match the server's digest" % name)
             return data
-        if t is None:
-            raise ChecksumError("%s: not listed by GetModel" % name)
         self._check(t, data)
         return data
 
@@ -263,31 +339,69 @@ class Client:
         # What the server owes, in order (the proto: the names as given, or
         # every tensor in the model's order): a stream that ends early with
         # status OK, or skips or swaps a tensor, raises.
+        # With a trusted manifest, model() has checked that the server lists
+        # exactly the manifest's tensors, so "every tensor" is the manifest's.
         owed = names or [t.name for t in tensors]
         req = pb.StreamTensorsRequest(model=model, names=names, chunk_bytes=self._chunk)
         it = self._stub.StreamTensors(req, timeout=self._timeout, metadata=self._metadata)
-        cur, buf, done = None, bytearray(), 0
-        for c in it:
-            if c.name != cur:
-                if cur is not None:
-                    raise ChecksumError("%s: next tensor before the last chunk" % cur)
-                if done >= len(owed) or c.name != owed[done]:
-                    raise ChecksumError("%s: not the tensor expected next (%s)"
-                                        % (c.name, owed[done] if done < len(owed) else "none"))
-                cur = c.name
-            if c.offset != len(buf):
-                raise ChecksumError("%s: chunk out of order" % c.name)
-            buf += c.data
-            if c.last:
-                t = info.get(cur)
-                if t is None:
-                    raise ChecksumError("%s: not listed by GetModel" % cur)
-                data = bytes(buf)
-                self._check(t, data)
-                yield cur, (data if raw else to_array(data, t.dtype, t.shape))
-                cur, buf, done = None, bytearray(), done + 1
-        if cur is not None:
-            raise ChecksumError("%s: the stream ended before its last chunk" % cur)
+        rx, done = None, 0
+        try:
+            for c in it:
+                if rx is None:
+                    if done >= len(owed) or c.name != owed[done]:
+                        raise ChecksumError("%s: not the tensor expected next (%s)"
+                                            % (c.name, owed[done] if done < len(owed) else "none"))
+                    t = info.get(c.name)
+                    if t is None:
+                        raise ChecksumError("%s: not listed by GetModel" % c.name)
+                    rx = _Receiver(c.name, 0, t.nbytes)
+                elif c.name != rx.name:
+                    raise ChecksumError("%s: next tensor before the last chunk" % rx.name)
+                if rx.add(c):
+                    data = bytes(rx.buf)
+                    rx = None
+                    self._check(t, data)
+                    yield t.name, (data if raw else to_array(data, t.dtype, t.shape))
+                    done += 1
+        finally:
+            # The caller stopped early, or a check raised: end the call.
+            it.cancel()
+        if rx is not None:
+            raise ChecksumError("%s: the stream ended before its last chunk" % rx.name)
         if done < len(owed):
             raise ChecksumError("%s: the stream ended before it (%d of %d tensors)"
                                 % (owed[done], done, len(owed)))
+
+
+class _Receiver:
+    """One tensor's (or range's) chunks, checked as each arrives: in order,
+    every total_bytes equal to what is owed, never a byte past it. A
+    server that sends more is stopped at that chunk, so the client holds
+    at most what is owed plus one message (8 MiB)."""
+
+    def __init__(self, name, base, owed):
+        self.name, self.base, self.owed = name, base, owed
+        self.buf = bytearray()
+        self.sent = None  # the server's digest, from the last chunk
+
+    def add(self, c):
+        """Takes chunk c; True when it was the last one."""
+        if c.name != self.name:
+            raise ChecksumError("%s: a chunk of %s among its chunks" % (self.name, c.name))
+        if c.offset != self.base + len(self.buf):
+            raise ChecksumError("%s: chunk out of order (offset %d, %d expected)"
+                                % (self.name, c.offset, self.base + len(self.buf)))
+        if c.total_bytes != self.owed:
+            raise ChecksumError("%s: a chunk gives total_bytes %d, %d owed"
+                                % (self.name, c.total_bytes, self.owed))
+        if len(c.data) > self.owed - len(self.buf):
+            raise ChecksumError("%s: more than the %d bytes owed (%d received, %d more sent)"
+                                % (self.name, self.owed, len(self.buf), len(c.data)))
+        self.buf += c.data
+        if not c.last:
+            return False
+        if len(self.buf) != self.owed:
+            raise ChecksumError("%s: %d bytes received, %d owed"
+                                % (self.name, len(self.buf), self.owed))
+        self.sent = bytes(c.sha256)
+        return True

@@ -4,6 +4,7 @@ a free port, stopped at the end), so each check is shown to fail the call
 whatever the real server does. Needs no build."""
 import hashlib
 import json
+import threading
 from concurrent import futures
 
 import grpc
@@ -13,7 +14,8 @@ from sluice_serve import ChecksumError, Client, pb, pb_grpc
 
 A = bytes(range(64))
 B = bytes(range(100, 164))
-REAL = {"a": A, "b": B}
+C = bytes(range(200, 232))
+REAL = {"a": A, "b": B, "c": C}
 
 
 def sha(b):
@@ -21,34 +23,63 @@ def sha(b):
 
 
 class Fake(pb_grpc.TensorServiceServicer):
-    """Serves model "m" (tensors a, b); `data` is what it sends and
-    `digests` what GetModel says; `stop_after` ends a stream (status OK)
-    after that many chunks; `split` sends each tensor as two chunks."""
+    """Serves model "m" (tensors a, b, c); `data` is what it sends and
+    `digests` what GetModel says; `listed` the tensors GetModel lists (and
+    StreamTensors sends when asked for all); `stop_after` ends a stream
+    (status OK) after that many chunks; `split` sends each tensor as two
+    chunks; `short` cuts what GetTensor sends to that many bytes (the
+    digest and, unless `total` says otherwise, total_bytes of what it
+    sends); `flood` {name: bytes} sends that many bytes of 64 KiB chunks
+    for the tensor, counted in `sent`, the handler's end in `done`."""
 
     def __init__(self):
         self.data = dict(REAL)
         self.digests = {k: sha(v) for k, v in REAL.items()}
+        self.listed = list(REAL)
         self.stop_after = None
         self.split = True
         self.meta = {}  # name: (dtype, shape) GetModel says instead
+        self.nbytes = {}  # name: nbytes GetModel says instead
+        self.short = None
+        self.total = None
+        self.flood = {}
+        self.sent = 0
+        self.done = threading.Event()
 
     def GetModel(self, req, ctx):
         mi = pb.ModelInfo(name="m")
-        for i, (k, v) in enumerate(REAL.items()):
+        for i, k in enumerate(self.listed):
+            v = self.data[k]
             dtype, shape = self.meta.get(k, ("U8", [len(v)]))
-            mi.tensors.add(name=k, dtype=dtype, shape=shape, nbytes=len(v), index=i,
-                           sha256=self.digests.get(k, b""))
+            mi.tensors.add(name=k, dtype=dtype, shape=shape, nbytes=self.nbytes.get(k, len(v)),
+                           index=i, sha256=self.digests.get(k, b""))
         return mi
 
     def _chunks(self, name, off, length):
+        if name in self.flood:
+            yield from self._flood(name, self.flood[name])
+            return
         d = self.data[name][off:off + length]
+        if self.short is not None:
+            d = d[:self.short]
         parts = [d[:len(d) // 2], d[len(d) // 2:]] if self.split else [d]
         pos = off
         for i, p in enumerate(parts):
             last = i == len(parts) - 1
-            yield pb.TensorChunk(name=name, offset=pos, data=p, total_bytes=len(d), last=last,
-                                 sha256=sha(d) if last else b"")
+            yield pb.TensorChunk(name=name, offset=pos, data=p,
+                                 total_bytes=len(d) if self.total is None else self.total,
+                                 last=last, sha256=sha(d) if last else b"")
             pos += len(p)
+
+    def _flood(self, name, n):
+        step = 64 << 10
+        try:
+            for pos in range(0, n, step):
+                self.sent += step
+                yield pb.TensorChunk(name=name, offset=pos, data=bytes(step),
+                                     total_bytes=self.total or n, last=pos + step >= n)
+        finally:
+            self.done.set()
 
     def _limited(self, gen):
         for n, c in enumerate(gen):
@@ -57,13 +88,13 @@ class Fake(pb_grpc.TensorServiceServicer):
             yield c
 
     def GetTensor(self, req, ctx):
-        n = len(REAL[req.name])
+        n = len(self.data[req.name])
         off, length = (req.range.offset, req.range.length) if req.HasField("range") else (0, n)
         yield from self._limited(self._chunks(req.name, off, length or n - off))
 
     def StreamTensors(self, req, ctx):
-        names = list(req.names) or list(REAL)
-        yield from self._limited(c for k in names for c in self._chunks(k, 0, len(REAL[k])))
+        names = list(req.names) or list(self.listed)
+        yield from self._limited(c for k in names for c in self._chunks(k, 0, len(self.data[k])))
 
 
 @pytest.fixture
@@ -91,7 +122,7 @@ def test_honest_fake_passes(fake, trusted):
             assert c.get_bytes("m", "a") == A
             assert c.get_bytes("m", "b", 10, 20) == B[10:30]
             assert dict(c.stream("m", raw=True)) == REAL
-            assert dict(c.stream("m", ["b", "a"], raw=True)) == REAL
+            assert dict(c.stream("m", ["b", "a"], raw=True)) == {"a": A, "b": B}
 
 
 def test_wrong_bytes_with_matching_digests_caught_by_trusted_manifest(fake, trusted):
@@ -174,3 +205,95 @@ def test_dtype_and_shape_checked_against_trusted_manifest(fake, tmp_path):
             c.get_tensor("m", "b")
         with pytest.raises(ChecksumError, match="dtype"):
             list(c.stream("m"))
+
+
+def manifest_v2(tmp_path, tensors=REAL):
+    doc = {"format": "sluice-manifest", "version": 2, "algorithm": "sha256",
+           "tensors": {k: {"digest": sha(v).hex(), "dtype": "U8", "shape": [len(v)],
+                           "nbytes": len(v)} for k, v in tensors.items()}}
+    p = tmp_path / "trusted2.json"
+    p.write_text(json.dumps(doc))
+    return str(p)
+
+
+def test_trusted_manifest_owes_its_tensors(fake, trusted, tmp_path):
+    # Issue 25 item 6: the manifest lists a, b, c; a server that leaves b
+    # out of GetModel and of the stream must not pass for the whole model.
+    fake.listed = ["a", "c"]
+    for manifest in (trusted, manifest_v2(tmp_path)):
+        with Client(fake.addr, manifest=manifest) as c:
+            with pytest.raises(ChecksumError, match="b"):
+                list(c.stream("m", raw=True))
+            with pytest.raises(ChecksumError, match="b"):
+                c.model("m")
+            with pytest.raises(ChecksumError, match="b"):
+                c.get_bytes("m", "a")
+    # Without a trusted manifest the server's listing is the word.
+    with Client(fake.addr) as c:
+        assert dict(c.stream("m", raw=True)) == {"a": A, "c": C}
+
+
+def test_trusted_manifest_refuses_extra_or_redescribed_tensors(fake, trusted, tmp_path):
+    fake.data["d"] = bytes(8)
+    fake.digests["d"] = sha(bytes(8))
+    fake.listed = ["a", "b", "c", "d"]
+    with Client(fake.addr, manifest=trusted) as c:
+        with pytest.raises(ChecksumError, match="d"):
+            list(c.stream("m", raw=True))
+    fake.listed = ["a", "b", "c", "c"]
+    with Client(fake.addr, manifest=trusted) as c:
+        with pytest.raises(ChecksumError, match="twice"):
+            list(c.stream("m", raw=True))
+    fake.listed = list(REAL)
+    fake.nbytes = {"c": 16}
+    with Client(fake.addr, manifest=manifest_v2(tmp_path)) as c:
+        with pytest.raises(ChecksumError, match="nbytes"):
+            list(c.stream("m", raw=True))
+    fake.nbytes = {}
+    fake.meta = {"c": ("U8", [4, 8])}
+    with Client(fake.addr, manifest=manifest_v2(tmp_path)) as c:
+        with pytest.raises(ChecksumError, match="shape"):
+            c.get_tensor("m", "a")
+
+
+def test_short_range_raises(fake):
+    # Issue 25 item 7: 40 bytes asked, 5 sent with the digest of those 5.
+    fake.short = 5
+    with Client(fake.addr) as c:
+        with pytest.raises(ChecksumError, match="a"):
+            c.get_bytes("m", "a", 8, 40)
+        with pytest.raises(ChecksumError, match="a"):
+            c.get_bytes("m", "a", 8, 0)  # to the end: 56 owed
+    # The chunks say 40 (what was asked) and bring 5.
+    fake.total = 40
+    with Client(fake.addr) as c:
+        with pytest.raises(ChecksumError, match="a"):
+            c.get_bytes("m", "a", 8, 40)
+    # total_bytes that disagree with the range asked, bytes in full.
+    fake.short, fake.total = None, 41
+    with Client(fake.addr) as c:
+        with pytest.raises(ChecksumError, match="total_bytes"):
+            c.get_bytes("m", "a", 8, 40)
+
+
+FLOOD = 300 << 20
+
+
+@pytest.mark.parametrize("call", ["get", "stream"])
+@pytest.mark.parametrize("total", [None, 64])
+def test_flood_stops_at_nbytes(fake, call, total):
+    # Issue 25 item 8: 300 MiB of chunks for a 64-byte tensor (total_bytes
+    # saying 300 MiB, or 64 like GetModel's nbytes). The client must stop
+    # at the first chunk past what is owed, not buffer the flood: the fake
+    # counts what it handed to gRPC before the client cancelled; what can
+    # be in flight is the HTTP/2 windows, a few MiB.
+    fake.flood = {"a": FLOOD}
+    fake.total = total
+    with Client(fake.addr) as c:
+        with pytest.raises(ChecksumError, match="a"):
+            if call == "get":
+                c.get_bytes("m", "a")
+            else:
+                list(c.stream("m", raw=True))
+    assert fake.done.wait(30), "the fake's handler did not end"
+    assert fake.sent < 32 << 20, "the fake sent %d bytes before the client stopped" % fake.sent
