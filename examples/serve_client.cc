@@ -1,9 +1,18 @@
 // serve_client.cc: a C++ client of `sluice serve` (the gRPC tensor
 // service, proto/sluice/v1/tensor_service.proto). It checks every tensor
-// it receives end to end against the manifest digest that GetModel gives
-// (the SHA-256 of the bytes received, computed here), so the server is a
-// cache, not a point of trust; with --compare it also compares the bytes
-// with a local copy of the model read through the library.
+// it receives end to end (the SHA-256 of the bytes received, computed
+// here) against the digest of a manifest the caller trusts (--manifest
+// FILE), or, without one, against the manifest digest GetModel gives.
+// Only with --manifest is the server a cache, not a point of trust: then
+// the manifest's tensors are what is owed (GetModel must list exactly
+// them, with the dtype, shape and nbytes the manifest gives, else every
+// difference is a mismatch, exit 1); without it the digests are the
+// server's word, which catches corruption but not a server that lies.
+// With --compare it also compares the bytes with a local copy of the
+// model read through the library. A chunk past a tensor's nbytes (or the
+// range asked for) ends the call: the client never buffers more.
+//
+//   serve_client 127.0.0.1:7070 fetch synth --manifest synth/sluice.manifest.json
 //
 // usage: serve_client ADDR COMMAND [ARGS] [OPTIONS]
 //   list                       the models
@@ -13,12 +22,14 @@
 //   fetch MODEL                every tensor, one GetTensor each (--stream: one
 //                              StreamTensors call; --ranges: also three byte
 //                              ranges of each tensor; --compare LOCAL_PATH)
-// options: --token FILE, --ca PEM (TLS), --cert PEM --key PEM (client
-// certificate), --server-name NAME (TLS name to check), --chunk N,
-// --repeat N (fetch N times), --quiet, --allow-unverified (accept tensors
-// GetModel gives no manifest digest for: else a mismatch); for tests of the server's flow
-// control, with --stream: --stall S (stop reading for S seconds after the
-// first chunk), --cancel (cancel after the first chunk).
+// options: --manifest FILE (a sluice manifest, version 1 or 2, or a
+// {name: sha256} object, that the caller trusts), --token FILE, --ca PEM
+// (TLS), --cert PEM --key PEM (client certificate), --server-name NAME
+// (TLS name to check), --chunk N, --repeat N (fetch N times), --quiet,
+// --allow-unverified (accept tensors GetModel gives no manifest digest
+// for: else a mismatch); for tests of the server's flow control, with
+// --stream: --stall S (stop reading for S seconds after the first chunk),
+// --cancel (cancel after the first chunk).
 // Exit status: 0 all verified, 1 a digest or comparison mismatch, 2 usage,
 // 100 + the gRPC status code of a failed call (105 NOT_FOUND, 103
 // INVALID_ARGUMENT, 115 DATA_LOSS, 116 UNAUTHENTICATED, ...); the status
@@ -27,6 +38,7 @@
 
 #include <sluice.h>
 
+#include <cjson/cJSON.h>
 #include <grpcpp/grpcpp.h>
 #include <openssl/evp.h>
 
@@ -53,7 +65,7 @@ const char *const code_names[17] = {
     "UNAUTHENTICATED"};
 
 struct Opts {
-    std::string token, ca, cert, key, server_name, out, compare;
+    std::string token, ca, cert, key, server_name, out, compare, manifest;
     uint64_t offset = 0, length = 0;
     bool range = false, stream = false, ranges = false, quiet = false;
     bool allow_unverified = false;  // accept tensors GetModel gives no digest for
@@ -153,8 +165,12 @@ public:
     }
 
     // One tensor (or range) into *out; *sent_digest: the server's digest.
+    // owed: the bytes it must add up to (the tensor's nbytes, the range's
+    // length); a chunk that brings more, or says another total_bytes, ends
+    // the call as DATA_LOSS, so a server cannot make the client buffer more.
     grpc::Status tensor(const std::string &model, const std::string &name, bool range,
-                        uint64_t off, uint64_t len, std::string *out, std::string *sent_digest)
+                        uint64_t off, uint64_t len, uint64_t owed, std::string *out,
+                        std::string *sent_digest)
     {
         grpc::ClientContext ctx;
         prepare(&ctx);
@@ -172,13 +188,20 @@ public:
         bool last = false;
         uint64_t base = range ? off : 0;
         while (reader->Read(&c)) {
-            if (c.offset() != base + out->size() || last) {
+            const char *bad = nullptr;
+            if (c.offset() != base + out->size() || last)
+                bad = "chunks out of order";
+            else if (c.total_bytes() != owed)
+                bad = "a chunk's total_bytes is not what is owed";
+            else if (c.data().size() > owed - out->size())
+                bad = "more bytes than owed";
+            if (bad) {
                 ctx.TryCancel();
                 reader->Finish();
-                return grpc::Status(grpc::StatusCode::DATA_LOSS, "chunks out of order");
+                return grpc::Status(grpc::StatusCode::DATA_LOSS, name + ": " + bad);
             }
-            if (out->empty() && c.total_bytes())
-                out->reserve(c.total_bytes());
+            if (out->empty())  // owed is the server's word without a manifest: capped
+                out->reserve(std::min<uint64_t>(owed, 64u << 20));
             out->append(c.data());
             if (c.last()) {
                 last = true;
@@ -188,6 +211,8 @@ public:
         grpc::Status st = reader->Finish();
         if (st.ok() && !last)
             return grpc::Status(grpc::StatusCode::DATA_LOSS, "stream ended without its last chunk");
+        if (st.ok() && out->size() != owed)
+            return grpc::Status(grpc::StatusCode::DATA_LOSS, name + ": fewer bytes than owed");
         return st;
     }
 
@@ -240,12 +265,170 @@ struct Local {
     }
 };
 
+// A manifest the caller trusts (--manifest): per tensor its digest and,
+// when it gives them (version 2), dtype, shape and nbytes.
+struct Trusted {
+    std::string digest;  // 32 bytes
+    std::string dtype;   // empty: not given
+    std::vector<uint64_t> shape;
+    bool has_shape = false;
+    bool has_nbytes = false;
+    uint64_t nbytes = 0;
+};
+
+bool unhex(const char *h, std::string *out)
+{
+    out->clear();
+    if (!h || strlen(h) != 64)
+        return false;
+    for (int i = 0; i < 64; i += 2) {
+        int v = 0;
+        for (int k = 0; k < 2; k++) {
+            char ch = h[i + k];
+            int d = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+                  : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+            if (d < 0)
+                return false;
+            v = v * 16 + d;
+        }
+        out->push_back((char)v);
+    }
+    return true;
+}
+
+bool u53(const cJSON *n, uint64_t *out)
+{
+    if (!cJSON_IsNumber(n) || n->valuedouble < 0 || n->valuedouble > 9007199254740992.0 ||
+        n->valuedouble != (double)(uint64_t)n->valuedouble)
+        return false;
+    *out = (uint64_t)n->valuedouble;
+    return true;
+}
+
+// Reads the trusted manifest at path into *out; false with a message.
+bool read_trusted(const std::string &path, std::map<std::string, Trusted> *out)
+{
+    std::string text;
+    if (!slurp(path, &text)) {
+        fprintf(stderr, "%s: cannot read\n", path.c_str());
+        return false;
+    }
+    std::unique_ptr<cJSON, void (*)(cJSON *)> doc(cJSON_ParseWithLength(text.data(), text.size()),
+                                                  cJSON_Delete);
+    if (!cJSON_IsObject(doc.get())) {
+        fprintf(stderr, "%s: not a JSON object\n", path.c_str());
+        return false;
+    }
+    const cJSON *format = cJSON_GetObjectItemCaseSensitive(doc.get(), "format");
+    bool structured = cJSON_IsString(format) && strcmp(format->valuestring, "sluice-manifest") == 0;
+    const cJSON *tensors = doc.get();
+    if (structured) {
+        const cJSON *alg = cJSON_GetObjectItemCaseSensitive(doc.get(), "algorithm");
+        if (!cJSON_IsString(alg) || strcmp(alg->valuestring, "sha256") != 0) {
+            fprintf(stderr, "%s: not a sha256 manifest; the service's digests are SHA-256\n",
+                    path.c_str());
+            return false;
+        }
+        tensors = cJSON_GetObjectItemCaseSensitive(doc.get(), "tensors");
+        if (!cJSON_IsObject(tensors)) {
+            fprintf(stderr, "%s: no \"tensors\" object\n", path.c_str());
+            return false;
+        }
+    }
+    for (const cJSON *e = tensors->child; e; e = e->next) {
+        Trusted t;
+        const cJSON *d = structured ? cJSON_GetObjectItemCaseSensitive(e, "digest") : e;
+        if (structured && !d)
+            d = cJSON_GetObjectItemCaseSensitive(e, "sha256");
+        bool ok = cJSON_IsString(d) && unhex(d->valuestring, &t.digest);
+        if (ok && structured) {
+            const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+            const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
+            const cJSON *nb = cJSON_GetObjectItemCaseSensitive(e, "nbytes");
+            if (dt)
+                ok = cJSON_IsString(dt) && (t.dtype = dt->valuestring, true);
+            if (ok && sh) {
+                ok = cJSON_IsArray(sh);
+                t.has_shape = true;
+                for (const cJSON *k = ok ? sh->child : nullptr; k && ok; k = k->next) {
+                    uint64_t v = 0;
+                    ok = u53(k, &v);
+                    t.shape.push_back(v);
+                }
+            }
+            if (ok && nb)
+                ok = (t.has_nbytes = u53(nb, &t.nbytes));
+        }
+        if (!ok) {
+            fprintf(stderr, "%s: tensor %s: a bad entry\n", path.c_str(), e->string);
+            return false;
+        }
+        (*out)[e->string] = t;
+    }
+    return true;
+}
+
+std::string dims(const std::vector<uint64_t> &shape)
+{
+    std::string s = "[";
+    for (size_t k = 0; k < shape.size(); k++)
+        s += (k ? "," : "") + std::to_string(shape[k]);
+    return s + "]";
+}
+
+// Checks GetModel's listing against the trusted manifest (what is owed is
+// the manifest's tensors: none missing, none extra, none listed twice, each
+// described as the manifest says), prints each difference, and puts the
+// manifest's digests in place of GetModel's. Returns the differences.
+int apply_trusted(pb::ModelInfo *mi, const std::map<std::string, Trusted> &trusted)
+{
+    int bad = 0;
+    std::map<std::string, int> seen;
+    for (auto &t : *mi->mutable_tensors()) {
+        const char *name = t.name().c_str();
+        auto it = trusted.find(t.name());
+        if (seen[t.name()]++) {
+            fprintf(stderr, "MISMATCH %s: listed twice by GetModel\n", name);
+            bad++;
+            continue;
+        }
+        if (it == trusted.end()) {
+            fprintf(stderr, "MISMATCH %s: listed by GetModel, not in the trusted manifest\n", name);
+            bad++;
+            continue;
+        }
+        const Trusted &w = it->second;
+        std::vector<uint64_t> shape(t.shape().begin(), t.shape().end());
+        if (!w.dtype.empty() && t.dtype() != w.dtype) {
+            fprintf(stderr, "MISMATCH %s: dtype %s, trusted manifest %s\n", name,
+                    t.dtype().c_str(), w.dtype.c_str());
+            bad++;
+        } else if (w.has_shape && shape != w.shape) {
+            fprintf(stderr, "MISMATCH %s: shape %s, trusted manifest %s\n", name,
+                    dims(shape).c_str(), dims(w.shape).c_str());
+            bad++;
+        } else if (w.has_nbytes && t.nbytes() != w.nbytes) {
+            fprintf(stderr, "MISMATCH %s: nbytes %llu, trusted manifest %llu\n", name,
+                    (unsigned long long)t.nbytes(), (unsigned long long)w.nbytes);
+            bad++;
+        }
+        t.set_sha256(w.digest);
+    }
+    for (const auto &kv : trusted)
+        if (!seen.count(kv.first)) {
+            fprintf(stderr, "MISMATCH %s: in the trusted manifest, not listed by GetModel\n",
+                    kv.first.c_str());
+            bad++;
+        }
+    return bad;
+}
+
 int usage()
 {
     fprintf(stderr,
             "usage: serve_client ADDR list | info MODEL | get MODEL NAME | fetch MODEL\n"
             "  [--offset N --length N] [-o FILE] [--stream] [--ranges] [--compare PATH]\n"
-            "  [--token FILE] [--ca PEM [--cert PEM --key PEM] [--server-name N]]\n"
+            "  [--manifest FILE] [--token FILE] [--ca PEM [--cert PEM --key PEM] [--server-name N]]\n"
             "  [--chunk N] [--repeat N] [--quiet] [--allow-unverified]\n");
     return 2;
 }
@@ -299,6 +482,7 @@ int main(int argc, char **argv)
         std::string a = argv[i];
         auto val = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
         if (a == "--token") o.token = val();
+        else if (a == "--manifest") o.manifest = val();
         else if (a == "--ca") o.ca = val();
         else if (a == "--cert") o.cert = val();
         else if (a == "--key") o.key = val();
@@ -336,6 +520,13 @@ int main(int argc, char **argv)
     pb::ModelInfo mi;
     if (!(st = c.model(pos[0], &mi)).ok())
         return fail_status(st);
+    if (!o.manifest.empty()) {
+        std::map<std::string, Trusted> trusted;
+        if (!read_trusted(o.manifest, &trusted))
+            return 2;
+        if (apply_trusted(&mi, trusted))
+            return 1;
+    }
     std::map<std::string, const pb::TensorInfo *> by_name;
     for (const auto &t : mi.tensors())
         by_name[t.name()] = &t;
@@ -361,17 +552,49 @@ int main(int argc, char **argv)
     if (cmd == "get") {
         if (pos.size() < 2)
             return usage();
+        auto it = by_name.find(pos[1]);
+        // What is owed: the tensor's nbytes, or the range's length (to the
+        // end for --length 0). A tensor GetModel does not list, or a range
+        // outside it, is owed nothing: the server's NOT_FOUND or
+        // INVALID_ARGUMENT comes first, and any byte it sends is a mismatch.
+        uint64_t n = it != by_name.end() ? it->second->nbytes() : 0;
+        uint64_t owed = n;
+        if (o.range)
+            owed = o.offset > n ? 0 : o.length ? (o.length <= n - o.offset ? o.length : 0)
+                                               : n - o.offset;
+        // With a trusted manifest a range is never taken on the server's
+        // word: the whole tensor is fetched, checked against the manifest
+        // and sliced.
+        bool slice = o.range && !o.manifest.empty();
+        if (slice && (it == by_name.end() || o.offset > n || o.length > n - o.offset)) {
+            fprintf(stderr, "%s: range %llu+%llu is outside its %llu bytes\n", pos[1].c_str(),
+                    (unsigned long long)o.offset, (unsigned long long)o.length,
+                    (unsigned long long)n);
+            return 2;
+        }
         std::string bytes, sent;
-        if (!(st = c.tensor(pos[0], pos[1], o.range, o.offset, o.length, &bytes, &sent)).ok())
+        if (!(st = c.tensor(pos[0], pos[1], o.range && !slice, o.offset, o.length,
+                            slice ? n : owed, &bytes, &sent)).ok())
             return fail_status(st);
+        int rc = -1;
+        if (!o.range && it != by_name.end())
+            rc = check_tensor(*it->second, bytes, sent, lp, o);
+        if (slice) {
+            Opts quiet = o;
+            quiet.quiet = true;
+            if (check_tensor(*it->second, bytes, sent, nullptr, quiet))
+                return 1;
+            bytes = bytes.substr(o.offset, o.length ? o.length : n - o.offset);
+            sent = sha256(bytes.data(), bytes.size());
+        }
         if (!o.out.empty()) {
             std::ofstream f(o.out, std::ios::binary);
             f.write(bytes.data(), (std::streamsize)bytes.size());
         }
-        auto it = by_name.find(pos[1]);
-        if (!o.range && it != by_name.end())
-            return check_tensor(*it->second, bytes, sent, lp, o);
-        // A range has no manifest digest: checked against the server's.
+        if (rc >= 0)
+            return rc;
+        // A range has no manifest digest: without a trusted manifest it is
+        // checked against the server's (the transfer only).
         if (sha256(bytes.data(), bytes.size()) != sent) {
             fprintf(stderr, "MISMATCH %s: the server's digest differs\n", pos[1].c_str());
             return 1;
@@ -398,7 +621,8 @@ int main(int argc, char **argv)
         for (int r = 0; r < o.repeat; r++) {
             std::string bytes, sent;
             auto a = std::chrono::steady_clock::now();
-            if (!(st = c.tensor(pos[0], pos[1], false, 0, 0, &bytes, &sent)).ok())
+            if (!(st = c.tensor(pos[0], pos[1], false, 0, 0, it->second->nbytes(), &bytes,
+                                &sent)).ok())
                 return fail_status(st);
             ms.push_back(std::chrono::duration<double, std::milli>(
                               std::chrono::steady_clock::now() - a)
@@ -452,15 +676,19 @@ int main(int argc, char **argv)
                     fprintf(stderr, "MISMATCH %s: chunk out of order\n", cur.c_str());
                     bad++;
                 }
+                // Never a byte past the tensor's nbytes: a server that sends
+                // more ends the call here instead of filling the client.
+                auto it = by_name.find(cur);
+                if (it == by_name.end() || ch.data().size() > it->second->nbytes() - bytes.size()) {
+                    fprintf(stderr, "MISMATCH %s: %s\n", cur.c_str(),
+                            it == by_name.end() ? "not in GetModel" : "more bytes than its nbytes");
+                    ctx.TryCancel();
+                    reader->Finish();
+                    return 1;
+                }
                 bytes.append(ch.data());
                 if (ch.last()) {
-                    auto it = by_name.find(cur);
-                    if (it == by_name.end()) {
-                        fprintf(stderr, "MISMATCH %s: not in GetModel\n", cur.c_str());
-                        bad++;
-                    } else {
-                        bad += check_tensor(*it->second, bytes, ch.sha256(), lp, o);
-                    }
+                    bad += check_tensor(*it->second, bytes, ch.sha256(), lp, o);
                     total += bytes.size();
                     done++;
                     bytes.clear();
@@ -478,7 +706,7 @@ int main(int argc, char **argv)
         }
         for (const auto &t : mi.tensors()) {
             std::string bytes, sent;
-            if (!(st = c.tensor(pos[0], t.name(), false, 0, 0, &bytes, &sent)).ok())
+            if (!(st = c.tensor(pos[0], t.name(), false, 0, 0, t.nbytes(), &bytes, &sent)).ok())
                 return fail_status(st);
             bad += check_tensor(t, bytes, sent, lp, o);
             total += bytes.size();
@@ -490,7 +718,7 @@ int main(int argc, char **argv)
             for (auto &r : rs) {
                 if (r[0] + r[1] > n || r[1] == 0)
                     continue;
-                if (!(st = c.tensor(pos[0], t.name(), true, r[0], r[1], &bytes, &sent)).ok())
+                if (!(st = c.tensor(pos[0], t.name(), true, r[0], r[1], r[1], &bytes, &sent)).ok())
                     return fail_status(st);
                 bool ok = bytes.size() == r[1] && sha256(bytes.data(), bytes.size()) == sent;
                 if (ok && lp)

@@ -203,6 +203,33 @@ EOF
     expect 103 "range: offset past the end: INVALID_ARGUMENT" "$ADDR" get $m $t --offset $((nb + 1)) --length 0
     expect 103 "range: length past the end: INVALID_ARGUMENT" "$ADDR" get $m $t --offset 1 --length "$nb"
     expect 103 "range: length overflowing: INVALID_ARGUMENT" "$ADDR" get $m $t --offset 8 --length 18446744073709551615
+    # A manifest the caller trusts (--manifest): the model verified against
+    # it, a range fetched whole, checked and sliced; a trusted manifest with
+    # a tensor GetModel does not list (what a server leaves out would pass
+    # without it), one lacking a tensor GetModel lists, one digest altered:
+    # each a mismatch (exit 1) naming the tensor.
+    local tm="$T/root/$m/sluice.manifest.json"
+    expect 0 "trusted manifest: every tensor by GetTensor" "$ADDR" fetch $m --manifest "$tm" -q
+    expect 0 "trusted manifest: StreamTensors" "$ADDR" fetch $m --stream --manifest "$tm" -q
+    expect 0 "trusted manifest: a range, fetched whole and sliced" "$ADDR" get $m $t --offset 777 \
+        --length 29999 --manifest "$tm" --compare "$T/root/$m"
+    python3 - "$tm" "$T" <<'EOF'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+more = json.loads(json.dumps(doc))
+more["tensors"]["model.extra.weight"] = more["tensors"]["model.norm.weight"]
+json.dump(more, open(sys.argv[2] + "/more.json", "w"))
+del doc["tensors"]["model.norm.weight"]
+json.dump(doc, open(sys.argv[2] + "/fewer.json", "w"))
+doc = json.load(open(sys.argv[1]))
+doc["tensors"]["model.norm.weight"]["digest"] = "00" * 32
+json.dump(doc, open(sys.argv[2] + "/altered.json", "w"))
+EOF
+    expect 1 "trusted manifest lists a tensor GetModel does not" "$ADDR" fetch $m --stream --manifest "$T/more.json" -q
+    grep -q 'MISMATCH model.extra.weight: in the trusted manifest, not listed' "$T/client.err" &&
+        ok "the tensor left out is named" || bad "mismatch message: $(cat "$T/client.err")"
+    expect 1 "trusted manifest lacks a tensor GetModel lists" "$ADDR" fetch $m --manifest "$T/fewer.json" -q
+    expect 1 "trusted manifest with an altered digest" "$ADDR" get $m model.norm.weight --manifest "$T/altered.json"
     expect 103 "chunk_bytes 100: INVALID_ARGUMENT" "$ADDR" get $m $t --chunk 100
     expect 103 "chunk_bytes 8 MiB: INVALID_ARGUMENT" "$ADDR" get $m $t --chunk 8388608
     expect 115 "tampered tensor on the server's disk: DATA_LOSS" "$ADDR" get tampered b

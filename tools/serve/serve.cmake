@@ -53,7 +53,8 @@ install(TARGETS sluice_serve RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
 add_executable(serve_client ${PROJECT_SOURCE_DIR}/examples/serve_client.cc)
 target_compile_options(serve_client PRIVATE -Wall -Wextra -Wno-unused-parameter)
-target_link_libraries(serve_client PRIVATE sluice sluice_proto PkgConfig::CRYPTO Threads::Threads)
+target_link_libraries(serve_client PRIVATE sluice sluice_proto PkgConfig::CRYPTO PkgConfig::CJSON
+  Threads::Threads)
 # /metrics of the server: libmicrohttpd, as the library's endpoint.
 if(SLUICE_HAVE_MICROHTTPD)
   target_compile_definitions(sluice_serve PRIVATE SLUICE_SERVE_HAVE_MHD)

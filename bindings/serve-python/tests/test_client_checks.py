@@ -1,9 +1,13 @@
 """The Python client's own checks against a server that lies or stops short:
 a fake TensorService in this process (grpc's Python server on 127.0.0.1,
 a free port, stopped at the end), so each check is shown to fail the call
-whatever the real server does. Needs no build."""
+whatever the real server does. Needs no build; the cases of the C++ client
+(examples/serve_client.cc, the same checks) run the one in SLUICE_BUILD and
+skip when it is not built."""
 import hashlib
 import json
+import os
+import subprocess
 import threading
 from concurrent import futures
 
@@ -295,5 +299,46 @@ def test_flood_stops_at_nbytes(fake, call, total):
                 c.get_bytes("m", "a")
             else:
                 list(c.stream("m", raw=True))
+    assert fake.done.wait(30), "the fake's handler did not end"
+    assert fake.sent < 32 << 20, "the fake sent %d bytes before the client stopped" % fake.sent
+
+
+SERVE_CLIENT = os.path.join(os.environ.get("SLUICE_BUILD", "build"), "serve_client")
+
+
+def serve_client(*args):
+    if not os.access(SERVE_CLIENT, os.X_OK):
+        pytest.skip("%s is not built (grpc++ missing or another build directory)" % SERVE_CLIENT)
+    return subprocess.run([SERVE_CLIENT, *args], timeout=120, capture_output=True, text=True)
+
+
+def test_cpp_client_owes_the_manifest_and_the_range(fake, trusted):
+    # The C++ client with --manifest: b left out of GetModel and the stream
+    # is a mismatch (exit 1), named; a range cut short is DATA_LOSS (115).
+    fake.listed = ["a", "c"]
+    for how in ([], ["--stream"]):
+        r = serve_client(fake.addr, "fetch", "m", "--manifest", trusted, "-q", *how)
+        assert r.returncode == 1, r.stderr
+        assert "MISMATCH b: in the trusted manifest, not listed by GetModel" in r.stderr
+    r = serve_client(fake.addr, "fetch", "m", "-q")
+    assert r.returncode == 0, r.stderr  # no manifest: the server's list is the word
+    fake.listed = list(REAL)
+    assert serve_client(fake.addr, "fetch", "m", "--manifest", trusted, "-q").returncode == 0
+    fake.short = 5
+    r = serve_client(fake.addr, "get", "m", "a", "--offset", "8", "--length", "40")
+    assert r.returncode == 115 and "total_bytes" in r.stderr, r.stderr
+    fake.total = 40  # the chunks say what was asked and bring 5
+    r = serve_client(fake.addr, "get", "m", "a", "--offset", "8", "--length", "40")
+    assert r.returncode == 115 and "fewer bytes than owed" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("call", ["get", "stream"])
+def test_cpp_client_flood_stops_at_nbytes(fake, call):
+    fake.flood = {"a": FLOOD}
+    fake.total = 64
+    args = ["get", "m", "a"] if call == "get" else ["fetch", "m", "--stream"]
+    r = serve_client(fake.addr, *args)
+    assert r.returncode == (115 if call == "get" else 1), r.stderr
+    assert "more bytes than" in r.stderr, r.stderr
     assert fake.done.wait(30), "the fake's handler did not end"
     assert fake.sent < 32 << 20, "the fake sent %d bytes before the client stopped" % fake.sent

@@ -198,6 +198,31 @@ def test_trusted_manifest(server, root, tmp_path):
             c.get_tensor("synth", "model.norm.weight")
 
 
+def test_trusted_manifest_whole_model(server, root, tmp_path):
+    # The README's use: a copy of the model's manifest the caller trusts.
+    # The whole model streams verified; a manifest that lacks a tensor the
+    # server lists, or lists one it does not, is a ChecksumError before any
+    # tensor is read.
+    src = root / "synth" / "sluice.manifest.json"
+    local = local_tensors(str(root / "synth"))
+    with Client(server.addr, manifest=str(src)) as c:
+        assert dict(c.stream("synth", raw=True)) == local
+        assert c.get_bytes("synth", "lm_head.weight", 3, 5) == local["lm_head.weight"][3:8]
+    doc = json.loads(src.read_text())
+    dropped = doc["tensors"].pop("model.norm.weight")
+    p = tmp_path / "fewer.json"
+    p.write_text(json.dumps(doc))
+    with Client(server.addr, manifest=str(p)) as c:
+        with pytest.raises(ChecksumError, match="model.norm.weight"):
+            list(c.stream("synth"))
+    doc["tensors"]["model.norm.weight"] = dropped
+    doc["tensors"]["model.extra.weight"] = dropped
+    p.write_text(json.dumps(doc))
+    with Client(server.addr, manifest=str(p)) as c:
+        with pytest.raises(ChecksumError, match="model.extra.weight"):
+            list(c.stream("synth"))
+
+
 def test_corrupted_chunk_raises(root):
     # The server's fault hook corrupts the first chunk it sends of one
     # tensor: the client's end-to-end check must raise.
