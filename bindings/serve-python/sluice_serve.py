@@ -33,7 +33,7 @@ digest the server sends, which guards the transfer only. Lengths are
 checked as chunks arrive: every chunk's total_bytes must be what is owed
 (the tensor's nbytes, or the range asked for), and a server that sends
 more bytes than that is stopped at the first chunk past it (the client
-never holds more than what is owed plus one message). A stream that ends
+never buffers more than what is owed plus one message). A stream that ends
 early, even with status OK, raises ChecksumError. ChecksumError is the
 client's one integrity error: whatever the server sent that does not
 match what is owed.
@@ -376,7 +376,7 @@ class Client:
 class _Receiver:
     """One tensor's (or range's) chunks, checked as each arrives: in order,
     every total_bytes equal to what is owed, never a byte past it. A
-    server that sends more is stopped at that chunk, so the client holds
+    server that sends more is stopped at that chunk, so the client buffers
     at most what is owed plus one message (8 MiB)."""
 
     def __init__(self, name, base, owed):
