@@ -230,6 +230,15 @@ EOF
                 ok "/metrics passes promtool check metrics" ||
                 { bad "promtool: $(head -5 "$T/promtool.out")"; }
         fi
+        # Its bounds against slow and wrong clients, those of the library's
+        # endpoint (the same script as metrics_http_limits): POST with a
+        # body 405 + Allow, slow clients cut by the 5 s whole-request
+        # deadline, 8 per client address.
+        if timeout 60 /usr/bin/python3 "$SRC/tests/metrics/http_limits.py" "$mport" >"$T/limits.out" 2>&1; then
+            ok "/metrics bounds (tests/metrics/http_limits.py): $(grep -c '^ok' "$T/limits.out") checks"
+        else
+            bad "/metrics bounds: $(grep -v '^ok' "$T/limits.out" | head -8)"
+        fi
     else
         bad "/metrics not served on port $mport"
     fi

@@ -40,6 +40,7 @@
 #include <microhttpd.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
 #endif
 #include <dirent.h>
 #include <pthread.h>
@@ -91,7 +92,9 @@ const char usage_text[] =
     "                         the bound address is printed: 'listening on A:P'\n"
     "  --pool SIZE            each model's pool budget (K/M/G suffixes), capped\n"
     "                         at the model's size; default 1G\n"
-    "  --metrics-port N       /metrics over HTTP on 127.0.0.1:N (0: any free port)\n"
+    "  --metrics-port N       /metrics over HTTP on 127.0.0.1:N (0: any free port);\n"
+    "                         32 connections, 8 per client address, 5 s for a\n"
+    "                         whole request (a slower one is cut)\n"
     "  --tls-cert F --tls-key F  TLS; --client-ca F: require client certificates\n"
     "                         signed by that CA (mutual TLS)\n"
     "  --token-file F         every call needs 'authorization: Bearer TOKEN'\n"
@@ -925,63 +928,150 @@ private:
 // ------------------------------------------------------------ metrics HTTP
 // GET /metrics: the models' families, rendered by the library in one
 // exposition (sluice_metrics_write_models, Prometheus text 0.0.4), then the
-// server's own (metrics_text). libmicrohttpd directly, with the bounds of
-// the library's endpoint (sluice_metrics_serve serves models only: the
-// server's families could not be added to it without a library change).
+// server's own (metrics_text). libmicrohttpd directly, with the bounds and
+// answers of the library's endpoint (sluice.h, sluice_metrics_serve, which
+// serves models only: the server's families could not be added to it
+// without a library change): 32 connections, 8 per client address, 16 KiB
+// of request, 5 s idle, and 5 s for a whole request from the connection's
+// accept or its previous answer. libmicrohttpd's timeout is of idleness
+// only (a client sending a header line every 2 s keeps its slot), so the
+// deadline is a watchdog thread of ours: it shuts down the socket of a
+// connection past it, and libmicrohttpd, seeing the stream end, closes it.
+// The "closed" notifier runs before libmicrohttpd closes the socket, and
+// the watchdog touches a socket only while its slot is in use under the
+// lock: never a reused descriptor.
 #ifdef SLUICE_SERVE_HAVE_MHD
+constexpr unsigned metrics_connections = 32, metrics_per_address = 8;
+constexpr unsigned metrics_idle_s = 5, metrics_deadline_s = 5;
+
+struct MetricsConn {
+    bool used = false, cut = false;
+    int fd = -1;
+    Clock::time_point since;  // accepted, or its last answer sent
+};
+
 struct MetricsHttp {
     std::vector<sluice_model *> models;
     struct MHD_Daemon *d = nullptr;
     unsigned port = 0;
+    std::mutex mu;  // conns, stopping
+    std::condition_variable wake;
+    MetricsConn conns[metrics_connections];  // one per connection libmicrohttpd admits
+    bool stopping = false;
+    std::thread watchdog;
 };
+
+void metrics_on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                           enum MHD_ConnectionNotificationCode code)
+{
+    auto *mh = static_cast<MetricsHttp *>(cls);
+    std::lock_guard<std::mutex> g(mh->mu);
+    if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        if (auto *k = static_cast<MetricsConn *>(*socket_context))
+            *k = MetricsConn();
+        *socket_context = nullptr;
+        return;
+    }
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci)
+        return;
+    for (MetricsConn &k : mh->conns)
+        if (!k.used) {
+            k.used = true;
+            k.fd = ci->connect_fd;
+            k.since = Clock::now();
+            *socket_context = &k;
+            return;
+        }
+    shutdown(ci->connect_fd, SHUT_RDWR);  // no slot (cannot be): not bounded, so refused
+}
+
+void metrics_on_completed(void *cls, struct MHD_Connection *conn, void **,
+                          enum MHD_RequestTerminationCode)
+{
+    auto *mh = static_cast<MetricsHttp *>(cls);
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    std::lock_guard<std::mutex> g(mh->mu);
+    if (ci && ci->socket_context)
+        static_cast<MetricsConn *>(ci->socket_context)->since = Clock::now();
+}
+
+void metrics_watchdog(MetricsHttp *mh)
+{
+    std::unique_lock<std::mutex> g(mh->mu);
+    while (!mh->stopping) {
+        mh->wake.wait_for(g, std::chrono::milliseconds(200));
+        auto limit = Clock::now() - std::chrono::seconds(metrics_deadline_s);
+        for (MetricsConn &k : mh->conns)
+            if (k.used && !k.cut && k.since < limit) {
+                shutdown(k.fd, SHUT_RDWR);
+                k.cut = true;
+            }
+    }
+}
+
+MHD_Result metrics_reply(struct MHD_Connection *conn, unsigned code, const std::string &body)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(
+        body.size(), const_cast<char *>(body.data()), MHD_RESPMEM_MUST_COPY);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, "Content-Type",
+                            code == MHD_HTTP_OK ? "text/plain; version=0.0.4; charset=utf-8"
+                                                : "text/plain; charset=utf-8");
+    if (code == MHD_HTTP_METHOD_NOT_ALLOWED)
+        MHD_add_response_header(r, "Allow", "GET, HEAD");
+    MHD_Result ret = MHD_queue_response(conn, code, r);
+    MHD_destroy_response(r);
+    return ret;
+}
 
 MHD_Result metrics_handle(void *cls, struct MHD_Connection *conn, const char *url,
                           const char *method, const char *, const char *, size_t *upload_size,
                           void **con_cls)
 {
     auto *mh = static_cast<MetricsHttp *>(cls);
-    if (*con_cls == nullptr) {  // headers only: wait for the end of the request
-        *con_cls = mh;
+    // The refusals on the first call, with the headers: answered at once,
+    // a body never read (libmicrohttpd then closes the connection). An
+    // answer queued while a body is still arriving is never sent.
+    if (*con_cls == nullptr) {
+        if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
+            return metrics_reply(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed: GET /metrics\n");
+        if (strcmp(url, "/metrics") != 0)
+            return metrics_reply(conn, MHD_HTTP_NOT_FOUND, "not found: only /metrics is served\n");
+        const char *length =
+            MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if ((length && strcmp(length, "0") != 0) ||
+            MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING))
+            return metrics_reply(conn, MHD_HTTP_BAD_REQUEST, "bad request: GET /metrics has no body\n");
+        *con_cls = mh;  // then answered once the request is read
         return MHD_YES;
     }
-    *upload_size = 0;
-    std::string body;
-    unsigned code = MHD_HTTP_OK;
-    if (strcmp(url, "/metrics") != 0) {
-        code = MHD_HTTP_NOT_FOUND;
-        body = "not found\n";
-    } else if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
-        code = MHD_HTTP_METHOD_NOT_ALLOWED;
-        body = "GET or HEAD\n";
-    } else {
-        size_t need = 0;
-        sluice_metrics_write_models(mh->models.data(), mh->models.size(), nullptr, 0, &need,
-                                    SLUICE_METRICS_PROMETHEUS);
-        for (int tries = 0; tries < 4; tries++) {
-            body.assign(need + 4096, '\0');
-            int rc = sluice_metrics_write_models(mh->models.data(), mh->models.size(), &body[0],
-                                                 body.size(), &need, SLUICE_METRICS_PROMETHEUS);
-            if (rc == SLUICE_OK) {
-                body.resize(strlen(body.c_str()));
-                break;
-            }
-            if (rc != SLUICE_E_BUFFER) {
-                body.clear();
-                break;
-            }
-        }
-        body += metrics_text();
+    if (*upload_size) {  // cannot be (no length, no chunks): dropped
+        *upload_size = 0;
+        return MHD_YES;
     }
-    struct MHD_Response *r = MHD_create_response_from_buffer(body.size(), &body[0],
-                                                             MHD_RESPMEM_MUST_COPY);
-    if (!r)
-        return MHD_NO;
-    MHD_add_response_header(r, "Content-Type",
-                            code == MHD_HTTP_OK ? "text/plain; version=0.0.4; charset=utf-8"
-                                                : "text/plain");
-    MHD_Result ret = MHD_queue_response(conn, code, r);
-    MHD_destroy_response(r);
-    return ret;
+    std::string body;
+    size_t need = 0;
+    sluice_metrics_write_models(mh->models.data(), mh->models.size(), nullptr, 0, &need,
+                                SLUICE_METRICS_PROMETHEUS);
+    for (int tries = 0; tries < 4; tries++) {
+        body.assign(need + 4096, '\0');
+        int rc = sluice_metrics_write_models(mh->models.data(), mh->models.size(), &body[0],
+                                             body.size(), &need, SLUICE_METRICS_PROMETHEUS);
+        if (rc == SLUICE_OK) {
+            body.resize(strlen(body.c_str()));
+            break;
+        }
+        if (rc != SLUICE_E_BUFFER) {
+            body.clear();
+            break;
+        }
+    }
+    body += metrics_text();
+    return metrics_reply(conn, MHD_HTTP_OK, body);
 }
 
 bool metrics_start(MetricsHttp *mh, unsigned port)
@@ -991,22 +1081,40 @@ bool metrics_start(MetricsHttp *mh, unsigned port)
     sa.sin_family = AF_INET;
     sa.sin_port = htons((uint16_t)port);
     inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-    mh->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO, (uint16_t)port,
-                             nullptr, nullptr, metrics_handle, mh, MHD_OPTION_SOCK_ADDR,
-                             (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_LIMIT, 32u,
-                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384,
-                             MHD_OPTION_CONNECTION_TIMEOUT, 5u, MHD_OPTION_END);
+    mh->d = MHD_start_daemon(
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO, (uint16_t)port, nullptr, nullptr,
+        metrics_handle, mh, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+        MHD_OPTION_CONNECTION_LIMIT, metrics_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+        metrics_per_address, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384,
+        MHD_OPTION_CONNECTION_TIMEOUT, metrics_idle_s, MHD_OPTION_NOTIFY_CONNECTION,
+        metrics_on_connection, mh, MHD_OPTION_NOTIFY_COMPLETED, metrics_on_completed, mh,
+        MHD_OPTION_END);
     if (!mh->d)
         return false;
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(mh->d, MHD_DAEMON_INFO_BIND_PORT);
     mh->port = info ? info->port : port;
+    try {
+        mh->watchdog = std::thread(metrics_watchdog, mh);
+    } catch (const std::system_error &) {
+        MHD_stop_daemon(mh->d);
+        mh->d = nullptr;
+        return false;
+    }
     return true;
 }
 
 void metrics_stop(MetricsHttp *mh)
 {
+    if (mh->watchdog.joinable()) {
+        {
+            std::lock_guard<std::mutex> g(mh->mu);
+            mh->stopping = true;
+        }
+        mh->wake.notify_one();
+        mh->watchdog.join();
+    }
     if (mh->d)
-        MHD_stop_daemon(mh->d);
+        MHD_stop_daemon(mh->d);  // its notifiers take mu
     mh->d = nullptr;
 }
 #endif
