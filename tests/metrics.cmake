@@ -33,6 +33,6 @@ if(TEST test_metrics)
   add_test(NAME metrics_http_limits
     COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/metrics/http_limits.py
             --library $<TARGET_FILE:test_metrics>)
-  set_tests_properties(metrics_http_limits PROPERTIES LABELS metrics
+  set_tests_properties(metrics_http_limits PROPERTIES LABELS "metrics;threads"
     SKIP_RETURN_CODE 77 TIMEOUT 120 ENVIRONMENT "${SLUICE_METRICS_ASAN}")
 endif()
