@@ -135,9 +135,11 @@ public:
             args.SetSslTargetNameOverride(o.server_name);
         stub_ = pb::TensorService::NewStub(grpc::CreateCustomChannel(addr, creds, args));
         if (!o.token.empty()) {
+            // The server's rule: ASCII whitespace off both ends.
             slurp(o.token, &token_);
-            while (!token_.empty() && (token_.back() == '\n' || token_.back() == '\r'))
-                token_.pop_back();
+            const char *ws = " \t\r\n\v\f";
+            size_t b = token_.find_first_not_of(ws), e = token_.find_last_not_of(ws);
+            token_ = b == std::string::npos ? "" : token_.substr(b, e - b + 1);
         }
     }
 

@@ -1461,17 +1461,23 @@ SLUICE_API int sluice_metrics_write_models(sluice_model *const *models, size_t n
  * It answers GET (and HEAD) /metrics with 200 and the models' exposition:
  * OpenMetrics when the request's Accept header asks for
  * application/openmetrics-text (in any case), else the text format 0.0.4.
- * Any other path is 404, any other method on /metrics 405 (Allow: GET,
- * HEAD). Connections are kept alive between requests. Bounds: 32
- * connections at once (more wait in the listen queue until one ends), 16
- * KiB of request per connection (a longer request line or header gets an
- * error status and the connection is closed), 5 s of idleness per
- * connection, request bodies never read. The timeout is of idleness only:
- * a local client that trickles a byte every few seconds keeps its
- * connection, and 32 such clients delay every scrape; the endpoint is
- * meant for 127.0.0.1 or a trusted network. It runs on one thread of
- * its own, which takes a model's lock only as long as sluice_stats does:
- * a scrape never waits for a load, and a load never waits for a client.
+ * Any other method, on any path, is 405 (Allow: GET, HEAD), answered at
+ * once with the body unread; any other path 404. Connections are kept
+ * alive between requests. Bounds: 32 connections at once (more wait in
+ * the listen queue until one ends); 8 from one client address (more are
+ * closed as soon as accepted); 16 KiB of request per connection (a
+ * longer request line or header gets an error status and the connection
+ * is closed); 5 s of idleness; and 5 s for a whole request, from the
+ * connection's accept (or its previous answer) to its answer sent: a
+ * client that trickles its request a byte at a time is cut then, however
+ * often it sends (checked every 0.2 s). So slow clients from other
+ * addresses cannot keep a scraper out, and those from the scraper's own
+ * address (the same host: every 127.0.0.1 client) at most 5.2 s at a
+ * time, if they do not come back; the endpoint is meant for 127.0.0.1 or
+ * a trusted network. It runs on one thread of its own (and one that
+ * enforces the deadline), which takes a model's lock only as long as
+ * sluice_stats does: a scrape never waits for a load, and a load never
+ * waits for a client.
  *
  * sluice_metrics_serve: listens on addr (an IPv4 or IPv6 literal; NULL
  * means "127.0.0.1") and port (0: any free port, see

@@ -6,6 +6,17 @@
  * a scrape renders the models under the server's own mutex (which add and
  * remove take), each model's lock held only for its snapshot. Nothing
  * here is global: the server is the caller's object.
+ *
+ * libmicrohttpd's timeout is of idleness only: a client that sends a
+ * header line every few seconds keeps its connection forever, and 32 of
+ * them took every slot. So a second thread (the deadline watchdog) cuts
+ * every connection whose request has not been answered within
+ * SL_SERVE_DEADLINE_S of its accept or of its previous answer: it knows
+ * each connection's socket from the connection notifier and shuts it down
+ * (shutdown, not close: libmicrohttpd sees the end of the stream and
+ * closes it itself). libmicrohttpd calls the "closed" notifier before it
+ * closes the socket, and the watchdog shuts a socket down only while it
+ * is on the list under the lock, so it never touches a reused descriptor.
  */
 #include "model.h"
 
@@ -23,10 +34,22 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #define SL_SERVE_CONNECTIONS 32
+#define SL_SERVE_PER_ADDRESS 8       /* connections from one client address */
 #define SL_SERVE_REQUEST_BYTES (16u << 10)
-#define SL_SERVE_TIMEOUT_S 5
+#define SL_SERVE_TIMEOUT_S 5         /* idleness */
+#define SL_SERVE_DEADLINE_S 5        /* a whole request, see above */
+#define SL_SERVE_TICK_MS 200         /* the watchdog's period */
+
+/* One open connection, for the deadline watchdog. */
+struct sl_conn {
+    struct sl_conn *prev, *next;
+    int fd;
+    int cut;                       /* shut down already */
+    int64_t since_ns;              /* accepted, or its last answer sent */
+};
 
 struct sluice_metrics_server {
     struct MHD_Daemon *d;
@@ -36,7 +59,130 @@ struct sluice_metrics_server {
     size_t last_need;              /* the last rendering's size: the next
                                       one starts there, rendered once */
     unsigned port;
+    pthread_mutex_t conns_lock;    /* conns, stopping */
+    pthread_cond_t wake;           /* the watchdog's sleep (CLOCK_MONOTONIC) */
+    struct sl_conn *conns;
+    int stopping;
+    pthread_t watchdog;
 };
+
+static int64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* The connection notifier: each connection on the watchdog's list from
+ * its accept to just before its socket is closed. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    sluice_metrics_server *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        struct sl_conn *k = ci ? calloc(1, sizeof *k) : NULL;
+        *socket_context = k;
+        if (!k) { /* cannot be bounded: refused */
+            if (ci)
+                shutdown(ci->connect_fd, SHUT_RDWR);
+            return;
+        }
+        k->fd = ci->connect_fd;
+        k->since_ns = mono_ns();
+        pthread_mutex_lock(&s->conns_lock);
+        k->next = s->conns;
+        if (s->conns)
+            s->conns->prev = k;
+        s->conns = k;
+        pthread_mutex_unlock(&s->conns_lock);
+        return;
+    }
+    struct sl_conn *k = *socket_context;
+    if (!k)
+        return;
+    pthread_mutex_lock(&s->conns_lock);
+    if (k->prev)
+        k->prev->next = k->next;
+    else
+        s->conns = k->next;
+    if (k->next)
+        k->next->prev = k->prev;
+    pthread_mutex_unlock(&s->conns_lock);
+    free(k);
+    *socket_context = NULL;
+}
+
+/* The request notifier: an answer sent restarts the connection's clock. */
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    sluice_metrics_server *s = cls;
+    (void)con_cls;
+    (void)toe;
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    struct sl_conn *k = ci ? ci->socket_context : NULL;
+    if (!k)
+        return;
+    pthread_mutex_lock(&s->conns_lock);
+    k->since_ns = mono_ns();
+    pthread_mutex_unlock(&s->conns_lock);
+}
+
+static void *watchdog_main(void *arg)
+{
+    sluice_metrics_server *s = arg;
+    const int64_t limit = (int64_t)SL_SERVE_DEADLINE_S * 1000000000;
+    pthread_mutex_lock(&s->conns_lock);
+    while (!s->stopping) {
+        struct timespec until;
+        clock_gettime(CLOCK_MONOTONIC, &until);
+        until.tv_nsec += SL_SERVE_TICK_MS * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&s->wake, &s->conns_lock, &until);
+        int64_t now = mono_ns();
+        for (struct sl_conn *k = s->conns; k; k = k->next)
+            if (!k->cut && now - k->since_ns > limit) {
+                shutdown(k->fd, SHUT_RDWR);
+                k->cut = 1;
+            }
+    }
+    pthread_mutex_unlock(&s->conns_lock);
+    return NULL;
+}
+
+/* The watchdog's lock, its condition variable on CLOCK_MONOTONIC, and the
+ * thread; 0 or -1 (nothing left behind). */
+static int watchdog_init(sluice_metrics_server *s)
+{
+    pthread_condattr_t ca;
+    if (pthread_condattr_init(&ca) != 0)
+        return -1;
+    int ok = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
+             pthread_cond_init(&s->wake, &ca) == 0;
+    pthread_condattr_destroy(&ca);
+    if (!ok)
+        return -1;
+    if (pthread_mutex_init(&s->conns_lock, NULL) != 0) {
+        pthread_cond_destroy(&s->wake);
+        return -1;
+    }
+    return 0;
+}
+
+static void watchdog_stop(sluice_metrics_server *s)
+{
+    pthread_mutex_lock(&s->conns_lock);
+    s->stopping = 1;
+    pthread_cond_signal(&s->wake);
+    pthread_mutex_unlock(&s->conns_lock);
+    pthread_join(s->watchdog, NULL);
+}
 
 static enum MHD_Result reply(struct MHD_Connection *c, unsigned status, const char *ctype,
                              char *body, size_t len, int owned)
@@ -104,10 +250,12 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
                               size_t *upload_size, void **state)
 {
     sluice_metrics_server *s = cls;
-    if (strcmp(url, "/metrics") != 0)
-        return text(c, MHD_HTTP_NOT_FOUND, "not found: only /metrics is served\n");
+    /* The method first: no path takes another, so 405 (with Allow)
+     * anywhere, answered at once, the body never read. */
     if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
         return text(c, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed: GET /metrics\n");
+    if (strcmp(url, "/metrics") != 0)
+        return text(c, MHD_HTTP_NOT_FOUND, "not found: only /metrics is served\n");
     /* Answered on the second call, once the request is read: a response
      * queued on the first is an early one, after which libmicrohttpd
      * closes the connection instead of keeping it alive. */
@@ -168,16 +316,33 @@ SLUICE_API int sluice_metrics_serve(const char *addr, unsigned port, sluice_metr
         free(s);
         return SLUICE_E_NOMEM;
     }
+    if (watchdog_init(s) != 0) {
+        pthread_mutex_destroy(&s->lock);
+        free(s);
+        return SLUICE_E_NOMEM;
+    }
+    int rc = SLUICE_OK;
     s->d = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, handle, s,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)SL_SERVE_CONNECTIONS,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)SL_SERVE_PER_ADDRESS,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)SL_SERVE_REQUEST_BYTES,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)SL_SERVE_TIMEOUT_S,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                             MHD_OPTION_END);
-    if (!s->d) {
+    if (!s->d)
+        rc = SLUICE_E_IO;
+    else if (pthread_create(&s->watchdog, NULL, watchdog_main, s) != 0)
+        rc = SLUICE_E_NOMEM;
+    if (rc != SLUICE_OK) {
+        if (s->d)
+            MHD_stop_daemon(s->d);
+        pthread_cond_destroy(&s->wake);
+        pthread_mutex_destroy(&s->conns_lock);
         pthread_mutex_destroy(&s->lock);
         free(s);
-        return SLUICE_E_IO;
+        return rc;
     }
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
     s->port = info ? info->port : port;
@@ -231,7 +396,10 @@ SLUICE_API void sluice_metrics_server_free(sluice_metrics_server *s)
 {
     if (!s)
         return;
-    MHD_stop_daemon(s->d);
+    watchdog_stop(s);
+    MHD_stop_daemon(s->d); /* the connections' notifiers take conns_lock */
+    pthread_cond_destroy(&s->wake);
+    pthread_mutex_destroy(&s->conns_lock);
     pthread_mutex_destroy(&s->lock);
     free(s);
 }

@@ -25,3 +25,14 @@ if(TEST test_metrics)
   set_tests_properties(metrics_prometheus PROPERTIES LABELS "prometheus;metrics"
     SKIP_RETURN_CODE 77 TIMEOUT 150 ENVIRONMENT "${SLUICE_METRICS_ASAN}")
 endif()
+# The endpoint's bounds against slow and wrong clients (slow-header
+# clients cut by the whole-request deadline, the per-address cap, 405 with
+# Allow for any other method): tests/metrics/http_limits.py, shared with
+# serve_metrics (sluice serve's own endpoint), against test_metrics --serve.
+if(TEST test_metrics)
+  add_test(NAME metrics_http_limits
+    COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/metrics/http_limits.py
+            --library $<TARGET_FILE:test_metrics>)
+  set_tests_properties(metrics_http_limits PROPERTIES LABELS "metrics;threads"
+    SKIP_RETURN_CODE 77 TIMEOUT 120 ENVIRONMENT "${SLUICE_METRICS_ASAN}")
+endif()

@@ -143,9 +143,9 @@ class Client:
             with open(x, "rb") as f:
                 return f.read()
 
-        if token_file:
-            with open(token_file) as f:
-                token = f.read().strip()
+        if token_file:  # the server's rule: ASCII whitespace off both ends
+            with open(token_file, "rb") as f:
+                token = f.read().strip(b" \t\r\n\v\f").decode("ascii")
         self._metadata = (("authorization", "Bearer " + token),) if token else ()
         options = [("grpc.max_receive_message_length", 8 << 20)]
         if server_name:

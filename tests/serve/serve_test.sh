@@ -83,6 +83,18 @@ stop_server() {
     fi
 }
 
+# refused_start NAME PATTERN DESCRIPTION SERVER-ARGS...: the server must
+# exit 2 at start (at most 60 s) with PATTERN (grep -E) on stderr.
+refused_start() {
+    local name=$1 pattern=$2 what=$3 rc
+    shift 3
+    timeout 60 "$SERVE" "$@" --listen 127.0.0.1:0 >"$T/$name.out" 2>"$T/$name.err"
+    rc=$?
+    if [ $rc -eq 2 ] && grep -qE -- "$pattern" "$T/$name.err"; then ok "$what (exit 2: $(head -c 160 "$T/$name.err"))"; else
+        bad "$what: exit $rc, stderr: $(head -c 300 "$T/$name.err")"
+    fi
+}
+
 # expect RC DESCRIPTION CLIENT-ARGS...: runs the client (at most 120 s).
 expect() {
     local want=$1 what=$2
@@ -169,6 +181,18 @@ case_errors() {
     cp "$REAL/mnist-tinygrad__model.safetensors" "$T/outside/dirmodel/model.safetensors"
     "$SLUICE" manifest "$T/outside/dirmodel" -q -o "$T/outside/dirmodel/sluice.manifest.json"
     ln -s "$T/outside/dirmodel" "$T/root/escape-dir"
+    # Inside model directories of the root: a file symlinked out of the
+    # root (its manifest, made through the link, inside), a manifest
+    # symlinked out of the root (the file inside), and a file symlinked
+    # to another file of the root (served).
+    mkdir -p "$T/root/linked" "$T/root/linked-manifest" "$T/root/linked-inside"
+    ln -s "$T/outside/escape.safetensors" "$T/root/linked/model.safetensors"
+    "$SLUICE" manifest "$T/root/linked" -q -o "$T/root/linked/sluice.manifest.json"
+    cp "$REAL/mnist-tinygrad__model.safetensors" "$T/root/linked-manifest/model.safetensors"
+    "$SLUICE" manifest "$T/root/linked-manifest" -q -o "$T/outside/linked-manifest.json"
+    ln -s "$T/outside/linked-manifest.json" "$T/root/linked-manifest/sluice.manifest.json"
+    ln -s "$T/root/mnist-tinygrad__model.safetensors" "$T/root/linked-inside/model.safetensors"
+    "$SLUICE" manifest "$T/root/linked-inside" -q -o "$T/root/linked-inside/sluice.manifest.json"
     # A tampered tensor on the server's disk (its manifest made before).
     make_big "$T/root/tampered" a:100000 b:200000 c:300000
     python3 - "$T/root/tampered/model.safetensors" <<'EOF'
@@ -186,6 +210,16 @@ EOF
         bad "symlink out of the root not refused"
     expect 105 "symlinked model out of the root: NOT_FOUND" "$ADDR" info escape.safetensors
     expect 105 "symlinked directory out of the root: NOT_FOUND" "$ADDR" info escape-dir
+    grep -q "linked: refused, its file $T/outside/escape.safetensors resolves outside the root" "$T/errors.err" &&
+        ok "a model directory's file symlinked out of the root: refused at start, named" ||
+        bad "file symlinked out of a model directory not refused: $(grep linked "$T/errors.err")"
+    expect 105 "a model directory's file symlinked out of the root: NOT_FOUND" "$ADDR" info linked
+    grep -q "linked-manifest: refused, its manifest $T/outside/linked-manifest.json resolves outside" "$T/errors.err" &&
+        ok "a model directory's manifest symlinked out of the root: refused at start" ||
+        bad "manifest symlinked out of a model directory not refused"
+    expect 105 "a model directory's manifest symlinked out of the root: NOT_FOUND" "$ADDR" info linked-manifest
+    expect 0 "a model directory's file symlinked to a file inside the root: served" \
+        "$ADDR" fetch linked-inside --compare "$T/root/linked-inside" -q
     for name in ../outside . .. /etc/passwd "synth-sharded/../synth-sharded" "a/b" ".hidden" \
         "../$(basename "$T")/outside/secret.safetensors"; do
         expect 103 "model name '$name': INVALID_ARGUMENT" "$ADDR" info "$name"
@@ -257,10 +291,36 @@ EOF
                 ok "/metrics passes promtool check metrics" ||
                 { bad "promtool: $(head -5 "$T/promtool.out")"; }
         fi
+        # Its bounds against slow and wrong clients, those of the library's
+        # endpoint (the same script as metrics_http_limits): POST with a
+        # body 405 + Allow, slow clients cut by the 5 s whole-request
+        # deadline, 8 per client address.
+        if timeout 60 /usr/bin/python3 "$SRC/tests/metrics/http_limits.py" "$mport" >"$T/limits.out" 2>&1; then
+            ok "/metrics bounds (tests/metrics/http_limits.py): $(grep -c '^ok' "$T/limits.out") checks"
+        else
+            bad "/metrics bounds: $(grep -v '^ok' "$T/limits.out" | head -8)"
+        fi
     else
         bad "/metrics not served on port $mport"
     fi
     stop_server errors
+
+    # ROOT_OR_MODEL the model directory itself: no root, its symlinks are
+    # the operator's (a Hugging Face snapshot links into ../../blobs).
+    start_server single "$T/root/linked"
+    expect 0 "the same directory served as the model itself: its symlink is followed" \
+        "$ADDR" fetch linked --compare "$T/root/linked" -q
+    stop_server single
+
+    # --pool smaller than the largest tensor: said at start, with the
+    # model, the tensor and both sizes; that tensor RESOURCE_EXHAUSTED.
+    make_big "$T/small-pool" big:8388608 little:4096
+    start_server pool "$T/small-pool" --pool 4M
+    grep -q "warning: small-pool: tensor big is 8388608 bytes, more than the model's pool (4194304 bytes" "$T/pool.err" &&
+        ok "--pool under the largest tensor: warned at start" || bad "no --pool warning: $(cat "$T/pool.err")"
+    expect 108 "the tensor larger than the pool: RESOURCE_EXHAUSTED" "$ADDR" get small-pool big
+    expect 0 "the others served" "$ADDR" get small-pool little
+    stop_server pool
 
     # A model served without a manifest (--allow-unverified): GetModel has
     # no digests, so the client cannot say "verified" (exit 1) unless told
@@ -304,6 +364,20 @@ case_security() {
     expect 0 "with the token: served and verified" "$ADDR" fetch $m --token "$T/token" -q
     grep -q 'refused .*no valid token' "$T/token.err" && ok "refusal logged" || bad "refusal not logged"
     stop_server token
+    # One rule for the token file (server and clients): ASCII whitespace,
+    # a tab too, off both ends.
+    printf ' \ts3cret-token\t\r\n' >"$T/token-ws"
+    start_server token-ws "$T/root/$m" --token-file "$T/token-ws"
+    expect 0 "token file with spaces and tabs around it: the bare token is served" "$ADDR" list --token "$T/token"
+    expect 0 "the same file given to the client" "$ADDR" list --token "$T/token-ws"
+    stop_server token-ws
+    refused_start token-dir "--token-file $T: is a directory" "a directory as --token-file: said so" \
+        "$T/root/$m" --token-file "$T"
+    printf '\n \t\n' >"$T/token-blank"
+    refused_start token-blank "is empty" "a token file of whitespace: empty" "$T/root/$m" --token-file "$T/token-blank"
+    printf 'two\tparts\n' >"$T/token-tab"
+    refused_start token-tab "not visible ASCII" "a tab inside the token: refused at start" \
+        "$T/root/$m" --token-file "$T/token-tab"
 
     # Oversized request messages.
     start_server size "$T/root/$m" --max-request-bytes 4096
@@ -327,6 +401,11 @@ case_security() {
         openssl req -newkey rsa:2048 -nodes -keyout rogue.key -out rogue.csr -subj /CN=rogue 2>/dev/null
         openssl x509 -req -in rogue.csr -CA other-ca.pem -CAkey other-ca.key -CAcreateserial -out rogue.pem -days 2 2>/dev/null
     ) || { bad "openssl could not make the test CA"; return; }
+    refused_start tls-mismatch "--tls-key $d/rogue.key does not match the certificate in --tls-cert $d/server.pem" \
+        "a key that is not the certificate's: said so" "$T/root/$m" --tls-cert "$d/server.pem" --tls-key "$d/rogue.key"
+    grep -q 'cannot listen' "$T/tls-mismatch.err" && bad "key mismatch still says 'cannot listen'"
+    refused_start tls-notkey "no PEM private key" "a certificate given as --tls-key: said so" \
+        "$T/root/$m" --tls-cert "$d/server.pem" --tls-key "$d/server.pem"
     start_server tls "$T/root/$m" --tls-cert "$d/server.pem" --tls-key "$d/server.key"
     expect 0 "TLS: verified fetch" "$ADDR" fetch $m --ca "$d/ca.pem" --server-name localhost -q
     expect 114 "TLS server, plaintext client: UNAVAILABLE" "$ADDR" list

@@ -15,7 +15,10 @@
 #include <grpcpp/security/server_credentials.h>
 
 #include <openssl/crypto.h>
+#include <openssl/err.h>
 #include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 
 #include <algorithm>
 #include <atomic>
@@ -40,8 +43,10 @@
 #include <microhttpd.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
 #endif
 #include <dirent.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -83,18 +88,25 @@ const char usage_text[] =
     "\n"
     "Serves the tensors of one model (a .safetensors file, a directory with a\n"
     "*.safetensors.index.json) or of every model under a root directory (each\n"
-    "*.safetensors file and each subdirectory is a model, named by its entry)\n"
+    "*.safetensors file and each subdirectory is a model, named by its entry;\n"
+    "every file a model opens must resolve inside the root)\n"
     "over gRPC (proto/sluice/v1/tensor_service.proto) and grpc.health.v1.\n"
     "Every model needs a manifest (sluice manifest) unless --allow-unverified.\n"
     "\n"
     "  --listen ADDR:PORT     default 127.0.0.1:7070; port 0 picks a free one;\n"
     "                         the bound address is printed: 'listening on A:P'\n"
     "  --pool SIZE            each model's pool budget (K/M/G suffixes), capped\n"
-    "                         at the model's size; default 1G\n"
-    "  --metrics-port N       /metrics over HTTP on 127.0.0.1:N (0: any free port)\n"
-    "  --tls-cert F --tls-key F  TLS; --client-ca F: require client certificates\n"
-    "                         signed by that CA (mutual TLS)\n"
-    "  --token-file F         every call needs 'authorization: Bearer TOKEN'\n"
+    "                         at the model's size; default 1G (a model whose\n"
+    "                         largest tensor is bigger is warned of at start)\n"
+    "  --metrics-port N       /metrics over HTTP on 127.0.0.1:N (0: any free port);\n"
+    "                         32 connections, 8 per client address, 5 s for a\n"
+    "                         whole request (a slower one is cut)\n"
+    "  --tls-cert F --tls-key F  TLS (the key must be the certificate's: checked\n"
+    "                         at start); --client-ca F: require client\n"
+    "                         certificates signed by that CA (mutual TLS)\n"
+    "  --token-file F         every call needs 'authorization: Bearer TOKEN'; TOKEN\n"
+    "                         is F's content with ASCII whitespace (space, tab,\n"
+    "                         CR, LF, VT, FF) off both ends, visible ASCII or spaces\n"
     "  --max-streams-per-client N  concurrent calls per client address (16)\n"
     "  --max-streams N        concurrent calls in all (256)\n"
     "  --max-request-bytes N  largest request message (1 MiB)\n"
@@ -234,6 +246,71 @@ bool read_file(const std::string &path, std::string *out)
     ss << f.rdbuf();
     *out = ss.str();
     return !f.bad();
+}
+
+// The token of --token-file: the file's bytes with ASCII whitespace (space,
+// tab, CR, LF, VT, FF) taken off both ends; what is left must be one or
+// more bytes of visible ASCII or spaces (what gRPC metadata carries). The
+// bundled clients read their token files by the same rule (README).
+bool read_token_file(const std::string &path, std::string *tok, std::string *why)
+{
+    struct stat st;
+    if (stat(path.c_str(), &st) != 0) {
+        *why = strerror(errno);
+        return false;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        *why = "is a directory, not a token file";
+        return false;
+    }
+    std::string t;
+    if (!read_file(path, &t)) {
+        *why = "cannot be read";
+        return false;
+    }
+    const char *ws = " \t\r\n\v\f";
+    size_t b = t.find_first_not_of(ws), e = t.find_last_not_of(ws);
+    if (b == std::string::npos) {
+        *why = "is empty (or only whitespace)";
+        return false;
+    }
+    t = t.substr(b, e - b + 1);
+    for (size_t i = 0; i < t.size(); i++)
+        if ((unsigned char)t[i] < 0x20 || (unsigned char)t[i] > 0x7e) {
+            *why = "the token has a byte that is not visible ASCII or a space (at " +
+                   std::to_string(b + i) + "): no client could send it";
+            return false;
+        }
+    *tok = t;
+    return true;
+}
+
+// Whether --tls-key is the private key of --tls-cert's (first)
+// certificate, checked here: grpc only says it cannot listen.
+bool check_key_pair(const Config &c, const std::string &cert, const std::string &key)
+{
+    BIO *cb = BIO_new_mem_buf(cert.data(), (int)cert.size());
+    BIO *kb = BIO_new_mem_buf(key.data(), (int)key.size());
+    X509 *x = cb ? PEM_read_bio_X509(cb, nullptr, nullptr, nullptr) : nullptr;
+    EVP_PKEY *k = kb ? PEM_read_bio_PrivateKey(kb, nullptr, nullptr, nullptr) : nullptr;
+    bool ok = false;
+    if (!x)
+        fprintf(stderr, "sluice serve: --tls-cert %s: no PEM certificate in it\n",
+                c.tls_cert.c_str());
+    else if (!k)
+        fprintf(stderr, "sluice serve: --tls-key %s: no PEM private key in it (or one with "
+                        "a passphrase)\n", c.tls_key.c_str());
+    else if (X509_check_private_key(x, k) != 1)
+        fprintf(stderr, "sluice serve: --tls-key %s does not match the certificate in "
+                        "--tls-cert %s\n", c.tls_key.c_str(), c.tls_cert.c_str());
+    else
+        ok = true;
+    ERR_clear_error();
+    EVP_PKEY_free(k);
+    X509_free(x);
+    BIO_free(kb);
+    BIO_free(cb);
+    return ok;
 }
 
 // ------------------------------------------------------------ metrics
@@ -423,7 +500,97 @@ std::string base_name(const char *p)
     return s ? s + 1 : p;
 }
 
-int open_model(const Config &cfg, const std::string &name, const std::string &path, Model *out)
+// Whether path (a real path) is inside the directory root (a real path).
+bool inside(const std::string &root, const std::string &path)
+{
+    return root == "/" ? path[0] == '/' : path.compare(0, root.size() + 1, root + "/") == 0;
+}
+
+// The regular files this process holds open, fd -> the path the kernel
+// gives for it (/proc/self/fd: the file actually opened, whatever a
+// symlink on the way pointed to then or points to now).
+std::map<int, std::string> open_files()
+{
+    std::map<int, std::string> out;
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return out;
+    while (struct dirent *e = readdir(d)) {
+        char *end;
+        long fd = strtol(e->d_name, &end, 10);
+        if (end == e->d_name || *end || fd == dirfd(d))
+            continue;
+        char buf[PATH_MAX];
+        ssize_t n = readlinkat(dirfd(d), e->d_name, buf, sizeof buf - 1);
+        struct stat st;
+        if (n <= 0 || buf[0] != '/' || fstatat(dirfd(d), e->d_name, &st, 0) != 0 ||
+            !S_ISREG(st.st_mode))
+            continue;
+        out[(int)fd] = std::string(buf, (size_t)n);
+    }
+    closedir(d);
+    return out;
+}
+
+// Root mode: every file a model has open, and the manifest GetModel sends,
+// must be inside the root. Checked on the files the library opened (the
+// descriptors it holds, see open_files), not on the paths: a symlink
+// swapped after the check cannot smuggle another file in. Returns the
+// first file outside, or "" when none.
+std::string file_outside(const std::string &root, const std::map<int, std::string> &before,
+                         sluice_model *m)
+{
+    for (auto &fp : open_files()) {
+        auto it = before.find(fp.first);
+        if ((it == before.end() || it->second != fp.second) && !inside(root, fp.second))
+            return fp.second;
+    }
+    for (size_t f = 0; f < sluice_file_count(m); f++) {  // also where /proc is not mounted
+        struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
+        sluice_file_info(m, f, &fi);
+        char *r = realpath(fi.path, nullptr);
+        std::string rp = r ? r : fi.path;
+        free(r);
+        if (!inside(root, rp))
+            return rp;
+    }
+    return "";
+}
+
+// Reads path into *out, unless (root non-empty) the file opened is outside
+// root: then *outside gets its real path.
+bool read_inside(const char *path, const std::string &root, std::string *out,
+                 std::string *outside)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    if (!root.empty()) {
+        char buf[PATH_MAX], link[64];
+        snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+        ssize_t n = readlink(link, buf, sizeof buf - 1);
+        char *r = n > 0 ? nullptr : realpath(path, nullptr);
+        std::string rp = n > 0 ? std::string(buf, (size_t)n) : r ? r : path;
+        free(r);
+        if (!inside(root, rp)) {
+            *outside = rp;
+            close(fd);
+            return false;
+        }
+    }
+    out->clear();
+    char b[65536];
+    ssize_t n;
+    while ((n = read(fd, b, sizeof b)) > 0)
+        out->append(b, (size_t)n);
+    close(fd);
+    return n == 0;
+}
+
+// Opens one model; root: the root's real path in root mode (its files must
+// be inside it), "" when ROOT_OR_MODEL is the model itself.
+int open_model(const Config &cfg, const std::string &name, const std::string &path,
+               const std::string &root, Model *out)
 {
     // First a header-only open to size the pool: no bigger than the model.
     sluice_options o;
@@ -438,11 +605,15 @@ int open_model(const Config &cfg, const std::string &name, const std::string &pa
         return rc;
     }
     uint64_t total = 0, largest = 0;
+    std::string largest_name;
     for (size_t i = 0; i < sluice_count(probe); i++) {
         struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
         sluice_info(probe, i, &ti);
         total += ti.nbytes;
-        largest = std::max(largest, ti.nbytes);
+        if (ti.nbytes > largest) {
+            largest = ti.nbytes;
+            largest_name.assign(ti.name, ti.name_len);
+        }
     }
     sluice_close(probe);
 
@@ -454,13 +625,31 @@ int open_model(const Config &cfg, const std::string &name, const std::string &pa
     o.verify = cfg.allow_unverified ? SLUICE_VERIFY_DEFAULT : SLUICE_VERIFY_REQUIRE;
     o.metrics_label = name.c_str();
     sluice_model *m = nullptr;
+    std::map<int, std::string> before;
+    if (!root.empty())
+        before = open_files();
     rc = sluice_open(path.c_str(), &o, &m);
     if (rc != SLUICE_OK) {
         fprintf(stderr, "sluice serve: %s: %s\n", path.c_str(), sluice_errmsg(m));
         sluice_close(m);
         return rc;
     }
-    (void)largest;
+    std::string outside = root.empty() ? "" : file_outside(root, before, m);
+    if (!outside.empty()) {
+        fprintf(stderr, "sluice serve: %s: refused, its file %s resolves outside the root\n",
+                path.c_str(), outside.c_str());
+        sluice_close(m);
+        return SLUICE_E_INVAL;
+    }
+    // A tensor larger than the pool can never be served (SLUICE_E_TOO_LARGE,
+    // RESOURCE_EXHAUSTED to every client): said once, at start.
+    if (largest > o.pool_bytes)
+        fprintf(stderr,
+                "sluice serve: warning: %s: tensor %s is %llu bytes, more than the model's pool "
+                "(%llu bytes, --pool): every GetTensor and StreamTensors of it will fail with "
+                "RESOURCE_EXHAUSTED\n",
+                name.c_str(), echo_name(largest_name).c_str(), (unsigned long long)largest,
+                (unsigned long long)o.pool_bytes);
     // The protocol's digests are SHA-256 (its fields say so, and the
     // clients check with SHA-256): a model whose manifest is BLAKE3 is not
     // served rather than sent with digests no client could check.
@@ -482,8 +671,14 @@ int open_model(const Config &cfg, const std::string &name, const std::string &pa
                                                            : "off");
     if (const char *mp = sluice_manifest_path(m)) {
         std::string text;
-        if (read_file(mp, &text))
+        if (read_inside(mp, root, &text, &outside)) {
             mi.set_manifest(text);
+        } else if (!outside.empty()) {
+            fprintf(stderr, "sluice serve: %s: refused, its manifest %s resolves outside the "
+                            "root\n", path.c_str(), outside.c_str());
+            sluice_close(m);
+            return SLUICE_E_INVAL;
+        }
     }
     for (size_t f = 0; f < sluice_file_count(m); f++) {
         struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
@@ -925,63 +1120,150 @@ private:
 // ------------------------------------------------------------ metrics HTTP
 // GET /metrics: the models' families, rendered by the library in one
 // exposition (sluice_metrics_write_models, Prometheus text 0.0.4), then the
-// server's own (metrics_text). libmicrohttpd directly, with the bounds of
-// the library's endpoint (sluice_metrics_serve serves models only: the
-// server's families could not be added to it without a library change).
+// server's own (metrics_text). libmicrohttpd directly, with the bounds and
+// answers of the library's endpoint (sluice.h, sluice_metrics_serve, which
+// serves models only: the server's families could not be added to it
+// without a library change): 32 connections, 8 per client address, 16 KiB
+// of request, 5 s idle, and 5 s for a whole request from the connection's
+// accept or its previous answer. libmicrohttpd's timeout is of idleness
+// only (a client sending a header line every 2 s keeps its slot), so the
+// deadline is a watchdog thread of ours: it shuts down the socket of a
+// connection past it, and libmicrohttpd, seeing the stream end, closes it.
+// The "closed" notifier runs before libmicrohttpd closes the socket, and
+// the watchdog touches a socket only while its slot is in use under the
+// lock: never a reused descriptor.
 #ifdef SLUICE_SERVE_HAVE_MHD
+constexpr unsigned metrics_connections = 32, metrics_per_address = 8;
+constexpr unsigned metrics_idle_s = 5, metrics_deadline_s = 5;
+
+struct MetricsConn {
+    bool used = false, cut = false;
+    int fd = -1;
+    Clock::time_point since;  // accepted, or its last answer sent
+};
+
 struct MetricsHttp {
     std::vector<sluice_model *> models;
     struct MHD_Daemon *d = nullptr;
     unsigned port = 0;
+    std::mutex mu;  // conns, stopping
+    std::condition_variable wake;
+    MetricsConn conns[metrics_connections];  // one per connection libmicrohttpd admits
+    bool stopping = false;
+    std::thread watchdog;
 };
+
+void metrics_on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                           enum MHD_ConnectionNotificationCode code)
+{
+    auto *mh = static_cast<MetricsHttp *>(cls);
+    std::lock_guard<std::mutex> g(mh->mu);
+    if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        if (auto *k = static_cast<MetricsConn *>(*socket_context))
+            *k = MetricsConn();
+        *socket_context = nullptr;
+        return;
+    }
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci)
+        return;
+    for (MetricsConn &k : mh->conns)
+        if (!k.used) {
+            k.used = true;
+            k.fd = ci->connect_fd;
+            k.since = Clock::now();
+            *socket_context = &k;
+            return;
+        }
+    shutdown(ci->connect_fd, SHUT_RDWR);  // no slot (cannot be): not bounded, so refused
+}
+
+void metrics_on_completed(void *cls, struct MHD_Connection *conn, void **,
+                          enum MHD_RequestTerminationCode)
+{
+    auto *mh = static_cast<MetricsHttp *>(cls);
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    std::lock_guard<std::mutex> g(mh->mu);
+    if (ci && ci->socket_context)
+        static_cast<MetricsConn *>(ci->socket_context)->since = Clock::now();
+}
+
+void metrics_watchdog(MetricsHttp *mh)
+{
+    std::unique_lock<std::mutex> g(mh->mu);
+    while (!mh->stopping) {
+        mh->wake.wait_for(g, std::chrono::milliseconds(200));
+        auto limit = Clock::now() - std::chrono::seconds(metrics_deadline_s);
+        for (MetricsConn &k : mh->conns)
+            if (k.used && !k.cut && k.since < limit) {
+                shutdown(k.fd, SHUT_RDWR);
+                k.cut = true;
+            }
+    }
+}
+
+MHD_Result metrics_reply(struct MHD_Connection *conn, unsigned code, const std::string &body)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(
+        body.size(), const_cast<char *>(body.data()), MHD_RESPMEM_MUST_COPY);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, "Content-Type",
+                            code == MHD_HTTP_OK ? "text/plain; version=0.0.4; charset=utf-8"
+                                                : "text/plain; charset=utf-8");
+    if (code == MHD_HTTP_METHOD_NOT_ALLOWED)
+        MHD_add_response_header(r, "Allow", "GET, HEAD");
+    MHD_Result ret = MHD_queue_response(conn, code, r);
+    MHD_destroy_response(r);
+    return ret;
+}
 
 MHD_Result metrics_handle(void *cls, struct MHD_Connection *conn, const char *url,
                           const char *method, const char *, const char *, size_t *upload_size,
                           void **con_cls)
 {
     auto *mh = static_cast<MetricsHttp *>(cls);
-    if (*con_cls == nullptr) {  // headers only: wait for the end of the request
-        *con_cls = mh;
+    // The refusals on the first call, with the headers: answered at once,
+    // a body never read (libmicrohttpd then closes the connection). An
+    // answer queued while a body is still arriving is never sent.
+    if (*con_cls == nullptr) {
+        if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
+            return metrics_reply(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed: GET /metrics\n");
+        if (strcmp(url, "/metrics") != 0)
+            return metrics_reply(conn, MHD_HTTP_NOT_FOUND, "not found: only /metrics is served\n");
+        const char *length =
+            MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if ((length && strcmp(length, "0") != 0) ||
+            MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING))
+            return metrics_reply(conn, MHD_HTTP_BAD_REQUEST, "bad request: GET /metrics has no body\n");
+        *con_cls = mh;  // then answered once the request is read
         return MHD_YES;
     }
-    *upload_size = 0;
-    std::string body;
-    unsigned code = MHD_HTTP_OK;
-    if (strcmp(url, "/metrics") != 0) {
-        code = MHD_HTTP_NOT_FOUND;
-        body = "not found\n";
-    } else if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
-        code = MHD_HTTP_METHOD_NOT_ALLOWED;
-        body = "GET or HEAD\n";
-    } else {
-        size_t need = 0;
-        sluice_metrics_write_models(mh->models.data(), mh->models.size(), nullptr, 0, &need,
-                                    SLUICE_METRICS_PROMETHEUS);
-        for (int tries = 0; tries < 4; tries++) {
-            body.assign(need + 4096, '\0');
-            int rc = sluice_metrics_write_models(mh->models.data(), mh->models.size(), &body[0],
-                                                 body.size(), &need, SLUICE_METRICS_PROMETHEUS);
-            if (rc == SLUICE_OK) {
-                body.resize(strlen(body.c_str()));
-                break;
-            }
-            if (rc != SLUICE_E_BUFFER) {
-                body.clear();
-                break;
-            }
-        }
-        body += metrics_text();
+    if (*upload_size) {  // cannot be (no length, no chunks): dropped
+        *upload_size = 0;
+        return MHD_YES;
     }
-    struct MHD_Response *r = MHD_create_response_from_buffer(body.size(), &body[0],
-                                                             MHD_RESPMEM_MUST_COPY);
-    if (!r)
-        return MHD_NO;
-    MHD_add_response_header(r, "Content-Type",
-                            code == MHD_HTTP_OK ? "text/plain; version=0.0.4; charset=utf-8"
-                                                : "text/plain");
-    MHD_Result ret = MHD_queue_response(conn, code, r);
-    MHD_destroy_response(r);
-    return ret;
+    std::string body;
+    size_t need = 0;
+    sluice_metrics_write_models(mh->models.data(), mh->models.size(), nullptr, 0, &need,
+                                SLUICE_METRICS_PROMETHEUS);
+    for (int tries = 0; tries < 4; tries++) {
+        body.assign(need + 4096, '\0');
+        int rc = sluice_metrics_write_models(mh->models.data(), mh->models.size(), &body[0],
+                                             body.size(), &need, SLUICE_METRICS_PROMETHEUS);
+        if (rc == SLUICE_OK) {
+            body.resize(strlen(body.c_str()));
+            break;
+        }
+        if (rc != SLUICE_E_BUFFER) {
+            body.clear();
+            break;
+        }
+    }
+    body += metrics_text();
+    return metrics_reply(conn, MHD_HTTP_OK, body);
 }
 
 bool metrics_start(MetricsHttp *mh, unsigned port)
@@ -991,22 +1273,40 @@ bool metrics_start(MetricsHttp *mh, unsigned port)
     sa.sin_family = AF_INET;
     sa.sin_port = htons((uint16_t)port);
     inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-    mh->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO, (uint16_t)port,
-                             nullptr, nullptr, metrics_handle, mh, MHD_OPTION_SOCK_ADDR,
-                             (struct sockaddr *)&sa, MHD_OPTION_CONNECTION_LIMIT, 32u,
-                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384,
-                             MHD_OPTION_CONNECTION_TIMEOUT, 5u, MHD_OPTION_END);
+    mh->d = MHD_start_daemon(
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO, (uint16_t)port, nullptr, nullptr,
+        metrics_handle, mh, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+        MHD_OPTION_CONNECTION_LIMIT, metrics_connections, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+        metrics_per_address, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)16384,
+        MHD_OPTION_CONNECTION_TIMEOUT, metrics_idle_s, MHD_OPTION_NOTIFY_CONNECTION,
+        metrics_on_connection, mh, MHD_OPTION_NOTIFY_COMPLETED, metrics_on_completed, mh,
+        MHD_OPTION_END);
     if (!mh->d)
         return false;
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(mh->d, MHD_DAEMON_INFO_BIND_PORT);
     mh->port = info ? info->port : port;
+    try {
+        mh->watchdog = std::thread(metrics_watchdog, mh);
+    } catch (const std::system_error &) {
+        MHD_stop_daemon(mh->d);
+        mh->d = nullptr;
+        return false;
+    }
     return true;
 }
 
 void metrics_stop(MetricsHttp *mh)
 {
+    if (mh->watchdog.joinable()) {
+        {
+            std::lock_guard<std::mutex> g(mh->mu);
+            mh->stopping = true;
+        }
+        mh->wake.notify_one();
+        mh->watchdog.join();
+    }
     if (mh->d)
-        MHD_stop_daemon(mh->d);
+        MHD_stop_daemon(mh->d);  // its notifiers take mu
     mh->d = nullptr;
 }
 #endif
@@ -1035,6 +1335,7 @@ int main(int argc, char **argv)
         return 2;
     }
     std::vector<std::pair<std::string, std::string>> todo;  // name, path
+    std::string root;  // root mode: its real path
     std::string path = cfg.path;
     while (path.size() > 1 && path.back() == '/')
         path.pop_back();
@@ -1046,7 +1347,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "sluice serve: %s: %s\n", path.c_str(), strerror(errno));
             return 2;
         }
-        std::string root = rroot;
+        root = rroot;
         free(rroot);
         DIR *d = opendir(path.c_str());
         if (!d) {
@@ -1065,7 +1366,7 @@ int main(int argc, char **argv)
             free(real);
             // Symlinks out of the root are refused: the real path must be
             // inside the root's real path.
-            if (r.compare(0, root.size() + 1, root + "/") != 0) {
+            if (!inside(root, r)) {
                 fprintf(stderr, "sluice serve: %s: refused, it resolves outside the root\n",
                         p.c_str());
                 continue;
@@ -1083,7 +1384,7 @@ int main(int argc, char **argv)
     int failed = 0;
     for (auto &np : todo) {
         auto m = std::make_unique<Model>();
-        if (open_model(cfg, np.first, np.second, m.get()) != SLUICE_OK) {
+        if (open_model(cfg, np.first, np.second, root, m.get()) != SLUICE_OK) {
             failed++;
             continue;
         }
@@ -1102,15 +1403,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "sluice serve: TEST FAULT: corrupting the first chunk sent of '%s'\n", f);
     }
     if (!cfg.token_file.empty()) {
-        std::string tok;
-        if (!read_file(cfg.token_file, &tok)) {
-            fprintf(stderr, "sluice serve: cannot read %s\n", cfg.token_file.c_str());
-            return 2;
-        }
-        while (!tok.empty() && (tok.back() == '\n' || tok.back() == '\r' || tok.back() == ' '))
-            tok.pop_back();
-        if (tok.empty()) {
-            fprintf(stderr, "sluice serve: %s is empty\n", cfg.token_file.c_str());
+        std::string tok, why;
+        if (!read_token_file(cfg.token_file, &tok, &why)) {
+            fprintf(stderr, "sluice serve: --token-file %s: %s\n", cfg.token_file.c_str(),
+                    why.c_str());
+            for (auto &kv : models)
+                sluice_close(kv.second->m);
             return 2;
         }
         service.token = tok;
@@ -1122,6 +1420,11 @@ int main(int argc, char **argv)
         grpc::SslServerCredentialsOptions::PemKeyCertPair kp;
         if (!read_file(cfg.tls_key, &kp.private_key) || !read_file(cfg.tls_cert, &kp.cert_chain)) {
             fprintf(stderr, "sluice serve: cannot read --tls-cert/--tls-key\n");
+            return 2;
+        }
+        if (!check_key_pair(cfg, kp.cert_chain, kp.private_key)) {
+            for (auto &kv : models)
+                sluice_close(kv.second->m);
             return 2;
         }
         so.pem_key_cert_pairs.push_back(kp);

@@ -261,6 +261,22 @@ def test_token(root, tmp_path):
         assert s.stop() == 0
 
 
+def test_token_file_whitespace(root, tmp_path):
+    # One rule for the server and the client: ASCII whitespace (a tab
+    # too) off both ends of the token file. The server used to keep a
+    # trailing tab that the client's .strip() took off: never authenticated.
+    tok = tmp_path / "token"
+    tok.write_bytes(b"\t python-secret\t\r\n")
+    s = Server(str(root / "synth"), "--token-file", str(tok))
+    try:
+        with Client(s.addr, token_file=str(tok)) as c:
+            assert c.list_models()[0]["name"] == "synth"
+        with Client(s.addr, token="python-secret") as c:
+            assert c.list_models()[0]["name"] == "synth"
+    finally:
+        assert s.stop() == 0
+
+
 def test_health(server):
     # grpc.health.v1.Health/Check by hand (Debian has no grpc_health
     # module): an empty HealthCheckRequest; the answer {status: SERVING}
