@@ -1293,14 +1293,41 @@ SLUICE_API int sluice_stats(sluice_model *model, struct sluice_stats *stats);
  * ctime cannot be set back by any user-level call, so a changed file no
  * longer matches; a file whose mtime or ctime is within the last second at
  * open is not recorded (a write in the same clock tick would not change
- * them). What it does not cover: the root user changing the clock or
- * writing the device below the file system, and a file system that
- * does not update ctime. That is why it is opt-in.
+ * them).
+ * File systems: a file on tmpfs (/dev/shm too), ramfs, hugetlbfs,
+ * overlayfs, NFS, SMB/CIFS, 9p, FUSE, Ceph, AFS or Coda (statfs f_type)
+ * is neither recorded nor trusted: there a write need not move the times
+ * this process sees (on tmpfs a byte read through a shared mapping and
+ * written back changed leaves both as they were; overlayfs shows the
+ * times of the file below, whose dirty pages cannot be written back
+ * through it; the others report times kept elsewhere). Its tensors are
+ * hashed, and sluice_cache_warning says which file and why (the cache
+ * itself works: disk_degraded stays 0).
+ * Shared mappings: the kernel moves the times when a store through a
+ * shared mapping makes a clean page writable (a fault), not on later
+ * stores to that page while it stays dirty and writable. So before it
+ * takes a file's identity, an open with the flag writes the file's dirty
+ * pages back (sync_file_range, no device flush; nothing to do, no I/O,
+ * when none is dirty), which makes every mapping of them read-only
+ * again: the next store faults and moves the times. Without that step
+ * this sequence handed out changed bytes as verified on ext4: a process
+ * maps the file shared and stores a byte (the times move); a second
+ * later a load with the flag verifies the file and records it; the
+ * process stores another byte of the same page (or large folio) through
+ * the same mapping (no fault, no new times); the next load with the flag
+ * trusts the record.
+ * What it does not cover: the root user changing the clock or writing
+ * the device below the file system, a file system that does not update
+ * ctime, or one not named above whose mapped stores do not move the
+ * times. That is why it is opt-in.
  */
 
 /* The warning of a model whose cache was turned off (read-only or full
- * file system, a newer schema, ...), or NULL when its cache works or it
- * has none. Borrowed: valid until sluice_close. Any thread. */
+ * file system, a newer schema, ...; disk_degraded is 1), else the memo's
+ * refusal of a file (SLUICE_F_TRUST_UNCHANGED on a file system where a
+ * write need not move its times, see "Verified-once memo"; the first such
+ * file and how many more), or NULL when its cache works or it has none.
+ * Borrowed: valid until sluice_close. Any thread. */
 SLUICE_API const char *sluice_cache_warning(sluice_model *model);
 
 /* A cache directory opened for administration (`sluice cache`): listing,
