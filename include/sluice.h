@@ -238,8 +238,10 @@ typedef struct sluice_options {
     size_t size;            /* sizeof(sluice_options), set by sluice_options_init */
     uint32_t flags;         /* SLUICE_F_*; unknown bits are rejected (SLUICE_E_INVAL) */
     uint32_t queue_depth;   /* reads in flight; default 32, 1..4096 */
-    uint64_t pool_bytes;    /* buffer budget; default 4 GiB, 1/16 of a 64 GiB
-                               host (see "Sizing the pool" below) */
+    uint64_t pool_bytes;    /* buffer budget; default 4 GiB (1/16 of a 64 GiB
+                               host), or 1/16 of this process's cgroup memory
+                               limit when that is less; more than the limit:
+                               SLUICE_E_INVAL (see "Sizing the pool" below) */
     uint64_t chunk_bytes;   /* size of one read; default 8 MiB, 4 KiB..1 GiB */
     uint32_t io_threads;    /* threads of the pread backend; default 4 */
     uint32_t hash_threads;  /* hashing threads; 0 = online CPUs */
@@ -314,6 +316,16 @@ SLUICE_API int sluice_options_init(sluice_options *opts);
 /*
  * Sizing the pool
  * ---------------
+ * The default, from sluice_options_init: 4 GiB, or in a container (a
+ * cgroup memory limit: cgroup v2 memory.max, v1 memory.limit_in_bytes, of
+ * the process's cgroup in /proc/self/cgroup, the lowest on the way up to
+ * the root under /sys/fs/cgroup) 1/16 of the limit when that is less, in
+ * whole MiB, at least 1 MiB: 512 MiB under an 8 GiB limit. A pool_bytes
+ * above the limit is refused by sluice_open (SLUICE_E_INVAL, the message
+ * giving both numbers and the file that sets the limit): such a pool
+ * could not be filled without the kernel killing the process, which no
+ * caller could see coming. One below it is the caller's to size against
+ * the rest of its memory.
  * Every tensor is read into one contiguous buffer of the pool. A tensor
  * larger than the pool fails with SLUICE_E_TOO_LARGE. A tensor that fits
  * still needs one free range of its size: buffers held by handles stay
@@ -409,7 +421,8 @@ typedef struct sluice_model sluice_model;
  * NULL only when even that could not be allocated (SLUICE_E_NOMEM) or out
  * is NULL.
  *
- * Returns SLUICE_OK, SLUICE_E_INVAL, SLUICE_E_NOMEM, SLUICE_E_IO,
+ * Returns SLUICE_OK, SLUICE_E_INVAL (also a pool_bytes above the cgroup
+ * memory limit, see "Sizing the pool"), SLUICE_E_NOMEM, SLUICE_E_IO,
  * SLUICE_E_NO_FILES, SLUICE_E_FILE_CHANGED, any header or index code, any
  * manifest code, SLUICE_E_SIGNATURE.
  * Thread safety: any thread; the model is not shared until open returns.
