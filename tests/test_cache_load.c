@@ -1399,6 +1399,74 @@ static void test_memo_refused_on_tmpfs(void **state)
     free(name);
 }
 
+/* overlayfs (a container's root), the upper layer on the test's own file
+ * system: refused too, since its times are the file's below and its
+ * dirty pages cannot be written back through the overlay. */
+static void test_memo_refused_on_overlayfs(void **state)
+{
+    (void)state;
+    char *base = tu_tmpdir(), cmd[4096];
+    char *lower = tu_join(base, "lower"), *upper = tu_join(base, "upper");
+    char *work = tu_join(base, "work"), *merged = tu_join(base, "merged");
+    mkdir(lower, 0755);
+    mkdir(upper, 0755);
+    mkdir(work, 0755);
+    mkdir(merged, 0755);
+    static const char *const names[] = {"model.safetensors", "model.safetensors.manifest.json"};
+    char *mf = tu_join(root, "m/model.safetensors.manifest.json");
+    const char *from[] = {model, mf};
+    for (int k = 0; k < 2; k++) {
+        size_t len;
+        void *p = tu_read_file(from[k], &len);
+        char *to = tu_join(lower, names[k]);
+        tu_write_file(to, p, len);
+        free(p);
+        free(to);
+    }
+    free(mf);
+    snprintf(cmd, sizeof cmd, "mount -t overlay overlay -o lowerdir=%s,upperdir=%s,workdir=%s "
+             "'%s' 2>/dev/null", lower, upper, work, merged);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "  no overlay mount here: skipped\n");
+        tu_rmtree(base);
+        free(base);
+        free(lower);
+        free(upper);
+        free(work);
+        free(merged);
+        skip();
+    }
+    char *copy = tu_join(merged, "model.safetensors");
+    char *saved = model;
+    model = copy;
+    char *dir = fresh_cache();
+    sleep_ms(1100);
+    check_ctx c[2];
+    struct sluice_stats st[2];
+    char warning[2][1024];
+    for (int k = 0; k < 2; k++)
+        st[k] = memo_load_warned(copy, dir, &c[k], warning[k], sizeof warning[k]);
+    model = saved;
+    snprintf(cmd, sizeof cmd, "umount '%s'", merged);
+    if (system(cmd) != 0)
+        fprintf(stderr, "  %s failed\n", cmd);
+    tu_rmtree(base);
+    tu_rmtree(dir);
+    fprintf(stderr, "  warning: %s\n", warning[1]);
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(c[k].failed, 0);
+        assert_int_equal(st[k].memo_tensors, 0);
+        assert_non_null(strstr(warning[k], "on overlayfs"));
+    }
+    free(base);
+    free(lower);
+    free(upper);
+    free(work);
+    free(merged);
+    free(copy);
+    free(dir);
+}
+
 /* The dirty-page sequence on a file system whose mapped writes fault
  * and move the times (ext4 here): a page dirtied through a shared
  * mapping, a load a second later that verifies and records, then another
@@ -1638,6 +1706,7 @@ int main(void)
         cmocka_unit_test(test_memo_other_paths),
         cmocka_unit_test(test_memo_then_no_digests),
         cmocka_unit_test(test_memo_refused_on_tmpfs),
+        cmocka_unit_test(test_memo_refused_on_overlayfs),
         cmocka_unit_test(test_memo_dirty_page),
         cmocka_unit_test(test_options),
         cmocka_unit_test(test_blob_fds_bounded),

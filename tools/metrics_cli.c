@@ -144,6 +144,9 @@ int cmd_stats(int argc, char **argv)
     }
     size_t failed = 0, len = 0;
     sluice_stream(m, NULL, 0, release_cb, &failed);
+    /* the cache turned off, or the memo refused a file: asked for, not had */
+    if (sluice_cache_warning(m))
+        fprintf(stderr, "sluice stats: warning: %s\n", sluice_cache_warning(m));
     char *text = render(m, f, &len);
     int status = failed ? 1 : 0;
     if (!text) {
