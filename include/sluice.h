@@ -238,8 +238,10 @@ typedef struct sluice_options {
     size_t size;            /* sizeof(sluice_options), set by sluice_options_init */
     uint32_t flags;         /* SLUICE_F_*; unknown bits are rejected (SLUICE_E_INVAL) */
     uint32_t queue_depth;   /* reads in flight; default 32, 1..4096 */
-    uint64_t pool_bytes;    /* buffer budget; default 4 GiB, 1/16 of a 64 GiB
-                               host (see "Sizing the pool" below) */
+    uint64_t pool_bytes;    /* buffer budget; default 4 GiB (1/16 of a 64 GiB
+                               host), or 1/16 of this process's cgroup memory
+                               limit when that is less; more than the limit:
+                               SLUICE_E_INVAL (see "Sizing the pool" below) */
     uint64_t chunk_bytes;   /* size of one read; default 8 MiB, 4 KiB..1 GiB */
     uint32_t io_threads;    /* threads of the pread backend; default 4 */
     uint32_t hash_threads;  /* hashing threads; 0 = online CPUs */
@@ -314,6 +316,16 @@ SLUICE_API int sluice_options_init(sluice_options *opts);
 /*
  * Sizing the pool
  * ---------------
+ * The default, from sluice_options_init: 4 GiB, or in a container (a
+ * cgroup memory limit: cgroup v2 memory.max, v1 memory.limit_in_bytes, of
+ * the process's cgroup in /proc/self/cgroup, the lowest on the way up to
+ * the root under /sys/fs/cgroup) 1/16 of the limit when that is less, in
+ * whole MiB, at least 1 MiB: 512 MiB under an 8 GiB limit. A pool_bytes
+ * above the limit is refused by sluice_open (SLUICE_E_INVAL, the message
+ * giving both numbers and the file that sets the limit): such a pool
+ * could not be filled without the kernel killing the process, which no
+ * caller could see coming. One below it is the caller's to size against
+ * the rest of its memory.
  * Every tensor is read into one contiguous buffer of the pool. A tensor
  * larger than the pool fails with SLUICE_E_TOO_LARGE. A tensor that fits
  * still needs one free range of its size: buffers held by handles stay
@@ -409,7 +421,8 @@ typedef struct sluice_model sluice_model;
  * NULL only when even that could not be allocated (SLUICE_E_NOMEM) or out
  * is NULL.
  *
- * Returns SLUICE_OK, SLUICE_E_INVAL, SLUICE_E_NOMEM, SLUICE_E_IO,
+ * Returns SLUICE_OK, SLUICE_E_INVAL (also a pool_bytes above the cgroup
+ * memory limit, see "Sizing the pool"), SLUICE_E_NOMEM, SLUICE_E_IO,
  * SLUICE_E_NO_FILES, SLUICE_E_FILE_CHANGED, any header or index code, any
  * manifest code, SLUICE_E_SIGNATURE.
  * Thread safety: any thread; the model is not shared until open returns.
@@ -1293,14 +1306,41 @@ SLUICE_API int sluice_stats(sluice_model *model, struct sluice_stats *stats);
  * ctime cannot be set back by any user-level call, so a changed file no
  * longer matches; a file whose mtime or ctime is within the last second at
  * open is not recorded (a write in the same clock tick would not change
- * them). What it does not cover: the root user changing the clock or
- * writing the device below the file system, and a file system that
- * does not update ctime. That is why it is opt-in.
+ * them).
+ * File systems: a file on tmpfs (/dev/shm too), ramfs, hugetlbfs,
+ * overlayfs, NFS, SMB/CIFS, 9p, FUSE, Ceph, AFS or Coda (statfs f_type)
+ * is neither recorded nor trusted: there a write need not move the times
+ * this process sees (on tmpfs a byte read through a shared mapping and
+ * written back changed leaves both as they were; overlayfs shows the
+ * times of the file below, whose dirty pages cannot be written back
+ * through it; the others report times kept elsewhere). Its tensors are
+ * hashed, and sluice_cache_warning says which file and why (the cache
+ * itself works: disk_degraded stays 0).
+ * Shared mappings: the kernel moves the times when a store through a
+ * shared mapping makes a clean page writable (a fault), not on later
+ * stores to that page while it stays dirty and writable. So before it
+ * takes a file's identity, an open with the flag writes the file's dirty
+ * pages back (sync_file_range, no device flush; nothing to do, no I/O,
+ * when none is dirty), which makes every mapping of them read-only
+ * again: the next store faults and moves the times. Without that step
+ * this sequence handed out changed bytes as verified on ext4: a process
+ * maps the file shared and stores a byte (the times move); a second
+ * later a load with the flag verifies the file and records it; the
+ * process stores another byte of the same page (or large folio) through
+ * the same mapping (no fault, no new times); the next load with the flag
+ * trusts the record.
+ * What it does not cover: the root user changing the clock or writing
+ * the device below the file system, a file system that does not update
+ * ctime, or one not named above whose mapped stores do not move the
+ * times. That is why it is opt-in.
  */
 
 /* The warning of a model whose cache was turned off (read-only or full
- * file system, a newer schema, ...), or NULL when its cache works or it
- * has none. Borrowed: valid until sluice_close. Any thread. */
+ * file system, a newer schema, ...; disk_degraded is 1), else the memo's
+ * refusal of a file (SLUICE_F_TRUST_UNCHANGED on a file system where a
+ * write need not move its times, see "Verified-once memo"; the first such
+ * file and how many more), or NULL when its cache works or it has none.
+ * Borrowed: valid until sluice_close. Any thread. */
 SLUICE_API const char *sluice_cache_warning(sluice_model *model);
 
 /* A cache directory opened for administration (`sluice cache`): listing,

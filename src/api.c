@@ -19,6 +19,7 @@
 #include "verify.h"
 
 #include "cancel.h"
+#include "cgroup.h"
 #include "engine.h"
 #include "errmsg.h"
 #include "header.h"
@@ -98,7 +99,11 @@ SLUICE_API int sluice_options_init(sluice_options *opts)
     memset(opts, 0, sizeof *opts);
     opts->size = sizeof *opts;
     opts->queue_depth = 32;
-    opts->pool_bytes = (uint64_t)4 << 30;
+    /* 4 GiB, or 1/16 of this process's cgroup memory limit when less */
+    uint64_t limit = 0;
+    if (!sl_cgroup_memory_limit(SL_CGROUP_SELF, SL_CGROUP_ROOT, &limit, NULL, 0))
+        limit = 0;
+    opts->pool_bytes = sl_pool_default(limit);
     opts->chunk_bytes = (uint64_t)8 << 20;
     opts->io_threads = 4;
     opts->hash_threads = 0;
@@ -163,6 +168,18 @@ static int take_options(sluice_options *dst, const sluice_options *src, sl_err *
                        (unsigned long long)dst->chunk_bytes);
     if (dst->pool_bytes == 0)
         return sl_fail(err, SLUICE_E_INVAL, "options: pool_bytes is 0");
+    /* a pool the container cannot hold gets its process killed once it
+     * fills, with nothing the caller could see: refused here instead */
+    uint64_t limit = 0;
+    char where[512];
+    if (sl_cgroup_memory_limit(SL_CGROUP_SELF, SL_CGROUP_ROOT, &limit, where, sizeof where) &&
+        dst->pool_bytes > limit)
+        return sl_fail(err, SLUICE_E_INVAL,
+                       "options: pool_bytes %llu is more than this process's cgroup memory "
+                       "limit, %llu bytes (%s): the pool could not be filled without the "
+                       "process being killed; the default here is %llu",
+                       (unsigned long long)dst->pool_bytes, (unsigned long long)limit, where,
+                       (unsigned long long)sl_pool_default(limit));
     if (dst->io_threads < 1 || dst->io_threads > 256)
         return sl_fail(err, SLUICE_E_INVAL, "options: io_threads %u is outside 1..256",
                        (unsigned)dst->io_threads);

@@ -29,6 +29,7 @@
 #endif
 
 #include <dirent.h>
+#include <linux/magic.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -42,8 +43,23 @@
 #include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
+
+/* older kernel headers lack these */
+#ifndef CIFS_SUPER_MAGIC
+#define CIFS_SUPER_MAGIC 0xFF534D42
+#endif
+#ifndef SMB2_SUPER_MAGIC
+#define SMB2_SUPER_MAGIC 0xFE534D42
+#endif
+#ifndef OVERLAYFS_SUPER_MAGIC
+#define OVERLAYFS_SUPER_MAGIC 0x794c7630
+#endif
+#ifndef FUSE_SUPER_MAGIC
+#define FUSE_SUPER_MAGIC 0x65735546
+#endif
 
 #define NS_PER_S 1000000000LL
 #define TMP_MAX_AGE_NS (24LL * 3600 * NS_PER_S)
@@ -214,6 +230,55 @@ int sl_file_id_of(int fd, sl_file_id *id)
     id->mtime_ns = (int64_t)st.st_mtim.tv_sec * NS_PER_S + st.st_mtim.tv_nsec;
     id->ctime_ns = (int64_t)st.st_ctim.tv_sec * NS_PER_S + st.st_ctim.tv_nsec;
     return 0;
+}
+
+/* File systems whose mtime and ctime need not move on a write this
+ * process could not see: memory-backed ones, where a store through a
+ * shared mapping to a page that is there already takes no fault that
+ * would update the times (tmpfs and /dev/shm: a page read through the
+ * mapping then written back stays at the old times), and ones whose
+ * times come from elsewhere (a server's, a user-space daemon's, an
+ * attribute cache's), where another machine's write shows late or not
+ * at all. And overlayfs: its times are those of the file below, whose
+ * dirty pages sl_file_id_settle cannot reach through the overlay (seen:
+ * sync_file_range on the overlay's descriptor leaves them dirty). */
+static const struct {
+    unsigned long magic;
+    const char *name;
+} untrusted_fs[] = {
+    {TMPFS_MAGIC, "tmpfs"},         {RAMFS_MAGIC, "ramfs"},
+    {HUGETLBFS_MAGIC, "hugetlbfs"}, {NFS_SUPER_MAGIC, "nfs"},
+    {SMB_SUPER_MAGIC, "smb"},       {CIFS_SUPER_MAGIC, "cifs"},
+    {SMB2_SUPER_MAGIC, "smb2"},     {V9FS_MAGIC, "9p"},
+    {FUSE_SUPER_MAGIC, "fuse"},     {CEPH_SUPER_MAGIC, "ceph"},
+    {AFS_SUPER_MAGIC, "afs"},       {AFS_FS_MAGIC, "afs"},
+    {CODA_SUPER_MAGIC, "coda"},     {OVERLAYFS_SUPER_MAGIC, "overlayfs"},
+};
+
+const char *sl_file_id_untrusted_fs(int fd)
+{
+    struct statfs sf;
+    if (fstatfs(fd, &sf) != 0)
+        return "a file system fstatfs cannot name";
+    for (size_t i = 0; i < sizeof untrusted_fs / sizeof untrusted_fs[0]; i++)
+        if ((unsigned long)sf.f_type == untrusted_fs[i].magic)
+            return untrusted_fs[i].name;
+    return NULL;
+}
+
+int sl_file_id_settle(int fd)
+{
+    /* Writeback of a page write-protects every mapping of it (the kernel
+     * cleans the page tables before it writes), so a store through a
+     * mapping made before this faults again, and the fault moves the
+     * times. Nothing dirty: a walk of the file's dirty tags, no I/O. */
+    for (;;) {
+        if (sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                                          SYNC_FILE_RANGE_WAIT_AFTER) == 0)
+            return 0;
+        if (errno != EINTR)
+            return -1;
+    }
 }
 
 #ifdef SLUICE_HAVE_SQLITE

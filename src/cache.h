@@ -116,6 +116,18 @@ typedef struct sl_file_id {
 /* The identity of fd's file (fstat). */
 int sl_file_id_of(int fd, sl_file_id *id);
 
+/* The name of fd's file system when its identity cannot vouch for its
+ * bytes (a write need not move mtime and ctime there: tmpfs, ramfs,
+ * hugetlbfs; network and FUSE file systems; overlayfs), else NULL.
+ * Static string. */
+const char *sl_file_id_untrusted_fs(int fd);
+
+/* Writes back fd's dirty pages (sync_file_range, no device flush), so
+ * that any later store through a shared mapping of the file faults and
+ * moves its times. Called before the identity is taken. 0, or -1
+ * (errno): the identity is not to be trusted. */
+int sl_file_id_settle(int fd);
+
 /* Calls fn for every memo record of file id in alg. */
 void sl_cache_memo_each(sl_cache *c, const sl_file_id *id, sluice_algorithm alg,
                         void (*fn)(void *user, uint64_t offset, uint64_t nbytes,

@@ -46,6 +46,9 @@ int sl_engine_attach_cache(sl_engine *e, struct sl_cache *c, sl_err *err);
 void sl_engine_bypass_blobs(sl_engine *e, int delta);
 /* The cache's warning (cache.h), or NULL. */
 const char *sl_engine_cache_warning(const sl_engine *e);
+/* 1 when the model's cache was turned off (the memo's refusal of a file
+ * is a warning, not that). */
+int sl_engine_cache_degraded(const sl_engine *e);
 
 /* Waits for calls on their way out and reads in flight, and frees the
  * engine. With live handles (or a stream running) it frees nothing and

@@ -29,6 +29,7 @@
 #include "engine_int.h"
 
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -108,15 +109,33 @@ int sl_engine_attach_cache(sl_engine *e, sl_cache *c, sl_err *err)
         !(e->file_id = calloc(e->ix->nfiles ? e->ix->nfiles : 1, sizeof *e->file_id)))
         return sl_fail(err, SLUICE_E_NOMEM, "engine: out of memory");
     e->opened_ns = realtime_ns();
+    size_t refused = 0;
+    const char *first_fs = NULL, *first_path = NULL;
     for (size_t f = 0; f < e->ix->nfiles; f++) {
         const sl_file *file = &e->ix->files[f];
-        if (file->url || file->fd < 0 || sl_file_id_of(file->fd, &e->file_id[f]) < 0) {
+        const char *fs = file->url || file->fd < 0 ? NULL : sl_file_id_untrusted_fs(file->fd);
+        if (fs && !refused++) {
+            first_fs = fs;
+            first_path = file->path;
+        }
+        if (file->url || file->fd < 0 || fs || sl_file_id_settle(file->fd) < 0 ||
+            sl_file_id_of(file->fd, &e->file_id[f]) < 0) {
             e->file_id[f].ino = 0;   /* no identity: never memoised */
             e->file_id[f].dev = 0;
             continue;
         }
         memo_scan ms = {e, f};
         sl_cache_memo_each(c, &e->file_id[f], e->alg, memo_found, &ms);
+    }
+    /* said, not silent: the caller asked for the memo and does not get it */
+    char more[64] = "";
+    if (refused > 1)
+        snprintf(more, sizeof more, " and %zu more of the model's files", refused - 1);
+    if (refused && asprintf(&e->memo_warning, "verified-once memo not used for %s%s: it is on "
+                            "%s, where a write (through a shared mapping) need not change mtime "
+                            "or ctime; their tensors are hashed", first_path, more, first_fs) < 0) {
+        e->memo_warning = NULL;
+        return sl_fail(err, SLUICE_E_NOMEM, "engine: out of memory");
     }
     return SLUICE_OK;
 }
@@ -130,7 +149,15 @@ void sl_engine_bypass_blobs(sl_engine *e, int delta)
 
 const char *sl_engine_cache_warning(const sl_engine *e)
 {
-    return e && e->cache ? sl_cache_warning(e->cache) : NULL;
+    if (!e || !e->cache)
+        return NULL;
+    const char *w = sl_cache_warning(e->cache);
+    return w ? w : e->memo_warning;
+}
+
+int sl_engine_cache_degraded(const sl_engine *e)
+{
+    return e && e->cache && sl_cache_warning(e->cache) != NULL;
 }
 
 int sl_ecache_probe(sl_engine *e, size_t i)
@@ -289,6 +316,8 @@ void sl_ecache_free(sl_engine *e)
     free(e->blob_hit);
     free(e->memo);
     free(e->file_id);
+    free(e->memo_warning);
+    e->memo_warning = NULL;
     e->blob = NULL;
     e->blob_hit = e->memo = NULL;
     e->file_id = NULL;

@@ -15,6 +15,7 @@
 
 #include <dirent.h>
 #include <pthread.h>
+#include <sys/mman.h>
 #include <sys/time.h>
 
 static char *root;          /* served by nginx: root/m is the model */
@@ -1250,6 +1251,273 @@ static void test_memo_changed_while_read(void **state)
     free(dir);
 }
 
+/* A shared mapping of the page of path that holds byte off; *at points
+ * at that byte. munmap(*base, pagesize) ends it. */
+static unsigned char *map_page(const char *path, off_t off, volatile unsigned char **at)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    off_t start = off / pg * pg;
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    unsigned char *p = mmap(NULL, (size_t)pg, PROT_READ | PROT_WRITE, MAP_SHARED, fd, start);
+    close(fd);
+    assert_true(p != MAP_FAILED);
+    *at = p + (off - start);
+    return p;
+}
+
+/* An open with the flag, its stats after streaming everything, and its
+ * cache warning (copied into warning). */
+static struct sluice_stats memo_load_warned(const char *path, const char *dir, check_ctx *c,
+                                            char *warning, size_t wlen)
+{
+    sluice_options o = cached_opts(dir);
+    o.flags |= SLUICE_F_TRUST_UNCHANGED;
+    sluice_model *m = open_ok(path, &o);
+    memset(c, 0, sizeof *c);
+    sluice_stream(m, NULL, 0, check_cb, c);
+    struct sluice_stats st = {.size = sizeof st};
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    const char *w = sluice_cache_warning(m);
+    snprintf(warning, wlen, "%s", w ? w : "");
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    return st;
+}
+
+/* tmpfs (here a real mount, else /dev/shm): a byte read through a shared
+ * mapping and written back changed leaves mtime and ctime as they were
+ * (issue 25, item 14), so the memo never records nor trusts a file there
+ * and says so; the changed byte fails its digest, from the library and
+ * from `sluice cat --trust-unchanged`. */
+static void test_memo_refused_on_tmpfs(void **state)
+{
+    (void)state;
+    char *mnt = tu_tmpdir(), cmd[1024];
+    int mounted = 0;
+    snprintf(cmd, sizeof cmd, "mount -t tmpfs -o size=16m sluice-test '%s' 2>/dev/null", mnt);
+    char *base = NULL;
+    if (system(cmd) == 0) {
+        mounted = 1;
+        base = strdup(mnt);
+    } else if (access("/dev/shm", W_OK) == 0) {
+        base = tu_tmpdir();   /* only for its unique name */
+        char *shm = tu_join("/dev/shm", strrchr(base, '/') + 1);
+        tu_rmtree(base);
+        free(base);
+        base = shm;
+        if (mkdir(base, 0755) != 0) {
+            free(base);
+            base = NULL;
+        }
+    }
+    if (!base) {
+        fprintf(stderr, "  no tmpfs here (mount refused, no /dev/shm): skipped\n");
+        tu_rmtree(mnt);
+        free(mnt);
+        skip();
+    }
+    fprintf(stderr, "  tmpfs at %s (%s)\n", base, mounted ? "mounted" : "/dev/shm");
+    /* the model and its sidecar copied there */
+    char *copy = tu_join(base, "model.safetensors");
+    char *side = tu_join(base, "model.safetensors.manifest.json");
+    char *mf = tu_join(root, "m/model.safetensors.manifest.json");
+    size_t len;
+    void *p = tu_read_file(model, &len);
+    tu_write_file(copy, p, len);
+    free(p);
+    p = tu_read_file(mf, &len);
+    tu_write_file(side, p, len);
+    free(p);
+    char *saved = model;
+    model = copy;   /* check_cb compares with this file */
+    char *dir = fresh_cache();
+    sleep_ms(1100);
+    uint64_t total = total_bytes();
+    /* two loads (the second would be all memo had the first recorded),
+     * then the sequence of the report: the byte read through the mapping
+     * and written back changed; then the same with `sluice cat`. Results
+     * first, checked after the clean-up (the mount must not outlive a
+     * failure). */
+    check_ctx c[3];
+    struct sluice_stats st[3];
+    char warning[3][1024];
+    for (int k = 0; k < 2; k++)
+        st[k] = memo_load_warned(copy, dir, &c[k], warning[k], sizeof warning[k]);
+    struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+    sluice_options o;
+    sluice_options_init(&o);
+    sluice_model *m = open_ok(copy, &o);
+    sluice_info(m, ntensors - 1, &ti);
+    char *name = strdup(ti.name);
+    sluice_close(m);
+    struct stat before, after;
+    stat(copy, &before);
+    volatile unsigned char *at;
+    unsigned char *page = map_page(copy, (off_t)ti.offset, &at);
+    unsigned char was = *at;
+    *at = was ^ 1;
+    stat(copy, &after);
+    int times_moved = before.st_ctim.tv_sec != after.st_ctim.tv_sec ||
+                      before.st_ctim.tv_nsec != after.st_ctim.tv_nsec;
+    st[2] = memo_load_warned(copy, dir, &c[2], warning[2], sizeof warning[2]);
+    run_result r = run(base, "cat", copy, name, "--trust-unchanged", "--cache-dir", dir, NULL);
+    *at = was;
+    munmap(page, (size_t)sysconf(_SC_PAGESIZE));
+    model = saved;
+    if (mounted) {
+        snprintf(cmd, sizeof cmd, "umount '%s'", mnt);
+        if (system(cmd) != 0)
+            fprintf(stderr, "  %s failed\n", cmd);
+    } else {
+        tu_rmtree(base);
+    }
+    tu_rmtree(mnt);
+    tu_rmtree(dir);
+    fprintf(stderr, "  warning: %s\n  mapped write on tmpfs: ctime %s; cat --trust-unchanged "
+            "exit %d\n", warning[0], times_moved ? "moved" : "unchanged", r.status);
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(c[k].failed, k == 2);
+        assert_int_equal(st[k].memo_tensors, 0);
+        assert_int_equal(st[k].disk_degraded, 0);   /* the cache works; the memo stands aside */
+        assert_non_null(strstr(warning[k], "memo not used"));
+        assert_non_null(strstr(warning[k], "on tmpfs"));
+        assert_non_null(strstr(warning[k], copy));
+    }
+    assert_int_equal(st[0].bytes_hashed, total);
+    assert_int_equal(st[1].bytes_hashed, total);
+    assert_int_equal(c[2].first_failure, SLUICE_E_CHECKSUM);
+    assert_int_equal(r.status, 1);
+    assert_int_equal(r.out_len, 0);
+    assert_non_null(strstr(r.err, "memo not used"));
+    run_free(&r);
+    free(mnt);
+    free(base);
+    free(dir);
+    free(copy);
+    free(side);
+    free(mf);
+    free(name);
+}
+
+/* overlayfs (a container's root), the upper layer on the test's own file
+ * system: refused too, since its times are the file's below and its
+ * dirty pages cannot be written back through the overlay. */
+static void test_memo_refused_on_overlayfs(void **state)
+{
+    (void)state;
+    char *base = tu_tmpdir(), cmd[4096];
+    char *lower = tu_join(base, "lower"), *upper = tu_join(base, "upper");
+    char *work = tu_join(base, "work"), *merged = tu_join(base, "merged");
+    mkdir(lower, 0755);
+    mkdir(upper, 0755);
+    mkdir(work, 0755);
+    mkdir(merged, 0755);
+    static const char *const names[] = {"model.safetensors", "model.safetensors.manifest.json"};
+    char *mf = tu_join(root, "m/model.safetensors.manifest.json");
+    const char *from[] = {model, mf};
+    for (int k = 0; k < 2; k++) {
+        size_t len;
+        void *p = tu_read_file(from[k], &len);
+        char *to = tu_join(lower, names[k]);
+        tu_write_file(to, p, len);
+        free(p);
+        free(to);
+    }
+    free(mf);
+    snprintf(cmd, sizeof cmd, "mount -t overlay overlay -o lowerdir=%s,upperdir=%s,workdir=%s "
+             "'%s' 2>/dev/null", lower, upper, work, merged);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "  no overlay mount here: skipped\n");
+        tu_rmtree(base);
+        free(base);
+        free(lower);
+        free(upper);
+        free(work);
+        free(merged);
+        skip();
+    }
+    char *copy = tu_join(merged, "model.safetensors");
+    char *saved = model;
+    model = copy;
+    char *dir = fresh_cache();
+    sleep_ms(1100);
+    check_ctx c[2];
+    struct sluice_stats st[2];
+    char warning[2][1024];
+    for (int k = 0; k < 2; k++)
+        st[k] = memo_load_warned(copy, dir, &c[k], warning[k], sizeof warning[k]);
+    model = saved;
+    snprintf(cmd, sizeof cmd, "umount '%s'", merged);
+    if (system(cmd) != 0)
+        fprintf(stderr, "  %s failed\n", cmd);
+    tu_rmtree(base);
+    tu_rmtree(dir);
+    fprintf(stderr, "  warning: %s\n", warning[1]);
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(c[k].failed, 0);
+        assert_int_equal(st[k].memo_tensors, 0);
+        assert_non_null(strstr(warning[k], "on overlayfs"));
+    }
+    free(base);
+    free(lower);
+    free(upper);
+    free(work);
+    free(merged);
+    free(copy);
+    free(dir);
+}
+
+/* The dirty-page sequence on a file system whose mapped writes fault
+ * and move the times (ext4 here): a page dirtied through a shared
+ * mapping, a load a second later that verifies and records, then another
+ * byte of the same, still writable, page changed through the same
+ * mapping: no fault, no new times. The load that records first writes
+ * the file's dirty pages back (sl_file_id_settle), which write-protects
+ * the mapping, so the second store faults and moves the times: the next
+ * load hashes and fails. */
+static void test_memo_dirty_page(void **state)
+{
+    (void)state;
+    struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+    sluice_options o;
+    sluice_options_init(&o);
+    sluice_model *m = open_ok(model, &o);
+    assert_int_equal(sluice_info(m, ntensors - 1, &ti), SLUICE_OK);
+    sluice_close(m);
+    long pg = sysconf(_SC_PAGESIZE);
+    off_t off = (off_t)ti.offset;
+    if ((off + 1) % pg == 0)
+        off--;   /* two bytes of the tensor on one page */
+    assert_true(ti.nbytes >= 2 && (uint64_t)off >= ti.offset);
+    volatile unsigned char *at;
+    unsigned char *page = map_page(model, off, &at);
+    *at = *at;   /* dirties the page, changes nothing; the times move */
+    char *dir = fresh_cache();
+    check_ctx c;
+    char warning[1024];
+    sleep_ms(1100);
+    struct sluice_stats st = memo_load_warned(model, dir, &c, warning, sizeof warning);
+    if (warning[0]) {
+        fprintf(stderr, "  the memo is refused here (%s): skipped\n", warning);
+        munmap(page, (size_t)pg);
+        tu_rmtree(dir);
+        free(dir);
+        skip();
+    }
+    assert_int_equal(c.failed, 0);
+    assert_int_equal(st.memo_tensors, 0);   /* hashed, and recorded */
+    unsigned char was = at[1];
+    at[1] = was ^ 1;
+    st = memo_load_warned(model, dir, &c, warning, sizeof warning);
+    at[1] = was;
+    munmap(page, (size_t)pg);
+    assert_int_equal(c.failed, 1);
+    assert_int_equal(c.first_failure, SLUICE_E_CHECKSUM);
+    assert_int_equal(st.memo_tensors, 0);
+    tu_rmtree(dir);
+    free(dir);
+}
+
 /* A memo-warm open with extra flags. */
 static sluice_model *open_memo_flags(const char *dir, uint32_t flags)
 {
@@ -1437,6 +1705,9 @@ int main(void)
         cmocka_unit_test(test_memo_mtime_set_back),
         cmocka_unit_test(test_memo_other_paths),
         cmocka_unit_test(test_memo_then_no_digests),
+        cmocka_unit_test(test_memo_refused_on_tmpfs),
+        cmocka_unit_test(test_memo_refused_on_overlayfs),
+        cmocka_unit_test(test_memo_dirty_page),
         cmocka_unit_test(test_options),
         cmocka_unit_test(test_blob_fds_bounded),
         cmocka_unit_test(test_hostile_blobs),

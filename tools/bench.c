@@ -61,7 +61,8 @@ static void usage(FILE *f)
         "nor the whole-process rows apply.\n"
         "\n"
         "sweeps (comma lists; the cross product is run):\n"
-        "  --pool SIZES        buffer pool budget (default: the library's, 4G)\n"
+        "  --pool SIZES        buffer pool budget (default: the library's, 4G, or 1/16\n"
+        "                      of a cgroup memory limit when less)\n"
         "  --qd N,...          reads in flight (default 32)\n"
         "  --chunk SIZES       size of one read (default 8M)\n"
         "  --direct off,on     O_DIRECT reads (default off)\n"
@@ -101,7 +102,10 @@ static void usage(FILE *f)
         "  read/need  bytes read over tensor bytes (coalescing and read-ahead waste)\n"
         "  ratio      GB/s over the ceiling: verify off: (a); verify on: min((a), CPUs x (c));\n"
         "             verify-only rows and (f): CPUs x (c) (cold O_DIRECT: or fio at its blocks)\n"
-        "  vs (e)     verified runs: GB/s over (e)\n");
+        "  vs (e)     verified runs: GB/s over (e)\n"
+        "\n"
+        "Exit status: 0 measured, 1 a run failed, 2 usage or open error (also options\n"
+        "the library refuses).\n");
 }
 
 const char *bench_size(uint64_t v, char buf[32])
@@ -459,7 +463,7 @@ int cmd_bench(int argc, char **argv)
         whole_process = 0;
     bench_model bm;
     if (load_model(path, &bm) < 0)
-        return 1;
+        return 2;   /* an open error, as for every command */
     int rc = 1;
     bench_row *rows = NULL;
     size_t nrows = 0;

@@ -50,7 +50,8 @@ static int on_tensor(void *user, sluice_tensor *t, int status,
     return 0;
 }
 
-/* One load of row r; 0, or -1 after a message. */
+/* One load of row r; 0, or after a message -2 (the model cannot be opened,
+ * or has no manifest) or -1 (another failure). */
 static int load(int r, const char *path, const char *url, const char *dir, uint64_t pool,
                 row_run *out)
 {
@@ -86,13 +87,13 @@ static int load(int r, const char *path, const char *url, const char *dir, uint6
         fprintf(stderr, "sluice bench-cache: %s: %s\n", row_name[r],
                 m ? sluice_errmsg(m) : sluice_strerror(rc));
         sluice_close(m);
-        return -1;
+        return -2;
     }
     if (r != ROW_E && !sluice_manifest_path(m)) {
         fprintf(stderr, "sluice bench-cache: %s: %s has no manifest (a directory's is "
                 "sluice.manifest.json, a file F's F.manifest.json)\n", row_name[r], where);
         sluice_close(m);
-        return -1;
+        return -2;
     }
     int failed = 0;
     rc = sluice_stream(m, NULL, 0, on_tensor, &failed);
@@ -126,7 +127,10 @@ static void usage(FILE *f)
             "(e) PATH unverified, (r) from URL without a cache. URL must serve the same\n"
             "files as PATH, with its manifest. Give a DIR for this benchmark only. Prints\n"
             "medians of N runs (default 3) after an untimed pass, and their ratios.\n"
-            "tools/bench_cache.sh PATH serves PATH with nginx and runs this.\n");
+            "tools/bench_cache.sh PATH serves PATH with nginx and runs this.\n"
+            "\n"
+            "Exit status: 0 measured, 1 a load failed, 2 usage or open error (PATH or\n"
+            "URL cannot be opened, or has no manifest).\n");
 }
 
 int cmd_bench_cache(int argc, char **argv)
@@ -164,17 +168,15 @@ int cmd_bench_cache(int argc, char **argv)
     row_run warm;
     if (!res)
         return 2;
-    int status = 0;
+    int status = 0;   /* the exit status: -load() */
     for (int r = 0; r < ROWS && !status; r++)
-        if (load(r, path, url, dir, pool, &warm) < 0)
-            status = 1;
+        status = -load(r, path, url, dir, pool, &warm);
     for (int k = 0; k < runs && !status; k++)
         for (int r = 0; r < ROWS && !status; r++)
-            if (load(r, path, url, dir, pool, &res[k * ROWS + r]) < 0)
-                status = 1;
+            status = -load(r, path, url, dir, pool, &res[k * ROWS + r]);
     if (status) {
         free(res);
-        return 1;
+        return status;
     }
     double med[ROWS];
     printf("%-32s %9s %9s %11s %11s %10s %10s %10s\n", "load", "median s", "GB/s",

@@ -118,7 +118,11 @@ int cmd_cat(int argc, char **argv)
         goto done;
     }
     status = 1;
-    if ((rc = sluice_acquire(m, name, &t)) != SLUICE_OK) {
+    rc = sluice_acquire(m, name, &t);
+    /* the cache turned off, or the memo refused the file: asked for, not had */
+    if (sluice_cache_warning(m))
+        fprintf(stderr, "sluice cat: warning: %s\n", sluice_cache_warning(m));
+    if (rc != SLUICE_OK) {
         fprintf(stderr, "sluice cat: %s\n", sluice_errmsg(m));
         goto done;
     }

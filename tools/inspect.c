@@ -127,7 +127,10 @@ int cmd_inspect(int argc, char **argv)
         } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             printf("usage: sluice inspect PATH [--json]\n"
                    "  PATH: a .safetensors file, a directory, or a *.safetensors.index.json\n"
-                   "  --json: one JSON object {files, metadata, tensors} instead of a table\n");
+                   "  --json: one JSON object {files, metadata, tensors} instead of a table\n"
+                   "\n"
+                   "Exit status: 0 listed, 2 usage or open error (a model that cannot be\n"
+                   "opened: its headers, index or manifest are invalid or unreadable).\n");
             return 0;
         } else if (!path && argv[i][0] != '-') {
             path = argv[i];
@@ -148,7 +151,7 @@ int cmd_inspect(int argc, char **argv)
     if (rc < 0) {
         fprintf(stderr, "sluice inspect: %s\n", sluice_errmsg(m));
         sluice_close(m);
-        return 1;
+        return 2;   /* an open error, as for every command */
     }
     if (json)
         print_json(m);

@@ -548,7 +548,7 @@ def _stream_gen(cs, framework):
         raise err
 
 
-def open(path, *, manifest=None, verify="default", pool="4G", queue_depth=None, chunk=None,
+def open(path, *, manifest=None, verify="default", pool=None, queue_depth=None, chunk=None,
          direct=False, hash_threads=None, io_threads=None, force_pread=False,
          trusted_keys=None, cache_dir=None, cache_bytes=None, trust_unchanged=False):
     """Opens a model: a .safetensors file, a directory of them, or a
@@ -558,7 +558,9 @@ def open(path, *, manifest=None, verify="default", pool="4G", queue_depth=None, 
     verify: "default" (require when a manifest is in play, else off),
             "require", "if_present" or "off" (no manifest is read, not
             even the sidecar: Model.verify then raises ManifestError).
-    pool: the buffer budget, bytes or "4G"-style; queue_depth: reads in
+    pool: the buffer budget, bytes or "4G"-style (the library's default:
+    4 GiB, or 1/16 of a cgroup memory limit when less; a pool above the
+    limit raises InvalidArgumentError); queue_depth: reads in
     flight; chunk: bytes per read; direct: O_DIRECT; hash_threads: hashing
     threads (None: online CPUs). None means the library's default.
     trusted_keys: a list of Ed25519 public key files (PEM, `sluice keygen`
