@@ -130,7 +130,8 @@ public:
             creds = grpc::InsecureChannelCredentials();
         }
         grpc::ChannelArguments args;
-        args.SetMaxReceiveMessageSize(8 << 20);
+        // gRPC's default receive limit (4 MiB): every message of the
+        // server fits in it, also at chunk_bytes = 4 MiB.
         if (!o.server_name.empty())
             args.SetSslTargetNameOverride(o.server_name);
         stub_ = pb::TensorService::NewStub(grpc::CreateCustomChannel(addr, creds, args));

@@ -147,7 +147,7 @@ class Client:
             with open(token_file, "rb") as f:
                 token = f.read().strip(b" \t\r\n\v\f").decode("ascii")
         self._metadata = (("authorization", "Bearer " + token),) if token else ()
-        options = [("grpc.max_receive_message_length", 8 << 20)]
+        options = []  # gRPC's default 4 MiB receive limit: every message of the server fits
         if server_name:
             options.append(("grpc.ssl_target_name_override", server_name))
         if root_certificates is not None:

@@ -4,7 +4,7 @@
 # gRPC clients (examples/serve_client.cc). Every wait is bounded; every
 # server started is stopped at the end, also on failure.
 # usage: serve_test.sh BUILD_DIR REAL_DATA_DIR CASE
-#   CASE: fetch | errors | security | shutdown | load
+#   CASE: fetch | errors | security | shutdown | load | transport
 set -u
 B=$1
 REAL=$2
@@ -481,6 +481,84 @@ case_shutdown() {
     [ $others -eq 0 ] && ok "the 8 streams finished or ended UNAVAILABLE" ||
         { bad "$others streams ended otherwise"; cat "$T"/term*.err | sort | uniq -c | head; }
     expect 114 "after shutdown: UNAVAILABLE" "$ADDR" list
+}
+
+# metric PORT NAME: the value of an unlabelled family on the server's /metrics.
+metric() {
+    timeout 5 curl -sf "http://127.0.0.1:$1/metrics" | awk -v n="$2" '$1 == n {print $2}'
+}
+
+# secs_since T0: seconds (3 decimals) since T0 (date +%s%N).
+secs_since() {
+    local ms=$((($(date +%s%N) - $1) / 1000000))
+    printf '%d.%03d' $((ms / 1000)) $((ms % 1000))
+}
+
+case_transport() {
+    # A 256 MiB tensor (more than every buffer between the server and a
+    # client that stops reading) and a 9 MiB one.
+    make_big "$T/big" w:268435456 m:9437184
+    local m=model.safetensors
+    printf 'transport-token\n' >"$T/token"
+    start_server transport "$T/big/$m" --token-file "$T/token" --metrics-port 0 \
+        --stall-timeout 3 --grace 3
+    local mport
+    mport=$(sed -n 's/^metrics on 127.0.0.1:\([0-9]*\)$/\1/p' "$T/transport.out")
+    # chunk_bytes 4 MiB (the documented maximum) with a stock client, its
+    # receive limit at gRPC's default 4 MiB: every message fits.
+    if timeout 60 /usr/bin/python3 "$SRC/tests/serve/stock_client.py" "$ADDR" $m m 4194304 \
+        "$T/big/$m" "$T/token" >"$T/stock.out" 2>&1; then
+        ok "chunk_bytes 4 MiB, stock gRPC client with default limits: $(cat "$T/stock.out")"
+    else
+        bad "chunk_bytes 4 MiB, stock gRPC client: $(cat "$T/stock.out")"
+    fi
+    # A client with the largest HTTP/2 windows that stops reading after
+    # 8 MiB of GetTensor: its call's handle must be released (active
+    # streams back to 0) within --stall-timeout (3 s) + 1.5 s (the
+    # cancel, then 1 s later its connection closed; the watchdog's 0.2 s
+    # tick), asserted with 1 s more for a loaded machine. Before: about
+    # 20 s, when the kernel's TCP_USER_TIMEOUT (gRPC's default, 20 s) fired.
+    /usr/bin/python3 "$SRC/tests/serve/h2raw.py" stall "$ADDR" $m w "$T/token" 8388608 >"$T/stall.out" 2>&1 &
+    local sp=$!
+    PIDS+=("$sp")
+    local i t0 a=""
+    for i in $(seq 300); do
+        grep -q '^stalling' "$T/stall.out" && break
+        sleep 0.1
+    done
+    t0=$(date +%s%N)
+    grep -q '^stalling' "$T/stall.out" || bad "the stalling client did not start: $(cat "$T/stall.out")"
+    for i in $(seq 150); do
+        a=$(metric "$mport" sluice_serve_active_streams)
+        [ "$a" = 0 ] && break
+        sleep 0.1
+    done
+    local took
+    took=$(secs_since "$t0")
+    echo "# stalled reader: active streams 0 after ${took} s (--stall-timeout 3)"
+    [ "$a" = 0 ] && [ "${took%.*}" -lt 6 ] &&
+        ok "stalled reader's call ended, handle released, ${took} s after it stopped reading" ||
+        bad "stalled reader: active streams $a after ${took} s"
+    grep -q 'connection closed' "$T/transport.err" && ok "its connection was closed after the cancel" ||
+        bad "no connection closed: $(tail -3 "$T/transport.err")"
+    expect 0 "served after the stalled reader" "$ADDR" get $m m --token "$T/token"
+    kill "$sp" 2>/dev/null
+    # SIGTERM with --grace 3 while another such client is stalled: the
+    # process is gone within the grace + 2 s. Before: about 20 s.
+    /usr/bin/python3 "$SRC/tests/serve/h2raw.py" stall "$ADDR" $m w "$T/token" 8388608 >"$T/stall2.out" 2>&1 &
+    sp=$!
+    PIDS+=("$sp")
+    for i in $(seq 300); do
+        grep -q '^stalling' "$T/stall2.out" && break
+        sleep 0.1
+    done
+    t0=$(date +%s%N)
+    term_wait 15
+    took=$(secs_since "$t0")
+    echo "# SIGTERM with a stalled reader: exit $RC after ${took} s (--grace 3)"
+    [ "$RC" -eq 0 ] && [ "${took%.*}" -lt 5 ] && ok "SIGTERM with a stalled reader: exit 0 after ${took} s" ||
+        { bad "SIGTERM with a stalled reader: exit $RC after ${took} s"; tail -5 "$T/transport.err"; }
+    kill "$sp" 2>/dev/null
 }
 
 # rss_kib PID: the resident size; hwm_kib PID: its peak (VmHWM).

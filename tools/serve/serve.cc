@@ -45,9 +45,12 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #endif
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <pthread.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -72,6 +75,7 @@ struct Config {
     unsigned max_streams_per_client = 16;
     unsigned max_streams = 256;
     unsigned max_threads = 300;
+    unsigned max_streams_per_connection = 32;
     uint64_t max_request_bytes = 1 << 20;
     double stall_timeout_s = 30;
     double pool_wait_s = 10;
@@ -110,10 +114,16 @@ const char usage_text[] =
     "  --max-streams-per-client N  concurrent calls per client address (16)\n"
     "  --max-streams N        concurrent calls in all (256)\n"
     "  --max-request-bytes N  largest request message (1 MiB)\n"
+    "  --max-streams-per-connection N  HTTP/2 streams per connection (32; gRPC\n"
+    "                         applies it once the client acknowledges it)\n"
     "  --stall-timeout S      cancel a call whose client has not taken a chunk\n"
-    "                         for S seconds (30)\n"
+    "                         for S seconds (30); a write still blocked 1 s\n"
+    "                         after the cancel has its connection closed, so the\n"
+    "                         call's handle is released within S + 1.5 s\n"
     "  --pool-wait S          wait at most S seconds for pool room (10)\n"
-    "  --grace S              on SIGTERM/SIGINT, let calls finish for S seconds (10)\n"
+    "  --grace S              on SIGTERM/SIGINT, let calls finish for S seconds (10);\n"
+    "                         the connections left are then closed: the process\n"
+    "                         ends within S + 2 s\n"
     "  --root                 ROOT_OR_MODEL is a root even if it looks like a model\n"
     "  --allow-unverified     serve models without a manifest (no digests)\n"
     "  -q                     no per-refusal log lines\n";
@@ -186,7 +196,8 @@ bool parse_args(int argc, char **argv, Config *c)
             if (!next(&v)) return false;
             c->token_file = v;
         } else if (a == "--max-streams-per-client" || a == "--max-streams" ||
-                   a == "--max-threads" || a == "--max-request-bytes") {
+                   a == "--max-threads" || a == "--max-request-bytes" ||
+                   a == "--max-streams-per-connection") {
             if (!next(&v) || !parse_size(v, &n) || n == 0 || n > INT_MAX) {
                 fprintf(stderr, "sluice serve: bad %s\n", a.c_str());
                 return false;
@@ -194,6 +205,7 @@ bool parse_args(int argc, char **argv, Config *c)
             if (a == "--max-streams-per-client") c->max_streams_per_client = (unsigned)n;
             else if (a == "--max-streams") c->max_streams = (unsigned)n;
             else if (a == "--max-threads") c->max_threads = (unsigned)n;
+            else if (a == "--max-streams-per-connection") c->max_streams_per_connection = (unsigned)n;
             else c->max_request_bytes = n;
         } else if (a == "--stall-timeout" || a == "--pool-wait" || a == "--grace") {
             if (!next(&v)) return false;
@@ -390,7 +402,9 @@ std::string metrics_text()
         o << "sluice_serve_call_duration_seconds_count{method=\"" << rpc_names[r] << "\"} "
           << cum << "\n";
     }
-    o << "# HELP sluice_serve_bytes_sent_total Tensor bytes sent in chunks.\n"
+    o << "# HELP sluice_serve_bytes_sent_total Tensor bytes of chunks the transport accepted "
+         "(written to the connection's socket; what was still in the kernel's buffers when a "
+         "connection dropped is counted, though its client never received it).\n"
          "# TYPE sluice_serve_bytes_sent_total counter\n"
          "sluice_serve_bytes_sent_total "
       << stats.bytes_sent.load()
@@ -722,14 +736,139 @@ int open_model(const Config &cfg, const std::string &name, const std::string &pa
     return SLUICE_OK;
 }
 
+// ------------------------------------------------------------ connections
+// A call stuck in a write to a socket that does not drain outlives its
+// cancel: TryCancel (and Server::Shutdown) cannot take back a message the
+// transport has handed to a full TCP send buffer (seen with a client that
+// stops reading, tests/serve/h2raw.py stall). So the watchdog closes such a
+// call's connection kStallAbortAfterCancelS after the cancel, and the
+// grace's end closes every connection still open: shutdown(2) with
+// SO_LINGER 0 on the socket of this process whose local port is the gRPC
+// port and whose peer is the call's (gRPC's peer string). gRPC sees the
+// error, fails the write and frees the transport. The same works under TLS
+// (the TCP socket is under the TLS layer).
+constexpr double kStallAbortAfterCancelS = 1.0;
+
+// gRPC's spelling of a socket address: "ipv4:127.0.0.1:5555", "ipv6:[::1]:5555"
+// (an IPv4-mapped IPv6 address, as a dual-stack socket has it, as IPv4).
+std::string peer_uri(const struct sockaddr_storage &ss)
+{
+    char host[INET6_ADDRSTRLEN] = "";
+    if (ss.ss_family == AF_INET6) {
+        const auto *a = reinterpret_cast<const struct sockaddr_in6 *>(&ss);
+        if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr)) {
+            inet_ntop(AF_INET, &a->sin6_addr.s6_addr[12], host, sizeof host);
+            return std::string("ipv4:") + host + ":" + std::to_string(ntohs(a->sin6_port));
+        }
+    }
+    if (ss.ss_family == AF_INET) {
+        const auto *a = reinterpret_cast<const struct sockaddr_in *>(&ss);
+        inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
+        return std::string("ipv4:") + host + ":" + std::to_string(ntohs(a->sin_port));
+    }
+    if (ss.ss_family == AF_INET6) {
+        const auto *a = reinterpret_cast<const struct sockaddr_in6 *>(&ss);
+        inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
+        return std::string("ipv6:[") + host + "]:" + std::to_string(ntohs(a->sin6_port));
+    }
+    return "";
+}
+
+unsigned local_port(int fd)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    if (getsockname(fd, reinterpret_cast<struct sockaddr *>(&ss), &len) != 0)
+        return 0;
+    if (ss.ss_family == AF_INET)
+        return ntohs(reinterpret_cast<struct sockaddr_in *>(&ss)->sin_port);
+    if (ss.ss_family == AF_INET6)
+        return ntohs(reinterpret_cast<struct sockaddr_in6 *>(&ss)->sin6_port);
+    return 0;
+}
+
+// One accepted connection of the gRPC port: its socket's fd and inode
+// (inodes grow: the largest is the newest) and gRPC's peer string.
+struct Conn {
+    int fd;
+    ino_t ino;
+    std::string peer;
+};
+
+// The connected sockets of this process on local port `port`.
+std::vector<Conn> list_connections(unsigned port)
+{
+    std::vector<Conn> out;
+    DIR *d = opendir("/proc/self/fd");
+    if (!d)
+        return out;
+    int self = dirfd(d);
+    while (struct dirent *e = readdir(d)) {
+        char *end;
+        long fd = strtol(e->d_name, &end, 10);
+        if (*end || end == e->d_name || fd == self)
+            continue;
+        struct stat st;
+        if (fstat((int)fd, &st) != 0 || !S_ISSOCK(st.st_mode))
+            continue;
+        struct sockaddr_storage ss;
+        socklen_t len = sizeof ss;
+        if (getpeername((int)fd, reinterpret_cast<struct sockaddr *>(&ss), &len) != 0)
+            continue;
+        if (local_port((int)fd) != port)
+            continue;
+        std::string p = peer_uri(ss);
+        if (!p.empty())
+            out.push_back(Conn{(int)fd, st.st_ino, p});
+    }
+    closedir(d);
+    return out;
+}
+
+// Closes a connection under gRPC's feet: an RST (SO_LINGER 0) and
+// shutdown(2), so that a write blocked on it fails now. The fd itself stays
+// gRPC's. Its peer is checked again just before: an fd closed and reused
+// since it was listed is left alone.
+void abort_socket(const Conn &c)
+{
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    if (getpeername(c.fd, reinterpret_cast<struct sockaddr *>(&ss), &len) != 0 ||
+        peer_uri(ss) != c.peer)
+        return;
+    struct linger lg = {1, 0};
+    setsockopt(c.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    shutdown(c.fd, SHUT_RDWR);
+}
+
+// Closes the connection(s) whose peer is `peer`; returns how many.
+unsigned abort_connection(unsigned port, const std::string &peer)
+{
+    unsigned n = 0;
+    for (const Conn &c : list_connections(port))
+        if (c.peer == peer) {
+            abort_socket(c);
+            n++;
+        }
+    return n;
+}
+
 // ------------------------------------------------------------ call tracking
 // Every call in progress: its context (for the stall watchdog and for
-// shutdown) and when its current write began (0: not writing).
+// shutdown), when its current write began (0: not writing) and when the
+// watchdog cancelled it.
 struct Track {
     ServerContext *ctx;
-    std::string client;
+    std::string peer;    // gRPC's peer string: the connection
+    std::string client;  // the peer's address without its port
     std::atomic<int64_t> write_since_ns{0};
+    std::atomic<int64_t> cancelled_ns{0};
+    std::atomic<bool> aborted{false};
 };
+
+// gRPC's default limit on a received message: every message the server
+// sends fits in it (max_chunk_data).
+constexpr uint64_t kMaxMessage = 4u << 20;
 
 class Server final : public pb::TensorService::Service {
 public:
@@ -740,22 +879,39 @@ public:
     std::atomic<int64_t> drain_deadline_ns{0};
     std::string token;  // empty: none required
     std::string fault_corrupt;  // test hook: tensor whose first sent chunk is corrupted
+    unsigned port = 0;          // the gRPC port, once bound
 
+    // Every 0.2 s: a call whose write has not ended for --stall-timeout is
+    // cancelled; if that write still has not ended 1 s later, its
+    // connection is closed (see "connections").
     void watchdog_loop(std::atomic<bool> *stop)
     {
         while (!stop->load()) {
             std::this_thread::sleep_for(std::chrono::milliseconds(200));
             int64_t now = now_ns();
-            int64_t limit = (int64_t)(cfg_.stall_timeout_s * 1e9);
-            std::lock_guard<std::mutex> g(mu_);
-            for (Track *t : tracks_) {
-                int64_t since = t->write_since_ns.load();
-                if (since && now - since > limit) {
-                    t->write_since_ns = 0;
-                    stats.stalled++;
-                    log_refusal(t->client, "stalled: no chunk taken for --stall-timeout, cancelled");
-                    t->ctx->TryCancel();
+            int64_t stall = (int64_t)(cfg_.stall_timeout_s * 1e9);
+            std::vector<std::string> to_abort;
+            {
+                std::lock_guard<std::mutex> g(mu_);
+                for (Track *t : tracks_) {
+                    int64_t ws = t->write_since_ns.load();
+                    if (!ws)
+                        continue;
+                    int64_t cn = t->cancelled_ns.load();
+                    if (!cn && now - ws > stall) {
+                        t->cancelled_ns = now;
+                        stats.stalled++;
+                        log_refusal(t->peer, "stalled: no chunk taken for --stall-timeout, cancelled");
+                        t->ctx->TryCancel();
+                    } else if (cn && now - cn > (int64_t)(kStallAbortAfterCancelS * 1e9) &&
+                               !t->aborted.exchange(true)) {
+                        to_abort.push_back(t->peer);
+                    }
                 }
+            }
+            for (const std::string &p : to_abort) {
+                log_refusal(p, "still blocked in a write after its cancel: connection closed");
+                abort_connection(port, p);
             }
         }
     }
@@ -765,6 +921,13 @@ public:
         std::lock_guard<std::mutex> g(mu_);
         for (Track *t : tracks_)
             t->ctx->TryCancel();
+    }
+
+    // Every connection of the gRPC port closed (the grace's end).
+    void abort_all()
+    {
+        for (const Conn &c : list_connections(port))
+            abort_socket(c);
     }
 
     Status ListModels(ServerContext *ctx, const pb::ListModelsRequest *,
@@ -866,7 +1029,8 @@ private:
         Admit(Server *srv, ServerContext *ctx) : s(srv)
         {
             track.ctx = ctx;
-            track.client = client_key(ctx->peer());
+            track.peer = ctx->peer();
+            track.client = client_key(track.peer);
             if (!s->token_ok(ctx)) {
                 stats.refused_auth++;
                 s->log_refusal(track.client, "no valid token");
@@ -924,6 +1088,17 @@ private:
             return Status(StatusCode::NOT_FOUND, "no such model: " + echo_name(name));
         *out = it->second.get();
         return Status::OK;
+    }
+
+    // The largest data a TensorChunk may carry for a tensor name of
+    // name_len bytes so that the serialized message is at most
+    // kMaxMessage: each field at its largest encoding (a tag byte, a
+    // varint of at most 10 bytes, the 32 bytes of sha256, 1 of last).
+    static uint64_t max_chunk_data(size_t name_len)
+    {
+        const uint64_t overhead = (1 + 10 + name_len) + 3 * (1 + 10) + (1 + 1) +
+                                  (1 + 1 + 32) + (1 + 10);
+        return overhead + 4096 < kMaxMessage ? kMaxMessage - overhead : 4096;
     }
 
     Status chunk_size(uint32_t asked, uint32_t *out)
@@ -999,8 +1174,12 @@ private:
         uint64_t pos = off, end = off + len;
         Status st = Status::OK;
         pb::TensorChunk c;
+        // A whole message fits in gRPC's default receive limit (4 MiB), so
+        // a stock client works at chunk_bytes = 4 MiB: the data is cut by
+        // what the chunk's other fields take (their largest encoding).
+        uint64_t data_max = std::min<uint64_t>(chunk, max_chunk_data(name.size()));
         do {
-            uint64_t n = std::min<uint64_t>(chunk, end - pos);
+            uint64_t n = std::min<uint64_t>(data_max, end - pos);
             c.Clear();
             c.set_name(name);
             c.set_index(index);
@@ -1451,6 +1630,15 @@ int main(int argc, char **argv)
     grpc::ResourceQuota quota("sluice-serve");
     quota.SetMaxThreads((int)cfg.max_threads);
     b.SetResourceQuota(quota);
+    // HTTP/2 streams per connection (gRPC 1.51 enforces it only once the
+    // client has acknowledged the server's SETTINGS: see README, "sluice
+    // serve", for what this does not bound), and TCP_USER_TIMEOUT (gRPC
+    // derives it from the keepalive timeout; its default is 20 s): the
+    // kernel drops a connection whose data stays unacknowledged past
+    // --stall-timeout + 2 s, a second line behind the watchdog.
+    b.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, (int)cfg.max_streams_per_connection);
+    b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                         (int)std::min((cfg.stall_timeout_s + 2) * 1000, 8.64e7));
     // The sync server's pollers wake up this often; at exit the server
     // waits for each (the default, 10 s, delays the exit after SIGTERM).
     b.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::CQ_TIMEOUT_MSEC, 200);
@@ -1462,6 +1650,7 @@ int main(int argc, char **argv)
         return 1;
     }
     std::string host = cfg.listen.substr(0, cfg.listen.rfind(':'));
+    service.port = (unsigned)port;
 
 #ifdef SLUICE_SERVE_HAVE_MHD
     MetricsHttp mh;
@@ -1526,6 +1715,16 @@ int main(int argc, char **argv)
     if (left > 0) {
         fprintf(stderr, "sluice serve: cancelling %ld call(s) at the grace's end\n", left);
         service.cancel_all();
+        // A call blocked in a write to a socket that does not drain is not
+        // ended by its cancel: after a moment, every connection is closed.
+        auto abort_at = Clock::now() + secs(0.3);
+        while (stats.active_streams.load() > 0 && Clock::now() < abort_at)
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        if ((left = (long)stats.active_streams.load()) > 0) {
+            fprintf(stderr, "sluice serve: closing the connections of %ld call(s) still blocked\n",
+                    left);
+            service.abort_all();
+        }
     }
     // Room for the last statuses to reach slow readers, then cancelled.
     auto sd_end = std::max(grace_end, Clock::now() + std::chrono::milliseconds(500));
