@@ -275,10 +275,20 @@ typedef struct sluice_options {
                                   failures); default 5, 1..100 */
     uint32_t remote_connect_timeout_ms; /* default 10000 */
     uint32_t remote_stall_timeout_ms;   /* an attempt that moves no byte for this
-                                  long (waiting for the reply included) is
-                                  stopped and retried; default 30000 */
-    uint32_t remote_deadline_ms; /* one read's time, every attempt and wait
-                                  included; default 120000 */
+                                  long (waiting for the reply included), or
+                                  fewer than 1 KiB a second over a window
+                                  this long, is stopped and retried;
+                                  default 30000 */
+    uint32_t remote_deadline_ms; /* how long one read may go on retrying:
+                                  counted from when it first goes on the
+                                  wire (a connection takes it; time queued
+                                  behind other reads does not count), every
+                                  attempt and backoff included; no retry
+                                  starts past it. It never stops an attempt
+                                  that is moving bytes: a slow link that
+                                  keeps its speed over 1 KiB/s completes
+                                  however long it takes (the stall timeout
+                                  bounds the others); default 120000 */
     uint32_t remote_backoff_ms; /* the first retry's backoff cap, doubled each
                                   attempt up to 30 s (full jitter); default 200 */
     const char *http_token;     /* "Authorization: Bearer" for http(s):// (not

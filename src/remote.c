@@ -15,9 +15,10 @@
  * The seam's thread owns the multi handle and every easy handle; other
  * threads only queue requests under the seam's lock and wake the thread
  * with curl_multi_wakeup. At most `connections` transfers run at once;
- * the rest wait in the thread's FIFO, so that a request's timeouts only
- * run while it is on the wire. Retries wait in a list by due time: no
- * thread sleeps for one.
+ * the rest wait in the thread's FIFO, so that a request's clocks only
+ * run while it is on the wire: its deadline is set when a connection
+ * first takes it (start()), not when it is queued. Retries wait in a list
+ * by due time: no thread sleeps for one.
  */
 #include "remote.h"
 
@@ -265,11 +266,13 @@ typedef struct xfer {
     char why[160];
     char errbuf[CURL_ERROR_SIZE];
     const char *shown;           /* the location as messages show it */
-    /* stall detection (the progress callback): no byte for stall_ms */
+    /* stall detection (the progress callback): no byte for stall_ms, or
+     * fewer than SL_REMOTE_MIN_SPEED bytes a second over a window of
+     * stall_ms */
     _Atomic int *abort_flag;
-    uint64_t stall_ms, last_move_ms;
-    curl_off_t last_dl;
-    int stalled, aborted;
+    uint64_t stall_ms, last_move_ms, win_start_ms;
+    curl_off_t last_dl, win_dl;
+    int stalled, slow, aborted;
 } xfer;
 
 static void x_reset_attempt(xfer *x)
@@ -283,9 +286,9 @@ static void x_reset_attempt(xfer *x)
     x->verdict = 0;
     x->why[0] = '\0';
     x->errbuf[0] = '\0';
-    x->last_move_ms = mono_ms();
-    x->last_dl = 0;
-    x->stalled = x->aborted = 0;
+    x->last_move_ms = x->win_start_ms = mono_ms();
+    x->last_dl = x->win_dl = 0;
+    x->stalled = x->slow = x->aborted = 0;
 }
 
 static size_t on_header(char *line, size_t sz, size_t n, void *ud)
@@ -441,12 +444,18 @@ static size_t on_body(char *data, size_t sz, size_t n, void *ud)
 }
 
 /* Stops a transfer that moved no byte for stall_ms (curl's low-speed
- * limit averages over seconds, and a burst hides a stall behind it), or
- * whose model is closing. */
+ * limit averages over seconds, and a burst hides a stall behind it), one
+ * that trickles (fewer than SL_REMOTE_MIN_SPEED bytes a second over a
+ * window of stall_ms, or than what is left of the range), or whose model
+ * is closing. Nothing else bounds an attempt once its connection is up:
+ * a transfer that keeps moving is never cut by a clock (see
+ * remote_deadline_ms in sluice.h). */
 static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
                        curl_off_t ulnow)
 {
     xfer *x = ud;
+    (void)ultotal;
+    (void)ulnow;
     if (x->abort_flag && *x->abort_flag) {
         x->aborted = 1;
         return 1;
@@ -455,11 +464,21 @@ static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_
     if (dlnow != x->last_dl) {
         x->last_dl = dlnow;
         x->last_move_ms = now;
-        return 0;
-    }
-    if (now - x->last_move_ms >= x->stall_ms) {
+    } else if (now - x->last_move_ms >= x->stall_ms) {
         x->stalled = 1;
         return 1;
+    }
+    if (now - x->win_start_ms >= x->stall_ms) {
+        uint64_t floor = x->stall_ms * SL_REMOTE_MIN_SPEED / 1000, moved = (uint64_t)(dlnow - x->win_dl);
+        uint64_t total = x->ranged ? x->want_len : dltotal > 0 ? (uint64_t)dltotal : 0;
+        if (total && total > (uint64_t)x->win_dl && total - (uint64_t)x->win_dl < floor)
+            floor = total - (uint64_t)x->win_dl;
+        if (moved < floor) {
+            x->slow = 1;
+            return 1;
+        }
+        x->win_start_ms = now;
+        x->win_dl = dlnow;
     }
     return 0;
 }
@@ -467,7 +486,7 @@ static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_
 /* Sets h up for one attempt of x at url; *hdrs gets the header list to
  * free after the attempt. */
 static int setup(CURL *h, const sl_remote_cfg *c, const char *loc, const char *url, xfer *x,
-                 uint64_t remaining_ms, struct curl_slist **hdrs)
+                 struct curl_slist **hdrs)
 {
     struct curl_slist *l = NULL;
     char line[256];
@@ -479,7 +498,8 @@ static int setup(CURL *h, const sl_remote_cfg *c, const char *loc, const char *u
     curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 1L);
     curl_easy_setopt(h, CURLOPT_MAXREDIRS, 5L);
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)c->connect_timeout_ms);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)(remaining_ms ? remaining_ms : 1));
+    /* no CURLOPT_TIMEOUT: on_progress bounds a stalled or trickling
+     * transfer, the deadline bounds retries, never a moving transfer */
     curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
     if (c->ca_file)
         curl_easy_setopt(h, CURLOPT_CAINFO, c->ca_file);
@@ -569,6 +589,13 @@ static int outcome(xfer *x, CURLcode rc, int missing_code, int *code, char *msg,
         snprintf(msg, cap, "no byte for %llu ms (stalled)", (unsigned long long)x->stall_ms);
         return OUT_RETRY;
     }
+    if (rc == CURLE_ABORTED_BY_CALLBACK && x->slow) {
+        *code = SLUICE_E_REMOTE;
+        snprintf(msg, cap, "fewer than %u bytes a second for %llu ms (too slow; %llu bytes "
+                 "received)", (unsigned)SL_REMOTE_MIN_SPEED, (unsigned long long)x->stall_ms,
+                 (unsigned long long)x->got);
+        return OUT_RETRY;
+    }
     if (rc == CURLE_ABORTED_BY_CALLBACK) {
         *code = SLUICE_E_CANCELLED;
         snprintf(msg, cap, "cancelled (the model is closing)");
@@ -654,9 +681,8 @@ static int fetch(const sl_remote_cfg *c, const char *loc, xfer *x, uint64_t off,
         } else {
             x->glen = 0;
         }
-        uint64_t now = mono_ms();
         struct curl_slist *hdrs = NULL;
-        setup(h, c, loc, url, x, deadline > now ? deadline - now : 1, &hdrs);
+        setup(h, c, loc, url, x, &hdrs);
         CURLcode cr = curl_easy_perform(h);
         curl_slist_free_all(hdrs);
         int code = 0;
@@ -664,8 +690,7 @@ static int fetch(const sl_remote_cfg *c, const char *loc, xfer *x, uint64_t off,
         if (out == OUT_OK)
             break;
         if (out == OUT_RETRY && attempt + 1 < c->attempts && !(c->abort_flag && *c->abort_flag)) {
-            uint64_t wait = backoff_ms(c, attempt, x->retry_after_ms);
-            now = mono_ms();
+            uint64_t wait = backoff_ms(c, attempt, x->retry_after_ms), now = mono_ms();
             if (now + wait < deadline) {
                 /* in slices, so that a close stops the wait */
                 for (uint64_t end = now + wait; mono_ms() < end;) {
@@ -737,7 +762,7 @@ typedef struct rreq {
     CURL *h;
     struct curl_slist *hdrs;
     xfer x;
-    uint64_t deadline, due;      /* ms, monotonic */
+    uint64_t deadline, due;      /* ms, monotonic; deadline 0: not on the wire yet */
     unsigned attempt;
     char last[200];              /* the last attempt's failure */
     int last_code;
@@ -809,10 +834,13 @@ static void start(sl_rio *r, rreq *q)
     x_reset_attempt(&q->x);
     q->x.want_off = q->req->offset;
     q->x.want_len = q->req->total - q->req->done_bytes;
-    uint64_t now = mono_ms();
+    /* The read's clock starts when a connection first takes it: time in
+     * the queue behind other reads is not the read's (remote_deadline_ms) */
+    if (!q->deadline)
+        q->deadline = mono_ms() + r->c->deadline_ms;
     curl_slist_free_all(q->hdrs);
     q->hdrs = NULL;
-    setup(q->h, r->c, q->req->location, q->url, &q->x, q->deadline > now ? q->deadline - now : 1, &q->hdrs);
+    setup(q->h, r->c, q->req->location, q->url, &q->x, &q->hdrs);
     curl_easy_setopt(q->h, CURLOPT_PRIVATE, q);
     if (curl_multi_add_handle(r->multi, q->h) != CURLM_OK) {
         complete(r, q, SLUICE_E_REMOTE, "curl_multi_add_handle failed", EIO);
@@ -924,7 +952,6 @@ static void *rio_main(void *arg)
             q->x.ranged = 1;
             q->x.size = req->object_size;
             q->x.if_match = req->etag;
-            q->deadline = now + r->c->deadline_ms;
             if (r->pending_tail)
                 r->pending_tail->next = q;
             else

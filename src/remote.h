@@ -14,10 +14,18 @@
  * server ignores Range) or another size fails the request with
  * SLUICE_E_FILE_CHANGED, before any byte of it lands; a short body is
  * resumed from where it stopped. Transient failures (connect, reset,
- * timeouts, 429, 500, 502, 503, 504, a short body) are retried with
- * exponential backoff and full jitter, or after Retry-After, within
- * remote_attempts and remote_deadline_ms; the others fail at once
- * (SLUICE_E_REMOTE, the message giving the status).
+ * a stalled or too slow transfer, 429, 500, 502, 503, 504, a short body)
+ * are retried with exponential backoff and full jitter, or after
+ * Retry-After, within remote_attempts and remote_deadline_ms; the others
+ * fail at once (SLUICE_E_REMOTE, the message giving the status).
+ *
+ * Clocks: an attempt is bounded by the connect timeout and by its
+ * progress only (no byte for remote_stall_timeout_ms, or fewer than
+ * SL_REMOTE_MIN_SPEED bytes a second over that window), never by a total
+ * time, so a slow link that keeps moving always completes. The deadline
+ * bounds a read's retries: it runs from the moment the read first goes
+ * on the wire (a connection takes it; the seam's queue does not count),
+ * and no retry starts, nor a backoff is waited, past it.
  *
  * Nothing here is called, and no curl function runs, for a model that has
  * no remote location. Built without libcurl (SLUICE_HAVE_CURL unset),
@@ -68,6 +76,11 @@ void sl_remote_scrub(char *msg, size_t cap, const char *loc);
 /* The http(s) URL that location (http(s):// or s3://) is fetched from,
  * malloc'd (NULL when out of memory or not a valid location: err says). */
 char *sl_remote_url(const sl_remote_cfg *c, const char *location, sl_err *err);
+
+/* The slowest transfer kept, in bytes a second: an attempt that brings
+ * fewer over a window of remote_stall_timeout_ms (or fewer than what is
+ * left of its range) is stopped as too slow, and retried. */
+#define SL_REMOTE_MIN_SPEED 1024u
 
 /* The longest strong ETag kept (a longer one is not used). */
 #define SL_ETAG_MAX 160

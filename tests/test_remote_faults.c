@@ -28,6 +28,8 @@ static char model_url[256];
 static unsigned char *good_b;   /* the bytes of tensor b */
 
 #define B_SIZE (300u << 10)
+#define MANY_N 24u
+#define MANY_BYTES (64u << 10)
 
 static double now_s(void)
 {
@@ -73,6 +75,18 @@ static int setup(void **state)
     tu_write_file(mf, text, (size_t)n);
     free(mf);
     free(p);
+    /* MANY_N tensors of MANY_BYTES: many reads queued behind one connection */
+    char mh[4096];
+    size_t k = (size_t)snprintf(mh, sizeof mh, "{");
+    for (unsigned i = 0; i < MANY_N; i++)
+        k += (size_t)snprintf(mh + k, sizeof mh - k,
+                              "%s\"t%02u\":{\"dtype\":\"U8\",\"shape\":[%u],"
+                              "\"data_offsets\":[%u,%u]}", i ? "," : "", i, MANY_BYTES,
+                              i * MANY_BYTES, (i + 1) * MANY_BYTES);
+    snprintf(mh + k, sizeof mh - k, "}");
+    char *pm = tu_join(root, "many.safetensors");
+    tu_write_safetensors(pm, mh, NULL, (size_t)MANY_N * MANY_BYTES);
+    free(pm);
     if (!rf_fault_start(&srv, SLUICE_FAULT_SERVER, root, why, sizeof why)) {
         fprintf(stderr, "skipped: %s\n", why);
         exit(77);
@@ -315,6 +329,98 @@ static void test_stall_times_out(void **state)
     assert_int_equal(r.rc, SLUICE_OK);
     assert_int_equal(r.retries, 1);
     assert_true(r.seconds < 6);
+    (void)state;
+}
+
+/* A slow link (the fault server paces every body at 1 MB/s) with many
+ * reads queued behind one connection: the deadline (400 ms, less than the
+ * whole load takes, more than one read takes) is each read's time on the
+ * wire, so every tensor loads, none retried. Before the read's clock
+ * started on the wire, the reads queued longest failed ("timed out after
+ * 1 milliseconds with 0 bytes received"). The defaults scaled down: 8
+ * connections, 32 deep, 8 MiB chunks, 120 s become 1, 32, 64 KiB, 0.4 s. */
+typedef struct many_tally {
+    unsigned ok, failed;
+    char first_failure[512];
+} many_tally;
+
+static int many_cb(void *user, sluice_tensor *t, int status, const struct sluice_tensor_info *info,
+                   const char *message)
+{
+    many_tally *c = user;
+    (void)info;
+    if (status == SLUICE_OK) {
+        c->ok++;
+        sluice_release(t);
+    } else if (c->failed++ == 0) {
+        snprintf(c->first_failure, sizeof c->first_failure, "%s", message);
+    }
+    return 0;
+}
+
+static void test_slow_link_queued_reads_all_load(void **state)
+{
+    sluice_options o = fast_options();
+    o.remote_connections = 1;
+    o.queue_depth = 32;
+    o.chunk_bytes = MANY_BYTES;
+    o.remote_attempts = 1;          /* a timeout would fail the tensor */
+    o.remote_deadline_ms = 400;
+    o.remote_stall_timeout_ms = 300;
+    char url[300];
+    snprintf(url, sizeof url, "%s/many.safetensors", srv.base);
+    arm("ok", 0, NULL);
+    sluice_model *m;
+    assert_int_equal(sluice_open(url, &o, &m), SLUICE_OK);
+    arm("slow", 100000, "1000000");
+    many_tally c = {0};
+    double t0 = now_s();
+    int rc = sluice_stream(m, NULL, 0, many_cb, &c);
+    double took = now_s() - t0;
+    if (rc != SLUICE_OK)
+        fail_msg("%u of %u tensors failed (%.2f s): %s", c.failed, MANY_N, took, c.first_failure);
+    assert_int_equal(c.ok, MANY_N);
+    assert_true(took > 1.0);        /* really slower than the deadline, in all */
+    struct sluice_stats st = {.size = sizeof st};
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    assert_int_equal(st.remote_retries, 0);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    arm("ok", 0, NULL);
+    (void)state;
+}
+
+/* One read that takes three times the deadline at a steady 200 KB/s:
+ * steady progress is never failed by the deadline. Before, the deadline
+ * cut the transfer (curl's total timeout) and no retry could follow. */
+static void test_slow_read_longer_than_deadline(void **state)
+{
+    sluice_options o = fast_options();
+    o.remote_attempts = 1;
+    o.remote_deadline_ms = 500;
+    o.remote_stall_timeout_ms = 400;
+    outcome r = run(&o, "slow", 1, "200000");
+    if (r.rc != SLUICE_OK)
+        fail_msg("%s", r.msg);
+    assert_true(r.seconds > 1.0);
+    assert_int_equal(r.retries, 0);
+    (void)state;
+}
+
+/* A server that sends a byte every 100 ms never stalls for the stall
+ * timeout, yet is far below 1 KiB/s: each attempt is stopped as too slow
+ * within about one window, and the read fails within the deadline plus
+ * an attempt, not after the 300 KiB it would take. */
+static void test_trickle_fails_within_bound(void **state)
+{
+    sluice_options o = fast_options();
+    o.remote_attempts = 3;
+    o.remote_deadline_ms = 1500;
+    o.remote_stall_timeout_ms = 500;
+    outcome r = run(&o, "trickle", 100, "0.1");
+    assert_int_equal(r.rc, SLUICE_E_REMOTE);
+    if (!strstr(r.msg, "too slow"))
+        fail_msg("%s", r.msg);
+    assert_true(r.seconds < 1.5 + 0.5 + 1.5);
     (void)state;
 }
 
@@ -596,6 +702,9 @@ int main(void)
         cmocka_unit_test(test_short_body_resumed),
         cmocka_unit_test(test_reset_retried),
         cmocka_unit_test(test_stall_times_out),
+        cmocka_unit_test(test_slow_link_queued_reads_all_load),
+        cmocka_unit_test(test_slow_read_longer_than_deadline),
+        cmocka_unit_test(test_trickle_fails_within_bound),
         cmocka_unit_test(test_flipped_byte),
         cmocka_unit_test(test_close_with_reads_hanging),
         cmocka_unit_test(test_close_while_retrying),
