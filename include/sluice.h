@@ -1220,9 +1220,12 @@ struct sluice_stats {
     uint32_t hash_parallel_peak; /* the most hashing threads that worked on
                                    one tensor's chunks at once */
     /* remote sources and mirrors */
-    uint64_t remote_reads;      /* range requests completed (any outcome) */
+    uint64_t remote_reads;      /* range requests of tensor bytes completed (any
+                                   outcome); the open's: remote_open_requests */
     uint64_t remote_bytes;      /* bytes they brought in */
-    uint64_t remote_retries;    /* attempts retried (status, reset, timeout, short body) */
+    uint64_t remote_retries;    /* attempts retried (status, reset, timeout, short
+                                   body), of every remote request: the open's,
+                                   the mirrors', the tensor reads' */
     uint64_t fallback_tensors;  /* loads delivered from a mirror */
     uint64_t fallback_bytes;    /* their bytes */
     uint64_t fallback_failures; /* mirror attempts that failed too */
@@ -1238,6 +1241,12 @@ struct sluice_stats {
     uint64_t memo_bytes;        /* their bytes */
     uint32_t disk_degraded;     /* 1: the cache was turned off for this model
                                    (sluice_cache_warning says why) */
+    /* remote requests made to open files, not for tensor bytes: each
+       file's first 8 bytes and header, index.json, the manifest, at
+       sluice_open; a mirror's, when first needed (their retries are in
+       remote_retries) */
+    uint64_t remote_open_requests;
+    uint64_t remote_open_bytes; /* the bytes they brought in */
 };
 
 /* Fills *stats (whose size field the caller sets; fields past it are not
@@ -1395,8 +1404,22 @@ SLUICE_API void sluice_cache_close(sluice_cache *cache);
  *   and the persistent cache's: sluice_disk_cache_hits_total,
  *   sluice_disk_cache_hit_bytes_total, sluice_disk_cache_misses_total,
  *   sluice_disk_cache_stored_total, sluice_disk_cache_rotten_total,
- *   sluice_disk_cache_evicted_total, sluice_memo_tensors_total (the
- *   stats of the same names, see struct sluice_stats).
+ *   sluice_disk_cache_evicted_total, sluice_memo_tensors_total,
+ *   sluice_memo_bytes_total (the stats of the same names, see struct
+ *   sluice_stats); sluice_chunks_verified_total,
+ *   sluice_acquire_waited_seconds_total (acquire_wait_ns);
+ *   remote sources: sluice_remote_requests_total{kind="tensor"|"open"}
+ *   and sluice_remote_bytes_total{kind=...} (tensor: remote_reads and
+ *   remote_bytes; open: remote_open_requests and remote_open_bytes),
+ *   sluice_remote_retries_total{cause="status"|"timeout"|"connection"|
+ *   "short"} (an HTTP 429 or 5xx; a stalled or too slow transfer; a
+ *   failed connection; a short body: remote_retries),
+ *   sluice_fallback_tensors_total, sluice_fallback_bytes_total,
+ *   sluice_fallback_failures_total (mirrors).
+ *   Every field of struct sluice_stats has a family; a family split by
+ *   cause sums to its stats field (with SLUICE_METRICS=0 the read
+ *   retries all show as cause="short", the O_DIRECT fallbacks as
+ *   "read": only the totals are counted then).
  *   sluice_verify (no load; none of the counters above moves) counts
  *   apart, each item as it is reported: sluice_verify_runs_total,
  *   sluice_verify_items_total{kind="tensor"|"file",
@@ -1408,7 +1431,9 @@ SLUICE_API void sluice_cache_close(sluice_cache *cache);
  *   sluice_pool_high_water_bytes, sluice_live_handles,
  *   sluice_streams_running, sluice_backend_info{backend="io_uring"|"pread"|
  *   "none"} 1 (none: no read has chosen a backend yet),
- *   sluice_disk_cache_degraded (1: the cache was turned off).
+ *   sluice_disk_cache_degraded (1: the cache was turned off),
+ *   sluice_hash_parallel_peak, sluice_backend_errno (why io_uring was
+ *   not used; 0 when it was, or was forced off).
  * Histograms (fixed buckets, le in seconds or bytes, plus +Inf):
  *   sluice_acquire_wait_seconds        every acquire that succeeded (a
  *       cache hit as 0); 50us 100us 250us 500us 1ms 2.5ms 5ms 10ms 25ms 50ms 100ms

@@ -63,6 +63,7 @@ void sl_remote_cfg_free(sl_remote_cfg *c)
     free(c->aws_key);
     free(c->aws_secret);
     free(c->aws_session);
+    free(c->tally);
     free(c);
 }
 
@@ -72,6 +73,10 @@ int sl_remote_cfg_new(const sluice_options *o, sl_remote_cfg **out, sl_err *err)
     sl_remote_cfg *c = calloc(1, sizeof *c);
     if (!c)
         return sl_fail(err, SLUICE_E_NOMEM, "remote: out of memory");
+    if (!(c->tally = calloc(1, sizeof *c->tally))) {
+        free(c);
+        return sl_fail(err, SLUICE_E_NOMEM, "remote: out of memory");
+    }
     c->connections = o->remote_connections;
     c->attempts = o->remote_attempts;
     c->connect_timeout_ms = o->remote_connect_timeout_ms;
@@ -190,6 +195,13 @@ int sl_remote_read(const sl_remote_cfg *c, const char *location, uint64_t offset
     return unsupported(err, location);
 }
 
+int sl_remote_read_tensor(const sl_remote_cfg *c, const char *location, uint64_t offset,
+                          uint64_t len, unsigned char *buf, uint64_t *size, char *etag,
+                          int missing_code, sl_err *err)
+{
+    return unsupported(err, location);
+}
+
 int sl_remote_get(const sl_remote_cfg *c, const char *location, size_t max, char **out,
                   size_t *len, int missing_code, sl_err *err)
 {
@@ -273,6 +285,8 @@ typedef struct xfer {
     uint64_t stall_ms, last_move_ms, win_start_ms;
     curl_off_t last_dl, win_dl;
     int stalled, slow, aborted;
+    int cause;                   /* SL_RRETRY_*: why outcome() said RETRY */
+    int tensor;                  /* a tensor's bytes: counted by the caller */
 } xfer;
 
 static void x_reset_attempt(xfer *x)
@@ -587,6 +601,7 @@ static int outcome(xfer *x, CURLcode rc, int missing_code, int *code, char *msg,
     if (rc == CURLE_ABORTED_BY_CALLBACK && x->stalled) {
         *code = SLUICE_E_REMOTE;
         snprintf(msg, cap, "no byte for %llu ms (stalled)", (unsigned long long)x->stall_ms);
+        x->cause = SL_RRETRY_TIMEOUT;
         return OUT_RETRY;
     }
     if (rc == CURLE_ABORTED_BY_CALLBACK && x->slow) {
@@ -594,6 +609,7 @@ static int outcome(xfer *x, CURLcode rc, int missing_code, int *code, char *msg,
         snprintf(msg, cap, "fewer than %u bytes a second for %llu ms (too slow; %llu bytes "
                  "received)", (unsigned)SL_REMOTE_MIN_SPEED, (unsigned long long)x->stall_ms,
                  (unsigned long long)x->got);
+        x->cause = SL_RRETRY_TIMEOUT;
         return OUT_RETRY;
     }
     if (rc == CURLE_ABORTED_BY_CALLBACK) {
@@ -604,6 +620,9 @@ static int outcome(xfer *x, CURLcode rc, int missing_code, int *code, char *msg,
     if (rc != CURLE_OK) {
         *code = SLUICE_E_REMOTE;
         snprintf(msg, cap, "%.80s%s%.150s", curl_easy_strerror(rc), x->errbuf[0] ? ": " : "", x->errbuf);
+        x->cause = rc == CURLE_OPERATION_TIMEDOUT ? SL_RRETRY_TIMEOUT
+                 : rc == CURLE_PARTIAL_FILE       ? SL_RRETRY_SHORT
+                                                  : SL_RRETRY_CONNECTION;
         return transient_curl(rc) ? OUT_RETRY : OUT_FAIL;
     }
     long s = x->status;
@@ -612,6 +631,7 @@ static int outcome(xfer *x, CURLcode rc, int missing_code, int *code, char *msg,
             *code = SLUICE_E_REMOTE;
             snprintf(msg, cap, "short body: %llu of %llu bytes", (unsigned long long)x->got,
                      (unsigned long long)x->want_len);
+            x->cause = SL_RRETRY_SHORT;
             return OUT_RETRY;
         }
         return OUT_OK;
@@ -626,6 +646,7 @@ static int outcome(xfer *x, CURLcode rc, int missing_code, int *code, char *msg,
     if (s == 404 && missing_code)
         *code = missing_code;
     snprintf(msg, cap, "HTTP %ld", s);
+    x->cause = SL_RRETRY_STATUS;
     return (s == 429 || s == 500 || s == 502 || s == 503 || s == 504) ? OUT_RETRY : OUT_FAIL;
 }
 
@@ -692,6 +713,7 @@ static int fetch(const sl_remote_cfg *c, const char *loc, xfer *x, uint64_t off,
         if (out == OUT_RETRY && attempt + 1 < c->attempts && !(c->abort_flag && *c->abort_flag)) {
             uint64_t wait = backoff_ms(c, attempt, x->retry_after_ms), now = mono_ms();
             if (now + wait < deadline) {
+                atomic_fetch_add_explicit(&c->tally->retries[x->cause], 1, memory_order_relaxed);
                 /* in slices, so that a close stops the wait */
                 for (uint64_t end = now + wait; mono_ms() < end;) {
                     if (c->abort_flag && *c->abort_flag)
@@ -711,15 +733,23 @@ static int fetch(const sl_remote_cfg *c, const char *loc, xfer *x, uint64_t off,
             rc = sl_fail(err, code, "%s: %s", x->shown, msg);
         break;
     }
+    /* one request, whatever its attempts and outcome; the bytes it landed */
+    if (!x->tensor) {
+        atomic_fetch_add_explicit(&c->tally->requests, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&c->tally->bytes, x->ranged ? x->done : x->glen,
+                                  memory_order_relaxed);
+    }
     curl_easy_cleanup(h);
     free(url);
     return rc;
 }
 
-int sl_remote_read(const sl_remote_cfg *c, const char *location, uint64_t offset, uint64_t len,
-                   unsigned char *buf, uint64_t *size, char *etag, int missing_code, sl_err *err)
+static int ranged_read(const sl_remote_cfg *c, const char *location, uint64_t offset,
+                       uint64_t len, unsigned char *buf, uint64_t *size, char *etag,
+                       int missing_code, int tensor, sl_err *err)
 {
-    xfer x = {.buf = buf, .ranged = 1, .size = *size, .if_match = etag && *etag ? etag : NULL};
+    xfer x = {.buf = buf, .ranged = 1, .size = *size, .if_match = etag && *etag ? etag : NULL,
+              .tensor = tensor};
     if (len == 0)
         return SLUICE_OK;
     SL_TRY(fetch(c, location, &x, offset, len, missing_code, err));
@@ -727,6 +757,19 @@ int sl_remote_read(const sl_remote_cfg *c, const char *location, uint64_t offset
     if (etag && !*etag)
         snprintf(etag, SL_ETAG_MAX, "%s", x.etag);
     return SLUICE_OK;
+}
+
+int sl_remote_read(const sl_remote_cfg *c, const char *location, uint64_t offset, uint64_t len,
+                   unsigned char *buf, uint64_t *size, char *etag, int missing_code, sl_err *err)
+{
+    return ranged_read(c, location, offset, len, buf, size, etag, missing_code, 0, err);
+}
+
+int sl_remote_read_tensor(const sl_remote_cfg *c, const char *location, uint64_t offset,
+                          uint64_t len, unsigned char *buf, uint64_t *size, char *etag,
+                          int missing_code, sl_err *err)
+{
+    return ranged_read(c, location, offset, len, buf, size, etag, missing_code, 1, err);
 }
 
 int sl_remote_get(const sl_remote_cfg *c, const char *location, size_t max, char **out,
@@ -884,6 +927,7 @@ static void finished(sl_rio *r, rreq *q, CURLcode cr)
     if (out == OUT_RETRY && q->attempt + 1 < r->c->attempts && !r->abort) {
         uint64_t wait = backoff_ms(r->c, q->attempt, q->x.retry_after_ms), now = mono_ms();
         if (now + wait < q->deadline) {
+            atomic_fetch_add_explicit(&r->c->tally->retries[q->x.cause], 1, memory_order_relaxed);
             q->attempt++;
             q->due = now + wait;
             snprintf(q->last, sizeof q->last, "%s", msg);

@@ -600,6 +600,87 @@ static void test_mirror_secrets_not_shown(void **state)
     (void)state;
 }
 
+/* The sample of name{model="LABEL",extra} in text (-1 when absent). */
+static long long sample(const char *text, const char *name, const char *extra)
+{
+    char head[256];
+    snprintf(head, sizeof head, "\n%s{model=\"faults\"%s%s} ", name, extra ? "," : "",
+             extra ? extra : "");
+    const char *p = strstr(text, head);
+    return p ? strtoll(p + strlen(head), NULL, 10) : -1;
+}
+
+static char *metrics_of(sluice_model *m)
+{
+    size_t need = 0;
+    assert_int_equal(sluice_metrics_write(m, NULL, 0, &need, SLUICE_METRICS_PROMETHEUS),
+                     SLUICE_E_BUFFER);
+    char *text = malloc(need + 4096);
+    assert_int_equal(sluice_metrics_write(m, text, need + 4096, NULL, SLUICE_METRICS_PROMETHEUS),
+                     SLUICE_OK);
+    return text;
+}
+
+/* 503 twice during open: the open's retries are counted (remote_retries
+ * 2, cause "status"), and its requests (the first 8 bytes, the header,
+ * the sidecar) are in remote_reads, before any tensor is read. Then a
+ * local copy whose tensor fails, delivered by a mirror at the fault
+ * server: the exposition shows the mirror (fallback_* families) and the
+ * mirror's own requests. Before, remote_retries was 0 after the open and
+ * the exposition had no remote_* nor fallback_* family. */
+static void test_open_and_mirror_counted(void **state)
+{
+    sluice_options o = fast_options();
+    o.metrics_label = "faults";
+    int before = faults_served();
+    arm("status", 2, "503");
+    sluice_model *m;
+    if (sluice_open(model_url, &o, &m) != SLUICE_OK)
+        fail_msg("open: %s", sluice_errmsg(m));
+    assert_int_equal(faults_served() - before, 2);
+    struct sluice_stats st = {.size = sizeof st};
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    assert_int_equal(st.remote_retries, 2);
+    assert_int_equal(st.remote_reads, 0);     /* no tensor read yet */
+    assert_true(st.remote_open_requests >= 3);   /* 8 bytes, the header, the sidecar */
+    assert_true(st.remote_open_bytes > 8);
+    char *text = metrics_of(m);
+    assert_int_equal(sample(text, "sluice_remote_retries_total", "cause=\"status\""), 2);
+    assert_int_equal(sample(text, "sluice_remote_requests_total", "kind=\"open\""),
+                     (long long)st.remote_open_requests);
+    assert_int_equal(sample(text, "sluice_remote_bytes_total", "kind=\"open\""),
+                     (long long)st.remote_open_bytes);
+    free(text);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    arm("ok", 0, NULL);
+
+    char *q, *d = corrupt_copy(&q);
+    const char *mirrors[] = {model_url};
+    o.fallback = mirrors;
+    o.fallback_count = 1;
+    assert_int_equal(sluice_open(q, &o, &m), SLUICE_OK);
+    sluice_tensor *t;
+    if (sluice_acquire(m, "b", &t) != SLUICE_OK)
+        fail_msg("%s", sluice_errmsg(m));
+    sluice_release(t);
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    assert_int_equal(st.fallback_tensors, 1);
+    text = metrics_of(m);
+    assert_int_equal(sample(text, "sluice_checksum_failures_total", NULL), 1);
+    assert_int_equal(sample(text, "sluice_fallback_tensors_total", NULL), 1);
+    assert_int_equal(sample(text, "sluice_fallback_bytes_total", NULL), B_SIZE);
+    assert_int_equal(sample(text, "sluice_fallback_failures_total", NULL), 0);
+    /* the mirror's open (8 bytes, header) and its range read */
+    assert_true(sample(text, "sluice_remote_requests_total", "kind=\"open\"") >= 2);
+    assert_int_equal(sample(text, "sluice_remote_requests_total", "kind=\"tensor\""), 1);
+    free(text);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(d);
+    free(d);
+    free(q);
+    (void)state;
+}
+
 static char *last_headers(void)
 {
     char *r = rf_get(&srv, "/ctl/headers");
@@ -711,6 +792,7 @@ int main(void)
         cmocka_unit_test(test_close_while_mirror_opens),
         cmocka_unit_test(test_mirror_secrets_not_shown),
         cmocka_unit_test(test_request_format),
+        cmocka_unit_test(test_open_and_mirror_counted),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
