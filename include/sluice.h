@@ -995,6 +995,48 @@ SLUICE_API int sluice_trim(sluice_model *model, uint64_t *released);
  * Any thread. */
 SLUICE_API sluice_verify_policy sluice_verify_mode(const sluice_model *model);
 
+/* What sluice_open found to check the model's bytes against. */
+typedef enum sluice_verification {
+    SLUICE_VERIFIED = 0,            /* a manifest was read: *where is its path
+                                       (sluice_manifest_path); under IF_PRESENT
+                                       it may list only some tensors
+                                       (sluice_manifest_tensor says which) */
+    SLUICE_UNVERIFIED_NO_MANIFEST = 1, /* DEFAULT or IF_PRESENT, no manifest_path,
+                                       and no sidecar: a local file that does
+                                       not exist, or a remote one that answered
+                                       404 (a CDN miss, a mirror lacking it
+                                       look the same); *where is the sidecar
+                                       looked for (without credentials or
+                                       query). Nothing is checked */
+    SLUICE_UNVERIFIED_OFF = 2       /* SLUICE_VERIFY_OFF: no manifest was looked
+                                       for; *where is NULL. Nothing is checked */
+} sluice_verification;
+
+/*
+ * Whether the model is verified, and against what: returns its
+ * sluice_verification (>= 0), *where (where may be NULL) as above,
+ * borrowed until sluice_close; or SLUICE_E_INVAL for a NULL or failed
+ * model (*where NULL). The same value is struct sluice_stats' unverified
+ * and the gauge sluice_unverified, so that an unverified model can be
+ * seen from outside (`sluice cat` and `sluice stats` warn on stderr).
+ *
+ * Why a remote model does not default to REQUIRE: most remote sources
+ * (a Hugging Face repository, an S3 bucket of weights) publish no sluice
+ * manifest, so REQUIRE by default would fail every such open and teach
+ * callers to turn verification OFF, which checks less than DEFAULT does
+ * with a manifest. DEFAULT therefore means the same for a local and a
+ * remote model: REQUIRE when a manifest is in play, else unverified, and
+ * visible as such here. A caller that must not run unverified sets
+ * SLUICE_VERIFY_REQUIRE (an open without a manifest then fails with
+ * SLUICE_E_MANIFEST, naming the sidecar), or names the manifest
+ * (manifest_path, a path or a URL): a named manifest that cannot be
+ * fetched or read (404 included) fails the open with SLUICE_E_MANIFEST,
+ * under every policy but OFF; so does a sidecar whose fetch fails in any
+ * other way than 404 (5xx after every attempt, a timeout, a refusal).
+ * Any thread.
+ */
+SLUICE_API int sluice_verify_state(const sluice_model *model, const char **where);
+
 /* The path of the manifest read at open (as given, or the sidecar's), or
  * NULL when none was read. Borrowed until sluice_close. Any thread. */
 SLUICE_API const char *sluice_manifest_path(const sluice_model *model);
@@ -1247,6 +1289,9 @@ struct sluice_stats {
        remote_retries) */
     uint64_t remote_open_requests;
     uint64_t remote_open_bytes; /* the bytes they brought in */
+    uint32_t unverified;        /* sluice_verify_state's value: 0 verified
+                                   against a manifest, 1 no manifest found,
+                                   2 verification off by policy */
 };
 
 /* Fills *stats (whose size field the caller sets; fields past it are not
@@ -1433,7 +1478,9 @@ SLUICE_API void sluice_cache_close(sluice_cache *cache);
  *   "none"} 1 (none: no read has chosen a backend yet),
  *   sluice_disk_cache_degraded (1: the cache was turned off),
  *   sluice_hash_parallel_peak, sluice_backend_errno (why io_uring was
- *   not used; 0 when it was, or was forced off).
+ *   not used; 0 when it was, or was forced off), sluice_unverified (0: a
+ *   manifest checks the model; 1: none was found; 2: verification is
+ *   off: see sluice_verify_state; alert on sluice_unverified != 0).
  * Histograms (fixed buckets, le in seconds or bytes, plus +Inf):
  *   sluice_acquire_wait_seconds        every acquire that succeeded (a
  *       cache hit as 0); 50us 100us 250us 500us 1ms 2.5ms 5ms 10ms 25ms 50ms 100ms

@@ -666,6 +666,13 @@ void sl_engine_stats(sl_engine *e, struct sluice_stats *out)
     }
 }
 
+void sl_engine_note_verification(sl_engine *e, uint32_t state)
+{
+    pthread_mutex_lock(&e->lock);
+    e->st.unverified = state;
+    pthread_mutex_unlock(&e->lock);
+}
+
 uint64_t sl_engine_trim(sl_engine *e)
 {
     pthread_mutex_lock(&e->lock);

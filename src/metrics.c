@@ -190,6 +190,7 @@ static void derive(snap *s)
     s->degraded = s->st.disk_degraded;
     s->backend_errno = s->st.backend_errno > 0 ? (uint64_t)s->st.backend_errno : 0;
     s->hash_peak = s->st.hash_parallel_peak;
+    s->unverified = s->st.unverified;
     uint64_t *rest = &s->retries[SL_RETRY_SHORT], told = 0;
     for (int k = 0; k < SL_RETRY_COUNT_; k++)
         told += k == SL_RETRY_SHORT ? 0 : s->retries[k];
@@ -491,6 +492,9 @@ static void render(ctx *c)
     scalar(c, "sluice_hash_parallel_peak", "gauge",
            "The most hashing threads that worked on one tensor's chunks at once.",
            OFF(hash_peak));
+    scalar(c, "sluice_unverified", "gauge",
+           "0 when a manifest checks the model's bytes; 1: no manifest was found; 2: "
+           "verification is off.", OFF(unverified));
     scalar(c, "sluice_backend_errno", "gauge",
            "Why io_uring was not used: its errno (0 when used or forced off).",
            OFF(backend_errno));

@@ -138,7 +138,7 @@ typedef struct sl_metrics_snap {
     uint64_t bucket[SL_H_COUNT_][SL_HIST_BUCKETS + 1];
     uint64_t sum[SL_H_COUNT_];
     /* derived */
-    uint64_t degraded, backend_errno, hash_peak;
+    uint64_t degraded, backend_errno, hash_peak, unverified;
 } sl_metrics_snap;
 
 /* The rendering of n snapshots (what sl_metrics_render does once it has

@@ -681,6 +681,129 @@ static void test_open_and_mirror_counted(void **state)
     (void)state;
 }
 
+/* `sluice CMD URL [NAME]`: exit status, and its stderr in *err. */
+static int cli(const char *cmd, const char *url, const char *name, char **err)
+{
+    char *d = tu_tmpdir(), *ep = tu_join(d, "stderr"), line[2048];
+    snprintf(line, sizeof line, "'%s/sluice' %s '%s' %s >/dev/null 2>'%s'", SLUICE_BINARY_DIR,
+             cmd, url, name ? name : "", ep);
+    int st = system(line);
+    size_t len;
+    *err = tu_read_file(ep, &len);
+    if (!*err)
+        *err = strdup("");
+    tu_rmtree(d);
+    free(d);
+    free(ep);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* A remote model whose sidecar answers 404 opens unverified, and says so:
+ * sluice_verify_state (SLUICE_UNVERIFIED_NO_MANIFEST, naming the sidecar
+ * without the password), the stats' unverified 1, the gauge
+ * sluice_unverified 1, and `sluice cat` / `sluice stats` warn on stderr
+ * (exit 0); with the sidecar served, verified and no warning; policy OFF
+ * is told apart (2). A manifest the caller names (a URL, or a local path)
+ * that cannot be fetched fails the open under DEFAULT and IF_PRESENT,
+ * instead of going without. The decision (sluice.h, sluice_verify_state):
+ * DEFAULT stays "REQUIRE when a manifest is in play": a remote model
+ * without one opens, unverified and visible; REQUIRE refuses it. Before,
+ * nothing but sluice_manifest_path() == NULL told the 404 apart. */
+static void test_missing_manifest_visible(void **state)
+{
+    char *nm = tu_join(root, "nomanifest.safetensors"), *p = tu_join(root, "m.safetensors");
+    size_t len;
+    unsigned char *bytes = tu_read_file(p, &len);
+    tu_write_file(nm, bytes, len);
+    free(bytes);
+    char url[400], secret_url[400];
+    snprintf(url, sizeof url, "%s/nomanifest.safetensors", srv.base);
+    snprintf(secret_url, sizeof secret_url, "http://user:PW-SECRET@%s/nomanifest.safetensors",
+             srv.base + strlen("http://"));
+    arm("ok", 0, NULL);
+    sluice_options o = fast_options();
+    o.metrics_label = "faults";
+    sluice_model *m;
+    if (sluice_open(secret_url, &o, &m) != SLUICE_OK)
+        fail_msg("%s", sluice_errmsg(m));
+    const char *where = NULL;
+    assert_int_equal(sluice_verify_state(m, &where), SLUICE_UNVERIFIED_NO_MANIFEST);
+    assert_non_null(where);
+    if (!strstr(where, "/nomanifest.safetensors.manifest.json") || strstr(where, "SECRET"))
+        fail_msg("where: %s", where);
+    assert_null(sluice_manifest_path(m));
+    struct sluice_stats st = {.size = sizeof st};
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    assert_int_equal(st.unverified, SLUICE_UNVERIFIED_NO_MANIFEST);
+    char *text = metrics_of(m);
+    assert_int_equal(sample(text, "sluice_unverified", NULL), 1);
+    free(text);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+
+    /* verified: the served model with its sidecar */
+    assert_int_equal(sluice_open(model_url, &o, &m), SLUICE_OK);
+    assert_int_equal(sluice_verify_state(m, &where), SLUICE_VERIFIED);
+    assert_non_null(strstr(where, "/m.safetensors.manifest.json"));
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    assert_int_equal(st.unverified, 0);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    /* off by policy */
+    o.verify = SLUICE_VERIFY_OFF;
+    assert_int_equal(sluice_open(model_url, &o, &m), SLUICE_OK);
+    assert_int_equal(sluice_verify_state(m, &where), SLUICE_UNVERIFIED_OFF);
+    assert_null(where);
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    assert_int_equal(st.unverified, SLUICE_UNVERIFIED_OFF);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    assert_int_equal(sluice_verify_state(NULL, &where), SLUICE_E_INVAL);
+    assert_null(where);
+
+    /* a manifest the caller names and the server lacks: the open fails */
+    char absent[400];
+    snprintf(absent, sizeof absent, "%s/absent.manifest.json", srv.base);
+    static const sluice_verify_policy policies[] = {SLUICE_VERIFY_DEFAULT,
+                                                    SLUICE_VERIFY_IF_PRESENT};
+    for (size_t k = 0; k < 2; k++) {
+        o.verify = policies[k];
+        o.manifest_path = absent;
+        int rc = sluice_open(url, &o, &m);
+        if (rc != SLUICE_E_MANIFEST || !strstr(sluice_errmsg(m), "absent.manifest.json"))
+            fail_msg("policy %d, URL: %d %s", (int)policies[k], rc, sluice_errmsg(m));
+        sluice_close(m);
+        char *local = tu_join(root, "absent-local.manifest.json");
+        o.manifest_path = local;
+        rc = sluice_open(url, &o, &m);
+        if (rc != SLUICE_E_MANIFEST)
+            fail_msg("policy %d, local path: %d %s", (int)policies[k], rc, sluice_errmsg(m));
+        sluice_close(m);
+        free(local);
+    }
+    o.manifest_path = NULL;
+    /* REQUIRE refuses the model without one */
+    o.verify = SLUICE_VERIFY_REQUIRE;
+    assert_int_equal(sluice_open(url, &o, &m), SLUICE_E_MANIFEST);
+    sluice_close(m);
+
+    /* the commands warn on every run that reads tensors */
+    char *err = NULL;
+    assert_int_equal(cli("cat", url, "a", &err), 0);
+    if (!strstr(err, "warning: not verified: no manifest found"))
+        fail_msg("sluice cat stderr: %s", err);
+    free(err);
+    assert_int_equal(cli("stats", url, NULL, &err), 0);
+    if (!strstr(err, "warning: not verified: no manifest found"))
+        fail_msg("sluice stats stderr: %s", err);
+    free(err);
+    assert_int_equal(cli("cat", model_url, "a", &err), 0);
+    if (strstr(err, "warning"))
+        fail_msg("sluice cat of a verified model: %s", err);
+    free(err);
+    unlink(nm);
+    free(nm);
+    free(p);
+    (void)state;
+}
+
 static char *last_headers(void)
 {
     char *r = rf_get(&srv, "/ctl/headers");
@@ -793,6 +916,7 @@ int main(void)
         cmocka_unit_test(test_mirror_secrets_not_shown),
         cmocka_unit_test(test_request_format),
         cmocka_unit_test(test_open_and_mirror_counted),
+        cmocka_unit_test(test_missing_manifest_visible),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
