@@ -483,11 +483,14 @@ static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_
         return 1;
     }
     if (now - x->win_start_ms >= x->stall_ms) {
-        uint64_t floor = x->stall_ms * SL_REMOTE_MIN_SPEED / 1000, moved = (uint64_t)(dlnow - x->win_dl);
+        /* the window's least: its share at the slowest speed kept, or
+         * the rest of the body when that is less */
+        uint64_t least = x->stall_ms * SL_REMOTE_MIN_SPEED / 1000;
+        uint64_t moved = (uint64_t)(dlnow - x->win_dl), at = (uint64_t)x->win_dl;
         uint64_t total = x->ranged ? x->want_len : dltotal > 0 ? (uint64_t)dltotal : 0;
-        if (total && total > (uint64_t)x->win_dl && total - (uint64_t)x->win_dl < floor)
-            floor = total - (uint64_t)x->win_dl;
-        if (moved < floor) {
+        if (total > at && total - at < least)
+            least = total - at;
+        if (moved < least) {
             x->slow = 1;
             return 1;
         }
