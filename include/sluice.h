@@ -277,10 +277,20 @@ typedef struct sluice_options {
                                   failures); default 5, 1..100 */
     uint32_t remote_connect_timeout_ms; /* default 10000 */
     uint32_t remote_stall_timeout_ms;   /* an attempt that moves no byte for this
-                                  long (waiting for the reply included) is
-                                  stopped and retried; default 30000 */
-    uint32_t remote_deadline_ms; /* one read's time, every attempt and wait
-                                  included; default 120000 */
+                                  long (waiting for the reply included), or
+                                  fewer than 1 KiB a second over a window
+                                  this long, is stopped and retried;
+                                  default 30000 */
+    uint32_t remote_deadline_ms; /* how long one read may go on retrying:
+                                  counted from when it first goes on the
+                                  wire (a connection takes it; time queued
+                                  behind other reads does not count), every
+                                  attempt and backoff included; no retry
+                                  starts past it. It never stops an attempt
+                                  that is moving bytes: a slow link that
+                                  keeps its speed over 1 KiB/s completes
+                                  however long it takes (the stall timeout
+                                  bounds the others); default 120000 */
     uint32_t remote_backoff_ms; /* the first retry's backoff cap, doubled each
                                   attempt up to 30 s (full jitter); default 200 */
     const char *http_token;     /* "Authorization: Bearer" for http(s):// (not
@@ -998,6 +1008,48 @@ SLUICE_API int sluice_trim(sluice_model *model, uint64_t *released);
  * Any thread. */
 SLUICE_API sluice_verify_policy sluice_verify_mode(const sluice_model *model);
 
+/* What sluice_open found to check the model's bytes against. */
+typedef enum sluice_verification {
+    SLUICE_VERIFIED = 0,            /* a manifest was read: *where is its path
+                                       (sluice_manifest_path); under IF_PRESENT
+                                       it may list only some tensors
+                                       (sluice_manifest_tensor says which) */
+    SLUICE_UNVERIFIED_NO_MANIFEST = 1, /* DEFAULT or IF_PRESENT, no manifest_path,
+                                       and no sidecar: a local file that does
+                                       not exist, or a remote one that answered
+                                       404 (a CDN miss, a mirror lacking it
+                                       look the same); *where is the sidecar
+                                       looked for (without credentials or
+                                       query). Nothing is checked */
+    SLUICE_UNVERIFIED_OFF = 2       /* SLUICE_VERIFY_OFF: no manifest was looked
+                                       for; *where is NULL. Nothing is checked */
+} sluice_verification;
+
+/*
+ * Whether the model is verified, and against what: returns its
+ * sluice_verification (>= 0), *where (where may be NULL) as above,
+ * borrowed until sluice_close; or SLUICE_E_INVAL for a NULL or failed
+ * model (*where NULL). The same value is struct sluice_stats' unverified
+ * and the gauge sluice_unverified, so that an unverified model can be
+ * seen from outside (`sluice cat` and `sluice stats` warn on stderr).
+ *
+ * Why a remote model does not default to REQUIRE: most remote sources
+ * (a Hugging Face repository, an S3 bucket of weights) publish no sluice
+ * manifest, so REQUIRE by default would fail every such open and teach
+ * callers to turn verification OFF, which checks less than DEFAULT does
+ * with a manifest. DEFAULT therefore means the same for a local and a
+ * remote model: REQUIRE when a manifest is in play, else unverified, and
+ * visible as such here. A caller that must not run unverified sets
+ * SLUICE_VERIFY_REQUIRE (an open without a manifest then fails with
+ * SLUICE_E_MANIFEST, naming the sidecar), or names the manifest
+ * (manifest_path, a path or a URL): a named manifest that cannot be
+ * fetched or read (404 included) fails the open with SLUICE_E_MANIFEST,
+ * under every policy but OFF; so does a sidecar whose fetch fails in any
+ * other way than 404 (5xx after every attempt, a timeout, a refusal).
+ * Any thread.
+ */
+SLUICE_API int sluice_verify_state(const sluice_model *model, const char **where);
+
 /* The path of the manifest read at open (as given, or the sidecar's), or
  * NULL when none was read. Borrowed until sluice_close. Any thread. */
 SLUICE_API const char *sluice_manifest_path(const sluice_model *model);
@@ -1223,9 +1275,12 @@ struct sluice_stats {
     uint32_t hash_parallel_peak; /* the most hashing threads that worked on
                                    one tensor's chunks at once */
     /* remote sources and mirrors */
-    uint64_t remote_reads;      /* range requests completed (any outcome) */
+    uint64_t remote_reads;      /* range requests of tensor bytes completed (any
+                                   outcome); the open's: remote_open_requests */
     uint64_t remote_bytes;      /* bytes they brought in */
-    uint64_t remote_retries;    /* attempts retried (status, reset, timeout, short body) */
+    uint64_t remote_retries;    /* attempts retried (status, reset, timeout, short
+                                   body), of every remote request: the open's,
+                                   the mirrors', the tensor reads' */
     uint64_t fallback_tensors;  /* loads delivered from a mirror */
     uint64_t fallback_bytes;    /* their bytes */
     uint64_t fallback_failures; /* mirror attempts that failed too */
@@ -1241,6 +1296,15 @@ struct sluice_stats {
     uint64_t memo_bytes;        /* their bytes */
     uint32_t disk_degraded;     /* 1: the cache was turned off for this model
                                    (sluice_cache_warning says why) */
+    /* remote requests made to open files, not for tensor bytes: each
+       file's first 8 bytes and header, index.json, the manifest, at
+       sluice_open; a mirror's, when first needed (their retries are in
+       remote_retries) */
+    uint64_t remote_open_requests;
+    uint64_t remote_open_bytes; /* the bytes they brought in */
+    uint32_t unverified;        /* sluice_verify_state's value: 0 verified
+                                   against a manifest, 1 no manifest found,
+                                   2 verification off by policy */
 };
 
 /* Fills *stats (whose size field the caller sets; fields past it are not
@@ -1425,8 +1489,22 @@ SLUICE_API void sluice_cache_close(sluice_cache *cache);
  *   and the persistent cache's: sluice_disk_cache_hits_total,
  *   sluice_disk_cache_hit_bytes_total, sluice_disk_cache_misses_total,
  *   sluice_disk_cache_stored_total, sluice_disk_cache_rotten_total,
- *   sluice_disk_cache_evicted_total, sluice_memo_tensors_total (the
- *   stats of the same names, see struct sluice_stats).
+ *   sluice_disk_cache_evicted_total, sluice_memo_tensors_total,
+ *   sluice_memo_bytes_total (the stats of the same names, see struct
+ *   sluice_stats); sluice_chunks_verified_total,
+ *   sluice_acquire_waited_seconds_total (acquire_wait_ns);
+ *   remote sources: sluice_remote_requests_total{kind="tensor"|"open"}
+ *   and sluice_remote_bytes_total{kind=...} (tensor: remote_reads and
+ *   remote_bytes; open: remote_open_requests and remote_open_bytes),
+ *   sluice_remote_retries_total{cause="status"|"timeout"|"connection"|
+ *   "short"} (an HTTP 429 or 5xx; a stalled or too slow transfer; a
+ *   failed connection; a short body: remote_retries),
+ *   sluice_fallback_tensors_total, sluice_fallback_bytes_total,
+ *   sluice_fallback_failures_total (mirrors).
+ *   Every field of struct sluice_stats has a family; a family split by
+ *   cause sums to its stats field (with SLUICE_METRICS=0 the read
+ *   retries all show as cause="short", the O_DIRECT fallbacks as
+ *   "read": only the totals are counted then).
  *   sluice_verify (no load; none of the counters above moves) counts
  *   apart, each item as it is reported: sluice_verify_runs_total,
  *   sluice_verify_items_total{kind="tensor"|"file",
@@ -1438,7 +1516,11 @@ SLUICE_API void sluice_cache_close(sluice_cache *cache);
  *   sluice_pool_high_water_bytes, sluice_live_handles,
  *   sluice_streams_running, sluice_backend_info{backend="io_uring"|"pread"|
  *   "none"} 1 (none: no read has chosen a backend yet),
- *   sluice_disk_cache_degraded (1: the cache was turned off).
+ *   sluice_disk_cache_degraded (1: the cache was turned off),
+ *   sluice_hash_parallel_peak, sluice_backend_errno (why io_uring was
+ *   not used; 0 when it was, or was forced off), sluice_unverified (0: a
+ *   manifest checks the model; 1: none was found; 2: verification is
+ *   off: see sluice_verify_state; alert on sluice_unverified != 0).
  * Histograms (fixed buckets, le in seconds or bytes, plus +Inf):
  *   sluice_acquire_wait_seconds        every acquire that succeeded (a
  *       cache hit as 0); 50us 100us 250us 500us 1ms 2.5ms 5ms 10ms 25ms 50ms 100ms

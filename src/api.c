@@ -303,6 +303,47 @@ char *sl_manifest_sidecar_remote(const char *path)
     return p;
 }
 
+/* What the open found to verify the model against: a manifest, none
+ * (the sidecar it looked for is kept, for sluice_verify_state), or
+ * nothing looked for (policy OFF). */
+static int note_verification(sluice_model *m, const char *path, sl_err *err)
+{
+    if (m->manifest) {
+        m->verification = SLUICE_VERIFIED;
+        return SLUICE_OK;
+    }
+    if (m->opts.verify == SLUICE_VERIFY_OFF) {
+        m->verification = SLUICE_UNVERIFIED_OFF;
+        return SLUICE_OK;
+    }
+    m->verification = SLUICE_UNVERIFIED_NO_MANIFEST;
+    int remote = sl_is_remote(path);
+    char *side = remote ? sl_manifest_sidecar_remote(path) : sl_manifest_sidecar(path);
+    if (!side)
+        return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
+    if (remote) {
+        char shown[512];
+        sl_remote_shown(side, shown, sizeof shown);
+        free(side);
+        if (!(side = strdup(shown)))
+            return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
+    }
+    m->sidecar_looked = side;
+    return SLUICE_OK;
+}
+
+SLUICE_API int sluice_verify_state(const sluice_model *model, const char **where)
+{
+    if (where)
+        *where = NULL;
+    if (sl_model_usable(model) != SLUICE_OK)
+        return SLUICE_E_INVAL;
+    if (where)
+        *where = model->verification == SLUICE_VERIFIED ? sl_manifest_path(model->manifest)
+                                                        : model->sidecar_looked;
+    return (int)model->verification;
+}
+
 static void free_remote(sluice_model *m)
 {
     for (size_t k = 0; m->fallback && k < m->nfallback; k++)
@@ -325,6 +366,7 @@ static void release_model(sluice_model *m)
      * never match a later model (ids are not reused) and go when pushed
      * out or when their thread exits. */
     sl_errmsg_forget(m->err_id);
+    free(m->sidecar_looked);
     free(m->path);
     free(m->metrics_label);
     free(m);
@@ -422,6 +464,8 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
         free(side);
         goto failed;
     }
+    if ((rc = note_verification(m, path, err)) < 0)
+        goto failed;
     /* the caller's key list is borrowed for the open only */
     m->opts.trusted_keys = NULL;
     m->opts.ntrusted_keys = 0;
@@ -433,6 +477,7 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
     }
     if ((rc = create_engine(m, err)) < 0)
         goto failed;
+    sl_engine_note_verification(m->engine, (uint32_t)m->verification);
     if ((rc = attach_cache(m, err)) < 0) {
         sl_err ignored;
         sl_engine_destroy(m->engine, &ignored);   /* nothing can hold it yet */
@@ -447,6 +492,8 @@ failed:
     /* Keep only the error: free what was built, leave a failed shell. */
     sl_manifest_free(m->manifest);
     m->manifest = NULL;
+    free(m->sidecar_looked);
+    m->sidecar_looked = NULL;
     sl_index_free(&m->index);
     free_remote(m);
     m->failed = 1;

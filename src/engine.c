@@ -653,6 +653,24 @@ void sl_engine_stats(sl_engine *e, struct sluice_stats *out)
     out->pool_high_water = sl_pool_high_water(e->pool);
     pthread_mutex_unlock(&e->lock);
     out->disk_degraded = (uint32_t)sl_engine_cache_degraded(e);
+    /* The model's remote requests outside tensor reads (open's headers,
+     * index.json and manifest, mirrors' opens), and every retry by
+     * cause, tensor reads' included: the remote tally. */
+    const sl_remote_tally *t = e->have_rcfg ? e->rcfg.tally : NULL;
+    if (t) {
+        out->remote_open_requests = atomic_load_explicit(&t->requests, memory_order_relaxed);
+        out->remote_open_bytes = atomic_load_explicit(&t->bytes, memory_order_relaxed);
+        out->remote_retries = 0;
+        for (int k = 0; k < SL_RRETRY_COUNT_; k++)
+            out->remote_retries += atomic_load_explicit(&t->retries[k], memory_order_relaxed);
+    }
+}
+
+void sl_engine_note_verification(sl_engine *e, uint32_t state)
+{
+    pthread_mutex_lock(&e->lock);
+    e->st.unverified = state;
+    pthread_mutex_unlock(&e->lock);
 }
 
 uint64_t sl_engine_trim(sl_engine *e)

@@ -87,6 +87,9 @@ int sl_engine_stream(sl_engine *e, const size_t *ids, size_t n, sluice_stream_fn
 
 /* The counters, whole (the API copies the caller's part). */
 void sl_engine_stats(sl_engine *e, struct sluice_stats *out);
+/* What the model was opened to verify against (sluice_verification),
+ * for the stats' unverified field. */
+void sl_engine_note_verification(sl_engine *e, uint32_t state);
 
 /* sluice_trim: returns the bytes given back. */
 uint64_t sl_engine_trim(sl_engine *e);

@@ -145,25 +145,21 @@ int sl_metrics_label_check(const char *label, sl_err *err)
 
 /* ---------------------------------------------------------------- snapshot */
 
-typedef struct snap {
-    struct sluice_stats st;
-    uint64_t live, streams_running, degraded;
-    uint64_t misses, streams, retries[SL_RETRY_COUNT_], fallbacks[SL_FALLBACK_COUNT_];
-    uint64_t verifies, verify_items[2][SL_VERIFY_RESULT_COUNT_], verify_bytes;
-    uint64_t bucket[SL_H_COUNT_][SL_HIST_BUCKETS + 1];
-    uint64_t sum[SL_H_COUNT_];
-} snap;
+typedef sl_metrics_snap snap;
 
 #define LOAD(x) atomic_load_explicit(&(x), memory_order_relaxed)
 
 static void take_snap(sl_engine *e, snap *s)
 {
+    memset(s, 0, sizeof *s);
     sl_engine_stats(e, &s->st); /* the counters and pool gauges, under the lock */
     pthread_mutex_lock(&e->lock);
     s->live = e->live_handles;
     s->streams_running = e->nstreams;
     pthread_mutex_unlock(&e->lock);
-    s->degraded = s->st.disk_degraded;
+    if (e->have_rcfg && e->rcfg.tally)
+        for (int k = 0; k < SL_RRETRY_COUNT_; k++)
+            s->remote_retries[k] = LOAD(e->rcfg.tally->retries[k]);
     const sl_metrics *m = &e->met;
     s->misses = LOAD(m->cache_misses);
     s->streams = LOAD(m->streams);
@@ -181,6 +177,32 @@ static void take_snap(sl_engine *e, snap *s)
             s->bucket[h][b] = LOAD(m->hist[h].bucket[b]);
         s->sum[h] = LOAD(m->hist[h].sum);
     }
+}
+
+/* What the rendering reads besides the counters: the stats fields that
+ * are not uint64_t widened, and each family broken down by cause given
+ * one cause as the rest of its sluice_stats total, so that the causes
+ * always sum to what sluice_stats says (also with SLUICE_METRICS=0,
+ * where only the total is counted), however the snapshot's two reads
+ * (the stats under the lock, the cause atomics without) interleave. */
+static void derive(snap *s)
+{
+    s->degraded = s->st.disk_degraded;
+    s->backend_errno = s->st.backend_errno > 0 ? (uint64_t)s->st.backend_errno : 0;
+    s->hash_peak = s->st.hash_parallel_peak;
+    s->unverified = s->st.unverified;
+    uint64_t *rest = &s->retries[SL_RETRY_SHORT], told = 0;
+    for (int k = 0; k < SL_RETRY_COUNT_; k++)
+        told += k == SL_RETRY_SHORT ? 0 : s->retries[k];
+    *rest = s->st.retries > told ? s->st.retries - told : 0;
+    rest = &s->fallbacks[SL_FALLBACK_READ];
+    told = s->fallbacks[SL_FALLBACK_OPEN];
+    *rest = s->st.direct_fallbacks > told ? s->st.direct_fallbacks - told : 0;
+    rest = &s->remote_retries[SL_RRETRY_CONNECTION];
+    told = 0;
+    for (int k = 0; k < SL_RRETRY_COUNT_; k++)
+        told += k == SL_RRETRY_CONNECTION ? 0 : s->remote_retries[k];
+    *rest = s->st.remote_retries > told ? s->st.remote_retries - told : 0;
 }
 
 /* ---------------------------------------------------------------- text */
@@ -285,16 +307,24 @@ static void series(ctx *c, size_t k, const char *name, const char *suffix, const
     put(c->o, "} ", 2);
 }
 
-/* A scalar family: off is the offset of a uint64_t in snap. */
-static void scalar(ctx *c, const char *name, const char *type, const char *help, size_t off)
+/* A scalar family: off is the offset of a uint64_t in snap (ns rendered
+ * as seconds when seconds is set). */
+static void scalar_in(ctx *c, const char *name, const char *type, const char *help, size_t off,
+                      int seconds)
 {
     family(c, name, type, help);
     for (size_t k = 0; k < c->n; k++) {
         series(c, k, name, "", NULL);
         uint64_t v;
         memcpy(&v, (const char *)&c->snaps[k] + off, sizeof v);
-        putf(c->o, "%llu\n", (unsigned long long)v);
+        put_num(c->o, v, seconds, 0);
+        put(c->o, "\n", 1);
     }
+}
+
+static void scalar(ctx *c, const char *name, const char *type, const char *help, size_t off)
+{
+    scalar_in(c, name, type, help, off, 0);
 }
 
 /* A family with one extra label: values[j] at offsets offs[j]; label NULL:
@@ -354,6 +384,14 @@ static void render(ctx *c)
     static const size_t retry_offs[] = {OFF(retries[0]), OFF(retries[1]), OFF(retries[2])};
     static const char *const fb_causes[] = {"open", "read"};
     static const size_t fb_offs[] = {OFF(fallbacks[0]), OFF(fallbacks[1])};
+    static const char *const rr_kinds[] = {"tensor", "open"};
+    static const size_t rr_req_offs[] = {OFF(st.remote_reads), OFF(st.remote_open_requests)};
+    static const size_t rr_byte_offs[] = {OFF(st.remote_bytes), OFF(st.remote_open_bytes)};
+    static const char *const rr_causes[] = {"status", "timeout", "connection", "short"};
+    static const size_t rr_offs[] = {OFF(remote_retries[SL_RRETRY_STATUS]),
+                                     OFF(remote_retries[SL_RRETRY_TIMEOUT]),
+                                     OFF(remote_retries[SL_RRETRY_CONNECTION]),
+                                     OFF(remote_retries[SL_RRETRY_SHORT])};
     static const char *const verify_pairs[] = {
         "kind=\"tensor\",result=\"ok\"", "kind=\"tensor\",result=\"checksum\"",
         "kind=\"tensor\",result=\"error\"", "kind=\"file\",result=\"ok\"",
@@ -407,6 +445,32 @@ static void render(ctx *c)
            "Blobs this model's stores evicted for the budget.", OFF(st.disk_evicted));
     scalar(c, "sluice_memo_tensors_total", "counter",
            "Tensor loads the verified-once memo spared hashing.", OFF(st.memo_tensors));
+    scalar(c, "sluice_memo_bytes_total", "counter",
+           "Bytes of the tensor loads the verified-once memo spared hashing.",
+           OFF(st.memo_bytes));
+    scalar(c, "sluice_chunks_verified_total", "counter",
+           "Chunk digests matched (version 2 manifests with chunks).", OFF(st.chunks_verified));
+    scalar_in(c, "sluice_acquire_waited_seconds_total", "counter",
+              "Time acquire calls waited for their tensors, in all.", OFF(st.acquire_wait_ns), 1);
+    labelled(c, "sluice_remote_requests_total", "counter",
+             "Remote requests completed, any outcome, by kind: tensor (range reads of tensor "
+             "bytes) or open (headers, index.json and manifest, at open or a mirror's).",
+             "kind", rr_kinds, rr_req_offs, 2);
+    labelled(c, "sluice_remote_bytes_total", "counter",
+             "Bytes the remote requests brought in, by kind (as sluice_remote_requests_total).",
+             "kind", rr_kinds, rr_byte_offs, 2);
+    labelled(c, "sluice_remote_retries_total", "counter",
+             "Remote attempts retried, by cause: an HTTP status (429, 5xx), a timeout (stalled "
+             "or too slow), a failed connection, a short body.",
+             "cause", rr_causes, rr_offs, SL_RRETRY_COUNT_);
+    scalar(c, "sluice_fallback_tensors_total", "counter",
+           "Tensor loads delivered from a fallback mirror.", OFF(st.fallback_tensors));
+    scalar(c, "sluice_fallback_bytes_total", "counter",
+           "Bytes of the tensor loads delivered from a fallback mirror.",
+           OFF(st.fallback_bytes));
+    scalar(c, "sluice_fallback_failures_total", "counter",
+           "Mirror attempts that failed too (the mirror could not be opened, lacks the "
+           "tensor, or its bytes failed).", OFF(st.fallback_failures));
     scalar(c, "sluice_verify_runs_total", "counter",
            "sluice_verify calls (verifying without loading) that ran.", OFF(verifies));
     labelled(c, "sluice_verify_items_total", "counter",
@@ -425,6 +489,15 @@ static void render(ctx *c)
            "1 when the persistent cache was turned off for this model.", OFF(degraded));
     scalar(c, "sluice_streams_running", "gauge", "sluice_stream calls running now.",
            OFF(streams_running));
+    scalar(c, "sluice_hash_parallel_peak", "gauge",
+           "The most hashing threads that worked on one tensor's chunks at once.",
+           OFF(hash_peak));
+    scalar(c, "sluice_unverified", "gauge",
+           "0 when a manifest checks the model's bytes; 1: no manifest was found; 2: "
+           "verification is off.", OFF(unverified));
+    scalar(c, "sluice_backend_errno", "gauge",
+           "Why io_uring was not used: its errno (0 when used or forced off).",
+           OFF(backend_errno));
     family(c, "sluice_backend_info", "gauge", "The I/O backend in use (value 1).");
     for (size_t k = 0; k < c->n; k++) {
         sluice_backend b = c->snaps[k].st.backend;
@@ -448,10 +521,19 @@ int sl_metrics_render(sl_engine *const *engines, const char *const *labels, size
         return sl_fail(err, SLUICE_E_NOMEM, "metrics: out of memory");
     for (size_t k = 0; k < n; k++)
         take_snap(engines[k], &snaps[k]);
+    int rc = sl_metrics_render_snaps(snaps, labels, n, buf, cap, needed, format, err);
+    free(snaps);
+    return rc;
+}
+
+int sl_metrics_render_snaps(sl_metrics_snap *snaps, const char *const *labels, size_t n,
+                            char *buf, size_t cap, size_t *needed, int format, sl_err *err)
+{
+    for (size_t k = 0; k < n; k++)
+        derive(&snaps[k]);
     out o = {buf, cap, 0};
     ctx c = {&o, format == SLUICE_METRICS_OPENMETRICS, n, labels, snaps};
     render(&c);
-    free(snaps);
     if (needed)
         *needed = o.len + 1;
     if (o.len + 1 > cap) {

@@ -19,6 +19,7 @@
 #define SLUICE_METRICS_H
 
 #include "error.h"
+#include "remote.h"
 #include "sluice.h"
 
 #include <stdatomic.h>
@@ -122,6 +123,28 @@ void sl_metrics_verify_begin(sl_metrics *m, sl_verify_tally *t, sluice_verify_op
 typedef struct sl_engine sl_engine;
 int sl_metrics_render(sl_engine *const *engines, const char *const *labels, size_t n,
                       char *buf, size_t cap, size_t *needed, int format, sl_err *err);
+
+/* One model's numbers as a rendering reads them: its struct sluice_stats
+ * and what the metrics count beside it (the per-cause splits, the
+ * verify counts, the histograms), copied once per rendering. The
+ * fields after "derived" are computed by the rendering from the others
+ * (see derive() in metrics.c). */
+typedef struct sl_metrics_snap {
+    struct sluice_stats st;
+    uint64_t live, streams_running;
+    uint64_t misses, streams, retries[SL_RETRY_COUNT_], fallbacks[SL_FALLBACK_COUNT_];
+    uint64_t remote_retries[SL_RRETRY_COUNT_];
+    uint64_t verifies, verify_items[2][SL_VERIFY_RESULT_COUNT_], verify_bytes;
+    uint64_t bucket[SL_H_COUNT_][SL_HIST_BUCKETS + 1];
+    uint64_t sum[SL_H_COUNT_];
+    /* derived */
+    uint64_t degraded, backend_errno, hash_peak, unverified;
+} sl_metrics_snap;
+
+/* The rendering of n snapshots (what sl_metrics_render does once it has
+ * taken them; the tests give their own). Writes the derived fields. */
+int sl_metrics_render_snaps(sl_metrics_snap *snaps, const char *const *labels, size_t n,
+                            char *buf, size_t cap, size_t *needed, int format, sl_err *err);
 
 /* The engine's metrics (engine.c owns them). */
 sl_metrics *sl_engine_metrics(sl_engine *e);

@@ -81,9 +81,9 @@ static int rg_read(rg_ctx *c, uint64_t lo, uint64_t hi, unsigned char *dst)
             snprintf(etag, sizeof etag, "%s", f->etag);
             if (want > RG_REMOTE_PIECE)
                 want = RG_REMOTE_PIECE;
-            int rc = sl_remote_read(c->ix->remote, f->fetch_loc ? f->fetch_loc : f->path,
-                                    c->t->offset + lo, want, into, &size,
-                                    etag[0] ? etag : NULL, SLUICE_E_REMOTE, c->err);
+            int rc = sl_remote_read_tensor(c->ix->remote, f->fetch_loc ? f->fetch_loc : f->path,
+                                           c->t->offset + lo, want, into, &size,
+                                           etag[0] ? etag : NULL, SLUICE_E_REMOTE, c->err);
             c->tally->remote_reads++;
             if (rc < 0)
                 return rc;

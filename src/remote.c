@@ -15,9 +15,10 @@
  * The seam's thread owns the multi handle and every easy handle; other
  * threads only queue requests under the seam's lock and wake the thread
  * with curl_multi_wakeup. At most `connections` transfers run at once;
- * the rest wait in the thread's FIFO, so that a request's timeouts only
- * run while it is on the wire. Retries wait in a list by due time: no
- * thread sleeps for one.
+ * the rest wait in the thread's FIFO, so that a request's clocks only
+ * run while it is on the wire: its deadline is set when a connection
+ * first takes it (start()), not when it is queued. Retries wait in a list
+ * by due time: no thread sleeps for one.
  */
 #include "remote.h"
 
@@ -62,6 +63,7 @@ void sl_remote_cfg_free(sl_remote_cfg *c)
     free(c->aws_key);
     free(c->aws_secret);
     free(c->aws_session);
+    free(c->tally);
     free(c);
 }
 
@@ -71,6 +73,10 @@ int sl_remote_cfg_new(const sluice_options *o, sl_remote_cfg **out, sl_err *err)
     sl_remote_cfg *c = calloc(1, sizeof *c);
     if (!c)
         return sl_fail(err, SLUICE_E_NOMEM, "remote: out of memory");
+    if (!(c->tally = calloc(1, sizeof *c->tally))) {
+        free(c);
+        return sl_fail(err, SLUICE_E_NOMEM, "remote: out of memory");
+    }
     c->connections = o->remote_connections;
     c->attempts = o->remote_attempts;
     c->connect_timeout_ms = o->remote_connect_timeout_ms;
@@ -189,6 +195,13 @@ int sl_remote_read(const sl_remote_cfg *c, const char *location, uint64_t offset
     return unsupported(err, location);
 }
 
+int sl_remote_read_tensor(const sl_remote_cfg *c, const char *location, uint64_t offset,
+                          uint64_t len, unsigned char *buf, uint64_t *size, char *etag,
+                          int missing_code, sl_err *err)
+{
+    return unsupported(err, location);
+}
+
 int sl_remote_get(const sl_remote_cfg *c, const char *location, size_t max, char **out,
                   size_t *len, int missing_code, sl_err *err)
 {
@@ -265,11 +278,15 @@ typedef struct xfer {
     char why[160];
     char errbuf[CURL_ERROR_SIZE];
     const char *shown;           /* the location as messages show it */
-    /* stall detection (the progress callback): no byte for stall_ms */
+    /* stall detection (the progress callback): no byte for stall_ms, or
+     * fewer than SL_REMOTE_MIN_SPEED bytes a second over a window of
+     * stall_ms */
     _Atomic int *abort_flag;
-    uint64_t stall_ms, last_move_ms;
-    curl_off_t last_dl;
-    int stalled, aborted;
+    uint64_t stall_ms, last_move_ms, win_start_ms;
+    curl_off_t last_dl, win_dl;
+    int stalled, slow, aborted;
+    int cause;                   /* SL_RRETRY_*: why outcome() said RETRY */
+    int tensor;                  /* a tensor's bytes: counted by the caller */
 } xfer;
 
 static void x_reset_attempt(xfer *x)
@@ -283,9 +300,9 @@ static void x_reset_attempt(xfer *x)
     x->verdict = 0;
     x->why[0] = '\0';
     x->errbuf[0] = '\0';
-    x->last_move_ms = mono_ms();
-    x->last_dl = 0;
-    x->stalled = x->aborted = 0;
+    x->last_move_ms = x->win_start_ms = mono_ms();
+    x->last_dl = x->win_dl = 0;
+    x->stalled = x->slow = x->aborted = 0;
 }
 
 static size_t on_header(char *line, size_t sz, size_t n, void *ud)
@@ -441,12 +458,18 @@ static size_t on_body(char *data, size_t sz, size_t n, void *ud)
 }
 
 /* Stops a transfer that moved no byte for stall_ms (curl's low-speed
- * limit averages over seconds, and a burst hides a stall behind it), or
- * whose model is closing. */
+ * limit averages over seconds, and a burst hides a stall behind it), one
+ * that trickles (fewer than SL_REMOTE_MIN_SPEED bytes a second over a
+ * window of stall_ms, or than what is left of the range), or whose model
+ * is closing. Nothing else bounds an attempt once its connection is up:
+ * a transfer that keeps moving is never cut by a clock (see
+ * remote_deadline_ms in sluice.h). */
 static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
                        curl_off_t ulnow)
 {
     xfer *x = ud;
+    (void)ultotal;
+    (void)ulnow;
     if (x->abort_flag && *x->abort_flag) {
         x->aborted = 1;
         return 1;
@@ -455,11 +478,24 @@ static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_
     if (dlnow != x->last_dl) {
         x->last_dl = dlnow;
         x->last_move_ms = now;
-        return 0;
-    }
-    if (now - x->last_move_ms >= x->stall_ms) {
+    } else if (now - x->last_move_ms >= x->stall_ms) {
         x->stalled = 1;
         return 1;
+    }
+    if (now - x->win_start_ms >= x->stall_ms) {
+        /* the window's least: its share at the slowest speed kept, or
+         * the rest of the body when that is less */
+        uint64_t least = x->stall_ms * SL_REMOTE_MIN_SPEED / 1000;
+        uint64_t moved = (uint64_t)(dlnow - x->win_dl), at = (uint64_t)x->win_dl;
+        uint64_t total = x->ranged ? x->want_len : dltotal > 0 ? (uint64_t)dltotal : 0;
+        if (total > at && total - at < least)
+            least = total - at;
+        if (moved < least) {
+            x->slow = 1;
+            return 1;
+        }
+        x->win_start_ms = now;
+        x->win_dl = dlnow;
     }
     return 0;
 }
@@ -467,7 +503,7 @@ static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_
 /* Sets h up for one attempt of x at url; *hdrs gets the header list to
  * free after the attempt. */
 static int setup(CURL *h, const sl_remote_cfg *c, const char *loc, const char *url, xfer *x,
-                 uint64_t remaining_ms, struct curl_slist **hdrs)
+                 struct curl_slist **hdrs)
 {
     struct curl_slist *l = NULL;
     char line[256];
@@ -479,7 +515,8 @@ static int setup(CURL *h, const sl_remote_cfg *c, const char *loc, const char *u
     curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 1L);
     curl_easy_setopt(h, CURLOPT_MAXREDIRS, 5L);
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)c->connect_timeout_ms);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)(remaining_ms ? remaining_ms : 1));
+    /* no CURLOPT_TIMEOUT: on_progress bounds a stalled or trickling
+     * transfer, the deadline bounds retries, never a moving transfer */
     curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
     if (c->ca_file)
         curl_easy_setopt(h, CURLOPT_CAINFO, c->ca_file);
@@ -567,6 +604,15 @@ static int outcome(xfer *x, CURLcode rc, int missing_code, int *code, char *msg,
     if (rc == CURLE_ABORTED_BY_CALLBACK && x->stalled) {
         *code = SLUICE_E_REMOTE;
         snprintf(msg, cap, "no byte for %llu ms (stalled)", (unsigned long long)x->stall_ms);
+        x->cause = SL_RRETRY_TIMEOUT;
+        return OUT_RETRY;
+    }
+    if (rc == CURLE_ABORTED_BY_CALLBACK && x->slow) {
+        *code = SLUICE_E_REMOTE;
+        snprintf(msg, cap, "fewer than %u bytes a second for %llu ms (too slow; %llu bytes "
+                 "received)", (unsigned)SL_REMOTE_MIN_SPEED, (unsigned long long)x->stall_ms,
+                 (unsigned long long)x->got);
+        x->cause = SL_RRETRY_TIMEOUT;
         return OUT_RETRY;
     }
     if (rc == CURLE_ABORTED_BY_CALLBACK) {
@@ -577,6 +623,9 @@ static int outcome(xfer *x, CURLcode rc, int missing_code, int *code, char *msg,
     if (rc != CURLE_OK) {
         *code = SLUICE_E_REMOTE;
         snprintf(msg, cap, "%.80s%s%.150s", curl_easy_strerror(rc), x->errbuf[0] ? ": " : "", x->errbuf);
+        x->cause = rc == CURLE_OPERATION_TIMEDOUT ? SL_RRETRY_TIMEOUT
+                 : rc == CURLE_PARTIAL_FILE       ? SL_RRETRY_SHORT
+                                                  : SL_RRETRY_CONNECTION;
         return transient_curl(rc) ? OUT_RETRY : OUT_FAIL;
     }
     long s = x->status;
@@ -585,6 +634,7 @@ static int outcome(xfer *x, CURLcode rc, int missing_code, int *code, char *msg,
             *code = SLUICE_E_REMOTE;
             snprintf(msg, cap, "short body: %llu of %llu bytes", (unsigned long long)x->got,
                      (unsigned long long)x->want_len);
+            x->cause = SL_RRETRY_SHORT;
             return OUT_RETRY;
         }
         return OUT_OK;
@@ -599,6 +649,7 @@ static int outcome(xfer *x, CURLcode rc, int missing_code, int *code, char *msg,
     if (s == 404 && missing_code)
         *code = missing_code;
     snprintf(msg, cap, "HTTP %ld", s);
+    x->cause = SL_RRETRY_STATUS;
     return (s == 429 || s == 500 || s == 502 || s == 503 || s == 504) ? OUT_RETRY : OUT_FAIL;
 }
 
@@ -654,9 +705,8 @@ static int fetch(const sl_remote_cfg *c, const char *loc, xfer *x, uint64_t off,
         } else {
             x->glen = 0;
         }
-        uint64_t now = mono_ms();
         struct curl_slist *hdrs = NULL;
-        setup(h, c, loc, url, x, deadline > now ? deadline - now : 1, &hdrs);
+        setup(h, c, loc, url, x, &hdrs);
         CURLcode cr = curl_easy_perform(h);
         curl_slist_free_all(hdrs);
         int code = 0;
@@ -664,9 +714,9 @@ static int fetch(const sl_remote_cfg *c, const char *loc, xfer *x, uint64_t off,
         if (out == OUT_OK)
             break;
         if (out == OUT_RETRY && attempt + 1 < c->attempts && !(c->abort_flag && *c->abort_flag)) {
-            uint64_t wait = backoff_ms(c, attempt, x->retry_after_ms);
-            now = mono_ms();
+            uint64_t wait = backoff_ms(c, attempt, x->retry_after_ms), now = mono_ms();
             if (now + wait < deadline) {
+                atomic_fetch_add_explicit(&c->tally->retries[x->cause], 1, memory_order_relaxed);
                 /* in slices, so that a close stops the wait */
                 for (uint64_t end = now + wait; mono_ms() < end;) {
                     if (c->abort_flag && *c->abort_flag)
@@ -686,15 +736,23 @@ static int fetch(const sl_remote_cfg *c, const char *loc, xfer *x, uint64_t off,
             rc = sl_fail(err, code, "%s: %s", x->shown, msg);
         break;
     }
+    /* one request, whatever its attempts and outcome; the bytes it landed */
+    if (!x->tensor) {
+        atomic_fetch_add_explicit(&c->tally->requests, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&c->tally->bytes, x->ranged ? x->done : x->glen,
+                                  memory_order_relaxed);
+    }
     curl_easy_cleanup(h);
     free(url);
     return rc;
 }
 
-int sl_remote_read(const sl_remote_cfg *c, const char *location, uint64_t offset, uint64_t len,
-                   unsigned char *buf, uint64_t *size, char *etag, int missing_code, sl_err *err)
+static int ranged_read(const sl_remote_cfg *c, const char *location, uint64_t offset,
+                       uint64_t len, unsigned char *buf, uint64_t *size, char *etag,
+                       int missing_code, int tensor, sl_err *err)
 {
-    xfer x = {.buf = buf, .ranged = 1, .size = *size, .if_match = etag && *etag ? etag : NULL};
+    xfer x = {.buf = buf, .ranged = 1, .size = *size, .if_match = etag && *etag ? etag : NULL,
+              .tensor = tensor};
     if (len == 0)
         return SLUICE_OK;
     SL_TRY(fetch(c, location, &x, offset, len, missing_code, err));
@@ -702,6 +760,19 @@ int sl_remote_read(const sl_remote_cfg *c, const char *location, uint64_t offset
     if (etag && !*etag)
         snprintf(etag, SL_ETAG_MAX, "%s", x.etag);
     return SLUICE_OK;
+}
+
+int sl_remote_read(const sl_remote_cfg *c, const char *location, uint64_t offset, uint64_t len,
+                   unsigned char *buf, uint64_t *size, char *etag, int missing_code, sl_err *err)
+{
+    return ranged_read(c, location, offset, len, buf, size, etag, missing_code, 0, err);
+}
+
+int sl_remote_read_tensor(const sl_remote_cfg *c, const char *location, uint64_t offset,
+                          uint64_t len, unsigned char *buf, uint64_t *size, char *etag,
+                          int missing_code, sl_err *err)
+{
+    return ranged_read(c, location, offset, len, buf, size, etag, missing_code, 1, err);
 }
 
 int sl_remote_get(const sl_remote_cfg *c, const char *location, size_t max, char **out,
@@ -737,7 +808,7 @@ typedef struct rreq {
     CURL *h;
     struct curl_slist *hdrs;
     xfer x;
-    uint64_t deadline, due;      /* ms, monotonic */
+    uint64_t deadline, due;      /* ms, monotonic; deadline 0: not on the wire yet */
     unsigned attempt;
     char last[200];              /* the last attempt's failure */
     int last_code;
@@ -809,10 +880,13 @@ static void start(sl_rio *r, rreq *q)
     x_reset_attempt(&q->x);
     q->x.want_off = q->req->offset;
     q->x.want_len = q->req->total - q->req->done_bytes;
-    uint64_t now = mono_ms();
+    /* The read's clock starts when a connection first takes it: time in
+     * the queue behind other reads is not the read's (remote_deadline_ms) */
+    if (!q->deadline)
+        q->deadline = mono_ms() + r->c->deadline_ms;
     curl_slist_free_all(q->hdrs);
     q->hdrs = NULL;
-    setup(q->h, r->c, q->req->location, q->url, &q->x, q->deadline > now ? q->deadline - now : 1, &q->hdrs);
+    setup(q->h, r->c, q->req->location, q->url, &q->x, &q->hdrs);
     curl_easy_setopt(q->h, CURLOPT_PRIVATE, q);
     if (curl_multi_add_handle(r->multi, q->h) != CURLM_OK) {
         complete(r, q, SLUICE_E_REMOTE, "curl_multi_add_handle failed", EIO);
@@ -856,6 +930,7 @@ static void finished(sl_rio *r, rreq *q, CURLcode cr)
     if (out == OUT_RETRY && q->attempt + 1 < r->c->attempts && !r->abort) {
         uint64_t wait = backoff_ms(r->c, q->attempt, q->x.retry_after_ms), now = mono_ms();
         if (now + wait < q->deadline) {
+            atomic_fetch_add_explicit(&r->c->tally->retries[q->x.cause], 1, memory_order_relaxed);
             q->attempt++;
             q->due = now + wait;
             snprintf(q->last, sizeof q->last, "%s", msg);
@@ -924,7 +999,6 @@ static void *rio_main(void *arg)
             q->x.ranged = 1;
             q->x.size = req->object_size;
             q->x.if_match = req->etag;
-            q->deadline = now + r->c->deadline_ms;
             if (r->pending_tail)
                 r->pending_tail->next = q;
             else

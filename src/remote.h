@@ -14,10 +14,18 @@
  * server ignores Range) or another size fails the request with
  * SLUICE_E_FILE_CHANGED, before any byte of it lands; a short body is
  * resumed from where it stopped. Transient failures (connect, reset,
- * timeouts, 429, 500, 502, 503, 504, a short body) are retried with
- * exponential backoff and full jitter, or after Retry-After, within
- * remote_attempts and remote_deadline_ms; the others fail at once
- * (SLUICE_E_REMOTE, the message giving the status).
+ * a stalled or too slow transfer, 429, 500, 502, 503, 504, a short body)
+ * are retried with exponential backoff and full jitter, or after
+ * Retry-After, within remote_attempts and remote_deadline_ms; the others
+ * fail at once (SLUICE_E_REMOTE, the message giving the status).
+ *
+ * Clocks: an attempt is bounded by the connect timeout and by its
+ * progress only (no byte for remote_stall_timeout_ms, or fewer than
+ * SL_REMOTE_MIN_SPEED bytes a second over that window), never by a total
+ * time, so a slow link that keeps moving always completes. The deadline
+ * bounds a read's retries: it runs from the moment the read first goes
+ * on the wire (a connection takes it; the seam's queue does not count),
+ * and no retry starts, nor a backoff is waited, past it.
  *
  * Nothing here is called, and no curl function runs, for a model that has
  * no remote location. Built without libcurl (SLUICE_HAVE_CURL unset),
@@ -30,8 +38,28 @@
 #include "io.h"
 #include "sluice.h"
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+
+/* Why a remote attempt was retried (sluice_remote_retries_total{cause}):
+ * an HTTP status (429, 5xx), a stalled or too slow transfer or a curl
+ * timeout, a connection that failed (refused, reset, TLS, ...), a body
+ * shorter than asked. */
+enum { SL_RRETRY_STATUS = 0, SL_RRETRY_TIMEOUT, SL_RRETRY_CONNECTION, SL_RRETRY_SHORT,
+       SL_RRETRY_COUNT_ };
+
+/* The counts of one model's remote requests: the blocking fetches made
+ * to open a file (headers, index.json, the manifest; a mirror's open)
+ * count their requests and bytes here (remote_open_*); every retry,
+ * tensor reads' included, counts here by cause. Tensor reads (the seam's,
+ * sl_remote_read_tensor's) are counted by their callers (remote_reads).
+ * Plain atomics, not metrics: they feed sluice_stats whatever
+ * SLUICE_METRICS says. */
+typedef struct sl_remote_tally {
+    _Atomic uint64_t requests, bytes;
+    _Atomic uint64_t retries[SL_RRETRY_COUNT_];
+} sl_remote_tally;
 
 /* What every remote request of one model is made with (owned by the
  * model; immutable once built). Secrets live here only: no message, log
@@ -46,6 +74,7 @@ typedef struct sl_remote_cfg {
     char *aws_key, *aws_secret, *aws_session; /* NULL: anonymous */
     char *ca_file;               /* NULL: libcurl's default CA store */
     _Atomic int *abort_flag;    /* non-NULL and set: blocking fetches stop */
+    sl_remote_tally *tally;     /* owned; shared by copies of the struct (the engine's) */
 } sl_remote_cfg;
 
 /* Whether path names a remote location (http://, https://, s3://). */
@@ -69,6 +98,11 @@ void sl_remote_scrub(char *msg, size_t cap, const char *loc);
  * malloc'd (NULL when out of memory or not a valid location: err says). */
 char *sl_remote_url(const sl_remote_cfg *c, const char *location, sl_err *err);
 
+/* The slowest transfer kept, in bytes a second: an attempt that brings
+ * fewer over a window of remote_stall_timeout_ms (or fewer than what is
+ * left of its range) is stopped as too slow, and retried. */
+#define SL_REMOTE_MIN_SPEED 1024u
+
 /* The longest strong ETag kept (a longer one is not used). */
 #define SL_ETAG_MAX 160
 
@@ -81,6 +115,12 @@ char *sl_remote_url(const sl_remote_cfg *c, const char *location, sl_err *err);
  * is not 0 on entry, 412 to If-Match), SLUICE_E_UNSUPPORTED. */
 int sl_remote_read(const sl_remote_cfg *c, const char *location, uint64_t offset, uint64_t len,
                    unsigned char *buf, uint64_t *size, char *etag, int missing_code, sl_err *err);
+
+/* sl_remote_read for the bytes of a tensor (sluice_read_into): its
+ * request and bytes are the caller's to count, its retries the tally's. */
+int sl_remote_read_tensor(const sl_remote_cfg *c, const char *location, uint64_t offset,
+                          uint64_t len, unsigned char *buf, uint64_t *size, char *etag,
+                          int missing_code, sl_err *err);
 
 /* GET of a whole object of at most max bytes into a malloc'd, NUL-ended
  * buffer. 404 gives missing_code (0: returns 0 with *out NULL: absent). */

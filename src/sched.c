@@ -622,7 +622,6 @@ void sl_read_done(void *ctx, sl_io_req *list)
         if (r->remote) {
             e->st.remote_reads++;
             e->st.remote_bytes += q->done_bytes;
-            e->st.remote_retries += q->retries;
             e->st.bytes_read += q->done_bytes;
             e->st.reads++;
             sl_metrics_since(&e->met, SL_H_READ, r->t_submit);

@@ -27,6 +27,10 @@ MODE is one of:
     long       a correct Content-Range, one byte more body than it names
     half       206 for the first half of the range only (Content-Range
                says so), keep-alive: a legal partial answer
+    slow       a correct 206, its body paced at arg bytes a second
+               (default 2000000: 2 MB/s a request), keep-alive
+    trickle    206 headers, then one byte of the body every arg seconds
+               (default 0.1), then close
 A fault served counts down N; at 0 the server behaves again.
 """
 import os
@@ -141,6 +145,28 @@ class Handler(BaseHTTPRequestHandler):
         if mode == "short":
             self.wfile.write(bytes(body[: len(body) // 2]))
             self.wfile.flush()
+            self.close_connection = True
+            return
+        if mode == "slow":
+            rate = float(arg or 2000000)
+            piece = max(1024, min(16384, int(rate / 50)))
+            t0 = time.monotonic()
+            for k in range(0, len(body), piece):
+                self.wfile.write(bytes(body[k:k + piece]))
+                self.wfile.flush()
+                ahead = t0 + (k + piece) / rate - time.monotonic()
+                if ahead > 0:
+                    time.sleep(ahead)
+            return
+        if mode == "trickle":
+            gap = float(arg or 0.1)
+            try:
+                for k in range(len(body)):
+                    self.wfile.write(bytes(body[k:k + 1]))
+                    self.wfile.flush()
+                    time.sleep(gap)
+            except OSError:
+                pass    # the client gave up: what the test asks for
             self.close_connection = True
             return
         if mode == "stall":

@@ -28,6 +28,8 @@ static char model_url[256];
 static unsigned char *good_b;   /* the bytes of tensor b */
 
 #define B_SIZE (300u << 10)
+#define MANY_N 24u
+#define MANY_BYTES (64u << 10)
 
 static double now_s(void)
 {
@@ -73,6 +75,18 @@ static int setup(void **state)
     tu_write_file(mf, text, (size_t)n);
     free(mf);
     free(p);
+    /* MANY_N tensors of MANY_BYTES: many reads queued behind one connection */
+    char mh[4096];
+    size_t k = (size_t)snprintf(mh, sizeof mh, "{");
+    for (unsigned i = 0; i < MANY_N; i++)
+        k += (size_t)snprintf(mh + k, sizeof mh - k,
+                              "%s\"t%02u\":{\"dtype\":\"U8\",\"shape\":[%u],"
+                              "\"data_offsets\":[%u,%u]}", i ? "," : "", i, MANY_BYTES,
+                              i * MANY_BYTES, (i + 1) * MANY_BYTES);
+    snprintf(mh + k, sizeof mh - k, "}");
+    char *pm = tu_join(root, "many.safetensors");
+    tu_write_safetensors(pm, mh, NULL, (size_t)MANY_N * MANY_BYTES);
+    free(pm);
     if (!rf_fault_start(&srv, SLUICE_FAULT_SERVER, root, why, sizeof why)) {
         fprintf(stderr, "skipped: %s\n", why);
         exit(77);
@@ -318,6 +332,98 @@ static void test_stall_times_out(void **state)
     (void)state;
 }
 
+/* A slow link (the fault server paces every body at 1 MB/s) with many
+ * reads queued behind one connection: the deadline (400 ms, less than the
+ * whole load takes, more than one read takes) is each read's time on the
+ * wire, so every tensor loads, none retried. Before the read's clock
+ * started on the wire, the reads queued longest failed ("timed out after
+ * 1 milliseconds with 0 bytes received"). The defaults scaled down: 8
+ * connections, 32 deep, 8 MiB chunks, 120 s become 1, 32, 64 KiB, 0.4 s. */
+typedef struct many_tally {
+    unsigned ok, failed;
+    char first_failure[512];
+} many_tally;
+
+static int many_cb(void *user, sluice_tensor *t, int status, const struct sluice_tensor_info *info,
+                   const char *message)
+{
+    many_tally *c = user;
+    (void)info;
+    if (status == SLUICE_OK) {
+        c->ok++;
+        sluice_release(t);
+    } else if (c->failed++ == 0) {
+        snprintf(c->first_failure, sizeof c->first_failure, "%s", message);
+    }
+    return 0;
+}
+
+static void test_slow_link_queued_reads_all_load(void **state)
+{
+    sluice_options o = fast_options();
+    o.remote_connections = 1;
+    o.queue_depth = 32;
+    o.chunk_bytes = MANY_BYTES;
+    o.remote_attempts = 1;          /* a timeout would fail the tensor */
+    o.remote_deadline_ms = 400;
+    o.remote_stall_timeout_ms = 1000;   /* a busy machine's pauses are no stall */
+    char url[300];
+    snprintf(url, sizeof url, "%s/many.safetensors", srv.base);
+    arm("ok", 0, NULL);
+    sluice_model *m;
+    assert_int_equal(sluice_open(url, &o, &m), SLUICE_OK);
+    arm("slow", 100000, "1000000");
+    many_tally c = {0};
+    double t0 = now_s();
+    int rc = sluice_stream(m, NULL, 0, many_cb, &c);
+    double took = now_s() - t0;
+    if (rc != SLUICE_OK)
+        fail_msg("%u of %u tensors failed (%.2f s): %s", c.failed, MANY_N, took, c.first_failure);
+    assert_int_equal(c.ok, MANY_N);
+    assert_true(took > 1.0);        /* really slower than the deadline, in all */
+    struct sluice_stats st = {.size = sizeof st};
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    assert_int_equal(st.remote_retries, 0);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    arm("ok", 0, NULL);
+    (void)state;
+}
+
+/* One read that takes three times the deadline at a steady 200 KB/s:
+ * steady progress is never failed by the deadline. Before, the deadline
+ * cut the transfer (curl's total timeout) and no retry could follow. */
+static void test_slow_read_longer_than_deadline(void **state)
+{
+    sluice_options o = fast_options();
+    o.remote_attempts = 1;
+    o.remote_deadline_ms = 500;
+    o.remote_stall_timeout_ms = 1000;
+    outcome r = run(&o, "slow", 1, "200000");
+    if (r.rc != SLUICE_OK)
+        fail_msg("%s", r.msg);
+    assert_true(r.seconds > 1.0);
+    assert_int_equal(r.retries, 0);
+    (void)state;
+}
+
+/* A server that sends a byte every 100 ms never stalls for the stall
+ * timeout, yet is far below 1 KiB/s: each attempt is stopped as too slow
+ * within about one window, and the read fails within the deadline plus
+ * an attempt, not after the 300 KiB it would take. */
+static void test_trickle_fails_within_bound(void **state)
+{
+    sluice_options o = fast_options();
+    o.remote_attempts = 3;
+    o.remote_deadline_ms = 1500;
+    o.remote_stall_timeout_ms = 500;
+    outcome r = run(&o, "trickle", 100, "0.1");
+    assert_int_equal(r.rc, SLUICE_E_REMOTE);
+    if (!strstr(r.msg, "too slow"))
+        fail_msg("%s", r.msg);
+    assert_true(r.seconds < 1.5 + 0.5 + 1.5);
+    (void)state;
+}
+
 static void test_flipped_byte(void **state)
 {
     sluice_options o = fast_options();
@@ -494,6 +600,210 @@ static void test_mirror_secrets_not_shown(void **state)
     (void)state;
 }
 
+/* The sample of name{model="LABEL",extra} in text (-1 when absent). */
+static long long sample(const char *text, const char *name, const char *extra)
+{
+    char head[256];
+    snprintf(head, sizeof head, "\n%s{model=\"faults\"%s%s} ", name, extra ? "," : "",
+             extra ? extra : "");
+    const char *p = strstr(text, head);
+    return p ? strtoll(p + strlen(head), NULL, 10) : -1;
+}
+
+static char *metrics_of(sluice_model *m)
+{
+    size_t need = 0;
+    assert_int_equal(sluice_metrics_write(m, NULL, 0, &need, SLUICE_METRICS_PROMETHEUS),
+                     SLUICE_E_BUFFER);
+    char *text = malloc(need + 4096);
+    assert_int_equal(sluice_metrics_write(m, text, need + 4096, NULL, SLUICE_METRICS_PROMETHEUS),
+                     SLUICE_OK);
+    return text;
+}
+
+/* 503 twice during open: the open's retries are counted (remote_retries
+ * 2, cause "status"), and its requests (the first 8 bytes, the header,
+ * the sidecar) are in remote_reads, before any tensor is read. Then a
+ * local copy whose tensor fails, delivered by a mirror at the fault
+ * server: the exposition shows the mirror (fallback_* families) and the
+ * mirror's own requests. Before, remote_retries was 0 after the open and
+ * the exposition had no remote_* nor fallback_* family. */
+static void test_open_and_mirror_counted(void **state)
+{
+    sluice_options o = fast_options();
+    o.metrics_label = "faults";
+    int before = faults_served();
+    arm("status", 2, "503");
+    sluice_model *m;
+    if (sluice_open(model_url, &o, &m) != SLUICE_OK)
+        fail_msg("open: %s", sluice_errmsg(m));
+    assert_int_equal(faults_served() - before, 2);
+    struct sluice_stats st = {.size = sizeof st};
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    assert_int_equal(st.remote_retries, 2);
+    assert_int_equal(st.remote_reads, 0);     /* no tensor read yet */
+    assert_true(st.remote_open_requests >= 3);   /* 8 bytes, the header, the sidecar */
+    assert_true(st.remote_open_bytes > 8);
+    char *text = metrics_of(m);
+    assert_int_equal(sample(text, "sluice_remote_retries_total", "cause=\"status\""), 2);
+    assert_int_equal(sample(text, "sluice_remote_requests_total", "kind=\"open\""),
+                     (long long)st.remote_open_requests);
+    assert_int_equal(sample(text, "sluice_remote_bytes_total", "kind=\"open\""),
+                     (long long)st.remote_open_bytes);
+    free(text);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    arm("ok", 0, NULL);
+
+    char *q, *d = corrupt_copy(&q);
+    const char *mirrors[] = {model_url};
+    o.fallback = mirrors;
+    o.fallback_count = 1;
+    assert_int_equal(sluice_open(q, &o, &m), SLUICE_OK);
+    sluice_tensor *t;
+    if (sluice_acquire(m, "b", &t) != SLUICE_OK)
+        fail_msg("%s", sluice_errmsg(m));
+    sluice_release(t);
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    assert_int_equal(st.fallback_tensors, 1);
+    text = metrics_of(m);
+    assert_int_equal(sample(text, "sluice_checksum_failures_total", NULL), 1);
+    assert_int_equal(sample(text, "sluice_fallback_tensors_total", NULL), 1);
+    assert_int_equal(sample(text, "sluice_fallback_bytes_total", NULL), B_SIZE);
+    assert_int_equal(sample(text, "sluice_fallback_failures_total", NULL), 0);
+    /* the mirror's open (8 bytes, header) and its range read */
+    assert_true(sample(text, "sluice_remote_requests_total", "kind=\"open\"") >= 2);
+    assert_int_equal(sample(text, "sluice_remote_requests_total", "kind=\"tensor\""), 1);
+    free(text);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(d);
+    free(d);
+    free(q);
+    (void)state;
+}
+
+/* `sluice CMD URL [NAME]`: exit status, and its stderr in *err. */
+static int cli(const char *cmd, const char *url, const char *name, char **err)
+{
+    char *d = tu_tmpdir(), *ep = tu_join(d, "stderr"), line[2048];
+    snprintf(line, sizeof line, "'%s/sluice' %s '%s' %s >/dev/null 2>'%s'", SLUICE_BINARY_DIR,
+             cmd, url, name ? name : "", ep);
+    int st = system(line);
+    size_t len;
+    *err = tu_read_file(ep, &len);
+    if (!*err)
+        *err = strdup("");
+    tu_rmtree(d);
+    free(d);
+    free(ep);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* A remote model whose sidecar answers 404 opens unverified, and says so:
+ * sluice_verify_state (SLUICE_UNVERIFIED_NO_MANIFEST, naming the sidecar
+ * without the password), the stats' unverified 1, the gauge
+ * sluice_unverified 1, and `sluice cat` / `sluice stats` warn on stderr
+ * (exit 0); with the sidecar served, verified and no warning; policy OFF
+ * is told apart (2). A manifest the caller names (a URL, or a local path)
+ * that cannot be fetched fails the open under DEFAULT and IF_PRESENT,
+ * instead of going without. The decision (sluice.h, sluice_verify_state):
+ * DEFAULT stays "REQUIRE when a manifest is in play": a remote model
+ * without one opens, unverified and visible; REQUIRE refuses it. Before,
+ * nothing but sluice_manifest_path() == NULL told the 404 apart. */
+static void test_missing_manifest_visible(void **state)
+{
+    char *nm = tu_join(root, "nomanifest.safetensors"), *p = tu_join(root, "m.safetensors");
+    size_t len;
+    unsigned char *bytes = tu_read_file(p, &len);
+    tu_write_file(nm, bytes, len);
+    free(bytes);
+    char url[400], secret_url[400];
+    snprintf(url, sizeof url, "%s/nomanifest.safetensors", srv.base);
+    snprintf(secret_url, sizeof secret_url, "http://user:PW-SECRET@%s/nomanifest.safetensors",
+             srv.base + strlen("http://"));
+    arm("ok", 0, NULL);
+    sluice_options o = fast_options();
+    o.metrics_label = "faults";
+    sluice_model *m;
+    if (sluice_open(secret_url, &o, &m) != SLUICE_OK)
+        fail_msg("%s", sluice_errmsg(m));
+    const char *where = NULL;
+    assert_int_equal(sluice_verify_state(m, &where), SLUICE_UNVERIFIED_NO_MANIFEST);
+    assert_non_null(where);
+    if (!strstr(where, "/nomanifest.safetensors.manifest.json") || strstr(where, "SECRET"))
+        fail_msg("where: %s", where);
+    assert_null(sluice_manifest_path(m));
+    struct sluice_stats st = {.size = sizeof st};
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    assert_int_equal(st.unverified, SLUICE_UNVERIFIED_NO_MANIFEST);
+    char *text = metrics_of(m);
+    assert_int_equal(sample(text, "sluice_unverified", NULL), 1);
+    free(text);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+
+    /* verified: the served model with its sidecar */
+    assert_int_equal(sluice_open(model_url, &o, &m), SLUICE_OK);
+    assert_int_equal(sluice_verify_state(m, &where), SLUICE_VERIFIED);
+    assert_non_null(strstr(where, "/m.safetensors.manifest.json"));
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    assert_int_equal(st.unverified, 0);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    /* off by policy */
+    o.verify = SLUICE_VERIFY_OFF;
+    assert_int_equal(sluice_open(model_url, &o, &m), SLUICE_OK);
+    assert_int_equal(sluice_verify_state(m, &where), SLUICE_UNVERIFIED_OFF);
+    assert_null(where);
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    assert_int_equal(st.unverified, SLUICE_UNVERIFIED_OFF);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    assert_int_equal(sluice_verify_state(NULL, &where), SLUICE_E_INVAL);
+    assert_null(where);
+
+    /* a manifest the caller names and the server lacks: the open fails */
+    char absent[400];
+    snprintf(absent, sizeof absent, "%s/absent.manifest.json", srv.base);
+    static const sluice_verify_policy policies[] = {SLUICE_VERIFY_DEFAULT,
+                                                    SLUICE_VERIFY_IF_PRESENT};
+    for (size_t k = 0; k < 2; k++) {
+        o.verify = policies[k];
+        o.manifest_path = absent;
+        int rc = sluice_open(url, &o, &m);
+        if (rc != SLUICE_E_MANIFEST || !strstr(sluice_errmsg(m), "absent.manifest.json"))
+            fail_msg("policy %d, URL: %d %s", (int)policies[k], rc, sluice_errmsg(m));
+        sluice_close(m);
+        char *local = tu_join(root, "absent-local.manifest.json");
+        o.manifest_path = local;
+        rc = sluice_open(url, &o, &m);
+        if (rc != SLUICE_E_MANIFEST)
+            fail_msg("policy %d, local path: %d %s", (int)policies[k], rc, sluice_errmsg(m));
+        sluice_close(m);
+        free(local);
+    }
+    o.manifest_path = NULL;
+    /* REQUIRE refuses the model without one */
+    o.verify = SLUICE_VERIFY_REQUIRE;
+    assert_int_equal(sluice_open(url, &o, &m), SLUICE_E_MANIFEST);
+    sluice_close(m);
+
+    /* the commands warn on every run that reads tensors */
+    char *err = NULL;
+    assert_int_equal(cli("cat", url, "a", &err), 0);
+    if (!strstr(err, "warning: not verified: no manifest found"))
+        fail_msg("sluice cat stderr: %s", err);
+    free(err);
+    assert_int_equal(cli("stats", url, NULL, &err), 0);
+    if (!strstr(err, "warning: not verified: no manifest found"))
+        fail_msg("sluice stats stderr: %s", err);
+    free(err);
+    assert_int_equal(cli("cat", model_url, "a", &err), 0);
+    if (strstr(err, "warning"))
+        fail_msg("sluice cat of a verified model: %s", err);
+    free(err);
+    unlink(nm);
+    free(nm);
+    free(p);
+    (void)state;
+}
+
 static char *last_headers(void)
 {
     char *r = rf_get(&srv, "/ctl/headers");
@@ -596,12 +906,17 @@ int main(void)
         cmocka_unit_test(test_short_body_resumed),
         cmocka_unit_test(test_reset_retried),
         cmocka_unit_test(test_stall_times_out),
+        cmocka_unit_test(test_slow_link_queued_reads_all_load),
+        cmocka_unit_test(test_slow_read_longer_than_deadline),
+        cmocka_unit_test(test_trickle_fails_within_bound),
         cmocka_unit_test(test_flipped_byte),
         cmocka_unit_test(test_close_with_reads_hanging),
         cmocka_unit_test(test_close_while_retrying),
         cmocka_unit_test(test_close_while_mirror_opens),
         cmocka_unit_test(test_mirror_secrets_not_shown),
         cmocka_unit_test(test_request_format),
+        cmocka_unit_test(test_open_and_mirror_counted),
+        cmocka_unit_test(test_missing_manifest_visible),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

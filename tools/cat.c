@@ -17,7 +17,9 @@ static void usage(FILE *out)
             "When a manifest is in play (--manifest, or the sidecar: F.manifest.json\n"
             "beside a single file F, else sluice.manifest.json in the model's\n"
             "directory) the bytes are checked first and nothing is written unless\n"
-            "they match; a manifest without a digest for NAME is an error.\n"
+            "they match; a manifest without a digest for NAME is an error. Without\n"
+            "one (a remote sidecar that answers 404 included) the bytes are written\n"
+            "unchecked, and a warning on stderr says so.\n"
             "\n"
             "  --manifest FILE   the manifest to check against\n"
             IG_KEY_HELP
@@ -100,6 +102,7 @@ int cmd_cat(int argc, char **argv)
         sluice_close(m);
         return 2;
     }
+    ig_warn_unverified("cat", m);
     int status = 2;
     struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
     uint8_t want[32];

@@ -158,3 +158,21 @@ int ig_key_option(const char *cmd, int argc, char **argv, int *i, ig_keys *keys,
     o->ntrusted_keys = keys->n;
     return 1;
 }
+
+int ig_warn_unverified(const char *cmd, const sluice_model *m)
+{
+    const char *where = NULL;
+    switch (sluice_verify_state(m, &where)) {
+    case SLUICE_UNVERIFIED_NO_MANIFEST:
+        fprintf(stderr, "sluice %s: warning: not verified: no manifest found (no sidecar %s); "
+                "the tensors are read unchecked (write one with 'sluice manifest', or name "
+                "one with --manifest)\n", cmd, where ? where : "");
+        return 1;
+    case SLUICE_UNVERIFIED_OFF:
+        fprintf(stderr, "sluice %s: warning: not verified: verification is off; the tensors "
+                "are read unchecked\n", cmd);
+        return 1;
+    default:
+        return 0;
+    }
+}

@@ -71,6 +71,12 @@ int ig_file_option(const char *cmd, int argc, char **argv, int *i, const char *n
  * second PATH. */
 int ig_path_operand(const char *cmd, const char *a, const char **path, void (*usage)(FILE *));
 
+/* Warns on stderr, naming cmd, when m was opened with nothing to check
+ * its bytes against (sluice_verify_state: no manifest found, or
+ * verification off), so that a load is never unverified in silence.
+ * Returns 1 when it warned, else 0. */
+int ig_warn_unverified(const char *cmd, const sluice_model *m);
+
 /* "512M", "4G", "1.5G", "4096" into bytes (K, M, G, T are powers of
  * 1024). Returns 0, or -1 when s is not a size. */
 int ig_parse_size(const char *s, uint64_t *out);

@@ -93,7 +93,9 @@ static void stats_usage(FILE *out)
             "\n"
             "Loads every tensor of the model at PATH through the library (verified\n"
             "against its manifest when there is one) and prints the model's metrics\n"
-            "in the Prometheus text format 0.0.4 (or OpenMetrics 1.0).\n"
+            "in the Prometheus text format 0.0.4 (or OpenMetrics 1.0). Without a\n"
+            "manifest a warning on stderr says the load is not verified\n"
+            "(sluice_unverified in the metrics).\n"
             "  --openmetrics     OpenMetrics 1.0 instead\n"
             "  --label TEXT      the model label (default: PATH)\n"
             IG_KEY_HELP
@@ -142,6 +144,7 @@ int cmd_stats(int argc, char **argv)
         sluice_close(m);
         return 2;
     }
+    ig_warn_unverified("stats", m);
     size_t failed = 0, len = 0;
     sluice_stream(m, NULL, 0, release_cb, &failed);
     /* the cache turned off, or the memo refused a file: asked for, not had */
