@@ -15,9 +15,10 @@ static void usage(FILE *out)
             "\n"
             "Writes the raw bytes of tensor NAME of the model at PATH to stdout.\n"
             "When a manifest is in play (--manifest, or the sidecar: F.manifest.json\n"
-            "beside a single file F, else sluice.manifest.json in the model's\n"
-            "directory) the bytes are checked first and nothing is written unless\n"
-            "they match; a manifest without a digest for NAME is an error.\n"
+            "beside a single file F; for a directory, sluice.manifest.json in it,\n"
+            "then F.manifest.json when the model is one file F) the bytes are\n"
+            "checked first and nothing is written unless they match; a manifest\n"
+            "without a digest for NAME is an error.\n"
             "\n"
             "  --manifest FILE   the manifest to check against\n"
             IG_KEY_HELP

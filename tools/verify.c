@@ -66,12 +66,14 @@ static void usage(FILE *out)
             "Reads every tensor of the model at PATH and checks it against the manifest\n"
             "(policy REQUIRE: every tensor must have a digest), with the library's\n"
             "verify-only path (sluice_verify): no buffer pool, each thread reading into\n"
-            "one small reused buffer; --direct reads with O_DIRECT. Prints each failure\n"
-            "with its tensor, file, offset and digests, then a summary line.\n"
+            "one small reused buffer; --direct reads with O_DIRECT. Prints the manifest\n"
+            "used, each failure with its tensor, file, offset and digests, then a\n"
+            "summary line.\n"
             "\n"
-            "  --manifest FILE   the manifest (default: the sidecar, F.manifest.json\n"
-            "                    beside a single file F, else sluice.manifest.json in\n"
-            "                    the model's directory)\n"
+            "  --manifest FILE   the manifest (default: the sidecar: F.manifest.json\n"
+            "                    beside a single file F; for a directory,\n"
+            "                    sluice.manifest.json in it, then F.manifest.json when\n"
+            "                    the model is one file F)\n"
             IG_KEY_HELP
             "  --files           also check every whole file against the manifest's\n"
             "                    \"files\" digests and sizes\n"
@@ -159,9 +161,12 @@ int cmd_verify(int argc, char **argv)
         sluice_close(m);
         return 2;
     }
+    /* which manifest judges: a directory of one file may have two sidecars */
     if (keys.n)
         printf("manifest %s: signature verified (%s.sig, by one of %zu trusted key%s)\n",
                sluice_manifest_path(m), sluice_manifest_path(m), keys.n, keys.n == 1 ? "" : "s");
+    else
+        printf("manifest %s\n", sluice_manifest_path(m));
     size_t n = sluice_count(m), nf = sluice_file_count(m);
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++) {
