@@ -1184,7 +1184,11 @@ struct sluice_verify_report {
  * checked through a stream (through the pool and the engine, waiting for
  * room as any stream does); a tensor that only a mirror delivered right
  * fails with the code the model's own bytes failed with, the message
- * naming the mirror.
+ * naming the mirror. A verify of local files never reads the mirrors
+ * (sluice_options.fallback): it judges the model's own bytes. Whether a
+ * mirror holds a failed tensor verified is what acquiring it tells
+ * (sluice_tensor_source names the mirror), as `sluice verify --fallback`
+ * reports and `sluice repair` uses.
  */
 SLUICE_API int sluice_verify(sluice_model *model, const char *const *names, size_t n,
                              const sluice_verify_options *o, struct sluice_verify_report *report);

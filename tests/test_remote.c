@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -110,15 +111,6 @@ static void flip_byte(const char *path, uint64_t offset)
     b ^= 0x5a;
     assert_int_equal(pwrite(fd, &b, 1, (off_t)offset), 1);
     close(fd);
-}
-
-static void copy_file(const char *from, const char *to)
-{
-    size_t len;
-    void *p = tu_read_file(from, &len);
-    assert_non_null(p);
-    tu_write_file(to, p, len);
-    free(p);
 }
 
 /* The absolute offset of tensor name in the local model at path. */
@@ -472,7 +464,7 @@ static void test_manifest_url(void **state)
     sluice_options_init(&o);
     o.verify = SLUICE_VERIFY_REQUIRE;
     char *q = tu_join(root, "nomf.safetensors");
-    copy_file(p, q);
+    tu_copy_file(p, q);
     assert_int_equal(sluice_open(at("nomf.safetensors"), &o, &m), SLUICE_E_MANIFEST);
     sluice_close(m);
     /* DEFAULT with none: nothing verified */
@@ -515,8 +507,8 @@ static void test_checksum_and_changed(void **state)
     char *p = tu_join(root, "one.safetensors"), *q = tu_join(root, "bad.safetensors");
     char *qm = tu_join(root, "bad.safetensors.manifest.json");
     char *pm = tu_join(root, "one.safetensors.manifest.json");
-    copy_file(p, q);
-    copy_file(pm, qm);
+    tu_copy_file(p, q);
+    tu_copy_file(pm, qm);
     free(pm);
     flip_byte(q, tensor_offset(q, "b") + 12345);
     sluice_model *m = open_ok(at("bad.safetensors"), NULL);
@@ -570,7 +562,7 @@ static void test_ranges_of_a_remote_model(void **state)
 {
     char *p = tu_join(root, "one.safetensors"), *q = tu_join(root, "rng.safetensors");
     char *mf = tu_join(root, "rng.chunked.json");
-    copy_file(p, q);
+    tu_copy_file(p, q);
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "'%s/sluice' manifest '%s' --chunk 1M -q -o '%s'", SLUICE_BINARY_DIR,
              q, mf);
@@ -641,8 +633,8 @@ static char *local_copy(char **model)
     char *p = tu_join(root, "one.safetensors"), *pm = tu_join(root, "one.safetensors.manifest.json");
     *model = tu_join(d, "one.safetensors");
     char *qm = tu_join(d, "one.safetensors.manifest.json");
-    copy_file(p, *model);
-    copy_file(pm, qm);
+    tu_copy_file(p, *model);
+    tu_copy_file(pm, qm);
     free(p);
     free(pm);
     free(qm);
@@ -780,7 +772,7 @@ static void test_fallback_all_fail(void **state)
     flip_byte(model, tensor_offset(model, "b") + 1);
     /* a local mirror, corrupt in the same tensor */
     char *d2 = tu_tmpdir(), *m2 = tu_join(d2, "one.safetensors");
-    copy_file(model, m2);
+    tu_copy_file(model, m2);
     const char *mirrors[] = {d2, at("nowhere/")};
     sluice_options o;
     sluice_options_init(&o);
@@ -864,8 +856,8 @@ static void test_fallback_remote_primary(void **state)
     char *p = tu_join(root, "one.safetensors"), *q = tu_join(root, "rp.safetensors");
     char *qm = tu_join(root, "rp.safetensors.manifest.json");
     char *pm = tu_join(root, "one.safetensors.manifest.json");
-    copy_file(p, q);
-    copy_file(pm, qm);
+    tu_copy_file(p, q);
+    tu_copy_file(pm, qm);
     flip_byte(q, tensor_offset(q, "a") + 50);
     const char *mirrors[] = {p};
     sluice_options o;
@@ -965,8 +957,8 @@ static void test_verify_and_commands(void **state)
     char *d = tu_tmpdir(), *q = tu_join(d, "one.safetensors"), *out = tu_join(d, "e.bin");
     char *qm = tu_join(d, "one.safetensors.manifest.json");
     char *pm = tu_join(root, "one.safetensors.manifest.json");
-    copy_file(p, q);
-    copy_file(pm, qm);
+    tu_copy_file(p, q);
+    tu_copy_file(pm, qm);
     flip_byte(q, tensor_offset(q, "e") + 10);
     snprintf(cmd, sizeof cmd, "%s/sluice cat %s e >%s 2>/dev/null", SLUICE_BINARY_DIR, q, out);
     assert_int_not_equal(system(cmd), 0);
@@ -977,6 +969,28 @@ static void test_verify_and_commands(void **state)
     void *got = tu_read_file(out, &len);
     void *good = tu_pread_range(p, tensor_offset(p, "e"), 5 * MIB + 3);
     assert_int_equal(len, 5 * MIB + 3);
+    assert_memory_equal(got, good, len);
+    free(got);
+    free(good);
+    /* verify judges the local copy (exit 1) and names the mirror that
+     * holds "e" verified; repair takes it from there */
+    snprintf(cmd, sizeof cmd, "%s/sluice verify -q %s --fallback %s >%s 2>&1", SLUICE_BINARY_DIR,
+             q, at("one.safetensors"), out);
+    assert_int_equal(WEXITSTATUS(system(cmd)), 1);
+    got = tu_read_file(out, &len);
+    char *z = realloc(got, len + 1), want[512];
+    assert_non_null(z);
+    z[len] = '\0';
+    snprintf(want, sizeof want, "tensor \"e\": recoverable from fallback 1 (%s)",
+             at("one.safetensors"));
+    if (!strstr(z, want))
+        fail_msg("sluice verify --fallback URL does not say \"%s\":\n%s", want, z);
+    free(z);
+    snprintf(cmd, sizeof cmd, "%s/sluice repair -q %s --fallback %s >/dev/null",
+             SLUICE_BINARY_DIR, q, at("one.safetensors"));
+    assert_int_equal(system(cmd), 0);
+    got = tu_read_file(q, &len);
+    good = tu_read_file(p, &len);
     assert_memory_equal(got, good, len);
     free(got);
     free(good);
@@ -999,8 +1013,8 @@ static char *single_file_dir(const char *name)
     char *pm = tu_join(root, "one.safetensors.manifest.json");
     mkdir(d, 0755);
     char *q = tu_join(d, "model.safetensors"), *qm = tu_join(d, "model.safetensors.manifest.json");
-    copy_file(p, q);
-    copy_file(pm, qm);
+    tu_copy_file(p, q);
+    tu_copy_file(pm, qm);
     free(p);
     free(pm);
     free(q);
@@ -1074,7 +1088,7 @@ static void test_prefix_of_one_file(void **state)
     sluice_close(m);
     /* both there: sluice.manifest.json first (a flat manifest; the other
      * is made unusable to tell them apart) */
-    copy_file(keep, sm);
+    tu_copy_file(keep, sm);
     tu_write_file(qm, "not json", 8);
     m = open_ok(at("single"), NULL);
     assert_string_equal(sluice_manifest_path(m), at("single/sluice.manifest.json"));

@@ -22,6 +22,7 @@ static void usage(FILE *out)
             "\n"
             "  --manifest FILE   the manifest to check against\n"
             IG_KEY_HELP
+            IG_FALLBACK_HELP
             IG_LOADER_HELP
             "\n"
             "Exit status: 0 written, 1 read or verification failure (nothing\n"
