@@ -248,6 +248,42 @@ static void kill_at_every_point(void **state)
     free(gf);
 }
 
+/* The Hub's cache layout: snapshots/REV/model.safetensors a symlink to
+ * blobs/SHA. The blob is repaired; the symlink stays one. */
+static void symlinked_file(void **state)
+{
+    fx *f = *state;
+    char *hub = tu_join(f->dir, "hub"), *blobs = tu_join(hub, "blobs"), *snap = tu_join(hub, "snap");
+    char *blob = tu_join(blobs, "0123abcd"), *link = tu_join(snap, "model.safetensors");
+    char *lm = tu_join(snap, "model.safetensors.manifest.json");
+    char *gm = tu_join(f->good, "model.safetensors.manifest.json"), *gf = tu_join(f->good, "model.safetensors");
+    assert_int_equal(mkdir(hub, 0755), 0);
+    assert_int_equal(mkdir(blobs, 0755), 0);
+    assert_int_equal(mkdir(snap, 0755), 0);
+    tu_copy_file(gf, blob);
+    tu_copy_file(gm, lm);
+    assert_int_equal(symlink("../blobs/0123abcd", link), 0);
+    char file[4096];
+    mf_flip_byte(blob, tensor_at(snap, 11, file, sizeof file));
+    run_result r = run(f->dir, "repair", snap, "-q", "--fallback", f->mirror, NULL);
+    expect_status(&r, 0, "repair through a symlink");
+    assert_non_null(strstr(r.out, "blobs/0123abcd: 1 tensor written"));
+    run_free(&r);
+    struct stat st;
+    assert_int_equal(lstat(link, &st), 0);
+    assert_true(S_ISLNK(st.st_mode));
+    assert_true(same(blob, gf));
+    assert_int_equal(hidden(blobs), 0);
+    free(hub);
+    free(blobs);
+    free(snap);
+    free(blob);
+    free(link);
+    free(lm);
+    free(gm);
+    free(gf);
+}
+
 /* Two shards, each with a flipped tensor: each file repaired; and the
  * usage errors. */
 static void sharded_and_usage(void **state)
@@ -300,6 +336,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(verify_says_recoverable_and_repair_mends, setup, teardown),
         cmocka_unit_test_setup_teardown(mirror_that_fails_too, setup, teardown),
         cmocka_unit_test_setup_teardown(kill_at_every_point, setup, teardown),
+        cmocka_unit_test_setup_teardown(symlinked_file, setup, teardown),
         cmocka_unit_test_setup_teardown(sharded_and_usage, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
