@@ -1006,8 +1006,9 @@ SLUICE_API int sluice_trim(sluice_model *model, uint64_t *released);
 SLUICE_API sluice_verify_policy sluice_verify_mode(const sluice_model *model);
 
 /* The path of the manifest read at open (as given, or the sidecar that
- * was found, see sluice_open for their order), or NULL when none was
- * read. Borrowed until sluice_close. Any thread. */
+ * was found, see sluice_open for their order; a remote one as messages
+ * show it: no user:password@, "?..." for its query), or NULL when none
+ * was read. Borrowed until sluice_close. Any thread. */
 SLUICE_API const char *sluice_manifest_path(const sluice_model *model);
 
 /* The algorithm of every digest the model checks and reports (the

@@ -283,8 +283,16 @@ static int load_remote_manifest(sluice_model *m, const char *path, sl_err *err)
         if (rc != SLUICE_E_NOMEM && rc != SLUICE_E_UNSUPPORTED)
             err->code = rc = SLUICE_E_MANIFEST;
     } else {
-        rc = sl_manifest_from_text(&m->index, o, loc, text, len, &m->manifest, err);
-        loc = NULL;     /* the manifest's now (or freed by it) */
+        /* the manifest's path is shown (sluice_manifest_path, messages):
+         * the location without credentials or query */
+        char shown[1100];
+        char *named = strdup(sl_remote_shown(loc, shown, sizeof shown));
+        if (!named) {
+            free(text);
+            rc = sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
+        } else {
+            rc = sl_manifest_from_text(&m->index, o, named, text, len, &m->manifest, err);
+        }
     }
     if (rc < 0) {
         /* messages name locations without their credentials */

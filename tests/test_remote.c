@@ -1093,7 +1093,6 @@ static void test_prefix_of_one_file(void **state)
     m = open_ok(at("single"), NULL);
     assert_string_equal(sluice_manifest_path(m), at("single/sluice.manifest.json"));
     assert_int_equal(sluice_close(m), SLUICE_OK);
-    /* a prefix of two files (the sharded sh/) has no such second sidecar */
     unlink(sm);
     unlink(qm);
     unlink(keep);
