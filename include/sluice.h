@@ -250,7 +250,9 @@ typedef struct sluice_options {
     sluice_verify_policy verify; /* default SLUICE_VERIFY_DEFAULT; see "Manifests" */
     const char *metrics_label; /* the value of the model's `model` label in the
                                   metrics (see "Metrics"); NULL: the path given
-                                  to sluice_open. Copied by open; valid UTF-8,
+                                  to sluice_open (a remote one as messages show
+                                  it: no user:password@, "?..." for its query).
+                                  Copied by open; valid UTF-8,
                                   1..1024 bytes, else SLUICE_E_INVAL */
     sluice_algorithm algorithm; /* the digest computed when no manifest names
                                   one (SLUICE_F_HASH_ALL, sluice_verify with
@@ -395,6 +397,14 @@ typedef struct sluice_model sluice_model;
  * apply; a remote manifest's signature is not fetched ("Signed
  * manifests"). Messages, sluice_file_info and sluice_tensor_source show a
  * location without its user:password@ and with "?..." for its query.
+ * A location is classified by its path, never its query (or fragment):
+ * "https://H/m/model.safetensors?X-Amz-Signature=..." (a presigned URL)
+ * is a .safetensors file. The query belongs to the one object it names:
+ * it is sent on every request for that object (the header, every range,
+ * every retry), and on none for the objects derived from the location,
+ * which are named from its path alone: the sidecar manifest, the shards
+ * of an index.json, the files under a prefix (a signature made for one
+ * key is no credential for another; give a presigned manifest_path).
  * Mirrors (opts.fallback, a manifest required): a checked tensor or range
  * that fails from the model's own files with SLUICE_E_CHECKSUM,
  * SLUICE_E_IO, SLUICE_E_FILE_CHANGED or SLUICE_E_REMOTE is read from the
@@ -413,11 +423,21 @@ typedef struct sluice_model sluice_model;
  * Tensor order (sluice_info's index) is shard order, then data offset.
  *
  * Then the manifest is read, unless opts->verify is SLUICE_VERIFY_OFF:
- * opts->manifest_path when set, else the sidecar when it exists:
+ * opts->manifest_path when set, else the first sidecar that exists, in
+ * this order:
  *  - for a .safetensors file F: "F.manifest.json" beside it
  *    (model.safetensors -> model.safetensors.manifest.json);
- *  - for a directory D: "D/sluice.manifest.json";
- *  - for a *.safetensors.index.json: "sluice.manifest.json" in its directory.
+ *  - for a directory (or a remote prefix) D: "D/sluice.manifest.json",
+ *    then, when the model is one file F (D holds one .safetensors, or
+ *    its index.json names one shard), "F.manifest.json" (what `sluice
+ *    synth` writes for one file, and the Hugging Face Hub's usual layout);
+ *  - for a *.safetensors.index.json: "sluice.manifest.json" in its
+ *    directory, then, when it names one shard F, "F.manifest.json".
+ * Which one was read is sluice_manifest_path()'s answer (and the first
+ * line `sluice verify` prints). A sidecar that exists but cannot be read
+ * or parsed fails the open; the next is looked for only when one is
+ * absent (a local ENOENT, a remote 404). With REQUIRE and none found, the
+ * message names every sidecar looked for.
  * Its forms, its checks and the policies are described under "Manifests"
  * below; any manifest fault fails the open with its own SLUICE_E_MANIFEST*
  * code and a message naming the manifest, the line and byte, and the name.
@@ -923,7 +943,7 @@ SLUICE_API int sluice_trim(sluice_model *model, uint64_t *released);
  *                               SLUICE_MAX_MANIFEST_BYTES, or is not JSON
  *                               (the message gives line, column and byte);
  *                               or REQUIRE was asked and there is no manifest
- *                               (the message names the sidecar looked for)
+ *                               (the message names the sidecars looked for)
  *  SLUICE_E_MANIFEST_FORMAT     not an object; unknown "format", "version" or
  *                               "algorithm"; an unknown key; an entry that is
  *                               not an object or lacks a key its version
@@ -1019,8 +1039,9 @@ typedef enum sluice_verification {
                                        not exist, or a remote one that answered
                                        404 (a CDN miss, a mirror lacking it
                                        look the same); *where is the sidecar
-                                       looked for (without credentials or
-                                       query). Nothing is checked */
+                                       looked for, or both ("A nor B", see
+                                       sluice_open), without credentials or
+                                       query. Nothing is checked */
     SLUICE_UNVERIFIED_OFF = 2       /* SLUICE_VERIFY_OFF: no manifest was looked
                                        for; *where is NULL. Nothing is checked */
 } sluice_verification;
@@ -1050,8 +1071,10 @@ typedef enum sluice_verification {
  */
 SLUICE_API int sluice_verify_state(const sluice_model *model, const char **where);
 
-/* The path of the manifest read at open (as given, or the sidecar's), or
- * NULL when none was read. Borrowed until sluice_close. Any thread. */
+/* The path of the manifest read at open (as given, or the sidecar that
+ * was found, see sluice_open for their order; a remote one as messages
+ * show it: no user:password@, "?..." for its query), or NULL when none
+ * was read. Borrowed until sluice_close. Any thread. */
 SLUICE_API const char *sluice_manifest_path(const sluice_model *model);
 
 /* The algorithm of every digest the model checks and reports (the
@@ -1228,7 +1251,11 @@ struct sluice_verify_report {
  * checked through a stream (through the pool and the engine, waiting for
  * room as any stream does); a tensor that only a mirror delivered right
  * fails with the code the model's own bytes failed with, the message
- * naming the mirror.
+ * naming the mirror. A verify of local files never reads the mirrors
+ * (sluice_options.fallback): it judges the model's own bytes. Whether a
+ * mirror holds a failed tensor verified is what acquiring it tells
+ * (sluice_tensor_source names the mirror), as `sluice verify --fallback`
+ * reports and `sluice repair` uses.
  */
 SLUICE_API int sluice_verify(sluice_model *model, const char *const *names, size_t n,
                              const sluice_verify_options *o, struct sluice_verify_report *report);

@@ -246,18 +246,52 @@ static int take_remote(sluice_model *m, const char *path, sl_err *err)
     return SLUICE_OK;
 }
 
+/* The remote manifest's text into *text (NULL when there is none):
+ * opts->manifest_path when it is set (a 404 is SLUICE_E_MANIFEST), else
+ * the first sidecar at the remote model's place that the server has (a
+ * 404 is absence, and the next is asked). *loc (malloc'd) gets the
+ * location read, or when none was there the sidecars looked for ("A" or
+ * "A nor B", for the message). */
+static int fetch_remote_manifest(sluice_model *m, const char *path, char **loc, char **text,
+                                 size_t *len, sl_err *err)
+{
+    const sluice_options *o = &m->opts;
+    if (o->manifest_path) {
+        if (!(*loc = strdup(o->manifest_path)))
+            return sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
+        return sl_remote_get(m->remote, *loc, SLUICE_MAX_MANIFEST_BYTES, text, len,
+                             SLUICE_E_MANIFEST, err);
+    }
+    char *cand[2], list[2 * SL_ERRMSG_MAX / 3];
+    int nc = sl_manifest_sidecars(&m->index, path, cand), rc = SLUICE_OK, k;
+    if (nc < 0)
+        return sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
+    for (k = 0; k < nc && rc == SLUICE_OK && !*text; k++)
+        rc = sl_remote_get(m->remote, cand[k], SLUICE_MAX_MANIFEST_BYTES, text, len, 0, err);
+    if (rc < 0 || *text) {
+        *loc = cand[k - 1];
+        cand[k - 1] = NULL;
+    } else {
+        /* for a message: without credentials */
+        sl_manifest_sidecars_list(cand, nc, list, sizeof list);
+        for (k = 0; k < nc; k++)
+            sl_remote_scrub(list, sizeof list, cand[k]);
+        if (!(*loc = strdup(list)))
+            rc = sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
+    }
+    for (k = 0; k < nc; k++)
+        free(cand[k]);
+    return rc;
+}
+
 /* The manifest of a model whose manifest is remote: opts->manifest_path
- * when it is a URL, else the sidecar at the remote model's place. */
+ * when it is a URL, else a sidecar at the remote model's place. */
 static int load_remote_manifest(sluice_model *m, const char *path, sl_err *err)
 {
     const sluice_options *o = &m->opts;
-    char *loc = o->manifest_path ? strdup(o->manifest_path) : sl_manifest_sidecar_remote(path);
-    if (!loc)
-        return sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
-    char *text = NULL;
+    char *loc = NULL, *text = NULL;
     size_t len = 0;
-    int rc = sl_remote_get(m->remote, loc, SLUICE_MAX_MANIFEST_BYTES, &text, &len,
-                           o->manifest_path ? SLUICE_E_MANIFEST : 0, err);
+    int rc = fetch_remote_manifest(m, path, &loc, &text, &len, err);
     if (rc == SLUICE_OK && !text) {
         if (o->verify == SLUICE_VERIFY_REQUIRE)
             rc = sl_fail(err, SLUICE_E_MANIFEST, "manifest: policy REQUIRE and no manifest: no "
@@ -266,8 +300,16 @@ static int load_remote_manifest(sluice_model *m, const char *path, sl_err *err)
         if (rc != SLUICE_E_NOMEM && rc != SLUICE_E_UNSUPPORTED)
             err->code = rc = SLUICE_E_MANIFEST;
     } else {
-        rc = sl_manifest_from_text(&m->index, o, loc, text, len, &m->manifest, err);
-        loc = NULL;     /* the manifest's now (or freed by it) */
+        /* the manifest's path is shown (sluice_manifest_path, messages):
+         * the location without credentials or query */
+        char shown[1100];
+        char *named = strdup(sl_remote_shown(loc, shown, sizeof shown));
+        if (!named) {
+            free(text);
+            rc = sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
+        } else {
+            rc = sl_manifest_from_text(&m->index, o, named, text, len, &m->manifest, err);
+        }
     }
     if (rc < 0) {
         /* messages name locations without their credentials */
@@ -279,28 +321,6 @@ static int load_remote_manifest(sluice_model *m, const char *path, sl_err *err)
     }
     free(loc);
     return rc;
-}
-
-/* The sidecar of a remote model: FILE.manifest.json for a .safetensors,
- * sluice.manifest.json beside an index.json or inside a prefix. */
-char *sl_manifest_sidecar_remote(const char *path)
-{
-    size_t n = strlen(path);
-    size_t cap = n + sizeof "/sluice.manifest.json" + 1;
-    char *p = malloc(cap);
-    if (!p)
-        return NULL;
-    if (n >= 12 && !strcmp(path + n - 12, ".safetensors")) {
-        snprintf(p, cap, "%s.manifest.json", path);
-        return p;
-    }
-    if (n >= 5 && !strcmp(path + n - 5, ".json"))
-        while (n > 0 && path[n - 1] != '/')
-            n--;
-    while (n > 0 && path[n - 1] == '/')
-        n--;
-    snprintf(p, cap, "%.*s/sluice.manifest.json", (int)n, path);
-    return p;
 }
 
 /* What the open found to verify the model against: a manifest, none
@@ -317,18 +337,18 @@ static int note_verification(sluice_model *m, const char *path, sl_err *err)
         return SLUICE_OK;
     }
     m->verification = SLUICE_UNVERIFIED_NO_MANIFEST;
-    int remote = sl_is_remote(path);
-    char *side = remote ? sl_manifest_sidecar_remote(path) : sl_manifest_sidecar(path);
-    if (!side)
+    /* every sidecar looked for ("A" or "A nor B"), without credentials */
+    char *side[2], list[2 * SL_ERRMSG_MAX / 3];
+    int nside = sl_manifest_sidecars(&m->index, path, side);
+    if (nside < 0)
         return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
-    if (remote) {
-        char shown[512];
-        sl_remote_shown(side, shown, sizeof shown);
-        free(side);
-        if (!(side = strdup(shown)))
-            return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
+    sl_manifest_sidecars_list(side, nside, list, sizeof list);
+    for (int k = 0; k < nside; k++) {
+        sl_remote_scrub(list, sizeof list, side[k]);
+        free(side[k]);
     }
-    m->sidecar_looked = side;
+    if (!(m->sidecar_looked = strdup(list)))
+        return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
     return SLUICE_OK;
 }
 
@@ -457,11 +477,16 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
     if (m->manifest) /* the manifest's algorithm is the model's */
         m->opts.algorithm = sl_manifest_algorithm(m->manifest);
     if (m->opts.ntrusted_keys && !m->manifest) { /* a signature asked, none to check */
-        char *side = sl_manifest_sidecar(path);
+        char *side[2], list[2 * SL_ERRMSG_MAX / 3];
+        int nside = sl_manifest_sidecars(&m->index, path, side);
         rc = sl_fail(err, SLUICE_E_SIGNATURE, "%s: trusted keys are set but there is no "
                      "manifest to check the signature of: no sidecar %s (write one with "
-                     "'sluice manifest', or set manifest_path)", path, side ? side : "(out of memory)");
-        free(side);
+                     "'sluice manifest', or set manifest_path)", path,
+                     nside < 0 ? "(out of memory)"
+                               : sl_manifest_sidecars_list(side, nside, list, sizeof list));
+        for (int k = 0; k < nside; k++)
+            free(side[k]);
+        sl_remote_scrub(err->msg, sizeof err->msg, path);
         goto failed;
     }
     if ((rc = note_verification(m, path, err)) < 0)

@@ -8,6 +8,7 @@
 #include "engine.h"
 #include "json.h"
 #include "metrics.h"
+#include "remote.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -15,12 +16,14 @@
 int sl_model_metrics_label(sluice_model *m, const char *path, sl_err *err)
 {
     const char *label = m->opts.metrics_label;
+    char shown[1100];
     m->opts.metrics_label = NULL;  /* the caller's: borrowed during open only */
     if (label) {
         SL_TRY(sl_metrics_label_check(label, err));
     } else {
-        /* The path, when it is a valid label; else a fixed word. */
-        label = path;
+        /* The path, when it is a valid label; else a fixed word. A remote
+         * location as messages show it: no credential, no query. */
+        label = sl_is_remote(path) ? sl_remote_shown(path, shown, sizeof shown) : path;
         if (sl_metrics_label_check(label, NULL) < 0)
             label = "model";
     }

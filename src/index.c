@@ -291,9 +291,16 @@ static int open_file(sl_index *ix, const char *dir, const char *name, int missin
             f->fetch_loc = f->path;
             if (!(f->path = strdup(safe)))
                 return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
-            const char *slash = strrchr(f->path, '/');
-            f->name = slash ? slash + 1 : f->path;
         }
+        /* The manifest's "files" key is the base name of the path alone:
+         * a presigned URL's query is no part of the file's name. */
+        size_t plen = sl_location_path_len(f->path), b = plen;
+        while (b > 0 && f->path[b - 1] != '/')
+            b--;
+        if (plen != strlen(f->path) && !(f->name = store_string(ix, f->path + b, plen - b)))
+            return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
+        if (plen == strlen(f->path))
+            f->name = f->path + b;
         ix->any_remote = 1;
         unsigned char probe[8];
         uint64_t size = 0;
@@ -483,7 +490,9 @@ static int open_sharded(sl_index *ix, const char *json_path, char *text, size_t 
         if (!unique || strcmp(shards[unique - 1], shards[i]) != 0)
             shards[unique++] = shards[i];
     nshards = unique;
-    if (!(dir = strdup(json_path))) {
+    /* the shards are beside it: in the directory of its path (a query,
+     * which may hold '/', is not part of it and is not sent for them) */
+    if (!(dir = strndup(json_path, sl_location_path_len(json_path)))) {
         rc = sl_fail(err, SLUICE_E_NOMEM, "out of memory");
         goto out;
     }
@@ -541,6 +550,21 @@ static int ends_with(const char *s, const char *suffix)
 {
     size_t n = strlen(s), m = strlen(suffix);
     return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+size_t sl_location_path_len(const char *loc)
+{
+    if (!sl_is_remote(loc))
+        return strlen(loc);
+    const char *host = strstr(loc, "://") + 3;
+    const char *q = strpbrk(host, "?#");
+    return q ? (size_t)(q - loc) : strlen(loc);
+}
+
+int sl_location_ends_with(const char *loc, const char *suffix)
+{
+    size_t n = sl_location_path_len(loc), m = strlen(suffix);
+    return n >= m && memcmp(loc + n - m, suffix, m) == 0;
 }
 
 static int open_directory(sl_index *ix, const char *dir, sl_err *err)
@@ -622,10 +646,11 @@ int sl_index_open(sl_index *ix, const char *path, sl_err *err)
 }
 
 /* A remote "directory" is a prefix: its model.safetensors.index.json when
- * there is one, else its model.safetensors (nothing can be listed). */
+ * there is one, else its model.safetensors (nothing can be listed). A
+ * query on the prefix names no object and is not sent for them. */
 static int open_remote_directory(sl_index *ix, const char *loc, sl_err *err)
 {
-    size_t n = strlen(loc);
+    size_t n = sl_location_path_len(loc);
     while (n > 0 && loc[n - 1] == '/')
         n--;
     char *p = malloc(n + sizeof "/model.safetensors.index.json");
@@ -642,9 +667,11 @@ static int open_remote_directory(sl_index *ix, const char *loc, sl_err *err)
         snprintf(p, n + sizeof "/model.safetensors.index.json", "%.*s/model.safetensors", (int)n, loc);
         if ((rc = open_file(ix, NULL, p, SLUICE_E_NO_FILES, err)) == SLUICE_OK)
             rc = build_table(ix, err);
-        else if (rc == SLUICE_E_NO_FILES)
-            rc = sl_fail(err, SLUICE_E_NO_FILES, "%.*s: neither model.safetensors.index.json nor "
-                         "model.safetensors is there", (int)n, loc);
+        else if (rc == SLUICE_E_NO_FILES) {
+            char shown[512];
+            rc = sl_fail(err, SLUICE_E_NO_FILES, "%s: neither model.safetensors.index.json nor "
+                         "model.safetensors is there", sl_remote_shown(loc, shown, sizeof shown));
+        }
     }
     free(p);
     return rc;
@@ -660,9 +687,9 @@ int sl_index_open_ex(sl_index *ix, const char *path, const struct sl_remote_cfg 
     int rc;
     if (!remote)
         rc = sl_fail(err, SLUICE_E_UNSUPPORTED, "%s: remote locations are not enabled", path);
-    else if (ends_with(path, ".json"))
+    else if (sl_location_ends_with(path, ".json"))
         rc = open_sharded(ix, path, NULL, 0, err);
-    else if (ends_with(path, ".safetensors")) {
+    else if (sl_location_ends_with(path, ".safetensors")) {
         if ((rc = open_file(ix, NULL, path, SLUICE_E_NO_FILES, err)) == SLUICE_OK)
             rc = build_table(ix, err);
     } else

@@ -81,6 +81,18 @@ int sl_index_open_hooked(sl_index *ix, const char *path, const sl_index_hooks *h
 int sl_index_open_ex(sl_index *ix, const char *path, const struct sl_remote_cfg *remote,
                      sl_err *err);
 
+/* How much of loc names a file: a remote location up to its query or
+ * fragment (from the first '?' or '#' after the host), which sluice keeps
+ * on the requests for that object but never reads as part of its name;
+ * the whole of a local path (a file name may hold '?'). So
+ * "http://H/m/model.safetensors?X-Amz-Signature=..." is a .safetensors
+ * file, and the locations derived from it (its sidecar, its directory)
+ * are made from this part alone. */
+size_t sl_location_path_len(const char *loc);
+
+/* Whether the name part of loc (sl_location_path_len) ends with suffix. */
+int sl_location_ends_with(const char *loc, const char *suffix);
+
 /* Closes the files and frees everything; *ix is zeroed. */
 void sl_index_free(sl_index *ix);
 

@@ -14,6 +14,7 @@
  * O(n).
  */
 #include "manifest.h"
+#include "remote.h"
 #include "signature.h"
 
 #include "digest.h"
@@ -868,34 +869,69 @@ static int require_all(mf_ctx *c)
                    c->path, missing, m->ntensors, list, shown < missing ? ", ..." : "");
 }
 
-char *sl_manifest_sidecar(const char *model_path)
+/* path[0, n) followed by suffix, malloc'd. */
+static char *joined(const char *path, size_t n, const char *suffix)
 {
-    size_t n = strlen(model_path);
-    struct stat st;
-    int dir = stat(model_path, &st) == 0 && S_ISDIR(st.st_mode);
-    if (!dir && !(n >= 5 && strcmp(model_path + n - 5, ".json") == 0)) {
-        char *p = malloc(n + sizeof ".manifest.json");
-        if (p)
-            snprintf(p, n + sizeof ".manifest.json", "%s.manifest.json", model_path);
-        return p;
+    size_t size = n + strlen(suffix) + 1;
+    char *p = malloc(size);
+    if (p)
+        snprintf(p, size, "%.*s%s", (int)n, path, suffix);
+    return p;
+}
+
+/* The directory's sidecar: DIR/sluice.manifest.json, DIR being path[0, d)
+ * without its trailing slashes. */
+static char *directory_sidecar(const char *path, size_t d)
+{
+    while (d > 1 && path[d - 1] == '/')
+        d--;
+    if (d == 0)
+        return joined("", 0, "sluice.manifest.json");
+    if (d == 1 && path[0] == '/')
+        return joined("/", 1, "sluice.manifest.json");
+    return joined(path, d, "/sluice.manifest.json");
+}
+
+int sl_manifest_sidecars(const sl_index *ix, const char *model_path, char *out[2])
+{
+    out[0] = out[1] = NULL;
+    /* A remote location's query (a presigned URL's signature) is its
+     * object's alone: the sidecar is another object, named from the path. */
+    size_t n = sl_location_path_len(model_path);
+    int remote = sl_is_remote(model_path), dir = 0;
+    if (!remote) {
+        struct stat st;
+        dir = stat(model_path, &st) == 0 && S_ISDIR(st.st_mode);
     }
+    int json = n >= 5 && !memcmp(model_path + n - 5, ".json", 5);
+    int file = remote ? n >= 12 && !memcmp(model_path + n - 12, ".safetensors", 12)
+                      : !dir && !json;
+    if (file)
+        return (out[0] = joined(model_path, n, ".manifest.json")) ? 1 : -1;
     size_t d = n;
-    if (!dir) /* a *.index.json: its directory */
+    if (json) /* a *.index.json: its directory */
         while (d > 0 && model_path[d - 1] != '/')
             d--;
-    while (d > 1 && model_path[d - 1] == '/')
-        d--;
-    size_t size = d + 1 + sizeof "sluice.manifest.json";
-    char *p = malloc(size);
-    if (!p)
-        return NULL;
-    if (d == 0)
-        snprintf(p, size, "sluice.manifest.json");
-    else if (d == 1 && model_path[0] == '/')
-        snprintf(p, size, "/sluice.manifest.json");
-    else
-        snprintf(p, size, "%.*s/sluice.manifest.json", (int)d, model_path);
-    return p;
+    if (!(out[0] = directory_sidecar(model_path, d)))
+        return -1;
+    if (!ix || ix->nfiles != 1)
+        return 1;
+    /* The model is one file F: F.manifest.json is its sidecar too, looked
+     * for second (what `sluice synth` writes, and the Hub's usual layout). */
+    const sl_file *f = &ix->files[0];
+    const char *loc = f->fetch_loc ? f->fetch_loc : f->path;
+    if (!(out[1] = joined(loc, sl_location_path_len(loc), ".manifest.json"))) {
+        free(out[0]);
+        out[0] = NULL;
+        return -1;
+    }
+    return 2;
+}
+
+const char *sl_manifest_sidecars_list(char *const cand[], int n, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s%s%s", n > 0 ? cand[0] : "", n > 1 ? " nor " : "", n > 1 ? cand[1] : "");
+    return buf;
 }
 
 static sl_manifest *manifest_new(const sl_index *ix)
@@ -932,18 +968,31 @@ int sl_manifest_load(const sl_index *ix, const sluice_options *opts,
         if (!(path = strdup(opts->manifest_path)))
             return sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
     } else {
-        if (!(path = sl_manifest_sidecar(model_path)))
+        char *cand[2];
+        int nc = sl_manifest_sidecars(ix, model_path, cand);
+        if (nc < 0)
             return sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
-        struct stat st;
-        if (stat(path, &st) != 0 && (errno == ENOENT || errno == ENOTDIR)) {
-            int rc = SLUICE_OK;
-            if (opts->verify == SLUICE_VERIFY_REQUIRE)
-                rc = sl_fail(err, SLUICE_E_MANIFEST,
-                             "manifest: policy REQUIRE and no manifest: no sidecar %s "
-                             "(set manifest_path or write one with 'sluice manifest')", path);
-            free(path);
-            return rc; /* DEFAULT and IF_PRESENT: nothing to check */
+        /* the first that is there (or cannot be told absent) is read */
+        int found = -1;
+        for (int k = 0; k < nc && found < 0; k++) {
+            struct stat st;
+            if (stat(cand[k], &st) == 0 || (errno != ENOENT && errno != ENOTDIR))
+                found = k;
         }
+        int rc = SLUICE_OK;
+        if (found < 0 && opts->verify == SLUICE_VERIFY_REQUIRE) {
+            char list[2 * SL_ERRMSG_MAX / 3];
+            rc = sl_fail(err, SLUICE_E_MANIFEST,
+                         "manifest: policy REQUIRE and no manifest: no sidecar %s "
+                         "(set manifest_path or write one with 'sluice manifest')",
+                         sl_manifest_sidecars_list(cand, nc, list, sizeof list));
+        }
+        for (int k = 0; k < nc; k++)
+            if (k != found)
+                free(cand[k]);
+        if (found < 0)
+            return rc; /* DEFAULT and IF_PRESENT: nothing to check */
+        path = cand[found];
     }
 
     char *text = NULL;

@@ -57,8 +57,15 @@ int sl_manifest_version(const sl_manifest *m);
 /* The path the manifest was read from; NULL for a NULL m. */
 const char *sl_manifest_path(const sl_manifest *m);
 
-/* The sidecar path for a model path (see sluice_open), malloc'd; NULL when
- * out of memory. */
-char *sl_manifest_sidecar(const char *model_path);
+/* The sidecars of the model at model_path (a local path or a remote
+ * location; see sluice_open), in the order they are looked for, into
+ * out[0] and out[1], each malloc'd: F.manifest.json for a file F; for a
+ * directory, prefix or index.json, DIR/sluice.manifest.json and then,
+ * when ix (may be NULL) holds one file F, F.manifest.json. Returns how
+ * many (1 or 2), or -1 when out of memory (nothing to free). */
+int sl_manifest_sidecars(const sl_index *ix, const char *model_path, char *out[2]);
+
+/* "A", or "A nor B": n sidecars for a message, in buf (returned). */
+const char *sl_manifest_sidecars_list(char *const cand[], int n, char *buf, size_t cap);
 
 #endif

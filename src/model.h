@@ -45,9 +45,6 @@ int sl_model_error(sluice_model *m, const sl_err *err);
 /* The mirrors a model may have at most (sluice_options.fallback_count). */
 #define SL_MAX_FALLBACK 16
 
-/* The manifest sidecar of a remote model location (malloc'd). */
-char *sl_manifest_sidecar_remote(const char *path);
-
 /* api_metrics.c: sets m->metrics_label from m->opts (or path), and
  * notes when the open began (t0, CLOCK_MONOTONIC ns) in the engine. */
 int sl_model_metrics_label(sluice_model *m, const char *path, sl_err *err);

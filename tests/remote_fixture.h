@@ -165,7 +165,7 @@ static inline int rf_nginx_start(rf_server *sv, const char *root, const char *re
                  "error_log %s/error.log warn;\n"
                  "events { worker_connections 512; }\n"
                  "http {\n"
-                 "  log_format req '$status $http_range $uri';\n"
+                 "  log_format req '$status $http_range $request_uri';\n"
                  "  access_log %s/access.log req;\n"
                  "  client_body_temp_path %s/cb; proxy_temp_path %s/px;\n"
                  "  fastcgi_temp_path %s/fc; uwsgi_temp_path %s/uw; scgi_temp_path %s/sc;\n"
@@ -213,6 +213,23 @@ static inline int rf_nginx_start(rf_server *sv, const char *root, const char *re
     }
     snprintf(why, cap, "nginx did not start (5 tries)");
     return 0;
+}
+
+/* nginx: its access log so far (a line a request, "STATUS RANGE
+ * URI[?QUERY]", written as each completes), malloc'd, NUL-terminated. */
+static inline char *rf_log(const rf_server *sv)
+{
+    char *path = tu_join(sv->dir, "access.log");
+    size_t len = 0;
+    char *text = tu_read_file(path, &len);
+    free(path);
+    char *s = malloc(len + 1);
+    if (s && text)
+        memcpy(s, text, len);
+    if (s)
+        s[text ? len : 0] = '\0';
+    free(text);
+    return s;
 }
 
 /* nginx: the requests it logged so far (a line each, "STATUS RANGE URI";

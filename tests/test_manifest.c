@@ -343,6 +343,65 @@ static void sidecar_directory_and_index(void **state)
     free(dir);
 }
 
+/* A directory (or an index.json) whose model is one file F also has
+ * F.manifest.json for a sidecar, looked for after DIR/sluice.manifest.json;
+ * a directory of two files has no such second sidecar. */
+static void sidecar_directory_of_one_file(void **state)
+{
+    fx *f = *state;
+    char *side = tu_join(f->dir, "model.safetensors.manifest.json");
+    char *dirside = tu_join(f->dir, "sluice.manifest.json");
+    char *text = flat4(f), msg[1024];
+    mf_write_text(side, text);
+    sluice_model *m;
+    assert_int_equal(open_with(f->dir, SLUICE_VERIFY_REQUIRE, NULL, msg, sizeof msg, &m),
+                     SLUICE_OK);
+    assert_int_equal(sluice_verify_mode(m), SLUICE_VERIFY_REQUIRE);
+    assert_string_equal(sluice_manifest_path(m), side);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    /* both: the directory's comes first (the other is broken, so a read of
+     * it would fail the open) */
+    mf_write_text(dirside, text);
+    mf_write_text(side, "{\"t.0\": ");
+    assert_int_equal(open_with(f->dir, SLUICE_VERIFY_REQUIRE, NULL, NULL, 0, &m), SLUICE_OK);
+    assert_string_equal(sluice_manifest_path(m), dirside);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    /* neither: REQUIRE names both, in that order */
+    unlink(dirside);
+    unlink(side);
+    assert_int_equal(open_with(f->dir, SLUICE_VERIFY_REQUIRE, NULL, msg, sizeof msg, NULL),
+                     SLUICE_E_MANIFEST);
+    char want[2048];
+    snprintf(want, sizeof want, "no sidecar %s nor %s", dirside, side);
+    if (!strstr(msg, want))
+        fail_msg("message lacks \"%s\": %s", want, msg);
+    /* an index.json of one shard: likewise, F being the shard */
+    char *ix = tu_join(f->dir, "model.safetensors.index.json");
+    mf_write_text(ix, "{\"weight_map\": {\"t.0\": \"model.safetensors\", \"t.1\": "
+                      "\"model.safetensors\", \"t.2\": \"model.safetensors\", \"t.3\": "
+                      "\"model.safetensors\"}}");
+    mf_write_text(side, text);
+    assert_int_equal(open_with(ix, SLUICE_VERIFY_REQUIRE, NULL, NULL, 0, &m), SLUICE_OK);
+    assert_string_equal(sluice_manifest_path(m), side);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    unlink(ix);
+    /* two files in the directory: F.manifest.json of one is not the model's */
+    char *other = tu_join(f->dir, "zz.safetensors");
+    const char *k[] = {"z"};
+    uint64_t z[] = {3};
+    mf_write_model(other, 1, k, z);
+    assert_int_equal(open_with(f->dir, SLUICE_VERIFY_DEFAULT, NULL, NULL, 0, &m), SLUICE_OK);
+    assert_null(sluice_manifest_path(m));
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    unlink(other);
+    unlink(side);
+    free(other);
+    free(ix);
+    free(text);
+    free(side);
+    free(dirside);
+}
+
 static void sidecar_absent_policies(void **state)
 {
     fx *f = *state;
@@ -717,6 +776,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(escaped_names_match, setup, teardown),
         cmocka_unit_test_setup_teardown(sidecar_single_file, setup, teardown),
         cmocka_unit_test_setup_teardown(sidecar_directory_and_index, setup, teardown),
+        cmocka_unit_test_setup_teardown(sidecar_directory_of_one_file, setup, teardown),
         cmocka_unit_test_setup_teardown(sidecar_absent_policies, setup, teardown),
         cmocka_unit_test_setup_teardown(policy_off_ignores_manifest, setup, teardown),
         cmocka_unit_test_setup_teardown(explicit_path_unreadable, setup, teardown),

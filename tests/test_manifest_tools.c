@@ -127,6 +127,27 @@ static void check_file_digests(sluice_model *m)
 
 /* ---------------------------------------------------------------- tests */
 
+/* `sluice synth` of one file writes model.safetensors.manifest.json
+ * beside it; `sluice verify DIR` finds it and says so. */
+static void synth_directory_verifies(void **state)
+{
+    fx *f = *state;
+    char *out = tu_join(f->dir, "synth1");
+    run_result r = run(f->dir, "synth", "tiny", out, "--shards", "1", NULL);
+    expect_status(&r, 0, "synth");
+    run_free(&r);
+    r = run(f->dir, "verify", out, "-q", NULL);
+    expect_status(&r, 0, "verify of a synth directory");
+    char want[4200];
+    snprintf(want, sizeof want, "manifest %s/model.safetensors.manifest.json\n", out);
+    if (strncmp(r.out, want, strlen(want)) != 0)
+        fail_msg("verify does not name the manifest it used (%s): %s", want, r.out);
+    assert_non_null(strstr(r.out, "39 tensors verified, 0 failed"));
+    run_free(&r);
+    tu_rmtree(out);
+    free(out);
+}
+
 static void manifest_sidecar_verifies(void **state)
 {
     fx *f = *state;
@@ -497,6 +518,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(manifest_sidecar_verifies, setup, teardown),
+        cmocka_unit_test_setup_teardown(synth_directory_verifies, setup, teardown),
         cmocka_unit_test_setup_teardown(manifest_stdout_and_flat, setup, teardown),
         cmocka_unit_test_setup_teardown(manifest_versions_and_algorithms, setup, teardown),
         cmocka_unit_test_setup_teardown(manifest_same_for_any_thread_count, setup, teardown),

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -110,15 +111,6 @@ static void flip_byte(const char *path, uint64_t offset)
     b ^= 0x5a;
     assert_int_equal(pwrite(fd, &b, 1, (off_t)offset), 1);
     close(fd);
-}
-
-static void copy_file(const char *from, const char *to)
-{
-    size_t len;
-    void *p = tu_read_file(from, &len);
-    assert_non_null(p);
-    tu_write_file(to, p, len);
-    free(p);
 }
 
 /* The absolute offset of tensor name in the local model at path. */
@@ -472,7 +464,7 @@ static void test_manifest_url(void **state)
     sluice_options_init(&o);
     o.verify = SLUICE_VERIFY_REQUIRE;
     char *q = tu_join(root, "nomf.safetensors");
-    copy_file(p, q);
+    tu_copy_file(p, q);
     assert_int_equal(sluice_open(at("nomf.safetensors"), &o, &m), SLUICE_E_MANIFEST);
     sluice_close(m);
     /* DEFAULT with none: nothing verified */
@@ -515,8 +507,8 @@ static void test_checksum_and_changed(void **state)
     char *p = tu_join(root, "one.safetensors"), *q = tu_join(root, "bad.safetensors");
     char *qm = tu_join(root, "bad.safetensors.manifest.json");
     char *pm = tu_join(root, "one.safetensors.manifest.json");
-    copy_file(p, q);
-    copy_file(pm, qm);
+    tu_copy_file(p, q);
+    tu_copy_file(pm, qm);
     free(pm);
     flip_byte(q, tensor_offset(q, "b") + 12345);
     sluice_model *m = open_ok(at("bad.safetensors"), NULL);
@@ -570,7 +562,7 @@ static void test_ranges_of_a_remote_model(void **state)
 {
     char *p = tu_join(root, "one.safetensors"), *q = tu_join(root, "rng.safetensors");
     char *mf = tu_join(root, "rng.chunked.json");
-    copy_file(p, q);
+    tu_copy_file(p, q);
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "'%s/sluice' manifest '%s' --chunk 1M -q -o '%s'", SLUICE_BINARY_DIR,
              q, mf);
@@ -641,8 +633,8 @@ static char *local_copy(char **model)
     char *p = tu_join(root, "one.safetensors"), *pm = tu_join(root, "one.safetensors.manifest.json");
     *model = tu_join(d, "one.safetensors");
     char *qm = tu_join(d, "one.safetensors.manifest.json");
-    copy_file(p, *model);
-    copy_file(pm, qm);
+    tu_copy_file(p, *model);
+    tu_copy_file(pm, qm);
     free(p);
     free(pm);
     free(qm);
@@ -780,7 +772,7 @@ static void test_fallback_all_fail(void **state)
     flip_byte(model, tensor_offset(model, "b") + 1);
     /* a local mirror, corrupt in the same tensor */
     char *d2 = tu_tmpdir(), *m2 = tu_join(d2, "one.safetensors");
-    copy_file(model, m2);
+    tu_copy_file(model, m2);
     const char *mirrors[] = {d2, at("nowhere/")};
     sluice_options o;
     sluice_options_init(&o);
@@ -864,8 +856,8 @@ static void test_fallback_remote_primary(void **state)
     char *p = tu_join(root, "one.safetensors"), *q = tu_join(root, "rp.safetensors");
     char *qm = tu_join(root, "rp.safetensors.manifest.json");
     char *pm = tu_join(root, "one.safetensors.manifest.json");
-    copy_file(p, q);
-    copy_file(pm, qm);
+    tu_copy_file(p, q);
+    tu_copy_file(pm, qm);
     flip_byte(q, tensor_offset(q, "a") + 50);
     const char *mirrors[] = {p};
     sluice_options o;
@@ -965,8 +957,8 @@ static void test_verify_and_commands(void **state)
     char *d = tu_tmpdir(), *q = tu_join(d, "one.safetensors"), *out = tu_join(d, "e.bin");
     char *qm = tu_join(d, "one.safetensors.manifest.json");
     char *pm = tu_join(root, "one.safetensors.manifest.json");
-    copy_file(p, q);
-    copy_file(pm, qm);
+    tu_copy_file(p, q);
+    tu_copy_file(pm, qm);
     flip_byte(q, tensor_offset(q, "e") + 10);
     snprintf(cmd, sizeof cmd, "%s/sluice cat %s e >%s 2>/dev/null", SLUICE_BINARY_DIR, q, out);
     assert_int_not_equal(system(cmd), 0);
@@ -980,6 +972,28 @@ static void test_verify_and_commands(void **state)
     assert_memory_equal(got, good, len);
     free(got);
     free(good);
+    /* verify judges the local copy (exit 1) and names the mirror that
+     * holds "e" verified; repair takes it from there */
+    snprintf(cmd, sizeof cmd, "%s/sluice verify -q %s --fallback %s >%s 2>&1", SLUICE_BINARY_DIR,
+             q, at("one.safetensors"), out);
+    assert_int_equal(WEXITSTATUS(system(cmd)), 1);
+    got = tu_read_file(out, &len);
+    char *z = realloc(got, len + 1), want[512];
+    assert_non_null(z);
+    z[len] = '\0';
+    snprintf(want, sizeof want, "tensor \"e\": recoverable from fallback 1 (%s)",
+             at("one.safetensors"));
+    if (!strstr(z, want))
+        fail_msg("sluice verify --fallback URL does not say \"%s\":\n%s", want, z);
+    free(z);
+    snprintf(cmd, sizeof cmd, "%s/sluice repair -q %s --fallback %s >/dev/null",
+             SLUICE_BINARY_DIR, q, at("one.safetensors"));
+    assert_int_equal(system(cmd), 0);
+    got = tu_read_file(q, &len);
+    good = tu_read_file(p, &len);
+    assert_memory_equal(got, good, len);
+    free(got);
+    free(good);
     tu_rmtree(d);
     free(d);
     free(q);
@@ -987,6 +1001,181 @@ static void test_verify_and_commands(void **state)
     free(pm);
     free(out);
     free(p);
+    (void)state;
+}
+
+/* A copy of one.safetensors as DIR/model.safetensors with its manifest
+ * as model.safetensors.manifest.json: the layout `sluice synth` writes
+ * and the Hub's usual one. Returns DIR (under root), malloc'd. */
+static char *single_file_dir(const char *name)
+{
+    char *d = tu_join(root, name), *p = tu_join(root, "one.safetensors");
+    char *pm = tu_join(root, "one.safetensors.manifest.json");
+    mkdir(d, 0755);
+    char *q = tu_join(d, "model.safetensors"), *qm = tu_join(d, "model.safetensors.manifest.json");
+    tu_copy_file(p, q);
+    tu_copy_file(pm, qm);
+    free(p);
+    free(pm);
+    free(q);
+    free(qm);
+    return d;
+}
+
+/* Every line of nginx's log past `from` ("STATUS RANGE URI") that asks
+ * for `path` (then a query or nothing) carries `query` exactly, or none
+ * when query is NULL; returns how many lines asked for it. */
+static size_t logged_with(const char *log, size_t from, const char *path, const char *query)
+{
+    size_t n = 0, plen = strlen(path);
+    char *copy = strdup(log + from), *save = NULL;
+    assert_non_null(copy);
+    for (char *line = strtok_r(copy, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        const char *uri = strrchr(line, ' ');
+        uri = uri ? uri + 1 : line;
+        if (strncmp(uri, path, plen) != 0 || (uri[plen] && uri[plen] != '?'))
+            continue;
+        n++;
+        if (query ? strcmp(uri + plen, query) != 0 : uri[plen] != '\0')
+            fail_msg("a request for %s %s: %s", path, query ? "without its query" : "with a query",
+                     line);
+    }
+    free(copy);
+    return n;
+}
+
+/* nginx logs a request once its reply is sent: wait (up to 5 s) until
+ * the log holds `count` lines for path past `from`. */
+static char *log_after(size_t from, const char *path, size_t count)
+{
+    char *log = NULL;
+    for (int i = 0; i < 500; i++) {
+        free(log);
+        log = rf_log(&nginx);
+        size_t n = 0;
+        for (const char *p = log + from; (p = strstr(p, path)); p++)
+            n++;
+        if (n >= count)
+            break;
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+    return log;
+}
+
+/* A directory (or prefix) that is one file F has F.manifest.json for a
+ * sidecar, looked for after DIR/sluice.manifest.json. */
+static void test_prefix_of_one_file(void **state)
+{
+    char *d = single_file_dir("single");
+    sluice_model *m = open_ok(at("single/"), NULL);
+    assert_int_equal(sluice_verify_mode(m), SLUICE_VERIFY_REQUIRE);
+    assert_string_equal(sluice_manifest_path(m), at("single/model.safetensors.manifest.json"));
+    acquire_all_ok(m);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    /* REQUIRE and neither: the message names both, in their order */
+    char *qm = tu_join(d, "model.safetensors.manifest.json"), *sm = tu_join(d, "sluice.manifest.json");
+    char *keep = tu_join(root, "single.keep");
+    assert_int_equal(rename(qm, keep), 0);
+    sluice_options o;
+    sluice_options_init(&o);
+    o.verify = SLUICE_VERIFY_REQUIRE;
+    assert_int_equal(sluice_open(at("single"), &o, &m), SLUICE_E_MANIFEST);
+    char want[512];
+    snprintf(want, sizeof want, "no sidecar %s nor %s", at("single/sluice.manifest.json"),
+             at("single/model.safetensors"));
+    assert_non_null(strstr(sluice_errmsg(m), want));
+    sluice_close(m);
+    /* both there: sluice.manifest.json first (a flat manifest; the other
+     * is made unusable to tell them apart) */
+    tu_copy_file(keep, sm);
+    tu_write_file(qm, "not json", 8);
+    m = open_ok(at("single"), NULL);
+    assert_string_equal(sluice_manifest_path(m), at("single/sluice.manifest.json"));
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    unlink(sm);
+    unlink(qm);
+    unlink(keep);
+    tu_rmtree(d);
+    free(qm);
+    free(sm);
+    free(keep);
+    free(d);
+    (void)state;
+}
+
+/* A presigned URL: classified by its path; its query on every request
+ * for its object, on none other, and in no message or output. */
+static void test_presigned_url(void **state)
+{
+    char *d = single_file_dir("med");
+    static const char q[] = "?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIA/20250101/"
+                            "us-east-1/s3/aws4_request&X-Amz-Signature=5ec7e75ig";
+    char loc[1024];
+    snprintf(loc, sizeof loc, "%s/med/model.safetensors%s", nginx.base, q);
+    char *log0 = rf_log(&nginx);
+    size_t from = strlen(log0);
+    free(log0);
+    sluice_model *m = open_ok(loc, NULL);
+    /* the sidecar is found from the path: the signature is the object's */
+    assert_int_equal(sluice_verify_mode(m), SLUICE_VERIFY_REQUIRE);
+    assert_string_equal(sluice_manifest_path(m), at("med/model.safetensors.manifest.json"));
+    struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
+    assert_int_equal(sluice_file_info(m, 0, &fi), SLUICE_OK);
+    assert_string_equal(fi.path, at("med/model.safetensors?..."));
+    acquire_all_ok(m);
+    unsigned char few[100];    /* a range read too, on this thread */
+    assert_int_equal(sluice_read_into(m, "a", 0, few, sizeof few), SLUICE_OK);
+    struct sluice_stats st = {.size = sizeof st};
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    assert_true(st.remote_reads >= 2);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    /* the probe, the header, every read of the load and the range, each
+     * with the query; the sidecar without it */
+    size_t want = 2 + (size_t)st.remote_reads;
+    char *log = log_after(from, "/med/model.safetensors?", want);
+    assert_true(logged_with(log, from, "/med/model.safetensors", q) >= want);
+    if (logged_with(log, from, "/med/model.safetensors.manifest.json", NULL) != 1)
+        fail_msg("the sidecar was not asked once: %s", log + from);
+    free(log);
+    /* a failure names the object without its query */
+    char bad[1024];
+    snprintf(bad, sizeof bad, "%s/med/absent.safetensors%s", nginx.base, q);
+    assert_int_equal(sluice_open(bad, NULL, &m), SLUICE_E_NO_FILES);
+    assert_null(strstr(sluice_errmsg(m), "5ec7e75ig"));
+    assert_non_null(strstr(sluice_errmsg(m), "absent.safetensors?..."));
+    sluice_close(m);
+    /* an index.json with a query (holding '/'): its shards are beside its path */
+    snprintf(bad, sizeof bad, "%s/sh/model.safetensors.index.json%s", nginx.base, q);
+    m = open_ok(bad, NULL);
+    assert_int_equal(sluice_count(m), 5);
+    assert_string_equal(sluice_manifest_path(m), at("sh/sluice.manifest.json"));
+    acquire_all_ok(m);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    /* the commands: inspect, verify and stats open it, and print no query */
+    char *scratch = tu_tmpdir();
+    static const char *const cmds[][2] = {{"inspect", NULL}, {"verify", "-q"}, {"stats", NULL}};
+    for (size_t k = 0; k < sizeof cmds / sizeof *cmds; k++) {
+        char cmd[4096];
+        snprintf(cmd, sizeof cmd, "%s/sluice %s '%s' %s >%s/out 2>&1", SLUICE_BINARY_DIR,
+                 cmds[k][0], loc, cmds[k][1] ? cmds[k][1] : "", scratch);
+        int rc = system(cmd);
+        char *out = tu_join(scratch, "out");
+        size_t len;
+        char *text = tu_read_file(out, &len);
+        assert_non_null(text);
+        char *z = realloc(text, len + 1);
+        assert_non_null(z);
+        z[len] = '\0';
+        if (rc != 0 || strstr(z, "5ec7e75ig") || strstr(z, "AKIA"))
+            fail_msg("sluice %s of a presigned URL: exit %d:\n%s", cmds[k][0], rc, z);
+        free(z);
+        free(out);
+    }
+    tu_rmtree(scratch);
+    free(scratch);
+    tu_rmtree(d);
+    free(d);
     (void)state;
 }
 
@@ -1037,6 +1226,8 @@ int main(void)
         cmocka_unit_test(test_signed_remote_manifest),
         cmocka_unit_test(test_verify_and_commands),
         cmocka_unit_test(test_https),
+        cmocka_unit_test(test_prefix_of_one_file),
+        cmocka_unit_test(test_presigned_url),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

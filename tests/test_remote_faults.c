@@ -575,6 +575,11 @@ static void test_mirror_secrets_not_shown(void **state)
     msg = sluice_errmsg(m);
     if (rc != SLUICE_E_CHECKSUM || strstr(msg, "SECRET") || !strstr(msg, "file http://127.0.0.1:"))
         fail_msg("%d: %s", rc, msg);
+    /* the manifest it found is named without the password too (the
+     * path `sluice verify` prints) */
+    const char *mp = sluice_manifest_path(m);
+    if (!mp || strstr(mp, "SECRET") || !strstr(mp, "m.safetensors.manifest.json"))
+        fail_msg("sluice_manifest_path: %s", mp ? mp : "(null)");
     assert_int_equal(sluice_close(m), SLUICE_OK);
     /* ... and a missing sidecar under REQUIRE names it without it too */
     char *nm = tu_join(root, "nomanifest.safetensors"), *p = tu_join(root, "m.safetensors");

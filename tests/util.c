@@ -112,6 +112,16 @@ void *tu_read_file(const char *path, size_t *len)
     return buf;
 }
 
+void tu_copy_file(const char *from, const char *to)
+{
+    size_t len;
+    void *p = tu_read_file(from, &len);
+    if (!p)
+        abort();
+    tu_write_file(to, p, len);
+    free(p);
+}
+
 void *tu_pread_range(const char *path, uint64_t offset, size_t len)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);

@@ -29,6 +29,9 @@ void tu_write_safetensors(const char *path, const char *header,
  * set). NULL if it cannot be read. */
 void *tu_read_file(const char *path, size_t *len);
 
+/* Copies the file from to the file to (aborts when from cannot be read). */
+void tu_copy_file(const char *from, const char *to);
+
 /* Reads len bytes at offset of path into a malloc'd buffer (aborts on a
  * short read; a NUL follows the last byte): the independent check of
  * what sluice hands out. */

@@ -15,14 +15,16 @@ static void usage(FILE *out)
             "\n"
             "Writes the raw bytes of tensor NAME of the model at PATH to stdout.\n"
             "When a manifest is in play (--manifest, or the sidecar: F.manifest.json\n"
-            "beside a single file F, else sluice.manifest.json in the model's\n"
-            "directory) the bytes are checked first and nothing is written unless\n"
-            "they match; a manifest without a digest for NAME is an error. Without\n"
-            "one (a remote sidecar that answers 404 included) the bytes are written\n"
-            "unchecked, and a warning on stderr says so.\n"
+            "beside a single file F; for a directory, sluice.manifest.json in it,\n"
+            "then F.manifest.json when the model is one file F) the bytes are\n"
+            "checked first and nothing is written unless they match; a manifest\n"
+            "without a digest for NAME is an error. Without one (a remote sidecar\n"
+            "that answers 404 included) the bytes are written unchecked, and a\n"
+            "warning on stderr says so.\n"
             "\n"
             "  --manifest FILE   the manifest to check against\n"
             IG_KEY_HELP
+            IG_FALLBACK_HELP
             IG_LOADER_HELP
             "\n"
             "Exit status: 0 written, 1 read or verification failure (nothing\n"

@@ -9,6 +9,7 @@ int cmd_synth(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_manifest(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
+int cmd_repair(int argc, char **argv);
 int cmd_cat(int argc, char **argv);
 int cmd_keygen(int argc, char **argv);        /* sign.c */
 int cmd_sign(int argc, char **argv);          /* sign.c */

@@ -20,10 +20,6 @@
     "  --threads N       hashing threads (default: online CPUs)\n"            \
     "  --direct          read with O_DIRECT where the file system allows\n"   \
     "  --pread           use the pread thread pool instead of io_uring\n"     \
-    "  --fallback LOC    a mirror (directory, file, http(s):// or s3://) that\n" \
-    "                    serves a tensor whose copy at PATH fails to verify\n"  \
-    "                    or to read; repeatable, tried in order; needs a\n"     \
-    "                    manifest\n"                                          \
     "  --cache-dir DIR   a persistent cache ($SLUICE_CACHE_DIR is the default):\n" \
     "                    a remote model's verified tensors are kept there\n"   \
     "  --cache-max SIZE  the cache's budget (default 64G)\n"                  \
@@ -31,6 +27,15 @@
     "                    verified, in files unchanged since (see README)\n"    \
     "                    (the cache serves loads: cat, stats; verify and\n"    \
     "                    manifest always read and hash every byte)\n"
+
+/* The help text of --fallback (one of ig_loader_option's) for the
+ * commands that load tensors (cat, stats); verify and repair say what it
+ * means for them. */
+#define IG_FALLBACK_HELP                                                      \
+    "  --fallback LOC    a mirror (directory, file, http(s):// or s3://) that\n" \
+    "                    serves a tensor whose bytes at PATH fail to verify\n"  \
+    "                    or to read, verified against PATH's manifest;\n"      \
+    "                    repeatable, tried in order; needs a manifest\n"
 
 /* The help text of ig_key_option's option. */
 #define IG_KEY_HELP                                                           \
@@ -53,7 +58,28 @@ typedef struct ig_keys {
  * file is missing or there are too many. */
 int ig_key_option(const char *cmd, int argc, char **argv, int *i, ig_keys *keys, sluice_options *o);
 
-/* If argv[*i] is one of IG_LOADER_HELP's options, applies it to o,
+/* The tensors (sluice_info indexes, ascending) that failed a verify. */
+typedef struct ig_failed {
+    size_t *index;
+    size_t n, cap;
+} ig_failed;
+
+/* Runs sluice_verify on m (with files: SLUICE_VF_FILES), printing each
+ * failure ("FAILED ...") and the summary line, and collecting the failed
+ * tensors into *failed (may be NULL; free failed->index). Returns the
+ * exit status: 0 all matched, 1 a failure, 2 the verify could not run
+ * (message on stderr naming cmd). verify.c. */
+int ig_verify_print(const char *cmd, sluice_model *m, int files, int quiet, double t0,
+                    ig_failed *failed);
+
+/* For each tensor of failed, whether m's fallbacks hold it verified: it
+ * is acquired (the library reads m's own bytes, then each mirror in
+ * order, against m's manifest) and "tensor NAME: recoverable from
+ * fallback K (LOC)", or why not, is printed. Returns how many are
+ * recoverable. repair.c. */
+size_t ig_report_recoverable(sluice_model *m, const ig_failed *failed);
+
+/* If argv[*i] is one of IG_LOADER_HELP's options or --fallback, applies it to o,
  * advances *i past its value and returns 1; returns 0 when it is not one;
  * -1 (after a message on stderr naming cmd) for a bad or missing value. */
 int ig_loader_option(const char *cmd, int argc, char **argv, int *i, sluice_options *o);

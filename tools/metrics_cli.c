@@ -99,6 +99,7 @@ static void stats_usage(FILE *out)
             "  --openmetrics     OpenMetrics 1.0 instead\n"
             "  --label TEXT      the model label (default: PATH)\n"
             IG_KEY_HELP
+            IG_FALLBACK_HELP
             IG_LOADER_HELP
             "\nExit status: 0 loaded, 1 a tensor failed, 2 usage or open error.\n");
 }

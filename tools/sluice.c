@@ -19,6 +19,7 @@ static const struct {
     {"bench", cmd_bench, "bench PATH [...]           benchmark loading against baselines"},
     {"manifest", cmd_manifest, "manifest PATH [-o FILE]    write the SHA-256 manifest of a model"},
     {"verify", cmd_verify, "verify PATH [--files]      check every tensor (and file) against the manifest"},
+    {"repair", cmd_repair, "repair PATH --fallback LOC mend tensors that fail to verify from a mirror"},
     {"keygen", cmd_keygen, "keygen --out PREFIX        make an Ed25519 key pair for signing manifests"},
     {"sign", cmd_sign, "sign MANIFEST --key KEY    write MANIFEST.sig, the manifest's signature"},
     {"cat", cmd_cat, "cat PATH NAME              write one tensor's verified bytes to stdout"},

@@ -628,10 +628,10 @@ int cmd_synth(int argc, char **argv)
     printf("%s: %s, %zu tensors, %llu bytes (%s) in %u file%s, %.1f s (%.2f GB/s)\n", outdir,
            p->name, n, (unsigned long long)all_bytes, dtype, nshards, nshards > 1 ? "s" : "", dt,
            dt > 0 ? all_bytes / dt / 1e9 : 0.0);
-    /* The sidecar goes with one way of naming the model: say which. */
+    /* Where sluice_open finds the manifest by itself: say so. */
     if (manifest)
         printf("open %s%s (manifest %s/%s found beside it)\n", outdir,
-               nshards > 1 ? "" : "/model.safetensors", outdir,
+               nshards > 1 ? "" : " or its model.safetensors", outdir,
                nshards > 1 ? "sluice.manifest.json" : "model.safetensors.manifest.json");
     rc = 0;
     goto out;

@@ -14,6 +14,8 @@
 
 typedef struct vf_state {
     progress *bar;
+    ig_failed *failed;      /* NULL: not collected */
+    int oom;
 } vf_state;
 
 /* "FAILED tensor NAME: why" with NAME JSON-quoted, or "FAILED file PATH:
@@ -51,10 +53,30 @@ static int on_item(void *user, const struct sluice_verify_item *it)
 {
     vf_state *s = user;
     progress_add(s->bar, it->bytes);
-    if (it->status != SLUICE_OK)
-        print_failure(s, it, it->message && *it->message ? it->message
-                                                         : sluice_strerror(it->status));
+    if (it->status == SLUICE_OK)
+        return 0;
+    print_failure(s, it, it->message && *it->message ? it->message : sluice_strerror(it->status));
+    ig_failed *f = s->failed;
+    if (f && it->kind == SLUICE_VERIFY_ITEM_TENSOR) {
+        if (f->n == f->cap) {
+            size_t cap = f->cap ? 2 * f->cap : 16;
+            size_t *grown = realloc(f->index, cap * sizeof *grown);
+            if (!grown) {
+                s->oom = 1;
+                return 0;
+            }
+            f->index = grown;
+            f->cap = cap;
+        }
+        f->index[f->n++] = it->index;
+    }
     return 0;
+}
+
+static int cmp_size(const void *a, const void *b)
+{
+    size_t x = *(const size_t *)a, y = *(const size_t *)b;
+    return x < y ? -1 : x > y;
 }
 
 static void usage(FILE *out)
@@ -66,16 +88,25 @@ static void usage(FILE *out)
             "Reads every tensor of the model at PATH and checks it against the manifest\n"
             "(policy REQUIRE: every tensor must have a digest), with the library's\n"
             "verify-only path (sluice_verify): no buffer pool, each thread reading into\n"
-            "one small reused buffer; --direct reads with O_DIRECT. Prints each failure\n"
-            "with its tensor, file, offset and digests, then a summary line.\n"
+            "one small reused buffer; --direct reads with O_DIRECT. Prints the manifest\n"
+            "used, each failure with its tensor, file, offset and digests, then a\n"
+            "summary line.\n"
             "\n"
-            "  --manifest FILE   the manifest (default: the sidecar, F.manifest.json\n"
-            "                    beside a single file F, else sluice.manifest.json in\n"
-            "                    the model's directory)\n"
+            "  --manifest FILE   the manifest (default: the sidecar: F.manifest.json\n"
+            "                    beside a single file F; for a directory,\n"
+            "                    sluice.manifest.json in it, then F.manifest.json when\n"
+            "                    the model is one file F)\n"
             IG_KEY_HELP
             "  --files           also check every whole file against the manifest's\n"
             "                    \"files\" digests and sizes\n"
             "  -q, --quiet       no progress bar (shown only when stderr is a terminal)\n"
+            "  --fallback LOC    a mirror (directory, file, http(s):// or s3://) of the\n"
+            "                    model; repeatable, tried in order. PATH's own bytes\n"
+            "                    are still what is judged (a tensor that fails at PATH\n"
+            "                    fails the verify), but for each one that fails the\n"
+            "                    mirrors are asked whether they hold it verified:\n"
+            "                    \"recoverable from fallback K (LOC)\", or why not.\n"
+            "                    'sluice repair' mends PATH from them\n"
             IG_LOADER_HELP
             MC_PORT_HELP
             "\n"
@@ -84,11 +115,20 @@ static void usage(FILE *out)
             "signature that is missing or invalid).\n");
 }
 
-/* Verifies m with sluice_verify, printing each failure and a summary;
- * returns the exit status. */
-static int verify_model(sluice_model *m, int files, int quiet, uint64_t total, double t0)
+int ig_verify_print(const char *cmd, sluice_model *m, int files, int quiet, double t0, ig_failed *failed)
 {
-    vf_state s = {.bar = progress_start("verify", total, quiet)};
+    uint64_t total = 0;
+    for (size_t i = 0; i < sluice_count(m); i++) {
+        struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
+        sluice_info(m, i, &info);
+        total += info.nbytes;
+    }
+    for (size_t i = 0; files && i < sluice_file_count(m); i++) {
+        struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
+        sluice_file_info(m, i, &fi);
+        total += fi.file_size;
+    }
+    vf_state s = {.bar = progress_start("verify", total, quiet), .failed = failed};
     sluice_verify_options vo;
     sluice_verify_options_init(&vo);
     vo.flags = files ? SLUICE_VF_FILES : 0;
@@ -99,7 +139,7 @@ static int verify_model(sluice_model *m, int files, int quiet, uint64_t total, d
     progress_stop(s.bar);
     if (rc != SLUICE_OK && r.tensors_failed + r.files_failed == 0) {
         /* nothing was checked: the verify itself could not run */
-        fprintf(stderr, "sluice verify: %s\n", sluice_errmsg(m));
+        fprintf(stderr, "sluice %s: %s\n", cmd, sluice_errmsg(m));
         return 2;
     }
     double dt = ig_now() - t0;
@@ -110,6 +150,12 @@ static int verify_model(sluice_model *m, int files, int quiet, uint64_t total, d
     printf(", %s (%llu bytes) in %.2f s\n", progress_bytes(r.bytes_hashed, b, sizeof b),
            (unsigned long long)r.bytes_hashed, dt);
     fflush(stdout);
+    if (s.oom) {
+        fprintf(stderr, "sluice %s: out of memory listing the failed tensors\n", cmd);
+        return 2;
+    }
+    if (failed && failed->n)
+        qsort(failed->index, failed->n, sizeof *failed->index, cmp_size);
     return rc == SLUICE_OK ? 0 : 1;
 }
 
@@ -159,26 +205,25 @@ int cmd_verify(int argc, char **argv)
         sluice_close(m);
         return 2;
     }
+    /* which manifest judges: a directory of one file may have two sidecars */
     if (keys.n)
         printf("manifest %s: signature verified (%s.sig, by one of %zu trusted key%s)\n",
                sluice_manifest_path(m), sluice_manifest_path(m), keys.n, keys.n == 1 ? "" : "s");
-    size_t n = sluice_count(m), nf = sluice_file_count(m);
-    uint64_t total = 0;
-    for (size_t i = 0; i < n; i++) {
-        struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
-        sluice_info(m, i, &info);
-        total += info.nbytes;
-    }
-    if (files)
-        for (size_t i = 0; i < nf; i++) {
-            struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
-            sluice_file_info(m, i, &fi);
-            total += fi.file_size;
-        }
-
+    else
+        printf("manifest %s\n", sluice_manifest_path(m));
     int serve_failed = 0;
+    ig_failed failed = {0};
     sluice_metrics_server *ms = mc_serve("verify", metrics_port, m, &serve_failed);
-    int status = serve_failed ? 2 : verify_model(m, files, quiet, total, t0);
+    int status = serve_failed ? 2 : ig_verify_print("verify", m, files, quiet, t0, &failed);
+    /* The mirrors never stand in for PATH's bytes here: they are asked
+     * whether they could (what `sluice repair` would take). */
+    if (status == 1 && failed.n && o.fallback_count) {
+        size_t ok = ig_report_recoverable(m, &failed);
+        printf("%zu of %zu failed tensor%s recoverable from the fallbacks%s\n", ok, failed.n,
+               failed.n == 1 ? "" : "s", ok ? " ('sluice repair PATH --fallback ...' "
+                                                "mends PATH)" : "");
+    }
+    free(failed.index);
     mc_stop(ms, m);
     if (sluice_close(m) != SLUICE_OK) {
         fprintf(stderr, "sluice verify: %s\n", sluice_errmsg(m));

@@ -1,0 +1,343 @@
+/* test_repair_tools.c: `sluice verify --fallback` and `sluice repair`, run
+ * as programs (SLUICE_BINARY_DIR/sluice) on models `sluice synth` writes:
+ * a flipped byte in the model, a good copy as a mirror. verify still
+ * fails but says which mirror holds the tensor verified; repair writes
+ * the mirror's bytes over the tensor and the model verifies again, byte
+ * for byte the good file; a mirror that is corrupt too leaves the model
+ * unchanged; a SIGKILL at each point of a repair (SLUICE_REPAIR_TEST_KILL)
+ * leaves the file as it was or repaired, never half, and the next repair
+ * removes the copy the killed one left. */
+#include "mf_fixture.h"
+#include "util.h"
+
+#include "sluice.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "tool_run.h"
+
+typedef struct fx {
+    char *dir;          /* scratch */
+    char *good;         /* dir/good: the model as synth wrote it (one file) */
+    char *model;        /* dir/model: the copy that gets damaged */
+    char *mirror;       /* dir/mirror: a good copy, the fallback */
+} fx;
+
+static void copy_dir(const char *from, const char *to)
+{
+    mkdir(to, 0755);
+    DIR *d = opendir(from);
+    assert_non_null(d);
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.')
+            continue;
+        char *a = tu_join(from, e->d_name), *b = tu_join(to, e->d_name);
+        tu_copy_file(a, b);
+        free(a);
+        free(b);
+    }
+    closedir(d);
+}
+
+/* The absolute offset of tensor i of the model at path, and its file. */
+static uint64_t tensor_at(const char *path, size_t i, char *file, size_t cap)
+{
+    sluice_options o;
+    sluice_options_init(&o);
+    o.verify = SLUICE_VERIFY_OFF;
+    sluice_model *m = NULL;
+    assert_int_equal(sluice_open(path, &o, &m), SLUICE_OK);
+    struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+    assert_int_equal(sluice_info(m, i, &ti), SLUICE_OK);
+    snprintf(file, cap, "%s", ti.file);
+    uint64_t off = ti.offset + ti.nbytes / 2;
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    return off;
+}
+
+/* Whether files a and b hold the same bytes. */
+static int same(const char *a, const char *b)
+{
+    size_t la, lb;
+    void *pa = tu_read_file(a, &la), *pb = tu_read_file(b, &lb);
+    int eq = pa && pb && la == lb && memcmp(pa, pb, la) == 0;
+    free(pa);
+    free(pb);
+    return eq;
+}
+
+/* How many entries of dir start with '.' (but . and ..): the copies. */
+static size_t hidden(const char *dir)
+{
+    size_t n = 0;
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    for (struct dirent *e; (e = readdir(d));)
+        n += e->d_name[0] == '.' && strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n;
+}
+
+static int setup(void **state)
+{
+    tool_group_setup(state);
+    fx *f = calloc(1, sizeof *f);
+    assert_non_null(f);
+    f->dir = tu_tmpdir();
+    f->good = tu_join(f->dir, "good");
+    f->model = tu_join(f->dir, "model");
+    f->mirror = tu_join(f->dir, "mirror");
+    run_result r = run(f->dir, "synth", "tiny", f->good, "--shards", "1", NULL);
+    expect_status(&r, 0, "synth");
+    run_free(&r);
+    copy_dir(f->good, f->model);
+    copy_dir(f->good, f->mirror);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fx *f = *state;
+    tu_rmtree(f->dir);
+    free(f->dir);
+    free(f->good);
+    free(f->model);
+    free(f->mirror);
+    free(f);
+    return 0;
+}
+
+/* The model's file and the good one's. */
+static void files_of(const fx *f, char **model, char **good)
+{
+    *model = tu_join(f->model, "model.safetensors");
+    *good = tu_join(f->good, "model.safetensors");
+}
+
+static void verify_says_recoverable_and_repair_mends(void **state)
+{
+    fx *f = *state;
+    char *mf, *gf, file[4096];
+    files_of(f, &mf, &gf);
+    mf_flip_byte(mf, tensor_at(f->model, 5, file, sizeof file));
+    char *nowhere = tu_join(f->dir, "nowhere");
+    /* verify: fails, and says the second fallback holds it */
+    run_result r = run(f->dir, "verify", f->model, "-q", "--fallback", nowhere, "--fallback",
+                       f->mirror, NULL);
+    expect_status(&r, 1, "verify --fallback of a damaged model");
+    assert_non_null(strstr(r.out, "38 tensors verified, 1 failed"));
+    char want[4200];
+    snprintf(want, sizeof want, ": recoverable from fallback 2 (%s)\n", f->mirror);
+    if (!strstr(r.out, want))
+        fail_msg("verify does not say the tensor is recoverable (%s):\n%s", want, r.out);
+    assert_non_null(strstr(r.out, "1 of 1 failed tensor recoverable from the fallbacks"));
+    run_free(&r);
+    /* without a mirror that holds it: not recoverable, and why */
+    r = run(f->dir, "verify", f->model, "-q", "--fallback", nowhere, NULL);
+    expect_status(&r, 1, "verify --fallback nowhere");
+    assert_non_null(strstr(r.out, ": not recoverable from the fallbacks: "));
+    assert_non_null(strstr(r.out, "0 of 1 failed tensor recoverable"));
+    run_free(&r);
+    /* repair: the file is the good one again, byte for byte */
+    r = run(f->dir, "repair", f->model, "-q", "--fallback", f->mirror, NULL);
+    expect_status(&r, 0, "repair");
+    assert_non_null(strstr(r.out, "1 tensor written"));
+    assert_non_null(strstr(r.out, "39 tensors verified, 0 failed"));
+    run_free(&r);
+    assert_true(same(mf, gf));
+    assert_int_equal(hidden(f->model), 0);
+    /* nothing left to do: exit 0, the file untouched */
+    r = run(f->dir, "repair", f->model, "-q", "--fallback", f->mirror, NULL);
+    expect_status(&r, 0, "repair of a good model");
+    assert_non_null(strstr(r.out, "nothing to repair"));
+    run_free(&r);
+    r = run(f->dir, "verify", f->model, "-q", NULL);
+    expect_status(&r, 0, "verify after repair");
+    run_free(&r);
+    free(nowhere);
+    free(mf);
+    free(gf);
+}
+
+/* A mirror damaged in the same tensor: repair fails (1), the model's
+ * file unchanged, no copy left. */
+static void mirror_that_fails_too(void **state)
+{
+    fx *f = *state;
+    char *mf, *gf, file[4096];
+    files_of(f, &mf, &gf);
+    uint64_t off = tensor_at(f->model, 7, file, sizeof file);
+    mf_flip_byte(mf, off);
+    char *bad_mirror = tu_join(f->dir, "bad_mirror"), *bf = tu_join(bad_mirror, "model.safetensors");
+    copy_dir(f->model, bad_mirror);
+    char *before = tu_join(f->dir, "before");
+    tu_copy_file(mf, before);
+    run_result r = run(f->dir, "repair", f->model, "-q", "--fallback", bad_mirror, NULL);
+    expect_status(&r, 1, "repair from a mirror that fails too");
+    assert_non_null(strstr(r.out, "not recoverable from the fallbacks"));
+    assert_non_null(strstr(r.out, "unchanged"));
+    run_free(&r);
+    assert_true(same(mf, before));
+    assert_int_equal(hidden(f->model), 0);
+    /* then a good mirror after the bad one: mended */
+    r = run(f->dir, "repair", f->model, "-q", "--fallback", bad_mirror, "--fallback", f->mirror,
+            NULL);
+    expect_status(&r, 0, "repair, second mirror good");
+    run_free(&r);
+    assert_true(same(mf, gf));
+    tu_rmtree(bad_mirror);
+    unlink(before);
+    free(before);
+    free(bf);
+    free(bad_mirror);
+    free(mf);
+    free(gf);
+}
+
+/* SIGKILL at each point of a repair: the file is the damaged one (before
+ * the rename) or the good one (after), nothing else; the next repair
+ * removes the copy left and mends the file. */
+static void kill_at_every_point(void **state)
+{
+    fx *f = *state;
+    char *mf, *gf, file[4096];
+    files_of(f, &mf, &gf);
+    mf_flip_byte(mf, tensor_at(f->model, 3, file, sizeof file));
+    mf_flip_byte(mf, tensor_at(f->model, 30, file, sizeof file));
+    char *damaged = tu_join(f->dir, "damaged");
+    tu_copy_file(mf, damaged);
+    static const char *const points[] = {"temp", "copied", "written", "synced", "renamed"};
+    for (size_t k = 0; k < sizeof points / sizeof *points; k++) {
+        tu_copy_file(damaged, mf);
+        setenv("SLUICE_REPAIR_TEST_KILL", points[k], 1);
+        run_result r = run(f->dir, "repair", f->model, "-q", "--fallback", f->mirror, NULL);
+        unsetenv("SLUICE_REPAIR_TEST_KILL");
+        if (r.status != 128 + SIGKILL)
+            fail_msg("repair killed at %s: exit %d\n%s%s", points[k], r.status, r.out, r.err);
+        run_free(&r);
+        int after = !strcmp(points[k], "renamed");
+        if (!same(mf, after ? gf : damaged))
+            fail_msg("killed at %s: the file is neither as it was nor repaired (or not the "
+                     "one expected: %s)", points[k], after ? "repaired" : "as it was");
+        /* the copy of a kill before the rename is left, and removed next */
+        assert_int_equal(hidden(f->model), after ? 0 : 1);
+        r = run(f->dir, "repair", f->model, "-q", "--fallback", f->mirror, NULL);
+        expect_status(&r, 0, "repair after a killed one");
+        if (!after)
+            assert_non_null(strstr(r.out, "the copy of a repair that did not finish"));
+        run_free(&r);
+        assert_true(same(mf, gf));
+        assert_int_equal(hidden(f->model), 0);
+    }
+    unlink(damaged);
+    free(damaged);
+    free(mf);
+    free(gf);
+}
+
+/* The Hub's cache layout: snapshots/REV/model.safetensors a symlink to
+ * blobs/SHA. The blob is repaired; the symlink stays one. */
+static void symlinked_file(void **state)
+{
+    fx *f = *state;
+    char *hub = tu_join(f->dir, "hub"), *blobs = tu_join(hub, "blobs"), *snap = tu_join(hub, "snap");
+    char *blob = tu_join(blobs, "0123abcd"), *link = tu_join(snap, "model.safetensors");
+    char *lm = tu_join(snap, "model.safetensors.manifest.json");
+    char *gm = tu_join(f->good, "model.safetensors.manifest.json"), *gf = tu_join(f->good, "model.safetensors");
+    assert_int_equal(mkdir(hub, 0755), 0);
+    assert_int_equal(mkdir(blobs, 0755), 0);
+    assert_int_equal(mkdir(snap, 0755), 0);
+    tu_copy_file(gf, blob);
+    tu_copy_file(gm, lm);
+    assert_int_equal(symlink("../blobs/0123abcd", link), 0);
+    char file[4096];
+    mf_flip_byte(blob, tensor_at(snap, 11, file, sizeof file));
+    run_result r = run(f->dir, "repair", snap, "-q", "--fallback", f->mirror, NULL);
+    expect_status(&r, 0, "repair through a symlink");
+    assert_non_null(strstr(r.out, "blobs/0123abcd: 1 tensor written"));
+    run_free(&r);
+    struct stat st;
+    assert_int_equal(lstat(link, &st), 0);
+    assert_true(S_ISLNK(st.st_mode));
+    assert_true(same(blob, gf));
+    assert_int_equal(hidden(blobs), 0);
+    free(hub);
+    free(blobs);
+    free(snap);
+    free(blob);
+    free(link);
+    free(lm);
+    free(gm);
+    free(gf);
+}
+
+/* Two shards, each with a flipped tensor: each file repaired; and the
+ * usage errors. */
+static void sharded_and_usage(void **state)
+{
+    fx *f = *state;
+    char *good = tu_join(f->dir, "sgood"), *model = tu_join(f->dir, "smodel");
+    char *mirror = tu_join(f->dir, "smirror");
+    run_result r = run(f->dir, "synth", "tiny", good, NULL);
+    expect_status(&r, 0, "synth sharded");
+    run_free(&r);
+    copy_dir(good, model);
+    copy_dir(good, mirror);
+    char f1[4096], f2[4096];
+    uint64_t o1 = tensor_at(model, 1, f1, sizeof f1);
+    uint64_t o2 = tensor_at(model, 37, f2, sizeof f2);
+    assert_string_not_equal(f1, f2);
+    mf_flip_byte(f1, o1);
+    mf_flip_byte(f2, o2);
+    r = run(f->dir, "repair", model, "-q", "--fallback", mirror, NULL);
+    expect_status(&r, 0, "repair of two shards");
+    const char *second = strstr(r.out, "1 tensor written");
+    assert_non_null(second);
+    assert_non_null(strstr(second + 1, "1 tensor written"));
+    assert_non_null(strstr(r.out, "39 tensors verified, 0 failed"));
+    run_free(&r);
+    r = run(f->dir, "verify", model, "--files", "-q", NULL);
+    expect_status(&r, 0, "verify --files after repair");
+    run_free(&r);
+    /* usage: no --fallback, a remote PATH */
+    r = run(f->dir, "repair", model, NULL);
+    expect_status(&r, 2, "repair without --fallback");
+    assert_non_null(strstr(r.err, "at least one --fallback"));
+    run_free(&r);
+    r = run(f->dir, "repair", "http://127.0.0.1:9/m/", "--fallback", mirror, NULL);
+    expect_status(&r, 2, "repair of a URL");
+    assert_non_null(strstr(r.err, "must be local"));
+    run_free(&r);
+    r = run(f->dir, "repair", "--help", NULL);
+    expect_status(&r, 0, "repair --help");
+    assert_non_null(strstr(r.out, "never half"));
+    run_free(&r);
+    free(good);
+    free(model);
+    free(mirror);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(verify_says_recoverable_and_repair_mends, setup, teardown),
+        cmocka_unit_test_setup_teardown(mirror_that_fails_too, setup, teardown),
+        cmocka_unit_test_setup_teardown(kill_at_every_point, setup, teardown),
+        cmocka_unit_test_setup_teardown(symlinked_file, setup, teardown),
+        cmocka_unit_test_setup_teardown(sharded_and_usage, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
