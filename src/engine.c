@@ -652,7 +652,7 @@ void sl_engine_stats(sl_engine *e, struct sluice_stats *out)
     out->pool_in_use = sl_pool_in_use(e->pool);
     out->pool_high_water = sl_pool_high_water(e->pool);
     pthread_mutex_unlock(&e->lock);
-    out->disk_degraded = sl_engine_cache_warning(e) != NULL;
+    sl_ecache_stats(e, out);
 }
 
 uint64_t sl_engine_trim(sl_engine *e)

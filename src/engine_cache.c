@@ -138,6 +138,12 @@ const char *sl_engine_cache_warning(const sl_engine *e)
     return e && e->cache ? sl_cache_warning(e->cache) : NULL;
 }
 
+void sl_ecache_stats(const sl_engine *e, struct sluice_stats *out)
+{
+    out->disk_degraded = e->cache && sl_cache_is_off(e->cache);
+    out->disk_busy = e->cache ? sl_cache_busy(e->cache) : 0;
+}
+
 int sl_ecache_probe(sl_engine *e, size_t i)
 {
     if (!blob_candidate(e, i) || e->blob_bypass)
