@@ -345,7 +345,8 @@ class Model:
         this binding opens local models), the persistent cache's included:
         disk_hits, disk_hit_bytes, disk_misses, disk_stored, disk_rotten,
         disk_evicted, memo_tensors, memo_bytes, disk_degraded (1: the cache
-        was turned off, cache_warning says why)."""
+        was turned off, cache_warning says why), disk_busy (writes of the
+        cache's index put off: another process held its lock)."""
         return self._m.stats()
 
     @property

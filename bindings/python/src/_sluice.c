@@ -473,7 +473,7 @@ static PyObject *model_stats(ModelObject *self, PyObject *unused)
         {"disk_misses", st.disk_misses},   {"disk_stored", st.disk_stored},
         {"disk_rotten", st.disk_rotten},   {"disk_evicted", st.disk_evicted},
         {"memo_tensors", st.memo_tensors}, {"memo_bytes", st.memo_bytes},
-        {"disk_degraded", st.disk_degraded},
+        {"disk_degraded", st.disk_degraded}, {"disk_busy", st.disk_busy},
     };
     for (size_t k = 0; d && k < sizeof more / sizeof *more; k++) {
         PyObject *v = PyLong_FromUnsignedLongLong(more[k].value);
