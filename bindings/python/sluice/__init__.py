@@ -353,7 +353,9 @@ class Model:
     def cache_warning(self):
         """Why the persistent cache was turned off for this model (a
         read-only or full file system, a newer schema, a build without
-        SQLite, ...), or None when it works or none was asked for."""
+        SQLite, ...), or, while it works, the note that writes of its index
+        were put off because another process held its lock (stats
+        disk_busy), or None when neither happened or none was asked for."""
         return self._m.cache_warning()
 
     @property

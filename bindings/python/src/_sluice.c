@@ -484,8 +484,8 @@ static PyObject *model_stats(ModelObject *self, PyObject *unused)
     return d;
 }
 
-/* cache_warning() -> why the model's persistent cache was turned off, or
- * None (it works, or there is none). The library's string lives until
+/* cache_warning() -> why the model's persistent cache was turned off (or
+ * the note that writes of its index were put off), or None. The library's string lives until
  * sluice_close, which cannot run while this holds the GIL. */
 static PyObject *model_cache_warning(ModelObject *self, PyObject *unused)
 {
