@@ -3,7 +3,10 @@
  * in least recently used order, the budget, leftovers of dead processes,
  * an index that is corrupt, foreign, newer or of version 1, the fault
  * hook (read-only, full, SIGKILL at every step of a fill), the
- * verified-once memo, threads, and the public calls. Databases are made
+ * verified-once memo, threads, and the public calls; a real tmpfs full
+ * at SQLite's insert, another connection holding the index's lock, a live
+ * fill seen from another PID namespace, orphan blobs, a lost index.
+ * Databases are made
  * and inspected here with SQLite directly, not through cache.c. */
 #define _GNU_SOURCE 1   /* unshare, CLONE_NEWPID */
 #include "util.h"
@@ -706,6 +709,58 @@ static void fault_enospc(void **state)
     free(b.data);
 }
 
+/* A real full disk met by SQLite's journal, not by the blob: a tmpfs
+ * (mounted here where the machine allows: root, mounts permitted; else
+ * skipped, saying so) filled up but for one page, which the blob's 4096
+ * bytes take; the insert's WAL frame finds no room (SQLITE_FULL). The
+ * warning says "the disk is full" as a blob's ENOSPC does (before:
+ * SQLite's "database or disk is full"). */
+static void disk_full_in_sqlite(void **state)
+{
+    (void)state;
+    char *mnt = tu_tmpdir(), cmd[1024];
+    snprintf(cmd, sizeof cmd, "mount -t tmpfs -o size=1m sluice-test '%s' 2>/dev/null", mnt);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "  no tmpfs mount here: skipped\n");
+        tu_rmtree(mnt);
+        free(mnt);
+        skip();
+    }
+    char *dir = tu_join(mnt, "cache"), *filler = tu_join(mnt, "filler");
+    sl_cache *c = open_cache(dir, 64 * MIB);
+    expect_on(c);
+    blob b = make_blob(4096, 71);
+    int fd = open(filler, O_WRONLY | O_CREAT, 0644);
+    assert_true(fd >= 0);
+    static uint8_t page[4096];
+    off_t len = 0;
+    while (pwrite(fd, page, sizeof page, len) == (ssize_t)sizeof page)
+        len += (off_t)sizeof page;
+    assert_int_equal(errno, ENOSPC);
+    assert_int_equal(ftruncate(fd, len - (off_t)sizeof page), 0);   /* one page free */
+    close(fd);
+    assert_int_equal(sl_cache_store(c, SLUICE_ALG_SHA256, b.digest, b.data, b.size, "s", NULL), 0);
+    char w[512];
+    snprintf(w, sizeof w, "%s", sl_cache_warning(c) ? sl_cache_warning(c) : "");
+    sl_cache_close(c);
+    char *blobs = tu_join(dir, "blobs"), *tmp = tu_join(dir, "tmp");
+    size_t blobs_left = count_files(blobs), tmp_left = count_files(tmp);
+    snprintf(cmd, sizeof cmd, "umount '%s'", mnt);
+    assert_int_equal(system(cmd), 0);
+    fprintf(stderr, "  tmpfs full but for the blob's page: %s\n", w);
+    assert_non_null(strstr(w, "recording a blob failed: the disk is full"));
+    assert_non_null(strstr(w, dir));
+    assert_int_equal(blobs_left, 0);   /* not kept without its entry */
+    assert_int_equal(tmp_left, 0);
+    free(blobs);
+    free(tmp);
+    free(b.data);
+    free(dir);
+    free(filler);
+    tu_rmtree(mnt);
+    free(mnt);
+}
+
 /* SIGKILL at every step of a fill of 3.5 MiB (1 temporary file, 4 writes,
  * fsync, rename, directory fsync, insert: 9 steps), and once past them. */
 static void sigkill_every_step(void **state)
@@ -1316,6 +1371,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(memo_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(fault_erofs, setup, teardown),
         cmocka_unit_test_setup_teardown(fault_enospc, setup, teardown),
+        cmocka_unit_test(disk_full_in_sqlite),
         cmocka_unit_test_setup_teardown(sigkill_every_step, setup, teardown),
         cmocka_unit_test_setup_teardown(two_threads, setup, teardown),
         cmocka_unit_test_setup_teardown(store_sees_vanished_blob, setup, teardown),
