@@ -1329,6 +1329,9 @@ struct sluice_stats {
        remote_retries) */
     uint64_t remote_open_requests;
     uint64_t remote_open_bytes; /* the bytes they brought in */
+    uint64_t disk_busy;         /* writes of the cache's index put off because
+                                   another process held its write lock (see
+                                   "Persistent cache": never waited out) */
     uint32_t unverified;        /* sluice_verify_state's value: 0 verified
                                    against a manifest, 1 no manifest found,
                                    2 verification off by policy */
@@ -1382,8 +1385,19 @@ SLUICE_API int sluice_stats(sluice_model *model, struct sluice_stats *stats);
  * per open model); the rename makes a blob appear whole or not at all.
  *
  * Failures: a corrupt or foreign index.sqlite is moved aside (to
- * corrupt/) and rebuilt from the blobs; temporary files left by dead
- * processes are deleted at open. When the cache cannot be used (a
+ * corrupt/) and rebuilt from the blobs, and a deleted or empty one is
+ * made again with the blobs already there; temporary files left by dead
+ * processes are deleted at open (a fill is known to be alive by a lock
+ * its process holds, which the kernel drops at its death: a process in
+ * another PID namespace sharing the directory keeps its fills).
+ *
+ * Another process holding index.sqlite's write lock (a `sqlite3` shell,
+ * a long gc) never stalls a load: a store waits at most 100 ms for it,
+ * then leaves its blob in place with its entry to be written by a later
+ * store (for a second after, stores do not wait at all); a blob still
+ * without its entry at close gets one more try and is deleted if that
+ * fails. Each write put off is counted (disk_busy) and the first leaves
+ * a note in sluice_cache_warning (the cache stays on). When the cache cannot be used (a
  * read-only or full file system, a newer schema), loading goes on
  * without it: disk_degraded is 1 and sluice_cache_warning() says why,
  * once per model. A cache never fails a load.
@@ -1427,11 +1441,14 @@ SLUICE_API int sluice_stats(sluice_model *model, struct sluice_stats *stats);
  */
 
 /* The warning of a model whose cache was turned off (read-only or full
- * file system, a newer schema, ...; disk_degraded is 1), else the memo's
- * refusal of a file (SLUICE_F_TRUST_UNCHANGED on a file system where a
- * write need not move its times, see "Verified-once memo"; the first such
- * file and how many more), or NULL when its cache works or it has none.
- * Borrowed: valid until sluice_close. Any thread. */
+ * file system, a newer schema, ...; a full disk always reads "the disk is
+ * full"; disk_degraded is 1), else the memo's refusal of a file
+ * (SLUICE_F_TRUST_UNCHANGED on a file system where a write need not move
+ * its times, see "Verified-once memo"; the first such file and how many
+ * more), else, while its cache works, the note that writes of its index
+ * were put off because another process held its lock (disk_busy), or
+ * NULL when none of these happened or it has no cache. Borrowed: valid
+ * until sluice_close. Any thread. */
 SLUICE_API const char *sluice_cache_warning(sluice_model *model);
 
 /* A cache directory opened for administration (`sluice cache`): listing,
@@ -1478,7 +1495,11 @@ SLUICE_API int sluice_cache_gc(sluice_cache *cache, uint64_t max_bytes, uint64_t
 SLUICE_API int sluice_cache_clear(sluice_cache *cache, uint64_t *freed_bytes,
                                   uint64_t *freed_entries);
 /* Rehashes every blob and deletes those whose bytes do not match their
- * name (fn, may be NULL, is told of each, with the digest found). */
+ * name (fn, may be NULL, is told of each, with the digest found). Blob
+ * files the index does not name (a fill killed between its rename and
+ * its entry, an index lost) are rehashed too: a bad one is deleted, a
+ * good one recorded, fn told with a why that starts "recorded:". *checked
+ * counts both kinds. */
 SLUICE_API int sluice_cache_verify(sluice_cache *cache, uint64_t *checked, uint64_t *dropped,
                                    void (*fn)(void *user, const sluice_cache_entry *entry,
                                               const char *why),
@@ -1516,7 +1537,8 @@ SLUICE_API void sluice_cache_close(sluice_cache *cache);
  *   and the persistent cache's: sluice_disk_cache_hits_total,
  *   sluice_disk_cache_hit_bytes_total, sluice_disk_cache_misses_total,
  *   sluice_disk_cache_stored_total, sluice_disk_cache_rotten_total,
- *   sluice_disk_cache_evicted_total, sluice_memo_tensors_total,
+ *   sluice_disk_cache_evicted_total, sluice_disk_cache_busy_total,
+ *   sluice_memo_tensors_total,
  *   sluice_memo_bytes_total (the stats of the same names, see struct
  *   sluice_stats); sluice_chunks_verified_total,
  *   sluice_acquire_waited_seconds_total (acquire_wait_ns);

@@ -51,12 +51,12 @@ SLUICE_API int sluice_cache_open(const char *dir, sluice_cache **out)
     free(path);
     if (rc < 0)
         return rc;
-    const char *w = sl_cache_warning(c);
-    if (w) {
-        rc = sl_fail(&h->err, SLUICE_E_IO, "%s", w);
+    if (sl_cache_is_off(c)) {
+        rc = sl_fail(&h->err, SLUICE_E_IO, "%s", sl_cache_warning(c));
         sl_cache_close(c);
         return rc;
     }
+    sl_cache_set_patient(c);   /* no load waits on the administration */
     h->c = c;
     return SLUICE_OK;
 #endif
@@ -231,6 +231,68 @@ static int check_blob(sluice_cache *h, const sl_cache_row *r, sl_md *md, uint8_t
     return 0;
 }
 
+/* Rehashes the blobs of rows[0..n) (orphans: no entry names them) and
+ * tells fn of each that is not good. An entry's bad blob is dropped with
+ * its entry; an orphan's bad blob is deleted, a good one recorded (fn
+ * told, why "recorded: ..."). SLUICE_OK or SLUICE_E_NOMEM. */
+static int verify_rows(sluice_cache *cache, const sl_cache_row *rows, size_t n, int orphans,
+                       sl_md *md[2], uint8_t *buf, uint64_t *nchecked, uint64_t *ndropped,
+                       void (*fn)(void *user, const sluice_cache_entry *entry, const char *why),
+                       void *user)
+{
+    for (size_t i = 0; i < n; i++) {
+        const sl_cache_row *r = &rows[i];
+        char why[256];
+        int alg = r->alg == SLUICE_ALG_BLAKE3;
+        sluice_cache_entry e;
+        if (!sl_md_supported(r->alg)) {
+            entry_of(cache, r, &e);
+            snprintf(why, sizeof why, "not checked: this build cannot compute %s",
+                     sl_md_title(r->alg));
+            if (fn)
+                fn(user, &e, why);
+            continue;
+        }
+        if (!md[alg] && !(md[alg] = sl_md_new(r->alg)))
+            return sl_fail(&cache->err, SLUICE_E_NOMEM, "out of memory verifying the cache");
+        int ok = check_blob(cache, r, md[alg], buf, why, sizeof why);
+        if (ok == -2)
+            return sl_fail(&cache->err, SLUICE_E_NOMEM, "out of memory verifying the cache");
+        if (ok == 1 && !orphans) {
+            ++*nchecked;
+            continue;
+        }
+        if (ok == 1) {
+            ++*nchecked;
+            int rc = sl_cache_adopt(cache->c, r, &cache->err);
+            if (rc < 0)
+                return rc;
+            if (rc == 0)
+                continue;   /* gone meanwhile: nothing to say */
+            entry_of(cache, r, &e);
+            snprintf(why, sizeof why, "recorded: its blob had no entry (%s); its bytes match",
+                     "a fill cut short, or an index lost");
+            if (fn)
+                fn(user, &e, why);
+            continue;
+        }
+        entry_of(cache, r, &e);
+        if (ok == 0) {
+            uint8_t d[32];
+            sl_cache_hex_parse(r->digest, d);
+            sl_cache_drop(cache->c, r->alg, d);
+            ++*nchecked;
+            ++*ndropped;
+            e.present = 0;
+        }
+        /* one that could not be read is reported and kept: it may be a
+         * passing fault, and a load verifies it again anyway */
+        if (fn)
+            fn(user, &e, why);
+    }
+    return SLUICE_OK;
+}
+
 SLUICE_API int sluice_cache_verify(sluice_cache *cache, uint64_t *checked, uint64_t *dropped,
                                    void (*fn)(void *user, const sluice_cache_entry *entry,
                                               const char *why),
@@ -248,55 +310,20 @@ SLUICE_API int sluice_cache_verify(sluice_cache *cache, uint64_t *checked, uint6
         return rc;
     uint8_t *buf = malloc(VERIFY_PIECE);
     sl_md *md[2] = {NULL, NULL};
-    rc = SLUICE_OK;
-    if (!buf)
-        rc = sl_fail(&cache->err, SLUICE_E_NOMEM, "out of memory verifying the cache");
     uint64_t nchecked = 0, ndropped = 0;
-    for (size_t i = 0; i < n && rc == SLUICE_OK; i++) {
-        const sl_cache_row *r = &rows[i];
-        char why[256];
-        int alg = r->alg == SLUICE_ALG_BLAKE3;
-        if (!sl_md_supported(r->alg)) {
-            sluice_cache_entry e;
-            entry_of(cache, r, &e);
-            snprintf(why, sizeof why, "not checked: this build cannot compute %s",
-                     sl_md_title(r->alg));
-            if (fn)
-                fn(user, &e, why);
-            continue;
-        }
-        if (!md[alg] && !(md[alg] = sl_md_new(r->alg))) {
-            rc = sl_fail(&cache->err, SLUICE_E_NOMEM, "out of memory verifying the cache");
-            break;
-        }
-        int ok = check_blob(cache, r, md[alg], buf, why, sizeof why);
-        if (ok == -2) {
-            rc = sl_fail(&cache->err, SLUICE_E_NOMEM, "out of memory verifying the cache");
-            break;
-        }
-        if (ok == 1) {
-            nchecked++;
-            continue;
-        }
-        sluice_cache_entry e;
-        entry_of(cache, r, &e);
-        if (ok == 0) {
-            uint8_t d[32];
-            sl_cache_hex_parse(r->digest, d);
-            sl_cache_drop(cache->c, r->alg, d);
-            nchecked++;
-            ndropped++;
-            e.present = 0;
-        }
-        /* one that could not be read is reported and kept: it may be a
-         * passing fault, and a load verifies it again anyway */
-        if (fn)
-            fn(user, &e, why);
+    rc = buf ? verify_rows(cache, rows, n, 0, md, buf, &nchecked, &ndropped, fn, user)
+             : sl_fail(&cache->err, SLUICE_E_NOMEM, "out of memory verifying the cache");
+    sl_cache_rows_free(rows, n);
+    /* then the blobs no entry names, listed after the entries were done
+     * (a fill that lands meanwhile is an orphan until its insert: a
+     * good one is recorded, which its own insert then updates) */
+    if (rc == SLUICE_OK && (rc = sl_cache_orphans(cache->c, &rows, &n, &cache->err)) == SLUICE_OK) {
+        rc = verify_rows(cache, rows, n, 1, md, buf, &nchecked, &ndropped, fn, user);
+        sl_cache_rows_free(rows, n);
     }
     free(buf);
     sl_md_free(md[0]);
     sl_md_free(md[1]);
-    sl_cache_rows_free(rows, n);
     if (checked)
         *checked = nchecked;
     if (dropped)

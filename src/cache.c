@@ -64,7 +64,7 @@
 #define NS_PER_S 1000000000LL
 #define TMP_MAX_AGE_NS (24LL * 3600 * NS_PER_S)
 
-typedef enum fault_kind { FAULT_NONE, FAULT_KILL, FAULT_ENOSPC, FAULT_EROFS } fault_kind;
+typedef enum fault_kind { FAULT_NONE, FAULT_KILL, FAULT_STOP, FAULT_ENOSPC, FAULT_EROFS } fault_kind;
 
 enum { ON = 0, TURNING_OFF = 1, OFF = 2 };
 
@@ -80,10 +80,29 @@ struct sl_cache {
     atomic_uint_fast64_t steps; /* fill steps so far, for the fault hook */
     pthread_mutex_t mu;         /* serialises every use of db and last_ns */
     int64_t last_ns;            /* the last access time given out */
+    /* Another process holding the index's write lock (see "Busy" in
+     * cache.h): blobs in place whose entry waits (under mu), the
+     * CLOCK_MONOTONIC time before which stores do not try the index
+     * again (under mu), the count of writes given up, and the note
+     * (written once, under mu, before noted is set) */
+    struct pending_blob *pend;
+    size_t npend, cap_pend;
+    int64_t retry_ns;
+    atomic_uint_fast64_t busy;
+    atomic_int noted;
+    char note[SL_ERRMSG_MAX];
 #ifdef SLUICE_HAVE_SQLITE
     sqlite3 *db;
 #endif
 };
+
+/* A blob renamed into place whose entry could not be written yet. */
+typedef struct pending_blob {
+    sluice_algorithm alg;
+    char hex[65];
+    uint64_t size;
+    char *source;   /* malloc'd */
+} pending_blob;
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -175,9 +194,21 @@ static void turn_off(sl_cache *c, const char *fmt, ...)
 
 const char *sl_cache_warning(const sl_cache *c)
 {
-    if (!c || atomic_load_explicit(&c->state, memory_order_acquire) != OFF)
+    if (!c)
         return NULL;
-    return c->warning;
+    if (atomic_load_explicit(&c->state, memory_order_acquire) == OFF)
+        return c->warning;
+    return atomic_load_explicit(&c->noted, memory_order_acquire) ? c->note : NULL;
+}
+
+int sl_cache_is_off(const sl_cache *c)
+{
+    return c && atomic_load_explicit(&c->state, memory_order_acquire) == OFF;
+}
+
+uint64_t sl_cache_busy(const sl_cache *c)
+{
+    return c ? atomic_load_explicit(&c->busy, memory_order_relaxed) : 0;
 }
 
 const char *sl_cache_dir(const sl_cache *c)
@@ -283,11 +314,34 @@ int sl_file_id_settle(int fd)
 
 #ifdef SLUICE_HAVE_SQLITE
 
+static void pending_clear(sl_cache *c)
+{
+    for (size_t i = 0; i < c->npend; i++)
+        free(c->pend[i].source);
+    c->npend = 0;
+}
+
 /* The errors after which the cache cannot work here at all (read-only,
  * forbidden or full): they turn the handle off rather than fail one fill. */
 static int is_fatal_errno(int e)
 {
     return e == EROFS || e == EACCES || e == EPERM || e == ENOSPC || e == EDQUOT;
+}
+
+/* A full disk reads the same in every warning, whichever layer met it
+ * first: a blob's write or fsync (ENOSPC), or SQLite's journal
+ * (SQLITE_FULL, "database or disk is full"). */
+#define DISK_FULL "the disk is full (No space left on device)"
+
+static const char *errno_why(int e)
+{
+    return e == ENOSPC ? DISK_FULL : strerror(e);
+}
+
+/* msg, the words of SQLite's rc, unless rc says the disk is full. */
+static const char *sqlite_why(int rc, const char *msg)
+{
+    return (rc & 0xff) == SQLITE_FULL ? DISK_FULL : msg;
 }
 
 /* mkdir that is content with a directory already there. */
@@ -335,9 +389,36 @@ static int mkdir_p(const char *path)
     return rc;
 }
 
-/* Deletes the temporary files of fills that cannot finish: their process
- * is gone (its pid no longer exists), or they are over a day old (a pid
- * reused, or another pid namespace). A live process's fill is left. */
+/* Whether the fill of the temporary file name (in d) has ended without
+ * finishing: 1 gone, 0 live or not known. A fill of this version is
+ * RANDOM.fill, flock'ed by its writer from before its first byte to its
+ * end: the kernel drops the lock when the writer dies, in whatever PID
+ * namespace it ran, so a lock this call can take means the writer is
+ * gone. PID.RANDOM.tmp is an older sluice's, which took no lock: gone
+ * when that pid does not exist here (not known across PID namespaces). */
+static int fill_gone(DIR *d, const char *name)
+{
+    size_t len = strlen(name);
+    if (len > 5 && !strcmp(name + len - 5, ".fill")) {
+        int fd = openat(dirfd(d), name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        if (fd < 0)
+            return 0;
+        struct stat st;
+        int gone = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && flock(fd, LOCK_EX | LOCK_NB) == 0;
+        close(fd);   /* the lock goes with it; the name is unlinked after */
+        return gone;
+    }
+    char *end;
+    errno = 0;
+    long pid = strtol(name, &end, 10);
+    return name[0] >= '1' && name[0] <= '9' && !errno && pid > 0 && pid <= INT_MAX &&
+           end[0] == '.' && end[1] != '\0' && len > 4 && !strcmp(name + len - 4, ".tmp") &&
+           end + 1 < name + len - 4 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+/* Deletes the temporary files of fills that cannot finish: their writer
+ * is gone (fill_gone), or they are over a day old (anything else there).
+ * A live fill is left, whatever PID namespace its writer runs in. */
 static void clean_tmp(const sl_cache *c)
 {
     char *path = str_printf("%s/tmp", c->dir);
@@ -354,17 +435,8 @@ static void clean_tmp(const sl_cache *c)
         struct stat st;
         if (fstatat(dirfd(d), name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
             continue;
-        int gone = now - ((int64_t)st.st_mtim.tv_sec * NS_PER_S + st.st_mtim.tv_nsec) > TMP_MAX_AGE_NS;
-        /* PID.RANDOM.tmp */
-        char *end;
-        errno = 0;
-        long pid = strtol(name, &end, 10);
-        size_t len = strlen(name);
-        if (!gone && name[0] >= '1' && name[0] <= '9' && !errno && pid > 0 && pid <= INT_MAX &&
-            end[0] == '.' && end[1] != '\0' && len > 4 && !strcmp(name + len - 4, ".tmp") &&
-            end + 1 < name + len - 4 && kill((pid_t)pid, 0) != 0 && errno == ESRCH)
-            gone = 1;
-        if (gone)
+        int64_t age = now - ((int64_t)st.st_mtim.tv_sec * NS_PER_S + st.st_mtim.tv_nsec);
+        if (age > TMP_MAX_AGE_NS || fill_gone(d, name))
             unlinkat(dirfd(d), name, 0);
     }
     closedir(d);
@@ -438,7 +510,7 @@ static int walk_blobs(const sl_cache *c, found_list *out)
     return 0;
 }
 
-/* SLUICE_TEST_CACHE_FAULT, parsed strictly: "erofs", "kill@N" or
+/* SLUICE_TEST_CACHE_FAULT, parsed strictly: "erofs", "kill@N", "stop@N" or
  * "enospc@N" with N a positive decimal without leading zeros; anything
  * else is ignored. */
 static void parse_fault(sl_cache *c)
@@ -454,6 +526,9 @@ static void parse_fault(sl_cache *c)
     const char *n;
     if (!strncmp(v, "kill@", 5)) {
         k = FAULT_KILL;
+        n = v + 5;
+    } else if (!strncmp(v, "stop@", 5)) {
+        k = FAULT_STOP;
         n = v + 5;
     } else if (!strncmp(v, "enospc@", 7)) {
         k = FAULT_ENOSPC;
@@ -480,7 +555,7 @@ static void parse_fault(sl_cache *c)
 static uint64_t step_begin(sl_cache *c, int *fail)
 {
     *fail = 0;
-    if (c->fault != FAULT_KILL && c->fault != FAULT_ENOSPC)
+    if (c->fault != FAULT_KILL && c->fault != FAULT_STOP && c->fault != FAULT_ENOSPC)
         return 0;
     uint64_t step = atomic_fetch_add(&c->steps, 1) + 1;
     if (c->fault == FAULT_ENOSPC && step == c->fault_at) {
@@ -494,6 +569,8 @@ static void step_end(const sl_cache *c, uint64_t step)
 {
     if (c->fault == FAULT_KILL && step == c->fault_at)
         kill(getpid(), SIGKILL);
+    if (c->fault == FAULT_STOP && step == c->fault_at)
+        kill(getpid(), SIGSTOP);
 }
 
 
@@ -541,6 +618,32 @@ static int64_t access_ns(sl_cache *c)
     return t;
 }
 
+static inline int64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * NS_PER_S + ts.tv_nsec;
+}
+
+/* A write of the index given up because another connection held its
+ * write lock past the short wait (under mu): counted, noted once, and no
+ * store tries the index again for SL_CACHE_BUSY_RETRY_MS. */
+static void note_busy(sl_cache *c)
+{
+    atomic_fetch_add_explicit(&c->busy, 1, memory_order_relaxed);
+    c->retry_ns = mono_ns() + (int64_t)SL_CACHE_BUSY_RETRY_MS * 1000000;
+    if (atomic_load_explicit(&c->noted, memory_order_relaxed))
+        return;
+    snprintf(c->note, sizeof c->note,
+             "cache %s: another process holds the write lock of its index.sqlite (waited %d "
+             "ms): loads go on; a blob stored meanwhile gets its entry with a later store, or "
+             "is deleted at close if the lock is still held (stats disk_busy counts the "
+             "writes put off)",
+             c->dir, SL_CACHE_BUSY_MS);
+    sl_utf8_cut(c->note);
+    atomic_store_explicit(&c->noted, 1, memory_order_release);
+}
+
 /* After a failed transaction (under mu; rc its code, since the ROLLBACK
  * has replaced the connection's message): turns the handle off when the
  * index cannot be written at all (read-only, full, corrupt); a busy or
@@ -548,12 +651,17 @@ static int64_t access_ns(sl_cache *c)
 static void db_trouble(sl_cache *c, int rc, const char *what)
 {
     int prim = rc & 0xff;
+    if (prim == SQLITE_BUSY) {
+        note_busy(c);
+        return;
+    }
     int se = sqlite3_system_errno(c->db);
     if (prim == SQLITE_FULL || prim == SQLITE_READONLY || prim == SQLITE_CORRUPT ||
         prim == SQLITE_NOTADB || prim == SQLITE_PERM || prim == SQLITE_CANTOPEN ||
         (prim == SQLITE_IOERR && is_fatal_errno(se)))
         turn_off(c, "%s failed: %s", what,
-                 se && is_fatal_errno(se) ? strerror(se) : sqlite3_errstr(rc));
+                 se == ENOSPC ? DISK_FULL
+                 : se && is_fatal_errno(se) ? strerror(se) : sqlite_why(rc, sqlite3_errstr(rc)));
 }
 
 static int db_exec(sqlite3 *db, const char *sql)
@@ -609,13 +717,15 @@ typedef enum index_state {
 
 /* Checks the database at db and brings it to the current schema: creates
  * it when empty, migrates version 1. *why says what went wrong. */
-static index_state prepare_index(sqlite3 *db, int64_t *version, char *why, size_t why_size)
+static index_state prepare_index(sqlite3 *db, int64_t *version, int *created, char *why,
+                                 size_t why_size)
 {
     int64_t v = 0, tables = 0;
+    *created = 0;
     int rc = db_int(db, "PRAGMA user_version", &v);
     *version = v;
     if (rc != SQLITE_OK) {
-        snprintf(why, why_size, "%s", sqlite3_errmsg(db));
+        snprintf(why, why_size, "%s", sqlite_why(rc, sqlite3_errmsg(db)));
         return is_corrupt_rc(rc) ? INDEX_ASIDE : INDEX_FAILED;
     }
     if (v > SL_CACHE_SCHEMA) {
@@ -630,7 +740,7 @@ static index_state prepare_index(sqlite3 *db, int64_t *version, char *why, size_
     if (rc == SQLITE_OK)
         rc = sqlite3_step(st);
     if (rc != SQLITE_ROW) {
-        snprintf(why, why_size, "%s", sqlite3_errmsg(db));
+        snprintf(why, why_size, "%s", sqlite_why(rc, sqlite3_errmsg(db)));
         sqlite3_finalize(st);
         return is_corrupt_rc(rc) ? INDEX_ASIDE : INDEX_FAILED;
     }
@@ -643,7 +753,7 @@ static index_state prepare_index(sqlite3 *db, int64_t *version, char *why, size_
     }
     rc = db_int(db, "SELECT count(*) FROM sqlite_master", &tables);
     if (rc != SQLITE_OK) {
-        snprintf(why, why_size, "%s", sqlite3_errmsg(db));
+        snprintf(why, why_size, "%s", sqlite_why(rc, sqlite3_errmsg(db)));
         return is_corrupt_rc(rc) ? INDEX_ASIDE : INDEX_FAILED;
     }
     if (tables > 0) {
@@ -662,7 +772,7 @@ static index_state prepare_index(sqlite3 *db, int64_t *version, char *why, size_
             rc = db_int(db, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND "
                             "name = 'memo'", &have_memo);
         if (rc != SQLITE_OK) {
-            snprintf(why, why_size, "%s", sqlite3_errmsg(db));
+            snprintf(why, why_size, "%s", sqlite_why(rc, sqlite3_errmsg(db)));
             return is_corrupt_rc(rc) ? INDEX_ASIDE : INDEX_FAILED;
         }
         if (!mine || !have_blobs || (v != 1 && v != 2) || (v == 2 && !have_memo)) {
@@ -676,7 +786,7 @@ static index_state prepare_index(sqlite3 *db, int64_t *version, char *why, size_
     if (rc == SQLITE_OK)
         rc = db_exec(db, "PRAGMA synchronous = NORMAL");
     if (rc != SQLITE_OK) {
-        snprintf(why, why_size, "%s", sqlite3_errmsg(db));
+        snprintf(why, why_size, "%s", sqlite_why(rc, sqlite3_errmsg(db)));
         return is_corrupt_rc(rc) ? INDEX_ASIDE : INDEX_FAILED;
     }
     if (tables > 0 && v == SL_CACHE_SCHEMA)
@@ -695,10 +805,11 @@ static index_state prepare_index(sqlite3 *db, int64_t *version, char *why, size_
         rc = db_end(db, rc);
     }
     if (rc != SQLITE_OK) {
-        snprintf(why, why_size, "%s", sqlite3_errstr(rc));
+        snprintf(why, why_size, "%s", sqlite_why(rc, sqlite3_errstr(rc)));
         return INDEX_FAILED;
     }
     *version = SL_CACHE_SCHEMA;
+    *created = tables == 0;
     return INDEX_OK;
 }
 
@@ -735,7 +846,7 @@ static int db_open(const sl_cache *c, sqlite3 **db)
                              SQLITE_OPEN_NOMUTEX, NULL);
     free(path);
     if (*db)
-        sqlite3_busy_timeout(*db, 5000);
+        sqlite3_busy_timeout(*db, SL_CACHE_OPEN_BUSY_MS);
     return rc;
 }
 
@@ -795,12 +906,13 @@ static void open_index(sl_cache *c)
     int64_t version = 0;
     sqlite3 *db = NULL;
     index_state s;
+    int created = 0;
     rc = db_open(c, &db);
     if (rc != SQLITE_OK) {
-        snprintf(why, sizeof why, "%s", db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+        snprintf(why, sizeof why, "%s", sqlite_why(rc, db ? sqlite3_errmsg(db) : sqlite3_errstr(rc)));
         s = is_corrupt_rc(rc) ? INDEX_ASIDE : INDEX_FAILED;
     } else {
-        s = prepare_index(db, &version, why, sizeof why);
+        s = prepare_index(db, &version, &created, why, sizeof why);
     }
     int rebuilt = 0;
     if (s == INDEX_ASIDE) {
@@ -811,25 +923,31 @@ static void open_index(sl_cache *c)
             s = INDEX_FAILED;
         } else {
             rc = db_open(c, &db);
-            s = rc == SQLITE_OK ? prepare_index(db, &version, why, sizeof why) : INDEX_FAILED;
+            s = rc == SQLITE_OK ? prepare_index(db, &version, &created, why, sizeof why)
+                                : INDEX_FAILED;
             if (rc != SQLITE_OK)
-                snprintf(why, sizeof why, "%s", db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+                snprintf(why, sizeof why, "%s", sqlite_why(rc, db ? sqlite3_errmsg(db) : sqlite3_errstr(rc)));
             if (s == INDEX_ASIDE) /* a fresh one bad again: give up */
                 s = INDEX_FAILED;
             rebuilt = 1;
         }
     }
-    if (s == INDEX_OK && rebuilt) {
+    /* an index made here (deleted, emptied, moved aside) learns the
+     * blobs already there, so that ls, du, verify and the budget see them */
+    if (s == INDEX_OK && (rebuilt || created)) {
         found_list f = {0};
         c->db = db;
         if (walk_blobs(c, &f) != 0)
             snprintf(why, sizeof why, "out of memory"), s = INDEX_FAILED;
         else if ((rc = record_found(c, &f, NULL)) != SQLITE_OK)
-            snprintf(why, sizeof why, "%s", sqlite3_errstr(rc)), s = INDEX_FAILED;
+            snprintf(why, sizeof why, "%s", sqlite_why(rc, sqlite3_errstr(rc))), s = INDEX_FAILED;
         free(f.v);
         c->db = NULL;
     }
     if (s == INDEX_OK) {
+        /* from here on, a write of the index waits only a moment for
+         * another process's lock (see "Busy" in cache.h) */
+        sqlite3_busy_timeout(db, SL_CACHE_BUSY_MS);
         c->db = db;
     } else {
         sqlite3_close(db);
@@ -885,7 +1003,7 @@ int sl_cache_open(const char *dir, uint64_t max_bytes, sl_cache **out, sl_err *e
                 *out = NULL;
                 return sl_fail(err, SLUICE_E_NOMEM, "out of memory opening the cache %s", dir);
             }
-            turn_off(c, "making the directory failed: %s", strerror(e));
+            turn_off(c, "making the directory failed: %s", errno_why(e));
             return SLUICE_OK;
         }
     }
@@ -893,14 +1011,41 @@ int sl_cache_open(const char *dir, uint64_t max_bytes, sl_cache **out, sl_err *e
     return SLUICE_OK;
 }
 
+static int insert_pending(sl_cache *c, int64_t t, uint64_t *n);
+static void pending_unlink(sl_cache *c);
+
 void sl_cache_close(sl_cache *c)
 {
     if (!c)
         return;
+    if (c->npend) {
+        /* one more try for the blobs that waited for their entry (the
+         * short wait, whatever retry_ns says); what is still locked out
+         * goes, so that no blob is left outside the index */
+        uint64_t n = 0;
+        int rc = is_off(c) ? SQLITE_ABORT : db_begin(c->db);
+        if (rc == SQLITE_OK)
+            rc = insert_pending(c, access_ns(c), &n);
+        rc = is_off(c) ? rc : db_end(c->db, rc);
+        if (rc == SQLITE_OK)
+            pending_clear(c);
+        else
+            pending_unlink(c);
+    }
+    free(c->pend);
     sqlite3_close(c->db);
     pthread_mutex_destroy(&c->mu);
     free(c->dir);
     free(c);
+}
+
+void sl_cache_set_patient(sl_cache *c)
+{
+    if (!c || !c->db)
+        return;
+    pthread_mutex_lock(&c->mu);
+    sqlite3_busy_timeout(c->db, SL_CACHE_OPEN_BUSY_MS);
+    pthread_mutex_unlock(&c->mu);
 }
 
 /* ---------------------------------------------------------------- blobs */
@@ -941,6 +1086,10 @@ static void drop_hex(sl_cache *c, sluice_algorithm alg, const char hex[65])
     rc = db_end(c->db, rc);
     if (rc != SQLITE_OK)
         db_trouble(c, rc, "deleting an entry");
+    /* the index locked by another process: the bad bytes go all the same
+     * (an entry left naming no blob is a miss, and gc deletes it) */
+    if ((rc & 0xff) == SQLITE_BUSY)
+        unlink(path);
     pthread_mutex_unlock(&c->mu);
     free(path);
 }
@@ -1127,8 +1276,7 @@ static int fill_blob(sl_cache *c, const char *final, const char *xx, const char 
         if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r)
             r = (uint64_t)now_ns() ^ ((uint64_t)(uintptr_t)&r << 16) ^ (uint64_t)tries;
         free(tmp);
-        if (!(tmp = str_printf("%s/tmp/%ld.%016llx.tmp", c->dir, (long)getpid(),
-                               (unsigned long long)r))) {
+        if (!(tmp = str_printf("%s/tmp/%016llx.fill", c->dir, (unsigned long long)r))) {
             errno = ENOMEM;
             return -1;
         }
@@ -1144,8 +1292,20 @@ static int fill_blob(sl_cache *c, const char *final, const char *xx, const char 
             errno = e;
             return -1;
         }
-        if (fd >= 0)
-            step_end(c, step);
+        if (fd < 0)
+            continue;
+        /* locked for as long as this fill lives (clean_tmp's sign of
+         * life); a cleaner that came between the open and the lock took
+         * the lock or the name first: another name, then */
+        struct stat st;
+        int locked = flock(fd, LOCK_EX | LOCK_NB) == 0;
+        /* (a file system without flock: unlocked, left to the age rule) */
+        if ((!locked && errno == EWOULDBLOCK) || fstat(fd, &st) != 0 || st.st_nlink == 0) {
+            close(fd);
+            fd = -1;
+            continue;
+        }
+        step_end(c, step);
     }
     if (fd < 0) {
         free(tmp);
@@ -1192,6 +1352,100 @@ out:;
     return rc;
 }
 
+/* Inside a transaction, under mu: the entry of the blob (alg, hex) at
+ * path, of size bytes, from source, used at t (or a newer access time for
+ * one recorded before), if the blob is still in place: an eviction of the
+ * same digest may have unlinked it since its rename (see the top of this
+ * file). *vanished: it was not. SQLite status. */
+static int insert_entry(sl_cache *c, const char *a, const char *hex, const char *path,
+                        uint64_t size, const char *source, int64_t t, int *vanished)
+{
+    struct stat bs;
+    *vanished = 0;
+    if (lstat(path, &bs) != 0 || !S_ISREG(bs.st_mode) || (uint64_t)bs.st_size != size) {
+        *vanished = 1;
+        return SQLITE_OK;
+    }
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(c->db,
+                                "INSERT INTO blobs(algorithm, digest, size, source, created_ns,"
+                                " last_access_ns) VALUES(?, ?, ?, ?, ?, ?)"
+                                " ON CONFLICT(algorithm, digest) DO UPDATE SET"
+                                " size = excluded.size, last_access_ns = excluded.last_access_ns",
+                                -1, &st, NULL);
+    if (rc == SQLITE_OK) {
+        sqlite3_bind_text(st, 1, a, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 2, hex, 64, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 3, (sqlite3_int64)size);
+        sqlite3_bind_text(st, 4, source ? source : "", -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 5, t);
+        sqlite3_bind_int64(st, 6, t);
+        rc = sqlite3_step(st);
+        if (rc == SQLITE_DONE)
+            rc = SQLITE_OK;
+    }
+    sqlite3_finalize(st);
+    return rc;
+}
+
+/* Keeps the blob (alg, hex) waiting for its entry (under mu). 0, or -1
+ * out of memory. */
+static int pending_add(sl_cache *c, sluice_algorithm alg, const char *hex, uint64_t size,
+                       const char *source)
+{
+    if (c->npend == c->cap_pend) {
+        size_t cap = c->cap_pend ? c->cap_pend * 2 : 16;
+        pending_blob *p = realloc(c->pend, cap * sizeof *p);
+        if (!p)
+            return -1;
+        c->pend = p;
+        c->cap_pend = cap;
+    }
+    pending_blob *b = &c->pend[c->npend];
+    if (!(b->source = strdup(source ? source : "")))
+        return -1;
+    b->alg = alg;
+    memcpy(b->hex, hex, 65);
+    b->size = size;
+    c->npend++;
+    return 0;
+}
+
+/* Inside a transaction, under mu: the entries of the blobs waiting for
+ * one (those gone since are skipped); *n gets how many were recorded.
+ * SQLite status. */
+static int insert_pending(sl_cache *c, int64_t t, uint64_t *n)
+{
+    int rc = SQLITE_OK;
+    for (size_t i = 0; rc == SQLITE_OK && i < c->npend; i++) {
+        const pending_blob *b = &c->pend[i];
+        char *path = sl_cache_blob_path(c, b->alg, b->hex);
+        int vanished = 0;
+        rc = path ? insert_entry(c, alg_dir(b->alg), b->hex, path, b->size, b->source, t,
+                                 &vanished)
+                  : SQLITE_NOMEM;
+        free(path);
+        *n += rc == SQLITE_OK && !vanished;
+    }
+    return rc;
+}
+
+/* Deletes the blobs still waiting for their entry (under mu): a blob no
+ * entry names would be outside the budget. Only its own store puts an
+ * entry in place, so none names these, unless another process stored
+ * the same digest meanwhile: then its entry names a missing blob, which
+ * a reader takes for a miss and gc deletes (as after a failed COMMIT). */
+static void pending_unlink(sl_cache *c)
+{
+    for (size_t i = 0; i < c->npend; i++) {
+        char *path = sl_cache_blob_path(c, c->pend[i].alg, c->pend[i].hex);
+        if (path)
+            unlink(path);
+        free(path);
+    }
+    pending_clear(c);
+}
+
 int sl_cache_store(sl_cache *c, sluice_algorithm alg, const uint8_t digest[32], const void *data,
                    uint64_t size, const char *source, uint64_t *evicted)
 {
@@ -1211,57 +1465,51 @@ int sl_cache_store(sl_cache *c, sluice_algorithm alg, const uint8_t digest[32], 
     const char *what;
     if (fill_blob(c, final, xx, algdir, data, size, &what) != 0) {
         if (is_fatal_errno(errno))
-            turn_off(c, "%s failed: %s", what, strerror(errno));
+            turn_off(c, "%s failed: %s", what, errno_why(errno));
         goto out;
     }
 
-    /* the insert (or a newer access time for a blob stored before) and
-     * the eviction it calls for, in one transaction */
+    /* the insert (or a newer access time for a blob stored before), the
+     * entries of blobs that waited for one, and the eviction they call
+     * for, in one transaction */
     victim_list v = {0};
     int fail;
     uint64_t step = step_begin(c, &fail);
     pthread_mutex_lock(&c->mu);
     int rc;
+    uint64_t recorded = 0;
     if (fail) {
         rc = SQLITE_FULL;
-        turn_off(c, "recording a blob failed: %s", strerror(ENOSPC));
+        turn_off(c, "recording a blob failed: %s", DISK_FULL);
         unlink(final);
+    } else if (mono_ns() < c->retry_ns) {
+        /* the index was locked a moment ago: no wait for it now, the
+         * entry waits instead (see "Busy" in cache.h) */
+        atomic_fetch_add_explicit(&c->busy, 1, memory_order_relaxed);
+        rc = SQLITE_BUSY;
+        if (pending_add(c, alg, hex, size, source) != 0)
+            unlink(final);
     } else {
-        sqlite3_stmt *st = NULL;
         int64_t t = access_ns(c);
-        struct stat bs;
         int vanished = 0;
         rc = db_begin(c->db);
-        /* still in place: an eviction of the same digest may have
-         * unlinked it since the rename (see the top of this file) */
-        if (rc == SQLITE_OK && (lstat(final, &bs) != 0 || !S_ISREG(bs.st_mode) ||
-                                (uint64_t)bs.st_size != size)) {
-            vanished = 1;
-            rc = SQLITE_ABORT;
-        }
         if (rc == SQLITE_OK)
-            rc = sqlite3_prepare_v2(c->db,
-                                    "INSERT INTO blobs(algorithm, digest, size, source, created_ns,"
-                                    " last_access_ns) VALUES(?, ?, ?, ?, ?, ?)"
-                                    " ON CONFLICT(algorithm, digest) DO UPDATE SET"
-                                    " size = excluded.size, last_access_ns = excluded.last_access_ns",
-                                    -1, &st, NULL);
-        if (rc == SQLITE_OK) {
-            sqlite3_bind_text(st, 1, a, -1, SQLITE_STATIC);
-            sqlite3_bind_text(st, 2, hex, 64, SQLITE_STATIC);
-            sqlite3_bind_int64(st, 3, (sqlite3_int64)size);
-            sqlite3_bind_text(st, 4, source ? source : "", -1, SQLITE_STATIC);
-            sqlite3_bind_int64(st, 5, t);
-            sqlite3_bind_int64(st, 6, t);
-            rc = sqlite3_step(st);
-            if (rc == SQLITE_DONE)
-                rc = SQLITE_OK;
-        }
-        sqlite3_finalize(st);
+            rc = insert_pending(c, t, &recorded);
+        if (rc == SQLITE_OK)
+            rc = insert_entry(c, a, hex, final, size, source, t, &vanished);
         if (rc == SQLITE_OK)
             rc = evict_entries(c, c->max_bytes, a, hex, &v);
         rc = db_end(c->db, rc);
-        if (rc != SQLITE_OK && !vanished) {
+        if ((rc & 0xff) == SQLITE_BUSY) {
+            /* another process holds the write lock: kept, recorded with
+             * a later store or deleted at close */
+            note_busy(c);
+            if (pending_add(c, alg, hex, size, source) != 0)
+                unlink(final);
+        } else if (rc == SQLITE_OK) {
+            pending_clear(c);
+            recorded += !vanished;
+        } else {
             db_trouble(c, rc, "recording a blob");
             /* no entry: not kept, so that every blob's bytes are counted
              * (a store of the same digest racing this failure may lose
@@ -1274,7 +1522,7 @@ int sl_cache_store(sl_cache *c, sluice_algorithm alg, const uint8_t digest[32], 
         step_end(c, step);
         if (evicted)
             *evicted = v.n;
-        stored = 1;
+        stored = recorded > INT_MAX ? INT_MAX : (int)recorded;
     }
     victims_free(&v);
 out:
@@ -1435,7 +1683,7 @@ static int admin_fail(sl_cache *c, sl_err *err, int rc, const char *what)
 {
     if (rc == SQLITE_NOMEM)
         return sl_fail(err, SLUICE_E_NOMEM, "cache %s: out of memory %s", c->dir, what);
-    return sl_fail(err, SLUICE_E_IO, "cache %s: %s: %s", c->dir, what, sqlite3_errstr(rc));
+    return sl_fail(err, SLUICE_E_IO, "cache %s: %s: %s", c->dir, what, sqlite_why(rc, sqlite3_errstr(rc)));
 }
 
 static int admin_off(const sl_cache *c, sl_err *err)
@@ -1527,6 +1775,80 @@ int sl_cache_usage(sl_cache *c, uint64_t *bytes, uint64_t *entries, sl_err *err)
     pthread_mutex_unlock(&c->mu);
     *bytes = (uint64_t)b;
     *entries = (uint64_t)n;
+    return code;
+}
+
+int sl_cache_orphans(sl_cache *c, sl_cache_row **out, size_t *count, sl_err *err)
+{
+    *out = NULL;
+    *count = 0;
+    if (is_off(c))
+        return admin_off(c, err);
+    found_list f = {0};
+    if (walk_blobs(c, &f) != 0) {
+        free(f.v);
+        return sl_fail(err, SLUICE_E_NOMEM, "cache %s: out of memory listing the blobs", c->dir);
+    }
+    sl_cache_row *rows = NULL;
+    size_t n = 0;
+    pthread_mutex_lock(&c->mu);
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(c->db, "SELECT count(*) FROM blobs WHERE algorithm = ? AND"
+                                       " digest = ?", -1, &st, NULL);
+    if (rc == SQLITE_OK && f.n && !(rows = calloc(f.n, sizeof *rows)))
+        rc = SQLITE_NOMEM;
+    for (size_t i = 0; rc == SQLITE_OK && i < f.n; i++) {
+        sqlite3_bind_text(st, 1, alg_dir(f.v[i].alg), -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 2, f.v[i].hex, 64, SQLITE_STATIC);
+        rc = sqlite3_step(st);
+        int named = rc == SQLITE_ROW && sqlite3_column_int64(st, 0) > 0;
+        rc = rc == SQLITE_ROW ? SQLITE_OK : rc;
+        sqlite3_reset(st);
+        if (rc != SQLITE_OK || named)
+            continue;
+        sl_cache_row *r = &rows[n];
+        r->alg = f.v[i].alg;
+        memcpy(r->digest, f.v[i].hex, 65);
+        r->size = f.v[i].size;
+        r->created_ns = r->last_access_ns = f.v[i].mtime_ns;
+        if (!(r->source = strdup("")))
+            rc = SQLITE_NOMEM;
+        else
+            n++;
+    }
+    sqlite3_finalize(st);
+    int code = rc == SQLITE_OK ? SLUICE_OK : admin_fail(c, err, rc, "looking for blobs without an entry");
+    pthread_mutex_unlock(&c->mu);
+    free(f.v);
+    if (code < 0) {
+        sl_cache_rows_free(rows, n);
+        return code;
+    }
+    *out = rows;
+    *count = n;
+    return SLUICE_OK;
+}
+
+int sl_cache_adopt(sl_cache *c, const sl_cache_row *row, sl_err *err)
+{
+    if (is_off(c))
+        return admin_off(c, err);
+    const char *a = alg_dir(row->alg);
+    char *path = sl_cache_blob_path(c, row->alg, row->digest);
+    if (!a || !path) {
+        free(path);
+        return sl_fail(err, SLUICE_E_NOMEM, "cache %s: out of memory recording a blob", c->dir);
+    }
+    pthread_mutex_lock(&c->mu);
+    int vanished = 0;
+    int rc = db_begin(c->db);
+    if (rc == SQLITE_OK)
+        rc = insert_entry(c, a, row->digest, path, row->size, "found by verify", access_ns(c),
+                          &vanished);
+    rc = db_end(c->db, rc);
+    int code = rc == SQLITE_OK ? !vanished : admin_fail(c, err, rc, "recording a blob");
+    pthread_mutex_unlock(&c->mu);
+    free(path);
     return code;
 }
 
@@ -1727,6 +2049,10 @@ static int no_sqlite(const sl_cache *c, sl_err *err)
     return sl_fail(err, SLUICE_E_UNSUPPORTED, "%s", sl_cache_warning(c));
 }
 
+void sl_cache_set_patient(sl_cache *c)
+{
+}
+
 void sl_cache_rows_free(sl_cache_row *rows, size_t n)
 {
     free(rows);
@@ -1742,6 +2068,18 @@ int sl_cache_rows(sl_cache *c, sl_cache_row **out, size_t *count, sl_err *err)
 int sl_cache_usage(sl_cache *c, uint64_t *bytes, uint64_t *entries, sl_err *err)
 {
     *bytes = *entries = 0;
+    return no_sqlite(c, err);
+}
+
+int sl_cache_orphans(sl_cache *c, sl_cache_row **out, size_t *count, sl_err *err)
+{
+    *out = NULL;
+    *count = 0;
+    return no_sqlite(c, err);
+}
+
+int sl_cache_adopt(sl_cache *c, const sl_cache_row *row, sl_err *err)
+{
     return no_sqlite(c, err);
 }
 

@@ -9,7 +9,9 @@
  *   DIR/blobs/ALG/XX/HEX              a tensor's bytes (ALG "sha256" or
  *                                     "blake3", HEX its 64-digit digest,
  *                                     XX HEX's first two digits)
- *   DIR/tmp/PID.RANDOM.tmp            a fill in progress
+ *   DIR/tmp/RANDOM.fill               a fill in progress, flock'ed by its
+ *                                     writer while it lives (PID.RANDOM.tmp:
+ *                                     an older sluice's, told by its pid)
  *   DIR/corrupt/index.sqlite.NS       an index moved aside
  *
  * Schema (PRAGMA user_version = SL_CACHE_SCHEMA):
@@ -27,20 +29,37 @@
  * transaction under the handle's mutex, with a busy timeout; no lock of
  * it is held across a blob's I/O.
  *
+ * Busy: another process may hold the index's write lock for long (a
+ * `sqlite3` shell in a transaction, a gc). Loads never wait for it more
+ * than SL_CACHE_BUSY_MS per store: a store that cannot get the lock in
+ * that time keeps its blob (renamed into place, whole) waiting for its
+ * entry, which the next store that gets the lock writes along with its
+ * own; for SL_CACHE_BUSY_RETRY_MS after such a miss, stores do not try
+ * the lock at all. A blob still waiting at close gets one more try, and
+ * is deleted if that fails too (no blob is left outside the index).
+ * Every write of the index given up that way is counted (sl_cache_busy)
+ * and the first one leaves a note (sl_cache_warning) without turning the
+ * handle off. The open and the administration (sl_cache_set_patient)
+ * wait up to SL_CACHE_OPEN_BUSY_MS.
+ *
  * Degrading: an error that makes the cache unusable (EROFS, EACCES,
  * ENOSPC, EDQUOT on a write; a newer schema; an index that cannot be
  * rebuilt) turns the handle off: it keeps the first such message
  * (sl_cache_warning), every later store and record does nothing, lookups
- * find nothing. Loading never fails because of the cache.
+ * find nothing. Loading never fails because of the cache. A full disk
+ * reads "the disk is full (No space left on device)" in the message
+ * whichever layer met it (a blob's write or fsync, SQLite's journal).
  *
  * Fault hook for tests (processes the tests start): the environment
  * variable SLUICE_TEST_CACHE_FAULT, read at sl_cache_open, "kill@N" sends
  * SIGKILL to the process at the Nth step of its fills (steps: the temporary
  * file made, each write, the fsync, the rename, the directory's fsync, the
- * insert), "enospc@N" makes the Nth step's call fail with ENOSPC, "erofs"
- * makes making the directories fail with EROFS. Unset in normal use.
- * Steps are counted across all fills of one handle, from 1; a kill comes
- * right after its step's call succeeded, an ENOSPC in place of the call.
+ * insert), "stop@N" sends it SIGSTOP there instead (a fill held alive in
+ * the middle, for the tests of clean-up), "enospc@N" makes the Nth step's
+ * call fail with ENOSPC, "erofs" makes making the directories fail with
+ * EROFS. Unset in normal use. Steps are counted across all fills of one
+ * handle, from 1; a kill or stop comes right after its step's call
+ * succeeded, an ENOSPC in place of the call.
  * Each write() is at most SL_CACHE_WRITE_MAX bytes (so a fill of n bytes
  * has ceil(n / SL_CACHE_WRITE_MAX) write steps). N is a positive decimal
  * without leading zeros; any other value is ignored.
@@ -64,6 +83,13 @@
 /* The most bytes one write() of a fill asks for. */
 #define SL_CACHE_WRITE_MAX ((size_t)1 << 20)
 
+/* How long a write of the index waits for another process's lock: on
+ * the load's path, and for the open and the administration (see Busy);
+ * and how long after a write gave up stores go without trying. */
+#define SL_CACHE_BUSY_MS 100
+#define SL_CACHE_OPEN_BUSY_MS 5000
+#define SL_CACHE_BUSY_RETRY_MS 1000
+
 typedef struct sl_cache sl_cache;
 
 /* The directory a model uses: o->cache_dir, else $SLUICE_CACHE_DIR, else
@@ -76,12 +102,22 @@ int sl_cache_dir_for(const sluice_options *o, char **out, sl_err *err);
  * max_bytes. Returns SLUICE_E_NOMEM, or SLUICE_OK with *out set: a usable
  * handle, or one turned off with its warning (see above). Cleans the
  * temporary files of processes that are gone, and moves a corrupt or
- * foreign index aside and rebuilds it from the blobs. */
+ * foreign index aside and rebuilds it from the blobs; an index made
+ * afresh (deleted, empty) records the blobs already there too. */
 int sl_cache_open(const char *dir, uint64_t max_bytes, sl_cache **out, sl_err *err);
 void sl_cache_close(sl_cache *c);
 
-/* NULL, or why the handle is off (borrowed, valid until close). */
+/* NULL, or why the handle is off, or (while it works) the note that a
+ * write of the index was put off (see Busy). Borrowed, valid until close. */
 const char *sl_cache_warning(const sl_cache *c);
+/* Whether the handle is off. */
+int sl_cache_is_off(const sl_cache *c);
+/* Writes of the index given up so far because another process held its
+ * write lock (see Busy). */
+uint64_t sl_cache_busy(const sl_cache *c);
+/* Makes every write of the handle wait up to SL_CACHE_OPEN_BUSY_MS for
+ * another process's lock: for the administration, which no load waits on. */
+void sl_cache_set_patient(sl_cache *c);
 const char *sl_cache_dir(const sl_cache *c);
 
 /* Opens the blob of (alg, digest) for reading: its descriptor (O_RDONLY |
@@ -94,8 +130,10 @@ int sl_cache_open_blob(sl_cache *c, sluice_algorithm alg, const uint8_t digest[3
 /* Stores the size bytes at data, already verified to have digest, as the
  * blob of (alg, digest), fetched from source (a location as messages show
  * it), then evicts down to the budget (*evicted, may be NULL, gets the
- * count). A blob larger than the budget is not stored. Returns 1 stored,
- * 0 not (off, too large, or turned off by this failure: see warning). */
+ * count). A blob larger than the budget is not stored. Returns the
+ * entries written: 1 (more when blobs that waited for their entry were
+ * recorded with it), or 0: not stored (off, too large, or turned off by
+ * this failure: see warning) or its entry waits (see Busy). */
 int sl_cache_store(sl_cache *c, sluice_algorithm alg, const uint8_t digest[32], const void *data,
                    uint64_t size, const char *source, uint64_t *evicted);
 
@@ -162,6 +200,17 @@ void sl_cache_rows_free(sl_cache_row *rows, size_t n);
 
 /* The bytes and the entries recorded. */
 int sl_cache_usage(sl_cache *c, uint64_t *bytes, uint64_t *entries, sl_err *err);
+
+/* The blob files no entry names (a fill killed between its rename and
+ * its entry, one waiting for its entry, an index lost): one row each,
+ * size the file's, source "", times its mtime. Free with
+ * sl_cache_rows_free. */
+int sl_cache_orphans(sl_cache *c, sl_cache_row **rows, size_t *n, sl_err *err);
+
+/* Records row's blob, found good by a rehash, with source "found by
+ * verify", if it is still in place with row's size: 1 recorded (or
+ * another process had by now), 0 gone, or a failure. */
+int sl_cache_adopt(sl_cache *c, const sl_cache_row *row, sl_err *err);
 
 /* Deletes the temporary files of dead processes, the entries whose blob
  * is missing (or of another size, deleting that file too), records the

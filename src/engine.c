@@ -652,7 +652,7 @@ void sl_engine_stats(sl_engine *e, struct sluice_stats *out)
     out->pool_in_use = sl_pool_in_use(e->pool);
     out->pool_high_water = sl_pool_high_water(e->pool);
     pthread_mutex_unlock(&e->lock);
-    out->disk_degraded = (uint32_t)sl_engine_cache_degraded(e);
+    sl_ecache_stats(e, out);
     /* The model's remote requests outside tensor reads (open's headers,
      * index.json and manifest, mirrors' opens), and every retry by
      * cause, tensor reads' included: the remote tally. */

@@ -44,11 +44,9 @@ int sl_engine_attach_cache(sl_engine *e, struct sl_cache *c, sl_err *err);
  * fetch from the source rather than read blobs: a verify checks the
  * source. Blobs already read into the pool are not read again. */
 void sl_engine_bypass_blobs(sl_engine *e, int delta);
-/* The cache's warning (cache.h), or NULL. */
+/* The cache's warning (cache.h), the memo's refusal of a file, or NULL
+ * (sluice_cache_warning's order). */
 const char *sl_engine_cache_warning(const sl_engine *e);
-/* 1 when the model's cache was turned off (the memo's refusal of a file
- * is a warning, not that). */
-int sl_engine_cache_degraded(const sl_engine *e);
 
 /* Waits for calls on their way out and reads in flight, and frees the
  * engine. With live handles (or a stream running) it frees nothing and
@@ -62,7 +60,7 @@ void sl_engine_leave(sl_engine *e);
 /* The test pause hook (engine_hooks.h), called between the two. */
 void sl_engine_pause_point(sl_engine *e, int where);
 enum { SL_PAUSE_STREAM_EXIT = 1, SL_PAUSE_RELEASE_EXIT, SL_PAUSE_ACQUIRE_EXIT, SL_PAUSE_REFUSED,
-       SL_PAUSE_VERIFY_EXIT, SL_PAUSE_LOAD_STARTED };
+       SL_PAUSE_VERIFY_EXIT, SL_PAUSE_LOAD_STARTED, SL_PAUSE_BLOB_MISSED };
 
 /* A handle on len bytes at buf (malloc'd; the handle owns it and frees
  * it at release) that were read and verified from tensor i: a range

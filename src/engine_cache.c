@@ -24,6 +24,11 @@
  * the scheduler looks at the tensor to group it with a neighbour's read)
  * and closed when that load ends, or at close: a blob deleted by another
  * process after that is still read whole, one deleted before is a miss.
+ * Whether a load reads its blob is decided by one probe: a tensor the
+ * scheduler found without one joins its neighbour's read from the model's
+ * file and is not probed again as it starts, so that a blob another
+ * process stores in between never passes for the source of bytes that
+ * came from the server (and is never dropped for that read's failure).
  */
 #include "cache.h"
 #include "engine_int.h"
@@ -103,7 +108,7 @@ int sl_engine_attach_cache(sl_engine *e, sl_cache *c, sl_err *err)
         for (size_t i = 0; i < e->n; i++)
             e->blob[i].fd = -1;
     }
-    if (!memo || sl_cache_warning(c))
+    if (!memo || sl_cache_is_off(c))
         return SLUICE_OK;
     if (!(e->memo = calloc(n1, 1)) ||
         !(e->file_id = calloc(e->ix->nfiles ? e->ix->nfiles : 1, sizeof *e->file_id)))
@@ -151,13 +156,19 @@ const char *sl_engine_cache_warning(const sl_engine *e)
 {
     if (!e || !e->cache)
         return NULL;
+    /* A cache turned off says so first; the memo's refusal comes before
+     * the note of put-off index writes, which the cache keeps working
+     * through. */
     const char *w = sl_cache_warning(e->cache);
-    return w ? w : e->memo_warning;
+    if (w && sl_cache_is_off(e->cache))
+        return w;
+    return e->memo_warning ? e->memo_warning : w;
 }
 
-int sl_engine_cache_degraded(const sl_engine *e)
+void sl_ecache_stats(const sl_engine *e, struct sluice_stats *out)
 {
-    return e && e->cache && sl_cache_warning(e->cache) != NULL;
+    out->disk_degraded = e->cache && sl_cache_is_off(e->cache);
+    out->disk_busy = e->cache ? sl_cache_busy(e->cache) : 0;
 }
 
 int sl_ecache_probe(sl_engine *e, size_t i)
@@ -169,8 +180,11 @@ int sl_ecache_probe(sl_engine *e, size_t i)
     char *path = NULL;
     int fd = sl_cache_open_blob(e->cache, e->alg, sl_expected_digest(e, i),
                                 e->ix->tensors[i].nbytes, &path);
-    if (fd < 0)
+    if (fd < 0) {
+        e->test_pause_tensor = i;
+        sl_engine_pause_point(e, SL_PAUSE_BLOB_MISSED);
         return 0;
+    }
     e->blob[i].fd = fd;
     e->blob[i].path = path;
     e->blob[i].size = e->ix->tensors[i].nbytes;
@@ -200,11 +214,11 @@ int sl_ecache_memo_stale(sl_engine *e, size_t i)
     return e->memo && e->memo[i] && memo_check(e, i);
 }
 
-unsigned sl_ecache_before_start(sl_engine *e, size_t i)
+unsigned sl_ecache_before_start(sl_engine *e, size_t i, int probe)
 {
     if (e->memo && e->memo[i])
         memo_check(e, i);   /* changed already: hashed, no read wasted */
-    if (!e->blob)
+    if (!e->blob || !probe)
         return 0;
     return sl_ecache_probe(e, i) ? SL_SRC_CACHE : 0;
 }

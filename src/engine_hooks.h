@@ -43,8 +43,15 @@ int sl_engine_quiesce(sluice_model *m);
  * (where 5) in sluice_verify after the run, before its message is
  * recorded and it leaves; and (where 6) when a load has started but
  * none of its reads is issued yet, with the engine's lock HELD (fn must
- * not call the library: it may change the model's file). fn NULL clears. Returns SLUICE_OK or SLUICE_E_INVAL. */
+ * not call the library: it may change the model's file); and (where 7)
+ * when a probe of the persistent cache found no blob for a tensor
+ * (sl_engine_pause_tensor says which), the lock HELD likewise (fn may put
+ * a blob in place, as another process would). fn NULL clears. Returns
+ * SLUICE_OK or SLUICE_E_INVAL. */
 int sl_engine_set_pause(sluice_model *m, void (*fn)(void *ctx, int where), void *ctx);
+
+/* The tensor of the last pause at where 7; fn may call it. */
+size_t sl_engine_pause_tensor(sluice_model *m);
 
 /* Opens the O_DIRECT twins of the model's files again as if /proc were
  * mounted at proc_fd_dir's parent: a path that does not exist acts as a

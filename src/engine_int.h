@@ -266,6 +266,7 @@ struct sl_engine {
      * the engine (see sl_engine_set_pause) */
     void (*test_pause)(void *ctx, int where);
     void *test_pause_ctx;
+    size_t test_pause_tensor;   /* the tensor of the last pause at a blob's miss */
 
     struct sluice_stats st;      /* the counters */
     sl_metrics met;              /* metrics.h: atomics, no lock */
@@ -279,9 +280,12 @@ int sl_slots_init(sl_engine *e);
 void sl_slots_free(sl_engine *e);
 
 /* IDLE -> READING: a buffer (evicting unheld buffers as room allows),
- * the chunk map, a hash job when needed. Returns 1, 0 when there is no
- * room (nothing was evicted then), -1 when out of memory (slot untouched). */
-int sl_slot_start(sl_engine *e, size_t i, int room);
+ * the chunk map, a hash job when needed; the source a blob of the
+ * persistent cache when probe and one is there (probe 0: the caller
+ * probed and found none, the load reads the model's file). Returns 1, 0
+ * when there is no room (nothing was evicted then), -1 when out of
+ * memory (slot untouched). */
+int sl_slot_start(sl_engine *e, size_t i, int room, int probe);
 /* A read of the slot's next chunk (or of the whole of it, in a group)
  * goes out. */
 void sl_slot_issued(sl_engine *e, size_t i);
@@ -347,9 +351,12 @@ int sl_slot_checksum_error(sl_engine *e, size_t i, const unsigned char got[32], 
  * tensor is one the cache may hold and its blob is there. */
 int sl_ecache_probe(sl_engine *e, size_t i);
 /* Lock held, slot i IDLE, before its load is set up: the memo's identity
- * check (a file changed since attach is hashed after all) and the probe.
+ * check (a file changed since attach is hashed after all) and, when probe,
+ * the probe (0: the caller probed already and found no blob).
  * Returns the load's source: SL_SRC_CACHE or 0. */
-unsigned sl_ecache_before_start(sl_engine *e, size_t i);
+unsigned sl_ecache_before_start(sl_engine *e, size_t i, int probe);
+/* disk_degraded and disk_busy of the stats. */
+void sl_ecache_stats(const sl_engine *e, struct sluice_stats *out);
 /* Lock held: slot i, loading unhashed on the memo's word, has all its
  * bytes: 1 when its file's identity is no longer the one taken at attach
  * (the memo no longer vouches for it: it is hashed from now on), else 0. */

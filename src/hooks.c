@@ -122,6 +122,13 @@ int sl_engine_set_pause(sluice_model *m, void (*fn)(void *ctx, int where), void 
     return SLUICE_OK;
 }
 
+size_t sl_engine_pause_tensor(sluice_model *m)
+{
+    /* no lock: called from the pause hook, on the thread that holds it */
+    sl_engine *e = engine_of(m);
+    return e ? e->test_pause_tensor : SIZE_MAX;
+}
+
 int sl_engine_reopen_direct(sluice_model *m, const char *proc_fd_dir)
 {
     sl_engine *e = engine_of(m);

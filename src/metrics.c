@@ -443,6 +443,9 @@ static void render(ctx *c)
            "Blobs that failed verification: dropped and fetched again.", OFF(st.disk_rotten));
     scalar(c, "sluice_disk_cache_evicted_total", "counter",
            "Blobs this model's stores evicted for the budget.", OFF(st.disk_evicted));
+    scalar(c, "sluice_disk_cache_busy_total", "counter",
+           "Writes of the persistent cache's index put off: another process held its lock.",
+           OFF(st.disk_busy));
     scalar(c, "sluice_memo_tensors_total", "counter",
            "Tensor loads the verified-once memo spared hashing.", OFF(st.memo_tensors));
     scalar(c, "sluice_memo_bytes_total", "counter",

@@ -199,7 +199,7 @@ static void issue_group(sl_engine *e, const size_t *group, int k)
 static size_t start_run(sl_engine *e, const size_t *ids, size_t n, int room)
 {
     size_t i = ids[0];
-    if (sl_slot_start(e, i, room) <= 0)
+    if (sl_slot_start(e, i, room, 1) <= 0)
         return 0;
     sl_slot *s = &e->slots[i];
     if (s->direct || s->nchunks > 1 || s->source) {
@@ -224,7 +224,10 @@ static size_t start_run(sl_engine *e, const size_t *ids, size_t n, int room)
         if (e->slots[j].state != SL_SLOT_IDLE || sl_slot_would_be_direct(e, j) ||
             len + t->nbytes > e->chunk || (e->cache && sl_ecache_probe(e, j)))
             break;  /* (a tensor with a blob reads it, apart) */
-        if (sl_slot_start(e, j, room) != 1)
+        /* no blob: that answer stands for this start, which reads the
+         * file with its neighbours (a probe again could find one another
+         * process stored just now, and take it for this read's source) */
+        if (sl_slot_start(e, j, room, 0) != 1)
             break;
         group[k++] = j;
         len += t->nbytes;
@@ -487,7 +490,7 @@ void sl_pump(sl_engine *e)
             blocked = 1;
             break;
         }
-        int rc = sl_slot_start(e, i, SL_ROOM_ANY);
+        int rc = sl_slot_start(e, i, SL_ROOM_ANY, 1);
         if (rc == 0 && room_may_return(e)) {
             blocked = 1;    /* wait for it */
             break;

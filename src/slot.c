@@ -353,12 +353,12 @@ void sl_slot_fail_idle(sl_engine *e, size_t i, const sl_err *err)
 
 /* ---------------------------------------------------------------- loading */
 
-int sl_slot_start(sl_engine *e, size_t i, int room)
+int sl_slot_start(sl_engine *e, size_t i, int room, int probe)
 {
     sl_slot *s = &e->slots[i];
     const struct sluice_tensor_info *t = &e->ix->tensors[i];
     /* Before the job is made: the memo may have to hash after all. */
-    unsigned source = e->cache ? sl_ecache_before_start(e, i) : 0;
+    unsigned source = e->cache ? sl_ecache_before_start(e, i, probe) : 0;
     int direct = sl_slot_would_be_direct(e, i);
     uint64_t a0, span, chunk = direct ? round_up(e->chunk, SL_DIRECT_ALIGN) : e->chunk;
     load_range(e, i, direct, &a0, &span);

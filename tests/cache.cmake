@@ -1,7 +1,8 @@
-# test_cache makes and inspects index databases with SQLite itself, and
-# both cache tests fill a cache through src/cache.c: built without SQLite
-# they check only that the cache says so.
-foreach(name IN ITEMS test_cache test_cache_tools)
+# test_cache makes and inspects index databases with SQLite itself (and
+# test_cache_load holds an index's write lock with it), and the cache
+# tests fill a cache through src/cache.c: built without SQLite they check
+# only that the cache says so.
+foreach(name IN ITEMS test_cache test_cache_tools test_cache_load)
   if(TARGET ${name} AND SLUICE_HAVE_SQLITE)
     target_compile_definitions(${name} PRIVATE SLUICE_HAVE_SQLITE)
     target_link_libraries(${name} PRIVATE PkgConfig::SQLITE3)

@@ -29,7 +29,8 @@ static void usage(FILE *out)
             "                   blobs no entry names\n"
             "  clear            delete every blob, entry and memo record\n"
             "  verify           rehash every blob and delete those that do not match\n"
-            "                   their name\n"
+            "                   their name; a good blob the index lacks (a fill cut\n"
+            "                   short, an index lost) is recorded\n"
             "\n"
             "  --cache-dir DIR  the cache (default: $SLUICE_CACHE_DIR, else\n"
             "                   $XDG_CACHE_HOME/sluice, else ~/.cache/sluice)\n"
@@ -67,17 +68,21 @@ static int print_entry(void *user, const sluice_cache_entry *e)
 }
 
 typedef struct verify_state {
-    uint64_t bad; /* reported, other than "not checked" */
+    uint64_t bad;      /* reported, other than "not checked" or "recorded" */
+    uint64_t recorded; /* blobs without an entry, good, recorded */
 } verify_state;
 
 static void on_bad(void *user, const sluice_cache_entry *e, const char *why)
 {
     verify_state *s = user;
     int skipped = !strncmp(why, "not checked", 11);
-    if (!skipped)
+    int recorded = !strncmp(why, "recorded:", 9);
+    if (recorded)
+        s->recorded++;
+    else if (!skipped)
         s->bad++;
-    printf("%s %s:%s: %s\n", skipped ? "SKIPPED" : "BAD", sluice_algorithm_name(e->algorithm),
-           e->digest, why);
+    printf("%s %s:%s: %s\n", skipped ? "SKIPPED" : recorded ? "RECORDED" : "BAD",
+           sluice_algorithm_name(e->algorithm), e->digest, why);
 }
 
 int cmd_cache(int argc, char **argv)
@@ -157,7 +162,8 @@ int cmd_cache(int argc, char **argv)
         uint64_t checked = 0, dropped = 0;
         rc = sluice_cache_verify(c, &checked, &dropped, on_bad, &s);
         if (rc == SLUICE_OK) {
-            printf("%" PRIu64 " blobs checked, %" PRIu64 " dropped\n", checked, dropped);
+            printf("%" PRIu64 " blobs checked, %" PRIu64 " dropped, %" PRIu64
+                   " recorded\n", checked, dropped, s.recorded);
             status = s.bad ? 1 : 0;
         }
     }

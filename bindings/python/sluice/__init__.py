@@ -345,15 +345,19 @@ class Model:
         this binding opens local models), the persistent cache's included:
         disk_hits, disk_hit_bytes, disk_misses, disk_stored, disk_rotten,
         disk_evicted, memo_tensors, memo_bytes, disk_degraded (1: the cache
-        was turned off, cache_warning says why); unverified (0: a manifest
-        checks the bytes, 1: none was found, 2: verification is off)."""
+        was turned off, cache_warning says why), disk_busy (writes of the
+        cache's index put off: another process held its lock); unverified
+        (0: a manifest checks the bytes, 1: none was found, 2: verification
+        is off).
         return self._m.stats()
 
     @property
     def cache_warning(self):
         """Why the persistent cache was turned off for this model (a
         read-only or full file system, a newer schema, a build without
-        SQLite, ...), or None when it works or none was asked for."""
+        SQLite, ...), or, while it works, the note that writes of its index
+        were put off because another process held its lock (stats
+        disk_busy), or None when neither happened or none was asked for."""
         return self._m.cache_warning()
 
     @property

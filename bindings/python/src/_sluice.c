@@ -473,7 +473,8 @@ static PyObject *model_stats(ModelObject *self, PyObject *unused)
         {"disk_misses", st.disk_misses},   {"disk_stored", st.disk_stored},
         {"disk_rotten", st.disk_rotten},   {"disk_evicted", st.disk_evicted},
         {"memo_tensors", st.memo_tensors}, {"memo_bytes", st.memo_bytes},
-        {"disk_degraded", st.disk_degraded}, {"unverified", st.unverified},
+        {"disk_degraded", st.disk_degraded}, {"disk_busy", st.disk_busy},
+        {"unverified", st.unverified},
     };
     for (size_t k = 0; d && k < sizeof more / sizeof *more; k++) {
         PyObject *v = PyLong_FromUnsignedLongLong(more[k].value);
@@ -484,8 +485,8 @@ static PyObject *model_stats(ModelObject *self, PyObject *unused)
     return d;
 }
 
-/* cache_warning() -> why the model's persistent cache was turned off, or
- * None (it works, or there is none). The library's string lives until
+/* cache_warning() -> why the model's persistent cache was turned off (or
+ * the note that writes of its index were put off), or None. The library's string lives until
  * sluice_close, which cannot run while this holds the GIL. */
 static PyObject *model_cache_warning(ModelObject *self, PyObject *unused)
 {

@@ -12,7 +12,7 @@ import sluice
 import stfile
 
 CACHE_KEYS = ("disk_hits", "disk_hit_bytes", "disk_misses", "disk_stored", "disk_rotten",
-              "disk_evicted", "memo_tensors", "memo_bytes", "disk_degraded")
+              "disk_evicted", "memo_tensors", "memo_bytes", "disk_degraded", "disk_busy")
 
 
 @pytest.fixture(autouse=True)
