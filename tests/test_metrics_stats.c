@@ -79,6 +79,7 @@ static const field fields[] = {
     F(disk_degraded, "sluice_disk_cache_degraded", K_VALUE),
     FL(remote_open_requests, "sluice_remote_requests_total", "kind=\"open\""),
     FL(remote_open_bytes, "sluice_remote_bytes_total", "kind=\"open\""),
+    F(disk_busy, "sluice_disk_cache_busy_total", K_VALUE),
     F(unverified, "sluice_unverified", K_VALUE),
 };
 #define NFIELDS (sizeof fields / sizeof *fields)
