@@ -2,13 +2,19 @@
 """A raw HTTP/2 client for the serve tests (stdlib only: the frames are
 written by hand, so that it can do what no gRPC library does).
 
-  h2raw.py flood HOST:PORT N [--ack]
+  h2raw.py flood HOST:PORT N [--ack] [--data B] [--from IP]
       one connection, N streams of GetTensor that send their headers and no
       request message; --ack: acknowledge the server's SETTINGS (a client
       that does not is the worst case: gRPC applies its stream limit only
-      after the ACK). Prints "sent N" when every HEADERS frame is written,
+      after the ACK); --data B: each stream also sends B bytes of a request
+      message that never ends; --from: the source address. Prints "sent N" when every HEADERS frame is written,
       then "closed after S s" when the server closes the connection, or
       "open" if it still is 2 s after the last frame; exits 0 either way.
+  h2raw.py hold HOST:PORT N [--from IP] [--once]
+      N connections (from source address IP), each sends the preface and
+      SETTINGS and a PING; prints "served K refused R" (served: the server
+      answered with its SETTINGS and the PING's ACK within 5 s; refused:
+      closed first), then holds them open until killed (--once: exits).
   h2raw.py stall HOST:PORT MODEL TENSOR TOKEN_FILE|- BYTES
       one GetTensor with the largest HTTP/2 windows; reads BYTES of the
       answer, prints "stalling after B bytes", then stops reading for good
@@ -58,9 +64,11 @@ def pb_string(field, s):
     return out + bytes([n]) + b
 
 
-def connect(addr, rcvbuf=None):
+def connect(addr, rcvbuf=None, source=None):
     host, port = addr.rsplit(":", 1)
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if source:
+        s.bind((source, 0))
     if rcvbuf:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
     s.settimeout(30)
@@ -68,6 +76,23 @@ def connect(addr, rcvbuf=None):
     s.settimeout(None)
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return s
+
+
+def frames(sock):
+    """The server's frames as they arrive: (type, flags, length), until EOF."""
+    buf = b""
+    while True:
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            return
+        buf += chunk
+        while len(buf) >= 9:
+            n = int.from_bytes(buf[:3], "big")
+            if len(buf) < 9 + n:
+                break
+            kind, flags = buf[3], buf[4]
+            buf = buf[9 + n:]
+            yield kind, flags, n
 
 
 class Reader(threading.Thread):
@@ -82,24 +107,13 @@ class Reader(threading.Thread):
         self.lock = threading.Lock()
 
     def run(self):
-        buf = b""
         try:
-            while True:
-                chunk = self.sock.recv(1 << 16)
-                if not chunk:
-                    break
-                buf += chunk
-                while len(buf) >= 9:
-                    n = int.from_bytes(buf[:3], "big")
-                    if len(buf) < 9 + n:
-                        break
-                    kind, flags = buf[3], buf[4]
-                    buf = buf[9 + n:]
-                    if kind == SETTINGS and not flags & ACK and self.ack:
-                        with self.lock:
-                            self.sock.sendall(frame(SETTINGS, ACK, 0))
-                    elif kind == DATA:
-                        self.data_bytes += n
+            for kind, flags, n in frames(self.sock):
+                if kind == SETTINGS and not flags & ACK and self.ack:
+                    with self.lock:
+                        self.sock.sendall(frame(SETTINGS, ACK, 0))
+                elif kind == DATA:
+                    self.data_bytes += n
                 if self.limit is not None and self.data_bytes >= self.limit:
                     self.enough.set()
                     return  # never reads again
@@ -109,8 +123,8 @@ class Reader(threading.Thread):
         self.enough.set()
 
 
-def flood(addr, n, ack):
-    s = connect(addr)
+def flood(addr, n, ack, data=0, source=None):
+    s = connect(addr, source=source)
     r = Reader(s, ack)
     with r.lock:
         s.sendall(PREFACE + frame(SETTINGS, 0, 0))
@@ -122,6 +136,10 @@ def flood(addr, n, ack):
     try:
         for i in range(n):
             batch.append(frame(HEADERS, END_HEADERS, 1 + 2 * i, block))
+            if data:
+                # The message's prefix claims 1000 bytes more than are sent.
+                batch.append(frame(DATA, 0, 1 + 2 * i, b"\x00" +
+                                   struct.pack(">I", data + 1000) + b"x" * data))
             if len(batch) == 1000 or i == n - 1:
                 with r.lock:
                     s.sendall(b"".join(batch))
@@ -136,6 +154,33 @@ def flood(addr, n, ack):
     else:
         print("open", flush=True)
     s.close()
+
+
+def served(s):
+    """Whether the server answers a PING (after its SETTINGS) within 5 s."""
+    s.settimeout(5)
+    settings = False
+    try:
+        s.sendall(PREFACE + frame(SETTINGS, 0, 0) + frame(PING, 0, 0, b"sluice!!"))
+        for kind, flags, _ in frames(s):
+            if kind == SETTINGS and not flags & ACK:
+                settings = True
+                s.sendall(frame(SETTINGS, ACK, 0))
+            elif kind == PING and flags & ACK and settings:
+                return True
+    except OSError:
+        pass
+    return False
+
+
+def hold(addr, n, source, once):
+    socks = [connect(addr, source=source) for _ in range(n)]
+    ok = sum(1 for s in socks if served(s))
+    print("served %d refused %d" % (ok, n - ok), flush=True)
+    if once:
+        return
+    while True:
+        time.sleep(3600)
 
 
 def stall(addr, model, tensor, token_file, nbytes):
@@ -165,8 +210,13 @@ def stall(addr, model, tensor, token_file, nbytes):
 
 def main():
     cmd = sys.argv[1]
+    rest = sys.argv[4:]
+    source = rest[rest.index("--from") + 1] if "--from" in rest else None
     if cmd == "flood":
-        flood(sys.argv[2], int(sys.argv[3]), "--ack" in sys.argv[4:])
+        data = int(rest[rest.index("--data") + 1]) if "--data" in rest else 0
+        flood(sys.argv[2], int(sys.argv[3]), "--ack" in rest, data, source)
+    elif cmd == "hold":
+        hold(sys.argv[2], int(sys.argv[3]), source, "--once" in rest)
     elif cmd == "stall":
         stall(*sys.argv[2:6], int(sys.argv[6]))
     else:
