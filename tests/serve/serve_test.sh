@@ -409,6 +409,14 @@ case_security() {
     start_server tls "$T/root/$m" --tls-cert "$d/server.pem" --tls-key "$d/server.key"
     expect 0 "TLS: verified fetch" "$ADDR" fetch $m --ca "$d/ca.pem" --server-name localhost -q
     expect 114 "TLS server, plaintext client: UNAVAILABLE" "$ADDR" list
+    # The relay's bounds hold under TLS too (it terminates TLS): a flood
+    # of header-only streams over TLS is closed, and served meanwhile.
+    local out
+    out=$(timeout 60 /usr/bin/python3 "$SRC/tests/serve/h2raw.py" flood "$ADDR" 100000 --tls 2>&1 | tail -1)
+    case $out in
+    "closed after"*) ok "TLS: a flood of 100,000 header-only streams: connection $out" ;;
+    *) bad "TLS flood: $out" ;;
+    esac
     expect 114 "TLS: a server certificate from another CA is refused" "$ADDR" list --ca "$d/other-ca.pem" --server-name localhost
     stop_server tls
     start_server mtls "$T/root/$m" --tls-cert "$d/server.pem" --tls-key "$d/server.key" --client-ca "$d/ca.pem"
@@ -717,15 +725,25 @@ case_flood() {
         bad "logged $(grep -c 'too many open streams' "$T/flood.err") times"
 
     # Streams holding request messages that never end: closed once they
-    # hold more than 4 x --max-request-bytes (16 KiB here; 3 KiB a stream,
+    # hold more than 2 x --max-request-bytes (8 KiB here; 3 KiB a stream,
     # gRPC's flow control windows not exceeded). From 127.0.0.3: its own log line.
     out=$(timeout 30 /usr/bin/python3 "$SRC/tests/serve/h2raw.py" flood "$ADDR" 30 --data 3000 --ack --from 127.0.0.3 2>&1 | tail -1)
     case $out in
-    "closed after"*) ok "streams holding 16 KiB of unfinished requests: connection $out" ;;
+    "closed after"*) ok "streams holding 8 KiB of unfinished requests: connection $out" ;;
     *) bad "unfinished requests: $out" ;;
     esac
     grep -q 'refused ipv4:127.0.0.3: HTTP/2: more request bytes' "$T/flood.err" && ok "logged: request bytes" ||
         bad "request bytes not logged: $(tail -3 "$T/flood.err")"
+
+    # A header block over 16 KiB (in HEADERS and CONTINUATION frames):
+    # closed before gRPC parses it. From 127.0.0.4.
+    out=$(timeout 30 /usr/bin/python3 "$SRC/tests/serve/h2raw.py" flood "$ADDR" 1 --header 20000 --from 127.0.0.4 2>&1 | tail -1)
+    case $out in
+    "closed after"*) ok "a header block of 20 KB: connection $out" ;;
+    *) bad "a header block of 20 KB: $out" ;;
+    esac
+    grep -q 'refused ipv4:127.0.0.4: HTTP/2: a header block over 16 KiB' "$T/flood.err" && ok "logged: header block" ||
+        bad "header block not logged: $(tail -3 "$T/flood.err")"
 
     # Connections per address: 4 served, the 5th and 6th closed at once,
     # while another address (127.0.0.2, the same port) is served.

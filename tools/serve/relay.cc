@@ -44,7 +44,7 @@ constexpr size_t kPrefaceLen = 24;
 enum { F_DATA = 0, F_HEADERS = 1, F_RST = 3, F_CONTINUATION = 9 };
 constexpr uint8_t END_STREAM = 1, END_HEADERS = 4;
 constexpr uint64_t kListenTag = ~0ull, kWakeTag = ~0ull - 1;
-constexpr uint32_t kMaxHeaderBlock = 64 << 10;  // HEADERS + CONTINUATION of one block
+constexpr uint32_t kMaxHeaderBlock = 16 << 10;  // HEADERS + CONTINUATION of one block
 constexpr int64_t kLogIntervalNs = 10'000'000'000;  // one line per address per 10 s
 
 int64_t now_ns()
@@ -360,7 +360,7 @@ struct Relay::Impl {
                 c->in_block = !(flags & END_HEADERS);
                 if (c->header_block > kMaxHeaderBlock) {
                     *counter = &ct->refused_protocol;
-                    why = "HTTP/2: a header block over 64 KiB: closed";
+                    why = "HTTP/2: a header block over 16 KiB: closed";
                     return false;
                 }
             }

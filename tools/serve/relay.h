@@ -23,7 +23,7 @@ struct Limits {
     unsigned max_connections_per_address = 32;
     unsigned max_open_streams = 64;  // per connection: streams opened and not yet closed
     double request_timeout_s = 10;   // a stream's request (client END_STREAM) within this
-    uint64_t max_request_bytes_held = 4 << 20;  // per connection: DATA of streams not yet ended
+    uint64_t max_request_bytes_held = 2 << 20;  // per connection: DATA of streams not yet ended
     unsigned user_timeout_ms = 0;    // TCP_USER_TIMEOUT of client sockets (0: the kernel's)
     size_t buffer_bytes = 256 << 10; // each way, per connection
     bool quiet = false;

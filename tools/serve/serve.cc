@@ -128,12 +128,13 @@ const char usage_text[] =
     "  --request-timeout S    a connection's HTTP/2 preface, and each stream's\n"
     "                         request message, within S seconds (10), or the\n"
     "                         connection is closed; so is one whose open streams\n"
-    "                         hold more than 4 x --max-request-bytes of request.\n"
-    "                         What any peer, token or not, can make the server\n"
-    "                         hold beyond the pools: per connection 512 KiB of\n"
-    "                         relay buffers, (--max-streams-per-connection + 32)\n"
-    "                         streams of at most 32 KiB, 4 x --max-request-bytes;\n"
-    "                         with the defaults 7 MiB, 448 MiB for 64 connections\n"
+    "                         hold more than 2 x --max-request-bytes of request,\n"
+    "                         or that sends a header block over 16 KiB. What any\n"
+    "                         peer, token or not, can make the server hold beyond\n"
+    "                         the pools: per connection 512 KiB of relay buffers,\n"
+    "                         (--max-streams-per-connection + 32) streams of at\n"
+    "                         most 64 KiB, 2 x --max-request-bytes; 7 MiB with the\n"
+    "                         defaults, 448 MiB for 64 connections\n"
     "  --stall-timeout S      cancel a call whose client has not taken a chunk\n"
     "                         for S seconds (30); a write still blocked 1 s\n"
     "                         after the cancel has its connection closed, so the\n"
@@ -1609,7 +1610,7 @@ int main(int argc, char **argv)
     lim.max_connections_per_address = cfg.max_connections_per_address;
     lim.max_open_streams = cfg.max_streams_per_connection + kStreamMargin;
     lim.request_timeout_s = cfg.request_timeout_s;
-    lim.max_request_bytes_held = 4 * cfg.max_request_bytes;
+    lim.max_request_bytes_held = 2 * cfg.max_request_bytes;
     lim.user_timeout_ms = (unsigned)std::min((cfg.stall_timeout_s + 2) * 1000, 8.64e7);
     lim.quiet = cfg.quiet;
     std::unique_ptr<grpc::Server> server;
@@ -1640,7 +1641,8 @@ int main(int argc, char **argv)
     // bounds the others), and keepalive pings: a connection whose pings
     // are not answered within --stall-timeout + 2 s is dropped.
     b.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, (int)cfg.max_streams_per_connection);
-    // A stream's headers: at most 16 KiB (part of the per-stream bound).
+    // A stream's headers: at most 16 KiB (the relay's bound on a header
+    // block too; part of the per-stream bound).
     b.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, 16 << 10);
     b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
                          (int)std::min((cfg.stall_timeout_s + 2) * 1000, 8.64e7));
