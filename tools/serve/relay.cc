@@ -76,25 +76,31 @@ std::string peer_uri(const struct sockaddr_storage &ss)
     return "unknown";
 }
 
-// A byte buffer of fixed capacity: [beg, end) is the data.
+// A byte buffer of fixed capacity: [beg, end) is the data. Not
+// initialized: its pages become resident only as far as they are used.
 struct Buf {
-    std::vector<char> d;
-    size_t beg = 0, end = 0;
+    std::unique_ptr<char[]> d;
+    size_t cap = 0, beg = 0, end = 0;
+    void init(size_t n)
+    {
+        d.reset(new char[n]);
+        cap = n;
+    }
     size_t len() const { return end - beg; }
     // Room at the tail, compacted first when the head has been consumed.
     size_t room()
     {
         if (beg == end)
             beg = end = 0;
-        else if (end == d.size() && beg > 0) {
-            memmove(d.data(), d.data() + beg, end - beg);
+        else if (end == cap && beg > 0) {
+            memmove(d.get(), d.get() + beg, end - beg);
             end -= beg;
             beg = 0;
         }
-        return d.size() - end;
+        return cap - end;
     }
-    char *tail() { return d.data() + end; }
-    char *head() { return d.data() + beg; }
+    char *tail() { return d.get() + end; }
+    char *head() { return d.get() + beg; }
 };
 
 // The frame headers of one direction: nine header bytes gathered, then
@@ -290,8 +296,8 @@ struct Relay::Impl {
             c->peer = peer;
             c->addr = addr;
             c->accepted_ns = now_ns();
-            c->up.d.resize(lim.buffer_bytes);
-            c->down.d.resize(lim.buffer_bytes);
+            c->up.init(lim.buffer_bytes);
+            c->down.init(lim.buffer_bytes);
             conns[c->id] = c;
             ct->connections++;
             if (tls) {
