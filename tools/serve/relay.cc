@@ -181,6 +181,8 @@ struct Relay::Impl {
     bool accept_paused = false;
     int64_t accept_resume_ns = 0;
 
+    std::atomic<bool> no_new{false};  // refuse_new() called
+    std::mutex hand_mu;               // held around hand_off: refuse_new waits for it
     std::mutex mu;  // guards by_gpeer and cmds (read and written from other threads)
     std::unordered_map<std::string, std::pair<std::string, uint64_t>> by_gpeer;  // -> peer, id
     std::vector<std::string> cmds;  // gpeers to close; "*": all
@@ -268,6 +270,10 @@ struct Relay::Impl {
                 }
                 return;
             }
+            if (no_new.load()) {  // shutting down
+                close(fd);
+                continue;
+            }
             std::string peer = peer_uri(ss);
             std::string addr = peer.substr(0, peer.rfind(':'));
             unsigned &n = per_addr[addr];
@@ -326,6 +332,9 @@ struct Relay::Impl {
     // The socketpair, its other end given to gRPC (once the preface is in).
     bool connect_grpc(Conn *c)
     {
+        std::lock_guard<std::mutex> hg(hand_mu);
+        if (no_new.load())
+            return false;
         int sv[2];
         if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) != 0)
             return false;
@@ -750,6 +759,12 @@ void Relay::start()
     ev.data.u64 = kWakeTag;
     epoll_ctl(p->ep, EPOLL_CTL_ADD, p->wake, &ev);
     p->th = std::thread([p] { p->loop(); });
+}
+
+void Relay::refuse_new()
+{
+    p_->no_new = true;
+    std::lock_guard<std::mutex> g(p_->hand_mu);
 }
 
 void Relay::stop()

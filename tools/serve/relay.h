@@ -49,6 +49,10 @@ public:
     // Binds and listens on HOST:PORT ("[::]:0" for IPv6); *port: the bound port.
     bool listen(const std::string &addr, unsigned *port, std::string *err);
     void start();
+    // From now on no connection is handed to gRPC (new ones are closed):
+    // called before gRPC's Server::Shutdown. When it returns, no hand_off
+    // is running.
+    void refuse_new();
     // Stops the thread and closes every connection and the listening socket.
     void stop();
     // The client's address ("ipv4:127.0.0.1:5555") of the connection gRPC

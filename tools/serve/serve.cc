@@ -1667,7 +1667,9 @@ int main(int argc, char **argv)
         if (!metrics_start(&mh, (unsigned)cfg.metrics_port)) {
             fprintf(stderr, "sluice serve: cannot serve metrics on 127.0.0.1:%d\n",
                     cfg.metrics_port);
+            front.refuse_new();
             server->Shutdown();
+            front.stop();
             SSL_CTX_free(tls);
             for (auto &kv : models)
                 sluice_close(kv.second->m);
@@ -1734,6 +1736,8 @@ int main(int argc, char **argv)
             service.abort_all();
         }
     }
+    // No connection reaches gRPC once its shutdown begins.
+    front.refuse_new();
     // Room for the last statuses to reach slow readers, then cancelled.
     auto sd_end = std::max(grace_end, Clock::now() + std::chrono::milliseconds(500));
     server->Shutdown(std::chrono::system_clock::now() +
