@@ -2,13 +2,21 @@
 """A raw HTTP/2 client for the serve tests (stdlib only: the frames are
 written by hand, so that it can do what no gRPC library does).
 
-  h2raw.py flood HOST:PORT N [--ack]
+  h2raw.py flood HOST:PORT N [--ack] [--data B] [--header B] [--from IP] [--tls]
       one connection, N streams of GetTensor that send their headers and no
       request message; --ack: acknowledge the server's SETTINGS (a client
       that does not is the worst case: gRPC applies its stream limit only
-      after the ACK). Prints "sent N" when every HEADERS frame is written,
+      after the ACK); --data B: each stream also sends B bytes of a request
+      message that never ends; --header B: each stream's headers carry
+      B bytes more (one header, in 16 KiB frames); --from: the source address;
+      --tls: over TLS (ALPN h2, the server's certificate not checked). Prints "sent N" when every HEADERS frame is written,
       then "closed after S s" when the server closes the connection, or
       "open" if it still is 2 s after the last frame; exits 0 either way.
+  h2raw.py hold HOST:PORT N [--from IP] [--once]
+      N connections (from source address IP), each sends the preface and
+      SETTINGS and a PING; prints "served K refused R" (served: the server
+      answered with its SETTINGS and the PING's ACK within 5 s; refused:
+      closed first), then holds them open until killed (--once: exits).
   h2raw.py stall HOST:PORT MODEL TENSOR TOKEN_FILE|- BYTES
       one GetTensor with the largest HTTP/2 windows; reads BYTES of the
       answer, prints "stalling after B bytes", then stops reading for good
@@ -16,13 +24,14 @@ written by hand, so that it can do what no gRPC library does).
 """
 import os
 import socket
+import ssl
 import struct
 import sys
 import threading
 import time
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, RST, SETTINGS, PING, GOAWAY, WINDOW = 0, 1, 3, 4, 6, 7, 8
+DATA, HEADERS, RST, SETTINGS, PING, GOAWAY, WINDOW, CONTINUATION = 0, 1, 3, 4, 6, 7, 8, 9
 END_STREAM, END_HEADERS, ACK = 1, 4, 1
 
 
@@ -31,12 +40,22 @@ def frame(kind, flags, stream, payload=b""):
         struct.pack(">I", stream) + payload
 
 
+def hpack_int(v):
+    # An HPACK integer with a 7-bit prefix (RFC 7541 5.1), no Huffman flag.
+    if v < 127:
+        return bytes([v])
+    out, v = [127], v - 127
+    while v >= 128:
+        out.append((v & 127) | 128)
+        v >>= 7
+    return bytes(out + [v])
+
+
 def hpack_literal(name, value):
     # "Literal header field without indexing, new name" (RFC 7541 6.2.2),
-    # no Huffman: short names and values only (7-bit lengths).
+    # no Huffman.
     name, value = name.encode(), value.encode()
-    assert len(name) < 127 and len(value) < 127
-    return b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
+    return b"\x00" + hpack_int(len(name)) + name + hpack_int(len(value)) + value
 
 
 def request_headers(path, token=None):
@@ -58,16 +77,41 @@ def pb_string(field, s):
     return out + bytes([n]) + b
 
 
-def connect(addr, rcvbuf=None):
+def connect(addr, rcvbuf=None, source=None, tls=False):
     host, port = addr.rsplit(":", 1)
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if source:
+        s.bind((source, 0))
     if rcvbuf:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
     s.settimeout(30)
     s.connect((host, int(port)))
     s.settimeout(None)
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if tls:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        ctx.set_alpn_protocols(["h2"])
+        s = ctx.wrap_socket(s)
     return s
+
+
+def frames(sock):
+    """The server's frames as they arrive: (type, flags, length), until EOF."""
+    buf = b""
+    while True:
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            return
+        buf += chunk
+        while len(buf) >= 9:
+            n = int.from_bytes(buf[:3], "big")
+            if len(buf) < 9 + n:
+                break
+            kind, flags = buf[3], buf[4]
+            buf = buf[9 + n:]
+            yield kind, flags, n
 
 
 class Reader(threading.Thread):
@@ -82,24 +126,13 @@ class Reader(threading.Thread):
         self.lock = threading.Lock()
 
     def run(self):
-        buf = b""
         try:
-            while True:
-                chunk = self.sock.recv(1 << 16)
-                if not chunk:
-                    break
-                buf += chunk
-                while len(buf) >= 9:
-                    n = int.from_bytes(buf[:3], "big")
-                    if len(buf) < 9 + n:
-                        break
-                    kind, flags = buf[3], buf[4]
-                    buf = buf[9 + n:]
-                    if kind == SETTINGS and not flags & ACK and self.ack:
-                        with self.lock:
-                            self.sock.sendall(frame(SETTINGS, ACK, 0))
-                    elif kind == DATA:
-                        self.data_bytes += n
+            for kind, flags, n in frames(self.sock):
+                if kind == SETTINGS and not flags & ACK and self.ack:
+                    with self.lock:
+                        self.sock.sendall(frame(SETTINGS, ACK, 0))
+                elif kind == DATA:
+                    self.data_bytes += n
                 if self.limit is not None and self.data_bytes >= self.limit:
                     self.enough.set()
                     return  # never reads again
@@ -109,19 +142,34 @@ class Reader(threading.Thread):
         self.enough.set()
 
 
-def flood(addr, n, ack):
-    s = connect(addr)
+def header_frames(stream, block):
+    """A header block as HEADERS and CONTINUATION frames of 16 KiB at most."""
+    parts = [block[k:k + 16384] for k in range(0, len(block), 16384)]
+    return b"".join(frame(HEADERS if k == 0 else CONTINUATION,
+                          END_HEADERS if k == len(parts) - 1 else 0, stream, p)
+                    for k, p in enumerate(parts))
+
+
+def flood(addr, n, ack, data=0, source=None, header=0, tls=False):
+    s = connect(addr, source=source, tls=tls)
     r = Reader(s, ack)
     with r.lock:
         s.sendall(PREFACE + frame(SETTINGS, 0, 0))
-    r.start()
+    if not tls:  # one SSL object is not read and written by two threads at once
+        r.start()
     block = request_headers("/sluice.v1.TensorService/GetTensor")
+    if header:
+        block += hpack_literal("x-pad", "p" * header)
     t0 = time.monotonic()
     sent = 0
     batch = []
     try:
         for i in range(n):
-            batch.append(frame(HEADERS, END_HEADERS, 1 + 2 * i, block))
+            batch.append(header_frames(1 + 2 * i, block))
+            if data:
+                # The message's prefix claims 1000 bytes more than are sent.
+                batch.append(frame(DATA, 0, 1 + 2 * i, b"\x00" +
+                                   struct.pack(">I", data + 1000) + b"x" * data))
             if len(batch) == 1000 or i == n - 1:
                 with r.lock:
                     s.sendall(b"".join(batch))
@@ -130,12 +178,41 @@ def flood(addr, n, ack):
     except OSError:
         pass
     print("sent %d in %.2f s" % (sent, time.monotonic() - t0), flush=True)
+    if tls:
+        r.start()
     r.join(2)
     if r.closed_at is not None:
         print("closed after %.2f s" % (r.closed_at - t0), flush=True)
     else:
         print("open", flush=True)
     s.close()
+
+
+def served(s):
+    """Whether the server answers a PING (after its SETTINGS) within 5 s."""
+    s.settimeout(5)
+    settings = False
+    try:
+        s.sendall(PREFACE + frame(SETTINGS, 0, 0) + frame(PING, 0, 0, b"sluice!!"))
+        for kind, flags, _ in frames(s):
+            if kind == SETTINGS and not flags & ACK:
+                settings = True
+                s.sendall(frame(SETTINGS, ACK, 0))
+            elif kind == PING and flags & ACK and settings:
+                return True
+    except OSError:
+        pass
+    return False
+
+
+def hold(addr, n, source, once):
+    socks = [connect(addr, source=source) for _ in range(n)]
+    ok = sum(1 for s in socks if served(s))
+    print("served %d refused %d" % (ok, n - ok), flush=True)
+    if once:
+        return
+    while True:
+        time.sleep(3600)
 
 
 def stall(addr, model, tensor, token_file, nbytes):
@@ -165,8 +242,15 @@ def stall(addr, model, tensor, token_file, nbytes):
 
 def main():
     cmd = sys.argv[1]
+    rest = sys.argv[4:]
+    source = rest[rest.index("--from") + 1] if "--from" in rest else None
     if cmd == "flood":
-        flood(sys.argv[2], int(sys.argv[3]), "--ack" in sys.argv[4:])
+        data = int(rest[rest.index("--data") + 1]) if "--data" in rest else 0
+        header = int(rest[rest.index("--header") + 1]) if "--header" in rest else 0
+        flood(sys.argv[2], int(sys.argv[3]), "--ack" in rest, data, source, header,
+              "--tls" in rest)
+    elif cmd == "hold":
+        hold(sys.argv[2], int(sys.argv[3]), source, "--once" in rest)
     elif cmd == "stall":
         stall(*sys.argv[2:6], int(sys.argv[6]))
     else:

@@ -4,7 +4,7 @@
 # gRPC clients (examples/serve_client.cc). Every wait is bounded; every
 # server started is stopped at the end, also on failure.
 # usage: serve_test.sh BUILD_DIR REAL_DATA_DIR CASE
-#   CASE: fetch | errors | security | shutdown | load | transport
+#   CASE: fetch | errors | security | shutdown | load | transport | flood
 set -u
 B=$1
 REAL=$2
@@ -410,6 +410,14 @@ case_security() {
     start_server tls "$T/root/$m" --tls-cert "$d/server.pem" --tls-key "$d/server.key"
     expect 0 "TLS: verified fetch" "$ADDR" fetch $m --ca "$d/ca.pem" --server-name localhost -q
     expect 114 "TLS server, plaintext client: UNAVAILABLE" "$ADDR" list
+    # The relay's bounds hold under TLS too (it terminates TLS): a flood
+    # of header-only streams over TLS is closed, and served meanwhile.
+    local out
+    out=$(timeout 60 /usr/bin/python3 "$SRC/tests/serve/h2raw.py" flood "$ADDR" 100000 --tls 2>&1 | tail -1)
+    case $out in
+    "closed after"*) ok "TLS: a flood of 100,000 header-only streams: connection $out" ;;
+    *) bad "TLS flood: $out" ;;
+    esac
     expect 114 "TLS: a server certificate from another CA is refused" "$ADDR" list --ca "$d/other-ca.pem" --server-name localhost
     stop_server tls
     start_server mtls "$T/root/$m" --tls-cert "$d/server.pem" --tls-key "$d/server.key" --client-ca "$d/ca.pem"
@@ -582,7 +590,8 @@ case_load() {
         limit_kib=$((limit_kib + 131072))
         echo "# AddressSanitizer build: RSS limit raised by 128 MiB"
     fi
-    start_server load "$T/big/model.safetensors" --stall-timeout 60 --max-streams-per-client 64
+    start_server load "$T/big/model.safetensors" --stall-timeout 60 --max-streams-per-client 64 \
+        --max-connections-per-address 64
     local m=model.safetensors
     # A stalled reader and one that cancels, started first.
     timeout 120 "$CLIENT" "$ADDR" fetch $m --stream --stall 100 -q >/dev/null 2>&1 &
@@ -634,6 +643,160 @@ case_load() {
     # Served still, and its exit (with the leak check of an ASan build) clean.
     expect 0 "served after the load" "$ADDR" get $m small
     stop_server load
+}
+
+# threads_of PID: its thread count.
+threads_of() { awk '/^Threads:/ {print $2}' "/proc/$1/status" 2>/dev/null; }
+
+case_flood() {
+    make_big "$T/big" w:4194304 m:65536
+    local m=model.safetensors
+    printf 'flood-token\n' >"$T/token"
+    start_server flood "$T/big/$m" --token-file "$T/token" --max-streams 4 --metrics-port 0 \
+        --max-connections-per-address 4 --request-timeout 1 --max-request-bytes 4096
+    local mport
+    mport=$(sed -n 's/^metrics on 127.0.0.1:\([0-9]*\)$/\1/p' "$T/flood.out")
+    expect 0 "served before the flood" "$ADDR" get $m w --token "$T/token"
+    local r0 th0 bound_kib slack_kib
+    r0=$(rss_kib "$SPID")
+    th0=$(threads_of "$SPID")
+    # The documented bound: 4 MiB a connection; one flooding connection
+    # at a time here, and 12 MiB for the allocator's slack (an
+    # AddressSanitizer build: 64 MiB, its quarantine and shadow).
+    slack_kib=12288
+    if nm -D "$SERVE" 2>/dev/null | grep -q __asan_init || ldd "$SERVE" | grep -q libasan; then
+        slack_kib=65536
+    fi
+    bound_kib=$((r0 + 4096 + slack_kib))
+    # Floods of 100,000 streams of headers and no request message, one
+    # connection each, one after another (with and without acknowledging
+    # the server's SETTINGS), for as long as authenticated calls run
+    # beside them. Before: 22 MB -> 1.2 GB, 314 threads, and the calls
+    # failed RESOURCE_EXHAUSTED.
+    (
+        for i in $(seq 20); do
+            /usr/bin/python3 "$SRC/tests/serve/h2raw.py" flood "$ADDR" 100000 $([ $((i % 2)) = 0 ] && echo --ack)
+            [ -e "$T/stop-flood" ] && break
+        done
+    ) >"$T/floods.out" 2>&1 &
+    local fp=$! maxr=0 maxt=0 r t i
+    PIDS+=("$fp")
+    local served=0
+    for i in 1 2 3; do
+        timeout 60 "$CLIENT" "$ADDR" list --token "$T/token" >/dev/null 2>>"$T/beside.err" &&
+            timeout 60 "$CLIENT" "$ADDR" get $m w --token "$T/token" -o /dev/null -q >/dev/null 2>>"$T/beside.err" &&
+            served=$((served + 1))
+        r=$(rss_kib "$SPID"); t=$(threads_of "$SPID")
+        [ "${r:-0}" -gt $maxr ] && maxr=$r
+        [ "${t:-0}" -gt $maxt ] && maxt=$t
+    done
+    [ $served -eq 3 ] && ok "authenticated list and GetTensor served while the floods ran" ||
+        bad "beside the floods: $served of 3 served: $(sort "$T/beside.err" | uniq -c | head -3)"
+    touch "$T/stop-flood"
+    for i in $(seq 600); do
+        kill -0 $fp 2>/dev/null || break
+        r=$(rss_kib "$SPID"); t=$(threads_of "$SPID")
+        [ "${r:-0}" -gt $maxr ] && maxr=$r
+        [ "${t:-0}" -gt $maxt ] && maxt=$t
+        sleep 0.1
+    done
+    local nf nc
+    nf=$(grep -c '^sent' "$T/floods.out")
+    nc=$(grep -c '^closed after' "$T/floods.out")
+    [ "$nf" -ge 1 ] && [ "$nc" -eq "$nf" ] && ok "each of the $nf flooding connections closed by the server ($(grep '^closed' "$T/floods.out" | sort -t' ' -k3 -n | tail -1 | sed 's/closed after/the slowest after/'))" ||
+        bad "floods: $nf sent, $nc closed: $(sort "$T/floods.out" | uniq -c | head -5)"
+    # The peak after it all too (a transport's streams cancelled at close).
+    sleep 1
+    r=$(rss_kib "$SPID"); t=$(threads_of "$SPID")
+    [ "${r:-0}" -gt $maxr ] && maxr=$r
+    [ "${t:-0}" -gt $maxt ] && maxt=$t
+    echo "# flood: RSS ${r0} KiB before, ${maxr} KiB sampled peak, ${r} KiB after (bound ${bound_kib} KiB); threads ${th0} before, ${maxt} peak, ${t} after"
+    [ "$maxr" -le "$bound_kib" ] && ok "RSS within the bound during and after the floods (${maxr} KiB <= ${bound_kib} KiB)" ||
+        bad "RSS ${maxr} KiB > ${bound_kib} KiB"
+    [ "$maxt" -le $((th0 + 16)) ] && ok "threads bounded (${maxt}, ${th0} before)" ||
+        bad "threads ${maxt} (${th0} before)"
+    local nr
+    nr=$(timeout 5 curl -sf "http://127.0.0.1:$mport/metrics" |
+        awk '$1 == "sluice_serve_connections_refused_total{reason=\"streams\"}" {print $2}')
+    [ "${nr:-0}" -ge "$nf" ] && ok "counted: connections_refused_total{reason=streams} $nr" ||
+        bad "connections_refused_total{reason=streams} '$nr', $nf floods"
+    grep -q 'refused ipv4:127.0.0.1: HTTP/2: too many open streams' "$T/flood.err" &&
+        ok "logged" || bad "not logged: $(tail -3 "$T/flood.err")"
+    [ "$(grep -c 'too many open streams' "$T/flood.err")" -le 3 ] && ok "logged at most once per address per 10 s" ||
+        bad "logged $(grep -c 'too many open streams' "$T/flood.err") times"
+
+    # Streams holding request messages that never end: closed once they
+    # hold more than 2 x --max-request-bytes (8 KiB here; 3 KiB a stream,
+    # gRPC's flow control windows not exceeded). From 127.0.0.3: its own log line.
+    out=$(timeout 30 /usr/bin/python3 "$SRC/tests/serve/h2raw.py" flood "$ADDR" 30 --data 3000 --ack --from 127.0.0.3 2>&1 | tail -1)
+    case $out in
+    "closed after"*) ok "streams holding 8 KiB of unfinished requests: connection $out" ;;
+    *) bad "unfinished requests: $out" ;;
+    esac
+    grep -q 'refused ipv4:127.0.0.3: HTTP/2: more request bytes' "$T/flood.err" && ok "logged: request bytes" ||
+        bad "request bytes not logged: $(tail -3 "$T/flood.err")"
+
+    # A header block over 16 KiB (in HEADERS and CONTINUATION frames):
+    # closed before gRPC parses it. From 127.0.0.4.
+    out=$(timeout 30 /usr/bin/python3 "$SRC/tests/serve/h2raw.py" flood "$ADDR" 1 --header 20000 --from 127.0.0.4 2>&1 | tail -1)
+    case $out in
+    "closed after"*) ok "a header block of 20 KB: connection $out" ;;
+    *) bad "a header block of 20 KB: $out" ;;
+    esac
+    grep -q 'refused ipv4:127.0.0.4: HTTP/2: a header block over 16 KiB' "$T/flood.err" && ok "logged: header block" ||
+        bad "header block not logged: $(tail -3 "$T/flood.err")"
+
+    # Connections per address: 4 served, the 5th and 6th closed at once,
+    # while another address (127.0.0.2, the same port) is served.
+    /usr/bin/python3 "$SRC/tests/serve/h2raw.py" hold "$ADDR" 6 >"$T/hold.out" 2>&1 &
+    local hp=$!
+    PIDS+=("$hp")
+    for i in $(seq 300); do
+        [ -s "$T/hold.out" ] && break
+        sleep 0.1
+    done
+    [ "$(cat "$T/hold.out")" = "served 4 refused 2" ] && ok "--max-connections-per-address 4: 4 served, 2 refused" ||
+        bad "per-address cap: $(cat "$T/hold.out")"
+    local other
+    other=$(timeout 30 /usr/bin/python3 "$SRC/tests/serve/h2raw.py" hold "$ADDR" 1 --from 127.0.0.2 --once 2>&1)
+    [ "$other" = "served 1 refused 0" ] && ok "another address served meanwhile" || bad "127.0.0.2: $other"
+    kill "$hp" 2>/dev/null
+    wait "$hp" 2>/dev/null
+    for i in $(seq 50); do
+        other=$(timeout 30 /usr/bin/python3 "$SRC/tests/serve/h2raw.py" hold "$ADDR" 1 --once 2>&1)
+        [ "$other" = "served 1 refused 0" ] && break
+        sleep 0.1
+    done
+    [ "$other" = "served 1 refused 0" ] && ok "served again once they closed" || bad "after: $other"
+
+    # A stream whose request never arrives: its connection closed after
+    # --request-timeout (1 s; the sweep's 0.2 s, and 1 s for a loaded machine).
+    local out
+    out=$(timeout 30 /usr/bin/python3 "$SRC/tests/serve/h2raw.py" flood "$ADDR" 1 2>&1 | tail -1)
+    local s=${out#closed after }
+    s=${s% s}
+    [ "$s" != "$out" ] && [ "${s%.*}" -ge 1 ] && [ "${s%.*}" -lt 3 ] 2>/dev/null &&
+        ok "a stream without its request: connection closed after ${s} s (--request-timeout 1)" ||
+        bad "a stream without its request: $out"
+    # The same for a connection that sends nothing at all.
+    out=$(timeout 30 /usr/bin/python3 -c '
+import socket, sys, time
+h, p = sys.argv[1].rsplit(":", 1)
+s = socket.create_connection((h, int(p)))
+t0 = time.monotonic()
+s.settimeout(10)
+try:
+    s.recv(1)
+except OSError:
+    pass
+print("closed after %.2f s" % (time.monotonic() - t0))' "$ADDR" 2>&1)
+    s=${out#closed after }
+    s=${s% s}
+    [ "$s" != "$out" ] && [ "${s%.*}" -ge 1 ] && [ "${s%.*}" -lt 3 ] 2>/dev/null &&
+        ok "a connection without the HTTP/2 preface: closed after ${s} s" ||
+        bad "a connection without the preface: $out"
+    expect 0 "served after it all" "$ADDR" get $m m --token "$T/token"
+    stop_server flood
 }
 
 "case_$CASE"

@@ -7,17 +7,20 @@
 // pool (each model's --pool). One translation unit on purpose: grpc++'s
 // headers are slow to compile.
 #include "tensor_service.grpc.pb.h"
+#include "relay.h"
 
 #include <sluice.h>
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_posix.h>
 
 #include <openssl/crypto.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
+#include <openssl/ssl.h>
 #include <openssl/x509.h>
 
 #include <algorithm>
@@ -76,6 +79,9 @@ struct Config {
     unsigned max_streams = 256;
     unsigned max_threads = 300;
     unsigned max_streams_per_connection = 32;
+    unsigned max_connections = 64;
+    unsigned max_connections_per_address = 16;
+    double request_timeout_s = 10;
     uint64_t max_request_bytes = 1 << 20;
     double stall_timeout_s = 30;
     double pool_wait_s = 10;
@@ -114,8 +120,21 @@ const char usage_text[] =
     "  --max-streams-per-client N  concurrent calls per client address (16)\n"
     "  --max-streams N        concurrent calls in all (256)\n"
     "  --max-request-bytes N  largest request message (1 MiB)\n"
-    "  --max-streams-per-connection N  HTTP/2 streams per connection (32; gRPC\n"
-    "                         applies it once the client acknowledges it)\n"
+    "  --max-streams-per-connection N  HTTP/2 streams per connection advertised\n"
+    "                         (32); a connection that opens 32 more than this\n"
+    "                         at once is closed (before gRPC sees the stream)\n"
+    "  --max-connections N    TCP connections in all (64); more are closed at once\n"
+    "  --max-connections-per-address N  from one client address (16)\n"
+    "  --request-timeout S    a connection's HTTP/2 preface, and each stream's\n"
+    "                         request message, within S seconds (10), or the\n"
+    "                         connection is closed; so is one whose open streams\n"
+    "                         hold more than 2 x --max-request-bytes of request,\n"
+    "                         or that sends a header block over 16 KiB. What any\n"
+    "                         peer, token or not, can make the server hold beyond\n"
+    "                         the pools: per connection 512 KiB of relay buffers,\n"
+    "                         (--max-streams-per-connection + 32) streams of at\n"
+    "                         most 64 KiB, 2 x --max-request-bytes; 7 MiB with the\n"
+    "                         defaults, 448 MiB for 64 connections\n"
     "  --stall-timeout S      cancel a call whose client has not taken a chunk\n"
     "                         for S seconds (30); a write still blocked 1 s\n"
     "                         after the cancel has its connection closed, so the\n"
@@ -197,7 +216,8 @@ bool parse_args(int argc, char **argv, Config *c)
             c->token_file = v;
         } else if (a == "--max-streams-per-client" || a == "--max-streams" ||
                    a == "--max-threads" || a == "--max-request-bytes" ||
-                   a == "--max-streams-per-connection") {
+                   a == "--max-streams-per-connection" || a == "--max-connections" ||
+                   a == "--max-connections-per-address") {
             if (!next(&v) || !parse_size(v, &n) || n == 0 || n > INT_MAX) {
                 fprintf(stderr, "sluice serve: bad %s\n", a.c_str());
                 return false;
@@ -206,8 +226,11 @@ bool parse_args(int argc, char **argv, Config *c)
             else if (a == "--max-streams") c->max_streams = (unsigned)n;
             else if (a == "--max-threads") c->max_threads = (unsigned)n;
             else if (a == "--max-streams-per-connection") c->max_streams_per_connection = (unsigned)n;
+            else if (a == "--max-connections") c->max_connections = (unsigned)n;
+            else if (a == "--max-connections-per-address") c->max_connections_per_address = (unsigned)n;
             else c->max_request_bytes = n;
-        } else if (a == "--stall-timeout" || a == "--pool-wait" || a == "--grace") {
+        } else if (a == "--stall-timeout" || a == "--pool-wait" || a == "--grace" ||
+                   a == "--request-timeout") {
             if (!next(&v)) return false;
             char *end;
             double d = strtod(v, &end);
@@ -217,6 +240,7 @@ bool parse_args(int argc, char **argv, Config *c)
             }
             if (a == "--stall-timeout") c->stall_timeout_s = d;
             else if (a == "--pool-wait") c->pool_wait_s = d;
+            else if (a == "--request-timeout") c->request_timeout_s = d;
             else c->grace_s = d;
         } else if (a == "--root") {
             c->force_root = true;
@@ -325,6 +349,61 @@ bool check_key_pair(const Config &c, const std::string &cert, const std::string 
     return ok;
 }
 
+// Streams a connection may open beyond --max-streams-per-connection before
+// the relay closes it: a client may open streams before it has the
+// server's SETTINGS.
+constexpr unsigned kStreamMargin = 32;
+
+// ALPN: "h2" when the client offers it (gRPC clients require it).
+int alpn_select(SSL *, const unsigned char **out, unsigned char *outlen, const unsigned char *in,
+                unsigned inlen, void *)
+{
+    static const unsigned char h2[] = {2, 'h', '2'};
+    unsigned char *o = nullptr;
+    if (SSL_select_next_proto(&o, outlen, h2, sizeof h2, in, inlen) != OPENSSL_NPN_NEGOTIATED)
+        return SSL_TLSEXT_ERR_NOACK;
+    *out = o;
+    return SSL_TLSEXT_ERR_OK;
+}
+
+// The relay's TLS context: --tls-cert (a chain) and --tls-key, TLS 1.2 or
+// later, no renegotiation; --client-ca: a client certificate signed by it
+// required and verified (gRPC's
+// GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY).
+SSL_CTX *make_tls(const Config &c)
+{
+    SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
+    const char *what = nullptr;
+    if (!ctx)
+        what = "cannot make a TLS context";
+    else if (!SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION))
+        what = "TLS 1.2 not available";
+    else if (SSL_CTX_use_certificate_chain_file(ctx, c.tls_cert.c_str()) != 1)
+        what = "--tls-cert: not a PEM certificate chain";
+    else if (SSL_CTX_use_PrivateKey_file(ctx, c.tls_key.c_str(), SSL_FILETYPE_PEM) != 1 ||
+             SSL_CTX_check_private_key(ctx) != 1)
+        what = "--tls-key: not the certificate's private key";
+    else if (!c.client_ca.empty()) {
+        STACK_OF(X509_NAME) *names = SSL_load_client_CA_file(c.client_ca.c_str());
+        if (!names || SSL_CTX_load_verify_locations(ctx, c.client_ca.c_str(), nullptr) != 1) {
+            sk_X509_NAME_pop_free(names, X509_NAME_free);
+            what = "--client-ca: no PEM certificate in it";
+        } else {
+            SSL_CTX_set_client_CA_list(ctx, names);
+            SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+        }
+    }
+    if (what) {
+        fprintf(stderr, "sluice serve: %s\n", what);
+        ERR_clear_error();
+        SSL_CTX_free(ctx);
+        return nullptr;
+    }
+    SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION);
+    SSL_CTX_set_alpn_select_cb(ctx, alpn_select, nullptr);
+    return ctx;
+}
+
 // ------------------------------------------------------------ metrics
 // The server's own counters, rendered after the models' exposition on
 // /metrics (see metrics_text below).
@@ -348,6 +427,7 @@ struct Stats {
     std::atomic<int64_t> active_streams{0};
     std::atomic<uint64_t> refused_auth{0}, refused_limit{0}, refused_name{0},
         refused_shutdown{0}, stalled{0};
+    relay::Counters conns;  // the relay's refusals and connections
 };
 Stats stats;
 
@@ -423,7 +503,24 @@ std::string metrics_text()
       << "sluice_serve_refused_total{reason=\"name\"} " << stats.refused_name.load() << "\n"
       << "sluice_serve_refused_total{reason=\"shutdown\"} " << stats.refused_shutdown.load()
       << "\n"
-      << "sluice_serve_refused_total{reason=\"stalled\"} " << stats.stalled.load() << "\n";
+      << "sluice_serve_refused_total{reason=\"stalled\"} " << stats.stalled.load() << "\n"
+      << "# HELP sluice_serve_connections_refused_total Connections closed by the server's "
+         "bounds before gRPC saw their streams, by reason.\n"
+         "# TYPE sluice_serve_connections_refused_total counter\n"
+      << "sluice_serve_connections_refused_total{reason=\"connections\"} "
+      << stats.conns.refused_connections.load() << "\n"
+      << "sluice_serve_connections_refused_total{reason=\"streams\"} "
+      << stats.conns.refused_streams.load() << "\n"
+      << "sluice_serve_connections_refused_total{reason=\"request_timeout\"} "
+      << stats.conns.refused_timeout.load() << "\n"
+      << "sluice_serve_connections_refused_total{reason=\"protocol\"} "
+      << stats.conns.refused_protocol.load() << "\n"
+      << "sluice_serve_connections_refused_total{reason=\"tls\"} "
+      << stats.conns.refused_tls.load() << "\n"
+      << "# HELP sluice_serve_connections Client connections open.\n"
+         "# TYPE sluice_serve_connections gauge\n"
+         "sluice_serve_connections "
+      << stats.conns.connections.load() << "\n";
     return o.str();
 }
 
@@ -737,121 +834,16 @@ int open_model(const Config &cfg, const std::string &name, const std::string &pa
 }
 
 // ------------------------------------------------------------ connections
-// A call stuck in a write to a socket that does not drain outlives its
-// cancel: TryCancel (and Server::Shutdown) cannot take back a message the
-// transport has handed to a full TCP send buffer (seen with a client that
-// stops reading, tests/serve/h2raw.py stall). So the watchdog closes such a
-// call's connection kStallAbortAfterCancelS after the cancel, and the
-// grace's end closes every connection still open: shutdown(2) with
-// SO_LINGER 0 on the socket of this process whose local port is the gRPC
-// port and whose peer is the call's (gRPC's peer string). gRPC sees the
-// error, fails the write and frees the transport. The same works under TLS
-// (the TCP socket is under the TLS layer).
+// Every connection goes through the relay (tools/serve/relay.cc): gRPC
+// serves its end of a socketpair, and knows the connection as "fd:N"
+// (Relay::client_of gives the client's address). A call stuck in a write
+// to a client that does not drain outlives its cancel: TryCancel (and
+// Server::Shutdown) cannot take back a message the transport has handed
+// to a full socket buffer (tests/serve/h2raw.py stall). So the watchdog
+// closes such a call's connection at the relay kStallAbortAfterCancelS
+// after the cancel, and the grace's end closes every connection still
+// open: gRPC's write fails and the transport is freed.
 constexpr double kStallAbortAfterCancelS = 1.0;
-
-// gRPC's spelling of a socket address: "ipv4:127.0.0.1:5555", "ipv6:[::1]:5555"
-// (an IPv4-mapped IPv6 address, as a dual-stack socket has it, as IPv4).
-std::string peer_uri(const struct sockaddr_storage &ss)
-{
-    char host[INET6_ADDRSTRLEN] = "";
-    if (ss.ss_family == AF_INET6) {
-        const auto *a = reinterpret_cast<const struct sockaddr_in6 *>(&ss);
-        if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr)) {
-            inet_ntop(AF_INET, &a->sin6_addr.s6_addr[12], host, sizeof host);
-            return std::string("ipv4:") + host + ":" + std::to_string(ntohs(a->sin6_port));
-        }
-    }
-    if (ss.ss_family == AF_INET) {
-        const auto *a = reinterpret_cast<const struct sockaddr_in *>(&ss);
-        inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
-        return std::string("ipv4:") + host + ":" + std::to_string(ntohs(a->sin_port));
-    }
-    if (ss.ss_family == AF_INET6) {
-        const auto *a = reinterpret_cast<const struct sockaddr_in6 *>(&ss);
-        inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
-        return std::string("ipv6:[") + host + "]:" + std::to_string(ntohs(a->sin6_port));
-    }
-    return "";
-}
-
-unsigned local_port(int fd)
-{
-    struct sockaddr_storage ss;
-    socklen_t len = sizeof ss;
-    if (getsockname(fd, reinterpret_cast<struct sockaddr *>(&ss), &len) != 0)
-        return 0;
-    if (ss.ss_family == AF_INET)
-        return ntohs(reinterpret_cast<struct sockaddr_in *>(&ss)->sin_port);
-    if (ss.ss_family == AF_INET6)
-        return ntohs(reinterpret_cast<struct sockaddr_in6 *>(&ss)->sin6_port);
-    return 0;
-}
-
-// One accepted connection of the gRPC port: its socket's fd and inode
-// (inodes grow: the largest is the newest) and gRPC's peer string.
-struct Conn {
-    int fd;
-    ino_t ino;
-    std::string peer;
-};
-
-// The connected sockets of this process on local port `port`.
-std::vector<Conn> list_connections(unsigned port)
-{
-    std::vector<Conn> out;
-    DIR *d = opendir("/proc/self/fd");
-    if (!d)
-        return out;
-    int self = dirfd(d);
-    while (struct dirent *e = readdir(d)) {
-        char *end;
-        long fd = strtol(e->d_name, &end, 10);
-        if (*end || end == e->d_name || fd == self)
-            continue;
-        struct stat st;
-        if (fstat((int)fd, &st) != 0 || !S_ISSOCK(st.st_mode))
-            continue;
-        struct sockaddr_storage ss;
-        socklen_t len = sizeof ss;
-        if (getpeername((int)fd, reinterpret_cast<struct sockaddr *>(&ss), &len) != 0)
-            continue;
-        if (local_port((int)fd) != port)
-            continue;
-        std::string p = peer_uri(ss);
-        if (!p.empty())
-            out.push_back(Conn{(int)fd, st.st_ino, p});
-    }
-    closedir(d);
-    return out;
-}
-
-// Closes a connection under gRPC's feet: an RST (SO_LINGER 0) and
-// shutdown(2), so that a write blocked on it fails now. The fd itself stays
-// gRPC's. Its peer is checked again just before: an fd closed and reused
-// since it was listed is left alone.
-void abort_socket(const Conn &c)
-{
-    struct sockaddr_storage ss;
-    socklen_t len = sizeof ss;
-    if (getpeername(c.fd, reinterpret_cast<struct sockaddr *>(&ss), &len) != 0 ||
-        peer_uri(ss) != c.peer)
-        return;
-    struct linger lg = {1, 0};
-    setsockopt(c.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
-    shutdown(c.fd, SHUT_RDWR);
-}
-
-// Closes the connection(s) whose peer is `peer`; returns how many.
-unsigned abort_connection(unsigned port, const std::string &peer)
-{
-    unsigned n = 0;
-    for (const Conn &c : list_connections(port))
-        if (c.peer == peer) {
-            abort_socket(c);
-            n++;
-        }
-    return n;
-}
 
 // ------------------------------------------------------------ call tracking
 // Every call in progress: its context (for the stall watchdog and for
@@ -859,7 +851,8 @@ unsigned abort_connection(unsigned port, const std::string &peer)
 // watchdog cancelled it.
 struct Track {
     ServerContext *ctx;
-    std::string peer;    // gRPC's peer string: the connection
+    std::string conn;    // gRPC's peer string: the connection at the relay ("fd:N")
+    std::string peer;    // the client's address and port
     std::string client;  // the peer's address without its port
     std::atomic<int64_t> write_since_ns{0};
     std::atomic<int64_t> cancelled_ns{0};
@@ -879,7 +872,7 @@ public:
     std::atomic<int64_t> drain_deadline_ns{0};
     std::string token;  // empty: none required
     std::string fault_corrupt;  // test hook: tensor whose first sent chunk is corrupted
-    unsigned port = 0;          // the gRPC port, once bound
+    relay::Relay *front = nullptr;  // the connections, once listening
 
     // Every 0.2 s: a call whose write has not ended for --stall-timeout is
     // cancelled; if that write still has not ended 1 s later, its
@@ -905,13 +898,14 @@ public:
                         t->ctx->TryCancel();
                     } else if (cn && now - cn > (int64_t)(kStallAbortAfterCancelS * 1e9) &&
                                !t->aborted.exchange(true)) {
-                        to_abort.push_back(t->peer);
+                        to_abort.push_back(t->conn);
                     }
                 }
             }
             for (const std::string &p : to_abort) {
-                log_refusal(p, "still blocked in a write after its cancel: connection closed");
-                abort_connection(port, p);
+                log_refusal(front->client_of(p),
+                            "still blocked in a write after its cancel: connection closed");
+                front->close_connection(p);
             }
         }
     }
@@ -924,11 +918,7 @@ public:
     }
 
     // Every connection of the gRPC port closed (the grace's end).
-    void abort_all()
-    {
-        for (const Conn &c : list_connections(port))
-            abort_socket(c);
-    }
+    void abort_all() { front->close_all(); }
 
     Status ListModels(ServerContext *ctx, const pb::ListModelsRequest *,
                       pb::ListModelsResponse *resp) override
@@ -1029,7 +1019,8 @@ private:
         Admit(Server *srv, ServerContext *ctx) : s(srv)
         {
             track.ctx = ctx;
-            track.peer = ctx->peer();
+            track.conn = ctx->peer();
+            track.peer = s->front->client_of(track.conn);
             track.client = client_key(track.peer);
             if (!s->token_ok(ctx)) {
                 stats.refused_auth++;
@@ -1079,7 +1070,7 @@ private:
     {
         if (!valid_model_name(name)) {
             stats.refused_name++;
-            log_refusal(client_key(ctx->peer()), "bad model name");
+            log_refusal(client_key(front->client_of(ctx->peer())), "bad model name");
             return Status(StatusCode::INVALID_ARGUMENT,
                           "bad model name: a plain entry of the server's root is expected");
         }
@@ -1593,64 +1584,80 @@ int main(int argc, char **argv)
         service.token = tok;
     }
 
-    std::shared_ptr<grpc::ServerCredentials> creds;
+    // TLS is the relay's (OpenSSL, the same certificate, key and client
+    // CA rule as gRPC's SslServerCredentials): gRPC sees plaintext.
+    SSL_CTX *tls = nullptr;
     if (!cfg.tls_cert.empty()) {
-        grpc::SslServerCredentialsOptions so;
-        grpc::SslServerCredentialsOptions::PemKeyCertPair kp;
-        if (!read_file(cfg.tls_key, &kp.private_key) || !read_file(cfg.tls_cert, &kp.cert_chain)) {
+        std::string cert, key;
+        if (!read_file(cfg.tls_key, &key) || !read_file(cfg.tls_cert, &cert)) {
             fprintf(stderr, "sluice serve: cannot read --tls-cert/--tls-key\n");
             return 2;
         }
-        if (!check_key_pair(cfg, kp.cert_chain, kp.private_key)) {
+        if (!check_key_pair(cfg, cert, key)) {
             for (auto &kv : models)
                 sluice_close(kv.second->m);
             return 2;
         }
-        so.pem_key_cert_pairs.push_back(kp);
-        if (!cfg.client_ca.empty()) {
-            if (!read_file(cfg.client_ca, &so.pem_root_certs)) {
-                fprintf(stderr, "sluice serve: cannot read --client-ca\n");
-                return 2;
-            }
-            so.client_certificate_request =
-                GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+        if (!(tls = make_tls(cfg))) {
+            for (auto &kv : models)
+                sluice_close(kv.second->m);
+            return 2;
         }
-        creds = grpc::SslServerCredentials(so);
-    } else {
-        creds = grpc::InsecureServerCredentials();
     }
+
+    relay::Limits lim;
+    lim.max_connections = cfg.max_connections;
+    lim.max_connections_per_address = cfg.max_connections_per_address;
+    lim.max_open_streams = cfg.max_streams_per_connection + kStreamMargin;
+    lim.request_timeout_s = cfg.request_timeout_s;
+    lim.max_request_bytes_held = 2 * cfg.max_request_bytes;
+    lim.user_timeout_ms = (unsigned)std::min((cfg.stall_timeout_s + 2) * 1000, 8.64e7);
+    lim.quiet = cfg.quiet;
+    std::unique_ptr<grpc::Server> server;
+    relay::Relay front(lim, &stats.conns, tls, [&server](int fd) {
+        grpc::AddInsecureChannelFromFd(server.get(), fd);
+    });
+    unsigned port = 0;
+    std::string lerr;
+    if (!front.listen(cfg.listen, &port, &lerr)) {
+        fprintf(stderr, "sluice serve: cannot listen on %s: %s\n", cfg.listen.c_str(),
+                lerr.c_str());
+        for (auto &kv : models)
+            sluice_close(kv.second->m);
+        return 1;
+    }
+    service.front = &front;
 
     grpc::EnableDefaultHealthCheckService(true);
     grpc::ServerBuilder b;
-    int port = 0;
-    b.AddListeningPort(cfg.listen, creds, &port);
     b.RegisterService(&service);
     b.SetMaxReceiveMessageSize((int)cfg.max_request_bytes);
     b.SetMaxSendMessageSize(8 << 20);
     grpc::ResourceQuota quota("sluice-serve");
     quota.SetMaxThreads((int)cfg.max_threads);
     b.SetResourceQuota(quota);
-    // HTTP/2 streams per connection (gRPC 1.51 enforces it only once the
-    // client has acknowledged the server's SETTINGS: see README, "sluice
-    // serve", for what this does not bound), and TCP_USER_TIMEOUT (gRPC
-    // derives it from the keepalive timeout; its default is 20 s): the
-    // kernel drops a connection whose data stays unacknowledged past
-    // --stall-timeout + 2 s, a second line behind the watchdog.
+    // HTTP/2 streams per connection advertised (gRPC 1.51 enforces it only
+    // once the client has acknowledged the server's SETTINGS; the relay
+    // bounds the others), and keepalive pings: a connection whose pings
+    // are not answered within --stall-timeout + 2 s is dropped.
     b.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, (int)cfg.max_streams_per_connection);
+    // A stream's headers: at most 16 KiB (the relay's bound on a header
+    // block too; part of the per-stream bound).
+    b.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, 16 << 10);
     b.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
                          (int)std::min((cfg.stall_timeout_s + 2) * 1000, 8.64e7));
     // The sync server's pollers wake up this often; at exit the server
     // waits for each (the default, 10 s, delays the exit after SIGTERM).
     b.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::CQ_TIMEOUT_MSEC, 200);
-    std::unique_ptr<grpc::Server> server = b.BuildAndStart();
-    if (!server || port == 0) {
-        fprintf(stderr, "sluice serve: cannot listen on %s\n", cfg.listen.c_str());
+    server = b.BuildAndStart();
+    if (!server) {
+        fprintf(stderr, "sluice serve: the gRPC server did not start\n");
         for (auto &kv : models)
             sluice_close(kv.second->m);
         return 1;
     }
+    front.start();
     std::string host = cfg.listen.substr(0, cfg.listen.rfind(':'));
-    service.port = (unsigned)port;
 
 #ifdef SLUICE_SERVE_HAVE_MHD
     MetricsHttp mh;
@@ -1660,7 +1667,10 @@ int main(int argc, char **argv)
         if (!metrics_start(&mh, (unsigned)cfg.metrics_port)) {
             fprintf(stderr, "sluice serve: cannot serve metrics on 127.0.0.1:%d\n",
                     cfg.metrics_port);
+            front.refuse_new();
             server->Shutdown();
+            front.stop();
+            SSL_CTX_free(tls);
             for (auto &kv : models)
                 sluice_close(kv.second->m);
             return 1;
@@ -1671,7 +1681,7 @@ int main(int argc, char **argv)
     if (cfg.metrics_port >= 0)
         fprintf(stderr, "sluice serve: built without libmicrohttpd: no --metrics-port\n");
 #endif
-    printf("listening on %s:%d (%zu model%s)\n", host.c_str(), port, models.size(),
+    printf("listening on %s:%u (%zu model%s)\n", host.c_str(), port, models.size(),
            models.size() == 1 ? "" : "s");
     fflush(stdout);
 
@@ -1726,6 +1736,8 @@ int main(int argc, char **argv)
             service.abort_all();
         }
     }
+    // No connection reaches gRPC once its shutdown begins.
+    front.refuse_new();
     // Room for the last statuses to reach slow readers, then cancelled.
     auto sd_end = std::max(grace_end, Clock::now() + std::chrono::milliseconds(500));
     server->Shutdown(std::chrono::system_clock::now() +
@@ -1735,6 +1747,8 @@ int main(int argc, char **argv)
     server->Wait();
     stop_watchdog = true;
     watchdog.join();
+    front.stop();
+    SSL_CTX_free(tls);
 #ifdef SLUICE_SERVE_HAVE_MHD
     metrics_stop(&mh);
 #endif

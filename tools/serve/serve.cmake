@@ -44,11 +44,15 @@ add_library(sluice_proto STATIC ${SLUICE_PROTO_SRCS})
 target_include_directories(sluice_proto PUBLIC ${SLUICE_PROTO_OUT})
 target_link_libraries(sluice_proto PUBLIC PkgConfig::GRPCPP PkgConfig::PROTOBUF)
 
-add_executable(sluice_serve ${PROJECT_SOURCE_DIR}/tools/serve/serve.cc)
+# relay.cc: the TCP and TLS front (libssl), no gRPC header in it.
+pkg_check_modules(LIBSSL REQUIRED IMPORTED_TARGET libssl)
+add_executable(sluice_serve ${PROJECT_SOURCE_DIR}/tools/serve/serve.cc
+  ${PROJECT_SOURCE_DIR}/tools/serve/relay.cc)
 set_target_properties(sluice_serve PROPERTIES OUTPUT_NAME sluice-serve
   INSTALL_RPATH "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}")
 target_compile_options(sluice_serve PRIVATE -Wall -Wextra -Wno-unused-parameter)
-target_link_libraries(sluice_serve PRIVATE sluice sluice_proto PkgConfig::CRYPTO Threads::Threads)
+target_link_libraries(sluice_serve PRIVATE sluice sluice_proto PkgConfig::LIBSSL PkgConfig::CRYPTO
+  Threads::Threads)
 install(TARGETS sluice_serve RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 
 add_executable(serve_client ${PROJECT_SOURCE_DIR}/examples/serve_client.cc)
