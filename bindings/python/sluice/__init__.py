@@ -348,16 +348,18 @@ class Model:
         was turned off, cache_warning says why), disk_busy (writes of the
         cache's index put off: another process held its lock); unverified
         (0: a manifest checks the bytes, 1: none was found, 2: verification
-        is off).
+        is off)."""
         return self._m.stats()
 
     @property
     def cache_warning(self):
         """Why the persistent cache was turned off for this model (a
         read-only or full file system, a newer schema, a build without
-        SQLite, ...), or, while it works, the note that writes of its index
-        were put off because another process held its lock (stats
-        disk_busy), or None when neither happened or none was asked for."""
+        SQLite, ...), else the file the verified-once memo refused (tmpfs and
+        the like: see trust_unchanged), else, while the cache works, the
+        note that writes of its index were put off because another process
+        held its lock (stats disk_busy), or None when none of these happened
+        or no cache was asked for."""
         return self._m.cache_warning()
 
     @property
