@@ -771,19 +771,21 @@ case_flood() {
 
     # A stream whose request never arrives: its connection closed after
     # --request-timeout (1 s; the sweep's 0.2 s, and 1 s for a loaded machine).
+    # From 0.8 s: the client's clock starts after its connect returns, which
+    # a loaded machine may delay past the server's accept (0.99 s was seen).
     local out
     out=$(timeout 30 /usr/bin/python3 "$SRC/tests/serve/h2raw.py" flood "$ADDR" 1 2>&1 | tail -1)
     local s=${out#closed after }
     s=${s% s}
-    [ "$s" != "$out" ] && [ "${s%.*}" -ge 1 ] && [ "${s%.*}" -lt 3 ] 2>/dev/null &&
+    [ "$s" != "$out" ] && awk -v s="$s" 'BEGIN { exit !(s >= 0.8 && s < 3) }' &&
         ok "a stream without its request: connection closed after ${s} s (--request-timeout 1)" ||
         bad "a stream without its request: $out"
     # The same for a connection that sends nothing at all.
     out=$(timeout 30 /usr/bin/python3 -c '
 import socket, sys, time
 h, p = sys.argv[1].rsplit(":", 1)
-s = socket.create_connection((h, int(p)))
 t0 = time.monotonic()
+s = socket.create_connection((h, int(p)))
 s.settimeout(10)
 try:
     s.recv(1)
@@ -792,7 +794,7 @@ except OSError:
 print("closed after %.2f s" % (time.monotonic() - t0))' "$ADDR" 2>&1)
     s=${out#closed after }
     s=${s% s}
-    [ "$s" != "$out" ] && [ "${s%.*}" -ge 1 ] && [ "${s%.*}" -lt 3 ] 2>/dev/null &&
+    [ "$s" != "$out" ] && awk -v s="$s" 'BEGIN { exit !(s >= 0.8 && s < 3) }' &&
         ok "a connection without the HTTP/2 preface: closed after ${s} s" ||
         bad "a connection without the preface: $out"
     expect 0 "served after it all" "$ADDR" get $m m --token "$T/token"
