@@ -348,7 +348,7 @@ class Model:
         was turned off, cache_warning says why), disk_busy (writes of the
         cache's index put off: another process held its lock); unverified
         (0: a manifest checks the bytes, 1: none was found, 2: verification
-        is off).
+        is off)."""
         return self._m.stats()
 
     @property
