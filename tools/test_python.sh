@@ -26,3 +26,8 @@ venv=build-py/venv
 # From the repository root, so that bindings/python/sluice (sources
 # without the built extension) does not shadow the installed package.
 "$venv/bin/python" -m pytest -q -p no:cacheprovider --basetemp=build-py/tmp bindings/python/tests
+# The README's Python and torch blocks (ctest readme_examples skipped them
+# when it ran before this venv existed), when the ASan build is there.
+if [ -f build-asan/CTestTestfile.cmake ]; then
+    ctest --test-dir build-asan -R '^readme_examples$' --output-on-failure
+fi
