@@ -1011,7 +1011,8 @@ SLUICE_API sluice_verify_policy sluice_verify_mode(const sluice_model *model);
 /* What sluice_open found to check the model's bytes against. */
 typedef enum sluice_verification {
     SLUICE_VERIFIED = 0,            /* a manifest was read: *where is its path
-                                       (sluice_manifest_path); under IF_PRESENT
+                                       (sluice_manifest_path; a URL without
+                                       credentials or query); under IF_PRESENT
                                        it may list only some tensors
                                        (sluice_manifest_tensor says which) */
     SLUICE_UNVERIFIED_NO_MANIFEST = 1, /* DEFAULT or IF_PRESENT, no manifest_path,

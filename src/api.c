@@ -303,32 +303,32 @@ char *sl_manifest_sidecar_remote(const char *path)
     return p;
 }
 
-/* What the open found to verify the model against: a manifest, none
- * (the sidecar it looked for is kept, for sluice_verify_state), or
- * nothing looked for (policy OFF). */
+/* What the open found to verify the model against: a manifest (where it
+ * was read), none (the sidecar it looked for), both kept as messages show
+ * them for sluice_verify_state; or nothing looked for (policy OFF). */
 static int note_verification(sluice_model *m, const char *path, sl_err *err)
 {
-    if (m->manifest) {
-        m->verification = SLUICE_VERIFIED;
-        return SLUICE_OK;
-    }
-    if (m->opts.verify == SLUICE_VERIFY_OFF) {
+    if (m->opts.verify == SLUICE_VERIFY_OFF && !m->manifest) {
         m->verification = SLUICE_UNVERIFIED_OFF;
         return SLUICE_OK;
     }
-    m->verification = SLUICE_UNVERIFIED_NO_MANIFEST;
-    int remote = sl_is_remote(path);
-    char *side = remote ? sl_manifest_sidecar_remote(path) : sl_manifest_sidecar(path);
-    if (!side)
+    m->verification = m->manifest ? SLUICE_VERIFIED : SLUICE_UNVERIFIED_NO_MANIFEST;
+    const char *read = sl_manifest_path(m->manifest);
+    int remote = sl_is_remote(read ? read : path);
+    char *where = read ? strdup(read)
+                  : remote ? sl_manifest_sidecar_remote(path) : sl_manifest_sidecar(path);
+    if (!where)
         return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
+    /* a URL's user:password@ and query are secrets (a presigned URL's
+     * signature): never in what the call hands out to be shown */
     if (remote) {
         char shown[512];
-        sl_remote_shown(side, shown, sizeof shown);
-        free(side);
-        if (!(side = strdup(shown)))
+        sl_remote_shown(where, shown, sizeof shown);
+        free(where);
+        if (!(where = strdup(shown)))
             return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
     }
-    m->sidecar_looked = side;
+    m->verify_where = where;
     return SLUICE_OK;
 }
 
@@ -339,8 +339,7 @@ SLUICE_API int sluice_verify_state(const sluice_model *model, const char **where
     if (sl_model_usable(model) != SLUICE_OK)
         return SLUICE_E_INVAL;
     if (where)
-        *where = model->verification == SLUICE_VERIFIED ? sl_manifest_path(model->manifest)
-                                                        : model->sidecar_looked;
+        *where = model->verify_where;
     return (int)model->verification;
 }
 
@@ -366,7 +365,7 @@ static void release_model(sluice_model *m)
      * never match a later model (ids are not reused) and go when pushed
      * out or when their thread exits. */
     sl_errmsg_forget(m->err_id);
-    free(m->sidecar_looked);
+    free(m->verify_where);
     free(m->path);
     free(m->metrics_label);
     free(m);
@@ -492,8 +491,8 @@ failed:
     /* Keep only the error: free what was built, leave a failed shell. */
     sl_manifest_free(m->manifest);
     m->manifest = NULL;
-    free(m->sidecar_looked);
-    m->sidecar_looked = NULL;
+    free(m->verify_where);
+    m->verify_where = NULL;
     sl_index_free(&m->index);
     free_remote(m);
     m->failed = 1;

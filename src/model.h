@@ -30,8 +30,9 @@ struct sluice_model {
     size_t nfallback;
     struct sl_remote_cfg *remote; /* remote.h; NULL when nothing is remote */
     sluice_verification verification; /* what open found to verify against */
-    char *sidecar_looked;      /* SLUICE_UNVERIFIED_NO_MANIFEST: the sidecar looked
-                                  for, as messages show it (no credentials) */
+    char *verify_where;        /* sluice_verify_state's *where: the manifest read, or
+                                  the sidecar looked for; as messages show it (no
+                                  credentials, no query); NULL under OFF */
 
     /* names the model in each thread's error entries (errmsg.c); unlike
      * the address, never reused by a later model */

@@ -740,13 +740,27 @@ static void test_missing_manifest_visible(void **state)
     free(text);
     assert_int_equal(sluice_close(m), SLUICE_OK);
 
-    /* verified: the served model with its sidecar */
-    assert_int_equal(sluice_open(model_url, &o, &m), SLUICE_OK);
-    assert_int_equal(sluice_verify_state(m, &where), SLUICE_VERIFIED);
-    assert_non_null(strstr(where, "/m.safetensors.manifest.json"));
-    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
-    assert_int_equal(st.unverified, 0);
-    assert_int_equal(sluice_close(m), SLUICE_OK);
+    /* verified: the served model with its sidecar, opened with
+     * credentials and a query in the model's URL and in the manifest's:
+     * *where shows neither (as for the sidecar not found above) */
+    char secret_model[400], secret_mf[512];
+    snprintf(secret_model, sizeof secret_model, "http://user:PW-SECRET@%s/m.safetensors",
+             srv.base + strlen("http://"));
+    snprintf(secret_mf, sizeof secret_mf, "%s.manifest.json?X-Amz-Signature=SIG-SECRET",
+             secret_model);
+    for (int k = 0; k < 3; k++) {
+        o.manifest_path = k == 2 ? secret_mf : NULL;
+        if (sluice_open(k ? secret_model : model_url, &o, &m) != SLUICE_OK)
+            fail_msg("%d: %s", k, sluice_errmsg(m));
+        assert_int_equal(sluice_verify_state(m, &where), SLUICE_VERIFIED);
+        assert_non_null(where);
+        if (!strstr(where, "/m.safetensors.manifest.json") || strstr(where, "SECRET"))
+            fail_msg("%d: where: %s", k, where);
+        assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+        assert_int_equal(st.unverified, 0);
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+    }
+    o.manifest_path = NULL;
     /* off by policy */
     o.verify = SLUICE_VERIFY_OFF;
     assert_int_equal(sluice_open(model_url, &o, &m), SLUICE_OK);
