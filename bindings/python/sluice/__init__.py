@@ -353,7 +353,10 @@ class Model:
     def cache_warning(self):
         """Why the persistent cache was turned off for this model (a
         read-only or full file system, a newer schema, a build without
-        SQLite, ...), or None when it works or none was asked for."""
+        SQLite, ...; stats()["disk_degraded"] is then 1), else which file
+        the verified-once memo refused (trust_unchanged on tmpfs, overlayfs
+        and the like, where a write need not move mtime or ctime; the cache
+        works, disk_degraded stays 0), or None."""
         return self._m.cache_warning()
 
     @property
