@@ -286,7 +286,9 @@ typedef struct sluice_options {
                                   wire (a connection takes it; time queued
                                   behind other reads does not count), every
                                   attempt and backoff included; no retry
-                                  starts past it. It never stops an attempt
+                                  is scheduled past it (one due before it
+                                  may still wait for a free connection, and
+                                  start later). It never stops an attempt
                                   that is moving bytes: a slow link that
                                   keeps its speed over 1 KiB/s completes
                                   however long it takes (the stall timeout

@@ -25,7 +25,9 @@
  * time, so a slow link that keeps moving always completes. The deadline
  * bounds a read's retries: it runs from the moment the read first goes
  * on the wire (a connection takes it; the seam's queue does not count),
- * and no retry starts, nor a backoff is waited, past it.
+ * and no retry is scheduled, nor a backoff waited, past it (a retry due
+ * before it goes to the front of the seam's queue, and may still wait
+ * there for a free connection: it is not dropped then).
  *
  * Nothing here is called, and no curl function runs, for a model that has
  * no remote location. Built without libcurl (SLUICE_HAVE_CURL unset),
