@@ -279,7 +279,8 @@ typedef struct sluice_options {
     uint32_t remote_stall_timeout_ms;   /* an attempt that moves no byte for this
                                   long (waiting for the reply included), or
                                   fewer than 1 KiB a second over a window
-                                  this long, is stopped and retried;
+                                  this long (from its first byte on), is
+                                  stopped and retried;
                                   default 30000 */
     uint32_t remote_deadline_ms; /* how long one read may go on retrying:
                                   counted from when it first goes on the

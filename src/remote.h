@@ -21,7 +21,8 @@
  *
  * Clocks: an attempt is bounded by the connect timeout and by its
  * progress only (no byte for remote_stall_timeout_ms, or fewer than
- * SL_REMOTE_MIN_SPEED bytes a second over that window), never by a total
+ * SL_REMOTE_MIN_SPEED bytes a second over that window, from the body's
+ * first byte on), never by a total
  * time, so a slow link that keeps moving always completes. The deadline
  * bounds a read's retries: it runs from the moment the read first goes
  * on the wire (a connection takes it; the seam's queue does not count),
