@@ -281,14 +281,17 @@ typedef struct sluice_options {
     uint32_t remote_stall_timeout_ms;   /* an attempt that moves no byte for this
                                   long (waiting for the reply included), or
                                   fewer than 1 KiB a second over a window
-                                  this long, is stopped and retried;
+                                  this long (from its first byte on), is
+                                  stopped and retried;
                                   default 30000 */
     uint32_t remote_deadline_ms; /* how long one read may go on retrying:
                                   counted from when it first goes on the
                                   wire (a connection takes it; time queued
                                   behind other reads does not count), every
                                   attempt and backoff included; no retry
-                                  starts past it. It never stops an attempt
+                                  is scheduled past it (one due before it
+                                  may still wait for a free connection, and
+                                  start later). It never stops an attempt
                                   that is moving bytes: a slow link that
                                   keeps its speed over 1 KiB/s completes
                                   however long it takes (the stall timeout
@@ -1031,7 +1034,8 @@ SLUICE_API sluice_verify_policy sluice_verify_mode(const sluice_model *model);
 /* What sluice_open found to check the model's bytes against. */
 typedef enum sluice_verification {
     SLUICE_VERIFIED = 0,            /* a manifest was read: *where is its path
-                                       (sluice_manifest_path); under IF_PRESENT
+                                       (sluice_manifest_path; a URL without
+                                       credentials or query); under IF_PRESENT
                                        it may list only some tensors
                                        (sluice_manifest_tensor says which) */
     SLUICE_UNVERIFIED_NO_MANIFEST = 1, /* DEFAULT or IF_PRESENT, no manifest_path,

@@ -280,11 +280,11 @@ typedef struct xfer {
     const char *shown;           /* the location as messages show it */
     /* stall detection (the progress callback): no byte for stall_ms, or
      * fewer than SL_REMOTE_MIN_SPEED bytes a second over a window of
-     * stall_ms */
+     * stall_ms, the first window from the first byte (moving) */
     _Atomic int *abort_flag;
     uint64_t stall_ms, last_move_ms, win_start_ms;
     curl_off_t last_dl, win_dl;
-    int stalled, slow, aborted;
+    int stalled, slow, aborted, moving;
     int cause;                   /* SL_RRETRY_*: why outcome() said RETRY */
     int tensor;                  /* a tensor's bytes: counted by the caller */
 } xfer;
@@ -302,7 +302,7 @@ static void x_reset_attempt(xfer *x)
     x->errbuf[0] = '\0';
     x->last_move_ms = x->win_start_ms = mono_ms();
     x->last_dl = x->win_dl = 0;
-    x->stalled = x->slow = x->aborted = 0;
+    x->stalled = x->slow = x->aborted = x->moving = 0;
 }
 
 static size_t on_header(char *line, size_t sz, size_t n, void *ud)
@@ -460,7 +460,8 @@ static size_t on_body(char *data, size_t sz, size_t n, void *ud)
 /* Stops a transfer that moved no byte for stall_ms (curl's low-speed
  * limit averages over seconds, and a burst hides a stall behind it), one
  * that trickles (fewer than SL_REMOTE_MIN_SPEED bytes a second over a
- * window of stall_ms, or than what is left of the range), or whose model
+ * window of stall_ms from its first byte on, or than what is left of the
+ * range), or whose model
  * is closing. Nothing else bounds an attempt once its connection is up:
  * a transfer that keeps moving is never cut by a clock (see
  * remote_deadline_ms in sluice.h). */
@@ -476,13 +477,24 @@ static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_
     }
     uint64_t now = mono_ms();
     if (dlnow != x->last_dl) {
+        if (!x->moving) {
+            /* The speed floor's first window opens with the first byte
+             * (counting it): the wait for the reply is the stall rule's
+             * to bound. Opened at the attempt's start, a reply that took
+             * most of stall_ms left the window a fraction of it, and a
+             * link well over the floor was cut as too slow, every
+             * attempt alike. */
+            x->moving = 1;
+            x->win_start_ms = now;
+            x->win_dl = x->last_dl;
+        }
         x->last_dl = dlnow;
         x->last_move_ms = now;
     } else if (now - x->last_move_ms >= x->stall_ms) {
         x->stalled = 1;
         return 1;
     }
-    if (now - x->win_start_ms >= x->stall_ms) {
+    if (x->moving && now - x->win_start_ms >= x->stall_ms) {
         /* the window's least: its share at the slowest speed kept, or
          * the rest of the body when that is less */
         uint64_t least = x->stall_ms * SL_REMOTE_MIN_SPEED / 1000;

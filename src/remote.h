@@ -21,11 +21,14 @@
  *
  * Clocks: an attempt is bounded by the connect timeout and by its
  * progress only (no byte for remote_stall_timeout_ms, or fewer than
- * SL_REMOTE_MIN_SPEED bytes a second over that window), never by a total
+ * SL_REMOTE_MIN_SPEED bytes a second over that window, from the body's
+ * first byte on), never by a total
  * time, so a slow link that keeps moving always completes. The deadline
  * bounds a read's retries: it runs from the moment the read first goes
  * on the wire (a connection takes it; the seam's queue does not count),
- * and no retry starts, nor a backoff is waited, past it.
+ * and no retry is scheduled, nor a backoff waited, past it (a retry due
+ * before it goes to the front of the seam's queue, and may still wait
+ * there for a free connection: it is not dropped then).
  *
  * Nothing here is called, and no curl function runs, for a model that has
  * no remote location. Built without libcurl (SLUICE_HAVE_CURL unset),

@@ -31,6 +31,8 @@ MODE is one of:
                (default 2000000: 2 MB/s a request), keep-alive
     trickle    206 headers, then one byte of the body every arg seconds
                (default 0.1), then close
+    late       arg "T,R": nothing for T seconds, then as slow at R bytes a
+               second (a slow first byte, then a slow link)
 A fault served counts down N; at 0 the server behaves again.
 """
 import os
@@ -120,6 +122,10 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(float(arg or 30))
             self.close_connection = True
             return
+        if mode == "late":
+            delay, _, arg = arg.partition(",")
+            time.sleep(float(delay or 1))
+            mode = "slow"
         if mode == "norange" or not ranged:
             return self.small(200, data)
         if a >= size:

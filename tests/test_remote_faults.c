@@ -424,6 +424,57 @@ static void test_trickle_fails_within_bound(void **state)
     (void)state;
 }
 
+/* A slow first byte, then a slow link: nothing for 3 s (under the 4 s
+ * stall timeout), then 1500 bytes a second (over the 1 KiB/s floor). The
+ * floor's window must run from the first byte: the wait for the reply is
+ * the stall timeout's to bound. It ran from the attempt's start, so at
+ * 4 s the window held 1.4 s of body, 3072 bytes where it asked 4000:
+ * "fewer than 1024 bytes a second for 4000 ms (too slow)", on every
+ * attempt alike, for a link that was moving at 1.5 KiB/s. */
+static void test_slow_first_byte_then_slow_link(void **state)
+{
+    enum { LATE_N = 4000 };
+    char *p = tu_join(root, "late.safetensors");
+    tu_write_safetensors(p, "{\"a\":{\"dtype\":\"U8\",\"shape\":[4000],"
+                            "\"data_offsets\":[0,4000]}}", NULL, LATE_N);
+    size_t len;
+    unsigned char *file = tu_read_file(p, &len);
+    assert_true(file && len > LATE_N);
+    char url[400];
+    snprintf(url, sizeof url, "%s/late.safetensors", srv.base);
+    static unsigned char got[LATE_N];
+    for (int blocking = 0; blocking < 2; blocking++) {
+        sluice_options o = fast_options();
+        o.remote_stall_timeout_ms = 4000;
+        o.remote_attempts = 1;
+        arm("ok", 0, NULL);
+        sluice_model *m;
+        if (sluice_open(url, &o, &m) != SLUICE_OK)
+            fail_msg("open: %s", sluice_errmsg(m));
+        arm("late", 1, "3,1500");
+        double t0 = now_s();
+        int rc;
+        sluice_tensor *t = NULL;
+        if (blocking) {
+            rc = sluice_read_into(m, "a", 0, got, LATE_N);
+        } else if ((rc = sluice_acquire(m, "a", &t)) == SLUICE_OK) {
+            memcpy(got, sluice_tensor_data(t), LATE_N);
+            sluice_release(t);
+        }
+        fprintf(stderr, "  %s: %d in %.2f s%s%s\n", blocking ? "sluice_read_into" : "acquire",
+                rc, now_s() - t0, rc ? ": " : "", rc ? sluice_errmsg(m) : "");
+        if (rc != SLUICE_OK)
+            fail_msg("%s: %s", blocking ? "sluice_read_into" : "acquire", sluice_errmsg(m));
+        assert_memory_equal(got, file + len - LATE_N, LATE_N);
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+    }
+    arm("ok", 0, NULL);
+    unlink(p);
+    free(p);
+    free(file);
+    (void)state;
+}
+
 static void test_flipped_byte(void **state)
 {
     sluice_options o = fast_options();
@@ -745,13 +796,27 @@ static void test_missing_manifest_visible(void **state)
     free(text);
     assert_int_equal(sluice_close(m), SLUICE_OK);
 
-    /* verified: the served model with its sidecar */
-    assert_int_equal(sluice_open(model_url, &o, &m), SLUICE_OK);
-    assert_int_equal(sluice_verify_state(m, &where), SLUICE_VERIFIED);
-    assert_non_null(strstr(where, "/m.safetensors.manifest.json"));
-    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
-    assert_int_equal(st.unverified, 0);
-    assert_int_equal(sluice_close(m), SLUICE_OK);
+    /* verified: the served model with its sidecar, opened with
+     * credentials and a query in the model's URL and in the manifest's:
+     * *where shows neither (as for the sidecar not found above) */
+    char secret_model[400], secret_mf[512];
+    snprintf(secret_model, sizeof secret_model, "http://user:PW-SECRET@%s/m.safetensors",
+             srv.base + strlen("http://"));
+    snprintf(secret_mf, sizeof secret_mf, "%s.manifest.json?X-Amz-Signature=SIG-SECRET",
+             secret_model);
+    for (int k = 0; k < 3; k++) {
+        o.manifest_path = k == 2 ? secret_mf : NULL;
+        if (sluice_open(k ? secret_model : model_url, &o, &m) != SLUICE_OK)
+            fail_msg("%d: %s", k, sluice_errmsg(m));
+        assert_int_equal(sluice_verify_state(m, &where), SLUICE_VERIFIED);
+        assert_non_null(where);
+        if (!strstr(where, "/m.safetensors.manifest.json") || strstr(where, "SECRET"))
+            fail_msg("%d: where: %s", k, where);
+        assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+        assert_int_equal(st.unverified, 0);
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+    }
+    o.manifest_path = NULL;
     /* off by policy */
     o.verify = SLUICE_VERIFY_OFF;
     assert_int_equal(sluice_open(model_url, &o, &m), SLUICE_OK);
@@ -914,6 +979,7 @@ int main(void)
         cmocka_unit_test(test_slow_link_queued_reads_all_load),
         cmocka_unit_test(test_slow_read_longer_than_deadline),
         cmocka_unit_test(test_trickle_fails_within_bound),
+        cmocka_unit_test(test_slow_first_byte_then_slow_link),
         cmocka_unit_test(test_flipped_byte),
         cmocka_unit_test(test_close_with_reads_hanging),
         cmocka_unit_test(test_close_while_retrying),

@@ -355,11 +355,12 @@ class Model:
     def cache_warning(self):
         """Why the persistent cache was turned off for this model (a
         read-only or full file system, a newer schema, a build without
-        SQLite, ...), else the file the verified-once memo refused (tmpfs and
-        the like: see trust_unchanged), else, while the cache works, the
-        note that writes of its index were put off because another process
-        held its lock (stats disk_busy), or None when none of these happened
-        or no cache was asked for."""
+        SQLite, ...; stats()["disk_degraded"] is then 1), else which file
+        the verified-once memo refused (trust_unchanged on tmpfs, overlayfs
+        and the like, where a write need not move mtime or ctime; the cache
+        works, disk_degraded stays 0), else, while the cache works, the note
+        that writes of its index were put off because another process held
+        its lock (stats disk_busy), or None."""
         return self._m.cache_warning()
 
     @property

@@ -11,7 +11,9 @@ Differences from the reference, all on the safe side:
    manifest=...), and are zero-copy read-only views of the verified bytes
    (torch: torch has no read-only tensors; do not write into them);
  - the pool is sized to hold every tensor of the model at once (callers of
-   safe_open usually keep them all), so keeping them never fails;
+   safe_open usually keep them all), so keeping them never fails; in a
+   container whose cgroup memory limit is below that size the open fails
+   instead (InvalidArgumentError, both numbers);
  - get_slice: see Slice for what is read and what is verified.
 """
 import os
@@ -19,7 +21,7 @@ import os
 import numpy as np
 
 from . import _errors
-from . import open as _open, parse_size, _check_framework, _np_dtype, _PACKED, _sluice
+from . import open as _open, _check_framework, _np_dtype, _PACKED, _sluice
 
 _SLACK = 64 << 20  # room for read-ahead beside every tensor held
 
@@ -31,7 +33,10 @@ def _open_for_all(path, manifest=None, verify="default", trusted_keys=None, **ca
     core = model._m
     total = sum(core.info(i)[3] + 64 for i in range(core.count()))
     want = total + _SLACK
-    if want > parse_size("4G"):
+    # the default pool is the library's: 4 GiB, or 1/16 of a cgroup
+    # memory limit, so it is compared with, not a fixed 4G (a pool above
+    # the limit is refused by the reopen, with both numbers)
+    if want > core.stats()["pool_bytes"]:
         model.close()
         model = _open(path, manifest=manifest, verify=verify, pool=want,
                       trusted_keys=trusted_keys, **cache)

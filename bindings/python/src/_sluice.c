@@ -485,8 +485,9 @@ static PyObject *model_stats(ModelObject *self, PyObject *unused)
     return d;
 }
 
-/* cache_warning() -> why the model's persistent cache was turned off (or
- * the note that writes of its index were put off), or None. The library's string lives until
+/* cache_warning() -> why the model's persistent cache was turned off, else
+ * the memo's refusal of a file, else the note that writes of its index were
+ * put off (sluice_cache_warning), or None. The library's string lives until
  * sluice_close, which cannot run while this holds the GIL. */
 static PyObject *model_cache_warning(ModelObject *self, PyObject *unused)
 {
@@ -1273,7 +1274,7 @@ static PyMethodDef model_methods[] = {
     {"file_info", (PyCFunction)model_file_info, METH_O, "Information of file i."},
     {"stats", (PyCFunction)model_stats, METH_NOARGS, "Every field of sluice_stats."},
     {"cache_warning", (PyCFunction)model_cache_warning, METH_NOARGS,
-     "Why the persistent cache was turned off, or None."},
+     "Why the persistent cache was turned off, or the file the memo refused, or None."},
     {"verify_mode", (PyCFunction)model_verify_mode, METH_NOARGS, "Policy in force."},
     {"manifest_path", (PyCFunction)model_manifest_path, METH_NOARGS, "Manifest read, or None."},
     {"manifest_entry", (PyCFunction)model_manifest_entry, METH_O,

@@ -71,3 +71,48 @@ def sharded(tmp_path):
     d = tmp_path / "sharded"
     stfile.write_sharded(str(d), [s1, s2, s3], metadata={"format": "np", "who": "test"})
     return str(d)
+
+
+def default_pool():
+    """The library's default pool_bytes for this process, by the rule of
+    sluice.h ("Sizing the pool"): 4 GiB, or 1/16 of the lowest cgroup
+    memory limit on the way up from this process's cgroup when that is
+    less (whole MiB, at least 1 MiB). A container's limit changes it, so
+    a test must not expect a fixed 4 GiB."""
+    def limit_in(d, name):
+        try:
+            v = open(os.path.join(d, name)).read().strip()
+        except OSError:
+            return None
+        return int(v) if v.isdigit() and int(v) < (1 << 62) else None
+
+    def walk(base, rel, name):
+        d = base + rel.rstrip("/")
+        if not os.path.isdir(d):
+            d = base
+        found = []
+        while True:
+            v = limit_in(d, name)
+            if v is not None:
+                found.append(v)
+            if len(d) <= len(base):
+                return found
+            d = d[:d.rindex("/")]
+
+    limits = []
+    try:
+        lines = open("/proc/self/cgroup").read().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        hid, ctl, path = line.split(":", 2)
+        if not path.startswith("/"):
+            continue
+        if hid == "0" and not ctl:
+            limits += walk("/sys/fs/cgroup", path, "memory.max")
+        elif "memory" in ctl.split(","):
+            limits += walk("/sys/fs/cgroup/memory", path, "memory.limit_in_bytes")
+    mib, full = 1 << 20, 4 << 30
+    if not limits or min(limits) // 16 >= full:
+        return full
+    return max(min(limits) // 16 // mib * mib, mib)

@@ -144,3 +144,78 @@ def test_safe_open_pt(single):
         assert f.get_tensor("e").shape == (0, 3)
     d = load_file(path, framework="pt")
     assert d["b"].dtype == torch.int64 and d["b"].tolist() == list(range(7))
+
+
+def _own_memory_cgroup():
+    """This process's memory cgroup directory (v2 with the memory
+    controller delegated, else v1's) and its limit file, or None."""
+    try:
+        lines = open("/proc/self/cgroup").read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        hid, ctl, path = line.split(":", 2)
+        if hid == "0" and not ctl:
+            d = "/sys/fs/cgroup" + path
+            try:
+                if "memory" in open(os.path.join(d, "cgroup.subtree_control")).read():
+                    return d, "memory.max"
+            except OSError:
+                pass
+        elif "memory" in ctl.split(","):
+            return "/sys/fs/cgroup/memory" + path, "memory.limit_in_bytes"
+    return None
+
+
+def test_load_file_pool_under_a_cgroup_limit(tmp_path):
+    """Under a 256 MiB cgroup memory limit the library's default pool is
+    16 MiB (1/16), no longer 4 GiB; load_file and safe_open must still
+    size the pool for every tensor at once (24 MiB of tensors here). They
+    compared with a fixed 4G, kept the 16 MiB pool, and holding the
+    tensors failed."""
+    own = _own_memory_cgroup()
+    if own is None:
+        pytest.skip("no memory controller in /proc/self/cgroup")
+    cg = os.path.join(own[0], f"sluice-pytest-{os.getpid()}")
+    try:
+        os.mkdir(cg)
+    except OSError as e:
+        pytest.skip(f"no memory cgroup can be made here ({own[0]}: {e})")
+    try:
+        try:
+            with open(os.path.join(cg, own[1]), "w") as f:
+                f.write(str(256 << 20))
+        except OSError as e:
+            pytest.skip(f"cannot set {own[1]} in {cg}: {e}")
+        rng = np.random.default_rng(11)
+        tensors = {f"t{i}": rng.integers(0, 255, size=(8 << 20,), dtype=np.uint8)
+                   for i in range(3)}
+        path = str(tmp_path / "big.safetensors")
+        digests = stfile.write(path, tensors)
+        stfile.write_manifest(path + ".manifest.json", digests)
+        script = (
+            "import sys, numpy as np, sluice\n"
+            "p = sys.argv[1]\n"
+            "with sluice.open(p) as m:\n"
+            "    print('default', m.stats()['pool_bytes'])\n"
+            "d = sluice.load_file(p)\n"
+            "with sluice.safe_open(p) as f:\n"
+            "    kept = [f.get_tensor(k) for k in f.keys()]\n"
+            "print('ok', sorted(d), sum(int(a.sum()) for a in d.values()),"
+            " sum(int(a.sum()) for a in kept))\n")
+        procs = os.path.join(cg, "cgroup.procs")
+
+        def enter():
+            with open(procs, "w") as f:
+                f.write(str(os.getpid()))
+
+        import subprocess
+        import sys
+        r = subprocess.run([sys.executable, "-c", script, path], preexec_fn=enter,
+                           capture_output=True, text=True, timeout=120)
+        want = sum(int(a.sum()) for a in tensors.values())
+        assert r.returncode == 0, r.stderr
+        assert f"default {16 << 20}" in r.stdout, r.stdout
+        assert f"ok ['t0', 't1', 't2'] {want} {want}" in r.stdout, r.stdout
+    finally:
+        os.rmdir(cg)
