@@ -238,9 +238,9 @@ typedef struct sluice_options {
     size_t size;            /* sizeof(sluice_options), set by sluice_options_init */
     uint32_t flags;         /* SLUICE_F_*; unknown bits are rejected (SLUICE_E_INVAL) */
     uint32_t queue_depth;   /* reads in flight; default 32, 1..4096 */
-    uint64_t pool_bytes;    /* buffer budget; default 4 GiB (1/16 of a 64 GiB
-                               host), or 1/16 of this process's cgroup memory
-                               limit when that is less; more than the limit:
+    uint64_t pool_bytes;    /* buffer budget; default 4 GiB, or 1/4 of this
+                               process's cgroup memory limit when that is
+                               less; more than the limit:
                                SLUICE_E_INVAL (see "Sizing the pool" below) */
     uint64_t chunk_bytes;   /* size of one read; default 8 MiB, 4 KiB..1 GiB */
     uint32_t io_threads;    /* threads of the pread backend; default 4 */
@@ -334,8 +334,10 @@ SLUICE_API int sluice_options_init(sluice_options *opts);
  * The default, from sluice_options_init: 4 GiB, or in a container (a
  * cgroup memory limit: cgroup v2 memory.max, v1 memory.limit_in_bytes, of
  * the process's cgroup in /proc/self/cgroup, the lowest on the way up to
- * the root under /sys/fs/cgroup) 1/16 of the limit when that is less, in
- * whole MiB, at least 1 MiB: 512 MiB under an 8 GiB limit. A pool_bytes
+ * the root under /sys/fs/cgroup) 1/4 of the limit when that is less, in
+ * whole MiB, at least 1 MiB: 2 GiB under an 8 GiB limit (a quarter: room
+ * for a 1 GB embedding, and three quarters left for the rest of the
+ * process). A pool_bytes
  * above the limit is refused by sluice_open (SLUICE_E_INVAL, the message
  * giving both numbers and the file that sets the limit): such a pool
  * could not be filled without the kernel killing the process, which no

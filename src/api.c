@@ -99,7 +99,7 @@ SLUICE_API int sluice_options_init(sluice_options *opts)
     memset(opts, 0, sizeof *opts);
     opts->size = sizeof *opts;
     opts->queue_depth = 32;
-    /* 4 GiB, or 1/16 of this process's cgroup memory limit when less */
+    /* 4 GiB, or 1/4 of this process's cgroup memory limit when less */
     uint64_t limit = 0;
     if (!sl_cgroup_memory_limit(SL_CGROUP_SELF, SL_CGROUP_ROOT, &limit, NULL, 0))
         limit = 0;

@@ -143,8 +143,8 @@ int sl_cgroup_memory_limit(const char *self, const char *root, uint64_t *limit, 
 uint64_t sl_pool_default(uint64_t limit)
 {
     const uint64_t mib = (uint64_t)1 << 20;
-    if (!limit || limit / 16 >= SL_POOL_DEFAULT)
+    if (!limit || limit / 4 >= SL_POOL_DEFAULT)
         return SL_POOL_DEFAULT;
-    uint64_t p = limit / 16 / mib * mib;
+    uint64_t p = limit / 4 / mib * mib;
     return p ? p : mib;
 }

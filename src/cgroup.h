@@ -29,8 +29,9 @@ int sl_cgroup_memory_limit(const char *self, const char *root, uint64_t *limit, 
                            size_t wlen);
 
 /* The default pool for a memory limit (0: none): SL_POOL_DEFAULT, or
- * 1/16 of the limit when that is less (the fraction SL_POOL_DEFAULT is of
- * a 64 GiB host), in whole MiB, at least 1 MiB. */
+ * 1/4 of the limit when that is less (a quarter holds a 1 GB embedding
+ * under an 8 GiB limit and leaves the rest to the process), in whole MiB,
+ * at least 1 MiB. */
 uint64_t sl_pool_default(uint64_t limit);
 
 #endif

@@ -4,7 +4,7 @@
  * a container's view, no limit, garbage); sl_pool_default; and, where the
  * machine lets the test make a memory cgroup of its own (root, a writable
  * memory hierarchy; else it says so and skips), a child process moved
- * into one with a 256 MiB limit: its default pool is 16 MiB and a 1 GiB
+ * into one with a 256 MiB limit: its default pool is 64 MiB and a 1 GiB
  * pool is refused at open with both numbers. */
 #include "cgroup.h"
 #include "util.h"
@@ -119,10 +119,10 @@ static void test_pool_default(void **state)
     assert_int_equal(sl_pool_default(0), 4 * GiB);
     assert_int_equal(sl_pool_default(128 * GiB), 4 * GiB);
     assert_int_equal(sl_pool_default(64 * GiB), 4 * GiB);
-    assert_int_equal(sl_pool_default(8 * GiB), 512 * MiB);
-    assert_int_equal(sl_pool_default(256 * MiB), 16 * MiB);
-    assert_int_equal(sl_pool_default(100 * MiB + 7), 6 * MiB);   /* whole MiB */
-    assert_int_equal(sl_pool_default(4 * MiB), MiB);             /* at least 1 MiB */
+    assert_int_equal(sl_pool_default(8 * GiB), 2 * GiB);
+    assert_int_equal(sl_pool_default(256 * MiB), 64 * MiB);
+    assert_int_equal(sl_pool_default(100 * MiB + 7), 25 * MiB);   /* whole MiB */
+    assert_int_equal(sl_pool_default(3 * MiB), MiB);             /* at least 1 MiB */
 }
 
 /* The directory of this process's memory cgroup (v2 with the memory
@@ -198,7 +198,7 @@ static void test_real_cgroup(void **state)
             _exit(10);
         sluice_options o;
         sluice_options_init(&o);
-        if (o.pool_bytes != 16 * MiB)
+        if (o.pool_bytes != 64 * MiB)
             _exit(11);
         o.pool_bytes = GiB;
         sluice_model *m = NULL;
@@ -209,7 +209,7 @@ static void test_real_cgroup(void **state)
         int ok = rc == SLUICE_E_INVAL && strstr(msg, "1073741824") && strstr(msg, "268435456") &&
                  strstr(msg, limit_file);
         fprintf(stderr, "  in a cgroup limited to 256 MiB: default pool %llu; a 1 GiB pool: %s\n",
-                (unsigned long long)(16 * MiB), msg);
+                (unsigned long long)(64 * MiB), msg);
         sluice_close(m);
         m = NULL;
         o.pool_bytes = 200 * MiB;   /* under the limit: fine */

@@ -61,7 +61,7 @@ static void usage(FILE *f)
         "nor the whole-process rows apply.\n"
         "\n"
         "sweeps (comma lists; the cross product is run):\n"
-        "  --pool SIZES        buffer pool budget (default: the library's, 4G, or 1/16\n"
+        "  --pool SIZES        buffer pool budget (default: the library's, 4G, or 1/4\n"
         "                      of a cgroup memory limit when less)\n"
         "  --qd N,...          reads in flight (default 32)\n"
         "  --chunk SIZES       size of one read (default 8M)\n"

@@ -15,7 +15,7 @@
 /* The help text of the options ig_loader_option() takes. */
 #define IG_LOADER_HELP                                                        \
     "  --pool SIZE       buffer pool budget (e.g. 512M, 4G; default 4G, or\n"  \
-    "                    1/16 of a cgroup memory limit when less)\n"          \
+    "                    1/4 of a cgroup memory limit when less)\n"          \
     "  --qd N            reads in flight (default 32)\n"                      \
     "  --threads N       hashing threads (default: online CPUs)\n"            \
     "  --direct          read with O_DIRECT where the file system allows\n"   \

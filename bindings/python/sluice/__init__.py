@@ -567,7 +567,7 @@ def open(path, *, manifest=None, verify="default", pool=None, queue_depth=None, 
             "require", "if_present" or "off" (no manifest is read, not
             even the sidecar: Model.verify then raises ManifestError).
     pool: the buffer budget, bytes or "4G"-style (the library's default:
-    4 GiB, or 1/16 of a cgroup memory limit when less; a pool above the
+    4 GiB, or 1/4 of a cgroup memory limit when less; a pool above the
     limit raises InvalidArgumentError); queue_depth: reads in
     flight; chunk: bytes per read; direct: O_DIRECT; hash_threads: hashing
     threads (None: online CPUs). None means the library's default.

@@ -33,7 +33,7 @@ def _open_for_all(path, manifest=None, verify="default", trusted_keys=None, **ca
     core = model._m
     total = sum(core.info(i)[3] + 64 for i in range(core.count()))
     want = total + _SLACK
-    # the default pool is the library's: 4 GiB, or 1/16 of a cgroup
+    # the default pool is the library's: 4 GiB, or 1/4 of a cgroup
     # memory limit, so it is compared with, not a fixed 4G (a pool above
     # the limit is refused by the reopen, with both numbers)
     if want > core.stats()["pool_bytes"]:

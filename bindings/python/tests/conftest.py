@@ -75,7 +75,7 @@ def sharded(tmp_path):
 
 def default_pool():
     """The library's default pool_bytes for this process, by the rule of
-    sluice.h ("Sizing the pool"): 4 GiB, or 1/16 of the lowest cgroup
+    sluice.h ("Sizing the pool"): 4 GiB, or 1/4 of the lowest cgroup
     memory limit on the way up from this process's cgroup when that is
     less (whole MiB, at least 1 MiB). A container's limit changes it, so
     a test must not expect a fixed 4 GiB."""
@@ -113,6 +113,6 @@ def default_pool():
         elif "memory" in ctl.split(","):
             limits += walk("/sys/fs/cgroup/memory", path, "memory.limit_in_bytes")
     mib, full = 1 << 20, 4 << 30
-    if not limits or min(limits) // 16 >= full:
+    if not limits or min(limits) // 4 >= full:
         return full
-    return max(min(limits) // 16 // mib * mib, mib)
+    return max(min(limits) // 4 // mib * mib, mib)
