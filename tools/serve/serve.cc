@@ -26,6 +26,7 @@
 #include <climits>
 #include <condition_variable>
 #include <csignal>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -841,10 +842,31 @@ void abort_socket(const Conn &c)
     shutdown(c.fd, SHUT_RDWR);
 }
 
-// Closes the connection(s) whose peer is `peer`; returns how many.
-unsigned abort_connection(unsigned port, const std::string &peer)
+// gRPC's peer string with its percent-escapes decoded: gRPC writes an
+// IPv6 peer as a URI, "ipv6:%5B::1%5D:5555", where peer_uri (and so every
+// Conn) has "ipv6:[::1]:5555".
+std::string unescape_peer(const std::string &p)
+{
+    std::string out;
+    for (size_t i = 0; i < p.size(); i++) {
+        unsigned v;
+        if (p[i] == '%' && i + 2 < p.size() && isxdigit((unsigned char)p[i + 1]) &&
+            isxdigit((unsigned char)p[i + 2]) && sscanf(p.c_str() + i + 1, "%2x", &v) == 1) {
+            out.push_back((char)v);
+            i += 2;
+        } else {
+            out.push_back(p[i]);
+        }
+    }
+    return out;
+}
+
+// Closes the connection(s) whose peer is `peer` (gRPC's string); returns
+// how many.
+unsigned abort_connection(unsigned port, const std::string &grpc_peer)
 {
     unsigned n = 0;
+    const std::string peer = unescape_peer(grpc_peer);
     for (const Conn &c : list_connections(port))
         if (c.peer == peer) {
             abort_socket(c);
@@ -909,10 +931,11 @@ public:
                     }
                 }
             }
-            for (const std::string &p : to_abort) {
-                log_refusal(p, "still blocked in a write after its cancel: connection closed");
-                abort_connection(port, p);
-            }
+            for (const std::string &p : to_abort)
+                log_refusal(p, abort_connection(port, p)
+                                   ? "still blocked in a write after its cancel: connection closed"
+                                   : "still blocked in a write after its cancel: no connection of "
+                                     "it found to close");
         }
     }
 
