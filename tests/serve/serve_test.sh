@@ -378,6 +378,19 @@ case_security() {
     printf 'two\tparts\n' >"$T/token-tab"
     refused_start token-tab "not visible ASCII" "a tab inside the token: refused at start" \
         "$T/root/$m" --token-file "$T/token-tab"
+    # gRPC bounds a call's metadata at 8 KiB: a token of 4096 bytes is
+    # served, a longer one refused at start (before: a 12000-byte token
+    # started, and every call failed RESOURCE_EXHAUSTED "received initial
+    # metadata size exceeds limit"); /dev/zero is not read without end.
+    head -c 4096 /dev/zero | tr '\0' k >"$T/token-4096"
+    start_server token-4096 "$T/root/$m" --token-file "$T/token-4096"
+    expect 0 "a 4096-byte token: served" "$ADDR" list --token "$T/token-4096"
+    stop_server token-4096
+    head -c 12000 /dev/zero | tr '\0' k >"$T/token-long"
+    refused_start token-long "more than 4096" "a 12000-byte token: refused at start" \
+        "$T/root/$m" --token-file "$T/token-long"
+    refused_start token-zero "larger than 65536 bytes" "/dev/zero as --token-file: refused, read bounded" \
+        "$T/root/$m" --token-file /dev/zero
 
     # Oversized request messages.
     start_server size "$T/root/$m" --max-request-bytes 4096
