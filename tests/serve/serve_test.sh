@@ -419,6 +419,21 @@ case_security() {
     grep -q 'cannot listen' "$T/tls-mismatch.err" && bad "key mismatch still says 'cannot listen'"
     refused_start tls-notkey "no PEM private key" "a certificate given as --tls-key: said so" \
         "$T/root/$m" --tls-cert "$d/server.pem" --tls-key "$d/server.pem"
+    # An encrypted key, the server on a terminal (script(1) gives it one):
+    # refused at once. Before: OpenSSL's default callback prompted "Enter
+    # PEM pass phrase:" and waited there, SIGINT and SIGTERM blocked.
+    if command -v script >/dev/null && openssl rsa -in "$d/server.key" -aes256 -passout pass:pw \
+        -out "$d/enc.key" 2>/dev/null; then
+        local rc=0
+        timeout 20 script -qec "$(printf '%q ' "$SERVE" "$T/root/$m" --listen 127.0.0.1:0 \
+            --tls-cert "$d/server.pem" --tls-key "$d/enc.key")" /dev/null </dev/null >"$T/tls-enc.out" 2>&1 ||
+            rc=$?
+        [ $rc -eq 2 ] && grep -q "no PEM private key" "$T/tls-enc.out" &&
+            ok "an encrypted --tls-key on a terminal: refused at once, no prompt (exit 2)" ||
+            bad "an encrypted --tls-key on a terminal: exit $rc: $(head -c 300 "$T/tls-enc.out")"
+    else
+        echo "# skipped the encrypted key on a terminal: no script(1) or openssl rsa"
+    fi
     start_server tls "$T/root/$m" --tls-cert "$d/server.pem" --tls-key "$d/server.key"
     expect 0 "TLS: verified fetch" "$ADDR" fetch $m --ca "$d/ca.pem" --server-name localhost -q
     expect 114 "TLS server, plaintext client: UNAVAILABLE" "$ADDR" list

@@ -321,6 +321,14 @@ bool read_token_file(const std::string &path, std::string *tok, std::string *why
     return true;
 }
 
+// OpenSSL's passphrase callback: none. Its default one prompts on the
+// terminal and waits there, with SIGINT and SIGTERM blocked (see main):
+// an encrypted key is refused instead, saying so.
+int no_passphrase(char *, int, int, void *)
+{
+    return 0;
+}
+
 // Whether --tls-key is the private key of --tls-cert's (first)
 // certificate, checked here: grpc only says it cannot listen.
 bool check_key_pair(const Config &c, const std::string &cert, const std::string &key)
@@ -328,7 +336,7 @@ bool check_key_pair(const Config &c, const std::string &cert, const std::string 
     BIO *cb = BIO_new_mem_buf(cert.data(), (int)cert.size());
     BIO *kb = BIO_new_mem_buf(key.data(), (int)key.size());
     X509 *x = cb ? PEM_read_bio_X509(cb, nullptr, nullptr, nullptr) : nullptr;
-    EVP_PKEY *k = kb ? PEM_read_bio_PrivateKey(kb, nullptr, nullptr, nullptr) : nullptr;
+    EVP_PKEY *k = kb ? PEM_read_bio_PrivateKey(kb, nullptr, no_passphrase, nullptr) : nullptr;
     bool ok = false;
     if (!x)
         fprintf(stderr, "sluice serve: --tls-cert %s: no PEM certificate in it\n",
