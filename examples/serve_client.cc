@@ -10,7 +10,11 @@
 // server's word, which catches corruption but not a server that lies.
 // With --compare it also compares the bytes with a local copy of the
 // model read through the library. A chunk past a tensor's nbytes (or the
-// range asked for) ends the call: the client never buffers more.
+// range asked for) ends the call: the client never buffers more. A
+// StreamTensors call owes GetModel's tensors each once, in its order; a
+// range (--ranges) must be the bytes of the whole tensor just verified;
+// an answer where a refusal is owed (a tensor GetModel does not list, a
+// range outside the tensor) is a mismatch.
 //
 //   serve_client 127.0.0.1:7070 fetch synth --manifest synth/sluice.manifest.json
 //
