@@ -262,10 +262,6 @@ bool read_file(const std::string &path, std::string *out)
     return !f.bad();
 }
 
-// The token of --token-file: the file's bytes with ASCII whitespace (space,
-// tab, CR, LF, VT, FF) taken off both ends; what is left must be one or
-// more bytes of visible ASCII or spaces (what gRPC metadata carries). The
-// bundled clients read their token files by the same rule (README).
 // The longest token: a call's metadata (its headers, the token's among
 // them) is bounded by gRPC at 8 KiB (GRPC_ARG_MAX_METADATA_SIZE's
 // default): a 7800-byte token already fails every call with
@@ -273,6 +269,11 @@ bool read_file(const std::string &path, std::string *out)
 constexpr size_t kTokenMax = 4096;
 constexpr size_t kTokenFileMax = 64u << 10;  // the file, whitespace included
 
+// The token of --token-file: the file's bytes with ASCII whitespace (space,
+// tab, CR, LF, VT, FF) taken off both ends; what is left must be one or
+// more bytes of visible ASCII or spaces (what gRPC metadata carries). The
+// bundled clients read their token files by the same rule (README). At
+// most kTokenMax bytes.
 bool read_token_file(const std::string &path, std::string *tok, std::string *why)
 {
     struct stat st;
