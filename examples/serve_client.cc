@@ -10,7 +10,11 @@
 // server's word, which catches corruption but not a server that lies.
 // With --compare it also compares the bytes with a local copy of the
 // model read through the library. A chunk past a tensor's nbytes (or the
-// range asked for) ends the call: the client never buffers more.
+// range asked for) ends the call: the client never buffers more. A
+// StreamTensors call owes GetModel's tensors each once, in its order; a
+// range (--ranges) must be the bytes of the whole tensor just verified;
+// an answer where a refusal is owed (a tensor GetModel does not list, a
+// range outside the tensor) is a mismatch.
 //
 //   serve_client 127.0.0.1:7070 fetch synth --manifest synth/sluice.manifest.json
 //
@@ -579,6 +583,16 @@ int main(int argc, char **argv)
         if (!(st = c.tensor(pos[0], pos[1], o.range && !slice, o.offset, o.length,
                             slice ? n : owed, &bytes, &sent)).ok())
             return fail_status(st);
+        // An answer where the server owes a refusal (a tensor GetModel does
+        // not list, a range outside the tensor): nothing to check it
+        // against, so not verified, whatever digest came with it.
+        if (it == by_name.end() || (o.range && (o.offset > n || o.length > n - o.offset))) {
+            fprintf(stderr, "MISMATCH %s: %s, yet the server answered with %zu bytes\n",
+                    pos[1].c_str(), it == by_name.end() ? "not listed by GetModel"
+                                                        : "the range is outside the tensor",
+                    bytes.size());
+            return 1;
+        }
         int rc = -1;
         if (!o.range && it != by_name.end())
             rc = check_tensor(*it->second, bytes, sent, lp, o);
@@ -653,7 +667,7 @@ int main(int argc, char **argv)
             pb::TensorChunk ch;
             std::string cur, bytes;
             size_t done = 0;
-            bool first = true;
+            bool first = true, in_tensor = false;
             while (reader->Read(&ch)) {
                 if (first && o.stall > 0) {
                     fprintf(stderr, "stalling after the first chunk\n");
@@ -666,7 +680,7 @@ int main(int argc, char **argv)
                     return fail_status(st);
                 }
                 first = false;
-                if (ch.name() != cur) {
+                if (!in_tensor || ch.name() != cur) {
                     if (!bytes.empty()) {
                         fprintf(stderr, "MISMATCH %s: next tensor before the last chunk\n",
                                 cur.c_str());
@@ -674,6 +688,21 @@ int main(int argc, char **argv)
                     }
                     cur = ch.name();
                     bytes.clear();
+                    in_tensor = true;
+                    // What is owed, in order: GetModel's tensors (with
+                    // --manifest, checked above to be the manifest's), each
+                    // once. Counting alone would take a tensor sent twice
+                    // for one never sent.
+                    const int want = (int)done;
+                    if (want >= mi.tensors_size() || cur != mi.tensors(want).name()) {
+                        fprintf(stderr, "MISMATCH %s: not the tensor expected next (%s)\n",
+                                cur.c_str(),
+                                want < mi.tensors_size() ? mi.tensors(want).name().c_str()
+                                                         : "none: every tensor was sent");
+                        ctx.TryCancel();
+                        reader->Finish();
+                        return 1;
+                    }
                 }
                 if (ch.offset() != bytes.size()) {
                     fprintf(stderr, "MISMATCH %s: chunk out of order\n", cur.c_str());
@@ -695,7 +724,7 @@ int main(int argc, char **argv)
                     total += bytes.size();
                     done++;
                     bytes.clear();
-                    cur.clear();
+                    in_tensor = false;
                 }
             }
             if (!(st = reader->Finish()).ok())
@@ -708,11 +737,11 @@ int main(int argc, char **argv)
             continue;
         }
         for (const auto &t : mi.tensors()) {
-            std::string bytes, sent;
-            if (!(st = c.tensor(pos[0], t.name(), false, 0, 0, t.nbytes(), &bytes, &sent)).ok())
+            std::string whole, bytes, sent;
+            if (!(st = c.tensor(pos[0], t.name(), false, 0, 0, t.nbytes(), &whole, &sent)).ok())
                 return fail_status(st);
-            bad += check_tensor(t, bytes, sent, lp, o);
-            total += bytes.size();
+            bad += check_tensor(t, whole, sent, lp, o);
+            total += whole.size();
             if (!o.ranges)
                 continue;
             // Three ranges: the first half, an odd piece of the middle, the last byte.
@@ -723,7 +752,11 @@ int main(int argc, char **argv)
                     continue;
                 if (!(st = c.tensor(pos[0], t.name(), true, r[0], r[1], r[1], &bytes, &sent)).ok())
                     return fail_status(st);
-                bool ok = bytes.size() == r[1] && sha256(bytes.data(), bytes.size()) == sent;
+                // A range has no manifest digest: it must be the bytes of
+                // the whole tensor just checked (the server's digest of
+                // it guards the transfer only).
+                bool ok = bytes.size() == r[1] && sha256(bytes.data(), bytes.size()) == sent &&
+                          whole.size() == n && bytes == whole.substr(r[0], r[1]);
                 if (ok && lp)
                     ok = lp->same(t.name(), r[0], bytes);
                 if (!ok) {

@@ -377,7 +377,8 @@ class _Receiver:
     """One tensor's (or range's) chunks, checked as each arrives: in order,
     every total_bytes equal to what is owed, never a byte past it. A
     server that sends more is stopped at that chunk, so the client buffers
-    at most what is owed plus one message (8 MiB)."""
+    at most what is owed plus one message (4 MiB at most: gRPC's default
+    receive limit, which the client keeps)."""
 
     def __init__(self, name, base, owed):
         self.name, self.base, self.owed = name, base, owed

@@ -21,6 +21,9 @@ written by hand, so that it can do what no gRPC library does).
       one GetTensor with the largest HTTP/2 windows; reads BYTES of the
       answer, prints "stalling after B bytes", then stops reading for good
       (sleeps until killed or the server closes... it never reads again).
+      It watches its socket's TCP state meanwhile, unread: when the server
+      resets the connection it prints "reset after S s" (S since it
+      stopped reading). HOST may be an IPv6 address in brackets: [::1].
 """
 import os
 import socket
@@ -79,7 +82,9 @@ def pb_string(field, s):
 
 def connect(addr, rcvbuf=None, source=None, tls=False):
     host, port = addr.rsplit(":", 1)
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    v6 = host.startswith("[")
+    host = host.strip("[]")
+    s = socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_STREAM)
     if source:
         s.bind((source, 0))
     if rcvbuf:
@@ -236,6 +241,16 @@ def stall(addr, model, tensor, token_file, nbytes):
     r.start()
     r.enough.wait(60)
     print("stalling after %d bytes" % r.data_bytes, flush=True)
+    # Linux's tcp_info starts with the state; TCP_CLOSE (7) here, with
+    # nothing read, is a reset from the server (its FIN would wait behind
+    # the data this client does not read; the kernel's own timeout there,
+    # TCP_USER_TIMEOUT, sends nothing).
+    t0 = time.monotonic()
+    while True:
+        if s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0] == 7:
+            print("reset after %.2f s" % (time.monotonic() - t0), flush=True)
+            break
+        time.sleep(0.05)
     while True:
         time.sleep(3600)
 

@@ -29,6 +29,7 @@
 #include <climits>
 #include <condition_variable>
 #include <csignal>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -116,7 +117,8 @@ const char usage_text[] =
     "                         certificates signed by that CA (mutual TLS)\n"
     "  --token-file F         every call needs 'authorization: Bearer TOKEN'; TOKEN\n"
     "                         is F's content with ASCII whitespace (space, tab,\n"
-    "                         CR, LF, VT, FF) off both ends, visible ASCII or spaces\n"
+    "                         CR, LF, VT, FF) off both ends, visible ASCII or spaces,\n"
+    "                         at most 4096 bytes\n"
     "  --max-streams-per-client N  concurrent calls per client address (16)\n"
     "  --max-streams N        concurrent calls in all (256)\n"
     "  --max-request-bytes N  largest request message (1 MiB)\n"
@@ -284,10 +286,18 @@ bool read_file(const std::string &path, std::string *out)
     return !f.bad();
 }
 
+// The longest token: a call's metadata (its headers, the token's among
+// them) is bounded by gRPC at 8 KiB (GRPC_ARG_MAX_METADATA_SIZE's
+// default): a 7800-byte token already fails every call with
+// RESOURCE_EXHAUSTED. Half of it leaves room for the other headers.
+constexpr size_t kTokenMax = 4096;
+constexpr size_t kTokenFileMax = 64u << 10;  // the file, whitespace included
+
 // The token of --token-file: the file's bytes with ASCII whitespace (space,
 // tab, CR, LF, VT, FF) taken off both ends; what is left must be one or
 // more bytes of visible ASCII or spaces (what gRPC metadata carries). The
-// bundled clients read their token files by the same rule (README).
+// bundled clients read their token files by the same rule (README). At
+// most kTokenMax bytes.
 bool read_token_file(const std::string &path, std::string *tok, std::string *why)
 {
     struct stat st;
@@ -299,9 +309,18 @@ bool read_token_file(const std::string &path, std::string *tok, std::string *why
         *why = "is a directory, not a token file";
         return false;
     }
-    std::string t;
-    if (!read_file(path, &t)) {
+    // Read with a bound: a device or a huge file named by mistake
+    // (/dev/zero) must not fill the memory before the length is checked.
+    std::string t(kTokenFileMax + 1, '\0');
+    std::ifstream f(path, std::ios::binary);
+    f.read(&t[0], (std::streamsize)t.size());
+    if (f.bad() || (!f && !f.eof())) {
         *why = "cannot be read";
+        return false;
+    }
+    t.resize((size_t)f.gcount());
+    if (t.size() > kTokenFileMax) {
+        *why = "is larger than " + std::to_string(kTokenFileMax) + " bytes: not a token file";
         return false;
     }
     const char *ws = " \t\r\n\v\f";
@@ -317,8 +336,22 @@ bool read_token_file(const std::string &path, std::string *tok, std::string *why
                    std::to_string(b + i) + "): no client could send it";
             return false;
         }
+    if (t.size() > kTokenMax) {
+        *why = "the token is " + std::to_string(t.size()) + " bytes, more than " +
+               std::to_string(kTokenMax) + ": gRPC's 8 KiB bound on a call's metadata would "
+               "refuse every call that carries it";
+        return false;
+    }
     *tok = t;
     return true;
+}
+
+// OpenSSL's passphrase callback: none. Its default one prompts on the
+// terminal and waits there, with SIGINT and SIGTERM blocked (see main):
+// an encrypted key is refused instead, saying so.
+int no_passphrase(char *, int, int, void *)
+{
+    return 0;
 }
 
 // Whether --tls-key is the private key of --tls-cert's (first)
@@ -328,7 +361,7 @@ bool check_key_pair(const Config &c, const std::string &cert, const std::string 
     BIO *cb = BIO_new_mem_buf(cert.data(), (int)cert.size());
     BIO *kb = BIO_new_mem_buf(key.data(), (int)key.size());
     X509 *x = cb ? PEM_read_bio_X509(cb, nullptr, nullptr, nullptr) : nullptr;
-    EVP_PKEY *k = kb ? PEM_read_bio_PrivateKey(kb, nullptr, nullptr, nullptr) : nullptr;
+    EVP_PKEY *k = kb ? PEM_read_bio_PrivateKey(kb, nullptr, no_passphrase, nullptr) : nullptr;
     bool ok = false;
     if (!x)
         fprintf(stderr, "sluice serve: --tls-cert %s: no PEM certificate in it\n",

@@ -34,7 +34,9 @@ class Fake(pb_grpc.TensorServiceServicer):
     chunks; `short` cuts what GetTensor sends to that many bytes (the
     digest and, unless `total` says otherwise, total_bytes of what it
     sends); `flood` {name: bytes} sends that many bytes of 64 KiB chunks
-    for the tensor, counted in `sent`, the handler's end in `done`."""
+    for the tensor, counted in `sent`, the handler's end in `done`;
+    `streamed` what StreamTensors sends when asked for all (None: `listed`);
+    `range_lie` answers every range with zeros and their own digest."""
 
     def __init__(self):
         self.data = dict(REAL)
@@ -47,6 +49,8 @@ class Fake(pb_grpc.TensorServiceServicer):
         self.short = None
         self.total = None
         self.flood = {}
+        self.streamed = None
+        self.range_lie = False
         self.sent = 0
         self.done = threading.Event()
 
@@ -94,10 +98,15 @@ class Fake(pb_grpc.TensorServiceServicer):
     def GetTensor(self, req, ctx):
         n = len(self.data[req.name])
         off, length = (req.range.offset, req.range.length) if req.HasField("range") else (0, n)
+        if self.range_lie and req.HasField("range"):
+            d = bytes(length or n - off)
+            yield pb.TensorChunk(name=req.name, offset=off, data=d, total_bytes=len(d), last=True,
+                                 sha256=sha(d))
+            return
         yield from self._limited(self._chunks(req.name, off, length or n - off))
 
     def StreamTensors(self, req, ctx):
-        names = list(req.names) or list(self.listed)
+        names = list(req.names) or list(self.streamed or self.listed)
         yield from self._limited(c for k in names for c in self._chunks(k, 0, len(self.data[k])))
 
 
@@ -330,6 +339,50 @@ def test_cpp_client_owes_the_manifest_and_the_range(fake, trusted):
     fake.total = 40  # the chunks say what was asked and bring 5
     r = serve_client(fake.addr, "get", "m", "a", "--offset", "8", "--length", "40")
     assert r.returncode == 115 and "fewer bytes than owed" in r.stderr, r.stderr
+
+
+def test_cpp_client_owes_each_tensor_once_in_order(fake, trusted):
+    # GetModel lists a, b, c; the stream sends a, a, c: as many tensors as
+    # owed, each verified, and b never came. Counting them is not enough.
+    fake.streamed = ["a", "a", "c"]
+    for manifest in ([], ["--manifest", trusted]):
+        r = serve_client(fake.addr, "fetch", "m", "--stream", "-q", *manifest)
+        assert r.returncode == 1, r.stderr
+        assert "MISMATCH a: not the tensor expected next (b)" in r.stderr, r.stderr
+    fake.streamed = ["a", "b", "c", "a"]  # all owed, then one more
+    r = serve_client(fake.addr, "fetch", "m", "--stream", "-q", "--manifest", trusted)
+    assert r.returncode == 1 and "not the tensor expected next" in r.stderr, r.stderr
+    fake.streamed = ["b", "a", "c"]  # another order than the model's
+    r = serve_client(fake.addr, "fetch", "m", "--stream", "-q", "--manifest", trusted)
+    assert r.returncode == 1 and "MISMATCH b: not the tensor expected next (a)" in r.stderr, r.stderr
+    fake.streamed = None
+    assert serve_client(fake.addr, "fetch", "m", "--stream", "-q", "--manifest", trusted).returncode == 0
+
+
+def test_cpp_client_ranges_are_the_verified_bytes(fake, trusted):
+    # fetch --ranges: each range must be the bytes of the whole tensor just
+    # verified, not whatever the server sends with a digest of its own.
+    fake.range_lie = True
+    for manifest in ([], ["--manifest", trusted]):
+        r = serve_client(fake.addr, "fetch", "m", "--ranges", "-q", *manifest)
+        assert r.returncode == 1, r.stderr
+        assert "MISMATCH a: range 0+32" in r.stderr, r.stderr
+    fake.range_lie = False
+    assert serve_client(fake.addr, "fetch", "m", "--ranges", "-q", "--manifest", trusted).returncode == 0
+
+
+def test_cpp_client_answer_owed_a_refusal_is_a_mismatch(fake, trusted):
+    # A tensor GetModel does not list (and the manifest has not), or a range
+    # outside the tensor: the server owes NOT_FOUND / INVALID_ARGUMENT; an
+    # empty answer with status OK has nothing to be verified against.
+    fake.data["zz"] = b""
+    for manifest in ([], ["--manifest", trusted]):
+        r = serve_client(fake.addr, "get", "m", "zz", *manifest)
+        assert r.returncode == 1 and "MISMATCH zz: not listed by GetModel" in r.stderr, r.stderr
+    r = serve_client(fake.addr, "get", "m", "a", "--offset", "100", "--length", "0")
+    assert r.returncode == 1 and "the range is outside the tensor" in r.stderr, r.stderr
+    r = serve_client(fake.addr, "get", "m", "a", "--offset", "64", "--length", "0")
+    assert r.returncode == 0, r.stderr  # the empty range at the end is in bounds
 
 
 @pytest.mark.parametrize("call", ["get", "stream"])
