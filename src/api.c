@@ -28,6 +28,7 @@
 #include "digest.h"
 #include "metrics.h"
 #include "remote.h"
+#include "source.h"
 
 #include <stddef.h>
 #include <stdio.h>
@@ -228,14 +229,15 @@ static int take_options(sluice_options *dst, const sluice_options *src, sl_err *
 static int take_remote(sluice_model *m, const char *path, sl_err *err)
 {
     sluice_options *o = &m->opts;
-    int remote = sl_is_remote(path) || (o->manifest_path && sl_is_remote(o->manifest_path));
+    int remote = sl_location_networked(path) ||
+                 (o->manifest_path && sl_location_networked(o->manifest_path));
     if (o->fallback_count) {
         if (!(m->fallback = calloc(o->fallback_count, sizeof *m->fallback)))
             return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
         for (uint32_t k = 0; k < o->fallback_count; k++) {
             if (!(m->fallback[k] = strdup(o->fallback[k])))
                 return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
-            remote |= sl_is_remote(o->fallback[k]);
+            remote |= sl_location_networked(o->fallback[k]);
         }
         m->nfallback = o->fallback_count;
         o->fallback = (const char *const *)m->fallback;
@@ -416,7 +418,8 @@ static int create_engine(sluice_model *m, sl_err *err)
 static int attach_cache(sluice_model *m, sl_err *err)
 {
     const sluice_options *o = &m->opts;
-    if (!m->manifest || !(m->index.any_remote || (o->flags & SLUICE_F_TRUST_UNCHANGED)))
+    if (!m->manifest || !((m->index.caps_any & SL_SRC_WORTH_CACHING) ||
+                          (o->flags & SLUICE_F_TRUST_UNCHANGED)))
         return SLUICE_OK;
     char *dir = NULL;
     SL_TRY(sl_cache_dir_for(o, &dir, err));
@@ -467,8 +470,7 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
         goto failed;
     m->index.remote = m->remote;    /* the mirrors' too */
     if (m->opts.verify != SLUICE_VERIFY_OFF &&
-        ((m->opts.manifest_path && sl_is_remote(m->opts.manifest_path)) ||
-         (!m->opts.manifest_path && sl_is_remote(path))))
+        sl_location_networked(m->opts.manifest_path ? m->opts.manifest_path : path))
         rc = load_remote_manifest(m, path, err);
     else
         rc = sl_manifest_load(&m->index, &m->opts, path, &m->manifest, err);
@@ -747,9 +749,7 @@ static int range_from_mirrors(sluice_model *m, size_t i, uint64_t begin, uint64_
     size_t n = (size_t)snprintf(log, sizeof log, "primary: %s", err->msg);
     for (size_t k = 0; k < m->nfallback; k++) {
         char shown[512], why[sizeof err->msg];
-        const char *loc = m->fallback[k];
-        if (sl_is_remote(loc))
-            loc = sl_remote_shown(loc, shown, sizeof shown);
+        const char *loc = sl_location_shown(m->fallback[k], shown, sizeof shown);
         sl_index mix;
         sl_err e2 = {0};
         int rc = sl_index_open_ex(&mix, m->fallback[k], m->remote, &e2);
@@ -1185,7 +1185,7 @@ SLUICE_API int sluice_verify(sluice_model *m, const char *const *names, size_t n
     sluice_verify_options vo;
     if (take_verify_options(&vo, o, &err) < 0)
         return sl_model_error(m, &err);
-    if (m->index.any_remote) {
+    if (m->index.caps_lacking & SL_SRC_DESCRIPTOR) { /* range requests, not a descriptor */
         struct sluice_verify_report r;
         memset(&r, 0, sizeof r);
         int rc = remote_verify(m, names, n, &vo, &r, &err);

@@ -9,6 +9,7 @@
 #include "json.h"
 #include "metrics.h"
 #include "remote.h"
+#include "source.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +24,7 @@ int sl_model_metrics_label(sluice_model *m, const char *path, sl_err *err)
     } else {
         /* The path, when it is a valid label; else a fixed word. A remote
          * location as messages show it: no credential, no query. */
-        label = sl_is_remote(path) ? sl_remote_shown(path, shown, sizeof shown) : path;
+        label = sl_location_shown(path, shown, sizeof shown);
         if (sl_metrics_label_check(label, NULL) < 0)
             label = "model";
     }

@@ -48,8 +48,8 @@ void sl_engine_open_direct(sl_engine *e, const char *proc_fd_dir)
 {
     for (size_t f = 0; f < e->ix->nfiles; f++) {
         const sl_file *file = &e->ix->files[f];
-        if (file->url) {
-            e->files[f].direct_fd = -1;  /* remote: no descriptor at all */
+        if (!(file->src->caps & SL_SRC_DESCRIPTOR)) {
+            e->files[f].direct_fd = -1;  /* no descriptor at all: no twin */
             continue;
         }
         int fd = sl_file_reopen(file, proc_fd_dir, O_DIRECT);
@@ -153,7 +153,7 @@ static int copy_expected(sl_engine *e, const uint8_t *const *expect, sl_err *err
  * file of the model or a mirror is remote: none of it otherwise. */
 static int create_remote(sl_engine *e, const sluice_options *opts, sl_err *err)
 {
-    int remote = e->ix->any_remote;
+    int remote = (e->ix->caps_any & SL_SRC_NETWORK) != 0;
     if (opts->fallback_count) {
         e->mirrors = calloc(opts->fallback_count, sizeof *e->mirrors);
         if (!e->mirrors)
@@ -161,7 +161,7 @@ static int create_remote(sl_engine *e, const sluice_options *opts, sl_err *err)
         e->nmirrors = opts->fallback_count;
         for (unsigned k = 0; k < e->nmirrors; k++) {
             e->mirrors[k].loc = opts->fallback[k];
-            remote |= sl_is_remote(opts->fallback[k]);
+            remote |= (sl_source_for(opts->fallback[k])->caps & SL_SRC_NETWORK) != 0;
         }
     }
     if (e->ix->remote) {

@@ -47,12 +47,13 @@ static int64_t realtime_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* A tensor whose bytes the cache may hold: of a remote file, with a
- * digest to check, not empty. */
+/* A tensor whose bytes the cache may hold: of a file worth caching (a
+ * remote one), with a digest to check, not empty. */
 static int blob_candidate(const sl_engine *e, size_t i)
 {
     const struct sluice_tensor_info *t = &e->ix->tensors[i];
-    return e->blob && e->ix->files[t->file_index].url && t->nbytes && sl_expected_digest(e, i);
+    return e->blob && (e->ix->files[t->file_index].src->caps & SL_SRC_WORTH_CACHING) &&
+           t->nbytes && sl_expected_digest(e, i);
 }
 
 static void close_blob(sl_engine *e, size_t i)
@@ -100,13 +101,15 @@ int sl_engine_attach_cache(sl_engine *e, sl_cache *c, sl_err *err)
 {
     size_t n1 = e->n ? e->n : 1;
     e->cache = c;
-    int remote = e->ix->any_remote;
+    int remote = (e->ix->caps_any & SL_SRC_WORTH_CACHING) != 0;
     int memo = (e->flags & SLUICE_F_TRUST_UNCHANGED) && !(e->flags & SLUICE_F_HASH_ALL);
     if (remote) {
         if (!(e->blob = calloc(n1, sizeof *e->blob)) || !(e->blob_hit = calloc(n1, 1)))
             return sl_fail(err, SLUICE_E_NOMEM, "engine: out of memory");
-        for (size_t i = 0; i < e->n; i++)
+        for (size_t i = 0; i < e->n; i++) {
             e->blob[i].fd = -1;
+            e->blob[i].src = &sl_source_local;   /* a blob is a local file */
+        }
     }
     if (!memo || sl_cache_is_off(c))
         return SLUICE_OK;
@@ -118,12 +121,13 @@ int sl_engine_attach_cache(sl_engine *e, sl_cache *c, sl_err *err)
     const char *first_fs = NULL, *first_path = NULL;
     for (size_t f = 0; f < e->ix->nfiles; f++) {
         const sl_file *file = &e->ix->files[f];
-        const char *fs = file->url || file->fd < 0 ? NULL : sl_file_id_untrusted_fs(file->fd);
+        int stable = (file->src->caps & SL_SRC_STABLE_IDENTITY) && file->fd >= 0;
+        const char *fs = stable ? sl_file_id_untrusted_fs(file->fd) : NULL;
         if (fs && !refused++) {
             first_fs = fs;
             first_path = file->path;
         }
-        if (file->url || file->fd < 0 || fs || sl_file_id_settle(file->fd) < 0 ||
+        if (!stable || fs || sl_file_id_settle(file->fd) < 0 ||
             sl_file_id_of(file->fd, &e->file_id[f]) < 0) {
             e->file_id[f].ino = 0;   /* no identity: never memoised */
             e->file_id[f].dev = 0;
@@ -283,7 +287,8 @@ void sl_ecache_verified(sl_engine *e, size_t i, int verdict)
     pthread_mutex_lock(&e->lock);
     int hashing = s->state == SL_SLOT_HASHING && s->hashed;
     int store = hashing && s->source == 0 && blob_candidate(e, i) && !e->closing;
-    int record = hashing && s->source == 0 && e->memo && !e->memo[i] && !f->url &&
+    int record = hashing && s->source == 0 && e->memo && !e->memo[i] &&
+                 (f->src->caps & SL_SRC_STABLE_IDENTITY) &&
                  sl_expected_digest(e, i) && e->file_id[t->file_index].ino;
     /* HASHING until the verdict is delivered: the buffer stays as it is */
     const unsigned char *data = s->buf + s->delta;

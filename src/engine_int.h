@@ -25,6 +25,7 @@
 #include "metrics.h"
 #include "pool.h"
 #include "remote.h"
+#include "source.h"
 
 #include <pthread.h>
 #include <stdint.h>

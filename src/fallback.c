@@ -52,7 +52,7 @@ static void source_label(const sl_engine *e, unsigned k, char *buf, size_t cap)
         char safe[512];
         const char *loc = e->mirrors[k - 1].loc;
         snprintf(buf, cap, "fallback %u (%s)", k,
-                 sl_is_remote(loc) ? sl_remote_shown(loc, safe, sizeof safe) : loc);
+                 sl_location_shown(loc, safe, sizeof safe));
     }
 }
 

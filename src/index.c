@@ -12,6 +12,7 @@
 
 #include "header.h"
 #include "remote.h"
+#include "source.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -128,33 +129,10 @@ static int copy_metadata(sl_index *ix, sl_file *f, const sl_header *h)
     return SLUICE_OK;
 }
 
-/* Reads len bytes at offset 0.. of fd into buf, looping on short reads and
- * EINTR. A read that ends early means the file shrank since its fstat. */
 static int read_fully(const sl_index *ix, sl_file *f, unsigned char *buf, size_t len,
                       uint64_t offset, sl_err *err)
 {
-    if (f->url) {
-        uint64_t size = f->size;
-        return sl_remote_read(ix->remote, f->fetch_loc ? f->fetch_loc : f->path, offset, len,
-                              buf, &size, f->etag,
-                              SLUICE_E_NO_FILES, err);
-    }
-    size_t got = 0;
-    while (got < len) {
-        ssize_t r = pread(f->fd, buf + got, len - got, (off_t)(offset + got));
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0)
-            return sl_fail_errno(err, SLUICE_E_IO, errno, "%s: cannot read the header at byte %llu",
-                                 f->path, (unsigned long long)(offset + got));
-        if (r == 0)
-            return sl_fail(err, SLUICE_E_FILE_CHANGED,
-                           "%s: file shrank while being opened: the header ends at byte %llu, "
-                           "the file now at %llu", f->path, (unsigned long long)(offset + len),
-                           (unsigned long long)(offset + got));
-        got += (size_t)r;
-    }
-    return SLUICE_OK;
+    return f->src->read(f, ix->remote, buf, len, offset, err);
 }
 
 static void run_hook(const sl_index *ix, sl_index_stage stage, const sl_file *f)
@@ -255,6 +233,14 @@ int sl_file_reopen(const sl_file *f, const char *proc_fd_dir, int flags)
     return fd;
 }
 
+/* The source kind of loc in ix, by its scheme: a remote location is one
+ * only when ix has remote locations enabled (else it is a path like
+ * another, as it always was). */
+static const sl_source_methods *source_of(const sl_index *ix, const char *loc)
+{
+    return ix->remote ? sl_source_for(loc) : &sl_source_local;
+}
+
 /* Opens dir/name (dir may be NULL) as file number ix->nfiles. */
 static int open_file(sl_index *ix, const char *dir, const char *name, int missing_code, sl_err *err)
 {
@@ -279,49 +265,19 @@ static int open_file(sl_index *ix, const char *dir, const char *name, int missin
         const char *slash = strrchr(f->path, '/');
         f->name = slash ? slash + 1 : f->path;
     }
-    if (ix->remote && sl_is_remote(f->path)) {
-        /* The size comes with the first range reply; an object of fewer
-         * than 8 bytes is then as short as a local one. */
-        sl_err e2;
-        if (!(f->url = sl_remote_url(ix->remote, f->path, err)))
-            return err->code;
-        /* messages quote path: it keeps no credential of the location */
-        char safe[512];
-        if (strcmp(sl_remote_shown(f->path, safe, sizeof safe), f->path) != 0) {
-            f->fetch_loc = f->path;
-            if (!(f->path = strdup(safe)))
-                return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
-        }
-        /* The manifest's "files" key is the base name of the path alone:
-         * a presigned URL's query is no part of the file's name. */
-        size_t plen = sl_location_path_len(f->path), b = plen;
-        while (b > 0 && f->path[b - 1] != '/')
-            b--;
-        if (plen != strlen(f->path) && !(f->name = store_string(ix, f->path + b, plen - b)))
-            return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
-        if (plen == strlen(f->path))
-            f->name = f->path + b;
-        ix->any_remote = 1;
-        unsigned char probe[8];
-        uint64_t size = 0;
-        int rc = sl_remote_read(ix->remote, f->fetch_loc ? f->fetch_loc : f->path, 0, 8, probe,
-                                &size, f->etag, missing_code, &e2);
-        if (rc < 0 && strstr(e2.msg, "HTTP 416"))
-            size = 0;   /* an empty object: no byte can be asked for */
-        else if (rc < 0)
-            return sl_fail(err, rc, "%s", e2.msg);
-        f->size = size;
-        return read_header(ix, ix->nfiles - 1, err);
-    }
-    f->fd = sl_open_read(f->path);
-    if (f->fd < 0)
-        return sl_fail_errno(err, errno == ENOENT ? missing_code : SLUICE_E_IO, errno, "%s", f->path);
-    struct stat st;
-    if (fstat(f->fd, &st) != 0)
-        return sl_fail_errno(err, SLUICE_E_IO, errno, "%s: stat", f->path);
-    if (!S_ISREG(st.st_mode))
-        return sl_fail(err, SLUICE_E_IO, "%s: not a regular file", f->path);
-    f->size = (uint64_t)st.st_size;
+    f->src = source_of(ix, f->path);   /* the kind, once */
+    SL_TRY(f->src->open(f, ix->remote, missing_code, err));
+    ix->caps_any |= f->src->caps;
+    ix->caps_lacking |= ~f->src->caps;
+    /* The manifest's "files" key is the base name of the path alone: a
+     * presigned URL's query is no part of the file's name. */
+    size_t plen = f->src->name_len(f->path), b = plen;
+    while (b > 0 && f->path[b - 1] != '/')
+        b--;
+    if (plen != strlen(f->path) && !(f->name = store_string(ix, f->path + b, plen - b)))
+        return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
+    if (plen == strlen(f->path))
+        f->name = f->path + b;
     return read_header(ix, ix->nfiles - 1, err);
 }
 
@@ -395,41 +351,6 @@ static int build_table(sl_index *ix, sl_err *err)
 
 /* ---------------------------------------------------------------- index.json */
 
-static int read_small_file(const char *path, size_t max, char **out, size_t *len, int code, sl_err *err)
-{
-    int fd = sl_open_read(path);
-    if (fd < 0)
-        return sl_fail_errno(err, code, errno, "%s", path);
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > max) {
-        close(fd);
-        return sl_fail(err, code, "%s: not a regular file of at most %zu bytes", path, max);
-    }
-    char *buf = malloc((size_t)st.st_size + 1);
-    if (!buf) {
-        close(fd);
-        return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
-    }
-    size_t got = 0;
-    while (got < (size_t)st.st_size) {
-        ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            int e = r < 0 ? errno : EIO;
-            free(buf);
-            close(fd);
-            return sl_fail_errno(err, code, e, "%s: read", path);
-        }
-        got += (size_t)r;
-    }
-    close(fd);
-    buf[got] = '\0';
-    *out = buf;
-    *len = got;
-    return SLUICE_OK;
-}
-
 static int cmp_cstr(const void *a, const void *b)
 {
     return strcmp(*(char *const *)a, *(char *const *)b);
@@ -450,10 +371,9 @@ static int open_sharded(sl_index *ix, const char *json_path, char *text, size_t 
     size_t nshards = 0;
     cJSON *root = NULL;
     int rc = SLUICE_OK;
-    if (!text && ix->remote && sl_is_remote(json_path))
-        rc = sl_remote_get(ix->remote, json_path, INDEX_JSON_MAX, &text, &len, SLUICE_E_NO_FILES, err);
-    else if (!text)
-        rc = read_small_file(json_path, INDEX_JSON_MAX, &text, &len, SLUICE_E_INDEX, err);
+    if (!text)
+        rc = source_of(ix, json_path)->read_small(ix->remote, json_path, INDEX_JSON_MAX, &text,
+                                                  &len, err);
     if (rc < 0)
         return rc;
     root = cJSON_ParseWithLength(text, len);
@@ -554,11 +474,7 @@ static int ends_with(const char *s, const char *suffix)
 
 size_t sl_location_path_len(const char *loc)
 {
-    if (!sl_is_remote(loc))
-        return strlen(loc);
-    const char *host = strstr(loc, "://") + 3;
-    const char *q = strpbrk(host, "?#");
-    return q ? (size_t)(q - loc) : strlen(loc);
+    return sl_source_for(loc)->name_len(loc);
 }
 
 int sl_location_ends_with(const char *loc, const char *suffix)
@@ -680,7 +596,8 @@ static int open_remote_directory(sl_index *ix, const char *loc, sl_err *err)
 int sl_index_open_ex(sl_index *ix, const char *path, const struct sl_remote_cfg *remote,
                      sl_err *err)
 {
-    if (!sl_is_remote(path))
+    /* a location that needs no remote configuration is a path */
+    if (!(sl_source_for(path)->caps & SL_SRC_NETWORK))
         return sl_index_open_hooked(ix, path, NULL, err);
     memset(ix, 0, sizeof *ix);
     ix->remote = remote;
@@ -726,11 +643,9 @@ int sl_index_open_hooked(sl_index *ix, const char *path, const sl_index_hooks *h
 void sl_index_free(sl_index *ix)
 {
     for (size_t i = 0; i < ix->nfiles; i++) {
-        if (ix->files[i].fd >= 0)
-            close(ix->files[i].fd);
+        if (ix->files[i].src)
+            ix->files[i].src->close(&ix->files[i]);
         free(ix->files[i].path);
-        free(ix->files[i].fetch_loc);
-        free(ix->files[i].url);
     }
     free(ix->files);
     free(ix->tensors);

@@ -14,7 +14,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct sl_source_methods;
+
 typedef struct sl_file {
+    const struct sl_source_methods *src; /* source.h: how it is read, chosen at
+                                open by its location's scheme; NULL only
+                                before that */
     char *path;              /* as opened: directory + name (or a remote location,
                                 as messages show it: no user:password@ or query) */
     char *fetch_loc;         /* remote: the location as given, credentials
@@ -24,7 +29,8 @@ typedef struct sl_file {
     char etag[160];          /* remote: its strong ETag at open, "" when none
                                 (asked with If-Match on every later read) */
     const char *name;        /* the base name inside path (manifest "files" key) */
-    int fd;                  /* open O_RDONLY|O_CLOEXEC until sl_index_free */
+    int fd;                  /* a local source's: open O_RDONLY|O_CLOEXEC until
+                                sl_index_free; -1 for a remote one */
     uint64_t size;           /* st_size at open */
     uint64_t header_bytes;   /* N, the header length */
     uint64_t data_start;     /* 8 + N */
@@ -56,7 +62,8 @@ typedef struct sl_index {
     const sl_index_hooks *hooks; /* NULL but in tests; only during open */
     const struct sl_remote_cfg *remote; /* remote.h: how remote files are
                                 reached (owned by the model); NULL: none */
-    int any_remote;          /* some file is remote */
+    unsigned caps_any;       /* source.h SL_SRC_*: what some file's source can do */
+    unsigned caps_lacking;   /* and what some file's source cannot */
     sl_file *files;
     size_t nfiles;
     struct sluice_tensor_info *tensors; /* pointers inside point into the storage below */

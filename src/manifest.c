@@ -15,6 +15,7 @@
  */
 #include "manifest.h"
 #include "remote.h"
+#include "source.h"
 #include "signature.h"
 
 #include "digest.h"
@@ -898,14 +899,16 @@ int sl_manifest_sidecars(const sl_index *ix, const char *model_path, char *out[2
     /* A remote location's query (a presigned URL's signature) is its
      * object's alone: the sidecar is another object, named from the path. */
     size_t n = sl_location_path_len(model_path);
-    int remote = sl_is_remote(model_path), dir = 0;
-    if (!remote) {
+    /* a location without a descriptor cannot be stat'ed: its name says
+     * what it is */
+    int by_name = !(sl_source_for(model_path)->caps & SL_SRC_DESCRIPTOR), dir = 0;
+    if (!by_name) {
         struct stat st;
         dir = stat(model_path, &st) == 0 && S_ISDIR(st.st_mode);
     }
     int json = n >= 5 && !memcmp(model_path + n - 5, ".json", 5);
-    int file = remote ? n >= 12 && !memcmp(model_path + n - 12, ".safetensors", 12)
-                      : !dir && !json;
+    int file = by_name ? n >= 12 && !memcmp(model_path + n - 12, ".safetensors", 12)
+                       : !dir && !json;
     if (file)
         return (out[0] = joined(model_path, n, ".manifest.json")) ? 1 : -1;
     size_t d = n;

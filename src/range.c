@@ -1,8 +1,9 @@
 /* range.c: verified reads of a byte range of one tensor into memory the
  * caller gives (sluice_read_into, and sluice_acquire_range through it).
  *
- * No pool, no ring: the range is read with pread (a remote file: with
- * range GETs) straight into the caller's buffer, and hashed there. The digests a manifest gives cover
+ * No pool, no ring: the range is read through its file's source
+ * (source.h: pread, or range GETs of a remote file) straight into the
+ * caller's buffer, and hashed there. The digests a manifest gives cover
  * whole chunks (or the whole tensor), so the bytes of a covering chunk
  * that lie outside the range are read too, into a small bounce buffer,
  * and hashed in their place in the chunk's order; nothing outside the
@@ -12,7 +13,7 @@
  */
 #include "range.h"
 
-#include "remote.h"
+#include "source.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -24,16 +25,11 @@
  * read and hashed this many at a time. */
 #define RG_BOUNCE ((size_t)4 << 20)
 
-/* The most one range request of a remote file asks for: the deadline and
- * attempts bound each request, as they bound each read of a load. */
-#define RG_REMOTE_PIECE ((size_t)16 << 20)
-
 typedef struct rg_ctx {
     const sl_index *ix;
     size_t i;
     const struct sluice_tensor_info *t;
     const sl_file *f;
-    int fd;
     unsigned char *bounce;
     size_t bounce_cap;
     sl_md *md;
@@ -70,37 +66,25 @@ static int rg_read(rg_ctx *c, uint64_t lo, uint64_t hi, unsigned char *dst)
             if (want > c->bounce_cap)
                 want = c->bounce_cap;
         }
-        ssize_t got;
+        size_t got;
+        unsigned requests;
         const sl_file *f = c->f;
-        if (f->url) {
-            /* A remote file has no descriptor: a range request, checked
-             * against the size and ETag seen at open (a copy: f is
-             * shared with the engine's reads). */
-            uint64_t size = f->size;
-            char etag[SL_ETAG_MAX];
-            snprintf(etag, sizeof etag, "%s", f->etag);
-            if (want > RG_REMOTE_PIECE)
-                want = RG_REMOTE_PIECE;
-            int rc = sl_remote_read_tensor(c->ix->remote, f->fetch_loc ? f->fetch_loc : f->path,
-                                           c->t->offset + lo, want, into, &size,
-                                           etag[0] ? etag : NULL, SLUICE_E_REMOTE, c->err);
-            c->tally->remote_reads++;
-            if (rc < 0)
-                return rc;
-            c->tally->remote_bytes += want;
-            got = (ssize_t)want;
-        } else {
-            got = pread(c->fd, into, want, (off_t)(c->t->offset + lo));
-            if (got < 0 && errno == EINTR)
-                continue;
-            if (got <= 0)
-                return rg_fail_read(c, lo, got < 0 ? errno : 0);
-        }
+        int rc = f->src->read_tensor(f, c->ix->remote, into, want, c->t->offset + lo, &got,
+                                     &requests, c->err);
+        c->tally->remote_reads += requests;
+        if (rc == SL_SRC_ERRNO)
+            return rg_fail_read(c, lo, errno);
+        if (rc < 0)
+            return rc;
+        if (got == 0)
+            return rg_fail_read(c, lo, 0);
+        if (requests)
+            c->tally->remote_bytes += got;
         if (c->md && sl_md_update(c->md, into, (size_t)got) < 0)
             return sl_fail(c->err, SLUICE_E_NOMEM, "read_into: digest update failed (OpenSSL)");
-        c->tally->bytes_read += (uint64_t)got;
+        c->tally->bytes_read += got;
         if (c->md)
-            c->tally->bytes_hashed += (uint64_t)got;
+            c->tally->bytes_hashed += got;
         lo += (uint64_t)got;
         if (dst)
             dst += got;
@@ -142,7 +126,7 @@ int sl_range_read(const sl_index *ix, size_t i, uint64_t begin, uint64_t len, vo
 {
     const struct sluice_tensor_info *t = &ix->tensors[i];
     rg_ctx c = {.ix = ix, .i = i, .t = t, .f = &ix->files[t->file_index],
-                .fd = ix->files[t->file_index].fd, .tally = tally, .err = err};
+                .tally = tally, .err = err};
     uint64_t end = begin + len;
     int rc = SLUICE_OK;
     if (!want) { /* not checked: the bytes only */
@@ -176,7 +160,7 @@ int sl_range_digest(const sl_index *ix, size_t i, uint64_t begin, uint64_t end,
 {
     const struct sluice_tensor_info *t = &ix->tensors[i];
     rg_ctx c = {.ix = ix, .i = i, .t = t, .f = &ix->files[t->file_index],
-                .fd = ix->files[t->file_index].fd, .tally = tally, .err = err};
+                .tally = tally, .err = err};
     int rc = SLUICE_OK;
     if (!(c.md = sl_md_new(alg)))
         rc = sl_fail(err, SLUICE_E_NOMEM, "digest_range: out of memory");

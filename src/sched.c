@@ -129,11 +129,8 @@ static void submit_read(sl_engine *e, sl_read *r)
     r->req.iovcnt = r->nseg;
     r->req.owner = r;
     r->t_submit = sl_metrics_now(&e->met);
-    r->remote = f->url != NULL;
-    if (r->remote)
-        sl_rio_submit(e->rio, &r->req, f->path, f->url, f->size, f->etag[0] ? f->etag : NULL);
-    else
-        sl_io_submit(e->io, &r->req);
+    r->remote = (f->src->caps & SL_SRC_NETWORK) != 0;
+    f->src->submit(f, e->io, e->rio, &r->req);
     e->need_flush = 1;
 }
 

@@ -1,0 +1,117 @@
+/* source_remote.c: the source of an http(s):// or s3:// object
+ * (source.h): its size and strong ETag from a first range reply at open,
+ * blocking range requests (remote.c) for the header and sluice_read_into,
+ * the remote seam (sl_rio) for the engine's reads; every request checked
+ * against the size and ETag seen at open. */
+#include "source.h"
+
+#include "index.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The most one range request of sluice_read_into asks for: the deadline
+ * and attempts bound each request, as they bound each read of a load. */
+#define RS_PIECE ((size_t)16 << 20)
+
+/* The location as given (credentials included), which requests use. */
+static const char *fetch_loc(const sl_file *f)
+{
+    return f->fetch_loc ? f->fetch_loc : f->path;
+}
+
+static int remote_open(sl_file *f, const sl_remote_cfg *rc, int missing_code, sl_err *err)
+{
+    /* The size comes with the first range reply; an object of fewer
+     * than 8 bytes is then as short as a local one. */
+    sl_err e2;
+    if (!(f->url = sl_remote_url(rc, f->path, err)))
+        return err->code;
+    /* messages quote path: it keeps no credential of the location */
+    char safe[512];
+    if (strcmp(sl_remote_shown(f->path, safe, sizeof safe), f->path) != 0) {
+        f->fetch_loc = f->path;
+        if (!(f->path = strdup(safe)))
+            return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
+    }
+    unsigned char probe[8];
+    uint64_t size = 0;
+    int rc2 = sl_remote_read(rc, fetch_loc(f), 0, 8, probe, &size, f->etag, missing_code, &e2);
+    if (rc2 < 0 && strstr(e2.msg, "HTTP 416"))
+        size = 0;   /* an empty object: no byte can be asked for */
+    else if (rc2 < 0)
+        return sl_fail(err, rc2, "%s", e2.msg);
+    f->size = size;
+    return SLUICE_OK;
+}
+
+static int remote_read(sl_file *f, const sl_remote_cfg *rc, unsigned char *buf, size_t len,
+                       uint64_t offset, sl_err *err)
+{
+    uint64_t size = f->size;
+    return sl_remote_read(rc, fetch_loc(f), offset, len, buf, &size, f->etag, SLUICE_E_NO_FILES,
+                          err);
+}
+
+static int remote_read_tensor(const sl_file *f, const sl_remote_cfg *rc, unsigned char *buf,
+                              size_t want, uint64_t offset, size_t *got, unsigned *requests,
+                              sl_err *err)
+{
+    /* A copy of the ETag: f is shared with the engine's reads. */
+    uint64_t size = f->size;
+    char etag[SL_ETAG_MAX];
+    snprintf(etag, sizeof etag, "%s", f->etag);
+    if (want > RS_PIECE)
+        want = RS_PIECE;
+    *requests = 1;
+    *got = 0;
+    int rc2 = sl_remote_read_tensor(rc, fetch_loc(f), offset, want, buf, &size,
+                                    etag[0] ? etag : NULL, SLUICE_E_REMOTE, err);
+    if (rc2 < 0)
+        return rc2;
+    *got = want;
+    return SLUICE_OK;
+}
+
+static void remote_submit(const sl_file *f, sl_io *io, sl_rio *rio, sl_io_req *req)
+{
+    (void)io;
+    sl_rio_submit(rio, req, f->path, f->url, f->size, f->etag[0] ? f->etag : NULL);
+}
+
+static void remote_close(sl_file *f)
+{
+    free(f->fetch_loc);
+    f->fetch_loc = NULL;
+    free(f->url);
+    f->url = NULL;
+}
+
+static int remote_read_small(const sl_remote_cfg *rc, const char *loc, size_t max, char **out,
+                             size_t *len, sl_err *err)
+{
+    return sl_remote_get(rc, loc, max, out, len, SLUICE_E_NO_FILES, err);
+}
+
+/* Up to its query or fragment (from the first '?' or '#' after the
+ * host), which is kept on the requests but is no part of the name. */
+static size_t remote_name_len(const char *loc)
+{
+    const char *host = strstr(loc, "://") + 3;
+    const char *q = strpbrk(host, "?#");
+    return q ? (size_t)(q - loc) : strlen(loc);
+}
+
+const sl_source_methods sl_source_remote = {
+    .kind = "remote",
+    .caps = SL_SRC_WORTH_CACHING | SL_SRC_NETWORK,
+    .open = remote_open,
+    .read = remote_read,
+    .read_tensor = remote_read_tensor,
+    .submit = remote_submit,
+    .close = remote_close,
+    .read_small = remote_read_small,
+    .shown = sl_remote_shown,
+    .name_len = remote_name_len,
+};
