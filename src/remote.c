@@ -832,7 +832,8 @@ struct sl_rio {
     void *ctx;
     pthread_mutex_t lock;
     sl_io_req *head, *tail;      /* queued by other threads */
-    int quit, abort;
+    int quit;
+    atomic_int abort;            /* set under lock; read unlocked by finished() */
     CURLM *multi;
     pthread_t thread;
     int started;
