@@ -21,8 +21,23 @@ CC_CMD=$3
 README=${4:-$SRC/README.md}
 T=$(mktemp -d /tmp/sluice-readme.XXXXXX)
 SPID=""
+# A server block runs in its own process group (setsid), and the whole
+# group is stopped: the block's line starts the server as a child of the
+# shell that runs it, which a signal to that shell alone would leave
+# running (an nginx and a sluice-serve outlived every run that way).
+stop_server() {
+    [ -n "$SPID" ] || return 0
+    kill -TERM -- "-$SPID" 2>/dev/null
+    for _ in $(seq 50); do
+        kill -0 -- "-$SPID" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -KILL -- "-$SPID" 2>/dev/null
+    wait "$SPID" 2>/dev/null
+    SPID=""
+}
 cleanup() {
-    [ -z "$SPID" ] || { kill -TERM "$SPID" 2>/dev/null; wait "$SPID" 2>/dev/null; }
+    stop_server
     rm -rf "$T"
 }
 trap cleanup EXIT
@@ -69,7 +84,7 @@ while read -r n kind mode line; do
         sed -i "s/\b$port\b/$new/g" "$f"
         head -n 1 "$f" >"$T/server.sh"
         tail -n +2 "$f" >"$T/body.sh"
-        bash "$T/server.sh" >"$T/server.log" 2>&1 &
+        setsid bash "$T/server.sh" >"$T/server.log" 2>&1 &
         SPID=$!
         up=""
         for _ in $(seq 300); do
@@ -86,7 +101,7 @@ while read -r n kind mode line; do
             FAILS=$((FAILS + 1)); continue
         fi
         run_body sh "$T/body.sh"; rc=$?
-        kill -TERM "$SPID" 2>/dev/null; wait "$SPID" 2>/dev/null; SPID=""
+        stop_server
     else
         run_body "$kind" "$f"; rc=$?
     fi
