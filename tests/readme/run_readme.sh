@@ -80,6 +80,10 @@ while read -r n kind mode line; do
     sed 's/^/   | /' "$f"
     if [ "$mode" = server ]; then
         port=$(head -n 1 "$f" | grep -oE '[0-9]{4,5}' | tail -n 1)
+        if [ -z "$port" ]; then
+            echo "FAIL block $n (README line $line): its server line names no port"
+            FAILS=$((FAILS + 1)); continue
+        fi
         new=$(free_port)
         sed -i "s/\b$port\b/$new/g" "$f"
         head -n 1 "$f" >"$T/server.sh"
@@ -115,4 +119,6 @@ while read -r n kind mode line; do
     fi
 done <"$T/list"
 echo "$RAN blocks ran, $FAILS failed"
+# no block run at all (none extracted, or every one skipped) proves nothing
+[ $RAN -gt 0 ] || { echo "no README block ran"; exit 1; }
 [ $FAILS -eq 0 ]

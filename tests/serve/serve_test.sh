@@ -632,7 +632,6 @@ case_transport() {
     wait_line "$T/stall6.out" '^reset' 30 &&
         ok "IPv6 stalled reader: its connection reset by the watchdog ($(grep '^reset' "$T/stall6.out"))" ||
         bad "IPv6 stalled reader: its connection was never reset (released by the kernel's timeout only): $(grep stalled "$T/transport6.err" | tail -2)"
-    grep -q 'no connection of it found' "$T/transport6.err" && bad "IPv6: the watchdog found no connection to close"
     kill "$SP" 2>/dev/null
     stop_server transport6
 }

@@ -161,6 +161,9 @@ struct Conn {
     uint32_t last_stream = 0;
     int64_t accepted_ns = 0, grpc_eof_ns = 0;
     bool client_eof = false, grpc_eof = false;
+    // gRPC closed its end: epoll reports a hang-up whatever the mask, so
+    // its fd left the set; what it sent last is read on the client's events
+    bool grpc_hup = false;
     uint32_t cmask = 0, gmask = 0;
 };
 
@@ -568,7 +571,8 @@ struct Relay::Impl {
         if (c->up.len())
             gm |= EPOLLOUT;
         set_mask(c->cfd, c->id * 2, &c->cmask, cm);
-        set_mask(c->gfd, c->id * 2 + 1, &c->gmask, gm);
+        if (!c->grpc_hup)
+            set_mask(c->gfd, c->id * 2 + 1, &c->gmask, gm);
         return true;
     }
 
@@ -592,7 +596,7 @@ struct Relay::Impl {
                     late.push_back(c);
                 continue;
             }
-            if (c->grpc_eof && now - c->grpc_eof_ns > to) {
+            if ((c->grpc_eof || c->grpc_hup) && now - c->grpc_eof_ns > to) {
                 flushed.push_back(c);
                 continue;
             }
@@ -662,8 +666,18 @@ struct Relay::Impl {
                         continue;  // closed earlier in this batch
                     Conn *c = it->second;
                     if ((evs[i].events & (EPOLLERR | EPOLLHUP)) && !(evs[i].events & EPOLLIN)) {
-                        drop(c, true);
-                        continue;
+                        if (tag % 2 == 0) {
+                            drop(c, true);
+                            continue;
+                        }
+                        // gRPC's end: its last bytes (statuses, GOAWAY) are
+                        // still to reach the client; the sweep bounds how long
+                        if (!c->grpc_hup) {
+                            epoll_ctl(ep, EPOLL_CTL_DEL, c->gfd, nullptr);
+                            c->grpc_hup = true;
+                            c->gmask = 0;
+                            c->grpc_eof_ns = now_ns();
+                        }
                     }
                     pump(c);
                 }
