@@ -397,8 +397,9 @@ typedef struct sluice_model sluice_model;
  * (its size, and its strong ETag by If-Match), else SLUICE_E_FILE_CHANGED;
  * a permanent refusal is SLUICE_E_REMOTE; transient failures are retried
  * within remote_attempts and remote_deadline_ms. sluice_verify on a
- * remote model checks tensors only (SLUICE_VF_FILES and
- * SLUICE_VF_DIGEST_ONLY: SLUICE_E_UNSUPPORTED); SLUICE_F_DIRECT does not
+ * remote model checks tensors through the engine and, with
+ * SLUICE_VF_FILES, every whole file with range requests on the calling
+ * thread (SLUICE_VF_DIGEST_ONLY: SLUICE_E_UNSUPPORTED); SLUICE_F_DIRECT does not
  * apply; a remote manifest's signature is not fetched ("Signed
  * manifests"). Messages, sluice_file_info and sluice_tensor_source show a
  * location without its user:password@ and with "?..." for its query.

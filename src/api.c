@@ -1087,8 +1087,9 @@ static int take_verify_options(sluice_verify_options *dst, const sluice_verify_o
 /* sluice_verify of a model with remote files: the verify-only path reads
  * local descriptors, so the tensors go through the engine instead (a
  * stream: the same range reads and hashing as any load, so through the
- * pool), each delivered tensor one item. Whole files and digest-only
- * runs are not offered remotely. */
+ * pool), each delivered tensor one item; whole files (SLUICE_VF_FILES)
+ * are read with range requests after them (sl_verify_remote_files).
+ * Digest-only runs are not offered remotely. */
 typedef struct rv_ctx {
     sluice_model *m;
     const sluice_verify_options *vo;
@@ -1143,9 +1144,9 @@ static int remote_verify(sluice_model *m, const char *const *names, size_t n,
                          const sluice_verify_options *vo, struct sluice_verify_report *r,
                          sl_err *err)
 {
-    if (vo->flags & (SLUICE_VF_FILES | SLUICE_VF_DIGEST_ONLY))
-        return sl_fail(err, SLUICE_E_UNSUPPORTED, "sluice_verify: whole files and digest-only "
-                       "runs are not offered for a model with remote files (%s)", m->path);
+    if (vo->flags & SLUICE_VF_DIGEST_ONLY)
+        return sl_fail(err, SLUICE_E_UNSUPPORTED, "sluice_verify: digest-only runs are not "
+                       "offered for a model with remote files (%s)", m->path);
     if (!m->manifest)
         return sl_fail(err, SLUICE_E_MANIFEST, "sluice_verify: no manifest was read for %s",
                        m->path);
@@ -1161,12 +1162,26 @@ static int remote_verify(sluice_model *m, const char *const *names, size_t n,
     int rc = (vo->flags & SLUICE_VF_NO_TENSORS) ? SLUICE_OK
              : sluice_stream_ex(m, names, names ? n : 0, rv_item, &c, &so);
     sl_engine_bypass_blobs(m->engine, -1);
+    if ((vo->flags & SLUICE_VF_FILES) && (rc == SLUICE_OK || rc == SLUICE_E_CHECKSUM ||
+                                          rc == SLUICE_E_MANIFEST_MISSING)) {
+        int frc = sl_verify_remote_files(&m->index, m->manifest, m->remote, m->opts.algorithm,
+                                         vo, &c.r, &c.first_fail, c.first_msg,
+                                         sizeof c.first_msg);
+        if (frc == SLUICE_E_CANCELLED || frc == SLUICE_E_NOMEM) {
+            c.r.elapsed_ns = sl_metrics_clock() - t0;
+            *r = c.r;
+            return sl_fail(err, frc, "sluice_verify: %s", frc == SLUICE_E_NOMEM ?
+                           "out of memory" : "cancelled");
+        }
+        if (frc != SLUICE_OK && rc == SLUICE_OK)
+            rc = frc;   /* the callback's value */
+    }
     c.r.elapsed_ns = sl_metrics_clock() - t0;
     c.r.threads = m->opts.hash_threads;
     *r = c.r;
     if (rc < 0 && rc != SLUICE_E_CHECKSUM && rc != SLUICE_E_MANIFEST_MISSING)
         return sl_fail(err, rc, "%s", sluice_errmsg(m));
-    if (rc == SLUICE_OK && c.r.tensors_failed)
+    if (rc == SLUICE_OK && (c.r.tensors_failed || c.r.files_failed))
         return sl_fail(err, c.first_fail, "%s", c.first_msg);
     return rc < 0 ? sl_fail(err, rc, "%s", sluice_errmsg(m)) : rc;
 }

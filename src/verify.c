@@ -28,6 +28,7 @@
 #include "cancel.h"
 #include "digest.h"
 #include "model.h"
+#include "source.h"
 #include "index.h"
 #include "manifest.h"
 #include "verify.h"
@@ -894,4 +895,95 @@ int sl_verify_run(const sl_index *ix, const sl_manifest *mf, const sluice_option
         return stop_rc;
     }
     return first_failure; /* its detail is in err */
+}
+
+/* ---------------------------------------------------------------- remote files */
+
+/* The digest of remote file f, read whole with range requests of its
+ * source (RV_PIECE at a time); *bytes gets how many were read. */
+#define RV_PIECE ((size_t)16 << 20)
+
+static int remote_file_digest(const sl_file *f, const struct sl_remote_cfg *rc,
+                              sluice_algorithm alg, const sluice_cancel *cancel,
+                              unsigned char *buf, uint8_t out[32], uint64_t *bytes, sl_err *err)
+{
+    sl_md *md = sl_md_new(alg);
+    if (!md)
+        return sl_fail(err, SLUICE_E_NOMEM, "verify: out of memory");
+    int rc2 = SLUICE_OK;
+    *bytes = 0;
+    while (*bytes < f->size && rc2 == SLUICE_OK) {
+        if (sl_cancel_requested(cancel)) {
+            rc2 = sl_fail(err, SLUICE_E_CANCELLED, "verify: cancelled");
+            break;
+        }
+        size_t want = f->size - *bytes < RV_PIECE ? (size_t)(f->size - *bytes) : RV_PIECE;
+        size_t got = 0;
+        unsigned requests = 0;
+        rc2 = f->src->read_tensor(f, rc, buf, want, *bytes, &got, &requests, err);
+        if (rc2 == SL_SRC_ERRNO || (rc2 == SLUICE_OK && got == 0))
+            rc2 = sl_fail(err, SLUICE_E_IO, "file %s: read at offset %llu failed", f->path,
+                          (unsigned long long)*bytes);
+        if (rc2 == SLUICE_OK && sl_md_update(md, buf, got) < 0)
+            rc2 = sl_fail(err, SLUICE_E_NOMEM, "verify: hashing failed");
+        *bytes += rc2 == SLUICE_OK ? got : 0;
+    }
+    if (rc2 == SLUICE_OK && sl_md_final(md, out) < 0)
+        rc2 = sl_fail(err, SLUICE_E_NOMEM, "verify: hashing failed");
+    sl_md_free(md);
+    return rc2;
+}
+
+int sl_verify_remote_files(const sl_index *ix, const sl_manifest *mf,
+                           const struct sl_remote_cfg *rc, sluice_algorithm alg,
+                           const sluice_verify_options *o, struct sluice_verify_report *rep,
+                           int *first_fail, char *first_msg, size_t cap)
+{
+    unsigned char *buf = malloc(RV_PIECE);
+    if (!buf)
+        return SLUICE_E_NOMEM;
+    int out = SLUICE_OK;
+    for (size_t i = 0; i < ix->nfiles && out == SLUICE_OK; i++) {
+        const sl_file *f = &ix->files[i];
+        uint64_t want_size = SLUICE_SIZE_UNKNOWN, bytes = 0;
+        const uint8_t *want = sl_manifest_file_digest(mf, i, &want_size);
+        struct sluice_verify_item it = {.size = sizeof it, .kind = SLUICE_VERIFY_ITEM_FILE,
+                                        .index = i, .name = f->path, .name_len = strlen(f->path)};
+        sl_err e = {0};
+        char msg[1024], hw[65], hg[65];
+        int st = want ? remote_file_digest(f, rc, alg, o->cancel, buf, it.digest, &bytes, &e)
+                      : SLUICE_E_MANIFEST_MISSING;
+        it.bytes = bytes;
+        it.has_digest = want && st == SLUICE_OK;
+        if (st == SLUICE_E_CANCELLED) {
+            out = st;
+            break;
+        }
+        if (!want)
+            snprintf(msg, sizeof msg, "file %s: the manifest has no digest for it", f->path);
+        else if (st < 0)
+            snprintf(msg, sizeof msg, "%s", e.msg);
+        else if (want_size != SLUICE_SIZE_UNKNOWN && want_size != bytes)
+            st = SLUICE_E_CHECKSUM, snprintf(msg, sizeof msg, "file %s: %llu bytes, the manifest "
+                                              "says %llu", f->path, (unsigned long long)bytes,
+                                              (unsigned long long)want_size);
+        else if (memcmp(want, it.digest, 32) != 0)
+            st = SLUICE_E_CHECKSUM, snprintf(msg, sizeof msg, "file %s: %s mismatch: expected "
+                                              "%s, actual %s", f->path, sl_md_title(alg),
+                                              sl_hex_digest(hw, want),
+                                              sl_hex_digest(hg, it.digest));
+        it.status = st;
+        it.message = st == SLUICE_OK ? "" : msg;
+        rep->bytes_hashed += it.has_digest ? bytes : 0;
+        if (st == SLUICE_OK)
+            rep->files_ok++;
+        else if (rep->files_failed++ == 0 && !*first_fail) {
+            *first_fail = st;
+            snprintf(first_msg, cap, "%s", msg);
+        }
+        if (o->on_item)
+            out = o->on_item(o->user, &it);
+    }
+    free(buf);
+    return out;
 }

@@ -19,4 +19,17 @@ int sl_verify_run(const sl_index *ix, const sl_manifest *mf, const sluice_option
                   const size_t *ids, size_t n, int all, const sluice_verify_options *o,
                   struct sluice_verify_report *rep, sl_err *err);
 
+/* SLUICE_VF_FILES for a model with remote files: every whole file read
+ * with range requests of its source (through rc) and hashed on the
+ * calling thread, each checked against mf's "files" digest and size and
+ * reported as an item of o. rep's file counts and bytes_hashed grow;
+ * the first failure's status and message go to *first_fail (when 0) and
+ * first_msg. Returns SLUICE_OK, the callback's non-zero value,
+ * SLUICE_E_CANCELLED or SLUICE_E_NOMEM. */
+struct sl_remote_cfg;
+int sl_verify_remote_files(const sl_index *ix, const sl_manifest *mf,
+                           const struct sl_remote_cfg *rc, sluice_algorithm alg,
+                           const sluice_verify_options *o, struct sluice_verify_report *rep,
+                           int *first_fail, char *first_msg, size_t cap);
+
 #endif

@@ -937,7 +937,12 @@ static void test_verify_and_commands(void **state)
     assert_int_equal(r.tensors_failed, 0);
     sluice_verify_options vo;
     sluice_verify_options_init(&vo);
+    /* whole files over HTTP: the flat manifest lists none of them */
     vo.flags = SLUICE_VF_FILES;
+    assert_int_equal(sluice_verify(m, NULL, 0, &vo, &r), SLUICE_E_MANIFEST_MISSING);
+    assert_int_equal(r.tensors_ok, ONE_N);
+    assert_int_equal(r.files_failed, 1);
+    vo.flags = SLUICE_VF_DIGEST_ONLY;
     assert_int_equal(sluice_verify(m, NULL, 0, &vo, &r), SLUICE_E_UNSUPPORTED);
     assert_int_equal(sluice_close(m), SLUICE_OK);
     /* the command line, over HTTP, with a local mirror given by --fallback */
