@@ -381,7 +381,27 @@ typedef struct sluice_model sluice_model;
  *    only *.safetensors.index.json), otherwise every *.safetensors in it, in
  *    name order;
  *  - an http://, https:// or s3://bucket/key location of one of these
- *    (see "Remote models and mirrors" below).
+ *    (see "Remote models and mirrors" below);
+ *  - a Hugging Face Hub location, hf://ORG/NAME[@REVISION][/FILE]
+ *    (REVISION a branch, tag or commit, default main, '/' in it written
+ *    %2F; FILE a path in the repository, default the repository's
+ *    model.safetensors.index.json, else its model.safetensors). The
+ *    Hub's API (endpoint $HF_ENDPOINT, default https://huggingface.co)
+ *    pins REVISION to its commit and lists the files, then every file is
+ *    read as ENDPOINT/ORG/NAME/resolve/COMMIT/FILE with range requests,
+ *    following the Hub's redirects to its storage. The Hub's token is
+ *    http_token, else $HF_TOKEN (never $SLUICE_HTTP_TOKEN); it is sent to
+ *    the endpoint only, never to the storage a redirect names. The
+ *    manifest is the repository's sluice.manifest.json (the sidecar rule
+ *    below, at the commit); when it has none, the Hub's LFS SHA-256 of
+ *    each whole file stand in (sluice_manifest_path: "hf://ORG/NAME@COMMIT
+ *    (the Hub's LFS SHA-256)"): they check whole files (sluice_verify with
+ *    SLUICE_VF_FILES), never a tensor, so under DEFAULT the policy is
+ *    IF_PRESENT with no tensor listed and REQUIRE fails the open with
+ *    SLUICE_E_MANIFEST. A missing repository, revision or file is
+ *    SLUICE_E_NO_FILES, a refusal (401, 403: private, gated, or a missing
+ *    repository asked without a token) SLUICE_E_REMOTE, each message
+ *    naming which.
  *
  * Remote models and mirrors
  * -------------------------

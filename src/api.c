@@ -23,6 +23,7 @@
 #include "engine.h"
 #include "errmsg.h"
 #include "header.h"
+#include "hf.h"
 #include "manifest.h"
 #include "range.h"
 #include "digest.h"
@@ -286,6 +287,25 @@ static int fetch_remote_manifest(sluice_model *m, const char *path, char **loc, 
     return rc;
 }
 
+/* A Hub repository that publishes no manifest (none of the sidecars at
+ * looked): the Hub's LFS SHA-256 of its files stand in (hf.h), which
+ * cover whole files, not tensors: policy REQUIRE cannot be met by them. */
+static int hub_manifest(sluice_model *m, const char *looked, char **text, size_t *len,
+                        char **named, sl_err *err)
+{
+    SL_TRY(sl_hf_manifest(m->hub, &m->index, text, len, named, err));
+    if (*text && m->opts.verify == SLUICE_VERIFY_REQUIRE) {
+        free(*text);
+        free(*named);
+        *text = *named = NULL;
+        return sl_fail(err, SLUICE_E_MANIFEST, "manifest: policy REQUIRE, and %s publishes no "
+                       "manifest (no %s): the Hub's LFS SHA-256 cover whole files, not tensors "
+                       "(check them with 'sluice verify --files', or publish a manifest written "
+                       "by 'sluice manifest')", sl_hf_pinned(m->hub), looked);
+    }
+    return SLUICE_OK;
+}
+
 /* The manifest of a model whose manifest is remote: opts->manifest_path
  * when it is a URL, else a sidecar at the remote model's place. */
 static int load_remote_manifest(sluice_model *m, const char *path, sl_err *err)
@@ -294,6 +314,9 @@ static int load_remote_manifest(sluice_model *m, const char *path, sl_err *err)
     char *loc = NULL, *text = NULL;
     size_t len = 0;
     int rc = fetch_remote_manifest(m, path, &loc, &text, &len, err);
+    char *hub_named = NULL;
+    if (rc == SLUICE_OK && !text && m->hub && !o->manifest_path)
+        rc = hub_manifest(m, loc, &text, &len, &hub_named, err);
     if (rc == SLUICE_OK && !text) {
         if (o->verify == SLUICE_VERIFY_REQUIRE)
             rc = sl_fail(err, SLUICE_E_MANIFEST, "manifest: policy REQUIRE and no manifest: no "
@@ -305,12 +328,18 @@ static int load_remote_manifest(sluice_model *m, const char *path, sl_err *err)
         /* the manifest's path is shown (sluice_manifest_path, messages):
          * the location without credentials or query */
         char shown[1100];
-        char *named = strdup(sl_remote_shown(loc, shown, sizeof shown));
+        char *named = hub_named ? hub_named : strdup(sl_remote_shown(loc, shown, sizeof shown));
         if (!named) {
             free(text);
             rc = sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
         } else {
-            rc = sl_manifest_from_text(&m->index, o, named, text, len, &m->manifest, err);
+            /* the Hub's digests check whole files (sluice_verify with
+             * SLUICE_VF_FILES), never a tensor: DEFAULT means IF_PRESENT
+             * for them, and REQUIRE was refused (hub_manifest) */
+            sluice_options hub_o = *o;
+            if (hub_named && hub_o.verify == SLUICE_VERIFY_DEFAULT)
+                hub_o.verify = SLUICE_VERIFY_IF_PRESENT;
+            rc = sl_manifest_from_text(&m->index, &hub_o, named, text, len, &m->manifest, err);
         }
     }
     if (rc < 0) {
@@ -466,6 +495,11 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
     }
     if ((rc = take_remote(m, path, err)) < 0)
         goto failed;
+    /* a Hub location is opened as the location of its commit */
+    if ((rc = sl_hf_resolve(m->remote, path, &m->hub, err)) < 0)
+        goto failed;
+    if (m->hub)
+        path = sl_hf_pinned(m->hub);
     if ((rc = sl_index_open_ex(&m->index, path, m->remote, err)) < 0)
         goto failed;
     m->index.remote = m->remote;    /* the mirrors' too */
@@ -513,6 +547,8 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
     }
     m->opts.cache_dir = NULL;   /* the caller's string, read by open only */
     sl_model_metrics_opened(m, t_open);
+    sl_hf_free(m->hub);
+    m->hub = NULL;
     return SLUICE_OK;
 
 failed:
@@ -523,6 +559,8 @@ failed:
     m->sidecar_looked = NULL;
     sl_index_free(&m->index);
     free_remote(m);
+    sl_hf_free(m->hub);
+    m->hub = NULL;
     m->failed = 1;
     return rc;
 }

@@ -30,6 +30,7 @@ struct sluice_model {
     size_t nfallback;
     struct sl_remote_cfg *remote; /* remote.h; NULL when nothing is remote */
     sluice_verification verification; /* what open found to verify against */
+    struct sl_hf_repo *hub;    /* hf.h: an hf:// location's resolution, during open only */
     char *sidecar_looked;      /* SLUICE_UNVERIFIED_NO_MANIFEST: the sidecar looked
                                   for, as messages show it (no credentials) */
 

@@ -33,7 +33,8 @@
 
 int sl_is_remote(const char *p)
 {
-    return p && (!strncmp(p, "http://", 7) || !strncmp(p, "https://", 8) || !strncmp(p, "s3://", 5));
+    return p && (!strncmp(p, "http://", 7) || !strncmp(p, "https://", 8) || !strncmp(p, "s3://", 5) ||
+                 !strncmp(p, "hf://", 5));
 }
 
 static char *dup_or_null(const char *s)
@@ -63,6 +64,7 @@ void sl_remote_cfg_free(sl_remote_cfg *c)
     free(c->aws_key);
     free(c->aws_secret);
     free(c->aws_session);
+    sl_hf_cfg_clear(c);
     free(c->tally);
     free(c);
 }
@@ -113,6 +115,7 @@ int sl_remote_cfg_new(const sluice_options *o, sl_remote_cfg **out, sl_err *err)
         if (env("AWS_SESSION_TOKEN"))
             nomem |= !(c->aws_session = dup_or_null(env("AWS_SESSION_TOKEN")));
     }
+    nomem |= sl_hf_cfg_fill(c, o) < 0;
     if (nomem) {
         sl_remote_cfg_free(c);
         return sl_fail(err, SLUICE_E_NOMEM, "remote: out of memory");
@@ -153,6 +156,8 @@ void sl_remote_scrub(char *msg, size_t cap, const char *loc)
 
 char *sl_remote_url(const sl_remote_cfg *c, const char *loc, sl_err *err)
 {
+    if (!strncmp(loc, "hf://", 5))
+        return sl_hf_url(c, loc, err);
     if (strncmp(loc, "s3://", 5) != 0) {
         char *u = strdup(loc);
         if (!u)
@@ -526,6 +531,9 @@ static int setup(CURL *h, const sl_remote_cfg *c, const char *loc, const char *u
     curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 1L);
     curl_easy_setopt(h, CURLOPT_MAXREDIRS, 5L);
+    /* the Authorization header stays with the first request's host, port
+     * and scheme: a redirect to storage elsewhere (the Hub's) gets none */
+    curl_easy_setopt(h, CURLOPT_UNRESTRICTED_AUTH, 0L);
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)c->connect_timeout_ms);
     /* no CURLOPT_TIMEOUT: on_progress bounds a stalled or trickling
      * transfer, the deadline bounds retries, never a moving transfer */
@@ -569,10 +577,11 @@ static int setup(CURL *h, const sl_remote_cfg *c, const char *loc, const char *u
                 }
             }
         }
-    } else if (c->token) {
-        char *t = malloc(strlen(c->token) + 32);
+    } else if (sl_hf_token_for(c, loc, url)) {
+        const char *tok = sl_hf_token_for(c, loc, url);
+        char *t = malloc(strlen(tok) + 32);
         if (t) {
-            sprintf(t, "Authorization: Bearer %s", c->token);
+            sprintf(t, "Authorization: Bearer %s", tok);
             l = curl_slist_append(l, t);
             memset(t, 0, strlen(t));
             free(t);

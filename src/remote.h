@@ -76,11 +76,13 @@ typedef struct sl_remote_cfg {
     int s3_virtual;              /* virtual-host-style addressing */
     char *aws_key, *aws_secret, *aws_session; /* NULL: anonymous */
     char *ca_file;               /* NULL: libcurl's default CA store */
+    char *hf_endpoint;           /* the Hub (remote_hf.c): $HF_ENDPOINT or https://huggingface.co */
+    char *hf_token;              /* the Hub's Bearer: http_token, else $HF_TOKEN; or NULL */
     _Atomic int *abort_flag;    /* non-NULL and set: blocking fetches stop */
     sl_remote_tally *tally;     /* owned; shared by copies of the struct (the engine's) */
 } sl_remote_cfg;
 
-/* Whether path names a remote location (http://, https://, s3://). */
+/* Whether path names a remote location (http://, https://, s3://, hf://). */
 int sl_is_remote(const char *path);
 
 /* Builds the configuration from the options and the environment
@@ -129,6 +131,31 @@ int sl_remote_read_tensor(const sl_remote_cfg *c, const char *location, uint64_t
  * buffer. 404 gives missing_code (0: returns 0 with *out NULL: absent). */
 int sl_remote_get(const sl_remote_cfg *c, const char *location, size_t max, char **out,
                   size_t *len, int missing_code, sl_err *err);
+
+/* ---------------------------------------------------------------- Hub locations */
+
+/* hf://ORG/NAME[@REVISION][/FILE] in parts (pointers into the location;
+ * rev NULL: none given, file NULL: none). */
+typedef struct sl_hf_loc {
+    const char *repo, *rev, *file;
+    size_t repo_len, rev_len, file_len;
+} sl_hf_loc;
+
+/* Splits loc; -1 when it is not a well-formed Hub location. */
+int sl_hf_parse(const char *loc, sl_hf_loc *out);
+
+/* ENDPOINT/ORG/NAME/resolve/REVISION[/FILE] of an hf:// location,
+ * malloc'd (NULL and err set when loc is malformed or out of memory). */
+char *sl_hf_url(const sl_remote_cfg *c, const char *loc, sl_err *err);
+
+/* The Bearer a request for loc at url carries: the Hub's token for an
+ * hf:// location or a URL of the Hub's endpoint, else c->token. */
+const char *sl_hf_token_for(const sl_remote_cfg *c, const char *loc, const char *url);
+
+/* Fill and clear the Hub's part of c (sl_remote_cfg_new, _free): -1 when
+ * out of memory. */
+int sl_hf_cfg_fill(sl_remote_cfg *c, const sluice_options *o);
+void sl_hf_cfg_clear(sl_remote_cfg *c);
 
 /* ---------------------------------------------------------------- the seam */
 

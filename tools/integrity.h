@@ -64,6 +64,9 @@ typedef struct ig_failed {
     size_t n, cap;
 } ig_failed;
 
+/* files for ig_verify_print: whole files only (SLUICE_VF_NO_TENSORS too). */
+#define IG_FILES_ONLY 2
+
 /* Runs sluice_verify on m (with files: SLUICE_VF_FILES), printing each
  * failure ("FAILED ...") and the summary line, and collecting the failed
  * tensors into *failed (may be NULL; free failed->index). Returns the

@@ -98,7 +98,9 @@ static void usage(FILE *out)
             "                    the model is one file F)\n"
             IG_KEY_HELP
             "  --files           also check every whole file against the manifest's\n"
-            "                    \"files\" digests and sizes\n"
+            "                    \"files\" digests and sizes; for an hf:// PATH whose\n"
+            "                    repository publishes no sluice.manifest.json, every\n"
+            "                    file against the Hub's LFS SHA-256 (files only)\n"
             "  -q, --quiet       no progress bar (shown only when stderr is a terminal)\n"
             "  --fallback LOC    a mirror (directory, file, http(s):// or s3://) of the\n"
             "                    model; repeatable, tried in order. PATH's own bytes\n"
@@ -118,7 +120,7 @@ static void usage(FILE *out)
 int ig_verify_print(const char *cmd, sluice_model *m, int files, int quiet, double t0, ig_failed *failed)
 {
     uint64_t total = 0;
-    for (size_t i = 0; i < sluice_count(m); i++) {
+    for (size_t i = 0; files != IG_FILES_ONLY && i < sluice_count(m); i++) {
         struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
         sluice_info(m, i, &info);
         total += info.nbytes;
@@ -132,6 +134,8 @@ int ig_verify_print(const char *cmd, sluice_model *m, int files, int quiet, doub
     sluice_verify_options vo;
     sluice_verify_options_init(&vo);
     vo.flags = files ? SLUICE_VF_FILES : 0;
+    if (files == IG_FILES_ONLY)
+        vo.flags |= SLUICE_VF_NO_TENSORS;
     vo.on_item = on_item;
     vo.user = &s;
     struct sluice_verify_report r = {.size = sizeof r};
@@ -157,6 +161,16 @@ int ig_verify_print(const char *cmd, sluice_model *m, int files, int quiet, doub
     if (failed && failed->n)
         qsort(failed->index, failed->n, sizeof *failed->index, cmp_size);
     return rc == SLUICE_OK ? 0 : 1;
+}
+
+/* Whether m's manifest lists no tensor (the Hub's whole-file digests). */
+static int no_tensor_digest(const sluice_model *m)
+{
+    uint8_t d[32];
+    for (size_t i = 0; i < sluice_count(m); i++)
+        if (sluice_manifest_tensor(m, i, d) == SLUICE_OK)
+            return 0;
+    return 1;
 }
 
 int cmd_verify(int argc, char **argv)
@@ -196,7 +210,11 @@ int cmd_verify(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    o.verify = SLUICE_VERIFY_REQUIRE;
+    /* A Hub location without a manifest of its own is checked file by
+     * file against the Hub's LFS SHA-256 (--files): DEFAULT is REQUIRE
+     * for a manifest of tensors, and takes those for what they are. */
+    int hub_files = files && !strncmp(path, "hf://", 5);
+    o.verify = hub_files ? SLUICE_VERIFY_DEFAULT : SLUICE_VERIFY_REQUIRE;
     double t0 = ig_now();
     sluice_model *m = NULL;
     int rc = sluice_open(path, &o, &m);
@@ -211,6 +229,11 @@ int cmd_verify(int argc, char **argv)
                sluice_manifest_path(m), sluice_manifest_path(m), keys.n, keys.n == 1 ? "" : "s");
     else
         printf("manifest %s\n", sluice_manifest_path(m));
+    if (hub_files && no_tensor_digest(m)) {
+        printf("the Hub's LFS SHA-256: whole files only (the repository publishes no "
+               "sluice.manifest.json)\n");
+        files = IG_FILES_ONLY;
+    }
     int serve_failed = 0;
     ig_failed failed = {0};
     sluice_metrics_server *ms = mc_serve("verify", metrics_port, m, &serve_failed);

@@ -1,0 +1,112 @@
+/* remote_hf.c: Hugging Face Hub locations, hf://ORG/NAME[@REVISION][/FILE],
+ * as remote.c reaches them (remote.h): the Hub's resolve URL of a file,
+ * the Hub's endpoint and token, and which requests carry that token.
+ *
+ * An hf:// location is a URL like s3:// is one: remote.c maps it to
+ * ENDPOINT/ORG/NAME/resolve/REVISION/FILE (REVISION "main" when none is
+ * given) and reads it with the same range requests. The Hub answers a
+ * resolve of a large (LFS) file with a 302 to its storage (a CDN, a
+ * presigned bucket URL): libcurl follows it, and sends the Authorization
+ * header only to the host, port and scheme of the first request (it
+ * would send it on with CURLOPT_UNRESTRICTED_AUTH, which remote.c never
+ * sets), so the token never reaches the storage. The revision is pinned
+ * to a commit by hf.c before any file is opened. */
+#include "remote.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *env_or_null(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v ? v : NULL;
+}
+
+int sl_hf_cfg_fill(sl_remote_cfg *c, const sluice_options *o)
+{
+    const char *ep = env_or_null("HF_ENDPOINT");
+    /* the explicit option first, then the Hub's own variable; never
+     * SLUICE_HTTP_TOKEN, which is meant for the caller's own servers */
+    const char *tok = o->http_token && *o->http_token ? o->http_token : env_or_null("HF_TOKEN");
+    if (!(c->hf_endpoint = strdup(ep ? ep : "https://huggingface.co")))
+        return -1;
+    size_t n = strlen(c->hf_endpoint);
+    while (n > 0 && c->hf_endpoint[n - 1] == '/')
+        c->hf_endpoint[--n] = '\0';
+    if (tok && !(c->hf_token = strdup(tok)))
+        return -1;
+    return 0;
+}
+
+void sl_hf_cfg_clear(sl_remote_cfg *c)
+{
+    if (c->hf_token)
+        memset(c->hf_token, 0, strlen(c->hf_token));
+    free(c->hf_token);
+    free(c->hf_endpoint);
+    c->hf_token = c->hf_endpoint = NULL;
+}
+
+int sl_hf_parse(const char *loc, sl_hf_loc *out)
+{
+    memset(out, 0, sizeof *out);
+    if (strncmp(loc, "hf://", 5) != 0)
+        return -1;
+    const char *org = loc + 5, *slash = strchr(org, '/');
+    if (!slash || slash == org)
+        return -1;
+    const char *name = slash + 1;
+    size_t nl = strcspn(name, "@/?#");
+    if (nl == 0)
+        return -1;
+    out->repo = org;
+    out->repo_len = (size_t)(name + nl - org);
+    const char *p = name + nl;
+    if (*p == '@') {
+        out->rev = p + 1;
+        out->rev_len = strcspn(out->rev, "/?#");
+        if (out->rev_len == 0)
+            return -1;
+        p = out->rev + out->rev_len;
+    }
+    if (*p == '/' && p[1] && p[1] != '?' && p[1] != '#') {
+        out->file = p + 1;
+        out->file_len = strcspn(out->file, "?#");
+        while (out->file_len > 0 && out->file[out->file_len - 1] == '/')
+            out->file_len--;
+    }
+    /* what names the repository is plain: no "..", no empty part, no space */
+    for (size_t i = 0; i < out->repo_len; i++)
+        if (out->repo[i] <= ' ' || out->repo[i] == '\\')
+            return -1;
+    return strstr(loc, "..") ? -1 : 0;
+}
+
+char *sl_hf_url(const sl_remote_cfg *c, const char *loc, sl_err *err)
+{
+    sl_hf_loc h;
+    if (sl_hf_parse(loc, &h) < 0) {
+        sl_fail(err, SLUICE_E_INVAL, "%s: not a Hub location (hf://ORG/NAME[@REVISION][/FILE])",
+                loc);
+        return NULL;
+    }
+    size_t n = strlen(c->hf_endpoint) + h.repo_len + h.rev_len + h.file_len + 32;
+    char *u = malloc(n);
+    if (!u) {
+        sl_fail(err, SLUICE_E_NOMEM, "remote: out of memory");
+        return NULL;
+    }
+    snprintf(u, n, "%s/%.*s/resolve/%.*s%s%.*s", c->hf_endpoint, (int)h.repo_len, h.repo,
+             h.rev ? (int)h.rev_len : 4, h.rev ? h.rev : "main", h.file ? "/" : "",
+             (int)h.file_len, h.file ? h.file : "");
+    return u;
+}
+
+const char *sl_hf_token_for(const sl_remote_cfg *c, const char *loc, const char *url)
+{
+    size_t n = c->hf_endpoint ? strlen(c->hf_endpoint) : 0;
+    int hub = !strncmp(loc, "hf://", 5) ||
+              (n && !strncmp(url, c->hf_endpoint, n) && (url[n] == '/' || url[n] == '\0'));
+    return hub ? c->hf_token : c->token;
+}

@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""A stand-in for the Hugging Face Hub and its storage (test_remote_hf.c).
+
+usage: hf_hub_server.py PORT ROOT
+
+Two listeners on 127.0.0.1: the Hub on PORT and its "storage" on a port
+of its own (GET /ctl/storage gives it). ROOT holds ORG/NAME/COMMIT/FILES
+(COMMIT: 40 hex digits) and ORG/NAME/refs/BRANCH (a file holding the
+commit the branch names); ORG/NAME/token, when present, makes the
+repository private (its content is the Bearer token it accepts).
+
+The Hub answers what sluice asks of the real one:
+    GET /api/models/ORG/NAME                       the repository (200, 401, 404)
+    GET /api/models/ORG/NAME/revision/REV?blobs=true
+        {"id", "sha", "siblings": [{"rfilename", "size", "lfs": {"sha256",
+        "size", "pointerSize"}}]} (lfs for .safetensors files only);
+        401 RepoNotFound without a token (as the Hub does for a missing or
+        private repository), 404 with one; 404 RevisionNotFound
+    GET /ORG/NAME/resolve/REV/FILE
+        a .safetensors file: 302 to the storage
+        (http://localhost:SPORT/blob/ORG/NAME/COMMIT/FILE?X-Amz-Signature=...)
+        with X-Linked-Etag and X-Linked-Size; any other: 200 with the bytes;
+        404 EntryNotFound / RevisionNotFound
+The storage serves /blob/... with single byte ranges (206, Content-Range,
+ETag). Control, on the Hub's port:
+    GET /ctl/storage        the storage's port
+    GET /ctl/log            one line a request: "hub|storage METHOD PATH auth=VALUE"
+    GET /ctl/clear          empties the log
+    GET /ctl/flip?at=N      the storage flips byte N of every file it serves
+"""
+import hashlib
+import json
+import os
+import re
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote, urlparse
+
+ROOT = "."
+STATE = {"log": [], "flip": -1, "storage_port": 0}
+LOCK = threading.Lock()
+HEX40 = re.compile(r"^[0-9a-f]{40}$")
+
+
+def log(who, handler):
+    with LOCK:
+        STATE["log"].append("%s %s %s auth=%s" % (who, handler.command, handler.path,
+                                                   handler.headers.get("Authorization", "")))
+
+
+def repo_dir(org, name):
+    d = os.path.join(ROOT, org, name)
+    return d if os.path.isdir(d) else None
+
+
+def allowed(handler, d):
+    tok = os.path.join(d, "token")
+    if not os.path.exists(tok):
+        return True
+    with open(tok) as f:
+        want = f.read().strip()
+    return handler.headers.get("Authorization", "") == "Bearer " + want
+
+
+def commit_of(d, rev):
+    rev = unquote(rev)
+    if HEX40.match(rev) and os.path.isdir(os.path.join(d, rev)):
+        return rev
+    ref = os.path.join(d, "refs", rev.replace("/", "%2F"))
+    if os.path.isfile(ref):
+        with open(ref) as f:
+            return f.read().strip()
+    return None
+
+
+def sha256_of(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for b in iter(lambda: f.read(1 << 20), b""):
+            h.update(b)
+    return h.hexdigest()
+
+
+def files_of(top):
+    out = []
+    for dirpath, _, names in os.walk(top):
+        for n in names:
+            p = os.path.join(dirpath, n)
+            out.append((os.path.relpath(p, top), p))
+    return sorted(out)
+
+
+class Hub(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def answer(self, status, body=b"", headers=None):
+        self.send_response(status)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def error(self, status, code, msg):
+        self.answer(status, json.dumps({"error": msg}).encode(),
+                    {"X-Error-Code": code, "X-Error-Message": msg,
+                     "Content-Type": "application/json"})
+
+    def repo_or_error(self, org, name):
+        d = repo_dir(org, name)
+        if d is None or not allowed(self, d):
+            if self.headers.get("Authorization"):
+                self.error(404, "RepoNotFound", "Repository not found")
+            else:
+                self.error(401, "RepoNotFound", "Invalid username or password.")
+            return None
+        return d
+
+    def do_GET(self):
+        u = urlparse(self.path)
+        parts = [p for p in u.path.split("/") if p]
+        if parts[:1] == ["ctl"]:
+            return self.control(parts, u.query)
+        log("hub", self)
+        if parts[:2] == ["api", "models"] and len(parts) in (4, 6):
+            d = self.repo_or_error(parts[2], parts[3])
+            if d is None:
+                return
+            rev = parts[5] if len(parts) == 6 and parts[4] == "revision" else "main"
+            commit = commit_of(d, rev)
+            if commit is None:
+                return self.error(404, "RevisionNotFound", "Invalid rev id: " + unquote(rev))
+            sib = []
+            for rel, p in files_of(os.path.join(d, commit)):
+                e = {"rfilename": rel, "size": os.path.getsize(p), "blobId": "0" * 40}
+                if rel.endswith(".safetensors"):
+                    e["lfs"] = {"sha256": sha256_of(p), "size": os.path.getsize(p),
+                                "pointerSize": 134}
+                sib.append(e)
+            body = {"id": parts[2] + "/" + parts[3], "sha": commit, "siblings": sib}
+            return self.answer(200, json.dumps(body).encode(), {"Content-Type": "application/json"})
+        if len(parts) >= 5 and parts[2] == "resolve":
+            d = self.repo_or_error(parts[0], parts[1])
+            if d is None:
+                return
+            commit = commit_of(d, parts[3])
+            if commit is None:
+                return self.error(404, "RevisionNotFound", "Invalid rev id")
+            rel = "/".join(unquote(p) for p in parts[4:])
+            p = os.path.join(d, commit, rel)
+            if ".." in rel or not os.path.isfile(p):
+                return self.error(404, "EntryNotFound", "Entry not found")
+            if rel.endswith(".safetensors"):
+                loc = "http://localhost:%d/blob/%s/%s/%s/%s?X-Amz-Signature=s%%3D1" % (
+                    STATE["storage_port"], parts[0], parts[1], commit, rel)
+                return self.answer(302, b"", {"Location": loc,
+                                              "X-Linked-Etag": '"%s"' % sha256_of(p),
+                                              "X-Linked-Size": str(os.path.getsize(p)),
+                                              "X-Repo-Commit": commit})
+            with open(p, "rb") as f:
+                return self.answer(200, f.read(), {"X-Repo-Commit": commit,
+                                                   "ETag": '"%s"' % hashlib.sha1(
+                                                       open(p, "rb").read()).hexdigest()})
+        self.error(404, "EntryNotFound", "no such path")
+
+    def control(self, parts, query):
+        if parts == ["ctl", "storage"]:
+            return self.answer(200, str(STATE["storage_port"]).encode())
+        if parts == ["ctl", "log"]:
+            with LOCK:
+                return self.answer(200, ("\n".join(STATE["log"]) + "\n").encode())
+        if parts == ["ctl", "clear"]:
+            with LOCK:
+                STATE["log"] = []
+            return self.answer(200, b"ok")
+        if parts == ["ctl", "flip"]:
+            STATE["flip"] = int(query.split("=", 1)[1])
+            return self.answer(200, b"ok")
+        self.answer(404)
+
+
+class Storage(Hub):
+    def do_GET(self):
+        log("storage", self)
+        u = urlparse(self.path)
+        parts = [unquote(p) for p in u.path.split("/") if p]
+        if parts[:1] != ["blob"] or ".." in parts or "X-Amz-Signature" not in u.query:
+            return self.answer(403, b"signature")
+        p = os.path.join(ROOT, *parts[1:])
+        if not os.path.isfile(p):
+            return self.answer(404)
+        size = os.path.getsize(p)
+        etag = '"st-%s"' % sha256_of(p)[:16]
+        m = re.match(r"bytes=(\d+)-(\d+)$", self.headers.get("Range", ""))
+        lo, hi = (int(m.group(1)), min(int(m.group(2)), size - 1)) if m else (0, size - 1)
+        if m and lo >= size:
+            return self.answer(416, b"", {"Content-Range": "bytes */%d" % size})
+        with open(p, "rb") as f:
+            f.seek(lo)
+            body = bytearray(f.read(hi - lo + 1))
+        at = STATE["flip"]
+        if lo <= at <= hi:
+            body[at - lo] ^= 0x01
+        hdr = {"ETag": etag, "Accept-Ranges": "bytes"}
+        if m:
+            hdr["Content-Range"] = "bytes %d-%d/%d" % (lo, hi, size)
+        self.answer(206 if m else 200, bytes(body), hdr)
+
+
+def main():
+    global ROOT
+    port, ROOT = int(sys.argv[1]), sys.argv[2]
+    storage = ThreadingHTTPServer(("127.0.0.1", 0), Storage)
+    STATE["storage_port"] = storage.server_address[1]
+    threading.Thread(target=storage.serve_forever, daemon=True).start()
+    hub = ThreadingHTTPServer(("127.0.0.1", port), Hub)
+    hub.daemon_threads = True
+    hub.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,419 @@
+/* test_remote_hf.c: Hugging Face Hub locations, hf://ORG/NAME[@REVISION][/FILE],
+ * against the tests' own stand-in for the Hub (hf_hub_server.py, started
+ * here on 127.0.0.1 with HF_ENDPOINT pointing at it): its API, its resolve
+ * URLs and their 302 to a second "storage" server (localhost, another
+ * port). Checked: resolution with and without @REVISION and /FILE, the
+ * index and single-file cases, the token on the Hub's requests and never
+ * on the storage's, verification by a published sluice.manifest.json and,
+ * when there is none, by the Hub's LFS SHA-256 of each whole file (a
+ * flipped byte fails), and the errors for a missing repository, revision
+ * or file (404, 401). The real Hub is not reached (no network here).
+ * Skipped (77) when python3 cannot start the server. */
+#include "remote_fixture.h"
+#include "util.h"
+
+#include "sluice.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+static rf_server srv;
+static char *root;
+
+#define C_MAIN "1111111111111111111111111111111111111111"
+#define C_V1 "2222222222222222222222222222222222222222"
+#define C_SHARDED "3333333333333333333333333333333333333333"
+#define C_PRIVATE "4444444444444444444444444444444444444444"
+#define HUB_TOKEN "hub-secret-token"
+#define PRIVATE_TOKEN "private-repo-token"
+
+static char *mkdirs(const char *rel)
+{
+    char *p = tu_join(root, rel);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s'", p);
+    assert_int_equal(system(cmd), 0);
+    return p;
+}
+
+static void put(const char *rel, const char *text)
+{
+    char *p = tu_join(root, rel);
+    tu_write_file(p, text, strlen(text));
+    free(p);
+}
+
+static void put_model(const char *rel, unsigned a_bytes, unsigned b_bytes)
+{
+    char header[512];
+    snprintf(header, sizeof header,
+             "{\"a\":{\"dtype\":\"U8\",\"shape\":[%u],\"data_offsets\":[0,%u]},"
+             "\"b\":{\"dtype\":\"U8\",\"shape\":[%u],\"data_offsets\":[%u,%u]}}",
+             a_bytes, a_bytes, b_bytes, a_bytes, a_bytes + b_bytes);
+    char *p = tu_join(root, rel);
+    tu_write_safetensors(p, header, NULL, a_bytes + b_bytes);
+    free(p);
+}
+
+static void open_ok(const char *loc, const sluice_options *o, sluice_model **m)
+{
+    int rc = sluice_open(loc, o, m);
+    if (rc != SLUICE_OK)
+        fail_msg("%s: %s", loc, sluice_errmsg(*m));
+}
+
+/* The flat manifest of the local model file(s) at rel (a file or index). */
+static void append_digests(const char *rel, char *out, size_t cap)
+{
+    char *p = tu_join(root, rel);
+    sluice_options o;
+    sluice_options_init(&o);
+    o.flags = SLUICE_F_HASH_ALL;
+    sluice_model *m;
+    open_ok(p, &o, &m);
+    for (size_t i = 0; i < sluice_count(m); i++) {
+        struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
+        sluice_info(m, i, &info);
+        sluice_tensor *t;
+        uint8_t d[32];
+        char hex[65];
+        assert_int_equal(sluice_acquire_index(m, i, &t), SLUICE_OK);
+        sluice_tensor_digest(t, d);
+        sluice_digest_hex(d, hex);
+        sluice_release(t);
+        size_t n = strlen(out);
+        snprintf(out + n, cap - n, "%s\"%.*s\":\"%s\"", n > 1 ? "," : "", (int)info.name_len,
+                 info.name, hex);
+    }
+    sluice_close(m);
+    free(p);
+}
+
+static int setup(void **state)
+{
+    char why[256];
+    rf_skip_without_curl();
+    root = tu_tmpdir();
+    /* org/single: main = C_MAIN (a, b), v1 = C_V1 (other sizes) */
+    free(mkdirs("org/single/refs"));
+    free(mkdirs("org/single/" C_MAIN));
+    free(mkdirs("org/single/" C_V1));
+    put("org/single/refs/main", C_MAIN);
+    put("org/single/refs/v1", C_V1);
+    put_model("org/single/" C_MAIN "/model.safetensors", 1000, 200000);
+    put_model("org/single/" C_V1 "/model.safetensors", 300, 5000);
+    put("org/single/" C_MAIN "/config.json", "{}");
+    /* org/sharded: an index, two shards, a published sluice.manifest.json */
+    free(mkdirs("org/sharded/refs"));
+    free(mkdirs("org/sharded/" C_SHARDED));
+    put("org/sharded/refs/main", C_SHARDED);
+    char header[512];
+    snprintf(header, sizeof header,
+             "{\"x\":{\"dtype\":\"U8\",\"shape\":[4000],\"data_offsets\":[0,4000]}}");
+    char *p = tu_join(root, "org/sharded/" C_SHARDED "/model-00001-of-00002.safetensors");
+    tu_write_safetensors(p, header, NULL, 4000);
+    free(p);
+    snprintf(header, sizeof header,
+             "{\"y\":{\"dtype\":\"U8\",\"shape\":[9000],\"data_offsets\":[0,9000]}}");
+    p = tu_join(root, "org/sharded/" C_SHARDED "/model-00002-of-00002.safetensors");
+    tu_write_safetensors(p, header, NULL, 9000);
+    free(p);
+    put("org/sharded/" C_SHARDED "/model.safetensors.index.json",
+        "{\"metadata\":{},\"weight_map\":{\"x\":\"model-00001-of-00002.safetensors\","
+        "\"y\":\"model-00002-of-00002.safetensors\"}}");
+    char mf[4096] = "{";
+    append_digests("org/sharded/" C_SHARDED "/model.safetensors.index.json", mf, sizeof mf);
+    strcat(mf, "}");
+    put("org/sharded/" C_SHARDED "/sluice.manifest.json", mf);
+    /* org/private: the Hub answers 401 without its token */
+    free(mkdirs("org/private/refs"));
+    free(mkdirs("org/private/" C_PRIVATE));
+    put("org/private/refs/main", C_PRIVATE);
+    put("org/private/token", PRIVATE_TOKEN);
+    put_model("org/private/" C_PRIVATE "/model.safetensors", 100, 100);
+    if (!rf_fault_start(&srv, SLUICE_HF_SERVER, root, why, sizeof why)) {
+        fprintf(stderr, "skipped: %s\n", why);
+        exit(77);
+    }
+    setenv("HF_ENDPOINT", srv.base, 1);
+    unsetenv("HF_TOKEN");
+    unsetenv("SLUICE_HTTP_TOKEN");
+    (void)state;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    rf_stop(&srv);
+    tu_rmtree(root);
+    free(root);
+    (void)state;
+    return 0;
+}
+
+static void ctl(const char *q)
+{
+    char *r = rf_get(&srv, q);
+    assert_non_null(r);
+    assert_string_equal(r, "ok");
+    free(r);
+}
+
+static sluice_options fast_options(void)
+{
+    sluice_options o;
+    sluice_options_init(&o);
+    o.remote_attempts = 2;
+    o.remote_backoff_ms = 10;
+    return o;
+}
+
+/* How many logged requests of `who` ("hub " or "storage ") carry auth
+ * (exactly "auth=VALUE"), and how many there were. */
+static void count_log(const char *who, const char *auth, int *with, int *all)
+{
+    char *log = rf_get(&srv, "/ctl/log");
+    assert_non_null(log);
+    *with = *all = 0;
+    for (char *line = strtok(log, "\n"); line; line = strtok(NULL, "\n")) {
+        if (strncmp(line, who, strlen(who)) != 0)
+            continue;
+        (*all)++;
+        const char *a = strstr(line, " auth=");
+        *with += a && !strcmp(a + 6, auth);
+    }
+    free(log);
+}
+
+static void check_tensor(sluice_model *m, const char *name, uint64_t nbytes)
+{
+    sluice_tensor *t;
+    assert_int_equal(sluice_acquire(m, name, &t), SLUICE_OK);
+    const unsigned char *d = sluice_tensor_data(t);
+    const struct sluice_tensor_info *info = sluice_tensor_info(t);
+    assert_int_equal(info->nbytes, nbytes);
+    /* the pattern of tu_write_safetensors, from the start of the data */
+    for (uint64_t i = 0; i < nbytes; i += 997)
+        assert_int_equal(d[i], (unsigned char)(((info->data_begin + i) * 131 + 7) & 0xff));
+    sluice_release(t);
+}
+
+/* hf://org/single: main's commit, model.safetensors found, the token on
+ * the Hub's requests only, the storage's requests without it. */
+static void test_default_revision_and_token(void **state)
+{
+    ctl("/ctl/clear");
+    sluice_options o = fast_options();
+    o.http_token = HUB_TOKEN;
+    sluice_model *m = NULL;
+    open_ok("hf://org/single", &o, &m);
+    assert_int_equal(sluice_count(m), 2);
+    check_tensor(m, "a", 1000);
+    check_tensor(m, "b", 200000);
+    struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
+    assert_int_equal(sluice_file_info(m, 0, &fi), SLUICE_OK);
+    assert_string_equal(fi.path, "hf://org/single@" C_MAIN "/model.safetensors");
+    /* no sluice.manifest.json: the Hub's LFS digests are the manifest */
+    assert_non_null(strstr(sluice_manifest_path(m), "the Hub's LFS SHA-256"));
+    sluice_close(m);
+    int with, all;
+    count_log("hub ", "Bearer " HUB_TOKEN, &with, &all);
+    assert_true(all >= 3);   /* the API, the sidecars, the file */
+    assert_int_equal(with, all);
+    count_log("storage ", "", &with, &all);
+    assert_true(all >= 1);   /* the header and the tensors came from the storage */
+    assert_int_equal(with, all);
+    (void)state;
+}
+
+/* @REVISION (a branch, a commit) and /FILE pick what they name. */
+static void test_revision_and_file(void **state)
+{
+    const char *const locs[] = {"hf://org/single@v1", "hf://org/single@" C_V1,
+                                "hf://org/single@v1/model.safetensors"};
+    for (size_t k = 0; k < sizeof locs / sizeof *locs; k++) {
+        sluice_options o = fast_options();
+        sluice_model *m = NULL;
+        open_ok(locs[k], &o, &m);
+        check_tensor(m, "a", 300);
+        check_tensor(m, "b", 5000);
+        struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
+        sluice_file_info(m, 0, &fi);
+        assert_non_null(strstr(fi.path, C_V1));
+        sluice_close(m);
+    }
+    /* one shard named alone */
+    sluice_options o = fast_options();
+    sluice_model *m = NULL;
+    open_ok("hf://org/sharded/model-00002-of-00002.safetensors", &o, &m);
+    assert_int_equal(sluice_count(m), 1);
+    check_tensor(m, "y", 9000);
+    sluice_close(m);
+    (void)state;
+}
+
+/* hf://org/sharded: its index and both shards, verified against the
+ * sluice.manifest.json it publishes; a flipped byte fails its tensor. */
+static void test_index_and_published_manifest(void **state)
+{
+    sluice_options o = fast_options();
+    o.verify = SLUICE_VERIFY_REQUIRE;
+    sluice_model *m = NULL;
+    open_ok("hf://org/sharded", &o, &m);
+    assert_int_equal(sluice_file_count(m), 2);
+    assert_string_equal(sluice_manifest_path(m),
+                        "hf://org/sharded@" C_SHARDED "/sluice.manifest.json");
+    assert_int_equal(sluice_verify_state(m, NULL), SLUICE_VERIFIED);
+    check_tensor(m, "x", 4000);
+    sluice_close(m);
+    /* byte 8 + header + 100 of shard 2 is in y's data */
+    ctl("/ctl/flip?at=400");
+    open_ok("hf://org/sharded", &o, &m);
+    sluice_tensor *t = NULL;
+    assert_int_equal(sluice_acquire(m, "y", &t), SLUICE_E_CHECKSUM);
+    sluice_close(m);
+    ctl("/ctl/flip?at=-1");
+    (void)state;
+}
+
+/* No published manifest: the whole files are checked against the Hub's
+ * LFS SHA-256 (sluice_verify with SLUICE_VF_FILES); a flipped byte fails
+ * the file; REQUIRE cannot be met by whole-file digests. */
+static void test_lfs_sha256(void **state)
+{
+    sluice_options o = fast_options();
+    sluice_model *m = NULL;
+    open_ok("hf://org/single", &o, &m);
+    sluice_verify_options vo;
+    sluice_verify_options_init(&vo);
+    vo.flags = SLUICE_VF_FILES | SLUICE_VF_NO_TENSORS;
+    struct sluice_verify_report r = {.size = sizeof r};
+    assert_int_equal(sluice_verify(m, NULL, 0, &vo, &r), SLUICE_OK);
+    assert_int_equal(r.files_ok, 1);
+    assert_int_equal(r.files_failed, 0);
+    assert_true(r.bytes_hashed > 201000);
+    ctl("/ctl/flip?at=150000");
+    assert_int_equal(sluice_verify(m, NULL, 0, &vo, &r), SLUICE_E_CHECKSUM);
+    assert_int_equal(r.files_failed, 1);
+    if (!strstr(sluice_errmsg(m), "mismatch: expected"))
+        fail_msg("%s", sluice_errmsg(m));
+    ctl("/ctl/flip?at=-1");
+    sluice_close(m);
+    o.verify = SLUICE_VERIFY_REQUIRE;
+    assert_int_equal(sluice_open("hf://org/single", &o, &m), SLUICE_E_MANIFEST);
+    assert_non_null(strstr(sluice_errmsg(m), "LFS SHA-256 cover whole files"));
+    sluice_close(m);
+    (void)state;
+}
+
+/* `sluice verify --files hf://...`: the Hub's LFS SHA-256 when the
+ * repository publishes no manifest (exit 0, then 1 on a flipped byte);
+ * its published manifest and the files otherwise. */
+static void test_verify_command(void **state)
+{
+    char cmd[1024], out[256];
+    char *log = tu_join(root, "verify.out");
+    snprintf(cmd, sizeof cmd, "'%s/sluice' verify -q --files hf://org/single > '%s'",
+             SLUICE_BINARY_DIR, log);
+    assert_int_equal(system(cmd), 0);
+    size_t len = 0;
+    char *text = tu_read_file(log, &len);
+    assert_non_null(text);
+    assert_non_null(strstr(text, "whole files only"));
+    assert_non_null(strstr(text, "0 tensors verified, 0 failed, 1 files verified, 0 failed"));
+    free(text);
+    ctl("/ctl/flip?at=150000");
+    assert_int_equal(WEXITSTATUS(system(cmd)), 1);
+    ctl("/ctl/flip?at=-1");
+    /* a published manifest: every tensor, then the files (which it lists
+     * not: each "no digest", as for a local model) */
+    snprintf(cmd, sizeof cmd, "'%s/sluice' verify -q hf://org/sharded > '%s'", SLUICE_BINARY_DIR,
+             log);
+    assert_int_equal(system(cmd), 0);
+    text = tu_read_file(log, &len);
+    snprintf(out, sizeof out, "manifest hf://org/sharded@%s/sluice.manifest.json", C_SHARDED);
+    assert_non_null(strstr(text, out));
+    assert_non_null(strstr(text, "2 tensors verified, 0 failed"));
+    free(text);
+    free(log);
+    (void)state;
+}
+
+static void open_fails(const char *loc, const char *token, int code, const char *words)
+{
+    sluice_options o = fast_options();
+    o.http_token = token;
+    sluice_model *m = NULL;
+    assert_int_equal(sluice_open(loc, &o, &m), code);
+    if (!strstr(sluice_errmsg(m), words))
+        fail_msg("%s: \"%s\" does not say \"%s\"", loc, sluice_errmsg(m), words);
+    sluice_close(m);
+}
+
+/* A missing repository, revision or file, a private repository without
+ * its token, a malformed location: each says which. */
+static void test_errors(void **state)
+{
+    open_fails("hf://org/nothere", NULL, SLUICE_E_REMOTE, "refused (HTTP 401)");
+    open_fails("hf://org/nothere", NULL, SLUICE_E_REMOTE, "set HF_TOKEN");
+    open_fails("hf://org/nothere", HUB_TOKEN, SLUICE_E_NO_FILES,
+               "no repository org/nothere on");
+    open_fails("hf://org/single@nobranch", NULL, SLUICE_E_NO_FILES,
+               "has no revision \"nobranch\"");
+    open_fails("hf://org/single/missing.safetensors", NULL, SLUICE_E_NO_FILES,
+               "no file missing.safetensors in org/single at commit " C_MAIN);
+    open_fails("hf://org/private", NULL, SLUICE_E_REMOTE, "private or gated");
+    open_fails("hf://org/private", "wrong", SLUICE_E_NO_FILES, "no repository org/private");
+    open_fails("hf://org", NULL, SLUICE_E_INVAL, "hf://ORG/NAME[@REVISION][/FILE]");
+    (void)state;
+}
+
+/* The token from HF_TOKEN; SLUICE_HTTP_TOKEN (the caller's own servers')
+ * is never sent to the Hub. */
+static void test_token_from_environment(void **state)
+{
+    ctl("/ctl/clear");
+    setenv("HF_TOKEN", PRIVATE_TOKEN, 1);
+    setenv("SLUICE_HTTP_TOKEN", "not-for-the-hub", 1);
+    sluice_options o = fast_options();
+    sluice_model *m = NULL;
+    open_ok("hf://org/private", &o, &m);
+    check_tensor(m, "b", 100);
+    sluice_close(m);
+    unsetenv("HF_TOKEN");
+    open_ok("hf://org/single", &o, &m);
+    sluice_close(m);
+    unsetenv("SLUICE_HTTP_TOKEN");
+    int with, all;
+    count_log("hub ", "Bearer not-for-the-hub", &with, &all);
+    assert_int_equal(with, 0);
+    count_log("hub ", "Bearer " PRIVATE_TOKEN, &with, &all);
+    assert_true(with >= 3);
+    count_log("storage ", "", &with, &all);
+    assert_true(all >= 2);
+    assert_int_equal(with, all);
+    (void)state;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_default_revision_and_token),
+        cmocka_unit_test(test_revision_and_file),
+        cmocka_unit_test(test_index_and_published_manifest),
+        cmocka_unit_test(test_lfs_sha256),
+        cmocka_unit_test(test_verify_command),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_token_from_environment),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
