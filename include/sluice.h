@@ -391,7 +391,9 @@ typedef struct sluice_model sluice_model;
  *    read as ENDPOINT/ORG/NAME/resolve/COMMIT/FILE with range requests,
  *    following the Hub's redirects to its storage. The Hub's token is
  *    http_token, else $HF_TOKEN (never $SLUICE_HTTP_TOKEN); it is sent to
- *    the endpoint only, never to the storage a redirect names. The
+ *    the endpoint only, never to the storage a redirect names. No
+ *    If-Match is sent (the commit fixes the bytes, and the Hub answers
+ *    before its storage does). The
  *    manifest is the repository's sluice.manifest.json (the sidecar rule
  *    below, at the commit); when it has none, the Hub's LFS SHA-256 of
  *    each whole file stand in (sluice_manifest_path: "hf://ORG/NAME@COMMIT

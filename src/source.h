@@ -82,9 +82,10 @@ typedef struct sl_source_methods {
 
 extern const sl_source_methods sl_source_local;
 extern const sl_source_methods sl_source_remote;
+extern const sl_source_methods sl_source_hub;   /* hf://: remote, without If-Match */
 
-/* The table of loc's kind, by its scheme: http://, https://, s3:// are
- * remote, anything else a local path. */
+/* The table of loc's kind, by its scheme: hf:// a Hub file, http://,
+ * https://, s3:// remote, anything else a local path. */
 const sl_source_methods *sl_source_for(const char *loc);
 
 /* loc as messages show it (its kind's shown), in buf or loc itself. */

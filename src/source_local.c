@@ -14,7 +14,9 @@
 
 const sl_source_methods *sl_source_for(const char *loc)
 {
-    return sl_is_remote(loc) ? &sl_source_remote : &sl_source_local;
+    return !strncmp(loc, "hf://", 5) ? &sl_source_hub
+           : sl_is_remote(loc)        ? &sl_source_remote
+                                      : &sl_source_local;
 }
 
 const char *sl_location_shown(const char *loc, char *buf, size_t cap)

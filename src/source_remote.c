@@ -1,5 +1,5 @@
-/* source_remote.c: the source of an http(s):// or s3:// object
- * (source.h): its size and strong ETag from a first range reply at open,
+/* source_remote.c: the source of an http(s):// or s3:// object, and of
+ * an hf:// one (sl_source_hub, below) (source.h): its size and strong ETag from a first range reply at open,
  * blocking range requests (remote.c) for the header and sluice_read_into,
  * the remote seam (sl_rio) for the engine's reads; every request checked
  * against the size and ETag seen at open. */
@@ -103,15 +103,45 @@ static size_t remote_name_len(const char *loc)
     return q ? (size_t)(q - loc) : strlen(loc);
 }
 
+/* What the Hub's table shares with the remote one. */
+#define REMOTE_COMMON_METHODS                                                                      \
+    .read_tensor = remote_read_tensor, .submit = remote_submit, .close = remote_close,           \
+    .read_small = remote_read_small, .shown = sl_remote_shown, .name_len = remote_name_len,
+
+/* A Hub file (hf://, read at the commit hf.c pinned): the remote source
+ * without If-Match. Its bytes at resolve/COMMIT/FILE cannot change (a
+ * commit is immutable, and the storage the Hub redirects to is addressed
+ * by the file's SHA-256), while an If-Match would reach the Hub first:
+ * its resolve answers with a 302 whose own ETag is not the storage's, and
+ * a Hub that honoured If-Match there would refuse every read with 412.
+ * The ETag of the first reply is dropped, and none is taken later. */
+static int hub_open(sl_file *f, const sl_remote_cfg *rc, int missing_code, sl_err *err)
+{
+    int rc2 = remote_open(f, rc, missing_code, err);
+    f->etag[0] = '\0';
+    return rc2;
+}
+
+static int hub_read(sl_file *f, const sl_remote_cfg *rc, unsigned char *buf, size_t len,
+                    uint64_t offset, sl_err *err)
+{
+    uint64_t size = f->size;
+    return sl_remote_read(rc, fetch_loc(f), offset, len, buf, &size, NULL, SLUICE_E_NO_FILES,
+                          err);
+}
+
+const sl_source_methods sl_source_hub = {
+    .kind = "hub",
+    .caps = SL_SRC_WORTH_CACHING | SL_SRC_NETWORK,
+    .open = hub_open,
+    .read = hub_read,
+    REMOTE_COMMON_METHODS
+};
+
 const sl_source_methods sl_source_remote = {
     .kind = "remote",
     .caps = SL_SRC_WORTH_CACHING | SL_SRC_NETWORK,
     .open = remote_open,
     .read = remote_read,
-    .read_tensor = remote_read_tensor,
-    .submit = remote_submit,
-    .close = remote_close,
-    .read_small = remote_read_small,
-    .shown = sl_remote_shown,
-    .name_len = remote_name_len,
+    REMOTE_COMMON_METHODS
 };

@@ -19,12 +19,14 @@ The Hub answers what sluice asks of the real one:
     GET /ORG/NAME/resolve/REV/FILE
         a .safetensors file: 302 to the storage
         (http://localhost:SPORT/blob/ORG/NAME/COMMIT/FILE?X-Amz-Signature=...)
-        with X-Linked-Etag and X-Linked-Size; any other: 200 with the bytes;
+        with X-Linked-Etag and X-Linked-Size (412 to an If-Match other than
+        that ETag: the strictest a Hub could be); any other: 200 with the bytes;
         404 EntryNotFound / RevisionNotFound
 The storage serves /blob/... with single byte ranges (206, Content-Range,
 ETag). Control, on the Hub's port:
     GET /ctl/storage        the storage's port
-    GET /ctl/log            one line a request: "hub|storage METHOD PATH auth=VALUE"
+    GET /ctl/log            one line a request:
+                            "hub|storage METHOD PATH if-match=VALUE auth=VALUE"
     GET /ctl/clear          empties the log
     GET /ctl/flip?at=N      the storage flips byte N of every file it serves
 """
@@ -45,8 +47,9 @@ HEX40 = re.compile(r"^[0-9a-f]{40}$")
 
 def log(who, handler):
     with LOCK:
-        STATE["log"].append("%s %s %s auth=%s" % (who, handler.command, handler.path,
-                                                   handler.headers.get("Authorization", "")))
+        STATE["log"].append("%s %s %s if-match=%s auth=%s" % (
+            who, handler.command, handler.path, handler.headers.get("If-Match", ""),
+            handler.headers.get("Authorization", "")))
 
 
 def repo_dir(org, name):
@@ -156,6 +159,11 @@ class Hub(BaseHTTPRequestHandler):
             if ".." in rel or not os.path.isfile(p):
                 return self.error(404, "EntryNotFound", "Entry not found")
             if rel.endswith(".safetensors"):
+                # the worst a Hub could do with the If-Match of a range
+                # request: judge it against its own reply's ETag
+                im = self.headers.get("If-Match")
+                if im and im != '"%s"' % sha256_of(p):
+                    return self.error(412, "PreconditionFailed", "If-Match")
                 loc = "http://localhost:%d/blob/%s/%s/%s/%s?X-Amz-Signature=s%%3D1" % (
                     STATE["storage_port"], parts[0], parts[1], commit, rel)
                 return self.answer(302, b"", {"Location": loc,

@@ -232,6 +232,13 @@ static void test_default_revision_and_token(void **state)
     count_log("storage ", "", &with, &all);
     assert_true(all >= 1);   /* the header and the tensors came from the storage */
     assert_int_equal(with, all);
+    /* no If-Match: the pinned commit is the identity (and a Hub may judge
+     * an If-Match against its own 302) */
+    char *log = rf_get(&srv, "/ctl/log");
+    assert_non_null(log);
+    if (strstr(log, "if-match=\""))
+        fail_msg("an If-Match was sent:\n%s", log);
+    free(log);
     (void)state;
 }
 
