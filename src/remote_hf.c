@@ -83,6 +83,14 @@ int sl_hf_parse(const char *loc, sl_hf_loc *out)
     return strstr(loc, "..") ? -1 : 0;
 }
 
+/* Whether byte b of a FILE goes into the URL %-encoded: controls, space,
+ * non-ASCII and what RFC 3986 does not allow in a path ('/' stays: a
+ * FILE may be in a folder; '%' stays: a name written encoded is kept). */
+static int needs_escape(unsigned char b)
+{
+    return b <= 0x20 || b >= 0x7f || strchr("\"<>\\^`{|}", b) != NULL;
+}
+
 char *sl_hf_url(const sl_remote_cfg *c, const char *loc, sl_err *err)
 {
     sl_hf_loc h;
@@ -91,15 +99,18 @@ char *sl_hf_url(const sl_remote_cfg *c, const char *loc, sl_err *err)
                 loc);
         return NULL;
     }
-    size_t n = strlen(c->hf_endpoint) + h.repo_len + h.rev_len + h.file_len + 32;
+    size_t n = strlen(c->hf_endpoint) + h.repo_len + h.rev_len + 3 * h.file_len + 32;
     char *u = malloc(n);
     if (!u) {
         sl_fail(err, SLUICE_E_NOMEM, "remote: out of memory");
         return NULL;
     }
-    snprintf(u, n, "%s/%.*s/resolve/%.*s%s%.*s", c->hf_endpoint, (int)h.repo_len, h.repo,
-             h.rev ? (int)h.rev_len : 4, h.rev ? h.rev : "main", h.file ? "/" : "",
-             (int)h.file_len, h.file ? h.file : "");
+    int k = snprintf(u, n, "%s/%.*s/resolve/%.*s%s", c->hf_endpoint, (int)h.repo_len, h.repo,
+                     h.rev ? (int)h.rev_len : 4, h.rev ? h.rev : "main", h.file ? "/" : "");
+    for (size_t i = 0; i < h.file_len; i++) {
+        unsigned char b = (unsigned char)h.file[i];
+        k += snprintf(u + k, n - (size_t)k, needs_escape(b) ? "%%%02X" : "%c", b);
+    }
     return u;
 }
 

@@ -37,7 +37,7 @@ import re
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import unquote, urlparse
+from urllib.parse import quote, unquote, urlparse
 
 ROOT = "."
 STATE = {"log": [], "flip": -1, "storage_port": 0}
@@ -165,7 +165,7 @@ class Hub(BaseHTTPRequestHandler):
                 if im and im != '"%s"' % sha256_of(p):
                     return self.error(412, "PreconditionFailed", "If-Match")
                 loc = "http://localhost:%d/blob/%s/%s/%s/%s?X-Amz-Signature=s%%3D1" % (
-                    STATE["storage_port"], parts[0], parts[1], commit, rel)
+                    STATE["storage_port"], parts[0], parts[1], commit, quote(rel))
                 return self.answer(302, b"", {"Location": loc,
                                               "X-Linked-Etag": '"%s"' % sha256_of(p),
                                               "X-Linked-Size": str(os.path.getsize(p)),

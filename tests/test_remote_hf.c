@@ -111,6 +111,7 @@ static int setup(void **state)
     put("org/single/refs/v1", C_V1);
     put_model("org/single/" C_MAIN "/model.safetensors", 1000, 200000);
     put_model("org/single/" C_V1 "/model.safetensors", 300, 5000);
+    put_model("org/single/" C_V1 "/my model.safetensors", 300, 5000);
     put("org/single/" C_MAIN "/config.json", "{}");
     /* org/sharded: an index, two shards, a published sluice.manifest.json */
     free(mkdirs("org/sharded/refs"));
@@ -242,11 +243,13 @@ static void test_default_revision_and_token(void **state)
     (void)state;
 }
 
-/* @REVISION (a branch, a commit) and /FILE pick what they name. */
+/* @REVISION (a branch, a commit) and /FILE pick what they name (a FILE
+ * with a space goes %-encoded). */
 static void test_revision_and_file(void **state)
 {
     const char *const locs[] = {"hf://org/single@v1", "hf://org/single@" C_V1,
-                                "hf://org/single@v1/model.safetensors"};
+                                "hf://org/single@v1/model.safetensors",
+                                "hf://org/single@v1/my model.safetensors"};
     for (size_t k = 0; k < sizeof locs / sizeof *locs; k++) {
         sluice_options o = fast_options();
         sluice_model *m = NULL;
@@ -380,7 +383,12 @@ static void test_errors(void **state)
                "no file missing.safetensors in org/single at commit " C_MAIN);
     open_fails("hf://org/private", NULL, SLUICE_E_REMOTE, "private or gated");
     open_fails("hf://org/private", "wrong", SLUICE_E_NO_FILES, "no repository org/private");
-    open_fails("hf://org", NULL, SLUICE_E_INVAL, "hf://ORG/NAME[@REVISION][/FILE]");
+    const char *const bad[] = {"hf://org", "hf://", "hf:///x", "hf://org/", "hf://org/single@",
+                               "hf://org/single@/model.safetensors", "hf://org/../single"};
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++)
+        open_fails(bad[k], NULL, SLUICE_E_INVAL, "hf://ORG/NAME[@REVISION][/FILE]");
+    open_fails("hf://org/single/no such.safetensors", NULL, SLUICE_E_NO_FILES,
+               "no file no such.safetensors");
     (void)state;
 }
 
