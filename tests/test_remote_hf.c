@@ -354,6 +354,13 @@ static void test_verify_command(void **state)
     assert_non_null(strstr(text, out));
     assert_non_null(strstr(text, "2 tensors verified, 0 failed"));
     free(text);
+    /* repair writes local files: a Hub location is refused before any request */
+    snprintf(cmd, sizeof cmd, "'%s/sluice' repair hf://org/single --fallback /nowhere 2> '%s'",
+             SLUICE_BINARY_DIR, log);
+    assert_int_equal(WEXITSTATUS(system(cmd)), 2);
+    text = tu_read_file(log, &len);
+    assert_non_null(strstr(text, "is remote"));
+    free(text);
     free(log);
     (void)state;
 }

@@ -469,7 +469,7 @@ static int parse(int argc, char **argv, sluice_options *o, ig_keys *keys, const 
         return 2;
     }
     if (!strncmp(*path, "http://", 7) || !strncmp(*path, "https://", 8) ||
-        !strncmp(*path, "s3://", 5)) {
+        !strncmp(*path, "s3://", 5) || !strncmp(*path, "hf://", 5)) {
         fprintf(stderr, "sluice repair: %s is remote; repair writes the model's files, which "
                         "must be local\n", *path);
         return 2;
