@@ -295,6 +295,39 @@ static void test_index_and_published_manifest(void **state)
     (void)state;
 }
 
+/* A Hub location as a mirror: a local copy of org/sharded with a flipped
+ * byte in y loads y from the Hub, verified against the local manifest. */
+static void test_hub_as_mirror(void **state)
+{
+    char *dir = tu_tmpdir(), cmd[2048];
+    snprintf(cmd, sizeof cmd, "cp '%s/org/sharded/" C_SHARDED "/'* '%s'/", root, dir);
+    assert_int_equal(system(cmd), 0);
+    char *shard = tu_join(dir, "model-00002-of-00002.safetensors");
+    size_t len = 0;
+    unsigned char *b = tu_read_file(shard, &len);
+    assert_non_null(b);
+    b[len - 10] ^= 1;
+    tu_write_file(shard, b, len);
+    free(b);
+    const char *mirrors[] = {"hf://org/sharded"};
+    sluice_options o = fast_options();
+    o.fallback = mirrors;
+    o.fallback_count = 1;
+    sluice_model *m = NULL;
+    open_ok(dir, &o, &m);
+    check_tensor(m, "y", 9000);
+    sluice_tensor *t;
+    assert_int_equal(sluice_acquire(m, "y", &t), SLUICE_OK);
+    if (!strstr(sluice_tensor_source(t), "hf://org/sharded"))
+        fail_msg("source: %s", sluice_tensor_source(t));
+    sluice_release(t);
+    sluice_close(m);
+    free(shard);
+    tu_rmtree(dir);
+    free(dir);
+    (void)state;
+}
+
 /* No published manifest: the whole files are checked against the Hub's
  * LFS SHA-256 (sluice_verify with SLUICE_VF_FILES); a flipped byte fails
  * the file; REQUIRE cannot be met by whole-file digests. */
@@ -432,6 +465,7 @@ int main(void)
         cmocka_unit_test(test_default_revision_and_token),
         cmocka_unit_test(test_revision_and_file),
         cmocka_unit_test(test_index_and_published_manifest),
+        cmocka_unit_test(test_hub_as_mirror),
         cmocka_unit_test(test_lfs_sha256),
         cmocka_unit_test(test_verify_command),
         cmocka_unit_test(test_errors),
