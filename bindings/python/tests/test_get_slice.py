@@ -470,3 +470,17 @@ def test_real_files_torch(model, real_dir):
                     break
                 assert tuple(got.shape) == np.shape(full[idx]), (name, idx)
                 assert as_bytes(got) == np.ascontiguousarray(full[idx]).tobytes(), (name, idx)
+
+
+def test_closed(plain):
+    """After close (the with block's end) every call raises ClosedError,
+    a slice taken before included (the reference's slices keep its mmap;
+    here a closed model refuses new reads); tensors given stay valid."""
+    with safe_open(plain) as f:
+        s = f.get_slice("i64_1d")
+        t = f.get_tensor("i64_1d")
+    for call in (f.keys, f.offset_keys, f.metadata, f.get_tensors, lambda: f.get_tensor("i64_1d"),
+                 lambda: f.get_slice("i64_1d"), lambda: s[1:3]):
+        with pytest.raises(sluice.ClosedError):
+            call()
+    assert s.get_shape() == [11] and t.tolist() == list(range(-5, 6))
