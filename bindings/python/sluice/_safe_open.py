@@ -36,6 +36,7 @@ Differences from the reference, all on the safe side:
 import numpy as np
 
 from . import open as _open, _check_framework, _np_dtype, _PACKED, _sluice
+from ._errors import PoolError
 
 _SLACK = 64 << 20  # room for read-ahead beside every tensor held
 
@@ -257,7 +258,9 @@ class Slice:
        the WHOLE tensor is acquired through the library and verified, and
        the rows are taken from it (no subset of its bytes can be verified
        alone). The verified buffer stays cached in the pool, so further
-       slices of the same tensor cost no read.
+       slices of the same tensor cost no read. A tensor the pool cannot
+       hold (pool= given) is read with sluice_read_into instead, which
+       reads and verifies the whole tensor each time and keeps the rows.
     An index that selects whole rows, one after the other (an int or a
     step-1 slice on the first dimension, the others whole), is those rows;
     any other index (a step, a cut of a later dimension) goes through
@@ -363,8 +366,12 @@ class Slice:
             row_bytes *= d
         shape = (hi - lo,) + rest if self._shape else ()
         if self.verified and not self.chunked:
-            whole = self._owner._model.get_tensor(self._name, framework="np")
-            return (whole[lo:hi] if self._shape else whole), False
+            try:
+                whole = self._owner._model.get_tensor(self._name, framework="np")
+                return (whole[lo:hi] if self._shape else whole), False
+            except PoolError:
+                pass  # larger than the pool (pool= given): read_into below
+                # verifies the whole tensor too, through its bounce buffer
         n = (hi - lo) * row_bytes
         buf = np.empty(n, dtype=np.uint8)
         if n:

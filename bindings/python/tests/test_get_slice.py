@@ -484,3 +484,28 @@ def test_closed(plain):
         with pytest.raises(sluice.ClosedError):
             call()
     assert s.get_shape() == [11] and t.tolist() == list(range(-5, 6))
+
+
+def test_whole_digest_larger_than_the_pool(tmp_path):
+    """pool= smaller than a tensor under a whole-tensor digest: a slice is
+    read by read_into (the whole tensor verified through its bounce
+    buffer, only the rows kept), where get_tensor raises TooLargeError;
+    a flipped byte still fails every slice."""
+    path = str(tmp_path / "big.safetensors")
+    rng = np.random.default_rng(2)
+    big = rng.standard_normal((512, 1024)).astype(np.float32)  # 2 MiB
+    digests = stfile.write(path, {"big": big})
+    stfile.write_manifest(path + ".manifest.json", digests)
+    with safe_open(path, pool="1M") as f:
+        with pytest.raises(sluice.TooLargeError):
+            f.get_tensor("big")
+        s = f.get_slice("big")
+        st0 = f.model.stats()
+        np.testing.assert_array_equal(s[10:12], big[10:12])
+        np.testing.assert_array_equal(s[::-100, 7], big[::-100, 7])
+        st = f.model.stats()
+        assert st["bytes_read"] - st0["bytes_read"] == 2 * big.nbytes  # whole, each time
+    stfile.flip_byte(path, stfile.tensor_offset(path, "big") + big.nbytes - 1)
+    with safe_open(path, pool="1M") as f:
+        with pytest.raises(sluice.ChecksumError):
+            f.get_slice("big")[0]
