@@ -5,8 +5,22 @@
         for k in f.keys():
             t = f.get_tensor(k)
 
+What it matches of the reference (safetensors' Python API, where it
+reads): safe_open(filename, framework, device="cpu") as a context manager;
+keys() (sorted), offset_keys() (in the order of the data in the files),
+metadata() (the __metadata__ dict of str, or None when the header has none
+or null), get_tensor(name), get_tensors(), get_slice(name) with
+get_shape() (a list of int), get_dtype() (the header's spelling: "F32",
+"BF16", "F8_E4M3", ...) and indexing by ..., ints, slices (any step,
+negative bounds) and tuples of those. framework: "pt", "torch",
+"pytorch", "np", "numpy"; the reference's others ("tf", "flax", "jax",
+"mlx", "paddle", ...) raise NotImplementedError. device: "cpu"; with
+framework="pt" any device torch knows (the tensor is moved, a copy).
+
 Differences from the reference, all on the safe side:
- - path may also be a directory or a *.safetensors.index.json;
+ - path may also be a directory or a *.safetensors.index.json, and the
+   keyword arguments of sluice.open are taken (manifest=, verify=, cache
+   and remote options; pool= fixes the pool instead of the sizing below);
  - tensors are verified when a manifest is in play (the sidecar or
    manifest=...), and are zero-copy read-only views of the verified bytes
    (torch: torch has no read-only tensors; do not write into them);
@@ -14,22 +28,29 @@ Differences from the reference, all on the safe side:
    safe_open usually keep them all), so keeping them never fails; in a
    container whose cgroup memory limit is below that size the open fails
    instead (InvalidArgumentError, both numbers);
- - get_slice: see Slice for what is read and what is verified.
+ - get_slice: see Slice for what is read and what is verified; index forms
+   it does not take (lists, arrays, None, bools) raise NotImplementedError
+   where the reference would index (pt) or fail; it never guesses.
 """
-import os
 
 import numpy as np
 
-from . import _errors
 from . import open as _open, _check_framework, _np_dtype, _PACKED, _sluice
+from ._errors import PoolError
 
 _SLACK = 64 << 20  # room for read-ahead beside every tensor held
 
+# The reference's framework names that this package does not convert to.
+_OTHER_FRAMEWORKS = ("tf", "tensorflow", "jax", "flax", "mlx", "paddle", "paddlepaddle")
 
-def _open_for_all(path, manifest=None, verify="default", trusted_keys=None, **cache):
-    """Opens with a pool large enough to hold every tensor at once. cache:
-    cache_dir, cache_bytes, trust_unchanged, as sluice.open takes them."""
-    model = _open(path, manifest=manifest, verify=verify, trusted_keys=trusted_keys, **cache)
+
+def _open_for_all(path, **open_args):
+    """Opens with a pool large enough to hold every tensor at once, unless
+    open_args names a pool. open_args: as sluice.open takes them."""
+    if open_args.get("pool") is not None:
+        return _open(path, **open_args)
+    open_args.pop("pool", None)
+    model = _open(path, **open_args)
     core = model._m
     total = sum(core.info(i)[3] + 64 for i in range(core.count()))
     want = total + _SLACK
@@ -38,9 +59,30 @@ def _open_for_all(path, manifest=None, verify="default", trusted_keys=None, **ca
     # the limit is refused by the reopen, with both numbers)
     if want > core.stats()["pool_bytes"]:
         model.close()
-        model = _open(path, manifest=manifest, verify=verify, pool=want,
-                      trusted_keys=trusted_keys, **cache)
+        model = _open(path, pool=want, **open_args)
     return model
+
+
+def _framework(framework):
+    """"np" or "pt" for the reference's names of NumPy and torch."""
+    if isinstance(framework, str):
+        if framework == "pytorch":
+            framework = "pt"
+        elif framework in _OTHER_FRAMEWORKS:
+            raise NotImplementedError(
+                f"framework={framework!r}: sluice gives NumPy arrays ('np', 'numpy') and torch "
+                "tensors ('pt', 'torch', 'pytorch') only; convert from NumPy")
+    return _check_framework(framework)
+
+
+def _torch_dtype_checked(dtype, name):
+    """The torch dtype sluice gives a safetensors dtype as; a dtype this
+    torch cannot represent raises NotImplementedError naming the tensor."""
+    from . import _torch_dtype
+    try:
+        return _torch_dtype(dtype)
+    except TypeError as e:
+        raise NotImplementedError(f"tensor {name!r}: {e}") from None
 
 
 def _check_device(framework, device):
@@ -57,19 +99,15 @@ def _to_device(t, framework, device):
 
 
 class safe_open:
-    """safe_open(path, framework="np"|"pt", device="cpu", *, manifest=None,
-    verify="default", trusted_keys=None, cache_dir=None, cache_bytes=None,
-    trust_unchanged=False): the reference's safe_open, on sluice (the
-    keyword arguments as for sluice.open)."""
+    """safe_open(path, framework="np"|"pt", device="cpu", **open_args): the
+    reference's safe_open, on sluice. open_args: the keyword arguments of
+    sluice.open (manifest=, verify=, trusted_keys=, cache_dir=, ...)."""
 
-    def __init__(self, path, framework="np", device="cpu", *, manifest=None, verify="default",
-                 trusted_keys=None, cache_dir=None, cache_bytes=None, trust_unchanged=False):
-        self._framework = _check_framework(framework)
+    def __init__(self, path, framework="np", device="cpu", **open_args):
+        self._framework = _framework(framework)
         _check_device(self._framework, device)
         self._device = device
-        self._model = _open_for_all(path, manifest=manifest, verify=verify,
-                                    trusted_keys=trusted_keys, cache_dir=cache_dir,
-                                    cache_bytes=cache_bytes, trust_unchanged=trust_unchanged)
+        self._model = _open_for_all(path, **open_args)
 
     def __enter__(self):
         return self
@@ -92,48 +130,142 @@ class safe_open:
         return sorted(self._model.keys())
 
     def offset_keys(self):
-        """Tensor names in the order of their data in the files."""
+        """Tensor names in the order of their data in the files (shard by
+        shard for a sharded model)."""
         return self._model.keys()
 
     def metadata(self):
-        """__metadata__ as a dict of str, or None."""
+        """__metadata__ as a dict of str, or None (absent or null); a
+        sharded model's shards merged (see Model.metadata)."""
         return self._model.metadata()
 
     def get_tensor(self, name):
+        if self._framework == "pt":
+            _torch_dtype_checked(self._model.info(name).dtype, name)
         t = self._model.get_tensor(name, framework=self._framework)
         return _to_device(t, self._framework, self._device)
+
+    def get_tensors(self):
+        """{name: tensor} of every tensor, in offset_keys() order."""
+        return {k: self.get_tensor(k) for k in self.offset_keys()}
 
     def get_slice(self, name):
         return Slice(self, name)
 
 
-class Slice:
-    """A lazily indexed tensor (safe_open.get_slice). Indexing with ints,
-    slices (any step) and Ellipsis selects rows of the FIRST dimension
-    through the file; further dimensions are then cut from those rows.
+# ------------------------------------------------------------ indices
 
-    What is read and what is verified (`s.verified`, `s.chunked`):
-     - the manifest checks this tensor AND gives it chunk digests (a
-       version 2 manifest written with chunks, `sluice manifest --chunk`):
-       only the bytes from the first to the last row selected are read
-       through the library (sluice_read_into), which reads and verifies
-       exactly the chunks covering them, before the rows are seen. A
-       damaged chunk fails only the slices whose rows it covers
-       (ChecksumError). Nothing is kept in the pool.
+_SUPPORTED = "..., ints, slices (any step) and tuples of those"
+
+
+def _dim_index(x):
+    """An int for an integer index, None for a slice or Ellipsis; raises
+    for what is not taken."""
+    if x is Ellipsis or isinstance(x, slice):
+        return None
+    if isinstance(x, (bool, np.bool_)):
+        raise NotImplementedError(f"a boolean index is not supported by get_slice "
+                                  f"(only {_SUPPORTED})")
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    if x is None:
+        raise NotImplementedError(f"None (np.newaxis) is not supported by get_slice "
+                                  f"(only {_SUPPORTED}): add the axis to the result")
+    if isinstance(x, (list, np.ndarray)) or type(x).__name__ == "Tensor":
+        raise NotImplementedError(f"advanced (array or list) indexing is not supported by "
+                                  f"get_slice (only {_SUPPORTED}): index the result")
+    raise IndexError(f"only integers, slices (`:`) and ellipsis (`...`) are valid indices "
+                     f"for get_slice, not {type(x).__name__}")
+
+
+def normalize_index(idx, shape):
+    """(ranges, dropped) for a basic index of a tensor of this shape, as
+    NumPy reads it: one range per dimension (Python's slice.indices
+    resolution of every bound and step, an int as a range of one), and for
+    each dimension whether an int indexed it (it leaves the result).
+    Raises IndexError as NumPy does (out of bounds, too many indices, two
+    ellipses), ValueError for a zero step, NotImplementedError for forms
+    get_slice does not take."""
+    if isinstance(idx, list):
+        raise NotImplementedError(f"a list index is not supported by get_slice "
+                                  f"(only {_SUPPORTED}; write a tuple)")
+    key = idx if isinstance(idx, tuple) else (idx,)
+    ints = [_dim_index(x) for x in key]
+    n_ell = sum(1 for x in key if x is Ellipsis)
+    if n_ell > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    ndim = len(shape)
+    used = len(key) - n_ell
+    if used > ndim:
+        raise IndexError(f"too many indices for tensor: tensor is {ndim}-dimensional, "
+                         f"but {used} were indexed")
+    full = []
+    for x, i in zip(key, ints):
+        if x is Ellipsis:
+            full.extend([(slice(None), None)] * (ndim - used))
+        else:
+            full.append((x, i))
+    full.extend([(slice(None), None)] * (ndim - len(full)))
+    ranges, dropped = [], []
+    for d, ((x, i), n) in enumerate(zip(full, shape)):
+        if i is None:
+            ranges.append(range(*x.indices(n)))
+            dropped.append(False)
+        else:
+            j = i + n if i < 0 else i
+            if not 0 <= j < n:
+                raise IndexError(f"index {i} is out of bounds for dimension {d} with size {n}")
+            ranges.append(range(j, j + 1))
+            dropped.append(True)
+    return ranges, tuple(dropped)
+
+
+def _span(r):
+    """[lo, hi): the indices from the first to the last of a non-empty
+    range r, whatever its step's sign."""
+    return min(r[0], r[-1]), max(r[0], r[-1]) + 1
+
+
+def _local(r, shift=0):
+    """The slice of range r (resolved) within an array whose first index is
+    `shift`."""
+    start, stop = r.start - shift, r.stop - shift
+    return slice(start, None if stop < 0 else stop, r.step)
+
+
+class Slice:
+    """A lazily indexed tensor (safe_open.get_slice): get_shape(),
+    get_dtype(), len(), and [index] for ..., ints, slices (any step,
+    negative bounds) and tuples of those, with NumPy's meaning (an int
+    removes its dimension). The result is a new array (a copy, writable),
+    like the reference's; for framework="pt" a torch tensor. Packed dtypes
+    (F4, F6_*) have no element type to slice: indexing them raises
+    NotImplementedError (get_tensor gives their bytes).
+
+    What is read and what is verified (`s.verified`, `s.chunked`). Every
+    read goes through the library (local or remote files alike):
+     - rows (a range along the first dimension, from the first to the
+       last row the index selects) are read with sluice_read_into from
+       the tensor's byte offset of the first row: only those rows' bytes
+       when nothing checks the tensor (no manifest, verify="off", or
+       "if_present" and the tensor not listed; NOT verified: there is
+       nothing to verify them against), only the chunks covering them,
+       each verified before the rows are seen, when the manifest gives the
+       tensor chunk digests (a version 2 manifest written with chunks,
+       `sluice manifest --chunk`: a damaged chunk fails only the slices
+       whose rows it covers, ChecksumError). Nothing is kept in the pool;
      - the manifest checks this tensor with a whole-tensor digest only:
        the WHOLE tensor is acquired through the library and verified, and
-       the rows are copied out of it (no subset of its bytes can be
-       verified alone). The verified buffer stays cached in the pool, so
-       further slices of the same tensor cost no read.
-     - nothing checks this tensor (no manifest, verify="off", or
-       "if_present" and the tensor not listed): only the bytes of the rows
-       asked for (from the first to the last row selected) are read, with
-       pread on the file, and are NOT verified: there is nothing to verify
-       them against.
-     - packed dtypes (F4, F6_*) and indices other than ints, slices and
-       Ellipsis on the first dimension: the whole tensor, as in the
-       second case (also for a chunked tensor).
-    The result is a new array (a copy), like the reference's.
+       the rows are taken from it (no subset of its bytes can be verified
+       alone). The verified buffer stays cached in the pool, so further
+       slices of the same tensor cost no read. A tensor the pool cannot
+       hold (pool= given) is read with sluice_read_into instead, which
+       reads and verifies the whole tensor each time and keeps the rows.
+    An index that selects whole rows, one after the other (an int or a
+    step-1 slice on the first dimension, the others whole), is those rows;
+    any other index (a step, a cut of a later dimension) goes through
+    _read_part, which today reads the rows covering it as above and cuts
+    the rest in memory.
     """
 
     def __init__(self, owner, name):
@@ -142,8 +274,7 @@ class Slice:
         self._name = name
         self._index = model._index(name)
         t = model._m.info(self._index)
-        self._dtype, self._shape, self._nbytes = t[1], t[2], t[3]
-        self._file, self._offset = t[4], t[5]
+        self._dtype, self._shape, self._nbytes = t[1], tuple(t[2]), t[3]
 
     def get_shape(self):
         return list(self._shape)
@@ -169,122 +300,108 @@ class Slice:
         return self._shape[0]
 
     def __getitem__(self, idx):
-        framework = self._owner._framework
-        key = idx if isinstance(idx, tuple) else (idx,)
-        if self._dtype in _PACKED or not self._shape or not key:
-            return self._whole(idx)
-        if self.verified:
-            if not self.chunked:
-                return self._whole(idx)
-            read_rows = self._read_rows_verified
+        if self._dtype in _PACKED:
+            raise NotImplementedError(
+                f"tensor {self._name!r} is {self._dtype}, a packed dtype (elements smaller than "
+                "a byte): get_slice cannot index it; get_tensor gives its bytes")
+        if self._owner._framework == "pt":
+            _torch_dtype_checked(self._dtype, self._name)  # before reading anything
+        ranges, dropped = normalize_index(idx, self._shape)
+        out_shape = tuple(len(r) for r, d in zip(ranges, dropped) if not d)
+        npd, _raw = _np_dtype(self._dtype)
+        if any(len(r) == 0 for r in ranges):
+            out = np.empty(out_shape, dtype=npd)  # nothing selected: nothing read
+        elif not ranges:  # a scalar tensor: its one element
+            block, owned = self._read_rows(0, 1)
+            out = block.reshape(()) if owned else block.reshape(()).copy()
+        elif self._is_rows(ranges):
+            block, owned = self._read_rows(*_span(ranges[0]))
+            out = block.reshape(out_shape)
+            if not owned:
+                out = out.copy()
         else:
-            read_rows = self._read_rows
-        first, rest = key[0], key[1:]
-        if first is Ellipsis:
-            if Ellipsis in rest:
-                raise IndexError("an index can only have a single ellipsis ('...')")
-            first, rest = slice(None), (Ellipsis,) + rest
-        rows = self._shape[0]
-        if isinstance(first, (int, np.integer)) and not isinstance(first, bool):
-            r = int(first)
-            if r < 0:
-                r += rows
-            if not 0 <= r < rows:
-                raise IndexError(f"index {int(first)} is out of bounds for dimension 0 "
-                                 f"with size {rows}")
-            block = read_rows(r, r + 1)
-            out = block[(0,) + rest]
-        elif isinstance(first, slice):
-            sel = range(*first.indices(rows))
-            if len(sel) == 0:
-                block = read_rows(0, 0)
-                out = block[(slice(None),) + rest]
-            else:
-                lo, hi = min(sel[0], sel[-1]), max(sel[0], sel[-1]) + 1
-                block = read_rows(lo, hi)
-                local = slice(sel.start - lo, None if sel.stop - lo < 0 else sel.stop - lo,
-                              sel.step)
-                out = block[(local,) + rest]
-        else:
-            return self._whole(idx)
-        out = np.array(out, copy=True)
+            out = self._read_part(ranges, dropped)
         return self._framework_array(out)
 
-    def _whole(self, idx):
-        t = self._owner._model.get_tensor(self._name, framework=self._owner._framework)
-        out = t[idx]
-        if self._owner._framework == "np":
-            out = np.array(out, copy=True)
-        else:
-            out = out.clone()
-        return _to_device_owner(self._owner, out)
+    def _is_rows(self, ranges):
+        """True when the selection is rows one after the other, whole."""
+        r0 = ranges[0]
+        if r0.step != 1 and len(r0) != 1:
+            return False
+        return all(r == range(n) for r, n in zip(ranges[1:], self._shape[1:]))
 
-    def _row_layout(self, lo, hi):
+    def _read_part(self, ranges, dropped):
+        """The part of the tensor that ranges and dropped (normalize_index)
+        select, any selection but whole rows one after the other, as a new
+        C-contiguous NumPy array of the result's shape.
+
+        The one place that reads a part other than rows: today it reads the
+        rows from the first to the last selected along dimension 0 (through
+        _read_rows: only their bytes, or their chunks, or the verified
+        whole tensor) and cuts the other dimensions in memory. A read of
+        only the part's bytes (a library call for strided ranges) replaces
+        this function alone."""
+        lo, hi = _span(ranges[0])
+        block, _owned = self._read_rows(lo, hi)
+        key = []
+        for d, (r, drop) in enumerate(zip(ranges, dropped)):
+            shift = lo if d == 0 else 0
+            key.append(r.start - shift if drop else _local(r, shift))
+        return np.array(block[tuple(key)], copy=True, order="C")
+
+    def _read_rows(self, lo, hi):
+        """Rows [lo, hi) of the tensor (for a scalar tensor, (0, 1): its
+        element) as a NumPy array of shape (hi - lo,) + shape[1:], and
+        whether the caller owns it (True: a new buffer; False: a read-only
+        view of the library's verified buffer, to be copied).
+
+        Read and verified as the class says: sluice_read_into from the
+        first row's byte offset (only those bytes, or only the chunks
+        covering them), or, when only a whole-tensor digest checks the
+        tensor, the verified whole tensor acquired through the pool."""
         npd, _raw = _np_dtype(self._dtype)
-        row_elems = 1
-        for d in self._shape[1:]:
-            row_elems *= d
-        row_bytes = row_elems * npd.itemsize
-        return npd, row_bytes, (hi - lo) * row_bytes
-
-    def _read_rows_verified(self, lo, hi):
-        """Rows [lo, hi) of the tensor, read and verified by the library:
-        only the chunks covering them (sluice_read_into)."""
-        npd, row_bytes, n = self._row_layout(lo, hi)
+        rest = self._shape[1:]
+        row_bytes = npd.itemsize
+        for d in rest:
+            row_bytes *= d
+        shape = (hi - lo,) + rest if self._shape else ()
+        if self.verified and not self.chunked:
+            try:
+                whole = self._owner._model.get_tensor(self._name, framework="np")
+                return (whole[lo:hi] if self._shape else whole), False
+            except PoolError:
+                pass  # larger than the pool (pool= given): read_into below
+                # verifies the whole tensor too, through its bounce buffer
+        n = (hi - lo) * row_bytes
         buf = np.empty(n, dtype=np.uint8)
         if n:
             self._owner._model.read_into(self._name, buf, lo * row_bytes)
-        return buf.view(npd).reshape((hi - lo,) + tuple(self._shape[1:]))
-
-    def _read_rows(self, lo, hi):
-        """Rows [lo, hi) of the tensor, read from its file (not verified)."""
-        npd, row_bytes, n = self._row_layout(lo, hi)
-        buf = np.empty(n, dtype=np.uint8)
-        if n:
-            fd = os.open(self._file, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                done = 0
-                view = memoryview(buf)
-                while done < n:
-                    got = os.preadv(fd, [view[done:]], self._offset + lo * row_bytes + done)
-                    if got == 0:
-                        raise _errors.FileChangedError(
-                            _errors.E_FILE_CHANGED,
-                            f"{self._file}: tensor {self._name!r} ends past the end of "
-                            "the file (it shrank after open)", self._name)
-                    done += got
-            finally:
-                os.close(fd)
-        return buf.view(npd).reshape((hi - lo,) + tuple(self._shape[1:]))
+        return buf.view(npd).reshape(shape), True
 
     def _framework_array(self, arr):
-        if self._owner._framework == "np":
+        owner = self._owner
+        if owner._framework == "np":
             return arr
-        from . import _torch_dtype, _load_torch
+        from . import _load_torch
         torch = _load_torch()
-        tdt = _torch_dtype(self._dtype)
-        if arr.dtype == np.uint16:  # torch 1.13 takes no uint16 arrays: same bits
-            arr = arr.view(np.int16)
-        t = torch.from_numpy(arr)
-        if t.dtype != tdt:  # a raw view (BF16 as uint16): reinterpret the bits
-            t = t.view(tdt)
-        return _to_device_owner(self._owner, t)
+        tdt = _torch_dtype_checked(self._dtype, self._name)
+        shape = arr.shape
+        if arr.size == 0:
+            return _to_device(torch.empty(shape, dtype=tdt), owner._framework, owner._device)
+        # Through the raw bytes: torch takes no ml_dtypes arrays and, before
+        # 2.3, no uint16 ones; the bits are the same.
+        raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+        t = torch.from_numpy(raw).view(tdt).reshape(shape)
+        return _to_device(t, owner._framework, owner._device)
 
 
-def _to_device_owner(owner, t):
-    return _to_device(t, owner._framework, owner._device)
-
-
-def load_file(path, framework="np", device="cpu", *, manifest=None, verify="default",
-              trusted_keys=None, cache_dir=None, cache_bytes=None, trust_unchanged=False):
+def load_file(path, framework="np", device="cpu", **open_args):
     """{name: tensor} of every tensor of path (a file, a directory or an
-    index.json), verified as safe_open verifies, zero copy (the keyword
-    arguments as for sluice.open)."""
-    with safe_open(path, framework=framework, device=device, manifest=manifest,
-                   verify=verify, trusted_keys=trusted_keys, cache_dir=cache_dir,
-                   cache_bytes=cache_bytes, trust_unchanged=trust_unchanged) as f:
-        return {k: f.get_tensor(k) for k in f.offset_keys()}
+    index.json), verified as safe_open verifies, zero copy (open_args as
+    for sluice.open)."""
+    with safe_open(path, framework=framework, device=device, **open_args) as f:
+        return f.get_tensors()
 
 
-__all__ = ["safe_open", "load_file", "Slice"]
+__all__ = ["safe_open", "load_file", "Slice", "normalize_index"]
 _ = _sluice  # the C layer is loaded by the package first

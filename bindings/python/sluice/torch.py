@@ -22,16 +22,22 @@ load_state_dict(module, path, strict=True)
     with the file's dtype: the parameter then IS the library's verified,
     read-only buffer (torch cannot mark it read-only: do not train or
     write into it in place; pass copy=True for that).
+
+iter_weights(path_or_url, names=None, **open_args)
+    Yields (name, torch.Tensor) for every tensor (or those named), in the
+    order their reads complete within the pool: the weight iterator that
+    serving engines feed to model.load_weights. See its doc for what each
+    tensor is and how long it lives.
 """
 from collections import namedtuple
 
 import torch
 
 import sluice
-from . import parse_size
-from ._safe_open import _open_for_all
+from . import _errors, _to_torch, _load_torch, parse_size
+from ._safe_open import _open_for_all, _torch_dtype_checked
 
-__all__ = ["lazy_load", "load_state_dict", "LazyLoader", "IncompatibleKeys"]
+__all__ = ["lazy_load", "load_state_dict", "LazyLoader", "IncompatibleKeys", "iter_weights"]
 
 IncompatibleKeys = namedtuple("IncompatibleKeys", "missing_keys unexpected_keys")
 
@@ -210,3 +216,116 @@ def load_state_dict(module, path, strict=True, *, manifest=None, verify="default
         return IncompatibleKeys(missing, unexpected)
     finally:
         model.close()  # deferred by the library while the tensors live
+
+
+# ------------------------------------------------------------ iter_weights
+
+# A tensor the pool has no room for (the caller holds earlier tensors, or a
+# tight pool is full of the stream's read-ahead and the binding's queue), or
+# larger than the pool: read into memory of its own instead (iter_weights).
+_OWN_MEMORY_CODES = (_errors.E_POOL_EXHAUSTED, _errors.E_TOO_LARGE)
+
+
+def _read_own(model, index, info):
+    """The tensor read and verified by sluice_read_into into a new torch
+    tensor (outside the pool: no room needed, no handle)."""
+    name, dtype, shape, nbytes = info[0], info[1], info[2], info[3]
+    tdt = _torch_dtype_checked(dtype, name)
+    buf = torch.empty(nbytes, dtype=torch.uint8)
+    if nbytes:
+        model._m.read_into(index, buf.numpy(), 0)
+    if dtype in sluice._PACKED:
+        return buf
+    if nbytes == 0:
+        return torch.empty(shape, dtype=tdt)
+    return buf.view(tdt).reshape(shape)
+
+
+def iter_weights(path_or_url, names=None, **open_args):
+    """Yields (name, torch.Tensor) for every tensor of path_or_url (a file,
+    a directory, an index.json, a remote location where this build reads
+    them; or an open sluice.Model, which is left open), or for `names`
+    (each as often as listed), in the order the library completes them
+    (not file order): one sluice_stream, reading ahead within the pool
+    while the caller works on the tensor it was given. open_args go to
+    sluice.open unchanged (manifest=, verify=, pool=, cache_dir=, ...).
+
+    Each tensor is verified as get_tensor verifies (a manifest in play:
+    ChecksumError), and is, where the pool allows, the library's buffer
+    itself (zero copy). Lifetime: a tensor is valid for as long as it, or
+    any view of it, is referenced, after the generator moves on and after
+    it ends, the model closed or not: it holds its buffer, which the pool
+    reuses only once the tensor is garbage-collected. So the pool bounds
+    the memory only of tensors the caller drops (copied into a parameter
+    and forgotten, as load_weights does). A tensor the pool has no room
+    for (the caller still holds earlier ones, or a pool of a few tensors
+    is full of the stream's read-ahead; or it is larger than the whole
+    pool) is read into memory of its own instead of failing
+    (sluice_read_into straight into a new tensor: the same verification,
+    outside the pool, on the generator's thread), so keeping every tensor
+    works with any pool, at the cost of that memory. torch has no read-only
+    tensors: writing into a zero-copy tensor writes into the library's
+    verified buffer; clone() it to change it.
+
+    A tensor that fails (ChecksumError, ReadError, ...) raises at once
+    (e.name is the tensor), and the stream stops; leaving the loop early
+    (break, an exception, the generator closed) stops it too. Names
+    unknown to the model raise NotFoundError, and dtypes this torch cannot
+    represent (U16/U32/U64 before torch 2.3) NotImplementedError, before
+    anything is read. BF16 and F8_* are torch's types where torch has
+    them (F8_* as raw uint8 before torch 2.1); packed dtypes (F4, F6_*)
+    are their flat bytes (uint8), as get_tensor gives them.
+    """
+    if isinstance(path_or_url, sluice.Model):
+        if open_args:
+            raise TypeError("iter_weights: open arguments with an open Model: "
+                            f"{sorted(open_args)}")
+        model, own = path_or_url, False
+    else:
+        model, own = sluice.open(path_or_url, **open_args), True
+    try:
+        indices = model._indices(names)
+        _load_torch()
+        core = model._m
+        for i in (range(core.count()) if indices is None else indices):
+            t = core.info(i)
+            _torch_dtype_checked(t[1], t[0])
+    except BaseException:
+        if own:
+            model.close()
+        raise
+    return _iter_stream(model, own, indices)
+
+
+def _iter_stream(model, own, indices):
+    # The stream starts at the first next(): a generator never started
+    # reads nothing.
+    stream = None
+    read_own = False  # a tensor was read into its own memory
+    try:
+        stream = model._m.stream(indices)
+        while True:
+            item = stream.next_item()
+            if item is None:
+                break
+            index, handle, code, message, info = item
+            if handle is not None:
+                tensor = _to_torch(handle, info[1], info[2])
+                del handle
+            elif code in _OWN_MEMORY_CODES:
+                tensor = _read_own(model, index, info)
+                read_own = True
+            else:
+                raise _errors.make_error(code, message, info[0])
+            yield info[0], tensor
+            del tensor
+        code, message = stream.result()
+        # the stream returns the first failed tensor's code: one read into
+        # its own memory above; any other failure raised when delivered
+        if code != 0 and not (read_own and code in _OWN_MEMORY_CODES):
+            raise _errors.make_error(code, message)
+    finally:
+        if stream is not None:
+            stream.close()  # an abandoned iterator stops the stream and joins it
+        if own:
+            model.close()  # deferred by the library while tensors live
