@@ -100,6 +100,7 @@ struct Opts {
 struct Target {
     std::string uri;
     bool replicas = false;
+    bool addresses = false;  // an ipv4:/ipv6: list: no host name for TLS to check
     std::string err;  // not empty: the list is not one the client takes
 };
 
@@ -110,6 +111,7 @@ Target target_of(const std::string &addr)
         if (addr.rfind(scheme, 0) == 0) {
             t.uri = addr;
             t.replicas = true;
+            t.addresses = scheme[0] == 'i';
             return t;
         }
     if (addr.find(',') == std::string::npos) {
@@ -144,7 +146,7 @@ Target target_of(const std::string &addr)
         family = f;
         t.uri += (t.uri.empty() ? f : ",") + e;
     }
-    t.replicas = true;
+    t.replicas = t.addresses = true;
     return t;
 }
 
@@ -788,6 +790,11 @@ int main(int argc, char **argv)
         else pos.push_back(a);
     }
     Target target = target_of(addr);
+    // TLS checks the target's name, and a list of addresses has none (gRPC
+    // would check the whole list as one name, and every handshake fail).
+    if (target.err.empty() && target.addresses && !o.ca.empty() && o.server_name.empty())
+        target.err = "a list of servers over TLS needs --server-name NAME (the name in the "
+                     "replicas' certificates)";
     if (!target.err.empty()) {
         fprintf(stderr, "serve_client: %s\n", target.err.c_str());
         return 2;

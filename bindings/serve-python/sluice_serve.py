@@ -222,6 +222,11 @@ class Client:
         if server_name:
             options.append(("grpc.ssl_target_name_override", server_name))
         addr, replicas = target_of(addr)
+        if root_certificates is not None and not server_name and addr.startswith(("ipv4:", "ipv6:")):
+            # TLS checks the target's name, and a list of addresses has
+            # none (gRPC would check the whole list as one name).
+            raise ValueError("a list of servers over TLS needs server_name (the name in the "
+                             "replicas' certificates)")
         if replicas:
             options.append(("grpc.service_config", REPLICA_SERVICE_CONFIG))
         self.failovers = failovers if failovers is not None else 8 if replicas else 0

@@ -908,6 +908,8 @@ case_replicas() {
         bad "GetTensor calls on $spread of the 3 replicas"
     expect 2 "a list with a name is refused (dns:/// is for names)" \
         "localhost:${RPORT[1]},127.0.0.1:${RPORT[2]}" list
+    expect 2 "a list over TLS without --server-name is refused (no name to check)" \
+        "$RLIST" list --ca "$man"
     expect 0 "dns:///127.0.0.1:P: a replica set of what the name resolves to" \
         "dns:///127.0.0.1:${RPORT[1]}" get $m w2 --manifest "$man" -q
     # Health checking: a fourth replica draining (SIGTERM; a call stalled

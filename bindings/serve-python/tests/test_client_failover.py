@@ -102,6 +102,13 @@ def test_target_of():
             target_of(bad)
 
 
+def test_list_over_tls_needs_server_name():
+    # TLS checks the target's name; a list of addresses has none.
+    with pytest.raises(ValueError):
+        Client("127.0.0.1:1,127.0.0.1:2", root_certificates=b"PEM")
+    Client("127.0.0.1:1,127.0.0.1:2", root_certificates=b"PEM", server_name="replica").close()
+
+
 @pytest.mark.parametrize("trust", [False, True])
 def test_stream_resumes_from_the_next_chunk(replicas, trust, tmp_path):
     plan, addrs = replicas
