@@ -25,10 +25,11 @@
 // ipv6:A,B). Calls to a replica set are spread by gRPC's round_robin over
 // the replicas that are up and whose grpc.health.v1 status is SERVING
 // (one that drains, from its SIGTERM on, gets no new call), and a call
-// whose replica dies or drains (UNAVAILABLE) is resumed on another
-// (--failovers N times in the run, 8 by default; 0 for one server): a
-// stream from the next tensor, the tensor in flight from its next chunk,
-// every byte still checked against the manifest digest.
+// whose replica dies or drains (UNAVAILABLE, or CANCELLED by the server)
+// is resumed on another (--failovers N times in the run, 8 by default; 0
+// for one server): a stream from the next tensor, the tensor in flight
+// from its next chunk, every byte still checked against the manifest
+// digest.
 //
 // usage: serve_client ADDR COMMAND [ARGS] [OPTIONS]
 //   list                       the models
@@ -243,20 +244,24 @@ public:
     }
 
     // Failover: whether a call that ended with st may be made again on
-    // another replica (UNAVAILABLE: the server died, its connection broke,
-    // or it is draining; nothing else is retried: the server's NOT_FOUND,
-    // DATA_LOSS, ... would be the same elsewhere, or says something is
-    // wrong), counting the attempt; it waits a backoff (50 ms, doubling,
-    // at most 1 s) first, and says so on stderr.
+    // another replica: UNAVAILABLE (the server died, its connection broke,
+    // or its drain ended the call) or CANCELLED (by the server: the end of
+    // its drain's grace, --stall-timeout; the client's own cancels never
+    // come here). Nothing else is retried: the server's NOT_FOUND,
+    // DATA_LOSS, ... would be the same elsewhere, or say something is
+    // wrong. Counts the attempt; waits a backoff (50 ms, doubling, at most
+    // 1 s) first, and says so on stderr.
     bool failover(const grpc::Status &st, const std::string &what, const std::string &peer)
     {
-        if (st.error_code() != grpc::StatusCode::UNAVAILABLE || used_ >= failovers_)
+        auto code = st.error_code();
+        if ((code != grpc::StatusCode::UNAVAILABLE && code != grpc::StatusCode::CANCELLED) ||
+            used_ >= failovers_)
             return false;
         double wait = std::min(1.0, 0.05 * (double)(1u << std::min(used_, 5)));
         used_++;
-        fprintf(stderr, "failover %d/%d: %s on %s: UNAVAILABLE (%s); resuming on another "
-                        "replica\n", used_, failovers_, what.c_str(),
-                peer.empty() ? "?" : peer.c_str(), st.error_message().c_str());
+        fprintf(stderr, "failover %d/%d: %s on %s: %s (%s); resuming on another replica\n",
+                used_, failovers_, what.c_str(), peer.empty() ? "?" : peer.c_str(),
+                code_names[(int)code], st.error_message().c_str());
         std::this_thread::sleep_for(std::chrono::duration<double>(wait));
         return true;
     }
@@ -284,8 +289,9 @@ public:
     // owed: the bytes it must add up to (the tensor's nbytes, the range's
     // length); a chunk that brings more, or says another total_bytes, ends
     // the call as DATA_LOSS, so a server cannot make the client buffer more.
-    // A call that fails UNAVAILABLE is made again on another replica
-    // (failover): a whole tensor that has a manifest digest (resumable:
+    // A call that fails UNAVAILABLE (or CANCELLED by the server) is made
+    // again on another replica (failover): a whole tensor that has a
+    // manifest digest (resumable:
     // the digest then checks every byte, end to end, whichever replica
     // sent it) from the next chunk, as a range of what is left; a range, or
     // a tensor nothing would check, from its start. *out may hold the
@@ -643,7 +649,8 @@ int check_tensor(const pb::TensorInfo &ti, const std::string &bytes, const std::
 
 // One pass of `fetch --stream`: GetModel's tensors (with --manifest,
 // checked to be the manifest's), each once, in its order, by
-// StreamTensors. A call that fails UNAVAILABLE is resumed on another
+// StreamTensors. A call that fails UNAVAILABLE (or CANCELLED by the
+// server) is resumed on another
 // replica (failover): the tensor it was in from its next chunk (a range of
 // what is left, by GetTensor: the manifest digest checks the whole), then
 // one StreamTensors call for the tensors still owed, named in the model's

@@ -46,7 +46,8 @@ scheme ("dns:///NAME:PORT": every address the name resolves to;
 "ipv4:A,B"). Calls to a replica set are spread by gRPC's round_robin over
 the replicas that are up and whose grpc.health.v1 status is SERVING (a
 server says NOT_SERVING from its SIGTERM on, while it drains), and a call
-whose replica dies or drains (UNAVAILABLE) is made again on another
+whose replica dies or drains (UNAVAILABLE, or CANCELLED by the server)
+is made again on another
 (failovers, 8 per call by default): a stream from the next tensor owed, a
 tensor in flight from its next chunk (the rest of it as a range), every
 byte still checked against the manifest digest, so what is owed is the
@@ -190,7 +191,7 @@ class Client:
     addr: "host:port", or a replica set (a list of "IP:PORT", the same
     comma-separated, "dns:///NAME:PORT"; see the module's doc). failovers:
     how many times one call (get_bytes, get_tensor, stream) may be made
-    again on another replica after UNAVAILABLE (None: 8 for a replica set,
+    again on another replica after UNAVAILABLE or a server's CANCELLED (None: 8 for a replica set,
     0 for one server). token: the shared token (or token_file). TLS:
     root_certificates (PEM bytes or a path) for the server's CA, and
     certificate_chain + private_key for a client certificate (mutual TLS);
@@ -347,18 +348,23 @@ class Client:
 
     def _failover(self, err, what, used):
         """Whether a call that raised err may be made again on another
-        replica (UNAVAILABLE only: the server died, its connection broke, or
-        it drains; anything else would be the same elsewhere, or says
-        something is wrong). used: [failovers of this call so far], counted
-        here; waits a backoff first (50 ms, doubling, at most 1 s)."""
+        replica: UNAVAILABLE (the server died, its connection broke, or its
+        drain ended the call) or CANCELLED (by the server: its drain's
+        grace ended, or --stall-timeout, e.g. a consumer slow between
+        tensors; the client's own cancels raise nothing here). Anything
+        else would be the same elsewhere, or says something is wrong.
+        used: [failovers of this call so far], counted here; waits a
+        backoff first (50 ms, doubling, at most 1 s)."""
         code = err.code() if callable(getattr(err, "code", None)) else None
-        if code != grpc.StatusCode.UNAVAILABLE or used[0] >= self.failovers:
+        if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED) or \
+                used[0] >= self.failovers:
             return False
         time.sleep(min(1.0, 0.05 * 2 ** used[0]))
         used[0] += 1
         self.failovers_used += 1
-        _log.warning("failover %d/%d: %s: UNAVAILABLE (%s); resuming on another replica",
-                     used[0], self.failovers, what, err.details() if hasattr(err, "details") else "")
+        _log.warning("failover %d/%d: %s: %s (%s); resuming on another replica", used[0],
+                     self.failovers, what, code.name,
+                     err.details() if hasattr(err, "details") else "")
         return True
 
     def _resumable(self, t):

@@ -936,13 +936,14 @@ case_replicas() {
     term_wait 15
     wait "$hold" 2>/dev/null
     # 8 clients stream the model 3 times each (the list, or the ipv4:
-    # target it stands for), each stalled for 3 s after its first chunk:
-    # then every client has a call open, on a replica its metrics name.
+    # target it stands for), each stalled for 8 s after its first chunk:
+    # then every client has a call open, on a replica its metrics name
+    # (8 s: room for the last client to start, on a loaded machine).
     local i pids=() target
     for i in 1 2 3 4 5 6 7 8; do
         target=$RLIST
         [ $((i % 2)) -eq 0 ] && target="ipv4:$RLIST"
-        timeout 120 "$CLIENT" "$target" fetch $m --stream --repeat 3 --stall 3 \
+        timeout 120 "$CLIENT" "$target" fetch $m --stream --repeat 3 --stall 8 \
             --manifest "$man" -q >/dev/null 2>"$T/rc$i.err" &
         pids+=($!)
         PIDS+=($!)
@@ -978,6 +979,9 @@ case_replicas() {
         bad "$failed of 8 clients failed"
     local gone
     gone=$(cat "$T"/rc*.err | grep -c "^failover .* on ipv4:127.0.0.1:${RPORT[kill_k]}: UNAVAILABLE")
+    # The stopped replica's calls, held by readers stalled past its grace
+    # (5 s), are cut at the grace's end (CANCELLED, or their connections
+    # closed) and fail over too.
     [ "$gone" -eq "${act[kill_k]}" ] && ok "each of the ${act[kill_k]} calls open on the killed replica failed over" ||
         bad "$gone failovers from the killed replica, ${act[kill_k]} calls were open on it"
     [ "$chunked" -ge 1 ] && ok "a tensor in flight resumed from its next chunk ($chunked)" ||

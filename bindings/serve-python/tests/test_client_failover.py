@@ -28,6 +28,7 @@ class Plan:
 
     def __init__(self, kill_after=None, again=False, lie=False):
         self.kill_after, self.again, self.lie = kill_after, again, lie
+        self.code = grpc.StatusCode.UNAVAILABLE  # what the dying call ends with
         self.sent = 0
         self.calls = []
 
@@ -58,7 +59,7 @@ class Replica(pb_grpc.TensorServiceServicer):
                     p.kill_after = None
                 else:
                     p.sent = 0
-                ctx.abort(grpc.StatusCode.UNAVAILABLE, "replica %s going away" % self.tag)
+                ctx.abort(p.code, "replica %s going away" % self.tag)
 
     def GetTensor(self, req, ctx):
         n = len(TENSORS[req.name])
@@ -135,9 +136,12 @@ def test_stream_resumes_from_the_next_tensor(replicas):
     assert [k[1:] for k in plan.calls] == [("StreamTensors", []), ("StreamTensors", ["c"])]
 
 
-def test_get_resumes_from_the_next_chunk(replicas):
+# CANCELLED by the server: what a drain's grace ends a call blocked on a
+# slow reader with (a consumer busy between tensors), or --stall-timeout.
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED])
+def test_get_resumes_from_the_next_chunk(replicas, code):
     plan, addrs = replicas
-    plan.kill_after = 2
+    plan.kill_after, plan.code = 2, code
     with Client(addrs) as c:
         assert c.get_bytes("m", "a") == TENSORS["a"]
         assert (c.get_tensor("m", "b").tobytes()) == TENSORS["b"]
@@ -165,6 +169,15 @@ def test_resumed_piece_that_lies_raises(replicas, call):
             c.get_bytes("m", "a")
         else:
             list(c.stream("m"))
+
+
+def test_other_codes_do_not_fail_over(replicas):
+    plan, addrs = replicas
+    plan.kill_after, plan.code = 2, grpc.StatusCode.DATA_LOSS
+    with Client(addrs) as c, pytest.raises(grpc.RpcError) as e:
+        c.get_bytes("m", "a")
+    assert e.value.code() == grpc.StatusCode.DATA_LOSS
+    assert c.failovers_used == 0
 
 
 def test_one_server_does_not_fail_over(replicas):

@@ -58,7 +58,7 @@ def test_kill_and_stop_replicas_mid_stream(model):
         for _ in range(8):
             clients.append(subprocess.Popen(
                 [sys.executable, os.path.join(os.path.dirname(__file__), "replica_client.py"),
-                 addrs, model.name, str(model) + ".manifest.json", "2", "3"],
+                 addrs, model.name, str(model) + ".manifest.json", "2", "8"],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
         deadline = time.monotonic() + 60
         for p in clients:  # each has a call open, stalled (at most 60 s)
