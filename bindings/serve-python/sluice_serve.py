@@ -384,8 +384,8 @@ class Client:
         checked against the server's digest of it (the transfer only) and
         its length against what was asked (nbytes - offset for length 0).
         The tensor must be listed by GetModel: its nbytes bounds what is
-        read. On a replica set, a call that fails UNAVAILABLE is made again
-        on another replica: a whole tensor from its next chunk, a range
+        read. On a replica set, a call that fails UNAVAILABLE (or CANCELLED
+        by the server) is made again on another replica: a whole tensor from its next chunk, a range
         from its start."""
         ranged = offset is not None or length is not None
         t = self._tensor_info(model, name)
@@ -492,8 +492,8 @@ class Client:
     def stream(self, model, names=None, raw=False):
         """Yields (name, array) (or (name, bytes) with raw=True) for the
         listed tensors (None: all), each verified, in delivery order. On a
-        replica set, a call that fails UNAVAILABLE is resumed on another
-        replica: the tensor in flight from its next chunk, then one
+        replica set, a call that fails UNAVAILABLE (or CANCELLED by the
+        server) is resumed on another replica: the tensor in flight from its next chunk, then one
         StreamTensors call for the tensors still owed."""
         tensors = self.model(model).tensors
         info = {t.name: t for t in tensors}
