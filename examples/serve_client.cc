@@ -17,6 +17,19 @@
 // range outside the tensor) is a mismatch.
 //
 //   serve_client 127.0.0.1:7070 fetch synth --manifest synth/sluice.manifest.json
+//   serve_client 10.0.0.1:7070,10.0.0.2:7070,10.0.0.3:7070 fetch synth --stream --manifest ...
+//
+// Replicas: ADDR is one server (HOST:PORT), or a replica set: a list of
+// IP:PORT (or [IPV6]:PORT) entries, or a target with gRPC's resolver
+// scheme (dns:///NAME:PORT: every address the name resolves to; ipv4:A,B;
+// ipv6:A,B). Calls to a replica set are spread by gRPC's round_robin over
+// the replicas that are up and whose grpc.health.v1 status is SERVING
+// (one that drains, from its SIGTERM on, gets no new call), and a call
+// whose replica dies or drains (UNAVAILABLE, or CANCELLED by the server)
+// is resumed on another (--failovers N times in the run, 8 by default; 0
+// for one server): a stream from the next tensor, the tensor in flight
+// from its next chunk, every byte still checked against the manifest
+// digest.
 //
 // usage: serve_client ADDR COMMAND [ARGS] [OPTIONS]
 //   list                       the models
@@ -31,9 +44,9 @@
 // (TLS), --cert PEM --key PEM (client certificate), --server-name NAME
 // (TLS name to check), --chunk N, --repeat N (fetch N times), --quiet,
 // --allow-unverified (accept tensors GetModel gives no manifest digest
-// for: else a mismatch); for tests of the server's flow control, with
-// --stream: --stall S (stop reading for S seconds after the first chunk),
-// --cancel (cancel after the first chunk).
+// for: else a mismatch), --failovers N; for tests of the server's flow
+// control, with --stream: --stall S (stop reading for S seconds after the
+// run's first chunk), --cancel (cancel after the first chunk).
 // Exit status: 0 all verified, 1 a digest or comparison mismatch, 2 usage,
 // 100 + the gRPC status code of a failed call (105 NOT_FOUND, 103
 // INVALID_ARGUMENT, 115 DATA_LOSS, 116 UNAUTHENTICATED, ...); the status
@@ -44,6 +57,7 @@
 
 #include <cjson/cJSON.h>
 #include <grpcpp/grpcpp.h>
+#include <arpa/inet.h>
 #include <openssl/evp.h>
 
 #include <algorithm>
@@ -75,9 +89,80 @@ struct Opts {
     bool allow_unverified = false;  // accept tensors GetModel gives no digest for
     uint32_t chunk = 0;
     int repeat = 1;
-    double stall = 0;      // --stall S: sleep S seconds after the first chunk
+    double stall = 0;      // --stall S: sleep S seconds after the run's first chunk
     bool cancel = false;   // --cancel: cancel the call after the first chunk
+    int failovers = -1;    // --failovers N; -1: 8 for a replica set, 0 for one address
 };
+
+// A replica set is a target of several servers: "H:P,H:P,..." (IP
+// addresses, made the ipv4: or ipv6: list gRPC's resolver takes), or a
+// target given with its resolver's scheme (dns:///NAME:PORT, every address
+// the name has; ipv4:A,B; ipv6:A,B). One "H:P" is one server, as before.
+struct Target {
+    std::string uri;
+    bool replicas = false;
+    bool addresses = false;  // an ipv4:/ipv6: list: no host name for TLS to check
+    std::string err;  // not empty: the list is not one the client takes
+};
+
+Target target_of(const std::string &addr)
+{
+    Target t;
+    for (const char *scheme : {"dns:", "ipv4:", "ipv6:"})
+        if (addr.rfind(scheme, 0) == 0) {
+            t.uri = addr;
+            t.replicas = true;
+            t.addresses = scheme[0] == 'i';
+            return t;
+        }
+    if (addr.find(',') == std::string::npos) {
+        t.uri = addr;
+        return t;
+    }
+    // gRPC's ipv4:/ipv6: lists take addresses of one family, no names.
+    std::string family;
+    std::stringstream ss(addr);
+    std::string e;
+    while (std::getline(ss, e, ',')) {
+        size_t colon = e.rfind(':');
+        std::string host = colon == std::string::npos ? "" : e.substr(0, colon);
+        std::string port = colon == std::string::npos ? "" : e.substr(colon + 1);
+        bool v6 = host.size() > 2 && host.front() == '[' && host.back() == ']';
+        unsigned char buf[16];
+        bool ip = v6 ? inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), buf) == 1
+                     : inet_pton(AF_INET, host.c_str(), buf) == 1;
+        bool port_ok = !port.empty() && port.size() <= 5 &&
+                       port.find_first_not_of("0123456789") == std::string::npos &&
+                       atoi(port.c_str()) > 0 && atoi(port.c_str()) < 65536;
+        if (!ip || !port_ok) {
+            t.err = "\"" + e + "\": a list of servers takes IP:PORT or [IPV6]:PORT entries (a "
+                    "name with several addresses: dns:///NAME:PORT)";
+            return t;
+        }
+        std::string f = v6 ? "ipv6:" : "ipv4:";
+        if (!family.empty() && f != family) {
+            t.err = "a list of servers takes addresses of one family (IPv4 or IPv6)";
+            return t;
+        }
+        family = f;
+        t.uri += (t.uri.empty() ? f : ",") + e;
+    }
+    t.replicas = t.addresses = true;
+    return t;
+}
+
+// The channel of a replica set: gRPC's round_robin over every address,
+// each health-checked through grpc.health.v1 Watch (a replica that says
+// NOT_SERVING, as a server does from its SIGTERM on, gets no new call),
+// and a call that fails UNAVAILABLE before any answer came is retried by
+// gRPC itself (on another replica: each attempt is picked anew). A call
+// that fails after answers came is resumed by the client (failover below).
+const char *const kReplicaServiceConfig =
+    "{\"loadBalancingConfig\":[{\"round_robin\":{}}],"
+    "\"healthCheckConfig\":{\"serviceName\":\"\"},"
+    "\"methodConfig\":[{\"name\":[{\"service\":\"sluice.v1.TensorService\"}],"
+    "\"retryPolicy\":{\"maxAttempts\":4,\"initialBackoff\":\"0.1s\",\"maxBackoff\":\"1s\","
+    "\"backoffMultiplier\":2,\"retryableStatusCodes\":[\"UNAVAILABLE\"]}}]}";
 
 bool slurp(const std::string &path, std::string *out)
 {
@@ -119,7 +204,7 @@ std::string sha256(const void *p, size_t n)
 
 class Client {
 public:
-    Client(const std::string &addr, const Opts &o) : o_(o)
+    Client(const Target &target, const Opts &o) : o_(o)
     {
         std::shared_ptr<grpc::ChannelCredentials> creds;
         if (!o.ca.empty()) {
@@ -138,7 +223,10 @@ public:
         // server fits in it, also at chunk_bytes = 4 MiB.
         if (!o.server_name.empty())
             args.SetSslTargetNameOverride(o.server_name);
-        stub_ = pb::TensorService::NewStub(grpc::CreateCustomChannel(addr, creds, args));
+        if (target.replicas)
+            args.SetServiceConfigJSON(kReplicaServiceConfig);
+        failovers_ = o.failovers >= 0 ? o.failovers : target.replicas ? 8 : 0;
+        stub_ = pb::TensorService::NewStub(grpc::CreateCustomChannel(target.uri, creds, args));
         if (!o.token.empty()) {
             // The server's rule: ASCII whitespace off both ends.
             slurp(o.token, &token_);
@@ -154,6 +242,32 @@ public:
             ctx->AddMetadata("authorization", "Bearer " + token_);
         ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(seconds));
     }
+
+    // Failover: whether a call that ended with st may be made again on
+    // another replica: UNAVAILABLE (the server died, its connection broke,
+    // or its drain ended the call) or CANCELLED (by the server: the end of
+    // its drain's grace, --stall-timeout; the client's own cancels never
+    // come here). Nothing else is retried: the server's NOT_FOUND,
+    // DATA_LOSS, ... would be the same elsewhere, or say something is
+    // wrong. Counts the attempt; waits a backoff (50 ms, doubling, at most
+    // 1 s) first, and says so on stderr.
+    bool failover(const grpc::Status &st, const std::string &what, const std::string &peer)
+    {
+        auto code = st.error_code();
+        if ((code != grpc::StatusCode::UNAVAILABLE && code != grpc::StatusCode::CANCELLED) ||
+            used_ >= failovers_)
+            return false;
+        double wait = std::min(1.0, 0.05 * (double)(1u << std::min(used_, 5)));
+        used_++;
+        fprintf(stderr, "failover %d/%d: %s on %s: %s (%s); resuming on another replica\n",
+                used_, failovers_, what.c_str(), peer.empty() ? "?" : peer.c_str(),
+                code_names[(int)code], st.error_message().c_str());
+        std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+        return true;
+    }
+
+    // The replica that served a call made again, after its failover line.
+    void resumed_on(const std::string &peer) { fprintf(stderr, "resumed on %s\n", peer.c_str()); }
 
     grpc::Status list(pb::ListModelsResponse *r)
     {
@@ -175,40 +289,104 @@ public:
     // owed: the bytes it must add up to (the tensor's nbytes, the range's
     // length); a chunk that brings more, or says another total_bytes, ends
     // the call as DATA_LOSS, so a server cannot make the client buffer more.
+    // A call that fails UNAVAILABLE (or CANCELLED by the server) is made
+    // again on another replica (failover): a whole tensor that has a
+    // manifest digest (resumable:
+    // the digest then checks every byte, end to end, whichever replica
+    // sent it) from the next chunk, as a range of what is left; a range, or
+    // a tensor nothing would check, from its start. *out may hold the
+    // first bytes of a resumable tensor already (a stream's, see
+    // fetch_stream); *sent_digest is then the digest of what the client
+    // holds, the last piece having been checked against the server's.
     grpc::Status tensor(const std::string &model, const std::string &name, bool range,
                         uint64_t off, uint64_t len, uint64_t owed, std::string *out,
-                        std::string *sent_digest)
+                        std::string *sent_digest, bool resumable = false)
     {
+        if (!resumable || range)
+            out->clear();
+        for (bool again = resumable && !range && !out->empty();; again = true) {
+            size_t have = out->size();
+            std::string peer;
+            grpc::Status st;
+            if (have == owed && have > 0) {  // every byte came, the last chunk did not
+                *sent_digest = sha256(out->data(), out->size());
+                return grpc::Status::OK;
+            }
+            if (have > 0) {
+                st = piece(model, name, true, have, owed - have, out, sent_digest, &peer);
+                if (st.ok() && *sent_digest != sha256(out->data() + have, out->size() - have))
+                    return grpc::Status(grpc::StatusCode::DATA_LOSS,
+                                        name + ": the server's digest of the piece resumed "
+                                        "differs");
+                if (st.ok())
+                    *sent_digest = sha256(out->data(), out->size());
+            } else {
+                st = piece(model, name, range, off, range ? len : 0, out, sent_digest, &peer,
+                           owed);
+            }
+            if (st.ok() && again)
+                resumed_on(peer);
+            if (st.ok() || !failover(st, "GetTensor " + name, peer))
+                return st;
+            if (!resumable || range)
+                out->clear();
+        }
+    }
+
+    std::unique_ptr<grpc::ClientReader<pb::TensorChunk>> stream(
+        grpc::ClientContext *ctx, const std::string &model,
+        const std::vector<std::string> &names = {})
+    {
+        prepare(ctx, 600);
+        pb::StreamTensorsRequest q;
+        q.set_model(model);
+        for (const auto &n : names)
+            q.add_names(n);
+        q.set_chunk_bytes(o_.chunk);
+        return stub_->StreamTensors(ctx, q);
+    }
+
+private:
+    // One GetTensor call, its chunks appended to *out: [off, off + len) of
+    // the tensor when ranged (len 0: to its end), owed bytes in all
+    // (owed 0 with ranged: len).
+    grpc::Status piece(const std::string &model, const std::string &name, bool ranged,
+                       uint64_t off, uint64_t len, std::string *out, std::string *sent_digest,
+                       std::string *peer, uint64_t owed = 0)
+    {
+        if (!owed)
+            owed = len;
         grpc::ClientContext ctx;
         prepare(&ctx);
         pb::GetTensorRequest q;
         q.set_model(model);
         q.set_name(name);
         q.set_chunk_bytes(o_.chunk);
-        if (range) {
+        if (ranged) {
             q.mutable_range()->set_offset(off);
             q.mutable_range()->set_length(len);
         }
         auto reader = stub_->GetTensor(&ctx, q);
         pb::TensorChunk c;
-        out->clear();
+        const size_t start = out->size();
         bool last = false;
-        uint64_t base = range ? off : 0;
+        uint64_t base = ranged ? off : 0;
         while (reader->Read(&c)) {
+            uint64_t got = out->size() - start;
             const char *bad = nullptr;
-            if (c.offset() != base + out->size() || last)
+            if (c.offset() != base + got || last)
                 bad = "chunks out of order";
             else if (c.total_bytes() != owed)
                 bad = "a chunk's total_bytes is not what is owed";
-            else if (c.data().size() > owed - out->size())
+            else if (c.data().size() > owed - got)
                 bad = "more bytes than owed";
             if (bad) {
                 ctx.TryCancel();
                 reader->Finish();
                 return grpc::Status(grpc::StatusCode::DATA_LOSS, name + ": " + bad);
             }
-            if (out->empty())  // owed is the server's word without a manifest: capped
-                out->reserve(std::min<uint64_t>(owed, 64u << 20));
+            if (!got)  // owed is the server's word without a manifest: capped
+                out->reserve(start + std::min<uint64_t>(owed, 64u << 20));
             out->append(c.data());
             if (c.last()) {
                 last = true;
@@ -216,27 +394,19 @@ public:
             }
         }
         grpc::Status st = reader->Finish();
+        *peer = ctx.peer();
         if (st.ok() && !last)
             return grpc::Status(grpc::StatusCode::DATA_LOSS, "stream ended without its last chunk");
-        if (st.ok() && out->size() != owed)
+        if (st.ok() && out->size() - start != owed)
             return grpc::Status(grpc::StatusCode::DATA_LOSS, name + ": fewer bytes than owed");
         return st;
     }
 
-    std::unique_ptr<grpc::ClientReader<pb::TensorChunk>> stream(grpc::ClientContext *ctx,
-                                                               const std::string &model)
-    {
-        prepare(ctx, 600);
-        pb::StreamTensorsRequest q;
-        q.set_model(model);
-        q.set_chunk_bytes(o_.chunk);
-        return stub_->StreamTensors(ctx, q);
-    }
-
-private:
     const Opts &o_;
     std::unique_ptr<pb::TensorService::Stub> stub_;
     std::string token_;
+    int failovers_ = 0;  // failovers allowed in the run
+    int used_ = 0;       // failovers used
 };
 
 // The local copy: the model opened through the library (no manifest).
@@ -436,7 +606,8 @@ int usage()
             "usage: serve_client ADDR list | info MODEL | get MODEL NAME | fetch MODEL\n"
             "  [--offset N --length N] [-o FILE] [--stream] [--ranges] [--compare PATH]\n"
             "  [--manifest FILE] [--token FILE] [--ca PEM [--cert PEM --key PEM] [--server-name N]]\n"
-            "  [--chunk N] [--repeat N] [--quiet] [--allow-unverified]\n");
+            "  [--chunk N] [--repeat N] [--quiet] [--allow-unverified] [--failovers N]\n"
+            "ADDR: HOST:PORT, or replicas: IP:PORT,IP:PORT,... | dns:///NAME:PORT | ipv4:A,B\n");
     return 2;
 }
 
@@ -476,6 +647,121 @@ int check_tensor(const pb::TensorInfo &ti, const std::string &bytes, const std::
     return 0;
 }
 
+// One pass of `fetch --stream`: GetModel's tensors (with --manifest,
+// checked to be the manifest's), each once, in its order, by
+// StreamTensors. A call that fails UNAVAILABLE (or CANCELLED by the
+// server) is resumed on another
+// replica (failover): the tensor it was in from its next chunk (a range of
+// what is left, by GetTensor: the manifest digest checks the whole), then
+// one StreamTensors call for the tensors still owed, named in the model's
+// order. Returns -1 at the pass's end (mismatches added to *bad), else
+// the exit status. *stall: the run's --stall still to come.
+int fetch_stream(Client &c, const std::string &model, const pb::ModelInfo &mi,
+                 const std::map<std::string, const pb::TensorInfo *> &by_name, Local *lp,
+                 const Opts &o, bool *stall, uint64_t *total, int *bad)
+{
+    size_t done = 0;
+    std::vector<std::string> names;  // empty: every tensor (the first call)
+    for (bool resumed = false;; resumed = true) {
+        grpc::ClientContext ctx;
+        auto reader = c.stream(&ctx, model, names);
+        pb::TensorChunk ch;
+        std::string cur, bytes;
+        bool first = true, in_tensor = false;
+        while (reader->Read(&ch)) {
+            if (*stall && o.stall > 0) {
+                fprintf(stderr, "stalling after the first chunk\n");
+                std::this_thread::sleep_for(std::chrono::duration<double>(o.stall));
+            }
+            *stall = false;
+            if (first && o.cancel) {
+                ctx.TryCancel();
+                grpc::Status st = reader->Finish();
+                fprintf(stderr, "cancelled after the first chunk\n");
+                return fail_status(st);
+            }
+            if (first && resumed)
+                c.resumed_on(ctx.peer());
+            first = false;
+            if (!in_tensor || ch.name() != cur) {
+                if (!bytes.empty()) {
+                    fprintf(stderr, "MISMATCH %s: next tensor before the last chunk\n",
+                            cur.c_str());
+                    (*bad)++;
+                }
+                cur = ch.name();
+                bytes.clear();
+                in_tensor = true;
+                // What is owed, in order: GetModel's tensors, each once.
+                // Counting alone would take a tensor sent twice for one
+                // never sent.
+                const int want = (int)done;
+                if (want >= mi.tensors_size() || cur != mi.tensors(want).name()) {
+                    fprintf(stderr, "MISMATCH %s: not the tensor expected next (%s)\n",
+                            cur.c_str(),
+                            want < mi.tensors_size() ? mi.tensors(want).name().c_str()
+                                                     : "none: every tensor was sent");
+                    ctx.TryCancel();
+                    reader->Finish();
+                    return 1;
+                }
+            }
+            if (ch.offset() != bytes.size()) {
+                fprintf(stderr, "MISMATCH %s: chunk out of order\n", cur.c_str());
+                (*bad)++;
+            }
+            // Never a byte past the tensor's nbytes: a server that sends
+            // more ends the call here instead of filling the client.
+            auto it = by_name.find(cur);
+            if (it == by_name.end() || ch.data().size() > it->second->nbytes() - bytes.size()) {
+                fprintf(stderr, "MISMATCH %s: %s\n", cur.c_str(),
+                        it == by_name.end() ? "not in GetModel" : "more bytes than its nbytes");
+                ctx.TryCancel();
+                reader->Finish();
+                return 1;
+            }
+            bytes.append(ch.data());
+            if (ch.last()) {
+                *bad += check_tensor(*it->second, bytes, ch.sha256(), lp, o);
+                *total += bytes.size();
+                done++;
+                bytes.clear();
+                in_tensor = false;
+            }
+        }
+        grpc::Status st = reader->Finish();
+        if (st.ok()) {
+            if (done != (size_t)mi.tensors_size()) {
+                fprintf(stderr, "MISMATCH: %zu tensors streamed, the model has %d\n", done,
+                        mi.tensors_size());
+                (*bad)++;
+            }
+            return -1;
+        }
+        if (!c.failover(st, "StreamTensors of " + model, ctx.peer()))
+            return fail_status(st);
+        if (in_tensor) {
+            // The tensor the call was in: the rest of it (all of it when no
+            // manifest digest would check the bytes already here).
+            const pb::TensorInfo &t = *by_name.at(cur);
+            std::string sent;
+            fprintf(stderr, "resuming %s from byte %zu\n", cur.c_str(),
+                    t.sha256().empty() ? (size_t)0 : bytes.size());
+            if (!(st = c.tensor(model, cur, false, 0, 0, t.nbytes(), &bytes, &sent,
+                                !t.sha256().empty())).ok())
+                return fail_status(st);
+            *bad += check_tensor(t, bytes, sent, lp, o);
+            *total += bytes.size();
+            done++;
+        }
+        names.clear();
+        for (int k = (int)done; k < mi.tensors_size(); k++)
+            names.push_back(mi.tensors(k).name());
+        if (names.empty())
+            return -1;
+    }
+}
+
 }  // namespace
 
 int main(int argc, char **argv)
@@ -500,6 +786,7 @@ int main(int argc, char **argv)
         else if (a == "--length") { o.length = strtoull(val().c_str(), nullptr, 10); o.range = true; }
         else if (a == "--chunk") o.chunk = (uint32_t)strtoul(val().c_str(), nullptr, 10);
         else if (a == "--repeat") o.repeat = atoi(val().c_str());
+        else if (a == "--failovers") o.failovers = atoi(val().c_str());
         else if (a == "--stall") o.stall = atof(val().c_str());
         else if (a == "--cancel") o.cancel = true;
         else if (a == "--stream") o.stream = true;
@@ -509,7 +796,17 @@ int main(int argc, char **argv)
         else if (!a.empty() && a[0] == '-') return usage();
         else pos.push_back(a);
     }
-    Client c(addr, o);
+    Target target = target_of(addr);
+    // TLS checks the target's name, and a list of addresses has none (gRPC
+    // would check the whole list as one name, and every handshake fail).
+    if (target.err.empty() && target.addresses && !o.ca.empty() && o.server_name.empty())
+        target.err = "a list of servers over TLS needs --server-name NAME (the name in the "
+                     "replicas' certificates)";
+    if (!target.err.empty()) {
+        fprintf(stderr, "serve_client: %s\n", target.err.c_str());
+        return 2;
+    }
+    Client c(target, o);
     grpc::Status st;
 
     if (cmd == "list") {
@@ -580,8 +877,9 @@ int main(int argc, char **argv)
             return 2;
         }
         std::string bytes, sent;
+        bool whole = it != by_name.end() && !it->second->sha256().empty() && (!o.range || slice);
         if (!(st = c.tensor(pos[0], pos[1], o.range && !slice, o.offset, o.length,
-                            slice ? n : owed, &bytes, &sent)).ok())
+                            slice ? n : owed, &bytes, &sent, whole)).ok())
             return fail_status(st);
         // An answer where the server owes a refusal (a tensor GetModel does
         // not list, a range outside the tensor): nothing to check it
@@ -639,7 +937,7 @@ int main(int argc, char **argv)
             std::string bytes, sent;
             auto a = std::chrono::steady_clock::now();
             if (!(st = c.tensor(pos[0], pos[1], false, 0, 0, it->second->nbytes(), &bytes,
-                                &sent)).ok())
+                                &sent, !it->second->sha256().empty())).ok())
                 return fail_status(st);
             ms.push_back(std::chrono::duration<double, std::milli>(
                               std::chrono::steady_clock::now() - a)
@@ -660,85 +958,18 @@ int main(int argc, char **argv)
     int bad = 0;
     uint64_t total = 0;
     auto t0 = std::chrono::steady_clock::now();
+    bool stall = o.stall > 0;
     for (int rep = 0; rep < o.repeat; rep++) {
         if (o.stream) {
-            grpc::ClientContext ctx;
-            auto reader = c.stream(&ctx, pos[0]);
-            pb::TensorChunk ch;
-            std::string cur, bytes;
-            size_t done = 0;
-            bool first = true, in_tensor = false;
-            while (reader->Read(&ch)) {
-                if (first && o.stall > 0) {
-                    fprintf(stderr, "stalling after the first chunk\n");
-                    std::this_thread::sleep_for(std::chrono::duration<double>(o.stall));
-                }
-                if (first && o.cancel) {
-                    ctx.TryCancel();
-                    st = reader->Finish();
-                    fprintf(stderr, "cancelled after the first chunk\n");
-                    return fail_status(st);
-                }
-                first = false;
-                if (!in_tensor || ch.name() != cur) {
-                    if (!bytes.empty()) {
-                        fprintf(stderr, "MISMATCH %s: next tensor before the last chunk\n",
-                                cur.c_str());
-                        bad++;
-                    }
-                    cur = ch.name();
-                    bytes.clear();
-                    in_tensor = true;
-                    // What is owed, in order: GetModel's tensors (with
-                    // --manifest, checked above to be the manifest's), each
-                    // once. Counting alone would take a tensor sent twice
-                    // for one never sent.
-                    const int want = (int)done;
-                    if (want >= mi.tensors_size() || cur != mi.tensors(want).name()) {
-                        fprintf(stderr, "MISMATCH %s: not the tensor expected next (%s)\n",
-                                cur.c_str(),
-                                want < mi.tensors_size() ? mi.tensors(want).name().c_str()
-                                                         : "none: every tensor was sent");
-                        ctx.TryCancel();
-                        reader->Finish();
-                        return 1;
-                    }
-                }
-                if (ch.offset() != bytes.size()) {
-                    fprintf(stderr, "MISMATCH %s: chunk out of order\n", cur.c_str());
-                    bad++;
-                }
-                // Never a byte past the tensor's nbytes: a server that sends
-                // more ends the call here instead of filling the client.
-                auto it = by_name.find(cur);
-                if (it == by_name.end() || ch.data().size() > it->second->nbytes() - bytes.size()) {
-                    fprintf(stderr, "MISMATCH %s: %s\n", cur.c_str(),
-                            it == by_name.end() ? "not in GetModel" : "more bytes than its nbytes");
-                    ctx.TryCancel();
-                    reader->Finish();
-                    return 1;
-                }
-                bytes.append(ch.data());
-                if (ch.last()) {
-                    bad += check_tensor(*it->second, bytes, ch.sha256(), lp, o);
-                    total += bytes.size();
-                    done++;
-                    bytes.clear();
-                    in_tensor = false;
-                }
-            }
-            if (!(st = reader->Finish()).ok())
-                return fail_status(st);
-            if (done != (size_t)mi.tensors_size()) {
-                fprintf(stderr, "MISMATCH: %zu tensors streamed, the model has %d\n", done,
-                        mi.tensors_size());
-                bad++;
-            }
+            int rc = fetch_stream(c, pos[0], mi, by_name, lp, o, &stall, &total, &bad);
+            if (rc >= 0)
+                return rc;
             continue;
         }
         for (const auto &t : mi.tensors()) {
             std::string whole, bytes, sent;
-            if (!(st = c.tensor(pos[0], t.name(), false, 0, 0, t.nbytes(), &whole, &sent)).ok())
+            if (!(st = c.tensor(pos[0], t.name(), false, 0, 0, t.nbytes(), &whole, &sent,
+                                !t.sha256().empty())).ok())
                 return fail_status(st);
             bad += check_tensor(t, whole, sent, lp, o);
             total += whole.size();

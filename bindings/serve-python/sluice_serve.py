@@ -38,6 +38,22 @@ early, even with status OK, raises ChecksumError. ChecksumError is the
 client's one integrity error: whatever the server sent that does not
 match what is owed.
 
+Replicas: addr may name several servers of the same models, a replica
+set: a list ["10.0.0.1:7070", "10.0.0.2:7070"] or the string
+"10.0.0.1:7070,10.0.0.2:7070" (IP addresses of one family, made the
+ipv4:/ipv6: target gRPC's resolver takes), or a target with a resolver
+scheme ("dns:///NAME:PORT": every address the name resolves to;
+"ipv4:A,B"). Calls to a replica set are spread by gRPC's round_robin over
+the replicas that are up and whose grpc.health.v1 status is SERVING (a
+server says NOT_SERVING from its SIGTERM on, while it drains), and a call
+whose replica dies or drains (UNAVAILABLE, or CANCELLED by the server)
+is made again on another
+(failovers, 8 per call by default): a stream from the next tensor owed, a
+tensor in flight from its next chunk (the rest of it as a range), every
+byte still checked against the manifest digest, so what is owed is the
+same whichever replicas sent it. Each failover is logged (logger
+"sluice_serve", WARNING) and counted in Client.failovers_used.
+
 The gRPC modules are generated from the proto with Debian's
 python3-grpc-tools, at test time by tools/test_serve_python.sh (into a
 directory named by SLUICE_SERVE_PROTO_OUT) or, failing that, on first
@@ -50,16 +66,68 @@ the raw bytes.
 """
 import hashlib
 import json
+import logging
 import os
+import socket
 import sys
 import tempfile
+import time
 
 import grpc
 import numpy as np
 
 __all__ = ["Client", "ChecksumError", "generate"]
 
+_log = logging.getLogger("sluice_serve")
 _HERE = os.path.dirname(os.path.abspath(__file__))
+
+# The channel of a replica set: gRPC's round_robin over every address,
+# each health-checked through grpc.health.v1 Watch (a replica that says
+# NOT_SERVING gets no new call), and a call that fails UNAVAILABLE before
+# any answer came is retried by gRPC itself, each attempt picked anew. A
+# call that fails after answers came is resumed by the client (failover).
+REPLICA_SERVICE_CONFIG = json.dumps({
+    "loadBalancingConfig": [{"round_robin": {}}],
+    "healthCheckConfig": {"serviceName": ""},
+    "methodConfig": [{
+        "name": [{"service": "sluice.v1.TensorService"}],
+        "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s",
+                        "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]},
+    }],
+})
+
+
+def target_of(addr):
+    """(gRPC target, whether it is a replica set) for addr: "HOST:PORT" (one
+    server), a list or comma-separated string of IP:PORT / [IPV6]:PORT
+    entries (made an ipv4:/ipv6: target), or a target with a resolver
+    scheme (dns:, ipv4:, ipv6:), taken as it is. ValueError for a list
+    with a name or of mixed families (a name: dns:///NAME:PORT)."""
+    if isinstance(addr, str):
+        if addr.startswith(("dns:", "ipv4:", "ipv6:")):
+            return addr, True
+        if "," not in addr:
+            return addr, False
+        addr = addr.split(",")
+    family = None
+    for e in addr:
+        host, _, port = e.rpartition(":")
+        v6 = len(host) > 2 and host[0] == "[" and host[-1] == "]"
+        try:
+            socket.inet_pton(socket.AF_INET6 if v6 else socket.AF_INET, host[1:-1] if v6 else host)
+            ok = port.isdigit() and 0 < int(port) < 65536
+        except OSError:
+            ok = False
+        if not ok:
+            raise ValueError("%r: a list of servers takes IP:PORT or [IPV6]:PORT entries (a name "
+                             "with several addresses: dns:///NAME:PORT)" % e)
+        f = "ipv6:" if v6 else "ipv4:"
+        if family not in (None, f):
+            raise ValueError("a list of servers takes addresses of one family (IPv4 or IPv6)")
+        family = f
+    if family is None:
+        raise ValueError("an empty list of servers")
+    return family + ",".join(addr), True
 _PROTO = os.path.join(_HERE, "..", "..", "proto", "sluice", "v1", "tensor_service.proto")
 
 
@@ -120,7 +188,11 @@ def to_array(data, dtype, shape):
 class Client:
     """A connection to a sluice serve server.
 
-    addr: "host:port". token: the shared token (or token_file). TLS:
+    addr: "host:port", or a replica set (a list of "IP:PORT", the same
+    comma-separated, "dns:///NAME:PORT"; see the module's doc). failovers:
+    how many times one call (get_bytes, get_tensor, stream) may be made
+    again on another replica after UNAVAILABLE or a server's CANCELLED (None: 8 for a replica set,
+    0 for one server). token: the shared token (or token_file). TLS:
     root_certificates (PEM bytes or a path) for the server's CA, and
     certificate_chain + private_key for a client certificate (mutual TLS);
     server_name overrides the name checked in the server's certificate.
@@ -136,7 +208,7 @@ class Client:
 
     def __init__(self, addr, token=None, token_file=None, root_certificates=None,
                  certificate_chain=None, private_key=None, server_name=None,
-                 manifest=None, chunk_bytes=0, timeout=300.0):
+                 manifest=None, chunk_bytes=0, timeout=300.0, failovers=None):
         def pem(x):
             if x is None or isinstance(x, bytes):
                 return x
@@ -150,6 +222,16 @@ class Client:
         options = []  # gRPC's default 4 MiB receive limit: every message of the server fits
         if server_name:
             options.append(("grpc.ssl_target_name_override", server_name))
+        addr, replicas = target_of(addr)
+        if root_certificates is not None and not server_name and addr.startswith(("ipv4:", "ipv6:")):
+            # TLS checks the target's name, and a list of addresses has
+            # none (gRPC would check the whole list as one name).
+            raise ValueError("a list of servers over TLS needs server_name (the name in the "
+                             "replicas' certificates)")
+        if replicas:
+            options.append(("grpc.service_config", REPLICA_SERVICE_CONFIG))
+        self.failovers = failovers if failovers is not None else 8 if replicas else 0
+        self.failovers_used = 0
         if root_certificates is not None:
             creds = grpc.ssl_channel_credentials(pem(root_certificates), pem(private_key),
                                                  pem(certificate_chain))
@@ -264,6 +346,35 @@ class Client:
         if got != want:
             raise ChecksumError("%s: sha256 %s, manifest %s" % (t.name, got.hex(), want.hex()))
 
+    def _failover(self, err, what, used):
+        """Whether a call that raised err may be made again on another
+        replica: UNAVAILABLE (the server died, its connection broke, or its
+        drain ended the call) or CANCELLED (by the server: its drain's
+        grace ended, or --stall-timeout, e.g. a consumer slow between
+        tensors; the client's own cancels raise nothing here). Anything
+        else would be the same elsewhere, or says something is wrong.
+        used: [failovers of this call so far], counted here; waits a
+        backoff first (50 ms, doubling, at most 1 s)."""
+        code = err.code() if callable(getattr(err, "code", None)) else None
+        if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED) or \
+                used[0] >= self.failovers:
+            return False
+        time.sleep(min(1.0, 0.05 * 2 ** used[0]))
+        used[0] += 1
+        self.failovers_used += 1
+        _log.warning("failover %d/%d: %s: %s (%s); resuming on another replica", used[0],
+                     self.failovers, what, code.name,
+                     err.details() if hasattr(err, "details") else "")
+        return True
+
+    def _resumable(self, t):
+        # A whole tensor whose digest will check every byte, whichever
+        # replica sent it: resumed from its next chunk; anything else from
+        # its start.
+        if self._trusted is not None:
+            return t.name in self._trusted
+        return bool(t.sha256)
+
     def get_bytes(self, model, name, offset=None, length=None):
         """The raw bytes of a tensor, or of length bytes from offset (length
         0 or None: to the end). A whole tensor is checked against the
@@ -273,7 +384,9 @@ class Client:
         checked against the server's digest of it (the transfer only) and
         its length against what was asked (nbytes - offset for length 0).
         The tensor must be listed by GetModel: its nbytes bounds what is
-        read."""
+        read. On a replica set, a call that fails UNAVAILABLE (or CANCELLED
+        by the server) is made again on another replica: a whole tensor from its next chunk, a range
+        from its start."""
         ranged = offset is not None or length is not None
         t = self._tensor_info(model, name)
         if ranged and self._trusted is not None:
@@ -285,17 +398,65 @@ class Client:
                                  % (off, n, name, t.nbytes))
             data = self.get_bytes(model, name)
             return data[off:off + n] if n else data[off:]
-        req = pb.GetTensorRequest(model=model, name=name, chunk_bytes=self._chunk)
-        off = 0
+        if not ranged:
+            return self._whole(model, name, t, b"", [0])
+        off = offset or 0
         owed = t.nbytes if t is not None else None
-        if ranged:
-            off = req.range.offset = offset or 0
-            req.range.length = length or 0
-            # A range outside the tensor is the server's INVALID_ARGUMENT;
-            # chunks for one are owed nothing.
-            if owed is not None:
-                owed = (length if off + length <= owed else None) if length else \
-                    (owed - off if off <= owed else None)
+        # A range outside the tensor is the server's INVALID_ARGUMENT;
+        # chunks for one are owed nothing.
+        if owed is not None:
+            owed = (length if off + length <= owed else None) if length else \
+                (owed - off if off <= owed else None)
+        used = [0]
+        while True:
+            try:
+                rx = self._get_call(model, name, t, off, length or 0, owed)
+                break
+            except grpc.RpcError as e:
+                if not self._failover(e, "GetTensor %s (range)" % name, used):
+                    raise
+        data = bytes(rx.buf)
+        if hashlib.sha256(data).digest() != rx.sent:
+            raise ChecksumError("%s: range does not match the server's digest" % name)
+        return data
+
+    def _whole(self, model, name, t, have, used):
+        """A whole tensor, verified; have: its first bytes, already received
+        (a stream's, see stream()); a failover resumes after what came."""
+        resumable = t is not None and self._resumable(t)
+        while True:
+            if have and len(have) == t.nbytes:  # every byte came, the last chunk did not
+                self._check(t, have)
+                return have
+            part = []
+            try:
+                if have:
+                    rx = self._get_call(model, name, t, len(have), t.nbytes - len(have),
+                                        t.nbytes - len(have), part)
+                else:
+                    rx = self._get_call(model, name, t, None, None,
+                                        t.nbytes if t is not None else None, part)
+            except grpc.RpcError as e:
+                if not self._failover(e, "GetTensor %s" % name, used):
+                    raise
+                have = have + b"".join(part) if resumable else b""
+                continue
+            piece = bytes(rx.buf)
+            if have and hashlib.sha256(piece).digest() != rx.sent:
+                raise ChecksumError("%s: the server's digest of the piece resumed at byte %d "
+                                    "differs" % (name, len(have)))
+            data = have + piece
+            self._check(t, data)
+            return data
+
+    def _get_call(self, model, name, t, off, length, owed, part=None):
+        """One GetTensor call (a range when off is not None); its _Receiver,
+        complete. When it raises grpc.RpcError, the bytes received are
+        appended to the list part (a failover resumes after them)."""
+        req = pb.GetTensorRequest(model=model, name=name, chunk_bytes=self._chunk)
+        if off is not None:
+            req.range.offset = off
+            req.range.length = length
         it = self._stub.GetTensor(req, timeout=self._timeout, metadata=self._metadata)
         rx = None
         try:
@@ -308,21 +469,19 @@ class Client:
                     if owed is None:
                         raise ChecksumError("%s: chunks for a range outside its %d bytes"
                                             % (name, t.nbytes))
-                    rx = _Receiver(name, off, owed)
+                    rx = _Receiver(name, off or 0, owed)
                 elif rx.sent is not None:
                     raise ChecksumError("%s: a chunk after the last one" % name)
                 rx.add(c)
+        except grpc.RpcError:
+            if part is not None and rx is not None:
+                part.append(bytes(rx.buf))
+            raise
         finally:
             it.cancel()  # stops the server at once when a check raised; else a no-op
         if rx is None or rx.sent is None:
             raise ChecksumError("%s: the stream ended without its last chunk" % name)
-        data = bytes(rx.buf)
-        if ranged:
-            if hashlib.sha256(data).digest() != rx.sent:
-                raise ChecksumError("%s: range does not match the server's digest" % name)
-            return data
-        self._check(t, data)
-        return data
+        return rx
 
     def get_tensor(self, model, name):
         """One tensor as a NumPy array, verified against the manifest digest."""
@@ -332,7 +491,10 @@ class Client:
 
     def stream(self, model, names=None, raw=False):
         """Yields (name, array) (or (name, bytes) with raw=True) for the
-        listed tensors (None: all), each verified, in delivery order."""
+        listed tensors (None: all), each verified, in delivery order. On a
+        replica set, a call that fails UNAVAILABLE (or CANCELLED by the
+        server) is resumed on another replica: the tensor in flight from its next chunk, then one
+        StreamTensors call for the tensors still owed."""
         tensors = self.model(model).tensors
         info = {t.name: t for t in tensors}
         names = list(names or [])
@@ -342,30 +504,48 @@ class Client:
         # With a trusted manifest, model() has checked that the server lists
         # exactly the manifest's tensors, so "every tensor" is the manifest's.
         owed = names or [t.name for t in tensors]
-        req = pb.StreamTensorsRequest(model=model, names=names, chunk_bytes=self._chunk)
-        it = self._stub.StreamTensors(req, timeout=self._timeout, metadata=self._metadata)
-        rx, done = None, 0
-        try:
-            for c in it:
-                if rx is None:
-                    if done >= len(owed) or c.name != owed[done]:
-                        raise ChecksumError("%s: not the tensor expected next (%s)"
-                                            % (c.name, owed[done] if done < len(owed) else "none"))
-                    t = info.get(c.name)
-                    if t is None:
-                        raise ChecksumError("%s: not listed by GetModel" % c.name)
-                    rx = _Receiver(c.name, 0, t.nbytes)
-                elif c.name != rx.name:
-                    raise ChecksumError("%s: next tensor before the last chunk" % rx.name)
-                if rx.add(c):
-                    data = bytes(rx.buf)
-                    rx = None
-                    self._check(t, data)
-                    yield t.name, (data if raw else to_array(data, t.dtype, t.shape))
-                    done += 1
-        finally:
-            # The caller stopped early, or a check raised: end the call.
-            it.cancel()
+        ask, done, used = names, 0, [0]
+        while True:
+            req = pb.StreamTensorsRequest(model=model, names=ask, chunk_bytes=self._chunk)
+            it = self._stub.StreamTensors(req, timeout=self._timeout, metadata=self._metadata)
+            rx, failed = None, None
+            try:
+                for c in it:
+                    if rx is None:
+                        if done >= len(owed) or c.name != owed[done]:
+                            raise ChecksumError("%s: not the tensor expected next (%s)"
+                                                % (c.name, owed[done] if done < len(owed)
+                                                   else "none"))
+                        t = info.get(c.name)
+                        if t is None:
+                            raise ChecksumError("%s: not listed by GetModel" % c.name)
+                        rx = _Receiver(c.name, 0, t.nbytes)
+                    elif c.name != rx.name:
+                        raise ChecksumError("%s: next tensor before the last chunk" % rx.name)
+                    if rx.add(c):
+                        data = bytes(rx.buf)
+                        rx = None
+                        self._check(t, data)
+                        yield t.name, (data if raw else to_array(data, t.dtype, t.shape))
+                        done += 1
+            except grpc.RpcError as e:
+                if not self._failover(e, "StreamTensors of %s" % model, used):
+                    raise
+                failed = e
+            finally:
+                # The caller stopped early, or a check raised: end the call.
+                it.cancel()
+            if failed is None:
+                break
+            if rx is not None:  # the tensor in flight: the rest of it
+                data = self._whole(model, rx.name, t,
+                                   bytes(rx.buf) if self._resumable(t) else b"", used)
+                rx = None
+                yield t.name, (data if raw else to_array(data, t.dtype, t.shape))
+                done += 1
+            ask = owed[done:]
+            if not ask:
+                return
         if rx is not None:
             raise ChecksumError("%s: the stream ended before its last chunk" % rx.name)
         if done < len(owed):

@@ -4,7 +4,7 @@
 # gRPC clients (examples/serve_client.cc). Every wait is bounded; every
 # server started is stopped at the end, also on failure.
 # usage: serve_test.sh BUILD_DIR REAL_DATA_DIR CASE
-#   CASE: fetch | errors | security | shutdown | load | transport | flood
+#   CASE: fetch | errors | security | shutdown | load | transport | flood | replicas
 set -u
 B=$1
 REAL=$2
@@ -865,6 +865,135 @@ print("closed after %.2f s" % (time.monotonic() - t0))' "$ADDR" 2>&1)
         bad "a connection without the preface: $out"
     expect 0 "served after it all" "$ADDR" get $m m --token "$T/token"
     stop_server flood
+}
+
+# start_replicas N MODEL ARGS...: N servers of MODEL (rep1..repN) with
+# metrics; sets RPID, RPORT, RMPORT (arrays, 1-based) and RLIST, their
+# addresses as one list "127.0.0.1:P1,127.0.0.1:P2,...".
+start_replicas() {
+    local n=$1 k
+    shift
+    RPID=() RPORT=() RMPORT=() RLIST=""
+    for k in $(seq "$n"); do
+        start_server "rep$k" "$@" --metrics-port 0
+        RPID[k]=$SPID
+        RPORT[k]=${ADDR##*:}
+        RMPORT[k]=$(sed -n 's/^metrics on 127.0.0.1:\([0-9]*\)$/\1/p' "$T/rep$k.out")
+        RLIST+="${RLIST:+,}$ADDR"
+    done
+}
+
+# calls MPORT METHOD: the server's sluice_serve_calls_total of METHOD with OK.
+calls() { metric "$1" "sluice_serve_calls_total{method=\"$2\",code=\"OK\"}"; }
+
+case_replicas() {
+    # 8 x 8 MiB: a stream stalled after its first chunk holds its call on
+    # the server (the windows and buffers between hold far less).
+    make_big "$T/big" w0:8388608 w1:8388608 w2:8388608 w3:8388608 w4:8388608 \
+        w5:8388608 w6:8388608 w7:8388608
+    local m=model.safetensors man="$T/big/model.safetensors.manifest.json"
+    start_replicas 3 "$T/big/$m" --grace 5 --max-streams-per-client 64 \
+        --max-connections-per-address 64
+    # A list spreads calls over the replicas (round_robin): 6 GetTensor calls, 2 each.
+    expect 0 "a list of 3 replicas: every tensor verified" "$RLIST" get $m w0 --repeat 1 \
+        --manifest "$man" -q
+    local k spread=0
+    for k in 1 2 3; do
+        timeout 30 "$CLIENT" "$RLIST" latency $m w1 --repeat 6 --manifest "$man" >/dev/null 2>&1
+    done
+    for k in 1 2 3; do
+        [ "$(calls "${RMPORT[k]}" GetTensor)" -gt 0 ] && spread=$((spread + 1))
+    done
+    [ $spread -eq 3 ] && ok "GetTensor calls spread over the 3 replicas (round_robin)" ||
+        bad "GetTensor calls on $spread of the 3 replicas"
+    expect 2 "a list with a name is refused (dns:/// is for names)" \
+        "localhost:${RPORT[1]},127.0.0.1:${RPORT[2]}" list
+    expect 2 "a list over TLS without --server-name is refused (no name to check)" \
+        "$RLIST" list --ca "$man"
+    expect 0 "dns:///127.0.0.1:P: a replica set of what the name resolves to" \
+        "dns:///127.0.0.1:${RPORT[1]}" get $m w2 --manifest "$man" -q
+    # Health checking: a fourth replica draining (SIGTERM; a call stalled
+    # on it holds the drain open) says NOT_SERVING, and a client of the
+    # four sends it no call: its subchannel is never ready. Without the
+    # health check a quarter of the calls would be refused there.
+    start_server rep4 "$T/big/$m" --metrics-port 0 --grace 8
+    local mp4 hold
+    mp4=$(sed -n 's/^metrics on 127.0.0.1:\([0-9]*\)$/\1/p' "$T/rep4.out")
+    timeout 60 "$CLIENT" "$ADDR" fetch $m --stream --stall 4 -q >/dev/null 2>"$T/hold.err" &
+    hold=$!
+    PIDS+=($hold)
+    wait_line "$T/hold.err" '^stalling' 300 || bad "the holding client did not start"
+    kill -TERM "$SPID"
+    wait_line "$T/rep4.err" 'draining' 100 || bad "rep4 did not begin draining"
+    expect 0 "a client of 4 replicas, one draining: 8 calls verified" "$RLIST,$ADDR" latency $m w1 \
+        --repeat 8 --manifest "$man"
+    local refused got4
+    refused=$(metric "$mp4" 'sluice_serve_refused_total{reason="shutdown"}')
+    got4=$(calls "$mp4" GetTensor)
+    [ "$refused" = 0 ] && [ "$got4" = 0 ] &&
+        ok "the draining replica (NOT_SERVING) got none of them (health check)" ||
+        bad "the draining replica got calls: $got4 served, ${refused:-?} refused (shutting down)"
+    term_wait 15
+    wait "$hold" 2>/dev/null
+    # 8 clients stream the model 3 times each (the list, or the ipv4:
+    # target it stands for), each stalled for 8 s after its first chunk:
+    # then every client has a call open, on a replica its metrics name
+    # (8 s: room for the last client to start, on a loaded machine).
+    local i pids=() target
+    for i in 1 2 3 4 5 6 7 8; do
+        target=$RLIST
+        [ $((i % 2)) -eq 0 ] && target="ipv4:$RLIST"
+        timeout 120 "$CLIENT" "$target" fetch $m --stream --repeat 3 --stall 8 \
+            --manifest "$man" -q >/dev/null 2>"$T/rc$i.err" &
+        pids+=($!)
+        PIDS+=($!)
+    done
+    for i in 1 2 3 4 5 6 7 8; do
+        wait_line "$T/rc$i.err" '^stalling' 600 || bad "client $i did not start: $(cat "$T/rc$i.err")"
+    done
+    # The replica with the most open calls is killed (SIGKILL), the next
+    # is sent SIGTERM (NOT_SERVING, then drained), the third survives.
+    local act=() order
+    for k in 1 2 3; do act[k]=$(metric "${RMPORT[k]}" sluice_serve_active_streams); done
+    order=$(for k in 1 2 3; do echo "${act[k]:-0} $k"; done | sort -rn | awk '{print $2}')
+    local kill_k term_k live_k
+    read -r kill_k term_k live_k <<<"$(echo $order)"
+    echo "# open calls: ${act[1]} ${act[2]} ${act[3]}; SIGKILL rep$kill_k, SIGTERM rep$term_k, rep$live_k survives"
+    [ "${act[kill_k]:-0}" -ge 1 ] || bad "no open call on any replica"
+    local before
+    before=$(calls "${RMPORT[live_k]}" StreamTensors)
+    kill -KILL "${RPID[kill_k]}"
+    wait "${RPID[kill_k]}" 2>/dev/null
+    SPID=${RPID[term_k]}
+    term_wait 10
+    [ "$RC" -eq 0 ] && ok "the replica sent SIGTERM mid-stream exits 0" ||
+        bad "the replica sent SIGTERM exited $RC: $(tail -3 "$T/rep$term_k.err")"
+    local failed=0 resumed chunked
+    for i in "${!pids[@]}"; do
+        wait "${pids[i]}" || { failed=$((failed + 1)); tail -3 "$T/rc$((i + 1)).err"; }
+    done
+    grep -h '^failover\|^resum' "$T"/rc*.err | sed 's/[0-9][0-9]*/N/g' | sort | uniq -c | sed 's/^/# /'
+    resumed=$(cat "$T"/rc*.err | grep -c '^resumed on ')
+    chunked=$(cat "$T"/rc*.err | grep -c '^resuming w0 from byte [1-9]')
+    [ $failed -eq 0 ] && ok "8 clients, a replica killed and another stopped mid-stream: every tensor verified (manifest), $resumed calls resumed" ||
+        bad "$failed of 8 clients failed"
+    local gone
+    gone=$(cat "$T"/rc*.err | grep -c "^failover .* on ipv4:127.0.0.1:${RPORT[kill_k]}: UNAVAILABLE")
+    # The stopped replica's calls, held by readers stalled past its grace
+    # (5 s), are cut at the grace's end (CANCELLED, or their connections
+    # closed) and fail over too.
+    [ "$gone" -eq "${act[kill_k]}" ] && ok "each of the ${act[kill_k]} calls open on the killed replica failed over" ||
+        bad "$gone failovers from the killed replica, ${act[kill_k]} calls were open on it"
+    [ "$chunked" -ge 1 ] && ok "a tensor in flight resumed from its next chunk ($chunked)" ||
+        bad "no tensor resumed from its next chunk: $(grep -h resum "$T"/rc*.err | head -3)"
+    # The clients' later passes (2 x 8) all on the survivor.
+    local after
+    after=$(calls "${RMPORT[live_k]}" StreamTensors)
+    [ $((after - before)) -ge 16 ] &&
+        ok "the calls show on the surviving replica: $((after - before)) StreamTensors there since" ||
+        bad "the surviving replica saw $((after - before)) StreamTensors calls"
+    SPID=${RPID[live_k]}
+    stop_server "rep$live_k"
 }
 
 "case_$CASE"

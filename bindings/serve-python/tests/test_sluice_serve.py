@@ -40,11 +40,13 @@ class Server:
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=e,
                                      text=True)
         deadline = time.monotonic() + 30
-        self.addr = None
+        self.addr = self.metrics_port = None
         while time.monotonic() < deadline:
             line = self.proc.stdout.readline()
             if not line:
                 break
+            if line.startswith("metrics on "):  # --metrics-port: printed before listening
+                self.metrics_port = int(line.split()[2].rsplit(":", 1)[1])
             if line.startswith("listening on "):
                 self.addr = line.split()[2]
                 break
