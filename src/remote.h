@@ -62,6 +62,9 @@ enum { SL_RRETRY_STATUS = 0, SL_RRETRY_TIMEOUT, SL_RRETRY_CONNECTION, SL_RRETRY_
 typedef struct sl_remote_tally {
     _Atomic uint64_t requests, bytes;
     _Atomic uint64_t retries[SL_RRETRY_COUNT_];
+    /* requests through the proxy that failed and went direct, of every
+     * kind; the bytes fetched directly instead (sluice.h "Proxies") */
+    _Atomic uint64_t proxy_failures, proxy_bypass_bytes;
 } sl_remote_tally;
 
 /* What every remote request of one model is made with (owned by the
@@ -76,9 +79,18 @@ typedef struct sl_remote_cfg {
     int s3_virtual;              /* virtual-host-style addressing */
     char *aws_key, *aws_secret, *aws_session; /* NULL: anonymous */
     char *ca_file;               /* NULL: libcurl's default CA store */
+    /* the proxy (sluice.h "Proxies"), resolved once at open: NULL when
+     * none; the same string for both when opts.http_proxy gave it */
+    char *proxy_http, *proxy_https;
+    char *no_proxy;              /* the hosts reached directly, or NULL */
+    unsigned proxy_kind;         /* SLUICE_PROXY_* */
     _Atomic int *abort_flag;    /* non-NULL and set: blocking fetches stop */
     sl_remote_tally *tally;     /* owned; shared by copies of the struct (the engine's) */
 } sl_remote_cfg;
+
+/* The proxy a request for url (http(s)://) goes through, or NULL when
+ * none applies (none configured, or no_proxy names its host). */
+const char *sl_remote_proxy_for(const sl_remote_cfg *c, const char *url);
 
 /* Whether path names a remote location (http://, https://, s3://). */
 int sl_is_remote(const char *path);
