@@ -34,6 +34,8 @@
 
 #include <cmocka.h>
 
+#include "tool_run.h"
+
 #define MIB (1u << 20)
 #define NODES 8
 
@@ -521,6 +523,38 @@ static void test_plain_no_dragonfly_headers(void **state)
     free(log);
 }
 
+/* The command: --proxy (a dead one: every tensor direct, counted in the
+ * metrics `sluice stats` prints), --proxy-kind dragonfly, and a kind it
+ * does not know (usage error, 2). */
+static void test_command_proxy(void **state)
+{
+    (void)state;
+    if (access(tool, X_OK) != 0) {
+        print_message("skipped: %s not built\n", tool);
+        skip();
+    }
+    char proxy[64];
+    snprintf(proxy, sizeof proxy, "http://127.0.0.1:%u", rf_free_port());
+    char *dir = tu_tmpdir();
+    run_result r = run(dir, "stats", model_url(), "--proxy", proxy, NULL);
+    expect_status(&r, 0, "sluice stats --proxy DEAD");
+    const char *line = strstr(r.out, "\nsluice_proxy_failures_total{");
+    assert_non_null(line);
+    const char *end = strchr(line, '}');
+    assert_non_null(end);
+    assert_true(strtoull(end + 1, NULL, 10) > 0);
+    run_free(&r);
+    r = run(dir, "stats", model_url(), "--proxy", proxy, "--proxy-kind", "dragonfly", NULL);
+    expect_status(&r, 0, "sluice stats --proxy DEAD --proxy-kind dragonfly");
+    run_free(&r);
+    r = run(dir, "stats", model_url(), "--proxy-kind", "squid", NULL);
+    expect_status(&r, 2, "sluice stats --proxy-kind squid");
+    assert_non_null(strstr(r.err, "not plain or dragonfly"));
+    run_free(&r);
+    tu_rmtree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -531,6 +565,7 @@ int main(void)
         cmocka_unit_test(test_proxy_environment),
         cmocka_unit_test(test_dragonfly_headers),
         cmocka_unit_test(test_plain_no_dragonfly_headers),
+        cmocka_unit_test(test_command_proxy),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
