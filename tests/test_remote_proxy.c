@@ -531,6 +531,67 @@ static void test_plain_no_dragonfly_headers(void **state)
     free(log);
 }
 
+/* A mirror's requests go through the proxy too: a local copy with a
+ * flipped byte in w.b, nginx as its mirror, the fault server as the proxy
+ * (recording); then a dead proxy: the mirror is read direct, counted. */
+static void test_mirror_through_proxy(void **state)
+{
+    (void)state;
+    char why[256];
+    rf_server px;
+    if (!rf_fault_start(&px, SLUICE_FAULT_SERVER, root, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    char *dir = tu_tmpdir();
+    char *local = tu_join(dir, "m.safetensors"), *lmf = tu_join(dir, "m.safetensors.manifest.json");
+    char *mf = tu_join(root, "m.safetensors.manifest.json");
+    copy_file(model_path, local);
+    copy_file(mf, lmf);
+    mf_flip_byte(local, file_size(local) - sizes[5] - sizes[4] - sizes[3] - sizes[2] - 10);
+    const char *mirrors[] = {model_url()};
+    char dead[64];
+    snprintf(dead, sizeof dead, "http://127.0.0.1:%u", rf_free_port());
+    const char *proxies[] = {px.base, dead};
+    for (int k = 0; k < 2; k++) {
+        sluice_options o;
+        opts_with_proxy(&o, proxies[k]);
+        o.fallback = mirrors;
+        o.fallback_count = 1;
+        sluice_model *m = NULL;
+        assert_int_equal(sluice_open(local, &o, &m), SLUICE_OK);
+        sluice_tensor *t;
+        int rc = sluice_acquire(m, "w.b", &t);
+        if (rc != SLUICE_OK)
+            fail_msg("acquire w.b: %s: %s", sluice_strerror(rc), sluice_errmsg(m));
+        const struct sluice_tensor_info *info = sluice_tensor_info(t);
+        unsigned char *want = tu_pread_range(model_path, info->offset, (size_t)info->nbytes);
+        assert_memory_equal(sluice_tensor_data(t), want, (size_t)info->nbytes);
+        free(want);
+        assert_non_null(strstr(sluice_tensor_source(t), "fallback 1"));
+        sluice_release(t);
+        struct sluice_stats st = {.size = sizeof st};
+        sluice_stats(m, &st);
+        assert_int_equal(st.fallback_tensors, 1);
+        if (k == 0)
+            assert_int_equal(st.proxy_failures, 0);
+        else
+            assert_true(st.proxy_failures > 0 && st.proxy_bypass_bytes >= info->nbytes);
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+    }
+    char *log = rf_get(&px, "/ctl/log");
+    rf_stop(&px);
+    char abs[128];
+    snprintf(abs, sizeof abs, "GET %s/m.safetensors", nginx.base);
+    assert_non_null(strstr(log, abs));
+    free(log);
+    tu_rmtree(dir);
+    free(dir);
+    free(local);
+    free(lmf);
+    free(mf);
+}
+
 /* The command: --proxy (a dead one: every tensor direct, counted in the
  * metrics `sluice stats` prints), --proxy-kind dragonfly, and a kind it
  * does not know (usage error, 2). */
@@ -573,6 +634,7 @@ int main(void)
         cmocka_unit_test(test_proxy_environment),
         cmocka_unit_test(test_dragonfly_headers),
         cmocka_unit_test(test_plain_no_dragonfly_headers),
+        cmocka_unit_test(test_mirror_through_proxy),
         cmocka_unit_test(test_command_proxy),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
