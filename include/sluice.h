@@ -465,6 +465,9 @@ typedef struct sluice_model sluice_model;
  * verification is loaded again directly; each counts in proxy_failures,
  * the bytes then fetched directly in proxy_bypass_bytes, and
  * sluice_tensor_source says "primary, direct: the proxy failed (...)".
+ * A proxy that could not be reached (refused or reset, a timeout, a
+ * stall) is skipped by the model's requests for 30 s, which go direct at
+ * once (bypass bytes, not failures); then it is tried again.
  * A tensor the origin serves right never fails because of its proxy; it
  * fails, or goes to the mirrors, only as the origin's own answer would.
  *

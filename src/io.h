@@ -73,7 +73,8 @@ typedef struct sl_io_req {
      * it (a Dragonfly proxy gets the higher priority) */
     uint8_t no_proxy, demand;
     /* remote seam results: some of its bytes came through the proxy; the
-     * proxy failed it and it went direct (and why) */
+     * proxy failed it and it went direct; why it went direct (that
+     * failure, or the proxy taken for down) */
     uint8_t proxied, proxy_failed;
     char proxy_why[120];
 

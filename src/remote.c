@@ -399,6 +399,7 @@ typedef struct xfer {
     /* set by setup() for the attempt */
     int proxied;                 /* this attempt goes through the proxy */
     int would_proxy;             /* a proxy applies to its URL (no_proxy aside) */
+    int skipped;                 /* it went direct: the proxy was taken for down */
 } xfer;
 
 static void x_reset_attempt(xfer *x)
@@ -655,6 +656,11 @@ static struct curl_slist *setup_proxy(CURL *h, const sl_remote_cfg *c, const cha
 {
     const char *px = sl_remote_proxy_for(c, url);
     x->would_proxy = px != NULL;
+    if (px && !x->no_proxy &&
+        mono_ms() < atomic_load_explicit(&c->tally->proxy_down_until, memory_order_relaxed)) {
+        x->no_proxy = 1;    /* down a moment ago: not waited for again */
+        x->skipped = 1;
+    }
     x->proxied = px && !x->no_proxy;
     curl_easy_setopt(h, CURLOPT_PROXY, x->proxied ? px : "");
     if (!x->proxied || c->proxy_kind != SLUICE_PROXY_DRAGONFLY)
@@ -681,11 +687,20 @@ static int proxy_fault(const xfer *x, CURLcode rc, int code)
     return !(rc == CURLE_OK && !x->verdict && (x->status == 404 || x->status == 416));
 }
 
-/* Counts a proxy failure of x's request; it goes direct from now on. */
-static void proxy_failed(const sl_remote_cfg *c, xfer *x)
+/* Counts a proxy failure of x's attempt (ended with rc); the request goes
+ * direct from now on. A proxy that could not be reached or stopped
+ * answering is taken for down for SL_PROXY_DOWN_MS: the model's next
+ * requests do not wait for it (a blackholed proxy would cost each one its
+ * connect timeout); one answering 5xx, or wrong bytes, is tried again by
+ * the next request. */
+static void proxy_failed(const sl_remote_cfg *c, xfer *x, CURLcode rc)
 {
     x->no_proxy = 1;
     atomic_fetch_add_explicit(&c->tally->proxy_failures, 1, memory_order_relaxed);
+    if (!x->verdict && rc != CURLE_OK &&
+        (x->cause == SL_RRETRY_CONNECTION || x->cause == SL_RRETRY_TIMEOUT))
+        atomic_store_explicit(&c->tally->proxy_down_until, mono_ms() + SL_PROXY_DOWN_MS,
+                              memory_order_relaxed);
 }
 
 /* Sets h up for one attempt of x at url; *hdrs gets the header list to
@@ -906,7 +921,7 @@ static int fetch(const sl_remote_cfg *c, const char *loc, xfer *x, uint64_t off,
             break;
         if (proxy_fault(x, cr, code)) {
             /* at once, and not an attempt of the origin's */
-            proxy_failed(c, x);
+            proxy_failed(c, x, cr);
             bypass_from = x->done;
             attempt--;
             continue;
@@ -1096,6 +1111,9 @@ static void start(sl_rio *r, rreq *q)
     q->hdrs = NULL;
     setup(q->h, r->c, q->req->location, q->url, &q->x, &q->hdrs);
     q->attempt_from = q->req->done_bytes;
+    if (q->x.skipped && !q->req->proxy_why[0])
+        snprintf(q->req->proxy_why, sizeof q->req->proxy_why,
+                 "skipped: it could not be reached less than %u s ago", SL_PROXY_DOWN_MS / 1000);
     curl_easy_setopt(q->h, CURLOPT_PRIVATE, q);
     if (curl_multi_add_handle(r->multi, q->h) != CURLM_OK) {
         complete(r, q, SLUICE_E_REMOTE, "curl_multi_add_handle failed", EIO);
@@ -1137,7 +1155,7 @@ static void finished(sl_rio *r, rreq *q, CURLcode cr)
     if (out != OUT_OK && !r->abort && proxy_fault(&q->x, cr, code)) {
         /* to the origin directly, at once (the front of the queue), from
          * where the proxy's bytes stopped: the digest judges them all */
-        proxy_failed(r->c, &q->x);
+        proxy_failed(r->c, &q->x, cr);
         q->req->proxy_failed = 1;
         snprintf(q->req->proxy_why, sizeof q->req->proxy_why, "%.119s", msg);
         sl_utf8_cut(q->req->proxy_why);

@@ -65,7 +65,15 @@ typedef struct sl_remote_tally {
     /* requests through the proxy that failed and went direct, of every
      * kind; the bytes fetched directly instead (sluice.h "Proxies") */
     _Atomic uint64_t proxy_failures, proxy_bypass_bytes;
+    /* until when (mono ms) the proxy is taken for down: a request failed
+     * to reach it or it stopped answering (SL_PROXY_DOWN_MS); requests
+     * meanwhile go direct without trying it */
+    _Atomic uint64_t proxy_down_until;
 } sl_remote_tally;
+
+/* How long a proxy that could not be reached (connection refused or
+ * reset, a timeout, a stall) is skipped before it is tried again. */
+#define SL_PROXY_DOWN_MS 30000u
 
 /* What every remote request of one model is made with (owned by the
  * model; immutable once built). Secrets live here only: no message, log

@@ -627,7 +627,7 @@ void sl_read_done(void *ctx, sl_io_req *list)
                 /* the proxy's part in each load (sluice.h "Proxies") */
                 size_t i = r->seg[k].tensor;
                 e->slots[i].px_used |= q->proxied;
-                if (q->proxy_failed)
+                if (q->proxy_why[0])    /* it failed this read, or was skipped */
                     sl_fallback_proxy_note(e, i, q->proxy_why);
             }
             e->st.remote_reads++;
