@@ -317,7 +317,25 @@ typedef struct sluice_options {
                                   recently used blobs are evicted past it;
                                   default SLUICE_CACHE_DEFAULT_BYTES (64 GiB);
                                   0: SLUICE_E_INVAL */
+
+    /* Proxies (see "Proxies" under "Remote models and mirrors"). */
+    const char *http_proxy;     /* the proxy of every remote request of the
+                                  model and its mirrors ("http://HOST:PORT";
+                                  any scheme libcurl takes); NULL: the
+                                  environment (http_proxy, https_proxy,
+                                  HTTPS_PROXY, all_proxy, ALL_PROXY); "":
+                                  no proxy, whatever the environment says.
+                                  no_proxy / NO_PROXY apply to both.
+                                  Copied by open */
+    uint32_t proxy_kind;        /* SLUICE_PROXY_*: how the proxy is spoken to */
 } sluice_options;
+
+/* sluice_options.proxy_kind */
+#define SLUICE_PROXY_PLAIN 0u       /* a plain HTTP proxy (squid, varnish, ...);
+                                       https:// is tunnelled (CONNECT) */
+#define SLUICE_PROXY_DRAGONFLY 1u   /* Dragonfly's dfdaemon: its headers, and
+                                       https:// asked of it as http://, never
+                                       tunnelled (see "Proxies") */
 
 #define SLUICE_CACHE_DEFAULT_BYTES ((uint64_t)64 << 30)
 
@@ -439,6 +457,42 @@ typedef struct sluice_model sluice_model;
  * next mirror whose tensor has the same name, dtype, shape and size, and
  * verified against the model's manifest; when all fail, the primary's
  * code and every source's failure in the message.
+ *
+ * Proxies
+ * -------
+ * Every remote request of a model and of its mirrors (open's, tensor
+ * reads', sluice_read_into's) goes through one proxy when one applies:
+ * opts.http_proxy when set (it wins over the environment; "" turns
+ * proxies off), else the environment as libcurl reads it: http_proxy
+ * (lower case only) for http://, https_proxy or HTTPS_PROXY for https://
+ * and s3://, else all_proxy or ALL_PROXY. no_proxy (or NO_PROXY) names
+ * the hosts reached directly whichever gave the proxy: a comma-separated
+ * list of host names (a name matches itself and its subdomains; a
+ * leading dot is ignored) or IP addresses, "*" for all. A plain proxy
+ * (SLUICE_PROXY_PLAIN) gets absolute-URI requests for http:// and a
+ * CONNECT tunnel for https://, which it cannot cache. A Dragonfly proxy
+ * (SLUICE_PROXY_DRAGONFLY, dfdaemon's HTTP proxy) gets every request as
+ * a plain absolute-URI request, https:// ones rewritten to http:// so
+ * that no tunnel hides the bytes from its peers (the daemon fetches the
+ * origin over TLS by its proxy rule; the hop to the daemon is then in
+ * clear: keep the daemon on the node), with X-Dragonfly-Use-P2P: true,
+ * X-Dragonfly-Priority 6 for a request a caller waits on (acquire, the
+ * open's fetches, a stream's head) and 3 for read-ahead, and
+ * X-Dragonfly-Filtered-Query-Params naming the query parameters of
+ * presigned URLs (S3, GCS, Azure), so that URLs signed on different
+ * nodes count as one task.
+ * A proxy is never trusted with the result: a request through it that
+ * fails (connection refused or reset, timeout, 5xx or any status but 404
+ * and 416, a reply that fails the range checks) is sent again at once to
+ * the origin directly, and a tensor whose bytes from the proxy fail
+ * verification is loaded again directly; each counts in proxy_failures,
+ * the bytes then fetched directly in proxy_bypass_bytes, and
+ * sluice_tensor_source says "primary, direct: the proxy failed (...)".
+ * A proxy that could not be reached (refused or reset, a timeout, a
+ * stall) is skipped by the model's requests for 30 s, which go direct at
+ * once (bypass bytes, not failures); then it is tried again.
+ * A tensor the origin serves right never fails because of its proxy; it
+ * fails, or goes to the mirrors, only as the origin's own answer would.
  *
  * Each header is read once (pread) into private memory, and that copy
  * alone is parsed as strict JSON, validated as the reference implementation
@@ -1291,7 +1345,9 @@ SLUICE_API int sluice_verify(sluice_model *model, const char *const *names, size
 
 /* Where a handle's bytes came from: "" when from the model's own files,
  * else the mirror and why ("fallback 1 (LOC), after: primary: <why>"; see
- * sluice_options.fallback). Borrowed: valid while the handle is live.
+ * sluice_options.fallback), or, read from the model's own files directly
+ * because its proxy failed, "primary, direct: the proxy failed (<why>)"
+ * (see "Proxies"). Borrowed: valid while the handle is live.
  * NULL for a NULL handle. */
 SLUICE_API const char *sluice_tensor_source(const sluice_tensor *t);
 
@@ -1364,6 +1420,11 @@ struct sluice_stats {
     uint32_t unverified;        /* sluice_verify_state's value: 0 verified
                                    against a manifest, 1 no manifest found,
                                    2 verification off by policy */
+    /* proxies (see "Proxies") */
+    uint64_t proxy_failures;    /* requests through the proxy that failed, and
+                                   loads whose bytes from it failed
+                                   verification: each went direct */
+    uint64_t proxy_bypass_bytes; /* bytes then fetched directly from the origin */
 };
 
 /* Fills *stats (whose size field the caller sets; fields past it are not

@@ -140,6 +140,15 @@ static int take_trusted_keys(const sluice_options *o, sl_err *err)
     return SLUICE_OK;
 }
 
+/* The proxy's options (sluice.h "Proxies"). */
+static int take_proxy_options(const sluice_options *o, sl_err *err)
+{
+    if (o->proxy_kind > SLUICE_PROXY_DRAGONFLY)
+        return sl_fail(err, SLUICE_E_INVAL, "options: unknown proxy_kind %u",
+                       (unsigned)o->proxy_kind);
+    return SLUICE_OK;
+}
+
 /* Copies the caller's options over the defaults, field by field up to the
  * size the caller knows, and checks them. */
 static int take_options(sluice_options *dst, const sluice_options *src, sl_err *err)
@@ -151,7 +160,7 @@ static int take_options(sluice_options *dst, const sluice_options *src, sl_err *
         return sl_fail(err, SLUICE_E_INVAL,
                        "options: size %zu is not one this library knows (%zu); "
                        "call sluice_options_init first", src->size, sizeof *dst);
-    size_t set = set_tail(src, src->size, SL_END_OF(sluice_options, cache_bytes));
+    size_t set = set_tail(src, src->size, SL_END_OF(sluice_options, proxy_kind));
     if (set)
         return sl_fail(err, SLUICE_E_INVAL,
                        "options: byte %zu of the caller's %zu-byte struct is not zero, "
@@ -221,6 +230,7 @@ static int take_options(sluice_options *dst, const sluice_options *src, sl_err *
     if (dst->s3_addressing > SLUICE_S3_VIRTUAL_HOST)
         return sl_fail(err, SLUICE_E_INVAL, "options: unknown s3_addressing %u",
                        (unsigned)dst->s3_addressing);
+    SL_TRY(take_proxy_options(dst, err));
     return take_trusted_keys(dst, err);
 }
 
@@ -246,6 +256,7 @@ static int take_remote(sluice_model *m, const char *path, sl_err *err)
     if (remote)
         SL_TRY(sl_remote_cfg_new(o, &m->remote, err));
     o->http_token = o->s3_endpoint = o->s3_region = o->remote_ca_file = NULL;
+    o->http_proxy = NULL;   /* the remote configuration's now */
     return SLUICE_OK;
 }
 

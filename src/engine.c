@@ -485,7 +485,8 @@ const char *sl_handle_source(const sluice_tensor *t)
 {
     /* Written before the slot became READY, under the lock the acquire
      * took; unchanged while a handle holds the slot. */
-    const char *note = t->e->slots[t->index].fb_note;
+    const sl_slot *s = &t->e->slots[t->index];
+    const char *note = s->fb_note ? s->fb_note : s->px_note;
     return note ? note : "";
 }
 
@@ -663,6 +664,11 @@ void sl_engine_stats(sl_engine *e, struct sluice_stats *out)
         out->remote_retries = 0;
         for (int k = 0; k < SL_RRETRY_COUNT_; k++)
             out->remote_retries += atomic_load_explicit(&t->retries[k], memory_order_relaxed);
+        /* the proxy's failures: the requests' (the tally) and the loads'
+         * whose bytes from it failed verification (e->st) */
+        out->proxy_failures += atomic_load_explicit(&t->proxy_failures, memory_order_relaxed);
+        out->proxy_bypass_bytes =
+            atomic_load_explicit(&t->proxy_bypass_bytes, memory_order_relaxed);
     }
 }
 

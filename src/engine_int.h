@@ -91,6 +91,12 @@ typedef struct sl_slot {
     uint64_t src_off;
     char *fb_log;        /* the failures so far of this load, one per source */
     char *fb_note;       /* READY from a mirror: where from and why */
+    /* proxies (sluice.h "Proxies"): this load goes to the origin
+     * directly (its proxy's bytes failed verification); some of its
+     * bytes came through the proxy (sched.c writes it); why it went
+     * direct, for sluice_tensor_source */
+    uint8_t px_direct, px_used;
+    char *px_note;
 
     /* written by sched.c only: the demand and partial queues */
     uint8_t in_demand, in_partial;
@@ -407,6 +413,13 @@ const sl_file *sl_read_file(const sl_engine *e, unsigned source, size_t file);
  * mirror to open) or none does (returns 0, the slot's error now naming
  * every source's failure). Lock held. */
 int sl_fallback_next(sl_engine *e, size_t i);
+/* Slot i (FAILED, drained) failed verification with bytes that came
+ * through the proxy: the same source loads it again, directly (returns
+ * 1), once; else 0. Lock held. */
+int sl_fallback_proxy_bypass(sl_engine *e, size_t i);
+/* A read of slot i's load went direct because the proxy failed (why):
+ * noted for sluice_tensor_source, once a load. Lock held. */
+void sl_fallback_proxy_note(sl_engine *e, size_t i, const char *why);
 /* A load from a mirror became READY: counted, and its note kept. */
 void sl_fallback_delivered(sl_engine *e, size_t i);
 /* Stops the opener thread and closes the mirrors (destroy). */

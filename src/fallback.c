@@ -173,6 +173,47 @@ int sl_fallback_next(sl_engine *e, size_t i)
     return try_from(e, i, (unsigned)s->source + 1);
 }
 
+/* "primary, direct: the proxy failed (why)" (or the mirror's label). */
+static void proxy_note(sl_engine *e, size_t i, const char *why)
+{
+    sl_slot *s = &e->slots[i];
+    if (s->px_note)
+        return;     /* the first failure says it */
+    char label[512];
+    source_label(e, s->source, label, sizeof label);
+    size_t cap = strlen(label) + strlen(why) + 48;
+    if ((s->px_note = malloc(cap)))
+        snprintf(s->px_note, cap, "%s, direct: the proxy failed (%s)", label, why);
+}
+
+void sl_fallback_proxy_note(sl_engine *e, size_t i, const char *why)
+{
+    proxy_note(e, i, why);
+}
+
+int sl_fallback_proxy_bypass(sl_engine *e, size_t i)
+{
+    sl_slot *s = &e->slots[i];
+    if (!s->px_used || s->px_direct || s->err_code != SLUICE_E_CHECKSUM || e->closing ||
+        s->source == SL_SRC_CACHE)
+        return 0;
+    const struct sluice_tensor_info *t = &e->ix->tensors[i];
+    size_t file = s->source ? s->src_file : t->file_index;
+    uint64_t off = s->source ? s->src_off : t->offset;
+    char why[600];
+    snprintf(why, sizeof why, "its bytes failed verification: %.500s",
+             s->err_msg ? s->err_msg : "checksum");
+    free(s->px_note);
+    s->px_note = NULL;
+    proxy_note(e, i, why);
+    if (sl_slot_restart(e, i, s->source, file, off) < 0)
+        return 0;
+    e->st.proxy_failures++;
+    s->px_direct = 1;
+    s->px_used = 0;
+    return 1;
+}
+
 void sl_fallback_delivered(sl_engine *e, size_t i)
 {
     sl_slot *s = &e->slots[i];

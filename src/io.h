@@ -68,6 +68,15 @@ typedef struct sl_io_req {
     const char *location;
     const char *etag;
     uint64_t object_size;
+    /* remote seam, set by the caller before submit (sluice.h "Proxies"):
+     * go to the origin directly, not through the proxy; a caller waits on
+     * it (a Dragonfly proxy gets the higher priority) */
+    uint8_t no_proxy, demand;
+    /* remote seam results: some of its bytes came through the proxy; the
+     * proxy failed it and it went direct; why it went direct (that
+     * failure, or the proxy taken for down) */
+    uint8_t proxied, proxy_failed;
+    char proxy_why[120];
 
     /* private to the seam */
     uint32_t attempts;       /* consecutive EINTR/EAGAIN */

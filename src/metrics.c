@@ -378,6 +378,17 @@ static void histogram(ctx *c, int h)
 
 #define OFF(f) offsetof(snap, f)
 
+/* The proxy's (sluice.h "Proxies"). */
+static void proxy_families(ctx *c)
+{
+    scalar(c, "sluice_proxy_failures_total", "counter",
+           "Requests through the proxy that failed, and loads whose bytes from it failed "
+           "verification: each went to the origin directly.", OFF(st.proxy_failures));
+    scalar(c, "sluice_proxy_bypass_bytes_total", "counter",
+           "Bytes fetched from the origin directly after the proxy failed.",
+           OFF(st.proxy_bypass_bytes));
+}
+
 static void render(ctx *c)
 {
     static const char *const retry_causes[] = {"short", "eintr", "eagain"};
@@ -474,6 +485,7 @@ static void render(ctx *c)
     scalar(c, "sluice_fallback_failures_total", "counter",
            "Mirror attempts that failed too (the mirror could not be opened, lacks the "
            "tensor, or its bytes failed).", OFF(st.fallback_failures));
+    proxy_families(c);
     scalar(c, "sluice_verify_runs_total", "counter",
            "sluice_verify calls (verifying without loading) that ran.", OFF(verifies));
     labelled(c, "sluice_verify_items_total", "counter",

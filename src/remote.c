@@ -48,6 +48,8 @@ static const char *env(const char *name)
     return v && *v ? v : NULL;
 }
 
+static int take_proxy(sl_remote_cfg *c, const sluice_options *o);
+
 void sl_remote_cfg_free(sl_remote_cfg *c)
 {
     if (!c)
@@ -65,6 +67,15 @@ void sl_remote_cfg_free(sl_remote_cfg *c)
     free(c->aws_secret);
     free(c->aws_session);
     sl_hf_cfg_clear(c);
+    /* a proxy URL may hold user:password@ */
+    if (c->proxy_https && c->proxy_https != c->proxy_http) {
+        memset(c->proxy_https, 0, strlen(c->proxy_https));
+        free(c->proxy_https);
+    }
+    if (c->proxy_http)
+        memset(c->proxy_http, 0, strlen(c->proxy_http));
+    free(c->proxy_http);
+    free(c->no_proxy);
     free(c->tally);
     free(c);
 }
@@ -116,12 +127,107 @@ int sl_remote_cfg_new(const sluice_options *o, sl_remote_cfg **out, sl_err *err)
             nomem |= !(c->aws_session = dup_or_null(env("AWS_SESSION_TOKEN")));
     }
     nomem |= sl_hf_cfg_fill(c, o) < 0;
+    nomem |= take_proxy(c, o);
     if (nomem) {
         sl_remote_cfg_free(c);
         return sl_fail(err, SLUICE_E_NOMEM, "remote: out of memory");
     }
     *out = c;
     return SLUICE_OK;
+}
+
+/* ---------------------------------------------------------------- proxies */
+
+/* The first of two environment variables that is set. */
+static const char *env2(const char *a, const char *b)
+{
+    return env(a) ? env(a) : b ? env(b) : NULL;
+}
+
+/* Resolves the proxy (sluice.h "Proxies"): opts.http_proxy wins ("" is
+ * none); else the environment, read as libcurl reads it (http_proxy in
+ * lower case only: a CGI's HTTP_PROXY is a request header). Every request
+ * then sets CURLOPT_PROXY itself, so that libcurl never reads the
+ * environment on its own and this decision is the one it follows.
+ * Returns 1 when out of memory. */
+static int take_proxy(sl_remote_cfg *c, const sluice_options *o)
+{
+    int nomem = 0;
+    c->proxy_kind = o->proxy_kind;
+    if (o->http_proxy) {
+        if (*o->http_proxy)
+            nomem |= !(c->proxy_http = c->proxy_https = strdup(o->http_proxy));
+    } else {
+        const char *all = env2("all_proxy", "ALL_PROXY");
+        const char *h = env("http_proxy") ? env("http_proxy") : all;
+        const char *hs = env2("https_proxy", "HTTPS_PROXY") ? env2("https_proxy", "HTTPS_PROXY")
+                                                             : all;
+        if (h)
+            nomem |= !(c->proxy_http = strdup(h));
+        if (hs)
+            nomem |= !(c->proxy_https = strdup(hs));
+    }
+    const char *np = env2("no_proxy", "NO_PROXY");
+    if (np && (c->proxy_http || c->proxy_https))
+        nomem |= !(c->no_proxy = strdup(np));
+    return nomem;
+}
+
+/* url's host (no user:password@, port or [brackets]) into buf. */
+static void url_host(const char *url, char *buf, size_t cap)
+{
+    const char *p = strstr(url, "://");
+    p = p ? p + 3 : url;
+    size_t n = strcspn(p, "/?#");
+    const char *at = memchr(p, '@', n);
+    if (at) {
+        n -= (size_t)(at + 1 - p);
+        p = at + 1;
+    }
+    if (*p == '[') {
+        const char *rb = memchr(p, ']', n);
+        n = rb ? (size_t)(rb - p - 1) : n - 1;
+        p++;
+    } else {
+        const char *colon = memchr(p, ':', n);
+        if (colon)
+            n = (size_t)(colon - p);
+    }
+    snprintf(buf, cap, "%.*s", (int)n, p);
+}
+
+/* Whether no_proxy names host: "*", the host itself, or a domain of it
+ * (with or without a leading dot), compared without case. */
+static int no_proxy_match(const char *list, const char *host)
+{
+    size_t hl = strlen(host);
+    for (const char *p = list; *p;) {
+        p += strspn(p, ", \t");
+        size_t n = strcspn(p, ", \t");
+        const char *e = p;
+        p += n;
+        if (n == 1 && *e == '*')
+            return 1;
+        if (n && *e == '.') {
+            e++;
+            n--;
+        }
+        if (!n || n > hl)
+            continue;
+        if (!strncasecmp(host + hl - n, e, n) && (hl == n || host[hl - n - 1] == '.'))
+            return 1;
+    }
+    return 0;
+}
+
+const char *sl_remote_proxy_for(const sl_remote_cfg *c, const char *url)
+{
+    const char *px = !strncmp(url, "https://", 8) ? c->proxy_https : c->proxy_http;
+    if (!px)
+        return NULL;
+    char host[256];
+    url_host(url, host, sizeof host);
+    return c->no_proxy && no_proxy_match(c->no_proxy, host) ? NULL : px;
 }
 
 /* location without what may hold a secret: user:password@ and ?query. */
@@ -292,6 +398,13 @@ typedef struct xfer {
     int stalled, slow, aborted, moving;
     int cause;                   /* SL_RRETRY_*: why outcome() said RETRY */
     int tensor;                  /* a tensor's bytes: counted by the caller */
+    /* proxies (sluice.h "Proxies"): set by the caller */
+    int no_proxy;                /* go to the origin directly */
+    int demand;                  /* a caller waits on it (Dragonfly's priority) */
+    /* set by setup() for the attempt */
+    int proxied;                 /* this attempt goes through the proxy */
+    int would_proxy;             /* a proxy applies to its URL (no_proxy aside) */
+    int skipped;                 /* it went direct: the proxy was taken for down */
 } xfer;
 
 static void x_reset_attempt(xfer *x)
@@ -517,6 +630,84 @@ static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_
     return 0;
 }
 
+/* The query parameters of presigned URLs (S3 SigV4 and SigV2, GCS,
+ * Azure SAS) that Dragonfly leaves out of a task's id: the same object
+ * signed on two nodes is one task, shared by their peers. */
+#define DF_FILTERED "X-Amz-Algorithm,X-Amz-Credential,X-Amz-Date,X-Amz-Expires," \
+    "X-Amz-SignedHeaders,X-Amz-Signature,X-Amz-Security-Token,X-Amz-Content-Sha256," \
+    "AWSAccessKeyId,Signature,Expires,X-Goog-Algorithm,X-Goog-Credential,X-Goog-Date," \
+    "X-Goog-Expires,X-Goog-SignedHeaders,X-Goog-Signature,GoogleAccessId,sv,ss,srt,sp,se," \
+    "st,spr,sig,sr,skoid,sktid,skt,ske,sks,skv"
+
+/* Dragonfly's daemon (dfdaemon's proxy) reads these (its client's
+ * X-Dragonfly-* headers): P2P on; a priority (common.proto's Priority:
+ * LEVEL6, its default and highest, for a request a caller waits on;
+ * LEVEL3 for read-ahead); the presigned URLs' parameters. */
+static struct curl_slist *dragonfly_headers(struct curl_slist *l, int demand)
+{
+    l = curl_slist_append(l, "X-Dragonfly-Use-P2P: true");
+    l = curl_slist_append(l, demand ? "X-Dragonfly-Priority: 6" : "X-Dragonfly-Priority: 3");
+    return curl_slist_append(l, "X-Dragonfly-Filtered-Query-Params: " DF_FILTERED);
+}
+
+/* The proxy of one attempt (sluice.h "Proxies"): CURLOPT_PROXY always set
+ * (to "" when direct), so that libcurl never reads the environment
+ * itself. A Dragonfly proxy is asked https:// objects as http:// (an
+ * absolute-URI request it can share with its peers, never a CONNECT
+ * tunnel, which would hide the bytes from it); the daemon's proxy rule
+ * fetches the origin over TLS. Returns l with its headers added. */
+static struct curl_slist *setup_proxy(CURL *h, const sl_remote_cfg *c, const char *url, xfer *x,
+                                      struct curl_slist *l)
+{
+    const char *px = sl_remote_proxy_for(c, url);
+    x->would_proxy = px != NULL;
+    if (px && !x->no_proxy &&
+        mono_ms() < atomic_load_explicit(&c->tally->proxy_down_until, memory_order_relaxed)) {
+        x->no_proxy = 1;    /* down a moment ago: not waited for again */
+        x->skipped = 1;
+    }
+    x->proxied = px && !x->no_proxy;
+    curl_easy_setopt(h, CURLOPT_PROXY, x->proxied ? px : "");
+    if (!x->proxied || c->proxy_kind != SLUICE_PROXY_DRAGONFLY)
+        return l;
+    if (!strncmp(url, "https://", 8)) {
+        size_t n = strlen(url) + 1;
+        char *plain = malloc(n);
+        if (plain) {
+            snprintf(plain, n, "http://%s", url + 8);
+            curl_easy_setopt(h, CURLOPT_URL, plain);   /* libcurl copies it */
+            free(plain);
+        }
+    }
+    return dragonfly_headers(l, x->demand);
+}
+
+/* Whether the failure of an attempt through the proxy is the proxy's to
+ * answer for (then the request goes direct): anything but a cancel and
+ * the statuses a proxy relays as the origin gave them (404, 416). */
+static int proxy_fault(const xfer *x, CURLcode rc, int code)
+{
+    if (!x->proxied || code == SLUICE_E_CANCELLED)
+        return 0;
+    return !(rc == CURLE_OK && !x->verdict && (x->status == 404 || x->status == 416));
+}
+
+/* Counts a proxy failure of x's attempt (ended with rc); the request goes
+ * direct from now on. A proxy that could not be reached or stopped
+ * answering is taken for down for SL_PROXY_DOWN_MS: the model's next
+ * requests do not wait for it (a blackholed proxy would cost each one its
+ * connect timeout); one answering 5xx, or wrong bytes, is tried again by
+ * the next request. */
+static void proxy_failed(const sl_remote_cfg *c, xfer *x, CURLcode rc)
+{
+    x->no_proxy = 1;
+    atomic_fetch_add_explicit(&c->tally->proxy_failures, 1, memory_order_relaxed);
+    if (!x->verdict && rc != CURLE_OK &&
+        (x->cause == SL_RRETRY_CONNECTION || x->cause == SL_RRETRY_TIMEOUT))
+        atomic_store_explicit(&c->tally->proxy_down_until, mono_ms() + SL_PROXY_DOWN_MS,
+                              memory_order_relaxed);
+}
+
 /* Sets h up for one attempt of x at url; *hdrs gets the header list to
  * free after the attempt. */
 static int setup(CURL *h, const sl_remote_cfg *c, const char *loc, const char *url, xfer *x,
@@ -526,6 +717,7 @@ static int setup(CURL *h, const sl_remote_cfg *c, const char *loc, const char *u
     char line[256];
     curl_easy_reset(h);
     curl_easy_setopt(h, CURLOPT_URL, url);
+    l = setup_proxy(h, c, url, x, l);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
@@ -707,6 +899,7 @@ static int fetch(const sl_remote_cfg *c, const char *loc, xfer *x, uint64_t off,
     SL_TRY(curl_ready(err));
     char shown_buf[512];
     x->shown = sl_remote_shown(loc, shown_buf, sizeof shown_buf);
+    x->demand = 1;  /* its caller waits */
     char *url = sl_remote_url(c, loc, err);
     if (!url)
         return err->code;
@@ -718,6 +911,7 @@ static int fetch(const sl_remote_cfg *c, const char *loc, xfer *x, uint64_t off,
     uint64_t deadline = mono_ms() + c->deadline_ms;
     int rc = SLUICE_OK;
     char msg[256];
+    uint64_t bypass_from = 0;   /* ranged bytes landed before it went direct */
     for (unsigned attempt = 0;; attempt++) {
         x_reset_attempt(x);
         if (x->ranged) {
@@ -734,6 +928,13 @@ static int fetch(const sl_remote_cfg *c, const char *loc, xfer *x, uint64_t off,
         int out = outcome(x, cr, missing_code, &code, msg, sizeof msg);
         if (out == OUT_OK)
             break;
+        if (proxy_fault(x, cr, code)) {
+            /* at once, and not an attempt of the origin's */
+            proxy_failed(c, x, cr);
+            bypass_from = x->done;
+            attempt--;
+            continue;
+        }
         if (out == OUT_RETRY && attempt + 1 < c->attempts && !(c->abort_flag && *c->abort_flag)) {
             uint64_t wait = backoff_ms(c, attempt, x->retry_after_ms), now = mono_ms();
             if (now + wait < deadline) {
@@ -757,6 +958,10 @@ static int fetch(const sl_remote_cfg *c, const char *loc, xfer *x, uint64_t off,
             rc = sl_fail(err, code, "%s: %s", x->shown, msg);
         break;
     }
+    if (rc == SLUICE_OK && x->no_proxy && x->would_proxy)
+        atomic_fetch_add_explicit(&c->tally->proxy_bypass_bytes,
+                                  x->ranged ? x->done - bypass_from : x->glen,
+                                  memory_order_relaxed);
     /* one request, whatever its attempts and outcome; the bytes it landed */
     if (!x->tensor) {
         atomic_fetch_add_explicit(&c->tally->requests, 1, memory_order_relaxed);
@@ -833,6 +1038,8 @@ typedef struct rreq {
     unsigned attempt;
     char last[200];              /* the last attempt's failure */
     int last_code;
+    uint64_t bypass_from;        /* req->done_bytes when it went direct */
+    uint64_t attempt_from;       /* req->done_bytes when this attempt started */
 } rreq;
 
 struct sl_rio {
@@ -859,6 +1066,9 @@ struct sl_rio {
 static void complete(sl_rio *r, rreq *q, int code, const char *msg, int errnum)
 {
     sl_io_req *req = q->req;
+    if (!code && q->x.no_proxy && q->x.would_proxy)
+        atomic_fetch_add_explicit(&r->c->tally->proxy_bypass_bytes,
+                                  req->done_bytes - q->bypass_from, memory_order_relaxed);
     if (code) {
         req->error = errnum ? errnum : EIO;
         req->error_offset = req->offset;
@@ -909,6 +1119,10 @@ static void start(sl_rio *r, rreq *q)
     curl_slist_free_all(q->hdrs);
     q->hdrs = NULL;
     setup(q->h, r->c, q->req->location, q->url, &q->x, &q->hdrs);
+    q->attempt_from = q->req->done_bytes;
+    if (q->x.skipped && !q->req->proxy_why[0])
+        snprintf(q->req->proxy_why, sizeof q->req->proxy_why,
+                 "skipped: it could not be reached less than %u s ago", SL_PROXY_DOWN_MS / 1000);
     curl_easy_setopt(q->h, CURLOPT_PRIVATE, q);
     if (curl_multi_add_handle(r->multi, q->h) != CURLM_OK) {
         complete(r, q, SLUICE_E_REMOTE, "curl_multi_add_handle failed", EIO);
@@ -945,6 +1159,22 @@ static void finished(sl_rio *r, rreq *q, CURLcode cr)
     int code = 0;
     char msg[200];
     int out = outcome(&q->x, cr, 0, &code, msg, sizeof msg);
+    if (q->x.proxied && q->req->done_bytes > q->attempt_from)
+        q->req->proxied = 1;    /* bytes of the proxy's landed: the digest must judge */
+    if (out != OUT_OK && !r->abort && proxy_fault(&q->x, cr, code)) {
+        /* to the origin directly, at once (the front of the queue), from
+         * where the proxy's bytes stopped: the digest judges them all */
+        proxy_failed(r->c, &q->x, cr);
+        q->req->proxy_failed = 1;
+        snprintf(q->req->proxy_why, sizeof q->req->proxy_why, "%.119s", msg);
+        sl_utf8_cut(q->req->proxy_why);
+        q->bypass_from = q->req->done_bytes;
+        q->next = r->pending;
+        r->pending = q;
+        if (!r->pending_tail)
+            r->pending_tail = q;
+        return;
+    }
     if (out == OUT_OK) {
         complete(r, q, 0, NULL, 0);
         return;
@@ -1021,6 +1251,8 @@ static void *rio_main(void *arg)
             q->x.ranged = 1;
             q->x.size = req->object_size;
             q->x.if_match = req->etag;
+            q->x.no_proxy = req->no_proxy;
+            q->x.demand = req->demand;
             if (r->pending_tail)
                 r->pending_tail->next = q;
             else
@@ -1113,6 +1345,8 @@ void sl_rio_submit(sl_rio *r, sl_io_req *req, const char *location, const char *
     req->status = 0;
     req->detail[0] = '\0';
     req->attempts = 0;
+    req->proxied = req->proxy_failed = 0;   /* no_proxy and demand are the caller's */
+    req->proxy_why[0] = '\0';
     uint64_t t = 0;
     for (int i = 0; i < req->iovcnt; i++)
         t += req->iov[i].iov_len;

@@ -62,7 +62,18 @@ enum { SL_RRETRY_STATUS = 0, SL_RRETRY_TIMEOUT, SL_RRETRY_CONNECTION, SL_RRETRY_
 typedef struct sl_remote_tally {
     _Atomic uint64_t requests, bytes;
     _Atomic uint64_t retries[SL_RRETRY_COUNT_];
+    /* requests through the proxy that failed and went direct, of every
+     * kind; the bytes fetched directly instead (sluice.h "Proxies") */
+    _Atomic uint64_t proxy_failures, proxy_bypass_bytes;
+    /* until when (mono ms) the proxy is taken for down: a request failed
+     * to reach it or it stopped answering (SL_PROXY_DOWN_MS); requests
+     * meanwhile go direct without trying it */
+    _Atomic uint64_t proxy_down_until;
 } sl_remote_tally;
+
+/* How long a proxy that could not be reached (connection refused or
+ * reset, a timeout, a stall) is skipped before it is tried again. */
+#define SL_PROXY_DOWN_MS 30000u
 
 /* What every remote request of one model is made with (owned by the
  * model; immutable once built). Secrets live here only: no message, log
@@ -78,9 +89,18 @@ typedef struct sl_remote_cfg {
     char *ca_file;               /* NULL: libcurl's default CA store */
     char *hf_endpoint;           /* the Hub (remote_hf.c): $HF_ENDPOINT or https://huggingface.co */
     char *hf_token;              /* the Hub's Bearer: http_token, else $HF_TOKEN; or NULL */
+    /* the proxy (sluice.h "Proxies"), resolved once at open: NULL when
+     * none; the same string for both when opts.http_proxy gave it */
+    char *proxy_http, *proxy_https;
+    char *no_proxy;              /* the hosts reached directly, or NULL */
+    unsigned proxy_kind;         /* SLUICE_PROXY_* */
     _Atomic int *abort_flag;    /* non-NULL and set: blocking fetches stop */
     sl_remote_tally *tally;     /* owned; shared by copies of the struct (the engine's) */
 } sl_remote_cfg;
+
+/* The proxy a request for url (http(s)://) goes through, or NULL when
+ * none applies (none configured, or no_proxy names its host). */
+const char *sl_remote_proxy_for(const sl_remote_cfg *c, const char *url);
 
 /* Whether path names a remote location (http://, https://, s3://, hf://). */
 int sl_is_remote(const char *path);

@@ -130,6 +130,9 @@ static void submit_read(sl_engine *e, sl_read *r)
     r->req.owner = r;
     r->t_submit = sl_metrics_now(&e->met);
     r->remote = (f->src->caps & SL_SRC_NETWORK) != 0;
+    const sl_slot *s0 = &e->slots[r->seg[0].tensor];
+    r->req.no_proxy = s0->px_direct;
+    r->req.demand = s0->in_demand || s0->pins;
     f->src->submit(f, e->io, e->rio, &r->req);
     e->need_flush = 1;
 }
@@ -620,6 +623,13 @@ void sl_read_done(void *ctx, sl_io_req *list)
         next = q->next;
         sl_read *r = (sl_read *)q;
         if (r->remote) {
+            for (int k = 0; k < r->nseg; k++) {
+                /* the proxy's part in each load (sluice.h "Proxies") */
+                size_t i = r->seg[k].tensor;
+                e->slots[i].px_used |= q->proxied;
+                if (q->proxy_why[0])    /* it failed this read, or was skipped */
+                    sl_fallback_proxy_note(e, i, q->proxy_why);
+            }
             e->st.remote_reads++;
             e->st.remote_bytes += q->done_bytes;
             e->st.bytes_read += q->done_bytes;

@@ -72,6 +72,7 @@ void sl_slots_free(sl_engine *e)
         free(e->slots[i].err_msg);
         free(e->slots[i].fb_log);
         free(e->slots[i].fb_note);
+        free(e->slots[i].px_note);
         free(e->slots[i].done_bits);
         sl_hash_job_free(e->slots[i].job);
     }
@@ -418,6 +419,9 @@ int sl_slot_start(sl_engine *e, size_t i, int room, int probe)
     free(s->fb_log);
     free(s->fb_note);
     s->fb_log = s->fb_note = NULL;
+    free(s->px_note);
+    s->px_note = NULL;
+    s->px_direct = s->px_used = 0;
     s->state = SL_SLOT_READING;
     e->loading_bytes += span;
     if (e->cache)
@@ -472,6 +476,8 @@ static void drain(sl_engine *e, size_t i)
     if (s->state != SL_SLOT_FAILED || s->inflight || s->job_busy || s->fb_wait)
         return;
     if (s->source == SL_SRC_CACHE && sl_ecache_refetch(e, i))
+        return;
+    if (sl_fallback_proxy_bypass(e, i))
         return;
     if (e->nmirrors && sl_fallback_next(e, i))
         return;

@@ -6,3 +6,7 @@ target_compile_definitions(test_remote_faults PRIVATE
   SLUICE_FAULT_SERVER="${CMAKE_CURRENT_SOURCE_DIR}/remote_fault_server.py")
 set_tests_properties(test_remote test_remote_faults PROPERTIES LABELS "remote;threads" TIMEOUT 300)
 set_tests_properties(test_remote_s3 PROPERTIES LABELS "remote" TIMEOUT 600)
+# test_remote_proxy: nginx, squid and the fault server (as a proxy)
+target_compile_definitions(test_remote_proxy PRIVATE
+  SLUICE_FAULT_SERVER="${CMAKE_CURRENT_SOURCE_DIR}/remote_fault_server.py")
+set_tests_properties(test_remote_proxy PROPERTIES LABELS "remote;threads" TIMEOUT 300)

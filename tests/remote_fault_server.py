@@ -10,6 +10,13 @@ A test arms a fault with a control request:
     GET /ctl?mode=MODE&count=N&arg=X    the next N GETs of files misbehave
     GET /ctl/stats                      "requests=R faults=F" so far
     GET /ctl/headers                    the last file request's headers
+    GET /ctl/log                        every file request's, a blank line
+                                        after each ("GET PATH" first)
+    GET /ctl/clear                      forgets them
+
+It also answers as an HTTP proxy: a request for an absolute URI
+(GET http://HOST:PORT/PATH) is served from ROOT/PATH whatever the host;
+CONNECT is refused (501), as a proxy that never tunnels.
 
 MODE is one of:
     status     answer HTTP arg (503, 429, 404, ...) with no body
@@ -20,6 +27,9 @@ MODE is one of:
     hang       read the request, answer nothing for arg seconds
     reset      close the connection at once with a TCP reset
     flip       a correct 206 with one byte of the body flipped
+    flipat     arg OFFSET: any reply (200 or 206) whose body holds the
+               file's byte at OFFSET has it flipped; only such replies
+               count down N
     grow       Content-Range naming a size one byte larger
     shift      206 for the range one byte earlier (Content-Range says so)
     widen      206 naming one byte past the range, and sending it
@@ -44,7 +54,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
-STATE = {"mode": "ok", "count": 0, "arg": "", "requests": 0, "faults": 0, "headers": ""}
+STATE = {"mode": "ok", "count": 0, "arg": "", "requests": 0, "faults": 0, "headers": "",
+         "log": []}
 LOCK = threading.Lock()
 ROOT = "."
 
@@ -90,12 +101,23 @@ class Handler(BaseHTTPRequestHandler):
             with LOCK:
                 body = STATE["headers"]
             return self.small(200, body.encode())
+        if u.path == "/ctl/log":
+            with LOCK:
+                body = "".join(STATE["log"])
+            return self.small(200, body.encode())
+        if u.path == "/ctl/clear":
+            with LOCK:
+                STATE["log"] = []
+            return self.small(200, b"ok")
         with LOCK:
             STATE["headers"] = "GET %s\n%s" % (self.path, str(self.headers))
+            STATE["log"].append(STATE["headers"] + "\n")
         path = os.path.join(ROOT, u.path.lstrip("/"))
         if not os.path.isfile(path):
             take_fault()
             return self.small(404, b"not found")
+        if STATE["mode"] == "flipat":
+            return self.flipat(path)
         mode, arg = take_fault()
         with open(path, "rb") as f:
             data = f.read()
@@ -182,6 +204,35 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         self.wfile.write(bytes(body))
+
+    def flipat(self, path):
+        with open(path, "rb") as f:
+            data = bytearray(f.read())
+        size = len(data)
+        rng = self.headers.get("Range")
+        a, b = 0, size - 1
+        if rng and rng.startswith("bytes="):
+            s, _, e = rng[6:].partition("-")
+            a = int(s)
+            b = min(int(e), size - 1) if e else size - 1
+        with LOCK:
+            STATE["requests"] += 1
+            at = int(STATE["arg"] or 0)
+            hit = STATE["count"] > 0 and a <= at <= b
+            if hit:
+                STATE["count"] -= 1
+                STATE["faults"] += 1
+        if hit:
+            data[at] ^= 0xFF
+        if not rng:
+            return self.small(200, bytes(data))
+        if a >= size:
+            return self.small(416, b"", [("Content-Range", "bytes */%d" % size)])
+        return self.small(206, bytes(data[a:b + 1]),
+                          [("Content-Range", "bytes %d-%d/%d" % (a, b, size))])
+
+    def do_CONNECT(self):
+        self.small(501, b"no tunnels here")
 
 
 class Server(ThreadingHTTPServer):

@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,13 +116,23 @@ static inline void rf_stop(rf_server *sv)
     }
 }
 
+/* The installed program name (/usr/sbin, /usr/bin, /usr/local/sbin) in
+ * path (returned), or NULL. */
+static inline const char *rf_binary(const char *name, char *path, size_t cap)
+{
+    static const char *const where[] = {"/usr/sbin", "/usr/bin", "/usr/local/sbin"};
+    for (size_t i = 0; i < sizeof where / sizeof *where; i++) {
+        snprintf(path, cap, "%s/%s", where[i], name);
+        if (access(path, X_OK) == 0)
+            return path;
+    }
+    return NULL;
+}
+
 static inline const char *rf_nginx_binary(void)
 {
-    static const char *const where[] = {"/usr/sbin/nginx", "/usr/bin/nginx", "/usr/local/sbin/nginx"};
-    for (size_t i = 0; i < sizeof where / sizeof *where; i++)
-        if (access(where[i], X_OK) == 0)
-            return where[i];
-    return NULL;
+    static char path[256];
+    return rf_binary("nginx", path, sizeof path);
 }
 
 /* Starts nginx serving root at / (and real, when not NULL, at /real/;
@@ -167,6 +178,8 @@ static inline int rf_nginx_start(rf_server *sv, const char *root, const char *re
                  "http {\n"
                  "  log_format req '$status $http_range $request_uri';\n"
                  "  access_log %s/access.log req;\n"
+                 "  log_format sent '$body_bytes_sent';\n"
+                 "  access_log %s/bytes.log sent;\n"
                  "  client_body_temp_path %s/cb; proxy_temp_path %s/px;\n"
                  "  fastcgi_temp_path %s/fc; uwsgi_temp_path %s/uw; scgi_temp_path %s/sc;\n"
                  "  default_type application/octet-stream;\n"
@@ -180,6 +193,7 @@ static inline int rf_nginx_start(rf_server *sv, const char *root, const char *re
                  "%s"
                  "}\n",
                  geteuid() == 0 ? "user root;\n" : "", sv->dir, sv->dir, sv->dir, sv->dir, sv->dir,
+                 sv->dir,
                  sv->dir, sv->dir, sv->dir, sv->port, root, root,
                  real ? "    location /real/ { alias " : "", real ? real : "",
                  real ? "/; }\n" : "", tls);
@@ -244,6 +258,116 @@ static inline size_t rf_requests(const rf_server *sv)
     free(text);
     free(path);
     return n;
+}
+
+/* nginx: the body bytes it sent so far, over every request logged. */
+static inline uint64_t rf_bytes_sent(const rf_server *sv)
+{
+    char *path = tu_join(sv->dir, "bytes.log");
+    size_t len = 0;
+    char *text = tu_read_file(path, &len);
+    uint64_t total = 0, v = 0;
+    for (size_t i = 0; text && i < len; i++) {
+        if (text[i] >= '0' && text[i] <= '9')
+            v = v * 10 + (uint64_t)(text[i] - '0');
+        else if (text[i] == '\n') {
+            total += v;
+            v = 0;
+        }
+    }
+    free(text);
+    free(path);
+    return total;
+}
+
+static inline const char *rf_squid_binary(void)
+{
+    static char path[256];
+    return rf_binary("squid", path, sizeof path);
+}
+
+/* Starts squid (Debian's package) as a caching forward proxy on a free
+ * port, foreground (-N), its config, cache, logs and pid file in its own
+ * temp dir; parent_port non-zero: every miss goes to that port as a
+ * parent proxy (cache_peer, never direct), else to the origin. Its
+ * settings for a model's range requests (docs/remote.md says why):
+ * range_offset_limit -1 (a range miss fetches the whole object, which is
+ * then cached: squid caches no partial object), collapsed_forwarding (the
+ * concurrent misses of one object wait for the one fetch), quick_abort_min
+ * -1 (that fetch completes whoever hangs up). As root, squid's workers run
+ * as cache_effective_user: the dir is handed to that user. 1 on success,
+ * 0 (why says) when squid is missing or does not start. */
+static inline int rf_squid_start(rf_server *sv, unsigned parent_port, char *why, size_t cap)
+{
+    memset(sv, 0, sizeof *sv);
+    const char *bin = rf_squid_binary();
+    if (!bin) {
+        snprintf(why, cap, "squid is not installed (apt-get install -y squid)");
+        return 0;
+    }
+    const char *user = geteuid() == 0 ? (getpwnam("proxy") ? "proxy" : "nobody") : NULL;
+    for (int attempt = 0; attempt < 3; attempt++) {
+        sv->dir = tu_tmpdir();
+        sv->port = rf_free_port();
+        chmod(sv->dir, 0755);
+        char *conf = tu_join(sv->dir, "squid.conf"), text[4096], peer[256] = "", owner[128] = "";
+        if (parent_port)
+            snprintf(peer, sizeof peer, "cache_peer 127.0.0.1 parent %u 0 no-query no-digest "
+                     "default\nnever_direct allow all\n", parent_port);
+        if (user)
+            snprintf(owner, sizeof owner, "cache_effective_user %s\n", user);
+        snprintf(text, sizeof text,
+                 "http_port 127.0.0.1:%u\n"
+                 "%s"
+                 "pid_filename %s/squid.pid\n"
+                 "cache_dir ufs %s/cache 2048 16 64\n"
+                 "cache_mem 256 MB\n"
+                 "maximum_object_size 4 GB\n"
+                 "maximum_object_size_in_memory 512 MB\n"
+                 "range_offset_limit -1\n"
+                 "quick_abort_min -1 KB\n"
+                 "collapsed_forwarding on\n"
+                 "refresh_pattern . 1440 100%% 10080\n"
+                 "access_log stdio:%s/access.log\n"
+                 "cache_log %s/cache.log\n"
+                 "cache_store_log none\n"
+                 "coredump_dir %s\n"
+                 "netdb_filename none\n"
+                 "shutdown_lifetime 0 seconds\n"
+                 "http_access allow all\n"
+                 "%s",
+                 sv->port, owner, sv->dir, sv->dir, sv->dir, sv->dir, sv->dir, peer);
+        tu_write_file(conf, text, strlen(text));
+        if (user) {
+            struct passwd *pw = getpwnam(user);
+            if (pw && chown(sv->dir, pw->pw_uid, pw->pw_gid) != 0) {
+                /* then squid says why in its log */
+            }
+        }
+        char cmd[2048];
+        snprintf(cmd, sizeof cmd, "'%s' -N -z -f '%s' >/dev/null 2>&1", bin, conf);
+        int made = system(cmd) == 0;
+        pid_t parent = getpid(), pid = made ? fork() : -1;
+        if (pid == 0) {
+            rf_die_with_parent(parent);
+            int devnull = open("/dev/null", O_WRONLY);
+            if (devnull >= 0) {
+                dup2(devnull, 1);
+                dup2(devnull, 2);
+            }
+            execl(bin, bin, "-N", "-f", conf, (char *)NULL);
+            _exit(127);
+        }
+        free(conf);
+        sv->pid = pid;
+        if (pid > 0 && rf_wait_ready(sv)) {
+            snprintf(sv->base, sizeof sv->base, "http://127.0.0.1:%u", sv->port);
+            return 1;
+        }
+        rf_stop(sv);
+    }
+    snprintf(why, cap, "squid did not start (3 tries)");
+    return 0;
 }
 
 /* The fault server: python3 tests/remote_fault_server.py PORT ROOT. */

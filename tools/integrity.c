@@ -56,9 +56,36 @@ static int parse_u32(const char *s, uint32_t *out)
     return 0;
 }
 
+/* --proxy URL, --proxy-kind plain|dragonfly (sluice.h "Proxies"). */
+static int proxy_option(const char *cmd, int argc, char **argv, int *i, sluice_options *o)
+{
+    const char *a = argv[*i];
+    int kind = !strcmp(a, "--proxy-kind");
+    if (!kind && strcmp(a, "--proxy") != 0)
+        return 0;
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "sluice %s: %s needs a value\n", cmd, a);
+        return -1;
+    }
+    const char *v = argv[++*i];
+    if (!kind) {
+        o->http_proxy = v;  /* argv outlives every model the command opens */
+        return 1;
+    }
+    if (!strcmp(v, "plain") || !strcmp(v, "dragonfly")) {
+        o->proxy_kind = !strcmp(v, "dragonfly") ? SLUICE_PROXY_DRAGONFLY : SLUICE_PROXY_PLAIN;
+        return 1;
+    }
+    fprintf(stderr, "sluice %s: --proxy-kind: '%s' is not plain or dragonfly\n", cmd, v);
+    return -1;
+}
+
 int ig_loader_option(const char *cmd, int argc, char **argv, int *i, sluice_options *o)
 {
     const char *a = argv[*i];
+    int px = proxy_option(cmd, argc, argv, i, o);
+    if (px)
+        return px;
     if (!strcmp(a, "--direct")) {
         o->flags |= SLUICE_F_DIRECT;
         return 1;

@@ -12,6 +12,16 @@
 #include <stdint.h>
 #include <stdio.h>
 
+/* The help text of --proxy and --proxy-kind (ig_loader_option's). */
+#define IG_PROXY_HELP                                                         \
+    "  --proxy URL       the HTTP proxy of every remote request (default: the\n" \
+    "                    environment's http_proxy, https_proxy, all_proxy;\n"   \
+    "                    '' for none; no_proxy applies); a request it fails,\n" \
+    "                    or bytes of it that fail to verify, go direct\n"      \
+    "  --proxy-kind K    plain (default; https:// tunnelled) or dragonfly\n"   \
+    "                    (dfdaemon: its X-Dragonfly-* headers, https:// asked\n" \
+    "                    as http://, never tunnelled; see docs/remote.md)\n"
+
 /* The help text of the options ig_loader_option() takes. */
 #define IG_LOADER_HELP                                                        \
     "  --pool SIZE       buffer pool budget (e.g. 512M, 4G; default 4G, or\n"  \
@@ -26,7 +36,8 @@
     "  --trust-unchanged skip hashing tensors of local files this cache saw\n" \
     "                    verified, in files unchanged since (see README)\n"    \
     "                    (the cache serves loads: cat, stats; verify and\n"    \
-    "                    manifest always read and hash every byte)\n"
+    "                    manifest always read and hash every byte)\n"    \
+    IG_PROXY_HELP
 
 /* The help text of --fallback (one of ig_loader_option's) for the
  * commands that load tensors (cat, stats); verify and repair say what it

@@ -1,0 +1,671 @@
+/* test_remote_proxy.c: remote models read through a proxy (sluice.h
+ * "Proxies"), with real servers started by the test (remote_fixture.h):
+ * an nginx origin, a real squid caching proxy, and the tests' fault
+ * server, which answers as a proxy too (absolute-URI requests) and
+ * records what it was sent.
+ *  - 8 processes (separate nodes: no cache shared but squid's) load a
+ *    model through squid at once: every tensor byte-exact, and the
+ *    origin sends the model's bytes about once (<= 1.1 x), not 8 times;
+ *  - squid in front of a corrupted copy (the fault server as its parent,
+ *    flipping one byte of one tensor): that tensor comes from the origin
+ *    directly, verified, counted, named by sluice_tensor_source;
+ *  - a proxy that refuses connections, one that answers 503: everything
+ *    loads direct, counted;
+ *  - Dragonfly mode: the headers dfdaemon reads, on a listener that
+ *    records requests, an https:// origin asked as http:// (no CONNECT).
+ * Every check compares with the bytes of the local file the origin
+ * serves, read with pread. Skipped (77, with the reason) when nginx or
+ * squid is not installed or does not start. */
+#include "mf_fixture.h"
+#include "remote_fixture.h"
+#include "util.h"
+
+#include "sluice.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "tool_run.h"
+
+#define MIB (1u << 20)
+#define NODES 8
+
+static rf_server nginx;
+static char *root;          /* served by nginx at / */
+static char *bad_root;      /* the same files, for the fault server */
+static char *model_path;    /* root/m.safetensors */
+static uint64_t model_bytes; /* the model's file and its manifest */
+
+static const char *const names[] = {"w.a", "w.b", "w.c", "w.d", "w.e", "w.f"};
+static const uint64_t sizes[] = {3 * MIB + 5, 1000, 5 * MIB + 7, 64, 2 * MIB, 4 * MIB + 1};
+#define NT 6
+
+/* The flat manifest of the model at path, written to out. */
+static void write_manifest(const char *path, const char *out)
+{
+    sluice_options o;
+    sluice_options_init(&o);
+    o.flags = SLUICE_F_HASH_ALL;
+    o.verify = SLUICE_VERIFY_OFF;
+    sluice_model *m;
+    assert_int_equal(sluice_open(path, &o, &m), SLUICE_OK);
+    char text[4096];
+    size_t len = (size_t)snprintf(text, sizeof text, "{");
+    for (size_t i = 0; i < sluice_count(m); i++) {
+        sluice_tensor *t;
+        assert_int_equal(sluice_acquire_index(m, i, &t), SLUICE_OK);
+        uint8_t d[32];
+        char hex[65];
+        assert_int_equal(sluice_tensor_digest(t, d), SLUICE_OK);
+        len += (size_t)snprintf(text + len, sizeof text - len, "%s\"%s\":\"%s\"", i ? "," : "",
+                                sluice_tensor_info(t)->name, sluice_digest_hex(d, hex));
+        sluice_release(t);
+    }
+    len += (size_t)snprintf(text + len, sizeof text - len, "}");
+    tu_write_file(out, text, len);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+}
+
+static uint64_t file_size(const char *path)
+{
+    size_t len = 0;
+    void *b = tu_read_file(path, &len);
+    free(b);
+    return len;
+}
+
+static void copy_file(const char *from, const char *to)
+{
+    size_t len = 0;
+    void *b = tu_read_file(from, &len);
+    assert_non_null(b);
+    tu_write_file(to, b, len);
+    free(b);
+}
+
+static int setup(void **state)
+{
+    char why[256];
+    (void)state;
+    rf_skip_without_curl();
+    if (!rf_squid_binary()) {
+        fprintf(stderr, "skipped: squid is not installed (apt-get install -y squid)\n");
+        exit(77);
+    }
+    root = tu_tmpdir();
+    chmod(root, 0755);
+    model_path = tu_join(root, "m.safetensors");
+    mf_write_model(model_path, NT, names, sizes);
+    char *mf = tu_join(root, "m.safetensors.manifest.json");
+    write_manifest(model_path, mf);
+    model_bytes = file_size(model_path) + file_size(mf);
+    bad_root = tu_tmpdir();
+    char *bm = tu_join(bad_root, "m.safetensors"), *bmf = tu_join(bad_root, "m.safetensors.manifest.json");
+    copy_file(model_path, bm);
+    copy_file(mf, bmf);
+    free(bm);
+    free(bmf);
+    free(mf);
+    if (!rf_nginx_start(&nginx, root, NULL, why, sizeof why)) {
+        fprintf(stderr, "skipped: %s\n", why);
+        exit(77);
+    }
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    rf_stop(&nginx);
+    tu_rmtree(root);
+    tu_rmtree(bad_root);
+    free(root);
+    free(bad_root);
+    free(model_path);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- loading */
+
+/* What one load saw. */
+typedef struct outcome {
+    int ok;
+    char why[600];
+    struct sluice_stats st;
+    char source[NT][300];   /* sluice_tensor_source of each tensor */
+} outcome;
+
+/* Opens loc with o and acquires every tensor (after sluice_prefetch of
+ * all when prefetch), comparing each with the local file's bytes. */
+static void load_all(const char *loc, const sluice_options *o, int prefetch, outcome *out)
+{
+    memset(out, 0, sizeof *out);
+    sluice_model *m = NULL;
+    int rc = sluice_open(loc, o, &m);
+    if (rc != SLUICE_OK) {
+        snprintf(out->why, sizeof out->why, "open %s: %s: %s", loc, sluice_strerror(rc),
+                 sluice_errmsg(m));
+        sluice_close(m);
+        return;
+    }
+    if (sluice_count(m) != NT || sluice_verify_state(m, NULL) != 0) {
+        snprintf(out->why, sizeof out->why, "open %s: %zu tensors, verify state %d", loc,
+                 sluice_count(m), sluice_verify_state(m, NULL));
+        sluice_close(m);
+        return;
+    }
+    if (prefetch)
+        sluice_prefetch(m, names, NT);
+    out->ok = 1;
+    for (size_t i = 0; i < NT && out->ok; i++) {
+        sluice_tensor *t = NULL;
+        rc = sluice_acquire(m, names[i], &t);
+        if (rc != SLUICE_OK) {
+            snprintf(out->why, sizeof out->why, "acquire %s: %s: %s", names[i],
+                     sluice_strerror(rc), sluice_errmsg(m));
+            out->ok = 0;
+            break;
+        }
+        const struct sluice_tensor_info *info = sluice_tensor_info(t);
+        unsigned char *want = tu_pread_range(model_path, info->offset, (size_t)info->nbytes);
+        if (sluice_tensor_size(t) != info->nbytes ||
+            (info->nbytes && memcmp(sluice_tensor_data(t), want, (size_t)info->nbytes) != 0)) {
+            snprintf(out->why, sizeof out->why, "tensor %s: not the origin's bytes", names[i]);
+            out->ok = 0;
+        }
+        snprintf(out->source[i], sizeof out->source[i], "%s", sluice_tensor_source(t));
+        free(want);
+        sluice_release(t);
+    }
+    out->st.size = sizeof out->st;
+    sluice_stats(m, &out->st);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+}
+
+static void opts_with_proxy(sluice_options *o, const char *proxy)
+{
+    sluice_options_init(o);
+    o->http_proxy = proxy;
+    o->remote_attempts = 3;
+    o->remote_backoff_ms = 20;
+    o->remote_connect_timeout_ms = 2000;
+    o->remote_stall_timeout_ms = 10000;
+    o->pool_bytes = 64 * MIB;
+}
+
+static const char *model_url(void)
+{
+    static char url[128];
+    snprintf(url, sizeof url, "%s/m.safetensors", nginx.base);
+    return url;
+}
+
+/* ---------------------------------------------------------------- squid */
+
+/* 8 processes, one node each, load the model through squid at once:
+ * every tensor is the origin's, no proxy failure, and the origin sends
+ * the model's bytes about once. */
+static void test_squid_eight_nodes(void **state)
+{
+    (void)state;
+    char why[256];
+    rf_server squid;
+    if (!rf_squid_start(&squid, 0, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    uint64_t before = rf_bytes_sent(&nginx);
+    int fds[NODES];
+    pid_t pids[NODES];
+    int go[2];
+    assert_int_equal(pipe(go), 0);
+    for (int k = 0; k < NODES; k++) {
+        int p[2];
+        assert_int_equal(pipe(p), 0);
+        pids[k] = fork();
+        assert_true(pids[k] >= 0);
+        if (pids[k] == 0) {
+            alarm(120);     /* a stuck node fails the test, never hangs it */
+            close(p[0]);
+            close(go[1]);
+            char c;
+            if (read(go[0], &c, 1) < 0)
+                _exit(3);
+            sluice_options o;
+            opts_with_proxy(&o, squid.base);
+            char *cache = tu_tmpdir();  /* the node's own persistent cache */
+            o.cache_dir = cache;
+            outcome out;
+            load_all(model_url(), &o, 1, &out);
+            if (out.ok && out.st.disk_stored != NT) {
+                snprintf(out.why, sizeof out.why, "%llu blobs stored in the node's cache",
+                         (unsigned long long)out.st.disk_stored);
+                out.ok = 0;
+            }
+            tu_rmtree(cache);
+            ssize_t w = write(p[1], &out, sizeof out);
+            _exit(w == (ssize_t)sizeof out ? 0 : 2);
+        }
+        close(p[1]);
+        fds[k] = p[0];
+    }
+    close(go[0]);
+    close(go[1]);   /* every node starts now */
+    int failed = 0;
+    uint64_t proxy_failures = 0;
+    for (int k = 0; k < NODES; k++) {
+        outcome out;
+        size_t got = 0;
+        while (got < sizeof out) {
+            ssize_t r = read(fds[k], (char *)&out + got, sizeof out - got);
+            if (r <= 0)
+                break;
+            got += (size_t)r;
+        }
+        close(fds[k]);
+        int st = 0;
+        waitpid(pids[k], &st, 0);
+        if (got != sizeof out || !out.ok) {
+            print_error("node %d: %s (exit status %d)\n", k,
+                        got == sizeof out ? out.why : "no result", st);
+            failed++;
+            continue;
+        }
+        proxy_failures += out.st.proxy_failures;
+    }
+    uint64_t sent = rf_bytes_sent(&nginx) - before;
+    print_message("8 nodes through squid: the origin sent %llu bytes for a model of %llu "
+                  "(%.2f x)\n", (unsigned long long)sent, (unsigned long long)model_bytes,
+                  (double)sent / (double)model_bytes);
+    rf_stop(&squid);
+    assert_int_equal(failed, 0);
+    assert_int_equal(proxy_failures, 0);
+    assert_true(sent * 10 <= model_bytes * 11);
+}
+
+/* squid in front of a corrupted copy (its parent, the fault server,
+ * flips one byte of w.c): w.c is read again from the origin directly,
+ * verified; the others come from squid; all counted. */
+static void test_squid_corrupt_copy(void **state)
+{
+    (void)state;
+    char why[256];
+    rf_server fault, squid;
+    if (!rf_fault_start(&fault, SLUICE_FAULT_SERVER, bad_root, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    if (!rf_squid_start(&squid, fault.port, why, sizeof why)) {
+        rf_stop(&fault);
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    /* the absolute offset of w.c's middle byte */
+    uint64_t off = 8;
+    {
+        sluice_options o;
+        sluice_options_init(&o);
+        o.verify = SLUICE_VERIFY_OFF;
+        sluice_model *m;
+        assert_int_equal(sluice_open(model_path, &o, &m), SLUICE_OK);
+        sluice_tensor *t;
+        assert_int_equal(sluice_acquire(m, "w.c", &t), SLUICE_OK);
+        off = sluice_tensor_info(t)->offset + sizes[2] / 2;
+        sluice_release(t);
+        sluice_close(m);
+    }
+    char ctl[128];
+    snprintf(ctl, sizeof ctl, "/ctl?mode=flipat&count=1&arg=%llu", (unsigned long long)off);
+    free(rf_get(&fault, ctl));
+    sluice_options o;
+    opts_with_proxy(&o, squid.base);
+    outcome out;
+    load_all(model_url(), &o, 0, &out);
+    char *stats = rf_get(&fault, "/ctl/stats");
+    rf_stop(&squid);
+    rf_stop(&fault);
+    if (!out.ok)
+        fail_msg("%s", out.why);
+    assert_non_null(strstr(stats, "faults=1"));
+    free(stats);
+    assert_int_equal(out.st.proxy_failures, 1);
+    assert_int_equal(out.st.proxy_bypass_bytes, sizes[2]);
+    assert_int_equal(out.st.checksum_failures, 1);
+    assert_int_equal(out.st.failures, 0);
+    for (size_t i = 0; i < NT; i++) {
+        if (i == 2) {
+            assert_non_null(strstr(out.source[i], "primary, direct: the proxy failed"));
+            assert_non_null(strstr(out.source[i], "failed verification"));
+        } else {
+            assert_string_equal(out.source[i], "");
+        }
+    }
+}
+
+/* A proxy that refuses connections: the first request (the open's probe)
+ * goes direct at once, counted, and the proxy is taken for down: every
+ * later request goes direct without trying it; every byte fetched is a
+ * bypass byte, every tensor names why. */
+static void test_proxy_refused(void **state)
+{
+    (void)state;
+    char proxy[64];
+    snprintf(proxy, sizeof proxy, "http://127.0.0.1:%u", rf_free_port());
+    sluice_options o;
+    opts_with_proxy(&o, proxy);
+    outcome out;
+    load_all(model_url(), &o, 1, &out);
+    if (!out.ok)
+        fail_msg("%s", out.why);
+    assert_int_equal(out.st.proxy_failures, 1);
+    assert_int_equal(out.st.proxy_bypass_bytes, out.st.remote_bytes + out.st.remote_open_bytes);
+    assert_true(out.st.remote_bytes >= model_bytes - 4096);
+    assert_int_equal(out.st.failures, 0);
+    for (size_t i = 0; i < NT; i++)
+        assert_non_null(strstr(out.source[i], "primary, direct: the proxy failed (skipped: it "
+                                              "could not be reached"));
+}
+
+/* A proxy that accepts and never answers (a stall, 0.5 s): the same, one
+ * failure, so the load does not wait 0.5 s a request. */
+static void test_proxy_hangs(void **state)
+{
+    (void)state;
+    char why[256];
+    rf_server fault;
+    if (!rf_fault_start(&fault, SLUICE_FAULT_SERVER, bad_root, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    free(rf_get(&fault, "/ctl?mode=hang&count=100000&arg=30"));
+    sluice_options o;
+    opts_with_proxy(&o, fault.base);
+    o.remote_stall_timeout_ms = 500;
+    outcome out;
+    load_all(model_url(), &o, 1, &out);
+    rf_stop(&fault);
+    if (!out.ok)
+        fail_msg("%s", out.why);
+    assert_int_equal(out.st.proxy_failures, 1);
+    assert_int_equal(out.st.proxy_bypass_bytes, out.st.remote_bytes + out.st.remote_open_bytes);
+    assert_int_equal(out.st.failures, 0);
+}
+
+/* A proxy that answers 503 to everything: each request goes direct at
+ * its first failure, no retry spent on it; a 5xx does not take the proxy
+ * for down (it may be the one object's), so each request is counted. */
+static void test_proxy_5xx(void **state)
+{
+    (void)state;
+    char why[256];
+    rf_server fault;
+    if (!rf_fault_start(&fault, SLUICE_FAULT_SERVER, bad_root, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    free(rf_get(&fault, "/ctl?mode=status&count=100000&arg=503"));
+    sluice_options o;
+    opts_with_proxy(&o, fault.base);
+    outcome out;
+    load_all(model_url(), &o, 0, &out);
+    rf_stop(&fault);
+    if (!out.ok)
+        fail_msg("%s", out.why);
+    assert_true(out.st.proxy_failures >= out.st.remote_reads + out.st.remote_open_requests);
+    assert_int_equal(out.st.proxy_bypass_bytes, out.st.remote_bytes + out.st.remote_open_bytes);
+    assert_int_equal(out.st.remote_retries, 0);
+}
+
+/* opts.http_proxy wins over the environment; "" turns proxies off;
+ * no_proxy names hosts reached directly. */
+static void test_proxy_environment(void **state)
+{
+    (void)state;
+    char dead[64];
+    snprintf(dead, sizeof dead, "http://127.0.0.1:%u", rf_free_port());
+    setenv("http_proxy", dead, 1);
+    sluice_options o;
+    outcome out;
+    /* from the environment: the dead proxy fails, all goes direct */
+    opts_with_proxy(&o, NULL);
+    load_all(model_url(), &o, 0, &out);
+    assert_true(out.ok);
+    assert_true(out.st.proxy_failures > 0);
+    /* "" wins over it: no proxy at all */
+    opts_with_proxy(&o, "");
+    load_all(model_url(), &o, 0, &out);
+    assert_true(out.ok);
+    assert_int_equal(out.st.proxy_failures, 0);
+    /* no_proxy names the host: direct, no failure */
+    setenv("no_proxy", "localhost, 127.0.0.1", 1);
+    opts_with_proxy(&o, NULL);
+    load_all(model_url(), &o, 0, &out);
+    assert_true(out.ok);
+    assert_int_equal(out.st.proxy_failures, 0);
+    assert_int_equal(out.st.proxy_bypass_bytes, 0);
+    unsetenv("no_proxy");
+    unsetenv("http_proxy");
+}
+
+/* ---------------------------------------------------------------- Dragonfly */
+
+/* Dragonfly mode, an https:// origin with a presigned-looking query, the
+ * fault server standing for dfdaemon: every request reaches it as a plain
+ * absolute-URI GET of the http:// form (never CONNECT), with
+ * X-Dragonfly-Use-P2P, the filtered query params, and priority 6 for the
+ * open's requests and an acquire's, 3 for read-ahead. */
+static void test_dragonfly_headers(void **state)
+{
+    (void)state;
+    char why[256];
+    if (!nginx.tls_port) {
+        print_message("skipped: no certificate for nginx's https (openssl)\n");
+        skip();
+    }
+    rf_server df;
+    if (!rf_fault_start(&df, SLUICE_FAULT_SERVER, root, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    char url[256];
+    snprintf(url, sizeof url, "%s/m.safetensors?X-Amz-Signature=abc&X-Amz-Date=1",
+             nginx.tls_base);
+    sluice_options o;
+    opts_with_proxy(&o, df.base);
+    o.proxy_kind = SLUICE_PROXY_DRAGONFLY;
+    o.remote_ca_file = nginx.ca_file;
+    /* a presigned URL's query is its object's alone (sluice.h): its
+     * manifest is asked by its own location */
+    char mf[256];
+    snprintf(mf, sizeof mf, "%s/m.safetensors.manifest.json", nginx.tls_base);
+    o.manifest_path = mf;
+    sluice_model *m = NULL;
+    int rc = sluice_open(url, &o, &m);
+    if (rc != SLUICE_OK)
+        fail_msg("open: %s: %s", sluice_strerror(rc), sluice_errmsg(m));
+    char *log = rf_get(&df, "/ctl/log");
+    free(rf_get(&df, "/ctl/clear"));
+    char plain[128];
+    snprintf(plain, sizeof plain, "GET http://127.0.0.1:%u/m.safetensors", nginx.tls_port);
+    assert_non_null(strstr(log, plain));
+    assert_null(strstr(log, "GET https://"));
+    assert_non_null(strstr(log, "X-Dragonfly-Use-P2P: true"));
+    assert_non_null(strstr(log, "X-Dragonfly-Priority: 6"));
+    assert_null(strstr(log, "X-Dragonfly-Priority: 3"));
+    assert_non_null(strstr(log, "X-Dragonfly-Filtered-Query-Params: X-Amz-Algorithm,"));
+    assert_non_null(strstr(log, ",X-Amz-Signature,"));
+    free(log);
+    /* read-ahead: priority 3, and nothing else */
+    assert_int_equal(sluice_prefetch(m, &names[2], 1), SLUICE_OK);
+    struct sluice_stats st = {.size = sizeof st};
+    for (int i = 0; i < 1000; i++) {
+        sluice_stats(m, &st);
+        if (st.tensors_loaded >= 1)
+            break;
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+    assert_int_equal(st.tensors_loaded, 1);
+    log = rf_get(&df, "/ctl/log");
+    free(rf_get(&df, "/ctl/clear"));
+    assert_non_null(strstr(log, "X-Dragonfly-Priority: 3"));
+    assert_null(strstr(log, "X-Dragonfly-Priority: 6"));
+    free(log);
+    /* a blocking acquire: priority 6 */
+    sluice_tensor *t;
+    assert_int_equal(sluice_acquire(m, names[0], &t), SLUICE_OK);
+    sluice_release(t);
+    log = rf_get(&df, "/ctl/log");
+    assert_non_null(strstr(log, "X-Dragonfly-Priority: 6"));
+    assert_null(strstr(log, "X-Dragonfly-Priority: 3"));
+    free(log);
+    st.size = sizeof st;
+    sluice_stats(m, &st);
+    assert_int_equal(st.proxy_failures, 0);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    rf_stop(&df);
+}
+
+/* A plain proxy is not sent Dragonfly's headers. */
+static void test_plain_no_dragonfly_headers(void **state)
+{
+    (void)state;
+    char why[256];
+    rf_server px;
+    if (!rf_fault_start(&px, SLUICE_FAULT_SERVER, root, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    sluice_options o;
+    opts_with_proxy(&o, px.base);
+    outcome out;
+    load_all(model_url(), &o, 0, &out);
+    char *log = rf_get(&px, "/ctl/log");
+    rf_stop(&px);
+    assert_true(out.ok);
+    assert_int_equal(out.st.proxy_failures, 0);
+    char abs[128];
+    snprintf(abs, sizeof abs, "GET %s/m.safetensors", nginx.base);
+    assert_non_null(strstr(log, abs));
+    assert_null(strstr(log, "X-Dragonfly"));
+    free(log);
+}
+
+/* A mirror's requests go through the proxy too: a local copy with a
+ * flipped byte in w.b, nginx as its mirror, the fault server as the proxy
+ * (recording); then a dead proxy: the mirror is read direct, counted. */
+static void test_mirror_through_proxy(void **state)
+{
+    (void)state;
+    char why[256];
+    rf_server px;
+    if (!rf_fault_start(&px, SLUICE_FAULT_SERVER, root, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    char *dir = tu_tmpdir();
+    char *local = tu_join(dir, "m.safetensors"), *lmf = tu_join(dir, "m.safetensors.manifest.json");
+    char *mf = tu_join(root, "m.safetensors.manifest.json");
+    copy_file(model_path, local);
+    copy_file(mf, lmf);
+    mf_flip_byte(local, file_size(local) - sizes[5] - sizes[4] - sizes[3] - sizes[2] - 10);
+    const char *mirrors[] = {model_url()};
+    char dead[64];
+    snprintf(dead, sizeof dead, "http://127.0.0.1:%u", rf_free_port());
+    const char *proxies[] = {px.base, dead};
+    for (int k = 0; k < 2; k++) {
+        sluice_options o;
+        opts_with_proxy(&o, proxies[k]);
+        o.fallback = mirrors;
+        o.fallback_count = 1;
+        sluice_model *m = NULL;
+        assert_int_equal(sluice_open(local, &o, &m), SLUICE_OK);
+        sluice_tensor *t;
+        int rc = sluice_acquire(m, "w.b", &t);
+        if (rc != SLUICE_OK)
+            fail_msg("acquire w.b: %s: %s", sluice_strerror(rc), sluice_errmsg(m));
+        const struct sluice_tensor_info *info = sluice_tensor_info(t);
+        unsigned char *want = tu_pread_range(model_path, info->offset, (size_t)info->nbytes);
+        assert_memory_equal(sluice_tensor_data(t), want, (size_t)info->nbytes);
+        free(want);
+        assert_non_null(strstr(sluice_tensor_source(t), "fallback 1"));
+        sluice_release(t);
+        struct sluice_stats st = {.size = sizeof st};
+        sluice_stats(m, &st);
+        assert_int_equal(st.fallback_tensors, 1);
+        if (k == 0)
+            assert_int_equal(st.proxy_failures, 0);
+        else
+            assert_true(st.proxy_failures > 0 && st.proxy_bypass_bytes >= info->nbytes);
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+    }
+    char *log = rf_get(&px, "/ctl/log");
+    rf_stop(&px);
+    char abs[128];
+    snprintf(abs, sizeof abs, "GET %s/m.safetensors", nginx.base);
+    assert_non_null(strstr(log, abs));
+    free(log);
+    tu_rmtree(dir);
+    free(dir);
+    free(local);
+    free(lmf);
+    free(mf);
+}
+
+/* The command: --proxy (a dead one: every tensor direct, counted in the
+ * metrics `sluice stats` prints), --proxy-kind dragonfly, and a kind it
+ * does not know (usage error, 2). */
+static void test_command_proxy(void **state)
+{
+    (void)state;
+    if (access(tool, X_OK) != 0) {
+        print_message("skipped: %s not built\n", tool);
+        skip();
+    }
+    char proxy[64];
+    snprintf(proxy, sizeof proxy, "http://127.0.0.1:%u", rf_free_port());
+    char *dir = tu_tmpdir();
+    run_result r = run(dir, "stats", model_url(), "--proxy", proxy, NULL);
+    expect_status(&r, 0, "sluice stats --proxy DEAD");
+    const char *line = strstr(r.out, "\nsluice_proxy_failures_total{");
+    assert_non_null(line);
+    const char *end = strchr(line, '}');
+    assert_non_null(end);
+    assert_true(strtoull(end + 1, NULL, 10) > 0);
+    run_free(&r);
+    r = run(dir, "stats", model_url(), "--proxy", proxy, "--proxy-kind", "dragonfly", NULL);
+    expect_status(&r, 0, "sluice stats --proxy DEAD --proxy-kind dragonfly");
+    run_free(&r);
+    r = run(dir, "stats", model_url(), "--proxy-kind", "squid", NULL);
+    expect_status(&r, 2, "sluice stats --proxy-kind squid");
+    assert_non_null(strstr(r.err, "not plain or dragonfly"));
+    run_free(&r);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_squid_eight_nodes),
+        cmocka_unit_test(test_squid_corrupt_copy),
+        cmocka_unit_test(test_proxy_refused),
+        cmocka_unit_test(test_proxy_hangs),
+        cmocka_unit_test(test_proxy_5xx),
+        cmocka_unit_test(test_proxy_environment),
+        cmocka_unit_test(test_dragonfly_headers),
+        cmocka_unit_test(test_plain_no_dragonfly_headers),
+        cmocka_unit_test(test_mirror_through_proxy),
+        cmocka_unit_test(test_command_proxy),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
