@@ -81,6 +81,7 @@ static const field fields[] = {
     FL(remote_open_bytes, "sluice_remote_bytes_total", "kind=\"open\""),
     F(disk_busy, "sluice_disk_cache_busy_total", K_VALUE),
     F(unverified, "sluice_unverified", K_VALUE),
+    F(part_fallback_bytes, "sluice_part_fallback_bytes_total", K_VALUE),
 };
 #define NFIELDS (sizeof fields / sizeof *fields)
 
