@@ -30,8 +30,9 @@ import torch
 import sluice
 from . import parse_size
 from ._safe_open import _open_for_all
+from .shard import load_shard  # noqa: F401  (tensor-parallel: sluice/shard.py)
 
-__all__ = ["lazy_load", "load_state_dict", "LazyLoader", "IncompatibleKeys"]
+__all__ = ["lazy_load", "load_state_dict", "load_shard", "LazyLoader", "IncompatibleKeys"]
 
 IncompatibleKeys = namedtuple("IncompatibleKeys", "missing_keys unexpected_keys")
 
