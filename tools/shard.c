@@ -274,7 +274,7 @@ static int shard_option(const char *cmd, int argc, char **argv, int *i, shard_op
     const char *a = argv[*i];
     uint64_t *into = !strcmp(a, "--rank")      ? &so->rank
                      : !strcmp(a, "--world")   ? &so->world
-                     : !strcmp(a, "--threads") ? &so->threads
+                     : !strcmp(a, "--jobs")    ? &so->threads
                                                : NULL;
     if (into) {
         if (*i + 1 >= argc || parse_u64(argv[*i + 1], into) < 0) {
@@ -288,6 +288,8 @@ static int shard_option(const char *cmd, int argc, char **argv, int *i, shard_op
     }
     int r = ig_file_option(cmd, argc, argv, i, "--rules", NULL, &so->rules);
     if (r)
+        return r;
+    if ((r = ig_file_option(cmd, argc, argv, i, "--manifest", NULL, &so->o.manifest_path)) != 0)
         return r;
     if (!strcmp(a, "--json")) {
         so->json = 1;
@@ -305,7 +307,7 @@ static int shard_check(const char *cmd, const shard_opts *so, void (*usage)(FILE
     if (so->world == 0 || so->rank >= so->world || so->threads == 0 || so->threads > 256) {
         fprintf(stderr, "sluice %s: %s\n", cmd, so->world == 0 ? "--world must be at least 1"
                                                 : so->rank >= so->world ? "--rank must be below --world"
-                                                                        : "--threads must be 1..256");
+                                                                        : "--jobs must be 1..256");
         return -1;
     }
     return 0;
@@ -314,8 +316,8 @@ static int shard_check(const char *cmd, const shard_opts *so, void (*usage)(FILE
 static void shard_usage(FILE *out)
 {
     fprintf(out,
-            "usage: sluice shard PATH --rank R --world N [--rules FILE] [--threads T] [--json]\n"
-            "                    [loader options]\n"
+            "usage: sluice shard PATH --rank R --world N [--rules FILE] [--jobs J] [--json]\n"
+            "                    [--manifest FILE] [loader options]\n"
             "\n"
             "Loads rank R of N's tensor-parallel shard of the model at PATH, verified, and\n"
             "says what it read and how long it took. The rules say which tensors are split\n"
@@ -328,7 +330,8 @@ static void shard_usage(FILE *out)
             "  --rules FILE    lines `PATTERN DIM` or `PATTERN replicated` (fnmatch globs,\n"
             "                  first match wins; default: the built-in Llama/Qwen/Mistral set,\n"
             "                  also `--rules builtin`)\n"
-            "  --threads T     tensors read at once (default 4)\n"
+            "  --jobs J        tensors read at once, a thread each (default 4)\n"
+            "  --manifest FILE the manifest to verify against (default: the sidecar)\n"
             "  --json          one JSON object on stdout instead of the line\n"
             "%s"
             "\n"
@@ -404,8 +407,8 @@ int cmd_shard(int argc, char **argv)
 static void bench_world_usage(FILE *out)
 {
     fprintf(out,
-            "usage: sluice bench PATH --world N [--rank R] [--rules FILE] [--threads T]\n"
-            "                    [--runs K] [--cold] [loader options]\n"
+            "usage: sluice bench PATH --world N [--rank R] [--rules FILE] [--jobs J]\n"
+            "                    [--manifest FILE] [--runs K] [--cold] [loader options]\n"
             "\n"
             "Tensor-parallel loading, three ways, each verified, the median of K runs\n"
             "(default 3), each in a fresh process:\n"
@@ -565,7 +568,7 @@ int cmd_bench_world(int argc, char **argv)
     }
     double model = (double)last[1].model_bytes;
     printf("model %s: %.1f MB of tensors; world %llu, rank %llu, rules %s, %s, median of %llu "
-           "runs, %llu threads a rank\n", so.path, model / 1e6, (unsigned long long)so.world,
+           "runs, %llu jobs a rank\n", so.path, model / 1e6, (unsigned long long)so.world,
            (unsigned long long)so.rank, so.rules ? so.rules : "builtin", cold ? "cold" : "warm",
            (unsigned long long)runs, (unsigned long long)so.threads);
     printf("%-22s %9s %11s %9s\n", "", "wall s", "read MB", "of model");
