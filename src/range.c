@@ -309,6 +309,10 @@ int sl_part_geometry(const struct sluice_tensor_info *t, uint32_t dim, uint64_t 
         return SLUICE_OK; /* an empty tensor: an empty part */
     /* nbytes = outer x shape[dim] x inner x elem; a row of dim d and
      * below is nbytes / outer, of which each part takes 1/n */
+    if (t->nbytes % outer || t->nbytes / outer % n) /* packed sub-byte elements */
+        return sl_fail(err, SLUICE_E_INVAL, "tensor %s: its parts along dim %u of %llu are not "
+                       "whole bytes (%llu bytes in %llu rows)", q, dim, (unsigned long long)n,
+                       (unsigned long long)t->nbytes, (unsigned long long)outer);
     g->stride = t->nbytes / outer;
     g->seg = g->stride / n;
     g->count = g->seg ? outer : 0;

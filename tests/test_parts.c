@@ -318,6 +318,32 @@ static void test_bad_arguments(void **state)
     sluice_close(m);
 }
 
+/* Packed elements (F4, two to a byte): a part whose rows are not whole
+ * bytes is refused, one whose rows are reads. */
+static void test_packed_parts(void **state)
+{
+    fx *f = *state;
+    char *path = tu_join(f->dir, "f4.safetensors");
+    const unsigned char data[9] = {0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 0x11};
+    tu_write_safetensors(path, "{\"p\":{\"dtype\":\"F4\",\"shape\":[3,2],\"data_offsets\":[0,3]},"
+                               "\"q\":{\"dtype\":\"F4\",\"shape\":[2,2,3],\"data_offsets\":[3,9]}}",
+                         data, sizeof data);
+    sluice_options o;
+    sluice_options_init(&o);
+    o.verify = SLUICE_VERIFY_OFF;
+    sluice_model *m = NULL;
+    if (sluice_open(path, &o, &m) != SLUICE_OK)
+        fail_msg("open: %s", sluice_errmsg(m));
+    unsigned char buf[4];
+    assert_int_equal(sluice_read_part_into(m, "p", 1, 0, 2, buf, 1), SLUICE_E_INVAL);
+    assert_non_null(strstr(sluice_errmsg(m), "not whole bytes"));
+    assert_int_equal(sluice_read_part_into(m, "q", 1, 0, 2, buf, 1), SLUICE_E_INVAL);
+    assert_int_equal(sluice_read_part_into(m, "q", 0, 1, 2, buf, 3), SLUICE_OK);
+    assert_memory_equal(buf, data + 6, 3);
+    sluice_close(m);
+    free(path);
+}
+
 /* Tensor b [16, 24] BF16 along dim 1, world 8: each rank's part is 16
  * segments of 6 bytes. A byte inside rank 3's part (row 5, column 3 x 3
  * + 1) fails rank 3 and no other. */
@@ -558,6 +584,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_every_part_whole_digests, setup, teardown),
         cmocka_unit_test_setup_teardown(test_every_part_part_digests, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_arguments, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_packed_parts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_flip_inside_rank3, setup, teardown),
         cmocka_unit_test_setup_teardown(test_flip_outside_rank0, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bytes_read, setup, teardown),
