@@ -314,6 +314,12 @@ static void test_bad_arguments(void **state)
     assert_null(t);
     assert_int_equal(sluice_acquire_part(m, "b", 1, 0, 2, NULL), SLUICE_E_INVAL);
     assert_int_equal(sluice_read_part_into(NULL, "b", 1, 0, 2, buf, 384), SLUICE_E_INVAL);
+    assert_int_equal(sluice_acquire_part(NULL, "b", 1, 0, 2, &t), SLUICE_E_INVAL);
+    assert_int_equal(sluice_digest_part(NULL, 1, 1, 0, 2, buf), SLUICE_E_INVAL);
+    assert_int_equal(sluice_digest_part(m, 1, 1, 0, 2, NULL), SLUICE_E_INVAL);
+    assert_int_equal(sluice_digest_part(m, 1, 1, 0, 5, buf), SLUICE_E_INVAL);
+    assert_null(sluice_part_note(NULL));
+    assert_null(sluice_part_note(m));
     assert_int_equal(stats_of(m).bytes_read, 0);
     sluice_close(m);
 }

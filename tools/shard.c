@@ -419,7 +419,10 @@ static void bench_world_usage(FILE *out)
             "               bytes they read together, against the model's\n"
             "  --cold       drop the model files' page cache (POSIX_FADV_DONTNEED) before\n"
             "               every run\n"
-            "%s", IG_LOADER_HELP);
+            "%s"
+            "\n"
+            "Exit status: 0 measured, 1 a run failed (a tensor failed or does not split),\n"
+            "2 usage or open error.\n", IG_LOADER_HELP);
 }
 
 /* Drops the page cache of the model's files. */
@@ -512,6 +515,14 @@ int cmd_bench_world(int argc, char **argv)
     }
     if (shard_check("bench", &so, bench_world_usage) < 0)
         return 2;
+    sluice_model *probe = NULL; /* an open error is said once, here, not by each child */
+    int prc = sluice_open(so.path, &so.o, &probe);
+    if (prc != SLUICE_OK) {
+        fprintf(stderr, "sluice bench: %s\n", probe ? sluice_errmsg(probe) : sluice_strerror(prc));
+        sluice_close(probe);
+        return 2;
+    }
+    sluice_close(probe);
     sluice_part_rules *rules = NULL;
     if (shard_rules_load("bench", so.rules, &rules) < 0)
         return 2;
