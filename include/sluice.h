@@ -1029,6 +1029,11 @@ SLUICE_API int sluice_trim(sluice_model *model, uint64_t *released);
  *    (BF16 [4, 8] made F16 [8, 4], offsets swapped between tensors of one
  *    size, __metadata__ edited) fails the open. A version 1 or flat
  *    manifest covers the tensor bytes only: such a rewrite passes it.
+ *    A tensor entry may also hold "parts": {"dim": D, "digests": {"N":
+ *    [N digests], ...}}: the digests of its N tensor-parallel parts
+ *    along dim D (see sluice_read_part_into), for at most 8 world sizes
+ *    N in 2..65536 that divide shape[D]; anything else in it fails the
+ *    open with SLUICE_E_MANIFEST_FORMAT, _DIGEST or _DUPLICATE.
  *
  * File keys are the shards' base names; a file's digest is of the whole
  * file (with SHA-256, the one the Hugging Face Hub lists for a Git LFS
