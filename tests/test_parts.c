@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <pthread.h>
 
 typedef struct tdesc {
     const char *name, *dtype;
@@ -448,6 +449,54 @@ static void test_bytes_read(void **state)
     sluice_close(m);
 }
 
+typedef struct race_arg {
+    fx *f;
+    sluice_model *m;
+    uint64_t rank;
+    int bad;
+} race_arg;
+
+static void *race_worker(void *p)
+{
+    race_arg *a = p;
+    for (size_t j = 0; j < NT; j++)
+        for (unsigned dim = 0; dim < T[j].ndim; dim++) {
+            if (T[j].shape[dim] % 4)
+                continue;
+            size_t len;
+            unsigned char *want = ref_part(a->f, j, dim, a->rank, 4, &len);
+            unsigned char *got = malloc(len + 1);
+            if (!got || sluice_read_part_into(a->m, T[j].name, dim, a->rank, 4, got, len) != 0 ||
+                memcmp(got, want, len) != 0 || !sluice_part_note(a->m))
+                a->bad = 1;
+            free(got);
+            free(want);
+        }
+    return NULL;
+}
+
+/* Four threads, one rank each, on one model without part digests: every
+ * part right, the note written once and readable from any thread (run
+ * under TSan by the sanitizer job). */
+static void test_ranks_on_threads(void **state)
+{
+    fx *f = *state;
+    write_manifest(f, 0, NULL);
+    sluice_model *m = open_model(f, 1);
+    pthread_t tid[4];
+    race_arg args[4];
+    for (int k = 0; k < 4; k++) {
+        args[k] = (race_arg){.f = f, .m = m, .rank = (uint64_t)k};
+        assert_int_equal(pthread_create(&tid[k], NULL, race_worker, &args[k]), 0);
+    }
+    for (int k = 0; k < 4; k++) {
+        pthread_join(tid[k], NULL);
+        assert_false(args[k].bad);
+    }
+    assert_non_null(strstr(sluice_part_note(m), "of 4 of tensor \"a\""));
+    sluice_close(m);
+}
+
 /* Every field of "parts" is read strictly. */
 static void test_parts_rejected(void **state)
 {
@@ -594,6 +643,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_flip_inside_rank3, setup, teardown),
         cmocka_unit_test_setup_teardown(test_flip_outside_rank0, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bytes_read, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ranks_on_threads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_parts_rejected, setup, teardown),
         cmocka_unit_test(test_rules),
     };
