@@ -594,6 +594,22 @@ static int check_description(mf_ctx *c, const mf_member *entry, size_t i, const 
                    c->ix->files[t->file_index].path, want);
 }
 
+/* Grows a store of digests (chunks', parts') to hold need of them. */
+static int store_grow(mf_ctx *c, uint8_t (**store)[32], size_t *cap, uint64_t need)
+{
+    if (need <= *cap)
+        return SLUICE_OK;
+    size_t n = *cap ? *cap : 64;
+    while (n < need)
+        n *= 2;
+    uint8_t (*grown)[32] = realloc(*store, n * sizeof *grown);
+    if (!grown)
+        return sl_fail(c->err, SLUICE_E_NOMEM, "manifest %s: out of memory", c->path);
+    *store = grown;
+    *cap = n;
+    return SLUICE_OK;
+}
+
 /* Tensor i's chunk list: chunk_bytes (4096..2^53) and one digest per
  * chunk_bytes of its nbytes, the last chunk shorter. */
 static int add_chunks(mf_ctx *c, const mf_member *entry, size_t i, const cJSON *bytes_v,
@@ -618,16 +634,7 @@ static int add_chunks(mf_ctx *c, const mf_member *entry, size_t i, const cJSON *
         return format_error(c, list_at, msg);
     }
     sl_manifest *m = c->m;
-    if (m->nstored + have > m->stored_cap) {
-        size_t cap = m->stored_cap ? m->stored_cap : 64;
-        while (cap < m->nstored + have)
-            cap *= 2;
-        uint8_t (*grown)[32] = realloc(m->chunk_store, cap * sizeof *grown);
-        if (!grown)
-            return sl_fail(c->err, SLUICE_E_NOMEM, "manifest %s: out of memory", c->path);
-        m->chunk_store = grown;
-        m->stored_cap = cap;
-    }
+    SL_TRY(store_grow(c, &m->chunk_store, &m->stored_cap, m->nstored + have));
     uint64_t k = 0;
     for (const cJSON *d = list->child; d; d = d->next, k++)
         if (parse_digest(d, m->chunk_store[m->nstored + k], why, sizeof why) < 0) {
@@ -712,16 +719,7 @@ static int add_world(mf_ctx *c, const mf_member *entry, size_t i, mf_parts *p, c
         return format_error(c, w->value_at, msg);
     }
     sl_manifest *m = c->m;
-    if (m->nparts_stored + n > m->parts_cap) {
-        size_t cap = m->parts_cap ? m->parts_cap : 64;
-        while (cap < m->nparts_stored + n)
-            cap *= 2;
-        uint8_t (*grown)[32] = realloc(m->part_store, cap * sizeof *grown);
-        if (!grown)
-            return sl_fail(c->err, SLUICE_E_NOMEM, "manifest %s: out of memory", c->path);
-        m->part_store = grown;
-        m->parts_cap = cap;
-    }
+    SL_TRY(store_grow(c, &m->part_store, &m->parts_cap, m->nparts_stored + n));
     uint64_t k = 0;
     for (const cJSON *d = w->value->child; d; d = d->next, k++)
         if (parse_digest(d, m->part_store[m->nparts_stored + k], why, sizeof why) < 0) {

@@ -92,6 +92,25 @@ static int rg_read(rg_ctx *c, uint64_t lo, uint64_t hi, unsigned char *dst)
     return SLUICE_OK;
 }
 
+/* The digest c->md took must be want, else a checksum failure naming
+ * what was hashed. */
+static int rg_check(rg_ctx *c, const uint8_t want[32], const char *what)
+{
+    uint8_t got[32];
+    if (sl_md_final(c->md, got) < 0)
+        return sl_fail(c->err, SLUICE_E_NOMEM, "read_into: digest final failed (OpenSSL)");
+    if (memcmp(got, want, 32) == 0)
+        return SLUICE_OK;
+    char q[SL_QUOTE_MAX], hw[65], hg[65];
+    c->tally->checksum_failures++;
+    return sl_fail(c->err, SLUICE_E_CHECKSUM,
+                   "tensor %s (file %s, offset %llu, %llu bytes): %s mismatch in %s: expected "
+                   "%s, actual %s", sl_quote(q, sizeof q, c->t->name, c->t->name_len),
+                   c->t->file, (unsigned long long)c->t->offset, (unsigned long long)c->t->nbytes,
+                   sl_md_title(sl_md_algorithm(c->md)), what, sl_hex_digest(hw, want),
+                   sl_hex_digest(hg, got));
+}
+
 /* One digest unit [ulo, uhi) of the tensor (a chunk, or the whole): the
  * part inside [begin, end) lands in dst at its place, the rest passes
  * through the bounce buffer; then the digest must be want. */
@@ -104,20 +123,10 @@ static int rg_unit(rg_ctx *c, uint64_t ulo, uint64_t uhi, uint64_t begin, uint64
     SL_TRY(rg_read(c, ulo, in_lo, NULL));
     SL_TRY(rg_read(c, in_lo, in_hi, dst + (in_lo - begin)));
     SL_TRY(rg_read(c, in_hi, uhi, NULL));
-    uint8_t got[32];
-    if (sl_md_final(c->md, got) < 0)
-        return sl_fail(c->err, SLUICE_E_NOMEM, "read_into: digest final failed (OpenSSL)");
-    if (memcmp(got, want, 32) == 0)
-        return SLUICE_OK;
-    char q[SL_QUOTE_MAX], hw[65], hg[65];
-    c->tally->checksum_failures++;
-    return sl_fail(c->err, SLUICE_E_CHECKSUM,
-                   "tensor %s (file %s, offset %llu, %llu bytes): %s mismatch in %s (tensor bytes "
-                   "%llu..%llu): expected %s, actual %s",
-                   sl_quote(q, sizeof q, c->t->name, c->t->name_len), c->t->file,
-                   (unsigned long long)c->t->offset, (unsigned long long)c->t->nbytes,
-                   sl_md_title(sl_md_algorithm(c->md)), what, (unsigned long long)ulo,
-                   (unsigned long long)uhi, sl_hex_digest(hw, want), sl_hex_digest(hg, got));
+    char unit[160];
+    snprintf(unit, sizeof unit, "%s (tensor bytes %llu..%llu)", what, (unsigned long long)ulo,
+             (unsigned long long)uhi);
+    return rg_check(c, want, unit);
 }
 
 int sl_range_read(const sl_index *ix, size_t i, uint64_t begin, uint64_t len, void *dst,
@@ -206,23 +215,6 @@ static int rg_whole_for_part(rg_ctx *c, const sl_part_geom *g, unsigned char *ds
         pos = lo + g->seg;
     }
     return rg_read(c, pos, c->t->nbytes, NULL);
-}
-
-static int rg_check(rg_ctx *c, const uint8_t want[32], const char *what)
-{
-    uint8_t got[32];
-    if (sl_md_final(c->md, got) < 0)
-        return sl_fail(c->err, SLUICE_E_NOMEM, "read_part: digest final failed (OpenSSL)");
-    if (memcmp(got, want, 32) == 0)
-        return SLUICE_OK;
-    char q[SL_QUOTE_MAX], hw[65], hg[65];
-    c->tally->checksum_failures++;
-    return sl_fail(c->err, SLUICE_E_CHECKSUM,
-                   "tensor %s (file %s, offset %llu, %llu bytes): %s mismatch in %s: expected "
-                   "%s, actual %s", sl_quote(q, sizeof q, c->t->name, c->t->name_len),
-                   c->t->file, (unsigned long long)c->t->offset, (unsigned long long)c->t->nbytes,
-                   sl_md_title(sl_md_algorithm(c->md)), what, sl_hex_digest(hw, want),
-                   sl_hex_digest(hg, got));
 }
 
 int sl_part_read(const sl_index *ix, size_t i, const sl_part_geom *g, void *dst,
