@@ -843,6 +843,104 @@ SLUICE_API int sluice_acquire_range(sluice_model *model, const char *name, uint6
 SLUICE_API int sluice_digest_range(sluice_model *model, size_t i, uint64_t byte_begin,
                                    uint64_t byte_end, uint8_t digest[32]);
 
+/*
+ * Tensor-parallel parts, verified, without the pool
+ * -------------------------------------------------
+ * Rank `rank` of n equal parts of a tensor along dim `dim` is the slice
+ * [rank * shape[dim] / n, (rank + 1) * shape[dim] / n) of that dim, laid
+ * out contiguously as the rank's own tensor: shape[dim] / n, the other
+ * dims whole, nbytes / n bytes. Along dim 0 it is one byte range of the
+ * tensor; along dim d >= 1 it is prod(shape[0..d)) row segments of
+ * nbytes / prod(shape[0..d)) / n bytes each, one stride apart.
+ *
+ * sluice_read_part_into reads the part into dst (len must be the part's
+ * size, nbytes / n) and returns once it is verified, reading only what
+ * that needs, one read of the source per segment (segments that touch in
+ * the file are one read), pread as sluice_read_into:
+ *  - the manifest lists the digest of this part (version 2 "parts", for
+ *    this dim and n; `sluice manifest --parts`): only the part's bytes
+ *    are read, hashed in the part's order, and must match;
+ *  - no part digest, a dim-0 part (one range): as sluice_read_into, so
+ *    with chunk digests only the covering chunks are read;
+ *  - no part digest, a strided part (dim >= 1), or a dim-0 part without
+ *    chunk digests: the whole tensor is read and must match its digest
+ *    (its bytes outside the part go through a bounce buffer of at most
+ *    4 MiB), counted in sluice_stats.part_fallback_bytes, and said once
+ *    per model by sluice_part_note;
+ *  - the tensor is not checked: the part's bytes only.
+ * Fallback mirrors are not tried. On failure dst holds anything. Counted
+ * in the stats as sluice_read_into is (bytes_read: what was read, so a
+ * rank's reads can be checked against the layout). Returns SLUICE_OK,
+ * SLUICE_E_CHECKSUM, SLUICE_E_IO, SLUICE_E_FILE_CHANGED, SLUICE_E_NOMEM,
+ * SLUICE_E_REMOTE, SLUICE_E_NOT_FOUND, or SLUICE_E_INVAL: a dim the
+ * tensor lacks, n 0 or rank >= n, a dim that n does not divide (the
+ * message has the numbers), len not the part's size, dst NULL with
+ * len > 0, a bad model. Any thread, concurrently with every call but
+ * close.
+ */
+SLUICE_API int sluice_read_part_into(sluice_model *model, const char *name, uint32_t dim,
+                                     uint64_t rank, uint64_t n, void *dst, uint64_t len);
+
+/*
+ * sluice_acquire_part gives a handle on the part, read and verified as
+ * sluice_read_part_into does, in a buffer the handle owns (malloc'd,
+ * 64-byte aligned, outside the pool's budget; freed by sluice_release).
+ * sluice_tensor_info describes the part: the tensor's name, dtype and
+ * file, shape[dim] / n, nbytes / n (offset and data_begin stay the
+ * whole tensor's); sluice_tensor_digest says SLUICE_E_INVAL. Returns as
+ * sluice_read_part_into, and SLUICE_E_INVAL for out NULL (*out is NULL on
+ * every failure). Any thread.
+ */
+SLUICE_API int sluice_acquire_part(sluice_model *model, const char *name, uint32_t dim,
+                                   uint64_t rank, uint64_t n, sluice_tensor **out);
+
+/* The digest (sluice_digest_algorithm) of the part's bytes laid out
+ * contiguously, of tensor i as its file holds them now; nothing is
+ * verified (what `sluice manifest --parts` writes). Returns SLUICE_OK,
+ * SLUICE_E_IO, SLUICE_E_FILE_CHANGED, SLUICE_E_NOMEM, or SLUICE_E_INVAL
+ * (bad model, i, dim, rank or n, NULL digest). Any thread. */
+SLUICE_API int sluice_digest_part(sluice_model *model, size_t i, uint32_t dim, uint64_t rank,
+                                  uint64_t n, uint8_t digest[32]);
+
+/* NULL until a part was checked by reading its whole tensor (no part
+ * digests: see sluice_read_part_into), then one sentence naming the
+ * first such part and what to do about it, the same for the rest of the
+ * model's life (said once per model; the bytes are counted in
+ * part_fallback_bytes). Borrowed until close. Any thread. */
+SLUICE_API const char *sluice_part_note(sluice_model *model);
+
+/*
+ * Rules: which tensors a rank splits, along which dim. A rules text is
+ * lines `PATTERN DIM` or `PATTERN replicated` (fnmatch(3) globs without
+ * flags, so `*` crosses dots; `#` to the end of the line is a comment;
+ * blank lines skipped; at most 1024 lines, patterns of at most 255
+ * bytes, dims 0..7). The first matching pattern decides; a name no rule
+ * matches is replicated; a name ending in ".bias" that no rule matches
+ * follows its ".weight" (its dim when the bias has that dim, replicated
+ * otherwise). The built-in set (text NULL; sluice_part_rules_builtin
+ * gives its text) is Llama/Qwen/Mistral naming as vLLM and Megatron
+ * split it: q/k/v/qkv/gate/up/gate_up_proj weights and embed_tokens and
+ * lm_head dim 0, o_proj and down_proj dim 1, norms replicated.
+ *
+ * sluice_part_rules_parse: *out gets the rules of text (len bytes; NULL:
+ * the built-in set). Returns SLUICE_OK, SLUICE_E_NOMEM, or SLUICE_E_INVAL
+ * with why (may be NULL; why_cap bytes) naming the line and the fault.
+ * sluice_part_rules_dim: *dim gets the dim the rules give name (a tensor
+ * of ndim dims), or SLUICE_PART_REPLICATED. Returns SLUICE_OK, or
+ * SLUICE_E_INVAL (a NULL argument, or a rule naming a dim the tensor
+ * lacks: *dim has it). sluice_part_rules_free frees (NULL: no-op). Rules
+ * are immutable: any thread may read them at once.
+ */
+typedef struct sluice_part_rules sluice_part_rules;
+#define SLUICE_PART_REPLICATED (-1)
+#define SLUICE_PART_MAX_DIM 7
+SLUICE_API int sluice_part_rules_parse(const char *text, size_t len, sluice_part_rules **out,
+                                       char *why, size_t why_cap);
+SLUICE_API int sluice_part_rules_dim(const sluice_part_rules *rules, const char *name,
+                                     uint32_t ndim, int *dim);
+SLUICE_API const char *sluice_part_rules_builtin(void);
+SLUICE_API void sluice_part_rules_free(sluice_part_rules *rules);
+
 /* Gives a handle back. The tensor's buffer stays cached until the pool
  * needs its room. NULL is a no-op. Returns SLUICE_OK, or SLUICE_E_INVAL
  * for a handle that is not live: a handle released twice is detected as
@@ -1008,6 +1106,11 @@ SLUICE_API int sluice_trim(sluice_model *model, uint64_t *released);
  *    (BF16 [4, 8] made F16 [8, 4], offsets swapped between tensors of one
  *    size, __metadata__ edited) fails the open. A version 1 or flat
  *    manifest covers the tensor bytes only: such a rewrite passes it.
+ *    A tensor entry may also hold "parts": {"dim": D, "digests": {"N":
+ *    [N digests], ...}}: the digests of its N tensor-parallel parts
+ *    along dim D (see sluice_read_part_into), for at most 8 world sizes
+ *    N in 2..65536 that divide shape[D]; anything else in it fails the
+ *    open with SLUICE_E_MANIFEST_FORMAT, _DIGEST or _DUPLICATE.
  *
  * File keys are the shards' base names; a file's digest is of the whole
  * file (with SHA-256, the one the Hugging Face Hub lists for a Git LFS
@@ -1425,6 +1528,10 @@ struct sluice_stats {
                                    loads whose bytes from it failed
                                    verification: each went direct */
     uint64_t proxy_bypass_bytes; /* bytes then fetched directly from the origin */
+    uint64_t part_fallback_bytes; /* bytes of whole tensors read to check a part
+                                   that has no digest of its own (no part
+                                   digests, and a dim >= 1 part or no chunk
+                                   digests; see sluice_read_part_into) */
 };
 
 /* Fills *stats (whose size field the caller sets; fields past it are not

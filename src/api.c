@@ -31,6 +31,7 @@
 #include "remote.h"
 #include "source.h"
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -928,6 +929,157 @@ SLUICE_API int sluice_acquire_range(sluice_model *m, const char *name, uint64_t 
         sl_model_error(m, &err);
     sl_engine_leave(e);
     return rc;
+}
+
+/* ----------------------------------------------------------------- parts */
+
+/* Rank `rank` of n equal parts of tensor `name` along dim, read and
+ * verified into dst (the part's bytes, contiguous); the common part of
+ * sluice_read_part_into and sluice_acquire_part. */
+static int read_part(sluice_model *m, sl_engine *e, const char *call, const char *name,
+                     uint32_t dim, uint64_t rank, uint64_t n, void *dst, uint64_t len,
+                     size_t *index, sl_part_geom *g, sl_err *err)
+{
+    size_t i = 0;
+    SL_TRY(find(m, name, &i, err));
+    const struct sluice_tensor_info *t = &m->index.tensors[i];
+    SL_TRY(sl_part_geometry(t, dim, rank, n, g, err));
+    uint64_t bytes = g->count * g->seg;
+    if (len != bytes)
+        return sl_fail(err, SLUICE_E_INVAL, "%s: tensor part takes %llu bytes (%llu / %llu), "
+                       "len is %llu", call, (unsigned long long)bytes,
+                       (unsigned long long)t->nbytes, (unsigned long long)n,
+                       (unsigned long long)len);
+    if (!dst && len)
+        return sl_fail(err, SLUICE_E_INVAL, "%s: dst is NULL", call);
+    const sl_chunk_digests *chunks = sl_manifest_chunks(m->manifest);
+    const uint8_t *want = sl_manifest_tensor_digest(m->manifest, i);
+    const uint8_t *want_part = want ? sl_manifest_part_digest(m->manifest, i, dim, n, rank) : NULL;
+    sl_range_tally tally = {0};
+    int rc = sl_part_read(&m->index, i, g, dst, want_part, want, chunks ? &chunks[i] : NULL,
+                          m->opts.algorithm, &tally, err);
+    int unnoted = 0; /* 0 -> 1: this call writes the note; 2: written, readable */
+    if (tally.part_fallback_bytes && atomic_compare_exchange_strong(&m->part_noted, &unnoted, 1)) {
+        char q[SL_QUOTE_MAX];
+        snprintf(m->part_note, sizeof m->part_note,
+                 "%s: the manifest has no digest of part %llu of %llu of tensor %s along dim %u: "
+                 "the whole tensor was read to check it (and so for every such part: "
+                 "part_fallback_bytes; `sluice manifest --parts` writes part digests)",
+                 m->path, (unsigned long long)rank, (unsigned long long)n,
+                 sl_quote(q, sizeof q, t->name, t->name_len), dim);
+        atomic_store(&m->part_noted, 2);
+    }
+    sl_engine_range_tally(e, &tally, rc < 0);
+    *index = i;
+    return rc;
+}
+
+SLUICE_API int sluice_read_part_into(sluice_model *m, const char *name, uint32_t dim,
+                                     uint64_t rank, uint64_t n, void *dst, uint64_t len)
+{
+    sl_err err = {0};
+    sl_engine *e = engine_of(m);
+    if (!e)
+        return SLUICE_E_INVAL;
+    if (sl_engine_enter(e, &err) < 0)
+        return sl_model_error(m, &err);
+    size_t i;
+    sl_part_geom g;
+    int rc = read_part(m, e, "sluice_read_part_into", name, dim, rank, n, dst, len, &i, &g,
+                       &err);
+    if (rc < 0)
+        sl_model_error(m, &err);
+    sl_engine_leave(e);
+    return rc;
+}
+
+/* The block of a part handle: its description, its shape, then (64-byte
+ * aligned) its bytes; the handle frees it whole. */
+typedef struct part_block {
+    struct sluice_tensor_info info;
+    uint64_t shape[];
+} part_block;
+
+SLUICE_API int sluice_acquire_part(sluice_model *m, const char *name, uint32_t dim,
+                                   uint64_t rank, uint64_t n, sluice_tensor **out)
+{
+    sl_err err = {0};
+    sl_engine *e = engine_of(m);
+    if (out)
+        *out = NULL;
+    if (!e || !out) {
+        sl_fail(&err, SLUICE_E_INVAL, "sluice_acquire_part: %s is NULL or unusable",
+                e ? "out" : "the model");
+        return e ? sl_model_error(m, &err) : SLUICE_E_INVAL;
+    }
+    if (sl_engine_enter(e, &err) < 0)
+        return sl_model_error(m, &err);
+    size_t i = 0;
+    sl_part_geom g;
+    part_block *b = NULL;
+    int rc = find(m, name, &i, &err);
+    const struct sluice_tensor_info *t = rc == SLUICE_OK ? &m->index.tensors[i] : NULL;
+    if (rc == SLUICE_OK)
+        rc = sl_part_geometry(t, dim, rank, n, &g, &err);
+    uint64_t len = rc == SLUICE_OK ? g.count * g.seg : 0;
+    size_t head = 0;
+    if (rc == SLUICE_OK) {
+        head = (sizeof *b + t->ndim * sizeof b->shape[0] + 63) / 64 * 64;
+        if (len > SIZE_MAX - head || posix_memalign((void **)&b, 64, head + (size_t)len) != 0)
+            rc = sl_fail(&err, SLUICE_E_NOMEM, "sluice_acquire_part: out of memory for %llu "
+                         "bytes", (unsigned long long)len);
+    }
+    if (rc == SLUICE_OK)
+        rc = read_part(m, e, "sluice_acquire_part", name, dim, rank, n, (char *)b + head, len,
+                       &i, &g, &err);
+    if (rc == SLUICE_OK) {
+        b->info = *t;
+        memcpy(b->shape, t->shape, t->ndim * sizeof b->shape[0]);
+        b->shape[dim] /= n;
+        b->info.shape = b->shape;
+        b->info.nbytes = len;
+        b->info.size = sizeof b->info;
+        if ((rc = sl_engine_grant_part(e, i, b, (char *)b + head, len, &b->info, out, &err)) ==
+            SLUICE_OK)
+            b = NULL;
+    }
+    free(b);
+    if (rc < 0)
+        sl_model_error(m, &err);
+    sl_engine_leave(e);
+    return rc;
+}
+
+SLUICE_API int sluice_digest_part(sluice_model *m, size_t i, uint32_t dim, uint64_t rank,
+                                  uint64_t n, uint8_t digest[32])
+{
+    sl_err err = {0};
+    sl_engine *e = engine_of(m);
+    if (!e)
+        return SLUICE_E_INVAL;
+    sl_part_geom g;
+    int rc = i >= m->index.ntensors || !digest
+                 ? sl_fail(&err, SLUICE_E_INVAL, "sluice_digest_part: tensor %zu: %s", i,
+                           !digest ? "digest is NULL" : "no such tensor")
+                 : sl_part_geometry(&m->index.tensors[i], dim, rank, n, &g, &err);
+    if (rc < 0)
+        return sl_model_error(m, &err);
+    if (sl_engine_enter(e, &err) < 0)
+        return sl_model_error(m, &err);
+    sl_range_tally tally = {0};
+    rc = sl_part_digest(&m->index, i, &g, m->opts.algorithm, digest, &tally, &err);
+    sl_engine_range_tally(e, &tally, rc < 0);
+    if (rc < 0)
+        sl_model_error(m, &err);
+    sl_engine_leave(e);
+    return rc;
+}
+
+SLUICE_API const char *sluice_part_note(sluice_model *m)
+{
+    if (sl_model_usable(m) != SLUICE_OK || atomic_load(&m->part_noted) != 2)
+        return NULL;
+    return m->part_note;
 }
 
 SLUICE_API int sluice_acquire_index(sluice_model *m, size_t i, sluice_tensor **out)

@@ -372,8 +372,10 @@ static sluice_tensor *take_handle(sl_engine *e)
     return h;
 }
 
-int sl_engine_grant_range(sl_engine *e, size_t i, void *buf, uint64_t len, sluice_tensor **out,
-                          sl_err *err)
+/* A handle on len bytes at data, in the block owned (freed at release),
+ * described by info: a range's or a part's. */
+static int grant_owned(sl_engine *e, size_t i, void *owned, const void *data, uint64_t len,
+                       const struct sluice_tensor_info *info, sluice_tensor **out, sl_err *err)
 {
     pthread_mutex_lock(&e->lock);
     sluice_tensor *h = take_handle(e);
@@ -382,11 +384,11 @@ int sl_engine_grant_range(sl_engine *e, size_t i, void *buf, uint64_t len, sluic
         return sl_fail(err, SLUICE_E_NOMEM, "acquire_range: out of memory");
     }
     h->index = i;
-    h->info = &e->ix->tensors[i];
+    h->info = info;
     h->size = len;
-    h->owned = buf;
+    h->owned = owned;
     h->is_range = 1;
-    h->data = len ? (const void *)buf : (const void *)empty_bytes;
+    h->data = len ? data : (const void *)empty_bytes;
     h->live = 1;
     h->has_digest = 0; /* a range, not the tensor: no digest of its own */
     e->live_handles++;
@@ -394,6 +396,18 @@ int sl_engine_grant_range(sl_engine *e, size_t i, void *buf, uint64_t len, sluic
     pthread_mutex_unlock(&e->lock);
     *out = h;
     return SLUICE_OK;
+}
+
+int sl_engine_grant_range(sl_engine *e, size_t i, void *buf, uint64_t len, sluice_tensor **out,
+                          sl_err *err)
+{
+    return grant_owned(e, i, buf, buf, len, &e->ix->tensors[i], out, err);
+}
+
+int sl_engine_grant_part(sl_engine *e, size_t i, void *block, const void *data, uint64_t len,
+                         const struct sluice_tensor_info *info, sluice_tensor **out, sl_err *err)
+{
+    return grant_owned(e, i, block, data, len, info, out, err);
 }
 
 void sl_engine_range_tally(sl_engine *e, const sl_range_tally *t, int failed)
@@ -405,6 +419,7 @@ void sl_engine_range_tally(sl_engine *e, const sl_range_tally *t, int failed)
     e->st.checksum_failures += t->checksum_failures;
     e->st.remote_reads += t->remote_reads;
     e->st.remote_bytes += t->remote_bytes;
+    e->st.part_fallback_bytes += t->part_fallback_bytes;
     e->st.failures += failed != 0;
     pthread_mutex_unlock(&e->lock);
 }

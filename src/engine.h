@@ -67,6 +67,10 @@ enum { SL_PAUSE_STREAM_EXIT = 1, SL_PAUSE_RELEASE_EXIT, SL_PAUSE_ACQUIRE_EXIT, S
  * (sluice_acquire_range). Counted as a live handle. Lock not held. */
 int sl_engine_grant_range(sl_engine *e, size_t i, void *buf, uint64_t len, sluice_tensor **out,
                           sl_err *err);
+/* The same for a part (sluice_acquire_part): data inside block, which the
+ * handle frees at release; info (inside block too) describes the part. */
+int sl_engine_grant_part(sl_engine *e, size_t i, void *block, const void *data, uint64_t len,
+                         const struct sluice_tensor_info *info, sluice_tensor **out, sl_err *err);
 
 /* Adds a range read's figures (range.h) to the stats; failed: it failed. */
 void sl_engine_range_tally(sl_engine *e, const sl_range_tally *t, int failed);

@@ -46,6 +46,9 @@ struct sl_manifest {
     uint64_t *chunk_at;          /* per tensor: its first digest in chunk_store */
     uint8_t (*chunk_store)[32];  /* every chunk digest, tensor after tensor */
     size_t nstored, stored_cap;
+    struct mf_parts **parts;     /* per tensor; NULL: no part digests */
+    uint8_t (*part_store)[32];   /* every part digest */
+    size_t nparts_stored, parts_cap;
 };
 
 /* ---------------------------------------------------------------- reading */
@@ -133,8 +136,8 @@ typedef struct mf_ctx {
     const char *text;
     size_t len;
     sl_err *err;
-    char *kbuf[3];      /* decoded keys, one buffer per nesting level */
-    size_t kcap[3];
+    char *kbuf[5];      /* decoded keys, one buffer per nesting level */
+    size_t kcap[5];
 } mf_ctx;
 
 typedef struct mf_member {
@@ -463,8 +466,8 @@ static int key_is(const mf_member *mem, const char *s)
 /* The members of one entry object ("tensor" or "file" `what`, named by
  * entry) into vals by key (keys[k] -> vals[k], at[k] its position); an
  * unknown key or one given twice is an error naming the allowed ones. */
-static int collect(mf_ctx *c, const mf_member *entry, const char *what, const char *const *keys,
-                   size_t nkeys, const cJSON **vals, size_t *at)
+static int collect_at(mf_ctx *c, int level, const mf_member *entry, const char *what,
+                      const char *const *keys, size_t nkeys, const cJSON **vals, size_t *at)
 {
     char q[SL_QUOTE_MAX], msg[SL_QUOTE_MAX + 256], list[160], w_at[96];
     sl_quote(q, sizeof q, entry->key, entry->key_len);
@@ -478,7 +481,7 @@ static int collect(mf_ctx *c, const mf_member *entry, const char *what, const ch
     mf_walk w;
     mf_member mem;
     int rc;
-    SL_TRY(walk_begin(c, &w, 2, entry->value, entry->value_at));
+    SL_TRY(walk_begin(c, &w, level, entry->value, entry->value_at));
     while ((rc = walk_next(&w, &mem)) > 0) {
         size_t k = 0;
         while (k < nkeys && !key_is(&mem, keys[k]))
@@ -497,6 +500,12 @@ static int collect(mf_ctx *c, const mf_member *entry, const char *what, const ch
         at[k] = mem.value_at;
     }
     return rc;
+}
+
+static int collect(mf_ctx *c, const mf_member *entry, const char *what, const char *const *keys,
+                   size_t nkeys, const cJSON **vals, size_t *at)
+{
+    return collect_at(c, 2, entry, what, keys, nkeys, vals, at);
 }
 
 static int missing_key(mf_ctx *c, const mf_member *entry, const char *what, const char *key)
@@ -585,6 +594,22 @@ static int check_description(mf_ctx *c, const mf_member *entry, size_t i, const 
                    c->ix->files[t->file_index].path, want);
 }
 
+/* Grows a store of digests (chunks', parts') to hold need of them. */
+static int store_grow(mf_ctx *c, uint8_t (**store)[32], size_t *cap, uint64_t need)
+{
+    if (need <= *cap)
+        return SLUICE_OK;
+    size_t n = *cap ? *cap : 64;
+    while (n < need)
+        n *= 2;
+    uint8_t (*grown)[32] = realloc(*store, n * sizeof *grown);
+    if (!grown)
+        return sl_fail(c->err, SLUICE_E_NOMEM, "manifest %s: out of memory", c->path);
+    *store = grown;
+    *cap = n;
+    return SLUICE_OK;
+}
+
 /* Tensor i's chunk list: chunk_bytes (4096..2^53) and one digest per
  * chunk_bytes of its nbytes, the last chunk shorter. */
 static int add_chunks(mf_ctx *c, const mf_member *entry, size_t i, const cJSON *bytes_v,
@@ -609,16 +634,7 @@ static int add_chunks(mf_ctx *c, const mf_member *entry, size_t i, const cJSON *
         return format_error(c, list_at, msg);
     }
     sl_manifest *m = c->m;
-    if (m->nstored + have > m->stored_cap) {
-        size_t cap = m->stored_cap ? m->stored_cap : 64;
-        while (cap < m->nstored + have)
-            cap *= 2;
-        uint8_t (*grown)[32] = realloc(m->chunk_store, cap * sizeof *grown);
-        if (!grown)
-            return sl_fail(c->err, SLUICE_E_NOMEM, "manifest %s: out of memory", c->path);
-        m->chunk_store = grown;
-        m->stored_cap = cap;
-    }
+    SL_TRY(store_grow(c, &m->chunk_store, &m->stored_cap, m->nstored + have));
     uint64_t k = 0;
     for (const cJSON *d = list->child; d; d = d->next, k++)
         if (parse_digest(d, m->chunk_store[m->nstored + k], why, sizeof why) < 0) {
@@ -634,14 +650,135 @@ static int add_chunks(mf_ctx *c, const mf_member *entry, size_t i, const cJSON *
     return SLUICE_OK;
 }
 
+/* The most world sizes one tensor's "parts" may list. */
+#define MF_PARTS_MAX 8
+
+/* Part digests of one tensor (version 2 "parts"): for each world size
+ * n[k], n[k] digests, the first at part_store[at[k]]. */
+typedef struct mf_parts {
+    uint32_t dim, count;
+    uint64_t n[MF_PARTS_MAX];
+    size_t at[MF_PARTS_MAX];
+} mf_parts;
+
+/* A world size as a key: a decimal integer in 2..65536, no sign, no
+ * leading zero. */
+static int world_key(const mf_member *mem, uint64_t *n)
+{
+    if (mem->key_len == 0 || mem->key_len > 5 || mem->key[0] == '0')
+        return -1;
+    uint64_t v = 0;
+    for (size_t k = 0; k < mem->key_len; k++) {
+        if (mem->key[k] < '0' || mem->key[k] > '9')
+            return -1;
+        v = v * 10 + (uint64_t)(mem->key[k] - '0');
+    }
+    if (v < 2 || v > 65536)
+        return -1;
+    *n = v;
+    return 0;
+}
+
+/* One world size's list of part digests, into the store. */
+static int add_world(mf_ctx *c, const mf_member *entry, size_t i, mf_parts *p, const mf_member *w)
+{
+    const struct sluice_tensor_info *t = &c->ix->tensors[i];
+    char q[SL_QUOTE_MAX], msg[SL_QUOTE_MAX + 240], why[128];
+    sl_quote(q, sizeof q, entry->key, entry->key_len);
+    uint64_t n;
+    if (world_key(w, &n) < 0) {
+        snprintf(msg, sizeof msg, "\"digests\" of the parts of tensor %s has a key that is not "
+                 "a world size (a decimal integer in 2..65536)", q);
+        return format_error(c, w->at, msg);
+    }
+    for (uint32_t k = 0; k < p->count; k++)
+        if (p->n[k] == n) {
+            char at[96];
+            return sl_fail(c->err, SLUICE_E_MANIFEST_DUPLICATE, "manifest %s: the parts of "
+                           "tensor %s list world %llu twice (%s)", c->path, q,
+                           (unsigned long long)n, where(c, w->at, at, sizeof at));
+        }
+    if (p->count == MF_PARTS_MAX) {
+        snprintf(msg, sizeof msg, "the parts of tensor %s list more than %d world sizes", q,
+                 MF_PARTS_MAX);
+        return format_error(c, w->at, msg);
+    }
+    if (t->shape[p->dim] % n) {
+        snprintf(msg, sizeof msg, "the parts of tensor %s: dim %u of size %llu does not split "
+                 "into %llu equal parts", q, p->dim, (unsigned long long)t->shape[p->dim],
+                 (unsigned long long)n);
+        return format_error(c, w->at, msg);
+    }
+    uint64_t have = 0;
+    if (cJSON_IsArray(w->value))
+        for (const cJSON *d = w->value->child; d; d = d->next)
+            have++;
+    if (!cJSON_IsArray(w->value) || have != n) {
+        snprintf(msg, sizeof msg, "the parts of tensor %s for world %llu are not an array of "
+                 "%llu digests", q, (unsigned long long)n, (unsigned long long)n);
+        return format_error(c, w->value_at, msg);
+    }
+    sl_manifest *m = c->m;
+    SL_TRY(store_grow(c, &m->part_store, &m->parts_cap, m->nparts_stored + n));
+    uint64_t k = 0;
+    for (const cJSON *d = w->value->child; d; d = d->next, k++)
+        if (parse_digest(d, m->part_store[m->nparts_stored + k], why, sizeof why) < 0) {
+            char at[96];
+            return sl_fail(c->err, SLUICE_E_MANIFEST_DIGEST,
+                           "manifest %s: digest of part %llu of %llu of tensor %s (%s) %s",
+                           c->path, (unsigned long long)k, (unsigned long long)n, q,
+                           where(c, w->value_at, at, sizeof at), why);
+        }
+    p->n[p->count] = n;
+    p->at[p->count++] = m->nparts_stored;
+    m->nparts_stored += n;
+    return SLUICE_OK;
+}
+
+/* Tensor i's "parts": {"dim": D, "digests": {"N": [N digests], ...}},
+ * D a dim of the tensor, each N a world size that divides shape[D]. */
+static int add_parts(mf_ctx *c, const mf_member *entry, size_t i, const cJSON *v, size_t v_at)
+{
+    static const char *const keys[] = {"dim", "digests"};
+    const cJSON *vals[2] = {0};
+    size_t at[2] = {0};
+    mf_member pe = *entry;
+    pe.value = v;
+    pe.value_at = v_at;
+    SL_TRY(collect_at(c, 3, &pe, "the parts of tensor", keys, 2, vals, at));
+    for (int k = 0; k < 2; k++)
+        if (!vals[k])
+            return missing_key(c, &pe, "the parts of tensor", keys[k]);
+    const struct sluice_tensor_info *t = &c->ix->tensors[i];
+    uint64_t dim;
+    if (json_u53(vals[0], &dim) < 0 || dim >= t->ndim)
+        return bad_field(c, &pe, "the parts of tensor", "dim", at[0], "a dim of the tensor");
+    if (!cJSON_IsObject(vals[1]) || !vals[1]->child)
+        return bad_field(c, &pe, "the parts of tensor", "digests", at[1],
+                         "an object of world sizes to digests");
+    mf_parts *p = calloc(1, sizeof *p);
+    if (!p)
+        return sl_fail(c->err, SLUICE_E_NOMEM, "manifest %s: out of memory", c->path);
+    c->m->parts[i] = p;
+    p->dim = (uint32_t)dim;
+    mf_walk w;
+    mf_member mem;
+    int rc;
+    SL_TRY(walk_begin(c, &w, 4, vals[1], at[1]));
+    while ((rc = walk_next(&w, &mem)) > 0)
+        SL_TRY(add_world(c, entry, i, p, &mem));
+    return rc;
+}
+
 /* Structured tensor entry: version 1 {"sha256": "..."}; version 2
  * {"digest": "...", "dtype": "BF16", "shape": [4, 8], "nbytes": 64}. */
 static int structured_tensor(mf_ctx *c, const mf_member *entry)
 {
     static const char *const v1[] = {"sha256"};
-    static const char *const v2[] = {"digest", "dtype", "shape", "nbytes", "chunk_bytes", "chunks"};
+    static const char *const v2[] = {"digest", "dtype", "shape", "nbytes", "chunk_bytes", "chunks",
+                                     "parts"};
     enum { T_DIGEST, T_DTYPE, T_SHAPE, T_NBYTES, T_REQUIRED, T_CHUNK_BYTES = T_REQUIRED, T_CHUNKS,
-           T_COUNT };
+           T_PARTS, T_COUNT };
     const cJSON *v[T_COUNT] = {0};
     size_t at[T_COUNT] = {0};
     if (c->m->version == 1)
@@ -661,9 +798,10 @@ static int structured_tensor(mf_ctx *c, const mf_member *entry)
                              v[T_NBYTES], at[T_NBYTES]));
     if (!v[T_CHUNK_BYTES] != !v[T_CHUNKS])
         return missing_key(c, entry, "tensor", v[T_CHUNKS] ? "chunk_bytes" : "chunks");
-    if (!v[T_CHUNKS])
-        return SLUICE_OK;
-    return add_chunks(c, entry, i, v[T_CHUNK_BYTES], at[T_CHUNK_BYTES], v[T_CHUNKS], at[T_CHUNKS]);
+    if (v[T_CHUNKS])
+        SL_TRY(add_chunks(c, entry, i, v[T_CHUNK_BYTES], at[T_CHUNK_BYTES], v[T_CHUNKS],
+                          at[T_CHUNKS]));
+    return v[T_PARTS] ? add_parts(c, entry, i, v[T_PARTS], at[T_PARTS]) : SLUICE_OK;
 }
 
 /* The file of the model whose base name is the entry's key, or SIZE_MAX. */
@@ -951,8 +1089,9 @@ static sl_manifest *manifest_new(const sl_index *ix)
     m->file_has = calloc(ix->nfiles ? ix->nfiles : 1, 1);
     m->chunks = calloc(ix->ntensors ? ix->ntensors : 1, sizeof *m->chunks);
     m->chunk_at = calloc(ix->ntensors ? ix->ntensors : 1, sizeof *m->chunk_at);
+    m->parts = calloc(ix->ntensors ? ix->ntensors : 1, sizeof *m->parts);
     if (!m->tensor_digest || !m->tensor_has || !m->file_digest || !m->file_size || !m->file_has ||
-        !m->chunks || !m->chunk_at) {
+        !m->chunks || !m->chunk_at || !m->parts) {
         sl_manifest_free(m);
         return NULL;
     }
@@ -1070,7 +1209,7 @@ int sl_manifest_from_text(const sl_index *ix, const sluice_options *opts, char *
     *out = c.m;
     c.m = NULL;
 done:
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 5; i++)
         free(c.kbuf[i]);
     sl_manifest_free(c.m);
     cJSON_Delete(root);
@@ -1092,7 +1231,23 @@ void sl_manifest_free(sl_manifest *m)
     free(m->chunks);
     free(m->chunk_at);
     free(m->chunk_store);
+    for (size_t i = 0; m->parts && i < m->ntensors; i++)
+        free(m->parts[i]);
+    free(m->parts);
+    free(m->part_store);
     free(m);
+}
+
+const uint8_t *sl_manifest_part_digest(const sl_manifest *m, size_t i, uint32_t dim, uint64_t n,
+                                       uint64_t rank)
+{
+    const mf_parts *p = m && i < m->ntensors ? m->parts[i] : NULL;
+    if (!p || p->dim != dim || rank >= n)
+        return NULL;
+    for (uint32_t k = 0; k < p->count; k++)
+        if (p->n[k] == n)
+            return m->part_store[p->at[k] + rank];
+    return NULL;
 }
 
 const sl_chunk_digests *sl_manifest_chunks(const sl_manifest *m)

@@ -44,6 +44,12 @@ const uint8_t *sl_manifest_file_digest(const sl_manifest *m, size_t i, uint64_t 
  * living as long as m; NULL for a NULL m. */
 const sl_chunk_digests *sl_manifest_chunks(const sl_manifest *m);
 
+/* The manifest's digest of rank `rank` of n parts of tensor i along
+ * dim ("parts"), or NULL when it lists none for that dim and n. m may be
+ * NULL. Immutable: any thread. */
+const uint8_t *sl_manifest_part_digest(const sl_manifest *m, size_t i, uint32_t dim, uint64_t n,
+                                       uint64_t rank);
+
 /* The policy in force: REQUIRE or IF_PRESENT; OFF for a NULL m. */
 sluice_verify_policy sl_manifest_policy(const sl_manifest *m);
 

@@ -477,6 +477,9 @@ static void render(ctx *c)
              "Remote attempts retried, by cause: an HTTP status (429, 5xx), a timeout (stalled "
              "or too slow), a failed connection, a short body.",
              "cause", rr_causes, rr_offs, SL_RRETRY_COUNT_);
+    scalar(c, "sluice_part_fallback_bytes_total", "counter",
+           "Bytes of whole tensors read to check a tensor-parallel part that has no digest of "
+           "its own.", OFF(st.part_fallback_bytes));
     scalar(c, "sluice_fallback_tensors_total", "counter",
            "Tensor loads delivered from a fallback mirror.", OFF(st.fallback_tensors));
     scalar(c, "sluice_fallback_bytes_total", "counter",

@@ -34,6 +34,12 @@ struct sluice_model {
     char *sidecar_looked;      /* SLUICE_UNVERIFIED_NO_MANIFEST: the sidecar looked
                                   for, as messages show it (no credentials) */
 
+    /* the first part read that fell back to reading its whole tensor
+     * (sluice_part_note): written once, by the call that took part_noted
+     * from 0 to 1; 2 once written */
+    _Atomic int part_noted;
+    char part_note[512];
+
     /* names the model in each thread's error entries (errmsg.c); unlike
      * the address, never reused by a later model */
     uint64_t err_id;

@@ -92,6 +92,25 @@ static int rg_read(rg_ctx *c, uint64_t lo, uint64_t hi, unsigned char *dst)
     return SLUICE_OK;
 }
 
+/* The digest c->md took must be want, else a checksum failure naming
+ * what was hashed. */
+static int rg_check(rg_ctx *c, const uint8_t want[32], const char *what)
+{
+    uint8_t got[32];
+    if (sl_md_final(c->md, got) < 0)
+        return sl_fail(c->err, SLUICE_E_NOMEM, "read_into: digest final failed (OpenSSL)");
+    if (memcmp(got, want, 32) == 0)
+        return SLUICE_OK;
+    char q[SL_QUOTE_MAX], hw[65], hg[65];
+    c->tally->checksum_failures++;
+    return sl_fail(c->err, SLUICE_E_CHECKSUM,
+                   "tensor %s (file %s, offset %llu, %llu bytes): %s mismatch in %s: expected "
+                   "%s, actual %s", sl_quote(q, sizeof q, c->t->name, c->t->name_len),
+                   c->t->file, (unsigned long long)c->t->offset, (unsigned long long)c->t->nbytes,
+                   sl_md_title(sl_md_algorithm(c->md)), what, sl_hex_digest(hw, want),
+                   sl_hex_digest(hg, got));
+}
+
 /* One digest unit [ulo, uhi) of the tensor (a chunk, or the whole): the
  * part inside [begin, end) lands in dst at its place, the rest passes
  * through the bounce buffer; then the digest must be want. */
@@ -104,20 +123,10 @@ static int rg_unit(rg_ctx *c, uint64_t ulo, uint64_t uhi, uint64_t begin, uint64
     SL_TRY(rg_read(c, ulo, in_lo, NULL));
     SL_TRY(rg_read(c, in_lo, in_hi, dst + (in_lo - begin)));
     SL_TRY(rg_read(c, in_hi, uhi, NULL));
-    uint8_t got[32];
-    if (sl_md_final(c->md, got) < 0)
-        return sl_fail(c->err, SLUICE_E_NOMEM, "read_into: digest final failed (OpenSSL)");
-    if (memcmp(got, want, 32) == 0)
-        return SLUICE_OK;
-    char q[SL_QUOTE_MAX], hw[65], hg[65];
-    c->tally->checksum_failures++;
-    return sl_fail(c->err, SLUICE_E_CHECKSUM,
-                   "tensor %s (file %s, offset %llu, %llu bytes): %s mismatch in %s (tensor bytes "
-                   "%llu..%llu): expected %s, actual %s",
-                   sl_quote(q, sizeof q, c->t->name, c->t->name_len), c->t->file,
-                   (unsigned long long)c->t->offset, (unsigned long long)c->t->nbytes,
-                   sl_md_title(sl_md_algorithm(c->md)), what, (unsigned long long)ulo,
-                   (unsigned long long)uhi, sl_hex_digest(hw, want), sl_hex_digest(hg, got));
+    char unit[160];
+    snprintf(unit, sizeof unit, "%s (tensor bytes %llu..%llu)", what, (unsigned long long)ulo,
+             (unsigned long long)uhi);
+    return rg_check(c, want, unit);
 }
 
 int sl_range_read(const sl_index *ix, size_t i, uint64_t begin, uint64_t len, void *dst,
@@ -171,4 +180,134 @@ int sl_range_digest(const sl_index *ix, size_t i, uint64_t begin, uint64_t end,
     sl_md_free(c.md);
     free(c.bounce);
     return rc;
+}
+
+/* ------------------------------------------------------------------ parts */
+
+/* Reads the part's segments into dst, one after the other (dst is the
+ * part laid out contiguously), each segment one read of the source, and
+ * feeds them to c->md when set. Segments that touch (n = 1, or a single
+ * segment) are one read. */
+static int rg_gather(rg_ctx *c, const sl_part_geom *g, unsigned char *dst)
+{
+    uint64_t s = 0;
+    while (s < g->count) {
+        uint64_t run = 1; /* segments that touch in the file go as one read */
+        while (s + run < g->count && g->stride == g->seg)
+            run++;
+        uint64_t lo = g->first + s * g->stride;
+        SL_TRY(rg_read(c, lo, lo + run * g->seg, dst + s * g->seg));
+        s += run;
+    }
+    return SLUICE_OK;
+}
+
+/* Hashes the whole tensor in file order and lands the part's segments in
+ * dst on the way (the rest through the bounce buffer): the check of a
+ * part that has no digest of its own. */
+static int rg_whole_for_part(rg_ctx *c, const sl_part_geom *g, unsigned char *dst)
+{
+    uint64_t pos = 0;
+    for (uint64_t s = 0; s < g->count; s++) {
+        uint64_t lo = g->first + s * g->stride;
+        SL_TRY(rg_read(c, pos, lo, NULL));
+        SL_TRY(rg_read(c, lo, lo + g->seg, dst + s * g->seg));
+        pos = lo + g->seg;
+    }
+    return rg_read(c, pos, c->t->nbytes, NULL);
+}
+
+int sl_part_read(const sl_index *ix, size_t i, const sl_part_geom *g, void *dst,
+                 const uint8_t *want_part, const uint8_t *want, const sl_chunk_digests *chunks,
+                 sluice_algorithm alg, sl_range_tally *tally, sl_err *err)
+{
+    const struct sluice_tensor_info *t = &ix->tensors[i];
+    rg_ctx c = {.ix = ix, .i = i, .t = t, .f = &ix->files[t->file_index],
+                .tally = tally, .err = err};
+    uint64_t bytes = g->count * g->seg;
+    int contiguous = g->count <= 1 || g->stride == g->seg;
+    int rc;
+    if (!want_part && !want) /* not checked: the segments only */
+        return rg_gather(&c, g, dst);
+    if (!want_part && contiguous) {
+        /* one range (dim 0): read_into's path, chunk digests included;
+         * without them the whole tensor is read, which is the fallback */
+        if (want && !(chunks && chunks->count))
+            tally->part_fallback_bytes += t->nbytes;
+        return sl_range_read(ix, i, g->first, bytes, dst, want, chunks, alg, tally, err);
+    }
+    if (!(c.md = sl_md_new(alg)))
+        return sl_fail(err, SLUICE_E_NOMEM, "read_part: out of memory");
+    if (want_part) {
+        char what[96];
+        snprintf(what, sizeof what, "part %llu of %llu along dim %u", (unsigned long long)g->rank,
+                 (unsigned long long)g->n, g->dim);
+        rc = rg_gather(&c, g, dst);
+        if (rc == SLUICE_OK)
+            rc = rg_check(&c, want_part, what);
+    } else {
+        tally->part_fallback_bytes += t->nbytes;
+        rc = rg_whole_for_part(&c, g, dst);
+        if (rc == SLUICE_OK)
+            rc = rg_check(&c, want, "the whole tensor (read to check a part: no part digests)");
+    }
+    sl_md_free(c.md);
+    free(c.bounce);
+    return rc;
+}
+
+int sl_part_digest(const sl_index *ix, size_t i, const sl_part_geom *g, sluice_algorithm alg,
+                   uint8_t out[32], sl_range_tally *tally, sl_err *err)
+{
+    const struct sluice_tensor_info *t = &ix->tensors[i];
+    rg_ctx c = {.ix = ix, .i = i, .t = t, .f = &ix->files[t->file_index],
+                .tally = tally, .err = err};
+    int rc = SLUICE_OK;
+    if (!(c.md = sl_md_new(alg)))
+        rc = sl_fail(err, SLUICE_E_NOMEM, "digest_part: out of memory");
+    for (uint64_t s = 0; rc == SLUICE_OK && s < g->count; s++) {
+        uint64_t lo = g->first + s * g->stride;
+        rc = rg_read(&c, lo, lo + g->seg, NULL);
+    }
+    if (rc == SLUICE_OK && sl_md_final(c.md, out) < 0)
+        rc = sl_fail(err, SLUICE_E_NOMEM, "digest_part: digest final failed (OpenSSL)");
+    sl_md_free(c.md);
+    free(c.bounce);
+    return rc;
+}
+
+int sl_part_geometry(const struct sluice_tensor_info *t, uint32_t dim, uint64_t rank, uint64_t n,
+                     sl_part_geom *g, sl_err *err)
+{
+    char q[SL_QUOTE_MAX];
+    sl_quote(q, sizeof q, t->name, t->name_len);
+    if (dim >= t->ndim)
+        return sl_fail(err, SLUICE_E_INVAL, "tensor %s has %u dims: no dim %u to split", q,
+                       t->ndim, dim);
+    if (n == 0 || rank >= n)
+        return sl_fail(err, SLUICE_E_INVAL, "tensor %s: rank %llu of %llu parts does not exist",
+                       q, (unsigned long long)rank, (unsigned long long)n);
+    if (t->shape[dim] % n)
+        return sl_fail(err, SLUICE_E_INVAL, "tensor %s: dim %u of size %llu does not split into "
+                       "%llu equal parts (%llu %% %llu = %llu)", q, dim,
+                       (unsigned long long)t->shape[dim], (unsigned long long)n,
+                       (unsigned long long)t->shape[dim], (unsigned long long)n,
+                       (unsigned long long)(t->shape[dim] % n));
+    uint64_t outer = 1;
+    for (uint32_t k = 0; k < dim; k++)
+        outer *= t->shape[k];
+    *g = (sl_part_geom){.dim = dim, .rank = rank, .n = n};
+    if (outer == 0 || t->nbytes == 0)
+        return SLUICE_OK; /* an empty tensor: an empty part */
+    /* nbytes = outer x shape[dim] x inner x elem; a row of dim d and
+     * below is nbytes / outer, of which each part takes 1/n */
+    if (t->nbytes % outer || t->nbytes / outer % n) /* packed sub-byte elements */
+        return sl_fail(err, SLUICE_E_INVAL, "tensor %s: its parts along dim %u of %llu are not "
+                       "whole bytes (%llu bytes in %llu rows)", q, dim, (unsigned long long)n,
+                       (unsigned long long)t->nbytes, (unsigned long long)outer);
+    g->stride = t->nbytes / outer;
+    g->seg = g->stride / n;
+    g->count = g->seg ? outer : 0;
+    g->first = rank * g->seg;
+    return SLUICE_OK;
 }

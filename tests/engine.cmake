@@ -14,7 +14,7 @@ endforeach()
 foreach(name IN ITEMS test_engine test_engine_pread test_engine_stress test_engine_stress_pread test_verify
                     test_engine_regress test_engine_regress_pread
                     test_io_faults test_io_faults_pread test_io_retry test_errmsg test_verify_only
-                    test_chunks test_hash test_cache)
+                    test_chunks test_hash test_cache test_parts)
   if(TEST ${name})
     set_property(TEST ${name} APPEND PROPERTY LABELS threads)
   endif()

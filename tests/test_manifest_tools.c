@@ -261,6 +261,93 @@ static void manifest_versions_and_algorithms(void **state)
     free(mpath);
 }
 
+/* `sluice manifest --parts builtin` on a synth tiny-qwen2 (q/k/v biases):
+ * the manifest opens, each split tensor has its part digests (the
+ * library's digest of the part), a rank's `sluice shard` reads exactly
+ * its bytes, a rules file of one's own and bad --parts / --worlds are
+ * refused with exit 2. */
+static void manifest_parts_and_shard(void **state)
+{
+    fx *f = *state;
+    char *out = tu_join(f->dir, "tp"), *side = tu_join(f->dir, "tp/sluice.manifest.json");
+    run_result r = run(f->dir, "synth", "tiny-qwen2", out, NULL);
+    expect_status(&r, 0, "synth");
+    run_free(&r);
+    r = run(f->dir, "manifest", out, "--parts", "builtin", "--worlds", "2,4", "-q", "-o", side,
+            NULL);
+    expect_status(&r, 0, "manifest --parts");
+    run_free(&r);
+    size_t len = 0;
+    char *text = tu_read_file(side, &len);
+    assert_non_null(text);
+    /* per layer: q, k, v, gate, up (dim 0), o, down (dim 1), q/k/v bias
+     * (dim 0); and the embedding */
+    assert_int_equal(count(text, "\"parts\": {\"dim\": 0"), 4 * 8 + 1);
+    assert_int_equal(count(text, "\"parts\": {\"dim\": 1"), 4 * 2);
+    assert_null(strstr(text, "\"8\": ["));
+    free(text);
+    sluice_options o;
+    sluice_options_init(&o);
+    sluice_model *m = NULL;
+    if (sluice_open(out, &o, &m) != SLUICE_OK)
+        fail_msg("open: %s", sluice_errmsg(m));
+    unsigned char buf[1 << 14];
+    const char *down = "model.layers.2.mlp.down_proj.weight";
+    struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+    assert_int_equal(sluice_find(m, down, &ti), SLUICE_OK);
+    assert_true(ti.nbytes / 4 <= sizeof buf);
+    assert_int_equal(sluice_read_part_into(m, down, 1, 3, 4, buf, ti.nbytes / 4), SLUICE_OK);
+    struct sluice_stats st = {.size = sizeof st};
+    sluice_stats(m, &st);
+    assert_int_equal(st.bytes_read, ti.nbytes / 4);
+    assert_int_equal(st.part_fallback_bytes, 0);
+    sluice_close(m);
+    r = run(f->dir, "shard", out, "--rank", "1", "--world", "4", "--json", NULL);
+    expect_status(&r, 0, "shard");
+    assert_non_null(strstr(r.out, "\"part_fallback_bytes\": 0,"));
+    unsigned long long kept = 0, rd = 1;
+    const char *k = strstr(r.out, "\"kept_bytes\": "), *b = strstr(r.out, "\"bytes_read\": ");
+    assert_true(k && b && sscanf(k + 14, "%llu", &kept) == 1 && sscanf(b + 14, "%llu", &rd) == 1);
+    assert_int_equal(kept, rd);
+    run_free(&r);
+    char *rules = tu_join(f->dir, "rules.txt");
+    mf_write_text(rules, "*embed_tokens* 1\n");
+    r = run(f->dir, "manifest", out, "--parts", rules, "-q", NULL);
+    expect_status(&r, 0, "manifest --parts FILE");
+    assert_int_equal(count(r.out, "\"parts\""), 1);
+    run_free(&r);
+    static const struct {
+        const char *a, *b, *needle;
+    } bad[] = {
+        {"--parts", "/nonexistent/rules", "/nonexistent/rules"},
+        {"--worlds", "2,4", "needs --parts"},
+        {"--parts", "builtin\0", NULL},
+    };
+    for (size_t j = 0; j < 2; j++) {
+        r = run(f->dir, "manifest", out, bad[j].a, bad[j].b, NULL);
+        expect_status(&r, 2, bad[j].needle);
+        if (!strstr(r.err, bad[j].needle))
+            fail_msg("stderr lacks \"%s\": %s", bad[j].needle, r.err);
+        run_free(&r);
+    }
+    mf_write_text(rules, "*embed_tokens* x\n");
+    r = run(f->dir, "manifest", out, "--parts", rules, NULL);
+    expect_status(&r, 2, "bad rules");
+    assert_non_null(strstr(r.err, "rules line 1"));
+    run_free(&r);
+    r = run(f->dir, "manifest", out, "--parts", "builtin", "--worlds", "2,1", NULL);
+    expect_status(&r, 2, "world 1");
+    run_free(&r);
+    r = run(f->dir, "shard", out, "--world", "3", NULL);
+    expect_status(&r, 1, "shard world 3");
+    assert_non_null(strstr(r.err, "does not split into 3 equal parts"));
+    run_free(&r);
+    free(rules);
+    tu_rmtree(out);
+    free(out);
+    free(side);
+}
+
 /* The same manifest whatever the thread count (1 and 2 threads read each
  * shard once for both digests, 8 hash files and tensors apart); the
  * engine's options are not the manifest's, and say so. */
@@ -519,6 +606,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(manifest_sidecar_verifies, setup, teardown),
         cmocka_unit_test_setup_teardown(synth_directory_verifies, setup, teardown),
+        cmocka_unit_test_setup_teardown(manifest_parts_and_shard, setup, teardown),
         cmocka_unit_test_setup_teardown(manifest_stdout_and_flat, setup, teardown),
         cmocka_unit_test_setup_teardown(manifest_versions_and_algorithms, setup, teardown),
         cmocka_unit_test_setup_teardown(manifest_same_for_any_thread_count, setup, teardown),

@@ -83,6 +83,7 @@ static const field fields[] = {
     F(unverified, "sluice_unverified", K_VALUE),
     F(proxy_failures, "sluice_proxy_failures_total", K_VALUE),
     F(proxy_bypass_bytes, "sluice_proxy_bypass_bytes_total", K_VALUE),
+    F(part_fallback_bytes, "sluice_part_fallback_bytes_total", K_VALUE),
 };
 #define NFIELDS (sizeof fields / sizeof *fields)
 

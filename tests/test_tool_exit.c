@@ -80,6 +80,8 @@ static const cmd_case cases[] = {
     {"bench", {"@", "--runs", "1", "--baselines", "none", "--whole-process", "off"}},
     {"bench-metrics", {"@", "--runs", "1"}},
     {"bench-cache", {"@", "--url", "@", "--cache-dir", "%"}},
+    {"shard", {"@", "--world", "2", "--rank", "1"}},
+    {"bench", {"@", "--world", "2", "--runs", "1"}},
 };
 
 static run_result run_case(const cmd_case *c, const char *model)
@@ -141,12 +143,12 @@ static void test_invalid_model_exits_2(void **state)
 static void test_failed_tensor_exits_1(void **state)
 {
     (void)state;
-    static const char *const checking[] = {"verify", "cat", "stats"};
+    static const char *const checking[] = {"verify", "cat", "stats", "shard"};
     char *good = tu_join(dir, "good/model.safetensors");
     char *flipped = tu_join(dir, "flipped/model.safetensors");
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         int checks = 0;
-        for (size_t j = 0; j < 3; j++)
+        for (size_t j = 0; j < sizeof checking / sizeof *checking; j++)
             checks |= !strcmp(cases[k].name, checking[j]);
         if (!checks)
             continue;

@@ -75,6 +75,9 @@ static void usage(FILE *f)
         "                      without chunks)\n"
         "  --backend auto,pread  auto: io_uring where the kernel allows (default auto)\n"
         "other options:\n"
+        "  --world N           tensor-parallel: one rank's shard against loading whole\n"
+        "                      and slicing, and N ranks at once (`sluice bench --world\n"
+        "                      N --help`)\n"
         "  --random            also acquire every tensor in random order\n"
         "  --runs N            runs of each configuration (default 3)\n"
         "  --cold              drop the files' page cache before every run\n"
@@ -362,6 +365,9 @@ int cmd_bench(int argc, char **argv)
         [SW_ALGORITHM] = {"algorithm", {SLUICE_ALG_SHA256}, 1, 0, {"sha256", "blake3"}},
         [SW_BACKEND] = {"backend", {0}, 1, 0, {"auto", "pread"}},
     };
+    for (int i = 1; i < argc; i++) /* tensor-parallel: its own bench (shard.c) */
+        if (!strcmp(argv[i], "--world"))
+            return cmd_bench_world(argc, argv);
     const char *path = NULL, *csv = NULL, *plot = NULL;
     bench_opts bo = {.seed = 1, .metrics_port = -1};
     uint64_t runs = 3;

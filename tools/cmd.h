@@ -17,5 +17,7 @@ int cmd_stats(int argc, char **argv);         /* metrics_cli.c */
 int cmd_bench_metrics(int argc, char **argv); /* metrics_cli.c */
 int cmd_cache(int argc, char **argv);
 int cmd_bench_cache(int argc, char **argv);   /* bench_cache.c */
+int cmd_shard(int argc, char **argv);         /* shard.c */
+int cmd_bench_world(int argc, char **argv);   /* shard.c: bench --world */
 
 #endif

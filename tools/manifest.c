@@ -15,6 +15,7 @@
 #include "digest.h"
 #include "integrity.h"
 #include "jsonout.h"
+#include "shard.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -29,7 +30,7 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "usage: sluice manifest PATH [-o FILE] [--algorithm sha256|blake3] [--v1 | --flat]\n"
-            "                       [-q] [--threads N]\n"
+            "                       [--parts RULES [--worlds 2,4,8]] [-q] [--threads N]\n"
             "\n"
             "Computes the digest of every tensor of the model at PATH (a .safetensors\n"
             "file, a directory, or a *.safetensors.index.json) and of every whole file,\n"
@@ -43,6 +44,12 @@ static void usage(FILE *out)
             "                    each SIZE-byte chunk (K, M, G suffixes; at least 4K), so\n"
             "                    that one tensor hashes on every core and a range of it\n"
             "                    verifies alone (default 16M; 0: no chunk digests)\n"
+            "  --parts RULES     version 2: each tensor the rules split (a rules file, or\n"
+            "                    `builtin`: docs/parallel.md) also gets the digest of each\n"
+            "                    of its tensor-parallel parts, so that a rank verifies its\n"
+            "                    part alone, reading only its bytes\n"
+            "  --worlds LIST     the world sizes of --parts (default 2,4,8; each that\n"
+            "                    divides a tensor's split dim is written)\n"
             "  --v1              version 1: SHA-256 digests of tensors and files only,\n"
             "                    for readers older than version 2 (headers not covered)\n"
             "  --flat            {\"tensor\": \"SHA-256\"} only (headers not covered)\n"
@@ -72,7 +79,92 @@ typedef struct chunk_set {
     size_t *tensor_of;          /* per digest: its tensor */
     atomic_size_t next;
     atomic_int failed;
+    const struct part_set *parts; /* --parts: written after the chunks */
 } chunk_set;
+
+/* Part digests (--parts): per tensor its dim (SLUICE_PART_REPLICATED:
+ * none) and, for each world size that divides it, that many digests. */
+typedef struct part_set {
+    uint64_t worlds[8];
+    size_t nworlds;
+    int *dim;
+    uint8_t (**digest)[32];   /* per tensor: the worlds' digests, one after the other */
+} part_set;
+
+static void part_set_free(part_set *ps, size_t n)
+{
+    for (size_t i = 0; ps->digest && i < n; i++)
+        free(ps->digest[i]);
+    free(ps->digest);
+    free(ps->dim);
+}
+
+/* The part digests of every tensor the rules split, for each world size
+ * that divides its dim. Returns 0, or -1 after a message. */
+static int compute_parts(sluice_model *m, const sluice_part_rules *rules, part_set *ps)
+{
+    size_t n = sluice_count(m);
+    ps->dim = calloc(n ? n : 1, sizeof *ps->dim);
+    ps->digest = calloc(n ? n : 1, sizeof *ps->digest);
+    if (!ps->dim || !ps->digest) {
+        fprintf(stderr, "sluice manifest: out of memory\n");
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+        sluice_info(m, i, &ti);
+        int dim;
+        if (sluice_part_rules_dim(rules, ti.name, ti.ndim, &dim) != SLUICE_OK) {
+            fprintf(stderr, "sluice manifest: --parts: tensor %s: the rules split it along dim "
+                    "%d; it has %u\n", ti.name, dim, ti.ndim);
+            return -1;
+        }
+        ps->dim[i] = dim;
+        if (dim == SLUICE_PART_REPLICATED)
+            continue;
+        size_t total = 0;
+        for (size_t w = 0; w < ps->nworlds; w++)
+            total += ti.shape[dim] % ps->worlds[w] ? 0 : ps->worlds[w];
+        if (!total) {
+            ps->dim[i] = SLUICE_PART_REPLICATED;
+            continue;
+        }
+        if (!(ps->digest[i] = malloc(total * sizeof *ps->digest[i]))) {
+            fprintf(stderr, "sluice manifest: out of memory\n");
+            return -1;
+        }
+        size_t at = 0;
+        for (size_t w = 0; w < ps->nworlds; w++)
+            for (uint64_t r = 0; !(ti.shape[dim] % ps->worlds[w]) && r < ps->worlds[w]; r++)
+                if (sluice_digest_part(m, i, (uint32_t)dim, r, ps->worlds[w],
+                                       ps->digest[i][at++]) != SLUICE_OK) {
+                    fprintf(stderr, "sluice manifest: %s\n", sluice_errmsg(m));
+                    return -1;
+                }
+    }
+    return 0;
+}
+
+/* --worlds "2,4,8" into ps. Returns 0 or -1. */
+static int parse_worlds(const char *s, part_set *ps)
+{
+    ps->nworlds = 0;
+    while (*s) {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(s, &end, 10);
+        if (end == s || errno || v < 2 || v > 65536 || ps->nworlds == 8 || (*end && *end != ','))
+            return -1;
+        for (size_t k = 0; k < ps->nworlds; k++)
+            if (ps->worlds[k] == v)
+                return -1;
+        ps->worlds[ps->nworlds++] = v;
+        s = *end ? end + 1 : end;
+        if (*end && !*s)
+            return -1;
+    }
+    return ps->nworlds ? 0 : -1;
+}
 
 static void *chunk_worker(void *arg)
 {
@@ -199,6 +291,23 @@ static void v2_tensor(FILE *out, const struct sluice_tensor_info *info, const ui
                     sluice_digest_hex(cs->all[cs->first[info->index] + k], hex));
         fputs("]", out);
     }
+    const part_set *ps = cs ? cs->parts : NULL;
+    if (ps && ps->dim[info->index] != SLUICE_PART_REPLICATED) {
+        int dim = ps->dim[info->index];
+        fprintf(out, ", \"parts\": {\"dim\": %d, \"digests\": {", dim);
+        size_t at = 0, first = 1;
+        for (size_t w = 0; w < ps->nworlds; w++) {
+            if (info->shape[dim] % ps->worlds[w])
+                continue;
+            fprintf(out, "%s\"%llu\": [", first ? "" : ", ", (unsigned long long)ps->worlds[w]);
+            first = 0;
+            for (uint64_t r = 0; r < ps->worlds[w]; r++)
+                fprintf(out, "%s\"%s\"", r ? ", " : "",
+                        sluice_digest_hex(ps->digest[info->index][at++], hex));
+            fputs("]", out);
+        }
+        fputs("}}", out);
+    }
     fputs("}", out);
 }
 
@@ -305,6 +414,9 @@ static int write_file(const char *path, const sluice_model *m, const dg_result *
 int cmd_manifest(int argc, char **argv)
 {
     const char *path = NULL, *out_path = NULL, *alg_name = NULL, *chunk_arg = NULL;
+    const char *parts_arg = NULL, *worlds_arg = NULL;
+    part_set ps = {.worlds = {2, 4, 8}, .nworlds = 3};
+    sluice_part_rules *rules = NULL;
     int form = FORM_V2, quiet = 0;
     uint64_t chunk_bytes = (uint64_t)16 << 20;
     sluice_options o;
@@ -331,6 +443,12 @@ int cmd_manifest(int argc, char **argv)
                 return 2;
             }
             chunk_arg = argv[++i];
+        } else if (!strcmp(a, "--parts") || !strcmp(a, "--worlds")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "sluice manifest: %s needs a value\n", a);
+                return 2;
+            }
+            *(a[2] == 'p' ? &parts_arg : &worlds_arg) = argv[++i];
         } else if (!strcmp(a, "--algorithm")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "sluice manifest: --algorithm needs sha256 or blake3\n");
@@ -359,6 +477,15 @@ int cmd_manifest(int argc, char **argv)
     }
     if (form != FORM_V2)
         chunk_bytes = 0;
+    if ((parts_arg || worlds_arg) && form != FORM_V2) {
+        fprintf(stderr, "sluice manifest: --parts needs version 2 (not --v1 or --flat)\n");
+        return 2;
+    }
+    if (worlds_arg && (!parts_arg || parse_worlds(worlds_arg, &ps) < 0)) {
+        fprintf(stderr, "sluice manifest: --worlds needs --parts and a list of distinct world "
+                        "sizes in 2..65536, at most 8 (2,4,8)\n");
+        return 2;
+    }
     if (alg_name) {
         if (!strcmp(alg_name, "blake3")) {
             o.algorithm = SLUICE_ALG_BLAKE3;
@@ -378,6 +505,8 @@ int cmd_manifest(int argc, char **argv)
         }
     }
 
+    if (parts_arg && shard_rules_load("manifest", parts_arg, &rules) < 0)
+        return 2;
     /* The index is all that is needed: no manifest, the smallest pool. */
     o.verify = SLUICE_VERIFY_OFF;
     o.pool_bytes = 4096;
@@ -386,6 +515,7 @@ int cmd_manifest(int argc, char **argv)
     if (rc != SLUICE_OK) {
         fprintf(stderr, "sluice manifest: %s\n", m ? sluice_errmsg(m) : sluice_strerror(rc));
         sluice_close(m);
+        sluice_part_rules_free(rules);
         return 2;
     }
     size_t n = sluice_count(m), nf = sluice_file_count(m);
@@ -428,6 +558,10 @@ int cmd_manifest(int argc, char **argv)
     }
     if (!failed && compute_chunks(m, chunk_bytes, o.hash_threads, &cs) < 0)
         failed++;
+    if (!failed && rules && compute_parts(m, rules, &ps) < 0)
+        failed++;
+    if (rules)
+        cs.parts = &ps;
     if (!failed && (take_ids(m, after) < 0 || !same_ids(before, after, nf))) {
         fprintf(stderr, "sluice manifest: a file of the model changed (or was replaced) while its "
                         "digests were computed\n");
@@ -449,6 +583,8 @@ int cmd_manifest(int argc, char **argv)
 done:
     progress_stop(bar);
     chunk_set_free(&cs);
+    part_set_free(&ps, n);
+    sluice_part_rules_free(rules);
     free(before);
     free(after);
     free(tensors);

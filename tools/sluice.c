@@ -22,6 +22,7 @@ static const struct {
     {"repair", cmd_repair, "repair PATH --fallback LOC mend tensors that fail to verify from a mirror"},
     {"keygen", cmd_keygen, "keygen --out PREFIX        make an Ed25519 key pair for signing manifests"},
     {"sign", cmd_sign, "sign MANIFEST --key KEY    write MANIFEST.sig, the manifest's signature"},
+    {"shard", cmd_shard, "shard PATH --rank R --world N  load one tensor-parallel rank's shard, verified"},
     {"cat", cmd_cat, "cat PATH NAME              write one tensor's verified bytes to stdout"},
     {"stats", cmd_stats, "stats PATH [--openmetrics] load the model verified, print its metrics"},
     {"bench-metrics", cmd_bench_metrics, "bench-metrics PATH [...]   what the metrics cost; rendering time and size"},

@@ -50,8 +50,10 @@ int fuzz_verdict(const uint8_t *data, size_t size)
         if (verdict == SLUICE_OK)
             verdict = rc;
         if (rc == SLUICE_OK) {
-            for (size_t i = 0; i < ix.ntensors; i++)
+            for (size_t i = 0; i < ix.ntensors; i++) {
                 (void)sl_manifest_tensor_digest(m, i);
+                (void)sl_manifest_part_digest(m, i, 0, 2, 1);
+            }
             for (size_t i = 0; i < ix.nfiles; i++)
                 (void)sl_manifest_file_digest(m, i, NULL);
             sl_manifest_free(m);

@@ -434,6 +434,38 @@ class Model:
             e.name = name
             raise
 
+    def get_part(self, name, dim, rank, world, framework="np"):
+        """Rank `rank` of `world` equal parts of the tensor along `dim`, the
+        slice [rank * n / world, (rank + 1) * n / world) of that dim laid
+        out contiguously, read and verified (sluice_read_part_into: only
+        the part's bytes when the manifest has part digests, `sluice
+        manifest --parts`; else dim 0 through chunk digests and dim >= 1 by
+        reading the whole tensor once, counted in stats()
+        ["part_fallback_bytes"] and said by part_note()). A read-only NumPy
+        array ("np") or a torch tensor ("pt") over a buffer the library's
+        handle owns: no copy. InvalidArgumentError when `world` does not
+        divide the dim (the message has the numbers)."""
+        framework = _check_framework(framework)
+        i = self._index(name)
+        for v, what in ((dim, "dim"), (rank, "rank"), (world, "world")):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"{what} must be an int")
+            if v < 0:
+                raise ValueError(f"{what} must not be negative")
+        t = self._m.info(i)
+        try:
+            h = self._m.acquire_part(i, dim, rank, world)
+        except Error as e:
+            e.name = name
+            raise
+        shape = tuple(d // world if k == dim else d for k, d in enumerate(t[2]))
+        return _wrap(h, t[1], shape, framework)
+
+    def part_note(self):
+        """None, or the one sentence the library says once per model when
+        a part was checked by reading its whole tensor (no part digests)."""
+        return self._m.part_note()
+
     def get_range(self, name, begin, end):
         """Bytes [begin, end) of the tensor, read and verified as read_into
         reads them, as a read-only 1-D uint8 NumPy array over a buffer the

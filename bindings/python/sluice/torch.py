@@ -36,8 +36,10 @@ import torch
 import sluice
 from . import _errors, _to_torch, _load_torch, parse_size
 from ._safe_open import _open_for_all, _torch_dtype_checked
+from .shard import load_shard  # noqa: F401  (tensor-parallel: sluice/shard.py)
 
-__all__ = ["lazy_load", "load_state_dict", "LazyLoader", "IncompatibleKeys", "iter_weights"]
+__all__ = ["lazy_load", "load_state_dict", "load_shard", "LazyLoader", "IncompatibleKeys",
+           "iter_weights"]
 
 IncompatibleKeys = namedtuple("IncompatibleKeys", "missing_keys unexpected_keys")
 

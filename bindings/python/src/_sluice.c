@@ -475,6 +475,7 @@ static PyObject *model_stats(ModelObject *self, PyObject *unused)
         {"memo_tensors", st.memo_tensors}, {"memo_bytes", st.memo_bytes},
         {"disk_degraded", st.disk_degraded}, {"disk_busy", st.disk_busy},
         {"unverified", st.unverified},
+        {"part_fallback_bytes", st.part_fallback_bytes},
     };
     for (size_t k = 0; d && k < sizeof more / sizeof *more; k++) {
         PyObject *v = PyLong_FromUnsignedLongLong(more[k].value);
@@ -797,6 +798,97 @@ static PyObject *model_read_into(ModelObject *self, PyObject *args)
     if (rc != SLUICE_OK)
         return raise_code(rc, message);
     return PyLong_FromUnsignedLongLong(len);
+}
+
+/* acquire_part(i, dim, rank, world) -> Handle of rank `rank` of `world`
+ * equal parts of tensor i along dim (sluice_acquire_part: only the part's
+ * bytes read when the manifest has part digests), in a buffer the handle
+ * owns: the array over it is zero copy. The GIL is released meanwhile. */
+static PyObject *model_acquire_part(ModelObject *self, PyObject *args)
+{
+    PyObject *iarg;
+    unsigned int dim;
+    unsigned long long rank, world;
+    if (!PyArg_ParseTuple(args, "OIO&O&", &iarg, &dim, u64_arg, &rank, u64_arg, &world))
+        return NULL;
+    size_t i;
+    if (!model_usable(self) || index_arg(self, iarg, &i) < 0)
+        return NULL;
+    const char *name = name_of(self, i);
+    if (!name)
+        return NULL;
+    sluice_tensor *t = NULL;
+    char message[1024] = "";
+    sluice_model *m = self->m;
+    int rc;
+    self->in_flight++;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sluice_acquire_part(m, name, dim, rank, world, &t);
+    if (rc != SLUICE_OK)
+        snprintf(message, sizeof message, "%s", sluice_errmsg(m));
+    Py_END_ALLOW_THREADS
+    self->in_flight--;
+    if (rc != SLUICE_OK) {
+        model_maybe_close(self);
+        return raise_code(rc, message);
+    }
+    PyObject *h = handle_new(self, t, i);
+    model_maybe_close(self);
+    return h;
+}
+
+/* part_note() -> the once-per-model note of a part checked by reading its
+ * whole tensor (sluice_part_note), or None. */
+static PyObject *model_part_note(ModelObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (!model_usable(self))
+        return NULL;
+    const char *note = sluice_part_note(self->m);
+    if (!note)
+        Py_RETURN_NONE;
+    return PyUnicode_DecodeUTF8(note, (Py_ssize_t)strlen(note), "replace");
+}
+
+/* part_dims(rules, [(name, ndim), ...]) -> [dim or -1 (replicated)]: the
+ * rules text (str, or None for the built-in set) applied by the library
+ * (sluice_part_rules_*); ValueError naming the line of a bad rule or the
+ * tensor a rule gives a dim it lacks. */
+static PyObject *mod_part_dims(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    PyObject *text, *seq;
+    if (!PyArg_ParseTuple(args, "OO", &text, &seq))
+        return NULL;
+    const char *s = NULL;
+    Py_ssize_t len = 0;
+    if (text != Py_None && !(s = PyUnicode_AsUTF8AndSize(text, &len)))
+        return NULL;
+    sluice_part_rules *r = NULL;
+    char why[256];
+    if (sluice_part_rules_parse(s, (size_t)len, &r, why, sizeof why) != SLUICE_OK) {
+        PyErr_Format(PyExc_ValueError, "%s", why);
+        return NULL;
+    }
+    PyObject *fast = PySequence_Fast(seq, "part_dims needs a sequence of (name, ndim)");
+    PyObject *out = fast ? PyList_New(PySequence_Fast_GET_SIZE(fast)) : NULL;
+    for (Py_ssize_t k = 0; out && k < PySequence_Fast_GET_SIZE(fast); k++) {
+        const char *name;
+        unsigned int ndim;
+        int dim = SLUICE_PART_REPLICATED;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(fast, k), "sI", &name, &ndim)) {
+            Py_CLEAR(out);
+        } else if (sluice_part_rules_dim(r, name, ndim, &dim) != SLUICE_OK) {
+            PyErr_Format(PyExc_ValueError, "tensor %s: the rules split it along dim %d; it has %u",
+                         name, dim, ndim);
+            Py_CLEAR(out);
+        } else {
+            PyList_SET_ITEM(out, k, PyLong_FromLong(dim));
+        }
+    }
+    Py_XDECREF(fast);
+    sluice_part_rules_free(r);
+    return out;
 }
 
 /* Borrowed names of tensors by index, valid until the model is closed.
@@ -1282,6 +1374,10 @@ static PyMethodDef model_methods[] = {
     {"acquire", (PyCFunction)model_acquire, METH_O, "Handle of tensor i (GIL released)."},
     {"acquire_range", (PyCFunction)model_acquire_range, METH_VARARGS,
      "Handle of bytes [begin, end) of tensor i, verified (GIL released)."},
+    {"acquire_part", (PyCFunction)model_acquire_part, METH_VARARGS,
+     "Handle of rank r of n parts of tensor i along a dim (GIL released)."},
+    {"part_note", (PyCFunction)model_part_note, METH_NOARGS,
+     "The note of a part checked by its whole tensor, or None."},
     {"read_into", (PyCFunction)model_read_into, METH_VARARGS,
      "Verified bytes of tensor i from offset into a writable buffer (GIL released)."},
     {"digest_algorithm", (PyCFunction)model_digest_algorithm, METH_NOARGS,
@@ -1542,6 +1638,8 @@ static PyMethodDef module_methods[] = {
      "Open a model (see sluice.open)."},
     {"strerror", (PyCFunction)mod_strerror, METH_O, "Name of a status code."},
     {"dtype_bits", (PyCFunction)mod_dtype_bits, METH_O, "Bits per element of a dtype name."},
+    {"part_dims", (PyCFunction)mod_part_dims, METH_VARARGS,
+     "The dim the rules split each (name, ndim) along, -1 replicated."},
     {"algorithm_supported", (PyCFunction)mod_algorithm_supported, METH_O,
      "Whether this build computes a digest algorithm."},
     {NULL, NULL, 0, NULL},

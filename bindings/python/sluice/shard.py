@@ -1,0 +1,64 @@
+"""Tensor-parallel shards: one rank's part of every tensor of a model.
+
+load_shard(path, rank, world, rules=None, framework="pt", **open_args)
+    A dict name -> tensor of what rank `rank` of `world` keeps: each tensor
+    the rules split is its part along the rules' dim (Model.get_part: only
+    the part's bytes are read when the manifest has part digests), every
+    other tensor whole (replicated). Each value is a read-only view over a
+    buffer the library's handle owns: no copy. `rules` is None (the
+    built-in Llama/Qwen/Mistral set), the text of a rules file (lines
+    `PATTERN DIM` or `PATTERN replicated`, fnmatch globs, the first match
+    wins), a path to one (a str naming an existing file, or an
+    os.PathLike), or a list of (pattern, dim-or-None) pairs. See
+    docs/parallel.md.
+"""
+import os
+
+import sluice
+from . import _sluice
+
+__all__ = ["load_shard", "part_dims"]
+
+
+def _rules_text(rules):
+    if rules is None:
+        return None
+    if isinstance(rules, os.PathLike) or (isinstance(rules, str) and "\n" not in rules
+                                          and os.path.isfile(rules)):
+        with open(rules, encoding="utf-8") as f:
+            return f.read()
+    if isinstance(rules, str):
+        return rules
+    lines = []
+    for pattern, dim in rules:
+        if any(c in str(pattern) for c in " \t\n#"):
+            raise ValueError(f"rule pattern {pattern!r} holds a space, a tab, a newline or '#'")
+        lines.append(f"{pattern} {'replicated' if dim is None else int(dim)}")
+    return "\n".join(lines) + "\n"
+
+
+def part_dims(model, rules=None):
+    """{name: dim or None (replicated)} of every tensor of an open Model
+    under the rules (the library's matching: sluice_part_rules_dim)."""
+    names = model.keys()
+    infos = [model.info(n) for n in names]
+    dims = _sluice.part_dims(_rules_text(rules), [(n, len(t.shape)) for n, t in zip(names, infos)])
+    return {n: (None if d < 0 else d) for n, d in zip(names, dims)}
+
+
+def load_shard(path, rank, world, rules=None, framework="pt", **open_args):
+    model = sluice.open(path, **open_args)
+    try:
+        out = {}
+        for name, dim in part_dims(model, rules).items():
+            if dim is None:
+                out[name] = model.get_tensor(name, framework=framework)
+            else:
+                out[name] = model.get_part(name, dim, rank, world, framework=framework)
+        note = model.part_note()
+        if note:
+            import warnings
+            warnings.warn(note, stacklevel=2)
+        return out
+    finally:
+        model.close()
