@@ -399,8 +399,10 @@ typedef struct sluice_model sluice_model;
  *    each whole file stand in (sluice_manifest_path: "hf://ORG/NAME@COMMIT
  *    (the Hub's LFS SHA-256)"): they check whole files (sluice_verify with
  *    SLUICE_VF_FILES), never a tensor, so under DEFAULT the policy is
- *    IF_PRESENT with no tensor listed and REQUIRE fails the open with
- *    SLUICE_E_MANIFEST. A missing repository, revision or file is
+ *    IF_PRESENT with no tensor listed, the model loads unverified and
+ *    says so (sluice_verify_state: SLUICE_UNVERIFIED_NO_MANIFEST, *where
+ *    the sidecars looked for; sluice_stats' unverified 1), and REQUIRE
+ *    fails the open with SLUICE_E_MANIFEST. A missing repository, revision or file is
  *    SLUICE_E_NO_FILES, a refusal (401, 403: private, gated, or a missing
  *    repository asked without a token) SLUICE_E_REMOTE, each message
  *    naming which.
@@ -1070,7 +1072,10 @@ typedef enum sluice_verification {
                                        look the same); *where is the sidecar
                                        looked for, or both ("A nor B", see
                                        sluice_open), without credentials or
-                                       query. Nothing is checked */
+                                       query. No tensor is checked (an hf://
+                                       model's Hub LFS SHA-256 may still be
+                                       the manifest, sluice_manifest_path,
+                                       for sluice_verify's whole files) */
     SLUICE_UNVERIFIED_OFF = 2       /* SLUICE_VERIFY_OFF: no manifest was looked
                                        for; *where is NULL. Nothing is checked */
 } sluice_verification;

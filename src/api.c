@@ -340,6 +340,7 @@ static int load_remote_manifest(sluice_model *m, const char *path, sl_err *err)
             if (hub_named && hub_o.verify == SLUICE_VERIFY_DEFAULT)
                 hub_o.verify = SLUICE_VERIFY_IF_PRESENT;
             rc = sl_manifest_from_text(&m->index, &hub_o, named, text, len, &m->manifest, err);
+            m->hub_files_only = hub_named != NULL;
         }
     }
     if (rc < 0) {
@@ -359,7 +360,10 @@ static int load_remote_manifest(sluice_model *m, const char *path, sl_err *err)
  * nothing looked for (policy OFF). */
 static int note_verification(sluice_model *m, const char *path, sl_err *err)
 {
-    if (m->manifest) {
+    /* the Hub's whole-file digests check no tensor load: the model loads
+     * unverified, and says so like one without a manifest (sluice_verify
+     * with SLUICE_VF_FILES still checks its files against them) */
+    if (m->manifest && !m->hub_files_only) {
         m->verification = SLUICE_VERIFIED;
         return SLUICE_OK;
     }

@@ -358,6 +358,32 @@ static void test_lfs_sha256(void **state)
     (void)state;
 }
 
+/* No published manifest: the Hub's whole-file digests check no tensor
+ * load, so the model reports itself unverified (as one without a
+ * manifest does), while its manifest path still names the Hub's digests
+ * for sluice_verify's whole files. */
+static void test_lfs_only_is_unverified(void **state)
+{
+    sluice_options o = fast_options();
+    sluice_model *m = NULL;
+    open_ok("hf://org/single", &o, &m);
+    const char *where = NULL;
+    assert_int_equal(sluice_verify_state(m, &where), SLUICE_UNVERIFIED_NO_MANIFEST);
+    assert_non_null(where);
+    if (!strstr(where, "sluice.manifest.json"))
+        fail_msg("where: %s", where);
+    struct sluice_stats s = {.size = sizeof s};
+    assert_int_equal(sluice_stats(m, &s), SLUICE_OK);
+    assert_int_equal(s.unverified, SLUICE_UNVERIFIED_NO_MANIFEST);
+    assert_non_null(strstr(sluice_manifest_path(m), "the Hub's LFS SHA-256"));
+    sluice_close(m);
+    /* a published manifest: verified */
+    open_ok("hf://org/sharded", &o, &m);
+    assert_int_equal(sluice_verify_state(m, NULL), SLUICE_VERIFIED);
+    sluice_close(m);
+    (void)state;
+}
+
 /* `sluice verify --files hf://...`: the Hub's LFS SHA-256 when the
  * repository publishes no manifest (exit 0, then 1 on a flipped byte);
  * its published manifest and the files otherwise. */
@@ -467,6 +493,7 @@ int main(void)
         cmocka_unit_test(test_index_and_published_manifest),
         cmocka_unit_test(test_hub_as_mirror),
         cmocka_unit_test(test_lfs_sha256),
+        cmocka_unit_test(test_lfs_only_is_unverified),
         cmocka_unit_test(test_verify_command),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_token_from_environment),
