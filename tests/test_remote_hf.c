@@ -413,6 +413,15 @@ static void test_verify_command(void **state)
     assert_non_null(strstr(text, out));
     assert_non_null(strstr(text, "2 tensors verified, 0 failed"));
     free(text);
+    /* cat of a repository without a manifest (the docs' example): the
+     * bytes, with the warning that they are unchecked */
+    snprintf(cmd, sizeof cmd, "'%s/sluice' cat hf://org/single b 2> '%s' | wc -c | "
+             "grep -qx 200000", SLUICE_BINARY_DIR, log);
+    assert_int_equal(system(cmd), 0);
+    text = tu_read_file(log, &len);
+    if (!strstr(text, "warning: not verified"))
+        fail_msg("cat's stderr: %s", text);
+    free(text);
     /* repair writes local files: a Hub location is refused before any request */
     snprintf(cmd, sizeof cmd, "'%s/sluice' repair hf://org/single --fallback /nowhere 2> '%s'",
              SLUICE_BINARY_DIR, log);
