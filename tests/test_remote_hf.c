@@ -464,6 +464,20 @@ static void test_errors(void **state)
         open_fails(bad[k], NULL, SLUICE_E_INVAL, "hf://ORG/NAME[@REVISION][/FILE]");
     open_fails("hf://org/single/no such.safetensors", NULL, SLUICE_E_NO_FILES,
                "no file no such.safetensors");
+    /* an endpoint's user:password@ never shows in a message */
+    char ep[512];
+    snprintf(ep, sizeof ep, "http://user:ep-secret@%s", srv.base + strlen("http://"));
+    setenv("HF_ENDPOINT", ep, 1);
+    const char *const secret_locs[] = {"hf://org/nothere", "hf://org/single@nobranch"};
+    for (size_t k = 0; k < 2; k++) {
+        sluice_options o = fast_options();
+        sluice_model *m = NULL;
+        assert_true(sluice_open(secret_locs[k], &o, &m) < 0);
+        if (strstr(sluice_errmsg(m), "ep-secret"))
+            fail_msg("%s: the endpoint's password shows: %s", secret_locs[k], sluice_errmsg(m));
+        sluice_close(m);
+    }
+    setenv("HF_ENDPOINT", srv.base, 1);
     (void)state;
 }
 
