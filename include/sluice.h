@@ -299,7 +299,9 @@ typedef struct sluice_options {
     uint32_t remote_backoff_ms; /* the first retry's backoff cap, doubled each
                                   attempt up to 30 s (full jitter); default 200 */
     const char *http_token;     /* "Authorization: Bearer" for http(s):// (not
-                                  for s3://); NULL: $SLUICE_HTTP_TOKEN if set */
+                                  for s3://); NULL: $SLUICE_HTTP_TOKEN if set.
+                                  For an hf:// model, the Hub's token instead
+                                  (see sluice_open) */
     const char *s3_endpoint;    /* NULL: $AWS_ENDPOINT_URL, else
                                   https://s3.REGION.amazonaws.com */
     const char *s3_region;      /* NULL: $AWS_REGION, else us-east-1 */
@@ -390,8 +392,11 @@ typedef struct sluice_model sluice_model;
  *    pins REVISION to its commit and lists the files, then every file is
  *    read as ENDPOINT/ORG/NAME/resolve/COMMIT/FILE with range requests,
  *    following the Hub's redirects to its storage. The Hub's token is
- *    http_token, else $HF_TOKEN (never $SLUICE_HTTP_TOKEN); it is sent to
- *    the endpoint only, never to the storage a redirect names. No
+ *    http_token when the model itself is hf:// (its other hosts, such as
+ *    an http(s) mirror, then get $SLUICE_HTTP_TOKEN only), else $HF_TOKEN
+ *    (never $SLUICE_HTTP_TOKEN, nor the http_token of a model on another
+ *    server that has an hf:// mirror); it is sent to the endpoint only,
+ *    never to the storage a redirect names. No
  *    If-Match is sent (the commit fixes the bytes, and the Hub answers
  *    before its storage does). The
  *    manifest is the repository's sluice.manifest.json (the sidecar rule

@@ -39,6 +39,37 @@ int sl_hf_cfg_fill(sl_remote_cfg *c, const sluice_options *o)
     return 0;
 }
 
+/* Whether a request for loc at url goes to the Hub: an hf:// location,
+ * or a URL of the Hub's endpoint. */
+static int on_hub(const sl_remote_cfg *c, const char *loc, const char *url)
+{
+    size_t n = c->hf_endpoint ? strlen(c->hf_endpoint) : 0;
+    return !strncmp(loc, "hf://", 5) ||
+           (n && !strncmp(url, c->hf_endpoint, n) && (url[n] == '/' || url[n] == '\0'));
+}
+
+/* Replaces *slot (wiped) by a copy of the variable's value, or NULL. */
+static int retoken(char **slot, const char *var)
+{
+    if (*slot)
+        memset(*slot, 0, strlen(*slot));
+    free(*slot);
+    const char *v = env_or_null(var);
+    *slot = v ? strdup(v) : NULL;
+    return v && !*slot ? -1 : 0;
+}
+
+int sl_hf_cfg_token_owner(sl_remote_cfg *c, const sluice_options *o, const char *primary)
+{
+    if (!o->http_token || !*o->http_token)
+        return 0;
+    /* http_token is the primary's: the Hub's for an hf:// model (its
+     * other hosts, mirrors, get $SLUICE_HTTP_TOKEN only), else the
+     * caller's own servers' (the Hub, an hf:// mirror, gets $HF_TOKEN) */
+    return on_hub(c, primary, primary) ? retoken(&c->token, "SLUICE_HTTP_TOKEN")
+                                       : retoken(&c->hf_token, "HF_TOKEN");
+}
+
 void sl_hf_cfg_clear(sl_remote_cfg *c)
 {
     if (c->hf_token)
@@ -116,8 +147,5 @@ char *sl_hf_url(const sl_remote_cfg *c, const char *loc, sl_err *err)
 
 const char *sl_hf_token_for(const sl_remote_cfg *c, const char *loc, const char *url)
 {
-    size_t n = c->hf_endpoint ? strlen(c->hf_endpoint) : 0;
-    int hub = !strncmp(loc, "hf://", 5) ||
-              (n && !strncmp(url, c->hf_endpoint, n) && (url[n] == '/' || url[n] == '\0'));
-    return hub ? c->hf_token : c->token;
+    return on_hub(c, loc, url) ? c->hf_token : c->token;
 }

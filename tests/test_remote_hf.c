@@ -508,6 +508,76 @@ static void test_token_from_environment(void **state)
     (void)state;
 }
 
+/* opts.http_token is the token of the model's own location: with an
+ * hf:// model the Hub's, never sent to a mirror elsewhere; with a model
+ * on the caller's server its, never sent to an hf:// mirror. */
+static void test_token_stays_with_its_host(void **state)
+{
+    char *port = rf_get(&srv, "/ctl/storage"), mirror[256], primary[512];
+    assert_non_null(port);
+    snprintf(mirror, sizeof mirror, "http://localhost:%s/blob/org/sharded/", port);
+    /* y fails from the Hub (a flipped byte): the mirror is asked */
+    ctl("/ctl/clear");
+    ctl("/ctl/flip?at=400");
+    const char *mirrors[1] = {mirror};
+    sluice_options o = fast_options();
+    o.http_token = HUB_TOKEN;
+    o.fallback = mirrors;
+    o.fallback_count = 1;
+    sluice_model *m = NULL;
+    open_ok("hf://org/sharded", &o, &m);
+    sluice_tensor *t = NULL;
+    assert_int_equal(sluice_acquire(m, "y", &t), SLUICE_E_CHECKSUM);
+    sluice_close(m);
+    int with, all;
+    count_log("storage ", "", &with, &all);
+    assert_true(all >= 2);   /* y from the Hub's storage, the mirror's index */
+    if (with != all)
+        fail_msg("the Hub's token went to the mirror: %d of %d storage requests", all - with,
+                 all);
+    /* the model on "the caller's server" (the storage's address, a local
+     * manifest), the Hub a mirror: the caller's token stays off the Hub */
+    ctl("/ctl/clear");
+    char *mf = tu_join(root, "own.manifest.json");
+    char mtext[4096] = "{";
+    append_digests("org/sharded/" C_SHARDED "/model-00002-of-00002.safetensors", mtext,
+                   sizeof mtext);
+    strcat(mtext, "}");
+    tu_write_file(mf, mtext, strlen(mtext));
+    snprintf(primary, sizeof primary, "http://localhost:%s/blob/org/sharded/" C_SHARDED
+             "/model-00002-of-00002.safetensors?X-Amz-Signature=x", port);
+    const char *hub_mirror[1] = {"hf://org/sharded/model-00002-of-00002.safetensors"};
+    o = fast_options();
+    o.http_token = "own-server-token";
+    o.manifest_path = mf;
+    o.fallback = hub_mirror;
+    o.fallback_count = 1;
+    open_ok(primary, &o, &m);
+    assert_int_equal(sluice_acquire(m, "y", &t), SLUICE_E_CHECKSUM);
+    sluice_close(m);
+    count_log("hub ", "", &with, &all);
+    assert_true(all >= 1);
+    if (with != all)
+        fail_msg("the caller's token went to the Hub: %d of %d requests", all - with, all);
+    ctl("/ctl/flip?at=-1");
+    /* a URL of the Hub's endpoint is the Hub's: http_token goes there
+     * (the open itself may fail: the stand-in judges the If-Match a plain
+     * URL sends) */
+    ctl("/ctl/clear");
+    snprintf(primary, sizeof primary, "%s/org/single/resolve/main/model.safetensors", srv.base);
+    o = fast_options();
+    o.http_token = HUB_TOKEN;
+    m = NULL;
+    (void)sluice_open(primary, &o, &m);
+    sluice_close(m);
+    count_log("hub ", "Bearer " HUB_TOKEN, &with, &all);
+    assert_true(all >= 1);
+    assert_int_equal(with, all);
+    free(mf);
+    free(port);
+    (void)state;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -520,6 +590,7 @@ int main(void)
         cmocka_unit_test(test_verify_command),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_token_from_environment),
+        cmocka_unit_test(test_token_stays_with_its_host),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
