@@ -82,7 +82,9 @@ void sl_hf_cfg_clear(sl_remote_cfg *c)
 int sl_hf_parse(const char *loc, sl_hf_loc *out)
 {
     memset(out, 0, sizeof *out);
-    if (strncmp(loc, "hf://", 5) != 0)
+    /* no query or fragment: nothing reads one, and a "?revision=v2"
+     * dropped would open another revision than meant */
+    if (strncmp(loc, "hf://", 5) != 0 || strpbrk(loc, "?#"))
         return -1;
     const char *org = loc + 5, *slash = strchr(org, '/');
     if (!slash || slash == org)

@@ -459,7 +459,9 @@ static void test_errors(void **state)
     open_fails("hf://org/private", NULL, SLUICE_E_REMOTE, "private or gated");
     open_fails("hf://org/private", "wrong", SLUICE_E_NO_FILES, "no repository org/private");
     const char *const bad[] = {"hf://org", "hf://", "hf:///x", "hf://org/", "hf://org/single@",
-                               "hf://org/single@/model.safetensors", "hf://org/../single"};
+                               "hf://org/single@/model.safetensors", "hf://org/../single",
+                               "hf://org/single?revision=v1", "hf://org/single#v1",
+                               "hf://org/single/model.safetensors?x=1"};
     for (size_t k = 0; k < sizeof bad / sizeof *bad; k++)
         open_fails(bad[k], NULL, SLUICE_E_INVAL, "hf://ORG/NAME[@REVISION][/FILE]");
     open_fails("hf://org/single/no such.safetensors", NULL, SLUICE_E_NO_FILES,
