@@ -537,7 +537,8 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
     /* the caller's key list is borrowed for the open only */
     m->opts.trusted_keys = NULL;
     m->opts.ntrusted_keys = 0;
-    if (m->nfallback && !m->manifest) {
+    /* the Hub's whole-file digests cannot check a mirror's tensor either */
+    if (m->nfallback && (!m->manifest || m->hub_files_only)) {
         rc = sl_fail(err, SLUICE_E_INVAL, "%s: fallback mirrors need a manifest to verify their "
                      "bytes against, and none is in force (no sidecar, no manifest_path, or "
                      "verify OFF): unverified bytes from elsewhere are never handed out", path);

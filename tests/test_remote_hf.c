@@ -377,6 +377,16 @@ static void test_lfs_only_is_unverified(void **state)
     assert_int_equal(s.unverified, SLUICE_UNVERIFIED_NO_MANIFEST);
     assert_non_null(strstr(sluice_manifest_path(m), "the Hub's LFS SHA-256"));
     sluice_close(m);
+    /* mirrors need tensor digests to check their bytes against: refused,
+     * as for a model without a manifest */
+    const char *mirrors[] = {"hf://org/single@v1"};
+    o.fallback = mirrors;
+    o.fallback_count = 1;
+    assert_int_equal(sluice_open("hf://org/single", &o, &m), SLUICE_E_INVAL);
+    assert_non_null(strstr(sluice_errmsg(m), "fallback mirrors need a manifest"));
+    sluice_close(m);
+    o.fallback = NULL;
+    o.fallback_count = 0;
     /* a published manifest: verified */
     open_ok("hf://org/sharded", &o, &m);
     assert_int_equal(sluice_verify_state(m, NULL), SLUICE_VERIFIED);
