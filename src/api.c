@@ -245,8 +245,7 @@ static int take_remote(sluice_model *m, const char *path, sl_err *err)
     }
     if (remote) {
         SL_TRY(sl_remote_cfg_new(o, &m->remote, err));
-        if (sl_hf_cfg_token_owner(m->remote, o, path) < 0)
-            return sl_fail(err, SLUICE_E_NOMEM, "remote: out of memory");
+        SL_TRY(sl_hf_cfg_tokens(m->remote, o, path, err));
     }
     o->http_token = o->s3_endpoint = o->s3_region = o->remote_ca_file = NULL;
     return SLUICE_OK;

@@ -59,15 +59,32 @@ static int retoken(char **slot, const char *var)
     return v && !*slot ? -1 : 0;
 }
 
-int sl_hf_cfg_token_owner(sl_remote_cfg *c, const sluice_options *o, const char *primary)
+/* Whether a token holds a byte that would end or split its header line. */
+static int bad_token(const char *t)
 {
-    if (!o->http_token || !*o->http_token)
-        return 0;
+    for (; t && *t; t++)
+        if ((unsigned char)*t < 0x20 || *t == 0x7f)
+            return 1;
+    return 0;
+}
+
+int sl_hf_cfg_tokens(sl_remote_cfg *c, const sluice_options *o, const char *primary, sl_err *err)
+{
     /* http_token is the primary's: the Hub's for an hf:// model (its
      * other hosts, mirrors, get $SLUICE_HTTP_TOKEN only), else the
      * caller's own servers' (the Hub, an hf:// mirror, gets $HF_TOKEN) */
-    return on_hub(c, primary, primary) ? retoken(&c->token, "SLUICE_HTTP_TOKEN")
-                                       : retoken(&c->hf_token, "HF_TOKEN");
+    if (o->http_token && *o->http_token &&
+        (on_hub(c, primary, primary) ? retoken(&c->token, "SLUICE_HTTP_TOKEN")
+                                     : retoken(&c->hf_token, "HF_TOKEN")) < 0)
+        return sl_fail(err, SLUICE_E_NOMEM, "remote: out of memory");
+    /* a line break in a token would end its "Authorization:" line and
+     * start a header (or the body) of the token's choosing */
+    if (bad_token(c->token) || bad_token(c->hf_token))
+        return sl_fail(err, SLUICE_E_INVAL, "remote: the %s token (http_token, %s) holds a "
+                       "control character (a line break?), which no HTTP header can carry",
+                       bad_token(c->token) ? "HTTP" : "Hub's",
+                       bad_token(c->token) ? "else $SLUICE_HTTP_TOKEN" : "else $HF_TOKEN");
+    return SLUICE_OK;
 }
 
 void sl_hf_cfg_clear(sl_remote_cfg *c)

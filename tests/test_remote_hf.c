@@ -509,6 +509,16 @@ static void test_token_from_environment(void **state)
     open_ok("hf://org/single", &o, &m);
     sluice_close(m);
     unsetenv("SLUICE_HTTP_TOKEN");
+    /* a token with a line break would add a header of its own: refused */
+    setenv("HF_TOKEN", PRIVATE_TOKEN "\r\nX-Injected: yes", 1);
+    assert_int_equal(sluice_open("hf://org/private", &o, &m), SLUICE_E_INVAL);
+    assert_non_null(strstr(sluice_errmsg(m), "control character"));
+    sluice_close(m);
+    unsetenv("HF_TOKEN");
+    o.http_token = "tok\n";
+    assert_int_equal(sluice_open("hf://org/single", &o, &m), SLUICE_E_INVAL);
+    sluice_close(m);
+    o.http_token = NULL;
     int with, all;
     count_log("hub ", "Bearer not-for-the-hub", &with, &all);
     assert_int_equal(with, 0);
