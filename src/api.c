@@ -506,8 +506,19 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
         goto failed;
     if (m->hub)
         path = sl_hf_pinned(m->hub);
-    if ((rc = sl_index_open_ex(&m->index, path, m->remote, err)) < 0)
+    if ((rc = sl_index_open_ex(&m->index, path, m->remote, err)) < 0) {
+        /* the API lists a gated repository's files to anyone; its
+         * resolve refuses them: say why, as the API's refusal does */
+        if (m->hub && rc == SLUICE_E_REMOTE &&
+            (strstr(err->msg, "HTTP 401") || strstr(err->msg, "HTTP 403"))) {
+            size_t n = strlen(err->msg);
+            snprintf(err->msg + n, sizeof err->msg - n, " (the Hub refused the repository's "
+                     "files: it is gated or private and %s)", m->remote->hf_token ?
+                     "the token (http_token or HF_TOKEN) has no access to it" :
+                     "no token was sent (set HF_TOKEN or http_token)");
+        }
         goto failed;
+    }
     m->index.remote = m->remote;    /* the mirrors' too */
     if (m->opts.verify != SLUICE_VERIFY_OFF &&
         sl_location_networked(m->opts.manifest_path ? m->opts.manifest_path : path))

@@ -141,6 +141,12 @@ static int setup(void **state)
     put("org/private/refs/main", C_PRIVATE);
     put("org/private/token", PRIVATE_TOKEN);
     put_model("org/private/" C_PRIVATE "/model.safetensors", 100, 100);
+    /* org/gated: the API answers anyone, the files only its token */
+    free(mkdirs("org/gated/refs"));
+    free(mkdirs("org/gated/" C_PRIVATE));
+    put("org/gated/refs/main", C_PRIVATE);
+    put("org/gated/gated", PRIVATE_TOKEN);
+    put_model("org/gated/" C_PRIVATE "/model.safetensors", 100, 100);
     if (!rf_fault_start(&srv, SLUICE_HF_SERVER, root, why, sizeof why)) {
         fprintf(stderr, "skipped: %s\n", why);
         exit(77);
@@ -468,6 +474,16 @@ static void test_errors(void **state)
                "no file missing.safetensors in org/single at commit " C_MAIN);
     open_fails("hf://org/private", NULL, SLUICE_E_REMOTE, "private or gated");
     open_fails("hf://org/private", "wrong", SLUICE_E_NO_FILES, "no repository org/private");
+    open_fails("hf://org/gated", NULL, SLUICE_E_REMOTE, "gated or private and no token was sent");
+    open_fails("hf://org/gated", "wrong", SLUICE_E_REMOTE, "gated or private and the token");
+    {
+        sluice_options o = fast_options();
+        o.http_token = PRIVATE_TOKEN;
+        sluice_model *m = NULL;
+        open_ok("hf://org/gated", &o, &m);   /* with its token */
+        check_tensor(m, "b", 100);
+        sluice_close(m);
+    }
     const char *const bad[] = {"hf://org", "hf://", "hf:///x", "hf://org/", "hf://org/single@",
                                "hf://org/single@/model.safetensors", "hf://org/../single",
                                "hf://org/single?revision=v1", "hf://org/single#v1",
