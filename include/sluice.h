@@ -299,7 +299,9 @@ typedef struct sluice_options {
     uint32_t remote_backoff_ms; /* the first retry's backoff cap, doubled each
                                   attempt up to 30 s (full jitter); default 200 */
     const char *http_token;     /* "Authorization: Bearer" for http(s):// (not
-                                  for s3://); NULL: $SLUICE_HTTP_TOKEN if set */
+                                  for s3://); NULL: $SLUICE_HTTP_TOKEN if set.
+                                  For an hf:// model, the Hub's token instead
+                                  (see sluice_open) */
     const char *s3_endpoint;    /* NULL: $AWS_ENDPOINT_URL, else
                                   https://s3.REGION.amazonaws.com */
     const char *s3_region;      /* NULL: $AWS_REGION, else us-east-1 */
@@ -408,8 +410,11 @@ typedef struct sluice_model sluice_model;
  *    pins REVISION to its commit and lists the files, then every file is
  *    read as ENDPOINT/ORG/NAME/resolve/COMMIT/FILE with range requests,
  *    following the Hub's redirects to its storage. The Hub's token is
- *    http_token, else $HF_TOKEN (never $SLUICE_HTTP_TOKEN); it is sent to
- *    the endpoint only, never to the storage a redirect names. No
+ *    http_token when the model itself is hf:// (its other hosts, such as
+ *    an http(s) mirror, then get $SLUICE_HTTP_TOKEN only), else $HF_TOKEN
+ *    (never $SLUICE_HTTP_TOKEN, nor the http_token of a model on another
+ *    server that has an hf:// mirror); it is sent to the endpoint only,
+ *    never to the storage a redirect names. No
  *    If-Match is sent (the commit fixes the bytes, and the Hub answers
  *    before its storage does). The
  *    manifest is the repository's sluice.manifest.json (the sidecar rule
@@ -417,8 +422,10 @@ typedef struct sluice_model sluice_model;
  *    each whole file stand in (sluice_manifest_path: "hf://ORG/NAME@COMMIT
  *    (the Hub's LFS SHA-256)"): they check whole files (sluice_verify with
  *    SLUICE_VF_FILES), never a tensor, so under DEFAULT the policy is
- *    IF_PRESENT with no tensor listed and REQUIRE fails the open with
- *    SLUICE_E_MANIFEST. A missing repository, revision or file is
+ *    IF_PRESENT with no tensor listed, the model loads unverified and
+ *    says so (sluice_verify_state: SLUICE_UNVERIFIED_NO_MANIFEST, *where
+ *    the sidecars looked for; sluice_stats' unverified 1), and REQUIRE
+ *    fails the open with SLUICE_E_MANIFEST. A missing repository, revision or file is
  *    SLUICE_E_NO_FILES, a refusal (401, 403: private, gated, or a missing
  *    repository asked without a token) SLUICE_E_REMOTE, each message
  *    naming which.
@@ -1227,7 +1234,10 @@ typedef enum sluice_verification {
                                        look the same); *where is the sidecar
                                        looked for, or both ("A nor B", see
                                        sluice_open), without credentials or
-                                       query. Nothing is checked */
+                                       query. No tensor is checked (an hf://
+                                       model's Hub LFS SHA-256 may still be
+                                       the manifest, sluice_manifest_path,
+                                       for sluice_verify's whole files) */
     SLUICE_UNVERIFIED_OFF = 2       /* SLUICE_VERIFY_OFF: no manifest was looked
                                        for; *where is NULL. Nothing is checked */
 } sluice_verification;

@@ -254,8 +254,10 @@ static int take_remote(sluice_model *m, const char *path, sl_err *err)
         m->nfallback = o->fallback_count;
         o->fallback = (const char *const *)m->fallback;
     }
-    if (remote)
+    if (remote) {
         SL_TRY(sl_remote_cfg_new(o, &m->remote, err));
+        SL_TRY(sl_hf_cfg_tokens(m->remote, o, path, err));
+    }
     o->http_token = o->s3_endpoint = o->s3_region = o->remote_ca_file = NULL;
     o->http_proxy = NULL;   /* the remote configuration's now */
     return SLUICE_OK;
@@ -352,6 +354,7 @@ static int load_remote_manifest(sluice_model *m, const char *path, sl_err *err)
             if (hub_named && hub_o.verify == SLUICE_VERIFY_DEFAULT)
                 hub_o.verify = SLUICE_VERIFY_IF_PRESENT;
             rc = sl_manifest_from_text(&m->index, &hub_o, named, text, len, &m->manifest, err);
+            m->hub_files_only = hub_named != NULL;
         }
     }
     if (rc < 0) {
@@ -371,7 +374,10 @@ static int load_remote_manifest(sluice_model *m, const char *path, sl_err *err)
  * nothing looked for (policy OFF). */
 static int note_verification(sluice_model *m, const char *path, sl_err *err)
 {
-    if (m->manifest) {
+    /* the Hub's whole-file digests check no tensor load: the model loads
+     * unverified, and says so like one without a manifest (sluice_verify
+     * with SLUICE_VF_FILES still checks its files against them) */
+    if (m->manifest && !m->hub_files_only) {
         m->verification = SLUICE_VERIFIED;
         return SLUICE_OK;
     }
@@ -512,8 +518,19 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
         goto failed;
     if (m->hub)
         path = sl_hf_pinned(m->hub);
-    if ((rc = sl_index_open_ex(&m->index, path, m->remote, err)) < 0)
+    if ((rc = sl_index_open_ex(&m->index, path, m->remote, err)) < 0) {
+        /* the API lists a gated repository's files to anyone; its
+         * resolve refuses them: say why, as the API's refusal does */
+        if (m->hub && rc == SLUICE_E_REMOTE &&
+            (strstr(err->msg, "HTTP 401") || strstr(err->msg, "HTTP 403"))) {
+            size_t n = strlen(err->msg);
+            snprintf(err->msg + n, sizeof err->msg - n, " (the Hub refused the repository's "
+                     "files: it is gated or private and %s)", m->remote->hf_token ?
+                     "the token (http_token or HF_TOKEN) has no access to it" :
+                     "no token was sent (set HF_TOKEN or http_token)");
+        }
         goto failed;
+    }
     m->index.remote = m->remote;    /* the mirrors' too */
     if (m->opts.verify != SLUICE_VERIFY_OFF &&
         sl_location_networked(m->opts.manifest_path ? m->opts.manifest_path : path))
@@ -542,7 +559,8 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
     /* the caller's key list is borrowed for the open only */
     m->opts.trusted_keys = NULL;
     m->opts.ntrusted_keys = 0;
-    if (m->nfallback && !m->manifest) {
+    /* the Hub's whole-file digests cannot check a mirror's tensor either */
+    if (m->nfallback && (!m->manifest || m->hub_files_only)) {
         rc = sl_fail(err, SLUICE_E_INVAL, "%s: fallback mirrors need a manifest to verify their "
                      "bytes against, and none is in force (no sidecar, no manifest_path, or "
                      "verify OFF): unverified bytes from elsewhere are never handed out", path);

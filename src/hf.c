@@ -127,7 +127,7 @@ static int is_commit(const char *s)
     return n >= 7 && n <= 64 && strspn(s, "0123456789abcdef") == n;
 }
 
-int sl_hf_resolve(const sl_remote_cfg *c, const char *loc, sl_hf_repo **out, sl_err *err)
+static int resolve(const sl_remote_cfg *c, const char *loc, sl_hf_repo **out, sl_err *err)
 {
     *out = NULL;
     if (strncmp(loc, "hf://", 5) != 0)
@@ -178,6 +178,15 @@ int sl_hf_resolve(const sl_remote_cfg *c, const char *loc, sl_hf_repo **out, sl_
     return SLUICE_OK;
 fail:
     sl_hf_free(r);
+    return rc;
+}
+
+int sl_hf_resolve(const sl_remote_cfg *c, const char *loc, sl_hf_repo **out, sl_err *err)
+{
+    int rc = resolve(c, loc, out, err);
+    /* messages name the endpoint without its user:password@ or query */
+    if (rc < 0 && c && c->hf_endpoint)
+        sl_remote_scrub(err->msg, sizeof err->msg, c->hf_endpoint);
     return rc;
 }
 

@@ -31,6 +31,8 @@ struct sluice_model {
     struct sl_remote_cfg *remote; /* remote.h; NULL when nothing is remote */
     sluice_verification verification; /* what open found to verify against */
     struct sl_hf_repo *hub;    /* hf.h: an hf:// location's resolution, during open only */
+    int hub_files_only;        /* the manifest is the Hub's LFS SHA-256 (whole files
+                                  only): no tensor load is checked */
     char *sidecar_looked;      /* SLUICE_UNVERIFIED_NO_MANIFEST: the sidecar looked
                                   for, as messages show it (no credentials) */
 

@@ -177,6 +177,14 @@ const char *sl_hf_token_for(const sl_remote_cfg *c, const char *loc, const char 
 int sl_hf_cfg_fill(sl_remote_cfg *c, const sluice_options *o);
 void sl_hf_cfg_clear(sl_remote_cfg *c);
 
+/* opts.http_token belongs to the model's own location (primary): the
+ * Hub's when it is hf:// or a URL of the Hub's endpoint, never then sent
+ * to another host; else the caller's servers', never sent to the Hub.
+ * Call after sl_remote_cfg_new. Then each token is checked: one with a
+ * control character (CR, LF: it would end its header line) is
+ * SLUICE_E_INVAL. */
+int sl_hf_cfg_tokens(sl_remote_cfg *c, const sluice_options *o, const char *primary, sl_err *err);
+
 /* ---------------------------------------------------------------- the seam */
 
 typedef struct sl_rio sl_rio;

@@ -39,6 +39,54 @@ int sl_hf_cfg_fill(sl_remote_cfg *c, const sluice_options *o)
     return 0;
 }
 
+/* Whether a request for loc at url goes to the Hub: an hf:// location,
+ * or a URL of the Hub's endpoint. */
+static int on_hub(const sl_remote_cfg *c, const char *loc, const char *url)
+{
+    size_t n = c->hf_endpoint ? strlen(c->hf_endpoint) : 0;
+    return !strncmp(loc, "hf://", 5) ||
+           (n && !strncmp(url, c->hf_endpoint, n) && (url[n] == '/' || url[n] == '\0'));
+}
+
+/* Replaces *slot (wiped) by a copy of the variable's value, or NULL. */
+static int retoken(char **slot, const char *var)
+{
+    if (*slot)
+        memset(*slot, 0, strlen(*slot));
+    free(*slot);
+    const char *v = env_or_null(var);
+    *slot = v ? strdup(v) : NULL;
+    return v && !*slot ? -1 : 0;
+}
+
+/* Whether a token holds a byte that would end or split its header line. */
+static int bad_token(const char *t)
+{
+    for (; t && *t; t++)
+        if ((unsigned char)*t < 0x20 || *t == 0x7f)
+            return 1;
+    return 0;
+}
+
+int sl_hf_cfg_tokens(sl_remote_cfg *c, const sluice_options *o, const char *primary, sl_err *err)
+{
+    /* http_token is the primary's: the Hub's for an hf:// model (its
+     * other hosts, mirrors, get $SLUICE_HTTP_TOKEN only), else the
+     * caller's own servers' (the Hub, an hf:// mirror, gets $HF_TOKEN) */
+    if (o->http_token && *o->http_token &&
+        (on_hub(c, primary, primary) ? retoken(&c->token, "SLUICE_HTTP_TOKEN")
+                                     : retoken(&c->hf_token, "HF_TOKEN")) < 0)
+        return sl_fail(err, SLUICE_E_NOMEM, "remote: out of memory");
+    /* a line break in a token would end its "Authorization:" line and
+     * start a header (or the body) of the token's choosing */
+    if (bad_token(c->token) || bad_token(c->hf_token))
+        return sl_fail(err, SLUICE_E_INVAL, "remote: the %s token (http_token, %s) holds a "
+                       "control character (a line break?), which no HTTP header can carry",
+                       bad_token(c->token) ? "HTTP" : "Hub's",
+                       bad_token(c->token) ? "else $SLUICE_HTTP_TOKEN" : "else $HF_TOKEN");
+    return SLUICE_OK;
+}
+
 void sl_hf_cfg_clear(sl_remote_cfg *c)
 {
     if (c->hf_token)
@@ -51,7 +99,9 @@ void sl_hf_cfg_clear(sl_remote_cfg *c)
 int sl_hf_parse(const char *loc, sl_hf_loc *out)
 {
     memset(out, 0, sizeof *out);
-    if (strncmp(loc, "hf://", 5) != 0)
+    /* no query or fragment: nothing reads one, and a "?revision=v2"
+     * dropped would open another revision than meant */
+    if (strncmp(loc, "hf://", 5) != 0 || strpbrk(loc, "?#"))
         return -1;
     const char *org = loc + 5, *slash = strchr(org, '/');
     if (!slash || slash == org)
@@ -116,8 +166,5 @@ char *sl_hf_url(const sl_remote_cfg *c, const char *loc, sl_err *err)
 
 const char *sl_hf_token_for(const sl_remote_cfg *c, const char *loc, const char *url)
 {
-    size_t n = c->hf_endpoint ? strlen(c->hf_endpoint) : 0;
-    int hub = !strncmp(loc, "hf://", 5) ||
-              (n && !strncmp(url, c->hf_endpoint, n) && (url[n] == '/' || url[n] == '\0'));
-    return hub ? c->hf_token : c->token;
+    return on_hub(c, loc, url) ? c->hf_token : c->token;
 }

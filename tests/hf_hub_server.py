@@ -7,7 +7,9 @@ Two listeners on 127.0.0.1: the Hub on PORT and its "storage" on a port
 of its own (GET /ctl/storage gives it). ROOT holds ORG/NAME/COMMIT/FILES
 (COMMIT: 40 hex digits) and ORG/NAME/refs/BRANCH (a file holding the
 commit the branch names); ORG/NAME/token, when present, makes the
-repository private (its content is the Bearer token it accepts).
+repository private (its content is the Bearer token it accepts);
+ORG/NAME/gated makes it gated (its API answers anyone, its resolve only
+that Bearer token: 401 without one, 403 GatedRepo with another).
 
 The Hub answers what sluice asks of the real one:
     GET /api/models/ORG/NAME                       the repository (200, 401, 404)
@@ -151,6 +153,16 @@ class Hub(BaseHTTPRequestHandler):
             d = self.repo_or_error(parts[0], parts[1])
             if d is None:
                 return
+            # a gated repository (ORG/NAME/gated holds the token that has
+            # access): its API answers anyone, its files only that token
+            gated = os.path.join(d, "gated")
+            if os.path.exists(gated):
+                with open(gated) as f:
+                    want = f.read().strip()
+                auth = self.headers.get("Authorization", "")
+                if auth != "Bearer " + want:
+                    return self.error(403 if auth else 401, "GatedRepo",
+                                      "Access to model is restricted")
             commit = commit_of(d, parts[3])
             if commit is None:
                 return self.error(404, "RevisionNotFound", "Invalid rev id")

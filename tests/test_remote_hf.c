@@ -141,6 +141,12 @@ static int setup(void **state)
     put("org/private/refs/main", C_PRIVATE);
     put("org/private/token", PRIVATE_TOKEN);
     put_model("org/private/" C_PRIVATE "/model.safetensors", 100, 100);
+    /* org/gated: the API answers anyone, the files only its token */
+    free(mkdirs("org/gated/refs"));
+    free(mkdirs("org/gated/" C_PRIVATE));
+    put("org/gated/refs/main", C_PRIVATE);
+    put("org/gated/gated", PRIVATE_TOKEN);
+    put_model("org/gated/" C_PRIVATE "/model.safetensors", 100, 100);
     if (!rf_fault_start(&srv, SLUICE_HF_SERVER, root, why, sizeof why)) {
         fprintf(stderr, "skipped: %s\n", why);
         exit(77);
@@ -358,6 +364,42 @@ static void test_lfs_sha256(void **state)
     (void)state;
 }
 
+/* No published manifest: the Hub's whole-file digests check no tensor
+ * load, so the model reports itself unverified (as one without a
+ * manifest does), while its manifest path still names the Hub's digests
+ * for sluice_verify's whole files. */
+static void test_lfs_only_is_unverified(void **state)
+{
+    sluice_options o = fast_options();
+    sluice_model *m = NULL;
+    open_ok("hf://org/single", &o, &m);
+    const char *where = NULL;
+    assert_int_equal(sluice_verify_state(m, &where), SLUICE_UNVERIFIED_NO_MANIFEST);
+    assert_non_null(where);
+    if (!strstr(where, "sluice.manifest.json"))
+        fail_msg("where: %s", where);
+    struct sluice_stats s = {.size = sizeof s};
+    assert_int_equal(sluice_stats(m, &s), SLUICE_OK);
+    assert_int_equal(s.unverified, SLUICE_UNVERIFIED_NO_MANIFEST);
+    assert_non_null(strstr(sluice_manifest_path(m), "the Hub's LFS SHA-256"));
+    sluice_close(m);
+    /* mirrors need tensor digests to check their bytes against: refused,
+     * as for a model without a manifest */
+    const char *mirrors[] = {"hf://org/single@v1"};
+    o.fallback = mirrors;
+    o.fallback_count = 1;
+    assert_int_equal(sluice_open("hf://org/single", &o, &m), SLUICE_E_INVAL);
+    assert_non_null(strstr(sluice_errmsg(m), "fallback mirrors need a manifest"));
+    sluice_close(m);
+    o.fallback = NULL;
+    o.fallback_count = 0;
+    /* a published manifest: verified */
+    open_ok("hf://org/sharded", &o, &m);
+    assert_int_equal(sluice_verify_state(m, NULL), SLUICE_VERIFIED);
+    sluice_close(m);
+    (void)state;
+}
+
 /* `sluice verify --files hf://...`: the Hub's LFS SHA-256 when the
  * repository publishes no manifest (exit 0, then 1 on a flipped byte);
  * its published manifest and the files otherwise. */
@@ -386,6 +428,15 @@ static void test_verify_command(void **state)
     snprintf(out, sizeof out, "manifest hf://org/sharded@%s/sluice.manifest.json", C_SHARDED);
     assert_non_null(strstr(text, out));
     assert_non_null(strstr(text, "2 tensors verified, 0 failed"));
+    free(text);
+    /* cat of a repository without a manifest (the docs' example): the
+     * bytes, with the warning that they are unchecked */
+    snprintf(cmd, sizeof cmd, "'%s/sluice' cat hf://org/single b 2> '%s' | wc -c | "
+             "grep -qx 200000", SLUICE_BINARY_DIR, log);
+    assert_int_equal(system(cmd), 0);
+    text = tu_read_file(log, &len);
+    if (!strstr(text, "warning: not verified"))
+        fail_msg("cat's stderr: %s", text);
     free(text);
     /* repair writes local files: a Hub location is refused before any request */
     snprintf(cmd, sizeof cmd, "'%s/sluice' repair hf://org/single --fallback /nowhere 2> '%s'",
@@ -423,12 +474,38 @@ static void test_errors(void **state)
                "no file missing.safetensors in org/single at commit " C_MAIN);
     open_fails("hf://org/private", NULL, SLUICE_E_REMOTE, "private or gated");
     open_fails("hf://org/private", "wrong", SLUICE_E_NO_FILES, "no repository org/private");
+    open_fails("hf://org/gated", NULL, SLUICE_E_REMOTE, "gated or private and no token was sent");
+    open_fails("hf://org/gated", "wrong", SLUICE_E_REMOTE, "gated or private and the token");
+    {
+        sluice_options o = fast_options();
+        o.http_token = PRIVATE_TOKEN;
+        sluice_model *m = NULL;
+        open_ok("hf://org/gated", &o, &m);   /* with its token */
+        check_tensor(m, "b", 100);
+        sluice_close(m);
+    }
     const char *const bad[] = {"hf://org", "hf://", "hf:///x", "hf://org/", "hf://org/single@",
-                               "hf://org/single@/model.safetensors", "hf://org/../single"};
+                               "hf://org/single@/model.safetensors", "hf://org/../single",
+                               "hf://org/single?revision=v1", "hf://org/single#v1",
+                               "hf://org/single/model.safetensors?x=1"};
     for (size_t k = 0; k < sizeof bad / sizeof *bad; k++)
         open_fails(bad[k], NULL, SLUICE_E_INVAL, "hf://ORG/NAME[@REVISION][/FILE]");
     open_fails("hf://org/single/no such.safetensors", NULL, SLUICE_E_NO_FILES,
                "no file no such.safetensors");
+    /* an endpoint's user:password@ never shows in a message */
+    char ep[512];
+    snprintf(ep, sizeof ep, "http://user:ep-secret@%s", srv.base + strlen("http://"));
+    setenv("HF_ENDPOINT", ep, 1);
+    const char *const secret_locs[] = {"hf://org/nothere", "hf://org/single@nobranch"};
+    for (size_t k = 0; k < 2; k++) {
+        sluice_options o = fast_options();
+        sluice_model *m = NULL;
+        assert_true(sluice_open(secret_locs[k], &o, &m) < 0);
+        if (strstr(sluice_errmsg(m), "ep-secret"))
+            fail_msg("%s: the endpoint's password shows: %s", secret_locs[k], sluice_errmsg(m));
+        sluice_close(m);
+    }
+    setenv("HF_ENDPOINT", srv.base, 1);
     (void)state;
 }
 
@@ -448,6 +525,16 @@ static void test_token_from_environment(void **state)
     open_ok("hf://org/single", &o, &m);
     sluice_close(m);
     unsetenv("SLUICE_HTTP_TOKEN");
+    /* a token with a line break would add a header of its own: refused */
+    setenv("HF_TOKEN", PRIVATE_TOKEN "\r\nX-Injected: yes", 1);
+    assert_int_equal(sluice_open("hf://org/private", &o, &m), SLUICE_E_INVAL);
+    assert_non_null(strstr(sluice_errmsg(m), "control character"));
+    sluice_close(m);
+    unsetenv("HF_TOKEN");
+    o.http_token = "tok\n";
+    assert_int_equal(sluice_open("hf://org/single", &o, &m), SLUICE_E_INVAL);
+    sluice_close(m);
+    o.http_token = NULL;
     int with, all;
     count_log("hub ", "Bearer not-for-the-hub", &with, &all);
     assert_int_equal(with, 0);
@@ -459,6 +546,76 @@ static void test_token_from_environment(void **state)
     (void)state;
 }
 
+/* opts.http_token is the token of the model's own location: with an
+ * hf:// model the Hub's, never sent to a mirror elsewhere; with a model
+ * on the caller's server its, never sent to an hf:// mirror. */
+static void test_token_stays_with_its_host(void **state)
+{
+    char *port = rf_get(&srv, "/ctl/storage"), mirror[256], primary[512];
+    assert_non_null(port);
+    snprintf(mirror, sizeof mirror, "http://localhost:%s/blob/org/sharded/", port);
+    /* y fails from the Hub (a flipped byte): the mirror is asked */
+    ctl("/ctl/clear");
+    ctl("/ctl/flip?at=400");
+    const char *mirrors[1] = {mirror};
+    sluice_options o = fast_options();
+    o.http_token = HUB_TOKEN;
+    o.fallback = mirrors;
+    o.fallback_count = 1;
+    sluice_model *m = NULL;
+    open_ok("hf://org/sharded", &o, &m);
+    sluice_tensor *t = NULL;
+    assert_int_equal(sluice_acquire(m, "y", &t), SLUICE_E_CHECKSUM);
+    sluice_close(m);
+    int with, all;
+    count_log("storage ", "", &with, &all);
+    assert_true(all >= 2);   /* y from the Hub's storage, the mirror's index */
+    if (with != all)
+        fail_msg("the Hub's token went to the mirror: %d of %d storage requests", all - with,
+                 all);
+    /* the model on "the caller's server" (the storage's address, a local
+     * manifest), the Hub a mirror: the caller's token stays off the Hub */
+    ctl("/ctl/clear");
+    char *mf = tu_join(root, "own.manifest.json");
+    char mtext[4096] = "{";
+    append_digests("org/sharded/" C_SHARDED "/model-00002-of-00002.safetensors", mtext,
+                   sizeof mtext);
+    strcat(mtext, "}");
+    tu_write_file(mf, mtext, strlen(mtext));
+    snprintf(primary, sizeof primary, "http://localhost:%s/blob/org/sharded/" C_SHARDED
+             "/model-00002-of-00002.safetensors?X-Amz-Signature=x", port);
+    const char *hub_mirror[1] = {"hf://org/sharded/model-00002-of-00002.safetensors"};
+    o = fast_options();
+    o.http_token = "own-server-token";
+    o.manifest_path = mf;
+    o.fallback = hub_mirror;
+    o.fallback_count = 1;
+    open_ok(primary, &o, &m);
+    assert_int_equal(sluice_acquire(m, "y", &t), SLUICE_E_CHECKSUM);
+    sluice_close(m);
+    count_log("hub ", "", &with, &all);
+    assert_true(all >= 1);
+    if (with != all)
+        fail_msg("the caller's token went to the Hub: %d of %d requests", all - with, all);
+    ctl("/ctl/flip?at=-1");
+    /* a URL of the Hub's endpoint is the Hub's: http_token goes there
+     * (the open itself may fail: the stand-in judges the If-Match a plain
+     * URL sends) */
+    ctl("/ctl/clear");
+    snprintf(primary, sizeof primary, "%s/org/single/resolve/main/model.safetensors", srv.base);
+    o = fast_options();
+    o.http_token = HUB_TOKEN;
+    m = NULL;
+    (void)sluice_open(primary, &o, &m);
+    sluice_close(m);
+    count_log("hub ", "Bearer " HUB_TOKEN, &with, &all);
+    assert_true(all >= 1);
+    assert_int_equal(with, all);
+    free(mf);
+    free(port);
+    (void)state;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -467,9 +624,11 @@ int main(void)
         cmocka_unit_test(test_index_and_published_manifest),
         cmocka_unit_test(test_hub_as_mirror),
         cmocka_unit_test(test_lfs_sha256),
+        cmocka_unit_test(test_lfs_only_is_unverified),
         cmocka_unit_test(test_verify_command),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_token_from_environment),
+        cmocka_unit_test(test_token_stays_with_its_host),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -115,7 +115,10 @@ int cmd_cat(int argc, char **argv)
         fprintf(stderr, ": no such tensor in %s\n", path);
         goto done;
     }
-    if (sluice_manifest_path(m) && sluice_manifest_tensor(m, info.index, want) != SLUICE_OK) {
+    /* an unverified model (warned above) has nothing to require; an
+     * hf:// one may still name the Hub's whole-file digests */
+    int verified = sluice_verify_state(m, NULL) == SLUICE_VERIFIED && sluice_manifest_path(m);
+    if (verified && sluice_manifest_tensor(m, info.index, want) != SLUICE_OK) {
         fprintf(stderr, "sluice cat: manifest %s has no digest for ", sluice_manifest_path(m));
         ig_quote(stderr, name, strlen(name));
         fprintf(stderr, "\n");
@@ -131,7 +134,7 @@ int cmd_cat(int argc, char **argv)
         fprintf(stderr, "sluice cat: %s\n", sluice_errmsg(m));
         goto done;
     }
-    if (sluice_manifest_path(m)) {
+    if (verified) {
         uint8_t got[32];
         if (sluice_tensor_digest(t, got) != SLUICE_OK || memcmp(got, want, 32) != 0) {
             fprintf(stderr, "sluice cat: delivered without a matching digest (library fault)\n");
