@@ -317,6 +317,17 @@ typedef struct sluice_options {
                                   recently used blobs are evicted past it;
                                   default SLUICE_CACHE_DEFAULT_BYTES (64 GiB);
                                   0: SLUICE_E_INVAL */
+
+    /* OpenSSF model signing (see "OpenSSF model signing" below). */
+    const char *const *trusted_cas; /* paths of PEM files of CA certificates:
+                                  a model.sig signed with a certificate chain
+                                  must chain to one of them. NULL: none.
+                                  Read by sluice_open only */
+    size_t ntrusted_cas;        /* entries in trusted_cas (as ntrusted_keys) */
+    const char *signature_path; /* the model-signing bundle; NULL: model.sig in
+                                  the model's directory. Setting it (or
+                                  trusted_cas) asks for a model-signing
+                                  signature. Read by sluice_open only */
 } sluice_options;
 
 #define SLUICE_CACHE_DEFAULT_BYTES ((uint64_t)64 << 30)
@@ -1020,6 +1031,53 @@ SLUICE_API int sluice_trim(sluice_model *model, uint64_t *released);
  * Not protected against: a stolen signing key; an older manifest that
  * was validly signed, with its weights (rollback: nothing here dates a
  * signature); whoever can change the list of trusted keys or the program.
+ */
+
+/* OpenSSF model signing
+ * ---------------------
+ * The industry's format (sigstore/model-transparency, the model_signing
+ * package 1.x): a Sigstore bundle "model.sig" in the model's directory
+ * holding a DSSE envelope whose in-toto statement lists every file of the
+ * directory with its SHA-256, signed with ECDSA by an EC key (P-256,
+ * P-384, P-521) or by a certificate chained to a CA. A publisher runs
+ * `sluice manifest`, then signs the directory (`sluice sign DIR --key
+ * EC.pem --format model-signing`, or the reference's `model_signing sign
+ * key|certificate`), so that sluice.manifest.json is one of the files
+ * signed.
+ *  - When it applies: trusted_cas or signature_path set, or trusted_keys
+ *    set and model.sig present in the model's directory; otherwise
+ *    trusted_keys ask for the Ed25519 M.sig above. trusted_keys may hold
+ *    EC and Ed25519 keys together: each format uses its own kind.
+ *  - sluice_open verifies, before the manifest is parsed, as the
+ *    reference does: the media type (bundle v0.3); the verification
+ *    material (a public-key hint, SHA-256 of the key's PEM text, that
+ *    names one trusted EC key; the older form without a hint is tried
+ *    with each; or the certificate chain, leaf first, to a trusted CA,
+ *    checked at the leaf's notBefore, and the leaf allowed to sign: key
+ *    usage digitalSignature, or extended key usage codeSigning); the
+ *    ECDSA signature, with the curve's hash, over the DSSE
+ *    pre-authentication encoding; the payload type, statement type and
+ *    predicate type; one subject whose SHA-256 is that of the listed
+ *    resource digests, in order.
+ *  - Then the link to what is loaded: the manifest read (its path
+ *    relative to the model's directory) must be listed, with the SHA-256
+ *    of the very bytes then parsed (read once), and every .safetensors
+ *    file of the model must be listed (files mode: with a SHA-256 that
+ *    `sluice verify --files` and the manifest's own "files" digests
+ *    check; shards mode: by its shards). The weights are not read at
+ *    open: every tensor is then verified against the now-trusted
+ *    manifest as usual.
+ *  - Each failure is SLUICE_E_SIGNATURE with its own message: bundle
+ *    missing or not JSON, wrong media type, keyless, no trusted key or
+ *    CA of the kind it needs, key hint mismatch, untrusted chain,
+ *    certificate not for signing, bad signature, wrong payload,
+ *    statement or predicate type, inconsistent subject digest, the
+ *    manifest not listed, its digest different, a model file not listed.
+ *  - Keyless (Sigstore: a Fulcio certificate and a transparency-log
+ *    entry) bundles are refused: they need the Sigstore trust root and an
+ *    online log check. Verify those with the reference verifier where the
+ *    model is published, and give loaders a key or CA signature.
+ *  - A remote model's bundle is not fetched: SLUICE_E_SIGNATURE.
  */
 
 /* The largest manifest read, in bytes. */

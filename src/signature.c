@@ -115,6 +115,14 @@ static int read_failed(sl_err *err, const char *what, const char *path, read_sta
     }
 }
 
+int sl_sig_read_file(const char *what, const char *path, size_t max, char **out, size_t *len,
+                     sl_err *err)
+{
+    int errnum = 0;
+    read_status rs = read_small(path, max, out, len, &errnum);
+    return rs == READ_OK ? SLUICE_OK : read_failed(err, what, path, rs, errnum, max);
+}
+
 /* ---------------------------------------------------------------- the format */
 
 static int b64_value(unsigned char c)

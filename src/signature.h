@@ -47,6 +47,13 @@ typedef struct sl_sig {
     uint8_t sig[64];             /* Ed25519 signature */
 } sl_sig;
 
+/* Reads the regular file path whole (at most max bytes; a FIFO or a
+ * directory is refused, never waited on) into *out, malloc'd with a NUL
+ * after its *len bytes. what names it in messages ("signature").
+ * Returns SLUICE_OK, or SLUICE_E_SIGNATURE (SLUICE_E_NOMEM) with err. */
+int sl_sig_read_file(const char *what, const char *path, size_t max, char **out, size_t *len,
+                     sl_err *err);
+
 /* Parses a signature file's text (len bytes, any content). Returns 0 with
  * *out filled, or -1 with why (why_size bytes) saying what is wrong and
  * where ("line 3: ..."). */
