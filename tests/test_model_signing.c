@@ -257,6 +257,40 @@ static void test_sign_round_trip(void **state)
     free(sig);
 }
 
+/* Without model.sig, trusted keys ask for the Ed25519 M.sig as before;
+ * EC keys may share the list, and a list of EC keys alone says why it
+ * cannot check M.sig. */
+static void test_ed25519_beside_ec(void **state)
+{
+    fx *f = *state;
+    char *ed = tu_join(f->dir, "ed"), *edk = tu_join(f->dir, "ed.key"), *edp = tu_join(f->dir, "ed.pub");
+    char *mf = tu_join(f->model, "sluice.manifest.json"), *ec = key(f, "p256.pub");
+    run_result r = run(f->dir, "keygen", "--out", ed, NULL);
+    expect_status(&r, 0, "keygen");
+    run_free(&r);
+    r = run(f->dir, "sign", mf, "--key", edk, NULL);
+    expect_status(&r, 0, "sign (Ed25519)");
+    run_free(&r);
+    const char *both[] = {ec, edp};
+    sluice_options o;
+    sluice_options_init(&o);
+    o.trusted_keys = both;
+    o.ntrusted_keys = 2;
+    sluice_model *m = NULL;
+    assert_int_equal(sluice_open(f->model, &o, &m), SLUICE_OK);
+    sluice_close(m);
+    m = NULL;
+    o.ntrusted_keys = 1;
+    assert_int_equal(sluice_open(f->model, &o, &m), SLUICE_E_SIGNATURE);
+    assert_non_null(strstr(sluice_errmsg(m), "all EC keys"));
+    sluice_close(m);
+    free(ed);
+    free(edk);
+    free(edp);
+    free(mf);
+    free(ec);
+}
+
 /* ---------------------------------------------------------------- the reference's own bundles */
 
 static const struct {
@@ -435,6 +469,7 @@ int main(void)
         cmocka_unit_test(test_garbage),
         cmocka_unit_test_setup_teardown(test_open_cases, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sign_round_trip, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ed25519_beside_ec, setup, teardown),
     };
     return cmocka_run_group_tests(tests, tool_group_setup, NULL);
 }
