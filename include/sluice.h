@@ -260,7 +260,8 @@ typedef struct sluice_options {
                                   manifest's own algorithm always wins.
                                   Unknown: SLUICE_E_INVAL; not built in:
                                   SLUICE_E_UNSUPPORTED */
-    const char *const *trusted_keys; /* paths of Ed25519 public key files (PEM); when
+    const char *const *trusted_keys; /* paths of Ed25519 (or, for OpenSSF model
+                                        signing, EC) public key files (PEM); when
                                         set, the manifest must carry a valid signature
                                         by one of them (see "Signed manifests"). NULL:
                                         no signature asked. Read by sluice_open only */
@@ -1010,7 +1011,9 @@ SLUICE_API int sluice_trim(sluice_model *model, uint64_t *released);
  *    verification of the manifest's bytes with that trusted key.
  *  - A trusted key is a PEM file "-----BEGIN PUBLIC KEY-----" holding an
  *    Ed25519 key (`sluice keygen` writes one, PREFIX.pub). Every file
- *    listed must be such a key, or the open fails, whichever key signed.
+ *    listed must be such a key, or the open fails, whichever key signed;
+ *    EC public keys (OpenSSF model signing's, below) may stand beside
+ *    them and are skipped here (a list of EC keys alone fails).
  *  - The manifest is read once: the very bytes verified are the bytes
  *    parsed, and the signature is checked before they are parsed.
  *  - A remote manifest's (http(s)://, s3://) signature is not fetched:

@@ -154,6 +154,11 @@ static void sign_usage(FILE *out)
             "  -o FILE           write the signature to FILE instead (the library reads\n"
             "                    MANIFEST.sig only)\n"
             "\n"
+            "With --format model-signing, signs the directory MODEL_DIR as OpenSSF model\n"
+            "signing (sigstore/model-transparency) does, into MODEL_DIR/model.sig, with an\n"
+            "EC key ('sluice keygen --curve p256') and optionally --cert CERT and --chain\n"
+            "CHAIN (repeatable); 'sluice sign --format model-signing --help' says more.\n"
+            "\n"
             "Exit status: 0 written, 2 usage error, a manifest or key that cannot be\n"
             "used, or a signature that cannot be written.\n");
 }
