@@ -1048,9 +1048,10 @@ SLUICE_API int sluice_trim(sluice_model *model, uint64_t *released);
  * key|certificate`), so that sluice.manifest.json is one of the files
  * signed.
  *  - When it applies: trusted_cas or signature_path set, or trusted_keys
- *    set and model.sig present in the model's directory; otherwise
- *    trusted_keys ask for the Ed25519 M.sig above. trusted_keys may hold
- *    EC and Ed25519 keys together: each format uses its own kind.
+ *    holding an EC key and model.sig present in the model's directory;
+ *    otherwise trusted_keys ask for the Ed25519 M.sig above. trusted_keys
+ *    may hold EC and Ed25519 keys together: each format uses its own
+ *    kind.
  *  - sluice_open verifies, before the manifest is parsed, as the
  *    reference does: the media type (bundle v0.3); the verification
  *    material (a public-key hint, SHA-256 of the key's PEM text, that

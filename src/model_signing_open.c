@@ -5,6 +5,7 @@
  * command shares; this file is the library's glue to the index. */
 #include "model_signing.h"
 #include "manifest.h"
+#include "signature.h"
 #include "source.h"
 
 #include <limits.h>
@@ -27,6 +28,12 @@ int sl_ms_applies(const sl_index *ix, const sluice_options *o, const char *manif
     if (o->ntrusted_cas || o->signature_path)
         return 1;
     if (!o->ntrusted_keys || sl_location_networked(manifest_path))
+        return 0;
+    /* Ed25519 keys alone ask for M.sig, whatever else lies beside it */
+    size_t ec = 0;
+    for (size_t i = 0; i < o->ntrusted_keys; i++)
+        ec += (size_t)sl_sig_key_is_ec(o->trusted_keys[i]);
+    if (!ec)
         return 0;
     char *root = model_root(ix, manifest_path), sig[PATH_MAX];
     struct stat st;

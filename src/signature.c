@@ -554,7 +554,7 @@ static int check_sig_file(const char *manifest_path, const char *sig_path, const
 
 /* 1 when path reads as an EC public key (a trusted key of OpenSSF model
  * signing, in the same list as the Ed25519 ones). */
-static int is_ec_public_key(const char *path)
+int sl_sig_key_is_ec(const char *path)
 {
     char *text = NULL;
     size_t len = 0;
@@ -596,7 +596,7 @@ int sl_signature_check(const char *manifest_path, const char *text, size_t len,
      * key signed. */
     size_t ned = 0;
     for (size_t i = 0; i < nkeys; i++) {
-        if (is_ec_public_key(keys[i])) { /* OpenSSF model signing's: not for M.sig */
+        if (sl_sig_key_is_ec(keys[i])) { /* OpenSSF model signing's: not for M.sig */
             memset(ids[i], 0, sizeof ids[i]);
             continue;
         }

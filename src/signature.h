@@ -87,6 +87,10 @@ int sl_sig_load_key(const char *what, const char *path, int want_private, EVP_PK
  * fields). Returns SLUICE_OK or SLUICE_E_SIGNATURE. */
 int sl_sig_sign(EVP_PKEY *key, const void *msg, size_t len, sl_sig *out, sl_err *err);
 
+/* 1 when the file path reads as an EC public key (PEM): OpenSSF model
+ * signing's kind of trusted key, which the Ed25519 check skips. */
+int sl_sig_key_is_ec(const char *path);
+
 /* The check sluice_open makes when trusted keys are set: every key file
  * in keys[0..nkeys) must be an Ed25519 public key, and manifest_path's
  * signature file must be valid for text (the manifest's bytes, as read

@@ -284,6 +284,31 @@ static void test_ed25519_beside_ec(void **state)
     assert_int_equal(sluice_open(f->model, &o, &m), SLUICE_E_SIGNATURE);
     assert_non_null(strstr(sluice_errmsg(m), "all EC keys"));
     sluice_close(m);
+    m = NULL;
+    /* both signatures in one directory: Ed25519 keys alone check M.sig,
+     * an EC key model.sig */
+    char *eck = key(f, "p256.key");
+    r = run(f->dir, "sign", f->model, "--format", "model-signing", "--key", eck, NULL);
+    expect_status(&r, 0, "sign --format model-signing");
+    run_free(&r);
+    free(eck);
+    o.trusted_keys = both + 1;
+    assert_int_equal(sluice_open(f->model, &o, &m), SLUICE_OK);
+    sluice_close(m);
+    m = NULL;
+    o.trusted_keys = both;
+    assert_int_equal(sluice_open(f->model, &o, &m), SLUICE_OK);
+    sluice_close(m);
+    mf_flip_byte(mf, 3); /* now both fail, each by its own rule */
+    m = NULL;
+    assert_int_equal(sluice_open(f->model, &o, &m), SLUICE_E_SIGNATURE);
+    assert_non_null(strstr(sluice_errmsg(m), "differs from the one signed"));
+    sluice_close(m);
+    m = NULL;
+    o.trusted_keys = both + 1;
+    assert_int_equal(sluice_open(f->model, &o, &m), SLUICE_E_SIGNATURE);
+    assert_non_null(strstr(sluice_errmsg(m), "changed after it was signed"));
+    sluice_close(m);
     free(ed);
     free(edk);
     free(edp);

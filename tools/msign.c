@@ -11,6 +11,7 @@
 #include "integrity.h"
 #include "model_signing.h"
 #include "msign.h"
+#include "signature.h"
 
 #include <openssl/pem.h>
 
@@ -184,11 +185,14 @@ static const char *default_sig(const char *path, char *buf, size_t size)
     return buf;
 }
 
-int ms_applied(const char *path)
+int ms_applied(const char *path, const char *const *keys, size_t nkeys)
 {
     char buf[4096];
     struct stat st;
-    return lstat(default_sig(path, buf, sizeof buf), &st) == 0;
+    size_t ec = 0;
+    for (size_t i = 0; i < nkeys; i++)
+        ec += (size_t)sl_sig_key_is_ec(keys[i]);
+    return ec && lstat(default_sig(path, buf, sizeof buf), &st) == 0;
 }
 
 int ms_verify_files(const char *path, const char *sig, const char *const *keys, size_t nkeys,

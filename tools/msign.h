@@ -12,8 +12,9 @@ int ms_cmd_sign(int argc, char **argv);
 /* An EC key on curve "p256", "p384" or "p521"; NULL after a message. */
 EVP_PKEY *ms_keygen_curve(const char *curve);
 
-/* 1 when the model at path has a model.sig (so that --key checks it). */
-int ms_applied(const char *path);
+/* 1 when the model at path has a model.sig and keys hold an EC key (so
+ * that the library checks model.sig, not MANIFEST.sig). */
+int ms_applied(const char *path, const char *const *keys, size_t nkeys);
 
 /* `sluice verify PATH --no-manifest-link`: the bundle sig (NULL:
  * model.sig in PATH, or beside the file PATH) verified with the keys or

@@ -231,7 +231,7 @@ int cmd_verify(int argc, char **argv)
         return 2;
     }
     /* which manifest judges: a directory of one file may have two sidecars */
-    if (o.signature_path || cas.n || (keys.n && ms_applied(path)))
+    if (o.signature_path || cas.n || ms_applied(path, keys.path, keys.n))
         printf("manifest %s: OpenSSF model signature verified (%s: lists the manifest and "
                "every file)\n", sluice_manifest_path(m), o.signature_path ? o.signature_path
                : "model.sig");
