@@ -15,6 +15,8 @@
 
 #include <openssl/pem.h>
 
+#include <dirent.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,6 +89,22 @@ static X509 *read_cert(const char *path, STACK_OF(X509) *all)
     return first;
 }
 
+/* 1 when dir holds a sidecar manifest (sluice.manifest.json or
+ * F.manifest.json), which the signature then lists. */
+static int has_manifest(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int found = 0;
+    while (d && !found && (e = readdir(d))) {
+        size_t n = strlen(e->d_name), k = strlen(".manifest.json");
+        found = n > k && !strcmp(e->d_name + n - k, ".manifest.json");
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
 int ms_cmd_sign(int argc, char **argv)
 {
     const char *dir = NULL, *key_path = NULL, *cert_path = NULL, *out = NULL, *format = NULL;
@@ -126,15 +144,14 @@ int ms_cmd_sign(int argc, char **argv)
                 "model's directory)\n", dir);
         return 2;
     }
-    char manifest[4096], sig_path[4096];
-    snprintf(manifest, sizeof manifest, "%s/sluice.manifest.json", dir);
+    char sig_path[4096];
     snprintf(sig_path, sizeof sig_path, "%s", out ? out : "");
     if (!out)
         snprintf(sig_path, sizeof sig_path, "%s/%s", dir, SL_MS_DEFAULT_NAME);
-    if (stat(manifest, &st) != 0)
-        fprintf(stderr, "sluice sign: warning: %s has no sluice.manifest.json: the signature "
-                "will not link a sluice manifest, and sluice_open will refuse it (run 'sluice "
-                "manifest %s' first)\n", dir, dir);
+    if (!has_manifest(dir))
+        fprintf(stderr, "sluice sign: warning: %s has no sluice manifest (sluice.manifest.json, "
+                "F.manifest.json): the signature will not link one, and sluice_open will refuse "
+                "it (run 'sluice manifest %s -o %s/sluice.manifest.json' first)\n", dir, dir, dir);
     int status = 2;
     sl_err err = {0};
     EVP_PKEY *key = NULL;
