@@ -612,8 +612,8 @@ int sl_signature_check(const char *manifest_path, const char *text, size_t len,
     }
     if (!ned) {
         rc = sl_fail(err, SLUICE_E_SIGNATURE, "signature %s: the trusted keys are all EC keys, "
-                     "which sign OpenSSF model signatures (model.sig, none beside the model), "
-                     "not sluice's Ed25519 %s", sig_path, sig_path);
+                     "which check OpenSSF model signatures (model.sig, none beside the model), "
+                     "not this Ed25519 signature file", sig_path);
         goto done;
     }
     rc = check_sig_file(manifest_path, sig_path, text, len, pk, (const uint8_t (*)[32])ids, nkeys,
