@@ -614,6 +614,11 @@ void sl_ms_statement_free(sl_ms_statement *s)
     free(s);
 }
 
+static int str_cmp(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
 /* The statement's predicate (or the pre-1.0 form's subjects) into s. */
 static int take_statement(const cJSON *st, const char *sig_path, sl_ms_statement *s, sl_err *err)
 {
@@ -708,12 +713,19 @@ static int take_statement(const cJSON *st, const char *sig_path, sl_ms_statement
                        want ? want : "(none)", s->nres, hex_of(root, 32, hex));
     if (name && !(s->model_name = strdup(name)))
         return sl_fail(err, SLUICE_E_NOMEM, "signature %s: out of memory", sig_path);
-    /* a name twice would let one digest stand for another */
+    /* a name twice would let one digest stand for another; sorted names
+     * find it in n log n, whatever a hostile list holds */
+    const char **names = malloc((s->nres + 1) * sizeof *names);
+    if (!names)
+        return sl_fail(err, SLUICE_E_NOMEM, "signature %s: out of memory", sig_path);
     for (size_t i = 0; i < s->nres; i++)
-        for (size_t j = i + 1; j < s->nres; j++)
-            if (!strcmp(s->res[i].name, s->res[j].name))
-                return ms_fail(err, sig_path, "the resource %s is listed twice", s->res[i].name);
-    return SLUICE_OK;
+        names[i] = s->res[i].name;
+    qsort(names, s->nres, sizeof *names, str_cmp);
+    for (size_t i = 1; i < s->nres && rc == SLUICE_OK; i++)
+        if (!strcmp(names[i - 1], names[i]))
+            rc = ms_fail(err, sig_path, "the resource %s is listed twice", names[i]);
+    free(names);
+    return rc;
 }
 
 int sl_ms_verify_text(const char *sig_path, const char *text, size_t len, const sl_ms_trust *t,
