@@ -459,7 +459,10 @@ typedef struct sluice_model sluice_model;
  * below; any manifest fault fails the open with its own SLUICE_E_MANIFEST*
  * code and a message naming the manifest, the line and byte, and the name.
  * With opts->trusted_keys, the manifest must also be signed by one of
- * them ("Signed manifests" below), else SLUICE_E_SIGNATURE.
+ * them ("Signed manifests" below), else SLUICE_E_SIGNATURE. With
+ * opts->trusted_cas or signature_path, or EC trusted keys and a model.sig,
+ * the OpenSSF model signature must verify and list the manifest and every
+ * file ("OpenSSF model signing" below), else SLUICE_E_SIGNATURE.
  *
  * opts may be NULL for the defaults. On success *out is the model, to be
  * closed with sluice_close. On failure *out is still set, to a closed model
