@@ -260,7 +260,8 @@ typedef struct sluice_options {
                                   manifest's own algorithm always wins.
                                   Unknown: SLUICE_E_INVAL; not built in:
                                   SLUICE_E_UNSUPPORTED */
-    const char *const *trusted_keys; /* paths of Ed25519 public key files (PEM); when
+    const char *const *trusted_keys; /* paths of Ed25519 (or, for OpenSSF model
+                                        signing, EC) public key files (PEM); when
                                         set, the manifest must carry a valid signature
                                         by one of them (see "Signed manifests"). NULL:
                                         no signature asked. Read by sluice_open only */
@@ -330,6 +331,16 @@ typedef struct sluice_options {
                                   no_proxy / NO_PROXY apply to both.
                                   Copied by open */
     uint32_t proxy_kind;        /* SLUICE_PROXY_*: how the proxy is spoken to */
+    /* OpenSSF model signing (see "OpenSSF model signing" below). */
+    const char *const *trusted_cas; /* paths of PEM files of CA certificates:
+                                  a model.sig signed with a certificate chain
+                                  must chain to one of them. NULL: none.
+                                  Read by sluice_open only */
+    size_t ntrusted_cas;        /* entries in trusted_cas (as ntrusted_keys) */
+    const char *signature_path; /* the model-signing bundle; NULL: model.sig in
+                                  the model's directory. Setting it (or
+                                  trusted_cas) asks for a model-signing
+                                  signature. Read by sluice_open only */
 } sluice_options;
 
 /* sluice_options.proxy_kind */
@@ -531,7 +542,10 @@ typedef struct sluice_model sluice_model;
  * below; any manifest fault fails the open with its own SLUICE_E_MANIFEST*
  * code and a message naming the manifest, the line and byte, and the name.
  * With opts->trusted_keys, the manifest must also be signed by one of
- * them ("Signed manifests" below), else SLUICE_E_SIGNATURE.
+ * them ("Signed manifests" below), else SLUICE_E_SIGNATURE. With
+ * opts->trusted_cas or signature_path, or EC trusted keys and a model.sig,
+ * the OpenSSF model signature must verify and list the manifest and every
+ * file ("OpenSSF model signing" below), else SLUICE_E_SIGNATURE.
  *
  * opts may be NULL for the defaults. On success *out is the model, to be
  * closed with sluice_close. On failure *out is still set, to a closed model
@@ -1186,7 +1200,9 @@ SLUICE_API int sluice_trim(sluice_model *model, uint64_t *released);
  *    verification of the manifest's bytes with that trusted key.
  *  - A trusted key is a PEM file "-----BEGIN PUBLIC KEY-----" holding an
  *    Ed25519 key (`sluice keygen` writes one, PREFIX.pub). Every file
- *    listed must be such a key, or the open fails, whichever key signed.
+ *    listed must be such a key, or the open fails, whichever key signed;
+ *    EC public keys (OpenSSF model signing's, below) may stand beside
+ *    them and are skipped here (a list of EC keys alone fails).
  *  - The manifest is read once: the very bytes verified are the bytes
  *    parsed, and the signature is checked before they are parsed.
  *  - A remote manifest's (http(s)://, s3://) signature is not fetched:
@@ -1207,6 +1223,54 @@ SLUICE_API int sluice_trim(sluice_model *model, uint64_t *released);
  * Not protected against: a stolen signing key; an older manifest that
  * was validly signed, with its weights (rollback: nothing here dates a
  * signature); whoever can change the list of trusted keys or the program.
+ */
+
+/* OpenSSF model signing
+ * ---------------------
+ * The industry's format (sigstore/model-transparency, the model_signing
+ * package 1.x): a Sigstore bundle "model.sig" in the model's directory
+ * holding a DSSE envelope whose in-toto statement lists every file of the
+ * directory with its SHA-256, signed with ECDSA by an EC key (P-256,
+ * P-384, P-521) or by a certificate chained to a CA. A publisher runs
+ * `sluice manifest`, then signs the directory (`sluice sign DIR --key
+ * EC.pem --format model-signing`, or the reference's `model_signing sign
+ * key|certificate`), so that sluice.manifest.json is one of the files
+ * signed.
+ *  - When it applies: trusted_cas or signature_path set, or trusted_keys
+ *    holding an EC key and model.sig present in the model's directory;
+ *    otherwise trusted_keys ask for the Ed25519 M.sig above. trusted_keys
+ *    may hold EC and Ed25519 keys together: each format uses its own
+ *    kind.
+ *  - sluice_open verifies, before the manifest is parsed, as the
+ *    reference does: the media type (bundle v0.3); the verification
+ *    material (a public-key hint, SHA-256 of the key's PEM text, that
+ *    names one trusted EC key; the older form without a hint is tried
+ *    with each; or the certificate chain, leaf first, to a trusted CA,
+ *    checked at the leaf's notBefore, and the leaf allowed to sign: key
+ *    usage digitalSignature, or extended key usage codeSigning); the
+ *    ECDSA signature, with the curve's hash, over the DSSE
+ *    pre-authentication encoding; the payload type, statement type and
+ *    predicate type; one subject whose SHA-256 is that of the listed
+ *    resource digests, in order.
+ *  - Then the link to what is loaded: the manifest read (its path
+ *    relative to the model's directory) must be listed, with the SHA-256
+ *    of the very bytes then parsed (read once), and every .safetensors
+ *    file of the model must be listed (files mode: with a SHA-256 that
+ *    `sluice verify --files` and the manifest's own "files" digests
+ *    check; shards mode: by its shards). The weights are not read at
+ *    open: every tensor is then verified against the now-trusted
+ *    manifest as usual.
+ *  - Each failure is SLUICE_E_SIGNATURE with its own message: bundle
+ *    missing or not JSON, wrong media type, keyless, no trusted key or
+ *    CA of the kind it needs, key hint mismatch, untrusted chain,
+ *    certificate not for signing, bad signature, wrong payload,
+ *    statement or predicate type, inconsistent subject digest, the
+ *    manifest not listed, its digest different, a model file not listed.
+ *  - Keyless (Sigstore: a Fulcio certificate and a transparency-log
+ *    entry) bundles are refused: they need the Sigstore trust root and an
+ *    online log check. Verify those with the reference verifier where the
+ *    model is published, and give loaders a key or CA signature.
+ *  - A remote model's bundle is not fetched: SLUICE_E_SIGNATURE.
  */
 
 /* The largest manifest read, in bytes. */

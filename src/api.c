@@ -150,6 +150,26 @@ static int take_proxy_options(const sluice_options *o, sl_err *err)
     return SLUICE_OK;
 }
 
+/* Trusted CAs (and a signature path) ask for an OpenSSF model signature,
+ * under the same rules as trusted keys. */
+static int take_trusted_cas(const sluice_options *o, sl_err *err)
+{
+    if (!o->trusted_cas != !o->ntrusted_cas)
+        return sl_fail(err, SLUICE_E_INVAL, "options: trusted_cas is %s but ntrusted_cas is %zu",
+                       o->trusted_cas ? "set" : "NULL", o->ntrusted_cas);
+    for (size_t i = 0; i < o->ntrusted_cas; i++)
+        if (!o->trusted_cas[i])
+            return sl_fail(err, SLUICE_E_INVAL, "options: trusted_cas[%zu] is NULL", i);
+    if (o->signature_path && !o->ntrusted_cas && !o->ntrusted_keys)
+        return sl_fail(err, SLUICE_E_INVAL, "options: signature_path is set, but neither "
+                       "trusted_keys nor trusted_cas, to check it with");
+    if ((o->ntrusted_cas || o->signature_path) && o->verify == SLUICE_VERIFY_OFF)
+        return sl_fail(err, SLUICE_E_INVAL, "options: trusted_cas or signature_path ask for a "
+                       "signed model, but the verify policy is SLUICE_VERIFY_OFF (which reads "
+                       "no manifest)");
+    return SLUICE_OK;
+}
+
 /* Copies the caller's options over the defaults, field by field up to the
  * size the caller knows, and checks them. */
 static int take_options(sluice_options *dst, const sluice_options *src, sl_err *err)
@@ -161,7 +181,7 @@ static int take_options(sluice_options *dst, const sluice_options *src, sl_err *
         return sl_fail(err, SLUICE_E_INVAL,
                        "options: size %zu is not one this library knows (%zu); "
                        "call sluice_options_init first", src->size, sizeof *dst);
-    size_t set = set_tail(src, src->size, SL_END_OF(sluice_options, proxy_kind));
+    size_t set = set_tail(src, src->size, SL_END_OF(sluice_options, signature_path));
     if (set)
         return sl_fail(err, SLUICE_E_INVAL,
                        "options: byte %zu of the caller's %zu-byte struct is not zero, "
@@ -232,7 +252,8 @@ static int take_options(sluice_options *dst, const sluice_options *src, sl_err *
         return sl_fail(err, SLUICE_E_INVAL, "options: unknown s3_addressing %u",
                        (unsigned)dst->s3_addressing);
     SL_TRY(take_proxy_options(dst, err));
-    return take_trusted_keys(dst, err);
+    int rc = take_trusted_keys(dst, err);
+    return rc < 0 ? rc : take_trusted_cas(dst, err);
 }
 
 /* The caller's strings are the caller's: the model keeps copies of the
@@ -541,7 +562,7 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
         goto failed;
     if (m->manifest) /* the manifest's algorithm is the model's */
         m->opts.algorithm = sl_manifest_algorithm(m->manifest);
-    if (m->opts.ntrusted_keys && !m->manifest) { /* a signature asked, none to check */
+    if ((m->opts.ntrusted_keys || m->opts.ntrusted_cas) && !m->manifest) { /* a signature asked, none to check */
         char *side[2], list[2 * SL_ERRMSG_MAX / 3];
         int nside = sl_manifest_sidecars(&m->index, path, side);
         rc = sl_fail(err, SLUICE_E_SIGNATURE, "%s: trusted keys are set but there is no "
@@ -559,6 +580,9 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
     /* the caller's key list is borrowed for the open only */
     m->opts.trusted_keys = NULL;
     m->opts.ntrusted_keys = 0;
+    m->opts.trusted_cas = NULL;
+    m->opts.ntrusted_cas = 0;
+    m->opts.signature_path = NULL;
     /* the Hub's whole-file digests cannot check a mirror's tensor either */
     if (m->nfallback && (!m->manifest || m->hub_files_only)) {
         rc = sl_fail(err, SLUICE_E_INVAL, "%s: fallback mirrors need a manifest to verify their "

@@ -1155,8 +1155,12 @@ int sl_manifest_from_text(const sl_index *ix, const sluice_options *opts, char *
     mf_ctx c = {.ix = ix, .path = path, .err = err};
     int rc = SLUICE_OK;
     /* Signed manifests: the very bytes parsed below, checked before parsing. */
-    if (opts->ntrusted_keys &&
-        (rc = sl_signature_check(path, text, len, opts->trusted_keys, opts->ntrusted_keys, err)) < 0)
+    if (sl_ms_applies(ix, opts, path)) {
+        if ((rc = sl_ms_check_open(ix, opts, path, text, len, err)) < 0)
+            goto done;
+    } else if (opts->ntrusted_keys &&
+               (rc = sl_signature_check(path, text, len, opts->trusted_keys, opts->ntrusted_keys,
+                                        err)) < 0)
         goto done;
     c.text = text;
     c.len = len;

@@ -29,6 +29,14 @@ int sl_manifest_load(const sl_index *ix, const sluice_options *opts,
 int sl_manifest_from_text(const sl_index *ix, const sluice_options *opts, char *path,
                           char *text, size_t len, sl_manifest **out, sl_err *err);
 
+/* OpenSSF model signing at open (model_signing_open.c): whether it
+ * applies to this open (see "OpenSSF model signing" in sluice.h), and
+ * the check of the bundle and its link to the manifest text read from
+ * manifest_path and to ix's files. */
+int sl_ms_applies(const sl_index *ix, const sluice_options *opts, const char *manifest_path);
+int sl_ms_check_open(const sl_index *ix, const sluice_options *opts, const char *manifest_path,
+                     const char *text, size_t len, sl_err *err);
+
 void sl_manifest_free(sl_manifest *m);
 
 /* The expected digest (32 bytes, sl_manifest_algorithm) of tensor i, or NULL when tensor i is not

@@ -47,6 +47,13 @@ typedef struct sl_sig {
     uint8_t sig[64];             /* Ed25519 signature */
 } sl_sig;
 
+/* Reads the regular file path whole (at most max bytes; a FIFO or a
+ * directory is refused, never waited on) into *out, malloc'd with a NUL
+ * after its *len bytes. what names it in messages ("signature").
+ * Returns SLUICE_OK, or SLUICE_E_SIGNATURE (SLUICE_E_NOMEM) with err. */
+int sl_sig_read_file(const char *what, const char *path, size_t max, char **out, size_t *len,
+                     sl_err *err);
+
 /* Parses a signature file's text (len bytes, any content). Returns 0 with
  * *out filled, or -1 with why (why_size bytes) saying what is wrong and
  * where ("line 3: ..."). */
@@ -79,6 +86,10 @@ int sl_sig_load_key(const char *what, const char *path, int want_private, EVP_PK
 /* Signs msg (len bytes) with the Ed25519 private key into *out (all three
  * fields). Returns SLUICE_OK or SLUICE_E_SIGNATURE. */
 int sl_sig_sign(EVP_PKEY *key, const void *msg, size_t len, sl_sig *out, sl_err *err);
+
+/* 1 when the file path reads as an EC public key (PEM): OpenSSF model
+ * signing's kind of trusted key, which the Ed25519 check skips. */
+int sl_sig_key_is_ec(const char *path);
 
 /* The check sluice_open makes when trusted keys are set: every key file
  * in keys[0..nkeys) must be an Ed25519 public key, and manifest_path's

@@ -770,7 +770,7 @@ static void cancel_and_progress_edges(void **state)
     /* the options' tail padding counts as unknown bytes */
     sluice_options padded;
     sluice_options_init(&padded);
-    size_t end = offsetof(sluice_options, proxy_kind) + sizeof padded.proxy_kind;
+    size_t end = offsetof(sluice_options, signature_path) + sizeof padded.signature_path;
     if (end < sizeof padded) {
         ((unsigned char *)&padded)[end] = 1;
         sluice_model *bad = NULL;

@@ -172,17 +172,25 @@ int ig_file_option(const char *cmd, int argc, char **argv, int *i, const char *n
 
 int ig_key_option(const char *cmd, int argc, char **argv, int *i, ig_keys *keys, sluice_options *o)
 {
-    const char *path = NULL;
-    int r = ig_file_option(cmd, argc, argv, i, "--key", NULL, &path);
+    int r = ig_list_option(cmd, argc, argv, i, "--key", keys);
     if (r <= 0)
         return r;
-    if (keys->n == IG_KEY_MAX) {
-        fprintf(stderr, "sluice %s: more than %d --key options\n", cmd, IG_KEY_MAX);
-        return -1;
-    }
-    keys->path[keys->n++] = path;
     o->trusted_keys = keys->path;
     o->ntrusted_keys = keys->n;
+    return 1;
+}
+
+int ig_list_option(const char *cmd, int argc, char **argv, int *i, const char *name, ig_keys *list)
+{
+    const char *path = NULL;
+    int r = ig_file_option(cmd, argc, argv, i, name, NULL, &path);
+    if (r <= 0)
+        return r;
+    if (list->n == IG_KEY_MAX) {
+        fprintf(stderr, "sluice %s: more than %d %s options\n", cmd, IG_KEY_MAX, name);
+        return -1;
+    }
+    list->path[list->n++] = path;
     return 1;
 }
 

@@ -69,6 +69,10 @@ typedef struct ig_keys {
  * file is missing or there are too many. */
 int ig_key_option(const char *cmd, int argc, char **argv, int *i, ig_keys *keys, sluice_options *o);
 
+/* If argv[*i] is NAME, adds the file that follows to list (as
+ * ig_key_option, without touching the options); returns 1, 0 or -1. */
+int ig_list_option(const char *cmd, int argc, char **argv, int *i, const char *name, ig_keys *list);
+
 /* The tensors (sluice_info indexes, ascending) that failed a verify. */
 typedef struct ig_failed {
     size_t *index;

@@ -8,6 +8,7 @@
  */
 #include "cmd.h"
 #include "integrity.h"
+#include "msign.h"
 #include "signature.h"
 
 #include <openssl/pem.h>
@@ -25,9 +26,11 @@
 static void keygen_usage(FILE *out)
 {
     fprintf(out,
-            "usage: sluice keygen --out PREFIX\n"
+            "usage: sluice keygen --out PREFIX [--curve p256|p384|p521]\n"
             "\n"
-            "Makes an Ed25519 key pair for signing manifests:\n"
+            "Makes an Ed25519 key pair for signing manifests (with --curve, an EC key\n"
+            "pair on that curve, for OpenSSF model signing: 'sluice sign DIR --format\n"
+            "model-signing'):\n"
             "  PREFIX.key  the private key (PKCS#8 PEM, unencrypted, mode 0600): keep it\n"
             "              secret, and away from the machines that hold the weights\n"
             "  PREFIX.pub  the public key (SubjectPublicKeyInfo PEM): give it to\n"
@@ -83,14 +86,15 @@ static char *with_suffix(const char *prefix, const char *suffix)
 
 int cmd_keygen(int argc, char **argv)
 {
-    const char *prefix = NULL;
+    const char *prefix = NULL, *curve = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int r;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             keygen_usage(stdout);
             return 0;
-        } else if ((r = ig_file_option("keygen", argc, argv, &i, "--out", "-o", &prefix)) != 0) {
+        } else if ((r = ig_file_option("keygen", argc, argv, &i, "--out", "-o", &prefix)) != 0 ||
+                   (r = ig_file_option("keygen", argc, argv, &i, "--curve", NULL, &curve)) != 0) {
             if (r < 0)
                 return 2;
         } else {
@@ -105,9 +109,11 @@ int cmd_keygen(int argc, char **argv)
     }
     int status = 2;
     char *key_path = with_suffix(prefix, ".key"), *pub_path = with_suffix(prefix, ".pub");
-    EVP_PKEY *key = EVP_PKEY_Q_keygen(NULL, NULL, "ED25519");
+    EVP_PKEY *key = curve ? ms_keygen_curve(curve) : EVP_PKEY_Q_keygen(NULL, NULL, "ED25519");
     uint8_t id[32];
     char id_text[72];
+    if (curve && !key)
+        goto done;
     if (!key_path || !pub_path || !key || sl_sig_key_id(key, id) < 0) {
         fprintf(stderr, "sluice keygen: cannot make an Ed25519 key (out of memory?)\n");
         goto done;
@@ -135,6 +141,8 @@ static void sign_usage(FILE *out)
 {
     fprintf(out,
             "usage: sluice sign MANIFEST --key KEY [-o FILE]\n"
+            "       sluice sign MODEL_DIR --format model-signing --key EC_KEY [--cert CERT\n"
+            "                   [--chain CHAIN]...] [-o FILE]   (see --format model-signing --help)\n"
             "\n"
             "Signs the manifest file's exact bytes with the Ed25519 private key KEY\n"
             "(PREFIX.key of 'sluice keygen') and writes the detached signature\n"
@@ -145,6 +153,11 @@ static void sign_usage(FILE *out)
             "  --key KEY         the private key (unencrypted PKCS#8 PEM)\n"
             "  -o FILE           write the signature to FILE instead (the library reads\n"
             "                    MANIFEST.sig only)\n"
+            "\n"
+            "With --format model-signing, signs the directory MODEL_DIR as OpenSSF model\n"
+            "signing (sigstore/model-transparency) does, into MODEL_DIR/model.sig, with an\n"
+            "EC key ('sluice keygen --curve p256') and optionally --cert CERT and --chain\n"
+            "CHAIN (repeatable); 'sluice sign --format model-signing --help' says more.\n"
             "\n"
             "Exit status: 0 written, 2 usage error, a manifest or key that cannot be\n"
             "used, or a signature that cannot be written.\n");
@@ -218,6 +231,9 @@ static int write_signature(const char *path, const char *text, size_t len)
 
 int cmd_sign(int argc, char **argv)
 {
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--format") && !strcmp(argv[i + 1], "model-signing"))
+            return ms_cmd_sign(argc, argv);
     const char *manifest = NULL, *key_path = NULL, *out_path = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];

@@ -14,10 +14,11 @@ cd "$root"
 # libprotobuf-dev, protobuf-compiler(-grpc): sluice serve; openssl: its TLS
 # tests make a CA; python3: their test model writer; libsqlite3-dev: the
 # persistent cache's index; scdoc, man-db, groff-base: the man pages and
-# their test (man_pages); squid: test_remote_proxy (a real caching proxy)
+# their test (man_pages); python3-cryptography: the OpenSSF model-signing
+# fixtures (tests/model_signing_fx.py); squid: test_remote_proxy (a real caching proxy)
 sh tools/deps.sh clang libclang-rt-14-dev libmicrohttpd-dev prometheus curl librust-blake3-dev b3sum \
     libcurl4-openssl-dev nginx libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc \
-    openssl python3 libsqlite3-dev scdoc man-db groff-base squid
+    openssl python3 libsqlite3-dev scdoc man-db groff-base python3-cryptography squid
 jobs=$(nproc 2>/dev/null || echo 2)
 
 echo "== ASan + UBSan build, all tests"

@@ -14,7 +14,7 @@ torch=python3-torch
 # openssl: the independent BLAKE3 digests and Ed25519 signatures the tests
 # write manifests with; libsqlite3-dev: the persistent cache (test_cache.py).
 sh tools/deps.sh python3-dev python3-numpy python3-pytest python3-venv python3-setuptools \
-    librust-blake3-dev b3sum openssl libsqlite3-dev $torch
+    librust-blake3-dev b3sum openssl libsqlite3-dev python3-cryptography $torch
 
 # /usr/bin/python3 explicitly: the python3 first on PATH may be another
 # interpreter that cannot see Debian's packages.

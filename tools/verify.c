@@ -6,6 +6,7 @@
 #include "digest.h"
 #include "integrity.h"
 #include "metrics_cli.h"
+#include "msign.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -97,6 +98,16 @@ static void usage(FILE *out)
             "                    sluice.manifest.json in it, then F.manifest.json when\n"
             "                    the model is one file F)\n"
             IG_KEY_HELP
+            "  --ca PEM          a trusted CA certificate (repeatable): an OpenSSF model\n"
+            "                    signature (model.sig) made with a certificate must chain\n"
+            "                    to one; --key also takes EC keys for model.sig\n"
+            "  --signature FILE  the OpenSSF model-signing bundle (default: model.sig in\n"
+            "                    the model's directory, checked when present with --key,\n"
+            "                    always with --ca); it must list the manifest and files\n"
+            "  --no-manifest-link  check the model-signing bundle and every file's digest\n"
+            "                    alone, as the reference verifier does (no sluice manifest,\n"
+            "                    no tensors); with --ignore PATH (repeatable) for files\n"
+            "                    present but not signed\n"
             "  --files           also check every whole file against the manifest's\n"
             "                    \"files\" digests and sizes; for an hf:// PATH whose\n"
             "                    repository publishes no sluice.manifest.json, every\n"
@@ -177,7 +188,8 @@ int cmd_verify(int argc, char **argv)
 {
     const char *path = NULL;
     int files = 0, quiet = 0, metrics_port = -1;
-    ig_keys keys = {.n = 0};
+    ig_keys keys = {.n = 0}, cas = {.n = 0}, ignore = {.n = 0};
+    int no_link = 0;
     sluice_options o;
     sluice_options_init(&o);
     for (int i = 1; i < argc; i++) {
@@ -195,6 +207,16 @@ int cmd_verify(int argc, char **argv)
         } else if ((r = mc_port_option("verify", argc, argv, &i, &metrics_port)) != 0) {
             if (r < 0)
                 return 2;
+        } else if ((r = ig_list_option("verify", argc, argv, &i, "--ca", &cas)) != 0 ||
+                   (r = ig_list_option("verify", argc, argv, &i, "--ignore", &ignore)) != 0 ||
+                   (r = ig_file_option("verify", argc, argv, &i, "--signature", NULL,
+                                       &o.signature_path)) != 0) {
+            if (r < 0)
+                return 2;
+            o.trusted_cas = cas.n ? cas.path : NULL;
+            o.ntrusted_cas = cas.n;
+        } else if (!strcmp(a, "--no-manifest-link")) {
+            no_link = 1;
         } else if (!strcmp(a, "--files")) {
             files = 1;
         } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
@@ -210,6 +232,9 @@ int cmd_verify(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (no_link)
+        return ms_verify_files(path, o.signature_path, keys.path, keys.n, cas.path, cas.n,
+                               ignore.path, ignore.n);
     /* A Hub location without a manifest of its own is checked file by
      * file against the Hub's LFS SHA-256 (--files): DEFAULT is REQUIRE
      * for a manifest of tensors, and takes those for what they are. */
@@ -224,7 +249,11 @@ int cmd_verify(int argc, char **argv)
         return 2;
     }
     /* which manifest judges: a directory of one file may have two sidecars */
-    if (keys.n)
+    if (o.signature_path || cas.n || ms_applied(path, keys.path, keys.n))
+        printf("manifest %s: OpenSSF model signature verified (%s: lists the manifest and "
+               "every file)\n", sluice_manifest_path(m), o.signature_path ? o.signature_path
+               : "model.sig");
+    else if (keys.n)
         printf("manifest %s: signature verified (%s.sig, by one of %zu trusted key%s)\n",
                sluice_manifest_path(m), sluice_manifest_path(m), keys.n, keys.n == 1 ? "" : "s");
     else

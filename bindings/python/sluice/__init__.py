@@ -590,7 +590,8 @@ def _stream_gen(cs, framework):
 
 def open(path, *, manifest=None, verify="default", pool=None, queue_depth=None, chunk=None,
          direct=False, hash_threads=None, io_threads=None, force_pread=False,
-         trusted_keys=None, cache_dir=None, cache_bytes=None, trust_unchanged=False):
+         trusted_keys=None, cache_dir=None, cache_bytes=None, trust_unchanged=False,
+         trusted_cas=None, signature_path=None):
     """Opens a model: a .safetensors file, a directory of them, or a
     *.safetensors.index.json. Reads headers only.
 
@@ -607,7 +608,13 @@ def open(path, *, manifest=None, verify="default", pool=None, queue_depth=None, 
     writes them): the manifest must then carry a valid signature
     (MANIFEST.sig beside it) by one of them, else SignatureError; with
     verify="off" they are refused (InvalidArgumentError). None or []: no
-    signature asked.
+    signature asked. EC public keys (P-256/384/521) check an OpenSSF
+    model signature instead, when model.sig is beside the model.
+    trusted_cas: a list of CA certificate files (PEM): model.sig (or
+    signature_path) must be an OpenSSF model signature whose certificate
+    chains to one of them. With either, the signature must list the
+    manifest (with its digest) and every .safetensors file, else
+    SignatureError; the keyless (Sigstore) form is refused.
     cache_dir: the persistent cache's directory (made if missing; see
     "Persistent cache" in sluice.h). None: $SLUICE_CACHE_DIR when set, else
     the default ($XDG_CACHE_HOME/sluice, else ~/.cache/sluice) when
@@ -660,20 +667,30 @@ def open(path, *, manifest=None, verify="default", pool=None, queue_depth=None, 
     it = _opt_int(io_threads, "io_threads", 0)
     if it is not None:
         kw["io_threads"] = min(it, 1 << 20)
-    if trusted_keys is not None:
-        if isinstance(trusted_keys, (str, bytes, _os.PathLike)):
-            raise TypeError("trusted_keys must be a list of paths, not one path")
-        try:
-            keys = [_fspath(k, "a trusted key") for k in trusted_keys]
-        except TypeError as e:
-            if "trusted key" in str(e):
-                raise
-            raise TypeError(f"trusted_keys must be a list of paths, "
-                            f"not {type(trusted_keys).__name__}") from None
-        if keys:
-            kw["trusted_keys"] = keys
+    keys = _path_list(trusted_keys, "trusted_keys", "a trusted key")
+    if keys:
+        kw["trusted_keys"] = keys
+    cas = _path_list(trusted_cas, "trusted_cas", "a trusted CA")
+    if cas:
+        kw["trusted_cas"] = cas
+    if signature_path is not None:
+        kw["signature_path"] = _fspath(signature_path, "signature_path")
     core = _sluice.open(p, mf, **kw)
     return Model(core, _os.fsdecode(p))
+
+
+def _path_list(value, name, what):
+    """A list of paths given as a list (one path is a mistake), or None."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes, _os.PathLike)):
+        raise TypeError(f"{name} must be a list of paths, not one path")
+    try:
+        return [_fspath(k, what) for k in value]
+    except TypeError as e:
+        if what in str(e):
+            raise
+        raise TypeError(f"{name} must be a list of paths, not {type(value).__name__}") from None
 
 
 def handle_of(array):

@@ -1427,7 +1427,8 @@ static int fs_or_none(PyObject *arg, void *out)
  * here) as file system bytes, in *keys (a tuple of bytes; NULL for None),
  * and borrowed C strings in *paths (PyMem). Returns 0, or -1 with an
  * exception set. */
-static int trusted_keys_arg(PyObject *arg, PyObject **keys, const char ***paths, size_t *n)
+static int paths_arg(const char *what, PyObject *arg, PyObject **keys, const char ***paths,
+                     size_t *n)
 {
     *keys = NULL;
     *paths = NULL;
@@ -1435,10 +1436,12 @@ static int trusted_keys_arg(PyObject *arg, PyObject **keys, const char ***paths,
     if (arg == Py_None)
         return 0;
     if (PyUnicode_Check(arg) || PyBytes_Check(arg)) {
-        PyErr_SetString(PyExc_TypeError, "trusted_keys must be a list of paths, not one path");
+        PyErr_Format(PyExc_TypeError, "%s must be a list of paths, not one path", what);
         return -1;
     }
-    PyObject *fast = PySequence_Fast(arg, "trusted_keys must be a list of paths");
+    char msg[80];
+    snprintf(msg, sizeof msg, "%s must be a list of paths", what);
+    PyObject *fast = PySequence_Fast(arg, msg);
     if (!fast)
         return -1;
     Py_ssize_t count = PySequence_Fast_GET_SIZE(fast);
@@ -1469,6 +1472,11 @@ static int trusted_keys_arg(PyObject *arg, PyObject **keys, const char ***paths,
     return 0;
 }
 
+static int trusted_keys_arg(PyObject *arg, PyObject **keys, const char ***paths, size_t *n)
+{
+    return paths_arg("trusted_keys", arg, keys, paths, n);
+}
+
 /* open(path, manifest, verify, pool, queue_depth, chunk, direct,
  *      hash_threads, io_threads, force_pread, trusted_keys, cache_dir,
  *      cache_bytes, trust_unchanged) -> Model. 0 (or -1 for the thread
@@ -1481,33 +1489,40 @@ static PyObject *mod_open(PyObject *mod, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"path", "manifest", "verify", "pool", "queue_depth", "chunk",
                              "direct", "hash_threads", "io_threads", "force_pread",
                              "trusted_keys", "cache_dir", "cache_bytes", "trust_unchanged",
-                             NULL};
+                             "trusted_cas", "signature_path", NULL};
     PyObject *path = NULL, *manifest = NULL, *trusted = Py_None, *cache_dir = NULL;
+    PyObject *cas_arg = Py_None, *sig_path = NULL;
     PyObject *cache_bytes = Py_None;
     int verify = SLUICE_VERIFY_DEFAULT, direct = 0, force_pread = 0, trust_unchanged = 0;
     unsigned long long pool = 0, chunk = 0;
     unsigned int queue_depth = 0;
     int hash_threads = -1, io_threads = -1;
     unsigned long long cache_budget = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|O&iO&O&O&piipOO&Op", kwlist,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|O&iO&O&O&piipOO&OpOO&", kwlist,
                                      PyUnicode_FSConverter, &path, fs_or_none, &manifest,
                                      &verify, u64_arg, &pool, u32_arg, &queue_depth, u64_arg,
                                      &chunk, &direct, &hash_threads, &io_threads,
                                      &force_pread, &trusted, fs_or_none, &cache_dir,
-                                     &cache_bytes, &trust_unchanged) ||
+                                     &cache_bytes, &trust_unchanged, &cas_arg, fs_or_none,
+                                     &sig_path) ||
         (cache_bytes != Py_None && !u64_arg(cache_bytes, &cache_budget))) {
         Py_XDECREF(path);
         Py_XDECREF(manifest);
         Py_XDECREF(cache_dir);
+        Py_XDECREF(sig_path);
         return NULL;
     }
-    PyObject *keys;
-    const char **key_paths;
-    size_t nkeys;
-    if (trusted_keys_arg(trusted, &keys, &key_paths, &nkeys) < 0) {
+    PyObject *keys, *cas = NULL;
+    const char **key_paths, **ca_paths = NULL;
+    size_t nkeys, ncas = 0;
+    if (trusted_keys_arg(trusted, &keys, &key_paths, &nkeys) < 0 ||
+        paths_arg("trusted_cas", cas_arg, &cas, &ca_paths, &ncas) < 0) {
+        Py_XDECREF(keys);
+        PyMem_Free(key_paths);
         Py_DECREF(path);
         Py_XDECREF(manifest);
         Py_XDECREF(cache_dir);
+        Py_XDECREF(sig_path);
         return NULL;
     }
     sluice_options o;
@@ -1538,6 +1553,11 @@ static PyObject *mod_open(PyObject *mod, PyObject *args, PyObject *kw)
         o.trusted_keys = key_paths;
         o.ntrusted_keys = nkeys;
     }
+    if (ncas) {
+        o.trusted_cas = ca_paths;
+        o.ntrusted_cas = ncas;
+    }
+    o.signature_path = sig_path ? PyBytes_AS_STRING(sig_path) : NULL;
     const char *cpath = PyBytes_AS_STRING(path);
 
     sluice_model *m = NULL;
@@ -1556,6 +1576,9 @@ static PyObject *mod_open(PyObject *mod, PyObject *args, PyObject *kw)
     Py_XDECREF(cache_dir);
     Py_XDECREF(keys);
     PyMem_Free(key_paths);
+    Py_XDECREF(cas);
+    PyMem_Free(ca_paths);
+    Py_XDECREF(sig_path);
     if (rc != SLUICE_OK)
         return raise_code(rc, message);
 

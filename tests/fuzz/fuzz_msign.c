@@ -1,0 +1,71 @@
+/* fuzz_msign.c: libFuzzer target for OpenSSF model-signing bundles
+ * (model_signing.c). The input is a bundle (model.sig); a trusted EC key
+ * and a trusted CA are fixed (corpus/msign was written for them by
+ * tests/model_signing_fx.py, their private halves thrown away). Every
+ * input is verified through sl_ms_verify_text as sluice_open runs it:
+ * accepted with a statement, or rejected with SLUICE_E_SIGNATURE and a
+ * message, never a crash or a leak. */
+#include "fuzz_files.h"
+#include "model_signing.h"
+#include "verdict.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static const char public_key[] =
+    "-----BEGIN PUBLIC KEY-----\n"
+    "MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAErmOQSYU/KjAU8BJXq4csANlfTPAl\n"
+    "TMAYuCpnn2BTg3VJkrlsu2iqCMvjUSNFXX5gb0nbJ1Ff2gamZiY0XbFX8A==\n"
+    "-----END PUBLIC KEY-----\n";
+static const char ca_cert[] =
+    "-----BEGIN CERTIFICATE-----\n"
+    "MIIBfDCCAQKgAwIBAgIUNom9Nvpo/vJGkGX6ijTkMuuv9g4wCgYIKoZIzj0EAwIw\n"
+    "DTELMAkGA1UEAwwCY2EwHhcNMjYwMTAxMDAwMDAwWhcNMzUxMjMwMDAwMDAwWjAN\n"
+    "MQswCQYDVQQDDAJjYTB2MBAGByqGSM49AgEGBSuBBAAiA2IABHbbNAimwKgBniDT\n"
+    "berkNCBQ8qSNXHihdWm57L4gTH3TqRk2TFU112pByPp01Hd8B2HKUiOZ1F3ftpcA\n"
+    "revQ0M8tWTXF7u2GKYZpfNipbuEwvNzNTpSZMecUow9rcx+9aaMjMCEwDwYDVR0T\n"
+    "AQH/BAUwAwEB/zAOBgNVHQ8BAf8EBAMCAQYwCgYIKoZIzj0EAwIDaAAwZQIxAKzn\n"
+    "Be3/1IBtxCWUaNk/P9VHanUGOPOWdu7kzVh3zq6mXHt1mJQy33tNOV7ZE6WnlAIw\n"
+    "N6qUcjlBCscQOF0Mubhq71Jir1CUwXANNr8vO/PBRBpVPs3uU+ys51eQDBRhsgC5\n"
+    "-----END CERTIFICATE-----\n";
+static char key_path[160], ca_path[160];
+
+static void cleanup(void)
+{
+    unlink(key_path);
+    unlink(ca_path);
+    fz_remove("k.pub");
+}
+
+static void setup_once(void)
+{
+    if (fz_dir[0])
+        return;
+    fz_make("msign");
+    snprintf(key_path, sizeof key_path, "%s", fz_path("k.pub"));
+    snprintf(ca_path, sizeof ca_path, "%s", fz_path("ca.pem"));
+    fz_write_file(key_path, public_key, sizeof public_key - 1);
+    fz_write_file(ca_path, ca_cert, sizeof ca_cert - 1);
+    atexit(cleanup);
+}
+
+const char fuzz_target_name[] = "msign";
+
+int fuzz_verdict(const uint8_t *data, size_t size)
+{
+    setup_once();
+    const char *keys[] = {key_path}, *cas[] = {ca_path};
+    sl_ms_trust t = {keys, 1, cas, 1};
+    sl_ms_statement *s = NULL;
+    sl_err err = {0};
+    int rc = sl_ms_verify_text("fuzz.sig", (const char *)data, size, &t, &s, &err);
+    if ((rc == SLUICE_OK) != (s != NULL) || (rc < 0 && !err.msg[0]))
+        abort(); /* a statement exactly when accepted; every rejection says why */
+    sl_ms_statement_free(s);
+    return rc;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    (void)fuzz_verdict(data, size);
+    return 0;
+}

@@ -1,0 +1,200 @@
+#!/usr/bin/python3
+"""OpenSSF model-signing fixtures for test_model_signing.c and
+bindings/python/tests/test_model_signing.py, written with
+python3-cryptography from the format's description (the Sigstore bundle
+v0.3, DSSE, the in-toto statement of model_signing 1.x), never from the
+reference's code.
+
+  model_signing_fx.py keys DIR               EC keys (p256, p384, p521, other),
+                                             a CA, a leaf, a leaf that may not
+                                             sign, an untrusted CA and its leaf
+  model_signing_fx.py sign MODEL DIR CASE    writes MODEL/model.sig for CASE
+  model_signing_fx.py check MODEL SIG PUB    verifies a bundle sluice wrote, by
+                                             the format's rules (exit 0 or 1)
+"""
+import base64
+import datetime
+import hashlib
+import json
+import os
+import sys
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+MEDIA = "application/vnd.dev.sigstore.bundle.v0.3+json"
+PTYPE = "application/vnd.in-toto+json"
+STYPE = "https://in-toto.io/Statement/v1"
+PRED = "https://model_signing/signature/v1.0"
+CURVES = {"p256": ec.SECP256R1(), "p384": ec.SECP384R1(), "p521": ec.SECP521R1()}
+IGNORED = {"model.sig", ".git", ".gitattributes", ".github", ".gitignore"}
+
+
+def md_of(pub):
+    return {256: hashes.SHA256(), 384: hashes.SHA384(), 521: hashes.SHA512()}[pub.curve.key_size]
+
+
+def pem_pub(pub):
+    return pub.public_bytes(serialization.Encoding.PEM,
+                            serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def write_key(path, key):
+    with open(path + ".key", "wb") as f:
+        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption()))
+    with open(path + ".pub", "wb") as f:
+        f.write(pem_pub(key.public_key()))
+
+
+def load_key(path):
+    with open(path, "rb") as f:
+        return serialization.load_pem_private_key(f.read(), None)
+
+
+def cert(subject, issuer, issuer_key, pub, ca, usage):
+    now = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
+    b = (x509.CertificateBuilder()
+         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+         .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+         .public_key(pub).serial_number(x509.random_serial_number())
+         .not_valid_before(now).not_valid_after(now + datetime.timedelta(days=3650))
+         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    ku = dict(digital_signature=False, content_commitment=False, key_encipherment=False,
+              data_encipherment=False, key_agreement=False, key_cert_sign=False,
+              crl_sign=False, encipher_only=False, decipher_only=False)
+    ku.update(usage)
+    b = b.add_extension(x509.KeyUsage(**ku), critical=True)
+    return b.sign(issuer_key, hashes.SHA256())
+
+
+def keys(d):
+    os.makedirs(d, exist_ok=True)
+    for name, curve in CURVES.items():
+        write_key(os.path.join(d, name), ec.generate_private_key(curve))
+    write_key(os.path.join(d, "other"), ec.generate_private_key(ec.SECP256R1()))
+    for ca_name in ("ca", "evil-ca"):
+        ca_key = ec.generate_private_key(ec.SECP384R1())
+        ca_cert = cert(ca_name, ca_name, ca_key, ca_key.public_key(), True,
+                       {"key_cert_sign": True, "crl_sign": True})
+        with open(os.path.join(d, ca_name + ".pem"), "wb") as f:
+            f.write(ca_cert.public_bytes(serialization.Encoding.PEM))
+        leaf_key = ec.generate_private_key(ec.SECP256R1())
+        write_key(os.path.join(d, ca_name + "-leaf"), leaf_key)
+        for leaf, usage in (("leaf", {"digital_signature": True}), ("nosign", {"key_agreement": True})):
+            c = cert(ca_name + "-" + leaf, ca_name, ca_key, leaf_key.public_key(), False, usage)
+            with open(os.path.join(d, "%s-%s.crt" % (ca_name, leaf)), "wb") as f:
+                f.write(c.public_bytes(serialization.Encoding.PEM))
+
+
+def listing(model):
+    out = []
+    for root, dirs, files in os.walk(model):
+        rel_root = os.path.relpath(root, model)
+        dirs[:] = [x for x in dirs if x not in IGNORED]
+        for name in files:
+            rel = name if rel_root == "." else rel_root + "/" + name
+            if rel in IGNORED:
+                continue
+            with open(os.path.join(root, name), "rb") as f:
+                out.append((rel, hashlib.sha256(f.read()).hexdigest()))
+    out.sort(key=lambda r: r[0].split("/"))
+    return out
+
+
+def pae(payload):
+    return b"DSSEv1 %d %s %d " % (len(PTYPE), PTYPE.encode(), len(payload)) + payload
+
+
+def statement(model, case):
+    res = [{"name": n, "algorithm": "sha256", "digest": d} for n, d in listing(model)]
+    if case == "manifest-not-listed":
+        res = [r for r in res if r["name"] != "sluice.manifest.json"]
+    if case == "manifest-digest":
+        for r in res:
+            if r["name"] == "sluice.manifest.json":
+                r["digest"] = hashlib.sha256(b"another manifest").hexdigest()
+    if case == "file-not-listed":
+        first = next(r for r in res if r["name"].endswith(".safetensors"))
+        res = [r for r in res if r is not first]
+    if case == "duplicate":
+        res.append(dict(res[0]))
+    root = hashlib.sha256(b"".join(bytes.fromhex(r["digest"]) for r in res)).hexdigest()
+    if case == "subject":
+        root = hashlib.sha256(b"not the digests").hexdigest()
+    st = {"_type": "https://in-toto.io/Statement/v0.1" if case == "statement-type" else STYPE,
+          "subject": [{"name": os.path.basename(os.path.abspath(model)), "digest": {"sha256": root}}],
+          "predicateType": "https://example.com/other/v1" if case == "predicate-type" else PRED,
+          "predicate": {"serialization": {"method": "files", "hash_type": "sha256",
+                                          "allow_symlinks": False,
+                                          "ignore_paths": sorted(IGNORED)},
+                        "resources": res}}
+    return json.dumps(st, indent=2).encode()
+
+
+def sign(model, d, case):
+    certified = case.startswith("cert") or case in ("untrusted-chain", "no-sign")
+    if certified:
+        ca = "evil-ca" if case == "untrusted-chain" else "ca"
+        key = load_key(os.path.join(d, ca + "-leaf.key"))
+        with open(os.path.join(d, "%s-%s.crt" % (ca, "nosign" if case == "no-sign" else "leaf")), "rb") as f:
+            leaf = x509.load_pem_x509_certificate(f.read())
+        vm = {"x509CertificateChain": {"certificates": [
+            {"rawBytes": base64.b64encode(leaf.public_bytes(serialization.Encoding.DER)).decode()}]}}
+    else:
+        curve = case if case in CURVES else "p256"
+        key = load_key(os.path.join(d, curve + ".key"))
+        hinted = load_key(os.path.join(d, "other.key")) if case == "hint" else key
+        vm = {"publicKey": {"hint": hashlib.sha256(pem_pub(hinted.public_key())).hexdigest()}}
+    if case == "keyless":
+        vm = {"certificate": {"rawBytes": "AAAA"}, "tlogEntries": [{"logIndex": "1"}]}
+    else:
+        vm["tlogEntries"] = []
+    payload = statement(model, case)
+    signed = payload + b" " if case == "bad-signature" else payload
+    sig = key.sign(pae(signed), ec.ECDSA(md_of(key.public_key())))
+    bundle = {"mediaType": "application/vnd.dev.sigstore.bundle+json;version=0.1"
+              if case == "media-type" else MEDIA,
+              "verificationMaterial": vm,
+              "dsseEnvelope": {"payload": base64.b64encode(payload).decode(),
+                               "payloadType": "application/json" if case == "payload-type" else PTYPE,
+                               "signatures": [{"sig": base64.b64encode(sig).decode(), "keyid": ""}]}}
+    with open(os.path.join(model, "model.sig"), "w") as f:
+        json.dump(bundle, f)
+
+
+def check(model, sig_path, pub_path):
+    """The format's rules, applied to a bundle sluice wrote."""
+    with open(sig_path) as f:
+        b = json.load(f)
+    with open(pub_path, "rb") as f:
+        pub = serialization.load_pem_public_key(f.read())
+    assert b["mediaType"] == MEDIA, b["mediaType"]
+    assert b["verificationMaterial"]["publicKey"]["hint"] == hashlib.sha256(pem_pub(pub)).hexdigest()
+    env = b["dsseEnvelope"]
+    payload = base64.b64decode(env["payload"])
+    pub.verify(base64.b64decode(env["signatures"][0]["sig"]), pae(payload), ec.ECDSA(md_of(pub)))
+    assert env["payloadType"] == PTYPE
+    st = json.loads(payload)
+    assert st["_type"] == STYPE and st["predicateType"] == PRED and len(st["subject"]) == 1
+    res = st["predicate"]["resources"]
+    assert st["predicate"]["serialization"]["method"] == "files"
+    root = hashlib.sha256(b"".join(bytes.fromhex(r["digest"]) for r in res)).hexdigest()
+    assert st["subject"][0]["digest"]["sha256"] == root
+    got = [(r["name"], r["digest"]) for r in res]
+    assert got == listing(model), (got, listing(model))
+    print("ok: %d resources" % len(res))
+
+
+if __name__ == "__main__":
+    cmd = sys.argv[1]
+    if cmd == "keys":
+        keys(sys.argv[2])
+    elif cmd == "sign":
+        sign(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif cmd == "check":
+        check(sys.argv[2], sys.argv[3], sys.argv[4])
+    else:
+        sys.exit("unknown command " + cmd)

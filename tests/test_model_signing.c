@@ -1,0 +1,501 @@
+/* test_model_signing.c: OpenSSF model signing (model.sig, issue 30).
+ *  - Every real bundle of ../shared/data/model-signing that the reference
+ *    verifier accepts verifies here (the bundle, the signature, every
+ *    file's digest; no sluice manifest in them, so the link is off), and
+ *    every byte flipped in its payload, signature or certificates fails;
+ *    the keyless one is refused with its message.
+ *  - A model signed by `sluice sign --format model-signing` opens with
+ *    the manifest link checked, and tests/model_signing_fx.py verifies
+ *    it by the format's rules; a tensor flipped after signing opens (the
+ *    weights are not read) and fails at load against the trusted
+ *    manifest.
+ *  - Each failure at open has its code and message, on bundles written
+ *    by tests/model_signing_fx.py (python3-cryptography).
+ */
+#include "mf_fixture.h"
+#include "model_signing.h"
+#include "util.h"
+
+#include "sluice.h"
+
+#include <cjson/cJSON.h>
+#include <openssl/evp.h>
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "tool_run.h"
+
+#define FX_SCRIPT SLUICE_SOURCE_DIR "/tests/model_signing_fx.py"
+
+typedef struct fx {
+    char *dir;   /* scratch */
+    char *model; /* dir/m: two .safetensors files and sluice.manifest.json */
+    char *keys;  /* dir/keys: written by model_signing_fx.py keys */
+} fx;
+
+static const char *shared(void)
+{
+    static char path[4096];
+    snprintf(path, sizeof path, "%s/../model-signing", tu_real_data());
+    return path;
+}
+
+static int py(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int py(const char *fmt, ...)
+{
+    char args[8192], cmd[9000];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s %s", FX_SCRIPT, args);
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static int setup(void **state)
+{
+    if (system("/usr/bin/python3 -c 'import cryptography' 2>/dev/null") != 0) {
+        fprintf(stderr, "python3-cryptography missing: skipping\n");
+        exit(77);
+    }
+    fx *f = calloc(1, sizeof *f);
+    assert_non_null(f);
+    f->dir = tu_tmpdir();
+    f->model = tu_join(f->dir, "m");
+    f->keys = tu_join(f->dir, "keys");
+    assert_int_equal(mkdir(f->model, 0755), 0);
+    char *a = tu_join(f->model, "model-00001-of-00002.safetensors");
+    char *b = tu_join(f->model, "model-00002-of-00002.safetensors");
+    mf_write_simple(a, 3, 1000);
+    const char *keys2[] = {"u.0", "u.1"};
+    const uint64_t sizes2[] = {5000, 7};
+    mf_write_model(b, 2, keys2, sizes2);
+    char *mf = tu_join(f->model, "sluice.manifest.json");
+    run_result r = run(f->dir, "manifest", f->model, "-q", "-o", mf, NULL);
+    free(mf);
+    expect_status(&r, 0, "manifest");
+    run_free(&r);
+    assert_int_equal(py("keys %s", f->keys), 0);
+    free(a);
+    free(b);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fx *f = *state;
+    tu_rmtree(f->dir);
+    free(f->dir);
+    free(f->model);
+    free(f->keys);
+    free(f);
+    return 0;
+}
+
+static char *key(const fx *f, const char *name)
+{
+    return tu_join(f->keys, name);
+}
+
+/* sluice_open of the model with EC keys (or the CA); the status, and
+ * the message into msg. */
+static int open_with(const fx *f, int ca, char *msg, size_t size)
+{
+    char *k[3] = {key(f, "p256.pub"), key(f, "p384.pub"), key(f, "p521.pub")};
+    char *c = key(f, "ca.pem");
+    sluice_options o;
+    sluice_options_init(&o);
+    o.verify = SLUICE_VERIFY_REQUIRE;
+    if (ca) {
+        o.trusted_cas = (const char *const *)&c;
+        o.ntrusted_cas = 1;
+    } else {
+        o.trusted_keys = (const char *const *)k;
+        o.ntrusted_keys = 3;
+    }
+    sluice_model *m = NULL;
+    int rc = sluice_open(f->model, &o, &m);
+    snprintf(msg, size, "%s", m ? sluice_errmsg(m) : "");
+    sluice_close(m);
+    for (int i = 0; i < 3; i++)
+        free(k[i]);
+    free(c);
+    return rc;
+}
+
+/* Every case of the fixture script: good ones open, each fault fails
+ * with SLUICE_E_SIGNATURE and its own words. */
+static void test_open_cases(void **state)
+{
+    fx *f = *state;
+    static const struct {
+        const char *name;
+        int ca;
+        const char *words; /* NULL: opens */
+    } cases[] = {
+        {"p256", 0, NULL},
+        {"p384", 0, NULL},
+        {"p521", 0, NULL},
+        {"cert", 1, NULL},
+        {"media-type", 0, "wrong media type"},
+        {"hint", 0, "key hint mismatch"},
+        {"untrusted-chain", 1, "certificate chain is not trusted"},
+        {"no-sign", 1, "may not sign"},
+        {"bad-signature", 0, "ECDSA signature does not verify"},
+        {"payload-type", 0, "wrong payload type"},
+        {"statement-type", 0, "wrong statement type"},
+        {"predicate-type", 0, "wrong predicate type"},
+        {"subject", 0, "subject digest is inconsistent"},
+        {"duplicate", 0, "listed twice"},
+        {"manifest-not-listed", 0, "is not listed among"},
+        {"manifest-digest", 0, "differs from the one signed"},
+        {"file-not-listed", 0, "model file model-00001-of-00002.safetensors is not listed"},
+        {"keyless", 0, "keyless (Sigstore)"},
+        {"cert", 0, "no trusted CA is given"},
+        {"p256", 1, "no trusted EC public key"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        assert_int_equal(py("sign %s %s %s", f->model, f->keys, cases[i].name), 0);
+        char msg[2048];
+        int rc = open_with(f, cases[i].ca, msg, sizeof msg);
+        if (!cases[i].words) {
+            if (rc != SLUICE_OK)
+                fail_msg("%s: %d %s", cases[i].name, rc, msg);
+            continue;
+        }
+        if (rc != SLUICE_E_SIGNATURE || !strstr(msg, cases[i].words))
+            fail_msg("%s: status %d, message \"%s\", expected SLUICE_E_SIGNATURE and \"%s\"",
+                     cases[i].name, rc, msg, cases[i].words);
+    }
+}
+
+/* sluice sign writes what the format's rules accept, and sluice_open
+ * checks it with the link; the Ed25519 path is untouched without it. */
+static void test_sign_round_trip(void **state)
+{
+    fx *f = *state;
+    char *priv = key(f, "p384.key"), *pub = key(f, "p384.pub"), *sig = tu_join(f->model, "model.sig");
+    run_result r = run(f->dir, "sign", f->model, "--format", "model-signing", "--key", priv, NULL);
+    expect_status(&r, 0, "sign --format model-signing");
+    run_free(&r);
+    assert_int_equal(py("check %s %s %s", f->model, sig, pub), 0);
+    char msg[2048];
+    assert_int_equal(open_with(f, 0, msg, sizeof msg), SLUICE_OK);
+    r = run(f->dir, "verify", f->model, "--key", pub, "-q", NULL);
+    expect_status(&r, 0, "verify --key EC");
+    assert_non_null(strstr(r.out, "OpenSSF model signature verified"));
+    run_free(&r);
+    r = run(f->dir, "verify", f->model, "--key", pub, "--no-manifest-link", NULL);
+    expect_status(&r, 0, "verify --no-manifest-link");
+    run_free(&r);
+
+    /* with a certificate: the leaf of the fixture CA */
+    char *lk = key(f, "ca-leaf.key"), *lc = key(f, "ca-leaf.crt"), *ca = key(f, "ca.pem");
+    r = run(f->dir, "sign", f->model, "--format", "model-signing", "--key", lk, "--cert", lc, NULL);
+    expect_status(&r, 0, "sign --cert");
+    run_free(&r);
+    assert_int_equal(open_with(f, 1, msg, sizeof msg), SLUICE_OK);
+    /* a certificate of another key is refused when signing */
+    r = run(f->dir, "sign", f->model, "--format", "model-signing", "--key", priv, "--cert", lc, NULL);
+    expect_status(&r, 2, "sign with another key's certificate");
+    assert_non_null(strstr(r.err, "not the key's"));
+    run_free(&r);
+
+    /* the manifest changed after signing */
+    char *mf = tu_join(f->model, "sluice.manifest.json");
+    size_t len = 0;
+    char *text = tu_read_file(mf, &len);
+    tu_write_file(mf, text, len - 1);
+    int rc = open_with(f, 1, msg, sizeof msg);
+    assert_int_equal(rc, SLUICE_E_SIGNATURE);
+    assert_non_null(strstr(msg, "differs from the one signed"));
+    tu_write_file(mf, text, len);
+    free(text);
+
+    /* a tensor flipped after signing: open does not read it, load fails */
+    char *w = tu_join(f->model, "model-00002-of-00002.safetensors");
+    struct stat st;
+    assert_int_equal(stat(w, &st), 0);
+    mf_flip_byte(w, (uint64_t)st.st_size - 1);
+    assert_int_equal(open_with(f, 1, msg, sizeof msg), SLUICE_OK);
+    sluice_options o;
+    sluice_options_init(&o);
+    o.trusted_cas = (const char *const *)&ca;
+    o.ntrusted_cas = 1;
+    sluice_model *m = NULL;
+    assert_int_equal(sluice_open(f->model, &o, &m), SLUICE_OK);
+    int checksum = 0;
+    for (size_t i = 0; i < sluice_count(m); i++) {
+        sluice_tensor *t = NULL;
+        int a = sluice_acquire_index(m, i, &t);
+        if (a == SLUICE_E_CHECKSUM)
+            checksum++;
+        else
+            assert_int_equal(a, SLUICE_OK);
+        sluice_release(t);
+    }
+    assert_int_equal(checksum, 1);
+    sluice_close(m);
+    mf_flip_byte(w, (uint64_t)st.st_size - 1);
+    free(w);
+    free(mf);
+    free(lk);
+    free(lc);
+    free(ca);
+    free(priv);
+    free(pub);
+    free(sig);
+}
+
+/* Without model.sig, trusted keys ask for the Ed25519 M.sig as before;
+ * EC keys may share the list, and a list of EC keys alone says why it
+ * cannot check M.sig. */
+static void test_ed25519_beside_ec(void **state)
+{
+    fx *f = *state;
+    char *ed = tu_join(f->dir, "ed"), *edk = tu_join(f->dir, "ed.key"), *edp = tu_join(f->dir, "ed.pub");
+    char *mf = tu_join(f->model, "sluice.manifest.json"), *ec = key(f, "p256.pub");
+    run_result r = run(f->dir, "keygen", "--out", ed, NULL);
+    expect_status(&r, 0, "keygen");
+    run_free(&r);
+    r = run(f->dir, "sign", mf, "--key", edk, NULL);
+    expect_status(&r, 0, "sign (Ed25519)");
+    run_free(&r);
+    const char *both[] = {ec, edp};
+    sluice_options o;
+    sluice_options_init(&o);
+    o.trusted_keys = both;
+    o.ntrusted_keys = 2;
+    sluice_model *m = NULL;
+    assert_int_equal(sluice_open(f->model, &o, &m), SLUICE_OK);
+    sluice_close(m);
+    m = NULL;
+    o.ntrusted_keys = 1;
+    assert_int_equal(sluice_open(f->model, &o, &m), SLUICE_E_SIGNATURE);
+    assert_non_null(strstr(sluice_errmsg(m), "all EC keys"));
+    sluice_close(m);
+    m = NULL;
+    /* both signatures in one directory: Ed25519 keys alone check M.sig,
+     * an EC key model.sig */
+    char *eck = key(f, "p256.key");
+    r = run(f->dir, "sign", f->model, "--format", "model-signing", "--key", eck, NULL);
+    expect_status(&r, 0, "sign --format model-signing");
+    run_free(&r);
+    free(eck);
+    o.trusted_keys = both + 1;
+    assert_int_equal(sluice_open(f->model, &o, &m), SLUICE_OK);
+    sluice_close(m);
+    m = NULL;
+    o.trusted_keys = both;
+    assert_int_equal(sluice_open(f->model, &o, &m), SLUICE_OK);
+    sluice_close(m);
+    mf_flip_byte(mf, 3); /* now both fail, each by its own rule */
+    m = NULL;
+    assert_int_equal(sluice_open(f->model, &o, &m), SLUICE_E_SIGNATURE);
+    assert_non_null(strstr(sluice_errmsg(m), "differs from the one signed"));
+    sluice_close(m);
+    m = NULL;
+    o.trusted_keys = both + 1;
+    assert_int_equal(sluice_open(f->model, &o, &m), SLUICE_E_SIGNATURE);
+    assert_non_null(strstr(sluice_errmsg(m), "changed after it was signed"));
+    sluice_close(m);
+    free(ed);
+    free(edk);
+    free(edp);
+    free(mf);
+    free(ec);
+}
+
+/* ---------------------------------------------------------------- the reference's own bundles */
+
+static const struct {
+    const char *dir, *model; /* model: "" the folder, else the one file in it */
+    int cert;
+} refs[] = {
+    {"v1.1.0-elliptic-key", "", 0}, {"v1.1.0-certificate", "", 1},
+    {"v1.0.1-elliptic-key", "", 0}, {"v1.0.1-certificate", "", 1},
+    {"v1.0.0-certificate", "", 1},  {"v0.3.1-certificate", "", 1},
+    {"v1.0.0-elliptic-key", "signme-1", 0}, {"v0.3.1-elliptic-key", "signme-1", 0},
+};
+
+static sl_ms_trust ref_trust(int cert, char **k, char **c)
+{
+    *k = tu_join(shared(), "keys/signing-key-pub.pem");
+    *c = tu_join(shared(), "keys/ca-cert.pem");
+    sl_ms_trust t = {0};
+    if (cert) {
+        t.cas = (const char *const *)c;
+        t.ncas = 1;
+    } else {
+        t.keys = (const char *const *)k;
+        t.nkeys = 1;
+    }
+    return t;
+}
+
+static void test_reference_fixtures(void **state)
+{
+    (void)state;
+    if (access(shared(), R_OK) != 0)
+        skip();
+    const char *ignore[] = {"ignore-me"};
+    for (size_t i = 0; i < sizeof refs / sizeof *refs; i++) {
+        char dir[2048], sig[4096], model[4096];
+        snprintf(dir, sizeof dir, "%s/%s", shared(), refs[i].dir);
+        snprintf(sig, sizeof sig, "%s/model.sig", dir);
+        snprintf(model, sizeof model, "%s%s%s", dir, *refs[i].model ? "/" : "", refs[i].model);
+        char *k, *c;
+        sl_ms_trust t = ref_trust(refs[i].cert, &k, &c);
+        sl_ms_statement *s = NULL;
+        sl_err err = {0};
+        if (sl_ms_verify_file(sig, &t, &s, &err) != SLUICE_OK)
+            fail_msg("%s: %s", refs[i].dir, err.msg);
+        if (sl_ms_check_tree(s, model, sig, ignore, 1, &err) != SLUICE_OK)
+            fail_msg("%s: %s", refs[i].dir, err.msg);
+        sl_ms_statement_free(s);
+        free(k);
+        free(c);
+        /* the wrong kind of trust for it fails */
+        sl_ms_trust wrong = ref_trust(!refs[i].cert, &k, &c);
+        assert_int_equal(sl_ms_verify_file(sig, &wrong, &s, &err), SLUICE_E_SIGNATURE);
+        assert_null(s);
+        free(k);
+        free(c);
+    }
+    /* keyless: refused with its message */
+    char *k, *c, sig[4096];
+    sl_ms_trust t = ref_trust(1, &k, &c);
+    snprintf(sig, sizeof sig, "%s/v1.1.0-sigstore/model.sig", shared());
+    sl_ms_statement *s = NULL;
+    sl_err err = {0};
+    assert_int_equal(sl_ms_verify_file(sig, &t, &s, &err), SLUICE_E_SIGNATURE);
+    assert_non_null(strstr(err.msg, "keyless (Sigstore)"));
+    assert_non_null(strstr(err.msg, "transparency-log"));
+    free(k);
+    free(c);
+}
+
+/* The bundle text with byte at of the base64 field (obj, name) flipped
+ * in its decoded bytes; malloc'd. */
+static char *flipped(cJSON *root, cJSON *obj, const char *name, size_t at, size_t *n)
+{
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, name);
+    const char *b64 = v->valuestring;
+    size_t len = strlen(b64);
+    unsigned char *raw = malloc(len);
+    int m = EVP_DecodeBlock(raw, (const unsigned char *)b64, (int)len);
+    assert_true(m > 0);
+    size_t real = (size_t)m - (len >= 1 && b64[len - 1] == '=') - (len >= 2 && b64[len - 2] == '=');
+    *n = real;
+    if (at >= real) {
+        free(raw);
+        return NULL;
+    }
+    raw[at] ^= 0x01;
+    char *enc = malloc(len + 4);
+    EVP_EncodeBlock((unsigned char *)enc, raw, (int)real);
+    char *keep = strdup(b64);
+    cJSON_SetValuestring(v, enc);
+    char *text = cJSON_PrintUnformatted(root);
+    cJSON_SetValuestring(v, keep);
+    free(keep);
+    free(enc);
+    free(raw);
+    return text;
+}
+
+/* Every byte of payload, signature and certificates flipped: each fails.
+ * The v1.1.0 bundles byte by byte; the older ones every 29th byte (the
+ * same code reads them). */
+static void test_reference_flips(void **state)
+{
+    (void)state;
+    if (access(shared(), R_OK) != 0)
+        skip();
+    size_t tried = 0;
+    for (size_t i = 0; i < sizeof refs / sizeof *refs; i++) {
+        char sig[4096];
+        snprintf(sig, sizeof sig, "%s/%s/model.sig", shared(), refs[i].dir);
+        size_t len = 0;
+        char *text = tu_read_file(sig, &len);
+        cJSON *root = cJSON_ParseWithLength(text, len);
+        assert_non_null(root);
+        cJSON *env = cJSON_GetObjectItemCaseSensitive(root, "dsseEnvelope");
+        cJSON *s0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(env, "signatures"), 0);
+        cJSON *vm = cJSON_GetObjectItemCaseSensitive(root, "verificationMaterial");
+        cJSON *certs = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetObjectItemCaseSensitive(vm, "x509CertificateChain"), "certificates");
+        cJSON *fields[8][1];
+        const char *names[8];
+        int nf = 0;
+        fields[nf][0] = env, names[nf++] = "payload";
+        fields[nf][0] = s0, names[nf++] = "sig";
+        for (int c = 0; certs && c < cJSON_GetArraySize(certs) && nf < 8; c++)
+            fields[nf][0] = cJSON_GetArrayItem(certs, c), names[nf++] = "rawBytes";
+        size_t step = strncmp(refs[i].dir, "v1.1.0", 6) ? 29 : 1;
+        char *k, *c;
+        sl_ms_trust t = ref_trust(refs[i].cert, &k, &c);
+        for (int fi = 0; fi < nf; fi++) {
+            size_t n = 1;
+            for (size_t at = 0; at < n; at += step) {
+                char *bad = flipped(root, fields[fi][0], names[fi], at, &n);
+                if (!bad)
+                    break;
+                sl_ms_statement *s = NULL;
+                sl_err err = {0};
+                int rc = sl_ms_verify_text(sig, bad, strlen(bad), &t, &s, &err);
+                if (rc != SLUICE_E_SIGNATURE)
+                    fail_msg("%s: %s byte %zu flipped: status %d", refs[i].dir, names[fi], at, rc);
+                sl_ms_statement_free(s);
+                free(bad);
+                tried++;
+            }
+        }
+        free(k);
+        free(c);
+        cJSON_Delete(root);
+        free(text);
+    }
+    print_message("%zu flipped bundles, every one refused\n", tried);
+}
+
+/* Hostile text never crashes and always fails. */
+static void test_garbage(void **state)
+{
+    (void)state;
+    const char *texts[] = {"", "[]", "{}", "{\"mediaType\":3}", "\x00", "{\"mediaType\":"
+                           "\"application/vnd.dev.sigstore.bundle.v0.3+json\",\"dsseEnvelope\":{"
+                           "\"payload\":\"e30=\",\"signatures\":[{\"sig\":\"e30\"}]}}"};
+    sl_ms_trust t = {0};
+    for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
+        sl_ms_statement *s = NULL;
+        sl_err err = {0};
+        assert_int_equal(sl_ms_verify_text("x.sig", texts[i], i == 4 ? 1 : strlen(texts[i]), &t, &s,
+                                           &err), SLUICE_E_SIGNATURE);
+        assert_null(s);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_reference_fixtures),
+        cmocka_unit_test(test_reference_flips),
+        cmocka_unit_test(test_garbage),
+        cmocka_unit_test_setup_teardown(test_open_cases, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sign_round_trip, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ed25519_beside_ec, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, tool_group_setup, NULL);
+}
