@@ -59,17 +59,20 @@ def _to_device(t, framework, device):
 class safe_open:
     """safe_open(path, framework="np"|"pt", device="cpu", *, manifest=None,
     verify="default", trusted_keys=None, cache_dir=None, cache_bytes=None,
-    trust_unchanged=False): the reference's safe_open, on sluice (the
-    keyword arguments as for sluice.open)."""
+    trust_unchanged=False, **remote): the reference's safe_open, on sluice (the
+    keyword arguments as for sluice.open; remote: its remote options,
+    fallback=, http_token=, s3_endpoint=, ...)."""
 
     def __init__(self, path, framework="np", device="cpu", *, manifest=None, verify="default",
-                 trusted_keys=None, cache_dir=None, cache_bytes=None, trust_unchanged=False):
+                 trusted_keys=None, cache_dir=None, cache_bytes=None, trust_unchanged=False,
+                 **remote):
         self._framework = _check_framework(framework)
         _check_device(self._framework, device)
         self._device = device
         self._model = _open_for_all(path, manifest=manifest, verify=verify,
                                     trusted_keys=trusted_keys, cache_dir=cache_dir,
-                                    cache_bytes=cache_bytes, trust_unchanged=trust_unchanged)
+                                    cache_bytes=cache_bytes, trust_unchanged=trust_unchanged,
+                                    **remote)
 
     def __enter__(self):
         return self
@@ -276,13 +279,14 @@ def _to_device_owner(owner, t):
 
 
 def load_file(path, framework="np", device="cpu", *, manifest=None, verify="default",
-              trusted_keys=None, cache_dir=None, cache_bytes=None, trust_unchanged=False):
+              trusted_keys=None, cache_dir=None, cache_bytes=None, trust_unchanged=False,
+              **remote):
     """{name: tensor} of every tensor of path (a file, a directory or an
-    index.json), verified as safe_open verifies, zero copy (the keyword
-    arguments as for sluice.open)."""
+    index.json, local or remote), verified as safe_open verifies, zero copy
+    (the keyword arguments as for sluice.open)."""
     with safe_open(path, framework=framework, device=device, manifest=manifest,
                    verify=verify, trusted_keys=trusted_keys, cache_dir=cache_dir,
-                   cache_bytes=cache_bytes, trust_unchanged=trust_unchanged) as f:
+                   cache_bytes=cache_bytes, trust_unchanged=trust_unchanged, **remote) as f:
         return {k: f.get_tensor(k) for k in f.offset_keys()}
 
 
