@@ -480,6 +480,11 @@ static PyObject *model_stats(ModelObject *self, PyObject *unused)
         {"memo_tensors", st.memo_tensors}, {"memo_bytes", st.memo_bytes},
         {"disk_degraded", st.disk_degraded}, {"disk_busy", st.disk_busy},
         {"unverified", st.unverified},
+        /* remote sources and mirrors */
+        {"remote_reads", st.remote_reads}, {"remote_bytes", st.remote_bytes},
+        {"remote_retries", st.remote_retries}, {"remote_open_requests", st.remote_open_requests},
+        {"remote_open_bytes", st.remote_open_bytes}, {"fallback_tensors", st.fallback_tensors},
+        {"fallback_bytes", st.fallback_bytes}, {"fallback_failures", st.fallback_failures},
     };
     for (size_t k = 0; d && k < sizeof more / sizeof *more; k++) {
         PyObject *v = PyLong_FromUnsignedLongLong(more[k].value);
