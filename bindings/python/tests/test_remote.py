@@ -222,6 +222,12 @@ def test_a_second_process_loads_from_the_cache(site, tmp_path):
         usage = c.du()
         assert usage.entries == 5 and usage.bytes == sum(e.bytes for e in ls)
         assert usage.bytes == total
+        cli = _cli()
+        if cli:  # the command sees what the models stored and Python lists
+            r = subprocess.run([cli, "cache", "--cache-dir", cache, "ls"], capture_output=True,
+                               text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+            assert all(e.digest in r.stdout for e in ls), r.stdout
         rep = c.verify()
         assert (rep.checked, rep.dropped) == (5, 0)
         # a rotten blob is dropped by verify
@@ -235,11 +241,6 @@ def test_a_second_process_loads_from_the_cache(site, tmp_path):
         assert freed.entries == 4 and c.du() == (0, 0)
         assert c.clear().entries == 0
         assert c.path == os.path.realpath(cache) or c.path == cache
-    cli = shutil.which("sluice") or _cli()
-    if cli:  # the command reads what Python wrote
-        r = subprocess.run([cli, "cache", "du", "--cache-dir", cache], capture_output=True,
-                           text=True, timeout=60)
-        assert r.returncode == 0, r.stderr
 
 
 def _cli():
