@@ -21,7 +21,6 @@ starting one configuration later):
 Figures are medians (min-max) of the rounds, GB/s of tensor bytes.
 """
 import argparse
-import csv
 import os
 import socket
 import statistics
@@ -32,6 +31,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
+sys.path.insert(0, HERE)
+# sluice bench's stream row (a URL works as a path), sizes, figures: bench_stream's
+from bench_stream import fmt, parse_size, run_c  # noqa: E402
 
 PY_STREAM = r"""
 import sys, time
@@ -61,32 +63,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_c(cli, url, pool):
-    with tempfile.NamedTemporaryFile(suffix=".csv") as f:
-        subprocess.run([cli, "bench", url, "--runs", "1", "--pool", pool, "--verify", "on",
-                        "--baselines", "none", "--csv", f.name], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        rows = list(csv.DictReader(open(f.name)))
-    row = [r for r in rows if r["mode"] == "stream"][0]
-    if row["ok"] != "1":
-        raise SystemExit(f"sluice bench failed: {row['error']}")
-    return float(row["bytes_needed"]) / float(row["wall_s"]) / 1e9
-
-
 def run_py(path, pool, cache=""):
     out = subprocess.run([sys.executable, "-c", PY_STREAM, path, str(pool), cache], check=True,
                          capture_output=True, text=True).stdout.split()
     return int(out[1]) / float(out[0]) / 1e9
-
-
-def parse_size(s):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    s = s.strip().upper()
-    return int(s[:-1]) * units[s[-1]] if s[-1] in units else int(s)
-
-
-def fmt(xs):
-    return f"{statistics.median(xs):.2f} [{min(xs):.2f}-{max(xs):.2f}]"
 
 
 def main():

@@ -2015,21 +2015,16 @@ static PyObject *cache_rows_list(CacheRows *r, int with_why)
         const CacheRow *row = &r->rows[k];
         PyObject *src = msg_str(row->source);
         PyObject *t = !src ? NULL
-                      : with_why ? Py_BuildValue("(ssKNLLON)",
-                                                 sluice_algorithm_name(row->e.algorithm),
-                                                 row->e.digest,
-                                                 (unsigned long long)row->e.bytes, src,
-                                                 (long long)row->e.created_ns,
-                                                 (long long)row->e.last_access_ns,
-                                                 row->e.present ? Py_True : Py_False,
-                                                 msg_str(row->why))
-                                 : Py_BuildValue("(ssKNLLO)",
-                                                 sluice_algorithm_name(row->e.algorithm),
-                                                 row->e.digest,
-                                                 (unsigned long long)row->e.bytes, src,
-                                                 (long long)row->e.created_ns,
-                                                 (long long)row->e.last_access_ns,
-                                                 row->e.present ? Py_True : Py_False);
+                           : Py_BuildValue("(ssKNLLO)", sluice_algorithm_name(row->e.algorithm),
+                                           row->e.digest, (unsigned long long)row->e.bytes, src,
+                                           (long long)row->e.created_ns,
+                                           (long long)row->e.last_access_ns,
+                                           row->e.present ? Py_True : Py_False);
+        if (t && with_why) { /* verify's rows: the same and why */
+            PyObject *why = Py_BuildValue("(N)", msg_str(row->why));
+            Py_SETREF(t, why ? PySequence_Concat(t, why) : NULL);
+            Py_XDECREF(why);
+        }
         if (!t) {
             Py_CLEAR(list);
             break;
