@@ -324,3 +324,43 @@ def test_ctrl_c_stops_a_remote_stream(tmp_path):
         assert after <= base, f"threads left: {after} after, {base} before the model"
     finally:
         srv.stop()
+
+
+def test_refusal_is_remote_error_and_the_gil_is_free_while_waiting(tmp_path):
+    import threading
+    root = tmp_path / "root"
+    write_model(str(root / "m"))
+    srv = FaultServer(str(root), str(tmp_path))
+    try:
+        with sluice.open(f"{srv.base}/m/") as m:
+            # a permanent refusal of the tensor's range: RemoteError (-55)
+            srv.ctl("?mode=status&count=1000&arg=403")
+            with pytest.raises(sluice.RemoteError) as e:
+                m.get_tensor("w.big")
+            assert e.value.code == -55 and "403" in str(e.value), str(e.value)
+            srv.ctl("?mode=ok&count=0")
+        with sluice.open(f"{srv.base}/m/") as m:
+            # every reply paced at 1 MB/s: w.big (2 MiB) takes about 2 s,
+            # during which a pure-Python thread must keep running
+            srv.ctl("?mode=slow&count=1000&arg=1000000")
+            ticks, stop = [0], threading.Event()
+
+            def spin():
+                while not stop.is_set():
+                    ticks[0] += 1
+
+            t = threading.Thread(target=spin)
+            t.start()
+            try:
+                t0, before = time.monotonic(), ticks[0]
+                a = m.get_tensor("w.big")
+                waited, during = time.monotonic() - t0, ticks[0] - before
+            finally:
+                stop.set()
+                t.join()
+            assert a.nbytes == 2 << 20 and waited > 1.0, waited
+            # the GIL was released while the network was waited on: the
+            # spinner ran all along (some 10**6 a second; 0 were it held)
+            assert during > 100000, (during, waited)
+    finally:
+        srv.stop()
