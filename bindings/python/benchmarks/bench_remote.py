@@ -96,7 +96,7 @@ def main():
                 time.sleep(0.05)
         url = f"http://127.0.0.1:{port}/"
         configs = {
-            "C sluice bench remote stream": lambda: run_c(a.cli, url, a.pool),
+            "C sluice bench remote stream": lambda: run_c(a.cli, url, a.pool)[0],
             "python remote model.stream()": lambda: run_py(url, pool),
             "python remote, warm cache": lambda: run_py(url, pool, cache),
             "python local verified stream": lambda: run_py(model, pool),
