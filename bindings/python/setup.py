@@ -70,7 +70,9 @@ class CMakeBuild(build_ext):
                 f"-DCMAKE_MODULE_LINKER_FLAGS={ldflags}"]
         args += shlex.split(os.environ.get("SLUICE_CMAKE_ARGS", ""))
         subprocess.run(args, check=True, stdout=None if self.verbose else subprocess.DEVNULL)
-        jobs = str(self.parallel or min(2, os.cpu_count() or 1))
+        # build_ext -j N, else 2 (the library is some 30 files)
+        jobs = self.parallel if isinstance(self.parallel, int) and self.parallel > 1 else 2
+        jobs = str(min(jobs, os.cpu_count() or 1))
         subprocess.run([cmake, "--build", build, "--target", "sluice_python", "-j", jobs],
                        check=True)
         if not os.path.isfile(out):
