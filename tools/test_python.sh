@@ -19,12 +19,14 @@ torch=python3-torch
 # extension with every feature (libcurl: remote models; SQLite: the cache;
 # librust-blake3-dev: BLAKE3's C sources; libmicrohttpd: serve_metrics);
 # b3sum and openssl: the independent BLAKE3 digests and Ed25519 signatures
-# the tests write manifests with; nginx, npm (s3rver), prometheus: the
-# servers of test_remote.py and test_metrics.py; python3-grpcio and
+# the tests write manifests with; nginx, prometheus: the
+# servers of test_remote.py and test_metrics.py (s3rver comes from npm
+# when node and npm are there, as for the C tests; else its test skips);
+# python3-grpcio and
 # python3-grpc-tools: sluice.client.
 sh tools/deps.sh cmake pkg-config python3-dev python3-numpy python3-pytest python3-venv \
     python3-setuptools libssl-dev libcjson-dev liburing-dev libcurl4-openssl-dev \
-    libsqlite3-dev librust-blake3-dev libmicrohttpd-dev b3sum openssl nginx npm prometheus \
+    libsqlite3-dev librust-blake3-dev libmicrohttpd-dev b3sum openssl nginx prometheus \
     python3-grpcio python3-grpc-tools $torch
 
 # /usr/bin/python3 explicitly: the python3 first on PATH may be another
