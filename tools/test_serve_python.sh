@@ -20,3 +20,10 @@ SLUICE_SERVE_PROTO_OUT=$gen SLUICE_BUILD=$build \
 SLUICE_REAL_DATA=$(cd .. && pwd)/shared/data/real \
     "$venv/bin/python" -m pytest -q -p no:cacheprovider --basetemp=build-py/tmp-client \
     bindings/python/tests/test_client_serve.py bindings/python/tests/test_client_checks.py
+# and those left in bindings/serve-python/tests (the old names, by its shims)
+if ls bindings/serve-python/tests/test_*.py >/dev/null 2>&1; then
+    SLUICE_SERVE_PROTO_OUT=$gen SLUICE_BUILD=$build \
+    SLUICE_REAL_DATA=$(cd .. && pwd)/shared/data/real \
+        "$venv/bin/python" -m pytest -q -p no:cacheprovider --basetemp=build-py/tmp-serve \
+        bindings/serve-python/tests
+fi
