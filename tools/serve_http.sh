@@ -5,6 +5,8 @@
 # server. Configuration and logs live in a temporary directory, removed on
 # exit; nothing system-wide is touched.
 # usage: tools/serve_http.sh DIR PORT     (exit 77 when nginx is not installed)
+# SLUICE_HTTP_ACCESS_LOG=FILE logs each request to FILE as
+# "STATUS BODY_BYTES RANGE URI" (the Python tests count tensor bytes so).
 set -eu
 [ $# -eq 2 ] || { echo "usage: tools/serve_http.sh DIR PORT" >&2; exit 2; }
 dir=$(cd "$1" && pwd)
@@ -12,6 +14,8 @@ port=$2
 nginx=$(command -v nginx || echo /usr/sbin/nginx)
 [ -x "$nginx" ] || { echo "serve_http.sh: nginx is not installed (apt-get install nginx)" >&2; exit 77; }
 t=$(mktemp -d /tmp/sluice-http.XXXXXX)
+log="access_log off;"
+[ -z "${SLUICE_HTTP_ACCESS_LOG:-}" ] || log="log_format req '\$status \$body_bytes_sent \$http_range \$request_uri'; access_log $SLUICE_HTTP_ACCESS_LOG req;"
 user=""
 [ "$(id -u)" -ne 0 ] || user="user root;"
 cat >"$t/nginx.conf" <<CONF
@@ -21,7 +25,7 @@ pid $t/nginx.pid;
 error_log $t/error.log warn;
 events { worker_connections 256; }
 http {
-  access_log off;
+  $log
   client_body_temp_path $t/cb; proxy_temp_path $t/px;
   fastcgi_temp_path $t/fc; uwsgi_temp_path $t/uw; scgi_temp_path $t/sc;
   default_type application/octet-stream;

@@ -40,9 +40,6 @@ cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebI
 cmake --build build-fuzz -j "$jobs"
 sh tests/fuzz/run.sh build-fuzz "${SLUICE_FUZZ_SECONDS:-45}"
 
-echo "== Python binding (bindings/python), pytest"
-sh tools/test_python.sh
-
-echo "== Python client of sluice serve (bindings/serve-python), pytest, ASan server"
-sh tools/test_serve_python.sh build-asan
+echo "== Python package (bindings/python, sluice.client included), pytest, ASan sluice and server"
+sh tools/test_python.sh build-asan
 echo "all tests passed"

@@ -1,24 +1,29 @@
 #!/bin/sh
-# The Python client of `sluice serve` (bindings/serve-python/sluice_serve.py):
-# generates its gRPC modules from proto/ with Debian's python3-grpc-tools and
-# runs its pytest suite against the real server process of a build.
-# usage: tools/test_serve_python.sh [BUILD_DIR]   (default build-asan; tools/test.sh runs it)
-# Skipped (exit 0, said so) when BUILD_DIR has no sluice-serve (grpc++ not found).
+# The tests of sluice.client (the Python client of `sluice serve`, part of
+# the package since it moved from bindings/serve-python) alone, against the
+# real server of a build: for work on the client. tools/test_python.sh runs
+# them with the rest of the package's tests.
+# usage: tools/test_serve_python.sh [BUILD_DIR]   (default build-asan)
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 build=${1:-build-asan}
-if [ ! -x "$build/sluice-serve" ]; then
-    echo "test_serve_python: $build/sluice-serve not built (grpc++ missing): skipped"
-    exit 0
-fi
 sh tools/deps.sh python3-grpcio python3-grpc-tools python3-numpy python3-pytest python3-venv
-# /usr/bin/python3 explicitly: the python3 first on PATH may be another
-# interpreter that cannot see Debian's packages.
-venv=build-serve-py/venv
-[ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$venv"
-gen=build-serve-py/gen
+venv=build-py/venv
+if ! "$venv/bin/python" -c "import sluice" 2>/dev/null; then
+    [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$venv"
+    "$venv/bin/pip" install -q --no-build-isolation --no-deps --no-index --force-reinstall ./bindings/python
+fi
+gen=build-py/grpc-gen
 rm -rf "$gen"
 SLUICE_SERVE_PROTO_OUT=$gen SLUICE_BUILD=$build \
-SLUICE_REAL_DATA=$(cd .. && pwd)/shared/data/real PYTHONPATH=bindings/serve-python \
-    "$venv/bin/python" -m pytest -q -p no:cacheprovider --basetemp=build-serve-py/tmp bindings/serve-python/tests
+SLUICE_REAL_DATA=$(cd .. && pwd)/shared/data/real \
+    "$venv/bin/python" -m pytest -q -p no:cacheprovider --basetemp=build-py/tmp-client \
+    bindings/python/tests/test_client_serve.py bindings/python/tests/test_client_checks.py
+# and those left in bindings/serve-python/tests (the old names, by its shims)
+if ls bindings/serve-python/tests/test_*.py >/dev/null 2>&1; then
+    SLUICE_SERVE_PROTO_OUT=$gen SLUICE_BUILD=$build \
+    SLUICE_REAL_DATA=$(cd .. && pwd)/shared/data/real \
+        "$venv/bin/python" -m pytest -q -p no:cacheprovider --basetemp=build-py/tmp-serve \
+        bindings/serve-python/tests
+fi

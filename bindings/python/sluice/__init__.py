@@ -38,7 +38,8 @@ __all__ = [
     "NotFoundError", "NoFilesError", "InvalidArgumentError", "ClosedError", "RemoteError",
     "OutOfMemoryError", "PoolError", "TooLargeError", "PoolExhaustedError", "BusyError",
     "CancelledError", "BufferTooSmallError", "UnsupportedError", "parse_size",
-    "HAVE_ML_DTYPES", "algorithm_supported",
+    "HAVE_ML_DTYPES", "algorithm_supported", "features", "serve_metrics", "MetricsServer",
+    "Cache", "CacheEntry",
 ]
 
 
@@ -389,6 +390,19 @@ class Model:
         entry = self._m.manifest_entry(self._index(name))
         return None if entry is None else entry[1]
 
+    def source(self, name):
+        """Where the tensor's bytes come from: "" from the model's own
+        files, else the mirror and why ("fallback 1 (LOC), after: primary:
+        ..."; sluice_tensor_source). Acquires the tensor (read and
+        verified as get_tensor)."""
+        i = self._index(name)
+        return self._acquire(i, name).source
+
+    def metrics_text(self, openmetrics=False):
+        """The model's metrics, Prometheus text 0.0.4 (or OpenMetrics 1.0,
+        ending "# EOF"), as sluice_metrics_write renders them."""
+        return self._m.metrics_text(bool(openmetrics))
+
     def trim(self):
         """Gives the pool's free pages back to the system; returns bytes."""
         return self._m.trim()
@@ -591,9 +605,13 @@ def _stream_gen(cs, framework):
 def open(path, *, manifest=None, verify="default", pool=None, queue_depth=None, chunk=None,
          direct=False, hash_threads=None, io_threads=None, force_pread=False,
          trusted_keys=None, cache_dir=None, cache_bytes=None, trust_unchanged=False,
-         trusted_cas=None, signature_path=None):
+         trusted_cas=None, signature_path=None,
+         fallback=None, http_token=None, s3_endpoint=None, s3_region=None, s3_addressing=None,
+         remote_connections=None, remote_attempts=None, remote_deadline=None,
+         remote_ca_file=None, http_proxy=None, proxy_kind=None):
     """Opens a model: a .safetensors file, a directory of them, or a
-    *.safetensors.index.json. Reads headers only.
+    *.safetensors.index.json, local or remote (http://, https://, s3://:
+    see "Remote models and mirrors" in sluice.h). Reads headers only.
 
     manifest: a manifest path (default: the sidecar, when present).
     verify: "default" (require when a manifest is in play, else off),
@@ -624,8 +642,22 @@ def open(path, *, manifest=None, verify="default", pool=None, queue_depth=None, 
     tensor of a local file verified before, against the same digest, in
     the same unchanged file (device, inode, size, mtime, ctime), is not
     hashed again (stats' memo_tensors). A cache that cannot be used never
-    fails the open: Model.cache_warning says why.
+    fails the open: Model.cache_warning says why. For a remote model the
+    cache keeps its verified tensors, so that a later load (any process,
+    the sluice command too) reads them from disk, not the network.
+    Remote options (the C options of the same names): fallback: a list of
+    mirrors (directories, files or locations, tried in order; a manifest
+    is required); http_token (Bearer, http(s) only; default
+    $SLUICE_HTTP_TOKEN); s3_endpoint ($AWS_ENDPOINT_URL), s3_region
+    ($AWS_REGION), s3_addressing "path" or "virtual"; remote_connections,
+    remote_attempts; remote_deadline in seconds; remote_ca_file (PEM);
+    http_proxy (a proxy URL, "" for none; default the environment's
+    http_proxy/https_proxy/no_proxy) and proxy_kind "plain" or "dragonfly".
+    trusted_cas (CA certificates) and signature_path (default model.sig)
+    ask for an OpenSSF model-signing signature, as trusted EC keys do.
+    None: the library's default.
     """
+    _features.require_for_location(path)
     p = _fspath(path)
     mf = None if manifest is None else _fspath(manifest, "manifest")
     if not isinstance(verify, str):
@@ -675,6 +707,11 @@ def open(path, *, manifest=None, verify="default", pool=None, queue_depth=None, 
         kw["trusted_cas"] = cas
     if signature_path is not None:
         kw["signature_path"] = _fspath(signature_path, "signature_path")
+    remote = _remote_options(fallback, http_token, s3_endpoint, s3_region, s3_addressing,
+                             remote_connections, remote_attempts, remote_deadline,
+                             remote_ca_file, http_proxy, proxy_kind)
+    if remote:
+        kw["remote"] = remote
     core = _sluice.open(p, mf, **kw)
     return Model(core, _os.fsdecode(p))
 
@@ -691,6 +728,52 @@ def _path_list(value, name, what):
         if what in str(e):
             raise
         raise TypeError(f"{name} must be a list of paths, not {type(value).__name__}") from None
+
+
+_S3_ADDRESSING = {"path": 0, "virtual": 1}
+_PROXY_KINDS = {"plain": 0, "dragonfly": 1}
+
+
+def _remote_options(fallback, http_token, s3_endpoint, s3_region, s3_addressing,
+                    remote_connections, remote_attempts, remote_deadline, remote_ca_file,
+                    http_proxy=None, proxy_kind=None):
+    """The remote options of open as the C layer's dict (C names), None
+    left out (the library's default)."""
+    r = {}
+    if fallback is not None:
+        if isinstance(fallback, (str, bytes, _os.PathLike)):
+            raise TypeError("fallback must be a list of locations, not one location")
+        r["fallback"] = [_fspath(f, "a fallback location") for f in fallback]
+        for f in r["fallback"]:
+            _features.require_for_location(f)
+    for key, value in (("http_token", http_token), ("s3_endpoint", s3_endpoint),
+                       ("s3_region", s3_region), ("remote_ca_file", remote_ca_file),
+                       ("http_proxy", http_proxy)):
+        if value is not None:
+            r[key] = _fspath(value, key)
+    if s3_addressing is not None:
+        if s3_addressing not in _S3_ADDRESSING:
+            raise ValueError(f"s3_addressing must be 'path' or 'virtual', not {s3_addressing!r}")
+        r["s3_addressing"] = _S3_ADDRESSING[s3_addressing]
+    if proxy_kind is not None:
+        if proxy_kind not in _PROXY_KINDS:
+            raise ValueError(f"proxy_kind must be 'plain' or 'dragonfly', not {proxy_kind!r}")
+        r["proxy_kind"] = _PROXY_KINDS[proxy_kind]
+    for key, value in (("remote_connections", remote_connections),
+                       ("remote_attempts", remote_attempts)):
+        v = _opt_int(value, key, 1)
+        if v is not None:
+            r[key] = v
+    if remote_deadline is not None:
+        if isinstance(remote_deadline, bool) or not isinstance(remote_deadline, (int, float)):
+            raise TypeError(f"remote_deadline must be seconds (int or float), "
+                            f"not {type(remote_deadline).__name__}")
+        ms = round(remote_deadline * 1000)
+        if not 0 < ms <= 0xFFFFFFFF:
+            raise ValueError(f"remote_deadline must be in (0, 4294967] seconds, "
+                             f"not {remote_deadline}")
+        r["remote_deadline_ms"] = ms
+    return r
 
 
 def handle_of(array):
@@ -711,3 +794,7 @@ def handle_of(array):
 
 
 from ._safe_open import safe_open, load_file  # noqa: E402
+from . import _features  # noqa: E402
+from ._features import features  # noqa: E402
+from ._metrics import MetricsServer, serve_metrics  # noqa: E402
+from ._cache import Cache, CacheEntry  # noqa: E402

@@ -101,7 +101,8 @@ def _to_device(t, framework, device):
 class safe_open:
     """safe_open(path, framework="np"|"pt", device="cpu", **open_args): the
     reference's safe_open, on sluice. open_args: the keyword arguments of
-    sluice.open (manifest=, verify=, trusted_keys=, cache_dir=, ...)."""
+    sluice.open (manifest=, verify=, trusted_keys=, cache_dir=, and the remote
+    options fallback=, http_token=, s3_endpoint=, ...)."""
 
     def __init__(self, path, framework="np", device="cpu", **open_args):
         self._framework = _framework(framework)
@@ -397,7 +398,7 @@ class Slice:
 
 def load_file(path, framework="np", device="cpu", **open_args):
     """{name: tensor} of every tensor of path (a file, a directory or an
-    index.json), verified as safe_open verifies, zero copy (open_args as
+    index.json, local or remote), verified as safe_open verifies, zero copy (open_args as
     for sluice.open)."""
     with safe_open(path, framework=framework, device=device, **open_args) as f:
         return f.get_tensors()

@@ -35,6 +35,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "sluice.h"
 
@@ -42,6 +43,10 @@
  * keep the library busy while Python wraps the previous one, few enough
  * that the memory the queue holds stays a couple of tensors. */
 #define STREAM_QUEUE 2
+
+/* How often a Python thread waiting on a stream looks for signals
+ * (Ctrl-C): well under the 2 s a user waits before pressing it again. */
+#define STREAM_SIGNAL_MS 100
 
 static PyObject *make_error_fn; /* sluice._errors.make_error */
 
@@ -476,6 +481,12 @@ static PyObject *model_stats(ModelObject *self, PyObject *unused)
         {"disk_degraded", st.disk_degraded}, {"disk_busy", st.disk_busy},
         {"unverified", st.unverified},
         {"part_fallback_bytes", st.part_fallback_bytes},
+        /* remote sources and mirrors */
+        {"remote_reads", st.remote_reads}, {"remote_bytes", st.remote_bytes},
+        {"remote_retries", st.remote_retries}, {"remote_open_requests", st.remote_open_requests},
+        {"remote_open_bytes", st.remote_open_bytes}, {"fallback_tensors", st.fallback_tensors},
+        {"fallback_bytes", st.fallback_bytes}, {"fallback_failures", st.fallback_failures},
+        {"proxy_failures", st.proxy_failures}, {"proxy_bypass_bytes", st.proxy_bypass_bytes},
     };
     for (size_t k = 0; d && k < sizeof more / sizeof *more; k++) {
         PyObject *v = PyLong_FromUnsignedLongLong(more[k].value);
@@ -651,6 +662,13 @@ static PyObject *handle_digest(HandleObject *self, PyObject *unused)
     return PyBytes_FromStringAndSize((const char *)d, 32);
 }
 
+/* source -> "" when the bytes came from the model's own files, else the
+ * mirror and why (sluice_tensor_source). */
+static PyObject *handle_get_source(HandleObject *self, void *unused)
+{
+    return msg_str(sluice_tensor_source(self->t));
+}
+
 static PyMethodDef handle_methods[] = {
     {"digest", (PyCFunction)handle_digest, METH_NOARGS,
      "The SHA-256 of the bytes as the library computed it, or None."},
@@ -662,6 +680,8 @@ static PyGetSetDef handle_getset[] = {
     {"nbytes", (getter)handle_get_nbytes, NULL, "bytes of the tensor", NULL},
     {"index", (getter)handle_get_index, NULL, "the tensor's index in the model", NULL},
     {"model", (getter)handle_get_model, NULL, "the _sluice.Model it belongs to", NULL},
+    {"source", (getter)handle_get_source, NULL,
+     "where the bytes came from: '' (the model's files) or the mirror and why", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -1116,7 +1136,12 @@ typedef struct {
     int abandoned;       /* the consumer stopped: drop further deliveries */
     int rc;              /* what it returned */
     char *final_message; /* its detail, read on the stream's thread */
+    sluice_cancel *cancel; /* requested by stream_stop: a stream waiting on a
+                              read (a remote one above all) returns at once */
 } StreamObject;
+
+static void stream_cond_init(pthread_cond_t *c);
+static int stream_take(StreamObject *s, StreamItem *it, int *have);
 
 static int stream_deliver(void *user, sluice_tensor *t, int status,
                           const struct sluice_tensor_info *info, const char *message)
@@ -1145,7 +1170,10 @@ static void *stream_thread(void *arg)
 {
     StreamObject *s = arg;
     sluice_model *m = s->m;
-    int rc = sluice_stream(m, s->names, s->names ? s->n : 0, stream_deliver, s);
+    sluice_stream_options so;
+    sluice_stream_options_init(&so);
+    so.cancel = s->cancel;
+    int rc = sluice_stream_ex(m, s->names, s->names ? s->n : 0, stream_deliver, s, &so);
     char *msg = NULL;
     if (rc != SLUICE_OK)
         msg = strdup(sluice_errmsg(m));
@@ -1185,10 +1213,15 @@ static PyObject *model_stream(ModelObject *self, PyObject *arg)
     s->finished = s->abandoned = 0;
     s->rc = SLUICE_OK;
     s->final_message = NULL;
+    s->cancel = NULL;
     pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->item_ready, NULL);
+    stream_cond_init(&s->item_ready);
     pthread_cond_init(&s->space_free, NULL);
     self->streams++;
+    if (sluice_cancel_create(&s->cancel) != SLUICE_OK) {
+        Py_DECREF(s);
+        return PyErr_NoMemory();
+    }
     int err = pthread_create(&s->thread, NULL, stream_thread, s);
     if (err != 0) {
         Py_DECREF(s); /* dealloc undoes the rest */
@@ -1212,6 +1245,7 @@ static void stream_stop(StreamObject *s)
         s->abandoned = 1;
         pthread_cond_broadcast(&s->space_free);
         pthread_mutex_unlock(&s->mu);
+        sluice_cancel_request(s->cancel); /* no wait for reads in flight */
         pthread_join(s->thread, NULL);
         Py_END_ALLOW_THREADS
     }
@@ -1238,6 +1272,7 @@ static void stream_stop(StreamObject *s)
 static void stream_dealloc(StreamObject *s)
 {
     stream_stop(s);
+    sluice_cancel_free(s->cancel);
     free(s->final_message);
     PyMem_Free(s->names);
     pthread_mutex_destroy(&s->mu);
@@ -1279,6 +1314,43 @@ static PyObject *stream_item_tuple(StreamObject *s, StreamItem *it)
     return Py_BuildValue("(nOiNN)", (Py_ssize_t)it->index, Py_None, it->status, text, info);
 }
 
+/* item_ready waits on the monotonic clock (stream_take's slices). */
+static void stream_cond_init(pthread_cond_t *c)
+{
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(c, &a);
+    pthread_condattr_destroy(&a);
+}
+
+/* Waits at most STREAM_SIGNAL_MS for a delivery, without the GIL: takes
+ * one into *it (*have = 1), or sees the end. Returns 1 when done waiting
+ * (an item or the end), 0 when the slice ran out, so that the caller can
+ * look for signals with the GIL (a Ctrl-C must not wait for the network). */
+static int stream_take(StreamObject *s, StreamItem *it, int *have)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_nsec += STREAM_SIGNAL_MS * 1000000L;
+    until.tv_sec += until.tv_nsec / 1000000000L;
+    until.tv_nsec %= 1000000000L;
+    pthread_mutex_lock(&s->mu);
+    while (s->count == 0 && !s->finished)
+        if (pthread_cond_timedwait(&s->item_ready, &s->mu, &until) == ETIMEDOUT)
+            break;
+    int done = s->count > 0 || s->finished;
+    if (s->count) {
+        *it = s->queue[s->head];
+        s->head = (s->head + 1) % STREAM_QUEUE;
+        s->count--;
+        *have = 1;
+        pthread_cond_signal(&s->space_free);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return done;
+}
+
 /* next_item() -> (index, Handle, 0, None, info) for a tensor, (index, None,
  * code, message, info) for a failure, None at the end (then see result());
  * info the tuple of Model.info. */
@@ -1292,19 +1364,21 @@ static PyObject *stream_next_item(StreamObject *s, PyObject *unused)
      * (Stream.close) cannot let the model close under the item taken. */
     ModelObject *model = s->model;
     model->in_flight++;
-    Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&s->mu);
-    while (s->count == 0 && !s->finished)
-        pthread_cond_wait(&s->item_ready, &s->mu);
-    if (s->count) {
-        it = s->queue[s->head];
-        s->head = (s->head + 1) % STREAM_QUEUE;
-        s->count--;
-        have = 1;
-        pthread_cond_signal(&s->space_free);
+    for (;;) {
+        int done;
+        Py_BEGIN_ALLOW_THREADS
+        done = stream_take(s, &it, &have);
+        Py_END_ALLOW_THREADS
+        if (done)
+            break;
+        /* Ctrl-C while waiting: the handler's exception (KeyboardInterrupt)
+         * is raised here; the iterator's close() then cancels the stream. */
+        if (PyErr_CheckSignals() < 0) {
+            model->in_flight--;
+            model_maybe_close(model);
+            return NULL;
+        }
     }
-    pthread_mutex_unlock(&s->mu);
-    Py_END_ALLOW_THREADS
     PyObject *r;
     if (have) {
         r = stream_item_tuple(s, &it); /* its Handle now counts in live */
@@ -1355,6 +1429,8 @@ static PyTypeObject StreamType = {
 
 /* ------------------------------------------------------------ Model type */
 
+static PyObject *model_metrics_text(ModelObject *self, PyObject *arg);
+
 static PyMethodDef model_methods[] = {
     {"close", (PyCFunction)model_close, METH_NOARGS,
      "Close; deferred while arrays, streams or calls still use the model."},
@@ -1387,6 +1463,8 @@ static PyMethodDef model_methods[] = {
     {"prefetch", (PyCFunction)model_prefetch, METH_O, "Read-ahead hint by indices."},
     {"stream", (PyCFunction)model_stream, METH_O, "Start a stream over indices (or None)."},
     {"trim", (PyCFunction)model_trim, METH_NOARGS, "Give memory back; bytes released."},
+    {"metrics_text", (PyCFunction)model_metrics_text, METH_O,
+     "metrics_text(openmetrics) -> the model's exposition."},
     {"verify", (PyCFunction)model_verify, METH_VARARGS,
      "sluice_verify over indices (or None), files, threads (GIL released)."},
     {NULL, NULL, 0, NULL},
@@ -1477,6 +1555,107 @@ static int trusted_keys_arg(PyObject *arg, PyObject **keys, const char ***paths,
     return paths_arg("trusted_keys", arg, keys, paths, n);
 }
 
+/* ------------------------------------------------- remote models, mirrors */
+
+/* One string option of the remote dict: bytes (file system encoding) kept
+ * alive in keep until after sluice_open. Returns 0 (absent: *out left),
+ * -1 with an exception. */
+static int remote_str(PyObject *remote, const char *key, PyObject *keep, const char **out)
+{
+    PyObject *v = PyDict_GetItemString(remote, key); /* borrowed */
+    if (!v || v == Py_None)
+        return 0;
+    PyObject *b = NULL;
+    if (!PyUnicode_FSConverter(v, &b))
+        return -1;
+    int rc = PyList_Append(keep, b);
+    Py_DECREF(b); /* keep holds it */
+    if (rc < 0)
+        return -1;
+    *out = PyBytes_AS_STRING(b);
+    return 0;
+}
+
+static int remote_u32(PyObject *remote, const char *key, uint32_t *out)
+{
+    PyObject *v = PyDict_GetItemString(remote, key);
+    if (!v || v == Py_None)
+        return 0;
+    unsigned int u;
+    if (!u32_arg(v, &u))
+        return -1;
+    *out = u;
+    return 0;
+}
+
+/* The remote options of sluice.open, as a dict of the C names (the Python
+ * layer checks and converts them): fallback (a list of locations),
+ * http_token, s3_endpoint, s3_region, remote_ca_file, http_proxy, proxy_kind, s3_addressing,
+ * remote_connections, remote_attempts, remote_deadline_ms. None or an
+ * absent key: the library's default (and its environment variables).
+ * *keep (a list, to be released after the open) holds the bytes the
+ * strings point into; *fallback (PyMem) the array of mirrors. */
+static int remote_opts_arg(PyObject *remote, sluice_options *o, PyObject **keep,
+                           const char ***fallback)
+{
+    *keep = NULL;
+    *fallback = NULL;
+    if (remote == Py_None)
+        return 0;
+    if (!PyDict_Check(remote)) {
+        PyErr_SetString(PyExc_TypeError, "remote must be a dict");
+        return -1;
+    }
+    *keep = PyList_New(0);
+    if (!*keep)
+        return -1;
+    if (remote_str(remote, "http_token", *keep, &o->http_token) < 0 ||
+        remote_str(remote, "s3_endpoint", *keep, &o->s3_endpoint) < 0 ||
+        remote_str(remote, "s3_region", *keep, &o->s3_region) < 0 ||
+        remote_str(remote, "remote_ca_file", *keep, &o->remote_ca_file) < 0 ||
+        remote_str(remote, "http_proxy", *keep, &o->http_proxy) < 0 ||
+        remote_u32(remote, "proxy_kind", &o->proxy_kind) < 0 ||
+        remote_u32(remote, "s3_addressing", &o->s3_addressing) < 0 ||
+        remote_u32(remote, "remote_connections", &o->remote_connections) < 0 ||
+        remote_u32(remote, "remote_attempts", &o->remote_attempts) < 0 ||
+        remote_u32(remote, "remote_deadline_ms", &o->remote_deadline_ms) < 0)
+        goto fail;
+    PyObject *fb = PyDict_GetItemString(remote, "fallback");
+    if (fb && fb != Py_None) {
+        PyObject *fast = PySequence_Fast(fb, "fallback must be a list of locations");
+        if (!fast)
+            goto fail;
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(fast);
+        *fallback = PyMem_Calloc((size_t)n + 1, sizeof **fallback);
+        if (!*fallback) {
+            Py_DECREF(fast);
+            PyErr_NoMemory();
+            goto fail;
+        }
+        for (Py_ssize_t k = 0; k < n; k++) {
+            PyObject *b = NULL;
+            if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(fast, k), &b) ||
+                PyList_Append(*keep, b) < 0) {
+                Py_XDECREF(b);
+                Py_DECREF(fast);
+                goto fail;
+            }
+            Py_DECREF(b);
+            (*fallback)[k] = PyBytes_AS_STRING(b);
+        }
+        Py_DECREF(fast);
+        /* more than the library's 16 reach it as is: its SLUICE_E_INVAL */
+        o->fallback = n ? *fallback : NULL;
+        o->fallback_count = n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+    }
+    return 0;
+fail:
+    Py_CLEAR(*keep);
+    PyMem_Free(*fallback);
+    *fallback = NULL;
+    return -1;
+}
+
 /* open(path, manifest, verify, pool, queue_depth, chunk, direct,
  *      hash_threads, io_threads, force_pread, trusted_keys, cache_dir,
  *      cache_bytes, trust_unchanged) -> Model. 0 (or -1 for the thread
@@ -1489,22 +1668,23 @@ static PyObject *mod_open(PyObject *mod, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"path", "manifest", "verify", "pool", "queue_depth", "chunk",
                              "direct", "hash_threads", "io_threads", "force_pread",
                              "trusted_keys", "cache_dir", "cache_bytes", "trust_unchanged",
-                             "trusted_cas", "signature_path", NULL};
+                             "trusted_cas", "signature_path", "remote", NULL};
     PyObject *path = NULL, *manifest = NULL, *trusted = Py_None, *cache_dir = NULL;
     PyObject *cas_arg = Py_None, *sig_path = NULL;
-    PyObject *cache_bytes = Py_None;
+    PyObject *cache_bytes = Py_None, *remote = Py_None, *remote_keep = NULL;
+    const char **fallback = NULL;
     int verify = SLUICE_VERIFY_DEFAULT, direct = 0, force_pread = 0, trust_unchanged = 0;
     unsigned long long pool = 0, chunk = 0;
     unsigned int queue_depth = 0;
     int hash_threads = -1, io_threads = -1;
     unsigned long long cache_budget = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|O&iO&O&O&piipOO&OpOO&", kwlist,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|O&iO&O&O&piipOO&OpOO&O", kwlist,
                                      PyUnicode_FSConverter, &path, fs_or_none, &manifest,
                                      &verify, u64_arg, &pool, u32_arg, &queue_depth, u64_arg,
                                      &chunk, &direct, &hash_threads, &io_threads,
                                      &force_pread, &trusted, fs_or_none, &cache_dir,
                                      &cache_bytes, &trust_unchanged, &cas_arg, fs_or_none,
-                                     &sig_path) ||
+                                     &sig_path, &remote) ||
         (cache_bytes != Py_None && !u64_arg(cache_bytes, &cache_budget))) {
         Py_XDECREF(path);
         Py_XDECREF(manifest);
@@ -1558,6 +1738,17 @@ static PyObject *mod_open(PyObject *mod, PyObject *args, PyObject *kw)
         o.ntrusted_cas = ncas;
     }
     o.signature_path = sig_path ? PyBytes_AS_STRING(sig_path) : NULL;
+    if (remote_opts_arg(remote, &o, &remote_keep, &fallback) < 0) {
+        Py_DECREF(path);
+        Py_XDECREF(manifest);
+        Py_XDECREF(cache_dir);
+        Py_XDECREF(keys);
+        PyMem_Free(key_paths);
+        Py_XDECREF(cas);
+        PyMem_Free(ca_paths);
+        Py_XDECREF(sig_path);
+        return NULL;
+    }
     const char *cpath = PyBytes_AS_STRING(path);
 
     sluice_model *m = NULL;
@@ -1579,6 +1770,8 @@ static PyObject *mod_open(PyObject *mod, PyObject *args, PyObject *kw)
     Py_XDECREF(cas);
     PyMem_Free(ca_paths);
     Py_XDECREF(sig_path);
+    Py_XDECREF(remote_keep);
+    PyMem_Free(fallback);
     if (rc != SLUICE_OK)
         return raise_code(rc, message);
 
@@ -1639,6 +1832,520 @@ static PyObject *mod_dtype_bits(PyObject *mod, PyObject *arg)
     return NULL;
 }
 
+/* ----------------------------------------------------- features, metrics */
+
+/* features() -> dict: what this build has (CMake's findings, compiled in
+ * by bindings/python/CMakeLists.txt). */
+static PyObject *mod_features(PyObject *mod, PyObject *unused)
+{
+    int curl = 0, sqlite = 0, mhd = 0;
+#ifdef SLUICE_PY_HAVE_CURL
+    curl = 1;
+#endif
+#ifdef SLUICE_PY_HAVE_SQLITE
+    sqlite = 1;
+#endif
+#ifdef SLUICE_PY_HAVE_MICROHTTPD
+    mhd = 1;
+#endif
+    return Py_BuildValue("{sOsOsOsOsO}", "remote", curl ? Py_True : Py_False,
+                         "s3", curl ? Py_True : Py_False, "cache", sqlite ? Py_True : Py_False,
+                         "blake3", sluice_algorithm_supported(SLUICE_ALG_BLAKE3) ? Py_True
+                                                                                 : Py_False,
+                         "metrics_http", mhd ? Py_True : Py_False);
+}
+
+/* metrics_text(openmetrics) -> str: the model's exposition
+ * (sluice_metrics_write), grown until it fits (the counters move). */
+static PyObject *model_metrics_text(ModelObject *self, PyObject *arg)
+{
+    int om = PyObject_IsTrue(arg);
+    if (om < 0 || !model_usable(self))
+        return NULL;
+    sluice_metrics_format f = om ? SLUICE_METRICS_OPENMETRICS : SLUICE_METRICS_PROMETHEUS;
+    size_t need = 0;
+    int rc = sluice_metrics_write(self->m, NULL, 0, &need, f);
+    for (int tries = 0; tries < 8; tries++) {
+        if (rc != SLUICE_OK && rc != SLUICE_E_BUFFER)
+            return raise_model(self, rc);
+        size_t cap = need + need / 4 + 4096;
+        char *buf = PyMem_Malloc(cap);
+        if (!buf)
+            return PyErr_NoMemory();
+        rc = sluice_metrics_write(self->m, buf, cap, &need, f);
+        if (rc == SLUICE_OK) {
+            PyObject *r = PyUnicode_DecodeUTF8(buf, (Py_ssize_t)strlen(buf), "replace");
+            PyMem_Free(buf);
+            return r;
+        }
+        PyMem_Free(buf);
+    }
+    return raise_code(SLUICE_E_BUFFER, "the metrics kept growing while being rendered");
+}
+
+/* A sluice_metrics_server. Each model added counts as a call in flight on
+ * it (in_flight), so that the library's model stays open while the server
+ * may render it, even after Model.close(): the library asks for a model
+ * to be removed before it is closed, and this keeps that true. */
+typedef struct {
+    PyObject_HEAD
+    sluice_metrics_server *s; /* NULL once closed */
+    PyObject *models;         /* list of the ModelObjects served */
+} MetricsServerObject;
+
+static PyTypeObject MetricsServerType;
+
+/* serve_metrics(host, port) -> MetricsServer, listening. */
+static PyObject *mod_serve_metrics(PyObject *mod, PyObject *args)
+{
+    const char *host;
+    unsigned int port;
+    if (!PyArg_ParseTuple(args, "sO&", &host, u32_arg, &port))
+        return NULL;
+    if (port > 65535) {
+        PyErr_Format(PyExc_ValueError, "port %u is not a TCP port (0..65535)", port);
+        return NULL;
+    }
+    sluice_metrics_server *srv = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sluice_metrics_serve(host, port, &srv);
+    Py_END_ALLOW_THREADS
+    if (rc == SLUICE_E_UNSUPPORTED)
+        return raise_code(rc, "this build of the sluice package has no metrics endpoint: "
+                              "it was built without libmicrohttpd (apt-get install "
+                              "libmicrohttpd-dev, then reinstall the package)");
+    if (rc != SLUICE_OK) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "cannot serve metrics on %s port %u: %s", host, port,
+                 sluice_strerror(rc));
+        return raise_code(rc, msg);
+    }
+    MetricsServerObject *self = PyObject_New(MetricsServerObject, &MetricsServerType);
+    if (!self || !(self->models = PyList_New(0))) {
+        if (self)
+            PyObject_Free(self);
+        sluice_metrics_server_free(srv);
+        return PyErr_NoMemory();
+    }
+    self->s = srv;
+    return (PyObject *)self;
+}
+
+static int metrics_server_open(MetricsServerObject *self)
+{
+    if (!self->s) {
+        raise_code(SLUICE_E_INVAL, "the metrics server is closed");
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *metrics_server_add(MetricsServerObject *self, PyObject *arg)
+{
+    if (!metrics_server_open(self))
+        return NULL;
+    if (!PyObject_TypeCheck(arg, &ModelType)) {
+        PyErr_SetString(PyExc_TypeError, "add() takes a _sluice.Model");
+        return NULL;
+    }
+    ModelObject *m = (ModelObject *)arg;
+    int has = PySequence_Contains(self->models, arg);
+    if (has < 0)
+        return NULL;
+    if (has)
+        Py_RETURN_NONE; /* served once, as the library does */
+    if (!model_usable(m))
+        return NULL;
+    int rc = sluice_metrics_server_add(self->s, m->m);
+    if (rc != SLUICE_OK)
+        return raise_code(rc, sluice_errmsg(m->m));
+    if (PyList_Append(self->models, arg) < 0) {
+        sluice_metrics_server_remove(self->s, m->m);
+        return NULL;
+    }
+    m->in_flight++;
+    Py_RETURN_NONE;
+}
+
+/* Stops serving models[k] and lets its deferred close happen. */
+static void metrics_server_drop(MetricsServerObject *self, Py_ssize_t k)
+{
+    ModelObject *m = (ModelObject *)Py_NewRef(PyList_GET_ITEM(self->models, k));
+    sluice_metrics_server *srv = self->s;
+    sluice_model *lm = m->m;
+    Py_BEGIN_ALLOW_THREADS
+    sluice_metrics_server_remove(srv, lm); /* waits for a scrape rendering it */
+    Py_END_ALLOW_THREADS
+    PySequence_DelItem(self->models, k);
+    m->in_flight--;
+    model_maybe_close(m);
+    Py_DECREF(m);
+}
+
+static PyObject *metrics_server_remove(MetricsServerObject *self, PyObject *arg)
+{
+    if (!metrics_server_open(self))
+        return NULL;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(self->models); k++)
+        if (PyList_GET_ITEM(self->models, k) == arg) {
+            metrics_server_drop(self, k);
+            Py_RETURN_NONE;
+        }
+    return raise_code(SLUICE_E_NOT_FOUND, "the metrics server does not serve this model");
+}
+
+static void metrics_server_do_close(MetricsServerObject *self)
+{
+    if (!self->s)
+        return;
+    while (PyList_GET_SIZE(self->models) > 0)
+        metrics_server_drop(self, PyList_GET_SIZE(self->models) - 1);
+    sluice_metrics_server *srv = self->s;
+    self->s = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    sluice_metrics_server_free(srv);
+    Py_END_ALLOW_THREADS
+}
+
+static PyObject *metrics_server_close(MetricsServerObject *self, PyObject *unused)
+{
+    metrics_server_do_close(self);
+    Py_RETURN_NONE;
+}
+
+static void metrics_server_dealloc(MetricsServerObject *self)
+{
+    metrics_server_do_close(self);
+    Py_XDECREF(self->models);
+    PyObject_Free(self);
+}
+
+static PyObject *metrics_server_get_port(MetricsServerObject *self, void *unused)
+{
+    return PyLong_FromUnsignedLong(self->s ? sluice_metrics_server_port(self->s) : 0);
+}
+
+static PyObject *metrics_server_get_models(MetricsServerObject *self, void *unused)
+{
+    return PyList_AsTuple(self->models);
+}
+
+static PyMethodDef metrics_server_methods[] = {
+    {"add", (PyCFunction)metrics_server_add, METH_O, "Serve this model's metrics too."},
+    {"remove", (PyCFunction)metrics_server_remove, METH_O, "Stop serving this model."},
+    {"close", (PyCFunction)metrics_server_close, METH_NOARGS, "Stop listening; idempotent."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef metrics_server_getset[] = {
+    {"port", (getter)metrics_server_get_port, NULL, "the port listened on (0 once closed)", NULL},
+    {"models", (getter)metrics_server_get_models, NULL, "the _sluice.Models served", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject MetricsServerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "sluice._sluice.MetricsServer",
+    .tp_basicsize = sizeof(MetricsServerObject),
+    .tp_dealloc = (destructor)metrics_server_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "An HTTP endpoint of the models' metrics (sluice_metrics_serve).",
+    .tp_methods = metrics_server_methods,
+    .tp_getset = metrics_server_getset,
+};
+
+/* ------------------------------------------------------------------ cache */
+
+/* A cache directory opened for administration (sluice_cache_open), as
+ * `sluice cache` uses it. The calls run without the GIL (a verify rehashes
+ * every blob); busy keeps them one at a time per handle, as the library
+ * asks. */
+typedef struct {
+    PyObject_HEAD
+    sluice_cache *c; /* NULL once closed */
+    int busy;
+} CacheObject;
+
+static PyTypeObject CacheType;
+
+/* One entry copied out of a callback, for a list built after the call. */
+typedef struct {
+    sluice_cache_entry e; /* e.source points into source */
+    char *source;
+    char *why;
+} CacheRow;
+
+typedef struct {
+    CacheRow *rows;
+    size_t n, cap;
+    int nomem;
+} CacheRows;
+
+static void cache_rows_add(CacheRows *r, const sluice_cache_entry *e, const char *why)
+{
+    if (r->nomem)
+        return;
+    if (r->n == r->cap) {
+        size_t cap = r->cap ? 2 * r->cap : 64;
+        CacheRow *v = realloc(r->rows, cap * sizeof *v);
+        if (!v) {
+            r->nomem = 1;
+            return;
+        }
+        r->rows = v;
+        r->cap = cap;
+    }
+    CacheRow *row = &r->rows[r->n];
+    row->e = *e;
+    row->source = strdup(e->source ? e->source : "");
+    row->why = why ? strdup(why) : NULL;
+    if (!row->source || (why && !row->why)) {
+        free(row->source);
+        free(row->why);
+        r->nomem = 1;
+        return;
+    }
+    r->n++;
+}
+
+static void cache_rows_free(CacheRows *r)
+{
+    for (size_t k = 0; k < r->n; k++) {
+        free(r->rows[k].source);
+        free(r->rows[k].why);
+    }
+    free(r->rows);
+}
+
+static int cache_list_fn(void *user, const sluice_cache_entry *e)
+{
+    cache_rows_add(user, e, NULL);
+    return 0;
+}
+
+static void cache_verify_fn(void *user, const sluice_cache_entry *e, const char *why)
+{
+    cache_rows_add(user, e, why ? why : "");
+}
+
+/* The rows as a list of tuples (algorithm, digest, bytes, source,
+ * created_ns, last_access_ns, present[, why]). */
+static PyObject *cache_rows_list(CacheRows *r, int with_why)
+{
+    if (r->nomem)
+        return PyErr_NoMemory();
+    PyObject *list = PyList_New((Py_ssize_t)r->n);
+    for (size_t k = 0; list && k < r->n; k++) {
+        const CacheRow *row = &r->rows[k];
+        PyObject *src = msg_str(row->source);
+        PyObject *t = !src ? NULL
+                           : Py_BuildValue("(ssKNLLO)", sluice_algorithm_name(row->e.algorithm),
+                                           row->e.digest, (unsigned long long)row->e.bytes, src,
+                                           (long long)row->e.created_ns,
+                                           (long long)row->e.last_access_ns,
+                                           row->e.present ? Py_True : Py_False);
+        if (t && with_why) { /* verify's rows: the same and why */
+            PyObject *why = Py_BuildValue("(N)", msg_str(row->why));
+            Py_SETREF(t, why ? PySequence_Concat(t, why) : NULL);
+            Py_XDECREF(why);
+        }
+        if (!t) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)k, t);
+    }
+    return list;
+}
+
+static PyObject *raise_cache(CacheObject *self, int rc)
+{
+    if (rc == SLUICE_E_UNSUPPORTED)
+        return raise_code(rc, "this build of the sluice package has no persistent cache: it "
+                              "was built without SQLite (apt-get install libsqlite3-dev, then "
+                              "reinstall the package)");
+    return raise_code(rc, self->c ? sluice_cache_errmsg(self->c) : NULL);
+}
+
+/* Cache(dir or None) */
+static PyObject *cache_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"dir", NULL};
+    PyObject *dir = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O&", kwlist, fs_or_none, &dir))
+        return NULL;
+    const char *d = dir ? PyBytes_AS_STRING(dir) : NULL;
+    sluice_cache *c = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sluice_cache_open(d, &c);
+    Py_END_ALLOW_THREADS
+    Py_XDECREF(dir);
+    CacheObject *self = (CacheObject *)type->tp_alloc(type, 0);
+    if (!self) {
+        sluice_cache_close(c);
+        return NULL;
+    }
+    self->c = c;
+    self->busy = 0;
+    if (rc != SLUICE_OK || !c) {
+        raise_cache(self, c ? rc : SLUICE_E_NOMEM);
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static int cache_begin(CacheObject *self)
+{
+    if (!self->c) {
+        raise_code(SLUICE_E_INVAL, "the cache is closed");
+        return 0;
+    }
+    if (self->busy) {
+        raise_code(SLUICE_E_BUSY, "the cache handle is in use by another thread");
+        return 0;
+    }
+    self->busy = 1;
+    return 1;
+}
+
+/* ls() -> [(algorithm, digest, bytes, source, created_ns, last_access_ns,
+ * present)], least recently used first. */
+static PyObject *cache_ls(CacheObject *self, PyObject *unused)
+{
+    if (!cache_begin(self))
+        return NULL;
+    CacheRows rows = {0};
+    int rc;
+    sluice_cache *c = self->c;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sluice_cache_list(c, cache_list_fn, &rows);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    PyObject *r = rc == SLUICE_OK ? cache_rows_list(&rows, 0) : raise_cache(self, rc);
+    cache_rows_free(&rows);
+    return r;
+}
+
+/* du() -> (bytes, entries) */
+static PyObject *cache_du(CacheObject *self, PyObject *unused)
+{
+    if (!cache_begin(self))
+        return NULL;
+    uint64_t bytes = 0, entries = 0;
+    int rc;
+    sluice_cache *c = self->c;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sluice_cache_usage(c, &bytes, &entries);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    if (rc != SLUICE_OK)
+        return raise_cache(self, rc);
+    return Py_BuildValue("(KK)", (unsigned long long)bytes, (unsigned long long)entries);
+}
+
+/* gc(max_bytes) / clear() -> (freed_bytes, freed_entries) */
+static PyObject *cache_gc_or_clear(CacheObject *self, int clear, uint64_t max_bytes)
+{
+    if (!cache_begin(self))
+        return NULL;
+    uint64_t fb = 0, fe = 0;
+    int rc;
+    sluice_cache *c = self->c;
+    Py_BEGIN_ALLOW_THREADS
+    rc = clear ? sluice_cache_clear(c, &fb, &fe) : sluice_cache_gc(c, max_bytes, &fb, &fe);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    if (rc != SLUICE_OK)
+        return raise_cache(self, rc);
+    return Py_BuildValue("(KK)", (unsigned long long)fb, (unsigned long long)fe);
+}
+
+static PyObject *cache_gc(CacheObject *self, PyObject *arg)
+{
+    unsigned long long max_bytes;
+    if (!u64_arg(arg, &max_bytes))
+        return NULL;
+    return cache_gc_or_clear(self, 0, max_bytes);
+}
+
+static PyObject *cache_clear(CacheObject *self, PyObject *unused)
+{
+    return cache_gc_or_clear(self, 1, 0);
+}
+
+/* verify() -> (checked, dropped, [(algorithm, digest, bytes, source,
+ * created_ns, last_access_ns, present, why)]) */
+static PyObject *cache_verify(CacheObject *self, PyObject *unused)
+{
+    if (!cache_begin(self))
+        return NULL;
+    CacheRows rows = {0};
+    uint64_t checked = 0, dropped = 0;
+    int rc;
+    sluice_cache *c = self->c;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sluice_cache_verify(c, &checked, &dropped, cache_verify_fn, &rows);
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    PyObject *list = rc == SLUICE_OK ? cache_rows_list(&rows, 1) : raise_cache(self, rc);
+    cache_rows_free(&rows);
+    if (!list)
+        return NULL;
+    return Py_BuildValue("(KKN)", (unsigned long long)checked, (unsigned long long)dropped, list);
+}
+
+static PyObject *cache_close(CacheObject *self, PyObject *unused)
+{
+    if (self->busy)
+        return raise_code(SLUICE_E_BUSY, "the cache handle is in use by another thread");
+    sluice_cache_close(self->c);
+    self->c = NULL;
+    Py_RETURN_NONE;
+}
+
+static void cache_dealloc(CacheObject *self)
+{
+    sluice_cache_close(self->c); /* busy is 0: a call holds a reference */
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *cache_get_path(CacheObject *self, void *unused)
+{
+    if (!self->c)
+        Py_RETURN_NONE;
+    return path_str(sluice_cache_path(self->c));
+}
+
+static PyMethodDef cache_methods[] = {
+    {"ls", (PyCFunction)cache_ls, METH_NOARGS, "Every entry, least recently used first."},
+    {"du", (PyCFunction)cache_du, METH_NOARGS, "(bytes, entries) recorded."},
+    {"gc", (PyCFunction)cache_gc, METH_O, "Evict down to max_bytes: (freed_bytes, freed_entries)."},
+    {"clear", (PyCFunction)cache_clear, METH_NOARGS, "Delete everything: (freed_bytes, freed_entries)."},
+    {"verify", (PyCFunction)cache_verify, METH_NOARGS, "Rehash every blob: (checked, dropped, rows)."},
+    {"close", (PyCFunction)cache_close, METH_NOARGS, "Free the handle."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef cache_getset[] = {
+    {"path", (getter)cache_get_path, NULL, "the cache directory", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject CacheType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "sluice._sluice.Cache",
+    .tp_basicsize = sizeof(CacheObject),
+    .tp_dealloc = (destructor)cache_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A cache directory opened for administration (sluice_cache_open).",
+    .tp_methods = cache_methods,
+    .tp_getset = cache_getset,
+    .tp_new = cache_new,
+};
+
 #ifdef SLUICE_PY_TEST_HOOKS
 /* _fail_next_close(code): the next close of a library model, by any Model,
  * fails with code and leaves the model open. Tests only. */
@@ -1660,6 +2367,9 @@ static PyMethodDef module_methods[] = {
     {"open", (PyCFunction)(void (*)(void))mod_open, METH_VARARGS | METH_KEYWORDS,
      "Open a model (see sluice.open)."},
     {"strerror", (PyCFunction)mod_strerror, METH_O, "Name of a status code."},
+    {"features", (PyCFunction)mod_features, METH_NOARGS, "What this build has."},
+    {"serve_metrics", (PyCFunction)mod_serve_metrics, METH_VARARGS,
+     "serve_metrics(host, port) -> MetricsServer (sluice_metrics_serve)."},
     {"dtype_bits", (PyCFunction)mod_dtype_bits, METH_O, "Bits per element of a dtype name."},
     {"part_dims", (PyCFunction)mod_part_dims, METH_VARARGS,
      "The dim the rules split each (name, ndim) along, -1 replicated."},
@@ -1677,7 +2387,8 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC PyInit__sluice(void)
 {
     if (PyType_Ready(&ModelType) < 0 || PyType_Ready(&HandleType) < 0 ||
-        PyType_Ready(&StreamType) < 0)
+        PyType_Ready(&StreamType) < 0 || PyType_Ready(&MetricsServerType) < 0 ||
+        PyType_Ready(&CacheType) < 0)
         return NULL;
     PyObject *errors = PyImport_ImportModule("sluice._errors");
     if (!errors)
@@ -1692,6 +2403,8 @@ PyMODINIT_FUNC PyInit__sluice(void)
     if (PyModule_AddObjectRef(m, "Model", (PyObject *)&ModelType) < 0 ||
         PyModule_AddObjectRef(m, "Handle", (PyObject *)&HandleType) < 0 ||
         PyModule_AddObjectRef(m, "Stream", (PyObject *)&StreamType) < 0 ||
+        PyModule_AddObjectRef(m, "MetricsServer", (PyObject *)&MetricsServerType) < 0 ||
+        PyModule_AddObjectRef(m, "Cache", (PyObject *)&CacheType) < 0 ||
         PyModule_AddStringConstant(m, "library_version", sluice_version()) < 0 ||
         PyModule_AddIntConstant(m, "STREAM_QUEUE", STREAM_QUEUE) < 0) {
         Py_DECREF(m);

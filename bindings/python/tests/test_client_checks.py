@@ -11,10 +11,12 @@ import subprocess
 import threading
 from concurrent import futures
 
-import grpc
 import pytest
 
-from sluice_serve import ChecksumError, Client, pb, pb_grpc
+grpc = pytest.importorskip("grpc", reason="python3-grpcio is not installed")
+pytest.importorskip("grpc_tools", reason="python3-grpc-tools is not installed")
+
+from sluice.client import ChecksumError, Client, pb, pb_grpc
 
 A = bytes(range(64))
 B = bytes(range(100, 164))

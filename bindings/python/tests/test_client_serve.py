@@ -1,7 +1,9 @@
-"""End-to-end tests of the Python client against the real server process
-(tools/test_serve_python.sh runs them). Environment: SLUICE_BUILD (the
-build directory with sluice and sluice-serve), SLUICE_REAL_DATA (the real
-corpus, shared/data/real)."""
+"""End-to-end tests of the Python client (sluice.client) against the real
+server process (tools/test_python.sh runs them with the ASan build's
+server). Environment: SLUICE_BUILD (the build directory with sluice and
+sluice-serve; default: the first build*/ of the repository that has
+sluice-serve), SLUICE_REAL_DATA (the real corpus, shared/data/real).
+Skipped when no sluice-serve is built (grpc++ missing)."""
 import glob
 import hashlib
 import json
@@ -12,13 +14,26 @@ import struct
 import subprocess
 import time
 
-import grpc
 import numpy as np
 import pytest
 
-from sluice_serve import ChecksumError, Client
+grpc = pytest.importorskip("grpc", reason="python3-grpcio is not installed")
+pytest.importorskip("grpc_tools", reason="python3-grpc-tools is not installed")
 
-BUILD = os.environ.get("SLUICE_BUILD", "build")
+from sluice.client import ChecksumError, Client
+
+def _build():
+    repo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..")
+    for d in [os.environ.get("SLUICE_BUILD")] + sorted(glob.glob(os.path.join(repo, "build*"))):
+        if d and os.access(os.path.join(d, "sluice-serve"), os.X_OK):
+            return d
+    return None
+
+
+BUILD = _build()
+if BUILD is None:
+    pytest.skip("no sluice-serve built (SLUICE_BUILD, build*/; grpc++ missing?)",
+                allow_module_level=True)
 REAL = os.environ.get("SLUICE_REAL_DATA",
                       os.path.join(os.path.dirname(__file__), "..", "..", "..", "..",
                                    "shared", "data", "real"))

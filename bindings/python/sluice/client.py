@@ -1,7 +1,10 @@
-"""Python client of `sluice serve`, the gRPC tensor service
-(proto/sluice/v1/tensor_service.proto).
+"""sluice.client: the Python client of `sluice serve`, the gRPC tensor
+service (proto/sluice/v1/tensor_service.proto). Part of the sluice
+package (it was bindings/serve-python/sluice_serve.py); importable when
+python3-grpcio is installed (and python3-grpc-tools, which generates its
+gRPC modules from the proto the package ships, on first use).
 
-    from sluice_serve import Client, ChecksumError
+    from sluice.client import Client, ChecksumError
     # The manifest is a copy the caller trusts (sluice manifest MODEL on a
     # machine that holds the model, or shipped with the job): its digests,
     # not the server's, are what each tensor is checked against.
@@ -55,9 +58,10 @@ same whichever replicas sent it. Each failover is logged (logger
 "sluice_serve", WARNING) and counted in Client.failovers_used.
 
 The gRPC modules are generated from the proto with Debian's
-python3-grpc-tools, at test time by tools/test_serve_python.sh (into a
-directory named by SLUICE_SERVE_PROTO_OUT) or, failing that, on first
-import into a temporary directory.
+python3-grpc-tools into the directory SLUICE_SERVE_PROTO_OUT names (the
+tests set it) or, failing that, on first import into a temporary
+directory. The proto is the one installed in the package (setup.py copies
+it), else the repository's.
 
 Dtypes: NumPy's where it has one (BOOL, U8..U64, I8..I64, F16, F32, F64,
 C64 as complex64); BF16 comes as uint16 and the 8-bit floats as uint8 (the
@@ -75,6 +79,8 @@ import time
 
 import grpc
 import numpy as np
+
+from . import _errors
 
 __all__ = ["Client", "ChecksumError", "generate"]
 
@@ -128,10 +134,16 @@ def target_of(addr):
     if family is None:
         raise ValueError("an empty list of servers")
     return family + ",".join(addr), True
-_PROTO = os.path.join(_HERE, "..", "..", "proto", "sluice", "v1", "tensor_service.proto")
 
 
-class ChecksumError(Exception):
+# installed: the copy setup.py puts in the package; from the sources: the repository's
+_PROTO = os.path.join(_HERE, "tensor_service.proto")
+if not os.path.isfile(_PROTO):
+    _PROTO = os.path.join(_HERE, "..", "..", "..", "proto", "sluice", "v1",
+                          "tensor_service.proto")
+
+
+class ChecksumError(_errors.ChecksumError):
     """The client's integrity error: what the server sent does not match
     what is owed. A tensor's bytes (their SHA-256 against the manifest
     digest, their count against nbytes or the range asked for, chunks out
@@ -139,6 +151,11 @@ class ChecksumError(Exception):
     model's listing (a tensor of the manifest missing from GetModel, one
     it does not list, one listed twice, or another dtype, shape or nbytes
     than the manifest gives)."""
+
+    def __init__(self, message, name=None):
+        # a sluice.ChecksumError too (code SLUICE_E_CHECKSUM), so that one
+        # handler catches the library's and the client's
+        super().__init__(_errors.E_CHECKSUM, message, name)
 
 
 def generate(out_dir, proto=_PROTO):
