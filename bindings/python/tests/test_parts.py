@@ -231,3 +231,32 @@ def test_load_shard_warns_once(tmp_path, recwarn):
         load_shard(path, 0, 2, framework="np")
     notes = [x for x in w if "no digest of part" in str(x.message)]
     assert len(notes) == 1
+
+
+@pytest.mark.parametrize("manifest", ["none", "whole", "parts"])
+def test_get_slice_of_a_part_reads_the_part(tmp_path, manifest):
+    """safe_open's get_slice(name)[:, a:b] (and [:, :, k]) that is one equal
+    part of a later dimension goes through get_part: no manifest, only the
+    part's bytes; part digests, only the part's bytes, verified; a whole
+    digest, the whole tensor once (counted as part_fallback_bytes)."""
+    path, tensors = _synth(tmp_path)
+    kw = {"verify": "off"}
+    if manifest != "none":
+        kw = {"manifest": _manifest(path, tensors, PART_DIMS if manifest == "parts" else None)}
+    a = tensors["a"]  # (8, 16, 4) float32, part digests along dim 1
+    with sluice.safe_open(path, framework="np", **kw) as f:
+        s = f.get_slice("a")
+        st0 = f.model.stats()
+        got = s[:, 4:8]  # rank 1 of 4 along dim 1
+        st1 = f.model.stats()
+        np.testing.assert_array_equal(got, a[:, 4:8])
+        assert got.flags.writeable and got.flags.c_contiguous
+        read = st1["bytes_read"] - st0["bytes_read"]
+        fallback = st1["part_fallback_bytes"] - st0["part_fallback_bytes"]
+        if manifest == "whole":
+            assert read == a.nbytes and fallback == a.nbytes
+        else:
+            assert read == a.nbytes // 4 and fallback == 0
+        np.testing.assert_array_equal(s[:, 12:16, :], a[:, 12:16, :])
+        np.testing.assert_array_equal(s[:, :, 3], a[:, :, 3])  # an int: a part of 4, dim dropped
+        np.testing.assert_array_equal(s[:, 3:9], a[:, 3:9])  # not a part: rows, then cut
