@@ -4,6 +4,8 @@ the end): a replica that fails a call UNAVAILABLE after some chunks (a
 death the test places exactly), one that lies in the piece it resumes.
 The real servers, killed and stopped mid-stream, are in test_replicas.py."""
 import hashlib
+import os
+import subprocess
 import threading
 import time
 from concurrent import futures
@@ -236,3 +238,15 @@ def test_close_is_not_failed_over():
     finally:
         for s in servers:
             s.stop(grace=None)
+
+
+def test_cpp_client_failovers_must_be_a_count():
+    # --failovers N takes a count: "-1" was taken as the default (8) and
+    # "x" as 0, silently. Refused before any call (exit 2, usage).
+    exe = os.path.join(os.environ.get("SLUICE_BUILD", "build"), "serve_client")
+    if not os.access(exe, os.X_OK):
+        pytest.skip("%s is not built" % exe)
+    for bad in ("-1", "x", "", "3x", "99999999999"):
+        r = subprocess.run([exe, "127.0.0.1:1,127.0.0.1:2", "list", "--failovers", bad],
+                           timeout=60, capture_output=True, text=True)
+        assert r.returncode == 2, (bad, r.returncode, r.stderr)
