@@ -44,7 +44,7 @@
 // (TLS), --cert PEM --key PEM (client certificate), --server-name NAME
 // (TLS name to check), --chunk N, --repeat N (fetch N times), --quiet,
 // --allow-unverified (accept tensors GetModel gives no manifest digest
-// for: else a mismatch), --failovers N; for tests of the server's flow
+// for: else a mismatch), --failovers N (0 to 1000); for tests of the server's flow
 // control, with --stream: --stall S (stop reading for S seconds after the
 // run's first chunk), --cancel (cancel after the first chunk).
 // Exit status: 0 all verified, 1 a digest or comparison mismatch, 2 usage,
@@ -786,7 +786,14 @@ int main(int argc, char **argv)
         else if (a == "--length") { o.length = strtoull(val().c_str(), nullptr, 10); o.range = true; }
         else if (a == "--chunk") o.chunk = (uint32_t)strtoul(val().c_str(), nullptr, 10);
         else if (a == "--repeat") o.repeat = atoi(val().c_str());
-        else if (a == "--failovers") o.failovers = atoi(val().c_str());
+        else if (a == "--failovers") {
+            // A count: anything else (a sign, a letter, past 1000) is usage.
+            std::string v = val();
+            if (v.empty() || v.size() > 4 || v.find_first_not_of("0123456789") != std::string::npos ||
+                atoi(v.c_str()) > 1000)
+                return usage();
+            o.failovers = atoi(v.c_str());
+        }
         else if (a == "--stall") o.stall = atof(val().c_str());
         else if (a == "--cancel") o.cancel = true;
         else if (a == "--stream") o.stream = true;

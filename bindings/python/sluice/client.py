@@ -249,6 +249,7 @@ class Client:
             options.append(("grpc.service_config", REPLICA_SERVICE_CONFIG))
         self.failovers = failovers if failovers is not None else 8 if replicas else 0
         self.failovers_used = 0
+        self._closed = False
         if root_certificates is not None:
             creds = grpc.ssl_channel_credentials(pem(root_certificates), pem(private_key),
                                                  pem(certificate_chain))
@@ -280,6 +281,9 @@ class Client:
         return {k: (bytes.fromhex(v), None, None, None) for k, v in doc.items()}
 
     def close(self):
+        # A call that close() ends (CANCELLED, "Channel closed!") is the
+        # caller's own cancel: never failed over (see _failover).
+        self._closed = True
         self._channel.close()
 
     def __enter__(self):
@@ -368,15 +372,18 @@ class Client:
         replica: UNAVAILABLE (the server died, its connection broke, or its
         drain ended the call) or CANCELLED (by the server: its drain's
         grace ended, or --stall-timeout, e.g. a consumer slow between
-        tensors; the client's own cancels raise nothing here). Anything
-        else would be the same elsewhere, or says something is wrong.
+        tensors; a CANCELLED after close(), the caller's own, is not
+        retried). Anything else would be the same elsewhere, or says
+        something is wrong.
         used: [failovers of this call so far], counted here; waits a
         backoff first (50 ms, doubling, at most 1 s)."""
         code = err.code() if callable(getattr(err, "code", None)) else None
         if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED) or \
-                used[0] >= self.failovers:
+                used[0] >= self.failovers or self._closed:
             return False
         time.sleep(min(1.0, 0.05 * 2 ** used[0]))
+        if self._closed:  # closed during the backoff: its error is the result
+            return False
         used[0] += 1
         self.failovers_used += 1
         _log.warning("failover %d/%d: %s: %s (%s); resuming on another replica", used[0],

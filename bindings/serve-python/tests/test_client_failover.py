@@ -4,6 +4,10 @@ the end): a replica that fails a call UNAVAILABLE after some chunks (a
 death the test places exactly), one that lies in the piece it resumes.
 The real servers, killed and stopped mid-stream, are in test_replicas.py."""
 import hashlib
+import os
+import subprocess
+import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -196,3 +200,53 @@ def test_failovers_are_bounded(replicas):
         list(c.stream("m"))
     assert e.value.code() == grpc.StatusCode.UNAVAILABLE
     assert c.failovers_used == 2
+
+
+class Held(Replica):
+    """A replica whose stream sends a's first chunk, then holds the call
+    open (until it is cancelled) without sending more."""
+
+    def StreamTensors(self, req, ctx):
+        self.plan.calls.append((self.tag, "StreamTensors", list(req.names)))
+        yield pb.TensorChunk(name="a", offset=0, data=TENSORS["a"][:STEP],
+                             total_bytes=len(TENSORS["a"]))
+        while ctx.is_active():
+            time.sleep(0.02)
+
+
+def test_close_is_not_failed_over():
+    # The caller's own cancel: close() from another thread while a stream
+    # reads. Its CANCELLED ("Channel closed!") is the result, not a
+    # failover (which would then raise ValueError on the closed channel).
+    plan = Plan()
+    servers, addrs = [], []
+    for tag in "AB":
+        s = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        pb_grpc.add_TensorServiceServicer_to_server(Held(plan, tag), s)
+        addrs.append("127.0.0.1:%d" % s.add_insecure_port("127.0.0.1:0"))
+        s.start()
+        servers.append(s)
+    try:
+        c = Client(addrs)
+        c.model("m")
+        threading.Timer(0.5, c.close).start()
+        with pytest.raises(grpc.RpcError) as e:
+            list(c.stream("m"))
+        assert e.value.code() == grpc.StatusCode.CANCELLED
+        assert c.failovers_used == 0
+        assert len(plan.calls) == 1
+    finally:
+        for s in servers:
+            s.stop(grace=None)
+
+
+def test_cpp_client_failovers_must_be_a_count():
+    # --failovers N takes a count: "-1" was taken as the default (8) and
+    # "x" as 0, silently. Refused before any call (exit 2, usage).
+    exe = os.path.join(os.environ.get("SLUICE_BUILD", "build"), "serve_client")
+    if not os.access(exe, os.X_OK):
+        pytest.skip("%s is not built" % exe)
+    for bad in ("-1", "x", "", "3x", "99999999999"):
+        r = subprocess.run([exe, "127.0.0.1:1,127.0.0.1:2", "list", "--failovers", bad],
+                           timeout=60, capture_output=True, text=True)
+        assert r.returncode == 2, (bad, r.returncode, r.stderr)
