@@ -210,3 +210,6 @@ def load_state_dict(module, path, strict=True, *, manifest=None, verify="default
         return IncompatibleKeys(missing, unexpected)
     finally:
         model.close()  # deferred by the library while the tensors live
+
+
+from .torchscript import export_blocks, ScriptedModel, PlanError  # noqa: E402,F401  (compiled blocks)
