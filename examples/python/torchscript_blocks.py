@@ -39,6 +39,10 @@ PRESETS = {
     "tiny": dict(tt.TINY, qkv_bias=False, tied=False),
     "qwen2.5-0.5b": dict(vocab=151936, hidden=896, layers=24, intermediate=4864, heads=14,
                          kv_heads=2, head_dim=64, qkv_bias=True, tied=True),
+    # Not a `sluice synth` preset: 110 MB of weights in layers of 17 MB,
+    # for the resident-memory tests (which write its weights themselves).
+    "mid": dict(vocab=2048, hidden=1024, layers=6, intermediate=2048, heads=16, kv_heads=4,
+                head_dim=64, qkv_bias=False, tied=False),
 }
 
 
@@ -131,6 +135,33 @@ def eager_model(preset, weights):
     return m.eval()
 
 
+def unbound_blocks(export_dir):
+    """The exported blocks with every weight a zero tensor that holds no
+    memory (a stride-0 view of one element), as one callable: the same
+    code and working memory as a real run, without a byte of weight
+    (libtorch's own resident size)."""
+    import json
+    with open(os.path.join(export_dir, "plan.json")) as f:
+        plan = json.load(f)
+    mods = []
+    for b in plan["blocks"]:
+        m = torch.jit.load(os.path.join(export_dir, b["file"]))
+        for name, p in list(m.named_parameters()) + list(m.named_buffers()):
+            *path, leaf = name.split(".")
+            owner = m
+            for part in path:
+                owner = getattr(owner, part)
+            setattr(owner, leaf, torch.zeros((), dtype=p.dtype).expand(p.shape))
+        mods.append(m)
+
+    def run(ids):
+        x = ids
+        for m in mods:
+            x = m(x)
+        return x
+    return run
+
+
 def cmd_export(args):
     import sluice.torch as st
     plan = export(args.preset, args.out, st.export_blocks, args.prompt_len)
@@ -194,9 +225,11 @@ def cmd_bench_one(args):
             m = build(cfg, "meta")
             st.load_state_dict(m, args.weights)
             greedy(step_timer(m.eval()), toks, args.steps)
-        else:  # jit: torch.jit.load of a module saved with its weights
+        elif args.way == "jit":  # torch.jit.load of a module saved with its weights
             m = torch.jit.load(args.export)
             greedy(step_timer(m), toks, args.steps)
+        else:  # baseline: the blocks with zero weights holding no memory, no sluice
+            greedy(step_timer(unbound_blocks(args.export)), toks, args.steps)
     total = time.perf_counter() - t0
     print(f"{args.way}: first_token_ms {first[0] * 1e3:.1f} total_ms {total * 1e3:.1f} "
           f"rss_base_kb {base} peak_rss_kb {_rss_kb()}")
@@ -229,8 +262,9 @@ def main():
     s.add_argument("weights")
     s.add_argument("out")
     b = sub.add_parser("bench-one", help="time one way: scripted (EXPORT is the export dir), "
-                       "eager (load_state_dict; EXPORT unused), jit (EXPORT is save-jit's file)")
-    b.add_argument("way", choices=["scripted", "eager", "jit"])
+                       "eager (load_state_dict; EXPORT unused), jit (EXPORT is save-jit's file), "
+                       "baseline (EXPORT's blocks with zero weights, no sluice; WEIGHTS unused)")
+    b.add_argument("way", choices=["scripted", "eager", "jit", "baseline"])
     b.add_argument("preset", choices=sorted(PRESETS))
     b.add_argument("export")
     b.add_argument("weights")
