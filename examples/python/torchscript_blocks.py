@@ -239,7 +239,12 @@ def cmd_bench_one(args):
 def cmd_save_jit(args):
     """A whole scripted model saved WITH its weights (the torch.jit.load
     baseline of bench)."""
+    cfg = PRESETS[args.preset]
     m = eager_model(args.preset, args.weights)
+    if cfg.get("tied"):  # TiedHead does not script: a Linear sharing the parameter
+        head = tt.Linear(cfg["hidden"], cfg["vocab"], "meta")
+        head.weight = m.model.embed_tokens.weight
+        m.lm_head = head
     torch.jit.save(torch.jit.script(m), args.out)
     print(f"{args.out}: {os.path.getsize(args.out)} bytes")
     return 0
