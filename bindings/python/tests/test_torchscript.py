@@ -253,3 +253,17 @@ def test_resident_memory_within_pool(tmp_path):
     run = peak_kb("scripted", export, weights, "32M")
     slack = 16 << 10  # KiB: allocator rounding, the plan, the sluice module
     assert run <= base + (pool >> 10) + slack, (run, base)
+
+
+def test_traced_export_equals_eager(tiny, tmp_path):
+    """method="trace": each block traced on the previous block's output
+    (a CPU model, any weights), then run with the real ones."""
+    d = str(tmp_path / "traced")
+    m = tb.build(CFG, "cpu")
+    ids = torch.tensor([TOKENS])
+    plan = st.export_blocks(m, tb.blocks(m, CFG), d, ids, method="trace")
+    assert plan["method"] == "trace" and plan["inputs"] == [{"dtype": "I64", "shape": [1, 12]}]
+    want = eager(tiny, steps=0)
+    with st.ScriptedModel(d, tiny, pool="256K") as sm:
+        got = sm(ids)
+    assert torch.equal(got, want[0][1])
