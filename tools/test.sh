@@ -15,10 +15,13 @@ cd "$root"
 # tests make a CA; python3: their test model writer; libsqlite3-dev: the
 # persistent cache's index; scdoc, man-db, groff-base: the man pages and
 # their test (man_pages); python3-cryptography: the OpenSSF model-signing
-# fixtures (tests/model_signing_fx.py); squid: test_remote_proxy (a real caching proxy)
+# fixtures (tests/model_signing_fx.py); squid: test_remote_proxy (a real caching
+# proxy); libtorch-dev and python3-torch: the TorchScript engine example and
+# its test (torchscript_engine), which exports its plans with python3-torch
 sh tools/deps.sh clang libclang-rt-14-dev libmicrohttpd-dev prometheus curl librust-blake3-dev b3sum \
     libcurl4-openssl-dev nginx libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc \
-    openssl python3 libsqlite3-dev scdoc man-db groff-base python3-cryptography squid
+    openssl python3 libsqlite3-dev scdoc man-db groff-base python3-cryptography squid \
+    libtorch-dev python3-torch python3-numpy
 jobs=$(nproc 2>/dev/null || echo 2)
 
 echo "== ASan + UBSan build, all tests"
@@ -29,8 +32,9 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
 
 echo "== ThreadSanitizer build, concurrency tests"
 # (no sluice serve here: its tests run in the ASan build; grpc++ itself is
-# not instrumented)
-cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSLUICE_TSAN=ON -DSLUICE_WITH_GRPC=OFF >/dev/null
+# not instrumented; nor the TorchScript engine: libtorch is not either)
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSLUICE_TSAN=ON -DSLUICE_WITH_GRPC=OFF \
+      -DSLUICE_WITH_TORCH=OFF >/dev/null
 cmake --build build-tsan -j "$jobs"
 TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -L threads -j "$jobs"
 

@@ -331,3 +331,6 @@ def _iter_stream(model, own, indices):
             stream.close()  # an abandoned iterator stops the stream and joins it
         if own:
             model.close()  # deferred by the library while tensors live
+
+
+from .torchscript import export_blocks, ScriptedModel, PlanError  # noqa: E402,F401  (compiled blocks)

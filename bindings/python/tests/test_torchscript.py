@@ -1,0 +1,269 @@
+"""sluice.torch.export_blocks / ScriptedModel: TorchScript blocks exported
+without weights, run with verified weights bound zero-copy, one block
+ahead; equal to eager torch bit for bit; failures before the block that
+would use a bad weight; a bad plan fails before any block; resident memory
+within the pool above libtorch's own. Skipped when torch is absent."""
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (Debian: python3-torch)")
+
+import sluice  # noqa: E402
+import sluice.torch as st  # noqa: E402
+import stfile  # noqa: E402
+from conftest import REPO, sluice_cli  # noqa: E402
+from test_torch import tiny  # noqa: E402,F401  (the fixture: `sluice synth tiny` or its stand-in)
+
+sys.path.insert(0, os.path.join(REPO, "examples", "python"))
+import torchscript_blocks as tb  # noqa: E402
+
+EXAMPLE = os.path.join(REPO, "examples", "python", "torchscript_blocks.py")
+CFG = tb.PRESETS["tiny"]
+TOKENS = tb.prompt(CFG)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("ts") / "tiny-ts")
+    tb.export("tiny", d, st.export_blocks)
+    return d
+
+
+def copy_export(exported, tmp_path):
+    d = str(tmp_path / "ts")
+    shutil.copytree(exported, d)
+    return d
+
+
+def edit_plan(d, fn):
+    path = os.path.join(d, "plan.json")
+    with open(path) as f:
+        plan = json.load(f)
+    fn(plan)
+    with open(path, "w") as f:
+        json.dump(plan, f)
+
+
+def param(plan, block, name):
+    b = next(b for b in plan["blocks"] if b["name"] == block)
+    return next(p for p in b["params"] if p["name"] == name)
+
+
+def eager(tiny, steps=3):
+    return tb.greedy(tb.eager_model("tiny", tiny), TOKENS, steps)
+
+
+def test_export_small_and_weightless(exported, tiny):
+    with open(os.path.join(exported, "plan.json")) as f:
+        plan = json.load(f)
+    assert plan["format"] == "sluice-torchscript-plan" and plan["version"] == 1
+    assert [b["name"] for b in plan["blocks"]] == (
+        ["model.embed_tokens"] + [f"model.layers.{i}" for i in range(4)] + ["model.norm", "lm_head"])
+    with sluice.open(tiny) as m:
+        names = set(m.keys())
+        weights = sum(m.info(n).nbytes for n in names)
+    assert {p["tensor"] for b in plan["blocks"] for p in b["params"]} == names
+    size = sum(os.path.getsize(p) for p in glob.glob(os.path.join(exported, "*")))
+    assert size < 100_000 and size < weights / 6, (size, weights)
+    for b in plan["blocks"]:
+        mod = torch.jit.load(os.path.join(exported, b["file"]))
+        slots = dict(mod.named_parameters())
+        assert sorted(slots) == sorted(p["name"] for p in b["params"])
+        assert all(t.device.type == "meta" for t in slots.values())  # no bytes saved
+
+
+def test_export_leaves_the_model_alone(tmp_path, tiny):
+    m = tb.eager_model("tiny", tiny)
+    before = {k: (v.device.type, v.data_ptr()) for k, v in m.state_dict().items()}
+    st.export_blocks(m, tb.blocks(m, CFG), str(tmp_path / "ts"))
+    assert {k: (v.device.type, v.data_ptr()) for k, v in m.state_dict().items()} == before
+
+
+@pytest.mark.parametrize("pool", ["256K", "8M"])
+def test_scripted_equals_eager(exported, tiny, pool):
+    want = eager(tiny)
+    with st.ScriptedModel(exported, tiny, pool=pool) as sm:
+        assert sm.resident == (pool == "8M")
+        got = tb.greedy(sm, TOKENS, 3)
+        s = sm.stats()
+        assert sm.blocks_run == 7
+    for (t, lg), (te, le) in zip(got, want):
+        assert t == te and torch.equal(lg, le)
+    assert got[0][1].isfinite().all()
+    assert s["pool_high_water"] <= sluice.parse_size(pool)
+    if pool == "256K":  # released after each block, read again at each step
+        assert s["tensors_verified"] >= 4 * 39
+    else:
+        assert s["tensors_verified"] == 39
+
+
+def test_weights_bound_zero_copy_and_released(exported, tiny):
+    with st.ScriptedModel(exported, tiny, pool="8M") as sm:
+        sm(torch.tensor([TOKENS]))
+        for i in range(len(sm.blocks)):
+            bound = sm.bound(i)
+            assert bound
+            for name, t in bound.items():
+                assert t.data_ptr() == sm.model.get_handle(name).address
+    with st.ScriptedModel(exported, tiny, pool="256K") as sm:
+        sm(torch.tensor([TOKENS]))
+        assert all(sm.bound(i) == {} for i in range(len(sm.blocks)))
+        assert sm.model._m.live_handles == 0  # every handle released after its block
+        sm._bind(2)
+        for name, t in sm.bound(2).items():
+            assert t.data_ptr() == sm.model.get_handle(name).address
+        sm._unbind(2)
+
+
+def flip_byte(src, dst, tensor):
+    shutil.copytree(src, dst)
+    with sluice.open(dst) as m:
+        info = m.info(tensor)
+    with open(info.file, "r+b") as f:
+        f.seek(info.offset + info.nbytes // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0x01]))
+
+
+def test_flipped_byte_fails_that_layer_only(exported, tiny, tmp_path):
+    bad = str(tmp_path / "bad")
+    tensor = "model.layers.1.mlp.up_proj.weight"
+    flip_byte(tiny, bad, tensor)
+    with st.ScriptedModel(exported, bad, pool="256K") as sm:
+        with pytest.raises(sluice.ChecksumError) as ei:
+            sm(torch.tensor([TOKENS]))
+        assert sm.blocks_run == 2  # the embedding and layer 0; nothing from layer 1 on
+        assert sm.model._m.live_handles == 0
+    msg = str(ei.value)
+    assert ei.value.name == tensor and tensor in msg and "model.layers.1" in msg
+    assert len(re.findall(r"\b[0-9a-f]{64}\b", msg)) >= 2, msg  # expected and actual
+
+
+def test_plan_missing_tensor_fails_before_running(exported, tiny, tmp_path):
+    d = copy_export(exported, tmp_path)
+    edit_plan(d, lambda p: param(p, "model.layers.2", "mlp.up_proj.weight").update(
+        tensor="model.layers.2.mlp.up_proj.weight.missing"))
+    with pytest.raises(st.PlanError) as ei:
+        st.ScriptedModel(d, tiny, pool="256K")
+    assert "model.layers.2.mlp.up_proj.weight.missing" in str(ei.value)
+    assert "mlp.up_proj.weight" in str(ei.value)
+
+
+def test_plan_shape_differs_fails_before_running(exported, tiny, tmp_path):
+    d = copy_export(exported, tmp_path)
+    edit_plan(d, lambda p: param(p, "model.layers.0", "self_attn.q_proj.weight").update(
+        tensor="model.layers.0.mlp.gate_proj.weight"))
+    with pytest.raises(st.PlanError) as ei:
+        st.ScriptedModel(d, tiny, pool="256K")
+    msg = str(ei.value)
+    assert "model.layers.0.mlp.gate_proj.weight" in msg and "[256, 64]" in msg and "[64, 64]" in msg
+
+
+def test_plan_dtype_differs_fails_before_running(exported, tmp_path):
+    cli = sluice_cli()
+    if not cli:
+        pytest.skip("no sluice command built (it writes the F32 copy of the tiny preset)")
+    f32 = str(tmp_path / "f32")
+    subprocess.run([cli, "synth", "tiny", f32, "--dtype", "F32"], check=True, capture_output=True)
+    with pytest.raises(st.PlanError) as ei:
+        st.ScriptedModel(exported, f32, pool="1M")
+    msg = str(ei.value)
+    assert "F32" in msg and "BF16" in msg and "model.embed_tokens.weight" in msg
+
+
+def test_plan_disagrees_with_module_or_file_changed(exported, tiny, tmp_path):
+    d = copy_export(exported, tmp_path)
+    edit_plan(d, lambda p: param(p, "model.norm", "weight").update(dtype="F32"))
+    with pytest.raises(st.PlanError, match=r"parameter 'weight' is BF16 \[64\], the plan says F32"):
+        st.ScriptedModel(d, tiny)
+    d2 = copy_export(exported, tmp_path / "2")
+    with open(os.path.join(d2, "block-003.pt"), "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(st.PlanError, match="block-003.pt has SHA-256"):
+        st.ScriptedModel(d2, tiny)
+
+
+def engine():
+    for c in sorted(glob.glob(os.path.join(REPO, "build*", "torchscript_engine"))):
+        if os.access(c, os.X_OK):
+            return c
+    return None
+
+
+def test_cpp_engine_agrees(exported, tiny):
+    eng = engine()
+    if not eng:
+        pytest.skip("examples/torchscript_engine is not built (CMake did not find libtorch)")
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0")
+    r = subprocess.run([eng, exported, tiny, "--tokens", ",".join(map(str, TOKENS)),
+                        "--steps", "3", "--pool", "256K"], capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    got = re.findall(r"^step (\d+) token (\d+) logits_sha256 ([0-9a-f]{64})$", r.stdout, re.M)
+    with st.ScriptedModel(exported, tiny, pool="256K") as sm:
+        want = [(str(i), str(t), tb.digest(lg)) for i, (t, lg) in enumerate(tb.greedy(sm, TOKENS, 3))]
+    assert got == want
+
+
+def write_mid(d, seed=3):
+    """The mid preset's weights (110 MB of pseudo-random BF16, one file
+    and its manifest)."""
+    rng = np.random.default_rng(seed)
+    m = tb.build(tb.PRESETS["mid"], "meta")
+    tensors = {k: ("BF16", list(v.shape), rng.integers(0, 65535, v.numel(), dtype=np.uint16).tobytes())
+               for k, v in m.state_dict().items()}
+    stfile.write_sharded(d, [tensors])
+    return sum(len(t[2]) for t in tensors.values())
+
+
+# glibc's mmap threshold grows with each large block freed, after which
+# the compute's freed buffers stay in the heap: peak RSS would measure the
+# allocator's history (1.3 GB for the zero-weight run), not live memory. A
+# fixed threshold returns every large block to the system when freed.
+FIXED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
+
+
+def peak_kb(way, export, weights, pool):
+    r = subprocess.run([sys.executable, EXAMPLE, "bench-one", way, "mid", export, weights,
+                        "--pool", pool, "--steps", "0"], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, **FIXED_MALLOC))
+    assert r.returncode == 0, r.stdout + r.stderr
+    return int(re.search(r"peak_rss_kb (\d+)", r.stdout).group(1))
+
+
+def test_resident_memory_within_pool(tmp_path):
+    """A run with a pool smaller than the model stays within the pool above
+    the same blocks run with zero weights that hold no memory (libtorch's
+    own size, the compute's working memory included)."""
+    weights, export = str(tmp_path / "mid"), str(tmp_path / "mid-ts")
+    total = write_mid(weights)
+    tb.export("mid", export, st.export_blocks)
+    pool = 32 << 20
+    assert total > pool + (64 << 20)  # loading everything could not pass
+    base = peak_kb("baseline", export, weights, "32M")
+    run = peak_kb("scripted", export, weights, "32M")
+    slack = 16 << 10  # KiB: allocator rounding, the plan, the sluice module
+    assert run <= base + (pool >> 10) + slack, (run, base)
+
+
+def test_traced_export_equals_eager(tiny, tmp_path):
+    """method="trace": each block traced on the previous block's output
+    (a CPU model, any weights), then run with the real ones."""
+    d = str(tmp_path / "traced")
+    m = tb.build(CFG, "cpu")
+    ids = torch.tensor([TOKENS])
+    plan = st.export_blocks(m, tb.blocks(m, CFG), d, ids, method="trace")
+    assert plan["method"] == "trace" and plan["inputs"] == [{"dtype": "I64", "shape": [1, 12]}]
+    want = eager(tiny, steps=0)
+    with st.ScriptedModel(d, tiny, pool="256K") as sm:
+        got = sm(ids)
+    assert torch.equal(got, want[0][1])

@@ -1,0 +1,166 @@
+#!/usr/bin/python3
+"""ctest torchscript_engine: examples/torchscript_engine (C++, libtorch)
+runs TorchScript blocks exported without weights, with weights sluice
+reads on demand.
+
+  1. equal to eager torch, bit for bit (the SHA-256 of the logits at the
+     prompt and at each of 3 greedy decode steps), tiny preset, a pool
+     smaller than the model;
+  2. a flipped byte in layer 1's weight: exit 1, the message names the
+     tensor and both digests, and only the embedding and layer 0 ran;
+  3. a plan naming a missing tensor, or one whose shape differs from the
+     parameter's: exit 1 naming both, before any block ran;
+  4. peak RSS with a 32 MiB pool and 110 MB of weights within the pool
+     above the same blocks run with zero weights that hold no memory
+     (--baseline: libtorch's own size, the compute's working memory
+     included).
+
+The plans are exported here by sluice.torch.export_blocks, loaded from
+bindings/python/sluice/torchscript.py by path (it needs torch alone: the
+Python binding is built later in tools/test.sh). Exit 77 (skip) when
+/usr/bin/python3 has no torch.
+
+usage: engine_test.py ENGINE SLUICE_CLI REPO
+"""
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+try:
+    import torch  # noqa: F401
+    import numpy as np
+except ImportError as e:
+    print(f"skip: {e} (Debian: python3-torch python3-numpy)")
+    sys.exit(77)
+
+ENGINE, CLI, REPO = sys.argv[1:4]
+sys.path.insert(0, os.path.join(REPO, "examples", "python"))
+sys.path.insert(0, os.path.join(REPO, "bindings", "python", "tests"))
+import torchscript_blocks as tb  # noqa: E402
+import stfile  # noqa: E402
+
+spec = importlib.util.spec_from_file_location(
+    "sluice_torchscript", os.path.join(REPO, "bindings", "python", "sluice", "torchscript.py"))
+ts = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ts)
+
+# glibc's mmap threshold grows with each large block freed; a fixed one
+# makes peak RSS measure live memory, not the allocator's history.
+ENV = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072", MALLOC_TRIM_THRESHOLD_="131072")
+failures = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond:
+        failures.append(what)
+
+
+def engine(*args, asan_extra=""):
+    env = dict(ENV)
+    if asan_extra:
+        env["ASAN_OPTIONS"] = (env.get("ASAN_OPTIONS", "") + ":" + asan_extra).lstrip(":")
+    return subprocess.run([ENGINE, *args], capture_output=True, text=True, timeout=600, env=env)
+
+
+def ran(out):
+    return re.findall(r"^ran (\S+)$", out, re.M)
+
+
+def edited(src, dst, block, param, **change):
+    shutil.copytree(src, dst)
+    path = os.path.join(dst, "plan.json")
+    with open(path) as f:
+        plan = json.load(f)
+    b = next(b for b in plan["blocks"] if b["name"] == block)
+    next(p for p in b["params"] if p["name"] == param).update(change)
+    with open(path, "w") as f:
+        json.dump(plan, f)
+    return dst
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="sluice-ts-")
+    try:
+        tiny, exp = os.path.join(tmp, "tiny"), os.path.join(tmp, "tiny-ts")
+        subprocess.run([CLI, "synth", "tiny", tiny], check=True, capture_output=True)
+        tb.export("tiny", exp, ts.export_blocks)
+        toks = tb.prompt(tb.PRESETS["tiny"])
+        want = [(str(i), str(t), tb.digest(lg)) for i, (t, lg) in
+                enumerate(tb.greedy(tb.eager_model("tiny", tiny), toks, 3))]
+        tok_arg = ",".join(map(str, toks))
+
+        r = engine(exp, tiny, "--tokens", tok_arg, "--steps", "3", "--pool", "256K", "--trace")
+        got = re.findall(r"^step (\d+) token (\d+) logits_sha256 ([0-9a-f]{64})$", r.stdout, re.M)
+        check(r.returncode == 0, f"tiny run exits 0 ({r.stderr.strip()[-400:]})")
+        check(got == want, "logits equal eager torch's at the prompt and 3 decode steps")
+        check(len(ran(r.stdout)) == 4 * 7, "7 blocks ran at each of the 4 steps")
+        check(re.search(r"^resident 0|resident 0$", r.stdout.splitlines()[0]) is not None,
+              "a 256K pool does not hold the model: weights released after each block")
+
+        bad = os.path.join(tmp, "bad")
+        shutil.copytree(tiny, bad)
+        tensor = "model.layers.1.mlp.up_proj.weight"
+        for f in sorted(os.listdir(bad)):
+            path = os.path.join(bad, f)
+            if f.endswith(".safetensors") and tensor in stfile.parse(path)[2]:
+                _dt, _shape, raw, offset = stfile.parse(path)[2][tensor]
+                with open(path, "r+b") as fh:  # one byte mid-tensor
+                    fh.seek(offset + len(raw) // 2)
+                    fh.write(bytes([raw[len(raw) // 2] ^ 1]))
+        r = engine(exp, bad, "--tokens", tok_arg, "--pool", "256K", "--trace")
+        check(r.returncode == 1, "a flipped byte in layer 1: exit 1")
+        check(tensor in r.stderr and len(re.findall(r"\b[0-9a-f]{64}\b", r.stderr)) >= 2,
+              f"the message names the tensor and both digests ({r.stderr.strip()[-300:]})")
+        check(ran(r.stdout) == ["model.embed_tokens", "model.layers.0"],
+              f"only the blocks before layer 1 ran ({ran(r.stdout)})")
+
+        missing = edited(exp, os.path.join(tmp, "missing"), "model.layers.2", "mlp.up_proj.weight",
+                         tensor="model.layers.2.mlp.up_proj.weight.missing")
+        r = engine(missing, tiny, "--trace")
+        check(r.returncode == 1 and "model.layers.2.mlp.up_proj.weight.missing" in r.stderr
+              and "'mlp.up_proj.weight'" in r.stderr and not ran(r.stdout),
+              f"a missing tensor fails before any block, naming both ({r.stderr.strip()})")
+        shape = edited(exp, os.path.join(tmp, "shape"), "model.layers.0", "self_attn.q_proj.weight",
+                       tensor="model.layers.0.mlp.gate_proj.weight")
+        r = engine(shape, tiny, "--trace")
+        check(r.returncode == 1 and "[256, 64]" in r.stderr and "[64, 64]" in r.stderr
+              and "model.layers.0.mlp.gate_proj.weight" in r.stderr and not ran(r.stdout),
+              f"a shape that differs fails before any block, naming both ({r.stderr.strip()})")
+
+        mid, mexp = os.path.join(tmp, "mid"), os.path.join(tmp, "mid-ts")
+        rng = np.random.default_rng(3)
+        meta = tb.build(tb.PRESETS["mid"], "meta")
+        tensors = {k: ("BF16", list(v.shape), rng.integers(0, 65535, v.numel(), dtype=np.uint16)
+                       .tobytes()) for k, v in meta.state_dict().items()}
+        stfile.write_sharded(mid, [tensors])
+        total = sum(len(t[2]) for t in tensors.values())
+        tb.export("mid", mexp, ts.export_blocks)
+        pool = 32 << 20
+        # ASan's quarantine would keep freed compute buffers resident.
+        rb = engine(mexp, mid, "--baseline", asan_extra="quarantine_size_mb=0")
+        rr = engine(mexp, mid, "--pool", "32M", asan_extra="quarantine_size_mb=0")
+        check(rb.returncode == 0 and rr.returncode == 0, f"mid runs exit 0 ({rr.stderr.strip()})")
+        base = int(re.search(r"peak_rss_kb (\d+)", rb.stdout).group(1))
+        peak = int(re.search(r"peak_rss_kb (\d+)", rr.stdout).group(1))
+        print(f"     libtorch alone {base} KiB, run {peak} KiB, pool {pool >> 10} KiB, "
+              f"weights {total >> 10} KiB")
+        check(total > pool + (64 << 20), "the weights exceed the pool and the slack")
+        # slack: the pool's shadow under ASan (1/8), allocator rounding
+        check(peak <= base + (pool >> 10) + (16 << 10),
+              "peak RSS within libtorch's own plus the pool (16 MiB slack)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if failures:
+        print(f"{len(failures)} check(s) failed")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
