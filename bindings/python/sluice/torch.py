@@ -233,7 +233,11 @@ def _read_own(model, index, info):
     tdt = _torch_dtype_checked(dtype, name)
     buf = torch.empty(nbytes, dtype=torch.uint8)
     if nbytes:
-        model._m.read_into(index, buf.numpy(), 0)
+        try:
+            model._m.read_into(index, buf.numpy(), 0)
+        except _errors.Error as e:
+            e.name = name  # as a failure the stream delivers names it
+            raise
     if dtype in sluice._PACKED:
         return buf
     if nbytes == 0:

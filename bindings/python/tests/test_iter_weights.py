@@ -147,6 +147,22 @@ def test_checksum_raises_at_once_and_stops(model):
     assert len(list(iter_weights(d, verify="off"))) == len(want)  # open_args reach open
 
 
+def test_checksum_in_own_memory_names_the_tensor(model):
+    """A damaged tensor the pool has no room for (every earlier one kept,
+    a 64 KiB pool) is read into memory of its own by read_into, which
+    raises the ChecksumError: it names the tensor (e.name), as a failure
+    the stream delivers does."""
+    d, _want = model
+    shard = os.path.join(d, "model-00002-of-00002.safetensors")
+    stfile.flip_byte(shard, stfile.tensor_offset(shard, "layers.23.w") + 5)
+    kept = []
+    with pytest.raises(sluice.ChecksumError) as e:
+        for name, t in iter_weights(d, pool="64K"):
+            kept.append(t)
+    assert e.value.name == "layers.23.w"
+    assert len(kept) > 4  # past the pool's room: the own-memory path failed it
+
+
 def test_break_stops_the_stream(model):
     d, _want = model
     with sluice.open(d) as m:
