@@ -29,9 +29,12 @@ Differences from the reference, all on the safe side:
    container whose cgroup memory limit is below that size the open fails
    instead (InvalidArgumentError, both numbers);
  - get_slice: see Slice for what is read and what is verified; index forms
-   it does not take (lists, arrays, None, bools) raise NotImplementedError
-   where the reference would index (pt) or fail; it never guesses.
+   it does not take (lists, arrays, nested tuples, ranges, None, bools)
+   raise NotImplementedError where the reference would index (pt) or
+   fail; it never guesses.
 """
+
+import operator
 
 import numpy as np
 
@@ -171,9 +174,16 @@ def _dim_index(x):
     if x is None:
         raise NotImplementedError(f"None (np.newaxis) is not supported by get_slice "
                                   f"(only {_SUPPORTED}): add the axis to the result")
-    if isinstance(x, (list, np.ndarray)) or type(x).__name__ == "Tensor":
+    # Sequences and arrays are NumPy's advanced indices (a tuple or a range
+    # inside the index too); checked before __index__, which 0-d arrays and
+    # tensors also have.
+    if (isinstance(x, (list, tuple, range, np.ndarray)) or type(x).__name__ == "Tensor"
+            or (not isinstance(x, np.generic)
+                and (hasattr(x, "__array__") or hasattr(x, "__array_interface__")))):
         raise NotImplementedError(f"advanced (array or list) indexing is not supported by "
                                   f"get_slice (only {_SUPPORTED}): index the result")
+    if hasattr(type(x), "__index__"):  # an integer by the index protocol, as NumPy takes it
+        return operator.index(x)
     raise IndexError(f"only integers, slices (`:`) and ellipsis (`...`) are valid indices "
                      f"for get_slice, not {type(x).__name__}")
 

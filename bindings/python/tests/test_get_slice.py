@@ -301,9 +301,14 @@ def plain(tmp_path_factory):
     ([0, 1], NotImplementedError, "list"),
     ((slice(None), [0, 1]), NotImplementedError, "advanced"),
     (np.array([0, 2]), NotImplementedError, "advanced"),
+    (((0, 1),), NotImplementedError, "advanced"),       # NumPy: rows 0 and 1
+    ((slice(None), (0, 2)), NotImplementedError, "advanced"),
+    (((),), NotImplementedError, "advanced"),           # NumPy: an empty selection
+    (range(2), NotImplementedError, "advanced"),
     (True, NotImplementedError, "boolean"),
     ((np.bool_(False),), NotImplementedError, "boolean"),
     (1.5, IndexError, "only integers"),
+    (np.float64(1.0), IndexError, "only integers"),
     ("a", IndexError, "only integers"),
     (slice(0.5, 2), TypeError, "slice indices"),
 ])
@@ -321,6 +326,29 @@ def test_index_errors_torch(plain):
     with safe_open(plain, framework="pt") as f:
         with pytest.raises(NotImplementedError, match="advanced"):
             f.get_slice("f32_3d")[torch.tensor([0, 1])]
+
+
+class _Index:
+    """An integer by __index__ only (not an int): NumPy indexes by it."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def __index__(self):
+        return self.v
+
+
+def test_index_protocol(plain):
+    """An object with __index__ is an integer index, as NumPy takes it."""
+    full = synth_tensors()["f32_3d"]
+    with safe_open(plain) as f:
+        s = f.get_slice("f32_3d")
+        for idx in (_Index(2), (_Index(-1), slice(None), _Index(3)), (Ellipsis, _Index(0))):
+            want = full[idx]
+            got = s[idx]
+            assert got.shape == want.shape and got.tobytes() == want.tobytes(), idx
+        with pytest.raises(IndexError, match="out of bounds"):
+            s[_Index(13)]
 
 
 def test_scalar_and_packed(plain):
