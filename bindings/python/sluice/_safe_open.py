@@ -102,11 +102,17 @@ def _to_device(t, framework, device):
 
 
 class safe_open:
-    """safe_open(path, framework="np"|"pt", device="cpu", **open_args): the
-    reference's safe_open, on sluice. open_args: the keyword arguments of
+    """safe_open(path, framework="np"|"pt", device="cpu", *, backend="mmap",
+    **open_args): the reference's safe_open, on sluice. backend: the
+    reference's choice of "mmap" or "pread", taken and checked; both read
+    through the library here. open_args: the keyword arguments of
     sluice.open (manifest=, verify=, trusted_keys=, cache_dir=, ...)."""
 
-    def __init__(self, path, framework="np", device="cpu", **open_args):
+    def __init__(self, path, framework="np", device="cpu", *, backend="mmap", **open_args):
+        if not isinstance(backend, str):
+            raise TypeError(f"backend must be a str, not {type(backend).__name__}")
+        if backend not in ("mmap", "pread"):
+            raise ValueError(f'backend {backend!r} is invalid (expected one of: "mmap", "pread")')
         self._framework = _framework(framework)
         _check_device(self._framework, device)
         self._device = device

@@ -388,6 +388,18 @@ def test_frameworks(plain):
         safe_open(plain, framework="numpy", device="cuda:0")
 
 
+def test_backend(plain):
+    """The reference's keyword-only backend= ("mmap", "pread") is taken;
+    anything else is refused, as the reference refuses it."""
+    for backend in ("mmap", "pread"):
+        with safe_open(plain, framework="np", backend=backend) as f:
+            assert f.get_slice("i64_1d")[1:3].tolist() == [-4, -3]
+    with pytest.raises(ValueError, match="backend 'odirect' is invalid"):
+        safe_open(plain, backend="odirect")
+    with pytest.raises(TypeError):
+        safe_open(plain, backend=1)
+
+
 @needs_torch
 def test_frameworks_torch(plain):
     for fw in ("pt", "torch", "pytorch"):
