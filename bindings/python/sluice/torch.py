@@ -23,6 +23,10 @@ load_state_dict(module, path, strict=True)
     read-only buffer (torch cannot mark it read-only: do not train or
     write into it in place; pass copy=True for that).
 
+load_file(filename, device="cpu", **open_args)
+    safetensors.torch.load_file's drop-in: {name: torch.Tensor} of every
+    tensor (sluice.load_file with framework="pt").
+
 iter_weights(path_or_url, names=None, **open_args)
     Yields (name, torch.Tensor) for every tensor (or those named), in the
     order their reads complete within the pool: the weight iterator that
@@ -35,9 +39,10 @@ import torch
 
 import sluice
 from . import _errors, _to_torch, _load_torch, parse_size
-from ._safe_open import _open_for_all, _torch_dtype_checked
+from ._safe_open import _open_for_all, _torch_dtype_checked, load_file as _load_file
 
-__all__ = ["lazy_load", "load_state_dict", "LazyLoader", "IncompatibleKeys", "iter_weights"]
+__all__ = ["lazy_load", "load_state_dict", "LazyLoader", "IncompatibleKeys", "iter_weights",
+           "load_file"]
 
 IncompatibleKeys = namedtuple("IncompatibleKeys", "missing_keys unexpected_keys")
 
@@ -216,6 +221,14 @@ def load_state_dict(module, path, strict=True, *, manifest=None, verify="default
         return IncompatibleKeys(missing, unexpected)
     finally:
         model.close()  # deferred by the library while the tensors live
+
+
+def load_file(filename, device="cpu", **open_args):
+    """safetensors.torch.load_file(filename, device="cpu"), on sluice:
+    {name: torch.Tensor} of every tensor, verified and zero copy as
+    sluice.load_file(..., framework="pt") gives them (open_args as for
+    sluice.open)."""
+    return _load_file(filename, framework="pt", device=device, **open_args)
 
 
 # ------------------------------------------------------------ iter_weights

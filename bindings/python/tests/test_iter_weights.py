@@ -180,6 +180,19 @@ def test_break_stops_the_stream(model):
     del g
 
 
+def test_torch_load_file(model):
+    """sluice.torch.load_file: safetensors.torch.load_file's drop-in (torch
+    tensors, not sluice.load_file's default NumPy arrays)."""
+    d, want = model
+    got = sluice.torch.load_file(d)
+    assert sorted(got) == sorted(want)
+    for name, t in got.items():
+        assert isinstance(t, torch.Tensor), name
+        assert tuple(t.shape) == tuple(want[name][1]) and raw_bytes(t) == want[name][2], name
+    assert got["bf16"].dtype == torch.bfloat16
+    assert isinstance(sluice.torch.load_file(d, device="cpu", verify="off")["scalar"], torch.Tensor)
+
+
 def test_dtype_torch_lacks(tmp_path):
     if hasattr(torch, "uint16"):
         pytest.skip(f"torch {torch.__version__} has uint16")
