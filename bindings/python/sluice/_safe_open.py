@@ -320,11 +320,18 @@ class Slice:
             raise NotImplementedError(
                 f"tensor {self._name!r} is {self._dtype}, a packed dtype (elements smaller than "
                 "a byte): get_slice cannot index it; get_tensor gives its bytes")
+        npd, _raw = _np_dtype(self._dtype)
+        if npd.itemsize * 8 != _sluice.dtype_bits(self._dtype):
+            # a dtype the library reads but this package has no element type
+            # for (a newer one): slicing its bytes as another size would
+            # give a wrong tensor
+            raise NotImplementedError(
+                f"tensor {self._name!r} is {self._dtype}, a dtype get_slice has no element type "
+                "for; get_tensor or Model.get_range give its bytes")
         if self._owner._framework == "pt":
             _torch_dtype_checked(self._dtype, self._name)  # before reading anything
         ranges, dropped = normalize_index(idx, self._shape)
         out_shape = tuple(len(r) for r, d in zip(ranges, dropped) if not d)
-        npd, _raw = _np_dtype(self._dtype)
         if any(len(r) == 0 for r in ranges):
             out = np.empty(out_shape, dtype=npd)  # nothing selected: nothing read
         elif not ranges:  # a scalar tensor: its one element
