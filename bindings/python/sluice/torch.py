@@ -239,15 +239,17 @@ def load_file(filename, device="cpu", **open_args):
 _OWN_MEMORY_CODES = (_errors.E_POOL_EXHAUSTED, _errors.E_TOO_LARGE)
 
 
-def _read_own(model, index, info):
+def _read_own(stream, index, info):
     """The tensor read and verified by sluice_read_into into a new torch
-    tensor (outside the pool: no room needed, no handle)."""
+    tensor (outside the pool: no room needed, no handle), through the
+    running stream, which keeps the model open after a close() of a Model
+    given (as for the tensors it delivers)."""
     name, dtype, shape, nbytes = info[0], info[1], info[2], info[3]
     tdt = _torch_dtype_checked(dtype, name)
     buf = torch.empty(nbytes, dtype=torch.uint8)
     if nbytes:
         try:
-            model._m.read_into(index, buf.numpy(), 0)
+            stream.read_into(index, buf.numpy(), 0)
         except _errors.Error as e:
             e.name = name  # as a failure the stream delivers names it
             raise
@@ -266,6 +268,8 @@ def iter_weights(path_or_url, names=None, **open_args):
     (not file order): one sluice_stream, reading ahead within the pool
     while the caller works on the tensor it was given. open_args go to
     sluice.open unchanged (manifest=, verify=, pool=, cache_dir=, ...).
+    A Model given may be closed during the loop: the stream keeps it open
+    to its end, every tensor still comes.
 
     Each tensor is verified as get_tensor verifies (a manifest in play:
     ChecksumError), and is, where the pool allows, the library's buffer
@@ -330,7 +334,7 @@ def _iter_stream(model, own, indices):
                 tensor = _to_torch(handle, info[1], info[2])
                 del handle
             elif code in _OWN_MEMORY_CODES:
-                tensor = _read_own(model, index, info)
+                tensor = _read_own(stream, index, info)
                 read_own = True
             else:
                 raise _errors.make_error(code, message, info[0])

@@ -163,6 +163,26 @@ def test_checksum_in_own_memory_names_the_tensor(model):
     assert len(kept) > 4  # past the pool's room: the own-memory path failed it
 
 
+def test_model_closed_during_the_loop(model):
+    """A Model given, closed by the caller while the loop goes on (close()
+    is honoured for new calls; the stream runs to its end): every tensor
+    still comes, those the pool has no room for too (read into their own
+    memory through the stream, which keeps the model open); the model
+    closes in the library once the loop and the tensors are gone."""
+    d, want = model
+    m = sluice.open(d, pool="64K")
+    g = iter_weights(m)
+    pairs = [next(g)]
+    m.close()
+    pairs += list(g)
+    check_all(pairs, want)
+    assert m.closed
+    del pairs, g
+    import gc
+    gc.collect()
+    assert not m._m.open_in_library
+
+
 def test_break_stops_the_stream(model):
     d, _want = model
     with sluice.open(d) as m:
