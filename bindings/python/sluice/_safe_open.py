@@ -29,9 +29,12 @@ Differences from the reference, all on the safe side:
    container whose cgroup memory limit is below that size the open fails
    instead (InvalidArgumentError, both numbers);
  - get_slice: see Slice for what is read and what is verified; index forms
-   it does not take (lists, arrays, None, bools) raise NotImplementedError
-   where the reference would index (pt) or fail; it never guesses.
+   it does not take (lists, arrays, nested tuples, ranges, None, bools)
+   raise NotImplementedError where the reference would index (pt) or
+   fail; it never guesses.
 """
+
+import operator
 
 import numpy as np
 
@@ -99,12 +102,18 @@ def _to_device(t, framework, device):
 
 
 class safe_open:
-    """safe_open(path, framework="np"|"pt", device="cpu", **open_args): the
-    reference's safe_open, on sluice. open_args: the keyword arguments of
+    """safe_open(path, framework="np"|"pt", device="cpu", *, backend="mmap",
+    **open_args): the reference's safe_open, on sluice. backend: the
+    reference's choice of "mmap" or "pread", taken and checked; both read
+    through the library here. open_args: the keyword arguments of
     sluice.open (manifest=, verify=, trusted_keys=, cache_dir=, and the remote
     options fallback=, http_token=, s3_endpoint=, ...)."""
 
-    def __init__(self, path, framework="np", device="cpu", **open_args):
+    def __init__(self, path, framework="np", device="cpu", *, backend="mmap", **open_args):
+        if not isinstance(backend, str):
+            raise TypeError(f"backend must be a str, not {type(backend).__name__}")
+        if backend not in ("mmap", "pread"):
+            raise ValueError(f'backend {backend!r} is invalid (expected one of: "mmap", "pread")')
         self._framework = _framework(framework)
         _check_device(self._framework, device)
         self._device = device
@@ -172,9 +181,16 @@ def _dim_index(x):
     if x is None:
         raise NotImplementedError(f"None (np.newaxis) is not supported by get_slice "
                                   f"(only {_SUPPORTED}): add the axis to the result")
-    if isinstance(x, (list, np.ndarray)) or type(x).__name__ == "Tensor":
+    # Sequences and arrays are NumPy's advanced indices (a tuple or a range
+    # inside the index too); checked before __index__, which 0-d arrays and
+    # tensors also have.
+    if (isinstance(x, (list, tuple, range, np.ndarray)) or type(x).__name__ == "Tensor"
+            or (not isinstance(x, np.generic)
+                and (hasattr(x, "__array__") or hasattr(x, "__array_interface__")))):
         raise NotImplementedError(f"advanced (array or list) indexing is not supported by "
                                   f"get_slice (only {_SUPPORTED}): index the result")
+    if hasattr(type(x), "__index__"):  # an integer by the index protocol, as NumPy takes it
+        return operator.index(x)
     raise IndexError(f"only integers, slices (`:`) and ellipsis (`...`) are valid indices "
                      f"for get_slice, not {type(x).__name__}")
 
@@ -309,11 +325,18 @@ class Slice:
             raise NotImplementedError(
                 f"tensor {self._name!r} is {self._dtype}, a packed dtype (elements smaller than "
                 "a byte): get_slice cannot index it; get_tensor gives its bytes")
+        npd, _raw = _np_dtype(self._dtype)
+        if npd.itemsize * 8 != _sluice.dtype_bits(self._dtype):
+            # a dtype the library reads but this package has no element type
+            # for (a newer one): slicing its bytes as another size would
+            # give a wrong tensor
+            raise NotImplementedError(
+                f"tensor {self._name!r} is {self._dtype}, a dtype get_slice has no element type "
+                "for; get_tensor or Model.get_range give its bytes")
         if self._owner._framework == "pt":
             _torch_dtype_checked(self._dtype, self._name)  # before reading anything
         ranges, dropped = normalize_index(idx, self._shape)
         out_shape = tuple(len(r) for r, d in zip(ranges, dropped) if not d)
-        npd, _raw = _np_dtype(self._dtype)
         if any(len(r) == 0 for r in ranges):
             out = np.empty(out_shape, dtype=npd)  # nothing selected: nothing read
         elif not ranges:  # a scalar tensor: its one element

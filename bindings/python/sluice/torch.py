@@ -23,6 +23,10 @@ load_state_dict(module, path, strict=True)
     read-only buffer (torch cannot mark it read-only: do not train or
     write into it in place; pass copy=True for that).
 
+load_file(filename, device="cpu", **open_args)
+    safetensors.torch.load_file's drop-in: {name: torch.Tensor} of every
+    tensor (sluice.load_file with framework="pt").
+
 iter_weights(path_or_url, names=None, **open_args)
     Yields (name, torch.Tensor) for every tensor (or those named), in the
     order their reads complete within the pool: the weight iterator that
@@ -35,11 +39,11 @@ import torch
 
 import sluice
 from . import _errors, _to_torch, _load_torch, parse_size
-from ._safe_open import _open_for_all, _torch_dtype_checked
+from ._safe_open import _open_for_all, _torch_dtype_checked, load_file as _load_file
 from .shard import load_shard  # noqa: F401  (tensor-parallel: sluice/shard.py)
 
 __all__ = ["lazy_load", "load_state_dict", "load_shard", "LazyLoader", "IncompatibleKeys",
-           "iter_weights"]
+           "iter_weights", "load_file"]
 
 IncompatibleKeys = namedtuple("IncompatibleKeys", "missing_keys unexpected_keys")
 
@@ -220,6 +224,14 @@ def load_state_dict(module, path, strict=True, *, manifest=None, verify="default
         model.close()  # deferred by the library while the tensors live
 
 
+def load_file(filename, device="cpu", **open_args):
+    """safetensors.torch.load_file(filename, device="cpu"), on sluice:
+    {name: torch.Tensor} of every tensor, verified and zero copy as
+    sluice.load_file(..., framework="pt") gives them (open_args as for
+    sluice.open)."""
+    return _load_file(filename, framework="pt", device=device, **open_args)
+
+
 # ------------------------------------------------------------ iter_weights
 
 # A tensor the pool has no room for (the caller holds earlier tensors, or a
@@ -228,14 +240,20 @@ def load_state_dict(module, path, strict=True, *, manifest=None, verify="default
 _OWN_MEMORY_CODES = (_errors.E_POOL_EXHAUSTED, _errors.E_TOO_LARGE)
 
 
-def _read_own(model, index, info):
+def _read_own(stream, index, info):
     """The tensor read and verified by sluice_read_into into a new torch
-    tensor (outside the pool: no room needed, no handle)."""
+    tensor (outside the pool: no room needed, no handle), through the
+    running stream, which keeps the model open after a close() of a Model
+    given (as for the tensors it delivers)."""
     name, dtype, shape, nbytes = info[0], info[1], info[2], info[3]
     tdt = _torch_dtype_checked(dtype, name)
     buf = torch.empty(nbytes, dtype=torch.uint8)
     if nbytes:
-        model._m.read_into(index, buf.numpy(), 0)
+        try:
+            stream.read_into(index, buf.numpy(), 0)
+        except _errors.Error as e:
+            e.name = name  # as a failure the stream delivers names it
+            raise
     if dtype in sluice._PACKED:
         return buf
     if nbytes == 0:
@@ -251,6 +269,8 @@ def iter_weights(path_or_url, names=None, **open_args):
     (not file order): one sluice_stream, reading ahead within the pool
     while the caller works on the tensor it was given. open_args go to
     sluice.open unchanged (manifest=, verify=, pool=, cache_dir=, ...).
+    A Model given may be closed during the loop: the stream keeps it open
+    to its end, every tensor still comes.
 
     Each tensor is verified as get_tensor verifies (a manifest in play:
     ChecksumError), and is, where the pool allows, the library's buffer
@@ -315,7 +335,7 @@ def _iter_stream(model, own, indices):
                 tensor = _to_torch(handle, info[1], info[2])
                 del handle
             elif code in _OWN_MEMORY_CODES:
-                tensor = _read_own(model, index, info)
+                tensor = _read_own(stream, index, info)
                 read_own = True
             else:
                 raise _errors.make_error(code, message, info[0])

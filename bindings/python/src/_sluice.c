@@ -777,14 +777,26 @@ static PyObject *model_acquire_range(ModelObject *self, PyObject *args)
  * sluice.h); the GIL is released meanwhile, the buffer held (a bytearray
  * cannot be resized under the call). On failure the buffer's content is
  * unspecified. */
+static PyObject *read_into_open(ModelObject *self, PyObject *args);
+
 static PyObject *model_read_into(ModelObject *self, PyObject *args)
+{
+    if (!model_usable(self))
+        return NULL;
+    return read_into_open(self, args);
+}
+
+/* read_into on a library model known to be open (self->m set): by
+ * Model.read_into, and by Stream.read_into while its stream keeps the
+ * model open after a close(). */
+static PyObject *read_into_open(ModelObject *self, PyObject *args)
 {
     PyObject *iarg, *obj;
     unsigned long long offset;
     if (!PyArg_ParseTuple(args, "OOO&", &iarg, &obj, u64_arg, &offset))
         return NULL;
     size_t i;
-    if (!model_usable(self) || index_arg(self, iarg, &i) < 0)
+    if (index_arg(self, iarg, &i) < 0)
         return NULL;
     struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
     int rc = sluice_info(self->m, i, &ti);
@@ -1410,10 +1422,24 @@ static PyObject *stream_close(StreamObject *s, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* read_into(i, buffer, offset): Model.read_into on the stream's model, for
+ * a tensor the stream delivered no handle for (no pool room). The running
+ * stream keeps the library's model open, so this works after a close()
+ * since the stream began, as next_item does; once the stream is stopped
+ * it is the model's (ClosedError after a close). */
+static PyObject *stream_read_into(StreamObject *s, PyObject *args)
+{
+    if (s->joined)
+        return model_read_into(s->model, args);
+    return read_into_open(s->model, args);
+}
+
 static PyMethodDef stream_methods[] = {
     {"next_item", (PyCFunction)stream_next_item, METH_NOARGS, "The next delivery, or None."},
     {"result", (PyCFunction)stream_result, METH_NOARGS, "(code, message) once finished."},
     {"close", (PyCFunction)stream_close, METH_NOARGS, "Stop the stream and wait for it."},
+    {"read_into", (PyCFunction)stream_read_into, METH_VARARGS,
+     "read_into(i, buffer, offset) on the stream's model, open while the stream runs."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -301,9 +301,14 @@ def plain(tmp_path_factory):
     ([0, 1], NotImplementedError, "list"),
     ((slice(None), [0, 1]), NotImplementedError, "advanced"),
     (np.array([0, 2]), NotImplementedError, "advanced"),
+    (((0, 1),), NotImplementedError, "advanced"),       # NumPy: rows 0 and 1
+    ((slice(None), (0, 2)), NotImplementedError, "advanced"),
+    (((),), NotImplementedError, "advanced"),           # NumPy: an empty selection
+    (range(2), NotImplementedError, "advanced"),
     (True, NotImplementedError, "boolean"),
     ((np.bool_(False),), NotImplementedError, "boolean"),
     (1.5, IndexError, "only integers"),
+    (np.float64(1.0), IndexError, "only integers"),
     ("a", IndexError, "only integers"),
     (slice(0.5, 2), TypeError, "slice indices"),
 ])
@@ -323,6 +328,29 @@ def test_index_errors_torch(plain):
             f.get_slice("f32_3d")[torch.tensor([0, 1])]
 
 
+class _Index:
+    """An integer by __index__ only (not an int): NumPy indexes by it."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def __index__(self):
+        return self.v
+
+
+def test_index_protocol(plain):
+    """An object with __index__ is an integer index, as NumPy takes it."""
+    full = synth_tensors()["f32_3d"]
+    with safe_open(plain) as f:
+        s = f.get_slice("f32_3d")
+        for idx in (_Index(2), (_Index(-1), slice(None), _Index(3)), (Ellipsis, _Index(0))):
+            want = full[idx]
+            got = s[idx]
+            assert got.shape == want.shape and got.tobytes() == want.tobytes(), idx
+        with pytest.raises(IndexError, match="out of bounds"):
+            s[_Index(13)]
+
+
 def test_scalar_and_packed(plain):
     with safe_open(plain) as f:
         s = f.get_slice("f32_scalar")
@@ -338,6 +366,21 @@ def test_scalar_and_packed(plain):
             f.get_slice("f4_packed")[0]
         with pytest.raises(sluice.NotFoundError):
             f.get_slice("missing")
+
+
+def test_dtype_without_element_type(plain, monkeypatch):
+    """A dtype the library reads but the package's tables do not name (I16
+    taken out here, standing for one a newer library adds) is refused by
+    get_slice (NotImplementedError, nothing read), not sliced as bytes."""
+    monkeypatch.delitem(sluice._NP_DTYPES, "I16")
+    with safe_open(plain) as f:
+        s = f.get_slice("i16_col")
+        assert s.get_dtype() == "I16" and s.get_shape() == [7, 1]
+        st0 = f.model.stats()
+        for idx in (slice(1, 3), Ellipsis, 0):
+            with pytest.raises(NotImplementedError, match="'i16_col' is I16"):
+                s[idx]
+        assert f.model.stats()["bytes_read"] == st0["bytes_read"]
 
 
 def test_normalize_index():
@@ -358,6 +401,18 @@ def test_frameworks(plain):
         safe_open(plain, framework="cupy")
     with pytest.raises(ValueError, match="cpu"):
         safe_open(plain, framework="numpy", device="cuda:0")
+
+
+def test_backend(plain):
+    """The reference's keyword-only backend= ("mmap", "pread") is taken;
+    anything else is refused, as the reference refuses it."""
+    for backend in ("mmap", "pread"):
+        with safe_open(plain, framework="np", backend=backend) as f:
+            assert f.get_slice("i64_1d")[1:3].tolist() == [-4, -3]
+    with pytest.raises(ValueError, match="backend 'odirect' is invalid"):
+        safe_open(plain, backend="odirect")
+    with pytest.raises(TypeError):
+        safe_open(plain, backend=1)
 
 
 @needs_torch

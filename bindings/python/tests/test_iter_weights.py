@@ -147,6 +147,42 @@ def test_checksum_raises_at_once_and_stops(model):
     assert len(list(iter_weights(d, verify="off"))) == len(want)  # open_args reach open
 
 
+def test_checksum_in_own_memory_names_the_tensor(model):
+    """A damaged tensor the pool has no room for (every earlier one kept,
+    a 64 KiB pool) is read into memory of its own by read_into, which
+    raises the ChecksumError: it names the tensor (e.name), as a failure
+    the stream delivers does."""
+    d, _want = model
+    shard = os.path.join(d, "model-00002-of-00002.safetensors")
+    stfile.flip_byte(shard, stfile.tensor_offset(shard, "layers.23.w") + 5)
+    kept = []
+    with pytest.raises(sluice.ChecksumError) as e:
+        for name, t in iter_weights(d, pool="64K"):
+            kept.append(t)
+    assert e.value.name == "layers.23.w"
+    assert len(kept) > 4  # past the pool's room: the own-memory path failed it
+
+
+def test_model_closed_during_the_loop(model):
+    """A Model given, closed by the caller while the loop goes on (close()
+    is honoured for new calls; the stream runs to its end): every tensor
+    still comes, those the pool has no room for too (read into their own
+    memory through the stream, which keeps the model open); the model
+    closes in the library once the loop and the tensors are gone."""
+    d, want = model
+    m = sluice.open(d, pool="64K")
+    g = iter_weights(m)
+    pairs = [next(g)]
+    m.close()
+    pairs += list(g)
+    check_all(pairs, want)
+    assert m.closed
+    del pairs, g
+    import gc
+    gc.collect()
+    assert not m._m.open_in_library
+
+
 def test_break_stops_the_stream(model):
     d, _want = model
     with sluice.open(d) as m:
@@ -162,6 +198,19 @@ def test_break_stops_the_stream(model):
     assert m.closed
     g = iter_weights(d)  # never started: reads nothing, leaks nothing
     del g
+
+
+def test_torch_load_file(model):
+    """sluice.torch.load_file: safetensors.torch.load_file's drop-in (torch
+    tensors, not sluice.load_file's default NumPy arrays)."""
+    d, want = model
+    got = sluice.torch.load_file(d)
+    assert sorted(got) == sorted(want)
+    for name, t in got.items():
+        assert isinstance(t, torch.Tensor), name
+        assert tuple(t.shape) == tuple(want[name][1]) and raw_bytes(t) == want[name][2], name
+    assert got["bf16"].dtype == torch.bfloat16
+    assert isinstance(sluice.torch.load_file(d, device="cpu", verify="off")["scalar"], torch.Tensor)
 
 
 def test_dtype_torch_lacks(tmp_path):
