@@ -482,9 +482,11 @@ typedef struct sluice_model sluice_model;
  * presigned URLs (S3, GCS, Azure), so that URLs signed on different
  * nodes count as one task.
  * A proxy is never trusted with the result: a request through it that
- * fails (connection refused or reset, timeout, 5xx or any status but 404
- * and 416, a reply that fails the range checks) is sent again at once to
- * the origin directly, and a tensor whose bytes from the proxy fail
+ * fails (connection refused or reset, timeout, 5xx or any other status,
+ * a reply that fails the range checks) is sent again at once to the
+ * origin directly (a 404 or 416 too, which the proxy is not trusted to
+ * say: it counts as a failure only when the origin then serves the
+ * request), and a tensor whose bytes from the proxy fail
  * verification is loaded again directly; each counts in proxy_failures,
  * the bytes then fetched directly in proxy_bypass_bytes, and
  * sluice_tensor_source says "primary, direct: the proxy failed (...)".

@@ -405,6 +405,8 @@ typedef struct xfer {
     int proxied;                 /* this attempt goes through the proxy */
     int would_proxy;             /* a proxy applies to its URL (no_proxy aside) */
     int skipped;                 /* it went direct: the proxy was taken for down */
+    int unconfirmed;             /* the proxy said 404/416: asked directly, and
+                                    its failure if the origin serves it */
 } xfer;
 
 static void x_reset_attempt(xfer *x)
@@ -682,14 +684,22 @@ static struct curl_slist *setup_proxy(CURL *h, const sl_remote_cfg *c, const cha
     return dragonfly_headers(l, x->demand);
 }
 
-/* Whether the failure of an attempt through the proxy is the proxy's to
- * answer for (then the request goes direct): anything but a cancel and
- * the statuses a proxy relays as the origin gave them (404, 416). */
+/* A 404 or 416 through the proxy: what the origin may have answered, or
+ * the proxy's own (a cached negative reply, a rule, a lie). */
+static int proxy_relayed(const xfer *x, CURLcode rc)
+{
+    return rc == CURLE_OK && !x->verdict && (x->status == 404 || x->status == 416);
+}
+
+/* Whether the failure of an attempt through the proxy sends the request
+ * to the origin directly: anything but a cancel. A 404 or 416 too: the
+ * proxy is not trusted to say that an object (a manifest, a shard) is
+ * missing, which would decide what is verified; it counts as the proxy's
+ * failure only when the origin then serves the request (proxy_failed). */
 static int proxy_fault(const xfer *x, CURLcode rc, int code)
 {
-    if (!x->proxied || code == SLUICE_E_CANCELLED)
-        return 0;
-    return !(rc == CURLE_OK && !x->verdict && (x->status == 404 || x->status == 416));
+    (void)rc;
+    return x->proxied && code != SLUICE_E_CANCELLED;
 }
 
 /* Counts a proxy failure of x's attempt (ended with rc); the request goes
@@ -701,6 +711,10 @@ static int proxy_fault(const xfer *x, CURLcode rc, int code)
 static void proxy_failed(const sl_remote_cfg *c, xfer *x, CURLcode rc)
 {
     x->no_proxy = 1;
+    if (proxy_relayed(x, rc)) {
+        x->unconfirmed = 1;     /* counted if the origin serves it */
+        return;
+    }
     atomic_fetch_add_explicit(&c->tally->proxy_failures, 1, memory_order_relaxed);
     if (!x->verdict && rc != CURLE_OK &&
         (x->cause == SL_RRETRY_CONNECTION || x->cause == SL_RRETRY_TIMEOUT))
@@ -958,6 +972,8 @@ static int fetch(const sl_remote_cfg *c, const char *loc, xfer *x, uint64_t off,
             rc = sl_fail(err, code, "%s: %s", x->shown, msg);
         break;
     }
+    if (rc == SLUICE_OK && x->unconfirmed)
+        atomic_fetch_add_explicit(&c->tally->proxy_failures, 1, memory_order_relaxed);
     if (rc == SLUICE_OK && x->no_proxy && x->would_proxy)
         atomic_fetch_add_explicit(&c->tally->proxy_bypass_bytes,
                                   x->ranged ? x->done - bypass_from : x->glen,
@@ -1066,6 +1082,8 @@ struct sl_rio {
 static void complete(sl_rio *r, rreq *q, int code, const char *msg, int errnum)
 {
     sl_io_req *req = q->req;
+    if (!code && q->x.unconfirmed)
+        atomic_fetch_add_explicit(&r->c->tally->proxy_failures, 1, memory_order_relaxed);
     if (!code && q->x.no_proxy && q->x.would_proxy)
         atomic_fetch_add_explicit(&r->c->tally->proxy_bypass_bytes,
                                   req->done_bytes - q->bypass_from, memory_order_relaxed);

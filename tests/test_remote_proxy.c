@@ -653,6 +653,47 @@ static void test_command_proxy(void **state)
     free(dir);
 }
 
+/* ---------------------------------------------------------------- review */
+
+/* A proxy that answers 404 for the manifest sidecar (the fault server on a
+ * copy of the model with one byte of w.c flipped and no manifest): the
+ * origin has the manifest, so the load is verified against it and every
+ * tensor is the origin's. A 404 from the proxy is asked of the origin
+ * directly: else the proxy alone decides that the model has no manifest,
+ * and its bytes are delivered unverified. */
+static void test_proxy_404_manifest(void **state)
+{
+    (void)state;
+    char why[256];
+    char *liar = tu_tmpdir();
+    char *lm = tu_join(liar, "m.safetensors");
+    copy_file(model_path, lm);
+    {
+        size_t len = 0;
+        unsigned char *b = tu_read_file(lm, &len);
+        b[len - sizes[5] - sizes[4] - sizes[3] - sizes[2] / 2] ^= 0xFF;   /* in w.c */
+        tu_write_file(lm, b, len);
+        free(b);
+    }
+    rf_server fault;
+    if (!rf_fault_start(&fault, SLUICE_FAULT_SERVER, liar, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    sluice_options o;
+    opts_with_proxy(&o, fault.base);
+    outcome out;
+    load_all(model_url(), &o, 0, &out);
+    rf_stop(&fault);
+    tu_rmtree(liar);
+    free(lm);
+    free(liar);
+    if (!out.ok)
+        fail_msg("%s", out.why);
+    assert_int_equal(out.st.failures, 0);
+    assert_true(out.st.proxy_failures >= 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -666,6 +707,9 @@ int main(void)
         cmocka_unit_test(test_plain_no_dragonfly_headers),
         cmocka_unit_test(test_mirror_through_proxy),
         cmocka_unit_test(test_command_proxy),
+        cmocka_unit_test(test_proxy_404_manifest),
     };
+    if (getenv("SLUICE_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("SLUICE_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }
