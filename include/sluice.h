@@ -468,7 +468,9 @@ typedef struct sluice_model sluice_model;
  * and s3://, else all_proxy or ALL_PROXY. no_proxy (or NO_PROXY) names
  * the hosts reached directly whichever gave the proxy: a comma-separated
  * list of host names (a name matches itself and its subdomains; a
- * leading dot is ignored) or IP addresses, "*" for all. A plain proxy
+ * leading dot, trailing dots and case are ignored) or IP addresses and
+ * ranges ("10.0.0.0/8", "fd00::/8"), "*" for all, as libcurl reads it;
+ * libcurl applies no no_proxy of its own. A plain proxy
  * (SLUICE_PROXY_PLAIN) gets absolute-URI requests for http:// and a
  * CONNECT tunnel for https://, which it cannot cache. A Dragonfly proxy
  * (SLUICE_PROXY_DRAGONFLY, dfdaemon's HTTP proxy) gets every request as

@@ -22,6 +22,7 @@
  */
 #include "remote.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -196,18 +197,76 @@ static void url_host(const char *url, char *buf, size_t cap)
     snprintf(buf, cap, "%.*s", (int)n, p);
 }
 
-/* Whether no_proxy names host: "*", the host itself, or a domain of it
- * (with or without a leading dot), compared without case. */
+/* Whether the address a (len bytes) is in the network of entry e (n
+ * bytes: an address, "/BITS" after it or not, an IPv6 one in brackets or
+ * not), of the same family. */
+static int no_proxy_net(const unsigned char *a, size_t len, int af, const char *e, size_t n)
+{
+    char ip[64];
+    if (n >= sizeof ip)
+        return 0;
+    memcpy(ip, e, n);
+    ip[n] = '\0';
+    unsigned bits = (unsigned)len * 8;
+    char *slash = strchr(ip, '/');
+    if (slash) {
+        char *end;
+        unsigned long b = strtoul(slash + 1, &end, 10);
+        if (end == slash + 1 || *end || b > len * 8)
+            return 0;
+        bits = (unsigned)b;
+        *slash = '\0';
+    }
+    char *p = ip;
+    size_t pl = strlen(p);
+    if (af == AF_INET6 && pl >= 2 && p[0] == '[' && p[pl - 1] == ']') {
+        p[pl - 1] = '\0';
+        p++;
+    }
+    unsigned char net[16];
+    if (inet_pton(af, p, net) != 1)
+        return 0;
+    size_t whole = bits / 8;
+    if (memcmp(a, net, whole) != 0)
+        return 0;
+    unsigned rest = bits % 8;
+    unsigned char mask = (unsigned char)(0xFFu << (8 - rest));
+    return !rest || ((a[whole] ^ net[whole]) & mask) == 0;
+}
+
+/* Whether no_proxy names host, as libcurl's noproxy.c reads it: "*" (the
+ * whole list), an address or an address range (CIDR) for a host that is
+ * an IP address (never a suffix of its text: "0.0.1" is not 10.0.0.1);
+ * for a name, the name itself or a domain of it, compared without case,
+ * a leading dot of an entry and a trailing dot of either ignored
+ * ("example.com" matches www.example.com, never badexample.com). */
 static int no_proxy_match(const char *list, const char *host)
 {
     size_t hl = strlen(host);
+    size_t lead = strspn(list, " \t"), len = strlen(list + lead);
+    while (len && (list[lead + len - 1] == ' ' || list[lead + len - 1] == '\t'))
+        len--;
+    if (len == 1 && list[lead] == '*')
+        return 1;
+    unsigned char addr[16];
+    int af = inet_pton(AF_INET, host, addr) == 1 ? AF_INET
+           : inet_pton(AF_INET6, host, addr) == 1 ? AF_INET6 : 0;
+    if (!af && hl && host[hl - 1] == '.')
+        hl--;
     for (const char *p = list; *p;) {
         p += strspn(p, ", \t");
         size_t n = strcspn(p, ", \t");
         const char *e = p;
         p += n;
-        if (n == 1 && *e == '*')
-            return 1;
+        if (!n)
+            continue;
+        if (af) {
+            if (no_proxy_net(addr, af == AF_INET ? 4 : 16, af, e, n))
+                return 1;
+            continue;
+        }
+        if (e[n - 1] == '.')
+            n--;
         if (n && *e == '.') {
             e++;
             n--;
@@ -670,6 +729,11 @@ static struct curl_slist *setup_proxy(CURL *h, const sl_remote_cfg *c, const cha
     }
     x->proxied = px && !x->no_proxy;
     curl_easy_setopt(h, CURLOPT_PROXY, x->proxied ? px : "");
+    /* "": libcurl applies no no_proxy of its own (it reads the
+     * environment's otherwise, even with CURLOPT_PROXY set): the decision
+     * above is the one followed, and the Dragonfly rewrite below never
+     * goes to the origin directly in clear */
+    curl_easy_setopt(h, CURLOPT_NOPROXY, "");
     if (!x->proxied || c->proxy_kind != SLUICE_PROXY_DRAGONFLY)
         return l;
     if (!strncmp(url, "https://", 8)) {

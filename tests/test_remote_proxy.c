@@ -694,6 +694,47 @@ static void test_proxy_404_manifest(void **state)
     assert_true(out.st.proxy_failures >= 1);
 }
 
+/* no_proxy is sluice's decision alone, read as libcurl reads it: an
+ * address range (127.0.0.0/8) names the https:// origin, so a Dragonfly
+ * load goes to it directly over TLS, the daemon never asked. Before,
+ * sluice did not know CIDR and rewrote the URL to http:// for the daemon,
+ * while libcurl, reading no_proxy itself, sent that http:// request (with
+ * its token) to the origin directly, in clear: a 400 from its TLS port,
+ * counted as the proxy's failure. */
+static void test_no_proxy_range_dragonfly(void **state)
+{
+    (void)state;
+    char why[256];
+    if (!nginx.tls_port) {
+        print_message("skipped: no certificate for nginx's https (openssl)\n");
+        skip();
+    }
+    rf_server df;
+    if (!rf_fault_start(&df, SLUICE_FAULT_SERVER, root, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    setenv("no_proxy", "10.1.2.3, 127.0.0.0/8", 1);
+    char url[256];
+    snprintf(url, sizeof url, "%s/m.safetensors", nginx.tls_base);
+    sluice_options o;
+    opts_with_proxy(&o, df.base);
+    o.proxy_kind = SLUICE_PROXY_DRAGONFLY;
+    o.remote_ca_file = nginx.ca_file;
+    o.http_token = "secret-token";
+    outcome out;
+    load_all(url, &o, 0, &out);
+    unsetenv("no_proxy");
+    char *log = rf_get(&df, "/ctl/log");
+    rf_stop(&df);
+    if (!out.ok)
+        fail_msg("%s", out.why);
+    assert_int_equal(out.st.proxy_failures, 0);
+    assert_int_equal(out.st.proxy_bypass_bytes, 0);
+    assert_string_equal(log, "");
+    free(log);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -708,6 +749,7 @@ int main(void)
         cmocka_unit_test(test_mirror_through_proxy),
         cmocka_unit_test(test_command_proxy),
         cmocka_unit_test(test_proxy_404_manifest),
+        cmocka_unit_test(test_no_proxy_range_dragonfly),
     };
     if (getenv("SLUICE_TEST_FILTER"))
         cmocka_set_test_filter(getenv("SLUICE_TEST_FILTER"));
