@@ -482,7 +482,9 @@ typedef struct sluice_model sluice_model;
  * open's fetches, a stream's head) and 3 for read-ahead, and
  * X-Dragonfly-Filtered-Query-Params naming the query parameters of
  * presigned URLs (S3, GCS, Azure), so that URLs signed on different
- * nodes count as one task.
+ * nodes count as one task; a redirect to https:// that it relays is not
+ * followed through it (that would be a CONNECT tunnel): that request
+ * goes direct, counted.
  * A proxy is never trusted with the result: a request through it that
  * fails (connection refused or reset, timeout, 5xx or any other status,
  * a reply that fails the range checks) is sent again at once to the

@@ -780,8 +780,12 @@ static void proxy_failed(const sl_remote_cfg *c, xfer *x, CURLcode rc)
         return;
     }
     atomic_fetch_add_explicit(&c->tally->proxy_failures, 1, memory_order_relaxed);
-    if (!x->verdict && rc != CURLE_OK &&
-        (x->cause == SL_RRETRY_CONNECTION || x->cause == SL_RRETRY_TIMEOUT))
+    /* could not be reached, or stopped answering: not any transport error
+     * (a redirect it may not follow, a protocol error, is one request's) */
+    if (!x->verdict &&
+        (x->stalled || x->slow || rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_PROXY ||
+         rc == CURLE_OPERATION_TIMEDOUT || rc == CURLE_RECV_ERROR || rc == CURLE_SEND_ERROR ||
+         rc == CURLE_GOT_NOTHING))
         atomic_store_explicit(&c->tally->proxy_down_until, mono_ms() + SL_PROXY_DOWN_MS,
                               memory_order_relaxed);
 }
@@ -799,6 +803,11 @@ static int setup(CURL *h, const sl_remote_cfg *c, const char *loc, const char *u
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    /* Dragonfly never tunnels: a redirect to https:// (the Hub's to its
+     * CDN) would be followed through the daemon with CONNECT; it fails
+     * instead, and the request goes to the origin directly (proxy_fault) */
+    if (x->proxied && c->proxy_kind == SLUICE_PROXY_DRAGONFLY)
+        curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR, "http");
     curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 1L);
     curl_easy_setopt(h, CURLOPT_MAXREDIRS, 5L);
     /* the Authorization header stays with the first request's host, port

@@ -735,6 +735,40 @@ static void test_no_proxy_range_dragonfly(void **state)
     free(log);
 }
 
+/* Dragonfly mode never tunnels, a redirect included: the daemon relays a
+ * 302 to an https:// location (as the Hub's resolve redirects to its
+ * CDN); libcurl, following it through the daemon, would open a CONNECT
+ * tunnel. It is not followed through the daemon: the request goes to the
+ * origin directly (counted), and the daemon is not taken for down. */
+static void test_dragonfly_redirect_no_connect(void **state)
+{
+    (void)state;
+    char why[256];
+    rf_server df;
+    if (!rf_fault_start(&df, SLUICE_FAULT_SERVER, root, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    char ctl[256];
+    snprintf(ctl, sizeof ctl, "/ctl?mode=redirect&count=100000&arg=https://127.0.0.1:%u/m.safetensors",
+             rf_free_port());
+    free(rf_get(&df, ctl));
+    sluice_options o;
+    opts_with_proxy(&o, df.base);
+    o.proxy_kind = SLUICE_PROXY_DRAGONFLY;
+    outcome out;
+    load_all(model_url(), &o, 0, &out);
+    char *log = rf_get(&df, "/ctl/log");
+    rf_stop(&df);
+    int connect = strstr(log, "CONNECT ") != NULL;
+    free(log);
+    if (!out.ok)
+        fail_msg("%s", out.why);
+    assert_false(connect);
+    assert_true(out.st.proxy_failures >= out.st.remote_reads + out.st.remote_open_requests);
+    assert_int_equal(out.st.failures, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -750,6 +784,7 @@ int main(void)
         cmocka_unit_test(test_command_proxy),
         cmocka_unit_test(test_proxy_404_manifest),
         cmocka_unit_test(test_no_proxy_range_dragonfly),
+        cmocka_unit_test(test_dragonfly_redirect_no_connect),
     };
     if (getenv("SLUICE_TEST_FILTER"))
         cmocka_set_test_filter(getenv("SLUICE_TEST_FILTER"));
