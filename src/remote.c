@@ -711,6 +711,52 @@ static struct curl_slist *dragonfly_headers(struct curl_slist *l, int demand)
     return curl_slist_append(l, "X-Dragonfly-Filtered-Query-Params: " DF_FILTERED);
 }
 
+/* Sets the proxy px on h: its URL without user:password@, and those,
+ * percent-decoded, apart (CURLOPT_PROXYUSERNAME, CURLOPT_PROXYPASSWORD):
+ * libcurl names the proxy URL whole in some of its errors ("Unsupported
+ * proxy scheme for '...'"), which become messages and
+ * sluice_tensor_source. */
+static void set_proxy(CURL *h, const char *px)
+{
+    const char *sep = strstr(px, "://");
+    const char *auth = sep ? sep + 3 : px;
+    size_t alen = strcspn(auth, "/?#");
+    const char *at = NULL;
+    for (const char *q = auth; q < auth + alen; q++)
+        if (*q == '@')
+            at = q;
+    if (!at) {
+        curl_easy_setopt(h, CURLOPT_PROXY, px);
+        return;
+    }
+    size_t n = strlen(px) + 1;
+    char *bare = malloc(n), *info = malloc(n);
+    if (!bare || !info) {
+        free(bare);
+        free(info);
+        curl_easy_setopt(h, CURLOPT_PROXY, px);
+        return;
+    }
+    snprintf(bare, n, "%.*s%s", (int)(auth - px), px, at + 1);
+    snprintf(info, n, "%.*s", (int)(at - auth), auth);
+    char *colon = strchr(info, ':');
+    if (colon)
+        *colon = '\0';
+    char *user = curl_easy_unescape(h, info, 0, NULL);
+    char *pass = colon ? curl_easy_unescape(h, colon + 1, 0, NULL) : NULL;
+    curl_easy_setopt(h, CURLOPT_PROXY, bare);
+    curl_easy_setopt(h, CURLOPT_PROXYUSERNAME, user ? user : "");
+    curl_easy_setopt(h, CURLOPT_PROXYPASSWORD, pass ? pass : "");
+    /* libcurl copies them */
+    if (pass)
+        memset(pass, 0, strlen(pass));
+    curl_free(user);
+    curl_free(pass);
+    memset(info, 0, n);
+    free(info);
+    free(bare);
+}
+
 /* The proxy of one attempt (sluice.h "Proxies"): CURLOPT_PROXY always set
  * (to "" when direct), so that libcurl never reads the environment
  * itself. A Dragonfly proxy is asked https:// objects as http:// (an
@@ -728,7 +774,10 @@ static struct curl_slist *setup_proxy(CURL *h, const sl_remote_cfg *c, const cha
         x->skipped = 1;
     }
     x->proxied = px && !x->no_proxy;
-    curl_easy_setopt(h, CURLOPT_PROXY, x->proxied ? px : "");
+    if (x->proxied)
+        set_proxy(h, px);
+    else
+        curl_easy_setopt(h, CURLOPT_PROXY, "");
     /* "": libcurl applies no no_proxy of its own (it reads the
      * environment's otherwise, even with CURLOPT_PROXY set): the decision
      * above is the one followed, and the Dragonfly rewrite below never
