@@ -461,7 +461,12 @@ typedef struct sluice_model sluice_model;
  * Proxies
  * -------
  * Every remote request of a model and of its mirrors (open's, tensor
- * reads', sluice_read_into's) goes through one proxy when one applies:
+ * reads', sluice_read_into's) goes through one proxy when one applies,
+ * but for what the bytes are checked against: the manifest (a sidecar or
+ * manifest_path) and the Hub's API (its revision and LFS SHA-256) are
+ * always read from the origin directly, since a proxy that served the
+ * manifest too would be trusted with the result (not bypass bytes).
+ * The proxy is
  * opts.http_proxy when set (it wins over the environment; "" turns
  * proxies off), else the environment as libcurl reads it: http_proxy
  * (lower case only) for http://, https_proxy or HTTPS_PROXY for https://
@@ -485,7 +490,7 @@ typedef struct sluice_model sluice_model;
  * nodes count as one task; a redirect to https:// that it relays is not
  * followed through it (that would be a CONNECT tunnel): that request
  * goes direct, counted.
- * A proxy is never trusted with the result: a request through it that
+ * never trusted with the result: a request through it that
  * fails (connection refused or reset, timeout, 5xx or any other status,
  * a reply that fails the range checks) is sent again at once to the
  * origin directly (a 404 or 416 too, which the proxy is not trusted to

@@ -379,6 +379,13 @@ int sl_remote_get(const sl_remote_cfg *c, const char *location, size_t max, char
     return unsupported(err, location);
 }
 
+int sl_remote_get_anchor(const sl_remote_cfg *c, const char *location, size_t max, char **out,
+                         size_t *len, int missing_code, sl_err *err)
+{
+    *out = NULL;
+    return unsupported(err, location);
+}
+
 int sl_rio_create(const sl_remote_cfg *c, sl_io_done_fn done, void *ctx, sl_rio **out,
                   sl_err *err)
 {
@@ -464,6 +471,9 @@ typedef struct xfer {
     int proxied;                 /* this attempt goes through the proxy */
     int would_proxy;             /* a proxy applies to its URL (no_proxy aside) */
     int skipped;                 /* it went direct: the proxy was taken for down */
+    int anchor;                  /* what bytes are checked against (a manifest,
+                                    the Hub's API): to the origin directly, by
+                                    design (not bypass bytes) */
     int unconfirmed;             /* the proxy said 404/416: asked directly, and
                                     its failure if the origin serves it */
 } xfer;
@@ -1096,7 +1106,7 @@ static int fetch(const sl_remote_cfg *c, const char *loc, xfer *x, uint64_t off,
     }
     if (rc == SLUICE_OK && x->unconfirmed)
         atomic_fetch_add_explicit(&c->tally->proxy_failures, 1, memory_order_relaxed);
-    if (rc == SLUICE_OK && x->no_proxy && x->would_proxy)
+    if (rc == SLUICE_OK && x->no_proxy && x->would_proxy && !x->anchor)
         atomic_fetch_add_explicit(&c->tally->proxy_bypass_bytes,
                                   x->ranged ? x->done - bypass_from : x->glen,
                                   memory_order_relaxed);
@@ -1139,12 +1149,12 @@ int sl_remote_read_tensor(const sl_remote_cfg *c, const char *location, uint64_t
     return ranged_read(c, location, offset, len, buf, size, etag, missing_code, 1, err);
 }
 
-int sl_remote_get(const sl_remote_cfg *c, const char *location, size_t max, char **out,
-                  size_t *len, int missing_code, sl_err *err)
+static int get(const sl_remote_cfg *c, const char *location, size_t max, char **out,
+               size_t *len, int missing_code, int anchor, sl_err *err)
 {
     *out = NULL;
     *len = 0;
-    xfer x = {.gmax = max};
+    xfer x = {.gmax = max, .anchor = anchor, .no_proxy = anchor};
     int rc = fetch(c, location, &x, 0, 0, missing_code ? missing_code : -1000, err);
     if (rc == -1000) {
         free(x.gbuf);
@@ -1160,6 +1170,18 @@ int sl_remote_get(const sl_remote_cfg *c, const char *location, size_t max, char
     *out = x.gbuf;
     *len = x.glen;
     return SLUICE_OK;
+}
+
+int sl_remote_get(const sl_remote_cfg *c, const char *location, size_t max, char **out,
+                  size_t *len, int missing_code, sl_err *err)
+{
+    return get(c, location, max, out, len, missing_code, 0, err);
+}
+
+int sl_remote_get_anchor(const sl_remote_cfg *c, const char *location, size_t max, char **out,
+                         size_t *len, int missing_code, sl_err *err)
+{
+    return get(c, location, max, out, len, missing_code, 1, err);
 }
 
 /* ---------------------------------------------------------------- the seam */

@@ -44,6 +44,7 @@ static char *root;          /* served by nginx at / */
 static char *bad_root;      /* the same files, for the fault server */
 static char *model_path;    /* root/m.safetensors */
 static uint64_t model_bytes; /* the model's file and its manifest */
+static uint64_t manifest_bytes; /* its manifest, read directly (never through a proxy) */
 
 static const char *const names[] = {"w.a", "w.b", "w.c", "w.d", "w.e", "w.f"};
 static const uint64_t sizes[] = {3 * MIB + 5, 1000, 5 * MIB + 7, 64, 2 * MIB, 4 * MIB + 1};
@@ -108,6 +109,7 @@ static int setup(void **state)
     char *mf = tu_join(root, "m.safetensors.manifest.json");
     write_manifest(model_path, mf);
     model_bytes = file_size(model_path) + file_size(mf);
+    manifest_bytes = file_size(mf);
     bad_root = tu_tmpdir();
     char *bm = tu_join(bad_root, "m.safetensors"), *bmf = tu_join(bad_root, "m.safetensors.manifest.json");
     copy_file(model_path, bm);
@@ -367,7 +369,8 @@ static void test_proxy_refused(void **state)
     if (!out.ok)
         fail_msg("%s", out.why);
     assert_int_equal(out.st.proxy_failures, 1);
-    assert_int_equal(out.st.proxy_bypass_bytes, out.st.remote_bytes + out.st.remote_open_bytes);
+    assert_int_equal(out.st.proxy_bypass_bytes,
+                     out.st.remote_bytes + out.st.remote_open_bytes - manifest_bytes);
     assert_true(out.st.remote_bytes >= model_bytes - 4096);
     assert_int_equal(out.st.failures, 0);
     for (size_t i = 0; i < NT; i++)
@@ -396,7 +399,8 @@ static void test_proxy_hangs(void **state)
     if (!out.ok)
         fail_msg("%s", out.why);
     assert_int_equal(out.st.proxy_failures, 1);
-    assert_int_equal(out.st.proxy_bypass_bytes, out.st.remote_bytes + out.st.remote_open_bytes);
+    assert_int_equal(out.st.proxy_bypass_bytes,
+                     out.st.remote_bytes + out.st.remote_open_bytes - manifest_bytes);
     assert_int_equal(out.st.failures, 0);
 }
 
@@ -420,8 +424,10 @@ static void test_proxy_5xx(void **state)
     rf_stop(&fault);
     if (!out.ok)
         fail_msg("%s", out.why);
-    assert_true(out.st.proxy_failures >= out.st.remote_reads + out.st.remote_open_requests);
-    assert_int_equal(out.st.proxy_bypass_bytes, out.st.remote_bytes + out.st.remote_open_bytes);
+    /* every request but the manifest's, which goes direct */
+    assert_true(out.st.proxy_failures >= out.st.remote_reads + out.st.remote_open_requests - 1);
+    assert_int_equal(out.st.proxy_bypass_bytes,
+                     out.st.remote_bytes + out.st.remote_open_bytes - manifest_bytes);
     assert_int_equal(out.st.remote_retries, 0);
 }
 
@@ -765,7 +771,8 @@ static void test_dragonfly_redirect_no_connect(void **state)
     if (!out.ok)
         fail_msg("%s", out.why);
     assert_false(connect);
-    assert_true(out.st.proxy_failures >= out.st.remote_reads + out.st.remote_open_requests);
+    /* every request but the manifest's, which goes direct */
+    assert_true(out.st.proxy_failures >= out.st.remote_reads + out.st.remote_open_requests - 1);
     assert_int_equal(out.st.failures, 0);
 }
 
@@ -814,6 +821,53 @@ static void test_proxy_credentials_hidden(void **state)
     assert_int_equal(sluice_close(m), SLUICE_OK);
 }
 
+/* A proxy that serves a manifest of its own, written for the bytes it
+ * flips (the fault server on a copy of the model with one byte of w.c
+ * flipped and that copy's manifest): the manifest is what the bytes are
+ * checked against, so it is read from the origin directly, never through
+ * the proxy; w.c is the origin's (read again directly), every tensor
+ * verified. Before, the proxy's manifest was taken and its flipped w.c
+ * delivered, "verified". */
+static void test_proxy_own_manifest(void **state)
+{
+    (void)state;
+    char why[256];
+    char *liar = tu_tmpdir();
+    char *lm = tu_join(liar, "m.safetensors"), *lmf = tu_join(liar, "m.safetensors.manifest.json");
+    copy_file(model_path, lm);
+    {
+        size_t len = 0;
+        unsigned char *b = tu_read_file(lm, &len);
+        b[len - sizes[5] - sizes[4] - sizes[3] - sizes[2] / 2] ^= 0xFF;   /* in w.c */
+        tu_write_file(lm, b, len);
+        free(b);
+    }
+    write_manifest(lm, lmf);
+    rf_server fault;
+    if (!rf_fault_start(&fault, SLUICE_FAULT_SERVER, liar, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    sluice_options o;
+    opts_with_proxy(&o, fault.base);
+    outcome out;
+    load_all(model_url(), &o, 0, &out);
+    char *log = rf_get(&fault, "/ctl/log");
+    rf_stop(&fault);
+    tu_rmtree(liar);
+    free(lm);
+    free(lmf);
+    free(liar);
+    if (!out.ok)
+        fail_msg("%s", out.why);
+    assert_null(strstr(log, "manifest.json"));
+    assert_non_null(strstr(log, "GET http://"));    /* the tensors through it */
+    free(log);
+    assert_int_equal(out.st.failures, 0);
+    assert_int_equal(out.st.checksum_failures, 1);
+    assert_int_equal(out.st.proxy_failures, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -831,6 +885,7 @@ int main(void)
         cmocka_unit_test(test_no_proxy_range_dragonfly),
         cmocka_unit_test(test_dragonfly_redirect_no_connect),
         cmocka_unit_test(test_proxy_credentials_hidden),
+        cmocka_unit_test(test_proxy_own_manifest),
     };
     if (getenv("SLUICE_TEST_FILTER"))
         cmocka_set_test_filter(getenv("SLUICE_TEST_FILTER"));
