@@ -479,14 +479,21 @@ typedef struct sluice_model sluice_model;
  * Proxies
  * -------
  * Every remote request of a model and of its mirrors (open's, tensor
- * reads', sluice_read_into's) goes through one proxy when one applies:
+ * reads', sluice_read_into's) goes through one proxy when one applies,
+ * but for what the bytes are checked against: the manifest (a sidecar or
+ * manifest_path) and the Hub's API (its revision and LFS SHA-256) are
+ * always read from the origin directly, since a proxy that served the
+ * manifest too would be trusted with the result (not bypass bytes).
+ * The proxy is
  * opts.http_proxy when set (it wins over the environment; "" turns
  * proxies off), else the environment as libcurl reads it: http_proxy
  * (lower case only) for http://, https_proxy or HTTPS_PROXY for https://
  * and s3://, else all_proxy or ALL_PROXY. no_proxy (or NO_PROXY) names
  * the hosts reached directly whichever gave the proxy: a comma-separated
  * list of host names (a name matches itself and its subdomains; a
- * leading dot is ignored) or IP addresses, "*" for all. A plain proxy
+ * leading dot, trailing dots and case are ignored) or IP addresses and
+ * ranges ("10.0.0.0/8", "fd00::/8"), "*" for all, as libcurl reads it;
+ * libcurl applies no no_proxy of its own. A plain proxy
  * (SLUICE_PROXY_PLAIN) gets absolute-URI requests for http:// and a
  * CONNECT tunnel for https://, which it cannot cache. A Dragonfly proxy
  * (SLUICE_PROXY_DRAGONFLY, dfdaemon's HTTP proxy) gets every request as
@@ -498,11 +505,15 @@ typedef struct sluice_model sluice_model;
  * open's fetches, a stream's head) and 3 for read-ahead, and
  * X-Dragonfly-Filtered-Query-Params naming the query parameters of
  * presigned URLs (S3, GCS, Azure), so that URLs signed on different
- * nodes count as one task.
- * A proxy is never trusted with the result: a request through it that
- * fails (connection refused or reset, timeout, 5xx or any status but 404
- * and 416, a reply that fails the range checks) is sent again at once to
- * the origin directly, and a tensor whose bytes from the proxy fail
+ * nodes count as one task; a redirect to https:// that it relays is not
+ * followed through it (that would be a CONNECT tunnel): that request
+ * goes direct, counted.
+ * never trusted with the result: a request through it that
+ * fails (connection refused or reset, timeout, 5xx or any other status,
+ * a reply that fails the range checks) is sent again at once to the
+ * origin directly (a 404 or 416 too, which the proxy is not trusted to
+ * say: it counts as a failure only when the origin then serves the
+ * request), and a tensor whose bytes from the proxy fail
  * verification is loaded again directly; each counts in proxy_failures,
  * the bytes then fetched directly in proxy_bypass_bytes, and
  * sluice_tensor_source says "primary, direct: the proxy failed (...)".

@@ -297,7 +297,7 @@ static int fetch_remote_manifest(sluice_model *m, const char *path, char **loc, 
     if (o->manifest_path) {
         if (!(*loc = strdup(o->manifest_path)))
             return sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
-        return sl_remote_get(m->remote, *loc, SLUICE_MAX_MANIFEST_BYTES, text, len,
+        return sl_remote_get_anchor(m->remote, *loc, SLUICE_MAX_MANIFEST_BYTES, text, len,
                              SLUICE_E_MANIFEST, err);
     }
     char *cand[2], list[2 * SL_ERRMSG_MAX / 3];
@@ -305,7 +305,8 @@ static int fetch_remote_manifest(sluice_model *m, const char *path, char **loc, 
     if (nc < 0)
         return sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
     for (k = 0; k < nc && rc == SLUICE_OK && !*text; k++)
-        rc = sl_remote_get(m->remote, cand[k], SLUICE_MAX_MANIFEST_BYTES, text, len, 0, err);
+        rc = sl_remote_get_anchor(m->remote, cand[k], SLUICE_MAX_MANIFEST_BYTES, text, len, 0,
+                                  err);
     if (rc < 0 || *text) {
         *loc = cand[k - 1];
         cand[k - 1] = NULL;

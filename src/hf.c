@@ -55,7 +55,8 @@ static int refused(const sl_remote_cfg *c, const sl_hf_loc *h, const char *loc, 
     char *u = api_url(c, h, 0), *text = NULL;
     size_t len = 0;
     sl_err e2;
-    int repo_ok = u && sl_remote_get(c, u, HF_API_MAX, &text, &len, SLUICE_E_NO_FILES, &e2) == 0;
+    int repo_ok =
+        u && sl_remote_get_anchor(c, u, HF_API_MAX, &text, &len, SLUICE_E_NO_FILES, &e2) == 0;
     free(u);
     free(text);
     if (repo_ok)
@@ -143,7 +144,7 @@ static int resolve(const sl_remote_cfg *c, const char *loc, sl_hf_repo **out, sl
         return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
     size_t len = 0;
     sl_err e2;
-    int rc = sl_remote_get(c, u, HF_API_MAX, &text, &len, SLUICE_E_NO_FILES, &e2);
+    int rc = sl_remote_get_anchor(c, u, HF_API_MAX, &text, &len, SLUICE_E_NO_FILES, &e2);
     free(u);
     if (rc < 0)
         return refused(c, &h, loc, rc, &e2, err);

@@ -22,6 +22,7 @@
  */
 #include "remote.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -196,18 +197,76 @@ static void url_host(const char *url, char *buf, size_t cap)
     snprintf(buf, cap, "%.*s", (int)n, p);
 }
 
-/* Whether no_proxy names host: "*", the host itself, or a domain of it
- * (with or without a leading dot), compared without case. */
+/* Whether the address a (len bytes) is in the network of entry e (n
+ * bytes: an address, "/BITS" after it or not, an IPv6 one in brackets or
+ * not), of the same family. */
+static int no_proxy_net(const unsigned char *a, size_t len, int af, const char *e, size_t n)
+{
+    char ip[64];
+    if (n >= sizeof ip)
+        return 0;
+    memcpy(ip, e, n);
+    ip[n] = '\0';
+    unsigned bits = (unsigned)len * 8;
+    char *slash = strchr(ip, '/');
+    if (slash) {
+        char *end;
+        unsigned long b = strtoul(slash + 1, &end, 10);
+        if (end == slash + 1 || *end || b > len * 8)
+            return 0;
+        bits = (unsigned)b;
+        *slash = '\0';
+    }
+    char *p = ip;
+    size_t pl = strlen(p);
+    if (af == AF_INET6 && pl >= 2 && p[0] == '[' && p[pl - 1] == ']') {
+        p[pl - 1] = '\0';
+        p++;
+    }
+    unsigned char net[16];
+    if (inet_pton(af, p, net) != 1)
+        return 0;
+    size_t whole = bits / 8;
+    if (memcmp(a, net, whole) != 0)
+        return 0;
+    unsigned rest = bits % 8;
+    unsigned char mask = (unsigned char)(0xFFu << (8 - rest));
+    return !rest || ((a[whole] ^ net[whole]) & mask) == 0;
+}
+
+/* Whether no_proxy names host, as libcurl's noproxy.c reads it: "*" (the
+ * whole list), an address or an address range (CIDR) for a host that is
+ * an IP address (never a suffix of its text: "0.0.1" is not 10.0.0.1);
+ * for a name, the name itself or a domain of it, compared without case,
+ * a leading dot of an entry and a trailing dot of either ignored
+ * ("example.com" matches www.example.com, never badexample.com). */
 static int no_proxy_match(const char *list, const char *host)
 {
     size_t hl = strlen(host);
+    size_t lead = strspn(list, " \t"), len = strlen(list + lead);
+    while (len && (list[lead + len - 1] == ' ' || list[lead + len - 1] == '\t'))
+        len--;
+    if (len == 1 && list[lead] == '*')
+        return 1;
+    unsigned char addr[16];
+    int af = inet_pton(AF_INET, host, addr) == 1 ? AF_INET
+           : inet_pton(AF_INET6, host, addr) == 1 ? AF_INET6 : 0;
+    if (!af && hl && host[hl - 1] == '.')
+        hl--;
     for (const char *p = list; *p;) {
         p += strspn(p, ", \t");
         size_t n = strcspn(p, ", \t");
         const char *e = p;
         p += n;
-        if (n == 1 && *e == '*')
-            return 1;
+        if (!n)
+            continue;
+        if (af) {
+            if (no_proxy_net(addr, af == AF_INET ? 4 : 16, af, e, n))
+                return 1;
+            continue;
+        }
+        if (e[n - 1] == '.')
+            n--;
         if (n && *e == '.') {
             e++;
             n--;
@@ -320,6 +379,13 @@ int sl_remote_get(const sl_remote_cfg *c, const char *location, size_t max, char
     return unsupported(err, location);
 }
 
+int sl_remote_get_anchor(const sl_remote_cfg *c, const char *location, size_t max, char **out,
+                         size_t *len, int missing_code, sl_err *err)
+{
+    *out = NULL;
+    return unsupported(err, location);
+}
+
 int sl_rio_create(const sl_remote_cfg *c, sl_io_done_fn done, void *ctx, sl_rio **out,
                   sl_err *err)
 {
@@ -405,6 +471,11 @@ typedef struct xfer {
     int proxied;                 /* this attempt goes through the proxy */
     int would_proxy;             /* a proxy applies to its URL (no_proxy aside) */
     int skipped;                 /* it went direct: the proxy was taken for down */
+    int anchor;                  /* what bytes are checked against (a manifest,
+                                    the Hub's API): to the origin directly, by
+                                    design (not bypass bytes) */
+    int unconfirmed;             /* the proxy said 404/416: asked directly, and
+                                    its failure if the origin serves it */
 } xfer;
 
 static void x_reset_attempt(xfer *x)
@@ -650,6 +721,52 @@ static struct curl_slist *dragonfly_headers(struct curl_slist *l, int demand)
     return curl_slist_append(l, "X-Dragonfly-Filtered-Query-Params: " DF_FILTERED);
 }
 
+/* Sets the proxy px on h: its URL without user:password@, and those,
+ * percent-decoded, apart (CURLOPT_PROXYUSERNAME, CURLOPT_PROXYPASSWORD):
+ * libcurl names the proxy URL whole in some of its errors ("Unsupported
+ * proxy scheme for '...'"), which become messages and
+ * sluice_tensor_source. */
+static void set_proxy(CURL *h, const char *px)
+{
+    const char *sep = strstr(px, "://");
+    const char *auth = sep ? sep + 3 : px;
+    size_t alen = strcspn(auth, "/?#");
+    const char *at = NULL;
+    for (const char *q = auth; q < auth + alen; q++)
+        if (*q == '@')
+            at = q;
+    if (!at) {
+        curl_easy_setopt(h, CURLOPT_PROXY, px);
+        return;
+    }
+    size_t n = strlen(px) + 1;
+    char *bare = malloc(n), *info = malloc(n);
+    if (!bare || !info) {
+        free(bare);
+        free(info);
+        curl_easy_setopt(h, CURLOPT_PROXY, px);
+        return;
+    }
+    snprintf(bare, n, "%.*s%s", (int)(auth - px), px, at + 1);
+    snprintf(info, n, "%.*s", (int)(at - auth), auth);
+    char *colon = strchr(info, ':');
+    if (colon)
+        *colon = '\0';
+    char *user = curl_easy_unescape(h, info, 0, NULL);
+    char *pass = colon ? curl_easy_unescape(h, colon + 1, 0, NULL) : NULL;
+    curl_easy_setopt(h, CURLOPT_PROXY, bare);
+    curl_easy_setopt(h, CURLOPT_PROXYUSERNAME, user ? user : "");
+    curl_easy_setopt(h, CURLOPT_PROXYPASSWORD, pass ? pass : "");
+    /* libcurl copies them */
+    if (pass)
+        memset(pass, 0, strlen(pass));
+    curl_free(user);
+    curl_free(pass);
+    memset(info, 0, n);
+    free(info);
+    free(bare);
+}
+
 /* The proxy of one attempt (sluice.h "Proxies"): CURLOPT_PROXY always set
  * (to "" when direct), so that libcurl never reads the environment
  * itself. A Dragonfly proxy is asked https:// objects as http:// (an
@@ -667,7 +784,15 @@ static struct curl_slist *setup_proxy(CURL *h, const sl_remote_cfg *c, const cha
         x->skipped = 1;
     }
     x->proxied = px && !x->no_proxy;
-    curl_easy_setopt(h, CURLOPT_PROXY, x->proxied ? px : "");
+    if (x->proxied)
+        set_proxy(h, px);
+    else
+        curl_easy_setopt(h, CURLOPT_PROXY, "");
+    /* "": libcurl applies no no_proxy of its own (it reads the
+     * environment's otherwise, even with CURLOPT_PROXY set): the decision
+     * above is the one followed, and the Dragonfly rewrite below never
+     * goes to the origin directly in clear */
+    curl_easy_setopt(h, CURLOPT_NOPROXY, "");
     if (!x->proxied || c->proxy_kind != SLUICE_PROXY_DRAGONFLY)
         return l;
     if (!strncmp(url, "https://", 8)) {
@@ -682,14 +807,22 @@ static struct curl_slist *setup_proxy(CURL *h, const sl_remote_cfg *c, const cha
     return dragonfly_headers(l, x->demand);
 }
 
-/* Whether the failure of an attempt through the proxy is the proxy's to
- * answer for (then the request goes direct): anything but a cancel and
- * the statuses a proxy relays as the origin gave them (404, 416). */
+/* A 404 or 416 through the proxy: what the origin may have answered, or
+ * the proxy's own (a cached negative reply, a rule, a lie). */
+static int proxy_relayed(const xfer *x, CURLcode rc)
+{
+    return rc == CURLE_OK && !x->verdict && (x->status == 404 || x->status == 416);
+}
+
+/* Whether the failure of an attempt through the proxy sends the request
+ * to the origin directly: anything but a cancel. A 404 or 416 too: the
+ * proxy is not trusted to say that an object (a manifest, a shard) is
+ * missing, which would decide what is verified; it counts as the proxy's
+ * failure only when the origin then serves the request (proxy_failed). */
 static int proxy_fault(const xfer *x, CURLcode rc, int code)
 {
-    if (!x->proxied || code == SLUICE_E_CANCELLED)
-        return 0;
-    return !(rc == CURLE_OK && !x->verdict && (x->status == 404 || x->status == 416));
+    (void)rc;
+    return x->proxied && code != SLUICE_E_CANCELLED;
 }
 
 /* Counts a proxy failure of x's attempt (ended with rc); the request goes
@@ -701,9 +834,17 @@ static int proxy_fault(const xfer *x, CURLcode rc, int code)
 static void proxy_failed(const sl_remote_cfg *c, xfer *x, CURLcode rc)
 {
     x->no_proxy = 1;
+    if (proxy_relayed(x, rc)) {
+        x->unconfirmed = 1;     /* counted if the origin serves it */
+        return;
+    }
     atomic_fetch_add_explicit(&c->tally->proxy_failures, 1, memory_order_relaxed);
-    if (!x->verdict && rc != CURLE_OK &&
-        (x->cause == SL_RRETRY_CONNECTION || x->cause == SL_RRETRY_TIMEOUT))
+    /* could not be reached, or stopped answering: not any transport error
+     * (a redirect it may not follow, a protocol error, is one request's) */
+    if (!x->verdict &&
+        (x->stalled || x->slow || rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_PROXY ||
+         rc == CURLE_OPERATION_TIMEDOUT || rc == CURLE_RECV_ERROR || rc == CURLE_SEND_ERROR ||
+         rc == CURLE_GOT_NOTHING))
         atomic_store_explicit(&c->tally->proxy_down_until, mono_ms() + SL_PROXY_DOWN_MS,
                               memory_order_relaxed);
 }
@@ -721,6 +862,11 @@ static int setup(CURL *h, const sl_remote_cfg *c, const char *loc, const char *u
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    /* Dragonfly never tunnels: a redirect to https:// (the Hub's to its
+     * CDN) would be followed through the daemon with CONNECT; it fails
+     * instead, and the request goes to the origin directly (proxy_fault) */
+    if (x->proxied && c->proxy_kind == SLUICE_PROXY_DRAGONFLY)
+        curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR, "http");
     curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 1L);
     curl_easy_setopt(h, CURLOPT_MAXREDIRS, 5L);
     /* the Authorization header stays with the first request's host, port
@@ -958,7 +1104,9 @@ static int fetch(const sl_remote_cfg *c, const char *loc, xfer *x, uint64_t off,
             rc = sl_fail(err, code, "%s: %s", x->shown, msg);
         break;
     }
-    if (rc == SLUICE_OK && x->no_proxy && x->would_proxy)
+    if (rc == SLUICE_OK && x->unconfirmed)
+        atomic_fetch_add_explicit(&c->tally->proxy_failures, 1, memory_order_relaxed);
+    if (rc == SLUICE_OK && x->no_proxy && x->would_proxy && !x->anchor)
         atomic_fetch_add_explicit(&c->tally->proxy_bypass_bytes,
                                   x->ranged ? x->done - bypass_from : x->glen,
                                   memory_order_relaxed);
@@ -1001,12 +1149,12 @@ int sl_remote_read_tensor(const sl_remote_cfg *c, const char *location, uint64_t
     return ranged_read(c, location, offset, len, buf, size, etag, missing_code, 1, err);
 }
 
-int sl_remote_get(const sl_remote_cfg *c, const char *location, size_t max, char **out,
-                  size_t *len, int missing_code, sl_err *err)
+static int get(const sl_remote_cfg *c, const char *location, size_t max, char **out,
+               size_t *len, int missing_code, int anchor, sl_err *err)
 {
     *out = NULL;
     *len = 0;
-    xfer x = {.gmax = max};
+    xfer x = {.gmax = max, .anchor = anchor, .no_proxy = anchor};
     int rc = fetch(c, location, &x, 0, 0, missing_code ? missing_code : -1000, err);
     if (rc == -1000) {
         free(x.gbuf);
@@ -1022,6 +1170,18 @@ int sl_remote_get(const sl_remote_cfg *c, const char *location, size_t max, char
     *out = x.gbuf;
     *len = x.glen;
     return SLUICE_OK;
+}
+
+int sl_remote_get(const sl_remote_cfg *c, const char *location, size_t max, char **out,
+                  size_t *len, int missing_code, sl_err *err)
+{
+    return get(c, location, max, out, len, missing_code, 0, err);
+}
+
+int sl_remote_get_anchor(const sl_remote_cfg *c, const char *location, size_t max, char **out,
+                         size_t *len, int missing_code, sl_err *err)
+{
+    return get(c, location, max, out, len, missing_code, 1, err);
 }
 
 /* ---------------------------------------------------------------- the seam */
@@ -1066,6 +1226,8 @@ struct sl_rio {
 static void complete(sl_rio *r, rreq *q, int code, const char *msg, int errnum)
 {
     sl_io_req *req = q->req;
+    if (!code && q->x.unconfirmed)
+        atomic_fetch_add_explicit(&r->c->tally->proxy_failures, 1, memory_order_relaxed);
     if (!code && q->x.no_proxy && q->x.would_proxy)
         atomic_fetch_add_explicit(&r->c->tally->proxy_bypass_bytes,
                                   req->done_bytes - q->bypass_from, memory_order_relaxed);

@@ -151,6 +151,11 @@ int sl_remote_read_tensor(const sl_remote_cfg *c, const char *location, uint64_t
  * buffer. 404 gives missing_code (0: returns 0 with *out NULL: absent). */
 int sl_remote_get(const sl_remote_cfg *c, const char *location, size_t max, char **out,
                   size_t *len, int missing_code, sl_err *err);
+/* The same, never through the proxy: for what bytes are checked against
+ * (a manifest, the Hub's API), which no proxy is trusted with (sluice.h
+ * "Proxies"). */
+int sl_remote_get_anchor(const sl_remote_cfg *c, const char *location, size_t max, char **out,
+                         size_t *len, int missing_code, sl_err *err);
 
 /* ---------------------------------------------------------------- Hub locations */
 

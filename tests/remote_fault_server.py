@@ -16,10 +16,11 @@ A test arms a fault with a control request:
 
 It also answers as an HTTP proxy: a request for an absolute URI
 (GET http://HOST:PORT/PATH) is served from ROOT/PATH whatever the host;
-CONNECT is refused (501), as a proxy that never tunnels.
+CONNECT is refused (501), as a proxy that never tunnels, and logged.
 
 MODE is one of:
     status     answer HTTP arg (503, 429, 404, ...) with no body
+    redirect   answer 302 with Location: arg
     status_ra  the same with "Retry-After: 1"
     norange    200 with the whole file (Range ignored)
     short      206 headers for the whole range, half the body, then close
@@ -132,6 +133,8 @@ class Handler(BaseHTTPRequestHandler):
             ranged = True
         if mode == "status":
             return self.small(int(arg or 503), b"fault")
+        if mode == "redirect":
+            return self.small(302, b"", [("Location", arg)])
         if mode == "status_ra":
             return self.small(int(arg or 503), b"fault", [("Retry-After", "1")])
         if mode == "reset":
@@ -232,6 +235,8 @@ class Handler(BaseHTTPRequestHandler):
                           [("Content-Range", "bytes %d-%d/%d" % (a, b, size))])
 
     def do_CONNECT(self):
+        with LOCK:
+            STATE["log"].append("CONNECT %s\n%s\n" % (self.path, str(self.headers)))
         self.small(501, b"no tunnels here")
 
 

@@ -44,6 +44,7 @@ static char *root;          /* served by nginx at / */
 static char *bad_root;      /* the same files, for the fault server */
 static char *model_path;    /* root/m.safetensors */
 static uint64_t model_bytes; /* the model's file and its manifest */
+static uint64_t manifest_bytes; /* its manifest, read directly (never through a proxy) */
 
 static const char *const names[] = {"w.a", "w.b", "w.c", "w.d", "w.e", "w.f"};
 static const uint64_t sizes[] = {3 * MIB + 5, 1000, 5 * MIB + 7, 64, 2 * MIB, 4 * MIB + 1};
@@ -108,6 +109,7 @@ static int setup(void **state)
     char *mf = tu_join(root, "m.safetensors.manifest.json");
     write_manifest(model_path, mf);
     model_bytes = file_size(model_path) + file_size(mf);
+    manifest_bytes = file_size(mf);
     bad_root = tu_tmpdir();
     char *bm = tu_join(bad_root, "m.safetensors"), *bmf = tu_join(bad_root, "m.safetensors.manifest.json");
     copy_file(model_path, bm);
@@ -367,7 +369,8 @@ static void test_proxy_refused(void **state)
     if (!out.ok)
         fail_msg("%s", out.why);
     assert_int_equal(out.st.proxy_failures, 1);
-    assert_int_equal(out.st.proxy_bypass_bytes, out.st.remote_bytes + out.st.remote_open_bytes);
+    assert_int_equal(out.st.proxy_bypass_bytes,
+                     out.st.remote_bytes + out.st.remote_open_bytes - manifest_bytes);
     assert_true(out.st.remote_bytes >= model_bytes - 4096);
     assert_int_equal(out.st.failures, 0);
     for (size_t i = 0; i < NT; i++)
@@ -396,7 +399,8 @@ static void test_proxy_hangs(void **state)
     if (!out.ok)
         fail_msg("%s", out.why);
     assert_int_equal(out.st.proxy_failures, 1);
-    assert_int_equal(out.st.proxy_bypass_bytes, out.st.remote_bytes + out.st.remote_open_bytes);
+    assert_int_equal(out.st.proxy_bypass_bytes,
+                     out.st.remote_bytes + out.st.remote_open_bytes - manifest_bytes);
     assert_int_equal(out.st.failures, 0);
 }
 
@@ -420,8 +424,10 @@ static void test_proxy_5xx(void **state)
     rf_stop(&fault);
     if (!out.ok)
         fail_msg("%s", out.why);
-    assert_true(out.st.proxy_failures >= out.st.remote_reads + out.st.remote_open_requests);
-    assert_int_equal(out.st.proxy_bypass_bytes, out.st.remote_bytes + out.st.remote_open_bytes);
+    /* every request but the manifest's, which goes direct */
+    assert_true(out.st.proxy_failures >= out.st.remote_reads + out.st.remote_open_requests - 1);
+    assert_int_equal(out.st.proxy_bypass_bytes,
+                     out.st.remote_bytes + out.st.remote_open_bytes - manifest_bytes);
     assert_int_equal(out.st.remote_retries, 0);
 }
 
@@ -653,6 +659,215 @@ static void test_command_proxy(void **state)
     free(dir);
 }
 
+/* ---------------------------------------------------------------- review */
+
+/* A proxy that answers 404 for the manifest sidecar (the fault server on a
+ * copy of the model with one byte of w.c flipped and no manifest): the
+ * origin has the manifest, so the load is verified against it and every
+ * tensor is the origin's. A 404 from the proxy is asked of the origin
+ * directly: else the proxy alone decides that the model has no manifest,
+ * and its bytes are delivered unverified. */
+static void test_proxy_404_manifest(void **state)
+{
+    (void)state;
+    char why[256];
+    char *liar = tu_tmpdir();
+    char *lm = tu_join(liar, "m.safetensors");
+    copy_file(model_path, lm);
+    {
+        size_t len = 0;
+        unsigned char *b = tu_read_file(lm, &len);
+        b[len - sizes[5] - sizes[4] - sizes[3] - sizes[2] / 2] ^= 0xFF;   /* in w.c */
+        tu_write_file(lm, b, len);
+        free(b);
+    }
+    rf_server fault;
+    if (!rf_fault_start(&fault, SLUICE_FAULT_SERVER, liar, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    sluice_options o;
+    opts_with_proxy(&o, fault.base);
+    outcome out;
+    load_all(model_url(), &o, 0, &out);
+    rf_stop(&fault);
+    tu_rmtree(liar);
+    free(lm);
+    free(liar);
+    if (!out.ok)
+        fail_msg("%s", out.why);
+    assert_int_equal(out.st.failures, 0);
+    assert_true(out.st.proxy_failures >= 1);
+}
+
+/* no_proxy is sluice's decision alone, read as libcurl reads it: an
+ * address range (127.0.0.0/8) names the https:// origin, so a Dragonfly
+ * load goes to it directly over TLS, the daemon never asked. Before,
+ * sluice did not know CIDR and rewrote the URL to http:// for the daemon,
+ * while libcurl, reading no_proxy itself, sent that http:// request (with
+ * its token) to the origin directly, in clear: a 400 from its TLS port,
+ * counted as the proxy's failure. */
+static void test_no_proxy_range_dragonfly(void **state)
+{
+    (void)state;
+    char why[256];
+    if (!nginx.tls_port) {
+        print_message("skipped: no certificate for nginx's https (openssl)\n");
+        skip();
+    }
+    rf_server df;
+    if (!rf_fault_start(&df, SLUICE_FAULT_SERVER, root, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    setenv("no_proxy", "10.1.2.3, 127.0.0.0/8", 1);
+    char url[256];
+    snprintf(url, sizeof url, "%s/m.safetensors", nginx.tls_base);
+    sluice_options o;
+    opts_with_proxy(&o, df.base);
+    o.proxy_kind = SLUICE_PROXY_DRAGONFLY;
+    o.remote_ca_file = nginx.ca_file;
+    o.http_token = "secret-token";
+    outcome out;
+    load_all(url, &o, 0, &out);
+    unsetenv("no_proxy");
+    char *log = rf_get(&df, "/ctl/log");
+    rf_stop(&df);
+    if (!out.ok)
+        fail_msg("%s", out.why);
+    assert_int_equal(out.st.proxy_failures, 0);
+    assert_int_equal(out.st.proxy_bypass_bytes, 0);
+    assert_string_equal(log, "");
+    free(log);
+}
+
+/* Dragonfly mode never tunnels, a redirect included: the daemon relays a
+ * 302 to an https:// location (as the Hub's resolve redirects to its
+ * CDN); libcurl, following it through the daemon, would open a CONNECT
+ * tunnel. It is not followed through the daemon: the request goes to the
+ * origin directly (counted), and the daemon is not taken for down. */
+static void test_dragonfly_redirect_no_connect(void **state)
+{
+    (void)state;
+    char why[256];
+    rf_server df;
+    if (!rf_fault_start(&df, SLUICE_FAULT_SERVER, root, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    char ctl[256];
+    snprintf(ctl, sizeof ctl, "/ctl?mode=redirect&count=100000&arg=https://127.0.0.1:%u/m.safetensors",
+             rf_free_port());
+    free(rf_get(&df, ctl));
+    sluice_options o;
+    opts_with_proxy(&o, df.base);
+    o.proxy_kind = SLUICE_PROXY_DRAGONFLY;
+    outcome out;
+    load_all(model_url(), &o, 0, &out);
+    char *log = rf_get(&df, "/ctl/log");
+    rf_stop(&df);
+    int connect = strstr(log, "CONNECT ") != NULL;
+    free(log);
+    if (!out.ok)
+        fail_msg("%s", out.why);
+    assert_false(connect);
+    /* every request but the manifest's, which goes direct */
+    assert_true(out.st.proxy_failures >= out.st.remote_reads + out.st.remote_open_requests - 1);
+    assert_int_equal(out.st.failures, 0);
+}
+
+/* The proxy's user:password@ is libcurl's as a user name and password
+ * apart (CURLOPT_PROXYUSERNAME, CURLOPT_PROXYPASSWORD), percent-decoded,
+ * never in the URL it names in its errors: "Unsupported proxy scheme for
+ * 'ftp://alice:s3cret@...'" reached sluice_tensor_source once the 30 s
+ * for which the proxy was taken for down had passed (this test waits
+ * them). The proxy still gets the credentials (Proxy-Authorization). */
+static void test_proxy_credentials_hidden(void **state)
+{
+    (void)state;
+    char why[256];
+    rf_server px;
+    if (!rf_fault_start(&px, SLUICE_FAULT_SERVER, root, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    char proxy[128];
+    snprintf(proxy, sizeof proxy, "http://al%%40ice:p%%3As@127.0.0.1:%u", px.port);
+    sluice_options o;
+    opts_with_proxy(&o, proxy);
+    outcome out;
+    load_all(model_url(), &o, 0, &out);
+    char *log = rf_get(&px, "/ctl/log");
+    rf_stop(&px);
+    if (!out.ok)
+        fail_msg("%s", out.why);
+    assert_int_equal(out.st.proxy_failures, 0);
+    /* base64("al@ice:p:s") */
+    assert_non_null(strstr(log, "Proxy-Authorization: Basic YWxAaWNlOnA6cw=="));
+    free(log);
+    opts_with_proxy(&o, "ftp://alice:s3cret@127.0.0.1:1");
+    sluice_model *m = NULL;
+    assert_int_equal(sluice_open(model_url(), &o, &m), SLUICE_OK);
+    sleep(31);  /* the proxy is tried again */
+    for (size_t i = 0; i < NT; i++) {
+        sluice_tensor *t;
+        assert_int_equal(sluice_acquire(m, names[i], &t), SLUICE_OK);
+        const char *src = sluice_tensor_source(t);
+        if (strstr(src, "s3cret") || strstr(src, "alice"))
+            fail_msg("tensor %s: source \"%s\"", names[i], src);
+        assert_non_null(strstr(src, "primary, direct: the proxy failed"));
+        sluice_release(t);
+    }
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+}
+
+/* A proxy that serves a manifest of its own, written for the bytes it
+ * flips (the fault server on a copy of the model with one byte of w.c
+ * flipped and that copy's manifest): the manifest is what the bytes are
+ * checked against, so it is read from the origin directly, never through
+ * the proxy; w.c is the origin's (read again directly), every tensor
+ * verified. Before, the proxy's manifest was taken and its flipped w.c
+ * delivered, "verified". */
+static void test_proxy_own_manifest(void **state)
+{
+    (void)state;
+    char why[256];
+    char *liar = tu_tmpdir();
+    char *lm = tu_join(liar, "m.safetensors"), *lmf = tu_join(liar, "m.safetensors.manifest.json");
+    copy_file(model_path, lm);
+    {
+        size_t len = 0;
+        unsigned char *b = tu_read_file(lm, &len);
+        b[len - sizes[5] - sizes[4] - sizes[3] - sizes[2] / 2] ^= 0xFF;   /* in w.c */
+        tu_write_file(lm, b, len);
+        free(b);
+    }
+    write_manifest(lm, lmf);
+    rf_server fault;
+    if (!rf_fault_start(&fault, SLUICE_FAULT_SERVER, liar, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    sluice_options o;
+    opts_with_proxy(&o, fault.base);
+    outcome out;
+    load_all(model_url(), &o, 0, &out);
+    char *log = rf_get(&fault, "/ctl/log");
+    rf_stop(&fault);
+    tu_rmtree(liar);
+    free(lm);
+    free(lmf);
+    free(liar);
+    if (!out.ok)
+        fail_msg("%s", out.why);
+    assert_null(strstr(log, "manifest.json"));
+    assert_non_null(strstr(log, "GET http://"));    /* the tensors through it */
+    free(log);
+    assert_int_equal(out.st.failures, 0);
+    assert_int_equal(out.st.checksum_failures, 1);
+    assert_int_equal(out.st.proxy_failures, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -666,6 +881,13 @@ int main(void)
         cmocka_unit_test(test_plain_no_dragonfly_headers),
         cmocka_unit_test(test_mirror_through_proxy),
         cmocka_unit_test(test_command_proxy),
+        cmocka_unit_test(test_proxy_404_manifest),
+        cmocka_unit_test(test_no_proxy_range_dragonfly),
+        cmocka_unit_test(test_dragonfly_redirect_no_connect),
+        cmocka_unit_test(test_proxy_credentials_hidden),
+        cmocka_unit_test(test_proxy_own_manifest),
     };
+    if (getenv("SLUICE_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("SLUICE_TEST_FILTER"));
     return cmocka_run_group_tests(tests, setup, teardown);
 }
