@@ -500,7 +500,9 @@ typedef struct sluice_model sluice_model;
  * a plain absolute-URI request, https:// ones rewritten to http:// so
  * that no tunnel hides the bytes from its peers (the daemon fetches the
  * origin over TLS by its proxy rule; the hop to the daemon is then in
- * clear: keep the daemon on the node), with X-Dragonfly-Use-P2P: true,
+ * clear: keep the daemon on the node; with credentials, a Bearer token
+ * or AWS keys, sluice_open refuses a daemon off this host's loopback,
+ * SLUICE_E_INVAL), with X-Dragonfly-Use-P2P: true,
  * X-Dragonfly-Priority 6 for a request a caller waits on (acquire, the
  * open's fetches, a stream's head) and 3 for read-ahead, and
  * X-Dragonfly-Filtered-Query-Params naming the query parameters of
@@ -508,7 +510,7 @@ typedef struct sluice_model sluice_model;
  * nodes count as one task; a redirect to https:// that it relays is not
  * followed through it (that would be a CONNECT tunnel): that request
  * goes direct, counted.
- * never trusted with the result: a request through it that
+ * A proxy is never trusted with the result: a request through it that
  * fails (connection refused or reset, timeout, 5xx or any other status,
  * a reply that fails the range checks) is sent again at once to the
  * origin directly (a 404 or 416 too, which the proxy is not trusted to

@@ -50,6 +50,7 @@ static const char *env(const char *name)
 }
 
 static int take_proxy(sl_remote_cfg *c, const sluice_options *o);
+static int dragonfly_hop_refused(const sl_remote_cfg *c, sl_err *err);
 
 void sl_remote_cfg_free(sl_remote_cfg *c)
 {
@@ -133,6 +134,11 @@ int sl_remote_cfg_new(const sluice_options *o, sl_remote_cfg **out, sl_err *err)
         sl_remote_cfg_free(c);
         return sl_fail(err, SLUICE_E_NOMEM, "remote: out of memory");
     }
+    int rc = dragonfly_hop_refused(c, err);
+    if (rc < 0) {
+        sl_remote_cfg_free(c);
+        return rc;
+    }
     *out = c;
     return SLUICE_OK;
 }
@@ -195,6 +201,45 @@ static void url_host(const char *url, char *buf, size_t cap)
             n = (size_t)(colon - p);
     }
     snprintf(buf, cap, "%.*s", (int)n, p);
+}
+
+/* Whether host (no brackets) is this host's loopback: localhost,
+ * 127.0.0.0/8 or ::1. */
+static int is_loopback(const char *host)
+{
+    unsigned char a[16];
+    if (!strcasecmp(host, "localhost"))
+        return 1;
+    if (inet_pton(AF_INET, host, a) == 1)
+        return a[0] == 127;
+    return inet_pton(AF_INET6, host, a) == 1 && !memcmp(a, in6addr_loopback.s6_addr, 16);
+}
+
+/* Dragonfly mode asks the daemon for an https:// (or s3://) object as
+ * http://, so the request crosses the hop to the daemon in clear, with
+ * the credentials it carries: a Bearer token (http_token,
+ * $SLUICE_HTTP_TOKEN, $HF_TOKEN) or the AWS signature and session token.
+ * Sending them in clear off the host is refused at open, not done quietly:
+ * with credentials the daemon must be on this host's loopback (the node's
+ * own daemon, as Dragonfly runs it). Without credentials (public objects,
+ * presigned URLs) any daemon address is taken. */
+static int dragonfly_hop_refused(const sl_remote_cfg *c, sl_err *err)
+{
+    if (c->proxy_kind != SLUICE_PROXY_DRAGONFLY || !c->proxy_https)
+        return SLUICE_OK;
+    if (!c->token && !c->aws_key && !c->hf_token)
+        return SLUICE_OK;
+    char host[256];
+    url_host(c->proxy_https, host, sizeof host);
+    if (is_loopback(host))
+        return SLUICE_OK;
+    return sl_fail(err, SLUICE_E_INVAL,
+                   "remote: Dragonfly mode sends https:// and s3:// requests to its daemon "
+                   "in clear, and these would carry credentials (%s); the daemon %s is not "
+                   "on this host's loopback: run it on the node (127.0.0.1), use plain "
+                   "proxy mode (a CONNECT tunnel), or load without credentials (public "
+                   "objects, presigned URLs)",
+                   c->aws_key ? "AWS keys" : "a Bearer token", host);
 }
 
 /* Whether the address a (len bytes) is in the network of entry e (n

@@ -741,6 +741,39 @@ static void test_no_proxy_range_dragonfly(void **state)
     free(log);
 }
 
+/* Dragonfly's hop is in clear: credentials for an https:// or s3://
+ * origin (a Bearer token, AWS keys) are refused at open when the daemon is
+ * not on this host's loopback (a daemon at 192.0.2.1, TEST-NET: nothing is
+ * ever sent there); a daemon on loopback, or no credentials, is taken
+ * (test_no_proxy_range_dragonfly and test_dragonfly_headers load that
+ * way). */
+static void test_dragonfly_credentials_off_host_refused(void **state)
+{
+    (void)state;
+    sluice_options o;
+    opts_with_proxy(&o, "http://192.0.2.1:4001");
+    o.proxy_kind = SLUICE_PROXY_DRAGONFLY;
+    o.http_token = "secret-token";
+    sluice_model *m = NULL;
+    assert_int_equal(sluice_open("https://models.example.com/m.safetensors", &o, &m),
+                     SLUICE_E_INVAL);
+    assert_non_null(m);
+    assert_non_null(strstr(sluice_errmsg(m), "loopback"));
+    assert_non_null(strstr(sluice_errmsg(m), "192.0.2.1"));
+    assert_null(strstr(sluice_errmsg(m), "secret-token"));
+    sluice_close(m);
+    o.http_token = NULL;
+    setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE", 1);
+    setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI", 1);
+    m = NULL;
+    assert_int_equal(sluice_open("s3://bucket/m.safetensors", &o, &m), SLUICE_E_INVAL);
+    assert_non_null(strstr(sluice_errmsg(m), "AWS keys"));
+    assert_null(strstr(sluice_errmsg(m), "wJalrXUtnFEMI"));
+    sluice_close(m);
+    unsetenv("AWS_ACCESS_KEY_ID");
+    unsetenv("AWS_SECRET_ACCESS_KEY");
+}
+
 /* Dragonfly mode never tunnels, a redirect included: the daemon relays a
  * 302 to an https:// location (as the Hub's resolve redirects to its
  * CDN); libcurl, following it through the daemon, would open a CONNECT
@@ -884,6 +917,7 @@ int main(void)
         cmocka_unit_test(test_proxy_404_manifest),
         cmocka_unit_test(test_no_proxy_range_dragonfly),
         cmocka_unit_test(test_dragonfly_redirect_no_connect),
+        cmocka_unit_test(test_dragonfly_credentials_off_host_refused),
         cmocka_unit_test(test_proxy_credentials_hidden),
         cmocka_unit_test(test_proxy_own_manifest),
     };
