@@ -127,3 +127,42 @@ def test_prometheus_scrapes_serve_metrics(sharded, tmp_path):
             assert not targets[0]["lastError"], targets
         finally:
             prom.stop()
+
+
+@needs_http
+def test_remove_and_close_from_threads_drop_each_model_once(sharded):
+    # remove() and close() of one server from several threads at once:
+    # each served model is dropped exactly once (no IndexError left
+    # pending, no use count off by one keeping the closed model open).
+    import sys
+    import threading
+    m = sluice.open(sharded)
+    raised = []
+    old_hook, old_interval = threading.excepthook, sys.getswitchinterval()
+    threading.excepthook = lambda args: raised.append(repr(args.exc_value))
+    sys.setswitchinterval(1e-6)
+
+    def churn(srv):
+        for _ in range(20):
+            try:
+                srv.add(m)
+                srv.remove(m)
+            except sluice.NotFoundError:
+                pass
+
+    try:
+        for _ in range(60):
+            srv = sluice.serve_metrics(models=[m])
+            ts = [threading.Thread(target=churn, args=(srv,)) for _ in range(3)]
+            for t in ts:
+                t.start()
+            srv.close()
+            for t in ts:
+                t.join()
+    finally:
+        sys.setswitchinterval(old_interval)
+        threading.excepthook = old_hook
+    assert not [r for r in raised if "ClosedError" not in r and "closed" not in r], raised[:3]
+    core = m._m
+    m.close()
+    assert not core.open_in_library
