@@ -22,7 +22,8 @@ libsqlite3-dev librust-blake3-dev libmicrohttpd-dev.
 Environment:
   SLUICE_SOURCE_DIR   the repository root (default: two directories up)
   SLUICE_CMAKE_ARGS   more -D arguments for the configuration (for example
-                      -DSLUICE_WITH_CURL=OFF)
+                      -DSLUICE_WITH_CURL=OFF; for this build only: each build
+                      asks for every feature again before these)
   SLUICE_EXTRA_CFLAGS / SLUICE_EXTRA_LDFLAGS   added flags, for the library
                       and the extension alike (the ASan test builds with
                       -fsanitize=address through them)
@@ -68,6 +69,11 @@ class CMakeBuild(build_ext):
                 f"-DSLUICE_PYTHON_SUFFIX={sysconfig.get_config_var('EXT_SUFFIX')}",
                 f"-DCMAKE_C_FLAGS={cflags}",
                 f"-DCMAKE_MODULE_LINKER_FLAGS={ldflags}"]
+        # Every feature asked for again on each configuration: CMake keeps an
+        # option in its cache, so a -DSLUICE_WITH_CURL=OFF of an earlier
+        # build (pip's in-tree build/) would otherwise stay off for good.
+        # SLUICE_CMAKE_ARGS, after these, still turns any of them off.
+        args += [f"-DSLUICE_WITH_{f}=ON" for f in ("CURL", "SQLITE", "BLAKE3", "MICROHTTPD")]
         args += shlex.split(os.environ.get("SLUICE_CMAKE_ARGS", ""))
         subprocess.run(args, check=True, stdout=None if self.verbose else subprocess.DEVNULL)
         # build_ext -j N, else 2 (the library is some 30 files)

@@ -65,3 +65,43 @@ def test_the_installed_build_has_what_cmake_found():
     f = sluice.features()
     for key in ("remote", "s3", "cache", "metrics_http"):
         assert f[key], f"the installed build lacks {key}: {f}"
+
+
+CMAKE_CONFIGURE_ONLY = r"""#!/bin/sh
+# cmake for setup.py, configuring only: a build just writes the module's
+# file where setup.py looks for it (the real build is bare_build's).
+if [ "$1" = --build ]; then
+    dir=$(sed -n 's/^SLUICE_PYTHON_OUTPUT_DIR:[A-Z]*=//p' "$2/CMakeCache.txt")
+    suffix=$(sed -n 's/^SLUICE_PYTHON_SUFFIX:[A-Z]*=//p' "$2/CMakeCache.txt")
+    mkdir -p "$dir" && : > "$dir/_sluice$suffix"
+    exit
+fi
+exec cmake "$@"
+"""
+
+
+def test_a_rebuild_does_not_keep_the_last_builds_options(tmp_path):
+    # A build with SLUICE_CMAKE_ARGS=-DSLUICE_WITH_CURL=OFF, then one
+    # without, in the same build directory (pip's in-tree build/): the
+    # second has libcurl again, as its own arguments say; CMake's cache
+    # must not carry the first one's choice over.
+    import shutil as _shutil
+    if not _shutil.which("cmake"):
+        pytest.skip("cmake is not installed")
+    fake = tmp_path / "cmake"
+    fake.write_text(CMAKE_CONFIGURE_ONLY)
+    fake.chmod(0o755)
+    base = tmp_path / "b"
+
+    def configure(cmake_args):
+        env = dict(os.environ, CMAKE=str(fake), SLUICE_CMAKE_ARGS=cmake_args)
+        r = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--build-temp",
+                            str(base / "temp"), "--build-lib", str(base / "lib")],
+                           cwd=PKG, env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        cache = (base / "temp" / "cmake" / "CMakeCache.txt").read_text()
+        return {line.split("=", 1)[0].split(":")[0]: line.split("=", 1)[1]
+                for line in cache.splitlines() if line.startswith("SLUICE_WITH_")}
+
+    assert configure("-DSLUICE_WITH_CURL=OFF")["SLUICE_WITH_CURL"] == "OFF"
+    assert configure("")["SLUICE_WITH_CURL"] == "ON"
