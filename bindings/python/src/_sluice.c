@@ -1958,6 +1958,11 @@ static PyObject *metrics_server_add(MetricsServerObject *self, PyObject *arg)
     if (!model_usable(m))
         return NULL;
     int rc = sluice_metrics_server_add(self->s, m->m);
+    if (rc == SLUICE_E_INVAL) /* the library records no detail of its own */
+        return raise_code(rc, PyList_GET_SIZE(self->models) >= 64
+                                  ? "the metrics server serves 64 models already"
+                                  : "the metrics server already serves another model with this "
+                                    "model's label (its location): each label is served once");
     if (rc != SLUICE_OK)
         return raise_code(rc, sluice_errmsg(m->m));
     if (PyList_Append(self->models, arg) < 0) {

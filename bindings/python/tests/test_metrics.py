@@ -166,3 +166,17 @@ def test_remove_and_close_from_threads_drop_each_model_once(sharded):
     core = m._m
     m.close()
     assert not core.open_in_library
+
+
+@needs_http
+def test_a_second_model_of_one_label_is_refused_with_why(sharded):
+    # two models of one location share its label: the second is refused
+    # with a message that says so (not a detail left by an earlier call)
+    with sluice.open(sharded) as m1, sluice.open(sharded) as m2, \
+            sluice.serve_metrics(models=[m1]) as srv:
+        with pytest.raises(sluice.NotFoundError):
+            m2.get_tensor("no such tensor")
+        with pytest.raises(sluice.InvalidArgumentError) as e:
+            srv.add(m2)
+        assert "label" in str(e.value), str(e.value)
+        assert [x is m1._m for x in srv._s.models] == [True]
