@@ -15,7 +15,8 @@ The package then needs no libsluice.so at run time, only the system's
 shared libraries (libcrypto, libcjson, liburing, and libcurl, libsqlite3,
 libmicrohttpd when found). `sluice.features()` says what a build has.
 
-Debian 12: apt-get install cmake pkg-config python3-dev libssl-dev
+Debian 12: apt-get install cmake pkg-config python3-dev python3-setuptools
+python3-wheel (pip builds a wheel: without it, "invalid command bdist_wheel") libssl-dev
 libcjson-dev liburing-dev, and for the features libcurl4-openssl-dev
 libsqlite3-dev librust-blake3-dev libmicrohttpd-dev.
 
