@@ -87,13 +87,27 @@ class CMakeBuild(build_ext):
 
 
 class BuildPy(build_py):
-    """Ships the service's proto inside the package, for sluice.client
-    (its gRPC modules are generated from it on first use)."""
+    """Ships the service's proto inside the package, for sluice.client, and
+    when grpc_tools (python3-grpc-tools) is there, its gRPC modules
+    generated from it (sluice/_pb): then python3-grpcio alone imports
+    sluice.client. Without grpc_tools here they are generated on first
+    use (which then needs it)."""
 
     def run(self):
         super().run()
-        if os.path.isfile(PROTO):
-            self.copy_file(PROTO, os.path.join(self.build_lib, "sluice", "tensor_service.proto"))
+        if not os.path.isfile(PROTO):
+            return
+        self.copy_file(PROTO, os.path.join(self.build_lib, "sluice", "tensor_service.proto"))
+        try:
+            from grpc_tools import protoc
+        except ImportError:
+            return
+        out = os.path.join(self.build_lib, "sluice", "_pb")
+        os.makedirs(out, exist_ok=True)
+        rc = protoc.main(["protoc", "-I" + os.path.dirname(PROTO), "--python_out=" + out,
+                          "--grpc_python_out=" + out, PROTO])
+        if rc != 0:
+            raise SystemExit(f"grpc_tools.protoc failed on {PROTO} ({rc})")
 
 
 setup(
