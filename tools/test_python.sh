@@ -25,7 +25,7 @@ torch=python3-torch
 # python3-grpcio and
 # python3-grpc-tools: sluice.client; python3-cryptography: the model-signing fixtures.
 sh tools/deps.sh cmake pkg-config python3-dev python3-numpy python3-pytest python3-venv \
-    python3-setuptools libssl-dev libcjson-dev liburing-dev libcurl4-openssl-dev \
+    python3-setuptools python3-wheel libssl-dev libcjson-dev liburing-dev libcurl4-openssl-dev \
     libsqlite3-dev librust-blake3-dev libmicrohttpd-dev b3sum openssl nginx prometheus \
     python3-grpcio python3-grpc-tools python3-cryptography $torch
 

@@ -15,14 +15,16 @@ The package then needs no libsluice.so at run time, only the system's
 shared libraries (libcrypto, libcjson, liburing, and libcurl, libsqlite3,
 libmicrohttpd when found). `sluice.features()` says what a build has.
 
-Debian 12: apt-get install cmake pkg-config python3-dev libssl-dev
+Debian 12: apt-get install cmake pkg-config python3-dev python3-setuptools
+python3-wheel (pip builds a wheel: without it, "invalid command bdist_wheel") libssl-dev
 libcjson-dev liburing-dev, and for the features libcurl4-openssl-dev
 libsqlite3-dev librust-blake3-dev libmicrohttpd-dev.
 
 Environment:
   SLUICE_SOURCE_DIR   the repository root (default: two directories up)
   SLUICE_CMAKE_ARGS   more -D arguments for the configuration (for example
-                      -DSLUICE_WITH_CURL=OFF)
+                      -DSLUICE_WITH_CURL=OFF; for this build only: each build
+                      asks for every feature again before these)
   SLUICE_EXTRA_CFLAGS / SLUICE_EXTRA_LDFLAGS   added flags, for the library
                       and the extension alike (the ASan test builds with
                       -fsanitize=address through them)
@@ -68,6 +70,11 @@ class CMakeBuild(build_ext):
                 f"-DSLUICE_PYTHON_SUFFIX={sysconfig.get_config_var('EXT_SUFFIX')}",
                 f"-DCMAKE_C_FLAGS={cflags}",
                 f"-DCMAKE_MODULE_LINKER_FLAGS={ldflags}"]
+        # Every feature asked for again on each configuration: CMake keeps an
+        # option in its cache, so a -DSLUICE_WITH_CURL=OFF of an earlier
+        # build (pip's in-tree build/) would otherwise stay off for good.
+        # SLUICE_CMAKE_ARGS, after these, still turns any of them off.
+        args += [f"-DSLUICE_WITH_{f}=ON" for f in ("CURL", "SQLITE", "BLAKE3", "MICROHTTPD")]
         args += shlex.split(os.environ.get("SLUICE_CMAKE_ARGS", ""))
         subprocess.run(args, check=True, stdout=None if self.verbose else subprocess.DEVNULL)
         # build_ext -j N, else 2 (the library is some 30 files)
@@ -80,13 +87,27 @@ class CMakeBuild(build_ext):
 
 
 class BuildPy(build_py):
-    """Ships the service's proto inside the package, for sluice.client
-    (its gRPC modules are generated from it on first use)."""
+    """Ships the service's proto inside the package, for sluice.client, and
+    when grpc_tools (python3-grpc-tools) is there, its gRPC modules
+    generated from it (sluice/_pb): then python3-grpcio alone imports
+    sluice.client. Without grpc_tools here they are generated on first
+    use (which then needs it)."""
 
     def run(self):
         super().run()
-        if os.path.isfile(PROTO):
-            self.copy_file(PROTO, os.path.join(self.build_lib, "sluice", "tensor_service.proto"))
+        if not os.path.isfile(PROTO):
+            return
+        self.copy_file(PROTO, os.path.join(self.build_lib, "sluice", "tensor_service.proto"))
+        try:
+            from grpc_tools import protoc
+        except ImportError:
+            return
+        out = os.path.join(self.build_lib, "sluice", "_pb")
+        os.makedirs(out, exist_ok=True)
+        rc = protoc.main(["protoc", "-I" + os.path.dirname(PROTO), "--python_out=" + out,
+                          "--grpc_python_out=" + out, PROTO])
+        if rc != 0:
+            raise SystemExit(f"grpc_tools.protoc failed on {PROTO} ({rc})")
 
 
 setup(

@@ -1,6 +1,7 @@
 """sluice.Cache: a persistent cache directory administered from Python, as
 `sluice cache` does (ls, du, gc, clear, verify), shared with the command,
 the models that use it (cache_dir=) and other processes."""
+import os as _os
 from collections import namedtuple
 
 from . import _features, _sluice
@@ -19,13 +20,17 @@ CacheVerifyReport = namedtuple("CacheVerifyReport", "checked dropped items")
 class Cache:
     """Cache(dir=None): opens (and creates, repairing its index) a cache
     directory; None: $SLUICE_CACHE_DIR, else $XDG_CACHE_HOME/sluice (else
-    ~/.cache/sluice). A context manager. One call at a time per Cache
+    ~/.cache/sluice); "" is refused (ValueError). A context manager. One call at a time per Cache
     (another thread's meanwhile raises BusyError); any number of Caches
     and models may use one directory at once. UnsupportedError when this
     build has no SQLite."""
 
     def __init__(self, dir=None):
         _features.require("cache")
+        if dir is not None and not _os.fspath(dir):
+            # the library would take "" for the default directory: a
+            # variable left empty must not clear the user's cache
+            raise ValueError("dir must name a directory (None: the default one), not ''")
         self._c = _sluice.Cache(dir)
 
     @property

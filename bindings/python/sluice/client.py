@@ -58,10 +58,12 @@ same whichever replicas sent it. Each failover is logged (logger
 "sluice_serve", WARNING) and counted in Client.failovers_used.
 
 The gRPC modules are generated from the proto with Debian's
-python3-grpc-tools into the directory SLUICE_SERVE_PROTO_OUT names (the
-tests set it) or, failing that, on first import into a temporary
-directory. The proto is the one installed in the package (setup.py copies
-it), else the repository's.
+python3-grpc-tools: into the directory SLUICE_SERVE_PROTO_OUT names (the
+tests set it); else setup.py's, generated into the package (sluice/_pb)
+when python3-grpc-tools was there at build time, so that python3-grpcio
+alone then imports this module; else on first import into a temporary
+directory, removed once they are imported. The proto is the one installed
+in the package (setup.py copies it), else the repository's.
 
 Dtypes: NumPy's where it has one (BOOL, U8..U64, I8..I64, F16, F32, F64,
 C64 as complex64); BF16 comes as uint16 and the 8-bit floats as uint8 (the
@@ -72,6 +74,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -172,13 +175,34 @@ def generate(out_dir, proto=_PROTO):
 
 
 def _load():
+    # SLUICE_SERVE_PROTO_OUT (the tests), else the modules setup.py
+    # generated into the package, else generated now into a temporary
+    # directory, removed once they are imported (one per process stayed).
     out = os.environ.get("SLUICE_SERVE_PROTO_OUT")
+    built = os.path.join(_HERE, "_pb")
+    if not out and os.path.isfile(os.path.join(built, "tensor_service_pb2_grpc.py")):
+        out = built
+    scratch = None
     if not out or not os.path.exists(os.path.join(out, "tensor_service_pb2.py")):
-        out = generate(out or tempfile.mkdtemp(prefix="sluice-serve-pb-"))
-    if out not in sys.path:
+        if not out:
+            out = scratch = tempfile.mkdtemp(prefix="sluice-serve-pb-")
+        try:
+            generate(out)
+        except BaseException:
+            if scratch:
+                shutil.rmtree(scratch, ignore_errors=True)
+            raise
+    added = out not in sys.path
+    if added:
         sys.path.insert(0, out)
-    import tensor_service_pb2
-    import tensor_service_pb2_grpc
+    try:
+        import tensor_service_pb2
+        import tensor_service_pb2_grpc
+    finally:
+        if scratch:
+            if added:
+                sys.path.remove(scratch)
+            shutil.rmtree(scratch, ignore_errors=True)
 
     return tensor_service_pb2, tensor_service_pb2_grpc
 

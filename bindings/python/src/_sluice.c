@@ -1984,6 +1984,11 @@ static PyObject *metrics_server_add(MetricsServerObject *self, PyObject *arg)
     if (!model_usable(m))
         return NULL;
     int rc = sluice_metrics_server_add(self->s, m->m);
+    if (rc == SLUICE_E_INVAL) /* the library records no detail of its own */
+        return raise_code(rc, PyList_GET_SIZE(self->models) >= 64
+                                  ? "the metrics server serves 64 models already"
+                                  : "the metrics server already serves another model with this "
+                                    "model's label (its location): each label is served once");
     if (rc != SLUICE_OK)
         return raise_code(rc, sluice_errmsg(m->m));
     if (PyList_Append(self->models, arg) < 0) {
@@ -1994,16 +1999,17 @@ static PyObject *metrics_server_add(MetricsServerObject *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-/* Stops serving models[k] and lets its deferred close happen. */
+/* Stops serving models[k] and lets its deferred close happen. The GIL is
+ * kept throughout: released, another thread's remove() or close() would
+ * find the same entry at k and drop it twice (an IndexError left pending,
+ * in_flight off by one, the server freed under this remove). The wait is
+ * at most one scrape's rendering, which never takes the GIL. */
 static void metrics_server_drop(MetricsServerObject *self, Py_ssize_t k)
 {
     ModelObject *m = (ModelObject *)Py_NewRef(PyList_GET_ITEM(self->models, k));
-    sluice_metrics_server *srv = self->s;
-    sluice_model *lm = m->m;
-    Py_BEGIN_ALLOW_THREADS
-    sluice_metrics_server_remove(srv, lm); /* waits for a scrape rendering it */
-    Py_END_ALLOW_THREADS
-    PySequence_DelItem(self->models, k);
+    sluice_metrics_server_remove(self->s, m->m);
+    if (PySequence_DelItem(self->models, k) < 0) /* k is in range: cannot fail */
+        PyErr_WriteUnraisable((PyObject *)self);
     m->in_flight--;
     model_maybe_close(m);
     Py_DECREF(m);

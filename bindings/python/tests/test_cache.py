@@ -1,7 +1,7 @@
 """The persistent cache's options (cache_dir, cache_bytes, trust_unchanged),
 its stats and Model.cache_warning. A local model uses the cache for the
-verified-once memo only (the binding is built without libcurl: remote
-models, whose tensors the cache's blobs hold, are the C tests' part)."""
+verified-once memo only (remote models, whose tensors the cache's blobs
+hold, and sluice.Cache's ls/du/gc/verify are test_remote.py's part)."""
 import os
 import pathlib
 import time
@@ -177,3 +177,18 @@ def test_cache_argument_checks(sharded, tmp_path):
         assert len(m) == 18
     with sluice.open(sharded, cache_dir=cache.encode(), cache_bytes=4096) as m:
         assert len(m) == 18
+
+
+def test_cache_refuses_an_empty_directory_name(tmp_path, monkeypatch):
+    # "" is not None: the library takes an empty name for the default
+    # directory, so Cache("").clear() (a variable left empty) cleared the
+    # user's default cache
+    if not sluice.features()["cache"]:
+        pytest.skip("this build has no SQLite")
+    default = tmp_path / "default"
+    monkeypatch.setenv("SLUICE_CACHE_DIR", str(default))
+    with sluice.Cache() as c:
+        assert c.path == str(default)
+    for empty in ("", b""):
+        with pytest.raises(ValueError):
+            sluice.Cache(empty)

@@ -127,3 +127,56 @@ def test_prometheus_scrapes_serve_metrics(sharded, tmp_path):
             assert not targets[0]["lastError"], targets
         finally:
             prom.stop()
+
+
+@needs_http
+def test_remove_and_close_from_threads_drop_each_model_once(sharded):
+    # remove() and close() of one server from several threads at once:
+    # each served model is dropped exactly once (no IndexError left
+    # pending, no use count off by one keeping the closed model open).
+    import sys
+    import threading
+    m = sluice.open(sharded)
+    raised = []
+    old_hook, old_interval = threading.excepthook, sys.getswitchinterval()
+    threading.excepthook = lambda args: raised.append(repr(args.exc_value))
+    sys.setswitchinterval(1e-6)
+
+    def churn(srv):
+        for _ in range(20):
+            try:
+                srv.add(m)
+                srv.remove(m)
+            except sluice.NotFoundError:
+                pass
+
+    try:
+        for _ in range(60):
+            srv = sluice.serve_metrics(models=[m])
+            ts = [threading.Thread(target=churn, args=(srv,)) for _ in range(3)]
+            for t in ts:
+                t.start()
+            srv.close()
+            for t in ts:
+                t.join()
+    finally:
+        sys.setswitchinterval(old_interval)
+        threading.excepthook = old_hook
+    assert not [r for r in raised if "ClosedError" not in r and "closed" not in r], raised[:3]
+    core = m._m
+    m.close()
+    assert not core.open_in_library
+
+
+@needs_http
+def test_a_second_model_of_one_label_is_refused_with_why(sharded):
+    # two models of one location share its label: the second is refused
+    # with a message that says so (not a detail left by an earlier call)
+    with sluice.open(sharded) as m1, sluice.open(sharded) as m2, \
+            sluice.serve_metrics(models=[m1]) as srv:
+        with pytest.raises(sluice.NotFoundError):
+            m2.get_tensor("no such tensor")
+        with pytest.raises(sluice.InvalidArgumentError) as e:
+            srv.add(m2)
+        assert "label" in str(e.value), str(e.value)
+        assert [x is m1._m for x in srv._s.models] == [True]
