@@ -656,6 +656,42 @@ static void test_mirror_secrets_not_shown(void **state)
     (void)state;
 }
 
+/* A model opened at a URL with credentials (user:password@, a query):
+ * the note of a part checked by its whole tensor (sluice_part_note, which
+ * `sluice shard` prints and Python's load_shard warns with) and the error
+ * of a tensor name the model lacks show the location without them. */
+static void test_part_note_secrets_not_shown(void **state)
+{
+    char secret[400];
+    snprintf(secret, sizeof secret, "http://user:PW-SECRET@%s/m.safetensors?X-Amz-Signature=SIG-SECRET",
+             srv.base + strlen("http://"));
+    char manifest[400];
+    snprintf(manifest, sizeof manifest, "%s/m.safetensors.manifest.json", srv.base);
+    arm("ok", 0, NULL);
+    sluice_options o = fast_options();
+    o.manifest_path = manifest;
+    sluice_model *m;
+    if (sluice_open(secret, &o, &m) != SLUICE_OK)
+        fail_msg("%s", sluice_errmsg(m));
+    unsigned char *part = malloc(B_SIZE / 2);
+    assert_non_null(part);
+    /* no chunk digests: rank 1 of 2 of b is checked by reading all of b */
+    if (sluice_read_part_into(m, "b", 0, 1, 2, part, B_SIZE / 2) != SLUICE_OK)
+        fail_msg("%s", sluice_errmsg(m));
+    assert_memory_equal(part, good_b + B_SIZE / 2, B_SIZE / 2);
+    free(part);
+    const char *note = sluice_part_note(m);
+    if (!note || strstr(note, "SECRET") || !strstr(note, "http://127.0.0.1:"))
+        fail_msg("note: %s", note ? note : "(null)");
+    sluice_tensor *t = NULL;
+    assert_int_equal(sluice_acquire_part(m, "nosuch", 0, 0, 2, &t), SLUICE_E_NOT_FOUND);
+    const char *msg = sluice_errmsg(m);
+    if (strstr(msg, "SECRET") || !strstr(msg, "no tensor named \"nosuch\" in http://127.0.0.1:"))
+        fail_msg("error: %s", msg);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    (void)state;
+}
+
 /* The sample of name{model="LABEL",extra} in text (-1 when absent). */
 static long long sample(const char *text, const char *name, const char *extra)
 {
@@ -985,6 +1021,7 @@ int main(void)
         cmocka_unit_test(test_close_while_retrying),
         cmocka_unit_test(test_close_while_mirror_opens),
         cmocka_unit_test(test_mirror_secrets_not_shown),
+        cmocka_unit_test(test_part_note_secrets_not_shown),
         cmocka_unit_test(test_request_format),
         cmocka_unit_test(test_open_and_mirror_counted),
         cmocka_unit_test(test_missing_manifest_visible),
