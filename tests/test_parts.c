@@ -584,6 +584,11 @@ static void test_rules(void **state)
         {"model.layers.0.input_layernorm.weight", 1, SLUICE_PART_REPLICATED},
         {"model.layers.0.post_attention_layernorm.weight", 1, SLUICE_PART_REPLICATED},
         {"model.rotary_emb.inv_freq", 1, SLUICE_PART_REPLICATED}, /* no rule */
+        /* fused: a rank keeps a slice of each stacked matrix, which no one
+         * part along dim 0 is (rank 0 of 2 would be all gate, no up) */
+        {"model.layers.0.self_attn.qkv_proj.weight", 2, SLUICE_PART_REPLICATED},
+        {"model.layers.0.mlp.gate_up_proj.weight", 2, SLUICE_PART_REPLICATED},
+        {"model.layers.0.mlp.gate_up_proj.bias", 1, SLUICE_PART_REPLICATED},
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         int dim = 99;
