@@ -126,10 +126,11 @@ SLUICE_API int sluice_part_rules_parse(const char *text, size_t len, sluice_part
         text = builtin;
         len = sizeof builtin - 1;
     }
-    size_t lines = 1;
+    size_t lines = 1; /* pieces between newlines: the last may be empty */
     for (size_t k = 0; k < len; k++)
         lines += text[k] == '\n';
-    if (lines > RULES_MAX)
+    /* a text's last newline ends its last line and begins none */
+    if (lines - (len && text[len - 1] == '\n') > RULES_MAX)
         return bad(why, why_cap, RULES_MAX + 1, "more than 1024 lines");
     sluice_part_rules *r = malloc(sizeof *r + lines * sizeof r->r[0]);
     if (!r) {
