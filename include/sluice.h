@@ -953,8 +953,10 @@ SLUICE_API const char *sluice_part_note(sluice_model *model);
  * follows its ".weight" (its dim when the bias has that dim, replicated
  * otherwise). The built-in set (text NULL; sluice_part_rules_builtin
  * gives its text) is Llama/Qwen/Mistral naming as vLLM and Megatron
- * split it: q/k/v/qkv/gate/up/gate_up_proj weights and embed_tokens and
- * lm_head dim 0, o_proj and down_proj dim 1, norms replicated.
+ * split it: q/k/v/gate/up_proj weights and embed_tokens and lm_head
+ * dim 0, o_proj and down_proj dim 1, norms replicated; fused qkv_proj and
+ * gate_up_proj stay whole (a rank keeps a slice of each stacked matrix,
+ * which no one part along dim 0 is).
  *
  * sluice_part_rules_parse: *out gets the rules of text (len bytes; NULL:
  * the built-in set). Returns SLUICE_OK, SLUICE_E_NOMEM, or SLUICE_E_INVAL

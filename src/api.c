@@ -745,8 +745,10 @@ static int find(sluice_model *m, const char *name, size_t *i, sl_err *err)
     *i = sl_index_find(&m->index, name, strlen(name));
     if (*i == SIZE_MAX) {
         char q[SL_QUOTE_MAX];
-        return sl_fail(err, SLUICE_E_NOT_FOUND, "no tensor named %s in %s",
-                       sl_quote(q, sizeof q, name, strlen(name)), m->path);
+        int rc = sl_fail(err, SLUICE_E_NOT_FOUND, "no tensor named %s in %s",
+                         sl_quote(q, sizeof q, name, strlen(name)), m->path);
+        sl_remote_scrub(err->msg, sizeof err->msg, m->path); /* no credential shown */
+        return rc;
     }
     return SLUICE_OK;
 }
@@ -1010,6 +1012,8 @@ static int read_part(sluice_model *m, sl_engine *e, const char *call, const char
                  "part_fallback_bytes; `sluice manifest --parts` writes part digests)",
                  m->path, (unsigned long long)rank, (unsigned long long)n,
                  sl_quote(q, sizeof q, t->name, t->name_len), dim);
+        /* m->path is the location as given: no user:password@ or query */
+        sl_remote_scrub(m->part_note, sizeof m->part_note, m->path);
         atomic_store(&m->part_noted, 2);
     }
     sl_engine_range_tally(e, &tally, rc < 0);

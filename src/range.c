@@ -203,18 +203,46 @@ static int rg_gather(rg_ctx *c, const sl_part_geom *g, unsigned char *dst)
 }
 
 /* Hashes the whole tensor in file order and lands the part's segments in
- * dst on the way (the rest through the bounce buffer): the check of a
- * part that has no digest of its own. */
+ * dst on the way: the check of a part that has no digest of its own.
+ * Segments of a bounce buffer or more are read straight into dst (the
+ * bytes between them through the bounce buffer); smaller ones are not
+ * read one by one (two reads of the source per row: thousands of range
+ * requests for one remote tensor), but the tensor a bounce buffer at a
+ * time, hashed there, and the part's bytes copied out of it. */
 static int rg_whole_for_part(rg_ctx *c, const sl_part_geom *g, unsigned char *dst)
 {
-    uint64_t pos = 0;
-    for (uint64_t s = 0; s < g->count; s++) {
-        uint64_t lo = g->first + s * g->stride;
-        SL_TRY(rg_read(c, pos, lo, NULL));
-        SL_TRY(rg_read(c, lo, lo + g->seg, dst + s * g->seg));
-        pos = lo + g->seg;
+    uint64_t pos = 0, nbytes = c->t->nbytes;
+    if (g->seg >= RG_BOUNCE) {
+        for (uint64_t s = 0; s < g->count; s++) {
+            uint64_t lo = g->first + s * g->stride;
+            SL_TRY(rg_read(c, pos, lo, NULL));
+            SL_TRY(rg_read(c, lo, lo + g->seg, dst + s * g->seg));
+            pos = lo + g->seg;
+        }
+        return rg_read(c, pos, nbytes, NULL);
     }
-    return rg_read(c, pos, c->t->nbytes, NULL);
+    if (!c->bounce) {
+        c->bounce_cap = RG_BOUNCE;
+        if (!(c->bounce = malloc(c->bounce_cap)))
+            return sl_fail(c->err, SLUICE_E_NOMEM, "read_part: out of memory");
+    }
+    uint64_t s = 0; /* the first segment not wholly copied yet */
+    while (pos < nbytes) {
+        uint64_t end = nbytes - pos > c->bounce_cap ? pos + c->bounce_cap : nbytes;
+        SL_TRY(rg_read(c, pos, end, c->bounce));
+        for (; s < g->count; s++) {
+            uint64_t lo = g->first + s * g->stride, hi = lo + g->seg;
+            if (lo >= end)
+                break;
+            uint64_t a = lo > pos ? lo : pos, b = hi < end ? hi : end;
+            if (a < b)
+                memcpy(dst + s * g->seg + (a - lo), c->bounce + (a - pos), (size_t)(b - a));
+            if (hi > end)
+                break; /* its rest is in the next block */
+        }
+        pos = end;
+    }
+    return SLUICE_OK;
 }
 
 int sl_part_read(const sl_index *ix, size_t i, const sl_part_geom *g, void *dst,

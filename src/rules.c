@@ -8,7 +8,11 @@
  * follows its weight (the same dim when the bias has it, replicated
  * otherwise: a row-parallel layer's bias is added once, after the
  * reduction). The built-in set is the naming of Llama, Qwen and Mistral
- * checkpoints as vLLM and Megatron split them.
+ * checkpoints as vLLM and Megatron split them. It names no fused
+ * projection (qkv_proj, gate_up_proj): those stack several matrices
+ * along dim 0 and a rank keeps a slice of each (vLLM's QKVParallelLinear,
+ * MergedColumnParallelLinear), which one contiguous part is not, so they
+ * stay whole.
  */
 #include "error.h"
 
@@ -38,10 +42,8 @@ static const char builtin[] =
     "*.q_proj.weight 0\n"
     "*.k_proj.weight 0\n"
     "*.v_proj.weight 0\n"
-    "*.qkv_proj.weight 0\n"
     "*.gate_proj.weight 0\n"
     "*.up_proj.weight 0\n"
-    "*.gate_up_proj.weight 0\n"
     "# the vocabulary is split along dim 0 too\n"
     "*embed_tokens* 0\n"
     "lm_head.weight 0\n"
@@ -124,10 +126,11 @@ SLUICE_API int sluice_part_rules_parse(const char *text, size_t len, sluice_part
         text = builtin;
         len = sizeof builtin - 1;
     }
-    size_t lines = 1;
+    size_t lines = 1; /* pieces between newlines: the last may be empty */
     for (size_t k = 0; k < len; k++)
         lines += text[k] == '\n';
-    if (lines > RULES_MAX)
+    /* a text's last newline ends its last line and begins none */
+    if (lines - (len && text[len - 1] == '\n') > RULES_MAX)
         return bad(why, why_cap, RULES_MAX + 1, "more than 1024 lines");
     sluice_part_rules *r = malloc(sizeof *r + lines * sizeof r->r[0]);
     if (!r) {

@@ -584,6 +584,11 @@ static void test_rules(void **state)
         {"model.layers.0.input_layernorm.weight", 1, SLUICE_PART_REPLICATED},
         {"model.layers.0.post_attention_layernorm.weight", 1, SLUICE_PART_REPLICATED},
         {"model.rotary_emb.inv_freq", 1, SLUICE_PART_REPLICATED}, /* no rule */
+        /* fused: a rank keeps a slice of each stacked matrix, which no one
+         * part along dim 0 is (rank 0 of 2 would be all gate, no up) */
+        {"model.layers.0.self_attn.qkv_proj.weight", 2, SLUICE_PART_REPLICATED},
+        {"model.layers.0.mlp.gate_up_proj.weight", 2, SLUICE_PART_REPLICATED},
+        {"model.layers.0.mlp.gate_up_proj.bias", 1, SLUICE_PART_REPLICATED},
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         int dim = 99;
@@ -629,6 +634,24 @@ static void test_rules(void **state)
             fail_msg("%s: \"%s\", wanted \"%s\"", bad[k].text, why, bad[k].why);
     }
     assert_int_equal(sluice_part_rules_parse("a\0 0", 4, &r, why, sizeof why), SLUICE_E_INVAL);
+    /* at most 1024 lines: a file of 1024 newline-ended lines is taken
+     * (before: its last newline counted a 1025th line), 1025 are not */
+    size_t cap = 1025 * 4 + 1, n = 0;
+    char *many = malloc(cap);
+    assert_non_null(many);
+    for (int k = 0; k < 1024; k++)
+        n += (size_t)snprintf(many + n, cap - n, "a %d\n", k % 8);
+    if (sluice_part_rules_parse(many, n, &r, why, sizeof why) != SLUICE_OK)
+        fail_msg("1024 lines: %s", why);
+    assert_int_equal(sluice_part_rules_dim(r, "a", 8, &dim), SLUICE_OK);
+    assert_int_equal(dim, 0);
+    sluice_part_rules_free(r);
+    assert_int_equal(sluice_part_rules_parse(many, n - 1, &r, why, sizeof why), SLUICE_OK);
+    sluice_part_rules_free(r);
+    n += (size_t)snprintf(many + n, cap - n, "b 1");
+    assert_int_equal(sluice_part_rules_parse(many, n, &r, why, sizeof why), SLUICE_E_INVAL);
+    assert_non_null(strstr(why, "more than 1024 lines"));
+    free(many);
     assert_int_equal(sluice_part_rules_parse(NULL, 0, NULL, NULL, 0), SLUICE_E_INVAL);
 }
 

@@ -656,6 +656,113 @@ static void test_mirror_secrets_not_shown(void **state)
     (void)state;
 }
 
+/* A model opened at a URL with credentials (user:password@, a query):
+ * the note of a part checked by its whole tensor (sluice_part_note, which
+ * `sluice shard` prints and Python's load_shard warns with) and the error
+ * of a tensor name the model lacks show the location without them. */
+static void test_part_note_secrets_not_shown(void **state)
+{
+    char secret[400];
+    snprintf(secret, sizeof secret, "http://user:PW-SECRET@%s/m.safetensors?X-Amz-Signature=SIG-SECRET",
+             srv.base + strlen("http://"));
+    char manifest[400];
+    snprintf(manifest, sizeof manifest, "%s/m.safetensors.manifest.json", srv.base);
+    arm("ok", 0, NULL);
+    sluice_options o = fast_options();
+    o.manifest_path = manifest;
+    sluice_model *m;
+    if (sluice_open(secret, &o, &m) != SLUICE_OK)
+        fail_msg("%s", sluice_errmsg(m));
+    unsigned char *part = malloc(B_SIZE / 2);
+    assert_non_null(part);
+    /* no chunk digests: rank 1 of 2 of b is checked by reading all of b */
+    if (sluice_read_part_into(m, "b", 0, 1, 2, part, B_SIZE / 2) != SLUICE_OK)
+        fail_msg("%s", sluice_errmsg(m));
+    assert_memory_equal(part, good_b + B_SIZE / 2, B_SIZE / 2);
+    free(part);
+    const char *note = sluice_part_note(m);
+    if (!note || strstr(note, "SECRET") || !strstr(note, "http://127.0.0.1:"))
+        fail_msg("note: %s", note ? note : "(null)");
+    sluice_tensor *t = NULL;
+    assert_int_equal(sluice_acquire_part(m, "nosuch", 0, 0, 2, &t), SLUICE_E_NOT_FOUND);
+    const char *msg = sluice_errmsg(m);
+    if (strstr(msg, "SECRET") || !strstr(msg, "no tensor named \"nosuch\" in http://127.0.0.1:"))
+        fail_msg("error: %s", msg);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    (void)state;
+}
+
+/* A dim-1 part of a remote tensor checked by its whole tensor (no part
+ * digests): the tensor is read a bounce buffer (4 MiB) at a time, not as
+ * two range requests per row. U8 [64, 100000] (6.4 MB: a row segment
+ * straddles the 4 MiB boundary), rank 1 of 4: 2 requests, the part equal
+ * to the slice (fails before: 129 requests, one per row segment and one
+ * per gap between them). */
+#define TP_ROWS 64u
+#define TP_COLS 100000u
+static void test_part_fallback_few_requests(void **state)
+{
+    size_t nb = (size_t)TP_ROWS * TP_COLS;
+    unsigned char *bytes = malloc(nb);
+    assert_non_null(bytes);
+    for (size_t k = 0; k < nb; k++)
+        bytes[k] = (unsigned char)(k * 2654435761u >> 11);
+    char header[160], *p = tu_join(root, "tp.safetensors");
+    snprintf(header, sizeof header, "{\"t\":{\"dtype\":\"U8\",\"shape\":[%u,%u],"
+             "\"data_offsets\":[0,%zu]}}", TP_ROWS, TP_COLS, nb);
+    tu_write_safetensors(p, header, bytes, nb);
+    sluice_options o;
+    sluice_options_init(&o);
+    o.flags = SLUICE_F_HASH_ALL;
+    sluice_model *m;
+    assert_int_equal(sluice_open(p, &o, &m), SLUICE_OK);
+    sluice_tensor *t;
+    uint8_t d[32];
+    char hex[65], text[128];
+    assert_int_equal(sluice_acquire(m, "t", &t), SLUICE_OK);
+    assert_int_equal(sluice_tensor_digest(t, d), SLUICE_OK);
+    sluice_release(t);
+    sluice_close(m);
+    int n = snprintf(text, sizeof text, "{\"t\":\"%s\"}", sluice_digest_hex(d, hex));
+    char *mf = tu_join(root, "tp.safetensors.manifest.json");
+    tu_write_file(mf, text, (size_t)n);
+    char url[300];
+    snprintf(url, sizeof url, "%s/tp.safetensors", srv.base);
+    arm("ok", 0, NULL);
+    o = fast_options();
+    if (sluice_open(url, &o, &m) != SLUICE_OK)
+        fail_msg("%s", sluice_errmsg(m));
+    size_t seg = TP_COLS / 4, len = TP_ROWS * seg;
+    unsigned char *part = malloc(len);
+    assert_non_null(part);
+    if (sluice_read_part_into(m, "t", 1, 1, 4, part, len) != SLUICE_OK)
+        fail_msg("%s", sluice_errmsg(m));
+    for (size_t r = 0; r < TP_ROWS; r++)
+        if (memcmp(part + r * seg, bytes + r * TP_COLS + seg, seg) != 0)
+            fail_msg("row %zu of the part differs from the slice", r);
+    struct sluice_stats st = {.size = sizeof st};
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    assert_int_equal(st.part_fallback_bytes, nb);
+    assert_int_equal(st.bytes_read, nb);
+    if (st.remote_reads != 2)
+        fail_msg("%llu range requests for one tensor of %zu bytes",
+                 (unsigned long long)st.remote_reads, nb);
+    /* a byte of another rank's columns flipped: the whole-tensor check fails */
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    bytes[5 * TP_COLS + 3 * seg + 7] ^= 1;
+    tu_write_safetensors(p, header, bytes, nb);
+    assert_int_equal(sluice_open(url, &o, &m), SLUICE_OK);
+    assert_int_equal(sluice_read_part_into(m, "t", 1, 1, 4, part, len), SLUICE_E_CHECKSUM);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    unlink(p);
+    unlink(mf);
+    free(p);
+    free(mf);
+    free(part);
+    free(bytes);
+    (void)state;
+}
+
 /* The sample of name{model="LABEL",extra} in text (-1 when absent). */
 static long long sample(const char *text, const char *name, const char *extra)
 {
@@ -985,6 +1092,8 @@ int main(void)
         cmocka_unit_test(test_close_while_retrying),
         cmocka_unit_test(test_close_while_mirror_opens),
         cmocka_unit_test(test_mirror_secrets_not_shown),
+        cmocka_unit_test(test_part_note_secrets_not_shown),
+        cmocka_unit_test(test_part_fallback_few_requests),
         cmocka_unit_test(test_request_format),
         cmocka_unit_test(test_open_and_mirror_counted),
         cmocka_unit_test(test_missing_manifest_visible),

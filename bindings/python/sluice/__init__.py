@@ -467,6 +467,12 @@ class Model:
             if v < 0:
                 raise ValueError(f"{what} must not be negative")
         t = self._m.info(i)
+        if dim >= len(t[2]):
+            # the binding passes dim as a C unsigned int: 2**32 + 1 would
+            # reach the library as 1 and read another dim's part
+            raise InvalidArgumentError(
+                _errors.E_INVAL,
+                f"tensor {name!r} has {len(t[2])} dims: no dim {dim} to split", name)
         try:
             h = self._m.acquire_part(i, dim, rank, world)
         except Error as e:

@@ -132,6 +132,10 @@ def test_get_part_arguments(tmp_path):
     with sluice.open(path, verify="off") as m:
         with pytest.raises(sluice.InvalidArgumentError, match="no dim 2"):
             m.get_part("b", 2, 0, 2)
+        # past a C unsigned int: not truncated to dim 1 (before: the dim-1
+        # part read, then a reshape to the whole shape failed)
+        with pytest.raises(sluice.InvalidArgumentError, match="no dim 4294967297"):
+            m.get_part("b", 2**32 + 1, 0, 2)
         with pytest.raises(sluice.InvalidArgumentError):
             m.get_part("b", 1, 2, 2)
         with pytest.raises(TypeError):
