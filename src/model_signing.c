@@ -1034,6 +1034,61 @@ static const char **ignores(const sl_ms_statement *s, const char *root, const ch
     return v;
 }
 
+/* Shards sorted by path, then start. */
+static int shard_cmp(const void *pa, const void *pb)
+{
+    const sl_ms_resource *a = *(const sl_ms_resource *const *)pa, *b = *(const sl_ms_resource *const *)pb;
+    size_t n = a->path_len < b->path_len ? a->path_len : b->path_len;
+    int c = memcmp(a->name, b->name, n);
+    if (c || a->path_len != b->path_len)
+        return c ? c : a->path_len < b->path_len ? -1 : 1;
+    return a->start < b->start ? -1 : a->start > b->start;
+}
+
+/* Shards mode: each file's shards must cover it whole, from byte 0 to
+ * its size, end to start, as the reference's re-sharding of the file
+ * does; bytes no shard covers (appended after the last one, or in a gap)
+ * are bytes nobody signed. */
+static int check_shard_cover(const sl_ms_statement *s, const char *model_path,
+                             const char *sig_path, sl_err *err)
+{
+    const sl_ms_resource **v = malloc((s->nres + 1) * sizeof *v);
+    if (!v)
+        return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
+    for (size_t i = 0; i < s->nres; i++)
+        v[i] = &s->res[i];
+    qsort(v, s->nres, sizeof *v, shard_cmp);
+    int rc = SLUICE_OK;
+    for (size_t i = 0; i < s->nres && rc == SLUICE_OK;) {
+        size_t j = i;
+        uint64_t at = 0;
+        for (; j < s->nres && v[j]->path_len == v[i]->path_len &&
+               !memcmp(v[j]->name, v[i]->name, v[i]->path_len); j++) {
+            if (v[j]->start != at || v[j]->end <= v[j]->start) {
+                rc = sl_fail(err, SLUICE_E_SIGNATURE, "signature %s: the shards of %.*s do not "
+                             "cover it end to start: %s follows byte %" PRIu64, sig_path,
+                             (int)v[i]->path_len, v[i]->name, v[j]->name, at);
+                break;
+            }
+            at = v[j]->end;
+        }
+        if (rc < 0)
+            break;
+        char full[8192];
+        struct stat st;
+        snprintf(full, sizeof full, "%s/%.*s", model_path, (int)v[i]->path_len, v[i]->name);
+        if (stat(full, &st) != 0)
+            rc = sl_fail_errno(err, SLUICE_E_IO, errno, "%s: cannot stat", full);
+        else if ((uint64_t)st.st_size != at)
+            rc = sl_fail(err, SLUICE_E_SIGNATURE, "signature %s: %s is %" PRIu64 " bytes, but its "
+                         "signed shards end at byte %" PRIu64 " (bytes no shard covers)", sig_path,
+                         full, (uint64_t)st.st_size, at);
+        i = j;
+    }
+    free(v);
+    return rc;
+}
+
 int sl_ms_check_tree(const sl_ms_statement *s, const char *model_path, const char *sig_path,
                      const char *const *extra_ignore, size_t nextra, sl_err *err)
 {
@@ -1094,6 +1149,8 @@ int sl_ms_check_tree(const sl_ms_statement *s, const char *model_path, const cha
                          "lists %s", sig_path, s->method == SL_MS_SHARDS ? "shard" : "file",
                          r->name, hex_of(d, 32, hex), hex_of(r->digest, 32, hex2));
     }
+    if (rc == SLUICE_OK && s->method == SL_MS_SHARDS)
+        rc = check_shard_cover(s, model_path, sig_path, err);
     tree_free(&t);
     return rc;
 }

@@ -317,6 +317,58 @@ static void test_ed25519_beside_ec(void **state)
     free(ec);
 }
 
+/* The file-level check of a shards bundle: the reference re-shards every
+ * file, so bytes appended after the last signed shard (or a gap between
+ * two) fail it; they must fail here too. */
+static void test_shards_cover(void **state)
+{
+    fx *f = *state;
+    assert_int_equal(py("sign %s %s shards", f->model, f->keys), 0);
+    char *pub = key(f, "p256.pub"), *sig = tu_join(f->model, "model.sig");
+    const char *keys[] = {pub};
+    sl_ms_trust t = {keys, 1, NULL, 0};
+    sl_ms_statement *s = NULL;
+    sl_err err = {0};
+    assert_int_equal(sl_ms_verify_file(sig, &t, &s, &err), SLUICE_OK);
+    assert_int_equal(s->method, SL_MS_SHARDS);
+    if (sl_ms_check_tree(s, f->model, sig, NULL, 0, &err) != SLUICE_OK)
+        fail_msg("shards: %s", err.msg);
+    /* bytes appended to a signed file */
+    char *w = tu_join(f->model, "model-00002-of-00002.safetensors");
+    size_t len = 0;
+    char *text = tu_read_file(w, &len);
+    char *longer = malloc(len + 5);
+    memcpy(longer, text, len);
+    memcpy(longer + len, "EVIL!", 5);
+    tu_write_file(w, longer, len + 5);
+    err = (sl_err){0};
+    assert_int_equal(sl_ms_check_tree(s, f->model, sig, NULL, 0, &err), SLUICE_E_SIGNATURE);
+    assert_non_null(strstr(err.msg, "bytes no shard covers"));
+    tu_write_file(w, text, len);
+    /* a shard left out of the list: a gap (the signer's list, re-signed) */
+    sl_ms_statement_free(s);
+    s = NULL;
+    assert_int_equal(sl_ms_verify_file(sig, &t, &s, &err), SLUICE_OK);
+    size_t k = 0;
+    while (k < s->nres && !(s->res[k].start == 0 && s->res[k].end > 0 &&
+                            s->nres > k + 1 && s->res[k + 1].start == s->res[k].end &&
+                            !strncmp(s->res[k].name, s->res[k + 1].name, s->res[k].path_len)))
+        k++;
+    assert_true(k < s->nres);
+    free(s->res[k].name); /* drop shard k: the file's bytes [0, end) go unsigned */
+    memmove(&s->res[k], &s->res[k + 1], (s->nres - k - 1) * sizeof *s->res);
+    s->nres--;
+    err = (sl_err){0};
+    assert_int_equal(sl_ms_check_tree(s, f->model, sig, NULL, 0, &err), SLUICE_E_SIGNATURE);
+    assert_non_null(strstr(err.msg, "do not cover it"));
+    sl_ms_statement_free(s);
+    free(longer);
+    free(text);
+    free(w);
+    free(pub);
+    free(sig);
+}
+
 /* ---------------------------------------------------------------- the reference's own bundles */
 
 static const struct {
@@ -496,6 +548,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_open_cases, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sign_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ed25519_beside_ec, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_shards_cover, setup, teardown),
     };
     return cmocka_run_group_tests(tests, tool_group_setup, NULL);
 }
