@@ -799,6 +799,7 @@ int sl_ms_verify_text(const char *sig_path, const char *text, size_t len, const 
     }
     if ((rc = take_statement(st, sig_path, s, err)) < 0)
         goto done;
+    s->certified = cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(vm, "x509CertificateChain"));
     *out = s;
     s = NULL;
 done:

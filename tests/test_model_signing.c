@@ -369,6 +369,34 @@ static void test_shards_cover(void **state)
     free(sig);
 }
 
+/* `sluice verify --no-manifest-link` says what verified the bundle (the
+ * key, though a CA is given too) and counts files, not shards. */
+static void test_file_check_says(void **state)
+{
+    fx *f = *state;
+    char *pub = key(f, "p256.pub"), *ca = key(f, "ca.pem");
+    assert_int_equal(py("sign %s %s p256", f->model, f->keys), 0);
+    run_result r = run(f->dir, "verify", f->model, "--no-manifest-link", "--key", pub, "--ca", ca,
+                       NULL);
+    expect_status(&r, 0, "verify --no-manifest-link --key --ca");
+    if (!strstr(r.out, "trusted key)"))
+        fail_msg("a key-signed bundle, said: %s", r.out);
+    run_free(&r);
+    assert_int_equal(py("sign %s %s cert", f->model, f->keys), 0);
+    r = run(f->dir, "verify", f->model, "--no-manifest-link", "--key", pub, "--ca", ca, NULL);
+    expect_status(&r, 0, "verify --no-manifest-link, certificate");
+    assert_non_null(strstr(r.out, "certificate chain to a trusted CA)"));
+    run_free(&r);
+    assert_int_equal(py("sign %s %s shards", f->model, f->keys), 0);
+    r = run(f->dir, "verify", f->model, "--no-manifest-link", "--key", pub, NULL);
+    expect_status(&r, 0, "verify --no-manifest-link, shards");
+    if (!strstr(r.out, "\n3 files verified")) /* two .safetensors and the manifest */
+        fail_msg("shards: %s", r.out);
+    run_free(&r);
+    free(pub);
+    free(ca);
+}
+
 /* ---------------------------------------------------------------- the reference's own bundles */
 
 static const struct {
@@ -549,6 +577,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sign_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ed25519_beside_ec, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shards_cover, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_file_check_says, setup, teardown),
     };
     return cmocka_run_group_tests(tests, tool_group_setup, NULL);
 }
