@@ -619,6 +619,25 @@ static int str_cmp(const void *a, const void *b)
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+/* A name twice would let one digest stand for another (sluice finds the
+ * first, the reference keeps the last); sorted names find it in n log n,
+ * whatever a hostile list holds. */
+static int no_duplicates(const sl_ms_statement *s, const char *sig_path, sl_err *err)
+{
+    const char **names = malloc((s->nres + 1) * sizeof *names);
+    if (!names)
+        return sl_fail(err, SLUICE_E_NOMEM, "signature %s: out of memory", sig_path);
+    for (size_t i = 0; i < s->nres; i++)
+        names[i] = s->res[i].name;
+    qsort(names, s->nres, sizeof *names, str_cmp);
+    int rc = SLUICE_OK;
+    for (size_t i = 1; i < s->nres && rc == SLUICE_OK; i++)
+        if (!strcmp(names[i - 1], names[i]))
+            rc = ms_fail(err, sig_path, "the resource %s is listed twice", names[i]);
+    free(names);
+    return rc;
+}
+
 /* The statement's predicate (or the pre-1.0 form's subjects) into s. */
 static int take_statement(const cJSON *st, const char *sig_path, sl_ms_statement *s, sl_err *err)
 {
@@ -698,8 +717,10 @@ static int take_statement(const cJSON *st, const char *sig_path, sl_ms_statement
     uint8_t root[32];
     int ok = rc == SLUICE_OK && EVP_DigestFinal_ex(h, root, NULL) == 1;
     EVP_MD_CTX_free(h);
-    if (rc < 0 || compat)
+    if (rc < 0)
         return rc;
+    if (compat) /* one subject per file: a name twice, too */
+        return no_duplicates(s, sig_path, err);
     if (!ok)
         return sl_fail(err, SLUICE_E_NOMEM, "signature %s: out of memory", sig_path);
     const cJSON *sub = cJSON_GetArrayItem(subjects, 0);
@@ -713,19 +734,7 @@ static int take_statement(const cJSON *st, const char *sig_path, sl_ms_statement
                        want ? want : "(none)", s->nres, hex_of(root, 32, hex));
     if (name && !(s->model_name = strdup(name)))
         return sl_fail(err, SLUICE_E_NOMEM, "signature %s: out of memory", sig_path);
-    /* a name twice would let one digest stand for another; sorted names
-     * find it in n log n, whatever a hostile list holds */
-    const char **names = malloc((s->nres + 1) * sizeof *names);
-    if (!names)
-        return sl_fail(err, SLUICE_E_NOMEM, "signature %s: out of memory", sig_path);
-    for (size_t i = 0; i < s->nres; i++)
-        names[i] = s->res[i].name;
-    qsort(names, s->nres, sizeof *names, str_cmp);
-    for (size_t i = 1; i < s->nres && rc == SLUICE_OK; i++)
-        if (!strcmp(names[i - 1], names[i]))
-            rc = ms_fail(err, sig_path, "the resource %s is listed twice", names[i]);
-    free(names);
-    return rc;
+    return no_duplicates(s, sig_path, err);
 }
 
 int sl_ms_verify_text(const char *sig_path, const char *text, size_t len, const sl_ms_trust *t,

@@ -132,6 +132,13 @@ def statement(model, case):
                 e = min(s + SHARD, len(data))
                 res.append({"name": "%s:%d:%d" % (n, s, e), "algorithm": "sha256",
                             "digest": hashlib.sha256(data[s:e]).hexdigest()})
+    if case == "compat-duplicate":  # the 0.2 form, the manifest listed again with another digest
+        subs = [{"name": r["name"], "digest": {"sha256": r["digest"]}} for r in res]
+        subs.append({"name": "sluice.manifest.json",
+                     "digest": {"sha256": hashlib.sha256(b"another manifest").hexdigest()}})
+        return json.dumps({"_type": STYPE, "subject": subs,
+                           "predicateType": "https://model_signing/Digests/v0.1",
+                           "predicate": {}}, indent=2).encode()
     root = hashlib.sha256(b"".join(bytes.fromhex(r["digest"]) for r in res)).hexdigest()
     if case == "subject":
         root = hashlib.sha256(b"not the digests").hexdigest()

@@ -158,6 +158,7 @@ static void test_open_cases(void **state)
         {"predicate-type", 0, "wrong predicate type"},
         {"subject", 0, "subject digest is inconsistent"},
         {"duplicate", 0, "listed twice"},
+        {"compat-duplicate", 0, "listed twice"},
         {"manifest-not-listed", 0, "is not listed among"},
         {"manifest-digest", 0, "differs from the one signed"},
         {"file-not-listed", 0, "model file model-00001-of-00002.safetensors is not listed"},
