@@ -959,6 +959,10 @@ static int walk(const char *root, const char *rel, tree *t, const char *const *i
                 rc = sl_fail(err, SLUICE_E_NOMEM, "out of memory");
             else
                 t->n++;
+        } else { /* the reference refuses these rather than pass them by */
+            rc = sl_fail(err, SLUICE_E_SIGNATURE, "%s: neither a regular file nor a directory "
+                         "(a FIFO, socket or device, which OpenSSF model signing does not "
+                         "read)", full);
         }
     }
     closedir(d);

@@ -320,7 +320,7 @@ static void test_ed25519_beside_ec(void **state)
 
 /* The file-level check of a shards bundle: the reference re-shards every
  * file, so bytes appended after the last signed shard (or a gap between
- * two) fail it; they must fail here too. */
+ * two) fail it; they must fail here too. So does a FIFO in the tree. */
 static void test_shards_cover(void **state)
 {
     fx *f = *state;
@@ -362,6 +362,18 @@ static void test_shards_cover(void **state)
     err = (sl_err){0};
     assert_int_equal(sl_ms_check_tree(s, f->model, sig, NULL, 0, &err), SLUICE_E_SIGNATURE);
     assert_non_null(strstr(err.msg, "do not cover it"));
+    sl_ms_statement_free(s);
+    /* a FIFO in the directory: the reference refuses it, never skips it */
+    s = NULL;
+    assert_int_equal(py("sign %s %s p256", f->model, f->keys), 0);
+    assert_int_equal(sl_ms_verify_file(sig, &t, &s, &err), SLUICE_OK);
+    char *fifo = tu_join(f->model, "pipe");
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    err = (sl_err){0};
+    assert_int_equal(sl_ms_check_tree(s, f->model, sig, NULL, 0, &err), SLUICE_E_SIGNATURE);
+    assert_non_null(strstr(err.msg, "neither a regular file nor a directory"));
+    unlink(fifo);
+    free(fifo);
     sl_ms_statement_free(s);
     free(longer);
     free(text);
