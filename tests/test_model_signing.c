@@ -382,6 +382,54 @@ static void test_shards_cover(void **state)
     free(sig);
 }
 
+/* The signature's whole-file SHA-256 are the files' digests: a manifest
+ * whose own differ fails the open, and a flat manifest (no file digests,
+ * no headers) takes them, so that `sluice verify --files` catches a
+ * header relabelled after signing, as the reference's verifier does. */
+static void test_signed_file_digests(void **state)
+{
+    fx *f = *state;
+    char *priv = key(f, "p256.key"), *pub = key(f, "p256.pub");
+    char *w = tu_join(f->model, "model-00002-of-00002.safetensors");
+    struct stat st;
+    assert_int_equal(stat(w, &st), 0);
+    /* a weight changed, the directory re-signed, the manifest not rewritten */
+    mf_flip_byte(w, (uint64_t)st.st_size - 1);
+    run_result r = run(f->dir, "sign", f->model, "--format", "model-signing", "--key", priv, NULL);
+    expect_status(&r, 0, "sign --format model-signing");
+    run_free(&r);
+    char msg[2048];
+    assert_int_equal(open_with(f, 0, msg, sizeof msg), SLUICE_E_SIGNATURE);
+    if (!strstr(msg, "is not the one the OpenSSF model signature lists"))
+        fail_msg("re-signed, stale manifest: %s", msg);
+    mf_flip_byte(w, (uint64_t)st.st_size - 1);
+
+    /* a flat manifest, signed; then a dtype relabelled in a header */
+    char *mf = tu_join(f->model, "sluice.manifest.json");
+    r = run(f->dir, "manifest", f->model, "--flat", "-q", "-o", mf, NULL);
+    expect_status(&r, 0, "manifest --flat");
+    run_free(&r);
+    r = run(f->dir, "sign", f->model, "--format", "model-signing", "--key", priv, NULL);
+    expect_status(&r, 0, "sign --format model-signing");
+    run_free(&r);
+    size_t len = 0;
+    char *text = tu_read_file(w, &len);
+    char *at = memmem(text, len, "\"dtype\":\"U8\"", 12);
+    assert_non_null(at);
+    memcpy(at, "\"dtype\":\"I8\"", 12); /* the same bytes, read as signed */
+    tu_write_file(w, text, len);
+    assert_int_equal(open_with(f, 0, msg, sizeof msg), SLUICE_OK); /* the weights are not read */
+    r = run(f->dir, "verify", f->model, "--key", pub, "--files", NULL);
+    if (r.status != 1 || !strstr(r.out, "FAILED file"))
+        fail_msg("verify --files of a relabelled header: status %d, %s%s", r.status, r.out, r.err);
+    run_free(&r);
+    free(text);
+    free(mf);
+    free(w);
+    free(priv);
+    free(pub);
+}
+
 /* `sluice verify --no-manifest-link` says what verified the bundle (the
  * key, though a CA is given too) and counts files, not shards. */
 static void test_file_check_says(void **state)
@@ -591,6 +639,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ed25519_beside_ec, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shards_cover, setup, teardown),
         cmocka_unit_test_setup_teardown(test_file_check_says, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_signed_file_digests, setup, teardown),
     };
     return cmocka_run_group_tests(tests, tool_group_setup, NULL);
 }
