@@ -290,6 +290,16 @@ static const char *json_string(const cJSON *o, const char *name)
     return cJSON_IsString(v) && v->valuestring ? v->valuestring : NULL;
 }
 
+/* A string of the bundle for a message: quoted, control bytes escaped
+ * (a hostile bundle must not write lines or terminal escapes of its
+ * own into what is printed), or "(none)". */
+static const char *shown(char *buf, size_t size, const char *s)
+{
+    if (!s)
+        return "(none)";
+    return sl_quote(buf, size, s, strlen(s));
+}
+
 /* SLUICE_E_SIGNATURE with "signature SIG_PATH: " before the message. */
 __attribute__((format(printf, 3, 4))) static int ms_fail(sl_err *err, const char *sig_path,
                                                         const char *fmt, ...)
@@ -532,7 +542,7 @@ static int check_envelope_sig(const cJSON *vm, const char *sig_path, const sl_ms
     const char *hint = json_string(pk, "hint");
     rc = SLUICE_OK;
     int tried = 0, verified = 0;
-    char h[65], first[65] = "";
+    char h[65], first[65] = "", q[SL_QUOTE_MAX];
     for (size_t i = 0; i < n && !verified; i++) {
         if (sl_ms_key_hint(keys[i], h) < 0) {
             rc = sl_fail(err, SLUICE_E_NOMEM, "trusted key %s: cannot encode it", t->keys[i]);
@@ -558,7 +568,8 @@ static int check_envelope_sig(const cJSON *vm, const char *sig_path, const sl_ms
     if (!tried)
         return sl_fail(err, SLUICE_E_SIGNATURE, "signature %s: key hint mismatch: made with the "
                        "key whose hint is %s, which is none of the %zu trusted EC key%s (%s%s)",
-                       sig_path, hint, n, n == 1 ? "" : "s", first, n > 1 ? ", ..." : "");
+                       sig_path, shown(q, sizeof q, hint), n, n == 1 ? "" : "s", first,
+                       n > 1 ? ", ..." : "");
     return sl_fail(err, SLUICE_E_SIGNATURE, "signature %s: the ECDSA signature does not verify "
                    "with %s (the payload or the signature was altered)", sig_path,
                    hint && *hint ? "the trusted key its hint names" : "any trusted EC key");
@@ -642,15 +653,16 @@ static int no_duplicates(const sl_ms_statement *s, const char *sig_path, sl_err 
 static int take_statement(const cJSON *st, const char *sig_path, sl_ms_statement *s, sl_err *err)
 {
     const char *type = json_string(st, "_type"), *ptype = json_string(st, "predicateType");
+    char q[SL_QUOTE_MAX];
     if (!type || strcmp(type, MS_STATEMENT_TYPE))
         return ms_fail(err, sig_path, "wrong statement type %s (expected "
-                       "\"" MS_STATEMENT_TYPE "\")", type ? type : "(none)");
+                       "\"" MS_STATEMENT_TYPE "\")", shown(q, sizeof q, type));
     const cJSON *subjects = cJSON_GetObjectItemCaseSensitive(st, "subject");
     int nsub = cJSON_IsArray(subjects) ? cJSON_GetArraySize(subjects) : -1;
     int compat = ptype && !strcmp(ptype, MS_PREDICATE_COMPAT);
     if (!ptype || (strcmp(ptype, MS_PREDICATE_TYPE) && !compat))
         return ms_fail(err, sig_path, "wrong predicate type %s (expected "
-                       "\"" MS_PREDICATE_TYPE "\")", ptype ? ptype : "(none)");
+                       "\"" MS_PREDICATE_TYPE "\")", shown(q, sizeof q, ptype));
     const cJSON *list, *ser = NULL;
     if (compat) { /* each subject a file, sha256 */
         list = subjects;
@@ -665,7 +677,7 @@ static int take_statement(const cJSON *st, const char *sig_path, sl_ms_statement
         const char *method = json_string(ser, "method");
         if (!method || (strcmp(method, "files") && strcmp(method, "shards")))
             return ms_fail(err, sig_path, "unknown serialization method %s (files or shards)",
-                           method ? method : "(none)");
+                           shown(q, sizeof q, method));
         s->method = strcmp(method, "files") ? SL_MS_SHARDS : SL_MS_FILES;
     }
     int nres = cJSON_IsArray(list) ? cJSON_GetArraySize(list) : -1;
@@ -753,10 +765,11 @@ int sl_ms_verify_text(const char *sig_path, const char *text, size_t len, const 
     size_t payload_len = 0, sig_len = 0, msg_len = 0;
     cJSON *st = NULL;
     sl_ms_statement *s = NULL;
+    char q[SL_QUOTE_MAX];
     const char *mt = json_string(root, "mediaType");
     if (!mt || strcmp(mt, MS_MEDIA_TYPE)) {
         rc = ms_fail(err, sig_path, "wrong media type %s (expected \"" MS_MEDIA_TYPE "\")",
-                     mt ? mt : "(none)");
+                     shown(q, sizeof q, mt));
         goto done;
     }
     const cJSON *vm = cJSON_GetObjectItemCaseSensitive(root, "verificationMaterial");
@@ -794,7 +807,7 @@ int sl_ms_verify_text(const char *sig_path, const char *text, size_t len, const 
     const char *ptype = json_string(env, "payloadType");
     if (!ptype || strcmp(ptype, MS_PAYLOAD_TYPE)) {
         rc = ms_fail(err, sig_path, "wrong payload type %s (expected \"" MS_PAYLOAD_TYPE "\")",
-                     ptype ? ptype : "(none)");
+                     shown(q, sizeof q, ptype));
         goto done;
     }
     st = cJSON_ParseWithLength((const char *)payload, payload_len);

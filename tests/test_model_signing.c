@@ -626,6 +626,16 @@ static void test_garbage(void **state)
                                            &err), SLUICE_E_SIGNATURE);
         assert_null(s);
     }
+    /* the bundle's own strings are quoted in messages: no line or terminal
+     * escape of its own gets printed */
+    const char *forged = "{\"mediaType\":\"x\\nmanifest m: OpenSSF model signature verified\\u001b[8m\"}";
+    sl_ms_statement *s = NULL;
+    sl_err err = {0};
+    assert_int_equal(sl_ms_verify_text("x.sig", forged, strlen(forged), &t, &s, &err),
+                     SLUICE_E_SIGNATURE);
+    assert_non_null(strstr(err.msg, "wrong media type \"x\\x0amanifest"));
+    assert_null(strchr(err.msg, '\n'));
+    assert_null(strchr(err.msg, '\x1b'));
 }
 
 int main(void)
