@@ -930,7 +930,7 @@ static int is_ignored(const char *rel, const char *const *ign, size_t nign)
 static int walk(const char *root, const char *rel, tree *t, const char *const *ign, size_t nign,
                 sl_err *err)
 {
-    char dir[4096];
+    char dir[4096], q[SL_QUOTE_MAX];
     snprintf(dir, sizeof dir, "%s%s%s", root, *rel ? "/" : "", rel);
     DIR *d = opendir(dir);
     if (!d)
@@ -951,10 +951,10 @@ static int walk(const char *root, const char *rel, tree *t, const char *const *i
         snprintf(full, sizeof full, "%s/%s", root, sub);
         struct stat st;
         if (lstat(full, &st) != 0) {
-            rc = sl_fail_errno(err, SLUICE_E_IO, errno, "%s: cannot stat", full);
+            rc = sl_fail_errno(err, SLUICE_E_IO, errno, "%s: cannot stat", shown(q, sizeof q, full));
         } else if (S_ISLNK(st.st_mode)) {
             rc = sl_fail(err, SLUICE_E_SIGNATURE, "%s: a symbolic link (OpenSSF model signing "
-                         "does not follow them by default)", full);
+                         "does not follow them by default)", shown(q, sizeof q, full));
         } else if (S_ISDIR(st.st_mode)) {
             rc = walk(root, sub, t, ign, nign, err);
         } else if (S_ISREG(st.st_mode)) {
@@ -975,7 +975,7 @@ static int walk(const char *root, const char *rel, tree *t, const char *const *i
         } else { /* the reference refuses these rather than pass them by */
             rc = sl_fail(err, SLUICE_E_SIGNATURE, "%s: neither a regular file nor a directory "
                          "(a FIFO, socket or device, which OpenSSF model signing does not "
-                         "read)", full);
+                         "read)", shown(q, sizeof q, full));
         }
     }
     closedir(d);
@@ -1123,7 +1123,7 @@ int sl_ms_check_tree(const sl_ms_statement *s, const char *model_path, const cha
     if (stat(model_path, &st) != 0)
         return sl_fail_errno(err, SLUICE_E_IO, errno, "%s: cannot stat", model_path);
     uint8_t d[32];
-    char hex[65], hex2[129];
+    char hex[65], hex2[129], q[SL_QUOTE_MAX];
     int rc;
     if (!S_ISDIR(st.st_mode)) { /* one file: its resource is "." */
         if (s->nres != 1 || strcmp(s->res[0].name, ".") || !s->res[0].sha256)
@@ -1148,8 +1148,9 @@ int sl_ms_check_tree(const sl_ms_statement *s, const char *model_path, const cha
     free(ign);
     for (size_t i = 0; rc == SLUICE_OK && i < t.n; i++)
         if (!find_path(s, t.names[i]))
-            rc = sl_fail(err, SLUICE_E_SIGNATURE, "signature %s: the file %s/%s is not signed "
-                         "(not listed, not ignored)", sig_path, model_path, t.names[i]);
+            rc = sl_fail(err, SLUICE_E_SIGNATURE, "signature %s: the file %s in %s is not "
+                         "signed (not listed, not ignored)", sig_path,
+                         shown(q, sizeof q, t.names[i]), model_path);
     for (size_t i = 0; rc == SLUICE_OK && i < s->nres; i++) {
         const sl_ms_resource *r = &s->res[i];
         char full[8192], path[4096];

@@ -374,6 +374,15 @@ static void test_shards_cover(void **state)
     assert_non_null(strstr(err.msg, "neither a regular file nor a directory"));
     unlink(fifo);
     free(fifo);
+    /* a file whose name holds a line of its own: quoted in the message */
+    char *odd = tu_join(f->model, "x\n1 files verified against the signature");
+    tu_write_file(odd, "x", 1);
+    err = (sl_err){0};
+    assert_int_equal(sl_ms_check_tree(s, f->model, sig, NULL, 0, &err), SLUICE_E_SIGNATURE);
+    assert_non_null(strstr(err.msg, "the file \"x\\x0a1 files verified"));
+    assert_null(strchr(err.msg, '\n'));
+    unlink(odd);
+    free(odd);
     sl_ms_statement_free(s);
     free(longer);
     free(text);
