@@ -1271,8 +1271,9 @@ SLUICE_API int sluice_trim(sluice_model *model, uint64_t *released);
  *    relative to the model's directory) must be listed, with the SHA-256
  *    of the very bytes then parsed (read once), and every .safetensors
  *    file of the model must be listed (files mode: with a SHA-256 that
- *    `sluice verify --files` and the manifest's own "files" digests
- *    check; shards mode: by its shards). The weights are not read at
+ *    must equal the manifest's own "files" digest, and stands in for it
+ *    where the manifest has none, for `sluice verify --files`; shards
+ *    mode: by its shards). The weights are not read at
  *    open: every tensor is then verified against the now-trusted
  *    manifest as usual.
  *  - Each failure is SLUICE_E_SIGNATURE with its own message: bundle

@@ -1154,9 +1154,16 @@ int sl_manifest_from_text(const sl_index *ix, const sluice_options *opts, char *
     cJSON *root = NULL;
     mf_ctx c = {.ix = ix, .path = path, .err = err};
     int rc = SLUICE_OK;
+    uint8_t (*signed_digest)[32] = NULL, *signed_has = NULL;
     /* Signed manifests: the very bytes parsed below, checked before parsing. */
     if (sl_ms_applies(ix, opts, path)) {
-        if ((rc = sl_ms_check_open(ix, opts, path, text, len, err)) < 0)
+        signed_digest = malloc((ix->nfiles + 1) * sizeof *signed_digest);
+        signed_has = calloc(ix->nfiles + 1, 1);
+        if (!signed_digest || !signed_has) {
+            rc = sl_fail(err, SLUICE_E_NOMEM, "manifest %s: out of memory", path);
+            goto done;
+        }
+        if ((rc = sl_ms_check_open(ix, opts, path, text, len, signed_digest, signed_has, err)) < 0)
             goto done;
     } else if (opts->ntrusted_keys &&
                (rc = sl_signature_check(path, text, len, opts->trusted_keys, opts->ntrusted_keys,
@@ -1208,11 +1215,34 @@ int sl_manifest_from_text(const sl_index *ix, const sluice_options *opts, char *
                                                            : SLUICE_VERIFY_REQUIRE;
     if (c.m->policy == SLUICE_VERIFY_REQUIRE && (rc = require_all(&c)) < 0)
         goto done;
+    /* An OpenSSF model signature's whole-file SHA-256: the manifest's own
+     * must be the same, and where it has none (a flat manifest) the
+     * signed one is the file's digest (sluice verify --files). */
+    for (size_t f = 0; signed_has && c.m->algorithm == SLUICE_ALG_SHA256 && f < ix->nfiles; f++) {
+        if (!signed_has[f])
+            continue;
+        if (c.m->file_has[f] && memcmp(c.m->file_digest[f], signed_digest[f], 32) != 0) {
+            char hx[65], wx[65];
+            rc = sl_fail(err, SLUICE_E_SIGNATURE, "manifest %s: file %s: the manifest's SHA-256 "
+                         "%s is not the one the OpenSSF model signature lists, %s (the model "
+                         "was re-signed without 'sluice manifest', or the manifest is another "
+                         "model's)", path, ix->files[f].path, sl_hex_digest(hx, c.m->file_digest[f]),
+                         sl_hex_digest(wx, signed_digest[f]));
+            goto done;
+        }
+        if (!c.m->file_has[f]) {
+            c.m->file_has[f] = 1;
+            memcpy(c.m->file_digest[f], signed_digest[f], 32);
+            c.m->file_size[f] = SLUICE_SIZE_UNKNOWN;
+        }
+    }
     c.m->path = path;
     path = NULL;
     *out = c.m;
     c.m = NULL;
 done:
+    free(signed_digest);
+    free(signed_has);
     for (int i = 0; i < 5; i++)
         free(c.kbuf[i]);
     sl_manifest_free(c.m);

@@ -34,8 +34,11 @@ int sl_manifest_from_text(const sl_index *ix, const sluice_options *opts, char *
  * the check of the bundle and its link to the manifest text read from
  * manifest_path and to ix's files. */
 int sl_ms_applies(const sl_index *ix, const sluice_options *opts, const char *manifest_path);
+/* file_digest / file_has (ix->nfiles each, may be NULL) get the signed
+ * SHA-256 of each whole file (files mode), for the manifest to check. */
 int sl_ms_check_open(const sl_index *ix, const sluice_options *opts, const char *manifest_path,
-                     const char *text, size_t len, sl_err *err);
+                     const char *text, size_t len, uint8_t (*file_digest)[32], uint8_t *file_has,
+                     sl_err *err);
 
 void sl_manifest_free(sl_manifest *m);
 

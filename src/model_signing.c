@@ -290,6 +290,16 @@ static const char *json_string(const cJSON *o, const char *name)
     return cJSON_IsString(v) && v->valuestring ? v->valuestring : NULL;
 }
 
+/* A string of the bundle for a message: quoted, control bytes escaped
+ * (a hostile bundle must not write lines or terminal escapes of its
+ * own into what is printed), or "(none)". */
+static const char *shown(char *buf, size_t size, const char *s)
+{
+    if (!s)
+        return "(none)";
+    return sl_quote(buf, size, s, strlen(s));
+}
+
 /* SLUICE_E_SIGNATURE with "signature SIG_PATH: " before the message. */
 __attribute__((format(printf, 3, 4))) static int ms_fail(sl_err *err, const char *sig_path,
                                                         const char *fmt, ...)
@@ -532,7 +542,7 @@ static int check_envelope_sig(const cJSON *vm, const char *sig_path, const sl_ms
     const char *hint = json_string(pk, "hint");
     rc = SLUICE_OK;
     int tried = 0, verified = 0;
-    char h[65], first[65] = "";
+    char h[65], first[65] = "", q[SL_QUOTE_MAX];
     for (size_t i = 0; i < n && !verified; i++) {
         if (sl_ms_key_hint(keys[i], h) < 0) {
             rc = sl_fail(err, SLUICE_E_NOMEM, "trusted key %s: cannot encode it", t->keys[i]);
@@ -558,7 +568,8 @@ static int check_envelope_sig(const cJSON *vm, const char *sig_path, const sl_ms
     if (!tried)
         return sl_fail(err, SLUICE_E_SIGNATURE, "signature %s: key hint mismatch: made with the "
                        "key whose hint is %s, which is none of the %zu trusted EC key%s (%s%s)",
-                       sig_path, hint, n, n == 1 ? "" : "s", first, n > 1 ? ", ..." : "");
+                       sig_path, shown(q, sizeof q, hint), n, n == 1 ? "" : "s", first,
+                       n > 1 ? ", ..." : "");
     return sl_fail(err, SLUICE_E_SIGNATURE, "signature %s: the ECDSA signature does not verify "
                    "with %s (the payload or the signature was altered)", sig_path,
                    hint && *hint ? "the trusted key its hint names" : "any trusted EC key");
@@ -619,19 +630,39 @@ static int str_cmp(const void *a, const void *b)
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+/* A name twice would let one digest stand for another (sluice finds the
+ * first, the reference keeps the last); sorted names find it in n log n,
+ * whatever a hostile list holds. */
+static int no_duplicates(const sl_ms_statement *s, const char *sig_path, sl_err *err)
+{
+    const char **names = malloc((s->nres + 1) * sizeof *names);
+    if (!names)
+        return sl_fail(err, SLUICE_E_NOMEM, "signature %s: out of memory", sig_path);
+    for (size_t i = 0; i < s->nres; i++)
+        names[i] = s->res[i].name;
+    qsort(names, s->nres, sizeof *names, str_cmp);
+    int rc = SLUICE_OK;
+    for (size_t i = 1; i < s->nres && rc == SLUICE_OK; i++)
+        if (!strcmp(names[i - 1], names[i]))
+            rc = ms_fail(err, sig_path, "the resource %s is listed twice", names[i]);
+    free(names);
+    return rc;
+}
+
 /* The statement's predicate (or the pre-1.0 form's subjects) into s. */
 static int take_statement(const cJSON *st, const char *sig_path, sl_ms_statement *s, sl_err *err)
 {
     const char *type = json_string(st, "_type"), *ptype = json_string(st, "predicateType");
+    char q[SL_QUOTE_MAX];
     if (!type || strcmp(type, MS_STATEMENT_TYPE))
         return ms_fail(err, sig_path, "wrong statement type %s (expected "
-                       "\"" MS_STATEMENT_TYPE "\")", type ? type : "(none)");
+                       "\"" MS_STATEMENT_TYPE "\")", shown(q, sizeof q, type));
     const cJSON *subjects = cJSON_GetObjectItemCaseSensitive(st, "subject");
     int nsub = cJSON_IsArray(subjects) ? cJSON_GetArraySize(subjects) : -1;
     int compat = ptype && !strcmp(ptype, MS_PREDICATE_COMPAT);
     if (!ptype || (strcmp(ptype, MS_PREDICATE_TYPE) && !compat))
         return ms_fail(err, sig_path, "wrong predicate type %s (expected "
-                       "\"" MS_PREDICATE_TYPE "\")", ptype ? ptype : "(none)");
+                       "\"" MS_PREDICATE_TYPE "\")", shown(q, sizeof q, ptype));
     const cJSON *list, *ser = NULL;
     if (compat) { /* each subject a file, sha256 */
         list = subjects;
@@ -646,7 +677,7 @@ static int take_statement(const cJSON *st, const char *sig_path, sl_ms_statement
         const char *method = json_string(ser, "method");
         if (!method || (strcmp(method, "files") && strcmp(method, "shards")))
             return ms_fail(err, sig_path, "unknown serialization method %s (files or shards)",
-                           method ? method : "(none)");
+                           shown(q, sizeof q, method));
         s->method = strcmp(method, "files") ? SL_MS_SHARDS : SL_MS_FILES;
     }
     int nres = cJSON_IsArray(list) ? cJSON_GetArraySize(list) : -1;
@@ -698,8 +729,10 @@ static int take_statement(const cJSON *st, const char *sig_path, sl_ms_statement
     uint8_t root[32];
     int ok = rc == SLUICE_OK && EVP_DigestFinal_ex(h, root, NULL) == 1;
     EVP_MD_CTX_free(h);
-    if (rc < 0 || compat)
+    if (rc < 0)
         return rc;
+    if (compat) /* one subject per file: a name twice, too */
+        return no_duplicates(s, sig_path, err);
     if (!ok)
         return sl_fail(err, SLUICE_E_NOMEM, "signature %s: out of memory", sig_path);
     const cJSON *sub = cJSON_GetArrayItem(subjects, 0);
@@ -713,19 +746,7 @@ static int take_statement(const cJSON *st, const char *sig_path, sl_ms_statement
                        want ? want : "(none)", s->nres, hex_of(root, 32, hex));
     if (name && !(s->model_name = strdup(name)))
         return sl_fail(err, SLUICE_E_NOMEM, "signature %s: out of memory", sig_path);
-    /* a name twice would let one digest stand for another; sorted names
-     * find it in n log n, whatever a hostile list holds */
-    const char **names = malloc((s->nres + 1) * sizeof *names);
-    if (!names)
-        return sl_fail(err, SLUICE_E_NOMEM, "signature %s: out of memory", sig_path);
-    for (size_t i = 0; i < s->nres; i++)
-        names[i] = s->res[i].name;
-    qsort(names, s->nres, sizeof *names, str_cmp);
-    for (size_t i = 1; i < s->nres && rc == SLUICE_OK; i++)
-        if (!strcmp(names[i - 1], names[i]))
-            rc = ms_fail(err, sig_path, "the resource %s is listed twice", names[i]);
-    free(names);
-    return rc;
+    return no_duplicates(s, sig_path, err);
 }
 
 int sl_ms_verify_text(const char *sig_path, const char *text, size_t len, const sl_ms_trust *t,
@@ -744,10 +765,11 @@ int sl_ms_verify_text(const char *sig_path, const char *text, size_t len, const 
     size_t payload_len = 0, sig_len = 0, msg_len = 0;
     cJSON *st = NULL;
     sl_ms_statement *s = NULL;
+    char q[SL_QUOTE_MAX];
     const char *mt = json_string(root, "mediaType");
     if (!mt || strcmp(mt, MS_MEDIA_TYPE)) {
         rc = ms_fail(err, sig_path, "wrong media type %s (expected \"" MS_MEDIA_TYPE "\")",
-                     mt ? mt : "(none)");
+                     shown(q, sizeof q, mt));
         goto done;
     }
     const cJSON *vm = cJSON_GetObjectItemCaseSensitive(root, "verificationMaterial");
@@ -785,7 +807,7 @@ int sl_ms_verify_text(const char *sig_path, const char *text, size_t len, const 
     const char *ptype = json_string(env, "payloadType");
     if (!ptype || strcmp(ptype, MS_PAYLOAD_TYPE)) {
         rc = ms_fail(err, sig_path, "wrong payload type %s (expected \"" MS_PAYLOAD_TYPE "\")",
-                     ptype ? ptype : "(none)");
+                     shown(q, sizeof q, ptype));
         goto done;
     }
     st = cJSON_ParseWithLength((const char *)payload, payload_len);
@@ -799,6 +821,7 @@ int sl_ms_verify_text(const char *sig_path, const char *text, size_t len, const 
     }
     if ((rc = take_statement(st, sig_path, s, err)) < 0)
         goto done;
+    s->certified = cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(vm, "x509CertificateChain"));
     *out = s;
     s = NULL;
 done:
@@ -907,7 +930,7 @@ static int is_ignored(const char *rel, const char *const *ign, size_t nign)
 static int walk(const char *root, const char *rel, tree *t, const char *const *ign, size_t nign,
                 sl_err *err)
 {
-    char dir[4096];
+    char dir[4096], q[SL_QUOTE_MAX];
     snprintf(dir, sizeof dir, "%s%s%s", root, *rel ? "/" : "", rel);
     DIR *d = opendir(dir);
     if (!d)
@@ -928,10 +951,10 @@ static int walk(const char *root, const char *rel, tree *t, const char *const *i
         snprintf(full, sizeof full, "%s/%s", root, sub);
         struct stat st;
         if (lstat(full, &st) != 0) {
-            rc = sl_fail_errno(err, SLUICE_E_IO, errno, "%s: cannot stat", full);
+            rc = sl_fail_errno(err, SLUICE_E_IO, errno, "%s: cannot stat", shown(q, sizeof q, full));
         } else if (S_ISLNK(st.st_mode)) {
             rc = sl_fail(err, SLUICE_E_SIGNATURE, "%s: a symbolic link (OpenSSF model signing "
-                         "does not follow them by default)", full);
+                         "does not follow them by default)", shown(q, sizeof q, full));
         } else if (S_ISDIR(st.st_mode)) {
             rc = walk(root, sub, t, ign, nign, err);
         } else if (S_ISREG(st.st_mode)) {
@@ -949,6 +972,10 @@ static int walk(const char *root, const char *rel, tree *t, const char *const *i
                 rc = sl_fail(err, SLUICE_E_NOMEM, "out of memory");
             else
                 t->n++;
+        } else { /* the reference refuses these rather than pass them by */
+            rc = sl_fail(err, SLUICE_E_SIGNATURE, "%s: neither a regular file nor a directory "
+                         "(a FIFO, socket or device, which OpenSSF model signing does not "
+                         "read)", shown(q, sizeof q, full));
         }
     }
     closedir(d);
@@ -1034,6 +1061,61 @@ static const char **ignores(const sl_ms_statement *s, const char *root, const ch
     return v;
 }
 
+/* Shards sorted by path, then start. */
+static int shard_cmp(const void *pa, const void *pb)
+{
+    const sl_ms_resource *a = *(const sl_ms_resource *const *)pa, *b = *(const sl_ms_resource *const *)pb;
+    size_t n = a->path_len < b->path_len ? a->path_len : b->path_len;
+    int c = memcmp(a->name, b->name, n);
+    if (c || a->path_len != b->path_len)
+        return c ? c : a->path_len < b->path_len ? -1 : 1;
+    return a->start < b->start ? -1 : a->start > b->start;
+}
+
+/* Shards mode: each file's shards must cover it whole, from byte 0 to
+ * its size, end to start, as the reference's re-sharding of the file
+ * does; bytes no shard covers (appended after the last one, or in a gap)
+ * are bytes nobody signed. */
+static int check_shard_cover(const sl_ms_statement *s, const char *model_path,
+                             const char *sig_path, sl_err *err)
+{
+    const sl_ms_resource **v = malloc((s->nres + 1) * sizeof *v);
+    if (!v)
+        return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
+    for (size_t i = 0; i < s->nres; i++)
+        v[i] = &s->res[i];
+    qsort(v, s->nres, sizeof *v, shard_cmp);
+    int rc = SLUICE_OK;
+    for (size_t i = 0; i < s->nres && rc == SLUICE_OK;) {
+        size_t j = i;
+        uint64_t at = 0;
+        for (; j < s->nres && v[j]->path_len == v[i]->path_len &&
+               !memcmp(v[j]->name, v[i]->name, v[i]->path_len); j++) {
+            if (v[j]->start != at || v[j]->end <= v[j]->start) {
+                rc = sl_fail(err, SLUICE_E_SIGNATURE, "signature %s: the shards of %.*s do not "
+                             "cover it end to start: %s follows byte %" PRIu64, sig_path,
+                             (int)v[i]->path_len, v[i]->name, v[j]->name, at);
+                break;
+            }
+            at = v[j]->end;
+        }
+        if (rc < 0)
+            break;
+        char full[8192];
+        struct stat st;
+        snprintf(full, sizeof full, "%s/%.*s", model_path, (int)v[i]->path_len, v[i]->name);
+        if (stat(full, &st) != 0)
+            rc = sl_fail_errno(err, SLUICE_E_IO, errno, "%s: cannot stat", full);
+        else if ((uint64_t)st.st_size != at)
+            rc = sl_fail(err, SLUICE_E_SIGNATURE, "signature %s: %s is %" PRIu64 " bytes, but its "
+                         "signed shards end at byte %" PRIu64 " (bytes no shard covers)", sig_path,
+                         full, (uint64_t)st.st_size, at);
+        i = j;
+    }
+    free(v);
+    return rc;
+}
+
 int sl_ms_check_tree(const sl_ms_statement *s, const char *model_path, const char *sig_path,
                      const char *const *extra_ignore, size_t nextra, sl_err *err)
 {
@@ -1041,7 +1123,7 @@ int sl_ms_check_tree(const sl_ms_statement *s, const char *model_path, const cha
     if (stat(model_path, &st) != 0)
         return sl_fail_errno(err, SLUICE_E_IO, errno, "%s: cannot stat", model_path);
     uint8_t d[32];
-    char hex[65], hex2[129];
+    char hex[65], hex2[129], q[SL_QUOTE_MAX];
     int rc;
     if (!S_ISDIR(st.st_mode)) { /* one file: its resource is "." */
         if (s->nres != 1 || strcmp(s->res[0].name, ".") || !s->res[0].sha256)
@@ -1066,8 +1148,9 @@ int sl_ms_check_tree(const sl_ms_statement *s, const char *model_path, const cha
     free(ign);
     for (size_t i = 0; rc == SLUICE_OK && i < t.n; i++)
         if (!find_path(s, t.names[i]))
-            rc = sl_fail(err, SLUICE_E_SIGNATURE, "signature %s: the file %s/%s is not signed "
-                         "(not listed, not ignored)", sig_path, model_path, t.names[i]);
+            rc = sl_fail(err, SLUICE_E_SIGNATURE, "signature %s: the file %s in %s is not "
+                         "signed (not listed, not ignored)", sig_path,
+                         shown(q, sizeof q, t.names[i]), model_path);
     for (size_t i = 0; rc == SLUICE_OK && i < s->nres; i++) {
         const sl_ms_resource *r = &s->res[i];
         char full[8192], path[4096];
@@ -1094,6 +1177,8 @@ int sl_ms_check_tree(const sl_ms_statement *s, const char *model_path, const cha
                          "lists %s", sig_path, s->method == SL_MS_SHARDS ? "shard" : "file",
                          r->name, hex_of(d, 32, hex), hex_of(r->digest, 32, hex2));
     }
+    if (rc == SLUICE_OK && s->method == SL_MS_SHARDS)
+        rc = check_shard_cover(s, model_path, sig_path, err);
     tree_free(&t);
     return rc;
 }

@@ -56,6 +56,8 @@ typedef struct sl_ms_statement {
     size_t nignore;
     sl_ms_resource *res;
     size_t nres;
+    int certified;       /* 1: verified by a certificate chain to a trusted
+                            CA; 0: by a trusted key */
 } sl_ms_statement;
 
 /* What a bundle may be trusted by: PEM files of EC public keys (Ed25519

@@ -64,7 +64,8 @@ static const char *relative_to(const char *root_real, const char *path, char *bu
 }
 
 int sl_ms_check_open(const sl_index *ix, const sluice_options *o, const char *manifest_path,
-                     const char *text, size_t len, sl_err *err)
+                     const char *text, size_t len, uint8_t (*file_digest)[32], uint8_t *file_has,
+                     sl_err *err)
 {
     if (sl_location_networked(manifest_path) || (ix->nfiles && sl_location_networked(ix->files[0].path)))
         return sl_fail(err, SLUICE_E_SIGNATURE, "signature of %s: a remote model's OpenSSF "
@@ -94,6 +95,16 @@ int sl_ms_check_open(const sl_index *ix, const sluice_options *o, const char *ma
     const char *mname = realpath(root, real) ? relative_to(real, manifest_path, name, sizeof name)
                                              : NULL;
     rc = sl_ms_check_link(s, sig, mname, manifest_path, text, len, files, ix->nfiles, err);
+    /* the whole files' signed digests, for the manifest's rules (files
+     * mode; a file listed once, as the link has checked) */
+    for (size_t i = 0; rc == SLUICE_OK && file_digest && file_has && s->method == SL_MS_FILES &&
+                       i < ix->nfiles; i++)
+        for (size_t k = 0; k < s->nres; k++)
+            if (s->res[k].sha256 && !strcmp(s->res[k].name, files[i])) {
+                memcpy(file_digest[i], s->res[k].digest, 32);
+                file_has[i] = 1;
+                break;
+            }
 done:
     sl_ms_statement_free(s);
     free(files);

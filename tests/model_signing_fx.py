@@ -30,6 +30,7 @@ STYPE = "https://in-toto.io/Statement/v1"
 PRED = "https://model_signing/signature/v1.0"
 CURVES = {"p256": ec.SECP256R1(), "p384": ec.SECP384R1(), "p521": ec.SECP521R1()}
 IGNORED = {"model.sig", ".git", ".gitattributes", ".github", ".gitignore"}
+SHARD = 4096  # the shard size of case "shards"
 
 
 def md_of(pub):
@@ -121,15 +122,33 @@ def statement(model, case):
         res = [r for r in res if r is not first]
     if case == "duplicate":
         res.append(dict(res[0]))
+    method = "shards" if case == "shards" else "files"
+    if case == "shards":  # each file in shards of SHARD bytes
+        res = []
+        for n, _ in listing(model):
+            with open(os.path.join(model, n), "rb") as f:
+                data = f.read()
+            for s in range(0, len(data), SHARD):
+                e = min(s + SHARD, len(data))
+                res.append({"name": "%s:%d:%d" % (n, s, e), "algorithm": "sha256",
+                            "digest": hashlib.sha256(data[s:e]).hexdigest()})
+    if case == "compat-duplicate":  # the 0.2 form, the manifest listed again with another digest
+        subs = [{"name": r["name"], "digest": {"sha256": r["digest"]}} for r in res]
+        subs.append({"name": "sluice.manifest.json",
+                     "digest": {"sha256": hashlib.sha256(b"another manifest").hexdigest()}})
+        return json.dumps({"_type": STYPE, "subject": subs,
+                           "predicateType": "https://model_signing/Digests/v0.1",
+                           "predicate": {}}, indent=2).encode()
     root = hashlib.sha256(b"".join(bytes.fromhex(r["digest"]) for r in res)).hexdigest()
     if case == "subject":
         root = hashlib.sha256(b"not the digests").hexdigest()
     st = {"_type": "https://in-toto.io/Statement/v0.1" if case == "statement-type" else STYPE,
           "subject": [{"name": os.path.basename(os.path.abspath(model)), "digest": {"sha256": root}}],
           "predicateType": "https://example.com/other/v1" if case == "predicate-type" else PRED,
-          "predicate": {"serialization": {"method": "files", "hash_type": "sha256",
+          "predicate": {"serialization": {"method": method, "hash_type": "sha256",
                                           "allow_symlinks": False,
-                                          "ignore_paths": sorted(IGNORED)},
+                                          "ignore_paths": sorted(IGNORED),
+                                          **({"shard_size": SHARD} if method == "shards" else {})},
                         "resources": res}}
     return json.dumps(st, indent=2).encode()
 

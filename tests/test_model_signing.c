@@ -158,6 +158,7 @@ static void test_open_cases(void **state)
         {"predicate-type", 0, "wrong predicate type"},
         {"subject", 0, "subject digest is inconsistent"},
         {"duplicate", 0, "listed twice"},
+        {"compat-duplicate", 0, "listed twice"},
         {"manifest-not-listed", 0, "is not listed among"},
         {"manifest-digest", 0, "differs from the one signed"},
         {"file-not-listed", 0, "model file model-00001-of-00002.safetensors is not listed"},
@@ -315,6 +316,155 @@ static void test_ed25519_beside_ec(void **state)
     free(edp);
     free(mf);
     free(ec);
+}
+
+/* The file-level check of a shards bundle: the reference re-shards every
+ * file, so bytes appended after the last signed shard (or a gap between
+ * two) fail it; they must fail here too. So does a FIFO in the tree. */
+static void test_shards_cover(void **state)
+{
+    fx *f = *state;
+    assert_int_equal(py("sign %s %s shards", f->model, f->keys), 0);
+    char *pub = key(f, "p256.pub"), *sig = tu_join(f->model, "model.sig");
+    const char *keys[] = {pub};
+    sl_ms_trust t = {keys, 1, NULL, 0};
+    sl_ms_statement *s = NULL;
+    sl_err err = {0};
+    assert_int_equal(sl_ms_verify_file(sig, &t, &s, &err), SLUICE_OK);
+    assert_int_equal(s->method, SL_MS_SHARDS);
+    if (sl_ms_check_tree(s, f->model, sig, NULL, 0, &err) != SLUICE_OK)
+        fail_msg("shards: %s", err.msg);
+    /* bytes appended to a signed file */
+    char *w = tu_join(f->model, "model-00002-of-00002.safetensors");
+    size_t len = 0;
+    char *text = tu_read_file(w, &len);
+    char *longer = malloc(len + 5);
+    memcpy(longer, text, len);
+    memcpy(longer + len, "EVIL!", 5);
+    tu_write_file(w, longer, len + 5);
+    err = (sl_err){0};
+    assert_int_equal(sl_ms_check_tree(s, f->model, sig, NULL, 0, &err), SLUICE_E_SIGNATURE);
+    assert_non_null(strstr(err.msg, "bytes no shard covers"));
+    tu_write_file(w, text, len);
+    /* a shard left out of the list: a gap (the signer's list, re-signed) */
+    sl_ms_statement_free(s);
+    s = NULL;
+    assert_int_equal(sl_ms_verify_file(sig, &t, &s, &err), SLUICE_OK);
+    size_t k = 0;
+    while (k < s->nres && !(s->res[k].start == 0 && s->res[k].end > 0 &&
+                            s->nres > k + 1 && s->res[k + 1].start == s->res[k].end &&
+                            !strncmp(s->res[k].name, s->res[k + 1].name, s->res[k].path_len)))
+        k++;
+    assert_true(k < s->nres);
+    free(s->res[k].name); /* drop shard k: the file's bytes [0, end) go unsigned */
+    memmove(&s->res[k], &s->res[k + 1], (s->nres - k - 1) * sizeof *s->res);
+    s->nres--;
+    err = (sl_err){0};
+    assert_int_equal(sl_ms_check_tree(s, f->model, sig, NULL, 0, &err), SLUICE_E_SIGNATURE);
+    assert_non_null(strstr(err.msg, "do not cover it"));
+    sl_ms_statement_free(s);
+    /* a FIFO in the directory: the reference refuses it, never skips it */
+    s = NULL;
+    assert_int_equal(py("sign %s %s p256", f->model, f->keys), 0);
+    assert_int_equal(sl_ms_verify_file(sig, &t, &s, &err), SLUICE_OK);
+    char *fifo = tu_join(f->model, "pipe");
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    err = (sl_err){0};
+    assert_int_equal(sl_ms_check_tree(s, f->model, sig, NULL, 0, &err), SLUICE_E_SIGNATURE);
+    assert_non_null(strstr(err.msg, "neither a regular file nor a directory"));
+    unlink(fifo);
+    free(fifo);
+    /* a file whose name holds a line of its own: quoted in the message */
+    char *odd = tu_join(f->model, "x\n1 files verified against the signature");
+    tu_write_file(odd, "x", 1);
+    err = (sl_err){0};
+    assert_int_equal(sl_ms_check_tree(s, f->model, sig, NULL, 0, &err), SLUICE_E_SIGNATURE);
+    assert_non_null(strstr(err.msg, "the file \"x\\x0a1 files verified"));
+    assert_null(strchr(err.msg, '\n'));
+    unlink(odd);
+    free(odd);
+    sl_ms_statement_free(s);
+    free(longer);
+    free(text);
+    free(w);
+    free(pub);
+    free(sig);
+}
+
+/* The signature's whole-file SHA-256 are the files' digests: a manifest
+ * whose own differ fails the open, and a flat manifest (no file digests,
+ * no headers) takes them, so that `sluice verify --files` catches a
+ * header relabelled after signing, as the reference's verifier does. */
+static void test_signed_file_digests(void **state)
+{
+    fx *f = *state;
+    char *priv = key(f, "p256.key"), *pub = key(f, "p256.pub");
+    char *w = tu_join(f->model, "model-00002-of-00002.safetensors");
+    struct stat st;
+    assert_int_equal(stat(w, &st), 0);
+    /* a weight changed, the directory re-signed, the manifest not rewritten */
+    mf_flip_byte(w, (uint64_t)st.st_size - 1);
+    run_result r = run(f->dir, "sign", f->model, "--format", "model-signing", "--key", priv, NULL);
+    expect_status(&r, 0, "sign --format model-signing");
+    run_free(&r);
+    char msg[2048];
+    assert_int_equal(open_with(f, 0, msg, sizeof msg), SLUICE_E_SIGNATURE);
+    if (!strstr(msg, "is not the one the OpenSSF model signature lists"))
+        fail_msg("re-signed, stale manifest: %s", msg);
+    mf_flip_byte(w, (uint64_t)st.st_size - 1);
+
+    /* a flat manifest, signed; then a dtype relabelled in a header */
+    char *mf = tu_join(f->model, "sluice.manifest.json");
+    r = run(f->dir, "manifest", f->model, "--flat", "-q", "-o", mf, NULL);
+    expect_status(&r, 0, "manifest --flat");
+    run_free(&r);
+    r = run(f->dir, "sign", f->model, "--format", "model-signing", "--key", priv, NULL);
+    expect_status(&r, 0, "sign --format model-signing");
+    run_free(&r);
+    size_t len = 0;
+    char *text = tu_read_file(w, &len);
+    char *at = memmem(text, len, "\"dtype\":\"U8\"", 12);
+    assert_non_null(at);
+    memcpy(at, "\"dtype\":\"I8\"", 12); /* the same bytes, read as signed */
+    tu_write_file(w, text, len);
+    assert_int_equal(open_with(f, 0, msg, sizeof msg), SLUICE_OK); /* the weights are not read */
+    r = run(f->dir, "verify", f->model, "--key", pub, "--files", NULL);
+    if (r.status != 1 || !strstr(r.out, "FAILED file"))
+        fail_msg("verify --files of a relabelled header: status %d, %s%s", r.status, r.out, r.err);
+    run_free(&r);
+    free(text);
+    free(mf);
+    free(w);
+    free(priv);
+    free(pub);
+}
+
+/* `sluice verify --no-manifest-link` says what verified the bundle (the
+ * key, though a CA is given too) and counts files, not shards. */
+static void test_file_check_says(void **state)
+{
+    fx *f = *state;
+    char *pub = key(f, "p256.pub"), *ca = key(f, "ca.pem");
+    assert_int_equal(py("sign %s %s p256", f->model, f->keys), 0);
+    run_result r = run(f->dir, "verify", f->model, "--no-manifest-link", "--key", pub, "--ca", ca,
+                       NULL);
+    expect_status(&r, 0, "verify --no-manifest-link --key --ca");
+    if (!strstr(r.out, "trusted key)"))
+        fail_msg("a key-signed bundle, said: %s", r.out);
+    run_free(&r);
+    assert_int_equal(py("sign %s %s cert", f->model, f->keys), 0);
+    r = run(f->dir, "verify", f->model, "--no-manifest-link", "--key", pub, "--ca", ca, NULL);
+    expect_status(&r, 0, "verify --no-manifest-link, certificate");
+    assert_non_null(strstr(r.out, "certificate chain to a trusted CA)"));
+    run_free(&r);
+    assert_int_equal(py("sign %s %s shards", f->model, f->keys), 0);
+    r = run(f->dir, "verify", f->model, "--no-manifest-link", "--key", pub, NULL);
+    expect_status(&r, 0, "verify --no-manifest-link, shards");
+    if (!strstr(r.out, "\n3 files verified")) /* two .safetensors and the manifest */
+        fail_msg("shards: %s", r.out);
+    run_free(&r);
+    free(pub);
+    free(ca);
 }
 
 /* ---------------------------------------------------------------- the reference's own bundles */
@@ -485,6 +635,16 @@ static void test_garbage(void **state)
                                            &err), SLUICE_E_SIGNATURE);
         assert_null(s);
     }
+    /* the bundle's own strings are quoted in messages: no line or terminal
+     * escape of its own gets printed */
+    const char *forged = "{\"mediaType\":\"x\\nmanifest m: OpenSSF model signature verified\\u001b[8m\"}";
+    sl_ms_statement *s = NULL;
+    sl_err err = {0};
+    assert_int_equal(sl_ms_verify_text("x.sig", forged, strlen(forged), &t, &s, &err),
+                     SLUICE_E_SIGNATURE);
+    assert_non_null(strstr(err.msg, "wrong media type \"x\\x0amanifest"));
+    assert_null(strchr(err.msg, '\n'));
+    assert_null(strchr(err.msg, '\x1b'));
 }
 
 int main(void)
@@ -496,6 +656,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_open_cases, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sign_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ed25519_beside_ec, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_shards_cover, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_file_check_says, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_signed_file_digests, setup, teardown),
     };
     return cmocka_run_group_tests(tests, tool_group_setup, NULL);
 }

@@ -212,6 +212,30 @@ int ms_applied(const char *path, const char *const *keys, size_t nkeys)
     return ec && lstat(default_sig(path, buf, sizeof buf), &st) == 0;
 }
 
+static int res_path_cmp(const void *pa, const void *pb)
+{
+    const sl_ms_resource *a = *(const sl_ms_resource *const *)pa, *b = *(const sl_ms_resource *const *)pb;
+    size_t n = a->path_len < b->path_len ? a->path_len : b->path_len;
+    int c = memcmp(a->name, b->name, n);
+    return c ? c : (a->path_len > b->path_len) - (a->path_len < b->path_len);
+}
+
+/* The files a statement lists: its resources, or for shards their paths. */
+static size_t distinct_files(const sl_ms_statement *s)
+{
+    const sl_ms_resource **v = s->method == SL_MS_SHARDS ? malloc((s->nres + 1) * sizeof *v) : NULL;
+    if (!v)
+        return s->nres;
+    for (size_t i = 0; i < s->nres; i++)
+        v[i] = &s->res[i];
+    qsort(v, s->nres, sizeof *v, res_path_cmp);
+    size_t n = 0;
+    for (size_t i = 0; i < s->nres; i++)
+        n += i == 0 || res_path_cmp(&v[i - 1], &v[i]) != 0;
+    free(v);
+    return n;
+}
+
 int ms_verify_files(const char *path, const char *sig, const char *const *keys, size_t nkeys,
                     const char *const *cas, size_t ncas, const char *const *ignore, size_t nignore)
 {
@@ -231,10 +255,10 @@ int ms_verify_files(const char *path, const char *sig, const char *const *keys, 
         return 1;
     }
     printf("signature %s: verified (%s, %zu resources, %s)\n", sig,
-           s->method == SL_MS_FILES ? "files" : "shards", s->nres, ncas ? "certificate chain to a "
-           "trusted CA" : "trusted key");
+           s->method == SL_MS_FILES ? "files" : "shards", s->nres, s->certified ? "certificate "
+           "chain to a trusted CA" : "trusted key");
     int rc = sl_ms_check_tree(s, path, sig, ignore, nignore, &err);
-    size_t n = s->nres;
+    size_t n = distinct_files(s);
     sl_ms_statement_free(s);
     if (rc < 0) {
         printf("FAILED %s\n", err.msg);
