@@ -5,6 +5,7 @@
 # server started is stopped at the end, also on failure.
 # usage: serve_test.sh BUILD_DIR REAL_DATA_DIR CASE
 #   CASE: fetch | errors | security | shutdown | load | transport | flood | replicas
+#         | remote
 set -u
 B=$1
 REAL=$2
@@ -19,9 +20,14 @@ PIDS=()
 FAILS=0
 PASSES=0
 
+PGIDS=()  # process groups (setsid) stopped whole: a script and its children
+
 cleanup() {
     for p in "${PIDS[@]}"; do
         kill -KILL "$p" 2>/dev/null
+    done
+    for g in "${PGIDS[@]}"; do
+        kill -KILL -- "-$g" 2>/dev/null
     done
     wait 2>/dev/null
     rm -rf "$T"
@@ -994,6 +1000,101 @@ case_replicas() {
         bad "the surviving replica saw $((after - before)) StreamTensors calls"
     SPID=${RPID[live_k]}
     stop_server "rep$live_k"
+}
+
+# start_nginx DIR LOG: nginx (tools/serve_http.sh, its own process group)
+# serving DIR on a free port, each request logged to LOG as "STATUS
+# BODY_BYTES RANGE URI"; waits at most 10 s for it to answer; sets NPORT.
+start_nginx() {
+    NPORT=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    : >"$2"
+    SLUICE_HTTP_ACCESS_LOG=$2 PATH=$PATH:/usr/sbin setsid sh "$SRC/tools/serve_http.sh" "$1" "$NPORT" \
+        >"$T/nginx-$NPORT.log" 2>&1 &
+    local pid=$! i
+    PGIDS+=("$pid")
+    for i in $(seq 100); do
+        [ "$(timeout 2 curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$NPORT/")" != 000 ] &&
+            return 0
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    if ! kill -0 "$pid" 2>/dev/null; then
+        wait "$pid"
+        [ $? -eq 77 ] && { echo "skipped: nginx is not installed"; exit 77; }
+    fi
+    echo "nginx did not start: $(cat "$T/nginx-$NPORT.log")"
+    exit 1
+}
+
+# tensor_ranges LOG FROM DATA: the bytes of the range requests for the data
+# section (from byte DATA on) in LOG's lines FROM on, and how many.
+tensor_ranges() {
+    tail -n +"$2" "$1" | awk -v d="$3" '$3 ~ /^bytes=[0-9]+-[0-9]+$/ {
+        split(substr($3, 7), r, "-"); if (r[2] + 0 >= d) { n++; b += $2 } }
+        END { printf "%d %d\n", b, n }'
+}
+
+# One remote model: `sluice serve http://...` (the origin nginx) with a
+# persistent cache, then again with the cache warm, then through a proxy.
+case_remote() {
+    command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] ||
+        { echo "skipped: nginx is not installed (apt-get install nginx)"; exit 77; }
+    unset http_proxy https_proxy HTTPS_PROXY all_proxy ALL_PROXY no_proxy NO_PROXY SLUICE_CACHE_DIR
+    "$SLUICE" synth tiny "$T/origin" --shards 1 >/dev/null 2>&1 || { bad "sluice synth"; return; }
+    local f="$T/origin/model.safetensors" man="$T/origin/model.safetensors.manifest.json"
+    local data size
+    data=$(/usr/bin/python3 -c 'import struct, sys; print(8 + struct.unpack("<Q", open(sys.argv[1], "rb").read(8))[0])' "$f")
+    size=$(stat -c %s "$f")
+    start_nginx "$T/origin" "$T/origin.log"
+    local url="http://127.0.0.1:$NPORT/model.safetensors" m=model.safetensors
+    # Cold: every tensor from the origin, verified, stored in the cache.
+    start_server remote1 "$url" --cache-dir "$T/cache" --cache-bytes 64M
+    expect 0 "remote model: ListModels names it model.safetensors" "$ADDR" info $m
+    expect 0 "remote model: every tensor by GetTensor, verified against the trusted manifest, equal to the origin's bytes" \
+        "$ADDR" fetch $m --manifest "$man" --compare "$f" -q
+    expect 0 "remote model: every tensor by StreamTensors, verified" "$ADDR" fetch $m --stream --manifest "$man" -q
+    stop_server remote1
+    local got blobs
+    read -r got _ <<<"$(tensor_ranges "$T/origin.log" 1 "$data")"
+    [ "$got" -ge $((size - data)) ] && ok "cold start: the tensors' $((size - data)) bytes read from the origin ($got bytes of ranges)" ||
+        bad "cold start: $got bytes of tensor ranges at the origin, the tensors are $((size - data))"
+    blobs=$(find "$T/cache/blobs" -type f 2>/dev/null | wc -l)
+    [ "$blobs" -gt 0 ] && ok "--cache-dir: $blobs blobs stored" || bad "--cache-dir: no blob in $T/cache"
+    # Warm: a restarted server reads the headers and the manifest from the
+    # origin again, every tensor from the cache.
+    local from=$(($(wc -l <"$T/origin.log") + 1)) n
+    start_server remote2 "$url" --cache-dir "$T/cache"
+    expect 0 "restarted: every tensor verified, equal to the origin's bytes" \
+        "$ADDR" fetch $m --manifest "$man" --compare "$f" -q
+    stop_server remote2
+    read -r got n <<<"$(tensor_ranges "$T/origin.log" "$from" "$data")"
+    [ "$(tail -n +"$from" "$T/origin.log" | grep -c 'manifest.json')" -ge 1 ] && [ "$n" -eq 0 ] &&
+        ok "restarted: the tensors from the cache (the origin's log: the manifest and headers, no tensor range)" ||
+        bad "restarted: $n tensor ranges ($got bytes) at the origin: $(tail -n +"$from" "$T/origin.log" | head -5)"
+    # Through a proxy (a second nginx, which answers absolute-URI requests
+    # from its own copy): both opens, the header-only probe included, ask
+    # it; the origin sees the manifest only (read directly, by rule). The
+    # location has a query (as a presigned URL): the name leaves it off.
+    mkdir -p "$T/proxied"
+    cp "$f" "$man" "$T/proxied/"
+    local oport=$NPORT
+    start_nginx "$T/proxied" "$T/proxy.log"
+    from=$(($(wc -l <"$T/origin.log") + 1))
+    start_server remote3 "$url?X-Amz-Signature=0123" --proxy "http://127.0.0.1:$NPORT" --proxy-kind plain
+    expect 0 "through --proxy: every tensor verified; a location with a query named model.safetensors" \
+        "$ADDR" fetch $m --manifest "$man" -q
+    stop_server remote3
+    local direct
+    direct=$(tail -n +"$from" "$T/origin.log" | grep -vc 'manifest.json$')
+    read -r got n <<<"$(tensor_ranges "$T/proxy.log" 1 "$data")"
+    [ "$direct" -eq 0 ] && [ "$(grep -c ' bytes=8-' "$T/proxy.log")" -eq 2 ] && [ "$got" -ge $((size - data)) ] &&
+        ok "--proxy: the probe's and the open's headers and the tensors through the proxy, the origin the manifest only" ||
+        bad "--proxy: $direct requests other than the manifest at the origin ($(tail -n +"$from" "$T/origin.log" | head -3)), proxy: $(grep -c ' bytes=8-' "$T/proxy.log") header reads, $got bytes of tensors"
+    refused_start badkind "--proxy-kind: 'p2p' is not plain or dragonfly" "a bad --proxy-kind exits 2" \
+        "$url" --proxy-kind p2p
+    refused_start rootfb "--fallback names mirrors of one model" "--fallback with a root exits 2" \
+        "$T/origin" --root --fallback "$url"
+    refused_start rootremote "--root: .* is remote" "--root with a remote location exits 2" "$url" --root
 }
 
 "case_$CASE"

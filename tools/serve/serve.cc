@@ -90,18 +90,31 @@ struct Config {
     bool allow_unverified = false;
     bool force_root = false;
     bool quiet = false;
+    // A remote model's (and any model's mirrors') options: sluice_options'
+    // cache_dir, cache_bytes, http_proxy, proxy_kind, fallback.
+    std::string cache_dir;             // "": $SLUICE_CACHE_DIR, else none
+    uint64_t cache_bytes = 0;          // 0: the library's default
+    bool proxy_set = false;            // unset: the environment's proxy
+    std::string http_proxy;            // "" (set): no proxy at all
+    uint32_t proxy_kind = SLUICE_PROXY_PLAIN;
+    std::vector<std::string> fallback;
 };
 
 const char usage_text[] =
     "usage: sluice serve ROOT_OR_MODEL [--listen ADDR:PORT] [--pool SIZE]\n"
     "                    [--metrics-port N] [--tls-cert PEM --tls-key PEM]\n"
-    "                    [--client-ca PEM] [--token-file FILE] [...]\n"
+    "                    [--client-ca PEM] [--token-file FILE] [--cache-dir DIR]\n"
+    "                    [--proxy URL] [--fallback LOC] [...]\n"
     "\n"
     "Serves the tensors of one model (a .safetensors file, a directory with a\n"
     "*.safetensors.index.json) or of every model under a root directory (each\n"
     "*.safetensors file and each subdirectory is a model, named by its entry;\n"
     "every file a model opens must resolve inside the root)\n"
     "over gRPC (proto/sluice/v1/tensor_service.proto) and grpc.health.v1.\n"
+    "ROOT_OR_MODEL may also be one remote model: an http(s)://, s3:// or\n"
+    "hf://ORG/NAME[@REVISION][/FILE] location (as 'sluice cat' takes it; the\n"
+    "environment's tokens, AWS_* and proxies apply), named by the last part\n"
+    "of its path (its query off; for hf://ORG/NAME[@REVISION], NAME).\n"
     "Every model needs a manifest (sluice manifest) unless --allow-unverified.\n"
     "\n"
     "  --listen ADDR:PORT     default 127.0.0.1:7070; port 0 picks a free one;\n"
@@ -146,6 +159,23 @@ const char usage_text[] =
     "                         the connections left are then closed: the process\n"
     "                         ends within S + 2 s\n"
     "  --root                 ROOT_OR_MODEL is a root even if it looks like a model\n"
+    "  --cache-dir DIR        a persistent cache ($SLUICE_CACHE_DIR is the default):\n"
+    "                         a remote model's verified tensors are kept there and\n"
+    "                         read from it at the next start (docs/cache.md)\n"
+    "  --cache-bytes SIZE     the cache's budget (K/M/G suffixes; default 64G);\n"
+    "                         --cache-max is the same\n"
+    "  --proxy URL            the HTTP proxy of every remote request (default: the\n"
+    "                         environment's http_proxy, https_proxy, all_proxy;\n"
+    "                         '' for none; no_proxy applies); a request it fails,\n"
+    "                         or bytes of it that fail to verify, go direct\n"
+    "  --proxy-kind K         plain (default; https:// tunnelled) or dragonfly\n"
+    "                         (dfdaemon: X-Dragonfly-* headers, https:// asked as\n"
+    "                         http://, never tunnelled; see docs/remote.md)\n"
+    "  --fallback LOC         a mirror of the model (directory, file, http(s)://,\n"
+    "                         s3://) that serves a tensor whose bytes fail to\n"
+    "                         verify or to read, verified against the model's\n"
+    "                         manifest; repeatable (16), tried in order; one\n"
+    "                         model only (not with a root)\n"
     "  --allow-unverified     serve models without a manifest (no digests)\n"
     "  -q                     no per-refusal log lines\n";
 
@@ -246,6 +276,33 @@ bool parse_args(int argc, char **argv, Config *c)
             else c->grace_s = d;
         } else if (a == "--root") {
             c->force_root = true;
+        } else if (a == "--cache-dir") {
+            if (!next(&v)) return false;
+            c->cache_dir = v;
+        } else if (a == "--cache-bytes" || a == "--cache-max") {
+            if (!next(&v) || !parse_size(v, &c->cache_bytes) || c->cache_bytes == 0) {
+                fprintf(stderr, "sluice serve: bad %s\n", a.c_str());
+                return false;
+            }
+        } else if (a == "--proxy") {
+            if (!next(&v)) return false;
+            c->proxy_set = true;
+            c->http_proxy = v;
+        } else if (a == "--proxy-kind") {
+            if (!next(&v)) return false;
+            if (strcmp(v, "plain") != 0 && strcmp(v, "dragonfly") != 0) {
+                fprintf(stderr, "sluice serve: --proxy-kind: '%s' is not plain or dragonfly\n", v);
+                return false;
+            }
+            c->proxy_kind = strcmp(v, "dragonfly") == 0 ? SLUICE_PROXY_DRAGONFLY : SLUICE_PROXY_PLAIN;
+        } else if (a == "--fallback") {
+            if (!next(&v)) return false;
+            if (!*v || c->fallback.size() >= 16) {
+                fprintf(stderr, "sluice serve: %s\n",
+                        *v ? "at most 16 --fallback" : "--fallback needs a location");
+                return false;
+            }
+            c->fallback.push_back(v);
         } else if (a == "--allow-unverified") {
             c->allow_unverified = true;
         } else if (a == "-q" || a == "--quiet") {
@@ -273,6 +330,75 @@ bool parse_args(int argc, char **argv, Config *c)
         return false;
     }
     return true;
+}
+
+// Whether loc is a remote location sluice_open reads over the network
+// (sluice.h, sluice_open: http(s)://, s3://, hf://) rather than a path.
+bool is_remote_location(const std::string &loc)
+{
+    for (const char *s : {"http://", "https://", "s3://", "hf://"})
+        if (loc.compare(0, strlen(s), s) == 0)
+            return true;
+    return false;
+}
+
+// loc as the library's messages show a location (sluice.h, "Remote
+// models and mirrors"): without its user:password@ and with "?..." for
+// its query (a presigned URL's signature), so that no credential reaches
+// the log. A local path as it is.
+std::string shown_location(const std::string &loc)
+{
+    if (!is_remote_location(loc))
+        return loc;
+    size_t s = loc.find("://") + 3;
+    size_t q = loc.find_first_of("?#", s);
+    std::string out = loc.substr(0, q);
+    size_t at = out.substr(s, out.find('/', s) - s).rfind('@');
+    if (at != std::string::npos)
+        out.erase(s, at + 1);
+    return q == std::string::npos ? out : out + "?...";
+}
+
+// The name a remote model is served under, as the last entry of a local
+// model's path names it: the last part of the location's path, its query
+// and fragment off (a presigned URL's signature is no name), trailing
+// '/' off; for hf://ORG/NAME[@REVISION] without a FILE, NAME.
+std::string remote_model_name(const std::string &loc)
+{
+    size_t scheme = loc.find("://") + 3;
+    std::string p = loc.substr(scheme, loc.find_first_of("?#", scheme) - scheme);
+    while (p.size() > 1 && p.back() == '/')
+        p.pop_back();
+    if (loc.compare(0, 5, "hf://") == 0 && std::count(p.begin(), p.end(), '/') == 1)
+        p = p.substr(0, p.find('@'));
+    size_t slash = p.rfind('/');
+    return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
+// The remote part of a model's options (both opens of open_model): the
+// proxy, and for the serving open (probe false) the cache and the
+// mirrors (their pointers in *mirrors, which must outlive the open). The
+// probe reads headers only with verify off: without a manifest the
+// library attaches no cache (it keeps verified tensors only) and refuses
+// mirrors, so both are the serving open's alone.
+void remote_options(const Config &cfg, bool probe, std::vector<const char *> *mirrors,
+                    sluice_options *o)
+{
+    if (cfg.proxy_set)
+        o->http_proxy = cfg.http_proxy.c_str();
+    o->proxy_kind = cfg.proxy_kind;
+    if (probe)
+        return;
+    if (!cfg.cache_dir.empty())
+        o->cache_dir = cfg.cache_dir.c_str();
+    if (cfg.cache_bytes)
+        o->cache_bytes = cfg.cache_bytes;
+    for (auto &f : cfg.fallback)
+        mirrors->push_back(f.c_str());
+    if (!mirrors->empty()) {
+        o->fallback = mirrors->data();
+        o->fallback_count = (uint32_t)mirrors->size();
+    }
 }
 
 bool read_file(const std::string &path, std::string *out)
@@ -736,15 +862,18 @@ bool read_inside(const char *path, const std::string &root, std::string *out,
 int open_model(const Config &cfg, const std::string &name, const std::string &path,
                const std::string &root, Model *out)
 {
+    std::string shown = shown_location(path);
     // First a header-only open to size the pool: no bigger than the model.
     sluice_options o;
     sluice_options_init(&o);
     o.verify = SLUICE_VERIFY_OFF;
     o.pool_bytes = 1 << 20;
+    std::vector<const char *> mirrors;
+    remote_options(cfg, true, &mirrors, &o);
     sluice_model *probe = nullptr;
     int rc = sluice_open(path.c_str(), &o, &probe);
     if (rc != SLUICE_OK) {
-        fprintf(stderr, "sluice serve: %s: %s\n", path.c_str(), sluice_errmsg(probe));
+        fprintf(stderr, "sluice serve: %s: %s\n", shown.c_str(), sluice_errmsg(probe));
         sluice_close(probe);
         return rc;
     }
@@ -768,20 +897,23 @@ int open_model(const Config &cfg, const std::string &name, const std::string &pa
     o.pool_bytes = std::max<uint64_t>(o.pool_bytes, 1 << 20);
     o.verify = cfg.allow_unverified ? SLUICE_VERIFY_DEFAULT : SLUICE_VERIFY_REQUIRE;
     o.metrics_label = name.c_str();
+    remote_options(cfg, false, &mirrors, &o);
     sluice_model *m = nullptr;
     std::map<int, std::string> before;
     if (!root.empty())
         before = open_files();
     rc = sluice_open(path.c_str(), &o, &m);
     if (rc != SLUICE_OK) {
-        fprintf(stderr, "sluice serve: %s: %s\n", path.c_str(), sluice_errmsg(m));
+        fprintf(stderr, "sluice serve: %s: %s\n", shown.c_str(), sluice_errmsg(m));
         sluice_close(m);
         return rc;
     }
+    if (const char *w = sluice_cache_warning(m))
+        fprintf(stderr, "sluice serve: warning: %s: %s\n", name.c_str(), w);
     std::string outside = root.empty() ? "" : file_outside(root, before, m);
     if (!outside.empty()) {
         fprintf(stderr, "sluice serve: %s: refused, its file %s resolves outside the root\n",
-                path.c_str(), outside.c_str());
+                shown.c_str(), outside.c_str());
         sluice_close(m);
         return SLUICE_E_INVAL;
     }
@@ -799,7 +931,7 @@ int open_model(const Config &cfg, const std::string &name, const std::string &pa
     // served rather than sent with digests no client could check.
     if (sluice_digest_algorithm(m) != SLUICE_ALG_SHA256) {
         fprintf(stderr, "sluice serve: %s: its manifest is %s; the service's digests are SHA-256 "
-                        "(write a SHA-256 manifest with 'sluice manifest')\n", path.c_str(),
+                        "(write a SHA-256 manifest with 'sluice manifest')\n", shown.c_str(),
                 sluice_algorithm_name(sluice_digest_algorithm(m)));
         sluice_close(m);
         return SLUICE_E_UNSUPPORTED;
@@ -813,13 +945,17 @@ int open_model(const Config &cfg, const std::string &name, const std::string &pa
     mi.set_verify_policy(pol == SLUICE_VERIFY_REQUIRE     ? "require"
                          : pol == SLUICE_VERIFY_IF_PRESENT ? "if_present"
                                                            : "off");
-    if (const char *mp = sluice_manifest_path(m)) {
+    // A remote model's manifest is read by the library from the origin
+    // (never through the proxy) and its bytes are not kept: GetModel's
+    // manifest is then empty, the digests of every tensor still listed.
+    bool remote = is_remote_location(path);
+    if (const char *mp = remote ? nullptr : sluice_manifest_path(m)) {
         std::string text;
         if (read_inside(mp, root, &text, &outside)) {
             mi.set_manifest(text);
         } else if (!outside.empty()) {
             fprintf(stderr, "sluice serve: %s: refused, its manifest %s resolves outside the "
-                            "root\n", path.c_str(), outside.c_str());
+                            "root\n", shown.c_str(), outside.c_str());
             sluice_close(m);
             return SLUICE_E_INVAL;
         }
@@ -828,7 +964,7 @@ int open_model(const Config &cfg, const std::string &name, const std::string &pa
         struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
         sluice_file_info(m, f, &fi);
         pb::FileInfo *pf = mi.add_files();
-        pf->set_name(base_name(fi.path));
+        pf->set_name(remote ? remote_model_name(fi.path) : base_name(fi.path));
         pf->set_size(fi.file_size);
         pf->set_header_bytes(fi.header_bytes);
         pf->set_tensor_count(fi.tensor_count);
@@ -1532,17 +1668,35 @@ int main(int argc, char **argv)
 
     // The models.
     std::map<std::string, std::unique_ptr<Model>> models;
-    struct stat st;
-    if (stat(cfg.path.c_str(), &st) != 0) {
-        fprintf(stderr, "sluice serve: %s: %s\n", cfg.path.c_str(), strerror(errno));
-        return 2;
-    }
     std::vector<std::pair<std::string, std::string>> todo;  // name, path
     std::string root;  // root mode: its real path
     std::string path = cfg.path;
-    while (path.size() > 1 && path.back() == '/')
+    struct stat st;
+    // A remote location is one model (nothing remote is listed), given to
+    // the library as written (a trailing '/' makes it a prefix).
+    bool remote = is_remote_location(path);
+    if (remote && cfg.force_root) {
+        fprintf(stderr, "sluice serve: --root: %s is remote, one model (nothing remote is "
+                        "listed)\n", shown_location(path).c_str());
+        return 2;
+    }
+    if (remote) {
+        std::string name = remote_model_name(path);
+        if (!valid_model_name(name)) {
+            fprintf(stderr, "sluice serve: %s: no name to serve it under ('%s': a plain name "
+                            "is needed, not empty nor starting with '.')\n",
+                    shown_location(path).c_str(), echo_name(name).c_str());
+            return 2;
+        }
+    } else if (stat(path.c_str(), &st) != 0) {
+        fprintf(stderr, "sluice serve: %s: %s\n", path.c_str(), strerror(errno));
+        return 2;
+    }
+    while (!remote && path.size() > 1 && path.back() == '/')
         path.pop_back();
-    if (S_ISREG(st.st_mode) || (!cfg.force_root && dir_is_model(path))) {
+    if (remote) {
+        todo.emplace_back(remote_model_name(path), path);
+    } else if (S_ISREG(st.st_mode) || (!cfg.force_root && dir_is_model(path))) {
         todo.emplace_back(base_name(path.c_str()), path);
     } else {
         char *rroot = realpath(path.c_str(), nullptr);
@@ -1552,6 +1706,11 @@ int main(int argc, char **argv)
         }
         root = rroot;
         free(rroot);
+        if (!cfg.fallback.empty()) {
+            fprintf(stderr, "sluice serve: --fallback names mirrors of one model, and %s is a "
+                            "root of many\n", path.c_str());
+            return 2;
+        }
         DIR *d = opendir(path.c_str());
         if (!d) {
             fprintf(stderr, "sluice serve: %s: %s\n", path.c_str(), strerror(errno));
@@ -1594,7 +1753,8 @@ int main(int argc, char **argv)
         models[np.first] = std::move(m);
     }
     if (models.empty()) {
-        fprintf(stderr, "sluice serve: no model to serve under %s\n", cfg.path.c_str());
+        fprintf(stderr, "sluice serve: no model to serve under %s\n",
+                shown_location(cfg.path).c_str());
         return 2;
     }
     if (failed)
