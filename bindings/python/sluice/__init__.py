@@ -570,7 +570,12 @@ class Model:
         yielded: once the others were, it raises the first failure's error,
         with .failures listing every one (each an Error with .name). Arrays
         kept beyond the pool's room make later tensors fail with
-        PoolExhaustedError: drop each one when done with it."""
+        PoolExhaustedError: drop each one when done with it. The bound: a
+        consumer that drops each tensor before taking the next (`del a` at
+        the end of the loop's body) needs a pool of 2 of the largest
+        tensors (the one it holds, the one handed over next: the stream
+        hands a tensor over only when the consumer takes it); a loop that
+        keeps its variable while the next is taken (no del) needs 3."""
         framework = _check_framework(framework)
         indices = self._indices(names)
         return _stream_gen(self._m.stream(indices), framework)
@@ -587,6 +592,10 @@ def _stream_gen(cs, framework):
             if item is None:
                 break
             _i, h, code, message, t = item
+            # Nothing here may keep a tensor past the consumer's own use
+            # (the item's tuple would hold its handle while the next one is
+            # taken): see stream()'s pool bound.
+            del item
             if h is None:
                 failures.append(_errors.make_error(code, message, t[0]))
                 continue

@@ -15,9 +15,9 @@
  *           copy, and keep it (and so the model) alive. Its dealloc
  *           releases the tensor.
  *   Stream  one sluice_stream run on a thread of its own, whose callback
- *           hands each delivery to the Python iterator through a small
- *           queue. The callback waits while the queue is full, so the
- *           deliveries not yet taken by Python are at most STREAM_QUEUE.
+ *           hands each delivery to the Python iterator and returns once
+ *           Python has taken it, so no delivery waits outside the
+ *           library's reach (see STREAM_QUEUE).
  *
  * Every call that can wait (open, acquire, close, stream waits) releases
  * the GIL. Every counter below is changed with the GIL held only.
@@ -39,10 +39,18 @@
 
 #include "sluice.h"
 
-/* Deliveries a stream may have waiting for the Python consumer: enough to
- * keep the library busy while Python wraps the previous one, few enough
- * that the memory the queue holds stays a couple of tensors. */
-#define STREAM_QUEUE 2
+/* Deliveries a stream may have waiting for the Python consumer: one, and
+ * the callback that put it there returns only once Python has taken it.
+ * While a callback runs the library counts its stream's room as coming
+ * back (it demands nothing more for that stream), whereas a handle left
+ * in a queue after the callback returned is room held outside the library:
+ * a queue of two, the tensor the consumer holds and the stream's next
+ * read filled a pool of four tensors and failed the next one with
+ * SLUICE_E_POOL_EXHAUSTED. So a consumer that drops each tensor before
+ * taking the next needs a pool of 2 of the largest tensors (the one it
+ * holds, the one handed over); the library's read-ahead keeps reading
+ * meanwhile, into free room only. */
+#define STREAM_QUEUE 1
 
 /* How often a Python thread waiting on a stream looks for signals
  * (Ctrl-C): well under the 2 s a user waits before pressing it again. */
@@ -1144,6 +1152,7 @@ typedef struct {
     pthread_cond_t space_free;
     StreamItem queue[STREAM_QUEUE];
     size_t head, count;
+    uint64_t given, taken; /* deliveries queued, taken by Python */
     int finished;        /* sluice_stream_ex returned */
     int abandoned;       /* the consumer stopped: drop further deliveries */
     int rc;              /* what it returned */
@@ -1173,9 +1182,15 @@ static int stream_deliver(void *user, sluice_tensor *t, int status,
     it->index = info ? info->index : 0;
     it->message = (status != SLUICE_OK && message) ? strdup(message) : NULL;
     s->count++;
+    uint64_t ticket = ++s->given;
     pthread_cond_signal(&s->item_ready);
+    /* Returns once Python took it (see STREAM_QUEUE). Abandoned meanwhile:
+     * stream_stop gives back what is left in the queue. */
+    while (s->taken < ticket && !s->abandoned)
+        pthread_cond_wait(&s->space_free, &s->mu);
+    int stop = s->taken < ticket;
     pthread_mutex_unlock(&s->mu);
-    return 0;
+    return stop;
 }
 
 static void *stream_thread(void *arg)
@@ -1222,6 +1237,7 @@ static PyObject *model_stream(ModelObject *self, PyObject *arg)
     s->thread_started = 0;
     s->joined = 0;
     s->head = s->count = 0;
+    s->given = s->taken = 0;
     s->finished = s->abandoned = 0;
     s->rc = SLUICE_OK;
     s->final_message = NULL;
@@ -1356,6 +1372,7 @@ static int stream_take(StreamObject *s, StreamItem *it, int *have)
         *it = s->queue[s->head];
         s->head = (s->head + 1) % STREAM_QUEUE;
         s->count--;
+        s->taken++;
         *have = 1;
         pthread_cond_signal(&s->space_free);
     }
