@@ -157,12 +157,38 @@ Target target_of(const std::string &addr)
 // and a call that fails UNAVAILABLE before any answer came is retried by
 // gRPC itself (on another replica: each attempt is picked anew). A call
 // that fails after answers came is resumed by the client (failover below).
+// The largest reply taken: GetModel lists every tensor and carries the
+// server's manifest, about 2 x the name + 190 bytes a tensor, past gRPC's
+// default 4 MiB at some 11,000-15,000 tensors; 1 GiB covers 1,000,000
+// tensors of names up to about 440 bytes (sluice.client's
+// MAX_REPLY_BYTES; the server sends up to it). The
+// chunk calls keep 4 MiB a message (the service config below): every chunk
+// of the server fits, and a bigger one fails the call before it is held.
+constexpr int kMaxReply = 1 << 30;
+// A StreamTensors request names at most this many bytes of names (a tag
+// and a length each too): a resume naming every tensor still owed is split
+// into calls, one after another, to stay under the server's default
+// --max-request-bytes (1 MiB). sluice.client's MAX_STREAM_REQUEST_BYTES.
+constexpr size_t kMaxStreamRequest = 512 << 10;
+
+#define SL_CHUNKED                                                                         \
+    "{\"name\":[{\"service\":\"sluice.v1.TensorService\",\"method\":\"GetTensor\"},"       \
+    "{\"service\":\"sluice.v1.TensorService\",\"method\":\"StreamTensors\"}],"             \
+    "\"maxResponseMessageBytes\":\"4194304\""
+#define SL_RETRY                                                                           \
+    ",\"retryPolicy\":{\"maxAttempts\":4,\"initialBackoff\":\"0.1s\",\"maxBackoff\":\"1s\","  \
+    "\"backoffMultiplier\":2,\"retryableStatusCodes\":[\"UNAVAILABLE\"]}"
+// One server: the chunk calls' bound. A replica set: also round_robin,
+// health checks and the retry policy; a method's own entry replaces the
+// service's, so each carries the retry policy.
+const char *const kServiceConfig = "{\"methodConfig\":[" SL_CHUNKED "}]}";
 const char *const kReplicaServiceConfig =
     "{\"loadBalancingConfig\":[{\"round_robin\":{}}],"
     "\"healthCheckConfig\":{\"serviceName\":\"\"},"
-    "\"methodConfig\":[{\"name\":[{\"service\":\"sluice.v1.TensorService\"}],"
-    "\"retryPolicy\":{\"maxAttempts\":4,\"initialBackoff\":\"0.1s\",\"maxBackoff\":\"1s\","
-    "\"backoffMultiplier\":2,\"retryableStatusCodes\":[\"UNAVAILABLE\"]}}]}";
+    "\"methodConfig\":[" SL_CHUNKED SL_RETRY "},"
+    "{\"name\":[{\"service\":\"sluice.v1.TensorService\"}]" SL_RETRY "}]}";
+#undef SL_CHUNKED
+#undef SL_RETRY
 
 bool slurp(const std::string &path, std::string *out)
 {
@@ -219,12 +245,11 @@ public:
             creds = grpc::InsecureChannelCredentials();
         }
         grpc::ChannelArguments args;
-        // gRPC's default receive limit (4 MiB): every message of the
-        // server fits in it, also at chunk_bytes = 4 MiB.
+        // kMaxReply for GetModel; 4 MiB for the chunk calls (service config).
+        args.SetMaxReceiveMessageSize(kMaxReply);
         if (!o.server_name.empty())
             args.SetSslTargetNameOverride(o.server_name);
-        if (target.replicas)
-            args.SetServiceConfigJSON(kReplicaServiceConfig);
+        args.SetServiceConfigJSON(target.replicas ? kReplicaServiceConfig : kServiceConfig);
         failovers_ = o.failovers >= 0 ? o.failovers : target.replicas ? 8 : 0;
         stub_ = pb::TensorService::NewStub(grpc::CreateCustomChannel(target.uri, creds, args));
         if (!o.token.empty()) {
@@ -647,6 +672,22 @@ int check_tensor(const pb::TensorInfo &ti, const std::string &bytes, const std::
     return 0;
 }
 
+// GetModel's tensors from k on, as many as fit in one StreamTensors request
+// of kMaxStreamRequest bytes of names (at least one; none past the last).
+std::vector<std::string> next_names(const pb::ModelInfo &mi, size_t k)
+{
+    std::vector<std::string> names;
+    size_t size = 0;
+    for (; k < (size_t)mi.tensors_size(); k++) {
+        const std::string &n = mi.tensors((int)k).name();
+        size += n.size() + 6;
+        if (!names.empty() && size > kMaxStreamRequest)
+            break;
+        names.push_back(n);
+    }
+    return names;
+}
+
 // One pass of `fetch --stream`: GetModel's tensors (with --manifest,
 // checked to be the manifest's), each once, in its order, by
 // StreamTensors. A call that fails UNAVAILABLE (or CANCELLED by the
@@ -656,13 +697,17 @@ int check_tensor(const pb::TensorInfo &ti, const std::string &bytes, const std::
 // one StreamTensors call for the tensors still owed, named in the model's
 // order. Returns -1 at the pass's end (mismatches added to *bad), else
 // the exit status. *stall: the run's --stall still to come.
+// The names go in calls of at most kMaxStreamRequest bytes of names each,
+// one after another (next_names).
 int fetch_stream(Client &c, const std::string &model, const pb::ModelInfo &mi,
                  const std::map<std::string, const pb::TensorInfo *> &by_name, Local *lp,
                  const Opts &o, bool *stall, uint64_t *total, int *bad)
 {
     size_t done = 0;
     std::vector<std::string> names;  // empty: every tensor (the first call)
-    for (bool resumed = false;; resumed = true) {
+    for (bool resumed = false;;) {
+        // This call owes GetModel's tensors [done, end).
+        const size_t end = names.empty() ? (size_t)mi.tensors_size() : done + names.size();
         grpc::ClientContext ctx;
         auto reader = c.stream(&ctx, model, names);
         pb::TensorChunk ch;
@@ -682,6 +727,7 @@ int fetch_stream(Client &c, const std::string &model, const pb::ModelInfo &mi,
             }
             if (first && resumed)
                 c.resumed_on(ctx.peer());
+            resumed = false;
             first = false;
             if (!in_tensor || ch.name() != cur) {
                 if (!bytes.empty()) {
@@ -696,11 +742,11 @@ int fetch_stream(Client &c, const std::string &model, const pb::ModelInfo &mi,
                 // Counting alone would take a tensor sent twice for one
                 // never sent.
                 const int want = (int)done;
-                if (want >= mi.tensors_size() || cur != mi.tensors(want).name()) {
+                if (done >= end || cur != mi.tensors(want).name()) {
                     fprintf(stderr, "MISMATCH %s: not the tensor expected next (%s)\n",
                             cur.c_str(),
-                            want < mi.tensors_size() ? mi.tensors(want).name().c_str()
-                                                     : "none: every tensor was sent");
+                            done < end ? mi.tensors(want).name().c_str()
+                                       : "none: every tensor asked for was sent");
                     ctx.TryCancel();
                     reader->Finish();
                     return 1;
@@ -731,6 +777,10 @@ int fetch_stream(Client &c, const std::string &model, const pb::ModelInfo &mi,
         }
         grpc::Status st = reader->Finish();
         if (st.ok()) {
+            if (!in_tensor && done == end && end < (size_t)mi.tensors_size()) {
+                names = next_names(mi, done);  // the next call's
+                continue;
+            }
             if (done != (size_t)mi.tensors_size()) {
                 fprintf(stderr, "MISMATCH: %zu tensors streamed, the model has %d\n", done,
                         mi.tensors_size());
@@ -754,11 +804,10 @@ int fetch_stream(Client &c, const std::string &model, const pb::ModelInfo &mi,
             *total += bytes.size();
             done++;
         }
-        names.clear();
-        for (int k = (int)done; k < mi.tensors_size(); k++)
-            names.push_back(mi.tensors(k).name());
+        names = next_names(mi, done);
         if (names.empty())
             return -1;
+        resumed = true;
     }
 }
 

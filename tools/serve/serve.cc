@@ -1028,9 +1028,15 @@ struct Track {
     std::atomic<bool> aborted{false};
 };
 
-// gRPC's default limit on a received message: every message the server
+// gRPC's default limit on a received message: every chunk the server
 // sends fits in it (max_chunk_data).
 constexpr uint64_t kMaxMessage = 4u << 20;
+// The largest message sent: GetModel's reply lists every tensor and
+// carries the manifest, about 2 x the name + 190 bytes a tensor: 1 GiB
+// for 1,000,000 tensors of names up to about 440 bytes (8 MiB, before,
+// refused a model of some 20,000). The clients (sluice.client,
+// serve_client) take up to it for GetModel and 4 MiB a chunk.
+constexpr int kMaxReply = 1 << 30;
 
 class Server final : public pb::TensorService::Service {
 public:
@@ -1825,7 +1831,7 @@ int main(int argc, char **argv)
     grpc::ServerBuilder b;
     b.RegisterService(&service);
     b.SetMaxReceiveMessageSize((int)cfg.max_request_bytes);
-    b.SetMaxSendMessageSize(8 << 20);
+    b.SetMaxSendMessageSize(kMaxReply);
     grpc::ResourceQuota quota("sluice-serve");
     quota.SetMaxThreads((int)cfg.max_threads);
     b.SetResourceQuota(quota);

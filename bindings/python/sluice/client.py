@@ -90,20 +90,61 @@ __all__ = ["Client", "ChecksumError", "generate"]
 _log = logging.getLogger("sluice_serve")
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
-# The channel of a replica set: gRPC's round_robin over every address,
-# each health-checked through grpc.health.v1 Watch (a replica that says
-# NOT_SERVING gets no new call), and a call that fails UNAVAILABLE before
-# any answer came is retried by gRPC itself, each attempt picked anew. A
-# call that fails after answers came is resumed by the client (failover).
-REPLICA_SERVICE_CONFIG = json.dumps({
-    "loadBalancingConfig": [{"round_robin": {}}],
-    "healthCheckConfig": {"serviceName": ""},
-    "methodConfig": [{
-        "name": [{"service": "sluice.v1.TensorService"}],
-        "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s",
-                        "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]},
-    }],
-})
+# The largest reply the client takes: GetModel's ModelInfo lists every
+# tensor and carries the server's manifest byte for byte, about 2 x the
+# name + 190 bytes a tensor (measured: 389 with 100-byte names, 590 with
+# 200, a version 2 manifest), so gRPC's default 4 MiB stops at some
+# 11,000-15,000 tensors; 1 GiB covers 1,000,000 tensors of names up to
+# about 440 bytes. The server sends up to the same bound.
+MAX_REPLY_BYTES = 1 << 30
+# The chunk calls (GetTensor, StreamTensors) keep gRPC's 4 MiB per
+# message: every chunk of the server fits (it cuts the data to fit), and
+# a server that sends a bigger one fails the call RESOURCE_EXHAUSTED before
+# the client buffers it.
+MAX_CHUNK_MESSAGE_BYTES = 4 << 20
+# The largest StreamTensors request the client sends: a call naming more
+# tensors than fit (a resumed stream names every tensor still owed) is
+# split into calls of at most this many bytes of names each, half the
+# server's default --max-request-bytes (1 MiB).
+MAX_STREAM_REQUEST_BYTES = 512 << 10
+_RETRY = {"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s",
+          "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}
+
+
+def service_config(replicas):
+    """The channel's service config: the chunk calls' message bound, and for
+    a replica set gRPC's round_robin over every address, each health-checked
+    through grpc.health.v1 Watch (a replica that says NOT_SERVING gets no
+    new call), and a call that fails UNAVAILABLE before any answer came
+    retried by gRPC itself, each attempt picked anew. A call that fails
+    after answers came is resumed by the client (failover). A method's own
+    entry replaces the service's, so each carries the retry policy."""
+    svc = "sluice.v1.TensorService"
+    chunked = {"name": [{"service": svc, "method": "GetTensor"},
+                        {"service": svc, "method": "StreamTensors"}],
+               "maxResponseMessageBytes": str(MAX_CHUNK_MESSAGE_BYTES)}
+    rest = {"name": [{"service": svc}]}
+    conf = {"methodConfig": [chunked, rest] if replicas else [chunked]}
+    if replicas:
+        chunked["retryPolicy"] = rest["retryPolicy"] = _RETRY
+        conf["loadBalancingConfig"] = [{"round_robin": {}}]
+        conf["healthCheckConfig"] = {"serviceName": ""}
+    return json.dumps(conf)
+
+
+REPLICA_SERVICE_CONFIG = service_config(True)
+
+
+def _first_batch(names, budget=MAX_STREAM_REQUEST_BYTES):
+    """The longest prefix of names whose encoding (a tag, a length and the
+    UTF-8 bytes each) stays within budget; at least one name (a name
+    longer than budget goes alone: the server takes or refuses it)."""
+    size = 0
+    for k, n in enumerate(names):
+        size += len(n.encode("utf-8")) + 6
+        if k and size > budget:
+            return names[:k]
+    return names
 
 
 def target_of(addr):
@@ -260,17 +301,18 @@ class Client:
             with open(token_file, "rb") as f:
                 token = f.read().strip(b" \t\r\n\v\f").decode("ascii")
         self._metadata = (("authorization", "Bearer " + token),) if token else ()
-        options = []  # gRPC's default 4 MiB receive limit: every message of the server fits
+        addr, replicas = target_of(addr)
+        # GetModel's reply grows with the model's tensor count: up to
+        # MAX_REPLY_BYTES; the chunk calls keep 4 MiB (service_config).
+        options = [("grpc.max_receive_message_length", MAX_REPLY_BYTES),
+                   ("grpc.service_config", service_config(replicas))]
         if server_name:
             options.append(("grpc.ssl_target_name_override", server_name))
-        addr, replicas = target_of(addr)
         if root_certificates is not None and not server_name and addr.startswith(("ipv4:", "ipv6:")):
             # TLS checks the target's name, and a list of addresses has
             # none (gRPC would check the whole list as one name).
             raise ValueError("a list of servers over TLS needs server_name (the name in the "
                              "replicas' certificates)")
-        if replicas:
-            options.append(("grpc.service_config", REPLICA_SERVICE_CONFIG))
         self.failovers = failovers if failovers is not None else 8 if replicas else 0
         self.failovers_used = 0
         self._closed = False
@@ -542,7 +584,9 @@ class Client:
         listed tensors (None: all), each verified, in delivery order. On a
         replica set, a call that fails UNAVAILABLE (or CANCELLED by the
         server) is resumed on another replica: the tensor in flight from its next chunk, then one
-        StreamTensors call for the tensors still owed."""
+        StreamTensors call for the tensors still owed (several, one after
+        another, when their names take more than MAX_STREAM_REQUEST_BYTES;
+        so are the names given)."""
         tensors = self.model(model).tensors
         info = {t.name: t for t in tensors}
         names = list(names or [])
@@ -552,17 +596,24 @@ class Client:
         # With a trusted manifest, model() has checked that the server lists
         # exactly the manifest's tensors, so "every tensor" is the manifest's.
         owed = names or [t.name for t in tensors]
+        # Names asked for (the caller's, or after a failover the tensors
+        # still owed) go in requests of at most MAX_STREAM_REQUEST_BYTES
+        # each, one call after another: a resume of a model with many
+        # tensors would else exceed the server's --max-request-bytes.
+        # [] asks for every tensor (one call).
         ask, done, used = names, 0, [0]
         while True:
-            req = pb.StreamTensorsRequest(model=model, names=ask, chunk_bytes=self._chunk)
+            batch = _first_batch(ask)
+            end = done + len(batch) if batch else len(owed)  # this call owes owed[done:end]
+            req = pb.StreamTensorsRequest(model=model, names=batch, chunk_bytes=self._chunk)
             it = self._stub.StreamTensors(req, timeout=self._timeout, metadata=self._metadata)
             rx, failed = None, None
             try:
                 for c in it:
                     if rx is None:
-                        if done >= len(owed) or c.name != owed[done]:
+                        if done >= end or c.name != owed[done]:
                             raise ChecksumError("%s: not the tensor expected next (%s)"
-                                                % (c.name, owed[done] if done < len(owed)
+                                                % (c.name, owed[done] if done < end
                                                    else "none"))
                         t = info.get(c.name)
                         if t is None:
@@ -584,7 +635,10 @@ class Client:
                 # The caller stopped early, or a check raised: end the call.
                 it.cancel()
             if failed is None:
-                break
+                if rx is not None or done < end or end == len(owed):
+                    break
+                ask = owed[done:]  # the next batch
+                continue
             if rx is not None:  # the tensor in flight: the rest of it
                 data = self._whole(model, rx.name, t,
                                    bytes(rx.buf) if self._resumable(t) else b"", used)
@@ -605,8 +659,8 @@ class _Receiver:
     """One tensor's (or range's) chunks, checked as each arrives: in order,
     every total_bytes equal to what is owed, never a byte past it. A
     server that sends more is stopped at that chunk, so the client buffers
-    at most what is owed plus one message (4 MiB at most: gRPC's default
-    receive limit, which the client keeps)."""
+    at most what is owed plus one message (4 MiB at most: the chunk calls'
+    receive limit, MAX_CHUNK_MESSAGE_BYTES)."""
 
     def __init__(self, name, base, owed):
         self.name, self.base, self.owed = name, base, owed

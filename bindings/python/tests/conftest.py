@@ -116,3 +116,23 @@ def default_pool():
     if not limits or min(limits) // 4 >= full:
         return full
     return max(min(limits) // 4 // mib * mib, mib)
+
+
+def serve_fake(servicer, options=()):
+    """A fake TensorService (a pb_grpc.TensorServiceServicer) served in this
+    process by grpc's Python server on 127.0.0.1, a free port: a generator
+    for a fixture, yielding the servicer with .addr set, stopped after."""
+    from concurrent import futures
+
+    import grpc
+    from sluice.client import pb_grpc
+
+    s = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=list(options))
+    pb_grpc.add_TensorServiceServicer_to_server(servicer, s)
+    port = s.add_insecure_port("127.0.0.1:0")
+    s.start()
+    servicer.addr = "127.0.0.1:%d" % port
+    try:
+        yield servicer
+    finally:
+        s.stop(grace=None)

@@ -9,13 +9,13 @@ import json
 import os
 import subprocess
 import threading
-from concurrent import futures
 
 import pytest
 
 grpc = pytest.importorskip("grpc", reason="python3-grpcio is not installed")
 pytest.importorskip("grpc_tools", reason="python3-grpc-tools is not installed")
 
+from conftest import serve_fake
 from sluice.client import ChecksumError, Client, pb, pb_grpc
 
 A = bytes(range(64))
@@ -114,14 +114,7 @@ class Fake(pb_grpc.TensorServiceServicer):
 
 @pytest.fixture
 def fake():
-    f = Fake()
-    s = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    pb_grpc.add_TensorServiceServicer_to_server(f, s)
-    port = s.add_insecure_port("127.0.0.1:0")
-    s.start()
-    f.addr = "127.0.0.1:%d" % port
-    yield f
-    s.stop(grace=None)
+    yield from serve_fake(Fake())
 
 
 @pytest.fixture
