@@ -235,7 +235,7 @@ def load_file(filename, device="cpu", **open_args):
 # ------------------------------------------------------------ iter_weights
 
 # A tensor the pool has no room for (the caller holds earlier tensors, or a
-# tight pool is full of the stream's read-ahead and the binding's queue), or
+# tight pool is full of the stream's read-ahead and the tensor being handed over), or
 # larger than the pool: read into memory of its own instead (iter_weights).
 _OWN_MEMORY_CODES = (_errors.E_POOL_EXHAUSTED, _errors.E_TOO_LARGE)
 
@@ -331,6 +331,7 @@ def _iter_stream(model, own, indices):
             if item is None:
                 break
             index, handle, code, message, info = item
+            del item  # the tuple holds the handle: not kept while the next is taken
             if handle is not None:
                 tensor = _to_torch(handle, info[1], info[2])
                 del handle
