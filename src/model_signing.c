@@ -594,10 +594,15 @@ static int take_resource(const cJSON *r, sl_ms_method method, const char *sig_pa
         return sl_fail(err, SLUICE_E_NOMEM, "signature %s: out of memory", sig_path);
     out->path_len = strlen(name);
     if (method == SL_MS_SHARDS) {
-        /* PATH:START:END, the path itself may hold ':' */
+        /* PATH:START:END, the path itself may hold ':'; START and END
+         * plain decimal, as the signers write them: strtoull alone would
+         * take "-5" as 2^64-5 (and " +5"), a range no file has, which the
+         * file-level check could then only fail as an I/O error */
         char *b = strrchr(out->name, ':');
         char *a = b ? memrchr(out->name, ':', (size_t)(b - out->name)) : NULL;
         char *e1 = NULL, *e2 = NULL;
+        if (a && (a[1] < '0' || a[1] > '9' || b[1] < '0' || b[1] > '9'))
+            a = NULL;
         if (a) {
             errno = 0;
             out->start = strtoull(a + 1, &e1, 10);

@@ -11,6 +11,8 @@ reference's code.
   model_signing_fx.py sign MODEL DIR CASE    writes MODEL/model.sig for CASE
   model_signing_fx.py check MODEL SIG PUB    verifies a bundle sluice wrote, by
                                              the format's rules (exit 0 or 1)
+  model_signing_fx.py statement MODEL CASE OUT  writes CASE's statement alone (the
+                                             payload; fuzz_msign_statement's corpus)
 """
 import base64
 import datetime
@@ -132,10 +134,11 @@ def statement(model, case):
                 e = min(s + SHARD, len(data))
                 res.append({"name": "%s:%d:%d" % (n, s, e), "algorithm": "sha256",
                             "digest": hashlib.sha256(data[s:e]).hexdigest()})
-    if case == "compat-duplicate":  # the 0.2 form, the manifest listed again with another digest
+    if case in ("compat", "compat-duplicate"):  # the 0.2 form (-duplicate: the manifest
         subs = [{"name": r["name"], "digest": {"sha256": r["digest"]}} for r in res]
-        subs.append({"name": "sluice.manifest.json",
-                     "digest": {"sha256": hashlib.sha256(b"another manifest").hexdigest()}})
+        if case == "compat-duplicate":  # listed again with another digest)
+            subs.append({"name": "sluice.manifest.json",
+                         "digest": {"sha256": hashlib.sha256(b"another manifest").hexdigest()}})
         return json.dumps({"_type": STYPE, "subject": subs,
                            "predicateType": "https://model_signing/Digests/v0.1",
                            "predicate": {}}, indent=2).encode()
@@ -215,5 +218,8 @@ if __name__ == "__main__":
         sign(sys.argv[2], sys.argv[3], sys.argv[4])
     elif cmd == "check":
         check(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif cmd == "statement":
+        with open(sys.argv[4], "wb") as f:
+            f.write(statement(sys.argv[2], sys.argv[3]))
     else:
         sys.exit("unknown command " + cmd)

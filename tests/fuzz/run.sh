@@ -6,7 +6,7 @@ set -eu
 build=$1 seconds=$2
 here=$(cd "$(dirname "$0")" && pwd)
 real=$here/../../../shared/data/real
-for target in fuzz_header fuzz_index fuzz_manifest fuzz_model fuzz_signature fuzz_msign; do
+for target in fuzz_header fuzz_index fuzz_manifest fuzz_model fuzz_signature fuzz_msign fuzz_msign_statement; do
     name=${target#fuzz_}
     # a signature file is five short lines: a third of the time is plenty
     t=$seconds
