@@ -836,7 +836,9 @@ SLUICE_API int sluice_tensor_digest(const sluice_tensor *t, uint8_t digest[32]);
  * SLUICE_E_REMOTE is read again from the mirrors (sluice_options.fallback)
  * in order, each opened for the call, against the same digests; when all
  * fail, the primary's code and every source's failure in the message.
- * A remote model's ranges are read with range requests.
+ * A remote model's ranges are read with range requests; a range whose
+ * bytes came through the proxy and fail verification is read again from
+ * the origin directly first, once ("Proxies").
  * len 0 reads nothing with chunk digests, and the whole tensor without.
  * It needs no room in the pool and holds no handle, so a tensor larger
  * than the pool loads into the caller's memory, and it never evicts a
@@ -902,7 +904,9 @@ SLUICE_API int sluice_digest_range(sluice_model *model, size_t i, uint64_t byte_
  *    4 MiB), counted in sluice_stats.part_fallback_bytes, and said once
  *    per model by sluice_part_note;
  *  - the tensor is not checked: the part's bytes only.
- * Fallback mirrors are not tried. On failure dst holds anything. Counted
+ * Fallback mirrors are not tried; a part whose bytes came through the
+ * proxy and fail verification is read again from the origin directly,
+ * once ("Proxies"). On failure dst holds anything. Counted
  * in the stats as sluice_read_into is (bytes_read: what was read, so a
  * rank's reads can be checked against the layout). Returns SLUICE_OK,
  * SLUICE_E_CHECKSUM, SLUICE_E_IO, SLUICE_E_FILE_CHANGED, SLUICE_E_NOMEM,

@@ -901,6 +901,69 @@ static void test_proxy_own_manifest(void **state)
     assert_int_equal(out.st.proxy_failures, 1);
 }
 
+/* A tensor-parallel part through a proxy that flips its bytes (the fault
+ * server on a copy of the model with one byte of w.e's rank 0 flipped):
+ * the part is read again from the origin directly, as a load is, not
+ * failed with SLUICE_E_CHECKSUM (sluice.h "Proxies": a tensor the origin
+ * serves right never fails because of its proxy); sluice_read_into too. */
+static void test_part_through_lying_proxy(void **state)
+{
+    (void)state;
+    char why[256];
+    char *liar = tu_tmpdir();
+    char *lm = tu_join(liar, "m.safetensors");
+    copy_file(model_path, lm);
+    size_t flen = 0;
+    {
+        unsigned char *b = tu_read_file(lm, &flen);
+        b[flen - sizes[5] - sizes[4] + 100] ^= 0xFF;   /* in w.e, rank 0 of 2 */
+        tu_write_file(lm, b, flen);
+        free(b);
+    }
+    rf_server fault;
+    if (!rf_fault_start(&fault, SLUICE_FAULT_SERVER, liar, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    sluice_options o;
+    opts_with_proxy(&o, fault.base);
+    sluice_model *m = NULL;
+    assert_int_equal(sluice_open(model_url(), &o, &m), SLUICE_OK);
+    assert_int_equal(sluice_verify_state(m, NULL), 0);
+    size_t half = (size_t)sizes[4] / 2;
+    unsigned char *want = tu_pread_range(model_path, flen - sizes[5] - sizes[4], half);
+    unsigned char *got = malloc(half);
+    int rc = sluice_read_part_into(m, "w.e", 0, 0, 2, got, half);
+    if (rc != SLUICE_OK)
+        fail_msg("read_part_into through the lying proxy: %s: %s", sluice_strerror(rc),
+                 sluice_errmsg(m));
+    assert_memory_equal(got, want, half);
+    sluice_tensor *t = NULL;
+    rc = sluice_acquire_part(m, "w.e", 0, 0, 2, &t);
+    if (rc != SLUICE_OK)
+        fail_msg("acquire_part through the lying proxy: %s: %s", sluice_strerror(rc),
+                 sluice_errmsg(m));
+    assert_memory_equal(sluice_tensor_data(t), want, half);
+    sluice_release(t);
+    memset(got, 0, half);
+    rc = sluice_read_into(m, "w.e", 0, got, half);
+    if (rc != SLUICE_OK)
+        fail_msg("read_into through the lying proxy: %s: %s", sluice_strerror(rc),
+                 sluice_errmsg(m));
+    assert_memory_equal(got, want, half);
+    struct sluice_stats st = {.size = sizeof st};
+    sluice_stats(m, &st);
+    assert_true(st.proxy_failures >= 3);
+    assert_true(st.proxy_bypass_bytes >= 3 * sizes[4]);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    rf_stop(&fault);
+    free(want);
+    free(got);
+    tu_rmtree(liar);
+    free(lm);
+    free(liar);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -920,6 +983,7 @@ int main(void)
         cmocka_unit_test(test_dragonfly_credentials_off_host_refused),
         cmocka_unit_test(test_proxy_credentials_hidden),
         cmocka_unit_test(test_proxy_own_manifest),
+        cmocka_unit_test(test_part_through_lying_proxy),
     };
     if (getenv("SLUICE_TEST_FILTER"))
         cmocka_set_test_filter(getenv("SLUICE_TEST_FILTER"));
