@@ -1657,8 +1657,8 @@ SLUICE_API int sluice_stats(sluice_model *model, struct sluice_stats *stats);
  * manifest are fetched at every open (the blobs are named by the digests
  * of the manifest read then), so a remote model that changed loads the
  * tensors whose digests changed from the source, and the unchanged ones
- * from the cache. sluice_read_into and sluice_acquire_range do not use the
- * cache. sluice_verify checks the source: while it runs on a remote model
+ * from the cache. sluice_read_into, sluice_acquire_range, sluice_read_part_into
+ * and sluice_acquire_part do not use the cache. sluice_verify checks the source: while it runs on a remote model
  * (a stream through the pool, see sluice_verify) its loads, and any other
  * load of that model started meanwhile, fetch from the source and store
  * what they fetch; a tensor already in the pool (read from a blob, hashed
