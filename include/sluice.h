@@ -457,7 +457,9 @@ typedef struct sluice_model sluice_model;
  * within remote_attempts and remote_deadline_ms. sluice_verify on a
  * remote model checks tensors through the engine and, with
  * SLUICE_VF_FILES, every whole file with range requests on the calling
- * thread (SLUICE_VF_DIGEST_ONLY: SLUICE_E_UNSUPPORTED); SLUICE_F_DIRECT does not
+ * thread (one whose bytes came through the proxy and fail is read again
+ * from the origin directly, see "Proxies"; SLUICE_VF_DIGEST_ONLY:
+ * SLUICE_E_UNSUPPORTED); SLUICE_F_DIRECT does not
  * apply; a remote manifest's signature is not fetched ("Signed
  * manifests"). Messages, sluice_file_info and sluice_tensor_source show a
  * location without its user:password@ and with "?..." for its query.
