@@ -504,7 +504,8 @@ typedef struct sluice_model sluice_model;
  * origin over TLS by its proxy rule; the hop to the daemon is then in
  * clear: keep the daemon on the node; with credentials, a Bearer token
  * or AWS keys, sluice_open refuses a daemon off this host's loopback,
- * SLUICE_E_INVAL), with X-Dragonfly-Use-P2P: true,
+ * SLUICE_E_INVAL; the Hub's token counts only when the model or a
+ * mirror is on the Hub, the one place it is sent), with X-Dragonfly-Use-P2P: true,
  * X-Dragonfly-Priority 6 for a request a caller waits on (acquire, the
  * open's fetches, a stream's head) and 3 for read-ahead, and
  * X-Dragonfly-Filtered-Query-Params naming the query parameters of

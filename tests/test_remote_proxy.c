@@ -1056,6 +1056,39 @@ static void test_verify_files_through_lying_proxy(void **state)
     free(mfdir);
 }
 
+/* The Hub's token ($HF_TOKEN) goes to the Hub only: a model that is not
+ * on the Hub (nor any of its mirrors) sends it nowhere, so it does not
+ * make Dragonfly mode refuse a daemon off this host's loopback (before,
+ * any HF_TOKEN in the environment did: 'these would carry credentials (a
+ * Bearer token)'); an hf:// model with it still is refused. */
+static void test_dragonfly_hub_token_only_for_the_hub(void **state)
+{
+    (void)state;
+    setenv("HF_TOKEN", "hub-secret", 1);
+    sluice_options o;
+    opts_with_proxy(&o, "http://192.0.2.1:4001");
+    o.proxy_kind = SLUICE_PROXY_DRAGONFLY;
+    o.remote_connect_timeout_ms = 300;
+    sluice_model *m = NULL;
+    int rc = sluice_open(model_url(), &o, &m);
+    if (rc != SLUICE_OK)
+        fail_msg("open with HF_TOKEN set, a model not on the Hub: %s", sluice_errmsg(m));
+    sluice_close(m);
+    m = NULL;
+    assert_int_equal(sluice_open("hf://org/name", &o, &m), SLUICE_E_INVAL);
+    assert_non_null(strstr(sluice_errmsg(m), "loopback"));
+    assert_null(strstr(sluice_errmsg(m), "hub-secret"));
+    sluice_close(m);
+    const char *mirrors[] = {"hf://org/name"};
+    o.fallback = mirrors;
+    o.fallback_count = 1;
+    m = NULL;
+    assert_int_equal(sluice_open(model_url(), &o, &m), SLUICE_E_INVAL);
+    assert_non_null(strstr(sluice_errmsg(m), "loopback"));
+    sluice_close(m);
+    unsetenv("HF_TOKEN");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1073,6 +1106,7 @@ int main(void)
         cmocka_unit_test(test_no_proxy_range_dragonfly),
         cmocka_unit_test(test_dragonfly_redirect_no_connect),
         cmocka_unit_test(test_dragonfly_credentials_off_host_refused),
+        cmocka_unit_test(test_dragonfly_hub_token_only_for_the_hub),
         cmocka_unit_test(test_proxy_credentials_hidden),
         cmocka_unit_test(test_proxy_own_manifest),
         cmocka_unit_test(test_part_through_lying_proxy),
