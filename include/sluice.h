@@ -1622,7 +1622,8 @@ struct sluice_stats {
                                    2 verification off by policy */
     /* proxies (see "Proxies") */
     uint64_t proxy_failures;    /* requests through the proxy that failed, and
-                                   loads whose bytes from it failed
+                                   loads, ranges, parts and verified whole
+                                   files whose bytes from it failed
                                    verification: each went direct */
     uint64_t proxy_bypass_bytes; /* bytes then fetched directly from the origin */
     uint64_t part_fallback_bytes; /* bytes of whole tensors read to check a part
