@@ -968,6 +968,8 @@ SLUICE_API const char *sluice_part_note(sluice_model *model);
  * sluice_part_rules_parse: *out gets the rules of text (len bytes; NULL:
  * the built-in set). Returns SLUICE_OK, SLUICE_E_NOMEM, or SLUICE_E_INVAL
  * with why (may be NULL; why_cap bytes) naming the line and the fault.
+ * sluice_part_rules_builtin: the built-in set's text, a static string
+ * (never freed; any thread).
  * sluice_part_rules_dim: *dim gets the dim the rules give name (a tensor
  * of ndim dims), or SLUICE_PART_REPLICATED. Returns SLUICE_OK, or
  * SLUICE_E_INVAL (a NULL argument, or a rule naming a dim the tensor
