@@ -457,7 +457,9 @@ typedef struct sluice_model sluice_model;
  * within remote_attempts and remote_deadline_ms. sluice_verify on a
  * remote model checks tensors through the engine and, with
  * SLUICE_VF_FILES, every whole file with range requests on the calling
- * thread (SLUICE_VF_DIGEST_ONLY: SLUICE_E_UNSUPPORTED); SLUICE_F_DIRECT does not
+ * thread (one whose bytes came through the proxy and fail is read again
+ * from the origin directly, see "Proxies"; SLUICE_VF_DIGEST_ONLY:
+ * SLUICE_E_UNSUPPORTED); SLUICE_F_DIRECT does not
  * apply; a remote manifest's signature is not fetched ("Signed
  * manifests"). Messages, sluice_file_info and sluice_tensor_source show a
  * location without its user:password@ and with "?..." for its query.
@@ -502,7 +504,8 @@ typedef struct sluice_model sluice_model;
  * origin over TLS by its proxy rule; the hop to the daemon is then in
  * clear: keep the daemon on the node; with credentials, a Bearer token
  * or AWS keys, sluice_open refuses a daemon off this host's loopback,
- * SLUICE_E_INVAL), with X-Dragonfly-Use-P2P: true,
+ * SLUICE_E_INVAL; the Hub's token counts only when the model or a
+ * mirror is on the Hub, the one place it is sent), with X-Dragonfly-Use-P2P: true,
  * X-Dragonfly-Priority 6 for a request a caller waits on (acquire, the
  * open's fetches, a stream's head) and 3 for read-ahead, and
  * X-Dragonfly-Filtered-Query-Params naming the query parameters of
@@ -836,7 +839,9 @@ SLUICE_API int sluice_tensor_digest(const sluice_tensor *t, uint8_t digest[32]);
  * SLUICE_E_REMOTE is read again from the mirrors (sluice_options.fallback)
  * in order, each opened for the call, against the same digests; when all
  * fail, the primary's code and every source's failure in the message.
- * A remote model's ranges are read with range requests.
+ * A remote model's ranges are read with range requests; a range whose
+ * bytes came through the proxy and fail verification is read again from
+ * the origin directly first, once ("Proxies").
  * len 0 reads nothing with chunk digests, and the whole tensor without.
  * It needs no room in the pool and holds no handle, so a tensor larger
  * than the pool loads into the caller's memory, and it never evicts a
@@ -902,7 +907,9 @@ SLUICE_API int sluice_digest_range(sluice_model *model, size_t i, uint64_t byte_
  *    4 MiB), counted in sluice_stats.part_fallback_bytes, and said once
  *    per model by sluice_part_note;
  *  - the tensor is not checked: the part's bytes only.
- * Fallback mirrors are not tried. On failure dst holds anything. Counted
+ * Fallback mirrors are not tried; a part whose bytes came through the
+ * proxy and fail verification is read again from the origin directly,
+ * once ("Proxies"). On failure dst holds anything. Counted
  * in the stats as sluice_read_into is (bytes_read: what was read, so a
  * rank's reads can be checked against the layout). Returns SLUICE_OK,
  * SLUICE_E_CHECKSUM, SLUICE_E_IO, SLUICE_E_FILE_CHANGED, SLUICE_E_NOMEM,
@@ -961,6 +968,8 @@ SLUICE_API const char *sluice_part_note(sluice_model *model);
  * sluice_part_rules_parse: *out gets the rules of text (len bytes; NULL:
  * the built-in set). Returns SLUICE_OK, SLUICE_E_NOMEM, or SLUICE_E_INVAL
  * with why (may be NULL; why_cap bytes) naming the line and the fault.
+ * sluice_part_rules_builtin: the built-in set's text, a static string
+ * (never freed; any thread).
  * sluice_part_rules_dim: *dim gets the dim the rules give name (a tensor
  * of ndim dims), or SLUICE_PART_REPLICATED. Returns SLUICE_OK, or
  * SLUICE_E_INVAL (a NULL argument, or a rule naming a dim the tensor
@@ -1615,7 +1624,8 @@ struct sluice_stats {
                                    2 verification off by policy */
     /* proxies (see "Proxies") */
     uint64_t proxy_failures;    /* requests through the proxy that failed, and
-                                   loads whose bytes from it failed
+                                   loads, ranges, parts and verified whole
+                                   files whose bytes from it failed
                                    verification: each went direct */
     uint64_t proxy_bypass_bytes; /* bytes then fetched directly from the origin */
     uint64_t part_fallback_bytes; /* bytes of whole tensors read to check a part
@@ -1653,8 +1663,8 @@ SLUICE_API int sluice_stats(sluice_model *model, struct sluice_stats *stats);
  * manifest are fetched at every open (the blobs are named by the digests
  * of the manifest read then), so a remote model that changed loads the
  * tensors whose digests changed from the source, and the unchanged ones
- * from the cache. sluice_read_into and sluice_acquire_range do not use the
- * cache. sluice_verify checks the source: while it runs on a remote model
+ * from the cache. sluice_read_into, sluice_acquire_range, sluice_read_part_into
+ * and sluice_acquire_part do not use the cache. sluice_verify checks the source: while it runs on a remote model
  * (a stream through the pool, see sluice_verify) its loads, and any other
  * load of that model started meanwhile, fetch from the source and store
  * what they fetch; a tensor already in the pool (read from a blob, hashed

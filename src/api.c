@@ -872,6 +872,61 @@ static int range_from_mirrors(sluice_model *m, size_t i, uint64_t begin, uint64_
 
 /* Reads [begin, begin + len) of tensor `name` into dst, verified; the
  * common part of sluice_read_into and sluice_acquire_range. */
+
+/* A range or part read of tensor i whose bytes came through the model's
+ * proxy and failed verification is read again from the origin directly,
+ * once, before any mirror, as a load is (sluice.h "Proxies": a tensor the
+ * origin serves right never fails because of its proxy). read(ix) makes
+ * the read with the index given: a copy of the model's whose remote
+ * configuration has no proxy. Counted as the loads' are: one proxy
+ * failure, the bytes then fetched in proxy_bypass_bytes. */
+typedef int (*direct_read_fn)(const sl_index *ix, void *ctx, sl_range_tally *tally, sl_err *err);
+
+static int again_direct(sluice_model *m, size_t i, int rc, direct_read_fn read, void *ctx,
+                        sl_range_tally *tally, sl_err *err)
+{
+    const sl_file *f = &m->index.files[m->index.tensors[i].file_index];
+    if (rc != SLUICE_E_CHECKSUM || !m->remote || !f->url ||
+        !sl_remote_proxy_for(m->remote, f->url))
+        return rc;
+    sl_remote_cfg direct = *m->remote;  /* the tally and secrets shared, not owned */
+    direct.proxy_http = direct.proxy_https = NULL;
+    sl_index dix = m->index;
+    dix.remote = &direct;
+    sl_range_tally t2 = {0};
+    sl_err e2 = {0};
+    int rc2 = read(&dix, ctx, &t2, &e2);
+    tally->bytes_read += t2.bytes_read;
+    tally->bytes_hashed += t2.bytes_hashed;
+    tally->chunks_verified += t2.chunks_verified;
+    tally->checksum_failures += t2.checksum_failures;
+    tally->remote_reads += t2.remote_reads;
+    tally->remote_bytes += t2.remote_bytes;
+    tally->part_fallback_bytes += t2.part_fallback_bytes;
+    atomic_fetch_add_explicit(&m->remote->tally->proxy_failures, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&m->remote->tally->proxy_bypass_bytes, t2.remote_bytes,
+                              memory_order_relaxed);
+    if (rc2 == SLUICE_OK || rc2 == SLUICE_E_CHECKSUM) /* the origin's own answer */
+        *err = e2;
+    return rc2 == SLUICE_OK || rc2 == SLUICE_E_CHECKSUM ? rc2 : rc;
+}
+
+typedef struct range_args {
+    size_t i;
+    uint64_t begin, len;
+    void *dst;
+    const uint8_t *want;
+    const sl_chunk_digests *chunks;
+    sluice_algorithm alg;
+} range_args;
+
+static int range_direct(const sl_index *ix, void *ctx, sl_range_tally *tally, sl_err *err)
+{
+    range_args *a = ctx;
+    return sl_range_read(ix, a->i, a->begin, a->len, a->dst, a->want, a->chunks, a->alg, tally,
+                         err);
+}
+
 static int read_range(sluice_model *m, sl_engine *e, const char *call, const char *name,
                       uint64_t begin, uint64_t len, void *dst, size_t *index, sl_err *err)
 {
@@ -884,6 +939,8 @@ static int read_range(sluice_model *m, sl_engine *e, const char *call, const cha
     sl_range_tally tally = {0};
     int rc = sl_range_read(&m->index, i, begin, len, dst, want, chunks ? &chunks[i] : NULL,
                            m->opts.algorithm, &tally, err);
+    range_args ra = {i, begin, len, dst, want, chunks ? &chunks[i] : NULL, m->opts.algorithm};
+    rc = again_direct(m, i, rc, range_direct, &ra, &tally, err);
     if (want && m->nfallback && (rc == SLUICE_E_CHECKSUM || rc == SLUICE_E_IO ||
                                  rc == SLUICE_E_FILE_CHANGED || rc == SLUICE_E_REMOTE))
         rc = range_from_mirrors(m, i, begin, len, dst, want, chunks ? &chunks[i] : NULL, &tally,
@@ -978,6 +1035,22 @@ SLUICE_API int sluice_acquire_range(sluice_model *m, const char *name, uint64_t 
 
 /* ----------------------------------------------------------------- parts */
 
+typedef struct part_args {
+    size_t i;
+    const sl_part_geom *g;
+    void *dst;
+    const uint8_t *want_part, *want;
+    const sl_chunk_digests *chunks;
+    sluice_algorithm alg;
+} part_args;
+
+static int part_direct(const sl_index *ix, void *ctx, sl_range_tally *tally, sl_err *err)
+{
+    part_args *a = ctx;
+    return sl_part_read(ix, a->i, a->g, a->dst, a->want_part, a->want, a->chunks, a->alg, tally,
+                        err);
+}
+
 /* Rank `rank` of n equal parts of tensor `name` along dim, read and
  * verified into dst (the part's bytes, contiguous); the common part of
  * sluice_read_part_into and sluice_acquire_part. */
@@ -1003,6 +1076,8 @@ static int read_part(sluice_model *m, sl_engine *e, const char *call, const char
     sl_range_tally tally = {0};
     int rc = sl_part_read(&m->index, i, g, dst, want_part, want, chunks ? &chunks[i] : NULL,
                           m->opts.algorithm, &tally, err);
+    part_args pa = {i, g, dst, want_part, want, chunks ? &chunks[i] : NULL, m->opts.algorithm};
+    rc = again_direct(m, i, rc, part_direct, &pa, &tally, err);
     int unnoted = 0; /* 0 -> 1: this call writes the note; 2: written, readable */
     if (tally.part_fallback_bytes && atomic_compare_exchange_strong(&m->part_noted, &unnoted, 1)) {
         char q[SL_QUOTE_MAX];

@@ -50,7 +50,6 @@ static const char *env(const char *name)
 }
 
 static int take_proxy(sl_remote_cfg *c, const sluice_options *o);
-static int dragonfly_hop_refused(const sl_remote_cfg *c, sl_err *err);
 
 void sl_remote_cfg_free(sl_remote_cfg *c)
 {
@@ -134,11 +133,8 @@ int sl_remote_cfg_new(const sluice_options *o, sl_remote_cfg **out, sl_err *err)
         sl_remote_cfg_free(c);
         return sl_fail(err, SLUICE_E_NOMEM, "remote: out of memory");
     }
-    int rc = dragonfly_hop_refused(c, err);
-    if (rc < 0) {
-        sl_remote_cfg_free(c);
-        return rc;
-    }
+    /* the Dragonfly hop is checked once the tokens are the locations'
+     * (sl_hf_cfg_tokens) */
     *out = c;
     return SLUICE_OK;
 }
@@ -223,11 +219,11 @@ static int is_loopback(const char *host)
  * with credentials the daemon must be on this host's loopback (the node's
  * own daemon, as Dragonfly runs it). Without credentials (public objects,
  * presigned URLs) any daemon address is taken. */
-static int dragonfly_hop_refused(const sl_remote_cfg *c, sl_err *err)
+int sl_remote_dragonfly_hop(const sl_remote_cfg *c, int hub, sl_err *err)
 {
     if (c->proxy_kind != SLUICE_PROXY_DRAGONFLY || !c->proxy_https)
         return SLUICE_OK;
-    if (!c->token && !c->aws_key && !c->hf_token)
+    if (!c->token && !c->aws_key && !(hub && c->hf_token))
         return SLUICE_OK;
     char host[256];
     url_host(c->proxy_https, host, sizeof host);

@@ -190,6 +190,12 @@ void sl_hf_cfg_clear(sl_remote_cfg *c);
  * SLUICE_E_INVAL. */
 int sl_hf_cfg_tokens(sl_remote_cfg *c, const sluice_options *o, const char *primary, sl_err *err);
 
+/* Dragonfly mode with credentials refuses a daemon off this host's
+ * loopback (sluice.h "Proxies"); hub: whether a location of the model or
+ * its mirrors is on the Hub (only then does the Hub's token travel).
+ * SLUICE_E_INVAL naming the daemon's host, else SLUICE_OK. */
+int sl_remote_dragonfly_hop(const sl_remote_cfg *c, int hub, sl_err *err);
+
 /* ---------------------------------------------------------------- the seam */
 
 typedef struct sl_rio sl_rio;

@@ -84,7 +84,12 @@ int sl_hf_cfg_tokens(sl_remote_cfg *c, const sluice_options *o, const char *prim
                        "control character (a line break?), which no HTTP header can carry",
                        bad_token(c->token) ? "HTTP" : "Hub's",
                        bad_token(c->token) ? "else $SLUICE_HTTP_TOKEN" : "else $HF_TOKEN");
-    return SLUICE_OK;
+    /* the Hub's token travels only to the Hub: it counts as a credential
+     * of the Dragonfly hop only when the model or a mirror is there */
+    int hub = on_hub(c, primary, primary);
+    for (uint32_t k = 0; !hub && o->fallback && k < o->fallback_count; k++)
+        hub = o->fallback[k] && on_hub(c, o->fallback[k], o->fallback[k]);
+    return sl_remote_dragonfly_hop(c, hub, err);
 }
 
 void sl_hf_cfg_clear(sl_remote_cfg *c)

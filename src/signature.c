@@ -579,7 +579,8 @@ int sl_signature_check(const char *manifest_path, const char *text, size_t len,
     /* A remote manifest's signature is not fetched: fail closed, rather
      * than read the URL as a relative local path (./http:/HOST/...sig). */
     if (!strncmp(manifest_path, "http://", 7) || !strncmp(manifest_path, "https://", 8) ||
-        !strncmp(manifest_path, "s3://", 5))
+        !strncmp(manifest_path, "s3://", 5) ||
+        !strncmp(manifest_path, "hf://", 5)) /* the Hub's LFS SHA-256 stand-in */
         return sl_fail(err, SLUICE_E_SIGNATURE,
                        "signature of %s.sig: missing: trusted keys are set and the signature of "
                        "a remote manifest is not fetched (use a local manifest_path and its "

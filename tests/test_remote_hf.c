@@ -616,9 +616,58 @@ static void test_token_stays_with_its_host(void **state)
     (void)state;
 }
 
+/* A signature asked of an hf:// model fails closed, and says why: the
+ * Hub's LFS SHA-256 stand-in (hf://org/single publishes no manifest) is
+ * no file one could have signed, and a remote model's signature is not
+ * fetched. With an Ed25519 key the open looked for a local file named
+ * after the stand-in's description ("hf://org/single@C (the Hub's LFS
+ * SHA-256).sig", a path relative to the working directory) and said it
+ * was missing; a file there was read. */
+static void test_signature_fails_closed(void **state)
+{
+    char *dir = tu_tmpdir();
+    char *pub = tu_join(dir, "ed.pub");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "openssl genpkey -algorithm ed25519 2>/dev/null | "
+             "openssl pkey -pubout -out '%s' 2>/dev/null", pub);
+    if (system(cmd) != 0) {
+        print_message("skipped: openssl cannot write an Ed25519 key\n");
+        tu_rmtree(dir);
+        free(dir);
+        free(pub);
+        skip();
+    }
+    const char *keys[] = {pub};
+    const char *locs[] = {"hf://org/single", "hf://org/sharded"};
+    for (size_t k = 0; k < 2; k++) {
+        sluice_options o = fast_options();
+        o.trusted_keys = keys;
+        o.ntrusted_keys = 1;
+        sluice_model *m = NULL;
+        assert_int_equal(sluice_open(locs[k], &o, &m), SLUICE_E_SIGNATURE);
+        const char *msg = sluice_errmsg(m);
+        if (!strstr(msg, "not fetched") || strstr(msg, "sluice sign"))
+            fail_msg("%s: %s", locs[k], msg);
+        sluice_close(m);
+        o.trusted_keys = NULL;
+        o.ntrusted_keys = 0;
+        o.trusted_cas = keys;
+        o.ntrusted_cas = 1;
+        assert_int_equal(sluice_open(locs[k], &o, &m), SLUICE_E_SIGNATURE);
+        if (!strstr(sluice_errmsg(m), "not fetched"))
+            fail_msg("%s (trusted_cas): %s", locs[k], sluice_errmsg(m));
+        sluice_close(m);
+    }
+    tu_rmtree(dir);
+    free(dir);
+    free(pub);
+    (void)state;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_signature_fails_closed),
         cmocka_unit_test(test_default_revision_and_token),
         cmocka_unit_test(test_revision_and_file),
         cmocka_unit_test(test_index_and_published_manifest),

@@ -901,6 +901,194 @@ static void test_proxy_own_manifest(void **state)
     assert_int_equal(out.st.proxy_failures, 1);
 }
 
+/* A tensor-parallel part through a proxy that flips its bytes (the fault
+ * server on a copy of the model with one byte of w.e's rank 0 flipped):
+ * the part is read again from the origin directly, as a load is, not
+ * failed with SLUICE_E_CHECKSUM (sluice.h "Proxies": a tensor the origin
+ * serves right never fails because of its proxy); sluice_read_into too. */
+static void test_part_through_lying_proxy(void **state)
+{
+    (void)state;
+    char why[256];
+    char *liar = tu_tmpdir();
+    char *lm = tu_join(liar, "m.safetensors");
+    copy_file(model_path, lm);
+    size_t flen = 0;
+    {
+        unsigned char *b = tu_read_file(lm, &flen);
+        b[flen - sizes[5] - sizes[4] + 100] ^= 0xFF;   /* in w.e, rank 0 of 2 */
+        tu_write_file(lm, b, flen);
+        free(b);
+    }
+    rf_server fault;
+    if (!rf_fault_start(&fault, SLUICE_FAULT_SERVER, liar, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    sluice_options o;
+    opts_with_proxy(&o, fault.base);
+    sluice_model *m = NULL;
+    assert_int_equal(sluice_open(model_url(), &o, &m), SLUICE_OK);
+    assert_int_equal(sluice_verify_state(m, NULL), 0);
+    size_t half = (size_t)sizes[4] / 2;
+    unsigned char *want = tu_pread_range(model_path, flen - sizes[5] - sizes[4], half);
+    unsigned char *got = malloc(half);
+    int rc = sluice_read_part_into(m, "w.e", 0, 0, 2, got, half);
+    if (rc != SLUICE_OK)
+        fail_msg("read_part_into through the lying proxy: %s: %s", sluice_strerror(rc),
+                 sluice_errmsg(m));
+    assert_memory_equal(got, want, half);
+    sluice_tensor *t = NULL;
+    rc = sluice_acquire_part(m, "w.e", 0, 0, 2, &t);
+    if (rc != SLUICE_OK)
+        fail_msg("acquire_part through the lying proxy: %s: %s", sluice_strerror(rc),
+                 sluice_errmsg(m));
+    assert_memory_equal(sluice_tensor_data(t), want, half);
+    sluice_release(t);
+    memset(got, 0, half);
+    rc = sluice_read_into(m, "w.e", 0, got, half);
+    if (rc != SLUICE_OK)
+        fail_msg("read_into through the lying proxy: %s: %s", sluice_strerror(rc),
+                 sluice_errmsg(m));
+    assert_memory_equal(got, want, half);
+    struct sluice_stats st = {.size = sizeof st};
+    sluice_stats(m, &st);
+    assert_true(st.proxy_failures >= 3);
+    assert_true(st.proxy_bypass_bytes >= 3 * sizes[4]);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    rf_stop(&fault);
+    free(want);
+    free(got);
+    tu_rmtree(liar);
+    free(lm);
+    free(liar);
+}
+
+/* sluice_verify with SLUICE_VF_FILES of a remote model through a proxy
+ * that flips a byte of the file (the fault server on a copy with one byte
+ * of w.b flipped; the manifest, local by manifest_path, lists the file's
+ * SHA-256): the file is read again from the origin directly and passes,
+ * as the tensors do, instead of failing as if the origin's file were
+ * corrupt. */
+static void test_verify_files_through_lying_proxy(void **state)
+{
+    (void)state;
+    char why[256];
+    char *liar = tu_tmpdir();
+    char *lm = tu_join(liar, "m.safetensors");
+    copy_file(model_path, lm);
+    size_t flen = 0;
+    unsigned char *orig = tu_read_file(model_path, &flen);
+    {
+        size_t len = 0;
+        unsigned char *b = tu_read_file(lm, &len);
+        b[len - sizes[5] - sizes[4] - sizes[3] - sizes[2] - 10] ^= 0xFF;   /* in w.b */
+        tu_write_file(lm, b, len);
+        free(b);
+    }
+    /* a version 1 manifest: the tensors' digests and the file's */
+    char *mfdir = tu_tmpdir();
+    char *mfp = tu_join(mfdir, "m.manifest.json");
+    {
+        sluice_options o;
+        sluice_options_init(&o);
+        o.flags = SLUICE_F_HASH_ALL;
+        o.verify = SLUICE_VERIFY_OFF;
+        sluice_model *m;
+        assert_int_equal(sluice_open(model_path, &o, &m), SLUICE_OK);
+        char text[8192], hex[65];
+        uint8_t d[32];
+        size_t len = (size_t)snprintf(text, sizeof text, "{\"format\": \"sluice-manifest\", "
+                                      "\"version\": 1, \"algorithm\": \"sha256\", \"tensors\": {");
+        for (size_t i = 0; i < sluice_count(m); i++) {
+            sluice_tensor *t;
+            assert_int_equal(sluice_acquire_index(m, i, &t), SLUICE_OK);
+            assert_int_equal(sluice_tensor_digest(t, d), SLUICE_OK);
+            len += (size_t)snprintf(text + len, sizeof text - len, "%s\"%s\": {\"sha256\": \"%s\"}",
+                                    i ? ", " : "", sluice_tensor_info(t)->name,
+                                    sluice_digest_hex(d, hex));
+            sluice_release(t);
+        }
+        mf_sha256(orig, flen, d);
+        len += (size_t)snprintf(text + len, sizeof text - len, "}, \"files\": {\"m.safetensors\": "
+                                "{\"sha256\": \"%s\", \"size\": %zu}}}", sluice_digest_hex(d, hex),
+                                flen);
+        tu_write_file(mfp, text, len);
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+    }
+    rf_server fault;
+    if (!rf_fault_start(&fault, SLUICE_FAULT_SERVER, liar, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    sluice_options o;
+    opts_with_proxy(&o, fault.base);
+    o.manifest_path = mfp;
+    sluice_model *m = NULL;
+    int rc = sluice_open(model_url(), &o, &m);
+    if (rc != SLUICE_OK)
+        fail_msg("open: %s", sluice_errmsg(m));
+    sluice_verify_options vo;
+    sluice_verify_options_init(&vo);
+    vo.flags = SLUICE_VF_FILES | SLUICE_VF_NO_TENSORS;
+    struct sluice_verify_report rep = {.size = sizeof rep};
+    rc = sluice_verify(m, NULL, 0, &vo, &rep);
+    char *log = rf_get(&fault, "/ctl/log");
+    rf_stop(&fault);
+    if (rc != SLUICE_OK)
+        fail_msg("verify --files through the lying proxy: %s: %s", sluice_strerror(rc),
+                 sluice_errmsg(m));
+    assert_non_null(strstr(log, "GET http://"));    /* the file was read through it */
+    free(log);
+    assert_int_equal(rep.files_ok, 1);
+    assert_int_equal(rep.files_failed, 0);
+    struct sluice_stats st = {.size = sizeof st};
+    sluice_stats(m, &st);
+    assert_int_equal(st.proxy_failures, 1);
+    assert_true(st.proxy_bypass_bytes >= flen);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    free(orig);
+    tu_rmtree(liar);
+    tu_rmtree(mfdir);
+    free(lm);
+    free(liar);
+    free(mfp);
+    free(mfdir);
+}
+
+/* The Hub's token ($HF_TOKEN) goes to the Hub only: a model that is not
+ * on the Hub (nor any of its mirrors) sends it nowhere, so it does not
+ * make Dragonfly mode refuse a daemon off this host's loopback (before,
+ * any HF_TOKEN in the environment did: 'these would carry credentials (a
+ * Bearer token)'); an hf:// model with it still is refused. */
+static void test_dragonfly_hub_token_only_for_the_hub(void **state)
+{
+    (void)state;
+    setenv("HF_TOKEN", "hub-secret", 1);
+    sluice_options o;
+    opts_with_proxy(&o, "http://192.0.2.1:4001");
+    o.proxy_kind = SLUICE_PROXY_DRAGONFLY;
+    o.remote_connect_timeout_ms = 300;
+    sluice_model *m = NULL;
+    int rc = sluice_open(model_url(), &o, &m);
+    if (rc != SLUICE_OK)
+        fail_msg("open with HF_TOKEN set, a model not on the Hub: %s", sluice_errmsg(m));
+    sluice_close(m);
+    m = NULL;
+    assert_int_equal(sluice_open("hf://org/name", &o, &m), SLUICE_E_INVAL);
+    assert_non_null(strstr(sluice_errmsg(m), "loopback"));
+    assert_null(strstr(sluice_errmsg(m), "hub-secret"));
+    sluice_close(m);
+    const char *mirrors[] = {"hf://org/name"};
+    o.fallback = mirrors;
+    o.fallback_count = 1;
+    m = NULL;
+    assert_int_equal(sluice_open(model_url(), &o, &m), SLUICE_E_INVAL);
+    assert_non_null(strstr(sluice_errmsg(m), "loopback"));
+    sluice_close(m);
+    unsetenv("HF_TOKEN");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -918,8 +1106,11 @@ int main(void)
         cmocka_unit_test(test_no_proxy_range_dragonfly),
         cmocka_unit_test(test_dragonfly_redirect_no_connect),
         cmocka_unit_test(test_dragonfly_credentials_off_host_refused),
+        cmocka_unit_test(test_dragonfly_hub_token_only_for_the_hub),
         cmocka_unit_test(test_proxy_credentials_hidden),
         cmocka_unit_test(test_proxy_own_manifest),
+        cmocka_unit_test(test_part_through_lying_proxy),
+        cmocka_unit_test(test_verify_files_through_lying_proxy),
     };
     if (getenv("SLUICE_TEST_FILTER"))
         cmocka_set_test_filter(getenv("SLUICE_TEST_FILTER"));
