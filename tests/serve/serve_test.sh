@@ -139,7 +139,7 @@ make_big() {
     local dir=$1
     shift
     mkdir -p "$dir"
-    python3 "$SRC/tests/serve/mkmodel.py" "$dir/model.safetensors" "$@" || exit 1
+    /usr/bin/python3 "$SRC/tests/serve/mkmodel.py" "$dir/model.safetensors" "$@" || exit 1
     "$SLUICE" manifest "$dir/model.safetensors" -q -o "$dir/model.safetensors.manifest.json" || exit 1
     # Served as a directory of one file, its sidecar model.safetensors.manifest.json
     # is found (after sluice.manifest.json, which is not there): the server
@@ -202,7 +202,7 @@ case_errors() {
     "$SLUICE" manifest "$T/root/linked-inside" -q -o "$T/root/linked-inside/sluice.manifest.json"
     # A tampered tensor on the server's disk (its manifest made before).
     make_big "$T/root/tampered" a:100000 b:200000 c:300000
-    python3 - "$T/root/tampered/model.safetensors" <<'EOF'
+    /usr/bin/python3 - "$T/root/tampered/model.safetensors" <<'EOF'
 import struct, sys
 p = sys.argv[1]
 with open(p, "r+b") as f:
@@ -254,7 +254,7 @@ EOF
     expect 0 "trusted manifest: StreamTensors" "$ADDR" fetch $m --stream --manifest "$tm" -q
     expect 0 "trusted manifest: a range, fetched whole and sliced" "$ADDR" get $m $t --offset 777 \
         --length 29999 --manifest "$tm" --compare "$T/root/$m"
-    python3 - "$tm" "$T" <<'EOF'
+    /usr/bin/python3 - "$tm" "$T" <<'EOF'
 import json, sys
 doc = json.load(open(sys.argv[1]))
 more = json.loads(json.dumps(doc))

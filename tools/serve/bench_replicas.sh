@@ -23,7 +23,7 @@ if [ ! -f "$work/model.$bytes" ]; then
     rm -f "$work"/model.*
     specs=()
     for i in $(seq 0 $((MIB / 8 - 1))); do specs+=("w$i:8388608"); done
-    python3 tests/serve/mkmodel.py "$m" "${specs[@]}"
+    /usr/bin/python3 tests/serve/mkmodel.py "$m" "${specs[@]}"
     "$B/sluice" manifest "$m" -q -o "$m.manifest.json"
     touch "$work/model.$bytes"
 fi

@@ -20,7 +20,7 @@ if [ ! -f "$work/root/llama/sluice.manifest.json" ]; then
 fi
 if [ ! -f "$work/root/probe/model.safetensors" ]; then
     mkdir -p "$work/root/probe"
-    python3 tests/serve/mkmodel.py "$work/root/probe/model.safetensors" mib:1048576
+    /usr/bin/python3 tests/serve/mkmodel.py "$work/root/probe/model.safetensors" mib:1048576
     "$B/sluice" manifest "$work/root/probe/model.safetensors" -q -o "$work/root/probe/sluice.manifest.json"
 fi
 bytes=$(du -cb "$work"/root/llama/*.safetensors | tail -1 | cut -f1)
