@@ -886,8 +886,7 @@ static int again_direct(sluice_model *m, size_t i, int rc, direct_read_fn read, 
                         sl_range_tally *tally, sl_err *err)
 {
     const sl_file *f = &m->index.files[m->index.tensors[i].file_index];
-    if (rc != SLUICE_E_CHECKSUM || !m->remote || !f->url ||
-        !sl_remote_proxy_for(m->remote, f->url))
+    if (rc != SLUICE_E_CHECKSUM || !sl_source_proxied(m->remote, f))
         return rc;
     sl_remote_cfg direct = *m->remote;  /* the tally and secrets shared, not owned */
     direct.proxy_http = direct.proxy_https = NULL;

@@ -95,4 +95,11 @@ const char *sl_location_shown(const char *loc, char *buf, size_t cap);
  * needs the model's remote configuration. */
 int sl_location_networked(const char *loc);
 
+/* Whether the requests for file f go through a proxy under c (a remote
+ * file, a proxy configured and no_proxy not naming its host): bytes of
+ * it that fail verification are then worth one read from the origin
+ * directly (sluice.h "Proxies"). 0 for a local file or c NULL. */
+struct sl_file;
+int sl_source_proxied(const sl_remote_cfg *c, const struct sl_file *f);
+
 #endif

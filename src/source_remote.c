@@ -145,3 +145,8 @@ const sl_source_methods sl_source_remote = {
     .read = remote_read,
     REMOTE_COMMON_METHODS
 };
+
+int sl_source_proxied(const sl_remote_cfg *c, const struct sl_file *f)
+{
+    return c && f->url && sl_remote_proxy_for(c, f->url) != NULL;
+}

@@ -956,7 +956,7 @@ int sl_verify_remote_files(const sl_index *ix, const sl_manifest *mf,
         /* bytes through the proxy that fail: the file is read again from
          * the origin directly, once, as a tensor load's are (sluice.h
          * "Proxies"), counted as theirs */
-        if (st == SLUICE_OK && rc && f->url && sl_remote_proxy_for(rc, f->url) &&
+        if (st == SLUICE_OK && sl_source_proxied(rc, f) &&
             ((want_size != SLUICE_SIZE_UNKNOWN && want_size != bytes) ||
              memcmp(want, it.digest, 32) != 0)) {
             struct sl_remote_cfg direct = *rc; /* the tally and secrets shared, not owned */
