@@ -17,11 +17,22 @@ cd "$root"
 # their test (man_pages); python3-cryptography: the OpenSSF model-signing
 # fixtures (tests/model_signing_fx.py); squid: test_remote_proxy (a real caching
 # proxy); libtorch-dev and python3-torch: the TorchScript engine example and
-# its test (torchscript_engine), which exports its plans with python3-torch
+# its test (torchscript_engine), which exports its plans with python3-torch;
+# python3-grpcio: serve_transport's stock gRPC client (tests/serve/stock_client.py);
+# mount: the tests that mount a tmpfs or an overlay (test_cache, test_cache_load;
+# not in a minimal Debian); nodejs and npm: s3rver, which test_remote_s3 (and
+# test_remote.py after it) installs from npm. One list for every stage
+# (ASan ctests, TSan, fuzz, the README's blocks); tools/test_python.sh adds
+# the Python stage's own.
+# Debian's npm only where no node and npm are on PATH (NodeSource's nodejs
+# carries its own npm, and conflicts with Debian's).
+node=""
+command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || node="nodejs npm"
+# shellcheck disable=SC2086
 sh tools/deps.sh clang libclang-rt-14-dev libmicrohttpd-dev prometheus curl librust-blake3-dev b3sum \
     libcurl4-openssl-dev nginx libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc \
     openssl python3 libsqlite3-dev scdoc man-db groff-base python3-cryptography squid \
-    libtorch-dev python3-torch python3-numpy
+    libtorch-dev python3-torch python3-numpy python3-grpcio mount $node
 jobs=$(nproc 2>/dev/null || echo 2)
 
 echo "== ASan + UBSan build, all tests"

@@ -23,11 +23,16 @@ torch=python3-torch
 # servers of test_remote.py and test_metrics.py (s3rver comes from npm
 # when node and npm are there, as for the C tests; else its test skips);
 # python3-grpcio and
-# python3-grpc-tools: sluice.client; python3-cryptography: the model-signing fixtures.
+# python3-grpc-tools: sluice.client; python3-cryptography: the model-signing fixtures;
+# nodejs and npm: s3rver (test_remote.py), only where no node and npm are
+# on PATH (NodeSource's nodejs carries its own npm, and conflicts with Debian's).
+node=""
+command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || node="nodejs npm"
+# shellcheck disable=SC2086
 sh tools/deps.sh cmake pkg-config python3-dev python3-numpy python3-pytest python3-venv \
     python3-setuptools python3-wheel libssl-dev libcjson-dev liburing-dev libcurl4-openssl-dev \
     libsqlite3-dev librust-blake3-dev libmicrohttpd-dev b3sum openssl nginx prometheus \
-    python3-grpcio python3-grpc-tools python3-cryptography $torch
+    python3-grpcio python3-grpc-tools python3-cryptography $torch $node
 
 # /usr/bin/python3 explicitly: the python3 first on PATH may be another
 # interpreter that cannot see Debian's packages.
