@@ -23,6 +23,7 @@
 #endif
 
 static char *root;          /* served by nginx: root/m is the model */
+static char memo_why[512];  /* not empty: root is on no file system the memo trusts */
 static char *model;         /* root/m/model.safetensors */
 static char *url;           /* its URL */
 static rf_server nginx;
@@ -173,7 +174,13 @@ static int setup(void **state)
     char why[256];
     (void)state;
     rf_skip_without_curl();
-    root = tu_tmpdir();
+    /* On a disk file system (a /tmp on tmpfs is not one): the memo's
+     * tests need one; without any, they skip saying why. */
+    root = tu_disk_tmpdir(memo_why, sizeof memo_why);
+    if (!root)
+        root = tu_tmpdir();
+    else
+        memo_why[0] = 0;
     chmod(root, 0755);
     char *dir = tu_join(root, "m");
     run_result r = run(root, "synth", "tiny", dir, "--shards", "1", NULL);
@@ -1068,6 +1075,17 @@ static void test_one_probe_per_start(void **state)
 
 /* ---------------------------------------------------------------- memo */
 
+/* The memo's tests need the model on a file system whose times the memo
+ * trusts (setup looked for one): else skipped, saying why. */
+#define NEED_MEMO()                                                                          \
+    do {                                                                                     \
+        if (memo_why[0]) {                                                                   \
+            fprintf(stderr, "  skipped: no file system here that the memo trusts (%s)\n",    \
+                    memo_why);                                                               \
+            skip();                                                                          \
+        }                                                                                    \
+    } while (0)
+
 static struct sluice_stats memo_load(const char *dir, uint32_t flags, const char *manifest,
                                      check_ctx *c)
 {
@@ -1125,6 +1143,7 @@ static void expect_rehashed_then_memo(const char *dir, uint64_t total)
 static void test_memo(void **state)
 {
     (void)state;
+    NEED_MEMO();
     char *dir = fresh_cache();
     uint64_t total = total_bytes();
     check_ctx c;
@@ -1231,6 +1250,7 @@ static sluice_model *open_memo_warm(char **dir, struct sluice_tensor_info *ti)
 static void test_memo_changed_after_open(void **state)
 {
     (void)state;
+    NEED_MEMO();
     char *dir;
     struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
     sluice_model *m = open_memo_warm(&dir, &ti);
@@ -1480,6 +1500,7 @@ static void flip_when_started(void *ctx, int where)
 static void test_memo_changed_while_read(void **state)
 {
     (void)state;
+    NEED_MEMO();
     char *dir;
     struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
     sluice_model *m = open_memo_warm(&dir, &ti);
@@ -1786,6 +1807,7 @@ static sluice_model *open_memo_flags(const char *dir, uint32_t flags)
 static void test_memo_other_paths(void **state)
 {
     (void)state;
+    NEED_MEMO();
     char *dir;
     struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
     sluice_model *m = open_memo_warm(&dir, &ti);
@@ -1874,6 +1896,7 @@ static void test_memo_other_paths(void **state)
 static void test_memo_mtime_set_back(void **state)
 {
     (void)state;
+    NEED_MEMO();
     char *dir = fresh_cache();
     check_ctx c;
     sleep_ms(1100);
@@ -1914,6 +1937,7 @@ static void test_memo_mtime_set_back(void **state)
 static void test_memo_then_no_digests(void **state)
 {
     (void)state;
+    NEED_MEMO();
     char *dir;
     check_ctx c;
     struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;

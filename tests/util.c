@@ -1,6 +1,7 @@
 /* util.c: see util.h. Failures here abort the test program: a test that
  * cannot set itself up has nothing to say. */
 #include "util.h"
+#include "cache.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -27,6 +28,38 @@ char *tu_tmpdir(void)
     if (!mkdtemp(path))
         die("mkdtemp", path);
     return path;
+}
+
+char *tu_disk_tmpdir(char *why, size_t len)
+{
+    char build[4096];
+    snprintf(build, sizeof build, "%s/test-tmp", SLUICE_BINARY_DIR);
+    (void)mkdir(build, 0755);
+    const char *env = getenv("TMPDIR");
+    const char *cand[] = {env && *env ? env : NULL, build, "/var/tmp", "/tmp"};
+    size_t at = 0;
+    if (len)
+        why[0] = 0;
+    for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++) {
+        if (!cand[i])
+            continue;
+        int fd = open(cand[i], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        const char *fs = fd < 0 ? strerror(errno) : sl_file_id_untrusted_fs(fd);
+        if (fd >= 0)
+            close(fd);
+        if (!fs && access(cand[i], W_OK) != 0)
+            fs = "not writable";
+        if (!fs) {
+            char *path = tu_join(cand[i], "sluice-test-XXXXXX");
+            if (mkdtemp(path))
+                return path;
+            fs = strerror(errno);
+            free(path);
+        }
+        if (at < len)
+            at += (size_t)snprintf(why + at, len - at, "%s%s: %s", at ? ", " : "", cand[i], fs);
+    }
+    return NULL;
 }
 
 static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)

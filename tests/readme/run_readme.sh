@@ -19,7 +19,7 @@ B=$(cd "$1" && pwd)
 SRC=$(cd "$2" && pwd)
 CC_CMD=$3
 README=${4:-$SRC/README.md}
-T=$(mktemp -d /tmp/sluice-readme.XXXXXX)
+T=$(mktemp -d "${TMPDIR:-/tmp}/sluice-readme.XXXXXX")
 SPID=""
 # A server block runs in its own process group (setsid), and the whole
 # group is stopped: the block's line starts the server as a child of the
