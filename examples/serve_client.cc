@@ -46,7 +46,9 @@
 // --allow-unverified (accept tensors GetModel gives no manifest digest
 // for: else a mismatch), --failovers N (0 to 1000); for tests of the server's flow
 // control, with --stream: --stall S (stop reading for S seconds after the
-// run's first chunk), --cancel (cancel after the first chunk).
+// run's first chunk; with --stall-until FILE, until FILE exists, at most S
+// seconds: a test ends the stall when its checks are done, not at a time
+// guessed to outlast them), --cancel (cancel after the first chunk).
 // Exit status: 0 all verified, 1 a digest or comparison mismatch, 2 usage,
 // 100 + the gRPC status code of a failed call (105 NOT_FOUND, 103
 // INVALID_ARGUMENT, 115 DATA_LOSS, 116 UNAUTHENTICATED, ...); the status
@@ -59,6 +61,7 @@
 #include <grpcpp/grpcpp.h>
 #include <arpa/inet.h>
 #include <openssl/evp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -90,6 +93,7 @@ struct Opts {
     uint32_t chunk = 0;
     int repeat = 1;
     double stall = 0;      // --stall S: sleep S seconds after the run's first chunk
+    std::string stall_until;  // --stall-until FILE: the stall ends once FILE exists
     bool cancel = false;   // --cancel: cancel the call after the first chunk
     int failovers = -1;    // --failovers N; -1: 8 for a replica set, 0 for one address
 };
@@ -716,7 +720,14 @@ int fetch_stream(Client &c, const std::string &model, const pb::ModelInfo &mi,
         while (reader->Read(&ch)) {
             if (*stall && o.stall > 0) {
                 fprintf(stderr, "stalling after the first chunk\n");
-                std::this_thread::sleep_for(std::chrono::duration<double>(o.stall));
+                auto end = std::chrono::steady_clock::now() +
+                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                               std::chrono::duration<double>(o.stall));
+                if (o.stall_until.empty())
+                    std::this_thread::sleep_until(end);
+                while (!o.stall_until.empty() && std::chrono::steady_clock::now() < end &&
+                       access(o.stall_until.c_str(), F_OK) != 0)
+                    std::this_thread::sleep_for(std::chrono::milliseconds(20));
             }
             *stall = false;
             if (first && o.cancel) {
@@ -844,6 +855,7 @@ int main(int argc, char **argv)
             o.failovers = atoi(v.c_str());
         }
         else if (a == "--stall") o.stall = atof(val().c_str());
+        else if (a == "--stall-until") o.stall_until = val();
         else if (a == "--cancel") o.cancel = true;
         else if (a == "--stream") o.stream = true;
         else if (a == "--ranges") o.ranges = true;

@@ -1893,8 +1893,6 @@ int main(int argc, char **argv)
     auto since = [](Clock::time_point t) {
         return std::chrono::duration<double>(Clock::now() - t).count();
     };
-    fprintf(stderr, "sluice serve: %s: draining for %.1f s\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
-            cfg.grace_s);
     // New calls are refused (UNAVAILABLE, by the service while the port
     // stays open); calls in progress may finish until the grace ends minus
     // a margin, then end with UNAVAILABLE at their next chunk; a call still
@@ -1911,6 +1909,10 @@ int main(int argc, char **argv)
     service.drain_deadline_ns = to_ns(sig_at + secs(cfg.grace_s - margin));
     service.draining = true;
     server->GetHealthCheckService()->SetServingStatus(false);
+    // Said once it is so: new calls refused, the health service NOT_SERVING
+    // (a test starts a client on this line).
+    fprintf(stderr, "sluice serve: %s: draining for %.1f s\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+            cfg.grace_s);
     auto grace_end = sig_at + secs(cfg.grace_s);
     while (stats.active_streams.load() > 0 && Clock::now() < grace_end)
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
