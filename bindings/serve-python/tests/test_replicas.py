@@ -46,9 +46,13 @@ def model(tmp_path):
     return path
 
 
-def test_kill_and_stop_replicas_mid_stream(model):
+def test_kill_and_stop_replicas_mid_stream(model, tmp_path):
+    # The clients stall until the replicas are killed and stopped (go): on
+    # a loaded machine that may be past the default --stall-timeout 30 s.
+    go = tmp_path / "go"
     reps = [Server(str(model), "--metrics-port", "0", "--grace", "5",
-                   "--max-streams-per-client", "64", "--max-connections-per-address", "64")
+                   "--max-streams-per-client", "64", "--max-connections-per-address", "64",
+                   "--stall-timeout", "600")
             for _ in range(3)]
     clients = []
     try:
@@ -58,10 +62,10 @@ def test_kill_and_stop_replicas_mid_stream(model):
         for _ in range(8):
             clients.append(subprocess.Popen(
                 [sys.executable, os.path.join(os.path.dirname(__file__), "replica_client.py"),
-                 addrs, model.name, str(model) + ".manifest.json", "2", "8"],
+                 addrs, model.name, str(model) + ".manifest.json", "2", "540", str(go)],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
-        deadline = time.monotonic() + 60
-        for p in clients:  # each has a call open, stalled (at most 60 s)
+        deadline = time.monotonic() + 120
+        for p in clients:  # each has a call open, stalled (at most 120 s to start)
             ready, _, _ = select.select([p.stdout], [], [], max(0, deadline - time.monotonic()))
             assert ready and p.stdout.readline().strip() == "stalling", "a client did not start"
         act = [metric(r.metrics_port, "sluice_serve_active_streams") for r in reps]
@@ -72,6 +76,7 @@ def test_kill_and_stop_replicas_mid_stream(model):
         killed.proc.kill()
         killed.proc.wait()
         assert stopped.stop() == 0  # SIGTERM: NOT_SERVING, drained, exit 0
+        go.touch()  # the stalled readers take up their streams again
         failovers = 0
         for p in clients:
             out, err = p.communicate(timeout=120)
@@ -81,7 +86,7 @@ def test_kill_and_stop_replicas_mid_stream(model):
             failovers += int(used)
         # Each call open on the killed replica failed over; so did the
         # stopped one's, cut at its grace's end (5 s, the readers stalled
-        # for 8 s: CANCELLED, or their connections closed).
+        # until after it: CANCELLED, or their connections closed).
         assert failovers >= act[order[0]]
         # The clients' second passes (8 calls) all on the survivor.
         assert stream_calls(live.metrics_port) - before >= 8
@@ -102,14 +107,18 @@ def test_draining_replica_gets_no_call(model):
     # call held open on it keeps the drain going) says NOT_SERVING, and a
     # new client of the set sends it nothing. Without the health check a
     # third of the calls would be refused there ("server shutting down").
-    reps = [Server(str(model), "--metrics-port", "0", "--grace", "8") for _ in range(3)]
+    # The held call keeps the drain open until the checks are done (its
+    # close below): the grace and --stall-timeout are far past them, so a
+    # loaded machine cannot end the drain, and its metrics, under them.
+    reps = [Server(str(model), "--metrics-port", "0", "--grace", "600", "--stall-timeout", "600")
+            for _ in range(3)]
     try:
         drain = reps[2]
         hold = Client(drain.addr)
         held = hold.stream(model.name, raw=True)
         next(held)  # its first tensor; the call stays open, unread
         drain.proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             ready, _, _ = select.select([drain.proc.stderr], [], [], deadline - time.monotonic())
             if ready and "draining" in drain.proc.stderr.readline():
