@@ -269,7 +269,7 @@ def test_s3_model_byte_exact(site, tmp_path, monkeypatch):
 
 
 INTERRUPTED = textwrap.dedent("""
-    import os, sys, sluice
+    import os, sys, time, sluice
     def tasks():
         return len(os.listdir("/proc/self/task"))
     base = tasks()
@@ -281,7 +281,7 @@ INTERRUPTED = textwrap.dedent("""
         for name, a in m.stream():
             print("got", name, flush=True)
     except KeyboardInterrupt:
-        print("interrupted", flush=True)
+        print("interrupted", time.monotonic(), flush=True)
     m.close()
     import gc; gc.collect()
     print("tasks", base, tasks(), flush=True)
@@ -293,14 +293,15 @@ def test_ctrl_c_stops_a_remote_stream(tmp_path):
     write_model(str(root / "m"))
     srv = FaultServer(str(root), str(tmp_path))
     try:
-        # every GET after the open hangs for a minute: the stream waits on the network
+        # every GET after the open hangs for 10 minutes: the stream waits on
+        # the network, and nothing ends before the interrupt has ended it
         p = subprocess.Popen([sys.executable, "-c", INTERRUPTED, f"{srv.base}/m/"], cwd=HERE,
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
         try:
             assert p.stdout.readline().strip() == "open"
             # armed after the open (header, manifest): the tensors' reads hang
-            srv.ctl("?mode=hang&count=1000&arg=60")
+            srv.ctl("?mode=hang&count=1000&arg=600")
             before = int(srv.ctl("/stats").split()[1].split("=")[1])
             p.stdin.write("go\n")
             p.stdin.flush()
@@ -311,14 +312,19 @@ def test_ctrl_c_stops_a_remote_stream(tmp_path):
                 time.sleep(0.02)
             t0 = time.monotonic()
             p.send_signal(signal.SIGINT)
-            out, err = p.communicate(timeout=10)
-            elapsed = time.monotonic() - t0
+            # The bound of this wait is for a loaded machine (the child's
+            # close, its thread count, the interpreter's exit), far under
+            # the hang; the promise (the stream stops within 2 s of SIGINT)
+            # is measured from the child's own clock (CLOCK_MONOTONIC, one
+            # for every process) when it caught the interrupt.
+            out, err = p.communicate(timeout=120)
         finally:
             if p.poll() is None:
                 p.kill()
                 p.wait()
         assert "interrupted" in out, out + err
         assert p.returncode == 0, err
+        elapsed = float(out.split("interrupted")[1].split()[0]) - t0
         assert elapsed < 2.0, f"the stream took {elapsed:.2f} s to stop after SIGINT"
         base, after = map(int, out.split("tasks")[1].split())
         assert after <= base, f"threads left: {after} after, {base} before the model"
