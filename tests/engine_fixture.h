@@ -62,11 +62,12 @@ static __attribute__((unused)) void ef_write_shard(const char *path, const char 
     free(h);
 }
 
-/* A sharded model in a fresh directory: `shards` shards, each with the
+/* A sharded model in a fresh directory (on a disk where there is one:
+ * O_DIRECT taken, not refused as tmpfs may): `shards` shards, each with the
  * sizes given (the same list for each shard), odd padding. */
 static __attribute__((unused)) char *ef_model(unsigned shards, const uint64_t *sizes, size_t n, uint64_t seed)
 {
-    char *dir = tu_tmpdir();
+    char *dir = tu_disk_or_tmpdir();
     for (unsigned s = 0; s < shards; s++) {
         char name[64], prefix[32];
         snprintf(name, sizeof name, "model-%05u-of-%05u.safetensors", s + 1, shards);

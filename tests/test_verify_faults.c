@@ -60,7 +60,7 @@ static void model_make(model *m, size_t n, const uint64_t *sizes)
 {
     assert_true(n <= MAX_TENSORS);
     memset(m, 0, sizeof *m);
-    m->dir = tu_tmpdir();
+    m->dir = tu_disk_or_tmpdir();   /* a disk where there is one: O_DIRECT */
     m->path = tu_join(m->dir, "model.safetensors");
     m->n = n;
     mf_buf h = {0};
@@ -513,7 +513,7 @@ static void several_threads(void **state)
  * not, why (in why). */
 static int direct_works(char *why, size_t cap)
 {
-    char *dir = tu_tmpdir();
+    char *dir = tu_disk_or_tmpdir();
     char *path = tu_join(dir, "probe");
     static const char zeros[8192];
     tu_write_file(path, zeros, sizeof zeros);

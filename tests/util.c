@@ -62,6 +62,13 @@ char *tu_disk_tmpdir(char *why, size_t len)
     return NULL;
 }
 
+char *tu_disk_or_tmpdir(void)
+{
+    char why[8];
+    char *d = tu_disk_tmpdir(why, sizeof why);
+    return d ? d : tu_tmpdir();
+}
+
 static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
     (void)st; (void)flag; (void)ftw;

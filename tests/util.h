@@ -12,11 +12,16 @@ char *tu_tmpdir(void);
 
 /* A fresh temporary directory on a file system whose files' times sluice
  * trusts (a disk: not tmpfs, overlayfs, NFS, ...; sl_file_id_untrusted_fs),
- * for the tests of what needs one (the verified-once memo): the first of
- * $TMPDIR, the build tree, /var/tmp and /tmp that is one, so that a /tmp
- * on tmpfs does not make them fail or skip. NULL when none is, with each
- * candidate and its file system said in why. */
+ * for the tests of what needs one (the verified-once memo; O_DIRECT, which
+ * tmpfs refuses before Linux 6.6): the first of $TMPDIR, the build tree,
+ * /var/tmp and /tmp that is one, so that a /tmp on tmpfs does not make
+ * them fail or skip. NULL when none is, with each candidate and its file
+ * system said in why. */
 char *tu_disk_tmpdir(char *why, size_t len);
+
+/* tu_disk_tmpdir's folder where there is one, else tu_tmpdir's: for tests
+ * that run anywhere but test more on a disk (O_DIRECT taken, not refused). */
+char *tu_disk_or_tmpdir(void);
 
 /* Removes path and everything below it; frees nothing. */
 void tu_rmtree(const char *path);
