@@ -38,7 +38,8 @@ ok() { PASSES=$((PASSES + 1)); echo "ok - $*"; }
 bad() { FAILS=$((FAILS + 1)); echo "FAIL - $*"; }
 
 # start_server NAME ARGS...: starts the server in the background, waits (at
-# most 30 s) for its "listening on" line; sets SPID and ADDR.
+# most 120 s, for a loaded machine) for its "listening on" line; sets SPID
+# and ADDR.
 start_server() {
     local name=$1
     shift
@@ -46,7 +47,7 @@ start_server() {
     SPID=$!
     PIDS+=("$SPID")
     local i
-    for i in $(seq 300); do
+    for i in $(seq 1200); do
         if grep -q '^listening on ' "$T/$name.out" 2>/dev/null; then
             ADDR=$(sed -n 's/^listening on \([^ ]*\).*/\1/p' "$T/$name.out")
             return 0
@@ -710,11 +711,12 @@ case_load() {
     PIDS+=("$stalled")
     timeout 60 "$CLIENT" "$ADDR" fetch $m --stream --cancel -q >/dev/null 2>"$T/cancel.err" &
     local canceller=$!
-    # One killed mid-stream (SIGKILL): its call must leave nothing behind.
-    timeout 60 "$CLIENT" "$ADDR" fetch $m --stream --repeat 100 -q >/dev/null 2>&1 &
+    # One killed mid-stream (SIGKILL, once its first chunk is in: not a
+    # second guessed to be enough): its call must leave nothing behind.
+    timeout 600 "$CLIENT" "$ADDR" fetch $m --stream --stall 540 -q >/dev/null 2>"$T/victim.err" &
     local victim=$!
     PIDS+=("$victim")
-    sleep 1
+    wait_line "$T/victim.err" '^stalling' 1200 || bad "the client to kill did not start: $(cat "$T/victim.err")"
     kill -KILL "$victim" 2>/dev/null
     wait "$victim" 2>/dev/null
     local i pids=() t0=$SECONDS maxrss=0 r
