@@ -126,6 +126,18 @@ static int faults_served(void)
     return n;
 }
 
+/* Waits (at most 60 s, for a loaded machine) until the fault server has
+ * served a fault more than before: a request of the load is on the wire,
+ * the event a close under test must come after. */
+static void wait_fault_served(int before)
+{
+    for (int i = 0; i < 600 && faults_served() <= before; i++) {
+        struct timespec ts = {0, 100000000};
+        nanosleep(&ts, NULL);
+    }
+    assert_true(faults_served() > before);
+}
+
 static sluice_options fast_options(void)
 {
     sluice_options o;
@@ -492,14 +504,13 @@ static void test_close_with_reads_hanging(void **state)
     arm("ok", 0, NULL);
     sluice_model *m;
     assert_int_equal(sluice_open(model_url, &o, &m), SLUICE_OK);
+    int before = faults_served();
     arm("hang", 100, "30");
     assert_int_equal(sluice_prefetch(m, NULL, 0), SLUICE_OK);
-    struct timespec ts = {0, 300000000};
-    nanosleep(&ts, NULL);   /* the reads are on the wire */
+    wait_fault_served(before);   /* the reads are on the wire */
     double t0 = now_s();
     assert_int_equal(sluice_close(m), SLUICE_OK);
     assert_true(now_s() - t0 < 2.0);
-    assert_true(faults_served() > 0);
     arm("ok", 0, NULL);
     (void)state;
 }
@@ -562,11 +573,10 @@ static void test_close_while_mirror_opens(void **state)
     o.fallback_count = 1;
     sluice_model *m;
     assert_int_equal(sluice_open(q, &o, &m), SLUICE_OK);
+    int before = faults_served();
     arm("hang", 100, "30");
     assert_int_equal(sluice_prefetch(m, NULL, 0), SLUICE_OK);
-    struct timespec ts = {0, 500000000};
-    nanosleep(&ts, NULL);           /* b failed, the mirror's open is on the wire */
-    assert_true(faults_served() > 0);
+    wait_fault_served(before);      /* b failed, the mirror's open is on the wire */
     double t0 = now_s();
     assert_int_equal(sluice_close(m), SLUICE_OK);
     assert_true(now_s() - t0 < 2.0);
