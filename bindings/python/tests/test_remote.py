@@ -269,7 +269,12 @@ def test_s3_model_byte_exact(site, tmp_path, monkeypatch):
 
 
 INTERRUPTED = textwrap.dedent("""
-    import os, sys, time, sluice
+    import os, signal, sys, time, sluice
+    # Ctrl-C's KeyboardInterrupt, as in a terminal: a parent started in the
+    # background by a shell (a CI job's `cmd &`) leaves SIGINT ignored, and
+    # Python then installs no handler (the test waited for a SIGINT that
+    # nothing took).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     def tasks():
         return len(os.listdir("/proc/self/task"))
     base = tasks()
