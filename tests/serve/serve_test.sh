@@ -441,7 +441,7 @@ case_security() {
     if command -v script >/dev/null && openssl rsa -in "$d/server.key" -aes256 -passout pass:pw \
         -out "$d/enc.key" 2>/dev/null; then
         local rc=0
-        timeout 20 script -qec "$(printf '%q ' "$SERVE" "$T/root/$m" --listen 127.0.0.1:0 \
+        timeout 60 script -qec "$(printf '%q ' "$SERVE" "$T/root/$m" --listen 127.0.0.1:0 \
             --tls-cert "$d/server.pem" --tls-key "$d/enc.key")" /dev/null </dev/null >"$T/tls-enc.out" 2>&1 ||
             rc=$?
         [ $rc -eq 2 ] && grep -q "no PEM private key" "$T/tls-enc.out" &&
@@ -705,15 +705,17 @@ case_load() {
         --max-connections-per-address 64
     local m=model.safetensors
     # A stalled reader (until killed at the end, however long the load
-    # takes on a loaded machine) and one that cancels, started first.
-    timeout 600 "$CLIENT" "$ADDR" fetch $m --stream --stall 540 -q >/dev/null 2>&1 &
+    # takes on a loaded machine) and one that cancels, started first. The
+    # clients killed with SIGKILL run without timeout(1), which would take
+    # the signal in their place and leave them running (--stall bounds them).
+    "$CLIENT" "$ADDR" fetch $m --stream --stall 540 -q >/dev/null 2>&1 &
     local stalled=$!
     PIDS+=("$stalled")
     timeout 60 "$CLIENT" "$ADDR" fetch $m --stream --cancel -q >/dev/null 2>"$T/cancel.err" &
     local canceller=$!
     # One killed mid-stream (SIGKILL, once its first chunk is in: not a
     # second guessed to be enough): its call must leave nothing behind.
-    timeout 600 "$CLIENT" "$ADDR" fetch $m --stream --stall 540 -q >/dev/null 2>"$T/victim.err" &
+    "$CLIENT" "$ADDR" fetch $m --stream --stall 540 -q >/dev/null 2>"$T/victim.err" &
     local victim=$!
     PIDS+=("$victim")
     wait_line "$T/victim.err" '^stalling' 1200 || bad "the client to kill did not start: $(cat "$T/victim.err")"
@@ -971,7 +973,8 @@ case_replicas() {
     start_server rep4 "$T/big/$m" --metrics-port 0 --grace 600 --stall-timeout 600
     local mp4 hold
     mp4=$(sed -n 's/^metrics on 127.0.0.1:\([0-9]*\)$/\1/p' "$T/rep4.out")
-    timeout 600 "$CLIENT" "$ADDR" fetch $m --stream --stall 540 --stall-until "$T/hold-go" -q \
+    # (no timeout(1): the cleanup's SIGKILL must reach it; --stall bounds it)
+    "$CLIENT" "$ADDR" fetch $m --stream --stall 540 --stall-until "$T/hold-go" -q \
         >/dev/null 2>"$T/hold.err" &
     hold=$!
     PIDS+=($hold)
@@ -999,7 +1002,7 @@ case_replicas() {
     for i in 1 2 3 4 5 6 7 8; do
         target=$RLIST
         [ $((i % 2)) -eq 0 ] && target="ipv4:$RLIST"
-        timeout 600 "$CLIENT" "$target" fetch $m --stream --repeat 3 --stall 540 --stall-until "$T/go" \
+        "$CLIENT" "$target" fetch $m --stream --repeat 3 --stall 540 --stall-until "$T/go" \
             --manifest "$man" -q >/dev/null 2>"$T/rc$i.err" &
         pids+=($!)
         PIDS+=($!)
@@ -1056,7 +1059,8 @@ case_replicas() {
 
 # start_nginx DIR LOG: nginx (tools/serve_http.sh, its own process group)
 # serving DIR on a free port, each request logged to LOG as "STATUS
-# BODY_BYTES RANGE URI"; waits at most 10 s for it to answer; sets NPORT.
+# BODY_BYTES RANGE URI"; waits at most 60 s (a loaded machine) for it to
+# answer; sets NPORT.
 start_nginx() {
     NPORT=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     : >"$2"
@@ -1064,7 +1068,7 @@ start_nginx() {
         >"$T/nginx-$NPORT.log" 2>&1 &
     local pid=$! i
     PGIDS+=("$pid")
-    for i in $(seq 100); do
+    for i in $(seq 600); do
         [ "$(timeout 2 curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$NPORT/")" != 000 ] &&
             return 0
         kill -0 "$pid" 2>/dev/null || break
