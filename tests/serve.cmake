@@ -11,3 +11,22 @@ if(SLUICE_BUILD_TOOLS AND SLUICE_HAVE_GRPC)
     set_tests_properties(serve_${case} PROPERTIES TIMEOUT 600 LABELS serve SKIP_RETURN_CODE 77)
   endforeach()
 endif()
+# HTTP/2 attacks (tests/serve/attack_cases.sh, cases of serve_test.sh,
+# tests/serve/h2attack.py): rapid reset, control-frame floods, idle
+# connections, a half-close.
+if(SLUICE_BUILD_TOOLS AND SLUICE_HAVE_GRPC)
+  foreach(case IN ITEMS reset control idle halfclose)
+    add_test(NAME serve_attack_${case}
+      COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/serve/serve_test.sh
+              ${PROJECT_BINARY_DIR} ${SLUICE_REAL_DATA} attack_${case})
+    set_tests_properties(serve_attack_${case} PROPERTIES TIMEOUT 300 LABELS serve)
+  endforeach()
+  # The relay's client address key (an IPv6 /64 is one address): no
+  # second IPv6 address to connect from on a test machine.
+  add_executable(test_relay_address serve/test_relay_address.cc
+    ${PROJECT_SOURCE_DIR}/tools/serve/relay.cc)
+  target_include_directories(test_relay_address PRIVATE ${PROJECT_SOURCE_DIR}/tools/serve)
+  target_link_libraries(test_relay_address PRIVATE PkgConfig::LIBSSL PkgConfig::CRYPTO Threads::Threads)
+  add_test(NAME serve_relay_address COMMAND test_relay_address)
+  set_tests_properties(serve_relay_address PROPERTIES LABELS serve)
+endif()

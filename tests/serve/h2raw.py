@@ -102,8 +102,8 @@ def connect(addr, rcvbuf=None, source=None, tls=False):
     return s
 
 
-def frames(sock):
-    """The server's frames as they arrive: (type, flags, length), until EOF."""
+def frames_with_payload(sock):
+    """The server's frames as they arrive: (type, flags, payload), until EOF."""
     buf = b""
     while True:
         chunk = sock.recv(1 << 16)
@@ -114,9 +114,15 @@ def frames(sock):
             n = int.from_bytes(buf[:3], "big")
             if len(buf) < 9 + n:
                 break
-            kind, flags = buf[3], buf[4]
+            kind, flags, payload = buf[3], buf[4], buf[9:9 + n]
             buf = buf[9 + n:]
-            yield kind, flags, n
+            yield kind, flags, payload
+
+
+def frames(sock):
+    """The server's frames as they arrive: (type, flags, length), until EOF."""
+    for kind, flags, payload in frames_with_payload(sock):
+        yield kind, flags, len(payload)
 
 
 class Reader(threading.Thread):

@@ -5,7 +5,8 @@
 # server started is stopped at the end, also on failure.
 # usage: serve_test.sh BUILD_DIR REAL_DATA_DIR CASE
 #   CASE: fetch | errors | security | shutdown | load | transport | flood | replicas
-#         | remote
+#         | remote | attack_reset | attack_control | attack_idle | attack_halfclose
+#         (tests/serve/attack_cases.sh)
 set -u
 B=$1
 REAL=$2
@@ -1152,6 +1153,8 @@ case_remote() {
         "$T/origin" --root --fallback "$url"
     refused_start rootremote "--root: .* is remote" "--root with a remote location exits 2" "$url" --root
 }
+
+. "$SRC/tests/serve/attack_cases.sh"
 
 "case_$CASE"
 echo "$PASSES passed, $FAILS failed"

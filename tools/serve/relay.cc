@@ -7,10 +7,19 @@
 // reading gRPC's answers, and gRPC's writes block as they would on a TCP
 // socket (the stall watchdog then closes the connection here).
 //
+// A client that does not read also stops being read: while the buffer
+// towards it is full, nothing more of its bytes reaches gRPC (whose
+// answers to PINGs and SETTINGS would otherwise queue without bound), and
+// bytes it takes none of for peer_read_timeout_s close the connection.
+//
 // What is parsed: the 24-byte client preface, then every frame's 9-byte
 // header (length, type, flags, stream id) in both directions; payloads are
 // skipped (no HPACK: a HEADERS frame cannot be dropped, the compression
-// state is shared, so a breach closes the whole connection).
+// state is shared, so a breach closes the whole connection). The relay
+// writes one frame of its own: a GOAWAY (ENHANCE_YOUR_CALM for a flood,
+// NO_ERROR for an idle connection), put between two of gRPC's frames, after
+// which gRPC's end is closed and the connection is closed once the client
+// has it (at most kGoawayFlushNs).
 #include "relay.h"
 
 #include <openssl/err.h>
@@ -41,11 +50,29 @@ namespace {
 
 const char kPreface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 constexpr size_t kPrefaceLen = 24;
-enum { F_DATA = 0, F_HEADERS = 1, F_RST = 3, F_CONTINUATION = 9 };
+enum {
+    F_DATA = 0, F_HEADERS = 1, F_PRIORITY = 2, F_RST = 3, F_SETTINGS = 4, F_PING = 6,
+    F_GOAWAY = 7, F_WINDOW_UPDATE = 8, F_CONTINUATION = 9
+};
+constexpr uint8_t ACK = 1;
+enum { H2_NO_ERROR = 0, H2_ENHANCE_YOUR_CALM = 0xb };
 constexpr uint8_t END_STREAM = 1, END_HEADERS = 4;
 constexpr uint64_t kListenTag = ~0ull, kWakeTag = ~0ull - 1;
 constexpr uint32_t kMaxHeaderBlock = 16 << 10;  // HEADERS + CONTINUATION of one block
 constexpr int64_t kLogIntervalNs = 10'000'000'000;  // one line per address per 10 s
+// A connection being closed with a GOAWAY: its client has this long to
+// take it (and what gRPC had sent before it), then the connection is reset.
+constexpr int64_t kGoawayFlushNs = 1'000'000'000;
+// A connection must have been idle this long to be closed for a newcomer
+// when a cap is reached.
+constexpr int64_t kEvictMinIdleNs = 1'000'000'000;
+// WINDOW_UPDATEs the client may send free of the control-frame budget per
+// DATA frame of the server's (one for the stream, one for the connection),
+// and at most this many banked.
+constexpr uint32_t kWindowUpdatesPerData = 2, kMaxWindowUpdateCredit = 4096;
+// TCP_NOTSENT_LOWAT of client sockets: bytes not yet sent that the kernel
+// keeps for a client.
+constexpr size_t kUnsentBytes = 128 << 10;
 
 int64_t now_ns()
 {
@@ -75,6 +102,26 @@ std::string peer_uri(const struct sockaddr_storage &ss)
     }
     return "unknown";
 }
+
+}  // namespace
+
+std::string address_key(const std::string &peer)
+{
+    std::string addr = peer.substr(0, peer.rfind(':'));
+    const std::string v6 = "ipv6:[";
+    if (addr.compare(0, v6.size(), v6) != 0 || addr.back() != ']')
+        return addr;
+    std::string host = addr.substr(v6.size(), addr.size() - v6.size() - 1);
+    struct in6_addr a;
+    if (inet_pton(AF_INET6, host.c_str(), &a) != 1)
+        return addr;
+    memset(&a.s6_addr[8], 0, 8);
+    char out[INET6_ADDRSTRLEN];
+    inet_ntop(AF_INET6, &a, out, sizeof out);
+    return v6 + out + "]/64";
+}
+
+namespace {
 
 // A byte buffer of fixed capacity: [beg, end) is the data. Not
 // initialized: its pages become resident only as far as they are used.
@@ -109,6 +156,9 @@ struct FrameReader {
     uint8_t hdr[9];
     unsigned have = 0;
     uint32_t skip = 0;
+    // Bytes to the end of the frame in progress (of its header first,
+    // when that is incomplete); 0: at a frame boundary.
+    uint32_t to_boundary() const { return have ? 9 - have : skip; }
     // Calls on(type, flags, stream, length) for each header completed in [p, p+n);
     // stops (false) when on does.
     template <class F> bool feed(const char *p, size_t n, F &&on)
@@ -149,13 +199,30 @@ struct Conn {
     size_t preface_have = 0;
     FrameReader cr, sr;
     // An open stream: waiting for its request since (0: arrived), the
-    // request bytes (DATA) it holds at gRPC until the server ends it.
+    // request bytes (DATA) it holds at gRPC until the server ends it, when
+    // the client reset it (0: not; it stays open until the server ends it
+    // or a window has passed: gRPC may still hold its call).
     struct Stream {
         int64_t since;
         uint64_t bytes;
+        int64_t reset_ns;
     };
     std::unordered_map<uint32_t, Stream> open;
+    unsigned open_reset = 0;   // of them, reset by the client
     uint64_t held = 0;         // the open streams' request bytes
+    int64_t idle_since_ns = 0; // open has been empty since (when it is)
+    // The window of the flood bounds: its start, the client's resets and
+    // control frames in it, and WINDOW_UPDATEs earned by the server's DATA.
+    int64_t window_start_ns = 0;
+    unsigned resets = 0, control_frames = 0;
+    uint32_t window_update_credit = 0;
+    int64_t down_progress_ns = 0;  // the last time bytes went to the client
+    // Being closed with a GOAWAY: the frame is
+    // still to be written (after gRPC's frame in progress), the client's
+    // end shut for writing, the deadline of it all.
+    bool closing = false, goaway_pending = false, fin_sent = false, slot_held = true;
+    uint32_t goaway_code = 0;
+    int64_t close_deadline_ns = 0;
     uint32_t header_block = 0; // the bytes of the header block in progress
     bool in_block = false;
     uint32_t last_stream = 0;
@@ -179,6 +246,7 @@ struct Relay::Impl {
     std::atomic<bool> stopping{false};
     uint64_t next_id = 1;
     std::unordered_map<uint64_t, Conn *> conns;
+    size_t slots = 0;  // connections counted by the caps (all but those closed for a newcomer)
     std::map<std::string, unsigned> per_addr;
     std::map<std::string, std::pair<int64_t, uint64_t>> logged;  // addr -> last line, suppressed since
     bool accept_paused = false;
@@ -188,7 +256,8 @@ struct Relay::Impl {
     std::mutex hand_mu;               // held around hand_off: refuse_new waits for it
     std::mutex mu;  // guards by_gpeer and cmds (read and written from other threads)
     std::unordered_map<std::string, std::pair<std::string, uint64_t>> by_gpeer;  // -> peer, id
-    std::vector<std::string> cmds;  // gpeers to close; "*": all
+    std::vector<uint64_t> cmds;  // connection ids to close; kCloseAll: all
+    static constexpr uint64_t kCloseAll = 0;
 
     void log(const std::string &addr, const char *why)
     {
@@ -239,12 +308,58 @@ struct Relay::Impl {
             if (it != by_gpeer.end() && it->second.second == c->id)
                 by_gpeer.erase(it);
         }
-        auto pa = per_addr.find(c->addr);
-        if (pa != per_addr.end() && --pa->second == 0)
-            per_addr.erase(pa);
+        release_slot(c);
         conns.erase(c->id);
         ct->connections--;
         delete c;
+    }
+
+    // The connection no longer counts against the caps (closed, or being).
+    void release_slot(Conn *c)
+    {
+        if (!c->slot_held)
+            return;
+        c->slot_held = false;
+        slots--;
+        auto pa = per_addr.find(c->addr);
+        if (pa != per_addr.end() && --pa->second == 0)
+            per_addr.erase(pa);
+    }
+
+    void close_grpc(Conn *c)
+    {
+        if (c->gfd < 0)
+            return;
+        if (!c->grpc_hup)
+            epoll_ctl(ep, EPOLL_CTL_DEL, c->gfd, nullptr);
+        close(c->gfd);
+        c->gfd = -1;
+        c->grpc_eof = c->grpc_hup = true;
+        c->gmask = 0;
+    }
+
+    // Closes the connection with a GOAWAY (code): nothing more reaches
+    // gRPC, whose end is closed once its frame in progress is relayed and
+    // the GOAWAY follows it; the client has kGoawayFlushNs to take them.
+    // A connection gRPC has not seen yet (no preface) is reset at once.
+    // free_slot: its slot goes to a newcomer now (else when it is gone, so
+    // that closing connections too are bounded by the caps).
+    void goaway(Conn *c, uint32_t code, std::atomic<uint64_t> *counter, const char *why,
+                bool free_slot = false)
+    {
+        (*counter)++;
+        log(c->addr, why);
+        if (c->gfd < 0) {
+            drop(c, true);
+            return;
+        }
+        c->closing = c->goaway_pending = true;
+        c->goaway_code = code;
+        c->close_deadline_ns = now_ns() + kGoawayFlushNs;
+        c->up.beg = c->up.end = 0;
+        if (free_slot)
+            release_slot(c);
+        pump(c);
     }
 
     void refuse(Conn *c, std::atomic<uint64_t> *counter, const char *why)
@@ -278,10 +393,16 @@ struct Relay::Impl {
                 continue;
             }
             std::string peer = peer_uri(ss);
-            std::string addr = peer.substr(0, peer.rfind(':'));
+            std::string addr = address_key(peer);
+            // At a cap, the connection idle longest (of that address, for
+            // its cap) makes room for this one.
+            bool over_address = per_addr.count(addr) &&
+                                per_addr[addr] >= lim.max_connections_per_address;
+            if (over_address || slots >= lim.max_connections)
+                evict_idle(over_address ? &addr : nullptr);
             unsigned &n = per_addr[addr];
-            if (conns.size() >= lim.max_connections || n >= lim.max_connections_per_address) {
-                bool all = conns.size() >= lim.max_connections;
+            if (slots >= lim.max_connections || n >= lim.max_connections_per_address) {
+                bool all = slots >= lim.max_connections;
                 if (n == 0)
                     per_addr.erase(addr);
                 ct->refused_connections++;
@@ -294,8 +415,15 @@ struct Relay::Impl {
                 continue;
             }
             n++;
+            slots++;
             int one = 1;
             setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            // What waits in the kernel for a client that does not read is
+            // bounded (what is in flight is not: a long fat link keeps its
+            // speed); past it the relay's buffer fills, and the client is
+            // no longer read.
+            int lowat = (int)kUnsentBytes;
+            setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, sizeof lowat);
             if (lim.user_timeout_ms)
                 setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &lim.user_timeout_ms,
                            sizeof lim.user_timeout_ms);
@@ -304,7 +432,7 @@ struct Relay::Impl {
             c->cfd = fd;
             c->peer = peer;
             c->addr = addr;
-            c->accepted_ns = now_ns();
+            c->accepted_ns = c->idle_since_ns = c->window_start_ns = now_ns();
             c->up.init(lim.buffer_bytes);
             c->down.init(lim.buffer_bytes);
             conns[c->id] = c;
@@ -330,6 +458,25 @@ struct Relay::Impl {
             epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev);
             pump(c);
         }
+    }
+
+    // Closes, for a newcomer, the connection with no open stream idle
+    // longest (at least kEvictMinIdleNs), of the address *addr if given.
+    void evict_idle(const std::string *addr)
+    {
+        int64_t now = now_ns();
+        Conn *victim = nullptr;
+        for (auto &kv : conns) {
+            Conn *c = kv.second;
+            if (c->closing || !c->open.empty() || now - c->idle_since_ns < kEvictMinIdleNs ||
+                (addr && c->addr != *addr))
+                continue;
+            if (!victim || c->idle_since_ns < victim->idle_since_ns)
+                victim = c;
+        }
+        if (victim)
+            goaway(victim, H2_NO_ERROR, &ct->refused_idle,
+                   "idle while the connections are at their cap: closed for a new one", true);
     }
 
     // The socketpair, its other end given to gRPC (once the preface is in).
@@ -372,7 +519,24 @@ struct Relay::Impl {
         }
         const char *why = nullptr;
         int64_t now = now_ns();
+        if (now - c->window_start_ns > (int64_t)(lim.window_s * 1e9)) {
+            c->window_start_ns = now;
+            c->resets = c->control_frames = 0;
+        }
         c->cr.feed(p, n, [&](uint8_t type, uint8_t flags, uint32_t sid, uint32_t len) {
+            bool control = type == F_PRIORITY || ((type == F_PING || type == F_SETTINGS) && !(flags & ACK));
+            if (type == F_WINDOW_UPDATE) {
+                if (c->window_update_credit)
+                    c->window_update_credit--;
+                else
+                    control = true;
+            }
+            if (control && ++c->control_frames > lim.max_control_frames) {
+                *counter = &ct->refused_control;
+                why = "HTTP/2: more PING, SETTINGS, PRIORITY and WINDOW_UPDATE frames than "
+                      "--max-control-frames in 10 s: GOAWAY, closed";
+                return false;
+            }
             if (type == F_HEADERS || (type == F_CONTINUATION && c->in_block)) {
                 c->header_block = (type == F_HEADERS ? 0 : c->header_block) + len;
                 c->in_block = !(flags & END_HEADERS);
@@ -402,45 +566,218 @@ struct Relay::Impl {
                 }
                 c->last_stream = sid;
                 if (c->open.size() >= lim.max_open_streams) {
-                    *counter = &ct->refused_streams;
-                    why = "HTTP/2: too many open streams on one connection: closed";
+                    if (c->open_reset) {  // held by streams it reset
+                        *counter = &ct->refused_resets;
+                        why = "HTTP/2: too many streams reset before the server ended them: "
+                              "GOAWAY, closed";
+                    } else {
+                        *counter = &ct->refused_streams;
+                        why = "HTTP/2: too many open streams on one connection: closed";
+                    }
                     return false;
                 }
-                c->open[sid] = Conn::Stream{(flags & END_STREAM) ? 0 : now, 0};
+                if (c->open.empty())
+                    c->idle_since_ns = 0;
+                c->open[sid] = Conn::Stream{(flags & END_STREAM) ? 0 : now, 0, 0};
             } else if ((type == F_HEADERS || type == F_DATA) && (flags & END_STREAM)) {
                 auto it = c->open.find(sid);
                 if (it != c->open.end())
                     it->second.since = 0;
             } else if (type == F_RST) {
-                close_stream(c, sid);
+                // Open until the server ends it too: gRPC 1.51 keeps the
+                // call of a reset stream queued (CVE-2023-44487).
+                auto it = c->open.find(sid);
+                if (it != c->open.end() && !it->second.reset_ns) {
+                    it->second.reset_ns = now;
+                    it->second.since = 0;
+                    c->open_reset++;
+                    if (++c->resets > lim.max_resets) {
+                        *counter = &ct->refused_resets;
+                        why = "HTTP/2: more streams reset than --max-resets in 10 s: GOAWAY, closed";
+                        return false;
+                    }
+                }
             }
             return true;
         });
         return why;
     }
 
-    static void close_stream(Conn *c, uint32_t sid)
+    static void erase_stream(Conn *c, std::unordered_map<uint32_t, Conn::Stream>::iterator it,
+                             int64_t now)
     {
-        auto it = c->open.find(sid);
-        if (it == c->open.end())
-            return;
         c->held -= it->second.bytes;
+        if (it->second.reset_ns)
+            c->open_reset--;
         c->open.erase(it);
+        if (c->open.empty())
+            c->idle_since_ns = now;
     }
 
     void server_frames(Conn *c, const char *p, size_t n)
     {
         c->sr.feed(p, n, [&](uint8_t type, uint8_t flags, uint32_t sid, uint32_t) {
-            if (type == F_RST || ((type == F_HEADERS || type == F_DATA) && (flags & END_STREAM)))
-                close_stream(c, sid);
+            if (type == F_DATA && c->window_update_credit < kMaxWindowUpdateCredit)
+                c->window_update_credit += kWindowUpdatesPerData;
+            if (type == F_RST || ((type == F_HEADERS || type == F_DATA) && (flags & END_STREAM))) {
+                auto it = c->open.find(sid);
+                if (it != c->open.end())
+                    erase_stream(c, it, now_ns());
+            }
             return true;
         });
+    }
+
+    // Reads the client's bytes into up (TLS or not). -1: error, else the
+    // bytes read (0: none now; *eof set at the client's end of stream).
+    ssize_t read_client(Conn *c, char *into, size_t room, bool *eof)
+    {
+        if (!c->ssl) {
+            ssize_t r = recv(c->cfd, into, room, 0);
+            if (r == 0)
+                *eof = true;
+            else if (r < 0)
+                return errno == EAGAIN || errno == EINTR ? 0 : -1;
+            return r;
+        }
+        c->ssl_read_wants_out = false;
+        int r = SSL_read(c->ssl, into, (int)room);
+        if (r > 0)
+            return r;
+        int e = SSL_get_error(c->ssl, r);
+        // A client's end of stream with or without its close_notify: a
+        // half-close (HTTP/2 allows it), answered as one.
+        bool unexpected_eof = (e == SSL_ERROR_SYSCALL && errno == 0) ||
+                              (e == SSL_ERROR_SSL && ERR_GET_REASON(ERR_peek_error()) ==
+                                                          SSL_R_UNEXPECTED_EOF_WHILE_READING);
+        ERR_clear_error();
+        if (e == SSL_ERROR_WANT_WRITE)
+            c->ssl_read_wants_out = true;
+        else if (e == SSL_ERROR_ZERO_RETURN || unexpected_eof)
+            *eof = true;
+        else if (e != SSL_ERROR_WANT_READ)
+            return -1;
+        return 0;
+    }
+
+    // Writes what down holds to the client. -1: error, else the bytes written.
+    ssize_t write_client(Conn *c)
+    {
+        ssize_t w;
+        if (c->ssl) {
+            c->ssl_write_wants_in = false;
+            w = SSL_write(c->ssl, c->down.head(), (int)c->down.len());
+            if (w <= 0) {
+                int e = SSL_get_error(c->ssl, (int)w);
+                ERR_clear_error();
+                if (e == SSL_ERROR_WANT_READ)
+                    c->ssl_write_wants_in = true;
+                else if (e != SSL_ERROR_WANT_WRITE)
+                    return -1;
+                return 0;
+            }
+        } else {
+            w = send(c->cfd, c->down.head(), c->down.len(), MSG_NOSIGNAL);
+            if (w < 0)
+                return errno == EAGAIN || errno == EINTR ? 0 : -1;
+        }
+        c->down.beg += (size_t)w;
+        if (w > 0)
+            c->down_progress_ns = now_ns();
+        return w;
+    }
+
+    // Reads gRPC's bytes into down, at most max. -1: gRPC's end ended.
+    ssize_t read_grpc(Conn *c, size_t max)
+    {
+        bool was_empty = c->down.len() == 0;
+        ssize_t r = recv(c->gfd, c->down.tail(), std::min(max, c->down.room()), 0);
+        if (r > 0) {
+            server_frames(c, c->down.tail(), (size_t)r);
+            c->down.end += (size_t)r;
+            if (was_empty)
+                c->down_progress_ns = now_ns();  // the client's time to read starts now
+            return r;
+        }
+        if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
+            c->grpc_eof = true;
+            c->grpc_eof_ns = now_ns();
+            return -1;
+        }
+        return 0;
+    }
+
+    // A connection being closed with its GOAWAY: gRPC's frame in progress,
+    // then the GOAWAY, to the client; gRPC's end closed; the client's input
+    // read and dropped (so that the close is not a reset that could
+    // discard the GOAWAY at the client) until its end, or the deadline.
+    bool pump_closing(Conn *c)
+    {
+        if (c->goaway_pending) {
+            while (c->gfd >= 0 && !c->grpc_eof && c->sr.to_boundary() && c->down.room())
+                if (read_grpc(c, c->sr.to_boundary()) <= 0)
+                    break;
+            if (!c->sr.to_boundary() && c->down.room() >= 17) {
+                uint8_t f[17] = {0, 0, 8, F_GOAWAY, 0, 0, 0, 0, 0};
+                uint32_t v[2] = {htonl(c->last_stream), htonl(c->goaway_code)};
+                memcpy(f + 9, v, 8);
+                memcpy(c->down.tail(), f, sizeof f);
+                c->down.end += sizeof f;
+                c->goaway_pending = false;
+                close_grpc(c);
+            } else if (c->grpc_eof) {  // its frame will never end: no GOAWAY
+                drop(c, true);
+                return false;
+            }
+        }
+        if (c->down.len() && write_client(c) < 0) {
+            drop(c, true);
+            return false;
+        }
+        if (!c->client_eof) {
+            char sink[4096];
+            for (int k = 0; k < 16; k++) {
+                bool eof = false;
+                ssize_t r = read_client(c, sink, sizeof sink, &eof);
+                if (r < 0) {
+                    drop(c, true);
+                    return false;
+                }
+                c->client_eof = eof;
+                if (r == 0)
+                    break;
+            }
+        }
+        if (!c->goaway_pending && !c->down.len() && !c->fin_sent) {
+            if (c->ssl)
+                SSL_shutdown(c->ssl);
+            ERR_clear_error();
+            shutdown(c->cfd, SHUT_WR);
+            c->fin_sent = true;
+        }
+        if (c->fin_sent && c->client_eof) {
+            drop(c, false);
+            return false;
+        }
+        uint32_t cm = 0, gm = 0;
+        if (!c->client_eof)
+            cm |= EPOLLIN;
+        if (c->down.len() || c->ssl_read_wants_out)
+            cm |= EPOLLOUT;
+        if (c->goaway_pending && c->down.room())
+            gm |= EPOLLIN;
+        set_mask(c->cfd, c->id * 2, &c->cmask, cm);
+        if (c->gfd >= 0 && !c->grpc_hup)
+            set_mask(c->gfd, c->id * 2 + 1, &c->gmask, gm);
+        return true;
     }
 
     // Moves what can move without blocking, in all four directions; then
     // the epoll interests. false: the connection is gone.
     bool pump(Conn *c)
     {
+        if (c->closing)
+            return pump_closing(c);
         if (c->ssl && !c->hs_done) {
             int r = SSL_do_handshake(c->ssl);
             if (r != 1) {
@@ -458,32 +795,13 @@ struct Relay::Impl {
         }
         for (bool moved = true; moved;) {
             moved = false;
-            // client -> up
-            if (!c->client_eof && c->up.room()) {
-                size_t room = c->up.room();
-                ssize_t r;
-                bool eof = false, err = false;
-                if (c->ssl) {
-                    c->ssl_read_wants_out = false;
-                    r = SSL_read(c->ssl, c->up.tail(), (int)room);
-                    if (r <= 0) {
-                        int e = SSL_get_error(c->ssl, (int)r);
-                        if (e == SSL_ERROR_WANT_WRITE)
-                            c->ssl_read_wants_out = true;
-                        else if (e == SSL_ERROR_ZERO_RETURN)
-                            eof = true;
-                        else if (e != SSL_ERROR_WANT_READ)
-                            err = true;
-                        ERR_clear_error();
-                    }
-                } else {
-                    r = recv(c->cfd, c->up.tail(), room, 0);
-                    if (r == 0)
-                        eof = true;
-                    else if (r < 0 && errno != EAGAIN && errno != EINTR)
-                        err = true;
-                }
-                if (err) {
+            // client -> up, while the client takes what is sent to it:
+            // else gRPC's answers to what it sends queue up at gRPC
+            bool down_full = c->down.len() >= c->down.cap;
+            if (!c->client_eof && !down_full && c->up.room()) {
+                bool eof = false;
+                ssize_t r = read_client(c, c->up.tail(), c->up.room(), &eof);
+                if (r < 0) {
                     drop(c, false);
                     return false;
                 }
@@ -492,14 +810,20 @@ struct Relay::Impl {
                 if (r > 0) {
                     std::atomic<uint64_t> *counter = nullptr;
                     if (const char *why = client_frames(c, c->up.tail(), (size_t)r, &counter)) {
-                        refuse(c, counter, why);
+                        if (counter == &ct->refused_resets || counter == &ct->refused_control)
+                            goaway(c, H2_ENHANCE_YOUR_CALM, counter, why);
+                        else
+                            refuse(c, counter, why);
                         return false;
                     }
                     c->up.end += (size_t)r;
                     moved = true;
-                    if (c->gfd < 0 && c->preface_have == kPrefaceLen && !connect_grpc(c)) {
-                        drop(c, true);
-                        return false;
+                    if (c->gfd < 0 && c->preface_have == kPrefaceLen) {
+                        if (!connect_grpc(c)) {
+                            drop(c, true);
+                            return false;
+                        }
+                        c->idle_since_ns = now_ns();
                     }
                 }
             }
@@ -515,54 +839,31 @@ struct Relay::Impl {
                 }
             }
             // gRPC -> down
-            if (c->gfd >= 0 && !c->grpc_eof && c->down.room()) {
-                ssize_t r = recv(c->gfd, c->down.tail(), c->down.room(), 0);
-                if (r > 0) {
-                    server_frames(c, c->down.tail(), (size_t)r);
-                    c->down.end += (size_t)r;
-                    moved = true;
-                } else if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
-                    c->grpc_eof = true;
-                    c->grpc_eof_ns = now_ns();
-                }
-            }
+            if (c->gfd >= 0 && !c->grpc_eof && c->down.room() && read_grpc(c, c->down.room()) > 0)
+                moved = true;
             // down -> client
             if (c->down.len()) {
-                ssize_t w;
-                bool err = false;
-                if (c->ssl) {
-                    c->ssl_write_wants_in = false;
-                    w = SSL_write(c->ssl, c->down.head(), (int)c->down.len());
-                    if (w <= 0) {
-                        int e = SSL_get_error(c->ssl, (int)w);
-                        if (e == SSL_ERROR_WANT_READ)
-                            c->ssl_write_wants_in = true;
-                        else if (e != SSL_ERROR_WANT_WRITE)
-                            err = true;
-                        ERR_clear_error();
-                    }
-                } else {
-                    w = send(c->cfd, c->down.head(), c->down.len(), MSG_NOSIGNAL);
-                    if (w < 0 && errno != EAGAIN && errno != EINTR)
-                        err = true;
-                }
-                if (err) {
+                ssize_t w = write_client(c);
+                if (w < 0) {
                     drop(c, true);
                     return false;
                 }
-                if (w > 0) {
-                    c->down.beg += (size_t)w;
+                if (w > 0)
                     moved = true;
-                }
             }
         }
-        // A side that ended: what is buffered for the other goes first.
-        if ((c->client_eof && c->up.len() == 0) || (c->grpc_eof && c->down.len() == 0)) {
+        // A side that ended: what is buffered for the other goes first. A
+        // client that half-closed is answered: its streams stay until the
+        // server ends them (gRPC never sees the client's end: it would
+        // take it for the connection's).
+        if ((c->client_eof && !c->up.len() && c->open.empty() && !c->down.len()) ||
+            (c->grpc_eof && !c->down.len())) {
             drop(c, false);
             return false;
         }
         uint32_t cm = 0, gm = 0;
-        if ((!c->client_eof && c->up.room()) || c->ssl_write_wants_in)
+        if ((!c->client_eof && c->up.room() && c->down.len() < c->down.cap) ||
+            c->ssl_write_wants_in)
             cm |= EPOLLIN;
         if (c->down.len() || c->ssl_read_wants_out)
             cm |= EPOLLOUT;
@@ -577,10 +878,15 @@ struct Relay::Impl {
     }
 
     // Every 0.2 s: the preface and each stream's request within
-    // --request-timeout; a gRPC side that ended within it too.
+    // --request-timeout; a gRPC side that ended within it too; the idle
+    // timeout, a client that takes nothing sent to it, the streams reset a
+    // window ago, a GOAWAY's deadline.
     void sweep()
     {
         int64_t now = now_ns(), to = (int64_t)(lim.request_timeout_s * 1e9);
+        int64_t idle = (int64_t)(lim.idle_timeout_s * 1e9),
+                not_reading = (int64_t)(lim.peer_read_timeout_s * 1e9),
+                window = (int64_t)(lim.window_s * 1e9);
         if (accept_paused && now >= accept_resume_ns) {
             struct epoll_event ev = {};
             ev.events = EPOLLIN;
@@ -588,9 +894,14 @@ struct Relay::Impl {
             epoll_ctl(ep, EPOLL_CTL_MOD, lfd, &ev);
             accept_paused = false;
         }
-        std::vector<Conn *> late, flushed;
+        std::vector<Conn *> late, flushed, idled, stuck;
         for (auto &kv : conns) {
             Conn *c = kv.second;
+            if (c->closing) {
+                if (now > c->close_deadline_ns)
+                    flushed.push_back(c);
+                continue;
+            }
             if (c->preface_have < kPrefaceLen) {
                 if (now - c->accepted_ns > to)
                     late.push_back(c);
@@ -598,6 +909,20 @@ struct Relay::Impl {
             }
             if ((c->grpc_eof || c->grpc_hup) && now - c->grpc_eof_ns > to) {
                 flushed.push_back(c);
+                continue;
+            }
+            if (c->down.len() && now - c->down_progress_ns > not_reading) {
+                stuck.push_back(c);
+                continue;
+            }
+            for (auto it = c->open.begin(); it != c->open.end();) {
+                auto next = std::next(it);
+                if (it->second.reset_ns && now - it->second.reset_ns > window)
+                    erase_stream(c, it, now);
+                it = next;
+            }
+            if (c->open.empty() && now - c->idle_since_ns > idle) {
+                idled.push_back(c);
                 continue;
             }
             for (auto &s : c->open)
@@ -613,6 +938,11 @@ struct Relay::Impl {
                        : "HTTP/2: a stream's request did not arrive within --request-timeout: closed");
         for (Conn *c : flushed)
             drop(c, true);
+        for (Conn *c : stuck)
+            refuse(c, &ct->refused_not_reading,
+                   "took nothing sent to it for --stall-timeout + 2 s: closed");
+        for (Conn *c : idled)
+            goaway(c, H2_NO_ERROR, &ct->refused_idle, "no open stream for --idle-timeout: GOAWAY, closed");
     }
 
     void commands()
@@ -621,26 +951,19 @@ struct Relay::Impl {
         if (read(wake, &v, sizeof v) < 0) {
             // nothing to take: a spurious wake-up
         }
-        std::vector<std::string> todo;
+        std::vector<uint64_t> todo;
         {
             std::lock_guard<std::mutex> g(mu);
             todo.swap(cmds);
         }
-        for (const std::string &gp : todo) {
-            if (gp == "*") {
+        for (uint64_t id : todo) {
+            if (id == kCloseAll) {
                 std::vector<Conn *> all;
                 for (auto &kv : conns)
                     all.push_back(kv.second);
                 for (Conn *c : all)
                     drop(c, true);
                 continue;
-            }
-            uint64_t id = 0;
-            {
-                std::lock_guard<std::mutex> g(mu);
-                auto it = by_gpeer.find(gp);
-                if (it != by_gpeer.end())
-                    id = it->second.second;
             }
             auto it = conns.find(id);
             if (it != conns.end())
@@ -689,7 +1012,7 @@ struct Relay::Impl {
         }
     }
 
-    void wake_up(const std::string &cmd)
+    void wake_up(uint64_t cmd)
     {
         {
             std::lock_guard<std::mutex> g(mu);
@@ -786,7 +1109,7 @@ void Relay::stop()
     Impl *p = p_.get();
     if (p->th.joinable()) {
         p->stopping = true;
-        p->wake_up("*");
+        p->wake_up(Impl::kCloseAll);
         p->th.join();
     }
     std::vector<Conn *> all;
@@ -801,21 +1124,24 @@ void Relay::stop()
         }
 }
 
-std::string Relay::client_of(const std::string &grpc_peer)
+std::string Relay::client_of(const std::string &grpc_peer, uint64_t *id)
 {
     std::lock_guard<std::mutex> g(p_->mu);
     auto it = p_->by_gpeer.find(grpc_peer);
+    if (id)
+        *id = it == p_->by_gpeer.end() ? 0 : it->second.second;
     return it == p_->by_gpeer.end() ? grpc_peer : it->second.first;
 }
 
-void Relay::close_connection(const std::string &grpc_peer)
+void Relay::close_connection(uint64_t id)
 {
-    p_->wake_up(grpc_peer);
+    if (id)
+        p_->wake_up(id);
 }
 
 void Relay::close_all()
 {
-    p_->wake_up("*");
+    p_->wake_up(Impl::kCloseAll);
 }
 
 }  // namespace relay

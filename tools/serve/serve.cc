@@ -83,6 +83,9 @@ struct Config {
     unsigned max_connections = 64;
     unsigned max_connections_per_address = 16;
     double request_timeout_s = 10;
+    double idle_timeout_s = 60;
+    unsigned max_resets = 100;           // per connection per 10 s
+    unsigned max_control_frames = 1000;  // per connection per 10 s
     uint64_t max_request_bytes = 1 << 20;
     double stall_timeout_s = 30;
     double pool_wait_s = 10;
@@ -139,7 +142,19 @@ const char usage_text[] =
     "                         (32); a connection that opens 32 more than this\n"
     "                         at once is closed (before gRPC sees the stream)\n"
     "  --max-connections N    TCP connections in all (64); more are closed at once\n"
-    "  --max-connections-per-address N  from one client address (16)\n"
+    "  --max-connections-per-address N  from one client address (16; an IPv6\n"
+    "                         client's whole /64 is one address); at either cap,\n"
+    "                         the connection idle longest (1 s or more) gets a\n"
+    "                         GOAWAY and is closed for the newcomer\n"
+    "  --idle-timeout S       a connection with no open stream for S seconds (60)\n"
+    "                         gets a GOAWAY and is closed\n"
+    "  --max-resets N         streams a connection may reset in 10 s before the\n"
+    "                         server ended them (100); a reset stream counts as\n"
+    "                         open until the server ends it or 10 s have passed\n"
+    "  --max-control-frames N PING, SETTINGS, PRIORITY and WINDOW_UPDATE frames a\n"
+    "                         connection may send in 10 s (1000; a WINDOW_UPDATE\n"
+    "                         that answers the server's data is free). Past\n"
+    "                         either: GOAWAY ENHANCE_YOUR_CALM, closed\n"
     "  --request-timeout S    a connection's HTTP/2 preface, and each stream's\n"
     "                         request message, within S seconds (10), or the\n"
     "                         connection is closed; so is one whose open streams\n"
@@ -153,7 +168,10 @@ const char usage_text[] =
     "  --stall-timeout S      cancel a call whose client has not taken a chunk\n"
     "                         for S seconds (30); a write still blocked 1 s\n"
     "                         after the cancel has its connection closed, so the\n"
-    "                         call's handle is released within S + 1.5 s\n"
+    "                         call's handle is released within S + 1.5 s; a\n"
+    "                         client that takes nothing the server sends it\n"
+    "                         (data, or answers to its PINGs) for S + 2 s is\n"
+    "                         closed, and not read while it does not read\n"
     "  --pool-wait S          wait at most S seconds for pool room (10)\n"
     "  --grace S              on SIGTERM/SIGINT, let calls finish for S seconds (10);\n"
     "                         the connections left are then closed: the process\n"
@@ -249,7 +267,8 @@ bool parse_args(int argc, char **argv, Config *c)
         } else if (a == "--max-streams-per-client" || a == "--max-streams" ||
                    a == "--max-threads" || a == "--max-request-bytes" ||
                    a == "--max-streams-per-connection" || a == "--max-connections" ||
-                   a == "--max-connections-per-address") {
+                   a == "--max-connections-per-address" || a == "--max-resets" ||
+                   a == "--max-control-frames") {
             if (!next(&v) || !parse_size(v, &n) || n == 0 || n > INT_MAX) {
                 fprintf(stderr, "sluice serve: bad %s\n", a.c_str());
                 return false;
@@ -260,9 +279,11 @@ bool parse_args(int argc, char **argv, Config *c)
             else if (a == "--max-streams-per-connection") c->max_streams_per_connection = (unsigned)n;
             else if (a == "--max-connections") c->max_connections = (unsigned)n;
             else if (a == "--max-connections-per-address") c->max_connections_per_address = (unsigned)n;
+            else if (a == "--max-resets") c->max_resets = (unsigned)n;
+            else if (a == "--max-control-frames") c->max_control_frames = (unsigned)n;
             else c->max_request_bytes = n;
         } else if (a == "--stall-timeout" || a == "--pool-wait" || a == "--grace" ||
-                   a == "--request-timeout") {
+                   a == "--request-timeout" || a == "--idle-timeout") {
             if (!next(&v)) return false;
             char *end;
             double d = strtod(v, &end);
@@ -273,6 +294,7 @@ bool parse_args(int argc, char **argv, Config *c)
             if (a == "--stall-timeout") c->stall_timeout_s = d;
             else if (a == "--pool-wait") c->pool_wait_s = d;
             else if (a == "--request-timeout") c->request_timeout_s = d;
+            else if (a == "--idle-timeout") c->idle_timeout_s = d;
             else c->grace_s = d;
         } else if (a == "--root") {
             c->force_root = true;
@@ -665,21 +687,22 @@ std::string metrics_text()
       << "sluice_serve_refused_total{reason=\"stalled\"} " << stats.stalled.load() << "\n"
       << "# HELP sluice_serve_connections_refused_total Connections closed by the server's "
          "bounds before gRPC saw their streams, by reason.\n"
-         "# TYPE sluice_serve_connections_refused_total counter\n"
-      << "sluice_serve_connections_refused_total{reason=\"connections\"} "
-      << stats.conns.refused_connections.load() << "\n"
-      << "sluice_serve_connections_refused_total{reason=\"streams\"} "
-      << stats.conns.refused_streams.load() << "\n"
-      << "sluice_serve_connections_refused_total{reason=\"request_timeout\"} "
-      << stats.conns.refused_timeout.load() << "\n"
-      << "sluice_serve_connections_refused_total{reason=\"protocol\"} "
-      << stats.conns.refused_protocol.load() << "\n"
-      << "sluice_serve_connections_refused_total{reason=\"tls\"} "
-      << stats.conns.refused_tls.load() << "\n"
-      << "# HELP sluice_serve_connections Client connections open.\n"
+         "# TYPE sluice_serve_connections_refused_total counter\n";
+    const relay::Counters &rc = stats.conns;
+    const std::pair<const char *, const std::atomic<uint64_t> *> conn_reasons[] = {
+        {"connections", &rc.refused_connections}, {"streams", &rc.refused_streams},
+        {"request_timeout", &rc.refused_timeout},  {"protocol", &rc.refused_protocol},
+        {"tls", &rc.refused_tls},                  {"resets", &rc.refused_resets},
+        {"control_frames", &rc.refused_control},   {"idle", &rc.refused_idle},
+        {"not_reading", &rc.refused_not_reading},
+    };
+    for (const auto &r : conn_reasons)
+        o << "sluice_serve_connections_refused_total{reason=\"" << r.first << "\"} "
+          << r.second->load() << "\n";
+    o << "# HELP sluice_serve_connections Client connections open.\n"
          "# TYPE sluice_serve_connections gauge\n"
          "sluice_serve_connections "
-      << stats.conns.connections.load() << "\n";
+      << rc.connections.load() << "\n";
     return o.str();
 }
 
@@ -1005,7 +1028,8 @@ int open_model(const Config &cfg, const std::string &name, const std::string &pa
 // ------------------------------------------------------------ connections
 // Every connection goes through the relay (tools/serve/relay.cc): gRPC
 // serves its end of a socketpair, and knows the connection as "fd:N"
-// (Relay::client_of gives the client's address). A call stuck in a write
+// (Relay::client_of gives the client's address and the relay's own id of
+// the connection: gRPC reuses "fd:N", the id is never reused). A call stuck in a write
 // to a client that does not drain outlives its cancel: TryCancel (and
 // Server::Shutdown) cannot take back a message the transport has handed
 // to a full socket buffer (tests/serve/h2raw.py stall). So the watchdog
@@ -1020,7 +1044,7 @@ constexpr double kStallAbortAfterCancelS = 1.0;
 // watchdog cancelled it.
 struct Track {
     ServerContext *ctx;
-    std::string conn;    // gRPC's peer string: the connection at the relay ("fd:N")
+    uint64_t conn = 0;   // the connection's id at the relay (0: unknown)
     std::string peer;    // the client's address and port
     std::string client;  // the peer's address without its port
     std::atomic<int64_t> write_since_ns{0};
@@ -1058,7 +1082,7 @@ public:
             std::this_thread::sleep_for(std::chrono::milliseconds(200));
             int64_t now = now_ns();
             int64_t stall = (int64_t)(cfg_.stall_timeout_s * 1e9);
-            std::vector<std::string> to_abort;
+            std::vector<std::pair<uint64_t, std::string>> to_abort;  // connection, client
             {
                 std::lock_guard<std::mutex> g(mu_);
                 for (Track *t : tracks_) {
@@ -1073,14 +1097,13 @@ public:
                         t->ctx->TryCancel();
                     } else if (cn && now - cn > (int64_t)(kStallAbortAfterCancelS * 1e9) &&
                                !t->aborted.exchange(true)) {
-                        to_abort.push_back(t->conn);
+                        to_abort.emplace_back(t->conn, t->peer);
                     }
                 }
             }
-            for (const std::string &p : to_abort) {
-                log_refusal(front->client_of(p),
-                            "still blocked in a write after its cancel: connection closed");
-                front->close_connection(p);
+            for (const auto &a : to_abort) {
+                log_refusal(a.second, "still blocked in a write after its cancel: connection closed");
+                front->close_connection(a.first);
             }
         }
     }
@@ -1162,13 +1185,14 @@ private:
             fprintf(stderr, "sluice serve: refused %s: %s\n", client.c_str(), why.c_str());
     }
 
-    // The client's address without its port: "ipv4:127.0.0.1:5555" -> "ipv4:127.0.0.1".
+    // The client's address without its port: "ipv4:127.0.0.1:5555" ->
+    // "ipv4:127.0.0.1"; an IPv6 address's /64 (as the relay's caps).
     static std::string client_key(const std::string &peer)
     {
         size_t colon = peer.rfind(':');
         size_t first = peer.find(':');
         if (colon != std::string::npos && colon != first)
-            return peer.substr(0, colon);
+            return relay::address_key(peer);
         return peer;
     }
 
@@ -1194,8 +1218,7 @@ private:
         Admit(Server *srv, ServerContext *ctx) : s(srv)
         {
             track.ctx = ctx;
-            track.conn = ctx->peer();
-            track.peer = s->front->client_of(track.conn);
+            track.peer = s->front->client_of(ctx->peer(), &track.conn);
             track.client = client_key(track.peer);
             if (!s->token_ok(ctx)) {
                 stats.refused_auth++;
@@ -1811,6 +1834,10 @@ int main(int argc, char **argv)
     lim.request_timeout_s = cfg.request_timeout_s;
     lim.max_request_bytes_held = 2 * cfg.max_request_bytes;
     lim.user_timeout_ms = (unsigned)std::min((cfg.stall_timeout_s + 2) * 1000, 8.64e7);
+    lim.idle_timeout_s = cfg.idle_timeout_s;
+    lim.max_resets = cfg.max_resets;
+    lim.max_control_frames = cfg.max_control_frames;
+    lim.peer_read_timeout_s = cfg.stall_timeout_s + 2;
     lim.quiet = cfg.quiet;
     std::unique_ptr<grpc::Server> server;
     relay::Relay front(lim, &stats.conns, tls, [&server](int fd) {
