@@ -452,7 +452,9 @@ typedef struct sluice_model sluice_model;
  * remote_connections connections; sluice_read_into, sluice_acquire_range
  * and sluice_digest_range send range requests on the calling thread.
  * Every reply must be a 206 for the bytes asked of the object seen at open
- * (its size, and its strong ETag by If-Match), else SLUICE_E_FILE_CHANGED;
+ * (its size, and its strong ETag by If-Match: the ETag of the hop the
+ * request goes over, the origin's or the proxy's, each taken from the
+ * first reply over that hop; see "Proxies"), else SLUICE_E_FILE_CHANGED;
  * a permanent refusal is SLUICE_E_REMOTE; transient failures are retried
  * within remote_attempts and remote_deadline_ms. sluice_verify on a
  * remote model checks tensors through the engine and, with
@@ -522,7 +524,10 @@ typedef struct sluice_model sluice_model;
  * verification is loaded again directly; each counts in proxy_failures,
  * the bytes then fetched directly in proxy_bypass_bytes, and
  * sluice_tensor_source says "primary, direct: the proxy failed (...)".
- * A proxy that could not be reached (refused or reset, a timeout, a
+ * Validators are kept per hop: a direct request is asked If-Match with
+ * the origin's own strong ETag (from its first direct reply), never the
+ * proxy's, so a proxy that rewrites ETags cannot make the origin answer
+ * 412. A proxy that could not be reached (refused or reset, a timeout, a
  * stall) is skipped by the model's requests for 30 s, which go direct at
  * once (bypass bytes, not failures); then it is tried again.
  * A tensor the origin serves right never fails because of its proxy; it

@@ -401,13 +401,14 @@ static int unsupported(sl_err *err, const char *loc)
 }
 
 int sl_remote_read(const sl_remote_cfg *c, const char *location, uint64_t offset, uint64_t len,
-                   unsigned char *buf, uint64_t *size, char *etag, int missing_code, sl_err *err)
+                   unsigned char *buf, uint64_t *size, sl_validators *v, int missing_code,
+                   sl_err *err)
 {
     return unsupported(err, location);
 }
 
 int sl_remote_read_tensor(const sl_remote_cfg *c, const char *location, uint64_t offset,
-                          uint64_t len, unsigned char *buf, uint64_t *size, char *etag,
+                          uint64_t len, unsigned char *buf, uint64_t *size, sl_validators *v,
                           int missing_code, sl_err *err)
 {
     return unsupported(err, location);
@@ -435,7 +436,7 @@ int sl_rio_create(const sl_remote_cfg *c, sl_io_done_fn done, void *ctx, sl_rio 
 }
 
 void sl_rio_submit(sl_rio *r, sl_io_req *req, const char *location, const char *url,
-                   uint64_t object_size, const char *etag) {}
+                   uint64_t object_size, sl_validators *v) {}
 void sl_rio_flush(sl_rio *r) {}
 void sl_rio_abort(sl_rio *r) {}
 void sl_rio_destroy(sl_rio *r) {}
@@ -489,7 +490,8 @@ typedef struct xfer {
     uint64_t cr_a, cr_b, cr_total;
     long retry_after_ms;         /* -1: none */
     char etag[SL_ETAG_MAX];      /* the reply's strong ETag, "" when none */
-    const char *if_match;        /* asked with If-Match, or NULL */
+    sl_validators *tags;         /* the object's, per hop (remote.h), or NULL */
+    const char *if_match;        /* this attempt's If-Match (setup: its hop's), or NULL */
     uint64_t got;                /* body bytes of this attempt */
     int checked;
     int verdict;                 /* a code decided by a callback (stops the transfer) */
@@ -533,6 +535,26 @@ static void x_reset_attempt(xfer *x)
     x->last_move_ms = x->win_start_ms = mono_ms();
     x->last_dl = x->win_dl = 0;
     x->stalled = x->slow = x->aborted = x->moving = 0;
+}
+
+/* The validator of hop (SL_HOP_*) of v, or NULL when it has none yet. */
+static const char *hop_tag(sl_validators *v, int hop)
+{
+    return v && atomic_load_explicit(&v->state[hop], memory_order_acquire) == 2 ? v->etag[hop]
+                                                                               : NULL;
+}
+
+/* The reply of a successful attempt over hop gave etag (may be ""): it
+ * becomes that hop's validator when the hop has none yet. */
+static void hop_learn(sl_validators *v, int hop, const char *etag)
+{
+    int none = 0;
+    if (!v || !etag[0] ||
+        !atomic_compare_exchange_strong_explicit(&v->state[hop], &none, 1, memory_order_acq_rel,
+                                                 memory_order_relaxed))
+        return;
+    snprintf(v->etag[hop], SL_ETAG_MAX, "%s", etag);
+    atomic_store_explicit(&v->state[hop], 2, memory_order_release);
 }
 
 static size_t on_header(char *line, size_t sz, size_t n, void *ud)
@@ -934,7 +956,10 @@ static int setup(CURL *h, const sl_remote_cfg *c, const char *loc, const char *u
                  (unsigned long long)(x->want_off + x->want_len - 1));
         l = curl_slist_append(l, line);
     }
-    if (x->if_match && *x->if_match) {
+    /* the validator of the hop this attempt goes over, never the other's
+     * (a proxy's ETag sent to the origin would be answered 412) */
+    x->if_match = hop_tag(x->tags, x->proxied ? SL_HOP_PROXY : SL_HOP_DIRECT);
+    if (x->if_match) {
         snprintf(line, sizeof line, "If-Match: %s", x->if_match);
         l = curl_slist_append(l, line);
     }
@@ -1145,6 +1170,8 @@ static int fetch(const sl_remote_cfg *c, const char *loc, xfer *x, uint64_t off,
             rc = sl_fail(err, code, "%s: %s", x->shown, msg);
         break;
     }
+    if (rc == SLUICE_OK)
+        hop_learn(x->tags, x->proxied ? SL_HOP_PROXY : SL_HOP_DIRECT, x->etag);
     if (rc == SLUICE_OK && x->unconfirmed)
         atomic_fetch_add_explicit(&c->tally->proxy_failures, 1, memory_order_relaxed);
     if (rc == SLUICE_OK && x->no_proxy && x->would_proxy && !x->anchor)
@@ -1163,31 +1190,29 @@ static int fetch(const sl_remote_cfg *c, const char *loc, xfer *x, uint64_t off,
 }
 
 static int ranged_read(const sl_remote_cfg *c, const char *location, uint64_t offset,
-                       uint64_t len, unsigned char *buf, uint64_t *size, char *etag,
+                       uint64_t len, unsigned char *buf, uint64_t *size, sl_validators *v,
                        int missing_code, int tensor, sl_err *err)
 {
-    xfer x = {.buf = buf, .ranged = 1, .size = *size, .if_match = etag && *etag ? etag : NULL,
-              .tensor = tensor};
+    xfer x = {.buf = buf, .ranged = 1, .size = *size, .tags = v, .tensor = tensor};
     if (len == 0)
         return SLUICE_OK;
     SL_TRY(fetch(c, location, &x, offset, len, missing_code, err));
     *size = x.cr_total;
-    if (etag && !*etag)
-        snprintf(etag, SL_ETAG_MAX, "%s", x.etag);
     return SLUICE_OK;
 }
 
 int sl_remote_read(const sl_remote_cfg *c, const char *location, uint64_t offset, uint64_t len,
-                   unsigned char *buf, uint64_t *size, char *etag, int missing_code, sl_err *err)
+                   unsigned char *buf, uint64_t *size, sl_validators *v, int missing_code,
+                   sl_err *err)
 {
-    return ranged_read(c, location, offset, len, buf, size, etag, missing_code, 0, err);
+    return ranged_read(c, location, offset, len, buf, size, v, missing_code, 0, err);
 }
 
 int sl_remote_read_tensor(const sl_remote_cfg *c, const char *location, uint64_t offset,
-                          uint64_t len, unsigned char *buf, uint64_t *size, char *etag,
+                          uint64_t len, unsigned char *buf, uint64_t *size, sl_validators *v,
                           int missing_code, sl_err *err)
 {
-    return ranged_read(c, location, offset, len, buf, size, etag, missing_code, 1, err);
+    return ranged_read(c, location, offset, len, buf, size, v, missing_code, 1, err);
 }
 
 static int get(const sl_remote_cfg *c, const char *location, size_t max, char **out,
@@ -1379,6 +1404,7 @@ static void finished(sl_rio *r, rreq *q, CURLcode cr)
         return;
     }
     if (out == OUT_OK) {
+        hop_learn(q->x.tags, q->x.proxied ? SL_HOP_PROXY : SL_HOP_DIRECT, q->x.etag);
         complete(r, q, 0, NULL, 0);
         return;
     }
@@ -1453,7 +1479,7 @@ static void *rio_main(void *arg)
             q->x.req = req;
             q->x.ranged = 1;
             q->x.size = req->object_size;
-            q->x.if_match = req->etag;
+            q->x.tags = req->validators;
             q->x.no_proxy = req->no_proxy;
             q->x.demand = req->demand;
             if (r->pending_tail)
@@ -1538,7 +1564,7 @@ int sl_rio_create(const sl_remote_cfg *c, sl_io_done_fn done, void *ctx, sl_rio 
 }
 
 void sl_rio_submit(sl_rio *r, sl_io_req *req, const char *location, const char *url,
-                   uint64_t object_size, const char *etag)
+                   uint64_t object_size, sl_validators *v)
 {
     req->error = 0;
     req->eof = 0;
@@ -1556,7 +1582,7 @@ void sl_rio_submit(sl_rio *r, sl_io_req *req, const char *location, const char *
     req->total = t;
     req->url = url;
     req->location = location;
-    req->etag = etag;
+    req->validators = v;
     req->object_size = object_size;
     req->next = NULL;
     pthread_mutex_lock(&r->lock);

@@ -211,6 +211,35 @@ static const char *model_url(void)
     return url;
 }
 
+/* Starts the fault server on bad_root, or skips the test. */
+static void start_fault(rf_server *fault)
+{
+    char why[256];
+    if (!rf_fault_start(fault, SLUICE_FAULT_SERVER, bad_root, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+}
+
+/* Arms the fault server to flip the middle byte of tensor names[i] once
+ * (in whatever reply holds it). */
+static void flip_middle(const rf_server *fault, size_t i)
+{
+    sluice_options o;
+    sluice_options_init(&o);
+    o.verify = SLUICE_VERIFY_OFF;
+    sluice_model *m;
+    assert_int_equal(sluice_open(model_path, &o, &m), SLUICE_OK);
+    sluice_tensor *t;
+    assert_int_equal(sluice_acquire(m, names[i], &t), SLUICE_OK);
+    uint64_t off = sluice_tensor_info(t)->offset + sizes[i] / 2;
+    sluice_release(t);
+    sluice_close(m);
+    char ctl[128];
+    snprintf(ctl, sizeof ctl, "/ctl?mode=flipat&count=1&arg=%llu", (unsigned long long)off);
+    free(rf_get(fault, ctl));
+}
+
 /* ---------------------------------------------------------------- squid */
 
 /* 8 processes, one node each, load the model through squid at once:
@@ -311,23 +340,7 @@ static void test_squid_corrupt_copy(void **state)
         print_message("skipped: %s\n", why);
         skip();
     }
-    /* the absolute offset of w.c's middle byte */
-    uint64_t off = 8;
-    {
-        sluice_options o;
-        sluice_options_init(&o);
-        o.verify = SLUICE_VERIFY_OFF;
-        sluice_model *m;
-        assert_int_equal(sluice_open(model_path, &o, &m), SLUICE_OK);
-        sluice_tensor *t;
-        assert_int_equal(sluice_acquire(m, "w.c", &t), SLUICE_OK);
-        off = sluice_tensor_info(t)->offset + sizes[2] / 2;
-        sluice_release(t);
-        sluice_close(m);
-    }
-    char ctl[128];
-    snprintf(ctl, sizeof ctl, "/ctl?mode=flipat&count=1&arg=%llu", (unsigned long long)off);
-    free(rf_get(&fault, ctl));
+    flip_middle(&fault, 2);
     sluice_options o;
     opts_with_proxy(&o, squid.base);
     outcome out;
@@ -351,6 +364,73 @@ static void test_squid_corrupt_copy(void **state)
             assert_string_equal(out.source[i], "");
         }
     }
+}
+
+/* A proxy that rewrites ETags and flips one byte of w.c (the fault
+ * server, its own ETag on every reply), a correct origin (nginx, whose
+ * strong ETags differ): w.c is read again from the origin directly, and
+ * that request carries no If-Match of the proxy's (the origin's own
+ * validator, learned from its first direct reply, is the direct hop's);
+ * the load succeeds, counted as one proxy failure and w.c's bypass bytes.
+ * Before, the proxy's ETag went to nginx as If-Match, which answered 412
+ * and w.c failed with SLUICE_E_FILE_CHANGED ("the object changed after
+ * open"). Then the proxy answers 503 to everything, so that every read is
+ * direct: reads after the first direct one carry the origin's ETag and
+ * load; the object replaced at the origin after open (same size, another
+ * ETag) still fails with SLUICE_E_FILE_CHANGED. */
+static void test_proxy_rewrites_etag(void **state)
+{
+    (void)state;
+    rf_server fault;
+    start_fault(&fault);
+    free(rf_get(&fault, "/ctl/etag?value=%22rewritten-by-the-proxy%22"));
+    flip_middle(&fault, 2);
+    sluice_options o;
+    opts_with_proxy(&o, fault.base);
+    outcome out;
+    char *before = rf_log(&nginx);
+    load_all(model_url(), &o, 0, &out);
+    char *after = rf_log(&nginx);
+    if (!out.ok)
+        fail_msg("%s", out.why);
+    /* nginx answered no 412 since the load began */
+    assert_non_null(before);
+    assert_non_null(after);
+    if (strstr(after + strlen(before), "412 "))
+        fail_msg("the origin was asked If-Match the proxy's ETag:\n%s", after + strlen(before));
+    free(before);
+    free(after);
+    assert_int_equal(out.st.proxy_failures, 1);
+    assert_int_equal(out.st.proxy_bypass_bytes, sizes[2]);
+    assert_int_equal(out.st.checksum_failures, 1);
+    assert_int_equal(out.st.failures, 0);
+    assert_non_null(strstr(out.source[2], "primary, direct: the proxy failed"));
+
+    /* every request direct (after the proxy's 503): the origin's ETag */
+    free(rf_get(&fault, "/ctl?mode=status&count=1000000&arg=503"));
+    sluice_model *m = NULL;
+    assert_int_equal(sluice_open(model_url(), &o, &m), SLUICE_OK);
+    for (size_t i = 0; i < 2; i++) {
+        sluice_tensor *t = NULL;
+        int rc = sluice_acquire(m, names[i], &t);
+        if (rc != SLUICE_OK)
+            fail_msg("acquire %s, every request direct: %s", names[i], sluice_errmsg(m));
+        sluice_release(t);
+    }
+    /* the origin's object replaced after open: same size, another ETag
+     * (nginx's is its mtime and size) */
+    char *copy = tu_join(root, "m.safetensors.new");
+    copy_file(model_path, copy);
+    struct timespec later[2] = {{.tv_sec = time(NULL) + 100}, {.tv_sec = time(NULL) + 100}};
+    assert_int_equal(utimensat(AT_FDCWD, copy, later, 0), 0);
+    assert_int_equal(rename(copy, model_path), 0);
+    free(copy);
+    /* (read_into: read now, whatever the loads read ahead) */
+    unsigned char buf[64];
+    assert_int_equal(sluice_read_into(m, "w.f", 0, buf, sizeof buf), SLUICE_E_FILE_CHANGED);
+    assert_non_null(strstr(sluice_errmsg(m), "412"));
+    sluice_close(m);
+    rf_stop(&fault);
 }
 
 /* A proxy that refuses connections: the first request (the open's probe)
@@ -383,12 +463,8 @@ static void test_proxy_refused(void **state)
 static void test_proxy_hangs(void **state)
 {
     (void)state;
-    char why[256];
     rf_server fault;
-    if (!rf_fault_start(&fault, SLUICE_FAULT_SERVER, bad_root, why, sizeof why)) {
-        print_message("skipped: %s\n", why);
-        skip();
-    }
+    start_fault(&fault);
     free(rf_get(&fault, "/ctl?mode=hang&count=100000&arg=30"));
     sluice_options o;
     opts_with_proxy(&o, fault.base);
@@ -410,12 +486,8 @@ static void test_proxy_hangs(void **state)
 static void test_proxy_5xx(void **state)
 {
     (void)state;
-    char why[256];
     rf_server fault;
-    if (!rf_fault_start(&fault, SLUICE_FAULT_SERVER, bad_root, why, sizeof why)) {
-        print_message("skipped: %s\n", why);
-        skip();
-    }
+    start_fault(&fault);
     free(rf_get(&fault, "/ctl?mode=status&count=100000&arg=503"));
     sluice_options o;
     opts_with_proxy(&o, fault.base);
@@ -1094,6 +1166,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_squid_eight_nodes),
         cmocka_unit_test(test_squid_corrupt_copy),
+        cmocka_unit_test(test_proxy_rewrites_etag),
         cmocka_unit_test(test_proxy_refused),
         cmocka_unit_test(test_proxy_hangs),
         cmocka_unit_test(test_proxy_5xx),
