@@ -489,7 +489,7 @@ typedef struct xfer {
     int have_cr;
     uint64_t cr_a, cr_b, cr_total;
     long retry_after_ms;         /* -1: none */
-    char etag[SL_ETAG_MAX];      /* the reply's strong ETag, "" when none */
+    char etag[SL_ETAG_MAX];      /* the reply's strong ETag, "" when none (or malformed) */
     sl_validators *tags;         /* the object's, per hop (remote.h), or NULL */
     const char *if_match;        /* this attempt's If-Match (setup: its hop's), or NULL */
     uint64_t got;                /* body bytes of this attempt */
@@ -537,6 +537,22 @@ static void x_reset_attempt(xfer *x)
     x->stalled = x->slow = x->aborted = x->moving = 0;
 }
 
+/* Whether v is a strong entity-tag as RFC 9110 writes it, short enough
+ * to keep: '"', bytes 0x21, 0x23-0x7E or 0x80-0xFF (no control, space or
+ * quote), '"', nothing after (remote.h, sl_validators). */
+static int etag_ok(const char *v)
+{
+    size_t n = strlen(v);
+    if (n < 2 || n >= SL_ETAG_MAX || v[0] != '"' || v[n - 1] != '"')
+        return 0;
+    for (size_t i = 1; i + 1 < n; i++) {
+        unsigned char b = (unsigned char)v[i];
+        if (b < 0x21 || b == '"' || b == 0x7f)
+            return 0;
+    }
+    return 1;
+}
+
 /* The validator of hop (SL_HOP_*) of v, or NULL when it has none yet. */
 static const char *hop_tag(sl_validators *v, int hop)
 {
@@ -577,8 +593,9 @@ static size_t on_header(char *line, size_t sz, size_t n, void *ud)
         const char *v = h + 5;
         while (*v == ' ' || *v == '\t')
             v++;
-        /* strong ones only: If-Match compares strongly */
-        if (*v == '"' && strlen(v) < sizeof x->etag)
+        /* strong ones only (If-Match compares strongly), well formed:
+         * never a byte that would end or split the If-Match line */
+        if (etag_ok(v))
             snprintf(x->etag, sizeof x->etag, "%s", v);
     } else if (!strncasecmp(h, "content-range:", 14)) {
         unsigned long long a, b, t;

@@ -138,7 +138,12 @@ char *sl_remote_url(const sl_remote_cfg *c, const char *location, sl_err *err);
  * that carried one over its hop (the open's probe, or any later request,
  * a read again directly included) and asked with If-Match on that hop's
  * requests only: the origin never gets the proxy's, so a proxy cannot
- * make a correct origin answer 412. Each is set once and
+ * make a correct origin answer 412. Only a strong ETag of RFC 9110's
+ * syntax is taken ('"', then bytes 0x21, 0x23-0x7E or 0x80-0xFF, then
+ * '"'): one with a control character (a bare CR would end the If-Match
+ * line and start a header of the server's choosing) or any other byte
+ * is ignored, as if the reply had none, and that hop's requests carry no
+ * If-Match until a reply gives a well-formed one. Each is set once and
  * read by any thread without a lock (state: 0 unknown, 1 being set, 2
  * set). Owned by the remote source (source_remote.c); none for a Hub
  * file, which is asked no If-Match. */

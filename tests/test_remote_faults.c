@@ -1067,10 +1067,56 @@ static void test_request_format(void **state)
     (void)state;
 }
 
+/* Loads b with the fault server's replies carrying "ETag: " value (as
+ * given, %-encoded for the control request); the request log after. */
+static char *load_with_etag(const char *value)
+{
+    char q[256];
+    snprintf(q, sizeof q, "/ctl/etag?value=%s", value);
+    free(rf_get(&srv, q));
+    free(rf_get(&srv, "/ctl/clear"));
+    sluice_options o = fast_options();
+    sluice_model *m;
+    assert_int_equal(sluice_open(model_url, &o, &m), SLUICE_OK);
+    sluice_tensor *t = NULL;
+    if (sluice_acquire(m, "b", &t) != SLUICE_OK)
+        fail_msg("ETag %s: %s", value, sluice_errmsg(m));
+    assert_memory_equal(sluice_tensor_data(t), good_b, B_SIZE);
+    sluice_release(t);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    free(rf_get(&srv, "/ctl/etag"));
+    char *log = rf_get(&srv, "/ctl/log");
+    assert_non_null(log);
+    return log;
+}
+
+/* An ETag with a bare CR ('"x"\rX-Injected: 1') or another byte no
+ * entity-tag may hold is no validator: the model loads and no request
+ * echoes it (before: 'If-Match: "x"\rX-Injected: 1', which the server read
+ * as a header of the reply's choosing); a well-formed one is asked with
+ * If-Match on the reads after the first. */
+static void test_etag_control_bytes(void **state)
+{
+    static const char *const bad[] = {"%22x%22%0DX-Injected:%201", "%22a%22b%22",
+                                      "%22a%20b%22", "%22a%09X-Injected%22"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char *log = load_with_etag(bad[i]);
+        if (strstr(log, "X-Injected") || strcasestr(log, "If-Match"))
+            fail_msg("ETag %s echoed:\n%s", bad[i], log);
+        free(log);
+    }
+    char *log = load_with_etag("%22good-1%22");
+    if (!strstr(log, "If-Match: \"good-1\""))
+        fail_msg("a well-formed ETag not asked with If-Match:\n%s", log);
+    free(log);
+    (void)state;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_503_retried),
+        cmocka_unit_test(test_etag_control_bytes),
         cmocka_unit_test(test_retry_after),
         cmocka_unit_test(test_429_and_500s),
         cmocka_unit_test(test_permanent_not_retried),
