@@ -27,6 +27,8 @@
 #include <cmocka.h>
 
 static rf_server srv;
+static rf_server lookalike;  /* the fault server on http://127.0.0.1:P0, P0 = 10 P + d,
+                                when the Hub is on http://127.0.0.1:P; pid 0: none */
 static char *root;
 
 #define C_MAIN "1111111111111111111111111111111111111111"
@@ -147,7 +149,20 @@ static int setup(void **state)
     put("org/gated/refs/main", C_PRIVATE);
     put("org/gated/gated", PRIVATE_TOKEN);
     put_model("org/gated/" C_PRIVATE "/model.safetensors", 100, 100);
-    if (!rf_fault_start(&srv, SLUICE_HF_SERVER, root, why, sizeof why)) {
+    /* the Hub on P, and a look-alike host of its endpoint on P0 (the
+     * fault server, which records every request's headers, serving root:
+     * root/blob is root itself, for resolve's redirects sent to it) */
+    char *blob = tu_join(root, "blob");
+    assert_int_equal(symlink(".", blob), 0);
+    free(blob);
+    unsigned hp = 0, lp = 0;
+    for (int k = 0; k < 5 && !lookalike.pid; k++) {
+        if (!rf_lookalike_ports(&hp, &lp) || !rf_script_start_at(&srv, SLUICE_HF_SERVER, root, hp))
+            continue;
+        if (!rf_script_start_at(&lookalike, SLUICE_FAULT_SERVER, root, lp))
+            rf_stop(&srv);
+    }
+    if (!srv.pid && !rf_fault_start(&srv, SLUICE_HF_SERVER, root, why, sizeof why)) {
         fprintf(stderr, "skipped: %s\n", why);
         exit(77);
     }
@@ -160,6 +175,7 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
+    rf_stop(&lookalike);
     rf_stop(&srv);
     tu_rmtree(root);
     free(root);
@@ -616,6 +632,95 @@ static void test_token_stays_with_its_host(void **state)
     (void)state;
 }
 
+/* Whether the look-alike's request log holds needle; the log is cleared. */
+static int lookalike_saw(const char *needle, int *requests)
+{
+    char *log = rf_get(&lookalike, "/ctl/log");
+    assert_non_null(log);
+    *requests = 0;
+    for (const char *l = log; (l = strstr(l, "GET /")); l++)
+        (*requests)++;
+    int saw = strstr(log, needle) != NULL;
+    if (saw)
+        print_message("the look-alike host got:\n%s\n", log);
+    free(log);
+    free(rf_get(&lookalike, "/ctl/clear"));
+    return saw;
+}
+
+/* HF_TOKEN goes to the Hub's endpoint (http://127.0.0.1:P) and to no URL
+ * that merely starts with its text: the look-alike host
+ * http://127.0.0.1:P0 (P0 = 10 P + d; the fault server, which records
+ * every request's headers) gets no Bearer token as a model, as a model
+ * named "http://127.0.0.1:P@127.0.0.1:P0/..." (the endpoint's text, then
+ * userinfo), as a mirror of hf://org/sharded, or as where the Hub's
+ * resolve redirects; the Hub's own requests carry it every time. Checked
+ * by breaking on_hub (remote_hf.c) into a prefix compare: this test then
+ * fails on the first model. */
+static void test_token_host_boundary(void **state)
+{
+    if (!lookalike.pid) {
+        print_message("skipped: no pair of free ports P, 10 P + d on 127.0.0.1\n");
+        skip();
+    }
+    setenv("HF_TOKEN", HUB_TOKEN, 1);
+    free(rf_get(&lookalike, "/ctl/clear"));
+    sluice_options o = fast_options();
+    sluice_model *m = NULL;
+    int n;
+    /* a model on the look-alike host, plainly and behind userinfo */
+    char loc[512];
+    for (int k = 0; k < 2; k++) {
+        if (k == 0)
+            snprintf(loc, sizeof loc, "%s/org/single/" C_MAIN "/model.safetensors",
+                     lookalike.base);
+        else
+            snprintf(loc, sizeof loc, "http://127.0.0.1:%u@127.0.0.1:%u/org/single/" C_MAIN
+                     "/model.safetensors", srv.port, lookalike.port);
+        open_ok(loc, &o, &m);
+        check_tensor(m, "b", 200000);
+        sluice_close(m);
+        if (lookalike_saw("Bearer", &n))
+            fail_msg("the Hub's token went to %s", loc);
+        assert_true(n >= 2);
+    }
+    /* a mirror there: y fails from the Hub (a flipped byte) */
+    ctl("/ctl/clear");
+    ctl("/ctl/flip?at=400");
+    snprintf(loc, sizeof loc, "%s/org/sharded/" C_SHARDED "/", lookalike.base);
+    const char *mirrors[1] = {loc};
+    o.fallback = mirrors;
+    o.fallback_count = 1;
+    open_ok("hf://org/sharded", &o, &m);
+    check_tensor(m, "y", 9000);
+    sluice_close(m);
+    ctl("/ctl/flip?at=-1");
+    if (lookalike_saw("Bearer", &n))
+        fail_msg("the Hub's token went to the mirror %s", loc);
+    assert_true(n >= 2);
+    int with, all;
+    count_log("hub ", "Bearer " HUB_TOKEN, &with, &all);
+    assert_true(all >= 3);
+    assert_int_equal(with, all);
+    /* the Hub's resolve redirects there */
+    ctl("/ctl/clear");
+    snprintf(loc, sizeof loc, "/ctl/storage_base?url=%s", lookalike.base);
+    ctl(loc);
+    o = fast_options();
+    open_ok("hf://org/single", &o, &m);
+    check_tensor(m, "b", 200000);
+    sluice_close(m);
+    ctl("/ctl/storage_base");
+    if (lookalike_saw("Bearer", &n))
+        fail_msg("the Hub's token followed its redirect to %s", lookalike.base);
+    assert_true(n >= 2);
+    count_log("hub ", "Bearer " HUB_TOKEN, &with, &all);
+    assert_true(all >= 3);
+    assert_int_equal(with, all);
+    unsetenv("HF_TOKEN");
+    (void)state;
+}
+
 /* A signature asked of an hf:// model fails closed, and says why: the
  * Hub's LFS SHA-256 stand-in (hf://org/single publishes no manifest) is
  * no file one could have signed, and a remote model's signature is not
@@ -678,6 +783,7 @@ int main(void)
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_token_from_environment),
         cmocka_unit_test(test_token_stays_with_its_host),
+        cmocka_unit_test(test_token_host_boundary),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
