@@ -304,7 +304,10 @@ typedef struct sluice_options {
                                   For an hf:// model, the Hub's token instead
                                   (see sluice_open) */
     const char *s3_endpoint;    /* NULL: $AWS_ENDPOINT_URL, else
-                                  https://s3.REGION.amazonaws.com */
+                                  https://s3.REGION.amazonaws.com. Requests
+                                  signed with $AWS_ACCESS_KEY_ID follow no
+                                  redirect (SLUICE_E_REMOTE): the keys and
+                                  $AWS_SESSION_TOKEN are the endpoint's */
     const char *s3_region;      /* NULL: $AWS_REGION, else us-east-1 */
     uint32_t s3_addressing;     /* SLUICE_S3_* */
     const char *remote_ca_file; /* PEM file of the CAs https:// servers are checked

@@ -519,6 +519,8 @@ typedef struct xfer {
                                     design (not bypass bytes) */
     int unconfirmed;             /* the proxy said 404/416: asked directly, and
                                     its failure if the origin serves it */
+    int signed_s3;               /* set by setup(): AWS credentials go with it, so
+                                    it follows no redirect */
 } xfer;
 
 static void x_reset_attempt(xfer *x)
@@ -980,8 +982,14 @@ static int setup(CURL *h, const sl_remote_cfg *c, const char *loc, const char *u
         snprintf(line, sizeof line, "If-Match: %s", x->if_match);
         l = curl_slist_append(l, line);
     }
+    x->signed_s3 = 0;
     if (!strncmp(loc, "s3://", 5)) {
         if (c->aws_key) {
+            /* no redirect followed: SigV4 signs for the endpoint's host (a
+             * redirect elsewhere could not take it), and libcurl would
+             * send the session token, a header of ours, to any host */
+            x->signed_s3 = 1;
+            curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
             snprintf(line, sizeof line, "aws:amz:%s:s3", c->s3_region);
             curl_easy_setopt(h, CURLOPT_AWS_SIGV4, line);
             curl_easy_setopt(h, CURLOPT_USERNAME, c->aws_key);
@@ -1090,7 +1098,9 @@ static int outcome(xfer *x, CURLcode rc, int missing_code, int *code, char *msg,
     *code = SLUICE_E_REMOTE;
     if (s == 404 && missing_code)
         *code = missing_code;
-    snprintf(msg, cap, "HTTP %ld", s);
+    snprintf(msg, cap, "HTTP %ld%s", s, x->signed_s3 && s >= 300 && s < 400
+             ? " (a redirect of a signed s3:// request is not followed: its signature and "
+               "session token are for the endpoint alone)" : "");
     x->cause = SL_RRETRY_STATUS;
     return (s == 429 || s == 500 || s == 502 || s == 503 || s == 504) ? OUT_RETRY : OUT_FAIL;
 }

@@ -887,6 +887,44 @@ static void test_dragonfly_redirect_no_connect(void **state)
  * 'ftp://alice:s3cret@...'" reached sluice_tensor_source once the 30 s
  * for which the proxy was taken for down had passed (this test waits
  * them). The proxy still gets the credentials (Proxy-Authorization). */
+/* The proxy's credentials go to the proxy only: a proxy named with
+ * user:password@ that answers 503 to everything, an origin that records
+ * what it is sent (a second fault server): every request goes direct at
+ * once, and none that reached the origin carries Proxy-Authorization or
+ * the credentials; the proxy got them. */
+static void test_proxy_credentials_stay_with_the_proxy(void **state)
+{
+    (void)state;
+    char why[256], proxy[128], url[128];
+    rf_server px, origin;
+    start_fault(&px);
+    if (!rf_fault_start(&origin, SLUICE_FAULT_SERVER, root, why, sizeof why)) {
+        rf_stop(&px);
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    free(rf_get(&px, "/ctl?mode=status&count=1000000&arg=503"));
+    snprintf(proxy, sizeof proxy, "http://al%%40ice:p%%3As@127.0.0.1:%u", px.port);
+    snprintf(url, sizeof url, "%s/m.safetensors", origin.base);
+    sluice_options o;
+    opts_with_proxy(&o, proxy);
+    outcome out;
+    load_all(url, &o, 0, &out);
+    char *at_proxy = rf_get(&px, "/ctl/log"), *at_origin = rf_get(&origin, "/ctl/log");
+    rf_stop(&px);
+    rf_stop(&origin);
+    if (!out.ok)
+        fail_msg("%s", out.why);
+    assert_true(out.st.proxy_failures >= 3);
+    assert_non_null(strstr(at_proxy, "Proxy-Authorization: Basic YWxAaWNlOnA6cw=="));
+    assert_non_null(strstr(at_origin, "GET /m.safetensors"));
+    if (strcasestr(at_origin, "Proxy-Authorization") || strcasestr(at_origin, "Authorization") ||
+        strstr(at_origin, "YWxAaWNlOnA6cw"))
+        fail_msg("the origin got the proxy's credentials:\n%s", at_origin);
+    free(at_proxy);
+    free(at_origin);
+}
+
 static void test_proxy_credentials_hidden(void **state)
 {
     (void)state;
@@ -1181,6 +1219,7 @@ int main(void)
         cmocka_unit_test(test_dragonfly_credentials_off_host_refused),
         cmocka_unit_test(test_dragonfly_hub_token_only_for_the_hub),
         cmocka_unit_test(test_proxy_credentials_hidden),
+        cmocka_unit_test(test_proxy_credentials_stay_with_the_proxy),
         cmocka_unit_test(test_proxy_own_manifest),
         cmocka_unit_test(test_part_through_lying_proxy),
         cmocka_unit_test(test_verify_files_through_lying_proxy),
