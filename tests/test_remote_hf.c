@@ -35,6 +35,7 @@ static char *root;
 #define C_V1 "2222222222222222222222222222222222222222"
 #define C_SHARDED "3333333333333333333333333333333333333333"
 #define C_PRIVATE "4444444444444444444444444444444444444444"
+#define C_PCT "5555555555555555555555555555555555555555"
 #define HUB_TOKEN "hub-secret-token"
 #define PRIVATE_TOKEN "private-repo-token"
 
@@ -632,6 +633,58 @@ static void test_token_stays_with_its_host(void **state)
     (void)state;
 }
 
+/* A commit asked in full is the commit read: an API that answers another
+ * one for it (the stand-in told to lie) fails the open, SLUICE_E_REMOTE
+ * "not the one pinned" (before: the other commit's files were opened, a
+ * model other than the one named). A branch is the Hub's to resolve. */
+static void test_pinned_commit_checked(void **state)
+{
+    ctl("/ctl/sha?value=" C_V1);
+    sluice_options o = fast_options();
+    sluice_model *m = NULL;
+    int rc = sluice_open("hf://org/single@" C_MAIN, &o, &m);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", sluice_errmsg(m));
+    sluice_close(m);
+    m = NULL;
+    int branch = sluice_open("hf://org/single@main", &o, &m);
+    sluice_close(m);
+    ctl("/ctl/sha");
+    if (rc != SLUICE_E_REMOTE || !strstr(msg, "not the one pinned"))
+        fail_msg("a commit pinned, the Hub answering another: %d %s", rc, msg);
+    assert_int_equal(branch, SLUICE_OK);
+    (void)state;
+}
+
+/* A weight_map name holding '%' is a file name, sent %-encoded ("%25"):
+ * a shard literally named "x%2Fy.safetensors" loads (before: sent as is,
+ * the Hub decoded it to x/y.safetensors, another path: 404; a name like
+ * "%2e%2e%2f..." reached outside the repository's folder). */
+static void test_percent_in_shard_name(void **state)
+{
+    free(mkdirs("org/pct/refs"));
+    free(mkdirs("org/pct/" C_PCT));
+    put("org/pct/refs/main", C_PCT);
+    put_model("org/pct/" C_PCT "/x%2Fy.safetensors", 1000, 3000);
+    put("org/pct/" C_PCT "/model.safetensors.index.json",
+        "{\"metadata\":{},\"weight_map\":{\"a\":\"x%2Fy.safetensors\","
+        "\"b\":\"x%2Fy.safetensors\"}}");
+    ctl("/ctl/clear");
+    sluice_options o = fast_options();
+    sluice_model *m = NULL;
+    int rc = sluice_open("hf://org/pct", &o, &m);
+    if (rc != SLUICE_OK) {
+        char *log = rf_get(&srv, "/ctl/log");
+        fail_msg("%s\n%s", sluice_errmsg(m), log);
+    }
+    check_tensor(m, "b", 3000);
+    sluice_close(m);
+    char *log = rf_get(&srv, "/ctl/log");
+    assert_non_null(strstr(log, "/resolve/" C_PCT "/x%252Fy.safetensors"));
+    free(log);
+    (void)state;
+}
+
 /* Whether the look-alike's request log holds needle; the log is cleared. */
 static int lookalike_saw(const char *needle, int *requests)
 {
@@ -784,6 +837,8 @@ int main(void)
         cmocka_unit_test(test_token_from_environment),
         cmocka_unit_test(test_token_stays_with_its_host),
         cmocka_unit_test(test_token_host_boundary),
+        cmocka_unit_test(test_pinned_commit_checked),
+        cmocka_unit_test(test_percent_in_shard_name),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
