@@ -500,7 +500,9 @@ typedef struct sluice_model sluice_model;
  * list of host names (a name matches itself and its subdomains; a
  * leading dot, trailing dots and case are ignored) or IP addresses and
  * ranges ("10.0.0.0/8", "fd00::/8"), "*" for all, as libcurl reads it;
- * libcurl applies no no_proxy of its own. A plain proxy
+ * libcurl applies no no_proxy of its own, and applies this one to the
+ * redirects a proxied request follows (a host it names is reached
+ * directly; not in Dragonfly mode). A plain proxy
  * (SLUICE_PROXY_PLAIN) gets absolute-URI requests for http:// and a
  * CONNECT tunnel for https://, which it cannot cache. A Dragonfly proxy
  * (SLUICE_PROXY_DRAGONFLY, dfdaemon's HTTP proxy) gets every request as

@@ -870,11 +870,17 @@ static struct curl_slist *setup_proxy(CURL *h, const sl_remote_cfg *c, const cha
         set_proxy(h, px);
     else
         curl_easy_setopt(h, CURLOPT_PROXY, "");
-    /* "": libcurl applies no no_proxy of its own (it reads the
-     * environment's otherwise, even with CURLOPT_PROXY set): the decision
-     * above is the one followed, and the Dragonfly rewrite below never
-     * goes to the origin directly in clear */
-    curl_easy_setopt(h, CURLOPT_NOPROXY, "");
+    /* never unset: libcurl would read the environment's no_proxy itself
+     * (even with CURLOPT_PROXY set). Through a plain proxy it is the list
+     * resolved at open, which libcurl then applies to the redirects it
+     * follows too (a 302 to a host in no_proxy goes there directly; the
+     * first request's decision above is the same, by the same rules).
+     * Else "": the decision above is the one followed, and the Dragonfly
+     * rewrite below never goes to the origin directly in clear (its
+     * redirects to https:// are not followed, see setup) */
+    curl_easy_setopt(h, CURLOPT_NOPROXY,
+                     x->proxied && c->proxy_kind == SLUICE_PROXY_PLAIN && c->no_proxy
+                         ? c->no_proxy : "");
     if (!x->proxied || c->proxy_kind != SLUICE_PROXY_DRAGONFLY)
         return l;
     if (!strncmp(url, "https://", 8)) {

@@ -534,6 +534,46 @@ static void test_proxy_environment(void **state)
     unsetenv("http_proxy");
 }
 
+/* no_proxy applies to the redirects a request follows: the proxy (the
+ * fault server) answers a read of the origin (127.0.0.1, not in no_proxy)
+ * with a 302 to the same nginx named "localhost", which no_proxy names:
+ * that request goes to nginx directly, never through the proxy, and the
+ * bytes are the origin's (before: the proxy got "GET http://localhost:..."
+ * too, libcurl told no no_proxy of any kind). */
+static void test_no_proxy_redirect_target(void **state)
+{
+    (void)state;
+    rf_server fault;
+    start_fault(&fault);
+    setenv("no_proxy", "localhost", 1);
+    sluice_options o;
+    opts_with_proxy(&o, fault.base);
+    sluice_model *m = NULL;
+    int rc = sluice_open(model_url(), &o, &m);
+    unsetenv("no_proxy");
+    assert_int_equal(rc, SLUICE_OK);
+    char ctl[256];
+    snprintf(ctl, sizeof ctl, "/ctl?mode=redirect&count=1&arg=http://localhost:%u/m.safetensors",
+             nginx.port);
+    free(rf_get(&fault, "/ctl/clear"));
+    free(rf_get(&fault, ctl));
+    unsigned char got[1000];
+    rc = sluice_read_into(m, "w.b", 0, got, sizeof got);
+    char *log = rf_get(&fault, "/ctl/log");
+    rf_stop(&fault);
+    if (rc != SLUICE_OK)
+        fail_msg("read_into: %s", sluice_errmsg(m));
+    sluice_tensor *t = NULL;
+    assert_int_equal(sluice_acquire(m, "w.b", &t), SLUICE_OK);
+    assert_memory_equal(got, sluice_tensor_data(t), sizeof got);
+    sluice_release(t);
+    sluice_close(m);
+    assert_non_null(strstr(log, "GET http://127.0.0.1:"));
+    if (strstr(log, "GET http://localhost:"))
+        fail_msg("the redirect to a no_proxy host went through the proxy:\n%s", log);
+    free(log);
+}
+
 /* ---------------------------------------------------------------- Dragonfly */
 
 /* Dragonfly mode, an https:// origin with a presigned-looking query, the
@@ -1209,6 +1249,7 @@ int main(void)
         cmocka_unit_test(test_proxy_hangs),
         cmocka_unit_test(test_proxy_5xx),
         cmocka_unit_test(test_proxy_environment),
+        cmocka_unit_test(test_no_proxy_redirect_target),
         cmocka_unit_test(test_dragonfly_headers),
         cmocka_unit_test(test_plain_no_dragonfly_headers),
         cmocka_unit_test(test_mirror_through_proxy),
