@@ -304,7 +304,10 @@ typedef struct sluice_options {
                                   For an hf:// model, the Hub's token instead
                                   (see sluice_open) */
     const char *s3_endpoint;    /* NULL: $AWS_ENDPOINT_URL, else
-                                  https://s3.REGION.amazonaws.com */
+                                  https://s3.REGION.amazonaws.com. Requests
+                                  signed with $AWS_ACCESS_KEY_ID follow no
+                                  redirect (SLUICE_E_REMOTE): the keys and
+                                  $AWS_SESSION_TOKEN are the endpoint's */
     const char *s3_region;      /* NULL: $AWS_REGION, else us-east-1 */
     uint32_t s3_addressing;     /* SLUICE_S3_* */
     const char *remote_ca_file; /* PEM file of the CAs https:// servers are checked
@@ -452,7 +455,9 @@ typedef struct sluice_model sluice_model;
  * remote_connections connections; sluice_read_into, sluice_acquire_range
  * and sluice_digest_range send range requests on the calling thread.
  * Every reply must be a 206 for the bytes asked of the object seen at open
- * (its size, and its strong ETag by If-Match), else SLUICE_E_FILE_CHANGED;
+ * (its size, and its strong ETag by If-Match: the ETag of the hop the
+ * request goes over, the origin's or the proxy's, each taken from the
+ * first reply over that hop; see "Proxies"), else SLUICE_E_FILE_CHANGED;
  * a permanent refusal is SLUICE_E_REMOTE; transient failures are retried
  * within remote_attempts and remote_deadline_ms. sluice_verify on a
  * remote model checks tensors through the engine and, with
@@ -495,7 +500,9 @@ typedef struct sluice_model sluice_model;
  * list of host names (a name matches itself and its subdomains; a
  * leading dot, trailing dots and case are ignored) or IP addresses and
  * ranges ("10.0.0.0/8", "fd00::/8"), "*" for all, as libcurl reads it;
- * libcurl applies no no_proxy of its own. A plain proxy
+ * libcurl applies no no_proxy of its own, and applies this one to the
+ * redirects a proxied request follows (a host it names is reached
+ * directly; not in Dragonfly mode). A plain proxy
  * (SLUICE_PROXY_PLAIN) gets absolute-URI requests for http:// and a
  * CONNECT tunnel for https://, which it cannot cache. A Dragonfly proxy
  * (SLUICE_PROXY_DRAGONFLY, dfdaemon's HTTP proxy) gets every request as
@@ -522,7 +529,10 @@ typedef struct sluice_model sluice_model;
  * verification is loaded again directly; each counts in proxy_failures,
  * the bytes then fetched directly in proxy_bypass_bytes, and
  * sluice_tensor_source says "primary, direct: the proxy failed (...)".
- * A proxy that could not be reached (refused or reset, a timeout, a
+ * Validators are kept per hop: a direct request is asked If-Match with
+ * the origin's own strong ETag (from its first direct reply), never the
+ * proxy's, so a proxy that rewrites ETags cannot make the origin answer
+ * 412. A proxy that could not be reached (refused or reset, a timeout, a
  * stall) is skipped by the model's requests for 30 s, which go direct at
  * once (bypass bytes, not failures); then it is tried again.
  * A tensor the origin serves right never fails because of its proxy; it

@@ -389,35 +389,45 @@ static int mkdir_p(const char *path)
     return rc;
 }
 
-/* Whether the fill of the temporary file name (in d) has ended without
- * finishing: 1 gone, 0 live or not known. A fill of this version is
- * RANDOM.fill, flock'ed by its writer from before its first byte to its
- * end: the kernel drops the lock when the writer dies, in whatever PID
- * namespace it ran, so a lock this call can take means the writer is
- * gone. PID.RANDOM.tmp is an older sluice's, which took no lock: gone
- * when that pid does not exist here (not known across PID namespaces). */
-static int fill_gone(DIR *d, const char *name)
+/* Deletes the temporary file name (in d) when its fill has ended without
+ * finishing. A fill of this version is RANDOM.fill, flock'ed by its
+ * writer from before its first byte to its end: the kernel drops the lock
+ * when the writer dies, in whatever PID namespace it ran, so a lock this
+ * call can take means the writer is gone, or has not taken it yet (it
+ * creates the file, then locks it). The name is unlinked while the lock
+ * is held, and only while it still names the file locked: a writer that
+ * then locks its file finds it unlinked (st_nlink 0, fill_blob) and takes
+ * another name. Unlinked after the lock was dropped (as before), the name
+ * could be that of a fill whose writer had just locked it and found it
+ * linked: its rename then failed. PID.RANDOM.tmp is an older sluice's,
+ * which took no lock: gone when that pid does not exist here (not known
+ * across PID namespaces). */
+static void remove_if_gone(DIR *d, const char *name)
 {
     size_t len = strlen(name);
     if (len > 5 && !strcmp(name + len - 5, ".fill")) {
         int fd = openat(dirfd(d), name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
         if (fd < 0)
-            return 0;
-        struct stat st;
-        int gone = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && flock(fd, LOCK_EX | LOCK_NB) == 0;
-        close(fd);   /* the lock goes with it; the name is unlinked after */
-        return gone;
+            return;
+        struct stat st, now;
+        if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+            fstatat(dirfd(d), name, &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_dev == st.st_dev &&
+            now.st_ino == st.st_ino)
+            unlinkat(dirfd(d), name, 0);
+        close(fd);   /* the lock goes with it, after the unlink */
+        return;
     }
     char *end;
     errno = 0;
     long pid = strtol(name, &end, 10);
-    return name[0] >= '1' && name[0] <= '9' && !errno && pid > 0 && pid <= INT_MAX &&
-           end[0] == '.' && end[1] != '\0' && len > 4 && !strcmp(name + len - 4, ".tmp") &&
-           end + 1 < name + len - 4 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+    if (name[0] >= '1' && name[0] <= '9' && !errno && pid > 0 && pid <= INT_MAX &&
+        end[0] == '.' && end[1] != '\0' && len > 4 && !strcmp(name + len - 4, ".tmp") &&
+        end + 1 < name + len - 4 && kill((pid_t)pid, 0) != 0 && errno == ESRCH)
+        unlinkat(dirfd(d), name, 0);
 }
 
 /* Deletes the temporary files of fills that cannot finish: their writer
- * is gone (fill_gone), or they are over a day old (anything else there).
+ * is gone (remove_if_gone), or they are over a day old (anything else there).
  * A live fill is left, whatever PID namespace its writer runs in. */
 static void clean_tmp(const sl_cache *c)
 {
@@ -436,8 +446,10 @@ static void clean_tmp(const sl_cache *c)
         if (fstatat(dirfd(d), name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
             continue;
         int64_t age = now - ((int64_t)st.st_mtim.tv_sec * NS_PER_S + st.st_mtim.tv_nsec);
-        if (age > TMP_MAX_AGE_NS || fill_gone(d, name))
+        if (age > TMP_MAX_AGE_NS)
             unlinkat(dirfd(d), name, 0);
+        else
+            remove_if_gone(d, name);
     }
     closedir(d);
 }
@@ -1430,16 +1442,39 @@ static int insert_pending(sl_cache *c, int64_t t, uint64_t *n)
     return rc;
 }
 
+/* Whether the index has an entry for (alg, hex) now: 1 yes, 0 no, -1 not
+ * known (the read failed). A read needs no write lock (WAL). */
+static int indexed(sl_cache *c, sluice_algorithm alg, const char *hex)
+{
+    sqlite3_stmt *st = NULL;
+    int rc = c->db ? sqlite3_prepare_v2(c->db, "SELECT 1 FROM blobs WHERE algorithm = ? AND "
+                                        "digest = ?", -1, &st, NULL)
+                   : SQLITE_MISUSE;
+    if (rc == SQLITE_OK) {
+        sqlite3_bind_text(st, 1, alg_dir(alg), -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 2, hex, 64, SQLITE_STATIC);
+        rc = sqlite3_step(st);
+    }
+    sqlite3_finalize(st);
+    return rc == SQLITE_ROW ? 1 : rc == SQLITE_DONE ? 0 : -1;
+}
+
 /* Deletes the blobs still waiting for their entry (under mu): a blob no
  * entry names would be outside the budget. Only its own store puts an
- * entry in place, so none names these, unless another process stored
- * the same digest meanwhile: then its entry names a missing blob, which
- * a reader takes for a miss and gc deletes (as after a failed COMMIT). */
+ * entry in place, unless another process stored the same digest
+ * meanwhile (its rename replaced the file with the same bytes, or this
+ * one replaced its): then its entry names this very file, which is kept
+ * (deleted, the entry would name a missing blob: a later miss). The index
+ * is read for that just before each unlink, and the blob kept when the
+ * read fails (but for a cache turned off); what remains is an entry committed between that read and
+ * the unlink, a window of microseconds (then the entry names a missing
+ * blob, which a reader takes for a miss and gc deletes). */
 static void pending_unlink(sl_cache *c)
 {
     for (size_t i = 0; i < c->npend; i++) {
         char *path = sl_cache_blob_path(c, c->pend[i].alg, c->pend[i].hex);
-        if (path)
+        int k = path ? indexed(c, c->pend[i].alg, c->pend[i].hex) : 1;
+        if (k == 0 || (k < 0 && is_off(c)))   /* an index turned off: as before */
             unlink(path);
         free(path);
     }

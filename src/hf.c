@@ -128,6 +128,16 @@ static int is_commit(const char *s)
     return n >= 7 && n <= 64 && strspn(s, "0123456789abcdef") == n;
 }
 
+/* Whether the revision asked names a commit in full (40 hex digits, or 64
+ * for a SHA-256 repository): the Hub must answer that very commit. A
+ * shorter hex revision may be a branch or a tag of that name, so it is
+ * not judged. */
+static int full_commit(const sl_hf_loc *h)
+{
+    return h->rev && (h->rev_len == 40 || h->rev_len == 64) &&
+           strspn(h->rev, "0123456789abcdef") >= h->rev_len;
+}
+
 static int resolve(const sl_remote_cfg *c, const char *loc, sl_hf_repo **out, sl_err *err)
 {
     *out = NULL;
@@ -161,6 +171,14 @@ static int resolve(const sl_remote_cfg *c, const char *loc, sl_hf_repo **out, sl
         rc = sl_fail(err, SLUICE_E_REMOTE, "%s: the Hub's API (%s) answered no commit \"sha\" "
                      "and \"siblings\" list for %.*s", loc, c->hf_endpoint, (int)h.repo_len,
                      h.repo);
+        goto fail;
+    }
+    /* pinned means pinned: a Hub (a mirror of it, a proxy in front) that
+     * answers another commit for a commit asked is not believed */
+    if (full_commit(&h) && (strlen(commit) != h.rev_len || memcmp(commit, h.rev, h.rev_len))) {
+        rc = sl_fail(err, SLUICE_E_REMOTE, "%s: the Hub's API (%s) answered commit %s for "
+                     "commit %.*s: not the one pinned", loc, c->hf_endpoint, commit,
+                     (int)h.rev_len, h.rev);
         goto fail;
     }
     if ((rc = check_names(r, &h, loc, commit, err)) < 0)

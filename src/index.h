@@ -26,8 +26,9 @@ typedef struct sl_file {
                                 included, when path had to leave them out */
     char *url;               /* remote: the http(s) URL its bytes are read from
                                 (fd is -1); NULL for a local file */
-    char etag[160];          /* remote: its strong ETag at open, "" when none
-                                (asked with If-Match on every later read) */
+    struct sl_validators *validators; /* remote: its ETags per hop (remote.h),
+                                asked with If-Match; NULL for a Hub file and a
+                                local one */
     const char *name;        /* the base name inside path (manifest "files" key) */
     int fd;                  /* a local source's: open O_RDONLY|O_CLOEXEC until
                                 sl_index_free; -1 for a remote one */

@@ -66,7 +66,7 @@ typedef struct sl_io_req {
     char detail[200];        /* and its detail (no secret in it) */
     const char *url;         /* remote seam: what sl_rio_submit was given */
     const char *location;
-    const char *etag;
+    struct sl_validators *validators;
     uint64_t object_size;
     /* remote seam, set by the caller before submit (sluice.h "Proxies"):
      * go to the origin directly, not through the proxy; a caller waits on

@@ -401,13 +401,14 @@ static int unsupported(sl_err *err, const char *loc)
 }
 
 int sl_remote_read(const sl_remote_cfg *c, const char *location, uint64_t offset, uint64_t len,
-                   unsigned char *buf, uint64_t *size, char *etag, int missing_code, sl_err *err)
+                   unsigned char *buf, uint64_t *size, sl_validators *v, int missing_code,
+                   sl_err *err)
 {
     return unsupported(err, location);
 }
 
 int sl_remote_read_tensor(const sl_remote_cfg *c, const char *location, uint64_t offset,
-                          uint64_t len, unsigned char *buf, uint64_t *size, char *etag,
+                          uint64_t len, unsigned char *buf, uint64_t *size, sl_validators *v,
                           int missing_code, sl_err *err)
 {
     return unsupported(err, location);
@@ -435,7 +436,7 @@ int sl_rio_create(const sl_remote_cfg *c, sl_io_done_fn done, void *ctx, sl_rio 
 }
 
 void sl_rio_submit(sl_rio *r, sl_io_req *req, const char *location, const char *url,
-                   uint64_t object_size, const char *etag) {}
+                   uint64_t object_size, sl_validators *v) {}
 void sl_rio_flush(sl_rio *r) {}
 void sl_rio_abort(sl_rio *r) {}
 void sl_rio_destroy(sl_rio *r) {}
@@ -488,8 +489,9 @@ typedef struct xfer {
     int have_cr;
     uint64_t cr_a, cr_b, cr_total;
     long retry_after_ms;         /* -1: none */
-    char etag[SL_ETAG_MAX];      /* the reply's strong ETag, "" when none */
-    const char *if_match;        /* asked with If-Match, or NULL */
+    char etag[SL_ETAG_MAX];      /* the reply's strong ETag, "" when none (or malformed) */
+    sl_validators *tags;         /* the object's, per hop (remote.h), or NULL */
+    const char *if_match;        /* this attempt's If-Match (setup: its hop's), or NULL */
     uint64_t got;                /* body bytes of this attempt */
     int checked;
     int verdict;                 /* a code decided by a callback (stops the transfer) */
@@ -517,6 +519,8 @@ typedef struct xfer {
                                     design (not bypass bytes) */
     int unconfirmed;             /* the proxy said 404/416: asked directly, and
                                     its failure if the origin serves it */
+    int signed_s3;               /* set by setup(): AWS credentials go with it, so
+                                    it follows no redirect */
 } xfer;
 
 static void x_reset_attempt(xfer *x)
@@ -533,6 +537,42 @@ static void x_reset_attempt(xfer *x)
     x->last_move_ms = x->win_start_ms = mono_ms();
     x->last_dl = x->win_dl = 0;
     x->stalled = x->slow = x->aborted = x->moving = 0;
+}
+
+/* Whether v is a strong entity-tag as RFC 9110 writes it, short enough
+ * to keep: '"', bytes 0x21, 0x23-0x7E or 0x80-0xFF (no control, space or
+ * quote), '"', nothing after (remote.h, sl_validators). */
+static int etag_ok(const char *v)
+{
+    size_t n = strlen(v);
+    if (n < 2 || n >= SL_ETAG_MAX || v[0] != '"' || v[n - 1] != '"')
+        return 0;
+    for (size_t i = 1; i + 1 < n; i++) {
+        unsigned char b = (unsigned char)v[i];
+        if (b < 0x21 || b == '"' || b == 0x7f)
+            return 0;
+    }
+    return 1;
+}
+
+/* The validator of hop (SL_HOP_*) of v, or NULL when it has none yet. */
+static const char *hop_tag(sl_validators *v, int hop)
+{
+    return v && atomic_load_explicit(&v->state[hop], memory_order_acquire) == 2 ? v->etag[hop]
+                                                                               : NULL;
+}
+
+/* The reply of a successful attempt over hop gave etag (may be ""): it
+ * becomes that hop's validator when the hop has none yet. */
+static void hop_learn(sl_validators *v, int hop, const char *etag)
+{
+    int none = 0;
+    if (!v || !etag[0] ||
+        !atomic_compare_exchange_strong_explicit(&v->state[hop], &none, 1, memory_order_acq_rel,
+                                                 memory_order_relaxed))
+        return;
+    snprintf(v->etag[hop], SL_ETAG_MAX, "%s", etag);
+    atomic_store_explicit(&v->state[hop], 2, memory_order_release);
 }
 
 static size_t on_header(char *line, size_t sz, size_t n, void *ud)
@@ -555,8 +595,9 @@ static size_t on_header(char *line, size_t sz, size_t n, void *ud)
         const char *v = h + 5;
         while (*v == ' ' || *v == '\t')
             v++;
-        /* strong ones only: If-Match compares strongly */
-        if (*v == '"' && strlen(v) < sizeof x->etag)
+        /* strong ones only (If-Match compares strongly), well formed:
+         * never a byte that would end or split the If-Match line */
+        if (etag_ok(v))
             snprintf(x->etag, sizeof x->etag, "%s", v);
     } else if (!strncasecmp(h, "content-range:", 14)) {
         unsigned long long a, b, t;
@@ -829,11 +870,17 @@ static struct curl_slist *setup_proxy(CURL *h, const sl_remote_cfg *c, const cha
         set_proxy(h, px);
     else
         curl_easy_setopt(h, CURLOPT_PROXY, "");
-    /* "": libcurl applies no no_proxy of its own (it reads the
-     * environment's otherwise, even with CURLOPT_PROXY set): the decision
-     * above is the one followed, and the Dragonfly rewrite below never
-     * goes to the origin directly in clear */
-    curl_easy_setopt(h, CURLOPT_NOPROXY, "");
+    /* never unset: libcurl would read the environment's no_proxy itself
+     * (even with CURLOPT_PROXY set). Through a plain proxy it is the list
+     * resolved at open, which libcurl then applies to the redirects it
+     * follows too (a 302 to a host in no_proxy goes there directly; the
+     * first request's decision above is the same, by the same rules).
+     * Else "": the decision above is the one followed, and the Dragonfly
+     * rewrite below never goes to the origin directly in clear (its
+     * redirects to https:// are not followed, see setup) */
+    curl_easy_setopt(h, CURLOPT_NOPROXY,
+                     x->proxied && c->proxy_kind == SLUICE_PROXY_PLAIN && c->no_proxy
+                         ? c->no_proxy : "");
     if (!x->proxied || c->proxy_kind != SLUICE_PROXY_DRAGONFLY)
         return l;
     if (!strncmp(url, "https://", 8)) {
@@ -934,12 +981,21 @@ static int setup(CURL *h, const sl_remote_cfg *c, const char *loc, const char *u
                  (unsigned long long)(x->want_off + x->want_len - 1));
         l = curl_slist_append(l, line);
     }
-    if (x->if_match && *x->if_match) {
+    /* the validator of the hop this attempt goes over, never the other's
+     * (a proxy's ETag sent to the origin would be answered 412) */
+    x->if_match = hop_tag(x->tags, x->proxied ? SL_HOP_PROXY : SL_HOP_DIRECT);
+    if (x->if_match) {
         snprintf(line, sizeof line, "If-Match: %s", x->if_match);
         l = curl_slist_append(l, line);
     }
+    x->signed_s3 = 0;
     if (!strncmp(loc, "s3://", 5)) {
         if (c->aws_key) {
+            /* no redirect followed: SigV4 signs for the endpoint's host (a
+             * redirect elsewhere could not take it), and libcurl would
+             * send the session token, a header of ours, to any host */
+            x->signed_s3 = 1;
+            curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
             snprintf(line, sizeof line, "aws:amz:%s:s3", c->s3_region);
             curl_easy_setopt(h, CURLOPT_AWS_SIGV4, line);
             curl_easy_setopt(h, CURLOPT_USERNAME, c->aws_key);
@@ -1048,7 +1104,9 @@ static int outcome(xfer *x, CURLcode rc, int missing_code, int *code, char *msg,
     *code = SLUICE_E_REMOTE;
     if (s == 404 && missing_code)
         *code = missing_code;
-    snprintf(msg, cap, "HTTP %ld", s);
+    snprintf(msg, cap, "HTTP %ld%s", s, x->signed_s3 && s >= 300 && s < 400
+             ? " (a redirect of a signed s3:// request is not followed: its signature and "
+               "session token are for the endpoint alone)" : "");
     x->cause = SL_RRETRY_STATUS;
     return (s == 429 || s == 500 || s == 502 || s == 503 || s == 504) ? OUT_RETRY : OUT_FAIL;
 }
@@ -1145,6 +1203,8 @@ static int fetch(const sl_remote_cfg *c, const char *loc, xfer *x, uint64_t off,
             rc = sl_fail(err, code, "%s: %s", x->shown, msg);
         break;
     }
+    if (rc == SLUICE_OK)
+        hop_learn(x->tags, x->proxied ? SL_HOP_PROXY : SL_HOP_DIRECT, x->etag);
     if (rc == SLUICE_OK && x->unconfirmed)
         atomic_fetch_add_explicit(&c->tally->proxy_failures, 1, memory_order_relaxed);
     if (rc == SLUICE_OK && x->no_proxy && x->would_proxy && !x->anchor)
@@ -1163,31 +1223,29 @@ static int fetch(const sl_remote_cfg *c, const char *loc, xfer *x, uint64_t off,
 }
 
 static int ranged_read(const sl_remote_cfg *c, const char *location, uint64_t offset,
-                       uint64_t len, unsigned char *buf, uint64_t *size, char *etag,
+                       uint64_t len, unsigned char *buf, uint64_t *size, sl_validators *v,
                        int missing_code, int tensor, sl_err *err)
 {
-    xfer x = {.buf = buf, .ranged = 1, .size = *size, .if_match = etag && *etag ? etag : NULL,
-              .tensor = tensor};
+    xfer x = {.buf = buf, .ranged = 1, .size = *size, .tags = v, .tensor = tensor};
     if (len == 0)
         return SLUICE_OK;
     SL_TRY(fetch(c, location, &x, offset, len, missing_code, err));
     *size = x.cr_total;
-    if (etag && !*etag)
-        snprintf(etag, SL_ETAG_MAX, "%s", x.etag);
     return SLUICE_OK;
 }
 
 int sl_remote_read(const sl_remote_cfg *c, const char *location, uint64_t offset, uint64_t len,
-                   unsigned char *buf, uint64_t *size, char *etag, int missing_code, sl_err *err)
+                   unsigned char *buf, uint64_t *size, sl_validators *v, int missing_code,
+                   sl_err *err)
 {
-    return ranged_read(c, location, offset, len, buf, size, etag, missing_code, 0, err);
+    return ranged_read(c, location, offset, len, buf, size, v, missing_code, 0, err);
 }
 
 int sl_remote_read_tensor(const sl_remote_cfg *c, const char *location, uint64_t offset,
-                          uint64_t len, unsigned char *buf, uint64_t *size, char *etag,
+                          uint64_t len, unsigned char *buf, uint64_t *size, sl_validators *v,
                           int missing_code, sl_err *err)
 {
-    return ranged_read(c, location, offset, len, buf, size, etag, missing_code, 1, err);
+    return ranged_read(c, location, offset, len, buf, size, v, missing_code, 1, err);
 }
 
 static int get(const sl_remote_cfg *c, const char *location, size_t max, char **out,
@@ -1379,6 +1437,7 @@ static void finished(sl_rio *r, rreq *q, CURLcode cr)
         return;
     }
     if (out == OUT_OK) {
+        hop_learn(q->x.tags, q->x.proxied ? SL_HOP_PROXY : SL_HOP_DIRECT, q->x.etag);
         complete(r, q, 0, NULL, 0);
         return;
     }
@@ -1453,7 +1512,7 @@ static void *rio_main(void *arg)
             q->x.req = req;
             q->x.ranged = 1;
             q->x.size = req->object_size;
-            q->x.if_match = req->etag;
+            q->x.tags = req->validators;
             q->x.no_proxy = req->no_proxy;
             q->x.demand = req->demand;
             if (r->pending_tail)
@@ -1538,7 +1597,7 @@ int sl_rio_create(const sl_remote_cfg *c, sl_io_done_fn done, void *ctx, sl_rio 
 }
 
 void sl_rio_submit(sl_rio *r, sl_io_req *req, const char *location, const char *url,
-                   uint64_t object_size, const char *etag)
+                   uint64_t object_size, sl_validators *v)
 {
     req->error = 0;
     req->eof = 0;
@@ -1556,7 +1615,7 @@ void sl_rio_submit(sl_rio *r, sl_io_req *req, const char *location, const char *
     req->total = t;
     req->url = url;
     req->location = location;
-    req->etag = etag;
+    req->validators = v;
     req->object_size = object_size;
     req->next = NULL;
     pthread_mutex_lock(&r->lock);

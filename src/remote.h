@@ -131,20 +131,43 @@ char *sl_remote_url(const sl_remote_cfg *c, const char *location, sl_err *err);
 /* The longest strong ETag kept (a longer one is not used). */
 #define SL_ETAG_MAX 160
 
+/* The validators of one remote object, one per hop (sluice.h "Proxies"):
+ * what the origin says (SL_HOP_DIRECT) and what the proxy says
+ * (SL_HOP_PROXY), which may differ (a proxy that rewrites ETags, or
+ * flips bytes and rewrites the ETag). Each is taken from the first reply
+ * that carried one over its hop (the open's probe, or any later request,
+ * a read again directly included) and asked with If-Match on that hop's
+ * requests only: the origin never gets the proxy's, so a proxy cannot
+ * make a correct origin answer 412. Only a strong ETag of RFC 9110's
+ * syntax is taken ('"', then bytes 0x21, 0x23-0x7E or 0x80-0xFF, then
+ * '"'): one with a control character (a bare CR would end the If-Match
+ * line and start a header of the server's choosing) or any other byte
+ * is ignored, as if the reply had none, and that hop's requests carry no
+ * If-Match until a reply gives a well-formed one. Each is set once and
+ * read by any thread without a lock (state: 0 unknown, 1 being set, 2
+ * set). Owned by the remote source (source_remote.c); none for a Hub
+ * file, which is asked no If-Match. */
+enum { SL_HOP_DIRECT = 0, SL_HOP_PROXY = 1 };
+typedef struct sl_validators {
+    _Atomic int state[2];
+    char etag[2][SL_ETAG_MAX];
+} sl_validators;
+
 /* Range GET of len bytes at offset of location into buf. *size gets the
- * object's size (from Content-Range). etag (NULL: not used; else
- * SL_ETAG_MAX bytes): when it holds one, the request asks If-Match it;
- * when empty, it gets the reply's strong ETag, if any. Codes:
- * SLUICE_E_NO_FILES (missing_code) for 404, SLUICE_E_REMOTE,
+ * object's size (from Content-Range). v (NULL: no validator, no If-Match):
+ * the request asks If-Match with the validator of the hop it goes over,
+ * when that hop has one, and a hop that has none takes the reply's.
+ * Codes: SLUICE_E_NO_FILES (missing_code) for 404, SLUICE_E_REMOTE,
  * SLUICE_E_FILE_CHANGED (ignored Range, a size other than *size when *size
  * is not 0 on entry, 412 to If-Match), SLUICE_E_UNSUPPORTED. */
 int sl_remote_read(const sl_remote_cfg *c, const char *location, uint64_t offset, uint64_t len,
-                   unsigned char *buf, uint64_t *size, char *etag, int missing_code, sl_err *err);
+                   unsigned char *buf, uint64_t *size, sl_validators *v, int missing_code,
+                   sl_err *err);
 
 /* sl_remote_read for the bytes of a tensor (sluice_read_into): its
  * request and bytes are the caller's to count, its retries the tally's. */
 int sl_remote_read_tensor(const sl_remote_cfg *c, const char *location, uint64_t offset,
-                          uint64_t len, unsigned char *buf, uint64_t *size, char *etag,
+                          uint64_t len, unsigned char *buf, uint64_t *size, sl_validators *v,
                           int missing_code, sl_err *err);
 
 /* GET of a whole object of at most max bytes into a malloc'd, NUL-ended
@@ -206,11 +229,11 @@ int sl_rio_create(const sl_remote_cfg *c, sl_io_done_fn done, void *ctx, sl_rio 
                   sl_err *err);
 
 /* Queues req for url, the http(s) form of location (object_size: the size seen at open, which every
- * reply must name; etag: the object's strong ETag at open, asked with
- * If-Match, or NULL). Results as io.h's, plus req->status and req->detail
- * when the request failed for a reason of its own. */
+ * reply must name; v: the object's validators, asked with If-Match per hop
+ * as sl_remote_read does, or NULL). Results as io.h's, plus req->status
+ * and req->detail when the request failed for a reason of its own. */
 void sl_rio_submit(sl_rio *r, sl_io_req *req, const char *location, const char *url,
-                   uint64_t object_size, const char *etag);
+                   uint64_t object_size, sl_validators *v);
 void sl_rio_flush(sl_rio *r);
 
 /* Fails every request queued, waiting or in flight with ECANCELED at once

@@ -139,11 +139,14 @@ int sl_hf_parse(const char *loc, sl_hf_loc *out)
 }
 
 /* Whether byte b of a FILE goes into the URL %-encoded: controls, space,
- * non-ASCII and what RFC 3986 does not allow in a path ('/' stays: a
- * FILE may be in a folder; '%' stays: a name written encoded is kept). */
+ * non-ASCII, what RFC 3986 does not allow in a path, and '%' itself ('/'
+ * stays: a FILE may be in a folder). FILE is a file name as the Hub lists
+ * it (its rfilename, a weight_map value), never a URL: a '%' left as it
+ * is would be decoded by the Hub, and a shard named "%2e%2e%2f..." would
+ * reach another path, another repository's files even. */
 static int needs_escape(unsigned char b)
 {
-    return b <= 0x20 || b >= 0x7f || strchr("\"<>\\^`{|}", b) != NULL;
+    return b <= 0x20 || b >= 0x7f || strchr("\"<>\\^`{|}%", b) != NULL;
 }
 
 char *sl_hf_url(const sl_remote_cfg *c, const char *loc, sl_err *err)

@@ -1,8 +1,11 @@
 /* source_remote.c: the source of an http(s):// or s3:// object, and of
- * an hf:// one (sl_source_hub, below) (source.h): its size and strong ETag from a first range reply at open,
- * blocking range requests (remote.c) for the header and sluice_read_into,
- * the remote seam (sl_rio) for the engine's reads; every request checked
- * against the size and ETag seen at open. */
+ * an hf:// one (sl_source_hub, below) (source.h): its size from a first
+ * range reply at open, and its validators (remote.h, sl_validators: the
+ * strong ETag of each hop, the proxy's and the origin's, each from the
+ * first reply over that hop), blocking range requests (remote.c) for the
+ * header and sluice_read_into, the remote seam (sl_rio) for the engine's
+ * reads; every request checked against the size seen at open and asked
+ * If-Match with its own hop's validator. */
 #include "source.h"
 
 #include "index.h"
@@ -21,13 +24,18 @@ static const char *fetch_loc(const sl_file *f)
     return f->fetch_loc ? f->fetch_loc : f->path;
 }
 
-static int remote_open(sl_file *f, const sl_remote_cfg *rc, int missing_code, sl_err *err)
+/* Opens f; validators: whether its requests are asked If-Match (not a
+ * Hub file's, see hub_open). */
+static int open_object(sl_file *f, const sl_remote_cfg *rc, int missing_code, int validators,
+                       sl_err *err)
 {
     /* The size comes with the first range reply; an object of fewer
      * than 8 bytes is then as short as a local one. */
     sl_err e2;
     if (!(f->url = sl_remote_url(rc, f->path, err)))
         return err->code;
+    if (validators && !(f->validators = calloc(1, sizeof *f->validators)))
+        return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
     /* messages quote path: it keeps no credential of the location */
     char safe[512];
     if (strcmp(sl_remote_shown(f->path, safe, sizeof safe), f->path) != 0) {
@@ -37,7 +45,8 @@ static int remote_open(sl_file *f, const sl_remote_cfg *rc, int missing_code, sl
     }
     unsigned char probe[8];
     uint64_t size = 0;
-    int rc2 = sl_remote_read(rc, fetch_loc(f), 0, 8, probe, &size, f->etag, missing_code, &e2);
+    int rc2 = sl_remote_read(rc, fetch_loc(f), 0, 8, probe, &size, f->validators, missing_code,
+                             &e2);
     if (rc2 < 0 && strstr(e2.msg, "HTTP 416"))
         size = 0;   /* an empty object: no byte can be asked for */
     else if (rc2 < 0)
@@ -46,28 +55,32 @@ static int remote_open(sl_file *f, const sl_remote_cfg *rc, int missing_code, sl
     return SLUICE_OK;
 }
 
+static int remote_open(sl_file *f, const sl_remote_cfg *rc, int missing_code, sl_err *err)
+{
+    return open_object(f, rc, missing_code, 1, err);
+}
+
 static int remote_read(sl_file *f, const sl_remote_cfg *rc, unsigned char *buf, size_t len,
                        uint64_t offset, sl_err *err)
 {
     uint64_t size = f->size;
-    return sl_remote_read(rc, fetch_loc(f), offset, len, buf, &size, f->etag, SLUICE_E_NO_FILES,
-                          err);
+    return sl_remote_read(rc, fetch_loc(f), offset, len, buf, &size, f->validators,
+                          SLUICE_E_NO_FILES, err);
 }
 
 static int remote_read_tensor(const sl_file *f, const sl_remote_cfg *rc, unsigned char *buf,
                               size_t want, uint64_t offset, size_t *got, unsigned *requests,
                               sl_err *err)
 {
-    /* A copy of the ETag: f is shared with the engine's reads. */
+    /* f is shared with the engine's reads: its validators are set once
+     * each, without a lock (remote.h) */
     uint64_t size = f->size;
-    char etag[SL_ETAG_MAX];
-    snprintf(etag, sizeof etag, "%s", f->etag);
     if (want > RS_PIECE)
         want = RS_PIECE;
     *requests = 1;
     *got = 0;
-    int rc2 = sl_remote_read_tensor(rc, fetch_loc(f), offset, want, buf, &size,
-                                    etag[0] ? etag : NULL, SLUICE_E_REMOTE, err);
+    int rc2 = sl_remote_read_tensor(rc, fetch_loc(f), offset, want, buf, &size, f->validators,
+                                    SLUICE_E_REMOTE, err);
     if (rc2 < 0)
         return rc2;
     *got = want;
@@ -77,7 +90,7 @@ static int remote_read_tensor(const sl_file *f, const sl_remote_cfg *rc, unsigne
 static void remote_submit(const sl_file *f, sl_io *io, sl_rio *rio, sl_io_req *req)
 {
     (void)io;
-    sl_rio_submit(rio, req, f->path, f->url, f->size, f->etag[0] ? f->etag : NULL);
+    sl_rio_submit(rio, req, f->path, f->url, f->size, f->validators);
 }
 
 static void remote_close(sl_file *f)
@@ -86,6 +99,8 @@ static void remote_close(sl_file *f)
     f->fetch_loc = NULL;
     free(f->url);
     f->url = NULL;
+    free(f->validators);
+    f->validators = NULL;
 }
 
 static int remote_read_small(const sl_remote_cfg *rc, const char *loc, size_t max, char **out,
@@ -114,12 +129,10 @@ static size_t remote_name_len(const char *loc)
  * by the file's SHA-256), while an If-Match would reach the Hub first:
  * its resolve answers with a 302 whose own ETag is not the storage's, and
  * a Hub that honoured If-Match there would refuse every read with 412.
- * The ETag of the first reply is dropped, and none is taken later. */
+ * It has no validators: no ETag is taken. */
 static int hub_open(sl_file *f, const sl_remote_cfg *rc, int missing_code, sl_err *err)
 {
-    int rc2 = remote_open(f, rc, missing_code, err);
-    f->etag[0] = '\0';
-    return rc2;
+    return open_object(f, rc, missing_code, 0, err);
 }
 
 static int hub_read(sl_file *f, const sl_remote_cfg *rc, unsigned char *buf, size_t len,

@@ -31,6 +31,12 @@ ETag). Control, on the Hub's port:
                             "hub|storage METHOD PATH if-match=VALUE auth=VALUE"
     GET /ctl/clear          empties the log
     GET /ctl/flip?at=N      the storage flips byte N of every file it serves
+    GET /ctl/sha?value=C     the API answers commit C as "sha" whatever was
+                            asked (a Hub that lies); no value: the truth
+    GET /ctl/storage_base?url=BASE
+                            resolve's 302 goes to BASE/blob/... instead of
+                            the storage (another server: a look-alike host
+                            of the Hub's); no url: the storage again
 """
 import hashlib
 import json
@@ -39,10 +45,10 @@ import re
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import quote, unquote, urlparse
+from urllib.parse import parse_qs, quote, unquote, urlparse
 
 ROOT = "."
-STATE = {"log": [], "flip": -1, "storage_port": 0}
+STATE = {"log": [], "flip": -1, "storage_port": 0, "storage_base": "", "sha": ""}
 LOCK = threading.Lock()
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
 
@@ -147,7 +153,8 @@ class Hub(BaseHTTPRequestHandler):
                     e["lfs"] = {"sha256": sha256_of(p), "size": os.path.getsize(p),
                                 "pointerSize": 134}
                 sib.append(e)
-            body = {"id": parts[2] + "/" + parts[3], "sha": commit, "siblings": sib}
+            body = {"id": parts[2] + "/" + parts[3], "sha": STATE["sha"] or commit,
+                    "siblings": sib}
             return self.answer(200, json.dumps(body).encode(), {"Content-Type": "application/json"})
         if len(parts) >= 5 and parts[2] == "resolve":
             d = self.repo_or_error(parts[0], parts[1])
@@ -176,8 +183,9 @@ class Hub(BaseHTTPRequestHandler):
                 im = self.headers.get("If-Match")
                 if im and im != '"%s"' % sha256_of(p):
                     return self.error(412, "PreconditionFailed", "If-Match")
-                loc = "http://localhost:%d/blob/%s/%s/%s/%s?X-Amz-Signature=s%%3D1" % (
-                    STATE["storage_port"], parts[0], parts[1], commit, quote(rel))
+                base = STATE["storage_base"] or "http://localhost:%d" % STATE["storage_port"]
+                loc = "%s/blob/%s/%s/%s/%s?X-Amz-Signature=s%%3D1" % (
+                    base, parts[0], parts[1], commit, quote(rel))
                 return self.answer(302, b"", {"Location": loc,
                                               "X-Linked-Etag": '"%s"' % sha256_of(p),
                                               "X-Linked-Size": str(os.path.getsize(p)),
@@ -197,6 +205,12 @@ class Hub(BaseHTTPRequestHandler):
         if parts == ["ctl", "clear"]:
             with LOCK:
                 STATE["log"] = []
+            return self.answer(200, b"ok")
+        if parts == ["ctl", "sha"]:
+            STATE["sha"] = parse_qs(query).get("value", [""])[0]
+            return self.answer(200, b"ok")
+        if parts == ["ctl", "storage_base"]:
+            STATE["storage_base"] = parse_qs(query).get("url", [""])[0]
             return self.answer(200, b"ok")
         if parts == ["ctl", "flip"]:
             STATE["flip"] = int(query.split("=", 1)[1])

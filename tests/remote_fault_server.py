@@ -13,6 +13,11 @@ A test arms a fault with a control request:
     GET /ctl/log                        every file request's, a blank line
                                         after each ("GET PATH" first)
     GET /ctl/clear                      forgets them
+    GET /ctl/etag?value=V               every file reply from now on carries
+                                        "ETag: V" (V as given, control bytes
+                                        and all: a proxy that rewrites ETags,
+                                        a server that answers a bare CR);
+                                        no value: none again (the default)
 
 It also answers as an HTTP proxy: a request for an absolute URI
 (GET http://HOST:PORT/PATH) is served from ROOT/PATH whatever the host;
@@ -56,7 +61,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 STATE = {"mode": "ok", "count": 0, "arg": "", "requests": 0, "faults": 0, "headers": "",
-         "log": []}
+         "log": [], "etag": ""}
 LOCK = threading.Lock()
 ROOT = "."
 
@@ -77,6 +82,13 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
+    def end_headers(self):
+        # a file's reply carries the ETag /ctl/etag set, written raw
+        if getattr(self, "etag_out", ""):
+            self._headers_buffer.append(("ETag: %s\r\n" % self.etag_out).encode("latin-1"))
+            self.etag_out = ""
+        super().end_headers()
+
     def small(self, code, body=b"", extra=()):
         self.send_response(code)
         for k, v in extra:
@@ -87,6 +99,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self):
         u = urlparse(self.path)
+        self.etag_out = ""
+        if u.path == "/ctl/etag":
+            with LOCK:
+                STATE["etag"] = parse_qs(u.query).get("value", [""])[0]
+            return self.small(200, b"ok")
         if u.path == "/ctl":
             q = parse_qs(u.query)
             with LOCK:
@@ -117,6 +134,8 @@ class Handler(BaseHTTPRequestHandler):
         if not os.path.isfile(path):
             take_fault()
             return self.small(404, b"not found")
+        with LOCK:
+            self.etag_out = STATE["etag"]
         if STATE["mode"] == "flipat":
             return self.flipat(path)
         mode, arg = take_fault()

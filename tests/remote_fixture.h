@@ -370,30 +370,73 @@ static inline int rf_squid_start(rf_server *sv, unsigned parent_port, char *why,
     return 0;
 }
 
+/* Starts python3 script PORT ROOT on port (one try): 1 when it accepts. */
+static inline int rf_script_start_at(rf_server *sv, const char *script, const char *root,
+                                     unsigned port)
+{
+    memset(sv, 0, sizeof *sv);
+    const char *py = access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
+    sv->port = port;
+    char arg[16];
+    snprintf(arg, sizeof arg, "%u", port);
+    pid_t parent = getpid(), pid = fork();
+    if (pid == 0) {
+        rf_die_with_parent(parent);
+        execlp(py, py, script, arg, root, (char *)NULL);
+        _exit(127);
+    }
+    sv->pid = pid;
+    if (pid > 0 && rf_wait_ready(sv)) {
+        snprintf(sv->base, sizeof sv->base, "http://127.0.0.1:%u", sv->port);
+        return 1;
+    }
+    rf_stop(sv);
+    return 0;
+}
+
 /* The fault server: python3 tests/remote_fault_server.py PORT ROOT. */
 static inline int rf_fault_start(rf_server *sv, const char *script, const char *root, char *why,
                                  size_t cap)
 {
-    memset(sv, 0, sizeof *sv);
-    const char *py = access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
-    for (int attempt = 0; attempt < 5; attempt++) {
-        sv->port = rf_free_port();
-        char port[16];
-        snprintf(port, sizeof port, "%u", sv->port);
-        pid_t parent = getpid(), pid = fork();
-        if (pid == 0) {
-            rf_die_with_parent(parent);
-            execlp(py, py, script, port, root, (char *)NULL);
-            _exit(127);
-        }
-        sv->pid = pid;
-        if (pid > 0 && rf_wait_ready(sv)) {
-            snprintf(sv->base, sizeof sv->base, "http://127.0.0.1:%u", sv->port);
+    for (int attempt = 0; attempt < 5; attempt++)
+        if (rf_script_start_at(sv, script, root, rf_free_port()))
+            return 1;
+    snprintf(why, cap, "the fault server (python3 %s) did not start", script);
+    return 0;
+}
+
+/* Whether port is free on 127.0.0.1 now. */
+static inline int rf_port_free(unsigned port)
+{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (s >= 0)
+        setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    int ok = s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0;
+    if (s >= 0)
+        close(s);
+    return ok;
+}
+
+/* Two free ports P and P0 = 10 P + d (d a digit), so that
+ * "http://127.0.0.1:P" is a prefix of "http://127.0.0.1:P0": a look-alike
+ * of an endpoint, for the tests of what is sent to which host. P is taken
+ * from 1100-6499 (unprivileged, below the ephemeral range); 1, or 0 when
+ * no pair was free in 200 tries. */
+static inline int rf_lookalike_ports(unsigned *p, unsigned *p0)
+{
+    unsigned seed = (unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL);
+    for (int tries = 0; tries < 200; tries++) {
+        seed = seed * 1103515245u + 12345u;
+        unsigned a = 1100 + (seed >> 8) % 5400, d = (seed >> 4) % 10;
+        if (rf_port_free(a) && rf_port_free(a * 10 + d)) {
+            *p = a;
+            *p0 = a * 10 + d;
             return 1;
         }
-        rf_stop(sv);
     }
-    snprintf(why, cap, "the fault server (%s %s) did not start", py, script);
     return 0;
 }
 

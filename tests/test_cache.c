@@ -980,6 +980,44 @@ static void busy_index(void **state)
     blobs_free(b, 4);
 }
 
+/* A blob waiting for its entry (the index locked) whose digest another
+ * process records meanwhile (the same bytes, its rename or this one's the
+ * file in place), the index still locked at close: the blob stays, since
+ * an entry names it (before: deleted at close, the other process's entry
+ * then named a missing blob, a later miss). */
+static void pending_blob_indexed_elsewhere(void **state)
+{
+    fx *f = *state;
+    sl_cache *c = open_cache(f->dir, 64 * MIB);
+    blob b = make_blob(3000, 51);
+    char *index = tu_join(f->dir, "index.sqlite"), hex[65], sql[512];
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open(index, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(sl_cache_store(c, SLUICE_ALG_SHA256, b.digest, b.data, b.size, "s", NULL), 0);
+    char *p = blob_file(c, b.digest);
+    assert_true(exists(p));
+    /* "another process" records the digest, then holds the lock again */
+    snprintf(sql, sizeof sql, "INSERT INTO blobs(algorithm, digest, size, source, created_ns, "
+             "last_access_ns) VALUES('sha256', '%s', %llu, 'other', 1, 1)",
+             sl_hex_digest(hex, b.digest), (unsigned long long)b.size);
+    assert_int_equal(sqlite3_exec(db, sql, NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+    sl_cache_close(c);
+    assert_int_equal(sqlite3_exec(db, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    if (!exists(p))
+        fail_msg("an indexed blob was deleted at close: %s", p);
+    c = open_cache(f->dir, 64 * MIB);
+    assert_true(blob_is(c, &b));
+    usage_is(c, 3000, 1);
+    sl_cache_close(c);
+    free(p);
+    free(index);
+    free(b.data);
+}
+
 /* ---------------------------------------------------------------- repair */
 
 /* A fill held alive in the middle (stopped by the fault hook after its
@@ -1380,6 +1418,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(two_threads, setup, teardown),
         cmocka_unit_test_setup_teardown(store_sees_vanished_blob, setup, teardown),
         cmocka_unit_test_setup_teardown(busy_index, setup, teardown),
+        cmocka_unit_test_setup_teardown(pending_blob_indexed_elsewhere, setup, teardown),
         cmocka_unit_test_setup_teardown(tmp_fill_alive, setup, teardown),
         cmocka_unit_test_setup_teardown(verify_orphans, setup, teardown),
         cmocka_unit_test_setup_teardown(index_deleted_or_empty, setup, teardown),

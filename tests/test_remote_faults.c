@@ -991,6 +991,26 @@ static void test_missing_manifest_visible(void **state)
     (void)state;
 }
 
+/* ROOT/models/m.safetensors (the bucket "models" of this server as an S3
+ * endpoint, path-style), and AWS keys with a session token in the
+ * environment. */
+static void s3_bucket_and_keys(void)
+{
+    char *d = tu_join(root, "models");
+    mkdir(d, 0755);
+    char *src = tu_join(root, "m.safetensors"), *dst = tu_join(d, "m.safetensors");
+    size_t len;
+    void *bytes = tu_read_file(src, &len);
+    tu_write_file(dst, bytes, len);
+    free(bytes);
+    free(src);
+    free(dst);
+    free(d);
+    setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE", 1);
+    setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI-SECRET", 1);
+    setenv("AWS_SESSION_TOKEN", "session-SECRET", 1);
+}
+
 static char *last_headers(void)
 {
     char *r = rf_get(&srv, "/ctl/headers");
@@ -1030,16 +1050,7 @@ static void test_request_format(void **state)
     unsetenv("SLUICE_HTTP_TOKEN");
 
     /* s3:// path-style against this server: ROOT/models/m.safetensors */
-    char *d = tu_join(root, "models");
-    mkdir(d, 0755);
-    char *src = tu_join(root, "m.safetensors"), *dst = tu_join(d, "m.safetensors");
-    size_t len;
-    void *bytes = tu_read_file(src, &len);
-    tu_write_file(dst, bytes, len);
-    free(bytes);
-    setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE", 1);
-    setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI-SECRET", 1);
-    setenv("AWS_SESSION_TOKEN", "session-SECRET", 1);
+    s3_bucket_and_keys();
     sluice_options_init(&o);
     o.s3_endpoint = srv.base;
     o.s3_region = "eu-west-3";
@@ -1071,9 +1082,126 @@ static void test_request_format(void **state)
     assert_null(strstr(h, "Authorization"));
     free(h);
     sluice_close(m);
-    free(src);
-    free(dst);
-    free(d);
+    (void)state;
+}
+
+/* The headers of the logged request whose Host is host (malloc'd "" when
+ * none): a block of the fault server's /ctl/log. */
+static char *request_to(const char *host)
+{
+    char *log = rf_get(&srv, "/ctl/log"), want[128];
+    assert_non_null(log);
+    snprintf(want, sizeof want, "\nHost: %s\n", host);
+    char *hit = strstr(log, want), *out;
+    if (!hit) {
+        out = strdup("");
+    } else {
+        char *start = hit, *end = strstr(hit, "\n\n");
+        while (start > log && strncmp(start, "GET ", 4) != 0)
+            start--;
+        out = strndup(start, end ? (size_t)(end - start) : strlen(start));
+    }
+    free(log);
+    return out;
+}
+
+/* Credentials stay with their host when a reply redirects elsewhere (the
+ * same server named "localhost", another host to libcurl): a Bearer
+ * token (http_token) is not sent there and the load goes on; a signed
+ * s3:// request (AWS keys, a session token) follows no redirect at all:
+ * SigV4 signs for the endpoint's host, so the other host could not take
+ * it, and the session token, a header of sluice's own, would go along
+ * (before: 'x-amz-security-token: session-SECRET' at the redirect's
+ * target). */
+static void test_credentials_not_redirected(void **state)
+{
+    char elsewhere[64], target[256];
+    snprintf(elsewhere, sizeof elsewhere, "localhost:%u", srv.port);
+    sluice_options o = fast_options();
+    o.http_token = "tok-SECRET-123";
+    sluice_model *m;
+    assert_int_equal(sluice_open(model_url, &o, &m), SLUICE_OK);
+    free(rf_get(&srv, "/ctl/clear"));
+    snprintf(target, sizeof target, "http://%s/m.safetensors", elsewhere);
+    arm("redirect", 1, target);
+    sluice_tensor *t = NULL;
+    assert_int_equal(sluice_acquire(m, "b", &t), SLUICE_OK);
+    assert_memory_equal(sluice_tensor_data(t), good_b, B_SIZE);
+    sluice_release(t);
+    sluice_close(m);
+    arm("ok", 0, NULL);
+    char *h = request_to(elsewhere);
+    if (!*h || strstr(h, "Authorization") || strstr(h, "SECRET"))
+        fail_msg("the request redirected to %s:\n%s", elsewhere, h);
+    free(h);
+
+    s3_bucket_and_keys();
+    o = fast_options();
+    o.s3_endpoint = srv.base;
+    o.verify = SLUICE_VERIFY_OFF;
+    assert_int_equal(sluice_open("s3://models/m.safetensors", &o, &m), SLUICE_OK);
+    free(rf_get(&srv, "/ctl/clear"));
+    snprintf(target, sizeof target, "http://%s/models/m.safetensors", elsewhere);
+    arm("redirect", 1, target);
+    t = NULL;
+    assert_int_equal(sluice_acquire(m, "b", &t), SLUICE_E_REMOTE);
+    if (!strstr(sluice_errmsg(m), "HTTP 302") || !strstr(sluice_errmsg(m), "not followed"))
+        fail_msg("%s", sluice_errmsg(m));
+    assert_null(strstr(sluice_errmsg(m), "SECRET"));
+    sluice_close(m);
+    arm("ok", 0, NULL);
+    unsetenv("AWS_ACCESS_KEY_ID");
+    unsetenv("AWS_SECRET_ACCESS_KEY");
+    unsetenv("AWS_SESSION_TOKEN");
+    h = request_to(elsewhere);
+    if (*h)
+        fail_msg("a signed request followed its redirect to %s:\n%s", elsewhere, h);
+    free(h);
+    (void)state;
+}
+
+/* Loads b with the fault server's replies carrying "ETag: " value (as
+ * given, %-encoded for the control request); the request log after. */
+static char *load_with_etag(const char *value)
+{
+    char q[256];
+    snprintf(q, sizeof q, "/ctl/etag?value=%s", value);
+    free(rf_get(&srv, q));
+    free(rf_get(&srv, "/ctl/clear"));
+    sluice_options o = fast_options();
+    sluice_model *m;
+    assert_int_equal(sluice_open(model_url, &o, &m), SLUICE_OK);
+    sluice_tensor *t = NULL;
+    if (sluice_acquire(m, "b", &t) != SLUICE_OK)
+        fail_msg("ETag %s: %s", value, sluice_errmsg(m));
+    assert_memory_equal(sluice_tensor_data(t), good_b, B_SIZE);
+    sluice_release(t);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    free(rf_get(&srv, "/ctl/etag"));
+    char *log = rf_get(&srv, "/ctl/log");
+    assert_non_null(log);
+    return log;
+}
+
+/* An ETag with a bare CR ('"x"\rX-Injected: 1') or another byte no
+ * entity-tag may hold is no validator: the model loads and no request
+ * echoes it (before: 'If-Match: "x"\rX-Injected: 1', which the server read
+ * as a header of the reply's choosing); a well-formed one is asked with
+ * If-Match on the reads after the first. */
+static void test_etag_control_bytes(void **state)
+{
+    static const char *const bad[] = {"%22x%22%0DX-Injected:%201", "%22a%22b%22",
+                                      "%22a%20b%22", "%22a%09X-Injected%22"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char *log = load_with_etag(bad[i]);
+        if (strstr(log, "X-Injected") || strcasestr(log, "If-Match"))
+            fail_msg("ETag %s echoed:\n%s", bad[i], log);
+        free(log);
+    }
+    char *log = load_with_etag("%22good-1%22");
+    if (!strstr(log, "If-Match: \"good-1\""))
+        fail_msg("a well-formed ETag not asked with If-Match:\n%s", log);
+    free(log);
     (void)state;
 }
 
@@ -1081,6 +1209,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_503_retried),
+        cmocka_unit_test(test_etag_control_bytes),
+        cmocka_unit_test(test_credentials_not_redirected),
         cmocka_unit_test(test_retry_after),
         cmocka_unit_test(test_429_and_500s),
         cmocka_unit_test(test_permanent_not_retried),

@@ -27,12 +27,15 @@
 #include <cmocka.h>
 
 static rf_server srv;
+static rf_server lookalike;  /* the fault server on http://127.0.0.1:P0, P0 = 10 P + d,
+                                when the Hub is on http://127.0.0.1:P; pid 0: none */
 static char *root;
 
 #define C_MAIN "1111111111111111111111111111111111111111"
 #define C_V1 "2222222222222222222222222222222222222222"
 #define C_SHARDED "3333333333333333333333333333333333333333"
 #define C_PRIVATE "4444444444444444444444444444444444444444"
+#define C_PCT "5555555555555555555555555555555555555555"
 #define HUB_TOKEN "hub-secret-token"
 #define PRIVATE_TOKEN "private-repo-token"
 
@@ -147,7 +150,20 @@ static int setup(void **state)
     put("org/gated/refs/main", C_PRIVATE);
     put("org/gated/gated", PRIVATE_TOKEN);
     put_model("org/gated/" C_PRIVATE "/model.safetensors", 100, 100);
-    if (!rf_fault_start(&srv, SLUICE_HF_SERVER, root, why, sizeof why)) {
+    /* the Hub on P, and a look-alike host of its endpoint on P0 (the
+     * fault server, which records every request's headers, serving root:
+     * root/blob is root itself, for resolve's redirects sent to it) */
+    char *blob = tu_join(root, "blob");
+    assert_int_equal(symlink(".", blob), 0);
+    free(blob);
+    unsigned hp = 0, lp = 0;
+    for (int k = 0; k < 5 && !lookalike.pid; k++) {
+        if (!rf_lookalike_ports(&hp, &lp) || !rf_script_start_at(&srv, SLUICE_HF_SERVER, root, hp))
+            continue;
+        if (!rf_script_start_at(&lookalike, SLUICE_FAULT_SERVER, root, lp))
+            rf_stop(&srv);
+    }
+    if (!srv.pid && !rf_fault_start(&srv, SLUICE_HF_SERVER, root, why, sizeof why)) {
         fprintf(stderr, "skipped: %s\n", why);
         exit(77);
     }
@@ -160,6 +176,7 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
+    rf_stop(&lookalike);
     rf_stop(&srv);
     tu_rmtree(root);
     free(root);
@@ -616,6 +633,147 @@ static void test_token_stays_with_its_host(void **state)
     (void)state;
 }
 
+/* A commit asked in full is the commit read: an API that answers another
+ * one for it (the stand-in told to lie) fails the open, SLUICE_E_REMOTE
+ * "not the one pinned" (before: the other commit's files were opened, a
+ * model other than the one named). A branch is the Hub's to resolve. */
+static void test_pinned_commit_checked(void **state)
+{
+    ctl("/ctl/sha?value=" C_V1);
+    sluice_options o = fast_options();
+    sluice_model *m = NULL;
+    int rc = sluice_open("hf://org/single@" C_MAIN, &o, &m);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", sluice_errmsg(m));
+    sluice_close(m);
+    m = NULL;
+    int branch = sluice_open("hf://org/single@main", &o, &m);
+    sluice_close(m);
+    ctl("/ctl/sha");
+    if (rc != SLUICE_E_REMOTE || !strstr(msg, "not the one pinned"))
+        fail_msg("a commit pinned, the Hub answering another: %d %s", rc, msg);
+    assert_int_equal(branch, SLUICE_OK);
+    (void)state;
+}
+
+/* A weight_map name holding '%' is a file name, sent %-encoded ("%25"):
+ * a shard literally named "x%2Fy.safetensors" loads (before: sent as is,
+ * the Hub decoded it to x/y.safetensors, another path: 404; a name like
+ * "%2e%2e%2f..." reached outside the repository's folder). */
+static void test_percent_in_shard_name(void **state)
+{
+    free(mkdirs("org/pct/refs"));
+    free(mkdirs("org/pct/" C_PCT));
+    put("org/pct/refs/main", C_PCT);
+    put_model("org/pct/" C_PCT "/x%2Fy.safetensors", 1000, 3000);
+    put("org/pct/" C_PCT "/model.safetensors.index.json",
+        "{\"metadata\":{},\"weight_map\":{\"a\":\"x%2Fy.safetensors\","
+        "\"b\":\"x%2Fy.safetensors\"}}");
+    ctl("/ctl/clear");
+    sluice_options o = fast_options();
+    sluice_model *m = NULL;
+    int rc = sluice_open("hf://org/pct", &o, &m);
+    if (rc != SLUICE_OK) {
+        char *log = rf_get(&srv, "/ctl/log");
+        fail_msg("%s\n%s", sluice_errmsg(m), log);
+    }
+    check_tensor(m, "b", 3000);
+    sluice_close(m);
+    char *log = rf_get(&srv, "/ctl/log");
+    assert_non_null(strstr(log, "/resolve/" C_PCT "/x%252Fy.safetensors"));
+    free(log);
+    (void)state;
+}
+
+/* Whether the look-alike's request log holds needle; the log is cleared. */
+static int lookalike_saw(const char *needle, int *requests)
+{
+    char *log = rf_get(&lookalike, "/ctl/log");
+    assert_non_null(log);
+    *requests = 0;
+    for (const char *l = log; (l = strstr(l, "GET /")); l++)
+        (*requests)++;
+    int saw = strstr(log, needle) != NULL;
+    if (saw)
+        print_message("the look-alike host got:\n%s\n", log);
+    free(log);
+    free(rf_get(&lookalike, "/ctl/clear"));
+    return saw;
+}
+
+/* HF_TOKEN goes to the Hub's endpoint (http://127.0.0.1:P) and to no URL
+ * that merely starts with its text: the look-alike host
+ * http://127.0.0.1:P0 (P0 = 10 P + d; the fault server, which records
+ * every request's headers) gets no Bearer token as a model, as a model
+ * named "http://127.0.0.1:P@127.0.0.1:P0/..." (the endpoint's text, then
+ * userinfo), as a mirror of hf://org/sharded, or as where the Hub's
+ * resolve redirects; the Hub's own requests carry it every time. Checked
+ * by breaking on_hub (remote_hf.c) into a prefix compare: this test then
+ * fails on the first model. */
+static void test_token_host_boundary(void **state)
+{
+    if (!lookalike.pid) {
+        print_message("skipped: no pair of free ports P, 10 P + d on 127.0.0.1\n");
+        skip();
+    }
+    setenv("HF_TOKEN", HUB_TOKEN, 1);
+    free(rf_get(&lookalike, "/ctl/clear"));
+    sluice_options o = fast_options();
+    sluice_model *m = NULL;
+    int n;
+    /* a model on the look-alike host, plainly and behind userinfo */
+    char loc[512];
+    for (int k = 0; k < 2; k++) {
+        if (k == 0)
+            snprintf(loc, sizeof loc, "%s/org/single/" C_MAIN "/model.safetensors",
+                     lookalike.base);
+        else
+            snprintf(loc, sizeof loc, "http://127.0.0.1:%u@127.0.0.1:%u/org/single/" C_MAIN
+                     "/model.safetensors", srv.port, lookalike.port);
+        open_ok(loc, &o, &m);
+        check_tensor(m, "b", 200000);
+        sluice_close(m);
+        if (lookalike_saw("Bearer", &n))
+            fail_msg("the Hub's token went to %s", loc);
+        assert_true(n >= 2);
+    }
+    /* a mirror there: y fails from the Hub (a flipped byte) */
+    ctl("/ctl/clear");
+    ctl("/ctl/flip?at=400");
+    snprintf(loc, sizeof loc, "%s/org/sharded/" C_SHARDED "/", lookalike.base);
+    const char *mirrors[1] = {loc};
+    o.fallback = mirrors;
+    o.fallback_count = 1;
+    open_ok("hf://org/sharded", &o, &m);
+    check_tensor(m, "y", 9000);
+    sluice_close(m);
+    ctl("/ctl/flip?at=-1");
+    if (lookalike_saw("Bearer", &n))
+        fail_msg("the Hub's token went to the mirror %s", loc);
+    assert_true(n >= 2);
+    int with, all;
+    count_log("hub ", "Bearer " HUB_TOKEN, &with, &all);
+    assert_true(all >= 3);
+    assert_int_equal(with, all);
+    /* the Hub's resolve redirects there */
+    ctl("/ctl/clear");
+    snprintf(loc, sizeof loc, "/ctl/storage_base?url=%s", lookalike.base);
+    ctl(loc);
+    o = fast_options();
+    open_ok("hf://org/single", &o, &m);
+    check_tensor(m, "b", 200000);
+    sluice_close(m);
+    ctl("/ctl/storage_base");
+    if (lookalike_saw("Bearer", &n))
+        fail_msg("the Hub's token followed its redirect to %s", lookalike.base);
+    assert_true(n >= 2);
+    count_log("hub ", "Bearer " HUB_TOKEN, &with, &all);
+    assert_true(all >= 3);
+    assert_int_equal(with, all);
+    unsetenv("HF_TOKEN");
+    (void)state;
+}
+
 /* A signature asked of an hf:// model fails closed, and says why: the
  * Hub's LFS SHA-256 stand-in (hf://org/single publishes no manifest) is
  * no file one could have signed, and a remote model's signature is not
@@ -678,6 +836,9 @@ int main(void)
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_token_from_environment),
         cmocka_unit_test(test_token_stays_with_its_host),
+        cmocka_unit_test(test_token_host_boundary),
+        cmocka_unit_test(test_pinned_commit_checked),
+        cmocka_unit_test(test_percent_in_shard_name),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

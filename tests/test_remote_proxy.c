@@ -211,6 +211,35 @@ static const char *model_url(void)
     return url;
 }
 
+/* Starts the fault server on bad_root, or skips the test. */
+static void start_fault(rf_server *fault)
+{
+    char why[256];
+    if (!rf_fault_start(fault, SLUICE_FAULT_SERVER, bad_root, why, sizeof why)) {
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+}
+
+/* Arms the fault server to flip the middle byte of tensor names[i] once
+ * (in whatever reply holds it). */
+static void flip_middle(const rf_server *fault, size_t i)
+{
+    sluice_options o;
+    sluice_options_init(&o);
+    o.verify = SLUICE_VERIFY_OFF;
+    sluice_model *m;
+    assert_int_equal(sluice_open(model_path, &o, &m), SLUICE_OK);
+    sluice_tensor *t;
+    assert_int_equal(sluice_acquire(m, names[i], &t), SLUICE_OK);
+    uint64_t off = sluice_tensor_info(t)->offset + sizes[i] / 2;
+    sluice_release(t);
+    sluice_close(m);
+    char ctl[128];
+    snprintf(ctl, sizeof ctl, "/ctl?mode=flipat&count=1&arg=%llu", (unsigned long long)off);
+    free(rf_get(fault, ctl));
+}
+
 /* ---------------------------------------------------------------- squid */
 
 /* 8 processes, one node each, load the model through squid at once:
@@ -311,23 +340,7 @@ static void test_squid_corrupt_copy(void **state)
         print_message("skipped: %s\n", why);
         skip();
     }
-    /* the absolute offset of w.c's middle byte */
-    uint64_t off = 8;
-    {
-        sluice_options o;
-        sluice_options_init(&o);
-        o.verify = SLUICE_VERIFY_OFF;
-        sluice_model *m;
-        assert_int_equal(sluice_open(model_path, &o, &m), SLUICE_OK);
-        sluice_tensor *t;
-        assert_int_equal(sluice_acquire(m, "w.c", &t), SLUICE_OK);
-        off = sluice_tensor_info(t)->offset + sizes[2] / 2;
-        sluice_release(t);
-        sluice_close(m);
-    }
-    char ctl[128];
-    snprintf(ctl, sizeof ctl, "/ctl?mode=flipat&count=1&arg=%llu", (unsigned long long)off);
-    free(rf_get(&fault, ctl));
+    flip_middle(&fault, 2);
     sluice_options o;
     opts_with_proxy(&o, squid.base);
     outcome out;
@@ -351,6 +364,73 @@ static void test_squid_corrupt_copy(void **state)
             assert_string_equal(out.source[i], "");
         }
     }
+}
+
+/* A proxy that rewrites ETags and flips one byte of w.c (the fault
+ * server, its own ETag on every reply), a correct origin (nginx, whose
+ * strong ETags differ): w.c is read again from the origin directly, and
+ * that request carries no If-Match of the proxy's (the origin's own
+ * validator, learned from its first direct reply, is the direct hop's);
+ * the load succeeds, counted as one proxy failure and w.c's bypass bytes.
+ * Before, the proxy's ETag went to nginx as If-Match, which answered 412
+ * and w.c failed with SLUICE_E_FILE_CHANGED ("the object changed after
+ * open"). Then the proxy answers 503 to everything, so that every read is
+ * direct: reads after the first direct one carry the origin's ETag and
+ * load; the object replaced at the origin after open (same size, another
+ * ETag) still fails with SLUICE_E_FILE_CHANGED. */
+static void test_proxy_rewrites_etag(void **state)
+{
+    (void)state;
+    rf_server fault;
+    start_fault(&fault);
+    free(rf_get(&fault, "/ctl/etag?value=%22rewritten-by-the-proxy%22"));
+    flip_middle(&fault, 2);
+    sluice_options o;
+    opts_with_proxy(&o, fault.base);
+    outcome out;
+    char *before = rf_log(&nginx);
+    load_all(model_url(), &o, 0, &out);
+    char *after = rf_log(&nginx);
+    if (!out.ok)
+        fail_msg("%s", out.why);
+    /* nginx answered no 412 since the load began */
+    assert_non_null(before);
+    assert_non_null(after);
+    if (strstr(after + strlen(before), "412 "))
+        fail_msg("the origin was asked If-Match the proxy's ETag:\n%s", after + strlen(before));
+    free(before);
+    free(after);
+    assert_int_equal(out.st.proxy_failures, 1);
+    assert_int_equal(out.st.proxy_bypass_bytes, sizes[2]);
+    assert_int_equal(out.st.checksum_failures, 1);
+    assert_int_equal(out.st.failures, 0);
+    assert_non_null(strstr(out.source[2], "primary, direct: the proxy failed"));
+
+    /* every request direct (after the proxy's 503): the origin's ETag */
+    free(rf_get(&fault, "/ctl?mode=status&count=1000000&arg=503"));
+    sluice_model *m = NULL;
+    assert_int_equal(sluice_open(model_url(), &o, &m), SLUICE_OK);
+    for (size_t i = 0; i < 2; i++) {
+        sluice_tensor *t = NULL;
+        int rc = sluice_acquire(m, names[i], &t);
+        if (rc != SLUICE_OK)
+            fail_msg("acquire %s, every request direct: %s", names[i], sluice_errmsg(m));
+        sluice_release(t);
+    }
+    /* the origin's object replaced after open: same size, another ETag
+     * (nginx's is its mtime and size) */
+    char *copy = tu_join(root, "m.safetensors.new");
+    copy_file(model_path, copy);
+    struct timespec later[2] = {{.tv_sec = time(NULL) + 100}, {.tv_sec = time(NULL) + 100}};
+    assert_int_equal(utimensat(AT_FDCWD, copy, later, 0), 0);
+    assert_int_equal(rename(copy, model_path), 0);
+    free(copy);
+    /* (read_into: read now, whatever the loads read ahead) */
+    unsigned char buf[64];
+    assert_int_equal(sluice_read_into(m, "w.f", 0, buf, sizeof buf), SLUICE_E_FILE_CHANGED);
+    assert_non_null(strstr(sluice_errmsg(m), "412"));
+    sluice_close(m);
+    rf_stop(&fault);
 }
 
 /* A proxy that refuses connections: the first request (the open's probe)
@@ -383,12 +463,8 @@ static void test_proxy_refused(void **state)
 static void test_proxy_hangs(void **state)
 {
     (void)state;
-    char why[256];
     rf_server fault;
-    if (!rf_fault_start(&fault, SLUICE_FAULT_SERVER, bad_root, why, sizeof why)) {
-        print_message("skipped: %s\n", why);
-        skip();
-    }
+    start_fault(&fault);
     free(rf_get(&fault, "/ctl?mode=hang&count=100000&arg=30"));
     sluice_options o;
     opts_with_proxy(&o, fault.base);
@@ -410,12 +486,8 @@ static void test_proxy_hangs(void **state)
 static void test_proxy_5xx(void **state)
 {
     (void)state;
-    char why[256];
     rf_server fault;
-    if (!rf_fault_start(&fault, SLUICE_FAULT_SERVER, bad_root, why, sizeof why)) {
-        print_message("skipped: %s\n", why);
-        skip();
-    }
+    start_fault(&fault);
     free(rf_get(&fault, "/ctl?mode=status&count=100000&arg=503"));
     sluice_options o;
     opts_with_proxy(&o, fault.base);
@@ -460,6 +532,46 @@ static void test_proxy_environment(void **state)
     assert_int_equal(out.st.proxy_bypass_bytes, 0);
     unsetenv("no_proxy");
     unsetenv("http_proxy");
+}
+
+/* no_proxy applies to the redirects a request follows: the proxy (the
+ * fault server) answers a read of the origin (127.0.0.1, not in no_proxy)
+ * with a 302 to the same nginx named "localhost", which no_proxy names:
+ * that request goes to nginx directly, never through the proxy, and the
+ * bytes are the origin's (before: the proxy got "GET http://localhost:..."
+ * too, libcurl told no no_proxy of any kind). */
+static void test_no_proxy_redirect_target(void **state)
+{
+    (void)state;
+    rf_server fault;
+    start_fault(&fault);
+    setenv("no_proxy", "localhost", 1);
+    sluice_options o;
+    opts_with_proxy(&o, fault.base);
+    sluice_model *m = NULL;
+    int rc = sluice_open(model_url(), &o, &m);
+    unsetenv("no_proxy");
+    assert_int_equal(rc, SLUICE_OK);
+    char ctl[256];
+    snprintf(ctl, sizeof ctl, "/ctl?mode=redirect&count=1&arg=http://localhost:%u/m.safetensors",
+             nginx.port);
+    free(rf_get(&fault, "/ctl/clear"));
+    free(rf_get(&fault, ctl));
+    unsigned char got[1000];
+    rc = sluice_read_into(m, "w.b", 0, got, sizeof got);
+    char *log = rf_get(&fault, "/ctl/log");
+    rf_stop(&fault);
+    if (rc != SLUICE_OK)
+        fail_msg("read_into: %s", sluice_errmsg(m));
+    sluice_tensor *t = NULL;
+    assert_int_equal(sluice_acquire(m, "w.b", &t), SLUICE_OK);
+    assert_memory_equal(got, sluice_tensor_data(t), sizeof got);
+    sluice_release(t);
+    sluice_close(m);
+    assert_non_null(strstr(log, "GET http://127.0.0.1:"));
+    if (strstr(log, "GET http://localhost:"))
+        fail_msg("the redirect to a no_proxy host went through the proxy:\n%s", log);
+    free(log);
 }
 
 /* ---------------------------------------------------------------- Dragonfly */
@@ -815,6 +927,44 @@ static void test_dragonfly_redirect_no_connect(void **state)
  * 'ftp://alice:s3cret@...'" reached sluice_tensor_source once the 30 s
  * for which the proxy was taken for down had passed (this test waits
  * them). The proxy still gets the credentials (Proxy-Authorization). */
+/* The proxy's credentials go to the proxy only: a proxy named with
+ * user:password@ that answers 503 to everything, an origin that records
+ * what it is sent (a second fault server): every request goes direct at
+ * once, and none that reached the origin carries Proxy-Authorization or
+ * the credentials; the proxy got them. */
+static void test_proxy_credentials_stay_with_the_proxy(void **state)
+{
+    (void)state;
+    char why[256], proxy[128], url[128];
+    rf_server px, origin;
+    start_fault(&px);
+    if (!rf_fault_start(&origin, SLUICE_FAULT_SERVER, root, why, sizeof why)) {
+        rf_stop(&px);
+        print_message("skipped: %s\n", why);
+        skip();
+    }
+    free(rf_get(&px, "/ctl?mode=status&count=1000000&arg=503"));
+    snprintf(proxy, sizeof proxy, "http://al%%40ice:p%%3As@127.0.0.1:%u", px.port);
+    snprintf(url, sizeof url, "%s/m.safetensors", origin.base);
+    sluice_options o;
+    opts_with_proxy(&o, proxy);
+    outcome out;
+    load_all(url, &o, 0, &out);
+    char *at_proxy = rf_get(&px, "/ctl/log"), *at_origin = rf_get(&origin, "/ctl/log");
+    rf_stop(&px);
+    rf_stop(&origin);
+    if (!out.ok)
+        fail_msg("%s", out.why);
+    assert_true(out.st.proxy_failures >= 3);
+    assert_non_null(strstr(at_proxy, "Proxy-Authorization: Basic YWxAaWNlOnA6cw=="));
+    assert_non_null(strstr(at_origin, "GET /m.safetensors"));
+    if (strcasestr(at_origin, "Proxy-Authorization") || strcasestr(at_origin, "Authorization") ||
+        strstr(at_origin, "YWxAaWNlOnA6cw"))
+        fail_msg("the origin got the proxy's credentials:\n%s", at_origin);
+    free(at_proxy);
+    free(at_origin);
+}
+
 static void test_proxy_credentials_hidden(void **state)
 {
     (void)state;
@@ -1094,10 +1244,12 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_squid_eight_nodes),
         cmocka_unit_test(test_squid_corrupt_copy),
+        cmocka_unit_test(test_proxy_rewrites_etag),
         cmocka_unit_test(test_proxy_refused),
         cmocka_unit_test(test_proxy_hangs),
         cmocka_unit_test(test_proxy_5xx),
         cmocka_unit_test(test_proxy_environment),
+        cmocka_unit_test(test_no_proxy_redirect_target),
         cmocka_unit_test(test_dragonfly_headers),
         cmocka_unit_test(test_plain_no_dragonfly_headers),
         cmocka_unit_test(test_mirror_through_proxy),
@@ -1108,6 +1260,7 @@ int main(void)
         cmocka_unit_test(test_dragonfly_credentials_off_host_refused),
         cmocka_unit_test(test_dragonfly_hub_token_only_for_the_hub),
         cmocka_unit_test(test_proxy_credentials_hidden),
+        cmocka_unit_test(test_proxy_credentials_stay_with_the_proxy),
         cmocka_unit_test(test_proxy_own_manifest),
         cmocka_unit_test(test_part_through_lying_proxy),
         cmocka_unit_test(test_verify_files_through_lying_proxy),
