@@ -119,9 +119,11 @@ def statement(model, case):
         for r in res:
             if r["name"] == "sluice.manifest.json":
                 r["digest"] = hashlib.sha256(b"another manifest").hexdigest()
-    if case == "file-not-listed":
+    if case == "file-not-listed":  # the first .safetensors file
         first = next(r for r in res if r["name"].endswith(".safetensors"))
         res = [r for r in res if r is not first]
+    if case.startswith("omit-"):  # the Nth file listed (from 0, in the listing's order)
+        del res[int(case[5:])]
     if case == "duplicate":
         res.append(dict(res[0]))
     method = "shards" if case == "shards" else "files"
@@ -145,6 +147,10 @@ def statement(model, case):
     root = hashlib.sha256(b"".join(bytes.fromhex(r["digest"]) for r in res)).hexdigest()
     if case == "subject":
         root = hashlib.sha256(b"not the digests").hexdigest()
+    if case.startswith("subject-byte-"):  # right but for one bit of byte N (0-31)
+        raw = bytearray.fromhex(root)
+        raw[int(case[13:])] ^= 0x01
+        root = raw.hex()
     st = {"_type": "https://in-toto.io/Statement/v0.1" if case == "statement-type" else STYPE,
           "subject": [{"name": os.path.basename(os.path.abspath(model)), "digest": {"sha256": root}}],
           "predicateType": "https://example.com/other/v1" if case == "predicate-type" else PRED,
