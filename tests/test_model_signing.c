@@ -151,7 +151,18 @@ static void test_open_cases(void **state)
         {"media-type", 0, "wrong media type"},
         {"hint", 0, "key hint mismatch"},
         {"untrusted-chain", 1, "certificate chain is not trusted"},
-        {"no-sign", 1, "may not sign"},
+        {"no-sign", 1, "may not sign: its key usage lacks digitalSignature"},
+        /* the leaf rule (issue 36): OpenSSL security level 2 and a
+         * code-signing leaf; the reference's own leaf shape (a CA flag
+         * without keyCertSign) passes */
+        {"cert-sha1", 1, "at OpenSSL security level 2 (no SHA-1"},
+        {"cert-is-ca", 1, "may not sign: it is a CA"},
+        {"cert-tls", 1, "may not sign: its extended key usage lacks codeSigning"},
+        {"cert-no-eku", 1, "may not sign: it has no extended key usage"},
+        {"cert-ca-flag", 1, NULL},
+        /* (r, n - s): the same signature over the same payload, accepted
+         * as the reference and OpenSSL accept it (docs/manifests.md) */
+        {"malleated", 0, NULL},
         {"bad-signature", 0, "ECDSA signature does not verify"},
         {"payload-type", 0, "wrong payload type"},
         {"statement-type", 0, "wrong statement type"},
@@ -279,6 +290,15 @@ static void test_sign_round_trip(void **state)
     expect_status(&r, 2, "sign with another key's certificate");
     assert_non_null(strstr(r.err, "not the key's"));
     run_free(&r);
+
+    /* a certificate sluice would refuse at open (a TLS server's) is
+     * refused when signing */
+    char *tls = key(f, "ca-tls.crt");
+    r = run(f->dir, "sign", f->model, "--format", "model-signing", "--key", lk, "--cert", tls, NULL);
+    expect_status(&r, 2, "sign with a TLS-server certificate");
+    assert_non_null(strstr(r.err, "may not sign models: its extended key usage lacks codeSigning"));
+    run_free(&r);
+    free(tls);
 
     /* the manifest changed after signing */
     char *mf = tu_join(f->model, "sluice.manifest.json");
