@@ -337,7 +337,12 @@ typedef struct sluice_options {
     /* OpenSSF model signing (see "OpenSSF model signing" below). */
     const char *const *trusted_cas; /* paths of PEM files of CA certificates:
                                   a model.sig signed with a certificate chain
-                                  must chain to one of them. NULL: none.
+                                  must chain to one of them, at OpenSSL
+                                  security level 2 (no SHA-1 signature), and
+                                  its leaf be a code-signing certificate (not
+                                  a CA; key usage digitalSignature; extended
+                                  key usage codeSigning, not serverAuth; see
+                                  "OpenSSF model signing" below). NULL: none.
                                   Read by sluice_open only */
     size_t ntrusted_cas;        /* entries in trusted_cas (as ntrusted_keys) */
     const char *signature_path; /* the model-signing bundle; NULL: model.sig in
@@ -1280,10 +1285,18 @@ SLUICE_API int sluice_trim(sluice_model *model, uint64_t *released);
  *    material (a public-key hint, SHA-256 of the key's PEM text, that
  *    names one trusted EC key; the older form without a hint is tried
  *    with each; or the certificate chain, leaf first, to a trusted CA,
- *    checked at the leaf's notBefore, and the leaf allowed to sign: key
- *    usage digitalSignature, or extended key usage codeSigning); the
+ *    checked at the leaf's notBefore at OpenSSL security level 2 (no
+ *    SHA-1 signature, no RSA key under 2048 bits), and the leaf a
+ *    code-signing certificate as OpenSSL 3.2's X509_PURPOSE_CODE_SIGN
+ *    defines it: not a CA (X509_check_ca), key usage critical with
+ *    digitalSignature and without keyCertSign or cRLSign, extended key
+ *    usage with codeSigning and without serverAuth or
+ *    anyExtendedKeyUsage; stricter than the reference, which takes
+ *    digitalSignature or codeSigning alone, docs/manifests.md); the
  *    ECDSA signature, with the curve's hash, over the DSSE
- *    pre-authentication encoding; the payload type, statement type and
+ *    pre-authentication encoding (an (r, s) and its twin (r, n - s) both
+ *    verify, as everywhere: the same payload signed); the payload type,
+ *    statement type and
  *    predicate type; one subject whose SHA-256 is that of the listed
  *    resource digests, in order.
  *  - Then the link to what is loaded: the manifest read (its path

@@ -364,6 +364,44 @@ static time_t asn1_time_t(const ASN1_TIME *t, int *ok)
     return *ok ? timegm(&tm) : 0;
 }
 
+/* The OpenSSL security level of chain checks: 112 bits, so no SHA-1 (nor
+ * MD5) signature under the trust anchor and no RSA or DSA key under 2048
+ * bits (EC under 224). Level 1 refuses SHA-1 too; 2 is Debian's for TLS. */
+#define MS_AUTH_LEVEL 2
+
+/* Whether a leaf certificate may sign models: NULL, or why not. The rule
+ * is OpenSSL 3.2's X509_PURPOSE_CODE_SIGN (the CA/Browser Forum's
+ * code-signing leaf), which OpenSSL 3.0 lacks, so it is written here on
+ * OpenSSL's decoded extensions (a purpose of our own, X509_PURPOSE_add,
+ * would change the process's global purpose table): not a CA as
+ * X509_check_ca sees one (the reference's own leaves carry the CA flag
+ * without keyCertSign, which X509_check_ca and this rule take); key usage
+ * present, critical, with digitalSignature and without keyCertSign or
+ * cRLSign; extended key usage present, with codeSigning and without
+ * serverAuth or anyExtendedKeyUsage. sigstore-python asks the same of a
+ * leaf; the reference asks digitalSignature or codeSigning alone. */
+static const char *leaf_may_not_sign(X509 *c)
+{
+    uint32_t xf = X509_get_extension_flags(c);
+    uint32_t ku = X509_get_key_usage(c), xku = X509_get_extended_key_usage(c);
+    int at = X509_get_ext_by_NID(c, NID_key_usage, -1);
+    if (X509_check_ca(c))
+        return "it is a CA certificate (it may issue certificates)";
+    if (!(xf & EXFLAG_KUSAGE) || !(ku & KU_DIGITAL_SIGNATURE))
+        return "its key usage lacks digitalSignature";
+    if (ku & (KU_KEY_CERT_SIGN | KU_CRL_SIGN))
+        return "its key usage allows keyCertSign or cRLSign";
+    if (at < 0 || !X509_EXTENSION_get_critical(X509_get_ext(c, at)))
+        return "its key usage is not critical";
+    if (!(xf & EXFLAG_XKUSAGE))
+        return "it has no extended key usage (codeSigning is required)";
+    if (!(xku & XKU_CODE_SIGN))
+        return "its extended key usage lacks codeSigning";
+    if (xku & (XKU_SSL_SERVER | XKU_ANYEKU))
+        return "its extended key usage allows serverAuth or anyExtendedKeyUsage too";
+    return NULL;
+}
+
 /* The certificate chain of the bundle (leaf first, DER base64) checked
  * against the trusted CAs at the leaf's notBefore (the reference's
  * signing time), and the leaf allowed to sign; *leaf_key gets its key. */
@@ -428,29 +466,29 @@ static int check_chain(const cJSON *chain, const char *sig_path, const sl_ms_tru
         goto done;
     }
     X509_STORE_CTX_set_time(ctx, 0, when);
+    X509_VERIFY_PARAM_set_auth_level(X509_STORE_CTX_get0_param(ctx), MS_AUTH_LEVEL);
     if (X509_verify_cert(ctx) != 1) {
         int e = X509_STORE_CTX_get_error(ctx);
+        int weak = e == X509_V_ERR_CA_MD_TOO_WEAK || e == X509_V_ERR_CA_KEY_TOO_SMALL ||
+                   e == X509_V_ERR_EE_KEY_TOO_SMALL;
         char subject[256] = "";
         X509 *at = X509_STORE_CTX_get_current_cert(ctx);
         if (at)
             X509_NAME_oneline(X509_get_subject_name(at), subject, sizeof subject);
         rc = sl_fail(err, SLUICE_E_SIGNATURE, "signature %s: the certificate chain is not trusted: "
                      "%s (at depth %d, %s), checked at the signing certificate's notBefore "
-                     "against %zu trusted CA file%s", sig_path, X509_verify_cert_error_string(e),
+                     "against %zu trusted CA file%s%s", sig_path, X509_verify_cert_error_string(e),
                      X509_STORE_CTX_get_error_depth(ctx), *subject ? subject : "?", t->ncas,
-                     t->ncas == 1 ? "" : "s");
+                     t->ncas == 1 ? "" : "s", weak ? " at OpenSSL security level 2 (no SHA-1 "
+                     "signature, no RSA key under 2048 bits)" : "");
         ERR_clear_error();
         goto done;
     }
-    /* The reference's rule: key usage digitalSignature, or else extended
-     * key usage codeSigning. */
-    uint32_t xf = X509_get_extension_flags(leaf);
-    int can_sign = ((xf & EXFLAG_KUSAGE) && (X509_get_key_usage(leaf) & KU_DIGITAL_SIGNATURE)) ||
-                   ((xf & EXFLAG_XKUSAGE) && (X509_get_extended_key_usage(leaf) & XKU_CODE_SIGN));
-    if (!can_sign) {
+    const char *why = leaf_may_not_sign(leaf);
+    if (why) {
         rc = sl_fail(err, SLUICE_E_SIGNATURE, "signature %s: the signing certificate may not "
-                     "sign: neither key usage digitalSignature nor extended key usage "
-                     "codeSigning", sig_path);
+                     "sign: %s (a model's signing certificate is a code-signing leaf)",
+                     sig_path, why);
         goto done;
     }
     EVP_PKEY *k = X509_get_pubkey(leaf);
@@ -1339,6 +1377,10 @@ int sl_ms_sign(const char *model_dir, const char *sig_path, EVP_PKEY *key, X509 
         if (!ck || EVP_PKEY_eq(ck, key) != 1)
             return sl_fail(err, SLUICE_E_SIGNATURE, "sign: the certificate's public key is not "
                            "the key's (the certificate was issued for another key)");
+        const char *no = leaf_may_not_sign(cert);
+        if (no)
+            return sl_fail(err, SLUICE_E_SIGNATURE, "sign: the certificate may not sign models: "
+                           "%s; verifiers would refuse the bundle", no);
     }
     size_t nign = 0;
     char *sig_rel = NULL;

@@ -6,8 +6,10 @@ v0.3, DSSE, the in-toto statement of model_signing 1.x), never from the
 reference's code.
 
   model_signing_fx.py keys DIR               EC keys (p256, p384, p521, other),
-                                             a CA, a leaf, a leaf that may not
-                                             sign, an untrusted CA and its leaf
+                                             a CA and its leaves (LEAVES: one
+                                             for code signing, and each kind
+                                             the leaf rule refuses), an
+                                             untrusted CA and its leaves
   model_signing_fx.py sign MODEL DIR CASE    writes MODEL/model.sig for CASE
   model_signing_fx.py check MODEL SIG PUB    verifies a bundle sluice wrote, by
                                              the format's rules (exit 0 or 1)
@@ -20,10 +22,13 @@ import hashlib
 import json
 import os
 import sys
+import warnings
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.utils import (decode_dss_signature,
+                                                             encode_dss_signature)
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 MEDIA = "application/vnd.dev.sigstore.bundle.v0.3+json"
@@ -33,6 +38,11 @@ PRED = "https://model_signing/signature/v1.0"
 CURVES = {"p256": ec.SECP256R1(), "p384": ec.SECP384R1(), "p521": ec.SECP521R1()}
 IGNORED = {"model.sig", ".git", ".gitattributes", ".github", ".gitignore"}
 SHARD = 4096  # the shard size of case "shards"
+ORDER = {  # the group orders n of P-256, P-384, P-521 (SEC 2)
+    256: 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551,
+    384: int("FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFC7634D81F4372DDF581A0DB248B0A77AECEC196ACCC52973", 16),
+    521: int("01FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFA51868783BF2F966B7FCC0148F709A5D03BB5C9B8899C47AEBB6FB71E91386409", 16),
+}
 
 
 def md_of(pub):
@@ -57,7 +67,7 @@ def load_key(path):
         return serialization.load_pem_private_key(f.read(), None)
 
 
-def cert(subject, issuer, issuer_key, pub, ca, usage):
+def cert(subject, issuer, issuer_key, pub, ca, usage, eku=None, md=None):
     now = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
     b = (x509.CertificateBuilder()
          .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
@@ -70,7 +80,30 @@ def cert(subject, issuer, issuer_key, pub, ca, usage):
               crl_sign=False, encipher_only=False, decipher_only=False)
     ku.update(usage)
     b = b.add_extension(x509.KeyUsage(**ku), critical=True)
-    return b.sign(issuer_key, hashes.SHA256())
+    if eku:
+        b = b.add_extension(x509.ExtendedKeyUsage(eku), critical=False)
+    with warnings.catch_warnings():  # SHA-1 is deprecated: that is the point of "sha1"
+        warnings.simplefilter("ignore")
+        return b.sign(issuer_key, md or hashes.SHA256())
+
+
+SIGN = {"digital_signature": True}
+CODE = [ExtendedKeyUsageOID.CODE_SIGNING]
+# The leaves of each CA (its leaf key's certificates), by file name: the
+# ones sluice's leaf rule refuses, and the reference's own shape (a
+# basicConstraints CA flag without keyCertSign: not a CA), which it takes.
+LEAVES = {
+    "leaf": (False, SIGN, CODE, None),
+    "nosign": (False, {"key_agreement": True}, None, None),
+    "sha1": (False, SIGN, CODE, hashes.SHA1()),                  # signed with SHA-1
+    "is-ca": (True, dict(SIGN, key_cert_sign=True), CODE, None),  # may issue certificates
+    "tls": (False, dict(SIGN, key_encipherment=True), [ExtendedKeyUsageOID.SERVER_AUTH], None),
+    "no-eku": (False, SIGN, None, None),                         # the reference takes it
+    "ca-flag": (True, SIGN, CODE, None),                         # the reference's own shape
+}
+# case -> leaf of "ca" it is signed with
+CERT_CASES = {"cert": "leaf", "no-sign": "nosign", "cert-sha1": "sha1", "cert-is-ca": "is-ca",
+              "cert-tls": "tls", "cert-no-eku": "no-eku", "cert-ca-flag": "ca-flag"}
 
 
 def keys(d):
@@ -86,8 +119,9 @@ def keys(d):
             f.write(ca_cert.public_bytes(serialization.Encoding.PEM))
         leaf_key = ec.generate_private_key(ec.SECP256R1())
         write_key(os.path.join(d, ca_name + "-leaf"), leaf_key)
-        for leaf, usage in (("leaf", {"digital_signature": True}), ("nosign", {"key_agreement": True})):
-            c = cert(ca_name + "-" + leaf, ca_name, ca_key, leaf_key.public_key(), False, usage)
+        for leaf, (is_ca, usage, eku, md) in LEAVES.items():
+            c = cert(ca_name + "-" + leaf, ca_name, ca_key, leaf_key.public_key(), is_ca, usage,
+                     eku, md)
             with open(os.path.join(d, "%s-%s.crt" % (ca_name, leaf)), "wb") as f:
                 f.write(c.public_bytes(serialization.Encoding.PEM))
 
@@ -119,9 +153,11 @@ def statement(model, case):
         for r in res:
             if r["name"] == "sluice.manifest.json":
                 r["digest"] = hashlib.sha256(b"another manifest").hexdigest()
-    if case == "file-not-listed":
+    if case == "file-not-listed":  # the first .safetensors file
         first = next(r for r in res if r["name"].endswith(".safetensors"))
         res = [r for r in res if r is not first]
+    if case.startswith("omit-"):  # the Nth file listed (from 0, in the listing's order)
+        del res[int(case[5:])]
     if case == "duplicate":
         res.append(dict(res[0]))
     method = "shards" if case == "shards" else "files"
@@ -145,6 +181,10 @@ def statement(model, case):
     root = hashlib.sha256(b"".join(bytes.fromhex(r["digest"]) for r in res)).hexdigest()
     if case == "subject":
         root = hashlib.sha256(b"not the digests").hexdigest()
+    if case.startswith("subject-byte-"):  # right but for one bit of byte N (0-31)
+        raw = bytearray.fromhex(root)
+        raw[int(case[13:])] ^= 0x01
+        root = raw.hex()
     st = {"_type": "https://in-toto.io/Statement/v0.1" if case == "statement-type" else STYPE,
           "subject": [{"name": os.path.basename(os.path.abspath(model)), "digest": {"sha256": root}}],
           "predicateType": "https://example.com/other/v1" if case == "predicate-type" else PRED,
@@ -157,11 +197,11 @@ def statement(model, case):
 
 
 def sign(model, d, case):
-    certified = case.startswith("cert") or case in ("untrusted-chain", "no-sign")
+    certified = case in CERT_CASES or case == "untrusted-chain"
     if certified:
         ca = "evil-ca" if case == "untrusted-chain" else "ca"
         key = load_key(os.path.join(d, ca + "-leaf.key"))
-        with open(os.path.join(d, "%s-%s.crt" % (ca, "nosign" if case == "no-sign" else "leaf")), "rb") as f:
+        with open(os.path.join(d, "%s-%s.crt" % (ca, CERT_CASES.get(case, "leaf"))), "rb") as f:
             leaf = x509.load_pem_x509_certificate(f.read())
         vm = {"x509CertificateChain": {"certificates": [
             {"rawBytes": base64.b64encode(leaf.public_bytes(serialization.Encoding.DER)).decode()}]}}
@@ -177,6 +217,9 @@ def sign(model, d, case):
     payload = statement(model, case)
     signed = payload + b" " if case == "bad-signature" else payload
     sig = key.sign(pae(signed), ec.ECDSA(md_of(key.public_key())))
+    if case == "malleated":  # (r, s) rewritten to (r, n - s): the same signature's twin
+        r, s = decode_dss_signature(sig)
+        sig = encode_dss_signature(r, ORDER[key.curve.key_size] - s)
     bundle = {"mediaType": "application/vnd.dev.sigstore.bundle+json;version=0.1"
               if case == "media-type" else MEDIA,
               "verificationMaterial": vm,

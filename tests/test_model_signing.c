@@ -151,34 +151,112 @@ static void test_open_cases(void **state)
         {"media-type", 0, "wrong media type"},
         {"hint", 0, "key hint mismatch"},
         {"untrusted-chain", 1, "certificate chain is not trusted"},
-        {"no-sign", 1, "may not sign"},
+        {"no-sign", 1, "may not sign: its key usage lacks digitalSignature"},
+        /* the leaf rule (issue 36): OpenSSL security level 2 and a
+         * code-signing leaf; the reference's own leaf shape (a CA flag
+         * without keyCertSign) passes */
+        {"cert-sha1", 1, "at OpenSSL security level 2 (no SHA-1"},
+        {"cert-is-ca", 1, "may not sign: it is a CA"},
+        {"cert-tls", 1, "may not sign: its extended key usage lacks codeSigning"},
+        {"cert-no-eku", 1, "may not sign: it has no extended key usage"},
+        {"cert-ca-flag", 1, NULL},
+        /* (r, n - s): the same signature over the same payload, accepted
+         * as the reference and OpenSSL accept it (docs/manifests.md) */
+        {"malleated", 0, NULL},
         {"bad-signature", 0, "ECDSA signature does not verify"},
         {"payload-type", 0, "wrong payload type"},
         {"statement-type", 0, "wrong statement type"},
         {"predicate-type", 0, "wrong predicate type"},
         {"subject", 0, "subject digest is inconsistent"},
+        /* right but for one bit of byte 16, or of the last byte: a compare
+         * of only the first 16 bytes would pass them (issue 41) */
+        {"subject-byte-16", 0, "subject digest is inconsistent"},
+        {"subject-byte-31", 0, "subject digest is inconsistent"},
         {"duplicate", 0, "listed twice"},
         {"compat-duplicate", 0, "listed twice"},
         {"manifest-not-listed", 0, "is not listed among"},
         {"manifest-digest", 0, "differs from the one signed"},
         {"file-not-listed", 0, "model file model-00001-of-00002.safetensors is not listed"},
+        {"omit-1", 0, "model file model-00002-of-00002.safetensors is not listed"},
         {"keyless", 0, "keyless (Sigstore)"},
         {"cert", 0, "no trusted CA is given"},
         {"p256", 1, "no trusted EC public key"},
     };
+    int failed = 0; /* every case is tried, each wrong one said */
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         assert_int_equal(py("sign %s %s %s", f->model, f->keys, cases[i].name), 0);
         char msg[2048];
         int rc = open_with(f, cases[i].ca, msg, sizeof msg);
-        if (!cases[i].words) {
-            if (rc != SLUICE_OK)
-                fail_msg("%s: %d %s", cases[i].name, rc, msg);
-            continue;
+        if (!cases[i].words ? rc != SLUICE_OK
+                            : rc != SLUICE_E_SIGNATURE || !strstr(msg, cases[i].words)) {
+            print_error("%s: status %d, message \"%s\", expected %s%s%s\n", cases[i].name, rc,
+                        msg, cases[i].words ? "SLUICE_E_SIGNATURE and \"" : "SLUICE_OK",
+                        cases[i].words ? cases[i].words : "", cases[i].words ? "\"" : "");
+            failed++;
         }
-        if (rc != SLUICE_E_SIGNATURE || !strstr(msg, cases[i].words))
-            fail_msg("%s: status %d, message \"%s\", expected SLUICE_E_SIGNATURE and \"%s\"",
-                     cases[i].name, rc, msg, cases[i].words);
     }
+    if (failed)
+        fail_msg("%d of %zu cases wrong", failed, sizeof cases / sizeof *cases);
+}
+
+/* A file left out of the statement fails the open and the file-level
+ * check whichever it is: the first shard (test_open_cases), the last, or
+ * the middle of three. A loop over the files that stops one short, in
+ * the link or in the tree check, passes the last (issue 41); the tree
+ * check walks in directory order, so each of the four files (three
+ * shards and the manifest) is left out in turn. */
+static void test_every_shard_listed(void **state)
+{
+    fx *f = *state;
+    fx g = *f;
+    g.model = tu_join(f->dir, "m3");
+    assert_int_equal(mkdir(g.model, 0755), 0);
+    char name[64], tensor[16];
+    for (int i = 1; i <= 3; i++) {
+        snprintf(name, sizeof name, "model-%05d-of-00003.safetensors", i);
+        snprintf(tensor, sizeof tensor, "s%d", i);
+        const char *names[] = {tensor};
+        const uint64_t sizes[] = {100 * (uint64_t)i};
+        char *p = tu_join(g.model, name);
+        mf_write_model(p, 1, names, sizes);
+        free(p);
+    }
+    char *mf = tu_join(g.model, "sluice.manifest.json"), *pub = key(f, "p256.pub");
+    char *sig = tu_join(g.model, "model.sig");
+    run_result r = run(f->dir, "manifest", g.model, "-q", "-o", mf, NULL);
+    expect_status(&r, 0, "manifest (three shards)");
+    run_free(&r);
+    const char *keys[] = {pub};
+    sl_ms_trust t = {keys, 1, NULL, 0};
+    char msg[2048], want[128];
+    assert_int_equal(py("sign %s %s p256", g.model, f->keys), 0);
+    if (open_with(&g, 0, msg, sizeof msg) != SLUICE_OK)
+        fail_msg("three shards, all listed: %s", msg);
+    for (int k = 0; k < 4; k++) { /* listed in order: the shards, then the manifest */
+        assert_int_equal(py("sign %s %s omit-%d", g.model, f->keys, k), 0);
+        if (k < 3)
+            snprintf(name, sizeof name, "model-%05d-of-00003.safetensors", k + 1);
+        else
+            snprintf(name, sizeof name, "sluice.manifest.json");
+        snprintf(want, sizeof want, k < 3 ? "model file %s is not listed" : "%s is not listed",
+                 name);
+        int rc = open_with(&g, 0, msg, sizeof msg);
+        if (rc != SLUICE_E_SIGNATURE || !strstr(msg, want))
+            fail_msg("%s not listed: status %d, %s", name, rc, msg);
+        sl_ms_statement *s = NULL;
+        sl_err err = {0};
+        assert_int_equal(sl_ms_verify_file(sig, &t, &s, &err), SLUICE_OK);
+        snprintf(want, sizeof want, "%s\" in %s is not signed", name, g.model);
+        if (sl_ms_check_tree(s, g.model, sig, NULL, 0, &err) != SLUICE_E_SIGNATURE ||
+            !strstr(err.msg, want))
+            fail_msg("file-level check, %s not listed: %s", name, err.msg);
+        sl_ms_statement_free(s);
+    }
+    tu_rmtree(g.model);
+    free(g.model);
+    free(mf);
+    free(pub);
+    free(sig);
 }
 
 /* sluice sign writes what the format's rules accept, and sluice_open
@@ -212,6 +290,15 @@ static void test_sign_round_trip(void **state)
     expect_status(&r, 2, "sign with another key's certificate");
     assert_non_null(strstr(r.err, "not the key's"));
     run_free(&r);
+
+    /* a certificate sluice would refuse at open (a TLS server's) is
+     * refused when signing */
+    char *tls = key(f, "ca-tls.crt");
+    r = run(f->dir, "sign", f->model, "--format", "model-signing", "--key", lk, "--cert", tls, NULL);
+    expect_status(&r, 2, "sign with a TLS-server certificate");
+    assert_non_null(strstr(r.err, "may not sign models: its extended key usage lacks codeSigning"));
+    run_free(&r);
+    free(tls);
 
     /* the manifest changed after signing */
     char *mf = tu_join(f->model, "sluice.manifest.json");
@@ -657,6 +744,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sign_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ed25519_beside_ec, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shards_cover, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_every_shard_listed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_file_check_says, setup, teardown),
         cmocka_unit_test_setup_teardown(test_signed_file_digests, setup, teardown),
     };

@@ -100,7 +100,8 @@ static void usage(FILE *out)
             IG_KEY_HELP
             "  --ca PEM          a trusted CA certificate (repeatable): an OpenSSF model\n"
             "                    signature (model.sig) made with a certificate must chain\n"
-            "                    to one; --key also takes EC keys for model.sig\n"
+            "                    to one (no SHA-1; a code-signing leaf, not a CA's or a\n"
+            "                    TLS server's); --key also takes EC keys for model.sig\n"
             "  --signature FILE  the OpenSSF model-signing bundle (default: model.sig in\n"
             "                    the model's directory, checked when present with --key,\n"
             "                    always with --ca); it must list the manifest and files\n"

@@ -1,7 +1,8 @@
 /* fuzz_msign.c: libFuzzer target for OpenSSF model-signing bundles
  * (model_signing.c). The input is a bundle (model.sig); a trusted EC key
  * and a trusted CA are fixed (corpus/msign was written for them by
- * tests/model_signing_fx.py, their private halves thrown away). Every
+ * tests/model_signing_fx.py, their private halves thrown away; the CA
+ * remade when the leaf rule came, its cert*.sig with it). Every
  * input is verified through sl_ms_verify_text as sluice_open runs it:
  * accepted with a statement, or rejected with SLUICE_E_SIGNATURE and a
  * message, never a crash or a leak. */
@@ -18,14 +19,15 @@ static const char public_key[] =
     "-----END PUBLIC KEY-----\n";
 static const char ca_cert[] =
     "-----BEGIN CERTIFICATE-----\n"
-    "MIIBfDCCAQKgAwIBAgIUNom9Nvpo/vJGkGX6ijTkMuuv9g4wCgYIKoZIzj0EAwIw\n"
+    "MIIBfTCCAQKgAwIBAgIUdgik9ENXMRdUXVkyVA+VHtGWTW8wCgYIKoZIzj0EAwIw\n"
     "DTELMAkGA1UEAwwCY2EwHhcNMjYwMTAxMDAwMDAwWhcNMzUxMjMwMDAwMDAwWjAN\n"
-    "MQswCQYDVQQDDAJjYTB2MBAGByqGSM49AgEGBSuBBAAiA2IABHbbNAimwKgBniDT\n"
-    "berkNCBQ8qSNXHihdWm57L4gTH3TqRk2TFU112pByPp01Hd8B2HKUiOZ1F3ftpcA\n"
-    "revQ0M8tWTXF7u2GKYZpfNipbuEwvNzNTpSZMecUow9rcx+9aaMjMCEwDwYDVR0T\n"
-    "AQH/BAUwAwEB/zAOBgNVHQ8BAf8EBAMCAQYwCgYIKoZIzj0EAwIDaAAwZQIxAKzn\n"
-    "Be3/1IBtxCWUaNk/P9VHanUGOPOWdu7kzVh3zq6mXHt1mJQy33tNOV7ZE6WnlAIw\n"
-    "N6qUcjlBCscQOF0Mubhq71Jir1CUwXANNr8vO/PBRBpVPs3uU+ys51eQDBRhsgC5\n"
+    "MQswCQYDVQQDDAJjYTB2MBAGByqGSM49AgEGBSuBBAAiA2IABI5jXmipIEDlWk0H\n"
+    "YSfOGzWnzSwvDEM0P0avYGVN5cxbKDKPIwVFgUnCgdiiImWU1hhIoTyqu8KefnSh\n"
+    "63VX0QQRGqql9faaeh0uRuvgzFil0YeFGQmnYWf8z487ZZSHSaMjMCEwDwYDVR0T\n"
+    "AQH/BAUwAwEB/zAOBgNVHQ8BAf8EBAMCAQYwCgYIKoZIzj0EAwIDaQAwZgIxAKab\n"
+    "rLz83oC/YmEzrjOeCI/WXYuBaMvUI9Yv5K8KFPwMyx0Vb57cABV8IjBiBFax0wIx\n"
+    "ANoLDgBsUbbGmTGmz1ed3pLruJUi9u64yMFI6ruh7eo9bMcz4KkVdKTZrqrnFz4z\n"
+    "/g==\n"
     "-----END CERTIFICATE-----\n";
 static char key_path[160], ca_path[160];
 
