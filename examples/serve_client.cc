@@ -29,7 +29,9 @@
 // is resumed on another (--failovers N times in the run, 8 by default; 0
 // for one server): a stream from the next tensor, the tensor in flight
 // from its next chunk, every byte still checked against the manifest
-// digest.
+// digest. A list is shuffled once per run (std::random_device), so each
+// client begins on a replica of its own drawing; the order is said on
+// stderr ("replicas: ipv4:A,B,C") unless --quiet.
 //
 // usage: serve_client ADDR COMMAND [ARGS] [OPTIONS]
 //   list                       the models
@@ -895,6 +897,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "serve_client: %s\n", target.err.c_str());
         return 2;
     }
+    // A replica set: the order this client drew (its rotation's start), said.
+    if (target.replicas && !o.quiet)
+        fprintf(stderr, "replicas: %s\n", target.uri.c_str());
     Client c(target, o);
     grpc::Status st;
 
