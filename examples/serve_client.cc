@@ -29,7 +29,9 @@
 // is resumed on another (--failovers N times in the run, 8 by default; 0
 // for one server): a stream from the next tensor, the tensor in flight
 // from its next chunk, every byte still checked against the manifest
-// digest.
+// digest. A list is shuffled once per run (std::random_device), so each
+// client begins on a replica of its own drawing; the order is said on
+// stderr ("replicas: ipv4:A,B,C") unless --quiet.
 //
 // usage: serve_client ADDR COMMAND [ARGS] [OPTIONS]
 //   list                       the models
@@ -70,6 +72,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -109,6 +112,35 @@ struct Target {
     std::string err;  // not empty: the list is not one the client takes
 };
 
+// A list of addresses in a random order, drawn for each client (each
+// process: one channel) from std::random_device, the kernel's source (no
+// generator state shared with anything). gRPC's round_robin (1.51) hands
+// a channel's first calls to the replicas that turn ready first, which
+// are the list's first, and draws its picker's starting index from the
+// C library's rand(), which nothing seeds: every client given the list in
+// one order began on the same replica (3 clients streaming: all on the
+// first). Shuffled, each client begins on a replica of its own drawing,
+// and round_robin goes on from there, call by call.
+std::string shuffled(const std::string &scheme, std::vector<std::string> entries)
+{
+    std::random_device rd;
+    std::shuffle(entries.begin(), entries.end(), rd);
+    std::string uri = scheme;
+    for (size_t k = 0; k < entries.size(); k++)
+        uri += (k ? "," : "") + entries[k];
+    return uri;
+}
+
+std::vector<std::string> split_list(const std::string &s)
+{
+    std::vector<std::string> v;
+    std::stringstream ss(s);
+    std::string e;
+    while (std::getline(ss, e, ','))
+        v.push_back(e);
+    return v;
+}
+
 Target target_of(const std::string &addr)
 {
     Target t;
@@ -117,6 +149,10 @@ Target target_of(const std::string &addr)
             t.uri = addr;
             t.replicas = true;
             t.addresses = scheme[0] == 'i';
+            // ipv4:A,B,... is a list too: shuffled. A dns: target's
+            // addresses come from the resolver, in its order.
+            if (t.addresses)
+                t.uri = shuffled(scheme, split_list(addr.substr(strlen(scheme))));
             return t;
         }
     if (addr.find(',') == std::string::npos) {
@@ -125,9 +161,8 @@ Target target_of(const std::string &addr)
     }
     // gRPC's ipv4:/ipv6: lists take addresses of one family, no names.
     std::string family;
-    std::stringstream ss(addr);
-    std::string e;
-    while (std::getline(ss, e, ',')) {
+    std::vector<std::string> entries = split_list(addr);
+    for (const std::string &e : entries) {
         size_t colon = e.rfind(':');
         std::string host = colon == std::string::npos ? "" : e.substr(0, colon);
         std::string port = colon == std::string::npos ? "" : e.substr(colon + 1);
@@ -149,8 +184,8 @@ Target target_of(const std::string &addr)
             return t;
         }
         family = f;
-        t.uri += (t.uri.empty() ? f : ",") + e;
     }
+    t.uri = shuffled(family, entries);
     t.replicas = t.addresses = true;
     return t;
 }
@@ -874,6 +909,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "serve_client: %s\n", target.err.c_str());
         return 2;
     }
+    // A replica set: the order this client drew (its rotation's start), said.
+    if (target.replicas && !o.quiet)
+        fprintf(stderr, "replicas: %s\n", target.uri.c_str());
     Client c(target, o);
     grpc::Status st;
 

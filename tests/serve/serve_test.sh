@@ -5,8 +5,8 @@
 # server started is stopped at the end, also on failure.
 # usage: serve_test.sh BUILD_DIR REAL_DATA_DIR CASE
 #   CASE: fetch | errors | security | shutdown | load | transport | flood | replicas
-#         | remote | attack_reset | attack_control | attack_idle | attack_halfclose
-#         (tests/serve/attack_cases.sh)
+#         | remote | balance | attack_reset | attack_control | attack_idle
+#         | attack_halfclose (tests/serve/attack_cases.sh)
 set -u
 B=$1
 REAL=$2
@@ -1155,6 +1155,44 @@ case_remote() {
 }
 
 . "$SRC/tests/serve/attack_cases.sh"
+
+# Issue 36 item 10: 30 client processes of 3 replicas, one call each,
+# one after another
+# (`list`: one ListModels). Before, every one began on the list's first
+# replica (gRPC 1.51's round_robin: the first ready replica, the start
+# index from an unseeded rand()); each client now shuffles its list from
+# the system's random source, so more than one replica gets calls. With
+# the fix all 30 on one replica has probability 3 x (1/3)^30 < 1e-13.
+case_balance() {
+    make_big "$T/small" a:4096
+    local m=model.safetensors i k hit=0 got=""
+    start_replicas 3 "$T/small/$m" --max-connections-per-address 64
+    # one after another: concurrent starts race each other's connections,
+    # which spreads the calls by chance even without the shuffle
+    for i in $(seq 30); do
+        timeout 60 "$CLIENT" "$RLIST" list >/dev/null 2>>"$T/balance.err"
+    done
+    # The mechanism: the order each client drew, which it says on stderr
+    # ("replicas: ipv4:A,B,C"): its first address is not always the same.
+    local firsts
+    firsts=$(sed -n 's/^replicas: ipv4:\([^,]*\),.*/\1/p' "$T/balance.err" | sort | uniq -c |
+        awk '{printf "%s%s", (NR > 1 ? "/" : ""), $1}')
+    [ "$(sed -n 's/^replicas: ipv4:\([^,]*\),.*/\1/p' "$T/balance.err" | sort -u | wc -l)" -gt 1 ] &&
+        ok "30 clients drew their own orders (first replicas: $firsts)" ||
+        bad "30 clients all began their lists on one replica (${firsts:-no \"replicas:\" line})"
+    for k in 1 2 3; do
+        local n
+        n=$(metric "${RMPORT[k]}" 'sluice_serve_calls_total{method="ListModels",code="OK"}')
+        got+="${got:+/}${n:-?}"
+        [ "${n:-0}" -gt 0 ] && hit=$((hit + 1))
+    done
+    [ $hit -gt 1 ] && ok "30 one-call clients of 3 replicas: $got calls (more than one replica)" ||
+        bad "30 one-call clients of 3 replicas all on one: $got"
+    for k in 3 2 1; do
+        SPID=${RPID[k]}
+        stop_server "rep$k"
+    done
+}
 
 "case_$CASE"
 echo "$PASSES passed, $FAILS failed"

@@ -74,6 +74,7 @@ import hashlib
 import json
 import logging
 import os
+import random
 import shutil
 import socket
 import sys
@@ -178,6 +179,26 @@ def target_of(addr):
     if family is None:
         raise ValueError("an empty list of servers")
     return family + ",".join(addr), True
+
+
+def shuffled(target, rng=None):
+    """target with its addresses in a random order when it is a list
+    (ipv4:A,B,... or ipv6:A,B,...; any other target as it is), drawn by
+    rng.shuffle (default: random.SystemRandom(), the OS's source, no
+    generator state shared with anything). gRPC's round_robin (1.51)
+    hands a channel's first calls to the replicas that turn ready first,
+    the list's first, and draws its picker's starting index from the C
+    library's rand(), which nothing seeds: every client given the list in
+    one order began on the same replica. Each Client shuffles its own
+    list, so each begins on a replica of its own drawing and round_robin
+    goes on from there, call by call. A dns: target's addresses come from
+    the resolver, in its order."""
+    for scheme in ("ipv4:", "ipv6:"):
+        if target.startswith(scheme):
+            entries = target[len(scheme):].split(",")
+            (rng or random.SystemRandom()).shuffle(entries)
+            return scheme + ",".join(entries)
+    return target
 
 
 # installed: the copy setup.py puts in the package; from the sources: the repository's
@@ -286,6 +307,8 @@ class Client:
     GetModel's; without one, the server's own digests are the check, which
     catches corruption but not a server that lies. Every mismatch raises
     ChecksumError. chunk_bytes: 0 for the server's default (1 MiB).
+    target: the gRPC target of the channel (a list of addresses in this
+    client's own random order, see shuffled).
     """
 
     def __init__(self, addr, token=None, token_file=None, root_certificates=None,
@@ -302,6 +325,8 @@ class Client:
                 token = f.read().strip(b" \t\r\n\v\f").decode("ascii")
         self._metadata = (("authorization", "Bearer " + token),) if token else ()
         addr, replicas = target_of(addr)
+        addr = shuffled(addr)  # a list: this client's own order (see shuffled)
+        self.target = addr
         # GetModel's reply grows with the model's tensor count: up to
         # MAX_REPLY_BYTES; the chunk calls keep 4 MiB (service_config).
         options = [("grpc.max_receive_message_length", MAX_REPLY_BYTES),

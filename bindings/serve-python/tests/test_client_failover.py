@@ -107,6 +107,30 @@ def test_target_of():
             target_of(bad)
 
 
+def test_replica_list_shuffled_per_client():
+    # Issue 36 item 10: each client begins its rotation on a replica of
+    # its own drawing. shuffled() with a seeded generator is a
+    # permutation; a dns: target and one server are left as they are.
+    import random
+
+    from sluice_serve import shuffled
+    addrs = ["127.0.0.1:%d" % p for p in range(1, 7)]
+    got = shuffled("ipv4:" + ",".join(addrs), random.Random(7))
+    assert got.startswith("ipv4:") and sorted(got[5:].split(",")) == sorted(addrs)
+    assert shuffled("dns:///svc.example:7070") == "dns:///svc.example:7070"
+    assert shuffled("127.0.0.1:1") == "127.0.0.1:1"
+    # Clients draw from the system's source: 30 clients of 3 replicas
+    # all starting on the same one (before: all did, the list's order)
+    # has probability 3 x (1/3)^30 < 1e-13 with the fix.
+    firsts = set()
+    for _ in range(30):
+        c = Client("127.0.0.1:1,127.0.0.1:2,127.0.0.1:3")
+        assert sorted(c.target[5:].split(",")) == ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]
+        firsts.add(c.target[5:].split(",")[0])
+        c.close()
+    assert len(firsts) > 1
+
+
 def test_list_over_tls_needs_server_name():
     # TLS checks the target's name; a list of addresses has none.
     with pytest.raises(ValueError):
