@@ -1918,6 +1918,16 @@ typedef enum sluice_metrics_format {
 } sluice_metrics_format;
 
 /*
+ * The format a scrape asked for: SLUICE_METRICS_OPENMETRICS when accept
+ * (an HTTP request's Accept header; NULL when it had none) names
+ * application/openmetrics-text, in any case, else SLUICE_METRICS_PROMETHEUS.
+ * The one rule of content negotiation for the library's endpoint
+ * (sluice_metrics_serve) and any other that serves these families, such
+ * as `sluice serve`'s. Pure; any thread.
+ */
+SLUICE_API sluice_metrics_format sluice_metrics_format_for_accept(const char *accept);
+
+/*
  * Renders the metrics of model into buf: the text and a NUL. *needed
  * (needed may be NULL) gets the bytes the whole text takes, NUL included,
  * whether or not it fitted. buf may be NULL when cap is 0 (a size query).

@@ -1,7 +1,8 @@
 /* api_metrics.c: the public metrics calls of sluice.h (sluice_metrics_write
- * and sluice_metrics_write_models) and the model's label. Same rules as
- * api.c: arguments checked here, errors recorded on the model, engine
- * calls bracketed with sl_engine_enter / sl_engine_leave.
+ * and sluice_metrics_write_models, sluice_metrics_format_for_accept) and
+ * the model's label. Same rules as api.c: arguments checked here, errors
+ * recorded on the model, engine calls bracketed with sl_engine_enter /
+ * sl_engine_leave.
  */
 #include "model.h"
 
@@ -11,6 +12,7 @@
 #include "remote.h"
 #include "source.h"
 
+#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -109,4 +111,18 @@ SLUICE_API int sluice_metrics_write(sluice_model *model, char *buf, size_t cap, 
     if (sl_model_usable(model) < 0)
         return SLUICE_E_INVAL;
     return sluice_metrics_write_models(&model, 1, buf, cap, needed, format);
+}
+
+SLUICE_API sluice_metrics_format sluice_metrics_format_for_accept(const char *accept)
+{
+    static const char om[] = "application/openmetrics-text";
+    const size_t n = sizeof om - 1;
+    for (const char *p = accept; p && *p; p++) {
+        size_t i = 0;
+        while (i < n && tolower((unsigned char)p[i]) == om[i])
+            i++;
+        if (i == n)
+            return SLUICE_METRICS_OPENMETRICS;
+    }
+    return SLUICE_METRICS_PROMETHEUS;
 }

@@ -274,7 +274,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         return MHD_YES;
     }
     const char *accept = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT);
-    int om = accept && strcasestr(accept, "application/openmetrics-text") != NULL;
+    int om = sluice_metrics_format_for_accept(accept) == SLUICE_METRICS_OPENMETRICS;
     size_t len = 0;
     char *body = render_all(s, om, &len);
     if (!body)

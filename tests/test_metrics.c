@@ -106,6 +106,28 @@ static int teardown(void **state)
     return 0;
 }
 
+/* The one rule of content negotiation, shared by sluice_metrics_serve and
+ * `sluice serve`'s endpoint: OpenMetrics when Accept names it, in any
+ * case, among other types; else the text format 0.0.4. */
+static void test_format_for_accept(void **state)
+{
+    (void)state;
+    assert_int_equal(sluice_metrics_format_for_accept(NULL), SLUICE_METRICS_PROMETHEUS);
+    assert_int_equal(sluice_metrics_format_for_accept(""), SLUICE_METRICS_PROMETHEUS);
+    assert_int_equal(sluice_metrics_format_for_accept("text/plain;version=0.0.4"),
+                     SLUICE_METRICS_PROMETHEUS);
+    assert_int_equal(sluice_metrics_format_for_accept("application/openmetrics-tex"),
+                     SLUICE_METRICS_PROMETHEUS);
+    assert_int_equal(sluice_metrics_format_for_accept("application/openmetrics-text"),
+                     SLUICE_METRICS_OPENMETRICS);
+    assert_int_equal(
+        sluice_metrics_format_for_accept("application/openmetrics-text;version=1.0.0;q=0.75,"
+                                         "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"),
+        SLUICE_METRICS_OPENMETRICS);
+    assert_int_equal(sluice_metrics_format_for_accept("text/plain, Application/OpenMetrics-Text"),
+                     SLUICE_METRICS_OPENMETRICS);
+}
+
 static void test_one_model(void **state)
 {
     (void)state;
@@ -688,6 +710,7 @@ int main(int argc, char **argv)
     if (argc == 4 && !strcmp(argv[1], "--serve"))
         return serve_main(argv[2], atoi(argv[3]));
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_format_for_accept),
         cmocka_unit_test(test_one_model),
         cmocka_unit_test(test_several_models_and_escapes),
         cmocka_unit_test(test_retry_causes),

@@ -308,6 +308,26 @@ EOF
                 ok "/metrics passes promtool check metrics" ||
                 { bad "promtool: $(head -5 "$T/promtool.out")"; }
         fi
+        # OpenMetrics when the scrape asks for it (Accept), by the library's
+        # one rule (sluice_metrics_format_for_accept): the models' families
+        # and the server's own, counters named without _total, one "# EOF"
+        # and last. Before: the text format 0.0.4 whatever was asked.
+        if timeout 20 curl -sf -D "$T/om.head" -H 'Accept: application/openmetrics-text; version=1.0.0' \
+            "http://127.0.0.1:$mport/metrics" >"$T/om.txt"; then
+            grep -qi '^content-type: application/openmetrics-text; version=1.0.0' "$T/om.head" &&
+                ok "/metrics with Accept: application/openmetrics-text: OpenMetrics' content type" ||
+                bad "/metrics OpenMetrics content type: $(grep -i '^content-type' "$T/om.head")"
+            [ "$(tail -n 1 "$T/om.txt")" = "# EOF" ] && [ "$(grep -c '^# EOF$' "$T/om.txt")" = 1 ] &&
+                ok "OpenMetrics: one # EOF, last" || bad "OpenMetrics: # EOF lines: $(grep -c '^# EOF' "$T/om.txt"), last: $(tail -n 1 "$T/om.txt")"
+            grep -q '^# TYPE sluice_serve_calls counter$' "$T/om.txt" &&
+                grep -q '^# TYPE sluice_checksum_failures counter$' "$T/om.txt" &&
+                grep -q '^sluice_serve_calls_total{method="GetTensor",code="NOT_FOUND"} [1-9]' "$T/om.txt" &&
+                ! grep -q '^# TYPE [a-z_]*_total counter' "$T/om.txt" &&
+                ok "OpenMetrics: the server's and the models' counter families without _total" ||
+                bad "OpenMetrics families: $(grep '^# TYPE .*counter' "$T/om.txt" | head -4)"
+        else
+            bad "/metrics (Accept: application/openmetrics-text) not served"
+        fi
         # Its bounds against slow and wrong clients, those of the library's
         # endpoint (the same script as metrics_http_limits): POST with a
         # body 405 + Allow, slow clients cut by the 5 s whole-request

@@ -632,7 +632,31 @@ const char *const code_names[17] = {
     "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
     "UNAUTHENTICATED"};
 
-std::string metrics_text()
+// In OpenMetrics (om) a counter family is named without its samples'
+// _total, as the library writes its own (src/metrics.c): the HELP and TYPE
+// lines of every "..._total counter" family lose the suffix.
+std::string om_counter_names(const std::string &text)
+{
+    std::istringstream in(text);
+    std::string line, out;
+    while (std::getline(in, line)) {
+        const bool help = line.rfind("# HELP ", 0) == 0, type = line.rfind("# TYPE ", 0) == 0;
+        if (help || type) {
+            size_t name_end = line.find(' ', 7);
+            const std::string name = line.substr(7, name_end - 7);
+            const bool counter_total =
+                name.size() > 6 && name.compare(name.size() - 6, 6, "_total") == 0 &&
+                text.find("# TYPE " + name + " counter\n") != std::string::npos;
+            if (counter_total)
+                line.erase(7 + name.size() - 6, 6);
+        }
+        out += line;
+        out += '\n';
+    }
+    return out;
+}
+
+std::string metrics_text(bool om)
 {
     std::ostringstream o;
     o << "# HELP sluice_serve_calls_total gRPC calls ended, by method and status code.\n"
@@ -703,7 +727,7 @@ std::string metrics_text()
          "# TYPE sluice_serve_connections gauge\n"
          "sluice_serve_connections "
       << rc.connections.load() << "\n";
-    return o.str();
+    return om ? om_counter_names(o.str()) : o.str();
 }
 
 // ------------------------------------------------------------ models
@@ -1572,15 +1596,18 @@ void metrics_watchdog(MetricsHttp *mh)
     }
 }
 
-MHD_Result metrics_reply(struct MHD_Connection *conn, unsigned code, const std::string &body)
+MHD_Result metrics_reply(struct MHD_Connection *conn, unsigned code, const std::string &body,
+                         sluice_metrics_format format = SLUICE_METRICS_PROMETHEUS)
 {
     struct MHD_Response *r = MHD_create_response_from_buffer(
         body.size(), const_cast<char *>(body.data()), MHD_RESPMEM_MUST_COPY);
     if (!r)
         return MHD_NO;
     MHD_add_response_header(r, "Content-Type",
-                            code == MHD_HTTP_OK ? "text/plain; version=0.0.4; charset=utf-8"
-                                                : "text/plain; charset=utf-8");
+                            code != MHD_HTTP_OK ? "text/plain; charset=utf-8"
+                            : format == SLUICE_METRICS_OPENMETRICS
+                                ? "application/openmetrics-text; version=1.0.0; charset=utf-8"
+                                : "text/plain; version=0.0.4; charset=utf-8");
     if (code == MHD_HTTP_METHOD_NOT_ALLOWED)
         MHD_add_response_header(r, "Allow", "GET, HEAD");
     MHD_Result ret = MHD_queue_response(conn, code, r);
@@ -1613,14 +1640,18 @@ MHD_Result metrics_handle(void *cls, struct MHD_Connection *conn, const char *ur
         *upload_size = 0;
         return MHD_YES;
     }
+    // The format the scrape asked for, by the library's one rule; the
+    // models' families and the server's own both in it.
+    const sluice_metrics_format format = sluice_metrics_format_for_accept(
+        MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_ACCEPT));
     std::string body;
     size_t need = 0;
     sluice_metrics_write_models(mh->models.data(), mh->models.size(), nullptr, 0, &need,
-                                SLUICE_METRICS_PROMETHEUS);
+                                format);
     for (int tries = 0; tries < 4; tries++) {
         body.assign(need + 4096, '\0');
         int rc = sluice_metrics_write_models(mh->models.data(), mh->models.size(), &body[0],
-                                             body.size(), &need, SLUICE_METRICS_PROMETHEUS);
+                                             body.size(), &need, format);
         if (rc == SLUICE_OK) {
             body.resize(strlen(body.c_str()));
             break;
@@ -1630,8 +1661,15 @@ MHD_Result metrics_handle(void *cls, struct MHD_Connection *conn, const char *ur
             break;
         }
     }
-    body += metrics_text();
-    return metrics_reply(conn, MHD_HTTP_OK, body);
+    const bool om = format == SLUICE_METRICS_OPENMETRICS;
+    static const char eof[] = "# EOF\n";  // OpenMetrics' last line, once: after ours
+    if (om && body.size() >= sizeof eof - 1 &&
+        body.compare(body.size() - (sizeof eof - 1), sizeof eof - 1, eof) == 0)
+        body.resize(body.size() - (sizeof eof - 1));
+    body += metrics_text(om);
+    if (om)
+        body += eof;
+    return metrics_reply(conn, MHD_HTTP_OK, body, format);
 }
 
 bool metrics_start(MetricsHttp *mh, unsigned port)
