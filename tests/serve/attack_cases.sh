@@ -158,7 +158,8 @@ case_attack_idle() {
 }
 
 # A client that half-closes (shutdown(SHUT_WR)) after its request is
-# answered. Before: the connection was closed at its end of stream.
+# answered, over TLS too. Before: the connection was closed at its end of
+# stream.
 case_attack_halfclose() {
     attack_server
     local out
@@ -166,6 +167,23 @@ case_attack_halfclose() {
     case $out in
     "answered DATA "*" trailers 1") ok "ListModels then SHUT_WR: $out" ;;
     *) bad "ListModels then SHUT_WR: $out" ;;
+    esac
+    stop_server attack
+    # Over TLS, the TCP connection half-closed without a close_notify,
+    # right after a GetTensor whose 1 MiB answer needs no WINDOW_UPDATE:
+    # answered whole. Before: OpenSSL 3 took the end of stream for a fatal
+    # error (a decode_error alert to the client), every later write failed
+    # and the connection was reset: "no answer".
+    local d="$T/attack-tls"
+    mkdir -p "$d"
+    openssl req -x509 -newkey rsa:2048 -nodes -keyout "$d/key.pem" -out "$d/cert.pem" -days 2 \
+        -subj /CN=localhost 2>/dev/null || { bad "openssl could not make a certificate"; return; }
+    attack_server --tls-cert "$d/cert.pem" --tls-key "$d/key.pem"
+    out=$(timeout 60 "${ATTACK[@]}" halfclose "$ADDR" "$T/attack-token" --get model.safetensors w --tls 2>&1 |
+        tail -1)
+    case $out in
+    "answered DATA 10486"*" trailers 1") ok "TLS: GetTensor then SHUT_WR, no close_notify: $out" ;;
+    *) bad "TLS: GetTensor then SHUT_WR, no close_notify: $out" ;;
     esac
     stop_server attack
 }

@@ -15,8 +15,12 @@ on h2raw.py). Each prints one line of results and exits 0.
       server's, and then say nothing; prints "connected K of N" once the
       server's SETTINGS came on each (K: still open), then waits (S s,
       120 by default, at most) until the server closes each.
-  h2attack.py halfclose HOST:PORT TOKEN_FILE|-
-      one ListModels call, then shutdown(SHUT_WR): the answer is awaited.
+  h2attack.py halfclose HOST:PORT TOKEN_FILE|- [--get MODEL TENSOR] [--tls]
+      one ListModels call (--get: a GetTensor of that tensor, with the
+      largest HTTP/2 windows, so that its whole answer comes without a
+      WINDOW_UPDATE), then shutdown(SHUT_WR): the answer is awaited.
+      --tls: over TLS (ALPN h2, the certificate not checked), the TCP
+      connection half-closed without a close_notify.
 
 Results: "sent K; goaway CODE|closed|open after S s" for reset and ping
 (per connection for ping: "conns C goaway G closed X open O, sent K,
@@ -196,21 +200,32 @@ def idle(addr, n, source, hold):
     print("goaway %d closed %d open %d after %.2f s" % (g, c, len(ws) - g - c, last), flush=True)
 
 
-def halfclose(addr, token_file):
+def halfclose(addr, token_file, get=None, tls=False):
     token = None
     if token_file != "-":
         with open(token_file) as f:
             token = f.read().strip()
-    s = connect(addr)
+    s = connect(addr, tls=tls)
     w = Watcher(s)
+    if get:
+        big = (1 << 31) - 1
+        msg = h2raw.pb_string(1, get[0]) + h2raw.pb_string(2, get[1])
+        start = (frame(SETTINGS, 0, 0, struct.pack(">HI", 4, big)) +
+                 frame(h2raw.WINDOW, 0, 0, struct.pack(">I", big - 65535)))
+        path, body = "GetTensor", b"\x00" + struct.pack(">I", len(msg)) + msg
+    else:
+        start = frame(SETTINGS, 0, 0)
+        path, body = "ListModels", b"\x00\x00\x00\x00\x00"
     # Corked: the request and the FIN leave in one segment, so that the
     # server reads its end of stream right after the request.
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
-    s.sendall(PREFACE + frame(SETTINGS, 0, 0) +
+    s.sendall(PREFACE + start +
               frame(HEADERS, END_HEADERS, 1,
-                    request_headers("/sluice.v1.TensorService/ListModels", token)) +
-              frame(DATA, END_STREAM, 1, b"\x00\x00\x00\x00\x00"))
-    s.shutdown(socket.SHUT_WR)
+                    request_headers("/sluice.v1.TensorService/" + path, token)) +
+              frame(DATA, END_STREAM, 1, body))
+    # TLS: the TCP connection's own shutdown (ssl.SSLSocket's would stop
+    # its TLS, and reading the answer with it).
+    socket.socket.shutdown(s, socket.SHUT_WR)
     w.start()
     w.done.wait(30)
     if w.trailers:
@@ -233,7 +248,8 @@ def main():
     elif cmd == "idle":
         idle(addr, int(rest[0]), opt("--from"), float(opt("--hold", 120)))
     elif cmd == "halfclose":
-        halfclose(addr, rest[0])
+        g = rest.index("--get") if "--get" in rest else None
+        halfclose(addr, rest[0], rest[g + 1:g + 3] if g is not None else None, "--tls" in rest)
     else:
         sys.exit(__doc__)
 

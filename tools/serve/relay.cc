@@ -446,6 +446,15 @@ struct Relay::Impl {
                 }
                 SSL_set_fd(c->ssl, fd);
                 SSL_set_accept_state(c->ssl);
+#ifdef SSL_OP_IGNORE_UNEXPECTED_EOF
+                // A client's end of stream without its close_notify is a
+                // half-close like one with it (read_client): without this
+                // OpenSSL 3 takes it for a fatal error (it sends a
+                // decode_error alert) and every later SSL_write fails, so
+                // the answer to the request before it never went out.
+                // HTTP/2's frames show a truncation on their own.
+                SSL_set_options(c->ssl, SSL_OP_IGNORE_UNEXPECTED_EOF);
+#endif
                 SSL_set_mode(c->ssl, SSL_MODE_ENABLE_PARTIAL_WRITE |
                                          SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
             } else {
