@@ -583,7 +583,9 @@ static size_t on_header(char *line, size_t sz, size_t n, void *ud)
     size_t k = len < sizeof h - 1 ? len : sizeof h - 1;
     memcpy(h, line, k);
     h[k] = '\0';
-    while (k > 0 && (h[k - 1] == '\r' || h[k - 1] == '\n'))
+    /* the line's end, and the OWS after the value (RFC 9110 5.5: not
+     * part of it; an ETag followed by a space is still one) */
+    while (k > 0 && (h[k - 1] == '\r' || h[k - 1] == '\n' || h[k - 1] == ' ' || h[k - 1] == '\t'))
         h[--k] = '\0';
     if (!strncmp(h, "HTTP/", 5)) {
         const char *sp = strchr(h, ' ');
