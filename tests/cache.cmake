@@ -1,6 +1,6 @@
 # test_cache makes and inspects index databases with SQLite itself (and
 # test_cache_load holds an index's write lock with it), and the cache
-# tests fill a cache through src/cache.c: built without SQLite they check
+# tests fill a cache through src/cache/cache.c: built without SQLite they check
 # only that the cache says so.
 foreach(name IN ITEMS test_cache test_cache_tools test_cache_load)
   if(TARGET ${name} AND SLUICE_HAVE_SQLITE)

@@ -14,7 +14,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "engine_hooks.h"
+#include "api/engine_hooks.h"
 #include "sluice.h"
 #include "util.h"
 

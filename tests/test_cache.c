@@ -1,4 +1,4 @@
-/* test_cache.c: the persistent cache's storage (src/cache.c) and its
+/* test_cache.c: the persistent cache's storage (src/cache/cache.c) and its
  * administration (sluice_cache_*): blobs stored and read back, eviction
  * in least recently used order, the budget, leftovers of dead processes,
  * an index that is corrupt, foreign, newer or of version 1, the fault
@@ -11,8 +11,8 @@
 #define _GNU_SOURCE 1   /* unshare, CLONE_NEWPID */
 #include "util.h"
 
-#include "cache.h"
-#include "digest.h"
+#include "cache/cache.h"
+#include "base/digest.h"
 #include "sluice.h"
 
 #include <dirent.h>

@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 
-#include "engine_hooks.h"
+#include "api/engine_hooks.h"
 #include "remote_fixture.h"
 #include "tool_run.h"
 

@@ -1,12 +1,12 @@
 /* test_cache_tools.c: `sluice cache`, run as a program
- * (SLUICE_BINARY_DIR/sluice) on a cache filled here through src/cache.c:
+ * (SLUICE_BINARY_DIR/sluice) on a cache filled here through src/cache/cache.c:
  * du and ls show what is there, verify finds a flipped byte (exit 1) and
  * drops that blob, gc --max and clear free what they say, and bad
  * arguments exit 2. */
 #include "util.h"
 
-#include "cache.h"
-#include "digest.h"
+#include "cache/cache.h"
+#include "base/digest.h"
 #include "sluice.h"
 
 #include <errno.h>

@@ -6,7 +6,7 @@
  * memory hierarchy; else it says so and skips), a child process moved
  * into one with a 256 MiB limit: its default pool is 64 MiB and a 1 GiB
  * pool is refused at open with both numbers. */
-#include "cgroup.h"
+#include "base/cgroup.h"
 #include "util.h"
 
 #include <setjmp.h>

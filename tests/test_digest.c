@@ -5,7 +5,7 @@
  * and tensors longer than a read included; a file cut short after the
  * model was opened fails exactly the tensors it no longer holds; a shard
  * removed after open is still read through the descriptor opened then. */
-#include "digest.h"
+#include "digest.h" /* tools/digest.h */
 #include "mf_fixture.h"
 #include "util.h"
 

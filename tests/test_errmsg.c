@@ -2,8 +2,8 @@
  * bounded memory whatever threads and models come and go, and no cap on
  * the number of open models. Counting uses the test hook
  * sl_errmsg_live_entries(), so every check is exact, not a timing. */
-#include "errmsg.h"
-#include "error.h"
+#include "base/errmsg.h"
+#include "base/error.h"
 #include "util.h"
 
 #include <sluice.h>

@@ -1,4 +1,4 @@
-/* test_hash.c: the hashing layer (src/hash.c) on its own, where the
+/* test_hash.c: the hashing layer (src/engine/hash.c) on its own, where the
  * engine cannot steer a worker into a given moment.
  *
  * Checked: a cancel that comes while a worker is delivering a job's
@@ -6,8 +6,8 @@
  * job then would free it under the worker), as hash.h promises; a job cut
  * into pieces gives each piece its own digest, the bytes arriving a few
  * at a time. Every wait is bounded. */
-#include "hash.h"
-#include "digest.h"
+#include "engine/hash.h"
+#include "base/digest.h"
 
 #include <setjmp.h>
 #include <stdarg.h>

@@ -1,7 +1,7 @@
 /* test_index.c: models of several files (directory, index.json), and the
  * real-world corpus: every file opens and its index matches its header as
  * an independent JSON reader (cJSON) sees it. */
-#include "index.h"
+#include "index/index.h"
 #include "util.h"
 
 #include <setjmp.h>

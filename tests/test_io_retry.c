@@ -24,7 +24,7 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include "io.h"
+#include "sources/io.h"
 #include "util.h"
 
 #define BLOCK 4096

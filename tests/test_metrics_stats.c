@@ -9,7 +9,7 @@
  * its snapshot), and the value is looked for in its family's sample (or,
  * for a family split by cause, in the sum of its samples). The text also
  * goes through `promtool check metrics` where promtool is installed. */
-#include "metrics.h"
+#include "counters/metrics.h"
 #include "util.h"
 
 #include "sluice.h"

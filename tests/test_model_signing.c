@@ -13,7 +13,7 @@
  *    by tests/model_signing_fx.py (python3-cryptography).
  */
 #include "mf_fixture.h"
-#include "model_signing.h"
+#include "trust/model_signing.h"
 #include "util.h"
 
 #include "sluice.h"

@@ -7,8 +7,8 @@
  * holding it, never by a suffix of its text; IPv6 in brackets. */
 #include "util.h"
 
-#include "error.h"
-#include "remote.h"
+#include "base/error.h"
+#include "sources/remote.h"
 #include "sluice.h"
 
 #include <setjmp.h>

@@ -8,7 +8,7 @@
 #include "mf_fixture.h"
 #include "util.h"
 
-#include "signature.h"
+#include "trust/signature.h"
 #include "sluice.h"
 
 #include <openssl/ec.h>

@@ -1,5 +1,5 @@
 /* test_verify_faults.c: the fallbacks of sluice_verify's O_DIRECT path
- * (src/verify.c), each fault made by verify_faults_shim.c, a library
+ * (src/api/verify.c), each fault made by verify_faults_shim.c, a library
  * preloaded into a child run of this program (--child): io_uring_submit
  * refused, then a submit that takes fewer SQEs than were queued (a partial
  * submit once left a read marked busy that was never submitted: the thread

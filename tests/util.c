@@ -1,7 +1,7 @@
 /* util.c: see util.h. Failures here abort the test program: a test that
  * cannot set itself up has nothing to say. */
 #include "util.h"
-#include "cache.h"
+#include "cache/cache.h"
 
 #include <dirent.h>
 #include <errno.h>

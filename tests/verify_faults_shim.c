@@ -1,5 +1,5 @@
 /* verify_faults_shim.c: an LD_PRELOAD library for test_verify_faults.c.
- * It stands between sluice_verify's O_DIRECT path (src/verify.c) and
+ * It stands between sluice_verify's O_DIRECT path (src/api/verify.c) and
  * liburing / libc, and fails the calls that path has fallbacks for.
  *
  * Nothing happens until the program calls vfs_arm() (found with dlsym, so

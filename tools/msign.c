@@ -5,13 +5,13 @@
  * `sluice verify PATH --no-manifest-link` (the bundle and every file's
  * digest, as the reference's verifier checks, with no sluice manifest).
  *
- * The format is the library's own src/model_signing.c, compiled in.
+ * The format is the library's own src/trust/model_signing.c, compiled in.
  */
 #include "cmd.h"
 #include "integrity.h"
-#include "model_signing.h"
+#include "trust/model_signing.h"
 #include "msign.h"
-#include "signature.h"
+#include "trust/signature.h"
 
 #include <openssl/pem.h>
 

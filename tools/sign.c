@@ -3,13 +3,13 @@
  * trusted keys (`sluice verify --key`; "Signed manifests" in sluice.h).
  *
  * The signature file's format and the key loading are the library's own
- * (src/signature.c, compiled into this command): one file writes what the
+ * (src/trust/signature.c, compiled into this command): one file writes what the
  * library reads.
  */
 #include "cmd.h"
 #include "integrity.h"
 #include "msign.h"
-#include "signature.h"
+#include "trust/signature.h"
 
 #include <openssl/pem.h>
 

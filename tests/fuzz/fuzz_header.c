@@ -1,7 +1,7 @@
 /* fuzz_header.c: libFuzzer target for the header parser. The input is a
  * whole .safetensors file; the parser must accept or reject it without
  * crashing, leaking, or reading outside it. */
-#include "header.h"
+#include "index/header.h"
 #include "verdict.h"
 
 #include <stddef.h>

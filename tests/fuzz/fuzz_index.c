@@ -2,7 +2,7 @@
  * the text of model.safetensors.index.json in a folder that holds two
  * valid shards (written once); opening must succeed or fail cleanly. */
 #include "fuzz_files.h"
-#include "index.h"
+#include "index/index.h"
 #include "verdict.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -3,8 +3,8 @@
  * written once); reading it under each policy must succeed or fail
  * cleanly. */
 #include "fuzz_files.h"
-#include "index.h"
-#include "manifest.h"
+#include "index/index.h"
+#include "trust/manifest.h"
 #include "verdict.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -16,7 +16,7 @@
  *   6    chunk_bytes 4 KiB (else 64 KiB), queue_depth 2 (else 8)
  *   7    SLUICE_F_DIRECT
  */
-#include "engine_hooks.h"
+#include "api/engine_hooks.h"
 #include "sluice.h"
 #include "verdict.h"
 

@@ -7,7 +7,7 @@
  * accepted with a statement, or rejected with SLUICE_E_SIGNATURE and a
  * message, never a crash or a leak. */
 #include "fuzz_files.h"
-#include "model_signing.h"
+#include "trust/model_signing.h"
 #include "verdict.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -20,7 +20,7 @@
  * holds valid statements for that model (files, shards, and the 0.2
  * Digests/v0.1 form), so mutations start past every check. */
 #include "fuzz_files.h"
-#include "model_signing.h"
+#include "trust/model_signing.h"
 #include "sluice.h"
 #include "verdict.h"
 

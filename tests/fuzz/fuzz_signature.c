@@ -5,7 +5,7 @@
  * SLUICE_E_SIGNATURE or, when it parses, checked through the whole of
  * sl_signature_check as sluice_open runs it. */
 #include "fuzz_files.h"
-#include "signature.h"
+#include "trust/signature.h"
 #include "verdict.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -24,10 +24,12 @@ def strip_comments(text):
 
 def main(src):
     bad = []
-    for name in sorted(os.listdir(src)):
+    paths = sorted(os.path.join(d, n) for d, _, names in os.walk(src) for n in names)
+    for path in paths:
+        name = os.path.basename(path)
         if not name.endswith((".c", ".h")):
             continue
-        with open(os.path.join(src, name), encoding="utf-8") as fh:
+        with open(path, encoding="utf-8") as fh:
             lines = strip_comments(fh.read()).split("\n")
         for no, line in enumerate(lines, 1):
             if "sl_is_remote(" in line and name not in ALLOWED_KIND_TEST:

@@ -637,7 +637,7 @@ const char *const code_names[17] = {
     "UNAUTHENTICATED"};
 
 // In OpenMetrics (om) a counter family is named without its samples'
-// _total, as the library writes its own (src/metrics.c): the HELP and TYPE
+// _total, as the library writes its own (src/metrics/metrics.c): the HELP and TYPE
 // lines of every "..._total counter" family lose the suffix.
 std::string om_counter_names(const std::string &text)
 {

@@ -1,0 +1,65 @@
+/* model.h: the model object that ties the components together, owned by
+ * the API layer (api.c); also seen by the test hooks (hooks.c), and by
+ * nothing below.
+ *
+ * open:  index (index.c) -> manifest (manifest.c) -> engine (engine.c)
+ * close: engine -> manifest -> index
+ */
+#ifndef SLUICE_MODEL_H
+#define SLUICE_MODEL_H
+
+#include "base/error.h"
+#include "index/index.h"
+#include "sluice.h"
+
+#include <stdint.h>
+
+typedef struct sl_manifest sl_manifest;
+typedef struct sl_engine sl_engine;
+
+struct sluice_model {
+    int failed;                /* open failed: only errmsg and close work */
+    sl_err open_err;           /* the open's failure, when failed */
+    sluice_options opts;       /* copy of the caller's options (defaults filled) */
+    char *path;                /* as given to sluice_open */
+    sl_index index;
+    sl_manifest *manifest;     /* NULL when nothing is verified */
+    sl_engine *engine;
+    char *metrics_label;       /* the `model` label of its metrics (api_metrics.c) */
+    char **fallback;           /* copies of opts.fallback (m->opts points here) */
+    size_t nfallback;
+    struct sl_remote_cfg *remote; /* remote.h; NULL when nothing is remote */
+    sluice_verification verification; /* what open found to verify against */
+    struct sl_hf_repo *hub;    /* hf.h: an hf:// location's resolution, during open only */
+    int hub_files_only;        /* the manifest is the Hub's LFS SHA-256 (whole files
+                                  only): no tensor load is checked */
+    char *sidecar_looked;      /* SLUICE_UNVERIFIED_NO_MANIFEST: the sidecar looked
+                                  for, as messages show it (no credentials) */
+
+    /* the first part read that fell back to reading its whole tensor
+     * (sluice_part_note): written once, by the call that took part_noted
+     * from 0 to 1; 2 once written */
+    _Atomic int part_noted;
+    char part_note[512];
+
+    /* names the model in each thread's error entries (errmsg.c); unlike
+     * the address, never reused by a later model */
+    uint64_t err_id;
+};
+
+/* Records err as the calling thread's last failure on m and returns
+ * err->code. Public entry points end with: return sl_model_error(m, &err). */
+int sl_model_error(sluice_model *m, const sl_err *err);
+
+/* The mirrors a model may have at most (sluice_options.fallback_count). */
+#define SL_MAX_FALLBACK 16
+
+/* api_metrics.c: sets m->metrics_label from m->opts (or path), and
+ * notes when the open began (t0, CLOCK_MONOTONIC ns) in the engine. */
+int sl_model_metrics_label(sluice_model *m, const char *path, sl_err *err);
+void sl_model_metrics_opened(sluice_model *m, uint64_t t0);
+
+/* SLUICE_OK when m is an open, usable model, else SLUICE_E_INVAL. */
+int sl_model_usable(const sluice_model *m);
+
+#endif

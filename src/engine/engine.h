@@ -1,0 +1,111 @@
+/* engine.h: the read pipeline of a model (engine.c and its parts).
+ *
+ *   plan -> ring (io_uring or pread threads) -> pool buffer -> hash -> handle
+ *
+ * The engine reads what the index says and checks the digests it was
+ * given at create; it knows nothing of the model, the manifest or the
+ * API's error detail. The API layer (api.c) resolves names, checks
+ * arguments, records errors, and brackets every call that may wait or
+ * touch the engine after its lock with sl_engine_enter / sl_engine_leave,
+ * so that close never frees an engine a call is still inside.
+ */
+#ifndef SLUICE_ENGINE_H
+#define SLUICE_ENGINE_H
+
+#include "base/digest.h"
+#include "base/error.h"
+#include "index/range.h"
+#include "index/index.h"
+#include "sluice.h"
+
+#include <stdint.h>
+
+typedef struct sl_engine sl_engine;
+
+/* Creates the engine for an open index (which must outlive it). expect
+ * holds ix->ntensors pointers: the digest (opts->algorithm) tensor i must
+ * match, or NULL when it is not checked; expect itself may be NULL
+ * (nothing checked). The digests are copied. chunks (may be NULL) holds
+ * ix->ntensors chunk lists: a checked tensor with chunks is hashed chunk
+ * by chunk on several workers and each chunk must match; it is not
+ * copied and must outlive the engine. opts must have been checked. */
+int sl_engine_create(const sl_index *ix, const sluice_options *opts,
+                     const uint8_t *const *expect, const sl_chunk_digests *chunks,
+                     sl_engine **out, sl_err *err);
+
+struct sl_cache;
+/* Gives the engine a persistent cache (cache.h; the engine owns it from
+ * now, and closes it even when this fails), right after create, before
+ * any call: loads of remote tensors use its blobs, and with
+ * SLUICE_F_TRUST_UNCHANGED its memo spares hashing local tensors verified
+ * before. */
+int sl_engine_attach_cache(sl_engine *e, struct sl_cache *c, sl_err *err);
+/* While a sluice_verify of a remote model runs (delta +1, then -1), loads
+ * fetch from the source rather than read blobs: a verify checks the
+ * source. Blobs already read into the pool are not read again. */
+void sl_engine_bypass_blobs(sl_engine *e, int delta);
+/* The cache's warning (cache.h), the memo's refusal of a file, or NULL
+ * (sluice_cache_warning's order). */
+const char *sl_engine_cache_warning(const sl_engine *e);
+
+/* Waits for calls on their way out and reads in flight, and frees the
+ * engine. With live handles (or a stream running) it frees nothing and
+ * returns SLUICE_E_BUSY. NULL: OK. */
+int sl_engine_destroy(sl_engine *e, sl_err *err);
+
+/* A public call enters before it uses the engine and leaves as its very
+ * last touch of the engine or the model (after recording its error). */
+int sl_engine_enter(sl_engine *e, sl_err *err); /* SLUICE_E_INVAL once close began */
+void sl_engine_leave(sl_engine *e);
+/* The test pause hook (engine_hooks.h), called between the two. */
+void sl_engine_pause_point(sl_engine *e, int where);
+enum { SL_PAUSE_STREAM_EXIT = 1, SL_PAUSE_RELEASE_EXIT, SL_PAUSE_ACQUIRE_EXIT, SL_PAUSE_REFUSED,
+       SL_PAUSE_VERIFY_EXIT, SL_PAUSE_LOAD_STARTED, SL_PAUSE_BLOB_MISSED };
+
+/* A handle on len bytes at buf (malloc'd; the handle owns it and frees
+ * it at release) that were read and verified from tensor i: a range
+ * (sluice_acquire_range). Counted as a live handle. Lock not held. */
+int sl_engine_grant_range(sl_engine *e, size_t i, void *buf, uint64_t len, sluice_tensor **out,
+                          sl_err *err);
+/* The same for a part (sluice_acquire_part): data inside block, which the
+ * handle frees at release; info (inside block too) describes the part. */
+int sl_engine_grant_part(sl_engine *e, size_t i, void *block, const void *data, uint64_t len,
+                         const struct sluice_tensor_info *info, sluice_tensor **out, sl_err *err);
+
+/* Adds a range read's figures (range.h) to the stats; failed: it failed. */
+void sl_engine_range_tally(sl_engine *e, const sl_range_tally *t, int failed);
+
+/* sluice_acquire of tensor i (< ix->ntensors). */
+int sl_engine_acquire(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err);
+
+/* sluice_prefetch: ids (malloc'd, n > 0, taken by the engine) or n = 0
+ * (ids NULL) for the model's order. Returns SLUICE_OK or SLUICE_E_NOMEM. */
+int sl_engine_prefetch(sl_engine *e, size_t *ids, size_t n, sl_err *err);
+
+/* sluice_stream_ex over ids (NULL: every tensor, n ignored), with checked
+ * options. */
+int sl_engine_stream(sl_engine *e, const size_t *ids, size_t n, sluice_stream_fn fn,
+                     void *user, const sluice_stream_options *so, sl_err *err);
+
+/* The counters, whole (the API copies the caller's part). */
+void sl_engine_stats(sl_engine *e, struct sluice_stats *out);
+/* What the model was opened to verify against (sluice_verification),
+ * for the stats' unverified field. */
+void sl_engine_note_verification(sl_engine *e, uint32_t state);
+
+/* sluice_trim: returns the bytes given back. */
+uint64_t sl_engine_trim(sl_engine *e);
+
+/* Handles: sluice_release (enters and leaves by itself: a handle knows
+ * its engine) and the accessors. */
+int sl_handle_release(sluice_tensor *t);
+const void *sl_handle_data(const sluice_tensor *t);
+uint64_t sl_handle_size(const sluice_tensor *t);
+const struct sluice_tensor_info *sl_handle_info(const sluice_tensor *t);
+int sl_handle_digest(const sluice_tensor *t, uint8_t digest[32]);
+const char *sl_handle_source(const sluice_tensor *t);
+/* The code the model's own files failed with, for a handle a mirror
+ * delivered (sl_handle_source not ""); else SLUICE_OK. */
+int sl_handle_primary_code(const sluice_tensor *t);
+
+#endif

@@ -1,0 +1,105 @@
+/* source.h: a source is one interface (source_local.c, source_remote.c).
+ *
+ * Each file of a model (sl_file, index.h) is read through the table of
+ * the kind its location names, chosen once, when it is opened, from the
+ * location's scheme (sl_source_for): a local file (pread and the ring of
+ * io.c) or an http(s):// / s3:// object (range requests through remote.c
+ * and its seam). The index, the range reads and the engine call through
+ * f->src and never ask which kind it is; where the kinds really differ in
+ * what they can do, the table says so as a capability (caps), not as a
+ * kind: a new kind is a new table, not new branches. SQLite's
+ * sqlite3_io_methods and curl's Curl_handler are the model.
+ */
+#ifndef SLUICE_SOURCE_H
+#define SLUICE_SOURCE_H
+
+#include "base/error.h"
+#include "sources/io.h"
+#include "sources/remote.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct sl_file;
+
+/* What a source can do (sl_source_methods.caps). */
+enum {
+    /* An identity of its own that stays while the bytes do (device,
+     * inode, mtime of an open descriptor): the verified-once memo may
+     * speak for its tensors. */
+    SL_SRC_STABLE_IDENTITY = 1u << 0,
+    /* Its bytes are worth keeping in the persistent cache (they cross
+     * the network each time otherwise). */
+    SL_SRC_WORTH_CACHING = 1u << 1,
+    /* Read through a descriptor of its own (f->fd): an O_DIRECT twin can
+     * be opened, fstat tells its size now, verify reads it directly. */
+    SL_SRC_DESCRIPTOR = 1u << 2,
+    /* Reached over the network: it needs the model's remote configuration
+     * (sl_remote_cfg), the engine's reads of it go to the remote seam and
+     * count as remote reads. */
+    SL_SRC_NETWORK = 1u << 3,
+};
+
+typedef struct sl_source_methods {
+    const char *kind;   /* "file", "remote": for messages and tests only */
+    unsigned caps;      /* SL_SRC_* */
+    /* Opens f, whose path is set as given (it may be replaced by the form
+     * messages show, the given one kept in f->fetch_loc): takes its size
+     * and identity (a local descriptor; a remote object's size and strong
+     * ETag from a first range reply). missing_code: the code of "not
+     * there". rc: how remote files are reached. */
+    int (*open)(struct sl_file *f, const sl_remote_cfg *rc, int missing_code, sl_err *err);
+    /* Reads len bytes at offset synchronously (the header at open): all
+     * of them, or an error (a file that ends early changed since open). A
+     * remote object without an ETag yet takes the reply's. */
+    int (*read)(struct sl_file *f, const sl_remote_cfg *rc, unsigned char *buf, size_t len,
+                uint64_t offset, sl_err *err);
+    /* Reads up to want bytes of a tensor at offset synchronously
+     * (sluice_read_into, mirrors): *got gets how many (0: end of file),
+     * *requests the requests it made. Returns 0, a negative SLUICE_E_*
+     * (err set), or, for an errno-shaped failure the caller words,
+     * SL_SRC_ERRNO with *got = 0 and errno set. */
+    int (*read_tensor)(const struct sl_file *f, const sl_remote_cfg *rc, unsigned char *buf,
+                       size_t want, uint64_t offset, size_t *got, unsigned *requests,
+                       sl_err *err);
+    /* Queues req (its fd set by the caller, its iov and offset too) on
+     * the seam this kind is read through: io's ring or rio. */
+    void (*submit)(const struct sl_file *f, sl_io *io, sl_rio *rio, sl_io_req *req);
+    /* Releases what open took; f's strings are the index's. */
+    void (*close)(struct sl_file *f);
+    /* Reads a small whole object (an index.json) of at most max bytes
+     * into a malloc'd, NUL-ended buffer. */
+    int (*read_small)(const sl_remote_cfg *rc, const char *loc, size_t max, char **out,
+                      size_t *len, sl_err *err);
+    /* loc as messages show it (no credential, no query), in buf. */
+    const char *(*shown)(const char *loc, char *buf, size_t cap);
+    /* How much of loc names the object (sl_location_path_len). */
+    size_t (*name_len)(const char *loc);
+} sl_source_methods;
+
+/* A failure that read_tensor leaves to its caller to word (errno set). */
+#define SL_SRC_ERRNO 1
+
+extern const sl_source_methods sl_source_local;
+extern const sl_source_methods sl_source_remote;
+extern const sl_source_methods sl_source_hub;   /* hf://: remote, without If-Match */
+
+/* The table of loc's kind, by its scheme: hf:// a Hub file, http://,
+ * https://, s3:// remote, anything else a local path. */
+const sl_source_methods *sl_source_for(const char *loc);
+
+/* loc as messages show it (its kind's shown), in buf or loc itself. */
+const char *sl_location_shown(const char *loc, char *buf, size_t cap);
+
+/* Whether loc's kind is reached over the network (SL_SRC_NETWORK): it
+ * needs the model's remote configuration. */
+int sl_location_networked(const char *loc);
+
+/* Whether the requests for file f go through a proxy under c (a remote
+ * file, a proxy configured and no_proxy not naming its host): bytes of
+ * it that fail verification are then worth one read from the origin
+ * directly (sluice.h "Proxies"). 0 for a local file or c NULL. */
+struct sl_file;
+int sl_source_proxied(const sl_remote_cfg *c, const struct sl_file *f);
+
+#endif

@@ -1,0 +1,246 @@
+/* remote.h: remote sources (remote.c): http(s):// and s3:// locations read
+ * with HTTP range requests through libcurl.
+ *
+ * Two ways in:
+ *  - blocking fetches, for open (headers, index.json, the manifest): one
+ *    easy handle per call, retried by the same rules as the reads;
+ *  - sl_rio, the remote seam of an engine: requests shaped like the I/O
+ *    seam's (io.h: an sl_io_req with its iov), served by one thread that
+ *    owns a curl multi handle, many requests in flight over kept-alive
+ *    connections, completion through the same callback as the ring's.
+ *
+ * Every reply to a range request is checked: 206, a Content-Range that
+ * starts where asked and names the object size seen at open. A 200 (the
+ * server ignores Range) or another size fails the request with
+ * SLUICE_E_FILE_CHANGED, before any byte of it lands; a short body is
+ * resumed from where it stopped. Transient failures (connect, reset,
+ * a stalled or too slow transfer, 429, 500, 502, 503, 504, a short body)
+ * are retried with exponential backoff and full jitter, or after
+ * Retry-After, within remote_attempts and remote_deadline_ms; the others
+ * fail at once (SLUICE_E_REMOTE, the message giving the status).
+ *
+ * Clocks: an attempt is bounded by the connect timeout and by its
+ * progress only (no byte for remote_stall_timeout_ms, or fewer than
+ * SL_REMOTE_MIN_SPEED bytes a second over that window, from the body's
+ * first byte on), never by a total
+ * time, so a slow link that keeps moving always completes. The deadline
+ * bounds a read's retries: it runs from the moment the read first goes
+ * on the wire (a connection takes it; the seam's queue does not count),
+ * and no retry is scheduled, nor a backoff waited, past it (a retry due
+ * before it goes to the front of the seam's queue, and may still wait
+ * there for a free connection: it is not dropped then).
+ *
+ * Nothing here is called, and no curl function runs, for a model that has
+ * no remote location. Built without libcurl (SLUICE_HAVE_CURL unset),
+ * every entry returns SLUICE_E_UNSUPPORTED.
+ */
+#ifndef SLUICE_REMOTE_H
+#define SLUICE_REMOTE_H
+
+#include "base/error.h"
+#include "sources/io.h"
+#include "sluice.h"
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Why a remote attempt was retried (sluice_remote_retries_total{cause}):
+ * an HTTP status (429, 5xx), a stalled or too slow transfer or a curl
+ * timeout, a connection that failed (refused, reset, TLS, ...), a body
+ * shorter than asked. */
+enum { SL_RRETRY_STATUS = 0, SL_RRETRY_TIMEOUT, SL_RRETRY_CONNECTION, SL_RRETRY_SHORT,
+       SL_RRETRY_COUNT_ };
+
+/* The counts of one model's remote requests: the blocking fetches made
+ * to open a file (headers, index.json, the manifest; a mirror's open)
+ * count their requests and bytes here (remote_open_*); every retry,
+ * tensor reads' included, counts here by cause. Tensor reads (the seam's,
+ * sl_remote_read_tensor's) are counted by their callers (remote_reads).
+ * Plain atomics, not metrics: they feed sluice_stats whatever
+ * SLUICE_METRICS says. */
+typedef struct sl_remote_tally {
+    _Atomic uint64_t requests, bytes;
+    _Atomic uint64_t retries[SL_RRETRY_COUNT_];
+    /* requests through the proxy that failed and went direct, of every
+     * kind; the bytes fetched directly instead (sluice.h "Proxies") */
+    _Atomic uint64_t proxy_failures, proxy_bypass_bytes;
+    /* until when (mono ms) the proxy is taken for down: a request failed
+     * to reach it or it stopped answering (SL_PROXY_DOWN_MS); requests
+     * meanwhile go direct without trying it */
+    _Atomic uint64_t proxy_down_until;
+} sl_remote_tally;
+
+/* How long a proxy that could not be reached (connection refused or
+ * reset, a timeout, a stall) is skipped before it is tried again. */
+#define SL_PROXY_DOWN_MS 30000u
+
+/* What every remote request of one model is made with (owned by the
+ * model; immutable once built). Secrets live here only: no message, log
+ * or stat ever holds them. */
+typedef struct sl_remote_cfg {
+    unsigned connections, attempts;
+    uint64_t connect_timeout_ms, stall_timeout_ms, deadline_ms, backoff_ms;
+    char *token;                 /* Bearer for http(s)://, or NULL */
+    char *s3_endpoint;           /* scheme://host[:port], no trailing slash */
+    char *s3_region;
+    int s3_virtual;              /* virtual-host-style addressing */
+    char *aws_key, *aws_secret, *aws_session; /* NULL: anonymous */
+    char *ca_file;               /* NULL: libcurl's default CA store */
+    char *hf_endpoint;           /* the Hub (remote_hf.c): $HF_ENDPOINT or https://huggingface.co */
+    char *hf_token;              /* the Hub's Bearer: http_token, else $HF_TOKEN; or NULL */
+    /* the proxy (sluice.h "Proxies"), resolved once at open: NULL when
+     * none; the same string for both when opts.http_proxy gave it */
+    char *proxy_http, *proxy_https;
+    char *no_proxy;              /* the hosts reached directly, or NULL */
+    unsigned proxy_kind;         /* SLUICE_PROXY_* */
+    _Atomic int *abort_flag;    /* non-NULL and set: blocking fetches stop */
+    sl_remote_tally *tally;     /* owned; shared by copies of the struct (the engine's) */
+} sl_remote_cfg;
+
+/* The proxy a request for url (http(s)://) goes through, or NULL when
+ * none applies (none configured, or no_proxy names its host). */
+const char *sl_remote_proxy_for(const sl_remote_cfg *c, const char *url);
+
+/* Whether path names a remote location (http://, https://, s3://, hf://). */
+int sl_is_remote(const char *path);
+
+/* Builds the configuration from the options and the environment
+ * (SLUICE_HTTP_TOKEN, AWS_*). *out is malloc'd; free with
+ * sl_remote_cfg_free. */
+int sl_remote_cfg_new(const sluice_options *o, sl_remote_cfg **out, sl_err *err);
+void sl_remote_cfg_free(sl_remote_cfg *c);
+
+/* location as messages show it: without user:password@ and with "?..."
+ * for its query (a presigned URL's signature); in buf, returned. */
+const char *sl_remote_shown(const char *loc, char *buf, size_t cap);
+
+/* Replaces every loc in msg (a message that may quote it, or a URL made
+ * from it) by sl_remote_shown(loc); nothing for a local path. */
+void sl_remote_scrub(char *msg, size_t cap, const char *loc);
+
+/* The http(s) URL that location (http(s):// or s3://) is fetched from,
+ * malloc'd (NULL when out of memory or not a valid location: err says). */
+char *sl_remote_url(const sl_remote_cfg *c, const char *location, sl_err *err);
+
+/* The slowest transfer kept, in bytes a second: an attempt that brings
+ * fewer over a window of remote_stall_timeout_ms (or fewer than what is
+ * left of its range) is stopped as too slow, and retried. */
+#define SL_REMOTE_MIN_SPEED 1024u
+
+/* The longest strong ETag kept (a longer one is not used). */
+#define SL_ETAG_MAX 160
+
+/* The validators of one remote object, one per hop (sluice.h "Proxies"):
+ * what the origin says (SL_HOP_DIRECT) and what the proxy says
+ * (SL_HOP_PROXY), which may differ (a proxy that rewrites ETags, or
+ * flips bytes and rewrites the ETag). Each is taken from the first reply
+ * that carried one over its hop (the open's probe, or any later request,
+ * a read again directly included) and asked with If-Match on that hop's
+ * requests only: the origin never gets the proxy's, so a proxy cannot
+ * make a correct origin answer 412. Only a strong ETag of RFC 9110's
+ * syntax is taken ('"', then bytes 0x21, 0x23-0x7E or 0x80-0xFF, then
+ * '"'): one with a control character (a bare CR would end the If-Match
+ * line and start a header of the server's choosing) or any other byte
+ * is ignored, as if the reply had none, and that hop's requests carry no
+ * If-Match until a reply gives a well-formed one. Each is set once and
+ * read by any thread without a lock (state: 0 unknown, 1 being set, 2
+ * set). Owned by the remote source (source_remote.c); none for a Hub
+ * file, which is asked no If-Match. */
+enum { SL_HOP_DIRECT = 0, SL_HOP_PROXY = 1 };
+typedef struct sl_validators {
+    _Atomic int state[2];
+    char etag[2][SL_ETAG_MAX];
+} sl_validators;
+
+/* Range GET of len bytes at offset of location into buf. *size gets the
+ * object's size (from Content-Range). v (NULL: no validator, no If-Match):
+ * the request asks If-Match with the validator of the hop it goes over,
+ * when that hop has one, and a hop that has none takes the reply's.
+ * Codes: SLUICE_E_NO_FILES (missing_code) for 404, SLUICE_E_REMOTE,
+ * SLUICE_E_FILE_CHANGED (ignored Range, a size other than *size when *size
+ * is not 0 on entry, 412 to If-Match), SLUICE_E_UNSUPPORTED. */
+int sl_remote_read(const sl_remote_cfg *c, const char *location, uint64_t offset, uint64_t len,
+                   unsigned char *buf, uint64_t *size, sl_validators *v, int missing_code,
+                   sl_err *err);
+
+/* sl_remote_read for the bytes of a tensor (sluice_read_into): its
+ * request and bytes are the caller's to count, its retries the tally's. */
+int sl_remote_read_tensor(const sl_remote_cfg *c, const char *location, uint64_t offset,
+                          uint64_t len, unsigned char *buf, uint64_t *size, sl_validators *v,
+                          int missing_code, sl_err *err);
+
+/* GET of a whole object of at most max bytes into a malloc'd, NUL-ended
+ * buffer. 404 gives missing_code (0: returns 0 with *out NULL: absent). */
+int sl_remote_get(const sl_remote_cfg *c, const char *location, size_t max, char **out,
+                  size_t *len, int missing_code, sl_err *err);
+/* The same, never through the proxy: for what bytes are checked against
+ * (a manifest, the Hub's API), which no proxy is trusted with (sluice.h
+ * "Proxies"). */
+int sl_remote_get_anchor(const sl_remote_cfg *c, const char *location, size_t max, char **out,
+                         size_t *len, int missing_code, sl_err *err);
+
+/* ---------------------------------------------------------------- Hub locations */
+
+/* hf://ORG/NAME[@REVISION][/FILE] in parts (pointers into the location;
+ * rev NULL: none given, file NULL: none). */
+typedef struct sl_hf_loc {
+    const char *repo, *rev, *file;
+    size_t repo_len, rev_len, file_len;
+} sl_hf_loc;
+
+/* Splits loc; -1 when it is not a well-formed Hub location. */
+int sl_hf_parse(const char *loc, sl_hf_loc *out);
+
+/* ENDPOINT/ORG/NAME/resolve/REVISION[/FILE] of an hf:// location,
+ * malloc'd (NULL and err set when loc is malformed or out of memory). */
+char *sl_hf_url(const sl_remote_cfg *c, const char *loc, sl_err *err);
+
+/* The Bearer a request for loc at url carries: the Hub's token for an
+ * hf:// location or a URL of the Hub's endpoint, else c->token. */
+const char *sl_hf_token_for(const sl_remote_cfg *c, const char *loc, const char *url);
+
+/* Fill and clear the Hub's part of c (sl_remote_cfg_new, _free): -1 when
+ * out of memory. */
+int sl_hf_cfg_fill(sl_remote_cfg *c, const sluice_options *o);
+void sl_hf_cfg_clear(sl_remote_cfg *c);
+
+/* opts.http_token belongs to the model's own location (primary): the
+ * Hub's when it is hf:// or a URL of the Hub's endpoint, never then sent
+ * to another host; else the caller's servers', never sent to the Hub.
+ * Call after sl_remote_cfg_new. Then each token is checked: one with a
+ * control character (CR, LF: it would end its header line) is
+ * SLUICE_E_INVAL. */
+int sl_hf_cfg_tokens(sl_remote_cfg *c, const sluice_options *o, const char *primary, sl_err *err);
+
+/* Dragonfly mode with credentials refuses a daemon off this host's
+ * loopback (sluice.h "Proxies"); hub: whether a location of the model or
+ * its mirrors is on the Hub (only then does the Hub's token travel).
+ * SLUICE_E_INVAL naming the daemon's host, else SLUICE_OK. */
+int sl_remote_dragonfly_hop(const sl_remote_cfg *c, int hub, sl_err *err);
+
+/* ---------------------------------------------------------------- the seam */
+
+typedef struct sl_rio sl_rio;
+
+/* Starts the seam (its thread). done(ctx, list) is called on that thread
+ * with no lock of the seam held, as io.h's. */
+int sl_rio_create(const sl_remote_cfg *c, sl_io_done_fn done, void *ctx, sl_rio **out,
+                  sl_err *err);
+
+/* Queues req for url, the http(s) form of location (object_size: the size seen at open, which every
+ * reply must name; v: the object's validators, asked with If-Match per hop
+ * as sl_remote_read does, or NULL). Results as io.h's, plus req->status
+ * and req->detail when the request failed for a reason of its own. */
+void sl_rio_submit(sl_rio *r, sl_io_req *req, const char *location, const char *url,
+                   uint64_t object_size, sl_validators *v);
+void sl_rio_flush(sl_rio *r);
+
+/* Fails every request queued, waiting or in flight with ECANCELED at once
+ * (their completions run on the seam's thread); later ones too. */
+void sl_rio_abort(sl_rio *r);
+
+/* Stops the thread and frees the seam: every request must have completed. */
+void sl_rio_destroy(sl_rio *r);
+
+#endif
