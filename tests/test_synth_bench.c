@@ -5,7 +5,8 @@
  * manifest is found as the sidecar and matches an independent SHA-256 of
  * the bytes, loading it with policy REQUIRE verifies every tensor, the
  * bytes depend on the seed and not on sharding, and --list states the
- * sizes of the real architectures.
+ * sizes of the real architectures; its manifest is byte for byte the one
+ * `sluice manifest` writes of the same files.
  * bench: one run of every mode over a small sweep, with the CSV checked
  * column by column. No test looks at a speed.
  */
@@ -261,6 +262,40 @@ static void test_synth_single_file(void **state)
     free(index);
     free(sidecar);
     free(file);
+    free(model);
+}
+
+/* synth's manifest is the one `sluice manifest` writes of the same files,
+ * byte for byte (version 2 with its header digests and, for tensors over
+ * 16 MiB, chunk digests: one writer, so a synth model is sliced and
+ * verified as a user's model is), and --help says the weights are random. */
+static void test_synth_manifest_is_sluice_manifests(void **state)
+{
+    const char *dir = *state;
+    char *model = synth(dir, "tiny", "mf", "--seed 3");
+    char *mine = tu_join(model, "sluice.manifest.json"), *again = tu_join(dir, "again.json");
+    char args[4096];
+    snprintf(args, sizeof args, "manifest '%s' -q -o '%s'", model, again);
+    assert_int_equal(run_sluice(dir, args, NULL), 0);
+    size_t a_len, b_len;
+    char *a = tu_read_file(mine, &a_len), *b = tu_read_file(again, &b_len);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_int_equal(a_len, b_len);
+    assert_memory_equal(a, b, a_len);
+    assert_non_null(strstr(a, "\"version\": 2"));
+    assert_non_null(strstr(a, "\"header\": \""));
+
+    char *help = NULL;
+    assert_int_equal(run_sluice(dir, "synth --help", &help), 0);
+    assert_non_null(help);
+    assert_non_null(strstr(help, "NaN or Inf"));
+    assert_non_null(strstr(help, "chunk digests"));
+    free(help);
+    free(b);
+    free(a);
+    free(again);
+    free(mine);
     free(model);
 }
 
@@ -541,6 +576,7 @@ int main(void)
         cmocka_unit_test(test_synth_tiny_opens),
         cmocka_unit_test(test_synth_tiny_verifies),
         cmocka_unit_test(test_synth_single_file),
+        cmocka_unit_test(test_synth_manifest_is_sluice_manifests),
         cmocka_unit_test(test_synth_bytes_follow_seed_not_shards),
         cmocka_unit_test(test_synth_list_and_errors),
         cmocka_unit_test(test_bench_every_mode),

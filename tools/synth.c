@@ -1,9 +1,10 @@
 /* synth.c: `sluice synth`: writes a synthetic model with the tensor names
  * and shapes of a real architecture, pseudo-random weights, the Hugging
- * Face sharded layout, and its SHA-256 manifest (version 2: digests of
- * the tensors, dtypes, shapes, sizes, and each file's header digest; no
- * chunk digests: `sluice manifest --chunk` adds them) computed while
- * writing.
+ * Face sharded layout, and its manifest, written by `sluice manifest`'s own
+ * code (cmd_manifest) over the files just written, so that a synth model's
+ * manifest is every bit one a user would write: version 2, chunk digests,
+ * header digests. The weights are random bits: some BF16/F16/F32 values are
+ * NaN or Inf.
  *
  * The files are laid out as the reference writer lays them out: an 8-byte
  * little-endian header length, a JSON header with "__metadata__" first and
@@ -21,7 +22,6 @@
 #include <fcntl.h>
 #include <fnmatch.h>
 #include <dirent.h>
-#include <openssl/evp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,7 +38,6 @@ typedef struct syn_tensor {
     unsigned shard;
     uint64_t nbytes;
     uint64_t begin;            /* data_offsets in its shard */
-    uint8_t digest[32];
 } syn_tensor;
 
 typedef struct syn_shard {
@@ -46,8 +45,6 @@ typedef struct syn_shard {
     syn_tensor **members;      /* in file order */
     size_t count;
     uint64_t size;             /* whole file */
-    uint8_t digest[32];
-    uint8_t header_digest[32]; /* of its first 8 + N bytes (manifest version 2) */
 } syn_shard;
 
 /* A growable string for the JSON we write. */
@@ -143,7 +140,6 @@ typedef struct syn_out {
     const char *path;
     uint8_t *buf;
     size_t used;
-    EVP_MD_CTX *file_ctx;      /* NULL without a manifest */
     progress *bar;             /* NULL unless stderr is a terminal */
 } syn_out;
 
@@ -158,10 +154,6 @@ static int flush_out(syn_out *o)
 {
     if (!o->used)
         return 0;
-    if (o->file_ctx && !EVP_DigestUpdate(o->file_ctx, o->buf, o->used)) {
-        fprintf(stderr, "sluice synth: SHA-256 failed\n");
-        return -1;
-    }
     const uint8_t *p = o->buf;
     size_t left = o->used;
     while (left) {
@@ -197,12 +189,10 @@ static int put(syn_out *o, const void *data, size_t len)
     return 0;
 }
 
-static int put_tensor(syn_out *o, syn_tensor *t, uint64_t seed, EVP_MD_CTX *tctx)
+static int put_tensor(syn_out *o, syn_tensor *t, uint64_t seed)
 {
     uint64_t s[4];
     xoshiro_seed(s, seed, t->order + 1);
-    if (tctx && !EVP_DigestInit_ex(tctx, EVP_sha256(), NULL))
-        return -1;
     uint64_t left = t->nbytes;
     while (left) {
         size_t space = SYN_BUF_BYTES - o->used;
@@ -213,15 +203,11 @@ static int put_tensor(syn_out *o, syn_tensor *t, uint64_t seed, EVP_MD_CTX *tctx
             continue;
         }
         gen_bytes(s, o->buf + o->used, n);
-        if (tctx && !EVP_DigestUpdate(tctx, o->buf + o->used, n))
-            return -1;
         o->used += n;
         left -= n;
         if (o->used == SYN_BUF_BYTES && flush_out(o) < 0)
             return -1;
     }
-    if (tctx && !EVP_DigestFinal_ex(tctx, t->digest, NULL))
-        return -1;
     return 0;
 }
 
@@ -284,12 +270,6 @@ static char *shard_header(syn_shard *sh, const char *dtype, size_t *len)
     }
     *len = b.len;
     return b.p;
-}
-
-static void hex(char out[65], const uint8_t d[32])
-{
-    for (int i = 0; i < 32; i++)
-        snprintf(out + 2 * i, 3, "%02x", d[i]);
 }
 
 static int write_text(const char *dir, const char *name, const sbuf *b)
@@ -370,8 +350,12 @@ static void usage(FILE *f)
             "pseudo-random weights into OUTDIR: model.safetensors (--shards 1) or\n"
             "model-0000K-of-0000N.safetensors + model.safetensors.index.json, and\n"
             "its SHA-256 manifest (sluice.manifest.json beside the shards, or\n"
-            "model.safetensors.manifest.json for one file). Files an earlier synth\n"
-            "left in OUTDIR are replaced.\n");
+            "model.safetensors.manifest.json for one file), the one `sluice manifest`\n"
+            "writes: version 2, with header and chunk digests. Files an earlier synth\n"
+            "left in OUTDIR are replaced.\n"
+            "\n"
+            "The weights are random bits, not values a model would hold: some of\n"
+            "them are NaN or Inf. They are for loading, not for inference.\n");
 }
 
 static void list_presets(void)
@@ -481,13 +465,11 @@ int cmd_synth(int argc, char **argv)
     syn_shard *sh = calloc(nshards, sizeof *sh);
     syn_tensor **members = calloc(n, sizeof *members);
     uint8_t *buf = malloc(SYN_BUF_BYTES);
-    EVP_MD_CTX *fctx = manifest ? EVP_MD_CTX_new() : NULL;
-    EVP_MD_CTX *tctx = manifest ? EVP_MD_CTX_new() : NULL;
     char *header = NULL;
     int fd = -1;
     char path[4096] = "";
     syn_out o = {0};
-    if (!pt || !ts || !byname || !sh || !members || !buf || (manifest && (!fctx || !tctx))) {
+    if (!pt || !ts || !byname || !sh || !members || !buf) {
         fprintf(stderr, "sluice synth: out of memory\n");
         goto out;
     }
@@ -527,7 +509,6 @@ int cmd_synth(int argc, char **argv)
         goto out;
 
     o.buf = buf;
-    o.file_ctx = fctx;
     o.bar = progress_start("synth", total, 0);
     double t0 = now_s();
     uint64_t all_bytes = 0;
@@ -545,24 +526,16 @@ int cmd_synth(int argc, char **argv)
         }
         o.fd = fd;
         o.path = path;
-        if (fctx && !EVP_DigestInit_ex(fctx, EVP_sha256(), NULL))
-            goto hash_failed;
         uint8_t len8[8];
         for (int i = 0; i < 8; i++)
             len8[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
         if (put(&o, len8, 8) < 0 || put(&o, header, hlen) < 0)
             goto out;
-        if (tctx && (!EVP_DigestInit_ex(tctx, EVP_sha256(), NULL) ||
-                     !EVP_DigestUpdate(tctx, len8, 8) || !EVP_DigestUpdate(tctx, header, hlen) ||
-                     !EVP_DigestFinal_ex(tctx, sh[s].header_digest, NULL)))
-            goto hash_failed;
         for (size_t i = 0; i < sh[s].count; i++)
-            if (put_tensor(&o, sh[s].members[i], seed, tctx) < 0)
-                goto hash_failed;
+            if (put_tensor(&o, sh[s].members[i], seed) < 0)
+                goto out;
         if (flush_out(&o) < 0)
             goto out;
-        if (fctx && !EVP_DigestFinal_ex(fctx, sh[s].digest, NULL))
-            goto hash_failed;
         if (close(fd) != 0) {
             fd = -1;
             fprintf(stderr, "sluice synth: close %s: %s\n", path, strerror(errno));
@@ -595,34 +568,15 @@ int cmd_synth(int argc, char **argv)
             goto out;
     }
     if (manifest) {
-        char h[65];
-        sbuf b = {0};
-        char hh[65];
-        sb_add(&b, "{\n  \"format\": \"sluice-manifest\",\n  \"version\": 2,\n"
-                   "  \"algorithm\": \"sha256\",\n  \"tensors\": {\n");
-        for (size_t i = 0; i < n; i++) {
-            const sl_preset_tensor *t = &byname[i]->t;
-            hex(h, byname[i]->digest);
-            sb_add(&b, "    \"%s\": {\"digest\": \"%s\", \"dtype\": \"%s\", \"shape\": [%llu",
-                   t->name, h, dtype, (unsigned long long)t->shape[0]);
-            if (t->ndim > 1)
-                sb_add(&b, ", %llu", (unsigned long long)t->shape[1]);
-            sb_add(&b, "], \"nbytes\": %llu}%s\n", (unsigned long long)byname[i]->nbytes,
-                   i + 1 < n ? "," : "");
-        }
-        sb_add(&b, "  },\n  \"files\": {\n");
-        for (unsigned s = 0; s < nshards; s++) {
-            hex(h, sh[s].digest);
-            hex(hh, sh[s].header_digest);
-            sb_add(&b, "    \"%s\": {\"digest\": \"%s\", \"size\": %llu, \"header\": \"%s\"}%s\n",
-                   sh[s].name, h, (unsigned long long)sh[s].size, hh, s + 1 < nshards ? "," : "");
-        }
-        sb_add(&b, "  }\n}\n");
-        int w = write_text(outdir, nshards > 1 ? "sluice.manifest.json"
-                                               : "model.safetensors.manifest.json", &b);
-        free(b.p);
-        if (w < 0)
+        /* `sluice manifest OUTDIR -q -o M`: the same code, so the same manifest. */
+        char mpath[4096];
+        snprintf(mpath, sizeof mpath, "%s/%s", outdir,
+                 nshards > 1 ? "sluice.manifest.json" : "model.safetensors.manifest.json");
+        char *margv[] = {"manifest", (char *)outdir, "-q", "-o", mpath, NULL};
+        if (cmd_manifest(5, margv) != 0) {
+            fprintf(stderr, "sluice synth: writing the manifest of %s failed\n", outdir);
             goto out;
+        }
     }
     double dt = now_s() - t0;
     printf("%s: %s, %zu tensors, %llu bytes (%s) in %u file%s, %.1f s (%.2f GB/s)\n", outdir,
@@ -636,8 +590,6 @@ int cmd_synth(int argc, char **argv)
     rc = 0;
     goto out;
 
-hash_failed:
-    fprintf(stderr, "sluice synth: SHA-256 failed (OpenSSL)\n");
 out:
     progress_stop(o.bar);
     if (fd >= 0)
@@ -645,8 +597,6 @@ out:
     if (rc != 0 && path[0])
         unlink(path);
     free(header);
-    EVP_MD_CTX_free(fctx);
-    EVP_MD_CTX_free(tctx);
     free(buf);
     free(members);
     free(sh);
