@@ -1794,6 +1794,11 @@ typedef struct sluice_cache_entry {
  * NULL or memory runs out: on failure to a handle that only carries the
  * error (sluice_cache_errmsg), to be closed. */
 SLUICE_API int sluice_cache_open(const char *dir, sluice_cache **out);
+/* As sluice_cache_open, but creates nothing: where dir (or the default)
+ * holds no cache (neither its index nor its blobs), SLUICE_E_NOT_FOUND,
+ * the message naming the directory, and nothing is made there. For the
+ * calls that only read (list, usage, verify of what is there). */
+SLUICE_API int sluice_cache_open_existing(const char *dir, sluice_cache **out);
 /* The detail of the handle's last failure ("" when none). Borrowed: valid
  * until the next call on the handle. */
 SLUICE_API const char *sluice_cache_errmsg(const sluice_cache *cache);

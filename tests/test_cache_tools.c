@@ -1,8 +1,9 @@
 /* test_cache_tools.c: `sluice cache`, run as a program
  * (SLUICE_BINARY_DIR/sluice) on a cache filled here through src/cache/cache.c:
  * du and ls show what is there, verify finds a flipped byte (exit 1) and
- * drops that blob, gc --max and clear free what they say, and bad
- * arguments exit 2. */
+ * drops that blob, gc --max and clear free what they say, bad
+ * arguments exit 2, and ls, du and verify of a directory with no cache
+ * create none. */
 #include "util.h"
 
 #include "cache/cache.h"
@@ -158,7 +159,36 @@ static void cache_commands(void **state)
     assert_non_null(strstr(r.err, file));
     run_free(&r);
 
+    /* ls, du and verify of a directory with no cache (a typo) say so, exit
+     * 2 and create nothing, from --cache-dir or the environment; the
+     * library call under them does the same, and finds the real one */
+    char *typo = tu_join(root, "cahce");
+    static const char *const readers[] = {"ls", "du", "verify"};
+    for (size_t i = 0; i < sizeof readers / sizeof readers[0]; i++) {
+        r = run(root, "cache", "--cache-dir", typo, readers[i], NULL);
+        expect_status(&r, 2, readers[i]);
+        assert_non_null(strstr(r.err, "no cache at"));
+        assert_non_null(strstr(r.err, typo));
+        run_free(&r);
+        assert_int_not_equal(access(typo, F_OK), 0);
+    }
+    setenv("SLUICE_CACHE_DIR", typo, 1);
+    r = run(root, "cache", "du", NULL);
+    unsetenv("SLUICE_CACHE_DIR");
+    expect_status(&r, 2, "du of a typo from the environment");
+    run_free(&r);
+    assert_int_not_equal(access(typo, F_OK), 0);
+    sluice_cache *h = NULL;
+    assert_int_equal(sluice_cache_open_existing(typo, &h), SLUICE_E_NOT_FOUND);
+    assert_non_null(strstr(sluice_cache_errmsg(h), typo));
+    sluice_cache_close(h);
+    assert_int_not_equal(access(typo, F_OK), 0);
+    assert_int_equal(sluice_cache_open_existing(dir, &h), SLUICE_OK);
+    sluice_cache_close(h);
+    assert_int_equal(sluice_cache_open_existing(dir, NULL), SLUICE_E_INVAL);
+
     tu_rmtree(root);
+    free(typo);
     free(file);
     free(bad_path);
     free(dir);

@@ -35,8 +35,11 @@ static void usage(FILE *out)
             "  --cache-dir DIR  the cache (default: $SLUICE_CACHE_DIR, else\n"
             "                   $XDG_CACHE_HOME/sluice, else ~/.cache/sluice)\n"
             "\n"
+            "ls, du and verify create nothing: where the directory holds no cache they\n"
+            "say so and exit 2. gc and clear make the cache they are given.\n"
+            "\n"
             "Exit status: 0 done, 1 verify found bad blobs, 2 usage error or a cache\n"
-            "that cannot be opened.\n");
+            "that cannot be opened (or, for ls, du and verify, is not there).\n");
 }
 
 /* "45s", "12m", "3h", "4d" since ns (CLOCK_REALTIME). */
@@ -128,8 +131,12 @@ int cmd_cache(int argc, char **argv)
         return 2;
     }
 
+    /* Only gc and clear may make the cache they are given; the others read,
+     * and a typo in --cache-dir must not leave a new cache behind. */
+    int reads_only = strcmp(action, "gc") && strcmp(action, "clear");
     sluice_cache *c = NULL;
-    if (sluice_cache_open(dir, &c) != SLUICE_OK) {
+    if ((reads_only ? sluice_cache_open_existing(dir, &c) : sluice_cache_open(dir, &c)) !=
+        SLUICE_OK) {
         fprintf(stderr, "sluice cache: %s\n", sluice_cache_errmsg(c));
         sluice_cache_close(c);
         return 2;

@@ -19,7 +19,19 @@ struct sluice_cache {
     sl_err err;
 };
 
+static int cache_open(const char *dir, int create, sluice_cache **out);
+
 SLUICE_API int sluice_cache_open(const char *dir, sluice_cache **out)
+{
+    return cache_open(dir, 1, out);
+}
+
+SLUICE_API int sluice_cache_open_existing(const char *dir, sluice_cache **out)
+{
+    return cache_open(dir, 0, out);
+}
+
+static int cache_open(const char *dir, int create, sluice_cache **out)
 {
     if (!out)
         return SLUICE_E_INVAL;
@@ -29,6 +41,7 @@ SLUICE_API int sluice_cache_open(const char *dir, sluice_cache **out)
         return SLUICE_E_NOMEM;
 #ifndef SLUICE_HAVE_SQLITE
     (void)dir;
+    (void)create;
     return sl_fail(&h->err, SLUICE_E_UNSUPPORTED,
                    "this sluice was built without SQLite (libsqlite3-dev): no persistent cache");
 #else
@@ -45,6 +58,11 @@ SLUICE_API int sluice_cache_open(const char *dir, sluice_cache **out)
             return sl_fail(&h->err, SLUICE_E_INVAL,
                            "no cache directory: neither SLUICE_CACHE_DIR nor "
                            "XDG_CACHE_HOME nor HOME is set");
+    }
+    if (!create && !sl_cache_exists(path)) {
+        int no = sl_fail(&h->err, SLUICE_E_NOT_FOUND, "no cache at %s", path);
+        free(path);
+        return no;
     }
     sl_cache *c = NULL;
     int rc = sl_cache_open(path, SLUICE_CACHE_DEFAULT_BYTES, &c, &h->err);

@@ -57,6 +57,22 @@
 #ifndef OVERLAYFS_SUPER_MAGIC
 #define OVERLAYFS_SUPER_MAGIC 0x794c7630
 #endif
+/* A cache is there when its directory holds the index or the blobs folder
+ * (an index lost beside its blobs is rebuilt by the open). Stats only: the
+ * one check a caller that must create nothing makes first. */
+int sl_cache_exists(const char *dir)
+{
+    char path[PATH_MAX];
+    struct stat st;
+    static const char *const marks[] = {"index.sqlite", "blobs"};
+    for (size_t i = 0; i < sizeof marks / sizeof marks[0]; i++) {
+        int n = snprintf(path, sizeof path, "%s/%s", dir, marks[i]);
+        if (n > 0 && (size_t)n < sizeof path && stat(path, &st) == 0)
+            return 1;
+    }
+    return 0;
+}
+
 #ifndef FUSE_SUPER_MAGIC
 #define FUSE_SUPER_MAGIC 0x65735546
 #endif

@@ -107,6 +107,9 @@ int sl_cache_dir_for(const sluice_options *o, char **out, sl_err *err);
 int sl_cache_open(const char *dir, uint64_t max_bytes, sl_cache **out, sl_err *err);
 void sl_cache_close(sl_cache *c);
 
+/* 1 when dir holds a cache (its index or its blobs), else 0; creates nothing. */
+int sl_cache_exists(const char *dir);
+
 /* NULL, or why the handle is off, or (while it works) the note that a
  * write of the index was put off (see Busy). Borrowed, valid until close. */
 const char *sl_cache_warning(const sl_cache *c);
