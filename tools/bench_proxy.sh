@@ -8,10 +8,10 @@
 # bytes the origin sent, the aggregate throughput (NODES x the model over
 # the wall time of the whole run) and each process's p50/p90 time.
 # usage: tools/bench_proxy.sh [SLUICE_BINARY] [MIB] [NODES]
-#   SLUICE_BINARY: default build-rel/sluice; MIB: the generated model's
+#   SLUICE_BINARY: default build-release/sluice; MIB: the generated model's
 #   size (16 tensors, random bytes; default 256); NODES: default 8
 set -eu
-sluice=$(realpath "${1:-build-rel/sluice}")
+sluice=$(realpath "${1:-build-release/sluice}")
 mib=${2:-256}
 nodes=${3:-8}
 nginx=$(command -v nginx || echo /usr/sbin/nginx)
