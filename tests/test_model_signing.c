@@ -554,6 +554,52 @@ static void test_file_check_says(void **state)
     free(ca);
 }
 
+/* Every command that opens a model takes the same trust options (--key,
+ * --ca, --signature) and they mean the same in each: a certificate-signed
+ * model.sig opens with its CA, and fails (exit 2, nothing written) with
+ * another CA or with a named bundle that is not there. */
+static void test_every_command_takes_trust_options(void **state)
+{
+    fx *f = *state;
+    char *ca = key(f, "ca.pem"), *other_keys = tu_join(f->dir, "other");
+    char *other_ca = tu_join(other_keys, "ca.pem"), *none = tu_join(f->dir, "no.sig");
+    assert_int_equal(py("sign %s %s cert", f->model, f->keys), 0);
+    assert_int_equal(py("keys %s", other_keys), 0);
+    static const char *const cmds[][6] = {
+        {"cat", "", "t.1", NULL},
+        {"stats", "", NULL},
+        {"verify", "", NULL},
+        {"shard", "", "--world", "1", NULL},
+        {"repair", "", "--fallback", "", NULL},
+    };
+    for (size_t c = 0; c < sizeof cmds / sizeof cmds[0]; c++) {
+        const char *argv[12] = {0};
+        size_t n = 0;
+        for (size_t k = 0; cmds[c][k]; k++)
+            argv[n++] = cmds[c][k][0] ? cmds[c][k] : f->model;
+        const char *trust[][2] = {{"--ca", ca}, {"--ca", other_ca}, {"--signature", none}};
+        for (size_t t = 0; t < 3; t++) {
+            argv[n] = trust[t][0];
+            argv[n + 1] = trust[t][1];
+            argv[n + 2] = t == 2 ? "--ca" : NULL; /* a bundle named, the right CA */
+            argv[n + 3] = t == 2 ? ca : NULL;
+            run_result r = run(f->dir, argv[0], argv[1], argv[2], argv[3], argv[4], argv[5],
+                               argv[6], argv[7], argv[8], NULL);
+            char what[256];
+            snprintf(what, sizeof what, "%s %s %s", cmds[c][0], trust[t][0],
+                     t == 1 ? "(another CA)" : t == 2 ? "(no such bundle)" : "");
+            expect_status(&r, t == 0 ? 0 : 2, what);
+            if (t && !strcmp(cmds[c][0], "cat"))
+                assert_int_equal(r.out_len, 0);
+            run_free(&r);
+        }
+    }
+    free(none);
+    free(other_ca);
+    free(other_keys);
+    free(ca);
+}
+
 /* ---------------------------------------------------------------- the reference's own bundles */
 
 static const struct {
@@ -746,6 +792,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_shards_cover, setup, teardown),
         cmocka_unit_test_setup_teardown(test_every_shard_listed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_file_check_says, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_every_command_takes_trust_options, setup, teardown),
         cmocka_unit_test_setup_teardown(test_signed_file_digests, setup, teardown),
     };
     return cmocka_run_group_tests(tests, tool_group_setup, NULL);

@@ -11,7 +11,7 @@
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: sluice cat PATH NAME [--manifest FILE] [--key PUB]... [loader options]\n"
+            "usage: sluice cat PATH NAME [--manifest FILE] [trust options] [loader options]\n"
             "\n"
             "Writes the raw bytes of tensor NAME of the model at PATH to stdout.\n"
             "When a manifest is in play (--manifest, or the sidecar: F.manifest.json\n"
@@ -23,7 +23,7 @@ static void usage(FILE *out)
             "warning on stderr says so.\n"
             "\n"
             "  --manifest FILE   the manifest to check against\n"
-            IG_KEY_HELP
+            IG_TRUST_HELP
             IG_FALLBACK_HELP
             IG_LOADER_HELP
             "\n"
@@ -51,7 +51,7 @@ static int write_all(const void *data, uint64_t len)
 int cmd_cat(int argc, char **argv)
 {
     const char *path = NULL, *name = NULL;
-    ig_keys keys = {.n = 0};
+    ig_trust trust = {0};
     sluice_options o;
     sluice_options_init(&o);
     for (int i = 1; i < argc; i++) {
@@ -63,7 +63,7 @@ int cmd_cat(int argc, char **argv)
         } else if ((r = ig_file_option("cat", argc, argv, &i, "--manifest", "-m", &o.manifest_path)) != 0) {
             if (r < 0)
                 return 2;
-        } else if ((r = ig_key_option("cat", argc, argv, &i, &keys, &o)) != 0) {
+        } else if ((r = ig_trust_option("cat", argc, argv, &i, &trust, &o)) != 0) {
             if (r < 0)
                 return 2;
         } else if ((r = ig_loader_option("cat", argc, argv, &i, &o)) != 0) {

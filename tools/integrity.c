@@ -170,14 +170,20 @@ int ig_file_option(const char *cmd, int argc, char **argv, int *i, const char *n
     return 1;
 }
 
-int ig_key_option(const char *cmd, int argc, char **argv, int *i, ig_keys *keys, sluice_options *o)
+int ig_trust_option(const char *cmd, int argc, char **argv, int *i, ig_trust *t,
+                    sluice_options *o)
 {
-    int r = ig_list_option(cmd, argc, argv, i, "--key", keys);
-    if (r <= 0)
-        return r;
-    o->trusted_keys = keys->path;
-    o->ntrusted_keys = keys->n;
-    return 1;
+    int r;
+    if ((r = ig_list_option(cmd, argc, argv, i, "--key", &t->keys)) != 0) {
+        o->trusted_keys = t->keys.path;
+        o->ntrusted_keys = t->keys.n;
+    } else if ((r = ig_list_option(cmd, argc, argv, i, "--ca", &t->cas)) != 0) {
+        o->trusted_cas = t->cas.path;
+        o->ntrusted_cas = t->cas.n;
+    } else {
+        r = ig_file_option(cmd, argc, argv, i, "--signature", NULL, &o->signature_path);
+    }
+    return r;
 }
 
 int ig_list_option(const char *cmd, int argc, char **argv, int *i, const char *name, ig_keys *list)

@@ -48,29 +48,46 @@
     "                    or to read, verified against PATH's manifest;\n"      \
     "                    repeatable, tried in order; needs a manifest\n"
 
-/* The help text of ig_key_option's option. */
-#define IG_KEY_HELP                                                           \
+/* The help text of ig_trust_option's options: every command that opens a
+ * model takes the same three, so a signed model opens alike in each. */
+#define IG_TRUST_HELP                                                         \
     "  --key PUB         a trusted public key (PEM; repeatable, up to 16): the\n" \
     "                    manifest must carry a valid signature MANIFEST.sig by\n" \
-    "                    one of them ('sluice keygen', 'sluice sign')\n"
+    "                    one of them ('sluice keygen', 'sluice sign'); EC keys\n" \
+    "                    also verify an OpenSSF model signature (model.sig)\n"   \
+    "  --ca PEM          a trusted CA certificate (repeatable): an OpenSSF model\n" \
+    "                    signature (model.sig) made with a certificate must chain\n" \
+    "                    to one (no SHA-1; a code-signing leaf, not a CA's or a\n" \
+    "                    TLS server's)\n"                                        \
+    "  --signature FILE  the OpenSSF model-signing bundle (default: model.sig in\n" \
+    "                    the model's directory, checked when present with --key,\n" \
+    "                    always with --ca); it must list the manifest and files\n"
 
 #define IG_KEY_MAX 16
 
-/* The trusted keys of a command line; lives as long as the options it
+/* A list of files from repeated options; lives as long as the options it
  * was given to. */
 typedef struct ig_keys {
     const char *path[IG_KEY_MAX];
     size_t n;
 } ig_keys;
 
-/* If argv[*i] is --key, adds the file that follows to keys, points
- * o->trusted_keys at them, advances *i and returns 1; returns 0 when it
- * is another argument; -1 (after a message on stderr naming cmd) when the
- * file is missing or there are too many. */
-int ig_key_option(const char *cmd, int argc, char **argv, int *i, ig_keys *keys, sluice_options *o);
+/* The trust options of a command line (IG_TRUST_HELP); lives as long as
+ * the options it was given to. */
+typedef struct ig_trust {
+    ig_keys keys, cas;
+} ig_trust;
+
+/* If argv[*i] is --key, --ca or --signature, takes the file that follows
+ * into t and o (trusted_keys, trusted_cas, signature_path), advances *i
+ * and returns 1; returns 0 when it is another argument; -1 (after a
+ * message on stderr naming cmd) when the file is missing or there are too
+ * many. */
+int ig_trust_option(const char *cmd, int argc, char **argv, int *i, ig_trust *t,
+                    sluice_options *o);
 
 /* If argv[*i] is NAME, adds the file that follows to list (as
- * ig_key_option, without touching the options); returns 1, 0 or -1. */
+ * ig_trust_option, without touching the options); returns 1, 0 or -1. */
 int ig_list_option(const char *cmd, int argc, char **argv, int *i, const char *name, ig_keys *list);
 
 /* The tensors (sluice_info indexes, ascending) that failed a verify. */

@@ -88,7 +88,7 @@ static int release_cb(void *user, sluice_tensor *t, int status,
 static void stats_usage(FILE *out)
 {
     fprintf(out,
-            "usage: sluice stats PATH [--openmetrics] [--manifest FILE] [--key PUB]...\n"
+            "usage: sluice stats PATH [--openmetrics] [--manifest FILE] [trust options]\n"
             "                    [loader options]\n"
             "\n"
             "Loads every tensor of the model at PATH through the library (verified\n"
@@ -98,7 +98,7 @@ static void stats_usage(FILE *out)
             "(sluice_unverified in the metrics).\n"
             "  --openmetrics     OpenMetrics 1.0 instead\n"
             "  --label TEXT      the model label (default: PATH)\n"
-            IG_KEY_HELP
+            IG_TRUST_HELP
             IG_FALLBACK_HELP
             IG_LOADER_HELP
             "\nExit status: 0 loaded, 1 a tensor failed, 2 usage or open error.\n");
@@ -108,7 +108,7 @@ int cmd_stats(int argc, char **argv)
 {
     const char *path = NULL;
     sluice_metrics_format f = SLUICE_METRICS_PROMETHEUS;
-    ig_keys keys = {.n = 0};
+    ig_trust trust = {0};
     sluice_options o;
     sluice_options_init(&o);
     for (int i = 1; i < argc; i++) {
@@ -124,7 +124,7 @@ int cmd_stats(int argc, char **argv)
                 return 2;
         } else if (!strcmp(a, "--label") && i + 1 < argc) {
             o.metrics_label = argv[++i];
-        } else if ((r = ig_key_option("stats", argc, argv, &i, &keys, &o)) != 0) {
+        } else if ((r = ig_trust_option("stats", argc, argv, &i, &trust, &o)) != 0) {
             if (r < 0)
                 return 2;
         } else if ((r = ig_loader_option("stats", argc, argv, &i, &o)) != 0) {

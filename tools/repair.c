@@ -335,7 +335,7 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "usage: sluice repair PATH --fallback LOC [--fallback LOC]... [--manifest FILE]\n"
-            "                     [--key PUB]... [--pool SIZE] [--qd N] [--threads N]\n"
+            "                     [trust options] [--pool SIZE] [--qd N] [--threads N]\n"
             "                     [--direct] [--pread] [-q]\n"
             "\n"
             "Mends the local model at PATH from mirrors: verifies every tensor against\n"
@@ -357,7 +357,7 @@ static void usage(FILE *out)
             "                    s3://) to take failed tensors from; repeatable, tried\n"
             "                    in order; at least one\n"
             "  --manifest FILE   the manifest (default: the sidecar, as for verify)\n"
-            IG_KEY_HELP
+            IG_TRUST_HELP
             "  --pool SIZE       buffer pool (default 4G): must hold the largest tensor\n"
             "                    repaired\n"
             "  --qd N, --threads N, --direct, --pread   as for verify\n"
@@ -433,9 +433,9 @@ static int commit(rp_file *files, size_t nfiles)
     return 0;
 }
 
-/* Parses the command line into o (and keys, path, quiet); returns -1 to
+/* Parses the command line into o (and trust, path, quiet); returns -1 to
  * go on, else the exit status. */
-static int parse(int argc, char **argv, sluice_options *o, ig_keys *keys, const char **path,
+static int parse(int argc, char **argv, sluice_options *o, ig_trust *trust, const char **path,
                  int *quiet)
 {
     for (int i = 1; i < argc; i++) {
@@ -450,7 +450,7 @@ static int parse(int argc, char **argv, sluice_options *o, ig_keys *keys, const 
                                        &o->manifest_path)) != 0) {
             if (r < 0)
                 return 2;
-        } else if ((r = ig_key_option("repair", argc, argv, &i, keys, o)) != 0) {
+        } else if ((r = ig_trust_option("repair", argc, argv, &i, trust, o)) != 0) {
             if (r < 0)
                 return 2;
         } else if (strcmp(a, "--trust-unchanged") && strcmp(a, "--cache-dir") &&
@@ -481,10 +481,10 @@ int cmd_repair(int argc, char **argv)
 {
     const char *path = NULL;
     int quiet = 0;
-    ig_keys keys = {.n = 0};
+    ig_trust trust = {0};
     sluice_options o;
     sluice_options_init(&o);
-    int status = parse(argc, argv, &o, &keys, &path, &quiet);
+    int status = parse(argc, argv, &o, &trust, &path, &quiet);
     if (status >= 0)
         return status;
     o.verify = SLUICE_VERIFY_REQUIRE;

@@ -266,6 +266,7 @@ typedef struct shard_opts {
     uint64_t rank, world, threads;
     int rank_set, world_set, json;
     sluice_options o;
+    ig_trust trust; /* o's trusted keys and CAs point into it */
 } shard_opts;
 
 /* argv[*i] as one of the shared options: 1 taken, 0 not one, -1 bad. */
@@ -290,6 +291,8 @@ static int shard_option(const char *cmd, int argc, char **argv, int *i, shard_op
     if (r)
         return r;
     if ((r = ig_file_option(cmd, argc, argv, i, "--manifest", NULL, &so->o.manifest_path)) != 0)
+        return r;
+    if ((r = ig_trust_option(cmd, argc, argv, i, &so->trust, &so->o)) != 0)
         return r;
     if (!strcmp(a, "--json")) {
         so->json = 1;
@@ -317,7 +320,7 @@ static void shard_usage(FILE *out)
 {
     fprintf(out,
             "usage: sluice shard PATH --rank R --world N [--rules FILE] [--jobs J] [--json]\n"
-            "                    [--manifest FILE] [loader options]\n"
+            "                    [--manifest FILE] [trust options] [loader options]\n"
             "\n"
             "Loads rank R of N's tensor-parallel shard of the model at PATH, verified, and\n"
             "says what it read and how long it took. The rules say which tensors are split\n"
@@ -333,10 +336,10 @@ static void shard_usage(FILE *out)
             "  --jobs J        tensors read at once, a thread each (default 4)\n"
             "  --manifest FILE the manifest to verify against (default: the sidecar)\n"
             "  --json          one JSON object on stdout instead of the line\n"
-            "%s"
+            "%s%s"
             "\n"
             "Exit status: 0 loaded, 1 a tensor failed (or does not split into N), 2 usage\n"
-            "or open error.\n", IG_LOADER_HELP);
+            "or open error.\n", IG_TRUST_HELP, IG_LOADER_HELP);
 }
 
 static void print_res(const char *what, const shard_opts *so, const shard_res *r,
@@ -408,7 +411,8 @@ static void bench_world_usage(FILE *out)
 {
     fprintf(out,
             "usage: sluice bench PATH --world N [--rank R] [--rules FILE] [--jobs J]\n"
-            "                    [--manifest FILE] [--runs K] [--cold] [loader options]\n"
+            "                    [--manifest FILE] [--runs K] [--cold] [trust options]\n"
+            "                    [loader options]\n"
             "\n"
             "Tensor-parallel loading, three ways, each verified, the median of K runs\n"
             "(default 3), each in a fresh process:\n"
@@ -419,10 +423,10 @@ static void bench_world_usage(FILE *out)
             "               bytes they read together, against the model's\n"
             "  --cold       drop the model files' page cache (POSIX_FADV_DONTNEED) before\n"
             "               every run\n"
-            "%s"
+            "%s%s"
             "\n"
             "Exit status: 0 measured, 1 a run failed (a tensor failed or does not split),\n"
-            "2 usage or open error.\n", IG_LOADER_HELP);
+            "2 usage or open error.\n", IG_TRUST_HELP, IG_LOADER_HELP);
 }
 
 /* Drops the page cache of the model's files. */

@@ -83,7 +83,7 @@ static int cmp_size(const void *a, const void *b)
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: sluice verify PATH [--manifest FILE] [--key PUB]... [--files] [-q]\n"
+            "usage: sluice verify PATH [--manifest FILE] [trust options] [--files] [-q]\n"
             "                     [loader options]\n"
             "\n"
             "Reads every tensor of the model at PATH and checks it against the manifest\n"
@@ -97,14 +97,7 @@ static void usage(FILE *out)
             "                    beside a single file F; for a directory,\n"
             "                    sluice.manifest.json in it, then F.manifest.json when\n"
             "                    the model is one file F)\n"
-            IG_KEY_HELP
-            "  --ca PEM          a trusted CA certificate (repeatable): an OpenSSF model\n"
-            "                    signature (model.sig) made with a certificate must chain\n"
-            "                    to one (no SHA-1; a code-signing leaf, not a CA's or a\n"
-            "                    TLS server's); --key also takes EC keys for model.sig\n"
-            "  --signature FILE  the OpenSSF model-signing bundle (default: model.sig in\n"
-            "                    the model's directory, checked when present with --key,\n"
-            "                    always with --ca); it must list the manifest and files\n"
+            IG_TRUST_HELP
             "  --no-manifest-link  check the model-signing bundle and every file's digest\n"
             "                    alone, as the reference verifier does (no sluice manifest,\n"
             "                    no tensors); with --ignore PATH (repeatable) for files\n"
@@ -189,7 +182,8 @@ int cmd_verify(int argc, char **argv)
 {
     const char *path = NULL;
     int files = 0, quiet = 0, metrics_port = -1;
-    ig_keys keys = {.n = 0}, cas = {.n = 0}, ignore = {.n = 0};
+    ig_trust trust = {0};
+    ig_keys ignore = {.n = 0};
     int no_link = 0;
     sluice_options o;
     sluice_options_init(&o);
@@ -202,20 +196,15 @@ int cmd_verify(int argc, char **argv)
         } else if ((r = ig_file_option("verify", argc, argv, &i, "--manifest", "-m", &o.manifest_path)) != 0) {
             if (r < 0)
                 return 2;
-        } else if ((r = ig_key_option("verify", argc, argv, &i, &keys, &o)) != 0) {
+        } else if ((r = ig_trust_option("verify", argc, argv, &i, &trust, &o)) != 0) {
             if (r < 0)
                 return 2;
         } else if ((r = mc_port_option("verify", argc, argv, &i, &metrics_port)) != 0) {
             if (r < 0)
                 return 2;
-        } else if ((r = ig_list_option("verify", argc, argv, &i, "--ca", &cas)) != 0 ||
-                   (r = ig_list_option("verify", argc, argv, &i, "--ignore", &ignore)) != 0 ||
-                   (r = ig_file_option("verify", argc, argv, &i, "--signature", NULL,
-                                       &o.signature_path)) != 0) {
+        } else if ((r = ig_list_option("verify", argc, argv, &i, "--ignore", &ignore)) != 0) {
             if (r < 0)
                 return 2;
-            o.trusted_cas = cas.n ? cas.path : NULL;
-            o.ntrusted_cas = cas.n;
         } else if (!strcmp(a, "--no-manifest-link")) {
             no_link = 1;
         } else if (!strcmp(a, "--files")) {
@@ -234,8 +223,8 @@ int cmd_verify(int argc, char **argv)
         return 2;
     }
     if (no_link)
-        return ms_verify_files(path, o.signature_path, keys.path, keys.n, cas.path, cas.n,
-                               ignore.path, ignore.n);
+        return ms_verify_files(path, o.signature_path, trust.keys.path, trust.keys.n,
+                               trust.cas.path, trust.cas.n, ignore.path, ignore.n);
     /* A Hub location without a manifest of its own is checked file by
      * file against the Hub's LFS SHA-256 (--files): DEFAULT is REQUIRE
      * for a manifest of tensors, and takes those for what they are. */
@@ -250,13 +239,14 @@ int cmd_verify(int argc, char **argv)
         return 2;
     }
     /* which manifest judges: a directory of one file may have two sidecars */
-    if (o.signature_path || cas.n || ms_applied(path, keys.path, keys.n))
+    if (o.signature_path || trust.cas.n || ms_applied(path, trust.keys.path, trust.keys.n))
         printf("manifest %s: OpenSSF model signature verified (%s: lists the manifest and "
                "every file)\n", sluice_manifest_path(m), o.signature_path ? o.signature_path
                : "model.sig");
-    else if (keys.n)
+    else if (trust.keys.n)
         printf("manifest %s: signature verified (%s.sig, by one of %zu trusted key%s)\n",
-               sluice_manifest_path(m), sluice_manifest_path(m), keys.n, keys.n == 1 ? "" : "s");
+               sluice_manifest_path(m), sluice_manifest_path(m), trust.keys.n,
+               trust.keys.n == 1 ? "" : "s");
     else
         printf("manifest %s\n", sluice_manifest_path(m));
     if (hub_files && no_tensor_digest(m)) {
