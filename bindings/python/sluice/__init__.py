@@ -25,7 +25,8 @@ from ._errors import (  # noqa: F401  (re-exported)
     BufferTooSmallError, BusyError, CancelledError, ChecksumError, ClosedError, Error, FileChangedError,
     HeaderError, InvalidArgumentError, ManifestError, ManifestMismatchError, NoFilesError,
     NotFoundError, OutOfMemoryError, PoolError, PoolExhaustedError, ReadError, RemoteError,
-    ShardIndexError, SignatureError, TooLargeError, UnsupportedError, error_class,
+    ShardIndexError, SignatureError, TooLargeError, UnsupportedError, UnverifiedWarning,
+    error_class,
 )
 from . import _sluice
 
@@ -39,7 +40,7 @@ __all__ = [
     "OutOfMemoryError", "PoolError", "TooLargeError", "PoolExhaustedError", "BusyError",
     "CancelledError", "BufferTooSmallError", "UnsupportedError", "parse_size",
     "HAVE_ML_DTYPES", "algorithm_supported", "features", "serve_metrics", "MetricsServer",
-    "Cache", "CacheEntry",
+    "Cache", "CacheEntry", "UnverifiedWarning",
 ]
 
 
@@ -368,6 +369,14 @@ class Model:
     def verify_mode(self):
         """'require', 'if_present' or 'off': the policy in force."""
         return self._m.verify_mode()
+
+    @property
+    def verify_state(self):
+        """What the model's bytes are checked against (sluice_verify_state):
+        'verified' (a manifest was read: manifest_path), 'no_manifest' (none
+        was given or found: nothing is checked, and open warned with
+        UnverifiedWarning) or 'off' (verify="off")."""
+        return _VERIFY_STATES.get(self._m.verify_state()[0], "off")
 
     @property
     def manifest_path(self):
@@ -728,7 +737,34 @@ def open(path, *, manifest=None, verify="default", pool=None, queue_depth=None, 
     if remote:
         kw["remote"] = remote
     core = _sluice.open(p, mf, **kw)
-    return Model(core, _os.fsdecode(p))
+    model = Model(core, _os.fsdecode(p))
+    try:
+        _warn_if_unverified(model)
+    except BaseException:  # the warning made an error by the caller's filter
+        model.close()
+        raise
+    return model
+
+
+_VERIFY_STATES = {0: "verified", 1: "no_manifest", 2: "off"}
+
+
+def _warn_if_unverified(model):
+    """UnverifiedWarning when the model has nothing to be checked against,
+    attributed to the first caller outside this package (safe_open,
+    load_file and the rest open through here)."""
+    state, where = model._m.verify_state()
+    if _VERIFY_STATES.get(state) != "no_manifest":
+        return
+    import sys
+    import warnings
+    level, frame = 1, sys._getframe(0)
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] == __name__:
+        frame, level = frame.f_back, level + 1
+    # where, not model.path: it is shown without credentials or query
+    warnings.warn(f"no manifest for this model (looked for {where}): its tensors load "
+                  "unverified; write one with `sluice manifest` or pass manifest=",
+                  UnverifiedWarning, stacklevel=level)
 
 
 def _path_list(value, name, what):

@@ -165,3 +165,15 @@ def make_error(code, message, name=None):
     if code == E_INVAL and message == "the model is closed":
         return ClosedError(code, message, name)
     return error_class(code)(code, message, name)
+
+
+class UnverifiedWarning(UserWarning):
+    """A model opened with nothing to check its bytes against: no manifest
+    was given and none was found beside it (verify="default" or
+    "if_present"). Its tensors load as they are on disk or on the wire.
+    Warned once per model location (Python's default filter), from
+    sluice.open and everything built on it (safe_open, load_file,
+    load_shard, iter_weights, lazy_load, ...). Filter it to silence it,
+    or turn it into an error (warnings.simplefilter("error",
+    sluice.UnverifiedWarning)) to refuse unverified models; verify="off"
+    is the caller's own choice and is not warned of."""

@@ -530,6 +530,23 @@ static PyObject *model_verify_mode(ModelObject *self, PyObject *unused)
     }
 }
 
+/* verify_state() -> (state, where): sluice_verify_state's value (0 verified,
+ * 1 no manifest found, 2 verification off) and where (the manifest, or the
+ * sidecars looked for; None when off). */
+static PyObject *model_verify_state(ModelObject *self, PyObject *unused)
+{
+    if (!model_usable(self))
+        return NULL;
+    const char *where = NULL;
+    int state = sluice_verify_state(self->m, &where);
+    if (state < 0)
+        return raise_model(self, state);
+    PyObject *w = where ? msg_str(where) : (Py_INCREF(Py_None), Py_None);
+    if (!w)
+        return NULL;
+    return Py_BuildValue("(iN)", state, w);
+}
+
 static PyObject *model_manifest_path(ModelObject *self, PyObject *unused)
 {
     if (!model_usable(self))
@@ -1487,6 +1504,8 @@ static PyMethodDef model_methods[] = {
     {"cache_warning", (PyCFunction)model_cache_warning, METH_NOARGS,
      "Why the persistent cache was turned off, or the file the memo refused, or None."},
     {"verify_mode", (PyCFunction)model_verify_mode, METH_NOARGS, "Policy in force."},
+    {"verify_state", (PyCFunction)model_verify_state, METH_NOARGS,
+     "(state, where): what the model is checked against (sluice_verify_state)."},
     {"manifest_path", (PyCFunction)model_manifest_path, METH_NOARGS, "Manifest read, or None."},
     {"manifest_entry", (PyCFunction)model_manifest_entry, METH_O,
      "(digest, (chunk_bytes, count) or None) the manifest gives tensor i, or None."},
