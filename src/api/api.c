@@ -123,8 +123,8 @@ SLUICE_API int sluice_options_init(sluice_options *opts)
 }
 
 /* Trusted keys ask for a signed manifest: a list that cannot be read as
- * one, or a policy that reads no manifest, must not pass for "no
- * signature asked". */
+ * one must not pass for "no signature asked" (what the keys ask for is
+ * the trust plan's: trust_plan.c). */
 static int take_trusted_keys(const sluice_options *o, sl_err *err)
 {
     if (!o->trusted_keys && !o->ntrusted_keys)
@@ -135,9 +135,6 @@ static int take_trusted_keys(const sluice_options *o, sl_err *err)
     for (size_t i = 0; i < o->ntrusted_keys; i++)
         if (!o->trusted_keys[i])
             return sl_fail(err, SLUICE_E_INVAL, "options: trusted_keys[%zu] is NULL", i);
-    if (o->verify == SLUICE_VERIFY_OFF)
-        return sl_fail(err, SLUICE_E_INVAL, "options: trusted_keys ask for a signed manifest, "
-                       "but the verify policy is SLUICE_VERIFY_OFF (which reads none)");
     return SLUICE_OK;
 }
 
@@ -150,8 +147,8 @@ static int take_proxy_options(const sluice_options *o, sl_err *err)
     return SLUICE_OK;
 }
 
-/* Trusted CAs (and a signature path) ask for an OpenSSF model signature,
- * under the same rules as trusted keys. */
+/* Trusted CAs (and a signature path) ask for an OpenSSF model signature:
+ * their list, under the same rules as trusted keys. */
 static int take_trusted_cas(const sluice_options *o, sl_err *err)
 {
     if (!o->trusted_cas != !o->ntrusted_cas)
@@ -160,13 +157,6 @@ static int take_trusted_cas(const sluice_options *o, sl_err *err)
     for (size_t i = 0; i < o->ntrusted_cas; i++)
         if (!o->trusted_cas[i])
             return sl_fail(err, SLUICE_E_INVAL, "options: trusted_cas[%zu] is NULL", i);
-    if (o->signature_path && !o->ntrusted_cas && !o->ntrusted_keys)
-        return sl_fail(err, SLUICE_E_INVAL, "options: signature_path is set, but neither "
-                       "trusted_keys nor trusted_cas, to check it with");
-    if ((o->ntrusted_cas || o->signature_path) && o->verify == SLUICE_VERIFY_OFF)
-        return sl_fail(err, SLUICE_E_INVAL, "options: trusted_cas or signature_path ask for a "
-                       "signed model, but the verify policy is SLUICE_VERIFY_OFF (which reads "
-                       "no manifest)");
     return SLUICE_OK;
 }
 
@@ -282,113 +272,6 @@ static int take_remote(sluice_model *m, const char *path, sl_err *err)
     o->http_token = o->s3_endpoint = o->s3_region = o->remote_ca_file = NULL;
     o->http_proxy = NULL;   /* the remote configuration's now */
     return SLUICE_OK;
-}
-
-/* The remote manifest's text into *text (NULL when there is none):
- * opts->manifest_path when it is set (a 404 is SLUICE_E_MANIFEST), else
- * the first sidecar at the remote model's place that the server has (a
- * 404 is absence, and the next is asked). *loc (malloc'd) gets the
- * location read, or when none was there the sidecars looked for ("A" or
- * "A nor B", for the message). */
-static int fetch_remote_manifest(sluice_model *m, const char *path, char **loc, char **text,
-                                 size_t *len, sl_err *err)
-{
-    const sluice_options *o = &m->opts;
-    if (o->manifest_path) {
-        if (!(*loc = strdup(o->manifest_path)))
-            return sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
-        return sl_remote_get_anchor(m->remote, *loc, SLUICE_MAX_MANIFEST_BYTES, text, len,
-                             SLUICE_E_MANIFEST, err);
-    }
-    char *cand[2], list[2 * SL_ERRMSG_MAX / 3];
-    int nc = sl_manifest_sidecars(&m->index, path, cand), rc = SLUICE_OK, k;
-    if (nc < 0)
-        return sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
-    for (k = 0; k < nc && rc == SLUICE_OK && !*text; k++)
-        rc = sl_remote_get_anchor(m->remote, cand[k], SLUICE_MAX_MANIFEST_BYTES, text, len, 0,
-                                  err);
-    if (rc < 0 || *text) {
-        *loc = cand[k - 1];
-        cand[k - 1] = NULL;
-    } else {
-        /* for a message: without credentials */
-        sl_manifest_sidecars_list(cand, nc, list, sizeof list);
-        for (k = 0; k < nc; k++)
-            sl_remote_scrub(list, sizeof list, cand[k]);
-        if (!(*loc = strdup(list)))
-            rc = sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
-    }
-    for (k = 0; k < nc; k++)
-        free(cand[k]);
-    return rc;
-}
-
-/* A Hub repository that publishes no manifest (none of the sidecars at
- * looked): the Hub's LFS SHA-256 of its files stand in (hf.h), which
- * cover whole files, not tensors: policy REQUIRE cannot be met by them. */
-static int hub_manifest(sluice_model *m, const char *looked, char **text, size_t *len,
-                        char **named, sl_err *err)
-{
-    SL_TRY(sl_hf_manifest(m->hub, &m->index, text, len, named, err));
-    if (*text && m->opts.verify == SLUICE_VERIFY_REQUIRE) {
-        free(*text);
-        free(*named);
-        *text = *named = NULL;
-        return sl_fail(err, SLUICE_E_MANIFEST, "manifest: policy REQUIRE, and %s publishes no "
-                       "manifest (no %s): the Hub's LFS SHA-256 cover whole files, not tensors "
-                       "(check them with 'sluice verify --files', or publish a manifest written "
-                       "by 'sluice manifest')", sl_hf_pinned(m->hub), looked);
-    }
-    return SLUICE_OK;
-}
-
-/* The manifest of a model whose manifest is remote: opts->manifest_path
- * when it is a URL, else a sidecar at the remote model's place. */
-static int load_remote_manifest(sluice_model *m, const char *path, sl_err *err)
-{
-    const sluice_options *o = &m->opts;
-    char *loc = NULL, *text = NULL;
-    size_t len = 0;
-    int rc = fetch_remote_manifest(m, path, &loc, &text, &len, err);
-    char *hub_named = NULL;
-    if (rc == SLUICE_OK && !text && m->hub && !o->manifest_path)
-        rc = hub_manifest(m, loc, &text, &len, &hub_named, err);
-    if (rc == SLUICE_OK && !text) {
-        if (o->verify == SLUICE_VERIFY_REQUIRE)
-            rc = sl_fail(err, SLUICE_E_MANIFEST, "manifest: policy REQUIRE and no manifest: no "
-                         "sidecar %s (set manifest_path or write one with 'sluice manifest')", loc);
-    } else if (rc < 0) {
-        if (rc != SLUICE_E_NOMEM && rc != SLUICE_E_UNSUPPORTED)
-            err->code = rc = SLUICE_E_MANIFEST;
-    } else {
-        /* the manifest's path is shown (sluice_manifest_path, messages):
-         * the location without credentials or query */
-        char shown[1100];
-        char *named = hub_named ? hub_named : strdup(sl_remote_shown(loc, shown, sizeof shown));
-        if (!named) {
-            free(text);
-            rc = sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
-        } else {
-            /* the Hub's digests check whole files (sluice_verify with
-             * SLUICE_VF_FILES), never a tensor: DEFAULT means IF_PRESENT
-             * for them, and REQUIRE was refused (hub_manifest) */
-            sluice_options hub_o = *o;
-            if (hub_named && hub_o.verify == SLUICE_VERIFY_DEFAULT)
-                hub_o.verify = SLUICE_VERIFY_IF_PRESENT;
-            rc = sl_manifest_from_text(&m->index, &hub_o, named, text, len, &m->manifest, err);
-            m->hub_files_only = hub_named != NULL;
-        }
-    }
-    if (rc < 0) {
-        /* messages name locations without their credentials */
-        if (loc)
-            sl_remote_scrub(err->msg, sizeof err->msg, loc);
-        if (o->manifest_path)
-            sl_remote_scrub(err->msg, sizeof err->msg, o->manifest_path);
-        sl_remote_scrub(err->msg, sizeof err->msg, path);
-    }
-    free(loc);
-    return rc;
 }
 
 /* What the open found to verify the model against: a manifest, none
@@ -527,6 +410,8 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
     }
     if ((rc = take_options(&m->opts, opts, err)) < 0)
         goto failed;
+    if ((rc = sl_trust_plan_make(&m->opts, path, &m->trust, err)) < 0)
+        goto failed;
     if ((rc = sl_model_metrics_label(m, path, err)) < 0)
         goto failed;
     if (!(m->path = strdup(path))) {
@@ -554,23 +439,18 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
         goto failed;
     }
     m->index.remote = m->remote;    /* the mirrors' too */
-    if (m->opts.verify != SLUICE_VERIFY_OFF &&
-        sl_location_networked(m->opts.manifest_path ? m->opts.manifest_path : path))
-        rc = load_remote_manifest(m, path, err);
-    else
-        rc = sl_manifest_load(&m->index, &m->opts, path, &m->manifest, err);
+    rc = sl_manifest_load(&m->index, &m->trust, m->hub, path, &m->manifest, &m->hub_files_only,
+                          err);
     if (rc < 0)
         goto failed;
     if (m->manifest) /* the manifest's algorithm is the model's */
         m->opts.algorithm = sl_manifest_algorithm(m->manifest);
-    if ((m->opts.ntrusted_keys || m->opts.ntrusted_cas) && !m->manifest) { /* a signature asked, none to check */
+    if (m->trust.signature_asked && !m->manifest) { /* a signature asked, none to check */
         char *side[2], list[2 * SL_ERRMSG_MAX / 3];
         int nside = sl_manifest_sidecars(&m->index, path, side);
-        rc = sl_fail(err, SLUICE_E_SIGNATURE, "%s: trusted keys are set but there is no "
-                     "manifest to check the signature of: no sidecar %s (write one with "
-                     "'sluice manifest', or set manifest_path)", path,
-                     nside < 0 ? "(out of memory)"
-                               : sl_manifest_sidecars_list(side, nside, list, sizeof list));
+        rc = sl_trust_plan_no_manifest(&m->trust, path, nside < 0 ? "(out of memory)"
+                                       : sl_manifest_sidecars_list(side, nside, list, sizeof list),
+                                       err);
         for (int k = 0; k < nside; k++)
             free(side[k]);
         sl_remote_scrub(err->msg, sizeof err->msg, path);
@@ -584,6 +464,9 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
     m->opts.trusted_cas = NULL;
     m->opts.ntrusted_cas = 0;
     m->opts.signature_path = NULL;
+    m->trust.keys = m->trust.cas = NULL;
+    m->trust.nkeys = m->trust.ncas = 0;
+    m->trust.bundle_path = m->trust.manifest_path = NULL;
     /* the Hub's whole-file digests cannot check a mirror's tensor either */
     if (m->nfallback && (!m->manifest || m->hub_files_only)) {
         rc = sl_fail(err, SLUICE_E_INVAL, "%s: fallback mirrors need a manifest to verify their "

@@ -11,6 +11,7 @@
 #include "base/error.h"
 #include "index/index.h"
 #include "sluice.h"
+#include "trust/trust_plan.h"
 
 #include <stdint.h>
 
@@ -21,6 +22,8 @@ struct sluice_model {
     int failed;                /* open failed: only errmsg and close work */
     sl_err open_err;           /* the open's failure, when failed */
     sluice_options opts;       /* copy of the caller's options (defaults filled) */
+    sl_trust_plan trust;       /* what the open trusts (trust_plan.h); its lists
+                                  are the caller's, cleared after the open */
     char *path;                /* as given to sluice_open */
     sl_index index;
     sl_manifest *manifest;     /* NULL when nothing is verified */

@@ -17,6 +17,7 @@
 #include "sources/remote.h"
 #include "index/source.h"
 #include "trust/signature.h"
+#include "trust/hf.h"
 
 #include "base/digest.h"
 
@@ -1098,45 +1099,163 @@ static sl_manifest *manifest_new(const sl_index *ix)
     return m;
 }
 
-int sl_manifest_load(const sl_index *ix, const sluice_options *opts,
-                     const char *model_path, sl_manifest **out, sl_err *err)
+/* A local manifest: manifest_path, else the first sidecar that is there
+ * (or cannot be told absent). *path NULL: none, and none needed. */
+static int find_local(const sl_index *ix, const sl_trust_plan *p, const char *model_path,
+                      char **path, sl_err *err)
+{
+    *path = NULL;
+    if (p->from == SL_MF_PATH)
+        return (*path = strdup(p->manifest_path)) ? SLUICE_OK
+                                                  : sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
+    char *cand[2];
+    int nc = sl_manifest_sidecars(ix, model_path, cand);
+    if (nc < 0)
+        return sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
+    int found = -1;
+    for (int k = 0; k < nc && found < 0; k++) {
+        struct stat st;
+        if (stat(cand[k], &st) == 0 || (errno != ENOENT && errno != ENOTDIR))
+            found = k;
+    }
+    int rc = SLUICE_OK;
+    if (found < 0 && p->require) {
+        char list[2 * SL_ERRMSG_MAX / 3];
+        rc = sl_fail(err, SLUICE_E_MANIFEST,
+                     "manifest: policy REQUIRE and no manifest: no sidecar %s "
+                     "(set manifest_path or write one with 'sluice manifest')",
+                     sl_manifest_sidecars_list(cand, nc, list, sizeof list));
+    }
+    for (int k = 0; k < nc; k++)
+        if (k != found)
+            free(cand[k]);
+    if (found >= 0)
+        *path = cand[found];
+    return rc; /* DEFAULT and IF_PRESENT without one: nothing to check */
+}
+
+/* The remote manifest's text into *text (NULL when there is none):
+ * manifest_path when the plan reads it (a 404 is SLUICE_E_MANIFEST), else
+ * the first sidecar at the remote model's place that the server has (a
+ * 404 is absence, and the next is asked). *loc (malloc'd) gets the
+ * location read, or when none was there the sidecars looked for ("A" or
+ * "A nor B", for the message). */
+static int fetch_remote(const sl_index *ix, const sl_trust_plan *p, const char *path, char **loc,
+                        char **text, size_t *len, sl_err *err)
+{
+    if (p->from == SL_MF_PATH_REMOTE) {
+        if (!(*loc = strdup(p->manifest_path)))
+            return sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
+        return sl_remote_get_anchor(ix->remote, *loc, SLUICE_MAX_MANIFEST_BYTES, text, len,
+                                    SLUICE_E_MANIFEST, err);
+    }
+    char *cand[2], list[2 * SL_ERRMSG_MAX / 3];
+    int nc = sl_manifest_sidecars(ix, path, cand), rc = SLUICE_OK, k;
+    if (nc < 0)
+        return sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
+    for (k = 0; k < nc && rc == SLUICE_OK && !*text; k++)
+        rc = sl_remote_get_anchor(ix->remote, cand[k], SLUICE_MAX_MANIFEST_BYTES, text, len, 0,
+                                  err);
+    if (rc < 0 || *text) {
+        *loc = cand[k - 1];
+        cand[k - 1] = NULL;
+    } else {
+        /* for a message: without credentials */
+        sl_manifest_sidecars_list(cand, nc, list, sizeof list);
+        for (k = 0; k < nc; k++)
+            sl_remote_scrub(list, sizeof list, cand[k]);
+        if (!(*loc = strdup(list)))
+            rc = sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
+    }
+    for (k = 0; k < nc; k++)
+        free(cand[k]);
+    return rc;
+}
+
+/* A Hub repository that publishes no manifest (none of the sidecars at
+ * looked): the Hub's LFS SHA-256 of its files stand in (hf.h), which
+ * cover whole files, not tensors: policy REQUIRE cannot be met by them. */
+static int hub_manifest(const sl_hf_repo *hub, const sl_index *ix, const sl_trust_plan *p,
+                        const char *looked, char **text, size_t *len, char **named, sl_err *err)
+{
+    SL_TRY(sl_hf_manifest(hub, ix, text, len, named, err));
+    if (*text && p->require) {
+        free(*text);
+        free(*named);
+        *text = *named = NULL;
+        return sl_fail(err, SLUICE_E_MANIFEST, "manifest: policy REQUIRE, and %s publishes no "
+                       "manifest (no %s): the Hub's LFS SHA-256 cover whole files, not tensors "
+                       "(check them with 'sluice verify --files', or publish a manifest written "
+                       "by 'sluice manifest')", sl_hf_pinned(hub), looked);
+    }
+    return SLUICE_OK;
+}
+
+/* The manifest of a model whose manifest is remote: manifest_path when
+ * it is a URL, else a sidecar at the remote model's place, else (an
+ * hf:// model) the Hub's stand-in. */
+static int load_remote(const sl_index *ix, const sl_trust_plan *p, const sl_hf_repo *hub,
+                       const char *path, sl_manifest **out, int *hub_files_only, sl_err *err)
+{
+    char *loc = NULL, *text = NULL;
+    size_t len = 0;
+    int rc = fetch_remote(ix, p, path, &loc, &text, &len, err);
+    char *hub_named = NULL;
+    if (rc == SLUICE_OK && !text && hub && p->from == SL_MF_SIDECAR_REMOTE)
+        rc = hub_manifest(hub, ix, p, loc, &text, &len, &hub_named, err);
+    if (rc == SLUICE_OK && !text) {
+        if (p->require)
+            rc = sl_fail(err, SLUICE_E_MANIFEST, "manifest: policy REQUIRE and no manifest: no "
+                         "sidecar %s (set manifest_path or write one with 'sluice manifest')", loc);
+    } else if (rc < 0) {
+        if (rc != SLUICE_E_NOMEM && rc != SLUICE_E_UNSUPPORTED)
+            err->code = rc = SLUICE_E_MANIFEST;
+    } else {
+        /* the manifest's path is shown (sluice_manifest_path, messages):
+         * the location without credentials or query */
+        char shown[1100];
+        char *named = hub_named ? hub_named : strdup(sl_remote_shown(loc, shown, sizeof shown));
+        if (!named) {
+            free(text);
+            rc = sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
+        } else {
+            /* the Hub's digests check whole files (sluice_verify with
+             * SLUICE_VF_FILES), never a tensor: DEFAULT means IF_PRESENT
+             * for them, and REQUIRE was refused (hub_manifest) */
+            sl_trust_plan hub_p = *p;
+            if (hub_named && hub_p.verify == SLUICE_VERIFY_DEFAULT)
+                hub_p.verify = SLUICE_VERIFY_IF_PRESENT;
+            rc = sl_manifest_from_text(ix, &hub_p, named, text, len, out, err);
+            if (hub_files_only)
+                *hub_files_only = hub_named != NULL;
+        }
+    }
+    if (rc < 0) {
+        /* messages name locations without their credentials */
+        if (loc)
+            sl_remote_scrub(err->msg, sizeof err->msg, loc);
+        if (p->manifest_path)
+            sl_remote_scrub(err->msg, sizeof err->msg, p->manifest_path);
+        sl_remote_scrub(err->msg, sizeof err->msg, path);
+    }
+    free(loc);
+    return rc;
+}
+
+int sl_manifest_load(const sl_index *ix, const sl_trust_plan *plan, const sl_hf_repo *hub,
+                     const char *model_path, sl_manifest **out, int *hub_files_only, sl_err *err)
 {
     *out = NULL;
-    if (opts->verify == SLUICE_VERIFY_OFF)
+    if (hub_files_only)
+        *hub_files_only = 0;
+    if (plan->from == SL_MF_NONE)
         return SLUICE_OK; /* OFF reads nothing, not even an explicit manifest_path */
-
+    if (plan->from == SL_MF_PATH_REMOTE || plan->from == SL_MF_SIDECAR_REMOTE)
+        return load_remote(ix, plan, hub, model_path, out, hub_files_only, err);
     char *path = NULL;
-    if (opts->manifest_path) {
-        if (!(path = strdup(opts->manifest_path)))
-            return sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
-    } else {
-        char *cand[2];
-        int nc = sl_manifest_sidecars(ix, model_path, cand);
-        if (nc < 0)
-            return sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
-        /* the first that is there (or cannot be told absent) is read */
-        int found = -1;
-        for (int k = 0; k < nc && found < 0; k++) {
-            struct stat st;
-            if (stat(cand[k], &st) == 0 || (errno != ENOENT && errno != ENOTDIR))
-                found = k;
-        }
-        int rc = SLUICE_OK;
-        if (found < 0 && opts->verify == SLUICE_VERIFY_REQUIRE) {
-            char list[2 * SL_ERRMSG_MAX / 3];
-            rc = sl_fail(err, SLUICE_E_MANIFEST,
-                         "manifest: policy REQUIRE and no manifest: no sidecar %s "
-                         "(set manifest_path or write one with 'sluice manifest')",
-                         sl_manifest_sidecars_list(cand, nc, list, sizeof list));
-        }
-        for (int k = 0; k < nc; k++)
-            if (k != found)
-                free(cand[k]);
-        if (found < 0)
-            return rc; /* DEFAULT and IF_PRESENT: nothing to check */
-        path = cand[found];
-    }
-
+    SL_TRY(find_local(ix, plan, model_path, &path, err));
+    if (!path)
+        return SLUICE_OK;
     char *text = NULL;
     size_t len = 0;
     int rc = read_text(path, &text, &len, err);
@@ -1144,10 +1263,10 @@ int sl_manifest_load(const sl_index *ix, const sluice_options *opts,
         free(path);
         return rc;
     }
-    return sl_manifest_from_text(ix, opts, path, text, len, out, err);
+    return sl_manifest_from_text(ix, plan, path, text, len, out, err);
 }
 
-int sl_manifest_from_text(const sl_index *ix, const sluice_options *opts, char *path,
+int sl_manifest_from_text(const sl_index *ix, const sl_trust_plan *plan, char *path,
                           char *text, size_t len, sl_manifest **out, sl_err *err)
 {
     *out = NULL;
@@ -1155,19 +1274,24 @@ int sl_manifest_from_text(const sl_index *ix, const sluice_options *opts, char *
     mf_ctx c = {.ix = ix, .path = path, .err = err};
     int rc = SLUICE_OK;
     uint8_t (*signed_digest)[32] = NULL, *signed_has = NULL;
-    /* Signed manifests: the very bytes parsed below, checked before parsing. */
-    if (sl_ms_applies(ix, opts, path)) {
+    /* Signed manifests: the very bytes parsed below, checked before
+     * parsing, by the format the plan names */
+    unsigned format = sl_trust_plan_format(plan, ix, path);
+    if (format && plan->fail_closed) {
+        rc = sl_trust_plan_refuse(plan, path, err);
+        goto done;
+    }
+    if (format == SL_SIG_OPENSSF) {
         signed_digest = malloc((ix->nfiles + 1) * sizeof *signed_digest);
         signed_has = calloc(ix->nfiles + 1, 1);
         if (!signed_digest || !signed_has) {
             rc = sl_fail(err, SLUICE_E_NOMEM, "manifest %s: out of memory", path);
             goto done;
         }
-        if ((rc = sl_ms_check_open(ix, opts, path, text, len, signed_digest, signed_has, err)) < 0)
+        if ((rc = sl_ms_check_open(ix, plan, path, text, len, signed_digest, signed_has, err)) < 0)
             goto done;
-    } else if (opts->ntrusted_keys &&
-               (rc = sl_signature_check(path, text, len, opts->trusted_keys, opts->ntrusted_keys,
-                                        err)) < 0)
+    } else if (format == SL_SIG_ED25519 &&
+               (rc = sl_signature_check(path, text, len, plan->keys, plan->nkeys, err)) < 0)
         goto done;
     c.text = text;
     c.len = len;
@@ -1211,7 +1335,7 @@ int sl_manifest_from_text(const sl_index *ix, const sluice_options *opts, char *
     for (size_t i = 0; i < c.m->ntensors; i++)
         if (c.m->chunks[i].count)
             c.m->chunks[i].digest = (const uint8_t (*)[32])c.m->chunk_store[c.m->chunk_at[i]];
-    c.m->policy = opts->verify == SLUICE_VERIFY_IF_PRESENT ? SLUICE_VERIFY_IF_PRESENT
+    c.m->policy = plan->verify == SLUICE_VERIFY_IF_PRESENT ? SLUICE_VERIFY_IF_PRESENT
                                                            : SLUICE_VERIFY_REQUIRE;
     if (c.m->policy == SLUICE_VERIFY_REQUIRE && (rc = require_all(&c)) < 0)
         goto done;

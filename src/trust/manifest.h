@@ -10,33 +10,38 @@
 #include "base/digest.h"
 #include "base/error.h"
 #include "index/index.h"
+#include "trust/trust_plan.h"
 #include "sluice.h"
 
 #include <stdint.h>
 
 typedef struct sl_manifest sl_manifest;
+struct sl_hf_repo;
 
-/* Reads the manifest that opts names (or the sidecar beside model_path)
- * and resolves the policy against ix. *out is NULL when nothing is to be
- * verified (no manifest, or policy OFF). On failure *out is NULL, nothing
- * is leaked and err says why. */
-int sl_manifest_load(const sl_index *ix, const sluice_options *opts,
-                     const char *model_path, sl_manifest **out, sl_err *err);
+/* The one manifest loader of sluice_open: reads the manifest where the
+ * plan says (a local file or sidecar; a remote one through ix->remote;
+ * for an hf:// model that publishes none, hub's LFS SHA-256, hub may be
+ * NULL), checks its signature as the plan says, and resolves the policy
+ * against ix. *out is NULL when nothing is to be verified (no manifest,
+ * or policy OFF); *hub_files_only (may be NULL) is set to 1 when the
+ * manifest is the Hub's stand-in. On failure *out is NULL, nothing is
+ * leaked and err says why (naming remote locations without their
+ * credentials). */
+int sl_manifest_load(const sl_index *ix, const sl_trust_plan *plan, const struct sl_hf_repo *hub,
+                     const char *model_path, sl_manifest **out, int *hub_files_only, sl_err *err);
 
 /* The same for a manifest already read: text (len bytes, a NUL after
  * them) from path (a file or a remote location, named in messages).
  * Takes path and text (malloc'd) whatever the outcome. */
-int sl_manifest_from_text(const sl_index *ix, const sluice_options *opts, char *path,
+int sl_manifest_from_text(const sl_index *ix, const sl_trust_plan *plan, char *path,
                           char *text, size_t len, sl_manifest **out, sl_err *err);
 
-/* OpenSSF model signing at open (model_signing_open.c): whether it
- * applies to this open (see "OpenSSF model signing" in sluice.h), and
- * the check of the bundle and its link to the manifest text read from
- * manifest_path and to ix's files. */
-int sl_ms_applies(const sl_index *ix, const sluice_options *opts, const char *manifest_path);
+/* OpenSSF model signing at open (model_signing_open.c): the check of the
+ * bundle the plan names and its link to the manifest text read from
+ * manifest_path (local, as the plan ensures) and to ix's files. */
 /* file_digest / file_has (ix->nfiles each, may be NULL) get the signed
  * SHA-256 of each whole file (files mode), for the manifest to check. */
-int sl_ms_check_open(const sl_index *ix, const sluice_options *opts, const char *manifest_path,
+int sl_ms_check_open(const sl_index *ix, const sl_trust_plan *plan, const char *manifest_path,
                      const char *text, size_t len, uint8_t (*file_digest)[32], uint8_t *file_has,
                      sl_err *err);
 

@@ -91,7 +91,8 @@ int sl_sig_sign(EVP_PKEY *key, const void *msg, size_t len, sl_sig *out, sl_err 
  * signing's kind of trusted key, which the Ed25519 check skips. */
 int sl_sig_key_is_ec(const char *path);
 
-/* The check sluice_open makes when trusted keys are set: every key file
+/* The check sluice_open makes when its trust plan names it (a local
+ * manifest; trust_plan.h decides): every key file
  * in keys[0..nkeys) must be an Ed25519 public key, and manifest_path's
  * signature file must be valid for text (the manifest's bytes, as read
  * for parsing) by one of them. Returns SLUICE_OK, or SLUICE_E_SIGNATURE

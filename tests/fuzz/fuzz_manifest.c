@@ -46,7 +46,10 @@ int fuzz_verdict(const uint8_t *data, size_t size)
         opts.verify = policies[p];
         sl_manifest *m = NULL;
         sl_err err;
-        int rc = sl_manifest_load(&ix, &opts, fz_dir, &m, &err);
+        sl_trust_plan plan;
+        int rc = sl_trust_plan_make(&opts, fz_dir, &plan, &err);
+        if (rc == SLUICE_OK)
+            rc = sl_manifest_load(&ix, &plan, NULL, fz_dir, &m, NULL, &err);
         if (verdict == SLUICE_OK)
             verdict = rc;
         if (rc == SLUICE_OK) {
