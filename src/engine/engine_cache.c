@@ -186,7 +186,7 @@ int sl_ecache_probe(sl_engine *e, size_t i)
                                 e->ix->tensors[i].nbytes, &path);
     if (fd < 0) {
         e->test_pause_tensor = i;
-        sl_engine_pause_point(e, SL_PAUSE_BLOB_MISSED);
+        sl_pause_point(e, SL_PAUSE_BLOB_MISSED);
         return 0;
     }
     e->blob[i].fd = fd;

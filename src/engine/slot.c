@@ -243,6 +243,36 @@ void sl_slots_age_prefetched(sl_engine *e)
         lru_push_front(e, e->lru[SL_LRU_PREFETCHED].tail, SL_LRU_CACHED);
 }
 
+/* ---------------------------------------------------------------- partial queue */
+
+/* Started slots with chunks left to issue; the scheduler issues them. */
+void sl_slot_partial_push(sl_engine *e, size_t i, int front)
+{
+    sl_slot *s = &e->slots[i];
+    if (s->in_partial)
+        return;
+    s->in_partial = 1;
+    if (front || e->pq_head == SL_NONE) {
+        s->pnext = e->pq_head;
+        e->pq_head = i;
+        if (e->pq_tail == SL_NONE)
+            e->pq_tail = i;
+    } else {
+        s->pnext = SL_NONE;
+        e->slots[e->pq_tail].pnext = i;
+        e->pq_tail = i;
+    }
+}
+
+void sl_slot_partial_pop(sl_engine *e)
+{
+    sl_slot *s = &e->slots[e->pq_head];
+    e->pq_head = s->pnext;
+    if (e->pq_head == SL_NONE)
+        e->pq_tail = SL_NONE;
+    s->in_partial = 0;
+}
+
 /* ---------------------------------------------------------------- eviction */
 
 /* READY, unheld -> IDLE: the buffer goes back to the pool. */
@@ -330,6 +360,31 @@ void sl_slot_room_error(sl_engine *e, size_t i, sl_err *err)
 }
 
 /* ---------------------------------------------------------------- errors */
+
+void sl_source_label(const sl_engine *e, unsigned k, char *buf, size_t cap)
+{
+    if (k == 0)
+        snprintf(buf, cap, "primary");
+    else {
+        char safe[512];
+        const char *loc = e->mirrors[k - 1].loc;
+        snprintf(buf, cap, "fallback %u (%s)", k,
+                 sl_location_shown(loc, safe, sizeof safe));
+    }
+}
+
+/* "primary, direct: the proxy failed (why)" (or the mirror's label). */
+void sl_slot_proxy_note(sl_engine *e, size_t i, const char *why)
+{
+    sl_slot *s = &e->slots[i];
+    if (s->px_note)
+        return;     /* the first failure says it */
+    char label[512];
+    sl_source_label(e, s->source, label, sizeof label);
+    size_t cap = strlen(label) + strlen(why) + 48;
+    if ((s->px_note = malloc(cap)))
+        snprintf(s->px_note, cap, "%s, direct: the proxy failed (%s)", label, why);
+}
 
 static void keep_error(sl_slot *s, const sl_err *err)
 {
@@ -426,7 +481,7 @@ int sl_slot_start(sl_engine *e, size_t i, int room, int probe)
     e->loading_bytes += span;
     if (e->cache)
         sl_ecache_started(e, i, source);
-    sl_engine_pause_point(e, SL_PAUSE_LOAD_STARTED);
+    sl_pause_point(e, SL_PAUSE_LOAD_STARTED);
     return 1;
 
 nomem:
@@ -542,7 +597,7 @@ int sl_slot_restart(sl_engine *e, size_t i, unsigned source, size_t file, uint64
     s->src_off = off;
     s->fb_wait = 0;
     s->state = SL_SLOT_READING;
-    sl_sched_restarted(e, i);
+    sl_slot_partial_push(e, i, 1);
     return 1;
 }
 
