@@ -345,8 +345,6 @@ void sl_slot_keep(sl_engine *e, size_t i);
 void sl_slots_age_prefetched(sl_engine *e);
 /* Evicts every READY buffer that nothing holds. */
 void sl_slots_evict_unheld(sl_engine *e);
-/* Whether slot i is hashed; only with nothing loading. */
-void sl_slot_set_hashed(sl_engine *e, size_t i, int hashed);
 
 /* Whether tensor i would be read with O_DIRECT, and whether it can never
  * fit in the pool. */
@@ -389,14 +387,14 @@ void sl_ecache_started(sl_engine *e, size_t i, unsigned source);
  * closes the blob). */
 void sl_ecache_ready(sl_engine *e, size_t i);
 /* Lock held: slot i, loading from its blob, FAILED and drained: the blob
- * is dropped (unless the failure was only out of memory) and the load
- * starts again from the model's own file.
- * Returns 1 (restarted) or 0 (out of memory: the failure stands). */
+ * is dropped (unless the failure was only out of memory), and the load is
+ * the model's own from here on. Returns 1 when it is to start again from
+ * the model's file (slot.c restarts it), 0 when closing. */
 int sl_ecache_refetch(sl_engine *e, size_t i);
-/* Hash completion of slot i with verdict (sl_slot_check's), lock NOT
- * held: stores a fetched tensor's blob, records the memo. Takes the lock
- * itself, briefly, to decide. */
-void sl_ecache_verified(sl_engine *e, size_t i, int verdict);
+/* Hash completion of slot i whose bytes matched (sl_slot_check's verdict
+ * ok), lock NOT held: stores a fetched tensor's blob, records the memo.
+ * Takes the lock itself, briefly, to decide. */
+void sl_ecache_verified(sl_engine *e, size_t i);
 /* Destroy: touches the entries read, closes blobs, frees (nothing loading). */
 void sl_ecache_free(sl_engine *e);
 
@@ -508,6 +506,12 @@ static inline const sl_file *sl_read_file(const sl_engine *e, unsigned source, s
     if (source == SL_SRC_CACHE)
         return &e->blob[file];
     return source ? &e->mirrors[source - 1].ix.files[file] : &e->ix->files[file];
+}
+
+/* Whether slot i is hashed (the memo's say); only with nothing loading. */
+static inline void sl_slot_set_hashed(sl_engine *e, size_t i, int hashed)
+{
+    e->slots[i].hashed = (uint8_t)hashed;
 }
 
 /* The test pause hook (sl_engine_pause_point, for the engine's own files). */

@@ -635,8 +635,8 @@ void sl_hash_done(void *ctx, sl_hash_job *job, int status)
     sl_engine *e = ctx;
     size_t i = (size_t)(uintptr_t)sl_hash_job_owner(job);
     int verdict = sl_slot_check(e, i, status); /* the compare and the move, unlocked */
-    if (e->cache)
-        sl_ecache_verified(e, i, verdict);  /* a blob stored, the memo recorded */
+    if (e->cache && sl_slot_verdict_ok(verdict))
+        sl_ecache_verified(e, i);  /* a blob stored, the memo recorded */
     pthread_mutex_lock(&e->lock);
     sl_slot_hashed(e, i, verdict);
     sl_pump(e);     /* a failure gave room back */

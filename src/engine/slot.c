@@ -80,11 +80,6 @@ void sl_slots_free(sl_engine *e)
     e->slots = NULL;
 }
 
-void sl_slot_set_hashed(sl_engine *e, size_t i, int hashed)
-{
-    e->slots[i].hashed = (uint8_t)hashed;
-}
-
 /* ---------------------------------------------------------------- geometry */
 
 static int chunk_done(const sl_slot *s, uint32_t c)
@@ -530,7 +525,9 @@ static void drain(sl_engine *e, size_t i)
     sl_slot *s = &e->slots[i];
     if (s->state != SL_SLOT_FAILED || s->inflight || s->job_busy || s->fb_wait)
         return;
-    if (s->source == SL_SRC_CACHE && sl_ecache_refetch(e, i))
+    const struct sluice_tensor_info *t = &e->ix->tensors[i];
+    if (s->source == SL_SRC_CACHE && sl_ecache_refetch(e, i) &&
+        sl_slot_restart(e, i, 0, t->file_index, t->offset) > 0)
         return;
     if (sl_fallback_proxy_bypass(e, i))
         return;
