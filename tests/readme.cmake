@@ -15,3 +15,9 @@ if(SLUICE_BUILD_TOOLS)
             ${PROJECT_SOURCE_DIR} "${_readme_cc}")
   set_tests_properties(readme_examples PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
 endif()
+
+# README.md stays within 250 lines (detail goes to docs/).
+add_test(NAME readme_length
+  COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/readme/check_length.py
+          ${PROJECT_SOURCE_DIR}/README.md 250)
+set_tests_properties(readme_length PROPERTIES TIMEOUT 30)

@@ -56,21 +56,6 @@ SLUICE_API const char *sluice_strerror(int code)
     return sl_status_name(code);
 }
 
-SLUICE_API const char *sluice_dtype_name(sluice_dtype dtype)
-{
-    return sl_dtype_name(dtype);
-}
-
-SLUICE_API unsigned sluice_dtype_bits(sluice_dtype dtype)
-{
-    return sl_dtype_bits(dtype);
-}
-
-SLUICE_API const char *sluice_algorithm_name(sluice_algorithm alg)
-{
-    return alg == SLUICE_ALG_SHA256 ? "sha256" : alg == SLUICE_ALG_BLAKE3 ? "blake3" : NULL;
-}
-
 SLUICE_API int sluice_algorithm_supported(sluice_algorithm alg)
 {
     return sl_md_supported(alg);
@@ -392,6 +377,32 @@ SLUICE_API const char *sluice_cache_warning(sluice_model *m)
     return sl_engine_cache_warning(m->engine);
 }
 
+/* Sets m->metrics_label from m->opts, else from path. */
+static int metrics_label(sluice_model *m, const char *path, sl_err *err)
+{
+    const char *label = m->opts.metrics_label;
+    char shown[1100];
+    m->opts.metrics_label = NULL;  /* the caller's: borrowed during open only */
+    if (label) {
+        SL_TRY(sl_metrics_label_check(label, err));
+    } else {
+        /* The path, when it is a valid label; else a fixed word. A remote
+         * location as messages show it: no credential, no query. */
+        label = sl_location_shown(path, shown, sizeof shown);
+        if (sl_metrics_label_check(label, NULL) < 0)
+            label = "model";
+    }
+    if (!(m->metrics_label = strdup(label)))
+        return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
+    return SLUICE_OK;
+}
+
+/* Notes when the open began (t0, CLOCK_MONOTONIC ns) in the engine. */
+static void metrics_opened(sluice_model *m, uint64_t t0)
+{
+    sl_engine_metrics(m->engine)->open_ns = t0;
+}
+
 SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_model **out)
 {
     if (!out)
@@ -412,7 +423,7 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
         goto failed;
     if ((rc = sl_trust_plan_make(&m->opts, path, &m->trust, err)) < 0)
         goto failed;
-    if ((rc = sl_model_metrics_label(m, path, err)) < 0)
+    if ((rc = metrics_label(m, path, err)) < 0)
         goto failed;
     if (!(m->path = strdup(path))) {
         rc = sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
@@ -484,7 +495,7 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
         goto failed;
     }
     m->opts.cache_dir = NULL;   /* the caller's string, read by open only */
-    sl_model_metrics_opened(m, t_open);
+    metrics_opened(m, t_open);
     sl_hf_free(m->hub);
     m->hub = NULL;
     return SLUICE_OK;

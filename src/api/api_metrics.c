@@ -1,8 +1,8 @@
 /* api_metrics.c: the public metrics calls of sluice.h (sluice_metrics_write
- * and sluice_metrics_write_models, sluice_metrics_format_for_accept) and
- * the model's label. Same rules as api.c: arguments checked here, errors
- * recorded on the model, engine calls bracketed with sl_engine_enter /
- * sl_engine_leave.
+ * and sluice_metrics_write_models, sluice_metrics_format_for_accept). Same
+ * rules as api.c: arguments checked here, errors recorded on the model,
+ * engine calls bracketed with sl_engine_enter / sl_engine_leave (the
+ * model's label is set by sluice_open, in api.c).
  */
 #include "api/model.h"
 
@@ -15,30 +15,6 @@
 #include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
-
-int sl_model_metrics_label(sluice_model *m, const char *path, sl_err *err)
-{
-    const char *label = m->opts.metrics_label;
-    char shown[1100];
-    m->opts.metrics_label = NULL;  /* the caller's: borrowed during open only */
-    if (label) {
-        SL_TRY(sl_metrics_label_check(label, err));
-    } else {
-        /* The path, when it is a valid label; else a fixed word. A remote
-         * location as messages show it: no credential, no query. */
-        label = sl_location_shown(path, shown, sizeof shown);
-        if (sl_metrics_label_check(label, NULL) < 0)
-            label = "model";
-    }
-    if (!(m->metrics_label = strdup(label)))
-        return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
-    return SLUICE_OK;
-}
-
-void sl_model_metrics_opened(sluice_model *m, uint64_t t0)
-{
-    sl_engine_metrics(m->engine)->open_ns = t0;
-}
 
 SLUICE_API int sluice_metrics_write_models(sluice_model *const *models, size_t n, char *buf,
                                            size_t cap, size_t *needed,

@@ -57,11 +57,6 @@ int sl_model_error(sluice_model *m, const sl_err *err);
 /* The mirrors a model may have at most (sluice_options.fallback_count). */
 #define SL_MAX_FALLBACK 16
 
-/* api_metrics.c: sets m->metrics_label from m->opts (or path), and
- * notes when the open began (t0, CLOCK_MONOTONIC ns) in the engine. */
-int sl_model_metrics_label(sluice_model *m, const char *path, sl_err *err);
-void sl_model_metrics_opened(sluice_model *m, uint64_t t0);
-
 /* SLUICE_OK when m is an open, usable model, else SLUICE_E_INVAL. */
 int sl_model_usable(const sluice_model *m);
 

@@ -10,6 +10,13 @@
 #include <blake3.h>
 #endif
 
+/* The public name (sluice.h) sits here, in the lowest layer, since the
+ * engine, the index and the manifest all name algorithms. */
+SLUICE_API const char *sluice_algorithm_name(sluice_algorithm alg)
+{
+    return alg == SLUICE_ALG_SHA256 ? "sha256" : alg == SLUICE_ALG_BLAKE3 ? "blake3" : NULL;
+}
+
 struct sl_md {
     sluice_algorithm alg;
     EVP_MD_CTX *evp;            /* SHA-256 */

@@ -1,6 +1,7 @@
-/* metrics.h: the metrics of one engine (metrics.c): counters and
- * histograms the engine's parts bump as they go, and the Prometheus /
- * OpenMetrics text rendering of one or several models.
+/* metrics.h: the metrics of one engine (counters.c; rendered by
+ * src/metrics/metrics.c): counters and histograms the engine's parts bump
+ * as they go, and the Prometheus / OpenMetrics text rendering of one or
+ * several models.
  *
  * Cost: every counter and histogram here is a relaxed atomic, bumped
  * where the event happens (with or without the engine's lock held), so
@@ -65,6 +66,18 @@ typedef struct sl_metrics {
     _Atomic uint64_t verify_bytes;     /* the reported items' bytes hashed */
     sl_hist hist[SL_H_COUNT_];
 } sl_metrics;
+
+/* A histogram's definition: its family name (without _bucket/_sum/_count)
+ * and help for the rendering, its unit, and its bounds (counters.c). */
+typedef struct sl_hist_def {
+    const char *name;
+    const char *help;
+    int seconds;            /* values in ns, rendered in seconds; else bytes */
+    unsigned nb;
+    uint64_t bound[SL_HIST_BUCKETS];
+} sl_hist_def;
+
+extern const sl_hist_def sl_hist_defs[SL_H_COUNT_];
 
 /* CLOCK_MONOTONIC in ns. */
 uint64_t sl_metrics_clock(void);

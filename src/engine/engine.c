@@ -62,16 +62,6 @@ void sl_engine_open_direct(sl_engine *e, const char *proc_fd_dir)
     }
 }
 
-const unsigned char *sl_expected_digest(const sl_engine *e, size_t i)
-{
-    return e->expect_has && e->expect_has[i] ? e->expect[i] : NULL;
-}
-
-const sl_chunk_digests *sl_expected_chunks(const sl_engine *e, size_t i)
-{
-    return sl_expected_digest(e, i) && e->chunks && e->chunks[i].count ? &e->chunks[i] : NULL;
-}
-
 int sl_hasher_need(sl_engine *e, sl_err *err)
 {
     pthread_mutex_lock(&e->lock);
@@ -335,8 +325,7 @@ void sl_engine_leave(sl_engine *e)
 
 void sl_engine_pause_point(sl_engine *e, int where)
 {
-    if (e->test_pause)
-        e->test_pause(e->test_pause_ctx, where);
+    sl_pause_point(e, where);
 }
 
 /* ---------------------------------------------------------------- handles */
@@ -476,7 +465,7 @@ int sl_handle_release(sluice_tensor *t)
     sl_pump(e);     /* its room may let something start */
     sl_unlock(e);
     free(owned);    /* a range's own buffer (sluice_acquire_range) */
-    sl_engine_pause_point(e, SL_PAUSE_RELEASE_EXIT);
+    sl_pause_point(e, SL_PAUSE_RELEASE_EXIT);
     sl_engine_leave(e);
     return SLUICE_OK;
 }
@@ -590,7 +579,7 @@ int sl_engine_acquire(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err)
             if (e->test_pause) {
                 /* A test holds the refused caller before it leaves. */
                 sl_unlock(e);
-                sl_engine_pause_point(e, SL_PAUSE_REFUSED);
+                sl_pause_point(e, SL_PAUSE_REFUSED);
                 pthread_mutex_lock(&e->lock);
             }
             e->st.failures++;

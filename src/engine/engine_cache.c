@@ -186,7 +186,7 @@ int sl_ecache_probe(sl_engine *e, size_t i)
                                 e->ix->tensors[i].nbytes, &path);
     if (fd < 0) {
         e->test_pause_tensor = i;
-        sl_engine_pause_point(e, SL_PAUSE_BLOB_MISSED);
+        sl_pause_point(e, SL_PAUSE_BLOB_MISSED);
         return 0;
     }
     e->blob[i].fd = fd;
@@ -260,7 +260,6 @@ void sl_ecache_ready(sl_engine *e, size_t i)
 
 int sl_ecache_refetch(sl_engine *e, size_t i)
 {
-    const struct sluice_tensor_info *t = &e->ix->tensors[i];
     close_blob(e, i);
     /* Out of memory (hashing, a buffer) says nothing of the blob's bytes:
      * it stays. Anything else (a mismatch, a read that failed) drops it. */
@@ -272,14 +271,12 @@ int sl_ecache_refetch(sl_engine *e, size_t i)
      * memory) is the model's own from here on, for the mirrors' code too
      * (source 255 is no mirror's number). */
     e->slots[i].source = 0;
-    if (e->closing)
-        return 0;
-    return sl_slot_restart(e, i, 0, t->file_index, t->offset) > 0;
+    return !e->closing;
 }
 
-void sl_ecache_verified(sl_engine *e, size_t i, int verdict)
+void sl_ecache_verified(sl_engine *e, size_t i)
 {
-    if (!e->cache || !sl_slot_verdict_ok(verdict))
+    if (!e->cache)
         return;
     sl_slot *s = &e->slots[i];
     const struct sluice_tensor_info *t = &e->ix->tensors[i];

@@ -286,6 +286,20 @@ int sl_slots_init(sl_engine *e);
 /* Frees what loads left behind (at destroy, with nothing in flight). */
 void sl_slots_free(sl_engine *e);
 
+/* The queue of started slots with chunks left to issue (the pump's
+ * second source): push (at the front when front, or when a restart
+ * makes a slot READING again) and pop of its head. Lock held. */
+void sl_slot_partial_push(sl_engine *e, size_t i, int front);
+void sl_slot_partial_pop(sl_engine *e);
+
+/* A read of slot i's load went direct because the proxy failed (why):
+ * noted for sluice_tensor_source, once a load ("primary, direct: the
+ * proxy failed (why)", or the mirror's label). Lock held. */
+void sl_slot_proxy_note(sl_engine *e, size_t i, const char *why);
+/* Source k of a load as messages name it: "primary", or "fallback K
+ * (location)" (SL_SRC_CACHE is not one). */
+void sl_source_label(const sl_engine *e, unsigned k, char *buf, size_t cap);
+
 /* IDLE -> READING: a buffer (evicting unheld buffers as room allows),
  * the chunk map, a hash job when needed; the source a blob of the
  * persistent cache when probe and one is there (probe 0: the caller
@@ -331,8 +345,6 @@ void sl_slot_keep(sl_engine *e, size_t i);
 void sl_slots_age_prefetched(sl_engine *e);
 /* Evicts every READY buffer that nothing holds. */
 void sl_slots_evict_unheld(sl_engine *e);
-/* Whether slot i is hashed; only with nothing loading. */
-void sl_slot_set_hashed(sl_engine *e, size_t i, int hashed);
 
 /* Whether tensor i would be read with O_DIRECT, and whether it can never
  * fit in the pool. */
@@ -375,14 +387,14 @@ void sl_ecache_started(sl_engine *e, size_t i, unsigned source);
  * closes the blob). */
 void sl_ecache_ready(sl_engine *e, size_t i);
 /* Lock held: slot i, loading from its blob, FAILED and drained: the blob
- * is dropped (unless the failure was only out of memory) and the load
- * starts again from the model's own file.
- * Returns 1 (restarted) or 0 (out of memory: the failure stands). */
+ * is dropped (unless the failure was only out of memory), and the load is
+ * the model's own from here on. Returns 1 when it is to start again from
+ * the model's file (slot.c restarts it), 0 when closing. */
 int sl_ecache_refetch(sl_engine *e, size_t i);
-/* Hash completion of slot i with verdict (sl_slot_check's), lock NOT
- * held: stores a fetched tensor's blob, records the memo. Takes the lock
- * itself, briefly, to decide. */
-void sl_ecache_verified(sl_engine *e, size_t i, int verdict);
+/* Hash completion of slot i whose bytes matched (sl_slot_check's verdict
+ * ok), lock NOT held: stores a fetched tensor's blob, records the memo.
+ * Takes the lock itself, briefly, to decide. */
+void sl_ecache_verified(sl_engine *e, size_t i);
 /* Destroy: touches the entries read, closes blobs, frees (nothing loading). */
 void sl_ecache_free(sl_engine *e);
 
@@ -400,11 +412,6 @@ void sl_read_done(void *ctx, sl_io_req *list);
 /* The hasher's completion callback (ctx is the engine). */
 void sl_hash_done(void *ctx, sl_hash_job *job, int status);
 
-/* Slot i (READING, restarted) has chunks to issue. Lock held. */
-void sl_sched_restarted(sl_engine *e, size_t i);
-
-/* The file a read goes to: of the model, or of a mirror. */
-const sl_file *sl_read_file(const sl_engine *e, unsigned source, size_t file);
 
 /* ---------------------------------------------------------------- fallback.c */
 
@@ -417,9 +424,6 @@ int sl_fallback_next(sl_engine *e, size_t i);
  * through the proxy: the same source loads it again, directly (returns
  * 1), once; else 0. Lock held. */
 int sl_fallback_proxy_bypass(sl_engine *e, size_t i);
-/* A read of slot i's load went direct because the proxy failed (why):
- * noted for sluice_tensor_source, once a load. Lock held. */
-void sl_fallback_proxy_note(sl_engine *e, size_t i, const char *why);
 /* A load from a mirror became READY: counted, and its note kept. */
 void sl_fallback_delivered(sl_engine *e, size_t i);
 /* Stops the opener thread and closes the mirrors (destroy). */
@@ -461,10 +465,6 @@ void sl_demand_drop_if_unwanted(sl_engine *e, size_t i);
 /* A handle on READY slot i (checks an empty tensor's digest). Lock held. */
 int sl_grant(sl_engine *e, size_t i, int by_stream, sluice_tensor **out, sl_err *err);
 
-/* The digest tensor i must match, or NULL. */
-const unsigned char *sl_expected_digest(const sl_engine *e, size_t i);
-/* Tensor i's chunk digests when it is checked chunk by chunk, else NULL. */
-const sl_chunk_digests *sl_expected_chunks(const sl_engine *e, size_t i);
 
 /* Starts the hasher if it is not running yet. Lock not held. */
 int sl_hasher_need(sl_engine *e, sl_err *err);
@@ -484,6 +484,41 @@ static inline uint64_t sl_now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* The digest tensor i must match, or NULL. The small reads of the
+ * engine's state are inline here, so that its files need not call one
+ * another both ways for them (docs/layout.md, the calls check). */
+static inline const unsigned char *sl_expected_digest(const sl_engine *e, size_t i)
+{
+    return e->expect_has && e->expect_has[i] ? e->expect[i] : NULL;
+}
+
+/* Tensor i's chunk digests when it is checked chunk by chunk, else NULL. */
+static inline const sl_chunk_digests *sl_expected_chunks(const sl_engine *e, size_t i)
+{
+    return sl_expected_digest(e, i) && e->chunks && e->chunks[i].count ? &e->chunks[i] : NULL;
+}
+
+/* The file a read goes to: of the model, of a mirror, or a cache's blob. */
+static inline const sl_file *sl_read_file(const sl_engine *e, unsigned source, size_t file)
+{
+    if (source == SL_SRC_CACHE)
+        return &e->blob[file];
+    return source ? &e->mirrors[source - 1].ix.files[file] : &e->ix->files[file];
+}
+
+/* Whether slot i is hashed (the memo's say); only with nothing loading. */
+static inline void sl_slot_set_hashed(sl_engine *e, size_t i, int hashed)
+{
+    e->slots[i].hashed = (uint8_t)hashed;
+}
+
+/* The test pause hook (sl_engine_pause_point, for the engine's own files). */
+static inline void sl_pause_point(sl_engine *e, int where)
+{
+    if (e->test_pause)
+        e->test_pause(e->test_pause_ctx, where);
 }
 
 /* Drops the lock, then starts the reads queued meanwhile. */

@@ -44,18 +44,6 @@ static void log_failure(sl_slot *s, const char *label, const char *msg)
     s->fb_log = grown;
 }
 
-static void source_label(const sl_engine *e, unsigned k, char *buf, size_t cap)
-{
-    if (k == 0)
-        snprintf(buf, cap, "primary");
-    else {
-        char safe[512];
-        const char *loc = e->mirrors[k - 1].loc;
-        snprintf(buf, cap, "fallback %u (%s)", k,
-                 sl_location_shown(loc, safe, sizeof safe));
-    }
-}
-
 /* Where mirror m holds tensor i, when it holds the same tensor. */
 static int mirror_tensor(const sl_engine *e, size_t i, const sl_mirror *m, size_t *file,
                          uint64_t *off, char *why, size_t cap)
@@ -126,7 +114,7 @@ static int try_from(sl_engine *e, size_t i, unsigned k)
     char label[512], why[512];
     for (; k <= e->nmirrors && !e->closing; k++) {
         sl_mirror *m = &e->mirrors[k - 1];
-        source_label(e, k, label, sizeof label);
+        sl_source_label(e, k, label, sizeof label);
         if (m->state != SL_MIRROR_OPEN && m->state != SL_MIRROR_FAILED) {
             request_open(e, m);
             if (m->state != SL_MIRROR_FAILED) {
@@ -161,7 +149,7 @@ int sl_fallback_next(sl_engine *e, size_t i)
 {
     sl_slot *s = &e->slots[i];
     char label[512];
-    source_label(e, s->source, label, sizeof label);
+    sl_source_label(e, s->source, label, sizeof label);
     if (s->source == 0) {
         if (!eligible(s->err_code) || !sl_expected_digest(e, i) || e->closing)
             return 0;   /* the error stands as it is */
@@ -171,24 +159,6 @@ int sl_fallback_next(sl_engine *e, size_t i)
     }
     log_failure(s, label, s->err_msg ? s->err_msg : "failed");
     return try_from(e, i, (unsigned)s->source + 1);
-}
-
-/* "primary, direct: the proxy failed (why)" (or the mirror's label). */
-static void proxy_note(sl_engine *e, size_t i, const char *why)
-{
-    sl_slot *s = &e->slots[i];
-    if (s->px_note)
-        return;     /* the first failure says it */
-    char label[512];
-    source_label(e, s->source, label, sizeof label);
-    size_t cap = strlen(label) + strlen(why) + 48;
-    if ((s->px_note = malloc(cap)))
-        snprintf(s->px_note, cap, "%s, direct: the proxy failed (%s)", label, why);
-}
-
-void sl_fallback_proxy_note(sl_engine *e, size_t i, const char *why)
-{
-    proxy_note(e, i, why);
 }
 
 int sl_fallback_proxy_bypass(sl_engine *e, size_t i)
@@ -205,7 +175,7 @@ int sl_fallback_proxy_bypass(sl_engine *e, size_t i)
              s->err_msg ? s->err_msg : "checksum");
     free(s->px_note);
     s->px_note = NULL;
-    proxy_note(e, i, why);
+    sl_slot_proxy_note(e, i, why);
     if (sl_slot_restart(e, i, s->source, file, off) < 0)
         return 0;
     e->st.proxy_failures++;
@@ -220,7 +190,7 @@ void sl_fallback_delivered(sl_engine *e, size_t i)
     e->st.fallback_tensors++;
     e->st.fallback_bytes += e->ix->tensors[i].nbytes;
     char label[512];
-    source_label(e, s->source, label, sizeof label);
+    sl_source_label(e, s->source, label, sizeof label);
     size_t cap = strlen(label) + (s->fb_log ? strlen(s->fb_log) : 0) + 32;
     free(s->fb_note);
     if ((s->fb_note = malloc(cap)))

@@ -65,33 +65,6 @@ static void demand_pop(sl_engine *e)
     s->in_demand = 0;
 }
 
-static void partial_push(sl_engine *e, size_t i, int front)
-{
-    sl_slot *s = &e->slots[i];
-    if (s->in_partial)
-        return;
-    s->in_partial = 1;
-    if (front || e->pq_head == SL_NONE) {
-        s->pnext = e->pq_head;
-        e->pq_head = i;
-        if (e->pq_tail == SL_NONE)
-            e->pq_tail = i;
-    } else {
-        s->pnext = SL_NONE;
-        e->slots[e->pq_tail].pnext = i;
-        e->pq_tail = i;
-    }
-}
-
-static void partial_pop(sl_engine *e)
-{
-    sl_slot *s = &e->slots[e->pq_head];
-    e->pq_head = s->pnext;
-    if (e->pq_head == SL_NONE)
-        e->pq_tail = SL_NONE;
-    s->in_partial = 0;
-}
-
 /* ---------------------------------------------------------------- reads */
 
 static sl_read *take_read(sl_engine *e)
@@ -112,13 +85,6 @@ static void put_read(sl_engine *e, sl_read *r)
         pthread_cond_broadcast(&e->cv); /* close waits for this */
 }
 
-const sl_file *sl_read_file(const sl_engine *e, unsigned source, size_t file)
-{
-    if (source == SL_SRC_CACHE)
-        return &e->blob[file];
-    return source ? &e->mirrors[source - 1].ix.files[file] : &e->ix->files[file];
-}
-
 static void submit_read(sl_engine *e, sl_read *r)
 {
     const sl_file *f = sl_read_file(e, r->source, r->file);
@@ -135,11 +101,6 @@ static void submit_read(sl_engine *e, sl_read *r)
     r->req.demand = s0->in_demand || s0->pins;
     f->src->submit(f, e->io, e->rio, &r->req);
     e->need_flush = 1;
-}
-
-void sl_sched_restarted(sl_engine *e, size_t i)
-{
-    partial_push(e, i, 1);
 }
 
 /* Issues reads for the chunks of slot i while read slots are free. */
@@ -205,7 +166,7 @@ static size_t start_run(sl_engine *e, const size_t *ids, size_t n, int room)
     if (s->direct || s->nchunks > 1 || s->source) {
         issue_chunks(e, i);
         if (s->issued < s->nchunks)
-            partial_push(e, i, 0);
+            sl_slot_partial_push(e, i, 0);
         return 1;
     }
     size_t group[SL_MAX_SEGS];
@@ -519,7 +480,7 @@ void sl_pump(sl_engine *e)
         }
         issue_chunks(e, i);
         if (s->issued < s->nchunks)
-            partial_push(e, i, 1);
+            sl_slot_partial_push(e, i, 1);
     }
 
     while (e->pq_head != SL_NONE && e->free_reads) {
@@ -528,7 +489,7 @@ void sl_pump(sl_engine *e)
         if (s->state == SL_SLOT_READING && s->issued < s->nchunks)
             issue_chunks(e, i);
         if (s->state != SL_SLOT_READING || s->issued == s->nchunks)
-            partial_pop(e);
+            sl_slot_partial_pop(e);
     }
     if (blocked)
         return;
@@ -628,7 +589,7 @@ void sl_read_done(void *ctx, sl_io_req *list)
                 size_t i = r->seg[k].tensor;
                 e->slots[i].px_used |= q->proxied;
                 if (q->proxy_why[0])    /* it failed this read, or was skipped */
-                    sl_fallback_proxy_note(e, i, q->proxy_why);
+                    sl_slot_proxy_note(e, i, q->proxy_why);
             }
             e->st.remote_reads++;
             e->st.remote_bytes += q->done_bytes;
@@ -674,8 +635,8 @@ void sl_hash_done(void *ctx, sl_hash_job *job, int status)
     sl_engine *e = ctx;
     size_t i = (size_t)(uintptr_t)sl_hash_job_owner(job);
     int verdict = sl_slot_check(e, i, status); /* the compare and the move, unlocked */
-    if (e->cache)
-        sl_ecache_verified(e, i, verdict);  /* a blob stored, the memo recorded */
+    if (e->cache && sl_slot_verdict_ok(verdict))
+        sl_ecache_verified(e, i);  /* a blob stored, the memo recorded */
     pthread_mutex_lock(&e->lock);
     sl_slot_hashed(e, i, verdict);
     sl_pump(e);     /* a failure gave room back */

@@ -80,11 +80,6 @@ void sl_slots_free(sl_engine *e)
     e->slots = NULL;
 }
 
-void sl_slot_set_hashed(sl_engine *e, size_t i, int hashed)
-{
-    e->slots[i].hashed = (uint8_t)hashed;
-}
-
 /* ---------------------------------------------------------------- geometry */
 
 static int chunk_done(const sl_slot *s, uint32_t c)
@@ -243,6 +238,36 @@ void sl_slots_age_prefetched(sl_engine *e)
         lru_push_front(e, e->lru[SL_LRU_PREFETCHED].tail, SL_LRU_CACHED);
 }
 
+/* ---------------------------------------------------------------- partial queue */
+
+/* Started slots with chunks left to issue; the scheduler issues them. */
+void sl_slot_partial_push(sl_engine *e, size_t i, int front)
+{
+    sl_slot *s = &e->slots[i];
+    if (s->in_partial)
+        return;
+    s->in_partial = 1;
+    if (front || e->pq_head == SL_NONE) {
+        s->pnext = e->pq_head;
+        e->pq_head = i;
+        if (e->pq_tail == SL_NONE)
+            e->pq_tail = i;
+    } else {
+        s->pnext = SL_NONE;
+        e->slots[e->pq_tail].pnext = i;
+        e->pq_tail = i;
+    }
+}
+
+void sl_slot_partial_pop(sl_engine *e)
+{
+    sl_slot *s = &e->slots[e->pq_head];
+    e->pq_head = s->pnext;
+    if (e->pq_head == SL_NONE)
+        e->pq_tail = SL_NONE;
+    s->in_partial = 0;
+}
+
 /* ---------------------------------------------------------------- eviction */
 
 /* READY, unheld -> IDLE: the buffer goes back to the pool. */
@@ -330,6 +355,31 @@ void sl_slot_room_error(sl_engine *e, size_t i, sl_err *err)
 }
 
 /* ---------------------------------------------------------------- errors */
+
+void sl_source_label(const sl_engine *e, unsigned k, char *buf, size_t cap)
+{
+    if (k == 0)
+        snprintf(buf, cap, "primary");
+    else {
+        char safe[512];
+        const char *loc = e->mirrors[k - 1].loc;
+        snprintf(buf, cap, "fallback %u (%s)", k,
+                 sl_location_shown(loc, safe, sizeof safe));
+    }
+}
+
+/* "primary, direct: the proxy failed (why)" (or the mirror's label). */
+void sl_slot_proxy_note(sl_engine *e, size_t i, const char *why)
+{
+    sl_slot *s = &e->slots[i];
+    if (s->px_note)
+        return;     /* the first failure says it */
+    char label[512];
+    sl_source_label(e, s->source, label, sizeof label);
+    size_t cap = strlen(label) + strlen(why) + 48;
+    if ((s->px_note = malloc(cap)))
+        snprintf(s->px_note, cap, "%s, direct: the proxy failed (%s)", label, why);
+}
 
 static void keep_error(sl_slot *s, const sl_err *err)
 {
@@ -426,7 +476,7 @@ int sl_slot_start(sl_engine *e, size_t i, int room, int probe)
     e->loading_bytes += span;
     if (e->cache)
         sl_ecache_started(e, i, source);
-    sl_engine_pause_point(e, SL_PAUSE_LOAD_STARTED);
+    sl_pause_point(e, SL_PAUSE_LOAD_STARTED);
     return 1;
 
 nomem:
@@ -475,7 +525,9 @@ static void drain(sl_engine *e, size_t i)
     sl_slot *s = &e->slots[i];
     if (s->state != SL_SLOT_FAILED || s->inflight || s->job_busy || s->fb_wait)
         return;
-    if (s->source == SL_SRC_CACHE && sl_ecache_refetch(e, i))
+    const struct sluice_tensor_info *t = &e->ix->tensors[i];
+    if (s->source == SL_SRC_CACHE && sl_ecache_refetch(e, i) &&
+        sl_slot_restart(e, i, 0, t->file_index, t->offset) > 0)
         return;
     if (sl_fallback_proxy_bypass(e, i))
         return;
@@ -542,7 +594,7 @@ int sl_slot_restart(sl_engine *e, size_t i, unsigned source, size_t file, uint64
     s->src_off = off;
     s->fb_wait = 0;
     s->state = SL_SLOT_READING;
-    sl_sched_restarted(e, i);
+    sl_slot_partial_push(e, i, 1);
     return 1;
 }
 

@@ -39,6 +39,18 @@ unsigned sl_dtype_bits(sluice_dtype dtype)
     return (unsigned)dtype < SLUICE_DTYPE_COUNT_ ? dtypes[dtype].bits : 0;
 }
 
+/* The public names (sluice.h) sit with the table: the index and the
+ * manifest below the API call them. */
+SLUICE_API const char *sluice_dtype_name(sluice_dtype dtype)
+{
+    return sl_dtype_name(dtype);
+}
+
+SLUICE_API unsigned sluice_dtype_bits(sluice_dtype dtype)
+{
+    return sl_dtype_bits(dtype);
+}
+
 static int dtype_from(const char *s, size_t len, sluice_dtype *out)
 {
     for (int i = 0; i < SLUICE_DTYPE_COUNT_; i++)

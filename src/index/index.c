@@ -198,21 +198,6 @@ const uint8_t *sl_index_header_digest(const sl_file *f, sluice_algorithm alg)
     return f->header_digest[alg];
 }
 
-int sl_open_read(const char *path)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0)
-        return -1;
-    int flags = fcntl(fd, F_GETFL);
-    if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) < 0) {
-        int e = errno;
-        close(fd);
-        errno = e;
-        return -1;
-    }
-    return fd;
-}
-
 int sl_file_reopen(const sl_file *f, const char *proc_fd_dir, int flags)
 {
     char path[256];

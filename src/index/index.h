@@ -107,7 +107,8 @@ void sl_index_free(sl_index *ix);
 /* open(path, O_RDONLY | O_CLOEXEC) that cannot block: a FIFO with no
  * writer (a hostile "model file" or sidecar) would hang open() itself.
  * The descriptor is opened non-blocking and then made blocking again, so
- * a pipe with a writer still reads. Returns the fd, or -1 with errno. */
+ * a pipe with a writer still reads. Returns the fd, or -1 with errno
+ * (source_local.c, which opens local files). */
 int sl_open_read(const char *path);
 
 /* Opens the very file f's descriptor names again, with open flags flags
