@@ -19,14 +19,13 @@
 int sl_model_metrics_label(sluice_model *m, const char *path, sl_err *err)
 {
     const char *label = m->opts.metrics_label;
-    char shown[1100];
     m->opts.metrics_label = NULL;  /* the caller's: borrowed during open only */
     if (label) {
         SL_TRY(sl_metrics_label_check(label, err));
     } else {
         /* The path, when it is a valid label; else a fixed word. A remote
          * location as messages show it: no credential, no query. */
-        label = sl_location_shown(path, shown, sizeof shown);
+        label = m->loc->shown;
         if (sl_metrics_label_check(label, NULL) < 0)
             label = "model";
     }

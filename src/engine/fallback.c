@@ -48,12 +48,8 @@ static void source_label(const sl_engine *e, unsigned k, char *buf, size_t cap)
 {
     if (k == 0)
         snprintf(buf, cap, "primary");
-    else {
-        char safe[512];
-        const char *loc = e->mirrors[k - 1].loc;
-        snprintf(buf, cap, "fallback %u (%s)", k,
-                 sl_location_shown(loc, safe, sizeof safe));
-    }
+    else
+        snprintf(buf, cap, "fallback %u (%s)", k, e->mirrors[k - 1].loc->shown);
 }
 
 /* Where mirror m holds tensor i, when it holds the same tensor. */

@@ -21,7 +21,7 @@
 /* The location as given (credentials included), which requests use. */
 static const char *fetch_loc(const sl_file *f)
 {
-    return f->fetch_loc ? f->fetch_loc : f->path;
+    return f->loc->given;
 }
 
 /* Opens f; validators: whether its requests are asked If-Match (not a
@@ -32,16 +32,18 @@ static int open_object(sl_file *f, const sl_remote_cfg *rc, int missing_code, in
     /* The size comes with the first range reply; an object of fewer
      * than 8 bytes is then as short as a local one. */
     sl_err e2;
-    if (!(f->url = sl_remote_url(rc, f->path, err)))
+    if (!(f->url = sl_remote_url(rc, fetch_loc(f), err)))
         return err->code;
+    f->proxied = sl_remote_proxy_for(rc, f->url) != NULL;
     if (validators && !(f->validators = calloc(1, sizeof *f->validators)))
         return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
     /* messages quote path: it keeps no credential of the location */
-    char safe[512];
-    if (strcmp(sl_remote_shown(f->path, safe, sizeof safe), f->path) != 0) {
-        f->fetch_loc = f->path;
-        if (!(f->path = strdup(safe)))
+    if (strcmp(f->loc->shown, f->path) != 0) {
+        char *shown = strdup(f->loc->shown);
+        if (!shown)
             return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
+        free(f->path);
+        f->path = shown;
     }
     unsigned char probe[8];
     uint64_t size = 0;
@@ -95,8 +97,6 @@ static void remote_submit(const sl_file *f, sl_io *io, sl_rio *rio, sl_io_req *r
 
 static void remote_close(sl_file *f)
 {
-    free(f->fetch_loc);
-    f->fetch_loc = NULL;
     free(f->url);
     f->url = NULL;
     free(f->validators);
@@ -109,19 +109,10 @@ static int remote_read_small(const sl_remote_cfg *rc, const char *loc, size_t ma
     return sl_remote_get(rc, loc, max, out, len, SLUICE_E_NO_FILES, err);
 }
 
-/* Up to its query or fragment (from the first '?' or '#' after the
- * host), which is kept on the requests but is no part of the name. */
-static size_t remote_name_len(const char *loc)
-{
-    const char *host = strstr(loc, "://") + 3;
-    const char *q = strpbrk(host, "?#");
-    return q ? (size_t)(q - loc) : strlen(loc);
-}
-
 /* What the Hub's table shares with the remote one. */
 #define REMOTE_COMMON_METHODS                                                                      \
     .read_tensor = remote_read_tensor, .submit = remote_submit, .close = remote_close,           \
-    .read_small = remote_read_small, .shown = sl_remote_shown, .name_len = remote_name_len,
+    .read_small = remote_read_small,
 
 /* A Hub file (hf://, read at the commit hf.c pinned): the remote source
  * without If-Match. Its bytes at resolve/COMMIT/FILE cannot change (a
@@ -161,5 +152,19 @@ const sl_source_methods sl_source_remote = {
 
 int sl_source_proxied(const sl_remote_cfg *c, const struct sl_file *f)
 {
-    return c && f->url && sl_remote_proxy_for(c, f->url) != NULL;
+    return c && f->proxied;
+}
+
+int sl_source_read_direct(const sl_remote_cfg *c, const struct sl_file *f, sl_direct_read_fn read,
+                          void *ctx, sl_err *err)
+{
+    if (!sl_source_proxied(c, f))
+        return SL_SRC_NOT_PROXIED;
+    sl_remote_cfg direct = *c;  /* the direct hop: the tally and secrets shared, not owned */
+    direct.proxy_http = direct.proxy_https = NULL;
+    uint64_t bytes = 0;
+    int rc = read(&direct, ctx, &bytes, err);
+    atomic_fetch_add_explicit(&c->tally->proxy_failures, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->tally->proxy_bypass_bytes, bytes, memory_order_relaxed);
+    return rc;
 }

@@ -176,29 +176,6 @@ static int take_proxy(sl_remote_cfg *c, const sluice_options *o)
     return nomem;
 }
 
-/* url's host (no user:password@, port or [brackets]) into buf. */
-static void url_host(const char *url, char *buf, size_t cap)
-{
-    const char *p = strstr(url, "://");
-    p = p ? p + 3 : url;
-    size_t n = strcspn(p, "/?#");
-    const char *at = memchr(p, '@', n);
-    if (at) {
-        n -= (size_t)(at + 1 - p);
-        p = at + 1;
-    }
-    if (*p == '[') {
-        const char *rb = memchr(p, ']', n);
-        n = rb ? (size_t)(rb - p - 1) : n - 1;
-        p++;
-    } else {
-        const char *colon = memchr(p, ':', n);
-        if (colon)
-            n = (size_t)(colon - p);
-    }
-    snprintf(buf, cap, "%.*s", (int)n, p);
-}
-
 /* Whether host (no brackets) is this host's loopback: localhost,
  * 127.0.0.0/8 or ::1. */
 static int is_loopback(const char *host)
@@ -226,7 +203,7 @@ int sl_remote_dragonfly_hop(const sl_remote_cfg *c, int hub, sl_err *err)
     if (!c->token && !c->aws_key && !(hub && c->hf_token))
         return SLUICE_OK;
     char host[256];
-    url_host(c->proxy_https, host, sizeof host);
+    sl_location_host_of(c->proxy_https, host, sizeof host);
     if (is_loopback(host))
         return SLUICE_OK;
     return sl_fail(err, SLUICE_E_INVAL,
@@ -326,29 +303,14 @@ const char *sl_remote_proxy_for(const sl_remote_cfg *c, const char *url)
     if (!px)
         return NULL;
     char host[256];
-    url_host(url, host, sizeof host);
+    sl_location_host_of(url, host, sizeof host);
     return c->no_proxy && no_proxy_match(c->no_proxy, host) ? NULL : px;
-}
-
-/* location without what may hold a secret: user:password@ and ?query. */
-const char *sl_remote_shown(const char *loc, char *buf, size_t cap)
-{
-    const char *p = strstr(loc, "://");
-    const char *host = p ? p + 3 : loc;
-    const char *at = strchr(host, '@'), *slash = strchr(host, '/');
-    if (at && (!slash || at < slash))
-        host = at + 1;
-    size_t scheme = p ? (size_t)(p + 3 - loc) : 0;
-    const char *q = strpbrk(host, "?#");
-    size_t hl = q ? (size_t)(q - host) : strlen(host);
-    snprintf(buf, cap, "%.*s%.*s%s", (int)scheme, loc, (int)hl, host, q ? "?..." : "");
-    return buf;
 }
 
 void sl_remote_scrub(char *msg, size_t cap, const char *loc)
 {
     char safe[512];
-    sl_remote_shown(loc, safe, sizeof safe);
+    sl_location_shown_of(loc, safe, sizeof safe);
     size_t n = strlen(loc), k = strlen(safe);
     if (!sl_is_remote(loc) || strcmp(safe, loc) == 0 || k > n)
         return;
@@ -1145,7 +1107,7 @@ static int fetch(const sl_remote_cfg *c, const char *loc, xfer *x, uint64_t off,
 {
     SL_TRY(curl_ready(err));
     char shown_buf[512];
-    x->shown = sl_remote_shown(loc, shown_buf, sizeof shown_buf);
+    x->shown = sl_location_shown_of(loc, shown_buf, sizeof shown_buf);
     x->demand = 1;  /* its caller waits */
     char *url = sl_remote_url(c, loc, err);
     if (!url)

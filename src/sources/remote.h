@@ -38,6 +38,7 @@
 #define SLUICE_REMOTE_H
 
 #include "base/error.h"
+#include "base/location.h"
 #include "sources/io.h"
 #include "sluice.h"
 
@@ -111,12 +112,9 @@ int sl_is_remote(const char *path);
 int sl_remote_cfg_new(const sluice_options *o, sl_remote_cfg **out, sl_err *err);
 void sl_remote_cfg_free(sl_remote_cfg *c);
 
-/* location as messages show it: without user:password@ and with "?..."
- * for its query (a presigned URL's signature); in buf, returned. */
-const char *sl_remote_shown(const char *loc, char *buf, size_t cap);
-
 /* Replaces every loc in msg (a message that may quote it, or a URL made
- * from it) by sl_remote_shown(loc); nothing for a local path. */
+ * from it) by the form messages show (base/location.h); nothing for a
+ * local path. */
 void sl_remote_scrub(char *msg, size_t cap, const char *loc);
 
 /* The http(s) URL that location (http(s):// or s3://) is fetched from,
@@ -210,8 +208,11 @@ void sl_hf_cfg_clear(sl_remote_cfg *c);
  * to another host; else the caller's servers', never sent to the Hub.
  * Call after sl_remote_cfg_new. Then each token is checked: one with a
  * control character (CR, LF: it would end its header line) is
- * SLUICE_E_INVAL. */
-int sl_hf_cfg_tokens(sl_remote_cfg *c, const sluice_options *o, const char *primary, sl_err *err);
+ * SLUICE_E_INVAL. *hub gets whether the model or a mirror is on the Hub
+ * (for sl_remote_dragonfly_hop, which the caller calls next: remote_hf.c
+ * calls nothing of remote.c, remote.c calls it). */
+int sl_hf_cfg_tokens(sl_remote_cfg *c, const sluice_options *o, const char *primary, int *hub,
+                     sl_err *err);
 
 /* Dragonfly mode with credentials refuses a daemon off this host's
  * loopback (sluice.h "Proxies"); hub: whether a location of the model or

@@ -1060,8 +1060,7 @@ int sl_manifest_sidecars(const sl_index *ix, const char *model_path, char *out[2
     /* The model is one file F: F.manifest.json is its sidecar too, looked
      * for second (what `sluice synth` writes, and the Hub's usual layout). */
     const sl_file *f = &ix->files[0];
-    const char *loc = f->fetch_loc ? f->fetch_loc : f->path;
-    if (!(out[1] = joined(loc, sl_location_path_len(loc), ".manifest.json"))) {
+    if (!(out[1] = joined(f->loc->given, f->loc->name_len, ".manifest.json"))) {
         free(out[0]);
         out[0] = NULL;
         return -1;
