@@ -26,8 +26,10 @@ typedef struct sl_file {
                                 (base/location.h): its kind, the form given
                                 (credentials included: requests use it), the
                                 form shown (path) */
-    int proxied;             /* remote: its requests go through the proxy (the
-                                proxy's rules applied to url once, at open) */
+    struct sl_remote_target *target; /* remote: what its requests are made
+                                from (remote.h), made once at open: the
+                                location as given and shown, url, the hop
+                                (the proxy's rules applied to url once) */
     char *url;               /* remote: the http(s) URL its bytes are read from
                                 (fd is -1); NULL for a local file */
     struct sl_validators *validators; /* remote: its ETags per hop (remote.h),

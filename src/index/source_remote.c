@@ -18,12 +18,6 @@
  * and attempts bound each request, as they bound each read of a load. */
 #define RS_PIECE ((size_t)16 << 20)
 
-/* The location as given (credentials included), which requests use. */
-static const char *fetch_loc(const sl_file *f)
-{
-    return f->loc->given;
-}
-
 /* Opens f; validators: whether its requests are asked If-Match (not a
  * Hub file's, see hub_open). */
 static int open_object(sl_file *f, const sl_remote_cfg *rc, int missing_code, int validators,
@@ -32,9 +26,11 @@ static int open_object(sl_file *f, const sl_remote_cfg *rc, int missing_code, in
     /* The size comes with the first range reply; an object of fewer
      * than 8 bytes is then as short as a local one. */
     sl_err e2;
-    if (!(f->url = sl_remote_url(rc, fetch_loc(f), err)))
+    if (!(f->url = sl_remote_url(rc, f->loc->given, err)))
         return err->code;
-    f->proxied = sl_remote_proxy_for(rc, f->url) != NULL;
+    if (!(f->target = malloc(sizeof *f->target)))
+        return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
+    sl_remote_target_init(f->target, rc, f->loc, f->url);
     if (validators && !(f->validators = calloc(1, sizeof *f->validators)))
         return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
     /* messages quote path: it keeps no credential of the location */
@@ -47,7 +43,7 @@ static int open_object(sl_file *f, const sl_remote_cfg *rc, int missing_code, in
     }
     unsigned char probe[8];
     uint64_t size = 0;
-    int rc2 = sl_remote_read(rc, fetch_loc(f), 0, 8, probe, &size, f->validators, missing_code,
+    int rc2 = sl_remote_read(rc, f->target, 0, 8, probe, &size, f->validators, missing_code,
                              &e2);
     if (rc2 < 0 && strstr(e2.msg, "HTTP 416"))
         size = 0;   /* an empty object: no byte can be asked for */
@@ -66,7 +62,7 @@ static int remote_read(sl_file *f, const sl_remote_cfg *rc, unsigned char *buf, 
                        uint64_t offset, sl_err *err)
 {
     uint64_t size = f->size;
-    return sl_remote_read(rc, fetch_loc(f), offset, len, buf, &size, f->validators,
+    return sl_remote_read(rc, f->target, offset, len, buf, &size, f->validators,
                           SLUICE_E_NO_FILES, err);
 }
 
@@ -81,7 +77,7 @@ static int remote_read_tensor(const sl_file *f, const sl_remote_cfg *rc, unsigne
         want = RS_PIECE;
     *requests = 1;
     *got = 0;
-    int rc2 = sl_remote_read_tensor(rc, fetch_loc(f), offset, want, buf, &size, f->validators,
+    int rc2 = sl_remote_read_tensor(rc, f->target, offset, want, buf, &size, f->validators,
                                     SLUICE_E_REMOTE, err);
     if (rc2 < 0)
         return rc2;
@@ -92,11 +88,13 @@ static int remote_read_tensor(const sl_file *f, const sl_remote_cfg *rc, unsigne
 static void remote_submit(const sl_file *f, sl_io *io, sl_rio *rio, sl_io_req *req)
 {
     (void)io;
-    sl_rio_submit(rio, req, f->path, f->url, f->size, f->validators);
+    sl_rio_submit(rio, req, f->target, f->size, f->validators);
 }
 
 static void remote_close(sl_file *f)
 {
+    free(f->target);
+    f->target = NULL;
     free(f->url);
     f->url = NULL;
     free(f->validators);
@@ -130,7 +128,7 @@ static int hub_read(sl_file *f, const sl_remote_cfg *rc, unsigned char *buf, siz
                     uint64_t offset, sl_err *err)
 {
     uint64_t size = f->size;
-    return sl_remote_read(rc, fetch_loc(f), offset, len, buf, &size, NULL, SLUICE_E_NO_FILES,
+    return sl_remote_read(rc, f->target, offset, len, buf, &size, NULL, SLUICE_E_NO_FILES,
                           err);
 }
 
@@ -152,7 +150,7 @@ const sl_source_methods sl_source_remote = {
 
 int sl_source_proxied(const sl_remote_cfg *c, const struct sl_file *f)
 {
-    return c && f->proxied;
+    return c && f->target && f->target->proxied;
 }
 
 int sl_source_read_direct(const sl_remote_cfg *c, const struct sl_file *f, sl_direct_read_fn read,

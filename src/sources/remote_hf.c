@@ -173,7 +173,7 @@ char *sl_hf_url(const sl_remote_cfg *c, const char *loc, sl_err *err)
     return u;
 }
 
-const char *sl_hf_token_for(const sl_remote_cfg *c, const char *loc, const char *url)
+int sl_hf_on_hub(const sl_remote_cfg *c, const char *loc, const char *url)
 {
-    return on_hub(c, loc, url) ? c->hf_token : c->token;
+    return on_hub(c, loc, url);
 }
