@@ -96,7 +96,7 @@ int sl_location_networked(const char *loc);
 
 /* Whether the requests for file f go through a proxy under c (a remote
  * file, a proxy configured and no_proxy not naming its host: decided once
- * when it was opened, f->proxied): bytes of it that fail verification
+ * when it was opened, f->target): bytes of it that fail verification
  * are then worth one read from the origin directly (sluice.h
  * "Proxies"). 0 for a local file or c NULL. */
 struct sl_file;
