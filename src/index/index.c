@@ -274,7 +274,7 @@ static int open_file(sl_index *ix, const char *dir, const char *name, int missin
     ix->caps_lacking |= ~f->src->caps;
     /* The manifest's "files" key is the base name of the path alone: a
      * presigned URL's query is no part of the file's name. */
-    const char *lp = f->loc->kind == SL_LOC_LOCAL ? f->loc->given : f->loc->path;
+    const char *lp = f->src == &sl_source_local ? f->loc->given : f->loc->path;
     size_t plen = strlen(lp), b = plen;
     while (b > 0 && lp[b - 1] != '/')
         b--;
