@@ -1211,6 +1211,88 @@ static void test_etag_control_bytes(void **state)
     (void)state;
 }
 
+/* Each item's message of a verify, appended to the context's text. */
+static int collect_messages(void *user, const struct sluice_verify_item *it)
+{
+    char *text = user;
+    size_t n = strlen(text);
+    snprintf(text + n, 8192 - n, "%s|%s\n", it->name, it->message ? it->message : "");
+    return 0;
+}
+
+/* A location with credentials (user:password@) and a query (a presigned
+ * signature), the model's and a mirror's: it is parsed once at open, and
+ * every message, metric label and source string shows it the same way,
+ * "http://127.0.0.1:PORT/NAME?...", never the password nor the query: the
+ * error of a failed load, a verify's refusals (tensor and whole file),
+ * sluice_tensor_source of a tensor a mirror delivered, the metrics. */
+static void test_location_shown_alike(void **state)
+{
+    const char *host = srv.base + strlen("http://");
+    char secret[400], shown[400], mirror[400], mirror_shown[400];
+    snprintf(secret, sizeof secret, "http://user:PW-SECRET@%s/m.safetensors?X-Amz-Signature=SIG-SECRET", host);
+    snprintf(shown, sizeof shown, "%s/m.safetensors?...", srv.base);
+    snprintf(mirror, sizeof mirror, "http://mirror:MIRROR-SECRET@%s/m.safetensors?token=TOKEN-SECRET", host);
+    snprintf(mirror_shown, sizeof mirror_shown, "fallback 1 (%s/m.safetensors?...)", srv.base);
+    arm("ok", 0, NULL);
+    /* the sidecar is found beside it (its name without the query) */
+    sluice_options o = fast_options();
+    o.verify = SLUICE_VERIFY_REQUIRE;
+    sluice_model *m;
+    if (sluice_open(secret, &o, &m) != SLUICE_OK)
+        fail_msg("open: %s", sluice_errmsg(m));
+    const char *mp = sluice_manifest_path(m);
+    if (!mp || strstr(mp, "SECRET") || strcmp(mp, shown) == 0 || !strstr(mp, srv.base))
+        fail_msg("manifest path: %s", mp ? mp : "(null)");
+    /* a failed load: its error names the file as shown */
+    sluice_tensor *t = NULL;
+    arm("flip", 1, NULL);
+    int rc = sluice_acquire(m, "b", &t);
+    const char *msg = sluice_errmsg(m);
+    if (rc != SLUICE_E_CHECKSUM || strstr(msg, "SECRET") || !strstr(msg, shown))
+        fail_msg("load: %d: %s", rc, msg);
+    /* a verify's refusals: the tensor's and the whole file's */
+    char *text = calloc(1, 8192);
+    assert_non_null(text);
+    sluice_verify_options vo;
+    sluice_verify_options_init(&vo);
+    vo.flags = SLUICE_VF_FILES;
+    vo.on_item = collect_messages;
+    vo.user = text;
+    arm("flip", 100, NULL);
+    rc = sluice_verify(m, NULL, 0, &vo, NULL);
+    arm("ok", 0, NULL);
+    if (rc != SLUICE_E_CHECKSUM || strstr(text, "SECRET") || strstr(text, "X-Amz") ||
+        !strstr(text, shown))
+        fail_msg("verify: %d: %s", rc, text);
+    free(text);
+    /* the metrics' label */
+    text = metrics_of(m);
+    char label[500];
+    snprintf(label, sizeof label, "model=\"%s\"", shown);
+    if (strstr(text, "SECRET") || strstr(text, "X-Amz") || !strstr(text, label))
+        fail_msg("metrics do not name %s, or leak: %.2000s", label, text);
+    free(text);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    /* a mirror at such a location delivers what the model's bytes failed */
+    const char *mirrors[] = {mirror};
+    o.fallback = mirrors;
+    o.fallback_count = 1;
+    if (sluice_open(secret, &o, &m) != SLUICE_OK)
+        fail_msg("%s", sluice_errmsg(m));
+    arm("flip", 1, NULL);
+    if (sluice_acquire(m, "b", &t) != SLUICE_OK)
+        fail_msg("%s", sluice_errmsg(m));
+    const char *src = sluice_tensor_source(t);
+    if (strstr(src, "SECRET") || strstr(src, "token=") || !strstr(src, mirror_shown) ||
+        !strstr(src, shown))
+        fail_msg("source: %s", src);
+    sluice_release(t);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    arm("ok", 0, NULL);
+    (void)state;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1239,6 +1321,7 @@ int main(void)
         cmocka_unit_test(test_close_while_mirror_opens),
         cmocka_unit_test(test_mirror_secrets_not_shown),
         cmocka_unit_test(test_part_note_secrets_not_shown),
+        cmocka_unit_test(test_location_shown_alike),
         cmocka_unit_test(test_part_fallback_few_requests),
         cmocka_unit_test(test_request_format),
         cmocka_unit_test(test_open_and_mirror_counted),

@@ -237,22 +237,27 @@ static int take_options(sluice_options *dst, const sluice_options *src, sl_err *
 static int take_remote(sluice_model *m, const char *path, sl_err *err)
 {
     sluice_options *o = &m->opts;
-    int remote = sl_location_networked(path) ||
-                 (o->manifest_path && sl_location_networked(o->manifest_path));
+    if (o->manifest_path && !(m->manifest_loc = sl_location_new(o->manifest_path)))
+        return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
+    int remote = sl_location_remote(m->loc) || sl_location_remote(m->manifest_loc);
     if (o->fallback_count) {
-        if (!(m->fallback = calloc(o->fallback_count, sizeof *m->fallback)))
+        if (!(m->fallback = calloc(o->fallback_count, sizeof *m->fallback)) ||
+            !(m->fallback_loc = calloc(o->fallback_count, sizeof *m->fallback_loc)))
             return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
-        for (uint32_t k = 0; k < o->fallback_count; k++) {
-            if (!(m->fallback[k] = strdup(o->fallback[k])))
-                return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
-            remote |= sl_location_networked(o->fallback[k]);
-        }
         m->nfallback = o->fallback_count;
+        for (uint32_t k = 0; k < o->fallback_count; k++) {
+            if (!(m->fallback[k] = strdup(o->fallback[k])) ||
+                !(m->fallback_loc[k] = sl_location_new(o->fallback[k])))
+                return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
+            remote |= sl_location_remote(m->fallback_loc[k]);
+        }
         o->fallback = (const char *const *)m->fallback;
     }
     if (remote) {
         SL_TRY(sl_remote_cfg_new(o, &m->remote, err));
-        SL_TRY(sl_hf_cfg_tokens(m->remote, o, path, err));
+        int hub = 0;
+        SL_TRY(sl_hf_cfg_tokens(m->remote, o, path, &hub, err));
+        SL_TRY(sl_remote_dragonfly_hop(m->remote, hub, err));
     }
     o->http_token = o->s3_endpoint = o->s3_region = o->remote_ca_file = NULL;
     o->http_proxy = NULL;   /* the remote configuration's now */
@@ -307,8 +312,16 @@ static void free_remote(sluice_model *m)
 {
     for (size_t k = 0; m->fallback && k < m->nfallback; k++)
         free(m->fallback[k]);
+    for (size_t k = 0; m->fallback_loc && k < m->nfallback; k++)
+        sl_location_free(m->fallback_loc[k]);
     free(m->fallback);
     m->fallback = NULL;
+    free(m->fallback_loc);
+    m->fallback_loc = NULL;
+    sl_location_free(m->loc);
+    sl_location_free(m->manifest_loc);
+    sl_location_free(m->pinned_loc);
+    m->loc = m->manifest_loc = m->pinned_loc = NULL;
     m->nfallback = 0;
     m->opts.fallback = NULL;
     m->opts.fallback_count = 0;
@@ -342,8 +355,9 @@ static int create_engine(sluice_model *m, sl_err *err)
         for (size_t i = 0; i < m->index.ntensors; i++)
             expect[i] = sl_manifest_tensor_digest(m->manifest, i);
     }
-    int rc = sl_engine_create(&m->index, &m->opts, expect, sl_manifest_chunks(m->manifest),
-                              &m->engine, err);
+    int rc = sl_engine_create(&m->index, &m->opts,
+                              (const sl_location *const *)m->fallback_loc, expect,
+                              sl_manifest_chunks(m->manifest), &m->engine, err);
     free(expect);
     return rc;
 }
@@ -381,14 +395,13 @@ SLUICE_API const char *sluice_cache_warning(sluice_model *m)
 static int metrics_label(sluice_model *m, const char *path, sl_err *err)
 {
     const char *label = m->opts.metrics_label;
-    char shown[1100];
     m->opts.metrics_label = NULL;  /* the caller's: borrowed during open only */
     if (label) {
         SL_TRY(sl_metrics_label_check(label, err));
     } else {
         /* The path, when it is a valid label; else a fixed word. A remote
          * location as messages show it: no credential, no query. */
-        label = sl_location_shown(path, shown, sizeof shown);
+        label = m->loc->shown;
         if (sl_metrics_label_check(label, NULL) < 0)
             label = "model";
     }
@@ -423,6 +436,10 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
         goto failed;
     if ((rc = sl_trust_plan_make(&m->opts, path, &m->trust, err)) < 0)
         goto failed;
+    if (!(m->loc = sl_location_new(path))) {   /* parsed once */
+        rc = sl_fail(err, SLUICE_E_NOMEM, "out of memory");
+        goto failed;
+    }
     if ((rc = metrics_label(m, path, err)) < 0)
         goto failed;
     if (!(m->path = strdup(path))) {
@@ -434,9 +451,16 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
     /* a Hub location is opened as the location of its commit */
     if ((rc = sl_hf_resolve(m->remote, path, &m->hub, err)) < 0)
         goto failed;
-    if (m->hub)
+    const sl_location *where = m->loc;
+    if (m->hub) {
         path = sl_hf_pinned(m->hub);
-    if ((rc = sl_index_open_ex(&m->index, path, m->remote, err)) < 0) {
+        if (!(m->pinned_loc = sl_location_new(path))) {
+            rc = sl_fail(err, SLUICE_E_NOMEM, "out of memory");
+            goto failed;
+        }
+        where = m->pinned_loc;
+    }
+    if ((rc = sl_index_open_ex(&m->index, where, m->remote, err)) < 0) {
         /* the API lists a gated repository's files to anyone; its
          * resolve refuses them: say why, as the API's refusal does */
         if (m->hub && rc == SLUICE_E_REMOTE &&
@@ -737,11 +761,11 @@ static int range_from_mirrors(sluice_model *m, size_t i, uint64_t begin, uint64_
     int code = err->code;
     size_t n = (size_t)snprintf(log, sizeof log, "primary: %s", err->msg);
     for (size_t k = 0; k < m->nfallback; k++) {
-        char shown[512], why[sizeof err->msg];
-        const char *loc = sl_location_shown(m->fallback[k], shown, sizeof shown);
+        char why[sizeof err->msg];
+        const char *loc = m->fallback_loc[k]->shown;
         sl_index mix;
         sl_err e2 = {0};
-        int rc = sl_index_open_ex(&mix, m->fallback[k], m->remote, &e2);
+        int rc = sl_index_open_ex(&mix, m->fallback_loc[k], m->remote, &e2);
         if (rc == SLUICE_OK) {
             size_t j = sl_index_find(&mix, t->name, t->name_len);
             const struct sluice_tensor_info *u = j == SIZE_MAX ? NULL : &mix.tensors[j];
@@ -770,35 +794,47 @@ static int range_from_mirrors(sluice_model *m, size_t i, uint64_t begin, uint64_
 /* A range or part read of tensor i whose bytes came through the model's
  * proxy and failed verification is read again from the origin directly,
  * once, before any mirror, as a load is (sluice.h "Proxies": a tensor the
- * origin serves right never fails because of its proxy). read(ix) makes
- * the read with the index given: a copy of the model's whose remote
- * configuration has no proxy. Counted as the loads' are: one proxy
- * failure, the bytes then fetched in proxy_bypass_bytes. */
+ * origin serves right never fails because of its proxy), by the remote
+ * source's one such read (sl_source_read_direct). read(ix) makes the read
+ * with the index given: a copy of the model's whose remote configuration
+ * is the direct hop. */
 typedef int (*direct_read_fn)(const sl_index *ix, void *ctx, sl_range_tally *tally, sl_err *err);
+
+typedef struct index_direct_args {
+    const sl_index *ix;
+    direct_read_fn read;
+    void *ctx;
+    sl_range_tally t;
+} index_direct_args;
+
+static int index_direct(const sl_remote_cfg *direct, void *ctx, uint64_t *bytes, sl_err *err)
+{
+    index_direct_args *a = ctx;
+    sl_index dix = *a->ix;
+    dix.remote = direct;
+    int rc = a->read(&dix, a->ctx, &a->t, err);
+    *bytes = a->t.remote_bytes;
+    return rc;
+}
 
 static int again_direct(sluice_model *m, size_t i, int rc, direct_read_fn read, void *ctx,
                         sl_range_tally *tally, sl_err *err)
 {
-    const sl_file *f = &m->index.files[m->index.tensors[i].file_index];
-    if (rc != SLUICE_E_CHECKSUM || !sl_source_proxied(m->remote, f))
+    if (rc != SLUICE_E_CHECKSUM)
         return rc;
-    sl_remote_cfg direct = *m->remote;  /* the tally and secrets shared, not owned */
-    direct.proxy_http = direct.proxy_https = NULL;
-    sl_index dix = m->index;
-    dix.remote = &direct;
-    sl_range_tally t2 = {0};
+    const sl_file *f = &m->index.files[m->index.tensors[i].file_index];
+    index_direct_args a = {&m->index, read, ctx, {0}};
     sl_err e2 = {0};
-    int rc2 = read(&dix, ctx, &t2, &e2);
-    tally->bytes_read += t2.bytes_read;
-    tally->bytes_hashed += t2.bytes_hashed;
-    tally->chunks_verified += t2.chunks_verified;
-    tally->checksum_failures += t2.checksum_failures;
-    tally->remote_reads += t2.remote_reads;
-    tally->remote_bytes += t2.remote_bytes;
-    tally->part_fallback_bytes += t2.part_fallback_bytes;
-    atomic_fetch_add_explicit(&m->remote->tally->proxy_failures, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&m->remote->tally->proxy_bypass_bytes, t2.remote_bytes,
-                              memory_order_relaxed);
+    int rc2 = sl_source_read_direct(m->remote, f, index_direct, &a, &e2);
+    if (rc2 == SL_SRC_NOT_PROXIED)
+        return rc;
+    tally->bytes_read += a.t.bytes_read;
+    tally->bytes_hashed += a.t.bytes_hashed;
+    tally->chunks_verified += a.t.chunks_verified;
+    tally->checksum_failures += a.t.checksum_failures;
+    tally->remote_reads += a.t.remote_reads;
+    tally->remote_bytes += a.t.remote_bytes;
+    tally->part_fallback_bytes += a.t.part_fallback_bytes;
     if (rc2 == SLUICE_OK || rc2 == SLUICE_E_CHECKSUM) /* the origin's own answer */
         *err = e2;
     return rc2 == SLUICE_OK || rc2 == SLUICE_E_CHECKSUM ? rc2 : rc;

@@ -31,6 +31,11 @@ struct sluice_model {
     char *metrics_label;       /* the `model` label of its metrics (api_metrics.c) */
     char **fallback;           /* copies of opts.fallback (m->opts points here) */
     size_t nfallback;
+    /* the locations, each parsed once at open (base/location.h): path,
+     * opts.manifest_path (NULL when none), the commit an hf:// path was
+     * pinned to (NULL when none), each of fallback */
+    struct sl_location *loc, *manifest_loc, *pinned_loc;
+    struct sl_location **fallback_loc;
     struct sl_remote_cfg *remote; /* remote.h; NULL when nothing is remote */
     sluice_verification verification; /* what open found to verify against */
     struct sl_hf_repo *hub;    /* hf.h: an hf:// location's resolution, during open only */

@@ -934,6 +934,25 @@ static int remote_file_digest(const sl_file *f, const struct sl_remote_cfg *rc,
     return rc2;
 }
 
+/* The digest of a file read again from the origin directly
+ * (sl_source_read_direct). */
+typedef struct file_direct_args {
+    const sl_file *f;
+    sluice_algorithm alg;
+    const sluice_cancel *cancel;
+    unsigned char *buf;
+    uint8_t *out;
+    uint64_t bytes;
+} file_direct_args;
+
+static int file_direct(const struct sl_remote_cfg *direct, void *ctx, uint64_t *bytes, sl_err *err)
+{
+    file_direct_args *a = ctx;
+    int rc = remote_file_digest(a->f, direct, a->alg, a->cancel, a->buf, a->out, &a->bytes, err);
+    *bytes = a->bytes;
+    return rc;
+}
+
 int sl_verify_remote_files(const sl_index *ix, const sl_manifest *mf,
                            const struct sl_remote_cfg *rc, sluice_algorithm alg,
                            const sluice_verify_options *o, struct sluice_verify_report *rep,
@@ -956,20 +975,15 @@ int sl_verify_remote_files(const sl_index *ix, const sl_manifest *mf,
         /* bytes through the proxy that fail: the file is read again from
          * the origin directly, once, as a tensor load's are (sluice.h
          * "Proxies"), counted as theirs */
-        if (st == SLUICE_OK && sl_source_proxied(rc, f) &&
-            ((want_size != SLUICE_SIZE_UNKNOWN && want_size != bytes) ||
-             memcmp(want, it.digest, 32) != 0)) {
-            struct sl_remote_cfg direct = *rc; /* the tally and secrets shared, not owned */
-            direct.proxy_http = direct.proxy_https = NULL;
+        if (st == SLUICE_OK && ((want_size != SLUICE_SIZE_UNKNOWN && want_size != bytes) ||
+                                memcmp(want, it.digest, 32) != 0)) {
             uint8_t d2[32];
-            uint64_t b2 = 0;
+            file_direct_args a = {f, alg, o->cancel, buf, d2, 0};
             sl_err e2 = {0};
-            int st2 = remote_file_digest(f, &direct, alg, o->cancel, buf, d2, &b2, &e2);
-            atomic_fetch_add_explicit(&rc->tally->proxy_failures, 1, memory_order_relaxed);
-            atomic_fetch_add_explicit(&rc->tally->proxy_bypass_bytes, b2, memory_order_relaxed);
+            int st2 = sl_source_read_direct(rc, f, file_direct, &a, &e2);
             if (st2 == SLUICE_OK) {
                 memcpy(it.digest, d2, 32);
-                bytes = b2;
+                bytes = a.bytes;
             } else if (st2 == SLUICE_E_CANCELLED) {
                 st = st2;
                 e = e2;

@@ -141,7 +141,8 @@ static int copy_expected(sl_engine *e, const uint8_t *const *expect, sl_err *err
 
 /* The mirrors (opened when first needed) and the remote seam, when a
  * file of the model or a mirror is remote: none of it otherwise. */
-static int create_remote(sl_engine *e, const sluice_options *opts, sl_err *err)
+static int create_remote(sl_engine *e, const sluice_options *opts,
+                         const sl_location *const *mirrors, sl_err *err)
 {
     int remote = (e->ix->caps_any & SL_SRC_NETWORK) != 0;
     if (opts->fallback_count) {
@@ -150,8 +151,8 @@ static int create_remote(sl_engine *e, const sluice_options *opts, sl_err *err)
             return sl_fail(err, SLUICE_E_NOMEM, "engine: out of memory");
         e->nmirrors = opts->fallback_count;
         for (unsigned k = 0; k < e->nmirrors; k++) {
-            e->mirrors[k].loc = opts->fallback[k];
-            remote |= (sl_source_for(opts->fallback[k])->caps & SL_SRC_NETWORK) != 0;
+            e->mirrors[k].loc = mirrors[k];
+            remote |= (sl_source_of(mirrors[k])->caps & SL_SRC_NETWORK) != 0;
         }
     }
     if (e->ix->remote) {
@@ -165,8 +166,8 @@ static int create_remote(sl_engine *e, const sluice_options *opts, sl_err *err)
 }
 
 int sl_engine_create(const sl_index *ix, const sluice_options *opts,
-                     const uint8_t *const *expect, const sl_chunk_digests *chunks,
-                     sl_engine **out, sl_err *err)
+                     const sl_location *const *mirrors, const uint8_t *const *expect,
+                     const sl_chunk_digests *chunks, sl_engine **out, sl_err *err)
 {
     *out = NULL;
     sl_engine *e = calloc(1, sizeof *e);
@@ -243,7 +244,7 @@ int sl_engine_create(const sl_index *ix, const sluice_options *opts,
     };
     if ((rc = sl_io_create(&cfg, &e->io, err)) < 0)
         goto fail;
-    if ((rc = create_remote(e, opts, err)) < 0)
+    if ((rc = create_remote(e, opts, mirrors, err)) < 0)
         goto fail;
     e->st.backend = sl_io_backend(e->io, &e->st.backend_errno);
     if ((any_hashed || (e->flags & SLUICE_F_DIRECT)) && (rc = sl_hasher_need(e, err)) < 0)

@@ -28,10 +28,13 @@ typedef struct sl_engine sl_engine;
  * (nothing checked). The digests are copied. chunks (may be NULL) holds
  * ix->ntensors chunk lists: a checked tensor with chunks is hashed chunk
  * by chunk on several workers and each chunk must match; it is not
- * copied and must outlive the engine. opts must have been checked. */
+ * copied and must outlive the engine. opts must have been checked.
+ * mirrors: the locations of opts->fallback, parsed (base/location.h; the
+ * model's, which must outlive the engine; NULL when there is none). */
+struct sl_location;
 int sl_engine_create(const sl_index *ix, const sluice_options *opts,
-                     const uint8_t *const *expect, const sl_chunk_digests *chunks,
-                     sl_engine **out, sl_err *err);
+                     const struct sl_location *const *mirrors, const uint8_t *const *expect,
+                     const sl_chunk_digests *chunks, sl_engine **out, sl_err *err);
 
 struct sl_cache;
 /* Gives the engine a persistent cache (cache.h; the engine owns it from

@@ -188,7 +188,7 @@ struct sluice_tensor {
 enum { SL_MIRROR_UNOPENED = 0, SL_MIRROR_REQUESTED, SL_MIRROR_OPENING, SL_MIRROR_OPEN,
        SL_MIRROR_FAILED };
 typedef struct sl_mirror {
-    const char *loc;             /* the model's copy of opts.fallback[k - 1] */
+    const sl_location *loc;      /* opts.fallback[k - 1], parsed (the model's) */
     int state;
     sl_index ix;                 /* OPEN */
     char *why;                   /* FAILED: the open's error */

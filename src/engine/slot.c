@@ -360,12 +360,8 @@ void sl_source_label(const sl_engine *e, unsigned k, char *buf, size_t cap)
 {
     if (k == 0)
         snprintf(buf, cap, "primary");
-    else {
-        char safe[512];
-        const char *loc = e->mirrors[k - 1].loc;
-        snprintf(buf, cap, "fallback %u (%s)", k,
-                 sl_location_shown(loc, safe, sizeof safe));
-    }
+    else
+        snprintf(buf, cap, "fallback %u (%s)", k, e->mirrors[k - 1].loc->shown);
 }
 
 /* "primary, direct: the proxy failed (why)" (or the mirror's label). */

@@ -9,6 +9,7 @@
 #include "index/index.h"
 
 #include "base/digest.h"
+#include "base/location.h"
 
 #include "index/header.h"
 #include "sources/remote.h"
@@ -218,12 +219,12 @@ int sl_file_reopen(const sl_file *f, const char *proc_fd_dir, int flags)
     return fd;
 }
 
-/* The source kind of loc in ix, by its scheme: a remote location is one
+/* The source kind of loc in ix, by its kind: a remote location is one
  * only when ix has remote locations enabled (else it is a path like
  * another, as it always was). */
-static const sl_source_methods *source_of(const sl_index *ix, const char *loc)
+static const sl_source_methods *source_of(const sl_index *ix, const sl_location *loc)
 {
-    return ix->remote ? sl_source_for(loc) : &sl_source_local;
+    return ix->remote ? sl_source_of(loc) : &sl_source_local;
 }
 
 /* Opens dir/name (dir may be NULL) as file number ix->nfiles. */
@@ -250,19 +251,23 @@ static int open_file(sl_index *ix, const char *dir, const char *name, int missin
         const char *slash = strrchr(f->path, '/');
         f->name = slash ? slash + 1 : f->path;
     }
-    f->src = source_of(ix, f->path);   /* the kind, once */
+    if (!(f->loc = sl_location_new(f->path)))   /* parsed once */
+        return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
+    f->src = source_of(ix, f->loc);
     SL_TRY(f->src->open(f, ix->remote, missing_code, err));
     ix->caps_any |= f->src->caps;
     ix->caps_lacking |= ~f->src->caps;
     /* The manifest's "files" key is the base name of the path alone: a
      * presigned URL's query is no part of the file's name. */
-    size_t plen = f->src->name_len(f->path), b = plen;
-    while (b > 0 && f->path[b - 1] != '/')
+    const char *lp = f->src == &sl_source_local ? f->loc->given : f->loc->path;
+    size_t plen = strlen(lp), b = plen;
+    while (b > 0 && lp[b - 1] != '/')
         b--;
-    if (plen != strlen(f->path) && !(f->name = store_string(ix, f->path + b, plen - b)))
+    size_t n = strlen(f->path);
+    if (n >= plen - b && !strcmp(f->path + n - (plen - b), lp + b))
+        f->name = f->path + n - (plen - b);
+    else if (!(f->name = store_string(ix, lp + b, plen - b)))
         return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
-    if (plen == strlen(f->path))
-        f->name = f->path + b;
     return read_header(ix, ix->nfiles - 1, err);
 }
 
@@ -357,8 +362,10 @@ static int open_sharded(sl_index *ix, const char *json_path, char *text, size_t 
     cJSON *root = NULL;
     int rc = SLUICE_OK;
     if (!text)
-        rc = source_of(ix, json_path)->read_small(ix->remote, json_path, INDEX_JSON_MAX, &text,
-                                                  &len, err);
+        /* remote when ix reaches remote files: only a remote location's
+         * index is opened so (sl_index_open_ex) */
+        rc = (ix->remote ? &sl_source_remote : &sl_source_local)
+                 ->read_small(ix->remote, json_path, INDEX_JSON_MAX, &text, &len, err);
     if (rc < 0)
         return rc;
     root = cJSON_ParseWithLength(text, len);
@@ -459,13 +466,14 @@ static int ends_with(const char *s, const char *suffix)
 
 size_t sl_location_path_len(const char *loc)
 {
-    return sl_source_for(loc)->name_len(loc);
+    return sl_location_name_len_of(loc);
 }
 
-int sl_location_ends_with(const char *loc, const char *suffix)
+/* Whether the name part of loc ends with suffix. */
+static int name_ends_with(const sl_location *loc, const char *suffix)
 {
-    size_t n = sl_location_path_len(loc), m = strlen(suffix);
-    return n >= m && memcmp(loc + n - m, suffix, m) == 0;
+    size_t n = loc->name_len, m = strlen(suffix);
+    return n >= m && !memcmp(loc->given + n - m, suffix, m);
 }
 
 static int open_directory(sl_index *ix, const char *dir, sl_err *err)
@@ -549,9 +557,10 @@ int sl_index_open(sl_index *ix, const char *path, sl_err *err)
 /* A remote "directory" is a prefix: its model.safetensors.index.json when
  * there is one, else its model.safetensors (nothing can be listed). A
  * query on the prefix names no object and is not sent for them. */
-static int open_remote_directory(sl_index *ix, const char *loc, sl_err *err)
+static int open_remote_directory(sl_index *ix, const sl_location *where, sl_err *err)
 {
-    size_t n = sl_location_path_len(loc);
+    const char *loc = where->given, *shown = where->shown;
+    size_t n = where->name_len;
     while (n > 0 && loc[n - 1] == '/')
         n--;
     char *p = malloc(n + sizeof "/model.safetensors.index.json");
@@ -569,36 +578,36 @@ static int open_remote_directory(sl_index *ix, const char *loc, sl_err *err)
         if ((rc = open_file(ix, NULL, p, SLUICE_E_NO_FILES, err)) == SLUICE_OK)
             rc = build_table(ix, err);
         else if (rc == SLUICE_E_NO_FILES) {
-            char shown[512];
             rc = sl_fail(err, SLUICE_E_NO_FILES, "%s: neither model.safetensors.index.json nor "
-                         "model.safetensors is there", sl_remote_shown(loc, shown, sizeof shown));
+                         "model.safetensors is there", shown);
         }
     }
     free(p);
     return rc;
 }
 
-int sl_index_open_ex(sl_index *ix, const char *path, const struct sl_remote_cfg *remote,
+int sl_index_open_ex(sl_index *ix, const sl_location *loc, const struct sl_remote_cfg *remote,
                      sl_err *err)
 {
+    const char *path = loc->given;
     /* a location that needs no remote configuration is a path */
-    if (!(sl_source_for(path)->caps & SL_SRC_NETWORK))
+    if (!(sl_source_of(loc)->caps & SL_SRC_NETWORK))
         return sl_index_open_hooked(ix, path, NULL, err);
     memset(ix, 0, sizeof *ix);
     ix->remote = remote;
     int rc;
     if (!remote)
         rc = sl_fail(err, SLUICE_E_UNSUPPORTED, "%s: remote locations are not enabled", path);
-    else if (sl_location_ends_with(path, ".json"))
+    else if (name_ends_with(loc, ".json"))
         rc = open_sharded(ix, path, NULL, 0, err);
-    else if (sl_location_ends_with(path, ".safetensors")) {
+    else if (name_ends_with(loc, ".safetensors")) {
         if ((rc = open_file(ix, NULL, path, SLUICE_E_NO_FILES, err)) == SLUICE_OK)
             rc = build_table(ix, err);
     } else
-        rc = open_remote_directory(ix, path, err);
+        rc = open_remote_directory(ix, loc, err);
     if (rc < 0) {
         sl_index_free(ix);
-        sl_remote_scrub(err->msg, sizeof err->msg, path);
+        sl_remote_scrub(err->msg, sizeof err->msg, loc->given);
     }
     else
         ix->remote = remote;
@@ -631,6 +640,7 @@ void sl_index_free(sl_index *ix)
         if (ix->files[i].src)
             ix->files[i].src->close(&ix->files[i]);
         free(ix->files[i].path);
+        sl_location_free(ix->files[i].loc);
     }
     free(ix->files);
     free(ix->tensors);

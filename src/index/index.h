@@ -22,8 +22,14 @@ typedef struct sl_file {
                                 before that */
     char *path;              /* as opened: directory + name (or a remote location,
                                 as messages show it: no user:password@ or query) */
-    char *fetch_loc;         /* remote: the location as given, credentials
-                                included, when path had to leave them out */
+    struct sl_location *loc; /* its location, parsed once when it is opened
+                                (base/location.h): its kind, the form given
+                                (credentials included: requests use it), the
+                                form shown (path) */
+    struct sl_remote_target *target; /* remote: what its requests are made
+                                from (remote.h), made once at open: the
+                                location as given and shown, url, the hop
+                                (the proxy's rules applied to url once) */
     char *url;               /* remote: the http(s) URL its bytes are read from
                                 (fd is -1); NULL for a local file */
     struct sl_validators *validators; /* remote: its ETags per hop (remote.h),
@@ -86,8 +92,9 @@ int sl_index_open_hooked(sl_index *ix, const char *path, const sl_index_hooks *h
 
 /* The same for a location that may be remote (http(s)://, s3://; see
  * sluice_open), reached through remote (NULL: local paths only). */
-int sl_index_open_ex(sl_index *ix, const char *path, const struct sl_remote_cfg *remote,
-                     sl_err *err);
+struct sl_location;
+int sl_index_open_ex(sl_index *ix, const struct sl_location *loc,
+                     const struct sl_remote_cfg *remote, sl_err *err);
 
 /* How much of loc names a file: a remote location up to its query or
  * fragment (from the first '?' or '#' after the host), which sluice keeps
@@ -97,9 +104,6 @@ int sl_index_open_ex(sl_index *ix, const char *path, const struct sl_remote_cfg 
  * file, and the locations derived from it (its sidecar, its directory)
  * are made from this part alone. */
 size_t sl_location_path_len(const char *loc);
-
-/* Whether the name part of loc (sl_location_path_len) ends with suffix. */
-int sl_location_ends_with(const char *loc, const char *suffix);
 
 /* Closes the files and frees everything; *ix is zeroed. */
 void sl_index_free(sl_index *ix);

@@ -2,7 +2,8 @@
  *
  * Each file of a model (sl_file, index.h) is read through the table of
  * the kind its location names, chosen once, when it is opened, from the
- * location's scheme (sl_source_for): a local file (pread and the ring of
+ * location's kind (sl_source_of; the location parsed once, base/location.h):
+ * a local file (pread and the ring of
  * io.c) or an http(s):// / s3:// object (range requests through remote.c
  * and its seam). The index, the range reads and the engine call through
  * f->src and never ask which kind it is; where the kinds really differ in
@@ -14,6 +15,7 @@
 #define SLUICE_SOURCE_H
 
 #include "base/error.h"
+#include "base/location.h"
 #include "sources/io.h"
 #include "sources/remote.h"
 
@@ -43,11 +45,11 @@ enum {
 typedef struct sl_source_methods {
     const char *kind;   /* "file", "remote": for messages and tests only */
     unsigned caps;      /* SL_SRC_* */
-    /* Opens f, whose path is set as given (it may be replaced by the form
-     * messages show, the given one kept in f->fetch_loc): takes its size
-     * and identity (a local descriptor; a remote object's size and strong
-     * ETag from a first range reply). missing_code: the code of "not
-     * there". rc: how remote files are reached. */
+    /* Opens f, whose path is set as given and its location parsed (f->loc;
+     * path may be replaced by the form messages show, f->loc->shown):
+     * takes its size and identity (a local descriptor; a remote object's
+     * size and strong ETag from a first range reply). missing_code: the
+     * code of "not there". rc: how remote files are reached. */
     int (*open)(struct sl_file *f, const sl_remote_cfg *rc, int missing_code, sl_err *err);
     /* Reads len bytes at offset synchronously (the header at open): all
      * of them, or an error (a file that ends early changed since open). A
@@ -71,10 +73,6 @@ typedef struct sl_source_methods {
      * into a malloc'd, NUL-ended buffer. */
     int (*read_small)(const sl_remote_cfg *rc, const char *loc, size_t max, char **out,
                       size_t *len, sl_err *err);
-    /* loc as messages show it (no credential, no query), in buf. */
-    const char *(*shown)(const char *loc, char *buf, size_t cap);
-    /* How much of loc names the object (sl_location_path_len). */
-    size_t (*name_len)(const char *loc);
 } sl_source_methods;
 
 /* A failure that read_tensor leaves to its caller to word (errno set). */
@@ -84,22 +82,49 @@ extern const sl_source_methods sl_source_local;
 extern const sl_source_methods sl_source_remote;
 extern const sl_source_methods sl_source_hub;   /* hf://: remote, without If-Match */
 
-/* The table of loc's kind, by its scheme: hf:// a Hub file, http://,
- * https://, s3:// remote, anything else a local path. */
-const sl_source_methods *sl_source_for(const char *loc);
+/* The table of a parsed location's kind: a Hub file, remote (http(s)://,
+ * s3://), a local path. */
+const sl_source_methods *sl_source_of(const sl_location *loc);
 
-/* loc as messages show it (its kind's shown), in buf or loc itself. */
-const char *sl_location_shown(const char *loc, char *buf, size_t cap);
+/* The same for a location string not parsed yet (a sidecar's, made from
+ * one): by its scheme. */
+const sl_source_methods *sl_source_for(const char *loc);
 
 /* Whether loc's kind is reached over the network (SL_SRC_NETWORK): it
  * needs the model's remote configuration. */
 int sl_location_networked(const char *loc);
 
 /* Whether the requests for file f go through a proxy under c (a remote
- * file, a proxy configured and no_proxy not naming its host): bytes of
- * it that fail verification are then worth one read from the origin
- * directly (sluice.h "Proxies"). 0 for a local file or c NULL. */
+ * file, a proxy configured and no_proxy not naming its host: decided once
+ * when it was opened, f->target): bytes of it that fail verification
+ * are then worth one read from the origin directly (sluice.h
+ * "Proxies"). 0 for a local file or c NULL. */
 struct sl_file;
 int sl_source_proxied(const sl_remote_cfg *c, const struct sl_file *f);
+
+/* The remote source's hops: through the proxy, and to the origin
+ * directly. Each has its own validators (remote.h, sl_validators: the
+ * proxy's ETag is never asked of the origin) and the proxy hop its
+ * health (sl_remote_tally.proxy_down_until: skipped SL_PROXY_DOWN_MS
+ * after it could not be reached, remote.c).
+ *
+ * "Read again from the origin directly, once" (sluice.h "Proxies"), the
+ * one place that does it for a blocking read (a range or a part of a
+ * tensor, a mirror's, a whole file's verify): when the bytes of f that
+ * came through the proxy failed verification (failed SLUICE_E_CHECKSUM
+ * or, for a verify, a digest or size that differs: the caller says so
+ * with failed), read(direct, ctx, &bytes, err) is called once with a
+ * configuration whose requests all take the direct hop (the tally,
+ * secrets and validators shared, not owned), counted as the engine's
+ * loads are: one proxy failure, bytes in proxy_bypass_bytes. Returns
+ * SL_SRC_NOT_PROXIED (nothing done) when f's requests do not go through
+ * a proxy under c, else what read returned (err set by it). The engine's
+ * loads take the same hop asynchronously: their requests go again with
+ * no_proxy set (fallback.c, sl_fallback_proxy_bypass). */
+#define SL_SRC_NOT_PROXIED 2
+typedef int (*sl_direct_read_fn)(const sl_remote_cfg *direct, void *ctx, uint64_t *bytes,
+                                 sl_err *err);
+int sl_source_read_direct(const sl_remote_cfg *c, const struct sl_file *f, sl_direct_read_fn read,
+                          void *ctx, sl_err *err);
 
 #endif

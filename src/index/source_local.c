@@ -1,7 +1,7 @@
 /* source_local.c: the source of a local file (source.h): a descriptor
  * opened once, pread for the header and sluice_read_into, the ring of
  * io.c (io_uring or pread threads) for the engine's reads. Also where a
- * location's kind is chosen: the one place that looks at its scheme. */
+ * location's kind picks its table. */
 #include "index/source.h"
 
 #include "index/index.h"
@@ -28,16 +28,18 @@ int sl_open_read(const char *path)
     return fd;
 }
 
+const sl_source_methods *sl_source_of(const sl_location *loc)
+{
+    return loc->kind == SL_LOC_HUB     ? &sl_source_hub
+           : loc->kind == SL_LOC_LOCAL ? &sl_source_local
+                                       : &sl_source_remote;
+}
+
 const sl_source_methods *sl_source_for(const char *loc)
 {
     return !strncmp(loc, "hf://", 5) ? &sl_source_hub
            : sl_is_remote(loc)        ? &sl_source_remote
                                       : &sl_source_local;
-}
-
-const char *sl_location_shown(const char *loc, char *buf, size_t cap)
-{
-    return sl_source_for(loc)->shown(loc, buf, cap);
 }
 
 int sl_location_networked(const char *loc)
@@ -152,20 +154,6 @@ static int local_read_small(const sl_remote_cfg *rc, const char *path, size_t ma
     return SLUICE_OK;
 }
 
-/* A local path is shown as it is, and all of it is its name (a file name
- * may hold '?'). */
-static const char *local_shown(const char *loc, char *buf, size_t cap)
-{
-    (void)buf;
-    (void)cap;
-    return loc;
-}
-
-static size_t local_name_len(const char *loc)
-{
-    return strlen(loc);
-}
-
 const sl_source_methods sl_source_local = {
     .kind = "file",
     .caps = SL_SRC_STABLE_IDENTITY | SL_SRC_DESCRIPTOR,
@@ -175,6 +163,4 @@ const sl_source_methods sl_source_local = {
     .submit = local_submit,
     .close = local_close,
     .read_small = local_read_small,
-    .shown = local_shown,
-    .name_len = local_name_len,
 };

@@ -64,8 +64,7 @@ typedef struct sl_io_req {
     int status;              /* remote seam (remote.h) only: the SLUICE_E_* code of
                               * a failure with a reason of its own, else 0 */
     char detail[200];        /* and its detail (no secret in it) */
-    const char *url;         /* remote seam: what sl_rio_submit was given */
-    const char *location;
+    const struct sl_remote_target *target; /* remote seam: what sl_rio_submit was given */
     struct sl_validators *validators;
     uint64_t object_size;
     /* remote seam, set by the caller before submit (sluice.h "Proxies"):

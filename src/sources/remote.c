@@ -176,29 +176,6 @@ static int take_proxy(sl_remote_cfg *c, const sluice_options *o)
     return nomem;
 }
 
-/* url's host (no user:password@, port or [brackets]) into buf. */
-static void url_host(const char *url, char *buf, size_t cap)
-{
-    const char *p = strstr(url, "://");
-    p = p ? p + 3 : url;
-    size_t n = strcspn(p, "/?#");
-    const char *at = memchr(p, '@', n);
-    if (at) {
-        n -= (size_t)(at + 1 - p);
-        p = at + 1;
-    }
-    if (*p == '[') {
-        const char *rb = memchr(p, ']', n);
-        n = rb ? (size_t)(rb - p - 1) : n - 1;
-        p++;
-    } else {
-        const char *colon = memchr(p, ':', n);
-        if (colon)
-            n = (size_t)(colon - p);
-    }
-    snprintf(buf, cap, "%.*s", (int)n, p);
-}
-
 /* Whether host (no brackets) is this host's loopback: localhost,
  * 127.0.0.0/8 or ::1. */
 static int is_loopback(const char *host)
@@ -226,7 +203,7 @@ int sl_remote_dragonfly_hop(const sl_remote_cfg *c, int hub, sl_err *err)
     if (!c->token && !c->aws_key && !(hub && c->hf_token))
         return SLUICE_OK;
     char host[256];
-    url_host(c->proxy_https, host, sizeof host);
+    sl_location_host_of(c->proxy_https, host, sizeof host);
     if (is_loopback(host))
         return SLUICE_OK;
     return sl_fail(err, SLUICE_E_INVAL,
@@ -320,35 +297,32 @@ static int no_proxy_match(const char *list, const char *host)
     return 0;
 }
 
+void sl_remote_target_init(sl_remote_target *t, const sl_remote_cfg *c, const sl_location *loc,
+                           const char *url)
+{
+    t->loc = loc->given;
+    t->shown = loc->shown;
+    t->url = url;
+    t->https = !strncmp(url, "https://", 8);
+    t->proxied = sl_remote_proxy_for(c, url) != NULL;
+    t->hub = sl_hf_on_hub(c, loc->given, url);
+    t->s3 = loc->kind == SL_LOC_S3;
+}
+
 const char *sl_remote_proxy_for(const sl_remote_cfg *c, const char *url)
 {
     const char *px = !strncmp(url, "https://", 8) ? c->proxy_https : c->proxy_http;
     if (!px)
         return NULL;
     char host[256];
-    url_host(url, host, sizeof host);
+    sl_location_host_of(url, host, sizeof host);
     return c->no_proxy && no_proxy_match(c->no_proxy, host) ? NULL : px;
-}
-
-/* location without what may hold a secret: user:password@ and ?query. */
-const char *sl_remote_shown(const char *loc, char *buf, size_t cap)
-{
-    const char *p = strstr(loc, "://");
-    const char *host = p ? p + 3 : loc;
-    const char *at = strchr(host, '@'), *slash = strchr(host, '/');
-    if (at && (!slash || at < slash))
-        host = at + 1;
-    size_t scheme = p ? (size_t)(p + 3 - loc) : 0;
-    const char *q = strpbrk(host, "?#");
-    size_t hl = q ? (size_t)(q - host) : strlen(host);
-    snprintf(buf, cap, "%.*s%.*s%s", (int)scheme, loc, (int)hl, host, q ? "?..." : "");
-    return buf;
 }
 
 void sl_remote_scrub(char *msg, size_t cap, const char *loc)
 {
     char safe[512];
-    sl_remote_shown(loc, safe, sizeof safe);
+    sl_location_shown_of(loc, safe, sizeof safe);
     size_t n = strlen(loc), k = strlen(safe);
     if (!sl_is_remote(loc) || strcmp(safe, loc) == 0 || k > n)
         return;
@@ -400,18 +374,18 @@ static int unsupported(sl_err *err, const char *loc)
                    "library was built without it", loc);
 }
 
-int sl_remote_read(const sl_remote_cfg *c, const char *location, uint64_t offset, uint64_t len,
-                   unsigned char *buf, uint64_t *size, sl_validators *v, int missing_code,
-                   sl_err *err)
+int sl_remote_read(const sl_remote_cfg *c, const sl_remote_target *t, uint64_t offset,
+                   uint64_t len, unsigned char *buf, uint64_t *size, sl_validators *v,
+                   int missing_code, sl_err *err)
 {
-    return unsupported(err, location);
+    return unsupported(err, t->shown);
 }
 
-int sl_remote_read_tensor(const sl_remote_cfg *c, const char *location, uint64_t offset,
+int sl_remote_read_tensor(const sl_remote_cfg *c, const sl_remote_target *t, uint64_t offset,
                           uint64_t len, unsigned char *buf, uint64_t *size, sl_validators *v,
                           int missing_code, sl_err *err)
 {
-    return unsupported(err, location);
+    return unsupported(err, t->shown);
 }
 
 int sl_remote_get(const sl_remote_cfg *c, const char *location, size_t max, char **out,
@@ -435,8 +409,8 @@ int sl_rio_create(const sl_remote_cfg *c, sl_io_done_fn done, void *ctx, sl_rio 
     return unsupported(err, "remote reads");
 }
 
-void sl_rio_submit(sl_rio *r, sl_io_req *req, const char *location, const char *url,
-                   uint64_t object_size, sl_validators *v) {}
+void sl_rio_submit(sl_rio *r, sl_io_req *req, const sl_remote_target *t, uint64_t object_size,
+                   sl_validators *v) {}
 void sl_rio_flush(sl_rio *r) {}
 void sl_rio_abort(sl_rio *r) {}
 void sl_rio_destroy(sl_rio *r) {}
@@ -857,10 +831,13 @@ static void set_proxy(CURL *h, const char *px)
  * absolute-URI request it can share with its peers, never a CONNECT
  * tunnel, which would hide the bytes from it); the daemon's proxy rule
  * fetches the origin over TLS. Returns l with its headers added. */
-static struct curl_slist *setup_proxy(CURL *h, const sl_remote_cfg *c, const char *url, xfer *x,
-                                      struct curl_slist *l)
+static struct curl_slist *setup_proxy(CURL *h, const sl_remote_cfg *c,
+                                      const sl_remote_target *t, xfer *x, struct curl_slist *l)
 {
-    const char *px = sl_remote_proxy_for(c, url);
+    const char *url = t->url;
+    /* the hop decided at open; a configuration without proxies (the
+     * direct hop, sl_source_read_direct) has none to take */
+    const char *px = !t->proxied ? NULL : t->https ? c->proxy_https : c->proxy_http;
     x->would_proxy = px != NULL;
     if (px && !x->no_proxy &&
         mono_ms() < atomic_load_explicit(&c->tally->proxy_down_until, memory_order_relaxed)) {
@@ -941,14 +918,14 @@ static void proxy_failed(const sl_remote_cfg *c, xfer *x, CURLcode rc)
 
 /* Sets h up for one attempt of x at url; *hdrs gets the header list to
  * free after the attempt. */
-static int setup(CURL *h, const sl_remote_cfg *c, const char *loc, const char *url, xfer *x,
+static int setup(CURL *h, const sl_remote_cfg *c, const sl_remote_target *t, xfer *x,
                  struct curl_slist **hdrs)
 {
     struct curl_slist *l = NULL;
     char line[256];
     curl_easy_reset(h);
-    curl_easy_setopt(h, CURLOPT_URL, url);
-    l = setup_proxy(h, c, url, x, l);
+    curl_easy_setopt(h, CURLOPT_URL, t->url);
+    l = setup_proxy(h, c, t, x, l);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
@@ -991,7 +968,8 @@ static int setup(CURL *h, const sl_remote_cfg *c, const char *loc, const char *u
         l = curl_slist_append(l, line);
     }
     x->signed_s3 = 0;
-    if (!strncmp(loc, "s3://", 5)) {
+    const char *tok = t->hub ? c->hf_token : c->token;
+    if (t->s3) {
         if (c->aws_key) {
             /* no redirect followed: SigV4 signs for the endpoint's host (a
              * redirect elsewhere could not take it), and libcurl would
@@ -1006,22 +984,21 @@ static int setup(CURL *h, const sl_remote_cfg *c, const char *loc, const char *u
             l = curl_slist_append(l, "x-amz-content-sha256: "
                                   "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
             if (c->aws_session) {
-                char *t = malloc(strlen(c->aws_session) + 32);
-                if (t) {
-                    sprintf(t, "x-amz-security-token: %s", c->aws_session);
-                    l = curl_slist_append(l, t);
-                    free(t);
+                char *st = malloc(strlen(c->aws_session) + 32);
+                if (st) {
+                    sprintf(st, "x-amz-security-token: %s", c->aws_session);
+                    l = curl_slist_append(l, st);
+                    free(st);
                 }
             }
         }
-    } else if (sl_hf_token_for(c, loc, url)) {
-        const char *tok = sl_hf_token_for(c, loc, url);
-        char *t = malloc(strlen(tok) + 32);
-        if (t) {
-            sprintf(t, "Authorization: Bearer %s", tok);
-            l = curl_slist_append(l, t);
-            memset(t, 0, strlen(t));
-            free(t);
+    } else if (tok) {
+        char *bearer = malloc(strlen(tok) + 32);
+        if (bearer) {
+            sprintf(bearer, "Authorization: Bearer %s", tok);
+            l = curl_slist_append(l, bearer);
+            memset(bearer, 0, strlen(bearer));
+            free(bearer);
         }
     }
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, l);
@@ -1140,21 +1117,15 @@ static uint64_t backoff_ms(const sl_remote_cfg *c, unsigned attempt, long retry_
 
 /* ---------------------------------------------------------------- blocking fetches */
 
-static int fetch(const sl_remote_cfg *c, const char *loc, xfer *x, uint64_t off, uint64_t len,
-                 int missing_code, sl_err *err)
+static int fetch(const sl_remote_cfg *c, const sl_remote_target *t, xfer *x, uint64_t off,
+                 uint64_t len, int missing_code, sl_err *err)
 {
     SL_TRY(curl_ready(err));
-    char shown_buf[512];
-    x->shown = sl_remote_shown(loc, shown_buf, sizeof shown_buf);
+    x->shown = t->shown;
     x->demand = 1;  /* its caller waits */
-    char *url = sl_remote_url(c, loc, err);
-    if (!url)
-        return err->code;
     CURL *h = curl_easy_init();
-    if (!h) {
-        free(url);
+    if (!h)
         return sl_fail(err, SLUICE_E_NOMEM, "%s: cannot start a transfer", x->shown);
-    }
     uint64_t deadline = mono_ms() + c->deadline_ms;
     int rc = SLUICE_OK;
     char msg[256];
@@ -1168,7 +1139,7 @@ static int fetch(const sl_remote_cfg *c, const char *loc, xfer *x, uint64_t off,
             x->glen = 0;
         }
         struct curl_slist *hdrs = NULL;
-        setup(h, c, loc, url, x, &hdrs);
+        setup(h, c, t, x, &hdrs);
         CURLcode cr = curl_easy_perform(h);
         curl_slist_free_all(hdrs);
         int code = 0;
@@ -1220,34 +1191,33 @@ static int fetch(const sl_remote_cfg *c, const char *loc, xfer *x, uint64_t off,
                                   memory_order_relaxed);
     }
     curl_easy_cleanup(h);
-    free(url);
     return rc;
 }
 
-static int ranged_read(const sl_remote_cfg *c, const char *location, uint64_t offset,
+static int ranged_read(const sl_remote_cfg *c, const sl_remote_target *t, uint64_t offset,
                        uint64_t len, unsigned char *buf, uint64_t *size, sl_validators *v,
                        int missing_code, int tensor, sl_err *err)
 {
     xfer x = {.buf = buf, .ranged = 1, .size = *size, .tags = v, .tensor = tensor};
     if (len == 0)
         return SLUICE_OK;
-    SL_TRY(fetch(c, location, &x, offset, len, missing_code, err));
+    SL_TRY(fetch(c, t, &x, offset, len, missing_code, err));
     *size = x.cr_total;
     return SLUICE_OK;
 }
 
-int sl_remote_read(const sl_remote_cfg *c, const char *location, uint64_t offset, uint64_t len,
-                   unsigned char *buf, uint64_t *size, sl_validators *v, int missing_code,
-                   sl_err *err)
+int sl_remote_read(const sl_remote_cfg *c, const sl_remote_target *t, uint64_t offset,
+                   uint64_t len, unsigned char *buf, uint64_t *size, sl_validators *v,
+                   int missing_code, sl_err *err)
 {
-    return ranged_read(c, location, offset, len, buf, size, v, missing_code, 0, err);
+    return ranged_read(c, t, offset, len, buf, size, v, missing_code, 0, err);
 }
 
-int sl_remote_read_tensor(const sl_remote_cfg *c, const char *location, uint64_t offset,
+int sl_remote_read_tensor(const sl_remote_cfg *c, const sl_remote_target *t, uint64_t offset,
                           uint64_t len, unsigned char *buf, uint64_t *size, sl_validators *v,
                           int missing_code, sl_err *err)
 {
-    return ranged_read(c, location, offset, len, buf, size, v, missing_code, 1, err);
+    return ranged_read(c, t, offset, len, buf, size, v, missing_code, 1, err);
 }
 
 static int get(const sl_remote_cfg *c, const char *location, size_t max, char **out,
@@ -1256,7 +1226,21 @@ static int get(const sl_remote_cfg *c, const char *location, size_t max, char **
     *out = NULL;
     *len = 0;
     xfer x = {.gmax = max, .anchor = anchor, .no_proxy = anchor};
-    int rc = fetch(c, location, &x, 0, 0, missing_code ? missing_code : -1000, err);
+    /* a location made at open (an index.json, a manifest, the Hub's
+     * API), parsed for this one request */
+    sl_location *where = sl_location_new(location);
+    if (!where)
+        return sl_fail(err, SLUICE_E_NOMEM, "remote: out of memory");
+    char *url = sl_remote_url(c, location, err);
+    if (!url) {
+        sl_location_free(where);
+        return err->code;
+    }
+    sl_remote_target t;
+    sl_remote_target_init(&t, c, where, url);
+    int rc = fetch(c, &t, &x, 0, 0, missing_code ? missing_code : -1000, err);
+    free(url);
+    sl_location_free(where);
     if (rc == -1000) {
         free(x.gbuf);
         return SLUICE_OK;   /* absent */
@@ -1291,7 +1275,7 @@ typedef struct rreq {
     struct rreq *next;
     struct rreq *wnext;          /* on the wire list */
     sl_io_req *req;
-    const char *url;
+    const sl_remote_target *t;
     CURL *h;
     struct curl_slist *hdrs;
     xfer x;
@@ -1381,7 +1365,7 @@ static void start(sl_rio *r, rreq *q)
         q->deadline = mono_ms() + r->c->deadline_ms;
     curl_slist_free_all(q->hdrs);
     q->hdrs = NULL;
-    setup(q->h, r->c, q->req->location, q->url, &q->x, &q->hdrs);
+    setup(q->h, r->c, q->t, &q->x, &q->hdrs);
     q->attempt_from = q->req->done_bytes;
     if (q->x.skipped && !q->req->proxy_why[0])
         snprintf(q->req->proxy_why, sizeof q->req->proxy_why,
@@ -1510,7 +1494,7 @@ static void *rio_main(void *arg)
                 continue;
             }
             q->req = req;
-            q->url = req->url;
+            q->t = req->target;
             q->x.req = req;
             q->x.ranged = 1;
             q->x.size = req->object_size;
@@ -1598,8 +1582,8 @@ int sl_rio_create(const sl_remote_cfg *c, sl_io_done_fn done, void *ctx, sl_rio 
     return SLUICE_OK;
 }
 
-void sl_rio_submit(sl_rio *r, sl_io_req *req, const char *location, const char *url,
-                   uint64_t object_size, sl_validators *v)
+void sl_rio_submit(sl_rio *r, sl_io_req *req, const sl_remote_target *t, uint64_t object_size,
+                   sl_validators *v)
 {
     req->error = 0;
     req->eof = 0;
@@ -1611,12 +1595,11 @@ void sl_rio_submit(sl_rio *r, sl_io_req *req, const char *location, const char *
     req->attempts = 0;
     req->proxied = req->proxy_failed = 0;   /* no_proxy and demand are the caller's */
     req->proxy_why[0] = '\0';
-    uint64_t t = 0;
+    uint64_t total = 0;
     for (int i = 0; i < req->iovcnt; i++)
-        t += req->iov[i].iov_len;
-    req->total = t;
-    req->url = url;
-    req->location = location;
+        total += req->iov[i].iov_len;
+    req->total = total;
+    req->target = t;
     req->validators = v;
     req->object_size = object_size;
     req->next = NULL;

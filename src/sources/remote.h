@@ -38,6 +38,7 @@
 #define SLUICE_REMOTE_H
 
 #include "base/error.h"
+#include "base/location.h"
 #include "sources/io.h"
 #include "sluice.h"
 
@@ -111,12 +112,9 @@ int sl_is_remote(const char *path);
 int sl_remote_cfg_new(const sluice_options *o, sl_remote_cfg **out, sl_err *err);
 void sl_remote_cfg_free(sl_remote_cfg *c);
 
-/* location as messages show it: without user:password@ and with "?..."
- * for its query (a presigned URL's signature); in buf, returned. */
-const char *sl_remote_shown(const char *loc, char *buf, size_t cap);
-
 /* Replaces every loc in msg (a message that may quote it, or a URL made
- * from it) by sl_remote_shown(loc); nothing for a local path. */
+ * from it) by the form messages show (base/location.h); nothing for a
+ * local path. */
 void sl_remote_scrub(char *msg, size_t cap, const char *loc);
 
 /* The http(s) URL that location (http(s):// or s3://) is fetched from,
@@ -153,25 +151,48 @@ typedef struct sl_validators {
     char etag[2][SL_ETAG_MAX];
 } sl_validators;
 
-/* Range GET of len bytes at offset of location into buf. *size gets the
+/* One remote object as its requests need it, made once when its file is
+ * opened (source_remote.c) from its location parsed at open: no request
+ * parses a location again. The strings are the caller's (the file's).
+ * Which hop a request takes: through c's proxy when proxied and c has
+ * one for its scheme (a configuration whose proxies are NULL is the
+ * direct hop: sl_source_read_direct), else to the origin directly. */
+typedef struct sl_remote_target {
+    const char *loc;    /* as given: credentials and query included */
+    const char *shown;  /* as messages show it */
+    const char *url;    /* the http(s) URL its requests go to */
+    int https;          /* url is https:// (which of the proxies applies) */
+    int proxied;        /* no_proxy does not name url's host */
+    int hub;            /* on the Hub: its requests carry the Hub's token */
+    int s3;             /* an s3:// object: signed with SigV4 when c has keys */
+} sl_remote_target;
+
+/* Fills *t for loc (parsed; its shown form is the one messages use) read
+ * at url (sl_remote_url of loc->given). */
+void sl_remote_target_init(sl_remote_target *t, const sl_remote_cfg *c, const sl_location *loc,
+                           const char *url);
+
+/* Range GET of len bytes at offset of t into buf. *size gets the
  * object's size (from Content-Range). v (NULL: no validator, no If-Match):
  * the request asks If-Match with the validator of the hop it goes over,
  * when that hop has one, and a hop that has none takes the reply's.
  * Codes: SLUICE_E_NO_FILES (missing_code) for 404, SLUICE_E_REMOTE,
  * SLUICE_E_FILE_CHANGED (ignored Range, a size other than *size when *size
  * is not 0 on entry, 412 to If-Match), SLUICE_E_UNSUPPORTED. */
-int sl_remote_read(const sl_remote_cfg *c, const char *location, uint64_t offset, uint64_t len,
-                   unsigned char *buf, uint64_t *size, sl_validators *v, int missing_code,
-                   sl_err *err);
+int sl_remote_read(const sl_remote_cfg *c, const sl_remote_target *t, uint64_t offset,
+                   uint64_t len, unsigned char *buf, uint64_t *size, sl_validators *v,
+                   int missing_code, sl_err *err);
 
 /* sl_remote_read for the bytes of a tensor (sluice_read_into): its
  * request and bytes are the caller's to count, its retries the tally's. */
-int sl_remote_read_tensor(const sl_remote_cfg *c, const char *location, uint64_t offset,
+int sl_remote_read_tensor(const sl_remote_cfg *c, const sl_remote_target *t, uint64_t offset,
                           uint64_t len, unsigned char *buf, uint64_t *size, sl_validators *v,
                           int missing_code, sl_err *err);
 
 /* GET of a whole object of at most max bytes into a malloc'd, NUL-ended
- * buffer. 404 gives missing_code (0: returns 0 with *out NULL: absent). */
+ * buffer. 404 gives missing_code (0: returns 0 with *out NULL: absent).
+ * For what open reads once (an index.json, a manifest, the Hub's API): a
+ * location made then, parsed for this request. */
 int sl_remote_get(const sl_remote_cfg *c, const char *location, size_t max, char **out,
                   size_t *len, int missing_code, sl_err *err);
 /* The same, never through the proxy: for what bytes are checked against
@@ -196,9 +217,10 @@ int sl_hf_parse(const char *loc, sl_hf_loc *out);
  * malloc'd (NULL and err set when loc is malformed or out of memory). */
 char *sl_hf_url(const sl_remote_cfg *c, const char *loc, sl_err *err);
 
-/* The Bearer a request for loc at url carries: the Hub's token for an
- * hf:// location or a URL of the Hub's endpoint, else c->token. */
-const char *sl_hf_token_for(const sl_remote_cfg *c, const char *loc, const char *url);
+/* Whether a request for loc at url goes to the Hub (an hf:// location or
+ * a URL of the Hub's endpoint): it carries the Hub's token
+ * (c->hf_token), else c->token. */
+int sl_hf_on_hub(const sl_remote_cfg *c, const char *loc, const char *url);
 
 /* Fill and clear the Hub's part of c (sl_remote_cfg_new, _free): -1 when
  * out of memory. */
@@ -210,8 +232,11 @@ void sl_hf_cfg_clear(sl_remote_cfg *c);
  * to another host; else the caller's servers', never sent to the Hub.
  * Call after sl_remote_cfg_new. Then each token is checked: one with a
  * control character (CR, LF: it would end its header line) is
- * SLUICE_E_INVAL. */
-int sl_hf_cfg_tokens(sl_remote_cfg *c, const sluice_options *o, const char *primary, sl_err *err);
+ * SLUICE_E_INVAL. *hub gets whether the model or a mirror is on the Hub
+ * (for sl_remote_dragonfly_hop, which the caller calls next: remote_hf.c
+ * calls nothing of remote.c, remote.c calls it). */
+int sl_hf_cfg_tokens(sl_remote_cfg *c, const sluice_options *o, const char *primary, int *hub,
+                     sl_err *err);
 
 /* Dragonfly mode with credentials refuses a daemon off this host's
  * loopback (sluice.h "Proxies"); hub: whether a location of the model or
@@ -228,12 +253,12 @@ typedef struct sl_rio sl_rio;
 int sl_rio_create(const sl_remote_cfg *c, sl_io_done_fn done, void *ctx, sl_rio **out,
                   sl_err *err);
 
-/* Queues req for url, the http(s) form of location (object_size: the size seen at open, which every
+/* Queues req for t (object_size: the size seen at open, which every
  * reply must name; v: the object's validators, asked with If-Match per hop
  * as sl_remote_read does, or NULL). Results as io.h's, plus req->status
  * and req->detail when the request failed for a reason of its own. */
-void sl_rio_submit(sl_rio *r, sl_io_req *req, const char *location, const char *url,
-                   uint64_t object_size, sl_validators *v);
+void sl_rio_submit(sl_rio *r, sl_io_req *req, const sl_remote_target *t, uint64_t object_size,
+                   sl_validators *v);
 void sl_rio_flush(sl_rio *r);
 
 /* Fails every request queued, waiting or in flight with ECANCELED at once

@@ -68,7 +68,8 @@ static int bad_token(const char *t)
     return 0;
 }
 
-int sl_hf_cfg_tokens(sl_remote_cfg *c, const sluice_options *o, const char *primary, sl_err *err)
+int sl_hf_cfg_tokens(sl_remote_cfg *c, const sluice_options *o, const char *primary, int *hub,
+                     sl_err *err)
 {
     /* http_token is the primary's: the Hub's for an hf:// model (its
      * other hosts, mirrors, get $SLUICE_HTTP_TOKEN only), else the
@@ -86,10 +87,10 @@ int sl_hf_cfg_tokens(sl_remote_cfg *c, const sluice_options *o, const char *prim
                        bad_token(c->token) ? "else $SLUICE_HTTP_TOKEN" : "else $HF_TOKEN");
     /* the Hub's token travels only to the Hub: it counts as a credential
      * of the Dragonfly hop only when the model or a mirror is there */
-    int hub = on_hub(c, primary, primary);
-    for (uint32_t k = 0; !hub && o->fallback && k < o->fallback_count; k++)
-        hub = o->fallback[k] && on_hub(c, o->fallback[k], o->fallback[k]);
-    return sl_remote_dragonfly_hop(c, hub, err);
+    *hub = on_hub(c, primary, primary);
+    for (uint32_t k = 0; !*hub && o->fallback && k < o->fallback_count; k++)
+        *hub = o->fallback[k] && on_hub(c, o->fallback[k], o->fallback[k]);
+    return SLUICE_OK;
 }
 
 void sl_hf_cfg_clear(sl_remote_cfg *c)
@@ -172,7 +173,7 @@ char *sl_hf_url(const sl_remote_cfg *c, const char *loc, sl_err *err)
     return u;
 }
 
-const char *sl_hf_token_for(const sl_remote_cfg *c, const char *loc, const char *url)
+int sl_hf_on_hub(const sl_remote_cfg *c, const char *loc, const char *url)
 {
-    return on_hub(c, loc, url) ? c->hf_token : c->token;
+    return on_hub(c, loc, url);
 }

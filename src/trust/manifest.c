@@ -20,6 +20,7 @@
 #include "trust/hf.h"
 
 #include "base/digest.h"
+#include "base/location.h"
 
 #include <cjson/cJSON.h>
 
@@ -1061,8 +1062,7 @@ int sl_manifest_sidecars(const sl_index *ix, const char *model_path, char *out[2
     /* The model is one file F: F.manifest.json is its sidecar too, looked
      * for second (what `sluice synth` writes, and the Hub's usual layout). */
     const sl_file *f = &ix->files[0];
-    const char *loc = f->fetch_loc ? f->fetch_loc : f->path;
-    if (!(out[1] = joined(loc, sl_location_path_len(loc), ".manifest.json"))) {
+    if (!(out[1] = joined(f->loc->given, f->loc->name_len, ".manifest.json"))) {
         free(out[0]);
         out[0] = NULL;
         return -1;
@@ -1214,7 +1214,7 @@ static int load_remote(const sl_index *ix, const sl_trust_plan *p, const sl_hf_r
         /* the manifest's path is shown (sluice_manifest_path, messages):
          * the location without credentials or query */
         char shown[1100];
-        char *named = hub_named ? hub_named : strdup(sl_remote_shown(loc, shown, sizeof shown));
+        char *named = hub_named ? hub_named : strdup(sl_location_shown_of(loc, shown, sizeof shown));
         if (!named) {
             free(text);
             rc = sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");

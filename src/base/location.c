@@ -1,0 +1,159 @@
+/* location.c: a location split once into its parts (location.h). The one
+ * parser of a location string: the remote source, the proxy's rules and
+ * the messages read what it split. */
+#include "base/location.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The parts of loc, as offsets into it. */
+typedef struct loc_parts {
+    sl_loc_kind kind;
+    size_t scheme_len;            /* without "://" */
+    size_t auth, auth_end;        /* the authority: [user:password@]host[:port] */
+    size_t host, host_len;        /* in the authority, without [brackets] */
+    size_t hostport, hostport_len; /* the authority without user:password@ */
+    unsigned port;
+    size_t path, path_len;
+    size_t query, query_len;      /* query_len 0 and no '?': none */
+    int has_query, has_rest;      /* a '?'; a '?' or '#' */
+    size_t name_len;
+} loc_parts;
+
+static sl_loc_kind kind_of(const char *p)
+{
+    return !strncmp(p, "http://", 7) || !strncmp(p, "https://", 8) ? SL_LOC_HTTP
+           : !strncmp(p, "s3://", 5)                                ? SL_LOC_S3
+           : !strncmp(p, "hf://", 5)                                ? SL_LOC_HUB
+                                                                    : SL_LOC_LOCAL;
+}
+
+/* Splits loc (a local path: all of it is its path and its name). */
+static void split(const char *loc, int as_url, loc_parts *o)
+{
+    memset(o, 0, sizeof *o);
+    size_t n = strlen(loc);
+    o->kind = kind_of(loc);
+    const char *sep = strstr(loc, "://");
+    if (o->kind == SL_LOC_LOCAL && !(as_url && sep)) {
+        o->path_len = o->name_len = n;
+        return;
+    }
+    o->scheme_len = sep ? (size_t)(sep - loc) : 0;
+    o->auth = sep ? o->scheme_len + 3 : 0;
+    o->auth_end = o->auth + strcspn(loc + o->auth, "/?#");
+    const char *a = loc + o->auth;
+    size_t alen = o->auth_end - o->auth;
+    const char *at = memchr(a, '@', alen);
+    o->hostport = at ? (size_t)(at + 1 - loc) : o->auth;
+    o->hostport_len = o->auth_end - o->hostport;
+    const char *h = loc + o->hostport;
+    size_t hl = o->hostport_len;
+    const char *colon;
+    if (hl && *h == '[') {
+        const char *rb = memchr(h, ']', hl);
+        o->host = o->hostport + 1;
+        o->host_len = rb ? (size_t)(rb - h - 1) : hl - 1;
+        colon = rb && rb + 1 < h + hl && rb[1] == ':' ? rb + 1 : NULL;
+    } else {
+        colon = memchr(h, ':', hl);
+        o->host = o->hostport;
+        o->host_len = colon ? (size_t)(colon - h) : hl;
+    }
+    if (colon) {
+        unsigned long port = 0;
+        for (const char *p = colon + 1; p < h + hl && *p >= '0' && *p <= '9' && port <= 65535; p++)
+            port = port * 10 + (unsigned long)(*p - '0');
+        o->port = port <= 65535 ? (unsigned)port : 0;
+    }
+    o->path = o->auth_end;
+    o->path_len = strcspn(loc + o->path, "?#");
+    size_t rest = o->path + o->path_len;
+    o->has_rest = loc[rest] != '\0';
+    o->name_len = rest;
+    if (loc[rest] == '?') {
+        o->has_query = 1;
+        o->query = rest + 1;
+        o->query_len = strcspn(loc + o->query, "#");
+    }
+}
+
+/* The shown form of loc split as p, in buf. */
+static const char *shown(const char *loc, const loc_parts *p, char *buf, size_t cap)
+{
+    if (p->kind == SL_LOC_LOCAL && !p->auth)
+        return loc;
+    snprintf(buf, cap, "%.*s%s%.*s%.*s%s", (int)p->scheme_len, loc, p->auth ? "://" : "",
+             (int)p->hostport_len, loc + p->hostport, (int)p->path_len, loc + p->path,
+             p->has_rest ? "?..." : "");
+    return buf;
+}
+
+const char *sl_location_shown_of(const char *loc, char *buf, size_t cap)
+{
+    loc_parts p;
+    split(loc, 0, &p);
+    return shown(loc, &p, buf, cap);
+}
+
+const char *sl_location_host_of(const char *url, char *buf, size_t cap)
+{
+    loc_parts p;
+    split(url, 1, &p);
+    snprintf(buf, cap, "%.*s", (int)p.host_len, url + p.host);
+    return buf;
+}
+
+size_t sl_location_name_len_of(const char *loc)
+{
+    loc_parts p;
+    split(loc, 0, &p);
+    return p.name_len;
+}
+
+sl_location *sl_location_new(const char *loc)
+{
+    if (!loc)
+        return NULL;
+    loc_parts p;
+    split(loc, 0, &p);
+    size_t n = strlen(loc);
+    /* given, scheme, host, path, query, shown: each NUL-ended; shown is
+     * at most as long as given plus "://?..." */
+    size_t cap = sizeof(sl_location) + 6 * (n + 1) + 8;
+    sl_location *l = calloc(1, cap);
+    if (!l)
+        return NULL;
+    char *s = (char *)(l + 1), *end = (char *)l + cap;
+#define PUT(field, src, len)                                                                       \
+    do {                                                                                           \
+        l->field = s;                                                                              \
+        memcpy(s, (src), (len));                                                                   \
+        s[(len)] = '\0';                                                                           \
+        s += (len) + 1;                                                                            \
+    } while (0)
+    PUT(given, loc, n);
+    PUT(scheme, loc, p.scheme_len);
+    PUT(host, loc + p.host, p.host_len);
+    PUT(path, loc + p.path, p.path_len);
+    if (p.has_query)
+        PUT(query, loc + p.query, p.query_len);
+#undef PUT
+    const char *sh = shown(l->given, &p, s, (size_t)(end - s));
+    l->shown = sh == l->given ? l->given : s;
+    l->kind = p.kind;
+    l->port = p.port;
+    l->name_len = p.name_len;
+    return l;
+}
+
+void sl_location_free(sl_location *l)
+{
+    free(l);
+}
+
+int sl_location_remote(const sl_location *l)
+{
+    return l && l->kind != SL_LOC_LOCAL;
+}

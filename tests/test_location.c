@@ -1,0 +1,100 @@
+/* test_location.c: a location split once into its parts
+ * (base/location.h): kind, scheme, host, port, path, query, the form
+ * messages show (no user:password@, "?..." for a query or fragment), and
+ * how much of it names the object; a local path as given, whole. */
+#include "util.h"
+
+#include "base/location.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+static void test_url_with_credentials_and_query(void **state)
+{
+    const char *given = "https://user:pa:ss@example.com:8443/m/model.safetensors?X-Amz-Signature=S#f";
+    sl_location *l = sl_location_new(given);
+    assert_non_null(l);
+    assert_int_equal(l->kind, SL_LOC_HTTP);
+    assert_string_equal(l->given, given);
+    assert_string_equal(l->scheme, "https");
+    assert_string_equal(l->host, "example.com");
+    assert_int_equal(l->port, 8443);
+    assert_string_equal(l->path, "/m/model.safetensors");
+    assert_non_null(l->query);
+    assert_string_equal(l->query, "X-Amz-Signature=S");
+    assert_string_equal(l->shown, "https://example.com:8443/m/model.safetensors?...");
+    assert_int_equal(l->name_len, strlen("https://user:pa:ss@example.com:8443/m/model.safetensors"));
+    assert_true(sl_location_remote(l));
+    char buf[256];
+    assert_string_equal(sl_location_shown_of(given, buf, sizeof buf), l->shown);
+    assert_string_equal(sl_location_host_of(given, buf, sizeof buf), "example.com");
+    assert_int_equal(sl_location_name_len_of(given), l->name_len);
+    sl_location_free(l);
+    (void)state;
+}
+
+static void test_kinds(void **state)
+{
+    struct {
+        const char *given;
+        sl_loc_kind kind;
+        const char *host, *path, *shown;
+        unsigned port;
+        int query;
+    } cases[] = {
+        {"http://[::1]:9000/a.safetensors", SL_LOC_HTTP, "::1", "/a.safetensors",
+         "http://[::1]:9000/a.safetensors", 9000, 0},
+        {"s3://bucket/dir/m.safetensors", SL_LOC_S3, "bucket", "/dir/m.safetensors",
+         "s3://bucket/dir/m.safetensors", 0, 0},
+        {"hf://org/name@main/m.safetensors", SL_LOC_HUB, "org", "/name@main/m.safetensors",
+         "hf://org/name@main/m.safetensors", 0, 0},
+        {"http://h?token=T", SL_LOC_HTTP, "h", "", "http://h?...", 0, 1},
+        /* a local path is shown as given and all of it is its name, '?',
+         * '@' and "://" further in included */
+        {"/models/a?b@c.safetensors", SL_LOC_LOCAL, "", "/models/a?b@c.safetensors",
+         "/models/a?b@c.safetensors", 0, 0},
+        {"rel/x://y", SL_LOC_LOCAL, "", "rel/x://y", "rel/x://y", 0, 0},
+        {"", SL_LOC_LOCAL, "", "", "", 0, 0},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        sl_location *l = sl_location_new(cases[k].given);
+        assert_non_null(l);
+        assert_int_equal(l->kind, cases[k].kind);
+        assert_string_equal(l->host, cases[k].host);
+        assert_string_equal(l->path, cases[k].path);
+        assert_string_equal(l->shown, cases[k].shown);
+        assert_int_equal(l->port, cases[k].port);
+        assert_int_equal(l->query != NULL, cases[k].query);
+        if (cases[k].kind == SL_LOC_LOCAL)
+            assert_int_equal(l->name_len, strlen(cases[k].given));
+        sl_location_free(l);
+    }
+    assert_null(sl_location_new(NULL));
+    assert_false(sl_location_remote(NULL));
+    sl_location_free(NULL);
+    (void)state;
+}
+
+/* A shown form never longer than fits: cut, never overrun. */
+static void test_shown_of_small_buffer(void **state)
+{
+    char buf[8];
+    sl_location_shown_of("http://user:pw@host.example/x?y", buf, sizeof buf);
+    assert_string_equal(buf, "http://");
+    (void)state;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_url_with_credentials_and_query),
+        cmocka_unit_test(test_kinds),
+        cmocka_unit_test(test_shown_of_small_buffer),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
