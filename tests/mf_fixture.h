@@ -1,6 +1,7 @@
 /* mf_fixture.h: small models and manifests written on the spot, for the
- * manifest and verification tests (test_manifest.c, test_verify.c,
- * test_manifest_tools.c). Header-only so the shared test library stays as
+ * manifest and verification tests (test_manifest*.c, test_verify.c,
+ * test_chunks.c, test_parts.c, test_sign_tools.c, test_model_signing.c,
+ * test_manifest_tools.c, test_remote_proxy.c). Header-only so the shared test library stays as
  * it is. */
 #ifndef SLUICE_TEST_MF_FIXTURE_H
 #define SLUICE_TEST_MF_FIXTURE_H
@@ -12,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* A growable string. */
 typedef struct mf_buf {
@@ -133,6 +135,101 @@ static inline void mf_flip_byte(const char *path, uint64_t offset)
     data[offset] ^= 0xff;
     tu_write_file(path, data, len);
     free(data);
+}
+
+/* SHA-256 of n bytes at p, as hex. */
+static inline void mf_hex_of(const void *p, size_t n, char hex[65])
+{
+    uint8_t d[32];
+    mf_sha256(p, n, d);
+    mf_hex(d, hex);
+}
+
+/* n bytes of the tests' hashed pattern (byte k is k * 2654435761 >> 13,
+ * as unsigned), malloc'd: data that no two chunks share. */
+static inline unsigned char *mf_hashed_pattern(uint64_t n)
+{
+    unsigned char *bytes = malloc(n ? (size_t)n : 1);
+    if (!bytes)
+        abort();
+    for (uint64_t k = 0; k < n; k++)
+        bytes[k] = (unsigned char)(k * 2654435761u >> 13);
+    return bytes;
+}
+
+/* Writes path: header, then n bytes of mf_hashed_pattern; returns those
+ * bytes (malloc'd) and sets *data_start (where they begin in the file). */
+static inline unsigned char *mf_write_hashed_model(const char *path, const char *header, uint64_t n,
+                                                   uint64_t *data_start)
+{
+    unsigned char *bytes = mf_hashed_pattern(n);
+    tu_write_safetensors(path, header, bytes, (size_t)n);
+    *data_start = 8 + strlen(header);
+    return bytes;
+}
+
+/* The opening of a version 2 manifest, up to its first tensor's entry. */
+#define MF_V2_HEAD \
+    "{\"format\": \"sluice-manifest\", \"version\": 2, \"algorithm\": \"sha256\",\n \"tensors\": {\n"
+
+/* Ends a version 2 manifest (its tensors closed already) with the "files"
+ * entry of the model file at path, listed as name: the whole file's
+ * digest, its size, and its header's (data_start bytes). */
+static inline void mf_v2_files(mf_buf *m, const char *path, const char *name, uint64_t data_start)
+{
+    size_t len = 0;
+    unsigned char *file = tu_read_file(path, &len);
+    if (!file)
+        abort();
+    char whole[65], header[65];
+    mf_hex_of(file, len, whole);
+    mf_hex_of(file, (size_t)data_start, header);
+    free(file);
+    mf_addf(m, " \"files\": {\"%s\": {\"digest\": \"%s\", \"size\": %zu, \"header\": \"%s\"}}}\n",
+            name, whole, len, header);
+}
+
+/* A scratch folder (tu_tmpdir, returned) with the paths *model =
+ * dir/model_name and, manifest_name not NULL, *manifest =
+ * dir/manifest_name (all malloc'd; free with mf_scratch_free). */
+static inline char *mf_scratch(char **model, const char *model_name, char **manifest,
+                               const char *manifest_name)
+{
+    char *dir = tu_tmpdir();
+    *model = tu_join(dir, model_name);
+    if (manifest_name)
+        *manifest = tu_join(dir, manifest_name);
+    return dir;
+}
+
+/* Removes the scratch folder dir and frees it and its paths (NULL ones
+ * are skipped). */
+static inline void mf_scratch_free(char *dir, char *model, char *manifest)
+{
+    tu_rmtree(dir);
+    free(dir);
+    free(model);
+    free(manifest);
+}
+
+/* Makes the folder dir/name holding two shards, model-00001-of-00002 and
+ * model-00002-of-00002 (.safetensors), written by mf_write_model from
+ * (n1, keys1, sizes1) and (n2, keys2, sizes2); returns its path. */
+static inline char *mf_write_two_shards(const char *dir, const char *name, size_t n1,
+                                        const char *const *keys1, const uint64_t *sizes1,
+                                        size_t n2, const char *const *keys2,
+                                        const uint64_t *sizes2)
+{
+    char *model = tu_join(dir, name);
+    if (mkdir(model, 0755) != 0)
+        abort();
+    char *s1 = tu_join(model, "model-00001-of-00002.safetensors");
+    char *s2 = tu_join(model, "model-00002-of-00002.safetensors");
+    mf_write_model(s1, n1, keys1, sizes1);
+    mf_write_model(s2, n2, keys2, sizes2);
+    free(s1);
+    free(s2);
+    return model;
 }
 
 #endif

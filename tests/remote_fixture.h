@@ -77,6 +77,25 @@ static inline void rf_die_with_parent(pid_t parent)
         _exit(0);
 }
 
+/* Starts bin with argv (argv[0] first, NULL last) in a child whose
+ * stdout and stderr go to /dev/null and that dies with the test
+ * (rf_die_with_parent); returns its pid (-1 when fork failed). */
+static inline pid_t rf_spawn_quiet(const char *bin, char *const argv[])
+{
+    pid_t parent = getpid(), pid = fork();
+    if (pid == 0) {
+        rf_die_with_parent(parent);
+        int devnull = open("/dev/null", O_WRONLY);
+        if (devnull >= 0) {
+            dup2(devnull, 1);
+            dup2(devnull, 2);
+        }
+        execv(bin, argv);
+        _exit(127);
+    }
+    return pid;
+}
+
 /* Waits until the port accepts (up to 10 s) or the child died. */
 static inline int rf_wait_ready(rf_server *sv)
 {
@@ -198,18 +217,9 @@ static inline int rf_nginx_start(rf_server *sv, const char *root, const char *re
                  real ? "    location /real/ { alias " : "", real ? real : "",
                  real ? "/; }\n" : "", tls);
         tu_write_file(conf, text, strlen(text));
-        pid_t parent = getpid(), pid = fork();
-        if (pid == 0) {
-            rf_die_with_parent(parent);
-            int devnull = open("/dev/null", O_WRONLY);
-            if (devnull >= 0) {
-                dup2(devnull, 1);
-                dup2(devnull, 2);
-            }
-            execl(bin, bin, "-e", "stderr", "-p", sv->dir, "-c", conf, "-g", "daemon off;",
-                  (char *)NULL);
-            _exit(127);
-        }
+        char *const argv[] = {(char *)bin, "-e", "stderr", "-p", sv->dir, "-c", conf, "-g",
+                              "daemon off;", NULL};
+        pid_t pid = rf_spawn_quiet(bin, argv);
         free(conf);
         sv->pid = pid;
         if (pid > 0 && rf_wait_ready(sv)) {
@@ -347,17 +357,8 @@ static inline int rf_squid_start(rf_server *sv, unsigned parent_port, char *why,
         char cmd[2048];
         snprintf(cmd, sizeof cmd, "'%s' -N -z -f '%s' >/dev/null 2>&1", bin, conf);
         int made = system(cmd) == 0;
-        pid_t parent = getpid(), pid = made ? fork() : -1;
-        if (pid == 0) {
-            rf_die_with_parent(parent);
-            int devnull = open("/dev/null", O_WRONLY);
-            if (devnull >= 0) {
-                dup2(devnull, 1);
-                dup2(devnull, 2);
-            }
-            execl(bin, bin, "-N", "-f", conf, (char *)NULL);
-            _exit(127);
-        }
+        char *const argv[] = {(char *)bin, "-N", "-f", conf, NULL};
+        pid_t pid = made ? rf_spawn_quiet(bin, argv) : -1;
         free(conf);
         sv->pid = pid;
         if (pid > 0 && rf_wait_ready(sv)) {

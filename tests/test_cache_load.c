@@ -40,6 +40,13 @@ static char *fresh_cache(void)
     return d;
 }
 
+/* Removes a folder of the test (a cache of fresh_cache's) and frees its path. */
+static void drop_cache(char *dir)
+{
+    tu_rmtree(dir);
+    free(dir);
+}
+
 static sluice_options cached_opts(const char *dir)
 {
     sluice_options o;
@@ -94,6 +101,17 @@ static struct sluice_stats load_all(const char *loc, const sluice_options *o, ch
     assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
     assert_int_equal(sluice_close(m), SLUICE_OK);
     return st;
+}
+
+/* A fresh cache folder (returned) and *o its options (cached_opts), the
+ * model at url loaded once through it (load_all into c): the cache as
+ * a cold load fills it. */
+static char *filled_cache(sluice_options *o, check_ctx *c)
+{
+    char *dir = fresh_cache();
+    *o = cached_opts(dir);
+    load_all(url, o, c);
+    return dir;
 }
 
 static size_t ntensors, nonempty;
@@ -278,8 +296,7 @@ static void test_cold_then_warm(void **state)
     assert_int_equal(sluice_cache_usage(ca, &bytes, &entries), SLUICE_OK);
     assert_int_equal(entries, nonempty);
     sluice_cache_close(ca);
-    tu_rmtree(dir);
-    free(dir);
+    drop_cache(dir);
 }
 
 /* sluice_verify of a remote model checks the source, not the cache: with
@@ -290,10 +307,9 @@ static void test_cold_then_warm(void **state)
 static void test_remote_verify_checks_source(void **state)
 {
     (void)state;
-    char *dir = fresh_cache();
-    sluice_options o = cached_opts(dir);
+    sluice_options o;
     check_ctx c;
-    load_all(url, &o, &c);   /* cold: fills the cache */
+    char *dir = filled_cache(&o, &c);   /* cold: fills the cache */
     assert_int_equal(c.failed, 0);
     char *blob = rot_one_blob(dir);
     sluice_model *m = open_ok(url, &o);
@@ -315,8 +331,7 @@ static void test_remote_verify_checks_source(void **state)
     assert_int_equal(st.disk_hits, nonempty);
     assert_int_equal(st.disk_rotten, 0);
     free(blob);
-    tu_rmtree(dir);
-    free(dir);
+    drop_cache(dir);
 }
 
 /* The bypass ends with the verify, on the same model, whatever the verify
@@ -337,10 +352,9 @@ static void expect_blob_read(sluice_model *m, uint64_t hits_before)
 static void test_remote_verify_bypass_ends(void **state)
 {
     (void)state;
-    char *dir = fresh_cache();
-    sluice_options o = cached_opts(dir);
+    sluice_options o;
     check_ctx c;
-    load_all(url, &o, &c);   /* fills the cache */
+    char *dir = filled_cache(&o, &c);   /* fills the cache */
     assert_int_equal(c.failed, 0);
     sluice_model *m = open_ok(url, &o);
     struct sluice_verify_report rep = {.size = sizeof rep};
@@ -350,8 +364,7 @@ static void test_remote_verify_bypass_ends(void **state)
     assert_true(sluice_verify(m, bad, 1, NULL, &rep) < 0);
     expect_blob_read(m, 1);
     assert_int_equal(sluice_close(m), SLUICE_OK);
-    tu_rmtree(dir);
-    free(dir);
+    drop_cache(dir);
 }
 
 /* sluice_close right after a cold prefetch: stores run on the hashing
@@ -412,8 +425,7 @@ static void test_close_cancel_while_storing(void **state)
         load_all(url, &o, &c);
         assert_int_equal(c.failed, 0);
         assert_int_equal(c.delivered, ntensors);
-        tu_rmtree(dir);
-        free(dir);
+        drop_cache(dir);
     }
 }
 
@@ -443,10 +455,9 @@ static void test_rotten_blobs_at_close_with_mirror(void **state)
     char *mirror = tu_join(root, "m");
     const char *fb[1] = {mirror};
     for (int round = 0; round < 8; round++) {
-        char *dir = fresh_cache();
-        sluice_options o = cached_opts(dir);
+        sluice_options o;
         check_ctx c;
-        load_all(url, &o, &c);   /* fills the cache */
+        char *dir = filled_cache(&o, &c);   /* fills the cache */
         assert_int_equal(c.failed, 0);
         rot_all_blobs(dir);
         o.fallback = fb;
@@ -459,8 +470,7 @@ static void test_rotten_blobs_at_close_with_mirror(void **state)
         o.fallback_count = 0;
         load_all(url, &o, &c);
         assert_int_equal(c.failed, 0);
-        tu_rmtree(dir);
-        free(dir);
+        drop_cache(dir);
     }
     free(mirror);
 }
@@ -470,10 +480,9 @@ static void test_rotten_blobs_at_close_with_mirror(void **state)
 static void test_rotten_blob(void **state)
 {
     (void)state;
-    char *dir = fresh_cache();
-    sluice_options o = cached_opts(dir);
+    sluice_options o;
     check_ctx c;
-    load_all(url, &o, &c);
+    char *dir = filled_cache(&o, &c);
     char *blob = rot_one_blob(dir);
 
     struct sluice_stats st = load_all(url, &o, &c);
@@ -496,8 +505,7 @@ static void test_rotten_blob(void **state)
     assert_int_equal(st.disk_misses, 1);
     assert_int_equal(st.disk_stored, 1);
     free(blob);
-    tu_rmtree(dir);
-    free(dir);
+    drop_cache(dir);
 }
 
 /* Every blob deleted (sluice_cache_clear, as another process's eviction
@@ -528,10 +536,9 @@ static int clear_at_first(void *user, sluice_tensor *t, int status,
 static void test_blobs_deleted_while_loading(void **state)
 {
     (void)state;
-    char *dir = fresh_cache();
-    sluice_options o = cached_opts(dir);
+    sluice_options o;
     check_ctx c;
-    load_all(url, &o, &c);   /* warm */
+    char *dir = filled_cache(&o, &c);   /* warm */
     o.pool_bytes = 256u << 10;
     o.queue_depth = 1;
     o.chunk_bytes = 4096;
@@ -549,8 +556,7 @@ static void test_blobs_deleted_while_loading(void **state)
     assert_true(st.disk_misses >= 1);
     assert_int_equal(st.disk_hits + st.disk_misses, nonempty);
     assert_int_equal(st.disk_rotten, 0);
-    tu_rmtree(dir);
-    free(dir);
+    drop_cache(dir);
 }
 
 /* index.sqlite truncated, or garbage: the open moves it aside, rebuilds it
@@ -559,10 +565,9 @@ static void test_broken_index(void **state)
 {
     (void)state;
     for (int kind = 0; kind < 2; kind++) {
-        char *dir = fresh_cache();
-        sluice_options o = cached_opts(dir);
+        sluice_options o;
         check_ctx c;
-        load_all(url, &o, &c);
+        char *dir = filled_cache(&o, &c);
         char *db = tu_join(dir, "index.sqlite");
         if (kind == 0) {
             assert_int_equal(truncate(db, 100), 0);
@@ -589,8 +594,7 @@ static void test_broken_index(void **state)
         free(wal);
         free(shm);
         free(db);
-        tu_rmtree(dir);
-        free(dir);
+        drop_cache(dir);
     }
 }
 
@@ -622,8 +626,7 @@ static void test_degraded(void **state)
         struct sluice_stats again = load_all(url, &o, &c);
         assert_int_equal(again.disk_degraded, 0);
         assert_int_equal(c.failed, 0);
-        tu_rmtree(dir);
-        free(dir);
+        drop_cache(dir);
     }
 }
 
@@ -803,8 +806,7 @@ static void test_index_locked(void **state)
     st = load_all(url, &o, &c);
     assert_int_equal(st.disk_hits, nonempty);
     free(index);
-    tu_rmtree(dir);
-    free(dir);
+    drop_cache(dir);
 #endif
 }
 
@@ -855,8 +857,7 @@ static void test_sigkill_fills(void **state)
         assert_int_equal(count_files(dir, "tmp"), 0); /* the dead child's fill is gone */
         st = load_all(url, &o, &c);
         assert_int_equal(st.disk_hits, nonempty);
-        tu_rmtree(dir);
-        free(dir);
+        drop_cache(dir);
     }
 }
 
@@ -910,8 +911,7 @@ static void test_processes(void **state)
     struct sluice_stats st = load_all(url, &o, &c);
     assert_int_equal(st.disk_hits, nonempty);
     assert_int_equal(st.remote_reads, 0);
-    tu_rmtree(dir);
-    free(dir);
+    drop_cache(dir);
 }
 
 /* Threads of one process, each with its own model on one cache (TSan). */
@@ -958,8 +958,7 @@ static void test_threads(void **state)
         pthread_join(th[t], NULL);
         assert_int_equal(a[t].failed, 0);
     }
-    tu_rmtree(dir);
-    free(dir);
+    drop_cache(dir);
 }
 
 /* ---------------------------------------------------------------- one probe */
@@ -1069,8 +1068,7 @@ static void test_one_probe_per_start(void **state)
     free(tmp);
     for (int k = 0; k < 3; k++)
         free(names[k]);
-    tu_rmtree(dir);
-    free(dir);
+    drop_cache(dir);
 }
 
 /* ---------------------------------------------------------------- memo */
@@ -1225,8 +1223,7 @@ static void test_memo(void **state)
     free(bad);
     free(text);
     free(mfpath);
-    tu_rmtree(dir);
-    free(dir);
+    drop_cache(dir);
 }
 
 /* The memo recorded in a fresh cache *dir (a load a second after the
@@ -1263,8 +1260,7 @@ static void test_memo_changed_after_open(void **state)
     assert_int_equal(st.memo_tensors, 0);
     assert_int_equal(sluice_close(m), SLUICE_OK);
     flip_byte(model, (off_t)ti.offset);   /* put it back */
-    tu_rmtree(dir);
-    free(dir);
+    drop_cache(dir);
 }
 
 /* Options: cache_bytes 0 is refused; the flag alone works (no cache named:
@@ -1389,8 +1385,7 @@ static void test_blob_fds_bounded(void **state)
     assert_int_equal(st.disk_misses, gone);
     assert_int_equal(fds_under(dir), 0);
     free(d);
-    tu_rmtree(dir);
-    free(dir);
+    drop_cache(dir);
 }
 
 static void on_alarm(int sig)
@@ -1452,8 +1447,7 @@ static void test_hostile_blobs(void **state)
     alarm(0);
     signal(SIGALRM, SIG_DFL);
     free(d);
-    tu_rmtree(dir);
-    free(dir);
+    drop_cache(dir);
 }
 
 /* A pool that holds a few tensors at a time: starts that find no room are
@@ -1476,8 +1470,7 @@ static void test_small_pool_counts(void **state)
     assert_int_equal(c.failed, 0);
     assert_int_equal(st.disk_hits, nonempty);
     assert_int_equal(st.disk_misses, 0);
-    tu_rmtree(dir);
-    free(dir);
+    drop_cache(dir);
 }
 
 /* A write to the file while a tensor the memo vouches for is being read
@@ -1519,8 +1512,7 @@ static void test_memo_changed_while_read(void **state)
     flip_byte(model, f.at);   /* put it back */
     assert_int_equal(rc, SLUICE_E_CHECKSUM);
     assert_int_equal(st.memo_tensors, 0);
-    tu_rmtree(dir);
-    free(dir);
+    drop_cache(dir);
 }
 
 /* A shared mapping of the page of path that holds byte off; *at points
@@ -1772,8 +1764,7 @@ static void test_memo_dirty_page(void **state)
     if (warning[0]) {
         fprintf(stderr, "  the memo is refused here (%s): skipped\n", warning);
         munmap(page, (size_t)pg);
-        tu_rmtree(dir);
-        free(dir);
+        drop_cache(dir);
         skip();
     }
     assert_int_equal(c.failed, 0);
@@ -1786,8 +1777,7 @@ static void test_memo_dirty_page(void **state)
     assert_int_equal(c.failed, 1);
     assert_int_equal(c.first_failure, SLUICE_E_CHECKSUM);
     assert_int_equal(st.memo_tensors, 0);
-    tu_rmtree(dir);
-    free(dir);
+    drop_cache(dir);
 }
 
 /* A memo-warm open with extra flags. */
@@ -1887,8 +1877,7 @@ static void test_memo_other_paths(void **state)
     assert_int_equal(rep.bytes_hashed, ti.nbytes);
     assert_int_equal(sluice_close(m), SLUICE_OK);
     flip_byte(model, (off_t)ti.offset);
-    tu_rmtree(dir);
-    free(dir);
+    drop_cache(dir);
 }
 
 /* A byte changed and the file's mtime set back to what it was: only the
@@ -1927,8 +1916,7 @@ static void test_memo_mtime_set_back(void **state)
     assert_int_equal(c.failed, 1);
     assert_int_equal(c.first_failure, SLUICE_E_CHECKSUM);
     assert_int_equal(st.memo_tensors, 0);
-    tu_rmtree(dir);
-    free(dir);
+    drop_cache(dir);
 }
 
 /* The digest table replaced after open (the engine hook), leaving tensors
@@ -1954,8 +1942,7 @@ static void test_memo_then_no_digests(void **state)
     assert_int_equal(st.memo_tensors, 0);
     free(d);
     free(has);
-    tu_rmtree(dir);
-    free(dir);
+    drop_cache(dir);
 }
 
 int main(void)

@@ -42,21 +42,14 @@ static int setup(void **state)
 {
     fx *f = calloc(1, sizeof *f);
     assert_non_null(f);
-    f->dir = tu_tmpdir();
-    f->model = tu_join(f->dir, "model.safetensors");
-    f->manifest = tu_join(f->dir, "m.json");
+    f->dir = mf_scratch(&f->model, "model.safetensors", &f->manifest, "m.json");
     char header[256];
     snprintf(header, sizeof header,
              "{\"big\":{\"dtype\":\"U8\",\"shape\":[%llu],\"data_offsets\":[0,%llu]},"
              "\"small\":{\"dtype\":\"U8\",\"shape\":[%d],\"data_offsets\":[%llu,%llu]}}",
              (unsigned long long)BIG, (unsigned long long)BIG, SMALL, (unsigned long long)BIG,
              (unsigned long long)(BIG + SMALL));
-    f->bytes = malloc(BIG + SMALL);
-    assert_non_null(f->bytes);
-    for (uint64_t k = 0; k < BIG + SMALL; k++)
-        f->bytes[k] = (unsigned char)(k * 2654435761u >> 13);
-    tu_write_safetensors(f->model, header, f->bytes, BIG + SMALL);
-    f->data_start = 8 + strlen(header);
+    f->bytes = mf_write_hashed_model(f->model, header, BIG + SMALL, &f->data_start);
     *state = f;
     return 0;
 }
@@ -64,54 +57,36 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     fx *f = *state;
-    tu_rmtree(f->dir);
-    free(f->dir);
-    free(f->model);
-    free(f->manifest);
+    mf_scratch_free(f->dir, f->model, f->manifest);
     free(f->bytes);
     free(f);
     return 0;
-}
-
-static void hex_of(const void *p, size_t n, char hex[65])
-{
-    uint8_t d[32];
-    mf_sha256(p, n, d);
-    mf_hex(d, hex);
 }
 
 /* The version 2 manifest of the model, big with its chunk digests (or
  * without: chunks 0), with extra text after big's entry keys. */
 static void write_manifest(fx *f, int chunks, const char *big_extra)
 {
-    size_t len = 0;
-    unsigned char *file = tu_read_file(f->model, &len);
-    assert_non_null(file);
-    char whole[65], header[65], big[65], small[65], h[65];
-    hex_of(file, len, whole);
-    hex_of(file, (size_t)f->data_start, header);
-    hex_of(f->bytes, BIG, big);
-    hex_of(f->bytes + BIG, SMALL, small);
-    free(file);
+    char big[65], small[65], h[65];
+    mf_hex_of(f->bytes, BIG, big);
+    mf_hex_of(f->bytes + BIG, SMALL, small);
     mf_buf m = {0};
-    mf_addf(&m, "{\"format\": \"sluice-manifest\", \"version\": 2, \"algorithm\": \"sha256\",\n"
-                " \"tensors\": {\n  \"big\": {\"digest\": \"%s\", \"dtype\": \"U8\", \"shape\": [%llu], "
+    mf_addf(&m, MF_V2_HEAD "  \"big\": {\"digest\": \"%s\", \"dtype\": \"U8\", \"shape\": [%llu], "
                 "\"nbytes\": %llu",
             big, (unsigned long long)BIG, (unsigned long long)BIG);
     if (chunks) {
         mf_addf(&m, ", \"chunk_bytes\": %llu, \"chunks\": [", (unsigned long long)CHUNK);
         for (uint64_t k = 0; k < NCHUNKS; k++) {
             uint64_t lo = k * CHUNK, hi = lo + CHUNK < BIG ? lo + CHUNK : BIG;
-            hex_of(f->bytes + lo, (size_t)(hi - lo), h);
+            mf_hex_of(f->bytes + lo, (size_t)(hi - lo), h);
             mf_addf(&m, "%s\"%s\"", k ? ", " : "", h);
         }
         mf_addf(&m, "]");
     }
     mf_addf(&m, "%s},\n  \"small\": {\"digest\": \"%s\", \"dtype\": \"U8\", \"shape\": [%d], "
-                "\"nbytes\": %d}},\n"
-                " \"files\": {\"model.safetensors\": {\"digest\": \"%s\", \"size\": %zu, "
-                "\"header\": \"%s\"}}}\n",
-            big_extra ? big_extra : "", small, SMALL, SMALL, whole, len, header);
+                "\"nbytes\": %d}},\n",
+            big_extra ? big_extra : "", small, SMALL, SMALL);
+    mf_v2_files(&m, f->model, "model.safetensors", f->data_start);
     mf_write_text(f->manifest, m.p);
     mf_buf_free(&m);
 }

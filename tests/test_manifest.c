@@ -31,9 +31,7 @@ static int setup(void **state)
 {
     fx *f = calloc(1, sizeof *f);
     assert_non_null(f);
-    f->dir = tu_tmpdir();
-    f->model = tu_join(f->dir, "model.safetensors");
-    f->manifest = tu_join(f->dir, "m.json");
+    f->dir = mf_scratch(&f->model, "model.safetensors", &f->manifest, "m.json");
     mf_write_simple(f->model, 4, 3);
     for (unsigned i = 0; i < 4; i++)
         mf_fake_digest(i * 40, f->hex[i]);
@@ -44,10 +42,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     fx *f = *state;
-    tu_rmtree(f->dir);
-    free(f->dir);
-    free(f->model);
-    free(f->manifest);
+    mf_scratch_free(f->dir, f->model, f->manifest);
     free(f);
     return 0;
 }

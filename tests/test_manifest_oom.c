@@ -53,9 +53,8 @@ typedef struct fx {
 static int setup(void **state)
 {
     fx *f = calloc(1, sizeof *f);
-    f->dir = tu_tmpdir();
-    f->model = tu_join(f->dir, "model.safetensors");
-    f->manifest = tu_join(f->dir, "model.safetensors.manifest.json"); /* the sidecar */
+    f->dir = mf_scratch(&f->model, "model.safetensors", &f->manifest,
+                        "model.safetensors.manifest.json"); /* the sidecar */
     const char *keys[] = {"a", "b\\u0000c", "d"};
     const uint64_t sizes[] = {3, 4, 5};
     mf_write_model(f->model, 3, keys, sizes);
@@ -66,10 +65,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     fx *f = *state;
-    tu_rmtree(f->dir);
-    free(f->dir);
-    free(f->model);
-    free(f->manifest);
+    mf_scratch_free(f->dir, f->model, f->manifest);
     free(f);
     return 0;
 }

@@ -48,14 +48,7 @@ static int setup(void **state)
     fx *f = calloc(1, sizeof *f);
     assert_non_null(f);
     f->dir = tu_tmpdir();
-    f->model = tu_join(f->dir, "model");
-    assert_int_equal(mkdir(f->model, 0755), 0);
-    char *s1 = tu_join(f->model, "model-00001-of-00002.safetensors");
-    char *s2 = tu_join(f->model, "model-00002-of-00002.safetensors");
-    mf_write_model(s1, 5, k1, z1);
-    mf_write_model(s2, 3, k2, z2);
-    free(s1);
-    free(s2);
+    f->model = mf_write_two_shards(f->dir, "model", 5, k1, z1, 3, k2, z2);
     *state = f;
     return 0;
 }
@@ -63,9 +56,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     fx *f = *state;
-    tu_rmtree(f->dir);
-    free(f->dir);
-    free(f->model);
+    mf_scratch_free(f->dir, f->model, NULL);
     free(f);
     return 0;
 }

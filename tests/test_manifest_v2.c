@@ -55,9 +55,7 @@ static int setup(void **state)
 {
     fx *f = calloc(1, sizeof *f);
     assert_non_null(f);
-    f->dir = tu_tmpdir();
-    f->model = tu_join(f->dir, "model.safetensors");
-    f->manifest = tu_join(f->dir, "m.json");
+    f->dir = mf_scratch(&f->model, "model.safetensors", &f->manifest, "m.json");
     f->b3tmp = tu_join(f->dir, "bytes.bin");
     write_model(f, plain_header);
     *state = f;
@@ -67,10 +65,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     fx *f = *state;
-    tu_rmtree(f->dir);
-    free(f->dir);
-    free(f->model);
-    free(f->manifest);
+    mf_scratch_free(f->dir, f->model, f->manifest);
     free(f->b3tmp);
     free(f);
     return 0;

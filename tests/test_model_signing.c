@@ -71,23 +71,17 @@ static int setup(void **state)
     fx *f = calloc(1, sizeof *f);
     assert_non_null(f);
     f->dir = tu_tmpdir();
-    f->model = tu_join(f->dir, "m");
     f->keys = tu_join(f->dir, "keys");
-    assert_int_equal(mkdir(f->model, 0755), 0);
-    char *a = tu_join(f->model, "model-00001-of-00002.safetensors");
-    char *b = tu_join(f->model, "model-00002-of-00002.safetensors");
-    mf_write_simple(a, 3, 1000);
-    const char *keys2[] = {"u.0", "u.1"};
-    const uint64_t sizes2[] = {5000, 7};
-    mf_write_model(b, 2, keys2, sizes2);
+    /* (shard 1 as mf_write_simple(path, 3, 1000) writes it) */
+    const char *keys1[] = {"t.0", "t.1", "t.2"}, *keys2[] = {"u.0", "u.1"};
+    const uint64_t sizes1[] = {1, 1001, 2001}, sizes2[] = {5000, 7};
+    f->model = mf_write_two_shards(f->dir, "m", 3, keys1, sizes1, 2, keys2, sizes2);
     char *mf = tu_join(f->model, "sluice.manifest.json");
     run_result r = run(f->dir, "manifest", f->model, "-q", "-o", mf, NULL);
     free(mf);
     expect_status(&r, 0, "manifest");
     run_free(&r);
     assert_int_equal(py("keys %s", f->keys), 0);
-    free(a);
-    free(b);
     *state = f;
     return 0;
 }
@@ -95,10 +89,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     fx *f = *state;
-    tu_rmtree(f->dir);
-    free(f->dir);
-    free(f->model);
-    free(f->keys);
+    mf_scratch_free(f->dir, f->model, f->keys);
     free(f);
     return 0;
 }

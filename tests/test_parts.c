@@ -84,9 +84,7 @@ static int setup(void **state)
 {
     fx *f = calloc(1, sizeof *f);
     assert_non_null(f);
-    f->dir = tu_tmpdir();
-    f->model = tu_join(f->dir, "model.safetensors");
-    f->manifest = tu_join(f->dir, "m.json");
+    f->dir = mf_scratch(&f->model, "model.safetensors", &f->manifest, "m.json");
     mf_buf h = {0};
     uint64_t at = 0;
     mf_addf(&h, "{");
@@ -101,12 +99,7 @@ static int setup(void **state)
         at += f->nbytes[j];
     }
     mf_addf(&h, "}");
-    f->bytes = malloc(at);
-    assert_non_null(f->bytes);
-    for (uint64_t k = 0; k < at; k++)
-        f->bytes[k] = (unsigned char)(k * 2654435761u >> 13);
-    tu_write_safetensors(f->model, h.p, f->bytes, at);
-    f->data_start = 8 + strlen(h.p);
+    f->bytes = mf_write_hashed_model(f->model, h.p, at, &f->data_start);
     mf_buf_free(&h);
     *state = f;
     return 0;
@@ -115,20 +108,10 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     fx *f = *state;
-    tu_rmtree(f->dir);
-    free(f->dir);
-    free(f->model);
-    free(f->manifest);
+    mf_scratch_free(f->dir, f->model, f->manifest);
     free(f->bytes);
     free(f);
     return 0;
-}
-
-static void hex_of(const void *p, size_t n, char hex[65])
-{
-    uint8_t d[32];
-    mf_sha256(p, n, d);
-    mf_hex(d, hex);
 }
 
 /* The version 2 manifest: every tensor's digest, and with parts the part
@@ -136,19 +119,12 @@ static void hex_of(const void *p, size_t n, char hex[65])
  * it; extra (may be NULL) replaces tensor a's "parts" value verbatim. */
 static void write_manifest(fx *f, int parts, const char *extra)
 {
-    size_t len = 0;
-    unsigned char *file = tu_read_file(f->model, &len);
-    assert_non_null(file);
-    char whole[65], header[65], h[65];
-    hex_of(file, len, whole);
-    hex_of(file, (size_t)f->data_start, header);
-    free(file);
+    char h[65];
     mf_buf m = {0};
-    mf_addf(&m, "{\"format\": \"sluice-manifest\", \"version\": 2, \"algorithm\": \"sha256\",\n"
-                " \"tensors\": {\n");
+    mf_addf(&m, MF_V2_HEAD);
     for (size_t j = 0; j < NT; j++) {
         const tdesc *t = &T[j];
-        hex_of(f->bytes + f->off[j], (size_t)f->nbytes[j], h);
+        mf_hex_of(f->bytes + f->off[j], (size_t)f->nbytes[j], h);
         mf_addf(&m, "%s  \"%s\": {\"digest\": \"%s\", \"dtype\": \"%s\", \"shape\": [", j ? ",\n" : "",
                 t->name, h, t->dtype);
         for (unsigned k = 0; k < t->ndim; k++)
@@ -168,7 +144,7 @@ static void write_manifest(fx *f, int parts, const char *extra)
                 for (uint64_t r = 0; r < n; r++) {
                     size_t plen;
                     unsigned char *p = ref_part(f, j, (unsigned)t->part_dim, r, n, &plen);
-                    hex_of(p, plen, h);
+                    mf_hex_of(p, plen, h);
                     free(p);
                     mf_addf(&m, "%s\"%s\"", r ? ", " : "", h);
                 }
@@ -178,8 +154,8 @@ static void write_manifest(fx *f, int parts, const char *extra)
         }
         mf_addf(&m, "}");
     }
-    mf_addf(&m, "},\n \"files\": {\"model.safetensors\": {\"digest\": \"%s\", \"size\": %zu, "
-                "\"header\": \"%s\"}}}\n", whole, len, header);
+    mf_addf(&m, "},\n");
+    mf_v2_files(&m, f->model, "model.safetensors", f->data_start);
     mf_write_text(f->manifest, m.p);
     mf_buf_free(&m);
 }
@@ -288,7 +264,7 @@ static void test_every_part_part_digests(void **state)
     assert_int_equal(sluice_digest_part(m, 1, 1, 3, 8, d), SLUICE_OK);
     size_t len;
     unsigned char *p = ref_part(f, 1, 1, 3, 8, &len);
-    hex_of(p, len, want);
+    mf_hex_of(p, len, want);
     free(p);
     assert_string_equal(mf_hex(d, hex), want);
     assert_int_equal(sluice_digest_part(m, 99, 0, 0, 2, d), SLUICE_E_INVAL);

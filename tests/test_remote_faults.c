@@ -5,6 +5,7 @@
  * flipped byte, an object that grew; each with the right retries
  * (counted), the right final code, nothing unverified handed out, no hang.
  * Skipped (77) when python3 cannot start the server. */
+#include "mf_fixture.h"
 #include "remote_fixture.h"
 #include "util.h"
 
@@ -1293,10 +1294,107 @@ static void test_location_shown_alike(void **state)
     (void)state;
 }
 
+/* sluice_verify's whole files of a remote model (SLUICE_VF_FILES, a
+ * local manifest listing the file's SHA-256 and size), read with range
+ * requests: the right digest and size pass, every byte hashed; a read the
+ * server refuses (404) fails the file with the read's own error, nothing
+ * hashed; a listed size that is not the file's fails it naming both. */
+typedef struct file_seen {
+    int status, has_digest;
+    uint64_t bytes;
+    char message[1024];
+} file_seen;
+
+static int file_item(void *user, const struct sluice_verify_item *it)
+{
+    file_seen *s = user;
+    if (it->kind == SLUICE_VERIFY_ITEM_FILE) {
+        s->status = it->status;
+        s->has_digest = it->has_digest;
+        s->bytes = it->bytes;
+        snprintf(s->message, sizeof s->message, "%s", it->message);
+    }
+    return 0;
+}
+
+static void test_verify_files_remote(void **state)
+{
+    char *p = tu_join(root, "m.safetensors"), *dir = tu_tmpdir();
+    char *mfp = tu_join(dir, "m.manifest.json");
+    size_t flen = 0;
+    unsigned char *bytes = tu_read_file(p, &flen);
+    assert_non_null(bytes);
+    uint8_t d[32];
+    char hex[65];
+    mf_sha256(bytes, flen, d);
+    mf_hex(d, hex);
+    for (int round = 0; round < 3; round++) {
+        mf_buf b = {0};
+        mf_addf(&b, "{\"format\": \"sluice-manifest\", \"version\": 1, \"algorithm\": "
+                    "\"sha256\", \"files\": {\"m.safetensors\": {\"sha256\": \"%s\", "
+                    "\"size\": %zu}}}", hex, round == 2 ? flen + 1 : flen);
+        mf_write_text(mfp, b.p);
+        mf_buf_free(&b);
+        sluice_options o = fast_options();
+        o.manifest_path = mfp;
+        o.verify = SLUICE_VERIFY_IF_PRESENT;   /* it lists no tensor */
+        sluice_model *m = NULL;
+        int rc = sluice_open(model_url, &o, &m);
+        if (rc != SLUICE_OK)
+            fail_msg("open: %s", sluice_errmsg(m));
+        if (round == 1)
+            arm("status", 1, "404");
+        sluice_verify_options vo;
+        sluice_verify_options_init(&vo);
+        vo.flags = SLUICE_VF_FILES | SLUICE_VF_NO_TENSORS;
+        file_seen seen = {0};
+        vo.on_item = file_item;
+        vo.user = &seen;
+        struct sluice_verify_report r = {.size = sizeof r};
+        rc = sluice_verify(m, NULL, 0, &vo, &r);
+        if (round == 0) {
+            if (rc != SLUICE_OK)
+                fail_msg("verify --files: %s", sluice_errmsg(m));
+            assert_int_equal(r.files_ok, 1);
+            assert_int_equal(r.bytes_hashed, flen);
+            assert_int_equal(seen.status, SLUICE_OK);
+            assert_true(seen.has_digest);
+            assert_int_equal(seen.bytes, flen);
+            assert_string_equal(seen.message, "");
+        } else if (round == 1) {
+            assert_int_equal(rc, SLUICE_E_REMOTE);
+            assert_int_equal(r.files_failed, 1);
+            assert_int_equal(r.bytes_hashed, 0);
+            assert_int_equal(seen.status, SLUICE_E_REMOTE);
+            assert_false(seen.has_digest);
+            if (!strstr(seen.message, "HTTP 404") || !strstr(sluice_errmsg(m), "HTTP 404"))
+                fail_msg("item: %s; model: %s", seen.message, sluice_errmsg(m));
+        } else {
+            char want[128];
+            snprintf(want, sizeof want, ": %zu bytes, the manifest says %zu", flen, flen + 1);
+            assert_int_equal(rc, SLUICE_E_CHECKSUM);
+            assert_int_equal(r.files_failed, 1);
+            assert_int_equal(seen.status, SLUICE_E_CHECKSUM);
+            assert_true(seen.has_digest);
+            assert_int_equal(r.bytes_hashed, flen);
+            if (!strstr(seen.message, want) || strncmp(seen.message, "file ", 5) != 0)
+                fail_msg("item: %s", seen.message);
+        }
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+    }
+    free(bytes);
+    free(p);
+    free(mfp);
+    tu_rmtree(dir);
+    free(dir);
+    (void)state;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_503_retried),
+        cmocka_unit_test(test_verify_files_remote),
         cmocka_unit_test(test_etag_control_bytes),
         cmocka_unit_test(test_credentials_not_redirected),
         cmocka_unit_test(test_retry_after),

@@ -84,15 +84,6 @@ static uint64_t file_size(const char *path)
     return len;
 }
 
-static void copy_file(const char *from, const char *to)
-{
-    size_t len = 0;
-    void *b = tu_read_file(from, &len);
-    assert_non_null(b);
-    tu_write_file(to, b, len);
-    free(b);
-}
-
 static int setup(void **state)
 {
     char why[256];
@@ -112,8 +103,8 @@ static int setup(void **state)
     manifest_bytes = file_size(mf);
     bad_root = tu_tmpdir();
     char *bm = tu_join(bad_root, "m.safetensors"), *bmf = tu_join(bad_root, "m.safetensors.manifest.json");
-    copy_file(model_path, bm);
-    copy_file(mf, bmf);
+    tu_copy_file(model_path, bm);
+    tu_copy_file(mf, bmf);
     free(bm);
     free(bmf);
     free(mf);
@@ -211,14 +202,83 @@ static const char *model_url(void)
     return url;
 }
 
-/* Starts the fault server on bad_root, or skips the test. */
-static void start_fault(rf_server *fault)
+/* Starts the fault server on dir, or skips the test. */
+static void start_fault_on(rf_server *fault, const char *dir)
 {
     char why[256];
-    if (!rf_fault_start(fault, SLUICE_FAULT_SERVER, bad_root, why, sizeof why)) {
+    if (!rf_fault_start(fault, SLUICE_FAULT_SERVER, dir, why, sizeof why)) {
         print_message("skipped: %s\n", why);
         skip();
     }
+}
+
+/* Starts the fault server on bad_root, or skips the test. */
+static void start_fault(rf_server *fault)
+{
+    start_fault_on(fault, bad_root);
+}
+
+/* Skips the test when nginx serves no https (no certificate). */
+static void need_tls(void)
+{
+    if (!nginx.tls_port) {
+        print_message("skipped: no certificate for nginx's https (openssl)\n");
+        skip();
+    }
+}
+
+/* The fault server's log (malloc'd); the server stopped. */
+static char *log_and_stop(rf_server *sv)
+{
+    char *log = rf_get(sv, "/ctl/log");
+    rf_stop(sv);
+    return log;
+}
+
+/* One load through the fault server as the proxy: started on dir (or
+ * the test skips), armed with ctl (none when NULL), then url (NULL: the
+ * model at nginx) loaded by load_all with o (opts_with_proxy's when NULL),
+ * its http_proxy the fault server. Returns what the server logged
+ * (malloc'd), the server stopped. */
+static char *load_via_fault(const char *dir, const char *ctl, sluice_options *o, const char *url,
+                            int prefetch, outcome *out)
+{
+    rf_server fault;
+    sluice_options plain;
+    start_fault_on(&fault, dir);
+    if (ctl)
+        free(rf_get(&fault, ctl));
+    if (!o)
+        opts_with_proxy(o = &plain, NULL);
+    o->http_proxy = fault.base;
+    load_all(url ? url : model_url(), o, prefetch, out);
+    o->http_proxy = NULL;
+    return log_and_stop(&fault);
+}
+
+/* A scratch folder holding a copy of the model (its path in *copy) whose
+ * byte `back` bytes before the end is flipped: a proxy's corrupted copy. */
+static char *liar_copy(uint64_t back, char **copy)
+{
+    char *liar = tu_tmpdir();
+    *copy = tu_join(liar, "m.safetensors");
+    tu_copy_file(model_path, *copy);
+    mf_flip_byte(*copy, file_size(*copy) - back);
+    return liar;
+}
+
+/* Every byte of the load came direct, past the proxy (the manifest, read
+ * direct, aside). */
+static void expect_every_byte_bypassed(const outcome *out)
+{
+    assert_int_equal(out->st.proxy_bypass_bytes,
+                     out->st.remote_bytes + out->st.remote_open_bytes - manifest_bytes);
+}
+
+static void expect_ok(const outcome *out)
+{
+    if (!out->ok)
+        fail_msg("%s", out->why);
 }
 
 /* Arms the fault server to flip the middle byte of tensor names[i] once
@@ -331,10 +391,7 @@ static void test_squid_corrupt_copy(void **state)
     (void)state;
     char why[256];
     rf_server fault, squid;
-    if (!rf_fault_start(&fault, SLUICE_FAULT_SERVER, bad_root, why, sizeof why)) {
-        print_message("skipped: %s\n", why);
-        skip();
-    }
+    start_fault(&fault);
     if (!rf_squid_start(&squid, fault.port, why, sizeof why)) {
         rf_stop(&fault);
         print_message("skipped: %s\n", why);
@@ -348,8 +405,7 @@ static void test_squid_corrupt_copy(void **state)
     char *stats = rf_get(&fault, "/ctl/stats");
     rf_stop(&squid);
     rf_stop(&fault);
-    if (!out.ok)
-        fail_msg("%s", out.why);
+    expect_ok(&out);
     assert_non_null(strstr(stats, "faults=1"));
     free(stats);
     assert_int_equal(out.st.proxy_failures, 1);
@@ -391,8 +447,7 @@ static void test_proxy_rewrites_etag(void **state)
     char *before = rf_log(&nginx);
     load_all(model_url(), &o, 0, &out);
     char *after = rf_log(&nginx);
-    if (!out.ok)
-        fail_msg("%s", out.why);
+    expect_ok(&out);
     /* nginx answered no 412 since the load began */
     assert_non_null(before);
     assert_non_null(after);
@@ -420,7 +475,7 @@ static void test_proxy_rewrites_etag(void **state)
     /* the origin's object replaced after open: same size, another ETag
      * (nginx's is its mtime and size) */
     char *copy = tu_join(root, "m.safetensors.new");
-    copy_file(model_path, copy);
+    tu_copy_file(model_path, copy);
     struct timespec later[2] = {{.tv_sec = time(NULL) + 100}, {.tv_sec = time(NULL) + 100}};
     assert_int_equal(utimensat(AT_FDCWD, copy, later, 0), 0);
     assert_int_equal(rename(copy, model_path), 0);
@@ -446,11 +501,9 @@ static void test_proxy_refused(void **state)
     opts_with_proxy(&o, proxy);
     outcome out;
     load_all(model_url(), &o, 1, &out);
-    if (!out.ok)
-        fail_msg("%s", out.why);
+    expect_ok(&out);
     assert_int_equal(out.st.proxy_failures, 1);
-    assert_int_equal(out.st.proxy_bypass_bytes,
-                     out.st.remote_bytes + out.st.remote_open_bytes - manifest_bytes);
+    expect_every_byte_bypassed(&out);
     assert_true(out.st.remote_bytes >= model_bytes - 4096);
     assert_int_equal(out.st.failures, 0);
     for (size_t i = 0; i < NT; i++)
@@ -463,20 +516,14 @@ static void test_proxy_refused(void **state)
 static void test_proxy_hangs(void **state)
 {
     (void)state;
-    rf_server fault;
-    start_fault(&fault);
-    free(rf_get(&fault, "/ctl?mode=hang&count=100000&arg=30"));
     sluice_options o;
-    opts_with_proxy(&o, fault.base);
+    opts_with_proxy(&o, NULL);
     o.remote_stall_timeout_ms = 500;
     outcome out;
-    load_all(model_url(), &o, 1, &out);
-    rf_stop(&fault);
-    if (!out.ok)
-        fail_msg("%s", out.why);
+    free(load_via_fault(bad_root, "/ctl?mode=hang&count=100000&arg=30", &o, NULL, 1, &out));
+    expect_ok(&out);
     assert_int_equal(out.st.proxy_failures, 1);
-    assert_int_equal(out.st.proxy_bypass_bytes,
-                     out.st.remote_bytes + out.st.remote_open_bytes - manifest_bytes);
+    expect_every_byte_bypassed(&out);
     assert_int_equal(out.st.failures, 0);
 }
 
@@ -486,20 +533,12 @@ static void test_proxy_hangs(void **state)
 static void test_proxy_5xx(void **state)
 {
     (void)state;
-    rf_server fault;
-    start_fault(&fault);
-    free(rf_get(&fault, "/ctl?mode=status&count=100000&arg=503"));
-    sluice_options o;
-    opts_with_proxy(&o, fault.base);
     outcome out;
-    load_all(model_url(), &o, 0, &out);
-    rf_stop(&fault);
-    if (!out.ok)
-        fail_msg("%s", out.why);
+    free(load_via_fault(bad_root, "/ctl?mode=status&count=100000&arg=503", NULL, NULL, 0, &out));
+    expect_ok(&out);
     /* every request but the manifest's, which goes direct */
     assert_true(out.st.proxy_failures >= out.st.remote_reads + out.st.remote_open_requests - 1);
-    assert_int_equal(out.st.proxy_bypass_bytes,
-                     out.st.remote_bytes + out.st.remote_open_bytes - manifest_bytes);
+    expect_every_byte_bypassed(&out);
     assert_int_equal(out.st.remote_retries, 0);
 }
 
@@ -559,8 +598,7 @@ static void test_no_proxy_redirect_target(void **state)
     free(rf_get(&fault, ctl));
     unsigned char got[1000];
     rc = sluice_read_into(m, "w.b", 0, got, sizeof got);
-    char *log = rf_get(&fault, "/ctl/log");
-    rf_stop(&fault);
+    char *log = log_and_stop(&fault);
     if (rc != SLUICE_OK)
         fail_msg("read_into: %s", sluice_errmsg(m));
     sluice_tensor *t = NULL;
@@ -584,16 +622,9 @@ static void test_no_proxy_redirect_target(void **state)
 static void test_dragonfly_headers(void **state)
 {
     (void)state;
-    char why[256];
-    if (!nginx.tls_port) {
-        print_message("skipped: no certificate for nginx's https (openssl)\n");
-        skip();
-    }
+    need_tls();
     rf_server df;
-    if (!rf_fault_start(&df, SLUICE_FAULT_SERVER, root, why, sizeof why)) {
-        print_message("skipped: %s\n", why);
-        skip();
-    }
+    start_fault_on(&df, root);
     char url[256];
     snprintf(url, sizeof url, "%s/m.safetensors?X-Amz-Signature=abc&X-Amz-Date=1",
              nginx.tls_base);
@@ -657,18 +688,8 @@ static void test_dragonfly_headers(void **state)
 static void test_plain_no_dragonfly_headers(void **state)
 {
     (void)state;
-    char why[256];
-    rf_server px;
-    if (!rf_fault_start(&px, SLUICE_FAULT_SERVER, root, why, sizeof why)) {
-        print_message("skipped: %s\n", why);
-        skip();
-    }
-    sluice_options o;
-    opts_with_proxy(&o, px.base);
     outcome out;
-    load_all(model_url(), &o, 0, &out);
-    char *log = rf_get(&px, "/ctl/log");
-    rf_stop(&px);
+    char *log = load_via_fault(root, NULL, NULL, NULL, 0, &out);
     assert_true(out.ok);
     assert_int_equal(out.st.proxy_failures, 0);
     char abs[128];
@@ -684,17 +705,13 @@ static void test_plain_no_dragonfly_headers(void **state)
 static void test_mirror_through_proxy(void **state)
 {
     (void)state;
-    char why[256];
     rf_server px;
-    if (!rf_fault_start(&px, SLUICE_FAULT_SERVER, root, why, sizeof why)) {
-        print_message("skipped: %s\n", why);
-        skip();
-    }
+    start_fault_on(&px, root);
     char *dir = tu_tmpdir();
     char *local = tu_join(dir, "m.safetensors"), *lmf = tu_join(dir, "m.safetensors.manifest.json");
     char *mf = tu_join(root, "m.safetensors.manifest.json");
-    copy_file(model_path, local);
-    copy_file(mf, lmf);
+    tu_copy_file(model_path, local);
+    tu_copy_file(mf, lmf);
     mf_flip_byte(local, file_size(local) - sizes[5] - sizes[4] - sizes[3] - sizes[2] - 10);
     const char *mirrors[] = {model_url()};
     char dead[64];
@@ -726,8 +743,7 @@ static void test_mirror_through_proxy(void **state)
             assert_true(st.proxy_failures > 0 && st.proxy_bypass_bytes >= info->nbytes);
         assert_int_equal(sluice_close(m), SLUICE_OK);
     }
-    char *log = rf_get(&px, "/ctl/log");
-    rf_stop(&px);
+    char *log = log_and_stop(&px);
     char abs[128];
     snprintf(abs, sizeof abs, "GET %s/m.safetensors", nginx.base);
     assert_non_null(strstr(log, abs));
@@ -782,32 +798,14 @@ static void test_command_proxy(void **state)
 static void test_proxy_404_manifest(void **state)
 {
     (void)state;
-    char why[256];
-    char *liar = tu_tmpdir();
-    char *lm = tu_join(liar, "m.safetensors");
-    copy_file(model_path, lm);
-    {
-        size_t len = 0;
-        unsigned char *b = tu_read_file(lm, &len);
-        b[len - sizes[5] - sizes[4] - sizes[3] - sizes[2] / 2] ^= 0xFF;   /* in w.c */
-        tu_write_file(lm, b, len);
-        free(b);
-    }
-    rf_server fault;
-    if (!rf_fault_start(&fault, SLUICE_FAULT_SERVER, liar, why, sizeof why)) {
-        print_message("skipped: %s\n", why);
-        skip();
-    }
-    sluice_options o;
-    opts_with_proxy(&o, fault.base);
+    char *lm;
+    char *liar = liar_copy(sizes[5] + sizes[4] + sizes[3] + sizes[2] / 2, &lm);   /* in w.c */
     outcome out;
-    load_all(model_url(), &o, 0, &out);
-    rf_stop(&fault);
+    free(load_via_fault(liar, NULL, NULL, NULL, 0, &out));
     tu_rmtree(liar);
     free(lm);
     free(liar);
-    if (!out.ok)
-        fail_msg("%s", out.why);
+    expect_ok(&out);
     assert_int_equal(out.st.failures, 0);
     assert_true(out.st.proxy_failures >= 1);
 }
@@ -822,31 +820,19 @@ static void test_proxy_404_manifest(void **state)
 static void test_no_proxy_range_dragonfly(void **state)
 {
     (void)state;
-    char why[256];
-    if (!nginx.tls_port) {
-        print_message("skipped: no certificate for nginx's https (openssl)\n");
-        skip();
-    }
-    rf_server df;
-    if (!rf_fault_start(&df, SLUICE_FAULT_SERVER, root, why, sizeof why)) {
-        print_message("skipped: %s\n", why);
-        skip();
-    }
+    need_tls();
     setenv("no_proxy", "10.1.2.3, 127.0.0.0/8", 1);
     char url[256];
     snprintf(url, sizeof url, "%s/m.safetensors", nginx.tls_base);
     sluice_options o;
-    opts_with_proxy(&o, df.base);
+    opts_with_proxy(&o, NULL);
     o.proxy_kind = SLUICE_PROXY_DRAGONFLY;
     o.remote_ca_file = nginx.ca_file;
     o.http_token = "secret-token";
     outcome out;
-    load_all(url, &o, 0, &out);
+    char *log = load_via_fault(root, NULL, &o, url, 0, &out);
     unsetenv("no_proxy");
-    char *log = rf_get(&df, "/ctl/log");
-    rf_stop(&df);
-    if (!out.ok)
-        fail_msg("%s", out.why);
+    expect_ok(&out);
     assert_int_equal(out.st.proxy_failures, 0);
     assert_int_equal(out.st.proxy_bypass_bytes, 0);
     assert_string_equal(log, "");
@@ -894,27 +880,17 @@ static void test_dragonfly_credentials_off_host_refused(void **state)
 static void test_dragonfly_redirect_no_connect(void **state)
 {
     (void)state;
-    char why[256];
-    rf_server df;
-    if (!rf_fault_start(&df, SLUICE_FAULT_SERVER, root, why, sizeof why)) {
-        print_message("skipped: %s\n", why);
-        skip();
-    }
     char ctl[256];
     snprintf(ctl, sizeof ctl, "/ctl?mode=redirect&count=100000&arg=https://127.0.0.1:%u/m.safetensors",
              rf_free_port());
-    free(rf_get(&df, ctl));
     sluice_options o;
-    opts_with_proxy(&o, df.base);
+    opts_with_proxy(&o, NULL);
     o.proxy_kind = SLUICE_PROXY_DRAGONFLY;
     outcome out;
-    load_all(model_url(), &o, 0, &out);
-    char *log = rf_get(&df, "/ctl/log");
-    rf_stop(&df);
+    char *log = load_via_fault(root, ctl, &o, NULL, 0, &out);
     int connect = strstr(log, "CONNECT ") != NULL;
     free(log);
-    if (!out.ok)
-        fail_msg("%s", out.why);
+    expect_ok(&out);
     assert_false(connect);
     /* every request but the manifest's, which goes direct */
     assert_true(out.st.proxy_failures >= out.st.remote_reads + out.st.remote_open_requests - 1);
@@ -953,8 +929,7 @@ static void test_proxy_credentials_stay_with_the_proxy(void **state)
     char *at_proxy = rf_get(&px, "/ctl/log"), *at_origin = rf_get(&origin, "/ctl/log");
     rf_stop(&px);
     rf_stop(&origin);
-    if (!out.ok)
-        fail_msg("%s", out.why);
+    expect_ok(&out);
     assert_true(out.st.proxy_failures >= 3);
     assert_non_null(strstr(at_proxy, "Proxy-Authorization: Basic YWxAaWNlOnA6cw=="));
     assert_non_null(strstr(at_origin, "GET /m.safetensors"));
@@ -968,22 +943,16 @@ static void test_proxy_credentials_stay_with_the_proxy(void **state)
 static void test_proxy_credentials_hidden(void **state)
 {
     (void)state;
-    char why[256];
     rf_server px;
-    if (!rf_fault_start(&px, SLUICE_FAULT_SERVER, root, why, sizeof why)) {
-        print_message("skipped: %s\n", why);
-        skip();
-    }
+    start_fault_on(&px, root);
     char proxy[128];
     snprintf(proxy, sizeof proxy, "http://al%%40ice:p%%3As@127.0.0.1:%u", px.port);
     sluice_options o;
     opts_with_proxy(&o, proxy);
     outcome out;
     load_all(model_url(), &o, 0, &out);
-    char *log = rf_get(&px, "/ctl/log");
-    rf_stop(&px);
-    if (!out.ok)
-        fail_msg("%s", out.why);
+    char *log = log_and_stop(&px);
+    expect_ok(&out);
     assert_int_equal(out.st.proxy_failures, 0);
     /* base64("al@ice:p:s") */
     assert_non_null(strstr(log, "Proxy-Authorization: Basic YWxAaWNlOnA6cw=="));
@@ -1014,35 +983,17 @@ static void test_proxy_credentials_hidden(void **state)
 static void test_proxy_own_manifest(void **state)
 {
     (void)state;
-    char why[256];
-    char *liar = tu_tmpdir();
-    char *lm = tu_join(liar, "m.safetensors"), *lmf = tu_join(liar, "m.safetensors.manifest.json");
-    copy_file(model_path, lm);
-    {
-        size_t len = 0;
-        unsigned char *b = tu_read_file(lm, &len);
-        b[len - sizes[5] - sizes[4] - sizes[3] - sizes[2] / 2] ^= 0xFF;   /* in w.c */
-        tu_write_file(lm, b, len);
-        free(b);
-    }
+    char *lm;
+    char *liar = liar_copy(sizes[5] + sizes[4] + sizes[3] + sizes[2] / 2, &lm);   /* in w.c */
+    char *lmf = tu_join(liar, "m.safetensors.manifest.json");
     write_manifest(lm, lmf);
-    rf_server fault;
-    if (!rf_fault_start(&fault, SLUICE_FAULT_SERVER, liar, why, sizeof why)) {
-        print_message("skipped: %s\n", why);
-        skip();
-    }
-    sluice_options o;
-    opts_with_proxy(&o, fault.base);
     outcome out;
-    load_all(model_url(), &o, 0, &out);
-    char *log = rf_get(&fault, "/ctl/log");
-    rf_stop(&fault);
+    char *log = load_via_fault(liar, NULL, NULL, NULL, 0, &out);
     tu_rmtree(liar);
     free(lm);
     free(lmf);
     free(liar);
-    if (!out.ok)
-        fail_msg("%s", out.why);
+    expect_ok(&out);
     assert_null(strstr(log, "manifest.json"));
     assert_non_null(strstr(log, "GET http://"));    /* the tensors through it */
     free(log);
@@ -1059,22 +1010,11 @@ static void test_proxy_own_manifest(void **state)
 static void test_part_through_lying_proxy(void **state)
 {
     (void)state;
-    char why[256];
-    char *liar = tu_tmpdir();
-    char *lm = tu_join(liar, "m.safetensors");
-    copy_file(model_path, lm);
-    size_t flen = 0;
-    {
-        unsigned char *b = tu_read_file(lm, &flen);
-        b[flen - sizes[5] - sizes[4] + 100] ^= 0xFF;   /* in w.e, rank 0 of 2 */
-        tu_write_file(lm, b, flen);
-        free(b);
-    }
+    char *lm;
+    char *liar = liar_copy(sizes[5] + sizes[4] - 100, &lm);   /* in w.e, rank 0 of 2 */
+    size_t flen = (size_t)file_size(lm);
     rf_server fault;
-    if (!rf_fault_start(&fault, SLUICE_FAULT_SERVER, liar, why, sizeof why)) {
-        print_message("skipped: %s\n", why);
-        skip();
-    }
+    start_fault_on(&fault, liar);
     sluice_options o;
     opts_with_proxy(&o, fault.base);
     sluice_model *m = NULL;
@@ -1123,19 +1063,10 @@ static void test_part_through_lying_proxy(void **state)
 static void test_verify_files_through_lying_proxy(void **state)
 {
     (void)state;
-    char why[256];
-    char *liar = tu_tmpdir();
-    char *lm = tu_join(liar, "m.safetensors");
-    copy_file(model_path, lm);
+    char *lm;
+    char *liar = liar_copy(sizes[5] + sizes[4] + sizes[3] + sizes[2] + 10, &lm);   /* in w.b */
     size_t flen = 0;
     unsigned char *orig = tu_read_file(model_path, &flen);
-    {
-        size_t len = 0;
-        unsigned char *b = tu_read_file(lm, &len);
-        b[len - sizes[5] - sizes[4] - sizes[3] - sizes[2] - 10] ^= 0xFF;   /* in w.b */
-        tu_write_file(lm, b, len);
-        free(b);
-    }
     /* a version 1 manifest: the tensors' digests and the file's */
     char *mfdir = tu_tmpdir();
     char *mfp = tu_join(mfdir, "m.manifest.json");
@@ -1167,10 +1098,7 @@ static void test_verify_files_through_lying_proxy(void **state)
         assert_int_equal(sluice_close(m), SLUICE_OK);
     }
     rf_server fault;
-    if (!rf_fault_start(&fault, SLUICE_FAULT_SERVER, liar, why, sizeof why)) {
-        print_message("skipped: %s\n", why);
-        skip();
-    }
+    start_fault_on(&fault, liar);
     sluice_options o;
     opts_with_proxy(&o, fault.base);
     o.manifest_path = mfp;
@@ -1183,8 +1111,7 @@ static void test_verify_files_through_lying_proxy(void **state)
     vo.flags = SLUICE_VF_FILES | SLUICE_VF_NO_TENSORS;
     struct sluice_verify_report rep = {.size = sizeof rep};
     rc = sluice_verify(m, NULL, 0, &vo, &rep);
-    char *log = rf_get(&fault, "/ctl/log");
-    rf_stop(&fault);
+    char *log = log_and_stop(&fault);
     if (rc != SLUICE_OK)
         fail_msg("verify --files through the lying proxy: %s: %s", sluice_strerror(rc),
                  sluice_errmsg(m));

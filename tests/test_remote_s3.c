@@ -98,20 +98,10 @@ static int setup(void **state)
         s3.port = rf_free_port();
         char port[16];
         snprintf(port, sizeof port, "%u", s3.port);
-        pid_t parent = getpid(), pid = fork();
-        if (pid == 0) {
-            rf_die_with_parent(parent);
-            int devnull = open("/dev/null", O_WRONLY);
-            if (devnull >= 0) {
-                dup2(devnull, 1);
-                dup2(devnull, 2);
-            }
-            execl(bin, bin, "-d", data_dir, "-a", "127.0.0.1", "-p", port, "-s",
-                  "--service-endpoint", "localhost", "--configure-bucket", "models",
-                  (char *)NULL);
-            _exit(127);
-        }
-        s3.pid = pid;
+        char *const argv[] = {bin, "-d", data_dir, "-a", "127.0.0.1", "-p", port, "-s",
+                              "--service-endpoint", "localhost", "--configure-bucket", "models",
+                              NULL};
+        s3.pid = rf_spawn_quiet(bin, argv);
         if (!rf_wait_ready(&s3)) {
             if (s3.pid > 0)
                 kill(s3.pid, SIGKILL), waitpid(s3.pid, NULL, 0);

@@ -36,9 +36,8 @@ static int setup(void **state)
 {
     fx *f = calloc(1, sizeof *f);
     assert_non_null(f);
-    f->dir = tu_tmpdir();
-    f->model = tu_join(f->dir, "model.safetensors");
-    f->manifest = tu_join(f->dir, "model.safetensors.manifest.json");
+    f->dir = mf_scratch(&f->model, "model.safetensors", &f->manifest,
+                        "model.safetensors.manifest.json");
     f->sig = tu_join(f->dir, "model.safetensors.manifest.json.sig");
     mf_write_simple(f->model, 3, 100);
     run_result r = run(f->dir, "manifest", f->model, "-q", "-o", f->manifest, NULL);
@@ -51,10 +50,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     fx *f = *state;
-    tu_rmtree(f->dir);
-    free(f->dir);
-    free(f->model);
-    free(f->manifest);
+    mf_scratch_free(f->dir, f->model, f->manifest);
     free(f->sig);
     free(f);
     return 0;

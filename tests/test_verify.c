@@ -160,9 +160,8 @@ static int setup(void **state)
 {
     fx *f = calloc(1, sizeof *f);
     assert_non_null(f);
-    f->dir = tu_tmpdir();
-    f->model = tu_join(f->dir, "model.safetensors");
-    f->manifest = tu_join(f->dir, "model.safetensors.manifest.json"); /* the sidecar */
+    f->dir = mf_scratch(&f->model, "model.safetensors", &f->manifest,
+                        "model.safetensors.manifest.json"); /* the sidecar */
     mf_write_model(f->model, MODEL_N, model_keys, model_sizes);
     f->clean = library_digests(f->model, 0);
     write_manifest(f->model, &f->clean, f->manifest);
@@ -173,10 +172,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     fx *f = *state;
-    tu_rmtree(f->dir);
-    free(f->dir);
-    free(f->model);
-    free(f->manifest);
+    mf_scratch_free(f->dir, f->model, f->manifest);
     free(f->clean.d);
     free(f);
     return 0;

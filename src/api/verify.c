@@ -899,58 +899,77 @@ int sl_verify_run(const sl_index *ix, const sl_manifest *mf, const sluice_option
 
 /* ---------------------------------------------------------------- remote files */
 
-/* The digest of remote file f, read whole with range requests of its
- * source (RV_PIECE at a time); *bytes gets how many were read. */
+/* A whole file of a source without a descriptor (a remote object) is
+ * read through its table's read_tensor, RV_PIECE at a time (range
+ * requests), and goes through the same item as a local file's: fed,
+ * judged by conclude, reported by report_item. */
 #define RV_PIECE ((size_t)16 << 20)
 
-static int remote_file_digest(const sl_file *f, const struct sl_remote_cfg *rc,
-                              sluice_algorithm alg, const sluice_cancel *cancel,
-                              unsigned char *buf, uint8_t out[32], uint64_t *bytes, sl_err *err)
+/* Hashes [*pos, stop) of file f into md through its source's read_tensor
+ * with rc: all of it, or it fails (an early end is an I/O failure; the
+ * size is known since open). */
+static void source_range(const vf_run *run, vf_item *it, sl_md *md, const sl_file *f,
+                         const struct sl_remote_cfg *rc, const sluice_cancel *cancel,
+                         unsigned char *buf, uint64_t *pos, uint64_t stop)
 {
-    sl_md *md = sl_md_new(alg);
-    if (!md)
-        return sl_fail(err, SLUICE_E_NOMEM, "verify: out of memory");
-    int rc2 = SLUICE_OK;
-    *bytes = 0;
-    while (*bytes < f->size && rc2 == SLUICE_OK) {
+    while (*pos < stop && it->status == SLUICE_OK) {
+        sl_err e = {0};
         if (sl_cancel_requested(cancel)) {
-            rc2 = sl_fail(err, SLUICE_E_CANCELLED, "verify: cancelled");
-            break;
+            item_fail(it, SLUICE_E_CANCELLED, "verify: cancelled");
+            return;
         }
-        size_t want = f->size - *bytes < RV_PIECE ? (size_t)(f->size - *bytes) : RV_PIECE;
+        size_t want = stop - *pos < RV_PIECE ? (size_t)(stop - *pos) : RV_PIECE;
         size_t got = 0;
         unsigned requests = 0;
-        rc2 = f->src->read_tensor(f, rc, buf, want, *bytes, &got, &requests, err);
-        if (rc2 == SL_SRC_ERRNO || (rc2 == SLUICE_OK && got == 0))
-            rc2 = sl_fail(err, SLUICE_E_IO, "file %s: read at offset %llu failed", f->path,
-                          (unsigned long long)*bytes);
-        if (rc2 == SLUICE_OK && sl_md_update(md, buf, got) < 0)
-            rc2 = sl_fail(err, SLUICE_E_NOMEM, "verify: hashing failed");
-        *bytes += rc2 == SLUICE_OK ? got : 0;
+        int st = f->src->read_tensor(f, rc, buf, want, *pos, &got, &requests, &e);
+        if (st == SL_SRC_ERRNO || (st == SLUICE_OK && got == 0))
+            st = sl_fail(&e, SLUICE_E_IO, "file %s: read at offset %llu failed", f->path,
+                         (unsigned long long)*pos);
+        if (st != SLUICE_OK) {
+            item_fail(it, st, "%s", e.msg);
+            return;
+        }
+        if (feed(run, it, md, buf, got) == SLUICE_OK)
+            *pos += got;
     }
-    if (rc2 == SLUICE_OK && sl_md_final(md, out) < 0)
-        rc2 = sl_fail(err, SLUICE_E_NOMEM, "verify: hashing failed");
-    sl_md_free(md);
-    return rc2;
 }
 
-/* The digest of a file read again from the origin directly
- * (sl_source_read_direct). */
+/* Reads file item it whole through its source with rc and, the read
+ * whole, judges it (conclude). Returns the read's status: SLUICE_OK when
+ * every byte was read (it->status then the judgement). */
+static int source_file_item(const vf_run *run, vf_item *it, const struct sl_remote_cfg *rc,
+                            const sluice_cancel *cancel, unsigned char *buf)
+{
+    const sl_file *f = &run->ix->files[it->file];
+    it->status = SLUICE_OK;
+    sl_md *md = sl_md_new(run->alg);
+    if (!md)
+        return item_fail(it, SLUICE_E_NOMEM, "verify: out of memory");
+    uint64_t pos = 0;
+    source_range(run, it, md, f, rc, cancel, buf, &pos, f->size);
+    int read = it->status;
+    if (read == SLUICE_OK)
+        conclude(run, it, md, pos);
+    sl_md_free(md);
+    return read;
+}
+
+/* A file read again from the origin directly, into again
+ * (sl_source_read_direct's read). */
 typedef struct file_direct_args {
-    const sl_file *f;
-    sluice_algorithm alg;
+    const vf_run *run;
+    vf_item *again;
     const sluice_cancel *cancel;
     unsigned char *buf;
-    uint8_t *out;
-    uint64_t bytes;
 } file_direct_args;
 
 static int file_direct(const struct sl_remote_cfg *direct, void *ctx, uint64_t *bytes, sl_err *err)
 {
+    (void)err;  /* the item carries its own message */
     file_direct_args *a = ctx;
-    int rc = remote_file_digest(a->f, direct, a->alg, a->cancel, a->buf, a->out, &a->bytes, err);
-    *bytes = a->bytes;
-    return rc;
+    int read = source_file_item(a->run, a->again, direct, a->cancel, a->buf);
+    *bytes = a->again->bytes;
+    return read;
 }
 
 int sl_verify_remote_files(const sl_index *ix, const sl_manifest *mf,
@@ -961,64 +980,52 @@ int sl_verify_remote_files(const sl_index *ix, const sl_manifest *mf,
     unsigned char *buf = malloc(RV_PIECE);
     if (!buf)
         return SLUICE_E_NOMEM;
+    vf_run run = {.ix = ix, .alg = alg, .alg_name = sl_md_title(alg)};
     int out = SLUICE_OK;
     for (size_t i = 0; i < ix->nfiles && out == SLUICE_OK; i++) {
         const sl_file *f = &ix->files[i];
-        uint64_t want_size = SLUICE_SIZE_UNKNOWN, bytes = 0;
-        const uint8_t *want = sl_manifest_file_digest(mf, i, &want_size);
-        struct sluice_verify_item it = {.size = sizeof it, .kind = SLUICE_VERIFY_ITEM_FILE,
-                                        .index = i, .name = f->path, .name_len = strlen(f->path)};
-        sl_err e = {0};
-        char msg[1024], hw[65], hg[65];
-        int st = want ? remote_file_digest(f, rc, alg, o->cancel, buf, it.digest, &bytes, &e)
-                      : SLUICE_E_MANIFEST_MISSING;
-        /* bytes through the proxy that fail: the file is read again from
-         * the origin directly, once, as a tensor load's are (sluice.h
-         * "Proxies"), counted as theirs */
-        if (st == SLUICE_OK && ((want_size != SLUICE_SIZE_UNKNOWN && want_size != bytes) ||
-                                memcmp(want, it.digest, 32) != 0)) {
-            uint8_t d2[32];
-            file_direct_args a = {f, alg, o->cancel, buf, d2, 0};
+        vf_item it = {.kind = SLUICE_VERIFY_ITEM_FILE, .index = i, .file = i, .begin = 0,
+                      .end = f->size, .weight = f->size};
+        it.want = sl_manifest_file_digest(mf, i, &it.want_size);
+        char what[SL_ERRMSG_MAX / 2];
+        if (!it.want)   /* nothing to compare with: not read */
+            item_fail(&it, SLUICE_E_MANIFEST_MISSING, "%s: the manifest has no digest for it",
+                      item_what(&run, &it, what, sizeof what));
+        else if (source_file_item(&run, &it, rc, o->cancel, buf) == SLUICE_OK &&
+                 it.status == SLUICE_E_CHECKSUM) {
+            /* bytes through the proxy that fail: the file is read again
+             * from the origin directly, once, as a tensor load's are
+             * (sluice.h "Proxies"), counted as theirs: the remote
+             * source's one such read (not proxied: the judgement stands) */
+            vf_item again = it;
+            again.bytes = 0;
+            again.has_digest = 0;
+            again.message = NULL;
+            memset(again.digest, 0, sizeof again.digest);
+            file_direct_args a = {&run, &again, o->cancel, buf};
             sl_err e2 = {0};
-            int st2 = sl_source_read_direct(rc, f, file_direct, &a, &e2);
-            if (st2 == SLUICE_OK) {
-                memcpy(it.digest, d2, 32);
-                bytes = a.bytes;
-            } else if (st2 == SLUICE_E_CANCELLED) {
-                st = st2;
-                e = e2;
+            int read = sl_source_read_direct(rc, f, file_direct, &a, &e2);
+            if (read == SLUICE_OK || read == SLUICE_E_CANCELLED) {
+                free(it.message);
+                it = again;     /* the origin's bytes judged (or the cancel) */
+            } else {
+                free(again.message);    /* the proxy's judgement stands */
             }
         }
-        it.bytes = bytes;
-        it.has_digest = want && st == SLUICE_OK;
-        if (st == SLUICE_E_CANCELLED) {
-            out = st;
+        if (it.status == SLUICE_E_CANCELLED) {
+            free(it.message);
+            out = SLUICE_E_CANCELLED;
             break;
         }
-        if (!want)
-            snprintf(msg, sizeof msg, "file %s: the manifest has no digest for it", f->path);
-        else if (st < 0)
-            snprintf(msg, sizeof msg, "%s", e.msg);
-        else if (want_size != SLUICE_SIZE_UNKNOWN && want_size != bytes)
-            st = SLUICE_E_CHECKSUM, snprintf(msg, sizeof msg, "file %s: %llu bytes, the manifest "
-                                              "says %llu", f->path, (unsigned long long)bytes,
-                                              (unsigned long long)want_size);
-        else if (memcmp(want, it.digest, 32) != 0)
-            st = SLUICE_E_CHECKSUM, snprintf(msg, sizeof msg, "file %s: %s mismatch: expected "
-                                              "%s, actual %s", f->path, sl_md_title(alg),
-                                              sl_hex_digest(hw, want),
-                                              sl_hex_digest(hg, it.digest));
-        it.status = st;
-        it.message = st == SLUICE_OK ? "" : msg;
-        rep->bytes_hashed += it.has_digest ? bytes : 0;
-        if (st == SLUICE_OK)
+        rep->bytes_hashed += it.has_digest ? it.bytes : 0;
+        if (it.status == SLUICE_OK)
             rep->files_ok++;
         else if (rep->files_failed++ == 0 && !*first_fail) {
-            *first_fail = st;
-            snprintf(first_msg, cap, "%s", msg);
+            *first_fail = it.status;
+            snprintf(first_msg, cap, "%s", it.message ? it.message : sl_status_name(it.status));
         }
-        if (o->on_item)
-            out = o->on_item(o->user, &it);
+        out = report_item(&run, &it, o);
+        free(it.message);
     }
     free(buf);
     return out;

@@ -22,7 +22,8 @@ int sl_verify_run(const sl_index *ix, const sl_manifest *mf, const sluice_option
 /* SLUICE_VF_FILES for a model with remote files: every whole file read
  * with range requests of its source (through rc) and hashed on the
  * calling thread, each checked against mf's "files" digest and size and
- * reported as an item of o. rep's file counts and bytes_hashed grow;
+ * reported as an item of o: the same item, judgement and report as
+ * sl_verify_run's files, only read through the source's table. rep's file counts and bytes_hashed grow;
  * the first failure's status and message go to *first_fail (when 0) and
  * first_msg. Returns SLUICE_OK, the callback's non-zero value,
  * SLUICE_E_CANCELLED or SLUICE_E_NOMEM. */

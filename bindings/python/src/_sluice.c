@@ -722,12 +722,24 @@ static PyTypeObject HandleType = {
     .tp_getset = handle_getset,
 };
 
-/* A Handle on tensor i (range_name NULL: sluice_acquire_index), or on
- * bytes [begin, end) of it (range_name, its name: sluice_acquire_range,
- * whose handle owns its buffer, outside the pool, and counts as live).
- * The GIL is released while the library reads. */
-static PyObject *acquire_handle(ModelObject *self, size_t i, const char *range_name,
-                                uint64_t begin, uint64_t end)
+/* What one acquire asks for: the whole tensor (sluice_acquire_index);
+ * bytes [begin, end) of it, by its name (sluice_acquire_range); or rank
+ * `begin` of `world` equal parts of it along dim, by its name
+ * (sluice_acquire_part). A range's or a part's handle owns its buffer,
+ * outside the pool, and counts as live. */
+typedef enum acquire_kind { ACQUIRE_WHOLE, ACQUIRE_RANGE, ACQUIRE_PART } acquire_kind;
+
+typedef struct acquire_req {
+    acquire_kind kind;
+    const char *name;       /* ACQUIRE_RANGE, ACQUIRE_PART */
+    uint64_t begin, end;    /* ACQUIRE_RANGE; begin is the rank for ACQUIRE_PART */
+    unsigned dim;           /* ACQUIRE_PART */
+    uint64_t world;         /* ACQUIRE_PART */
+} acquire_req;
+
+/* The one acquire of the extension: a Handle on what req names of tensor
+ * i. The GIL is released while the library reads. */
+static PyObject *acquire_handle(ModelObject *self, size_t i, const acquire_req *req)
 {
     sluice_tensor *t = NULL;
     int rc;
@@ -735,8 +747,17 @@ static PyObject *acquire_handle(ModelObject *self, size_t i, const char *range_n
     self->in_flight++;
     sluice_model *m = self->m;
     Py_BEGIN_ALLOW_THREADS
-    rc = range_name ? sluice_acquire_range(m, range_name, begin, end, &t)
-                    : sluice_acquire_index(m, i, &t);
+    switch (req->kind) {
+    case ACQUIRE_RANGE:
+        rc = sluice_acquire_range(m, req->name, req->begin, req->end, &t);
+        break;
+    case ACQUIRE_PART:
+        rc = sluice_acquire_part(m, req->name, req->dim, req->begin, req->world, &t);
+        break;
+    default:
+        rc = sluice_acquire_index(m, i, &t);
+        break;
+    }
     /* The detail is per thread: read it on this thread, before the GIL
      * lets another call on the model record its own. */
     if (rc != SLUICE_OK)
@@ -758,7 +779,8 @@ static PyObject *model_acquire(ModelObject *self, PyObject *arg)
     size_t i;
     if (!model_usable(self) || index_arg(self, arg, &i) < 0)
         return NULL;
-    return acquire_handle(self, i, NULL, 0, 0);
+    acquire_req whole = {.kind = ACQUIRE_WHOLE};
+    return acquire_handle(self, i, &whole);
 }
 
 /* The tensor's name (borrowed until the library's model is closed) for
@@ -793,7 +815,8 @@ static PyObject *model_acquire_range(ModelObject *self, PyObject *args)
     const char *name = name_of(self, i);
     if (!name)
         return NULL;
-    return acquire_handle(self, i, name, begin, end);
+    acquire_req range = {.kind = ACQUIRE_RANGE, .name = name, .begin = begin, .end = end};
+    return acquire_handle(self, i, &range);
 }
 
 /* read_into(i, buffer, offset) -> bytes written: sluice_read_into of
@@ -874,24 +897,9 @@ static PyObject *model_acquire_part(ModelObject *self, PyObject *args)
     const char *name = name_of(self, i);
     if (!name)
         return NULL;
-    sluice_tensor *t = NULL;
-    char message[1024] = "";
-    sluice_model *m = self->m;
-    int rc;
-    self->in_flight++;
-    Py_BEGIN_ALLOW_THREADS
-    rc = sluice_acquire_part(m, name, dim, rank, world, &t);
-    if (rc != SLUICE_OK)
-        snprintf(message, sizeof message, "%s", sluice_errmsg(m));
-    Py_END_ALLOW_THREADS
-    self->in_flight--;
-    if (rc != SLUICE_OK) {
-        model_maybe_close(self);
-        return raise_code(rc, message);
-    }
-    PyObject *h = handle_new(self, t, i);
-    model_maybe_close(self);
-    return h;
+    acquire_req part = {.kind = ACQUIRE_PART, .name = name, .begin = rank, .dim = dim,
+                        .world = world};
+    return acquire_handle(self, i, &part);
 }
 
 /* part_note() -> the once-per-model note of a part checked by reading its
