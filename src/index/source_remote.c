@@ -87,6 +87,14 @@ static int remote_read_tensor(const sl_file *f, const sl_remote_cfg *rc, unsigne
     return SLUICE_OK;
 }
 
+static int remote_read_spans(const sl_file *f, const sl_remote_cfg *rc, const sl_span *spans,
+                             size_t n, unsigned *requests, uint64_t *bytes, sl_err *err)
+{
+    uint64_t size = f->size;
+    return sl_remote_read_spans(rc, fetch_loc(f), spans, n, &size, f->validators, requests,
+                                bytes, err);
+}
+
 static void remote_submit(const sl_file *f, sl_io *io, sl_rio *rio, sl_io_req *req)
 {
     (void)io;
@@ -120,7 +128,7 @@ static size_t remote_name_len(const char *loc)
 
 /* What the Hub's table shares with the remote one. */
 #define REMOTE_COMMON_METHODS                                                                      \
-    .read_tensor = remote_read_tensor, .submit = remote_submit, .close = remote_close,           \
+    .read_tensor = remote_read_tensor, .read_spans = remote_read_spans, .submit = remote_submit, .close = remote_close,           \
     .read_small = remote_read_small, .shown = sl_remote_shown, .name_len = remote_name_len,
 
 /* A Hub file (hf://, read at the commit hf.c pinned): the remote source
