@@ -920,7 +920,8 @@ SLUICE_API int sluice_digest_range(sluice_model *model, size_t i, uint64_t byte_
  * SLUICE_E_FILE_CHANGED). A server that answers a multi-range request
  * with 200, one range or 416 (S3 and many servers) gets the segments
  * left as single range requests, segments less than 64 KiB apart one
- * range of at most 16 MiB (docs/parallel.md). Then:
+ * range of at most 16 MiB, and so do the file's later parts at once
+ * (docs/parallel.md). Then:
  *  - the manifest lists the digest of this part (version 2 "parts", for
  *    this dim and n; `sluice manifest --parts`): only the part's bytes
  *    are read, hashed in the part's order, and must match;

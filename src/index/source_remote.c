@@ -91,8 +91,9 @@ static int remote_read_spans(const sl_file *f, const sl_remote_cfg *rc, const sl
                              size_t n, unsigned *requests, uint64_t *bytes, sl_err *err)
 {
     uint64_t size = f->size;
-    return sl_remote_read_spans(rc, fetch_loc(f), spans, n, &size, f->validators, requests,
-                                bytes, err);
+    /* f is shared: its flag is set once, without a lock (index.h) */
+    return sl_remote_read_spans(rc, fetch_loc(f), spans, n, &size, f->validators,
+                                (_Atomic int *)&f->single_ranges, requests, bytes, err);
 }
 
 static void remote_submit(const sl_file *f, sl_io *io, sl_rio *rio, sl_io_req *req)

@@ -423,8 +423,8 @@ int sl_remote_get(const sl_remote_cfg *c, const char *location, size_t max, char
 }
 
 int sl_remote_read_spans(const sl_remote_cfg *c, const char *location, const sl_span *spans,
-                         size_t n, uint64_t *size, sl_validators *v, unsigned *requests,
-                         uint64_t *bytes, sl_err *err)
+                         size_t n, uint64_t *size, sl_validators *v, _Atomic int *single,
+                         unsigned *requests, uint64_t *bytes, sl_err *err)
 {
     *requests = 0;
     *bytes = 0;
@@ -1498,8 +1498,8 @@ static size_t mr_ranges(const sl_span *spans, size_t n, uint64_t gap, mr_range *
 }
 
 int sl_remote_read_spans(const sl_remote_cfg *c, const char *location, const sl_span *spans,
-                         size_t n, uint64_t *size, sl_validators *v, unsigned *requests,
-                         uint64_t *bytes, sl_err *err)
+                         size_t n, uint64_t *size, sl_validators *v, _Atomic int *single,
+                         unsigned *requests, uint64_t *bytes, sl_err *err)
 {
     *requests = 0;
     *bytes = 0;
@@ -1512,7 +1512,8 @@ int sl_remote_read_spans(const sl_remote_cfg *c, const char *location, const sl_
             return sl_fail(err, SLUICE_E_INVAL, "%s: spans out of order", location);
         }
     size_t nr = mr_ranges(spans, n, SL_SPAN_GAP_MULTI, rg);
-    int rc = SLUICE_OK;
+    int rc = single && atomic_load_explicit(single, memory_order_relaxed) ? MR_FALLBACK
+                                                                          : SLUICE_OK;
     size_t k = 0;
     while (rc == SLUICE_OK && k < nr) {
         /* a batch: ranges up to SL_SPAN_BATCH of them, a Range header of
@@ -1543,11 +1544,13 @@ int sl_remote_read_spans(const sl_remote_cfg *c, const char *location, const sl_
         }
         k = j;
     }
+    if (rc == MR_FALLBACK && single)
+        atomic_store_explicit(single, 1, memory_order_relaxed);
     if (rc == MR_FALLBACK) {
         /* no multi-range: the spans left, closer than SL_SPAN_GAP_SINGLE
          * one range each (the bytes between them fetched and dropped) */
         rc = SLUICE_OK;
-        size_t s0 = rg[k].s0;
+        size_t s0 = k < nr ? rg[k].s0 : n;
         size_t nr2 = mr_ranges(spans + s0, n - s0, SL_SPAN_GAP_SINGLE, rg);
         for (size_t q = 0; rc == SLUICE_OK && q < nr2; q++) {
             rg[q].s0 += s0;

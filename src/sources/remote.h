@@ -197,12 +197,13 @@ typedef struct sl_span {
  * must be the range asked, in order, of an object of *size bytes; else
  * SLUICE_E_REMOTE, or SLUICE_E_FILE_CHANGED for another size); a server
  * that answers one with 200, 416 or a single range gets the spans left as
- * single coalesced ranges (remote.h's rules for those). *requests and
+ * single coalesced ranges (remote.h's rules for those), and *single (may
+ * be NULL) is set: later calls given it go single at once. *requests and
  * *bytes: the requests made and the object bytes they asked for (the
  * caller counts them, as sl_remote_read_tensor's). */
 int sl_remote_read_spans(const sl_remote_cfg *c, const char *location, const sl_span *spans,
-                         size_t n, uint64_t *size, sl_validators *v, unsigned *requests,
-                         uint64_t *bytes, sl_err *err);
+                         size_t n, uint64_t *size, sl_validators *v, _Atomic int *single,
+                         unsigned *requests, uint64_t *bytes, sl_err *err);
 
 /* GET of a whole object of at most max bytes into a malloc'd, NUL-ended
  * buffer. 404 gives missing_code (0: returns 0 with *out NULL: absent). */
