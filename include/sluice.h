@@ -909,8 +909,19 @@ SLUICE_API int sluice_digest_range(sluice_model *model, size_t i, uint64_t byte_
  *
  * sluice_read_part_into reads the part into dst (len must be the part's
  * size, nbytes / n) and returns once it is verified, reading only what
- * that needs, one read of the source per segment (segments that touch in
- * the file are one read), pread as sluice_read_into:
+ * that needs: a local file one pread per segment (segments that touch in
+ * the file are one read), as sluice_read_into; a remote file's segments
+ * in HTTP multi-range requests (Range: bytes=a-b,c-d,..., answered 206
+ * multipart/byteranges), segments less than 256 bytes apart one range,
+ * up to 512 ranges, a 6 KiB Range value and 16 MiB a request. Each
+ * part of the reply must carry a Content-Range of the range asked, in
+ * order, of the object's size at open, and the body must end with the
+ * closing boundary: anything else is SLUICE_E_REMOTE (another size:
+ * SLUICE_E_FILE_CHANGED). A server that answers a multi-range request
+ * with 200, one range or 416 (S3 and many servers) gets the segments
+ * left as single range requests, segments less than 64 KiB apart one
+ * range of at most 16 MiB, and so do the file's later parts at once
+ * (docs/parallel.md). Then:
  *  - the manifest lists the digest of this part (version 2 "parts", for
  *    this dim and n; `sluice manifest --parts`): only the part's bytes
  *    are read, hashed in the part's order, and must match;

@@ -49,6 +49,20 @@ MODE is one of:
                (default 0.1), then close
     late       arg "T,R": nothing for T seconds, then as slow at R bytes a
                second (a slow first byte, then a slow link)
+A request for several ranges (Range: bytes=a-b,c-d,...) is answered 206
+multipart/byteranges, one part a range in the order asked; the modes that
+answer it otherwise (norange, the status and connection ones apply too):
+    mpone      206 for the first range alone (a server without multi-range)
+    mp416      416, as a server that refuses multi-range
+    mpcr       the middle part's Content-Range (and bytes) one byte later
+    mpsize     every part's Content-Range naming a size one byte larger
+    mpnocr     the second part without a Content-Range
+    mplong     the first part one byte longer than its Content-Range
+    mpextra    one part more than the ranges asked
+    mpcut      the body cut in half (Content-Length says so)
+    mptail     bytes after the closing boundary
+    mpboundary the second part's boundary line another boundary
+    mpnoboundary  Content-Type multipart/byteranges without a boundary
 A fault served counts down N; at 0 the server behaves again.
 """
 import os
@@ -145,7 +159,10 @@ class Handler(BaseHTTPRequestHandler):
         rng = self.headers.get("Range")
         a, b = 0, size - 1
         ranged = False
-        if rng and rng.startswith("bytes="):
+        multi = None
+        if rng and rng.startswith("bytes=") and "," in rng:
+            multi = [tuple(int(v) for v in r.split("-")) for r in rng[6:].split(",")]
+        elif rng and rng.startswith("bytes="):
             s, _, e = rng[6:].partition("-")
             a = int(s)
             b = min(int(e), size - 1) if e else size - 1
@@ -170,6 +187,8 @@ class Handler(BaseHTTPRequestHandler):
             delay, _, arg = arg.partition(",")
             time.sleep(float(delay or 1))
             mode = "slow"
+        if multi is not None:
+            return self.multi(mode, multi, data)
         if mode == "norange" or not ranged:
             return self.small(200, data)
         if a >= size:
@@ -226,6 +245,41 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         self.wfile.write(bytes(body))
+
+    def multi(self, mode, ranges, data):
+        size = len(data)
+        if mode == "norange":
+            return self.small(200, data)
+        if mode == "mpone":
+            a, b = ranges[0]
+            return self.small(206, data[a:b + 1],
+                              [("Content-Range", "bytes %d-%d/%d" % (a, b, size))])
+        if mode == "mp416":
+            return self.small(416, b"", [("Content-Range", "bytes */%d" % size)])
+        bnd = b"SLUICE0123456789"
+        out = bytearray()
+        for k, (a, b) in enumerate(ranges):
+            total = size + 1 if mode == "mpsize" else size
+            if mode == "mpcr" and k == len(ranges) // 2:
+                a, b = a + 1, b + 1
+            out += b"\r\n--" + (b"OTHER" if mode == "mpboundary" and k == 1 else bnd) + b"\r\n"
+            out += b"Content-Type: application/octet-stream\r\n"
+            if not (mode == "mpnocr" and k == 1):
+                out += b"Content-Range: bytes %d-%d/%d\r\n" % (a, b, total)
+            out += b"\r\n" + data[a:b + 1]
+            if mode == "mplong" and k == 0:
+                out += b"x"
+        if mode == "mpextra":
+            out += b"\r\n--" + bnd + b"\r\nContent-Range: bytes 0-0/%d\r\n\r\n" % size + data[0:1]
+        out += b"\r\n--" + bnd + b"--\r\n"
+        if mode == "mptail":
+            out += b"junk"
+        if mode == "mpcut":
+            out = out[: len(out) // 2]
+        ctype = "multipart/byteranges"
+        if mode != "mpnoboundary":
+            ctype += "; boundary=" + bnd.decode()
+        return self.small(206, bytes(out), [("Content-Type", ctype)])
 
     def flipat(self, path):
         with open(path, "rb") as f:

@@ -1210,6 +1210,68 @@ static void test_https(void **state)
     (void)state;
 }
 
+/* A dim-1 part of a [2048, 512] BF16 tensor at world 4 (2,048 rows of
+ * 256 bytes, 768 bytes apart), verified by its part digest: multi-range
+ * requests, a few hundred rows each, not one request a row, and about the
+ * part's bytes on the wire (nginx's log counts both); the bytes equal a
+ * local read's. */
+static void test_part_ranges_coalesce(void **state)
+{
+    char *dir = tu_join(root, "tp");
+    mkdir(dir, 0755);
+    char *path = tu_join(dir, "model.safetensors");
+    const uint64_t nbytes = 2048ull * 512 * 2, part = nbytes / 4;
+    char header[256];
+    snprintf(header, sizeof header, "{\"l.o_proj.weight\":{\"dtype\":\"BF16\",\"shape\":[2048,512],"
+             "\"data_offsets\":[0,%llu]}}", (unsigned long long)nbytes);
+    tu_write_safetensors(path, header, NULL, (size_t)nbytes);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s/sluice manifest %s --parts builtin --worlds 4 -q -o "
+             "%s.manifest.json", SLUICE_BINARY_DIR, path, path);
+    assert_int_equal(system(cmd), 0);
+    unsigned char *want = malloc(part), *got = malloc(part);
+    assert_non_null(want);
+    assert_non_null(got);
+    sluice_model *l = open_ok(path, NULL);
+    assert_int_equal(sluice_read_part_into(l, "l.o_proj.weight", 1, 1, 4, want, part), SLUICE_OK);
+    assert_int_equal(sluice_close(l), SLUICE_OK);
+    sluice_model *r = open_ok(at("tp/model.safetensors"), NULL);
+    /* the open's requests logged, then the part's alone */
+    char *log = log_after(0, "/tp/model.safetensors.manifest.json", 1);
+    free(log);
+    struct timespec ts = {0, 100000000};
+    nanosleep(&ts, NULL);
+    size_t n0 = rf_requests(&nginx);
+    uint64_t b0 = rf_bytes_sent(&nginx);
+    struct sluice_stats st0 = {.size = sizeof st0}, st1 = {.size = sizeof st1};
+    assert_int_equal(sluice_stats(r, &st0), SLUICE_OK);
+    memset(got, 0, part);
+    int rc = sluice_read_part_into(r, "l.o_proj.weight", 1, 1, 4, got, part);
+    if (rc != SLUICE_OK)
+        fail_msg("part: %s: %s", sluice_strerror(rc), sluice_errmsg(r));
+    assert_memory_equal(got, want, part);
+    assert_int_equal(sluice_stats(r, &st1), SLUICE_OK);
+    size_t n1 = n0;
+    for (int i = 0; i < 200 && (n1 = rf_requests(&nginx)) < n0 + st1.remote_reads - st0.remote_reads;
+         i++)
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+    uint64_t sent = rf_bytes_sent(&nginx) - b0;
+    fprintf(stderr, "part of %llu bytes: %zu requests, %llu bytes sent\n",
+            (unsigned long long)part, n1 - n0, (unsigned long long)sent);
+    assert_true(n1 - n0 >= 1);
+    assert_true(n1 - n0 <= 16);
+    assert_int_equal(st1.remote_reads - st0.remote_reads, n1 - n0);
+    assert_true(sent >= part);
+    assert_true(sent * 2 <= part * 3);
+    assert_int_equal(sluice_close(r), SLUICE_OK);
+    free(want);
+    free(got);
+    tu_rmtree(dir);
+    free(path);
+    free(dir);
+    (void)state;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1233,6 +1295,7 @@ int main(void)
         cmocka_unit_test(test_https),
         cmocka_unit_test(test_prefix_of_one_file),
         cmocka_unit_test(test_presigned_url),
+        cmocka_unit_test(test_part_ranges_coalesce),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

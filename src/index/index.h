@@ -35,6 +35,10 @@ typedef struct sl_file {
     struct sl_validators *validators; /* remote: its ETags per hop (remote.h),
                                 asked with If-Match; NULL for a Hub file and a
                                 local one */
+    _Atomic int single_ranges; /* remote: its server answered a multi-range
+                                request otherwise than multipart: parts' rows go
+                                as single ranges from then on (remote.h,
+                                sl_remote_read_spans) */
     const char *name;        /* the base name inside path (manifest "files" key) */
     int fd;                  /* a local source's: open O_RDONLY|O_CLOEXEC until
                                 sl_index_free; -1 for a remote one */

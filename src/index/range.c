@@ -185,11 +185,39 @@ int sl_range_digest(const sl_index *ix, size_t i, uint64_t begin, uint64_t end,
 /* ------------------------------------------------------------------ parts */
 
 /* Reads the part's segments into dst, one after the other (dst is the
- * part laid out contiguously), each segment one read of the source, and
- * feeds them to c->md when set. Segments that touch (n = 1, or a single
- * segment) are one read. */
+ * part laid out contiguously), and feeds them to c->md when set. A source
+ * that reads many spans at once (a remote file: multi-range requests)
+ * gets them all in one call; else each segment is one read of the
+ * source, and segments that touch (n = 1, or a single segment) are one
+ * read. */
 static int rg_gather(rg_ctx *c, const sl_part_geom *g, unsigned char *dst)
 {
+    const sl_file *f = c->f;
+    if (f->src->read_spans && g->count > 1 && g->stride != g->seg) {
+        sl_span *sp = malloc((size_t)g->count * sizeof *sp);
+        if (!sp)
+            return sl_fail(c->err, SLUICE_E_NOMEM, "read_part: out of memory");
+        for (uint64_t s = 0; s < g->count; s++)
+            sp[s] = (sl_span){c->t->offset + g->first + s * g->stride, g->seg, dst + s * g->seg};
+        unsigned requests = 0;
+        uint64_t bytes = 0;
+        int rc = f->src->read_spans(f, c->ix->remote, sp, (size_t)g->count, &requests, &bytes,
+                                    c->err);
+        free(sp);
+        c->tally->remote_reads += requests;
+        c->tally->remote_bytes += bytes;
+        c->tally->bytes_read += bytes;
+        if (rc < 0)
+            return rc;
+        for (uint64_t at = 0, total = g->count * g->seg; c->md && at < total;) {
+            size_t k = total - at > ((uint64_t)1 << 30) ? (size_t)1 << 30 : (size_t)(total - at);
+            if (sl_md_update(c->md, dst + at, k) < 0)
+                return sl_fail(c->err, SLUICE_E_NOMEM, "read_part: digest update failed (OpenSSL)");
+            c->tally->bytes_hashed += k;
+            at += k;
+        }
+        return SLUICE_OK;
+    }
     uint64_t s = 0;
     while (s < g->count) {
         uint64_t run = 1; /* segments that touch in the file go as one read */

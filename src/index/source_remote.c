@@ -85,6 +85,15 @@ static int remote_read_tensor(const sl_file *f, const sl_remote_cfg *rc, unsigne
     return SLUICE_OK;
 }
 
+static int remote_read_spans(const sl_file *f, const sl_remote_cfg *rc, const sl_span *spans,
+                             size_t n, unsigned *requests, uint64_t *bytes, sl_err *err)
+{
+    uint64_t size = f->size;
+    /* f is shared: its flag is set once, without a lock (index.h) */
+    return sl_remote_read_spans(rc, f->target, spans, n, &size, f->validators,
+                                (_Atomic int *)&f->single_ranges, requests, bytes, err);
+}
+
 static void remote_submit(const sl_file *f, sl_io *io, sl_rio *rio, sl_io_req *req)
 {
     (void)io;
@@ -109,8 +118,8 @@ static int remote_read_small(const sl_remote_cfg *rc, const char *loc, size_t ma
 
 /* What the Hub's table shares with the remote one. */
 #define REMOTE_COMMON_METHODS                                                                      \
-    .read_tensor = remote_read_tensor, .submit = remote_submit, .close = remote_close,           \
-    .read_small = remote_read_small,
+    .read_tensor = remote_read_tensor, .read_spans = remote_read_spans,                          \
+    .submit = remote_submit, .close = remote_close, .read_small = remote_read_small,
 
 /* A Hub file (hf://, read at the commit hf.c pinned): the remote source
  * without If-Match. Its bytes at resolve/COMMIT/FILE cannot change (a

@@ -23,6 +23,7 @@
 #include "sources/remote.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -395,6 +396,15 @@ int sl_remote_get(const sl_remote_cfg *c, const char *location, size_t max, char
     return unsupported(err, location);
 }
 
+int sl_remote_read_spans(const sl_remote_cfg *c, const sl_remote_target *t, const sl_span *spans,
+                         size_t n, uint64_t *size, sl_validators *v, _Atomic int *single,
+                         unsigned *requests, uint64_t *bytes, sl_err *err)
+{
+    *requests = 0;
+    *bytes = 0;
+    return unsupported(err, t->shown);
+}
+
 int sl_remote_get_anchor(const sl_remote_cfg *c, const char *location, size_t max, char **out,
                          size_t *len, int missing_code, sl_err *err)
 {
@@ -455,6 +465,9 @@ typedef struct xfer {
     char *gbuf;                  /* whole GET */
     size_t glen, gcap, gmax;
     int ranged;
+    const char *multi;           /* a multi-range request: its Range value (the body,
+                                    multipart/byteranges, goes to gbuf), or NULL */
+    char boundary[72];           /* the reply's multipart boundary, "" when none */
     uint64_t want_off, want_len; /* this attempt's range */
     uint64_t size;               /* the object's size, 0 = learn it */
     uint64_t done;               /* ranged bytes landed over all attempts */
@@ -503,6 +516,7 @@ static void x_reset_attempt(xfer *x)
     x->have_cr = 0;
     x->retry_after_ms = -1;
     x->etag[0] = '\0';
+    x->boundary[0] = '\0';
     x->got = 0;
     x->checked = 0;
     x->verdict = 0;
@@ -549,6 +563,40 @@ static void hop_learn(sl_validators *v, int hop, const char *etag)
     atomic_store_explicit(&v->state[hop], 2, memory_order_release);
 }
 
+/* The verdict of a multi-range request the server does not answer with
+ * multipart/byteranges (200, one range, 416): read the ranges one by one
+ * (sl_remote_read_spans). Never a SLUICE_E_* code. */
+#define MR_FALLBACK (-2000)
+
+/* The boundary of a Content-Type value "multipart/byteranges;
+ * boundary=B" (B quoted or not, 1 to 70 characters of RFC 2046's
+ * bcharsnospace and space, not ending in a space) into out, else "". */
+static void mr_boundary(const char *v, char *out, size_t cap)
+{
+    static const char ok[] = "'()+_,-./:=? ";
+    out[0] = '\0';
+    while (*v == ' ' || *v == '\t')
+        v++;
+    if (strncasecmp(v, "multipart/byteranges", 20))
+        return;
+    const char *b = strcasestr(v + 20, "boundary=");
+    if (!b)
+        return;
+    b += 9;
+    int quoted = *b == '"';
+    b += quoted;
+    size_t n = 0;
+    while (b[n] && (quoted ? b[n] != '"' : b[n] != ';' && b[n] != ' ' && b[n] != '\t'))
+        n++;
+    if (n == 0 || n > 70 || n >= cap || b[n - 1] == ' ' || (quoted && b[n] != '"'))
+        return;
+    for (size_t i = 0; i < n; i++)
+        if (!isalnum((unsigned char)b[i]) && !strchr(ok, b[i]))
+            return;
+    memcpy(out, b, n);
+    out[n] = '\0';
+}
+
 static size_t on_header(char *line, size_t sz, size_t n, void *ud)
 {
     xfer *x = ud;
@@ -567,6 +615,7 @@ static size_t on_header(char *line, size_t sz, size_t n, void *ud)
         x->have_cr = 0;
         x->retry_after_ms = -1;
         x->etag[0] = '\0';
+        x->boundary[0] = '\0';
     } else if (!strncasecmp(h, "etag:", 5)) {
         const char *v = h + 5;
         while (*v == ' ' || *v == '\t')
@@ -586,6 +635,8 @@ static size_t on_header(char *line, size_t sz, size_t n, void *ud)
             x->cr_b = b;
             x->cr_total = t;
         }
+    } else if (!strncasecmp(h, "content-type:", 13) && x->multi) {
+        mr_boundary(h + 13, x->boundary, sizeof x->boundary);
     } else if (!strncasecmp(h, "retry-after:", 12)) {
         const char *v = h + 12;
         while (*v == ' ' || *v == '\t')
@@ -607,6 +658,20 @@ static size_t on_header(char *line, size_t sz, size_t n, void *ud)
 /* The checks of a reply, before its first byte is stored. */
 static int check_reply(xfer *x)
 {
+    if (x->multi) {
+        if (x->status == 200 || x->status == 416 || (x->status == 206 && !x->boundary[0])) {
+            snprintf(x->why, sizeof x->why, "HTTP %ld%s to a multi-range request", x->status,
+                     x->status == 206 ? " of one range" : "");
+            x->verdict = MR_FALLBACK;
+            return 0;
+        }
+        if (x->status == 206 && x->have_cr) {
+            snprintf(x->why, sizeof x->why, "a multipart reply with a Content-Range of its own");
+            x->verdict = SLUICE_E_REMOTE;
+            return 0;
+        }
+        return 1;
+    }
     if (!x->ranged) {
         if (x->status == 200)
             return 1;
@@ -654,7 +719,7 @@ static size_t on_body(char *data, size_t sz, size_t n, void *ud)
         if (!check_reply(x))
             return 0;   /* stops the transfer: CURLE_WRITE_ERROR */
     }
-    int good = x->ranged ? x->status == 206 : x->status == 200;
+    int good = x->ranged || x->multi ? x->status == 206 : x->status == 200;
     if (!good) {
         x->got += len;
         return x->got > ERR_BODY_MAX ? 0 : len;
@@ -889,7 +954,7 @@ static int proxy_relayed(const xfer *x, CURLcode rc)
 static int proxy_fault(const xfer *x, CURLcode rc, int code)
 {
     (void)rc;
-    return x->proxied && code != SLUICE_E_CANCELLED;
+    return x->proxied && code != SLUICE_E_CANCELLED && code != MR_FALLBACK;
 }
 
 /* Counts a proxy failure of x's attempt (ended with rc); the request goes
@@ -959,6 +1024,13 @@ static int setup(CURL *h, const sl_remote_cfg *c, const sl_remote_target *t, xfe
         snprintf(line, sizeof line, "Range: bytes=%llu-%llu", (unsigned long long)x->want_off,
                  (unsigned long long)(x->want_off + x->want_len - 1));
         l = curl_slist_append(l, line);
+    } else if (x->multi) {
+        char *range = malloc(strlen(x->multi) + 16);
+        if (range) {
+            sprintf(range, "Range: bytes=%s", x->multi);
+            l = curl_slist_append(l, range);
+            free(range);
+        }
     }
     /* the validator of the hop this attempt goes over, never the other's
      * (a proxy's ETag sent to the origin would be answered 412) */
@@ -1064,7 +1136,12 @@ static int outcome(xfer *x, CURLcode rc, int missing_code, int *code, char *msg,
         return transient_curl(rc) ? OUT_RETRY : OUT_FAIL;
     }
     long s = x->status;
-    if ((x->ranged && s == 206) || (!x->ranged && s == 200)) {
+    if (x->multi && (s == 200 || s == 416 || (s == 206 && !x->boundary[0]))) {
+        *code = MR_FALLBACK;
+        snprintf(msg, cap, "HTTP %ld to a multi-range request", s);
+        return OUT_FAIL;
+    }
+    if ((x->ranged && s == 206) || (!x->ranged && s == (x->multi ? 206 : 200))) {
         if (x->ranged && x->got < x->want_len) {
             *code = SLUICE_E_REMOTE;
             snprintf(msg, cap, "short body: %llu of %llu bytes", (unsigned long long)x->got,
@@ -1218,6 +1295,243 @@ int sl_remote_read_tensor(const sl_remote_cfg *c, const sl_remote_target *t, uin
                           int missing_code, sl_err *err)
 {
     return ranged_read(c, t, offset, len, buf, size, v, missing_code, 1, err);
+}
+
+/* ---------------------------------------------------------------- spans (parts) */
+
+/* One range of a request: spans [s0, s1) of the caller's, file bytes
+ * [lo, hi). */
+typedef struct mr_range {
+    uint64_t lo, hi;
+    size_t s0, s1;
+} mr_range;
+
+/* Copies the bytes of r's spans out of buf, which holds file bytes
+ * [r->lo, r->lo + len). */
+static void mr_place(const mr_range *r, const sl_span *spans, const unsigned char *buf)
+{
+    for (size_t s = r->s0; s < r->s1; s++)
+        memcpy(spans[s].dst, buf + (spans[s].offset - r->lo), (size_t)spans[s].len);
+}
+
+/* Expects the literal lit at *p (within end); advances past it. */
+static int mr_lit(const char **p, const char *end, const char *lit, size_t n)
+{
+    if ((size_t)(end - *p) < n || memcmp(*p, lit, n))
+        return 0;
+    *p += n;
+    return 1;
+}
+
+/* Parses a multipart/byteranges body (RFC 9110 14.6, RFC 2046) strictly:
+ * one part a range asked, in the order asked, each with one Content-Range
+ * that names exactly that range and the object's size, and nothing but
+ * the closing delimiter (and line ends) after the last. The spans' bytes
+ * land in their dst. */
+static int mr_parse(const char *body, size_t len, const char *boundary, const mr_range *rg,
+                    size_t nr, const sl_span *spans, uint64_t size, const char *shown,
+                    sl_err *err)
+{
+    const char *p = body, *end = body + len;
+    size_t bl = strlen(boundary);
+    (void)mr_lit(&p, end, "\r\n", 2); /* nginx and Apache open with a line end */
+    for (size_t k = 0; k < nr; k++) {
+        if (!mr_lit(&p, end, "--", 2) || !mr_lit(&p, end, boundary, bl) ||
+            !mr_lit(&p, end, "\r\n", 2))
+            return sl_fail(err, SLUICE_E_REMOTE, "%s: multipart reply: no boundary line before "
+                           "part %zu of %zu", shown, k + 1, nr);
+        int have = 0;
+        unsigned long long a = 0, b = 0, t = 0;
+        for (;;) { /* the part's header lines, up to an empty one */
+            const char *eol = NULL;
+            for (const char *q = p; q + 1 < end && q - p < 1024; q++)
+                if (q[0] == '\r' && q[1] == '\n') {
+                    eol = q;
+                    break;
+                }
+            if (!eol)
+                return sl_fail(err, SLUICE_E_REMOTE, "%s: multipart reply: part %zu of %zu: a "
+                               "header line without its end", shown, k + 1, nr);
+            if (eol == p) {
+                p += 2;
+                break;
+            }
+            if ((size_t)(eol - p) > 14 && !strncasecmp(p, "content-range:", 14)) {
+                char line[128], extra;
+                size_t n = (size_t)(eol - p) - 14;
+                if (n >= sizeof line || have)
+                    return sl_fail(err, SLUICE_E_REMOTE, "%s: multipart reply: part %zu of %zu: "
+                                   "a second or overlong Content-Range", shown, k + 1, nr);
+                memcpy(line, p + 14, n);
+                line[n] = '\0';
+                if (sscanf(line, " bytes %llu-%llu/%llu %c", &a, &b, &t, &extra) != 3 ||
+                    strchr(line, '-') != strrchr(line, '-') || strchr(line, '+'))
+                    return sl_fail(err, SLUICE_E_REMOTE, "%s: multipart reply: part %zu of "
+                                   "%zu: a malformed Content-Range", shown, k + 1, nr);
+                have = 1;
+            }
+            p = eol + 2;
+        }
+        if (!have)
+            return sl_fail(err, SLUICE_E_REMOTE, "%s: multipart reply: part %zu of %zu has no "
+                           "Content-Range", shown, k + 1, nr);
+        if (size && t != size)
+            return sl_fail(err, SLUICE_E_FILE_CHANGED, "%s: the object is now %llu bytes, %llu "
+                           "at open: it changed after open", shown, t, (unsigned long long)size);
+        if (a != rg[k].lo || b + 1 != rg[k].hi)
+            return sl_fail(err, SLUICE_E_REMOTE, "%s: multipart reply: part %zu of %zu is bytes "
+                           "%llu-%llu, bytes %llu-%llu were asked", shown, k + 1, nr, a, b,
+                           (unsigned long long)rg[k].lo, (unsigned long long)(rg[k].hi - 1));
+        uint64_t n = rg[k].hi - rg[k].lo;
+        if ((uint64_t)(end - p) < n)
+            return sl_fail(err, SLUICE_E_REMOTE, "%s: multipart reply: part %zu of %zu is cut "
+                           "short", shown, k + 1, nr);
+        mr_place(&rg[k], spans, (const unsigned char *)p);
+        p += n;
+        if (!mr_lit(&p, end, "\r\n", 2))
+            return sl_fail(err, SLUICE_E_REMOTE, "%s: multipart reply: part %zu of %zu is "
+                           "longer than its Content-Range", shown, k + 1, nr);
+    }
+    if (!mr_lit(&p, end, "--", 2) || !mr_lit(&p, end, boundary, bl) || !mr_lit(&p, end, "--", 2))
+        return sl_fail(err, SLUICE_E_REMOTE, "%s: multipart reply: more parts than the %zu "
+                       "ranges asked, or no closing boundary", shown, nr);
+    for (; p < end; p++)
+        if (*p != '\r' && *p != '\n')
+            return sl_fail(err, SLUICE_E_REMOTE, "%s: multipart reply: bytes after its closing "
+                           "boundary", shown);
+    return SLUICE_OK;
+}
+
+/* One multi-range request of ranges rg[0..nr) (nr >= 2). MR_FALLBACK
+ * when the server answers it otherwise than multipart. */
+static int mr_fetch(const sl_remote_cfg *c, const sl_remote_target *t, const mr_range *rg, size_t nr,
+                    const sl_span *spans, uint64_t *size, sl_validators *v, sl_err *err)
+{
+    char *hdr = malloc(nr * 42 + 1);
+    if (!hdr)
+        return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", t->shown);
+    size_t at = 0;
+    uint64_t want = 0;
+    for (size_t k = 0; k < nr; k++) {
+        at += (size_t)sprintf(hdr + at, "%s%llu-%llu", k ? "," : "",
+                              (unsigned long long)rg[k].lo, (unsigned long long)(rg[k].hi - 1));
+        want += rg[k].hi - rg[k].lo;
+    }
+    /* the body: the bytes, and each part's lines (a few hundred bytes at
+     * most from a sane server) */
+    xfer x = {.multi = hdr, .gmax = (size_t)want + nr * 1024 + 4096, .size = *size, .tags = v,
+              .tensor = 1};
+    int rc = fetch(c, t, &x, 0, 0, SLUICE_E_REMOTE, err);
+    if (rc == SLUICE_OK)
+        rc = mr_parse(x.gbuf ? x.gbuf : "", x.glen, x.boundary, rg, nr, spans, *size, t->shown,
+                      err);
+    free(x.gbuf);
+    free(hdr);
+    return rc;
+}
+
+/* One range request of file bytes [r->lo, r->hi), its spans placed. */
+static int mr_single(const sl_remote_cfg *c, const sl_remote_target *t, const mr_range *r,
+                     const sl_span *spans, uint64_t *size, sl_validators *v, sl_err *err)
+{
+    uint64_t n = r->hi - r->lo;
+    int direct = r->s1 - r->s0 == 1 && spans[r->s0].len == n;
+    unsigned char *buf = direct ? spans[r->s0].dst : malloc((size_t)n);
+    if (!buf)
+        return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", t->shown);
+    int rc = ranged_read(c, t, r->lo, n, buf, size, v, SLUICE_E_REMOTE, 1, err);
+    if (rc == SLUICE_OK && !direct)
+        mr_place(r, spans, buf);
+    if (!direct)
+        free(buf);
+    return rc;
+}
+
+/* Ranges of spans [s, n): spans closer than gap in the file are one,
+ * none longer than SL_SPAN_RANGE_MAX (a span longer is a range alone). */
+static size_t mr_ranges(const sl_span *spans, size_t n, uint64_t gap, mr_range *out)
+{
+    size_t nr = 0;
+    for (size_t s = 0; s < n; s++) {
+        uint64_t lo = spans[s].offset, hi = lo + spans[s].len;
+        if (nr && lo >= out[nr - 1].hi && lo - out[nr - 1].hi < gap &&
+            hi - out[nr - 1].lo <= SL_SPAN_RANGE_MAX) {
+            out[nr - 1].hi = hi;
+            out[nr - 1].s1 = s + 1;
+        } else {
+            out[nr++] = (mr_range){lo, hi, s, s + 1};
+        }
+    }
+    return nr;
+}
+
+int sl_remote_read_spans(const sl_remote_cfg *c, const sl_remote_target *t, const sl_span *spans,
+                         size_t n, uint64_t *size, sl_validators *v, _Atomic int *single,
+                         unsigned *requests, uint64_t *bytes, sl_err *err)
+{
+    *requests = 0;
+    *bytes = 0;
+    mr_range *rg = malloc((n ? n : 1) * sizeof *rg);
+    if (!rg)
+        return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", t->shown);
+    for (size_t s = 0; s < n; s++) /* empty spans are nothing to ask */
+        if (spans[s].len == 0 || (s && spans[s].offset < spans[s - 1].offset + spans[s - 1].len)) {
+            free(rg);
+            return sl_fail(err, SLUICE_E_INVAL, "%s: spans out of order", t->shown);
+        }
+    size_t nr = mr_ranges(spans, n, SL_SPAN_GAP_MULTI, rg);
+    int rc = single && atomic_load_explicit(single, memory_order_relaxed) ? MR_FALLBACK
+                                                                          : SLUICE_OK;
+    size_t k = 0;
+    while (rc == SLUICE_OK && k < nr) {
+        /* a batch: ranges up to SL_SPAN_BATCH of them, a Range header of
+         * at most SL_SPAN_HEADER_MAX bytes, SL_SPAN_RANGE_MAX bytes */
+        size_t j = k, hl = 0;
+        uint64_t want = 0;
+        while (j < nr && j - k < SL_SPAN_BATCH && hl + 42 <= SL_SPAN_HEADER_MAX &&
+               (j == k || want + (rg[j].hi - rg[j].lo) <= SL_SPAN_RANGE_MAX)) {
+            hl += (size_t)snprintf(NULL, 0, "%llu-%llu,", (unsigned long long)rg[j].lo,
+                                   (unsigned long long)(rg[j].hi - 1));
+            want += rg[j].hi - rg[j].lo;
+            j++;
+        }
+        if (j - k >= 2) {
+            rc = mr_fetch(c, t, rg + k, j - k, spans, size, v, err);
+            if (rc == MR_FALLBACK)
+                break; /* the rest one range at a time, coalesced wider */
+            if (rc == SLUICE_OK) {
+                (*requests)++;
+                *bytes += want;
+            }
+        } else {
+            rc = mr_single(c, t, &rg[k], spans, size, v, err);
+            if (rc == SLUICE_OK) {
+                (*requests)++;
+                *bytes += want;
+            }
+        }
+        k = j;
+    }
+    if (rc == MR_FALLBACK && single)
+        atomic_store_explicit(single, 1, memory_order_relaxed);
+    if (rc == MR_FALLBACK) {
+        /* no multi-range: the spans left, closer than SL_SPAN_GAP_SINGLE
+         * one range each (the bytes between them fetched and dropped) */
+        rc = SLUICE_OK;
+        size_t s0 = k < nr ? rg[k].s0 : n;
+        size_t nr2 = mr_ranges(spans + s0, n - s0, SL_SPAN_GAP_SINGLE, rg);
+        for (size_t q = 0; rc == SLUICE_OK && q < nr2; q++) {
+            rg[q].s0 += s0;
+            rg[q].s1 += s0;
+            rc = mr_single(c, t, &rg[q], spans, size, v, err);
+            if (rc == SLUICE_OK) {
+                (*requests)++;
+                *bytes += rg[q].hi - rg[q].lo;
+            }
+        }
+    }
+    free(rg);
+    return rc;
 }
 
 static int get(const sl_remote_cfg *c, const char *location, size_t max, char **out,

@@ -189,6 +189,41 @@ int sl_remote_read_tensor(const sl_remote_cfg *c, const sl_remote_target *t, uin
                           uint64_t len, unsigned char *buf, uint64_t *size, sl_validators *v,
                           int missing_code, sl_err *err);
 
+/* A piece of an object wanted in the caller's memory: len bytes at
+ * offset into dst. */
+typedef struct sl_span {
+    uint64_t offset, len;
+    unsigned char *dst;
+} sl_span;
+
+/* How sl_remote_read_spans asks for spans (sluice.h, "Parts of a remote
+ * file"): spans less than SL_SPAN_GAP_MULTI apart are one range (the gap
+ * fetched and dropped: less than a part's own header lines in a
+ * multipart reply); up to SL_SPAN_BATCH ranges, a Range value of at most
+ * SL_SPAN_HEADER_MAX bytes and SL_SPAN_RANGE_MAX bytes of data go in one
+ * multi-range request. Where the server does not answer multipart, spans
+ * less than SL_SPAN_GAP_SINGLE apart are one single-range request, of at
+ * most SL_SPAN_RANGE_MAX bytes. */
+#define SL_SPAN_GAP_MULTI ((uint64_t)256)
+#define SL_SPAN_GAP_SINGLE ((uint64_t)64 << 10)
+#define SL_SPAN_BATCH 512
+#define SL_SPAN_HEADER_MAX 6144
+#define SL_SPAN_RANGE_MAX ((uint64_t)16 << 20)
+
+/* Reads spans (ascending in the object, none overlapping, none empty) of
+ * location: multi-range requests (Range: bytes=a-b,c-d,...) answered 206
+ * multipart/byteranges and parsed strictly (each part's Content-Range
+ * must be the range asked, in order, of an object of *size bytes; else
+ * SLUICE_E_REMOTE, or SLUICE_E_FILE_CHANGED for another size); a server
+ * that answers one with 200, 416 or a single range gets the spans left as
+ * single coalesced ranges (remote.h's rules for those), and *single (may
+ * be NULL) is set: later calls given it go single at once. *requests and
+ * *bytes: the requests made and the object bytes they asked for (the
+ * caller counts them, as sl_remote_read_tensor's). */
+int sl_remote_read_spans(const sl_remote_cfg *c, const sl_remote_target *t, const sl_span *spans,
+                         size_t n, uint64_t *size, sl_validators *v, _Atomic int *single,
+                         unsigned *requests, uint64_t *bytes, sl_err *err);
+
 /* GET of a whole object of at most max bytes into a malloc'd, NUL-ended
  * buffer. 404 gives missing_code (0: returns 0 with *out NULL: absent).
  * For what open reads once (an index.json, a manifest, the Hub's API): a
