@@ -89,12 +89,34 @@ static void test_shown_of_small_buffer(void **state)
     (void)state;
 }
 
+/* A password with a raw '@' in it: the authority's last '@' ends the
+ * user information (as set_proxy splits a proxy URL), so no piece of the
+ * password is shown or taken for the host (a Dragonfly daemon's address
+ * checked for loopback, and named in the refusal). */
+static void test_at_in_password(void **state)
+{
+    char buf[256];
+    const char *u = "http://user:p@ss@127.0.0.1:65001/x?sig";
+    sl_location_shown_of(u, buf, sizeof buf);
+    assert_string_equal(buf, "http://127.0.0.1:65001/x?...");
+    sl_location_host_of(u, buf, sizeof buf);
+    assert_string_equal(buf, "127.0.0.1");
+    sl_location *l = sl_location_new(u);
+    assert_non_null(l);
+    assert_string_equal(l->host, "127.0.0.1");
+    assert_int_equal(l->port, 65001);
+    assert_null(strstr(l->shown, "ss"));
+    sl_location_free(l);
+    (void)state;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_url_with_credentials_and_query),
         cmocka_unit_test(test_kinds),
         cmocka_unit_test(test_shown_of_small_buffer),
+        cmocka_unit_test(test_at_in_password),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

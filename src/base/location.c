@@ -45,7 +45,13 @@ static void split(const char *loc, int as_url, loc_parts *o)
     o->auth_end = o->auth + strcspn(loc + o->auth, "/?#");
     const char *a = loc + o->auth;
     size_t alen = o->auth_end - o->auth;
-    const char *at = memchr(a, '@', alen);
+    /* the last '@' ends the user information (a raw '@' in a password,
+     * as set_proxy splits a proxy URL): nothing of it shown or taken for
+     * the host */
+    const char *at = NULL;
+    for (size_t i = 0; i < alen; i++)
+        if (a[i] == '@')
+            at = a + i;
     o->hostport = at ? (size_t)(at + 1 - loc) : o->auth;
     o->hostport_len = o->auth_end - o->hostport;
     const char *h = loc + o->hostport;
