@@ -1564,7 +1564,7 @@ static int get(const sl_remote_cfg *c, const char *location, size_t max, char **
         return rc;
     }
     if (!x.gbuf && !(x.gbuf = malloc(1)))
-        return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", location);
+        return sl_fail(err, SLUICE_E_NOMEM, "remote: out of memory");
     x.gbuf[x.glen] = '\0';
     *out = x.gbuf;
     *len = x.glen;
