@@ -11,6 +11,8 @@
 # then: stays (runs of calls inside one file), files, and returns (stays in a
 # file the walk had already left); and over the whole depth, the files entered
 # and the distinct calls from one file of src/ into another.
+# OPEN_WALK_COUNT=REGEX also prints how often the open entered each function
+# of src/ whose name matches REGEX (e.g. the ones that parse a location).
 # Only the opening thread counts (the engine's workers and the libcurl thread
 # are not the open's path). Two checkouts compare with the same MODEL.
 set -eu
@@ -57,3 +59,14 @@ awk -v map="$work/map" -v depth="${OPEN_WALK_DEPTH:-3}" '
           printf "within depth %d: stays %d, files %d, returns to a file already left %d\n", depth, stays, n, returns
           printf "whole walk: files %d, distinct calls between files %d\n", a, e }
 ' "$work/trace"
+if [ -n "${OPEN_WALK_COUNT:-}" ]; then
+    addr2line -f -e "$lib" <"$work/offsets" | awk 'NR % 2 == 1' >"$work/funcs"
+    paste -d ' ' "$work/offsets" "$work/funcs" >"$work/fmap"
+    awk -v map="$work/fmap" -v re="$OPEN_WALK_COUNT" '
+        BEGIN { while ((getline line < map) > 0) { split(line, kv, " "); fn[kv[1]] = kv[2] } }
+        prev_depth != "" && $1 > prev_depth && ($2 in fn) && fn[$2] ~ re { n[fn[$2]]++ }
+        { prev_depth = $1 }
+        END { t = 0; for (f in n) { printf "entered %s: %d\n", f, n[f]; t += n[f] }
+              printf "entered functions matching %s: %d\n", re, t }
+    ' "$work/trace"
+fi
