@@ -24,9 +24,25 @@
  * behind is known by its name and by its flock, which the kernel dropped
  * at the death, and the next repair of that file removes it.
  *
+ * Whole files. A model that does not open (a file missing, truncated, or
+ * with a damaged header) cannot be mended tensor by tensor. Its manifest
+ * is found without opening it (sluice_find_manifest: the library's
+ * sidecar rule, or --manifest) and each mirror is opened with it, so that
+ * PATH's manifest, not the mirror's, judges the mirror's headers. Each
+ * file of PATH that is missing, or not the manifest's size, or whose
+ * header bytes are not the mirror's, is copied whole from the first
+ * mirror that holds it (sluice_read_file_range: raw bytes through the
+ * file's source) into a copy beside it, hashed (SHA-256) as it reads
+ * back, and kept only if it matches the manifest's whole-file digest and
+ * size; a manifest without them refuses. All such files or none; then
+ * the copies are fsynced and renamed as above, and PATH, opened again,
+ * goes through the tensor repair.
+ *
  * SLUICE_REPAIR_TEST_KILL=POINT (for the tests) raises SIGKILL at that
  * point: temp (copy created), copied, written, synced (before the rename),
- * renamed (before the directory's fsync).
+ * renamed (before the directory's fsync). A whole file: temp, copied
+ * (the mirror's bytes in, before the digest is judged), written (every
+ * file's copy checked), synced, renamed.
  */
 #include "cmd.h"
 #include "integrity.h"
@@ -817,6 +833,18 @@ static void usage(FILE *out)
             "size matches the manifest's digest, writes those bytes over the tensor's\n"
             "range (never a header byte), then verifies PATH again.\n"
             "\n"
+            "Whole files: when PATH does not open (a file missing, truncated, or with\n"
+            "a damaged header), each mirror is opened with PATH's manifest (the\n"
+            "sidecar, as sluice_open finds it, or --manifest), which judges its\n"
+            "headers; each of PATH's files that is missing, or not the manifest's size\n"
+            "or header, is copied whole from the first mirror whose file matches the\n"
+            "manifest's whole-file SHA-256 and size, hashed as it is copied (a\n"
+            "version 2 or version 1 manifest with \"files\"; a manifest without them\n"
+            "is refused: a mirror's file is never taken unchecked). It says per file:\n"
+            "good, restorable from which fallback, restored, or could not be. Nothing\n"
+            "is replaced unless every such file can be; then the tensors are\n"
+            "repaired as above.\n"
+            "\n"
             "Crash-safe, file by file: a file is repaired in a copy beside it\n"
             "(.NAME.sluice-repair-XXXXXX), fsynced, read back and renamed over it, so a\n"
             "kill at any point leaves each file as it was or repaired, never half.\n"
@@ -824,11 +852,13 @@ static void usage(FILE *out)
             "fallback. It needs room for a copy of each file it repairs; a symlink's\n"
             "target is what is repaired; other hard links of a file keep the old\n"
             "bytes; do not run it while something writes the model. A copy that a\n"
-            "killed repair left is removed by the next.\n"
+            "killed repair left is removed by the next. A whole file is restored the\n"
+            "same way: copied into .NAME.sluice-repair-XXXXXX, checked, fsynced,\n"
+            "renamed.\n"
             "\n"
             "  --fallback LOC    a mirror of the model (directory, file, http(s):// or\n"
-            "                    s3://) to take failed tensors from; repeatable, tried\n"
-            "                    in order; at least one\n"
+            "                    s3://) to take failed tensors and files from;\n"
+            "                    repeatable, tried in order; at least one\n"
             "  --manifest FILE   the manifest (default: the sidecar, as for verify)\n"
             IG_TRUST_HELP
             "  --pool SIZE       buffer pool (default 4G): must hold the largest tensor\n"
@@ -838,8 +868,10 @@ static void usage(FILE *out)
             "\n"
             "Exit status: 0 PATH verifies (repaired, or nothing to repair); 1 not\n"
             "repaired, PATH unchanged (a failed tensor that no fallback holds\n"
-            "verified), or failing still after the repair; 2 usage or open error\n"
-            "(a remote PATH, no --fallback, a manifest that cannot be used), or a\n"
+            "verified, a file that no fallback holds as the manifest has it, or a\n"
+            "manifest without whole-file digests), or failing still after the\n"
+            "repair; 2 usage or open error (a remote PATH, no --fallback, a manifest\n"
+            "that cannot be used, PATH not opening with no file to restore), or a\n"
             "copy that could not be made, written or renamed (PATH unchanged; with\n"
             "several files, each is as it was or repaired, as the message says).\n");
 }
