@@ -536,6 +536,66 @@ static void whole_file_kill_at_every_point(void **state)
     free(gf);
 }
 
+/* The two library calls whole-file repair stands on, and their bad
+ * input. */
+static void read_file_range_and_find_manifest(void **state)
+{
+    fx *f = *state;
+    char *mf, *gf;
+    files_of(f, &mf, &gf);
+    size_t len = 0;
+    unsigned char *want = tu_read_file(gf, &len);
+    assert_non_null(want);
+    sluice_options o;
+    sluice_options_init(&o);
+    sluice_model *m = NULL;
+    assert_int_equal(sluice_open(f->good, &o, &m), SLUICE_OK);
+    unsigned char *buf = malloc(len);
+    assert_non_null(buf);
+    assert_int_equal(sluice_read_file_range(m, 0, 0, len, buf), SLUICE_OK);
+    assert_memory_equal(buf, want, len);
+    assert_int_equal(sluice_read_file_range(m, 0, len - 3, 3, buf), SLUICE_OK);
+    assert_memory_equal(buf, want + len - 3, 3);
+    assert_int_equal(sluice_read_file_range(m, 0, len, 0, buf), SLUICE_OK);
+    /* bad input: each fails with a message */
+    assert_int_equal(sluice_read_file_range(m, 0, len - 3, 4, buf), SLUICE_E_INVAL);
+    assert_non_null(strstr(sluice_errmsg(m), "past its end"));
+    assert_int_equal(sluice_read_file_range(m, 0, UINT64_MAX, 1, buf), SLUICE_E_INVAL);
+    assert_int_equal(sluice_read_file_range(m, 1, 0, 1, buf), SLUICE_E_INVAL);
+    assert_non_null(strstr(sluice_errmsg(m), "no such file"));
+    assert_int_equal(sluice_read_file_range(m, 0, 0, 1, NULL), SLUICE_E_INVAL);
+    assert_non_null(strstr(sluice_errmsg(m), "dst is NULL"));
+    assert_int_equal(sluice_read_file_range(NULL, 0, 0, 1, buf), SLUICE_E_INVAL);
+    /* the sidecar of a directory of one file: F.manifest.json needs F's
+     * name, from like; without it, only sluice.manifest.json is looked for */
+    char *p = NULL;
+    assert_int_equal(sluice_find_manifest(f->model, NULL, &p), SLUICE_E_MANIFEST);
+    assert_non_null(p);
+    assert_non_null(strstr(p, "/sluice.manifest.json"));
+    free(p);
+    assert_int_equal(unlink(mf), 0);  /* found without opening the model */
+    assert_int_equal(sluice_find_manifest(f->model, m, &p), SLUICE_OK);
+    char *side = tu_join(f->model, "model.safetensors.manifest.json");
+    assert_string_equal(p, side);
+    free(p);
+    assert_int_equal(sluice_find_manifest(mf, NULL, &p), SLUICE_OK);
+    assert_string_equal(p, side);
+    free(p);
+    assert_int_equal(unlink(side), 0);
+    assert_int_equal(sluice_find_manifest(mf, m, &p), SLUICE_E_MANIFEST);
+    assert_string_equal(p, side);
+    free(p);
+    assert_int_equal(sluice_find_manifest(NULL, m, &p), SLUICE_E_INVAL);
+    assert_null(p);
+    assert_int_equal(sluice_find_manifest(f->model, m, NULL), SLUICE_E_INVAL);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    free(side);
+    free(buf);
+    free(want);
+    free(mf);
+    free(gf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -549,6 +609,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(whole_file_mirror_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(whole_file_needs_file_digests, setup, teardown),
         cmocka_unit_test_setup_teardown(whole_file_kill_at_every_point, setup, teardown),
+        cmocka_unit_test_setup_teardown(read_file_range_and_find_manifest, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
