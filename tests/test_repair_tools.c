@@ -467,7 +467,8 @@ static void whole_file_mirror_refused(void **state)
     free(gf);
 }
 
-/* A manifest without whole-file digests (flat): refused, with why. */
+/* A manifest without whole-file digests (flat): refused, with why; a
+ * version 1 manifest with them: restored. */
 static void whole_file_needs_file_digests(void **state)
 {
     fx *f = *state;
@@ -486,6 +487,17 @@ static void whole_file_needs_file_digests(void **state)
     struct stat st;
     assert_int_not_equal(stat(mf, &st), 0);
     assert_int_equal(hidden(f->model), 0);
+    /* a version 1 manifest with "files" (SHA-256 and size) is enough */
+    tu_copy_file(gf, mf);
+    r = run(f->dir, "manifest", f->model, "--v1", "-q", "-o", side, NULL);
+    expect_status(&r, 0, "manifest --v1");
+    run_free(&r);
+    damage(mf, HEADER_BYTE);
+    r = run(f->dir, "repair", f->model, "-q", "--fallback", f->mirror, NULL);
+    if (r.status != 0 || !strstr(r.out, "restored "))
+        fail_msg("repair with a version 1 manifest: exit %d\n%s%s", r.status, r.out, r.err);
+    run_free(&r);
+    assert_true(same(mf, gf));
     free(side);
     free(mf);
     free(gf);
