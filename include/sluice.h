@@ -739,6 +739,20 @@ SLUICE_API size_t sluice_file_count(const sluice_model *model);
 SLUICE_API int sluice_file_info(const sluice_model *model, size_t i,
                                 struct sluice_file_info *info);
 
+/* Reads len bytes of file i at offset (from the file's first byte, its
+ * header included) into dst, raw, through the file's own source (a local
+ * file, or range requests for a remote one): what `sluice repair` copies
+ * a mirror's whole file with. UNVERIFIED: no manifest digest is checked
+ * and no mirror is tried; the caller checks the bytes (e.g. against
+ * sluice_manifest_file's whole-file digest). Not counted in the stats.
+ * Returns SLUICE_OK; SLUICE_E_INVAL (bad model, i out of range, dst NULL
+ * with len > 0, a range past the file's size at open); SLUICE_E_IO,
+ * SLUICE_E_REMOTE (a remote read failed; the message says why), or
+ * SLUICE_E_FILE_CHANGED (the file ends early now). On failure dst's
+ * content is unspecified. Any thread. */
+SLUICE_API int sluice_read_file_range(sluice_model *model, size_t i, uint64_t offset,
+                                      size_t len, void *dst);
+
 /* ------------------------------------------------------------------------ */
 /* Loading tensors                                                          */
 /* ------------------------------------------------------------------------ */
@@ -1395,6 +1409,21 @@ SLUICE_API int sluice_verify_state(const sluice_model *model, const char **where
  * show it: no user:password@, "?..." for its query), or NULL when none
  * was read. Borrowed until sluice_close. Any thread. */
 SLUICE_API const char *sluice_manifest_path(const sluice_model *model);
+
+/* The local manifest sluice_open would read for the local model at path
+ * by the sidecar rule (see sluice_open), found without opening the
+ * model, so that one that cannot be opened (a damaged header, a missing
+ * or truncated shard) can still be judged by its manifest: the first
+ * sidecar that is there (or cannot be told absent). For a directory or
+ * an index.json, the second sidecar (the model is one file F:
+ * F.manifest.json) takes F's base name from like (may be NULL): an open
+ * model of the same files, a mirror, with one file. *manifest gets the
+ * path, malloc'd (free() it). Returns SLUICE_OK; SLUICE_E_MANIFEST when
+ * none is there, *manifest then the sidecars looked for ("A" or "A nor
+ * B"), malloc'd too, for a message; SLUICE_E_NOMEM (*manifest NULL), or
+ * SLUICE_E_INVAL (NULL path or manifest, like failed). Any thread. */
+SLUICE_API int sluice_find_manifest(const char *path, const sluice_model *like,
+                                    char **manifest);
 
 /* The algorithm of every digest the model checks and reports (the
  * manifest's; without one, sluice_options.algorithm). SHA-256 for a NULL

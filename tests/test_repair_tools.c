@@ -6,8 +6,13 @@
  * for byte the good file; a mirror that is corrupt too leaves the model
  * unchanged; a SIGKILL at each point of a repair (SLUICE_REPAIR_TEST_KILL)
  * leaves the file as it was or repaired, never half, and the next repair
- * removes the copy the killed one left. */
+ * removes the copy the killed one left. Whole files: a flipped header
+ * byte, a truncated and a missing shard restored from a mirror directory
+ * and from an http mirror (the test's own nginx), byte for byte; a kill
+ * at each point; a mirror whose file is not the manifest's refused; a
+ * manifest without whole-file digests refused. */
 #include "mf_fixture.h"
+#include "remote_fixture.h"
 #include "util.h"
 
 #include "sluice.h"
@@ -330,6 +335,279 @@ static void sharded_and_usage(void **state)
     free(mirror);
 }
 
+/* ---------------------------------------------------------------- whole files */
+
+enum { HEADER_BYTE, TRUNCATED, MISSING };
+static const char *const damage_name[] = {"a flipped header byte", "a truncated file",
+                                          "a missing file"};
+
+/* Damages file as `kind` says. */
+static void damage(const char *file, int kind)
+{
+    struct stat st;
+    assert_int_equal(stat(file, &st), 0);
+    if (kind == HEADER_BYTE)
+        mf_flip_byte(file, 20);     /* in the header's JSON: the open fails */
+    else if (kind == TRUNCATED)
+        assert_int_equal(truncate(file, st.st_size / 2), 0);
+    else
+        assert_int_equal(unlink(file), 0);
+}
+
+/* Each damage repaired from mirror: the file restored whole, byte for
+ * byte the good one, no copy left. */
+static void restore_each(fx *f, const char *mirror, const char *from)
+{
+    char *mf, *gf;
+    files_of(f, &mf, &gf);
+    for (int kind = HEADER_BYTE; kind <= MISSING; kind++) {
+        damage(mf, kind);
+        run_result r = run(f->dir, "repair", f->model, "-q", "--fallback", mirror, NULL);
+        if (r.status != 0 || !strstr(r.out, "restored ") || !strstr(r.out, from))
+            fail_msg("repair of %s from %s: exit %d\n%s%s", damage_name[kind], mirror, r.status,
+                     r.out, r.err);
+        assert_non_null(strstr(r.out, kind == MISSING ? "model.safetensors: missing"
+                                      : kind == TRUNCATED ? "bytes, the manifest's"
+                                                          : "header is not the manifest's"));
+        assert_non_null(strstr(r.out, "39 tensors verified, 0 failed"));
+        run_free(&r);
+        if (!same(mf, gf))
+            fail_msg("%s: the file is not the good one after the repair", damage_name[kind]);
+        assert_int_equal(hidden(f->model), 0);
+    }
+    free(mf);
+    free(gf);
+}
+
+static void whole_files_from_a_directory(void **state)
+{
+    fx *f = *state;
+    restore_each(f, f->mirror, "from fallback 1 (");
+    /* a sharded model missing one shard (the sidecar sluice.manifest.json) */
+    char *good = tu_join(f->dir, "sgood"), *model = tu_join(f->dir, "smodel");
+    char *mirror = tu_join(f->dir, "smirror");
+    run_result r = run(f->dir, "synth", "tiny", good, NULL);
+    expect_status(&r, 0, "synth sharded");
+    run_free(&r);
+    copy_dir(good, model);
+    copy_dir(good, mirror);
+    char **shards = NULL, **gshards = NULL;
+    size_t n = tu_list_safetensors(model, &shards);
+    assert_int_equal(tu_list_safetensors(good, &gshards), n);
+    assert_true(n >= 2);
+    assert_int_equal(unlink(shards[n - 1]), 0);
+    r = run(f->dir, "repair", model, "-q", "--fallback", mirror, NULL);
+    expect_status(&r, 0, "repair of a missing shard");
+    assert_non_null(strstr(r.out, ": missing"));
+    assert_non_null(strstr(r.out, ": good (the manifest's size and header)"));
+    run_free(&r);
+    for (size_t k = 0; k < n; k++)
+        assert_true(same(shards[k], gshards[k]));
+    tu_free_list(shards, n);
+    tu_free_list(gshards, n);
+    free(good);
+    free(model);
+    free(mirror);
+}
+
+static void whole_files_from_http(void **state)
+{
+    fx *f = *state;
+    sluice_options o;
+    sluice_options_init(&o);
+    o.remote_attempts = 1;
+    sluice_model *m = NULL;
+    int rc = sluice_open("http://127.0.0.1:9/x.safetensors", &o, &m);
+    sluice_close(m);
+    if (rc == SLUICE_E_UNSUPPORTED)
+        skip();     /* built without libcurl */
+    rf_server sv;
+    char why[512];
+    chmod(f->dir, 0755);
+    if (!rf_nginx_start(&sv, f->dir, NULL, why, sizeof why))
+        skip();
+    char url[256];
+    snprintf(url, sizeof url, "%s/mirror/model.safetensors", sv.base);
+    restore_each(f, url, url);
+    rf_stop(&sv);
+}
+
+/* A mirror whose file is not the manifest's (a flipped data byte: its
+ * header is the manifest's, so it opens): refused, nothing replaced;
+ * the good mirror after it is taken. */
+static void whole_file_mirror_refused(void **state)
+{
+    fx *f = *state;
+    char *mf, *gf, file[4096];
+    files_of(f, &mf, &gf);
+    char *bad = tu_join(f->dir, "bad_mirror"), *bf = tu_join(bad, "model.safetensors");
+    copy_dir(f->good, bad);
+    mf_flip_byte(bf, tensor_at(bad, 9, file, sizeof file));
+    damage(mf, TRUNCATED);
+    char *before = tu_join(f->dir, "before");
+    tu_copy_file(mf, before);
+    run_result r = run(f->dir, "repair", f->model, "-q", "--fallback", bad, NULL);
+    expect_status(&r, 1, "repair from a mirror whose file is not the manifest's");
+    assert_non_null(strstr(r.out, "does not match the manifest"));
+    assert_non_null(strstr(r.out, "could not be restored"));
+    assert_non_null(strstr(r.out, "unchanged"));
+    run_free(&r);
+    assert_true(same(mf, before));
+    assert_int_equal(hidden(f->model), 0);
+    r = run(f->dir, "repair", f->model, "-q", "--fallback", bad, "--fallback", f->mirror, NULL);
+    expect_status(&r, 0, "repair, second mirror good");
+    assert_non_null(strstr(r.out, "from fallback 2 ("));
+    run_free(&r);
+    assert_true(same(mf, gf));
+    unlink(before);
+    free(before);
+    free(bf);
+    free(bad);
+    free(mf);
+    free(gf);
+}
+
+/* A manifest without whole-file digests (flat): refused, with why; a
+ * version 1 manifest with them: restored. */
+static void whole_file_needs_file_digests(void **state)
+{
+    fx *f = *state;
+    char *mf, *gf;
+    files_of(f, &mf, &gf);
+    char *side = tu_join(f->model, "model.safetensors.manifest.json");
+    run_result r = run(f->dir, "manifest", f->model, "--flat", "-q", "-o", side, NULL);
+    expect_status(&r, 0, "manifest --flat");
+    run_free(&r);
+    damage(mf, MISSING);
+    r = run(f->dir, "repair", f->model, "-q", "--fallback", f->mirror, NULL);
+    expect_status(&r, 1, "repair with a flat manifest");
+    if (!strstr(r.out, "gives no whole-file digest and size for it (a flat manifest)"))
+        fail_msg("no reason given:\n%s%s", r.out, r.err);
+    run_free(&r);
+    struct stat st;
+    assert_int_not_equal(stat(mf, &st), 0);
+    assert_int_equal(hidden(f->model), 0);
+    /* a version 1 manifest with "files" (SHA-256 and size) is enough */
+    tu_copy_file(gf, mf);
+    r = run(f->dir, "manifest", f->model, "--v1", "-q", "-o", side, NULL);
+    expect_status(&r, 0, "manifest --v1");
+    run_free(&r);
+    damage(mf, HEADER_BYTE);
+    r = run(f->dir, "repair", f->model, "-q", "--fallback", f->mirror, NULL);
+    if (r.status != 0 || !strstr(r.out, "restored "))
+        fail_msg("repair with a version 1 manifest: exit %d\n%s%s", r.status, r.out, r.err);
+    run_free(&r);
+    assert_true(same(mf, gf));
+    free(side);
+    free(mf);
+    free(gf);
+}
+
+/* SIGKILL at each point of a whole-file repair: the file as it was
+ * (truncated, or missing) before the rename, restored after; the next
+ * repair removes the copy left and restores it. */
+static void whole_file_kill_at_every_point(void **state)
+{
+    fx *f = *state;
+    char *mf, *gf;
+    files_of(f, &mf, &gf);
+    char *damaged = tu_join(f->dir, "damaged");
+    static const char *const points[] = {"temp", "copied", "written", "synced", "renamed"};
+    for (int kind = TRUNCATED; kind <= MISSING; kind++)
+        for (size_t k = 0; k < sizeof points / sizeof *points; k++) {
+            tu_copy_file(gf, mf);
+            damage(mf, kind);
+            if (kind == TRUNCATED)
+                tu_copy_file(mf, damaged);
+            setenv("SLUICE_REPAIR_TEST_KILL", points[k], 1);
+            run_result r = run(f->dir, "repair", f->model, "-q", "--fallback", f->mirror, NULL);
+            unsetenv("SLUICE_REPAIR_TEST_KILL");
+            if (r.status != 128 + SIGKILL)
+                fail_msg("repair of %s killed at %s: exit %d\n%s%s", damage_name[kind],
+                         points[k], r.status, r.out, r.err);
+            run_free(&r);
+            int after = !strcmp(points[k], "renamed");
+            struct stat st;
+            int ok = after ? same(mf, gf)
+                           : kind == MISSING ? stat(mf, &st) != 0 : same(mf, damaged);
+            if (!ok)
+                fail_msg("%s, killed at %s: the file is neither as it was nor restored",
+                         damage_name[kind], points[k]);
+            assert_int_equal(hidden(f->model), after ? 0 : 1);
+            r = run(f->dir, "repair", f->model, "-q", "--fallback", f->mirror, NULL);
+            expect_status(&r, 0, "repair after a killed one");
+            if (!after)
+                assert_non_null(strstr(r.out, "the copy of a repair that did not finish"));
+            run_free(&r);
+            assert_true(same(mf, gf));
+            assert_int_equal(hidden(f->model), 0);
+        }
+    unlink(damaged);
+    free(damaged);
+    free(mf);
+    free(gf);
+}
+
+/* The two library calls whole-file repair stands on, and their bad
+ * input. */
+static void read_file_range_and_find_manifest(void **state)
+{
+    fx *f = *state;
+    char *mf, *gf;
+    files_of(f, &mf, &gf);
+    size_t len = 0;
+    unsigned char *want = tu_read_file(gf, &len);
+    assert_non_null(want);
+    sluice_options o;
+    sluice_options_init(&o);
+    sluice_model *m = NULL;
+    assert_int_equal(sluice_open(f->good, &o, &m), SLUICE_OK);
+    unsigned char *buf = malloc(len);
+    assert_non_null(buf);
+    assert_int_equal(sluice_read_file_range(m, 0, 0, len, buf), SLUICE_OK);
+    assert_memory_equal(buf, want, len);
+    assert_int_equal(sluice_read_file_range(m, 0, len - 3, 3, buf), SLUICE_OK);
+    assert_memory_equal(buf, want + len - 3, 3);
+    assert_int_equal(sluice_read_file_range(m, 0, len, 0, buf), SLUICE_OK);
+    /* bad input: each fails with a message */
+    assert_int_equal(sluice_read_file_range(m, 0, len - 3, 4, buf), SLUICE_E_INVAL);
+    assert_non_null(strstr(sluice_errmsg(m), "past its end"));
+    assert_int_equal(sluice_read_file_range(m, 0, UINT64_MAX, 1, buf), SLUICE_E_INVAL);
+    assert_int_equal(sluice_read_file_range(m, 1, 0, 1, buf), SLUICE_E_INVAL);
+    assert_non_null(strstr(sluice_errmsg(m), "no such file"));
+    assert_int_equal(sluice_read_file_range(m, 0, 0, 1, NULL), SLUICE_E_INVAL);
+    assert_non_null(strstr(sluice_errmsg(m), "dst is NULL"));
+    assert_int_equal(sluice_read_file_range(NULL, 0, 0, 1, buf), SLUICE_E_INVAL);
+    /* the sidecar of a directory of one file: F.manifest.json needs F's
+     * name, from like; without it, only sluice.manifest.json is looked for */
+    char *p = NULL;
+    assert_int_equal(sluice_find_manifest(f->model, NULL, &p), SLUICE_E_MANIFEST);
+    assert_non_null(p);
+    assert_non_null(strstr(p, "/sluice.manifest.json"));
+    free(p);
+    assert_int_equal(unlink(mf), 0);  /* found without opening the model */
+    assert_int_equal(sluice_find_manifest(f->model, m, &p), SLUICE_OK);
+    char *side = tu_join(f->model, "model.safetensors.manifest.json");
+    assert_string_equal(p, side);
+    free(p);
+    assert_int_equal(sluice_find_manifest(mf, NULL, &p), SLUICE_OK);
+    assert_string_equal(p, side);
+    free(p);
+    assert_int_equal(unlink(side), 0);
+    assert_int_equal(sluice_find_manifest(mf, m, &p), SLUICE_E_MANIFEST);
+    assert_string_equal(p, side);
+    free(p);
+    assert_int_equal(sluice_find_manifest(NULL, m, &p), SLUICE_E_INVAL);
+    assert_null(p);
+    assert_int_equal(sluice_find_manifest(f->model, m, NULL), SLUICE_E_INVAL);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    free(side);
+    free(buf);
+    free(want);
+    free(mf);
+    free(gf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -338,6 +616,12 @@ int main(void)
         cmocka_unit_test_setup_teardown(kill_at_every_point, setup, teardown),
         cmocka_unit_test_setup_teardown(symlinked_file, setup, teardown),
         cmocka_unit_test_setup_teardown(sharded_and_usage, setup, teardown),
+        cmocka_unit_test_setup_teardown(whole_files_from_a_directory, setup, teardown),
+        cmocka_unit_test_setup_teardown(whole_files_from_http, setup, teardown),
+        cmocka_unit_test_setup_teardown(whole_file_mirror_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(whole_file_needs_file_digests, setup, teardown),
+        cmocka_unit_test_setup_teardown(whole_file_kill_at_every_point, setup, teardown),
+        cmocka_unit_test_setup_teardown(read_file_range_and_find_manifest, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -24,12 +24,30 @@
  * behind is known by its name and by its flock, which the kernel dropped
  * at the death, and the next repair of that file removes it.
  *
+ * Whole files. A model that does not open (a file missing, truncated, or
+ * with a damaged header) cannot be mended tensor by tensor. Its manifest
+ * is found without opening it (sluice_find_manifest: the library's
+ * sidecar rule, or --manifest) and each mirror is opened with it, so that
+ * PATH's manifest, not the mirror's, judges the mirror's headers. Each
+ * file of PATH that is missing, or not the manifest's size, or whose
+ * header bytes are not the mirror's, is copied whole from the first
+ * mirror that holds it (sluice_read_file_range: raw bytes through the
+ * file's source) into a copy beside it, hashed (SHA-256) as it reads
+ * back, and kept only if it matches the manifest's whole-file digest and
+ * size; a manifest without them refuses. All such files or none; then
+ * the copies are fsynced and renamed as above, and PATH, opened again,
+ * goes through the tensor repair.
+ *
  * SLUICE_REPAIR_TEST_KILL=POINT (for the tests) raises SIGKILL at that
  * point: temp (copy created), copied, written, synced (before the rename),
- * renamed (before the directory's fsync).
+ * renamed (before the directory's fsync). A whole file: temp, copied
+ * (the mirror's bytes in, before the digest is judged), written (every
+ * file's copy checked), synced, renamed.
  */
 #include "cmd.h"
 #include "integrity.h"
+
+#include <openssl/evp.h>
 
 #include <dirent.h>
 #include <errno.h>
@@ -329,6 +347,477 @@ static int sync_dir_of(const char *path)
     return rc;
 }
 
+/* ---------------------------------------------------------------- whole files */
+
+/* A file of the model that cannot be mended tensor by tensor (missing,
+ * of another size than the manifest's, a header that is not the
+ * manifest's), restored whole from a mirror. */
+typedef struct wf_file {
+    char *name;         /* its base name: the manifest's key */
+    char *real;         /* where it goes: PATH's file (a symlink's target) */
+    char *tmp;          /* the mirror's copy beside it, verified; NULL: none */
+    int fd;             /* the copy's, -1 when closed */
+    int existed;        /* real was there (its mode and owner are kept) */
+    char from[1100];    /* "fallback K (LOC)" of the copy */
+} wf_file;
+
+/* The mirrors, each opened with the trusted manifest (so that it judges
+ * their headers); NULL where one could not be. */
+typedef struct wf_mirrors {
+    sluice_model **m;
+    size_t n;
+} wf_mirrors;
+
+/* The base name of a shown location (without "?..."), malloc'd. */
+static char *base_of(const char *shown)
+{
+    size_t n = strcspn(shown, "?");
+    const char *b = shown;
+    for (size_t k = 0; k < n; k++)
+        if (shown[k] == '/')
+            b = shown + k + 1;
+    return strndup(b, n - (size_t)(b - shown));
+}
+
+/* Where file `name` of the model at path lies: path itself when it names
+ * one file, else in path's directory (path, or an index.json's). */
+static char *local_file(const char *path, const char *name, size_t nfiles)
+{
+    struct stat st;
+    size_t n = strlen(path);
+    int dir = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+    int json = n >= 5 && !strcmp(path + n - 5, ".json");
+    if (!dir && !json && nfiles == 1)
+        return strdup(path);
+    size_t d = n;
+    if (!dir)
+        while (d > 0 && path[d - 1] != '/')
+            d--;
+    size_t cap = d + strlen(name) + 2;
+    char *out = malloc(cap);
+    if (out)
+        snprintf(out, cap, "%.*s%s%s", (int)d, path, d && path[d - 1] != '/' ? "/" : "", name);
+    return out;
+}
+
+/* The manifest to judge by when PATH does not open: --manifest, else
+ * PATH's sidecar by the library's rule (the mirrors' file names standing
+ * in for PATH's own). NULL after a message. */
+static char *trusted_manifest(const char *path, const sluice_options *o)
+{
+    if (o->manifest_path)
+        return strdup(o->manifest_path);
+    sluice_options po = *o;
+    po.verify = SLUICE_VERIFY_OFF;
+    po.fallback = NULL;
+    po.fallback_count = 0;
+    sluice_model *like = NULL;
+    for (size_t k = 0; k < o->fallback_count && !like; k++)
+        if (sluice_open(o->fallback[k], &po, &like) != SLUICE_OK) {
+            sluice_close(like);
+            like = NULL;
+        }
+    char *man = NULL;
+    int rc = sluice_find_manifest(path, like, &man);
+    sluice_close(like);
+    if (rc == SLUICE_OK)
+        return man;
+    if (rc == SLUICE_E_MANIFEST)
+        fprintf(stderr, "sluice repair: no manifest to judge the mirrors by: no sidecar %s "
+                "(give --manifest)\n", man);
+    else
+        fprintf(stderr, "sluice repair: %s\n", sluice_strerror(rc));
+    free(man);
+    return NULL;
+}
+
+static void wf_close_mirrors(wf_mirrors *mm)
+{
+    for (size_t k = 0; k < mm->n; k++)
+        sluice_close(mm->m[k]);
+    free(mm->m);
+}
+
+/* Opens each mirror with the manifest man, policy REQUIRE. Returns how
+ * many opened. */
+static size_t wf_open_mirrors(const sluice_options *o, const char *man, wf_mirrors *mm)
+{
+    size_t ok = 0;
+    mm->n = 0;
+    if (!(mm->m = calloc(o->fallback_count, sizeof *mm->m)))
+        return 0;
+    mm->n = o->fallback_count;
+    sluice_options mo = *o;
+    mo.manifest_path = man;
+    mo.verify = SLUICE_VERIFY_REQUIRE;
+    mo.fallback = NULL;
+    mo.fallback_count = 0;
+    for (size_t k = 0; k < mm->n; k++) {
+        if (sluice_open(o->fallback[k], &mo, &mm->m[k]) != SLUICE_OK) {
+            printf("fallback %zu: not used for whole files: %s\n", k + 1,
+                   sluice_errmsg(mm->m[k]));
+            sluice_close(mm->m[k]);
+            mm->m[k] = NULL;
+        } else {
+            ok++;
+        }
+    }
+    return ok;
+}
+
+/* File `name` of mirror m: its index, or -1. */
+static long wf_find(sluice_model *m, const char *name)
+{
+    for (size_t j = 0; j < sluice_file_count(m); j++) {
+        struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
+        sluice_file_info(m, j, &fi);
+        char *b = base_of(fi.path);
+        int eq = b && !strcmp(b, name);
+        free(b);
+        if (eq)
+            return (long)j;
+    }
+    return -1;
+}
+
+/* Whether the file at local is file j of mirror ref as the manifest has
+ * it: its size, and its header the mirror's (which the manifest judged
+ * at the mirror's open). Returns 0 (it is; its tensors are for the tensor
+ * repair), 1 (it is not: why says), -1 after a message. */
+static int wf_judge(sluice_model *ref, size_t j, const char *local, char *why, size_t cap)
+{
+    struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
+    sluice_file_info(ref, j, &fi);
+    uint8_t dg[32];
+    uint64_t want = fi.file_size;
+    if (sluice_manifest_file(ref, j, dg, &want) != SLUICE_OK || want == SLUICE_SIZE_UNKNOWN)
+        want = fi.file_size;
+    int fd = open(local, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 && errno == ENOENT) {
+        snprintf(why, cap, "missing");
+        return 1;
+    }
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        fprintf(stderr, "sluice repair: %s: %s\n", local, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    int rc = 0;
+    if ((uint64_t)st.st_size != want) {
+        snprintf(why, cap, "%llu bytes, the manifest's %llu", (unsigned long long)st.st_size,
+                 (unsigned long long)want);
+        rc = 1;
+    } else if (fi.data_start > SIZE_MAX || fi.data_start > want) {
+        rc = -1;
+    } else {
+        size_t hb = (size_t)fi.data_start;
+        unsigned char *a = malloc(hb ? hb : 1), *b = malloc(hb ? hb : 1);
+        if (!a || !b)
+            rc = -1;
+        else if (read_all(fd, a, hb, 0) != 0) {
+            fprintf(stderr, "sluice repair: %s: %s\n", local, strerror(errno));
+            rc = -1;
+        } else if (sluice_read_file_range(ref, j, 0, hb, b) != SLUICE_OK) {
+            fprintf(stderr, "sluice repair: %s\n", sluice_errmsg(ref));
+            rc = -1;
+        } else if (memcmp(a, b, hb) != 0) {
+            snprintf(why, cap, "its header is not the manifest's");
+            rc = 1;
+        }
+        free(a);
+        free(b);
+    }
+    close(fd);
+    return rc;
+}
+
+static void drop_wf(wf_file *f)
+{
+    if (f->fd >= 0)
+        close(f->fd);
+    f->fd = -1;
+    if (f->tmp)
+        unlink(f->tmp);
+    free(f->tmp);
+    f->tmp = NULL;
+}
+
+/* Copies file j of mirror m whole into a new copy beside f->real,
+ * hashing what reads back, and keeps it only if it is the manifest's
+ * (digest and size). Returns 0 (f->tmp kept), 1 (the mirror's file is
+ * not the manifest's: said, nothing kept), -1 after a message. */
+static int wf_copy(sluice_model *m, size_t k, size_t j, wf_file *f, const uint8_t digest[32],
+                   uint64_t size)
+{
+    struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
+    sluice_file_info(m, j, &fi);
+    snprintf(f->from, sizeof f->from, "fallback %zu (%s)", k + 1, fi.path);
+    if (fi.file_size != size) {
+        printf("file %s: %s has %llu bytes, the manifest %llu: not taken\n", f->name, f->from,
+               (unsigned long long)fi.file_size, (unsigned long long)size);
+        return 1;
+    }
+    char *d1 = strdup(f->real), *b1 = strdup(f->real);
+    size_t cap = strlen(f->real) * 2 + 40;
+    f->tmp = malloc(cap);
+    size_t piece = (size_t)16 << 20;
+    unsigned char *buf = malloc(piece), *back = malloc(piece);
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    int rc = -1;
+    if (!d1 || !b1 || !f->tmp || !buf || !back || !md ||
+        EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1) {
+        fprintf(stderr, "sluice repair: out of memory\n");
+        goto out;
+    }
+    const char *dir = dirname(d1), *base = basename(b1);
+    remove_stale_copies(dir, base);
+    snprintf(f->tmp, cap, "%s/.%s.sluice-repair-XXXXXX", dir, base);
+    if ((f->fd = mkostemp(f->tmp, O_CLOEXEC)) < 0) {
+        fprintf(stderr, "sluice repair: cannot make a copy beside %s (%s): %s\n", f->real, f->tmp,
+                strerror(errno));
+        free(f->tmp);
+        f->tmp = NULL;
+        goto out;
+    }
+    if (flock(f->fd, LOCK_EX) != 0) {
+        fprintf(stderr, "sluice repair: %s: %s\n", f->tmp, strerror(errno));
+        goto out;
+    }
+    test_point("temp");
+    for (uint64_t off = 0; off < size;) {
+        size_t len = size - off < piece ? (size_t)(size - off) : piece;
+        if (sluice_read_file_range(m, j, off, len, buf) != SLUICE_OK) {
+            printf("file %s: %s: %s\n", f->name, f->from, sluice_errmsg(m));
+            rc = 1;
+            goto out;
+        }
+        if (write_all(f->fd, buf, len, (off_t)off) != 0 ||
+            read_all(f->fd, back, len, (off_t)off) != 0) {
+            fprintf(stderr, "sluice repair: writing %s: %s\n", f->tmp, strerror(errno));
+            goto out;
+        }
+        EVP_DigestUpdate(md, back, len);
+        off += len;
+    }
+    uint8_t got[32];
+    char gh[65], wh[65];
+    if (EVP_DigestFinal_ex(md, got, NULL) != 1) {
+        fprintf(stderr, "sluice repair: SHA-256 failed\n");
+        goto out;
+    }
+    test_point("copied");
+    if (memcmp(got, digest, 32) != 0) {
+        printf("file %s: %s does not match the manifest (SHA-256 %s, the manifest's %s): not "
+               "taken\n", f->name, f->from, sluice_digest_hex(got, gh), sluice_digest_hex(digest, wh));
+        rc = 1;
+        goto out;
+    }
+    struct stat st;
+    mode_t mask = umask(0);
+    umask(mask);
+    if (f->existed && stat(f->real, &st) == 0) {
+        if (fchmod(f->fd, st.st_mode & 07777) != 0 ||
+            (fchown(f->fd, st.st_uid, st.st_gid) != 0 && errno != EPERM)) {
+            fprintf(stderr, "sluice repair: %s: cannot give it %s's mode and owner: %s\n",
+                    f->tmp, f->real, strerror(errno));
+            goto out;
+        }
+    } else if (fchmod(f->fd, 0666 & ~mask) != 0) {
+        fprintf(stderr, "sluice repair: %s: %s\n", f->tmp, strerror(errno));
+        goto out;
+    }
+    rc = 0;
+out:
+    if (rc != 0)
+        drop_wf(f);
+    EVP_MD_CTX_free(md);
+    free(buf);
+    free(back);
+    free(d1);
+    free(b1);
+    return rc;
+}
+
+/* Judges each file of the model at path (by the first mirror that
+ * opens with the trusted manifest, whose file list is the manifest's);
+ * those missing or not the manifest's size or header go in files.
+ * Returns 0, or the exit status. */
+static int wf_damaged(const char *path, sluice_model *ref, wf_file *files, size_t *nd)
+{
+    size_t nf = sluice_file_count(ref);
+    *nd = 0;
+    for (size_t j = 0; j < nf; j++) {
+        struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
+        sluice_file_info(ref, j, &fi);
+        wf_file *f = &files[*nd];
+        *f = (wf_file){.fd = -1};
+        char *local = NULL, why[256];
+        int bad = -1;
+        struct stat st;
+        if (!(f->name = base_of(fi.path)) || !(local = local_file(path, f->name, nf)))
+            fprintf(stderr, "sluice repair: out of memory\n");
+        else if ((bad = wf_judge(ref, j, local, why, sizeof why)) == 0)
+            printf("file %s: good (the manifest's size and header)\n", f->name);
+        else if (bad > 0) {
+            printf("file %s: %s\n", f->name, why);
+            f->existed = lstat(local, &st) == 0;
+            /* a symlink's target is what is restored (the Hub's blobs) */
+            if (!(f->real = f->existed ? realpath(local, NULL) : strdup(local))) {
+                fprintf(stderr, "sluice repair: %s: %s\n", local, strerror(errno));
+                bad = -1;
+            }
+        }
+        free(local);
+        if (bad > 0) {
+            (*nd)++;
+            continue;
+        }
+        free(f->name);
+        f->name = NULL;
+        if (bad < 0)
+            return 2;
+    }
+    return 0;
+}
+
+/* Takes each damaged file from the first mirror that holds it as the
+ * manifest has it (digest and size) into a copy beside it. Returns 0, 1
+ * (one no mirror holds so, or the manifest cannot tell), or 2. */
+static int wf_take(const wf_mirrors *mm, sluice_model *ref, const char *man, wf_file *files,
+                   size_t nd)
+{
+    for (size_t d = 0; d < nd; d++) {
+        wf_file *f = &files[d];
+        long jr = wf_find(ref, f->name);
+        uint8_t digest[32];
+        uint64_t size = SLUICE_SIZE_UNKNOWN;
+        if (jr < 0 || sluice_manifest_file(ref, (size_t)jr, digest, &size) != SLUICE_OK ||
+            size == SLUICE_SIZE_UNKNOWN) {
+            int v = sluice_manifest_version(ref);
+            printf("file %s: cannot be restored: the manifest %s gives no whole-file digest "
+                   "and size for it (a %s manifest), and a mirror's file is not taken "
+                   "unchecked; write a version 2 manifest ('sluice manifest') from a good "
+                   "copy\n", f->name, man, v == 0 ? "flat" : v == 1 ? "version 1" : "version 2");
+            return 1;
+        }
+        if (sluice_digest_algorithm(ref) != SLUICE_ALG_SHA256) {
+            printf("file %s: cannot be restored: whole files are checked with SHA-256 and the "
+                   "manifest %s's digests are %s\n", f->name, man,
+                   sluice_algorithm_name(sluice_digest_algorithm(ref)));
+            return 1;
+        }
+        int got = 1;
+        for (size_t k = 0; k < mm->n && got == 1; k++) {
+            long jk = mm->m[k] ? wf_find(mm->m[k], f->name) : -1;
+            if (jk >= 0)
+                got = wf_copy(mm->m[k], k, (size_t)jk, f, digest, size);
+        }
+        if (got < 0)
+            return 2;
+        if (got > 0) {
+            printf("file %s: could not be restored: no fallback holds it as the manifest "
+                   "has it\n", f->name);
+            return 1;
+        }
+        printf("file %s: restorable from %s\n", f->name, f->from);
+    }
+    return 0;
+}
+
+/* Renames each verified copy over its file. Returns 0 or 2. */
+static int wf_commit(wf_file *files, size_t nd, size_t *restored)
+{
+    test_point("written");
+    for (size_t d = 0; d < nd; d++)
+        if (fsync(files[d].fd) != 0) {
+            fprintf(stderr, "sluice repair: fsync %s: %s\n", files[d].tmp, strerror(errno));
+            return 2;
+        }
+    test_point("synced");
+    for (size_t d = 0; d < nd; d++) {
+        if (rename(files[d].tmp, files[d].real) != 0) {
+            fprintf(stderr, "sluice repair: rename %s over %s: %s (%zu of %zu files restored "
+                    "before it; this one and the rest unchanged)\n", files[d].tmp,
+                    files[d].real, strerror(errno), d, nd);
+            return 2;
+        }
+        free(files[d].tmp);
+        files[d].tmp = NULL;    /* it is the file now */
+        test_point("renamed");
+        if (sync_dir_of(files[d].real) != 0)
+            fprintf(stderr, "sluice repair: fsync of the directory of %s: %s\n", files[d].real,
+                    strerror(errno));
+        printf("restored %s from %s\n", files[d].real, files[d].from);
+        (*restored)++;
+    }
+    return 0;
+}
+
+/* The model at path does not open: restores its files that are missing,
+ * or not the manifest's size or header, whole from the mirrors, each
+ * checked against the manifest's whole-file digest and size before it
+ * replaces anything; all of them or none. *restored: how many. Returns
+ * 0, 1 (not repaired, nothing replaced) or 2. */
+static int restore_files(const char *path, const sluice_options *o, size_t *restored)
+{
+    *restored = 0;
+    char *man = trusted_manifest(path, o);
+    if (!man)
+        return 2;
+    printf("manifest %s\n", man);
+    wf_mirrors mm = {0};
+    wf_open_mirrors(o, man, &mm);
+    sluice_model *ref = NULL;
+    for (size_t k = 0; k < mm.n && !ref; k++)
+        ref = mm.m[k];
+    size_t nd = 0;
+    wf_file *files = ref ? calloc(sluice_file_count(ref) + 1, sizeof *files) : NULL;
+    int status = 0;
+    if (!ref)
+        printf("no fallback opens with the manifest %s\n", man);
+    if (!ref || !files)
+        status = ref ? 2 : 1;
+    if (status == 0)
+        status = wf_damaged(path, ref, files, &nd);
+    if (status == 0 && nd)
+        status = wf_take(&mm, ref, man, files, nd);
+    if (status == 0 && nd)
+        status = wf_commit(files, nd, restored);
+    if (status == 1)
+        printf("not repaired: a file no fallback holds as the manifest has it; %s unchanged\n",
+               path);
+    for (size_t d = 0; d < nd; d++) {
+        drop_wf(&files[d]);     /* what was not renamed over its file */
+        free(files[d].name);
+        free(files[d].real);
+    }
+    free(files);
+    wf_close_mirrors(&mm);
+    free(man);
+    return status;
+}
+
+/* Whether an open that failed with rc may fail for a damaged or missing
+ * file (not for the manifest, the trust options or the arguments). */
+static int file_damage(int rc)
+{
+    switch (rc) {
+    case SLUICE_E_INVAL:
+    case SLUICE_E_NOMEM:
+    case SLUICE_E_MANIFEST:
+    case SLUICE_E_MANIFEST_FORMAT:
+    case SLUICE_E_MANIFEST_DIGEST:
+    case SLUICE_E_MANIFEST_DUPLICATE:
+    case SLUICE_E_SIGNATURE:
+    case SLUICE_E_UNSUPPORTED:
+        return 0;
+    default:
+        return 1;
+    }
+}
+
 /* ---------------------------------------------------------------- the command */
 
 static void usage(FILE *out)
@@ -344,6 +833,18 @@ static void usage(FILE *out)
             "size matches the manifest's digest, writes those bytes over the tensor's\n"
             "range (never a header byte), then verifies PATH again.\n"
             "\n"
+            "Whole files: when PATH does not open (a file missing, truncated, or with\n"
+            "a damaged header), each mirror is opened with PATH's manifest (the\n"
+            "sidecar, as sluice_open finds it, or --manifest), which judges its\n"
+            "headers; each of PATH's files that is missing, or not the manifest's size\n"
+            "or header, is copied whole from the first mirror whose file matches the\n"
+            "manifest's whole-file SHA-256 and size, hashed as it is copied (a\n"
+            "version 2 or version 1 manifest with \"files\"; a manifest without them\n"
+            "is refused: a mirror's file is never taken unchecked). It says per file:\n"
+            "good, restorable from which fallback, restored, or could not be. Nothing\n"
+            "is replaced unless every such file can be; then the tensors are\n"
+            "repaired as above.\n"
+            "\n"
             "Crash-safe, file by file: a file is repaired in a copy beside it\n"
             "(.NAME.sluice-repair-XXXXXX), fsynced, read back and renamed over it, so a\n"
             "kill at any point leaves each file as it was or repaired, never half.\n"
@@ -351,11 +852,13 @@ static void usage(FILE *out)
             "fallback. It needs room for a copy of each file it repairs; a symlink's\n"
             "target is what is repaired; other hard links of a file keep the old\n"
             "bytes; do not run it while something writes the model. A copy that a\n"
-            "killed repair left is removed by the next.\n"
+            "killed repair left is removed by the next. A whole file is restored the\n"
+            "same way: copied into .NAME.sluice-repair-XXXXXX, checked, fsynced,\n"
+            "renamed.\n"
             "\n"
             "  --fallback LOC    a mirror of the model (directory, file, http(s):// or\n"
-            "                    s3://) to take failed tensors from; repeatable, tried\n"
-            "                    in order; at least one\n"
+            "                    s3://) to take failed tensors and files from;\n"
+            "                    repeatable, tried in order; at least one\n"
             "  --manifest FILE   the manifest (default: the sidecar, as for verify)\n"
             IG_TRUST_HELP
             "  --pool SIZE       buffer pool (default 4G): must hold the largest tensor\n"
@@ -365,8 +868,10 @@ static void usage(FILE *out)
             "\n"
             "Exit status: 0 PATH verifies (repaired, or nothing to repair); 1 not\n"
             "repaired, PATH unchanged (a failed tensor that no fallback holds\n"
-            "verified), or failing still after the repair; 2 usage or open error\n"
-            "(a remote PATH, no --fallback, a manifest that cannot be used), or a\n"
+            "verified, a file that no fallback holds as the manifest has it, or a\n"
+            "manifest without whole-file digests), or failing still after the\n"
+            "repair; 2 usage or open error (a remote PATH, no --fallback, a manifest\n"
+            "that cannot be used, PATH not opening with no file to restore), or a\n"
             "copy that could not be made, written or renamed (PATH unchanged; with\n"
             "several files, each is as it was or repaired, as the message says).\n");
 }
@@ -490,10 +995,30 @@ int cmd_repair(int argc, char **argv)
     o.verify = SLUICE_VERIFY_REQUIRE;
     double t0 = ig_now();
     sluice_model *m = NULL;
-    if (sluice_open(path, &o, &m) != SLUICE_OK) {
+    size_t restored = 0;
+    int orc = sluice_open(path, &o, &m);
+    if (orc != SLUICE_OK) {
+        /* a missing, truncated or damaged file: restored whole, then its
+         * tensors judged as any */
         fprintf(stderr, "sluice repair: %s\n", sluice_errmsg(m));
         sluice_close(m);
-        return 2;
+        m = NULL;
+        if (!file_damage(orc))
+            return 2;
+        printf("%s does not open; judging its files by the manifest\n", path);
+        if ((status = restore_files(path, &o, &restored)) != 0)
+            return status;
+        if (!restored) {
+            printf("no file to restore whole; %s does not open for another reason (above)\n",
+                   path);
+            return 2;
+        }
+        t0 = ig_now();
+        if (sluice_open(path, &o, &m) != SLUICE_OK) {
+            fprintf(stderr, "sluice repair: %s\n", sluice_errmsg(m));
+            sluice_close(m);
+            return 2;
+        }
     }
     printf("manifest %s\n", sluice_manifest_path(m));
     ig_failed failed = {0};
@@ -501,7 +1026,7 @@ int cmd_repair(int argc, char **argv)
     rp_file *files = calloc(failed.n ? failed.n : 1, sizeof *files);
     size_t nfiles = 0;
     if (status == 0)
-        printf("nothing to repair\n");
+        printf(restored ? "no tensor to repair\n" : "nothing to repair\n");
     else if (status == 1 && !files)
         status = 2;
     else if (status == 1) {

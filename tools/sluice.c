@@ -19,7 +19,7 @@ static const struct {
     {"bench", cmd_bench, "bench PATH [...]           benchmark loading against baselines"},
     {"manifest", cmd_manifest, "manifest PATH [-o FILE]    write the SHA-256 manifest of a model"},
     {"verify", cmd_verify, "verify PATH [--files]      check every tensor (and file) against the manifest"},
-    {"repair", cmd_repair, "repair PATH --fallback LOC mend tensors that fail to verify from a mirror"},
+    {"repair", cmd_repair, "repair PATH --fallback LOC mend failed tensors and damaged or missing files from a mirror"},
     {"keygen", cmd_keygen, "keygen --out PREFIX        make an Ed25519 (--curve: EC) key pair for signing"},
     {"sign", cmd_sign, "sign MANIFEST --key KEY    write MANIFEST.sig (--format model-signing: DIR/model.sig)"},
     {"shard", cmd_shard, "shard PATH --rank R --world N  load one tensor-parallel rank's shard, verified"},

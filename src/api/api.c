@@ -31,6 +31,7 @@
 #include "sources/remote.h"
 #include "index/source.h"
 
+#include <errno.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -647,6 +648,65 @@ SLUICE_API int sluice_file_info(const sluice_model *m, size_t i, struct sluice_f
     };
     copy_sized(info, &fi, sizeof fi);
     return SLUICE_OK;
+}
+
+SLUICE_API int sluice_read_file_range(sluice_model *m, size_t i, uint64_t offset, size_t len,
+                                      void *dst)
+{
+    sl_err err = {0};
+    if (sl_model_usable(m) < 0)
+        return SLUICE_E_INVAL;
+    if (i >= m->index.nfiles || (!dst && len))
+        return sl_model_error(m, (sl_fail(&err, SLUICE_E_INVAL, "read_file_range: %s",
+                                          dst || !len ? "no such file" : "dst is NULL"), &err));
+    const sl_file *f = &m->index.files[i];
+    if (offset > f->size || len > f->size - offset)
+        return sl_model_error(m, (sl_fail(&err, SLUICE_E_INVAL, "file %s: %zu bytes at %llu: "
+                                          "past its end (%llu bytes)", f->path, len,
+                                          (unsigned long long)offset,
+                                          (unsigned long long)f->size), &err));
+    /* through the file's own source, as its tensors are read */
+    for (size_t done = 0; done < len;) {
+        size_t got = 0;
+        unsigned requests = 0;
+        int st = f->src->read_tensor(f, m->index.remote, (unsigned char *)dst + done, len - done,
+                                     offset + done, &got, &requests, &err);
+        if (st == SL_SRC_ERRNO)
+            st = sl_fail(&err, SLUICE_E_IO, "file %s: read at offset %llu: %s", f->path,
+                         (unsigned long long)(offset + done), strerror(errno));
+        else if (st == SLUICE_OK && got == 0)
+            st = sl_fail(&err, SLUICE_E_FILE_CHANGED, "file %s: ends at %llu, %llu bytes at "
+                         "open", f->path, (unsigned long long)(offset + done),
+                         (unsigned long long)f->size);
+        if (st != SLUICE_OK)
+            return sl_model_error(m, &err);
+        done += got;
+    }
+    return SLUICE_OK;
+}
+
+SLUICE_API int sluice_find_manifest(const char *path, const sluice_model *like, char **manifest)
+{
+    if (manifest)
+        *manifest = NULL;
+    if (!path || !manifest || (like && sl_model_usable(like) < 0))
+        return SLUICE_E_INVAL;
+    sl_err err = {0};
+    char *one = NULL;
+    if (like && like->index.nfiles == 1) {
+        const sl_file *f = &like->index.files[0];
+        if (!(one = strndup(f->loc->given, f->loc->name_len)))
+            return SLUICE_E_NOMEM;
+    }
+    int rc = sl_manifest_find_local(path, one, manifest, &err);
+    free(one);
+    if (rc == SLUICE_E_MANIFEST) {
+        /* the sidecars looked for, for the caller's message */
+        const char *list = strstr(err.msg, "no sidecar ");
+        if (!(*manifest = strdup(list ? list + strlen("no sidecar ") : err.msg)))
+            return SLUICE_E_NOMEM;
+    }
+    return rc;
 }
 
 /* ---------------------------------------------------------------- loading */

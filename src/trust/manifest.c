@@ -1033,7 +1033,9 @@ static char *directory_sidecar(const char *path, size_t d)
     return joined(path, d, "/sluice.manifest.json");
 }
 
-int sl_manifest_sidecars(const sl_index *ix, const char *model_path, char *out[2])
+/* The sidecars of model_path, the second (a one-file model's
+ * F.manifest.json) made from one[0, one_len) when one is not NULL. */
+static int sidecars_of(const char *model_path, const char *one, size_t one_len, char *out[2])
 {
     out[0] = out[1] = NULL;
     /* A remote location's query (a presigned URL's signature) is its
@@ -1057,17 +1059,74 @@ int sl_manifest_sidecars(const sl_index *ix, const char *model_path, char *out[2
             d--;
     if (!(out[0] = directory_sidecar(model_path, d)))
         return -1;
-    if (!ix || ix->nfiles != 1)
+    if (!one)
         return 1;
     /* The model is one file F: F.manifest.json is its sidecar too, looked
      * for second (what `sluice synth` writes, and the Hub's usual layout). */
-    const sl_file *f = &ix->files[0];
-    if (!(out[1] = joined(f->loc->given, f->loc->name_len, ".manifest.json"))) {
+    if (!(out[1] = joined(one, one_len, ".manifest.json"))) {
         free(out[0]);
         out[0] = NULL;
         return -1;
     }
     return 2;
+}
+
+int sl_manifest_sidecars(const sl_index *ix, const char *model_path, char *out[2])
+{
+    if (!ix || ix->nfiles != 1)
+        return sidecars_of(model_path, NULL, 0, out);
+    const sl_file *f = &ix->files[0];
+    return sidecars_of(model_path, f->loc->given, f->loc->name_len, out);
+}
+
+int sl_manifest_find_local(const char *model_path, const char *one_name, char **path,
+                           sl_err *err)
+{
+    *path = NULL;
+    /* F: the directory of model_path (itself, or an index.json's) and
+     * one_name's base name */
+    char *one = NULL;
+    size_t n = strlen(model_path);
+    struct stat st;
+    int dir = stat(model_path, &st) == 0 && S_ISDIR(st.st_mode);
+    int json = n >= 5 && !memcmp(model_path + n - 5, ".json", 5);
+    if (one_name && (dir || json)) {
+        const char *slash = strrchr(one_name, '/');
+        const char *base = slash ? slash + 1 : one_name;
+        size_t d = n;
+        if (json)
+            while (d > 0 && model_path[d - 1] != '/')
+                d--;
+        else
+            while (d > 1 && model_path[d - 1] == '/')
+                d--;
+        size_t cap = d + strlen(base) + 2;
+        if (!(one = malloc(cap)))
+            return sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
+        snprintf(one, cap, "%.*s%s%s", (int)d, model_path,
+                 d == 0 || model_path[d - 1] == '/' ? "" : "/", base);
+    }
+    char *cand[2];
+    int nc = sidecars_of(model_path, one, one ? strlen(one) : 0, cand);
+    free(one);
+    if (nc < 0)
+        return sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
+    int found = -1;
+    for (int k = 0; k < nc && found < 0; k++)
+        if (stat(cand[k], &st) == 0 || (errno != ENOENT && errno != ENOTDIR))
+            found = k;
+    int rc = SLUICE_OK;
+    if (found < 0) {
+        char list[2 * SL_ERRMSG_MAX / 3];
+        rc = sl_fail(err, SLUICE_E_MANIFEST, "manifest: no sidecar %s",
+                     sl_manifest_sidecars_list(cand, nc, list, sizeof list));
+    }
+    for (int k = 0; k < nc; k++)
+        if (k != found)
+            free(cand[k]);
+    if (found >= 0)
+        *path = cand[found];
+    return rc;
 }
 
 const char *sl_manifest_sidecars_list(char *const cand[], int n, char *buf, size_t cap)

@@ -87,6 +87,15 @@ const char *sl_manifest_path(const sl_manifest *m);
  * many (1 or 2), or -1 when out of memory (nothing to free). */
 int sl_manifest_sidecars(const sl_index *ix, const char *model_path, char *out[2]);
 
+/* The first of the local model_path's sidecars that is there (or cannot
+ * be told absent), found without the model's index: one_name (may be
+ * NULL) is the name of the model's one file, whose base name in
+ * model_path's directory gives the second sidecar (sluice_find_manifest).
+ * *path malloc'd; SLUICE_E_MANIFEST naming those looked for when none is
+ * there, or SLUICE_E_NOMEM. */
+int sl_manifest_find_local(const char *model_path, const char *one_name, char **path,
+                           sl_err *err);
+
 /* "A", or "A nor B": n sidecars for a message, in buf (returned). */
 const char *sl_manifest_sidecars_list(char *const cand[], int n, char *buf, size_t cap);
 
