@@ -261,9 +261,9 @@ struct sl_engine {
     pthread_t opener;
     int opener_started, opener_quit;
     pthread_cond_t opener_cv;
-    /* slot.c's (set by sl_slots_init): slot i, which waited for its
-     * mirror to open, goes on (restarted or failed). Lock held. */
-    void (*fb_resume)(sl_engine *e, size_t i);
+    /* sched.c's sl_mirror_opened (set at create): called by the opener,
+     * lock held, once mirror k is open or failed to open */
+    void (*fb_opened)(sl_engine *e, unsigned k);
 
     /* handles */
     /* released handles, oldest first: reused only past SL_HANDLE_QUARANTINE
@@ -322,6 +322,10 @@ void sl_slot_landed(sl_engine *e, size_t i, uint32_t c, const sl_err *failure);
 int sl_slot_check(sl_engine *e, size_t i, int status);
 /* The hash job's verdict: READY, or FAILED (checksum, OpenSSL). */
 void sl_slot_hashed(sl_engine *e, size_t i, int verdict);
+/* Slot i waited (fb_wait) for its mirror to open, which is now open or
+ * failed: that mirror, or the next, takes the load over, or the load
+ * fails. Lock held. */
+void sl_slot_resume(sl_engine *e, size_t i);
 /* FAILED, drained, and no other source takes it: IDLE, gen + 1. */
 void sl_slot_fail_drained(sl_engine *e, size_t i);
 /* FAILED and drained: the load begins again from mirror `source`, whose
@@ -408,6 +412,11 @@ int sl_slot_verdict_ok(int verdict);
  * tensors, then streams' read-ahead, then the plan's. Lock held. */
 void sl_pump(sl_engine *e);
 
+/* Mirror k (fallback.c's opener) is open or failed to open: each slot
+ * that waited for it goes on (sl_slot_resume), then the pump runs. The
+ * opener calls it through e->fb_opened, so that fallback.c, which
+ * slot.c asks, calls neither slot.c nor this file. Lock held. */
+void sl_mirror_opened(sl_engine *e, unsigned k);
 /* The seam's completion callback (ctx is the engine). */
 void sl_read_done(void *ctx, sl_io_req *list);
 /* The hasher's completion callback (ctx is the engine). */
@@ -420,7 +429,7 @@ void sl_hash_done(void *ctx, sl_hash_job *job, int status);
  * restarts or fails the load): none, the error standing as it is
  * (SL_FB_NONE); mirror `source`, whose file `file` holds the tensor at
  * `off` (SL_FB_RESTART); a mirror being opened for it, the slot waiting
- * with fb_wait (SL_FB_WAIT: the opener calls e->fb_resume once it is
+ * with fb_wait (SL_FB_WAIT: the opener calls e->fb_opened once it is
  * open); no source left (SL_FB_FAILED: the slot's error becomes code and
  * msg, malloc'd, naming every source's failure; NULL when out of
  * memory). */

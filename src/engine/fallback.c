@@ -21,9 +21,9 @@
  * This file decides and slot.c acts: slot.c, the only writer of a slot's
  * state, asks which source takes a failed load over (sl_fallback_next:
  * a mirror to restart from, one being opened, or none) and restarts or
- * fails the load itself; the opener hands a slot that waited back to
- * slot.c through e->fb_resume, which slot.c set. Nothing here calls
- * slot.c.
+ * fails the load itself; the opener hands the slots that waited back
+ * through e->fb_opened (sched.c's sl_mirror_opened: sl_slot_resume each,
+ * then the pump). Nothing here calls slot.c or sched.c.
  */
 #include "engine/engine_int.h"
 #include "index/header.h"
@@ -233,14 +233,7 @@ static void *opener_main(void *arg)
             m->why = strdup(err.msg);
             m->state = SL_MIRROR_FAILED;
         }
-        for (size_t i = 0; i < e->n; i++) {
-            sl_slot *s = &e->slots[i];
-            if (!s->fb_wait || s->source != k)
-                continue;
-            s->fb_wait = 0;
-            e->fb_resume(e, i);     /* slot.c's: restarts or fails it */
-        }
-        sl_pump(e);
+        e->fb_opened(e, k);     /* sched.c's: the slots that waited go on */
         sl_unlock(e);
         pthread_mutex_lock(&e->lock);
     }

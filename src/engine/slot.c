@@ -50,14 +50,11 @@ static uint64_t round_up(uint64_t v, uint64_t a)
 
 /* ---------------------------------------------------------------- set-up */
 
-static void resume(sl_engine *e, size_t i);
-
 int sl_slots_init(sl_engine *e)
 {
     e->slots = calloc(e->n ? e->n : 1, sizeof *e->slots);
     if (!e->slots)
         return SLUICE_E_NOMEM;
-    e->fb_resume = resume;
     for (int l = 0; l < 3; l++)
         e->lru[l].head = e->lru[l].tail = SL_NONE;
     for (size_t i = 0; i < e->n; i++) {
@@ -562,11 +559,10 @@ static int take_over(sl_engine *e, size_t i, int d, sl_fb_next *nx)
     return 0;
 }
 
-/* e->fb_resume: slot i waited for its mirror to open (fallback.c's
- * opener): that mirror, or the next, takes the load over, or it fails. */
-static void resume(sl_engine *e, size_t i)
+void sl_slot_resume(sl_engine *e, size_t i)
 {
     sl_fb_next nx = {0};
+    e->slots[i].fb_wait = 0;
     if (e->closing || !take_over(e, i, sl_fallback_resume(e, i, &nx), &nx))
         sl_slot_fail_drained(e, i);
 }
