@@ -514,7 +514,7 @@ static void become_ready(sl_engine *e, size_t i, const unsigned char *data)
 static int direct_again(sl_engine *e, size_t i)
 {
     sl_slot *s = &e->slots[i];
-    if (e->closing || s->source == SL_SRC_CACHE)
+    if (e->closing)
         return 0;
     const struct sluice_tensor_info *t = &e->ix->tensors[i];
     size_t file = s->source ? s->src_file : t->file_index;
