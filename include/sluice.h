@@ -539,7 +539,10 @@ typedef struct sluice_model sluice_model;
  * proxy's, so a proxy that rewrites ETags cannot make the origin answer
  * 412. A proxy that could not be reached (refused or reset, a timeout, a
  * stall) is skipped by the model's requests for 30 s, which go direct at
- * once (bypass bytes, not failures); then it is tried again.
+ * once (bypass bytes, not failures); then it is tried again. Each proxy
+ * has its own health: its mirrors' requests through the same proxy skip
+ * it too, while with http_proxy and https_proxy naming two proxies, one
+ * that is down never makes the other skipped.
  * A tensor the origin serves right never fails because of its proxy; it
  * fails, or goes to the mirrors, only as the origin's own answer would.
  *

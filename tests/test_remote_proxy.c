@@ -1166,6 +1166,144 @@ static void test_dragonfly_hub_token_only_for_the_hub(void **state)
     unsetenv("HF_TOKEN");
 }
 
+/* The proxy counters now (stats of m). */
+static struct sluice_stats stats_now(sluice_model *m)
+{
+    struct sluice_stats st = {.size = sizeof st};
+    sluice_stats(m, &st);
+    return st;
+}
+
+/* "Read again from the origin directly, once" is one rule, the remote
+ * source's, for the engine's loads and the blocking reads alike: through
+ * a proxy that flips a byte of w.e (its rank 0 of 2), a range
+ * (sluice_read_into), a part (sluice_read_part_into) and a load
+ * (sluice_acquire) of it each give the origin's bytes, each read again
+ * directly exactly once: one proxy failure each, never none or two, and
+ * at least the bytes asked fetched directly. */
+static void test_direct_again_once_each(void **state)
+{
+    (void)state;
+    char *lm;
+    char *liar = liar_copy(sizes[5] + sizes[4] - 100, &lm);
+    uint64_t off = file_size(lm) - sizes[5] - sizes[4];    /* w.e's first byte */
+    rf_server fault;
+    start_fault_on(&fault, liar);
+    sluice_options o;
+    opts_with_proxy(&o, fault.base);
+    sluice_model *m = NULL;
+    assert_int_equal(sluice_open(model_url(), &o, &m), SLUICE_OK);
+    size_t half = (size_t)sizes[4] / 2;
+    unsigned char *want = tu_pread_range(model_path, off, (size_t)sizes[4]);
+    unsigned char *got = calloc(1, (size_t)sizes[4]);
+    struct sluice_stats before = stats_now(m), now;
+    /* a range */
+    int rc = sluice_read_into(m, "w.e", 0, got, half);
+    if (rc != SLUICE_OK)
+        fail_msg("read_into: %s: %s", sluice_strerror(rc), sluice_errmsg(m));
+    assert_memory_equal(got, want, half);
+    now = stats_now(m);
+    assert_int_equal(now.proxy_failures - before.proxy_failures, 1);
+    assert_true(now.proxy_bypass_bytes - before.proxy_bypass_bytes >= half);
+    before = now;
+    /* a part */
+    memset(got, 0, half);
+    rc = sluice_read_part_into(m, "w.e", 0, 0, 2, got, half);
+    if (rc != SLUICE_OK)
+        fail_msg("read_part_into: %s: %s", sluice_strerror(rc), sluice_errmsg(m));
+    assert_memory_equal(got, want, half);
+    now = stats_now(m);
+    assert_int_equal(now.proxy_failures - before.proxy_failures, 1);
+    assert_true(now.proxy_bypass_bytes - before.proxy_bypass_bytes >= half);
+    before = now;
+    /* a load: the engine's, asynchronous */
+    sluice_tensor *t = NULL;
+    rc = sluice_acquire(m, "w.e", &t);
+    if (rc != SLUICE_OK)
+        fail_msg("acquire: %s: %s", sluice_strerror(rc), sluice_errmsg(m));
+    assert_memory_equal(sluice_tensor_data(t), want, (size_t)sizes[4]);
+    assert_non_null(strstr(sluice_tensor_source(t), "primary, direct: the proxy failed (its "
+                                                    "bytes failed verification"));
+    sluice_release(t);
+    now = stats_now(m);
+    assert_int_equal(now.proxy_failures - before.proxy_failures, 1);
+    assert_true(now.proxy_bypass_bytes - before.proxy_bypass_bytes >= sizes[4]);
+    assert_int_equal(now.failures, 0);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    rf_stop(&fault);
+    free(want);
+    free(got);
+    tu_rmtree(liar);
+    free(lm);
+    free(liar);
+}
+
+/* Each proxy has its own health: with http_proxy a dead proxy and
+ * https_proxy a working one (the fault server standing for dfdaemon, so
+ * that https:// is asked of it as http://), a model whose local file and
+ * first mirror (http://, the fault server on the same bad copy) fail
+ * w.b takes it from its second mirror (https://, nginx), whose requests
+ * go through the https proxy although the http one was taken for down a
+ * moment before (before: one health for both, so the second mirror's
+ * requests skipped the working proxy and went direct). */
+static void test_proxy_health_per_hop(void **state)
+{
+    (void)state;
+    need_tls();
+    char *dir = tu_tmpdir();
+    char *local = tu_join(dir, "m.safetensors"), *lmf = tu_join(dir, "m.safetensors.manifest.json");
+    char *mf = tu_join(root, "m.safetensors.manifest.json");
+    tu_copy_file(model_path, local);
+    tu_copy_file(mf, lmf);
+    mf_flip_byte(local, file_size(local) - sizes[5] - sizes[4] - sizes[3] - sizes[2] - 10);
+    rf_server bad, df;
+    start_fault_on(&bad, dir);
+    start_fault_on(&df, root);
+    char dead[64], first[128], second[128];
+    snprintf(dead, sizeof dead, "http://127.0.0.1:%u", rf_free_port());
+    snprintf(first, sizeof first, "%s/m.safetensors", bad.base);
+    snprintf(second, sizeof second, "%s/m.safetensors", nginx.tls_base);
+    setenv("http_proxy", dead, 1);
+    setenv("https_proxy", df.base, 1);
+    const char *mirrors[] = {first, second};
+    sluice_options o;
+    opts_with_proxy(&o, NULL);
+    o.proxy_kind = SLUICE_PROXY_DRAGONFLY;
+    o.remote_ca_file = nginx.ca_file;
+    o.fallback = mirrors;
+    o.fallback_count = 2;
+    sluice_model *m = NULL;
+    assert_int_equal(sluice_open(local, &o, &m), SLUICE_OK);
+    sluice_tensor *t = NULL;
+    int rc = sluice_acquire(m, "w.b", &t);
+    if (rc != SLUICE_OK)
+        fail_msg("acquire w.b: %s: %s", sluice_strerror(rc), sluice_errmsg(m));
+    const struct sluice_tensor_info *info = sluice_tensor_info(t);
+    unsigned char *want = tu_pread_range(model_path, info->offset, (size_t)info->nbytes);
+    assert_memory_equal(sluice_tensor_data(t), want, (size_t)info->nbytes);
+    free(want);
+    assert_non_null(strstr(sluice_tensor_source(t), "fallback 2"));
+    sluice_release(t);
+    struct sluice_stats st = stats_now(m);
+    assert_int_equal(st.proxy_failures, 1);     /* the dead proxy, once */
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    unsetenv("http_proxy");
+    unsetenv("https_proxy");
+    char *log = log_and_stop(&df);
+    char plain[128];
+    snprintf(plain, sizeof plain, "GET http://127.0.0.1:%u/m.safetensors", nginx.tls_port);
+    int seen = strstr(log, plain) != NULL;
+    free(log);
+    if (!seen)
+        fail_msg("the https proxy was skipped: its log has no %s", plain);
+    rf_stop(&bad);
+    tu_rmtree(dir);
+    free(dir);
+    free(local);
+    free(lmf);
+    free(mf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1191,6 +1329,8 @@ int main(void)
         cmocka_unit_test(test_proxy_own_manifest),
         cmocka_unit_test(test_part_through_lying_proxy),
         cmocka_unit_test(test_verify_files_through_lying_proxy),
+        cmocka_unit_test(test_direct_again_once_each),
+        cmocka_unit_test(test_proxy_health_per_hop),
     };
     if (getenv("SLUICE_TEST_FILTER"))
         cmocka_set_test_filter(getenv("SLUICE_TEST_FILTER"));

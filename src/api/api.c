@@ -880,12 +880,10 @@ static int index_direct(const sl_remote_cfg *direct, void *ctx, uint64_t *bytes,
 static int again_direct(sluice_model *m, size_t i, int rc, direct_read_fn read, void *ctx,
                         sl_range_tally *tally, sl_err *err)
 {
-    if (rc != SLUICE_E_CHECKSUM)
-        return rc;
     const sl_file *f = &m->index.files[m->index.tensors[i].file_index];
     index_direct_args a = {&m->index, read, ctx, {0}};
     sl_err e2 = {0};
-    int rc2 = sl_source_read_direct(m->remote, f, index_direct, &a, &e2);
+    int rc2 = sl_source_read_direct(m->remote, f, rc, index_direct, &a, &e2);
     if (rc2 == SL_SRC_NOT_PROXIED)
         return rc;
     tally->bytes_read += a.t.bytes_read;

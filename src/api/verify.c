@@ -991,12 +991,11 @@ int sl_verify_remote_files(const sl_index *ix, const sl_manifest *mf,
         if (!it.want)   /* nothing to compare with: not read */
             item_fail(&it, SLUICE_E_MANIFEST_MISSING, "%s: the manifest has no digest for it",
                       item_what(&run, &it, what, sizeof what));
-        else if (source_file_item(&run, &it, rc, o->cancel, buf) == SLUICE_OK &&
-                 it.status == SLUICE_E_CHECKSUM) {
+        else if (source_file_item(&run, &it, rc, o->cancel, buf) == SLUICE_OK) {
             /* bytes through the proxy that fail: the file is read again
              * from the origin directly, once, as a tensor load's are
              * (sluice.h "Proxies"), counted as theirs: the remote
-             * source's one such read (not proxied: the judgement stands) */
+             * source's rule and read (else the judgement stands) */
             vf_item again = it;
             again.bytes = 0;
             again.has_digest = 0;
@@ -1004,7 +1003,7 @@ int sl_verify_remote_files(const sl_index *ix, const sl_manifest *mf,
             memset(again.digest, 0, sizeof again.digest);
             file_direct_args a = {&run, &again, o->cancel, buf};
             sl_err e2 = {0};
-            int read = sl_source_read_direct(rc, f, file_direct, &a, &e2);
+            int read = sl_source_read_direct(rc, f, it.status, file_direct, &a, &e2);
             if (read == SLUICE_OK || read == SLUICE_E_CANCELLED) {
                 free(it.message);
                 it = again;     /* the origin's bytes judged (or the cancel) */

@@ -179,6 +179,7 @@ int sl_engine_create(const sl_index *ix, const sluice_options *opts,
     }
     pthread_cond_init(&e->cv, NULL);
     pthread_cond_init(&e->opener_cv, NULL);
+    e->fb_opened = sl_mirror_opened;
     e->ix = ix;
     e->flags = opts->flags;
     e->chunk = opts->chunk_bytes;

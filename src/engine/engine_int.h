@@ -261,6 +261,9 @@ struct sl_engine {
     pthread_t opener;
     int opener_started, opener_quit;
     pthread_cond_t opener_cv;
+    /* sched.c's sl_mirror_opened (set at create): called by the opener,
+     * lock held, once mirror k is open or failed to open */
+    void (*fb_opened)(sl_engine *e, unsigned k);
 
     /* handles */
     /* released handles, oldest first: reused only past SL_HANDLE_QUARANTINE
@@ -297,7 +300,7 @@ void sl_slot_partial_pop(sl_engine *e);
  * proxy failed (why)", or the mirror's label). Lock held. */
 void sl_slot_proxy_note(sl_engine *e, size_t i, const char *why);
 /* Source k of a load as messages name it: "primary", or "fallback K
- * (location)" (SL_SRC_CACHE is not one). */
+ * (location)" (SL_SRC_CACHE is not one). fallback.c. */
 void sl_source_label(const sl_engine *e, unsigned k, char *buf, size_t cap);
 
 /* IDLE -> READING: a buffer (evicting unheld buffers as room allows),
@@ -319,14 +322,16 @@ void sl_slot_landed(sl_engine *e, size_t i, uint32_t c, const sl_err *failure);
 int sl_slot_check(sl_engine *e, size_t i, int status);
 /* The hash job's verdict: READY, or FAILED (checksum, OpenSSL). */
 void sl_slot_hashed(sl_engine *e, size_t i, int verdict);
+/* Slot i waited (fb_wait) for its mirror to open, which is now open or
+ * failed: that mirror, or the next, takes the load over, or the load
+ * fails. Lock held. */
+void sl_slot_resume(sl_engine *e, size_t i);
 /* FAILED, drained, and no other source takes it: IDLE, gen + 1. */
 void sl_slot_fail_drained(sl_engine *e, size_t i);
 /* FAILED and drained: the load begins again from mirror `source`, whose
  * file `file` holds the tensor at `off`, into the same buffer. Returns 1,
  * or -1 when out of memory (the slot is untouched). */
 int sl_slot_restart(sl_engine *e, size_t i, unsigned source, size_t file, uint64_t off);
-/* Replaces the slot's kept error. */
-void sl_slot_set_error(sl_engine *e, size_t i, int code, const char *msg);
 /* Fails an IDLE slot at once (its waiters see gen move). */
 void sl_slot_fail_idle(sl_engine *e, size_t i, const sl_err *err);
 /* The failure a waiter saw: the slot's last error. */
@@ -407,6 +412,11 @@ int sl_slot_verdict_ok(int verdict);
  * tensors, then streams' read-ahead, then the plan's. Lock held. */
 void sl_pump(sl_engine *e);
 
+/* Mirror k (fallback.c's opener) is open or failed to open: each slot
+ * that waited for it goes on (sl_slot_resume), then the pump runs. The
+ * opener calls it through e->fb_opened, so that fallback.c, which
+ * slot.c asks, calls neither slot.c nor this file. Lock held. */
+void sl_mirror_opened(sl_engine *e, unsigned k);
 /* The seam's completion callback (ctx is the engine). */
 void sl_read_done(void *ctx, sl_io_req *list);
 /* The hasher's completion callback (ctx is the engine). */
@@ -415,15 +425,30 @@ void sl_hash_done(void *ctx, sl_hash_job *job, int status);
 
 /* ---------------------------------------------------------------- fallback.c */
 
-/* Slot i (FAILED, drained) failed from its present source: another
- * source takes the load over (returns 1: restarted, or waiting for a
- * mirror to open) or none does (returns 0, the slot's error now naming
- * every source's failure). Lock held. */
-int sl_fallback_next(sl_engine *e, size_t i);
-/* Slot i (FAILED, drained) failed verification with bytes that came
- * through the proxy: the same source loads it again, directly (returns
- * 1), once; else 0. Lock held. */
-int sl_fallback_proxy_bypass(sl_engine *e, size_t i);
+/* Which source takes a failed load over (fallback.c decides, slot.c
+ * restarts or fails the load): none, the error standing as it is
+ * (SL_FB_NONE); mirror `source`, whose file `file` holds the tensor at
+ * `off` (SL_FB_RESTART); a mirror being opened for it, the slot waiting
+ * with fb_wait (SL_FB_WAIT: the opener calls e->fb_opened once it is
+ * open); no source left (SL_FB_FAILED: the slot's error becomes code and
+ * msg, malloc'd, naming every source's failure; NULL when out of
+ * memory). */
+enum { SL_FB_NONE = 0, SL_FB_RESTART, SL_FB_WAIT, SL_FB_FAILED };
+typedef struct sl_fb_next {
+    unsigned source;
+    size_t file;
+    uint64_t off;
+    int code;
+    char *msg;
+} sl_fb_next;
+/* Slot i (FAILED, drained) failed from its present source. Lock held. */
+int sl_fallback_next(sl_engine *e, size_t i, sl_fb_next *nx);
+/* Slot i waited for its mirror (slot.source) to open: it is open or
+ * failed. Lock held. */
+int sl_fallback_resume(sl_engine *e, size_t i, sl_fb_next *nx);
+/* The restart from nx->source (SL_FB_RESTART) found no memory: the next
+ * mirror, logged so. Lock held. */
+int sl_fallback_no_memory(sl_engine *e, size_t i, sl_fb_next *nx);
 /* A load from a mirror became READY: counted, and its note kept. */
 void sl_fallback_delivered(sl_engine *e, size_t i);
 /* Stops the opener thread and closes the mirrors (destroy). */

@@ -17,6 +17,13 @@
  * A mirror's tensor is used only when its name, dtype, shape and size are
  * the primary's. Every function here runs with e->lock held, except the
  * opener's open itself.
+ *
+ * This file decides and slot.c acts: slot.c, the only writer of a slot's
+ * state, asks which source takes a failed load over (sl_fallback_next:
+ * a mirror to restart from, one being opened, or none) and restarts or
+ * fails the load itself; the opener hands the slots that waited back
+ * through e->fb_opened (sched.c's sl_mirror_opened: sl_slot_resume each,
+ * then the pump). Nothing here calls slot.c or sched.c.
  */
 #include "engine/engine_int.h"
 #include "index/header.h"
@@ -87,28 +94,35 @@ static void request_open(sl_engine *e, sl_mirror *m)
     pthread_cond_broadcast(&e->opener_cv);
 }
 
-/* Every source failed: the slot's error names them all. */
-static void all_failed(sl_engine *e, size_t i)
+void sl_source_label(const sl_engine *e, unsigned k, char *buf, size_t cap)
+{
+    if (k == 0)
+        snprintf(buf, cap, "primary");
+    else
+        snprintf(buf, cap, "fallback %u (%s)", k, e->mirrors[k - 1].loc->shown);
+}
+
+/* Every source failed: the slot's error names them all (nx). */
+static int all_failed(sl_engine *e, size_t i, sl_fb_next *nx)
 {
     sl_slot *s = &e->slots[i];
     const struct sluice_tensor_info *t = &e->ix->tensors[i];
     char q[SL_QUOTE_MAX];
     sl_quote(q, sizeof q, t->name, t->name_len);
     size_t cap = (s->fb_log ? strlen(s->fb_log) : 0) + SL_QUOTE_MAX + 64;
-    char *msg = malloc(cap);
-    if (msg) {
-        snprintf(msg, cap, "tensor %s: every source failed: %s", q, s->fb_log ? s->fb_log : "");
-        sl_slot_set_error(e, i, s->fb_code ? s->fb_code : SLUICE_E_IO, msg);
-        free(msg);
-    }
+    nx->code = s->fb_code ? s->fb_code : SLUICE_E_IO;
+    if ((nx->msg = malloc(cap)))
+        snprintf(nx->msg, cap, "tensor %s: every source failed: %s", q, s->fb_log ? s->fb_log : "");
     free(s->fb_log);
     s->fb_log = NULL;
     s->source = 0;
+    return SL_FB_FAILED;
 }
 
-/* Tries mirrors k, k + 1, ... for slot i: 1 when one took it over (or is
- * being opened for it), 0 when none is left. */
-static int try_from(sl_engine *e, size_t i, unsigned k)
+/* Tries mirrors k, k + 1, ... for slot i: the one that takes it over
+ * (SL_FB_RESTART), or is being opened for it (SL_FB_WAIT), or none is
+ * left (SL_FB_FAILED). */
+static int try_from(sl_engine *e, size_t i, unsigned k, sl_fb_next *nx)
 {
     sl_slot *s = &e->slots[i];
     char label[512], why[512];
@@ -120,7 +134,7 @@ static int try_from(sl_engine *e, size_t i, unsigned k)
             if (m->state != SL_MIRROR_FAILED) {
                 s->source = (uint8_t)k;
                 s->fb_wait = 1;
-                return 1;
+                return SL_FB_WAIT;
             }
         }
         if (m->state == SL_MIRROR_FAILED) {
@@ -128,60 +142,48 @@ static int try_from(sl_engine *e, size_t i, unsigned k)
             e->st.fallback_failures++;
             continue;
         }
-        size_t file;
-        uint64_t off;
-        if (!mirror_tensor(e, i, m, &file, &off, why, sizeof why)) {
+        if (!mirror_tensor(e, i, m, &nx->file, &nx->off, why, sizeof why)) {
             log_failure(s, label, why);
             e->st.fallback_failures++;
             continue;
         }
-        if (sl_slot_restart(e, i, k, file, off) < 0) {
-            log_failure(s, label, "out of memory");
-            continue;
-        }
-        return 1;
+        nx->source = k;
+        return SL_FB_RESTART;
     }
-    all_failed(e, i);
-    return 0;
+    return all_failed(e, i, nx);
 }
 
-int sl_fallback_next(sl_engine *e, size_t i)
+int sl_fallback_next(sl_engine *e, size_t i, sl_fb_next *nx)
 {
     sl_slot *s = &e->slots[i];
     char label[512];
+    memset(nx, 0, sizeof *nx);
     sl_source_label(e, s->source, label, sizeof label);
     if (s->source == 0) {
         if (!eligible(s->err_code) || !sl_expected_digest(e, i) || e->closing)
-            return 0;   /* the error stands as it is */
+            return SL_FB_NONE;  /* the error stands as it is */
         s->fb_code = s->err_code;
     } else {
         e->st.fallback_failures++;
     }
     log_failure(s, label, s->err_msg ? s->err_msg : "failed");
-    return try_from(e, i, (unsigned)s->source + 1);
+    return try_from(e, i, (unsigned)s->source + 1, nx);
 }
 
-int sl_fallback_proxy_bypass(sl_engine *e, size_t i)
+int sl_fallback_resume(sl_engine *e, size_t i, sl_fb_next *nx)
 {
-    sl_slot *s = &e->slots[i];
-    if (!s->px_used || s->px_direct || s->err_code != SLUICE_E_CHECKSUM || e->closing ||
-        s->source == SL_SRC_CACHE)
-        return 0;
-    const struct sluice_tensor_info *t = &e->ix->tensors[i];
-    size_t file = s->source ? s->src_file : t->file_index;
-    uint64_t off = s->source ? s->src_off : t->offset;
-    char why[600];
-    snprintf(why, sizeof why, "its bytes failed verification: %.500s",
-             s->err_msg ? s->err_msg : "checksum");
-    free(s->px_note);
-    s->px_note = NULL;
-    sl_slot_proxy_note(e, i, why);
-    if (sl_slot_restart(e, i, s->source, file, off) < 0)
-        return 0;
-    e->st.proxy_failures++;
-    s->px_direct = 1;
-    s->px_used = 0;
-    return 1;
+    memset(nx, 0, sizeof *nx);
+    return try_from(e, i, e->slots[i].source, nx);
+}
+
+int sl_fallback_no_memory(sl_engine *e, size_t i, sl_fb_next *nx)
+{
+    char label[512];
+    unsigned k = nx->source;
+    sl_source_label(e, k, label, sizeof label);
+    log_failure(&e->slots[i], label, "out of memory");
+    memset(nx, 0, sizeof *nx);
+    return try_from(e, i, k + 1, nx);
 }
 
 void sl_fallback_delivered(sl_engine *e, size_t i)
@@ -231,15 +233,7 @@ static void *opener_main(void *arg)
             m->why = strdup(err.msg);
             m->state = SL_MIRROR_FAILED;
         }
-        for (size_t i = 0; i < e->n; i++) {
-            sl_slot *s = &e->slots[i];
-            if (!s->fb_wait || s->source != k)
-                continue;
-            s->fb_wait = 0;
-            if (e->closing || !try_from(e, i, k))
-                sl_slot_fail_drained(e, i);
-        }
-        sl_pump(e);
+        e->fb_opened(e, k);     /* sched.c's: the slots that waited go on */
         sl_unlock(e);
         pthread_mutex_lock(&e->lock);
     }

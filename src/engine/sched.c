@@ -499,6 +499,14 @@ void sl_pump(sl_engine *e)
         plan_ahead(e);
 }
 
+void sl_mirror_opened(sl_engine *e, unsigned k)
+{
+    for (size_t i = 0; i < e->n; i++)
+        if (e->slots[i].fb_wait && e->slots[i].source == k)
+            sl_slot_resume(e, i);
+    sl_pump(e);
+}
+
 /* ---------------------------------------------------------------- finishing */
 
 /* The detail of a failed read, for segment tensor i. */

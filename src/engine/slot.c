@@ -356,14 +356,6 @@ void sl_slot_room_error(sl_engine *e, size_t i, sl_err *err)
 
 /* ---------------------------------------------------------------- errors */
 
-void sl_source_label(const sl_engine *e, unsigned k, char *buf, size_t cap)
-{
-    if (k == 0)
-        snprintf(buf, cap, "primary");
-    else
-        snprintf(buf, cap, "fallback %u (%s)", k, e->mirrors[k - 1].loc->shown);
-}
-
 /* "primary, direct: the proxy failed (why)" (or the mirror's label). */
 void sl_slot_proxy_note(sl_engine *e, size_t i, const char *why)
 {
@@ -514,8 +506,70 @@ static void become_ready(sl_engine *e, size_t i, const unsigned char *data)
     pthread_cond_broadcast(&e->cv);
 }
 
-/* FAILED -> IDLE once nothing works on the buffer any more, unless a
- * mirror takes the load over (fallback.c). */
+/* Slot i (FAILED, drained) failed verification: when the remote source
+ * says so (sl_source_direct_again: its bytes came through the proxy, and
+ * it was not read directly yet), the same source loads it again, its
+ * requests sent with no_proxy (sched.c), before any mirror. Returns 1
+ * then, else 0. */
+static int direct_again(sl_engine *e, size_t i)
+{
+    sl_slot *s = &e->slots[i];
+    if (e->closing)
+        return 0;
+    const struct sluice_tensor_info *t = &e->ix->tensors[i];
+    size_t file = s->source ? s->src_file : t->file_index;
+    uint64_t off = s->source ? s->src_off : t->offset;
+    if (!sl_source_direct_again(e->have_rcfg ? &e->rcfg : NULL, sl_read_file(e, s->source, file),
+                                s->err_code, s->px_used, s->px_direct))
+        return 0;
+    char why[600];
+    snprintf(why, sizeof why, "its bytes failed verification: %.500s",
+             s->err_msg ? s->err_msg : "checksum");
+    free(s->px_note);
+    s->px_note = NULL;
+    sl_slot_proxy_note(e, i, why);
+    if (sl_slot_restart(e, i, s->source, file, off) < 0)
+        return 0;
+    e->st.proxy_failures++;
+    s->px_direct = 1;
+    s->px_used = 0;
+    return 1;
+}
+
+/* Acts on fallback.c's answer d for slot i: 1 when a mirror took the
+ * load over (restarted from it, or waiting for it to open), 0 when none
+ * did (the slot's error then names every source's failure when d says
+ * so). */
+static int take_over(sl_engine *e, size_t i, int d, sl_fb_next *nx)
+{
+    while (d == SL_FB_RESTART) {
+        if (sl_slot_restart(e, i, nx->source, nx->file, nx->off) > 0)
+            return 1;
+        d = sl_fallback_no_memory(e, i, nx);
+    }
+    if (d == SL_FB_WAIT)
+        return 1;
+    if (d == SL_FB_FAILED && nx->msg) {
+        sl_err err;
+        sl_fail(&err, nx->code, "%s", nx->msg);
+        keep_error(&e->slots[i], &err);
+    }
+    free(nx->msg);
+    nx->msg = NULL;
+    return 0;
+}
+
+void sl_slot_resume(sl_engine *e, size_t i)
+{
+    sl_fb_next nx = {0};
+    e->slots[i].fb_wait = 0;
+    if (e->closing || !take_over(e, i, sl_fallback_resume(e, i, &nx), &nx))
+        sl_slot_fail_drained(e, i);
+}
+
+/* FAILED -> IDLE once nothing works on the buffer any more, unless the
+ * origin directly (its proxy's bytes failed) or a mirror (fallback.c)
+ * takes the load over. */
 static void drain(sl_engine *e, size_t i)
 {
     sl_slot *s = &e->slots[i];
@@ -525,9 +579,10 @@ static void drain(sl_engine *e, size_t i)
     if (s->source == SL_SRC_CACHE && sl_ecache_refetch(e, i) &&
         sl_slot_restart(e, i, 0, t->file_index, t->offset) > 0)
         return;
-    if (sl_fallback_proxy_bypass(e, i))
+    if (direct_again(e, i))
         return;
-    if (e->nmirrors && sl_fallback_next(e, i))
+    sl_fb_next nx;
+    if (e->nmirrors && take_over(e, i, sl_fallback_next(e, i, &nx), &nx))
         return;
     sl_slot_fail_drained(e, i);
 }
@@ -544,13 +599,6 @@ void sl_slot_fail_drained(sl_engine *e, size_t i)
     s->gen++;
     e->st.failures++;
     pthread_cond_broadcast(&e->cv);
-}
-
-void sl_slot_set_error(sl_engine *e, size_t i, int code, const char *msg)
-{
-    sl_err err;
-    sl_fail(&err, code, "%s", msg);
-    keep_error(&e->slots[i], &err);
 }
 
 int sl_slot_restart(sl_engine *e, size_t i, unsigned source, size_t file, uint64_t off)

@@ -101,37 +101,38 @@ const sl_source_methods *sl_source_for(const char *loc);
  * needs the model's remote configuration. */
 int sl_location_networked(const char *loc);
 
-/* Whether the requests for file f go through a proxy under c (a remote
- * file, a proxy configured and no_proxy not naming its host: decided once
- * when it was opened, f->target): bytes of it that fail verification
- * are then worth one read from the origin directly (sluice.h
- * "Proxies"). 0 for a local file or c NULL. */
-struct sl_file;
-int sl_source_proxied(const sl_remote_cfg *c, const struct sl_file *f);
-
 /* The remote source's hops: through the proxy, and to the origin
  * directly. Each has its own validators (remote.h, sl_validators: the
- * proxy's ETag is never asked of the origin) and the proxy hop its
- * health (sl_remote_tally.proxy_down_until: skipped SL_PROXY_DOWN_MS
- * after it could not be reached, remote.c).
+ * proxy's ETag is never asked of the origin), and each proxy its own
+ * health (remote.h, sl_proxy_hop: skipped SL_PROXY_DOWN_MS after it
+ * could not be reached, remote.c).
  *
- * "Read again from the origin directly, once" (sluice.h "Proxies"), the
- * one place that does it for a blocking read (a range or a part of a
- * tensor, a mirror's, a whole file's verify): when the bytes of f that
- * came through the proxy failed verification (failed SLUICE_E_CHECKSUM
- * or, for a verify, a digest or size that differs: the caller says so
- * with failed), read(direct, ctx, &bytes, err) is called once with a
- * configuration whose requests all take the direct hop (the tally,
- * secrets and validators shared, not owned), counted as the engine's
- * loads are: one proxy failure, bytes in proxy_bypass_bytes. Returns
- * SL_SRC_NOT_PROXIED (nothing done) when f's requests do not go through
- * a proxy under c, else what read returned (err set by it). The engine's
- * loads take the same hop asynchronously: their requests go again with
- * no_proxy set (fallback.c, sl_fallback_proxy_bypass). */
+ * "Read again from the origin directly, once" (sluice.h "Proxies"),
+ * decided here and nowhere else, for every read of a remote file's bytes:
+ * a load's (the engine's, asynchronous: slot.c resubmits its requests
+ * with no_proxy set, sl_io_req), a range's or a part's (api.c), a
+ * mirror's, a whole file's verify (verify.c). A read of f under c that
+ * failed with code is read again directly when the failure is
+ * verification's (SLUICE_E_CHECKSUM: a digest, or for a verify a size,
+ * that differs), some of its bytes came through the proxy
+ * (through_proxy), f's requests go through a proxy under c at all
+ * (decided when f was opened, f->target) and it was not read directly
+ * already (direct): once, before any mirror. Returns 1 or 0. */
+int sl_source_direct_again(const sl_remote_cfg *c, const struct sl_file *f, int code,
+                           int through_proxy, int direct);
+
+/* The blocking reads' side of it: when sl_source_direct_again says so for
+ * a read of f that failed with code (its bytes taken to have come through
+ * the proxy whenever f's requests go through one), read(direct, ctx,
+ * &bytes, err) is called once with a configuration whose requests all
+ * take the direct hop (the tally, secrets and validators shared, not
+ * owned), counted as the engine's loads are: one proxy failure, bytes in
+ * proxy_bypass_bytes. Returns SL_SRC_NOT_PROXIED (nothing done) when the
+ * rule says no, else what read returned (err set by it). */
 #define SL_SRC_NOT_PROXIED 2
 typedef int (*sl_direct_read_fn)(const sl_remote_cfg *direct, void *ctx, uint64_t *bytes,
                                  sl_err *err);
-int sl_source_read_direct(const sl_remote_cfg *c, const struct sl_file *f, sl_direct_read_fn read,
-                          void *ctx, sl_err *err);
+int sl_source_read_direct(const sl_remote_cfg *c, const struct sl_file *f, int code,
+                          sl_direct_read_fn read, void *ctx, sl_err *err);
 
 #endif

@@ -157,15 +157,24 @@ const sl_source_methods sl_source_remote = {
     REMOTE_COMMON_METHODS
 };
 
-int sl_source_proxied(const sl_remote_cfg *c, const struct sl_file *f)
+/* Whether the requests for file f go through a proxy under c (a remote
+ * file, a proxy configured and no_proxy not naming its host: decided once
+ * when it was opened, f->target). 0 for a local file or c NULL. */
+static int proxied(const sl_remote_cfg *c, const struct sl_file *f)
 {
     return c && f->target && f->target->proxied;
 }
 
-int sl_source_read_direct(const sl_remote_cfg *c, const struct sl_file *f, sl_direct_read_fn read,
-                          void *ctx, sl_err *err)
+int sl_source_direct_again(const sl_remote_cfg *c, const struct sl_file *f, int code,
+                           int through_proxy, int direct)
 {
-    if (!sl_source_proxied(c, f))
+    return code == SLUICE_E_CHECKSUM && through_proxy && !direct && proxied(c, f);
+}
+
+int sl_source_read_direct(const sl_remote_cfg *c, const struct sl_file *f, int code,
+                          sl_direct_read_fn read, void *ctx, sl_err *err)
+{
+    if (!sl_source_direct_again(c, f, code, 1, 0))
         return SL_SRC_NOT_PROXIED;
     sl_remote_cfg direct = *c;  /* the direct hop: the tally and secrets shared, not owned */
     direct.proxy_http = direct.proxy_https = NULL;

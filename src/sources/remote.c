@@ -52,6 +52,27 @@ static const char *env(const char *name)
 
 static int take_proxy(sl_remote_cfg *c, const sluice_options *o);
 
+/* A proxy hop for the proxy url (NULL when out of memory), and its end
+ * (the URL, which may hold a password, wiped). */
+static sl_proxy_hop *hop_new(const char *url)
+{
+    sl_proxy_hop *hop = calloc(1, sizeof *hop);
+    if (hop && !(hop->url = strdup(url))) {
+        free(hop);
+        hop = NULL;
+    }
+    return hop;
+}
+
+static void hop_free(sl_proxy_hop *hop)
+{
+    if (!hop)
+        return;
+    memset(hop->url, 0, strlen(hop->url));
+    free(hop->url);
+    free(hop);
+}
+
 void sl_remote_cfg_free(sl_remote_cfg *c)
 {
     if (!c)
@@ -70,13 +91,9 @@ void sl_remote_cfg_free(sl_remote_cfg *c)
     free(c->aws_session);
     sl_hf_cfg_clear(c);
     /* a proxy URL may hold user:password@ */
-    if (c->proxy_https && c->proxy_https != c->proxy_http) {
-        memset(c->proxy_https, 0, strlen(c->proxy_https));
-        free(c->proxy_https);
-    }
-    if (c->proxy_http)
-        memset(c->proxy_http, 0, strlen(c->proxy_http));
-    free(c->proxy_http);
+    if (c->proxy_https != c->proxy_http)
+        hop_free(c->proxy_https);
+    hop_free(c->proxy_http);
     free(c->no_proxy);
     free(c->tally);
     free(c);
@@ -160,16 +177,18 @@ static int take_proxy(sl_remote_cfg *c, const sluice_options *o)
     c->proxy_kind = o->proxy_kind;
     if (o->http_proxy) {
         if (*o->http_proxy)
-            nomem |= !(c->proxy_http = c->proxy_https = strdup(o->http_proxy));
+            nomem |= !(c->proxy_http = c->proxy_https = hop_new(o->http_proxy));
     } else {
         const char *all = env2("all_proxy", "ALL_PROXY");
         const char *h = env("http_proxy") ? env("http_proxy") : all;
         const char *hs = env2("https_proxy", "HTTPS_PROXY") ? env2("https_proxy", "HTTPS_PROXY")
                                                              : all;
         if (h)
-            nomem |= !(c->proxy_http = strdup(h));
-        if (hs)
-            nomem |= !(c->proxy_https = strdup(hs));
+            nomem |= !(c->proxy_http = hop_new(h));
+        if (hs && h && c->proxy_http && !strcmp(h, hs))
+            c->proxy_https = c->proxy_http;     /* one proxy: one hop, one health */
+        else if (hs)
+            nomem |= !(c->proxy_https = hop_new(hs));
     }
     const char *np = env2("no_proxy", "NO_PROXY");
     if (np && (c->proxy_http || c->proxy_https))
@@ -204,7 +223,7 @@ int sl_remote_dragonfly_hop(const sl_remote_cfg *c, int hub, sl_err *err)
     if (!c->token && !c->aws_key && !(hub && c->hf_token))
         return SLUICE_OK;
     char host[256];
-    sl_location_host_of(c->proxy_https, host, sizeof host);
+    sl_location_host_of(c->proxy_https->url, host, sizeof host);
     if (is_loopback(host))
         return SLUICE_OK;
     return sl_fail(err, SLUICE_E_INVAL,
@@ -312,9 +331,10 @@ void sl_remote_target_init(sl_remote_target *t, const sl_remote_cfg *c, const sl
 
 const char *sl_remote_proxy_for(const sl_remote_cfg *c, const char *url)
 {
-    const char *px = !strncmp(url, "https://", 8) ? c->proxy_https : c->proxy_http;
-    if (!px)
+    const sl_proxy_hop *hop = !strncmp(url, "https://", 8) ? c->proxy_https : c->proxy_http;
+    if (!hop)
         return NULL;
+    const char *px = hop->url;
     char host[256];
     sl_location_host_of(url, host, sizeof host);
     return c->no_proxy && no_proxy_match(c->no_proxy, host) ? NULL : px;
@@ -500,6 +520,7 @@ typedef struct xfer {
     /* set by setup() for the attempt */
     int proxied;                 /* this attempt goes through the proxy */
     int would_proxy;             /* a proxy applies to its URL (no_proxy aside) */
+    sl_proxy_hop *hop;           /* and its hop (its health), or NULL */
     int skipped;                 /* it went direct: the proxy was taken for down */
     int anchor;                  /* what bytes are checked against (a manifest,
                                     the Hub's API): to the origin directly, by
@@ -902,10 +923,12 @@ static struct curl_slist *setup_proxy(CURL *h, const sl_remote_cfg *c,
     const char *url = t->url;
     /* the hop decided at open; a configuration without proxies (the
      * direct hop, sl_source_read_direct) has none to take */
-    const char *px = !t->proxied ? NULL : t->https ? c->proxy_https : c->proxy_http;
+    sl_proxy_hop *hop = !t->proxied ? NULL : t->https ? c->proxy_https : c->proxy_http;
+    const char *px = hop ? hop->url : NULL;
+    x->hop = hop;
     x->would_proxy = px != NULL;
     if (px && !x->no_proxy &&
-        mono_ms() < atomic_load_explicit(&c->tally->proxy_down_until, memory_order_relaxed)) {
+        mono_ms() < atomic_load_explicit(&hop->down_until, memory_order_relaxed)) {
         x->no_proxy = 1;    /* down a moment ago: not waited for again */
         x->skipped = 1;
     }
@@ -977,7 +1000,7 @@ static void proxy_failed(const sl_remote_cfg *c, xfer *x, CURLcode rc)
         (x->stalled || x->slow || rc == CURLE_COULDNT_CONNECT || rc == CURLE_COULDNT_RESOLVE_PROXY ||
          rc == CURLE_OPERATION_TIMEDOUT || rc == CURLE_RECV_ERROR || rc == CURLE_SEND_ERROR ||
          rc == CURLE_GOT_NOTHING))
-        atomic_store_explicit(&c->tally->proxy_down_until, mono_ms() + SL_PROXY_DOWN_MS,
+        atomic_store_explicit(&x->hop->down_until, mono_ms() + SL_PROXY_DOWN_MS,
                               memory_order_relaxed);
 }
 

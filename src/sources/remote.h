@@ -66,15 +66,27 @@ typedef struct sl_remote_tally {
     /* requests through the proxy that failed and went direct, of every
      * kind; the bytes fetched directly instead (sluice.h "Proxies") */
     _Atomic uint64_t proxy_failures, proxy_bypass_bytes;
-    /* until when (mono ms) the proxy is taken for down: a request failed
-     * to reach it or it stopped answering (SL_PROXY_DOWN_MS); requests
-     * meanwhile go direct without trying it */
-    _Atomic uint64_t proxy_down_until;
 } sl_remote_tally;
 
 /* How long a proxy that could not be reached (connection refused or
  * reset, a timeout, a stall) is skipped before it is tried again. */
 #define SL_PROXY_DOWN_MS 30000u
+
+/* A proxy of the model: the hop through it (sluice.h "Proxies"), with
+ * its own health. One per proxy the configuration names: one when
+ * opts.http_proxy gives it (or the environment names the same one for
+ * http:// and https://), else http_proxy's and https_proxy's, each its
+ * own. Every request of the model and of its mirrors that goes through
+ * it shares it (a proxy that is down is down for each of them, and a
+ * blackholed one costs one connect timeout, not one per file); a request
+ * through the other proxy, or direct, never reads it. */
+typedef struct sl_proxy_hop {
+    char *url;          /* the proxy as given: may hold user:password@ */
+    /* until when (mono ms) it is taken for down: a request failed to
+     * reach it or it stopped answering (SL_PROXY_DOWN_MS); requests
+     * meanwhile go direct without trying it */
+    _Atomic uint64_t down_until;
+} sl_proxy_hop;
 
 /* What every remote request of one model is made with (owned by the
  * model; immutable once built). Secrets live here only: no message, log
@@ -90,9 +102,11 @@ typedef struct sl_remote_cfg {
     char *ca_file;               /* NULL: libcurl's default CA store */
     char *hf_endpoint;           /* the Hub (remote_hf.c): $HF_ENDPOINT or https://huggingface.co */
     char *hf_token;              /* the Hub's Bearer: http_token, else $HF_TOKEN; or NULL */
-    /* the proxy (sluice.h "Proxies"), resolved once at open: NULL when
-     * none; the same string for both when opts.http_proxy gave it */
-    char *proxy_http, *proxy_https;
+    /* the proxy hop of http:// and of https:// (and s3://) requests
+     * (sluice.h "Proxies"), resolved once at open: NULL when none; the
+     * same hop for both when one proxy serves both. Owned; shared by
+     * copies of the struct, as the tally */
+    sl_proxy_hop *proxy_http, *proxy_https;
     char *no_proxy;              /* the hosts reached directly, or NULL */
     unsigned proxy_kind;         /* SLUICE_PROXY_* */
     _Atomic int *abort_flag;    /* non-NULL and set: blocking fetches stop */
