@@ -118,13 +118,13 @@ typedef struct pass {
     size_t first, count, cur;            /* model indices: [first, first + count) */
     sl_md *file, *tensor, *chunk;
     uint8_t (*tensor_out)[32];
-    const hub_ctx *c;
+    hub_ctx *c;
 } pass;
 
 /* Feeds [lo, hi) of the file (bytes at p) to the tensors it holds. */
 static int feed(pass *ps, const uint8_t *p, uint64_t lo, uint64_t hi, int at_end)
 {
-    hub_ctx *c = (hub_ctx *)ps->c;
+    hub_ctx *c = ps->c;
     while (ps->cur < ps->first + ps->count) {
         const struct sluice_tensor_info *t = &ps->t[ps->cur];
         uint64_t tlo = t->offset, thi = t->offset + t->nbytes;
