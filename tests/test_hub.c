@@ -11,7 +11,6 @@
  * of the file; a damaged derived manifest derived again; an explicit
  * manifest winning; trusted keys failing closed; what is not a snapshot
  * left unverified; and the command (`sluice verify --files`). */
-#include "tool_run.h"
 #include "util.h"
 
 #include "base/digest.h"
@@ -29,6 +28,8 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+
+#include "tool_run.h"
 
 #define BIG ((size_t)(17u << 20) + 5) /* two 16 MiB chunks, the second short */
 #define REV "0123456789abcdef0123456789abcdef01234567"
