@@ -21,6 +21,7 @@
 #include "api/model.h"
 #include "base/digest.h"
 #include "cache/cache.h"
+#include "index/source.h"
 #include "trust/manifest.h"
 
 #include <errno.h>
@@ -78,8 +79,8 @@ static int hex64(const char *name, uint8_t d[32])
  * R/snapshots/. Sets out->blob and out->blob_path (malloc'd). */
 static int hub_blob(const sl_file *f, hub_file *out)
 {
-    if (f->fd < 0 || f->url)
-        return 0;
+    if (!f->src || !(f->src->caps & SL_SRC_DESCRIPTOR) || !(f->src->caps & SL_SRC_STABLE_IDENTITY))
+        return 0; /* a local file's descriptor, read by pread below */
     char *real = realpath(f->path, NULL), *dir = strdup(f->path), *realdir = NULL;
     int yes = 0;
     struct stat a, b;
