@@ -6,7 +6,8 @@
  * published for the Git LFS file. That digest covers whole files only,
  * and a tensor is loaded alone: so the first open of a file that has no
  * derived manifest reads it whole once, in one pass that hashes the file
- * and, from the same bytes, each of its tensors and their 16 MiB chunks;
+ * and, from the same bytes, each of its tensors and their 16 MiB chunks
+ * (three digests of each block at once, on three threads);
  * when the file's digest is its blob's name, those digests are written as
  * a version 2 manifest of that one file (the writer of `sluice manifest`,
  * manifest_write.c) into the cache directory, keyed by the file's digest
@@ -27,6 +28,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,50 +115,151 @@ done:
 
 /* ---------------------------------------------------------------- deriving */
 
-typedef struct pass {
-    const sl_file *f;
-    const struct sluice_tensor_info *t;  /* the file's tensors, offset order */
-    size_t first, count, cur;            /* model indices: [first, first + count) */
-    sl_md *file, *tensor, *chunk;
-    uint8_t (*tensor_out)[32];
-    hub_ctx *c;
-} pass;
+/* The derivation's pass over one file: the main thread reads each block
+ * and hashes the whole file; two lanes, each on a thread of its own where
+ * one can be started, hash the same block into the tensors' digests and
+ * into their chunks' digests, so that the three digests of each byte are
+ * computed at once. */
+enum { LANE_TENSOR, LANE_CHUNK, NLANES };
 
-/* Feeds [lo, hi) of the file (bytes at p) to the tensors it holds. */
-static int feed(pass *ps, const uint8_t *p, uint64_t lo, uint64_t hi, int at_end)
+struct derive_job;
+
+typedef struct lane {
+    struct derive_job *j;
+    int kind;             /* LANE_TENSOR or LANE_CHUNK */
+    size_t cur;           /* the tensor it is in */
+    sl_md *md;
+    int rc;
+    int threaded;
+    pthread_t tid;
+} lane;
+
+typedef struct derive_job {
+    hub_ctx *c;
+    const struct sluice_tensor_info *t;  /* the model's tensors, offset order in a file */
+    size_t first, count;                 /* the file's: [first, first + count) */
+    lane lanes[NLANES];
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    uint64_t gen;                        /* the block's number, moved by the main thread */
+    int ndone, nthreads, stop;
+    const uint8_t *p;                    /* the block: file bytes [lo, hi) */
+    uint64_t lo, hi;
+    int at_end;
+} derive_job;
+
+/* Feeds the block [lo, hi) (bytes at p) to l's digests of the tensors it
+ * holds. */
+static int feed(lane *l, const uint8_t *p, uint64_t lo, uint64_t hi, int at_end)
 {
-    hub_ctx *c = ps->c;
-    while (ps->cur < ps->first + ps->count) {
-        const struct sluice_tensor_info *t = &ps->t[ps->cur];
+    derive_job *j = l->j;
+    hub_ctx *c = j->c;
+    while (l->cur < j->first + j->count) {
+        const struct sluice_tensor_info *t = &j->t[l->cur];
         uint64_t tlo = t->offset, thi = t->offset + t->nbytes;
+        uint32_t nch = c->chunk_count[l->cur];
         if (tlo > hi || (tlo == hi && !at_end && t->nbytes))
             return SLUICE_OK; /* starts later */
         uint64_t a = tlo > lo ? tlo : lo, b = thi < hi ? thi : hi;
-        while (a < b) {
-            uint64_t in = a - tlo, cend = (in / CHUNK_BYTES + 1) * CHUNK_BYTES;
-            uint64_t e = tlo + cend < b ? tlo + cend : b;
-            if (sl_md_update(ps->tensor, p + (a - lo), (size_t)(e - a)) < 0 ||
-                (c->chunk_count[ps->cur] && sl_md_update(ps->chunk, p + (a - lo), (size_t)(e - a)) < 0))
+        if (l->kind == LANE_TENSOR) {
+            if (a < b && sl_md_update(l->md, p + (a - lo), (size_t)(b - a)) < 0)
                 return SLUICE_E_NOMEM;
-            if (c->chunk_count[ps->cur] && (e - tlo) % CHUNK_BYTES == 0 && e - tlo > in) {
-                size_t k = c->chunk_first[ps->cur] + (size_t)((e - tlo - 1) / CHUNK_BYTES);
-                if (sl_md_final(ps->chunk, c->chunks[k]) < 0 || sl_md_reset(ps->chunk) < 0)
+        } else {
+            while (nch && a < b) {
+                uint64_t e = tlo + ((a - tlo) / CHUNK_BYTES + 1) * CHUNK_BYTES;
+                e = e < b ? e : b;
+                if (sl_md_update(l->md, p + (a - lo), (size_t)(e - a)) < 0)
                     return SLUICE_E_NOMEM;
+                if ((e - tlo) % CHUNK_BYTES == 0) {
+                    size_t k = c->chunk_first[l->cur] + (size_t)((e - tlo) / CHUNK_BYTES) - 1;
+                    if (sl_md_final(l->md, c->chunks[k]) < 0 || sl_md_reset(l->md) < 0)
+                        return SLUICE_E_NOMEM;
+                }
+                a = e;
             }
-            a = e;
         }
         if (thi > hi)
             return SLUICE_OK; /* goes on in the next block */
-        if (c->chunk_count[ps->cur] && t->nbytes % CHUNK_BYTES) {
-            size_t k = c->chunk_first[ps->cur] + c->chunk_count[ps->cur] - 1;
-            if (sl_md_final(ps->chunk, c->chunks[k]) < 0 || sl_md_reset(ps->chunk) < 0)
+        if (l->kind == LANE_TENSOR) {
+            if (sl_md_final(l->md, c->tensor[l->cur]) < 0 || sl_md_reset(l->md) < 0)
+                return SLUICE_E_NOMEM;
+        } else if (nch && t->nbytes % CHUNK_BYTES) {
+            size_t k = c->chunk_first[l->cur] + nch - 1;
+            if (sl_md_final(l->md, c->chunks[k]) < 0 || sl_md_reset(l->md) < 0)
                 return SLUICE_E_NOMEM;
         }
-        if (sl_md_final(ps->tensor, ps->tensor_out[ps->cur]) < 0 || sl_md_reset(ps->tensor) < 0)
-            return SLUICE_E_NOMEM;
-        ps->cur++;
+        l->cur++;
     }
     return SLUICE_OK;
+}
+
+static void *lane_main(void *arg)
+{
+    lane *l = arg;
+    derive_job *j = l->j;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&j->mu);
+    for (;;) {
+        while (j->gen == seen && !j->stop)
+            pthread_cond_wait(&j->go, &j->mu);
+        if (j->stop)
+            break;
+        seen = j->gen;
+        pthread_mutex_unlock(&j->mu);
+        int rc = l->rc < 0 ? l->rc : feed(l, j->p, j->lo, j->hi, j->at_end);
+        pthread_mutex_lock(&j->mu);
+        l->rc = rc;
+        j->ndone++;
+        pthread_cond_signal(&j->done);
+    }
+    pthread_mutex_unlock(&j->mu);
+    return NULL;
+}
+
+/* Hands the block to every lane (the main thread runs those that have no
+ * thread); wait_block waits for them and returns the first failure. */
+static void run_block(derive_job *j, const uint8_t *p, uint64_t lo, uint64_t hi, int at_end)
+{
+    pthread_mutex_lock(&j->mu);
+    j->p = p;
+    j->lo = lo;
+    j->hi = hi;
+    j->at_end = at_end;
+    j->ndone = 0;
+    j->gen++;
+    pthread_cond_broadcast(&j->go);
+    pthread_mutex_unlock(&j->mu);
+    for (int k = 0; k < NLANES; k++)
+        if (!j->lanes[k].threaded && j->lanes[k].rc == SLUICE_OK)
+            j->lanes[k].rc = feed(&j->lanes[k], p, lo, hi, at_end);
+}
+
+static int wait_block(derive_job *j)
+{
+    pthread_mutex_lock(&j->mu);
+    while (j->ndone < j->nthreads)
+        pthread_cond_wait(&j->done, &j->mu);
+    pthread_mutex_unlock(&j->mu);
+    for (int k = 0; k < NLANES; k++)
+        if (j->lanes[k].rc < 0)
+            return j->lanes[k].rc;
+    return SLUICE_OK;
+}
+
+static void job_stop(derive_job *j)
+{
+    pthread_mutex_lock(&j->mu);
+    j->stop = 1;
+    pthread_cond_broadcast(&j->go);
+    pthread_mutex_unlock(&j->mu);
+    for (int k = 0; k < NLANES; k++) {
+        if (j->lanes[k].threaded)
+            pthread_join(j->lanes[k].tid, NULL);
+        sl_md_free(j->lanes[k].md);
+    }
+    pthread_cond_destroy(&j->go);
+    pthread_cond_destroy(&j->done);
+    pthread_mutex_destroy(&j->mu);
 }
 
 /* One pass over file fi: its digest and size into c->files[fi], its
@@ -167,18 +270,28 @@ static int derive(hub_ctx *c, size_t fi, sl_err *err)
     const sl_index *ix = &c->m->index;
     const sl_file *f = &ix->files[fi];
     hub_file *h = &c->files[fi];
-    pass ps = {.f = f, .t = ix->tensors, .first = f->first_tensor, .count = f->tensor_count,
-               .cur = f->first_tensor, .tensor_out = c->tensor, .c = c};
+    derive_job j = {.c = c, .t = ix->tensors, .first = f->first_tensor, .count = f->tensor_count};
+    pthread_mutex_init(&j.mu, NULL);
+    pthread_cond_init(&j.go, NULL);
+    pthread_cond_init(&j.done, NULL);
     uint8_t *buf = malloc(READ_BYTES);
-    ps.file = sl_md_new(SLUICE_ALG_SHA256);
-    ps.tensor = sl_md_new(SLUICE_ALG_SHA256);
-    ps.chunk = sl_md_new(SLUICE_ALG_SHA256);
-    int rc = SLUICE_OK;
-    uint64_t off = 0;
-    if (!buf || !ps.file || !ps.tensor || !ps.chunk) {
+    sl_md *file = sl_md_new(SLUICE_ALG_SHA256);
+    int rc = SLUICE_OK, nomem = !buf || !file;
+    for (int k = 0; k < NLANES; k++) {
+        lane *l = &j.lanes[k];
+        *l = (lane){.j = &j, .kind = k, .cur = f->first_tensor, .md = sl_md_new(SLUICE_ALG_SHA256)};
+        nomem |= !l->md;
+    }
+    if (nomem) {
         rc = sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", f->path);
         goto done;
     }
+    for (int k = 0; k < NLANES; k++) /* without a thread, a lane runs on this one */
+        if (pthread_create(&j.lanes[k].tid, NULL, lane_main, &j.lanes[k]) == 0) {
+            j.lanes[k].threaded = 1;
+            j.nthreads++;
+        }
+    uint64_t off = 0;
     for (;;) {
         ssize_t got = pread(f->fd, buf, READ_BYTES, (off_t)off);
         if (got < 0 && errno == EINTR)
@@ -188,8 +301,9 @@ static int derive(hub_ctx *c, size_t fi, sl_err *err)
                          (unsigned long long)off, strerror(errno));
             goto done;
         }
-        if (sl_md_update(ps.file, buf, (size_t)got) < 0 ||
-            (rc = feed(&ps, buf, off, off + (uint64_t)got, got == 0)) < 0) {
+        run_block(&j, buf, off, off + (uint64_t)got, got == 0);
+        int bad = sl_md_update(file, buf, (size_t)got) < 0;
+        if ((rc = wait_block(&j)) < 0 || bad) {
             rc = sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", f->path);
             goto done;
         }
@@ -197,12 +311,13 @@ static int derive(hub_ctx *c, size_t fi, sl_err *err)
         if (got == 0)
             break;
     }
-    if (off != f->size || ps.cur != ps.first + ps.count) {
+    if (off != f->size || j.lanes[LANE_TENSOR].cur != j.first + j.count ||
+        j.lanes[LANE_CHUNK].cur != j.first + j.count) {
         rc = sl_fail(err, SLUICE_E_FILE_CHANGED, "%s: %llu bytes read, %llu at open: the file "
                      "changed", f->path, (unsigned long long)off, (unsigned long long)f->size);
         goto done;
     }
-    if (sl_md_final(ps.file, h->digest) < 0) {
+    if (sl_md_final(file, h->digest) < 0) {
         rc = sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", f->path);
         goto done;
     }
@@ -215,9 +330,8 @@ static int derive(hub_ctx *c, size_t fi, sl_err *err)
                      sl_hex_digest(got_hex, h->digest), h->blob_path);
     }
 done:
-    sl_md_free(ps.file);
-    sl_md_free(ps.tensor);
-    sl_md_free(ps.chunk);
+    job_stop(&j);
+    sl_md_free(file);
     free(buf);
     return rc;
 }
