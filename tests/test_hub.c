@@ -10,7 +10,8 @@
  * flipped after the derivation caught by that tensor and by sluice_verify
  * of the file; a damaged derived manifest derived again; an explicit
  * manifest winning; trusted keys failing closed; what is not a snapshot
- * left unverified; and the command (`sluice verify --files`). */
+ * left unverified; a sharded snapshot (index.json), a derived manifest
+ * per shard; and the command (`sluice verify --files`). */
 #include "util.h"
 
 #include "base/digest.h"
@@ -245,6 +246,8 @@ static void test_second_open_lazy(void **state)
     /* the second open: the derived manifest, and only "a"'s 16 bytes read */
     assert_int_equal(open_hub(&h, h.snap, &m), SLUICE_OK);
     assert_int_equal(sluice_verify_state(m, NULL), SLUICE_VERIFIED_PUBLISHER_DIGEST);
+    const char *plan[1] = {"a"}; /* no read-ahead past it */
+    assert_int_equal(sluice_prefetch(m, plan, 1), SLUICE_OK);
     acquire_equal(m, &h, "a");
     struct sluice_stats st = {.size = sizeof st};
     assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
@@ -415,6 +418,77 @@ static void test_not_a_snapshot(void **state)
     hub_free(&h);
 }
 
+/* Two shards and their index.json: each shard verified against its own
+ * blob, with a derived manifest of its own; the second open reads them. */
+static void test_sharded_snapshot(void **state)
+{
+    (void)state;
+    hub h;
+    hub_make(&h);
+    assert_int_equal(unlink(h.file), 0);
+    const char *names[2] = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"};
+    const char *hdrs[2] = {"{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+                           "{\"y\":{\"dtype\":\"U8\",\"shape\":[3],\"data_offsets\":[0,3]},"
+                           "\"z\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[3,3]}}"};
+    char hex[2][65];
+    for (int k = 0; k < 2; k++) {
+        char *tmp = tu_join(h.root, "shard.tmp");
+        tu_write_safetensors(tmp, hdrs[k], NULL, k ? 3 : 8);
+        sha256_file(tmp, hex[k]);
+        char rel[128], target[128];
+        snprintf(rel, sizeof rel, "blobs/%s", hex[k]);
+        char *blob = tu_join(h.repo, rel);
+        assert_int_equal(rename(tmp, blob), 0);
+        snprintf(target, sizeof target, "../../blobs/%s", hex[k]);
+        char *link = tu_join(h.snap, names[k]);
+        assert_int_equal(symlink(target, link), 0);
+        free(link);
+        free(blob);
+        free(tmp);
+    }
+    const char *index = "{\"metadata\": {}, \"weight_map\": {\"x\": "
+                        "\"model-00001-of-00002.safetensors\", \"y\": "
+                        "\"model-00002-of-00002.safetensors\", \"z\": "
+                        "\"model-00002-of-00002.safetensors\"}}";
+    char *ij = tu_join(h.snap, "model.safetensors.index.json");
+    tu_write_file(ij, index, strlen(index));
+    for (int round = 0; round < 2; round++) {
+        sluice_model *m = NULL;
+        assert_int_equal(open_hub(&h, h.snap, &m), SLUICE_OK);
+        assert_int_equal(sluice_verify_state(m, NULL), SLUICE_VERIFIED_PUBLISHER_DIGEST);
+        assert_int_equal(sluice_file_count(m), 2);
+        for (size_t f = 0; f < 2; f++) {
+            uint8_t d[32];
+            char got[65];
+            struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
+            assert_int_equal(sluice_file_info(m, f, &fi), SLUICE_OK);
+            int k = strstr(fi.path, names[0]) ? 0 : 1;
+            assert_int_equal(sluice_manifest_file(m, f, d, NULL), SLUICE_OK);
+            assert_string_equal(sl_hex_digest(got, d), hex[k]);
+        }
+        const char *tn[3] = {"x", "y", "z"};
+        for (int k = 0; k < 3; k++) {
+            sluice_tensor *t = NULL;
+            assert_int_equal(sluice_acquire(m, tn[k], &t), SLUICE_OK);
+            assert_int_equal(sluice_release(t), SLUICE_OK);
+        }
+        struct sluice_stats st = {.size = sizeof st};
+        assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+        assert_int_equal(st.checksum_failures, 0);
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+        for (int k = 0; k < 2; k++) {
+            char rel[128];
+            snprintf(rel, sizeof rel, "derived/sha256/%s.manifest.json", hex[k]);
+            char *dm = tu_join(h.cache, rel);
+            struct stat sb;
+            assert_int_equal(stat(dm, &sb), 0);
+            free(dm);
+        }
+    }
+    free(ij);
+    hub_free(&h);
+}
+
 /* ---------------------------------------------------------------- the command */
 
 static void test_command_verify_files(void **state)
@@ -459,6 +533,7 @@ int main(void)
         cmocka_unit_test(test_explicit_manifest_wins),
         cmocka_unit_test(test_trusted_keys_fail_closed),
         cmocka_unit_test(test_not_a_snapshot),
+        cmocka_unit_test(test_sharded_snapshot),
     };
     const struct CMUnitTest cmd[] = {
         cmocka_unit_test(test_command_verify_files),
