@@ -567,6 +567,9 @@ typedef struct sluice_model sluice_model;
  *    synth` writes for one file, and the Hugging Face Hub's usual layout);
  *  - for a *.safetensors.index.json: "sluice.manifest.json" in its
  *    directory, then, when it names one shard F, "F.manifest.json".
+ * When none exists and the model is a snapshot of the Hugging Face Hub's
+ * cache, the digests its blobs are named by are checked instead ("Hub
+ * snapshots" below).
  * Which one was read is sluice_manifest_path()'s answer (and the first
  * line `sluice verify` prints). A sidecar that exists but cannot be read
  * or parsed fails the open; the next is looked for only when one is
@@ -1233,8 +1236,9 @@ SLUICE_API int sluice_trim(sluice_model *model, uint64_t *released);
  *  SLUICE_E_UNSUPPORTED         "algorithm": "blake3" in a build without it
  *
  * Policies (sluice_options.verify):
- *  DEFAULT     REQUIRE when a manifest is in play (manifest_path set, or the
- *              sidecar exists), else OFF.
+ *  DEFAULT     REQUIRE when a manifest is in play (manifest_path set, the
+ *              sidecar exists, or a Hub snapshot's derived manifest: "Hub
+ *              snapshots" below), else OFF.
  *  REQUIRE     a manifest must be found and give every tensor a digest
  *              (version 2: and list every file, so every header is
  *              checked); every tensor is checked when read.
@@ -1244,6 +1248,59 @@ SLUICE_API int sluice_trim(sluice_model *model, uint64_t *released);
  *  OFF         no manifest is read at all, manifest_path included.
  * A checked tensor whose bytes do not match fails with SLUICE_E_CHECKSUM
  * (see sluice_acquire); its bytes are never handed out.
+ *
+ * Hub snapshots
+ * -------------
+ * A model downloaded with huggingface_hub lies in the Hub's cache
+ * ($HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub) as
+ * models--ORG--NAME/snapshots/REV/FILE, a symlink to ../../blobs/HEX, HEX
+ * the SHA-256 of the file that the Hub published. The layout is
+ * recognised wherever it lies: a local model with no manifest (no
+ * manifest_path, no sidecar: a manifest named or found always wins),
+ * whose every file is opened through a path whose real path is
+ * R/blobs/HEX (64 lowercase hex digits; the very file opened), under a
+ * directory R/snapshots/, is verified against those digests, under
+ * DEFAULT, REQUIRE and IF_PRESENT alike:
+ *  - A whole-file digest cannot check one tensor, so the first open of
+ *    a file reads it whole, once, in one pass that hashes the file and,
+ *    from the same bytes, every tensor of it and each 16 MiB chunk of
+ *    the larger ones. A file whose SHA-256 is not its blob's name fails
+ *    the open with SLUICE_E_CHECKSUM, the message naming the file, the
+ *    digest expected (the blob's name) and the digest got; no byte of
+ *    the model is handed out before its file matched.
+ *  - The digests derived are a version 2 manifest of that file (the
+ *    form `sluice manifest` writes, by the same code), kept in the cache
+ *    directory (cache_dir, else $SLUICE_CACHE_DIR, else the default one,
+ *    $XDG_CACHE_HOME/sluice or $HOME/.cache/sluice; this needs no
+ *    SLUICE_F_CACHE_DEFAULT) as derived/sha256/HEX.manifest.json, keyed
+ *    by the file's digest and written atomically (a temporary file,
+ *    fsynced, renamed). Without a directory to keep it in, or where it
+ *    cannot be written, every open derives again.
+ *  - A later open reads the derived manifest of each file (it must list
+ *    that file with its blob's digest and size and every tensor of it,
+ *    and nothing else; else it is derived again and replaced), checks
+ *    its header digests as for any version 2 manifest, and then verifies
+ *    each tensor as it loads, reading only that tensor's bytes: the
+ *    whole file is not hashed again.
+ *  - sluice_verify_state says SLUICE_VERIFIED_PUBLISHER_DIGEST, *where
+ *    the derived manifest (also sluice_manifest_path); the policy in
+ *    force is REQUIRE under DEFAULT (every tensor has a digest).
+ *    sluice_verify with SLUICE_VF_FILES checks every whole file against
+ *    its blob's digest.
+ *  - What this trusts: the Hub's digest (the blob's name, which whoever
+ *    can write the Hub's cache could change along with the bytes: no
+ *    signature covers it), and then the derived manifest in the cache
+ *    directory, as the verified-once memo trusts its records: whoever
+ *    can write the cache directory can make the next open accept other
+ *    bytes. Keep the cache directory as private as the weights.
+ *    Trusted keys or CAs ask for a signed manifest: a Hub snapshot
+ *    without one still fails closed (SLUICE_E_SIGNATURE), as any model
+ *    without a manifest.
+ *  - Not covered: a file that is not the blob its name points to (a
+ *    plain copy of a snapshot, a file not under snapshots/), and files
+ *    that are no Git LFS object (the Hub names those by their Git SHA-1,
+ *    40 digits): such a model is opened as before, unverified without a
+ *    manifest.
  *
  * Signed manifests
  * ----------------
@@ -1378,8 +1435,16 @@ typedef enum sluice_verification {
                                        model's Hub LFS SHA-256 may still be
                                        the manifest, sluice_manifest_path,
                                        for sluice_verify's whole files) */
-    SLUICE_UNVERIFIED_OFF = 2       /* SLUICE_VERIFY_OFF: no manifest was looked
+    SLUICE_UNVERIFIED_OFF = 2,      /* SLUICE_VERIFY_OFF: no manifest was looked
                                        for; *where is NULL. Nothing is checked */
+    SLUICE_VERIFIED_PUBLISHER_DIGEST = 3 /* verified against the publisher's file
+                                       digest: a Hugging Face Hub cache snapshot
+                                       with no manifest of its own, each file
+                                       checked against the SHA-256 its blob is
+                                       named by, each tensor against the manifest
+                                       derived from those verified bytes (see "Hub
+                                       snapshots"); *where is that derived
+                                       manifest (sluice_manifest_path) */
 } sluice_verification;
 
 /*
@@ -1387,8 +1452,9 @@ typedef enum sluice_verification {
  * sluice_verification (>= 0), *where (where may be NULL) as above,
  * borrowed until sluice_close; or SLUICE_E_INVAL for a NULL or failed
  * model (*where NULL). The same value is struct sluice_stats' unverified
- * and the gauge sluice_unverified, so that an unverified model can be
- * seen from outside (`sluice cat` and `sluice stats` warn on stderr).
+ * and the gauge sluice_unverified (there 0 for both verified states), so
+ * that an unverified model can be seen from outside (`sluice cat` and
+ * `sluice stats` warn on stderr).
  *
  * Why a remote model does not default to REQUIRE: most remote sources
  * (a Hugging Face repository, an S3 bucket of weights) publish no sluice
@@ -1686,8 +1752,10 @@ struct sluice_stats {
                                    another process held its write lock (see
                                    "Persistent cache": never waited out) */
     uint32_t unverified;        /* sluice_verify_state's value: 0 verified
-                                   against a manifest, 1 no manifest found,
-                                   2 verification off by policy */
+                                   against a manifest (or against the
+                                   publisher's digest, state 3), 1 no
+                                   manifest found, 2 verification off by
+                                   policy */
     /* proxies (see "Proxies") */
     uint64_t proxy_failures;    /* requests through the proxy that failed, and
                                    loads, ranges, parts and verified whole

@@ -117,7 +117,9 @@ int cmd_cat(int argc, char **argv)
     }
     /* an unverified model (warned above) has nothing to require; an
      * hf:// one may still name the Hub's whole-file digests */
-    int verified = sluice_verify_state(m, NULL) == SLUICE_VERIFIED && sluice_manifest_path(m);
+    int state = sluice_verify_state(m, NULL);
+    int verified = (state == SLUICE_VERIFIED || state == SLUICE_VERIFIED_PUBLISHER_DIGEST) &&
+                   sluice_manifest_path(m);
     if (verified && sluice_manifest_tensor(m, info.index, want) != SLUICE_OK) {
         fprintf(stderr, "sluice cat: manifest %s has no digest for ", sluice_manifest_path(m));
         ig_quote(stderr, name, strlen(name));

@@ -213,6 +213,10 @@ int ig_warn_unverified(const char *cmd, const sluice_model *m)
         fprintf(stderr, "sluice %s: warning: not verified: verification is off; the tensors "
                 "are read unchecked\n", cmd);
         return 1;
+    case SLUICE_VERIFIED_PUBLISHER_DIGEST:
+        fprintf(stderr, "sluice %s: verified against the publisher's file digest (a Hugging "
+                "Face Hub snapshot: its blobs' SHA-256; manifest %s)\n", cmd, where ? where : "");
+        return 0;
     default:
         return 0;
     }

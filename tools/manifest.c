@@ -17,6 +17,8 @@
 #include "jsonout.h"
 #include "shard.h"
 
+#include "api/manifest_write.h"
+
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -64,7 +66,6 @@ static void usage(FILE *out)
             "open error.\n");
 }
 
-/* Writes the manifest to out; returns 0 or -1 (errno set by stdio). */
 enum { FORM_V2, FORM_V1, FORM_FLAT };
 
 /* Chunk digests: per tensor, its first digest in all[] (count 0: none). */
@@ -272,143 +273,51 @@ static void chunk_set_free(chunk_set *cs)
     free(cs->tensor_of);
 }
 
-/* The version 2 entry of one tensor: digest, dtype, shape, nbytes, and
- * its chunk digests when it has some. */
-static void v2_tensor(FILE *out, const struct sluice_tensor_info *info, const uint8_t digest[32],
-                      const chunk_set *cs)
+/* The "parts" of a version 2 tensor entry (--parts), after its other
+ * fields (the writer's extra). */
+static void v2_parts(FILE *out, void *user, const struct sluice_tensor_info *info)
 {
+    const part_set *ps = user;
     char hex[65];
-    fprintf(out, ": {\"digest\": \"%s\", \"dtype\": \"%s\", \"shape\": [",
-            sluice_digest_hex(digest, hex), sluice_dtype_name(info->dtype));
-    for (uint32_t d = 0; d < info->ndim; d++)
-        fprintf(out, "%s%llu", d ? ", " : "", (unsigned long long)info->shape[d]);
-    fprintf(out, "], \"nbytes\": %llu", (unsigned long long)info->nbytes);
-    uint32_t n = cs ? cs->count[info->index] : 0;
-    if (n) {
-        fprintf(out, ", \"chunk_bytes\": %llu, \"chunks\": [", (unsigned long long)cs->bytes);
-        for (uint32_t k = 0; k < n; k++)
-            fprintf(out, "%s\"%s\"", k ? ", " : "",
-                    sluice_digest_hex(cs->all[cs->first[info->index] + k], hex));
+    if (ps->dim[info->index] == SLUICE_PART_REPLICATED)
+        return;
+    int dim = ps->dim[info->index];
+    fprintf(out, ", \"parts\": {\"dim\": %d, \"digests\": {", dim);
+    size_t at = 0, first = 1;
+    for (size_t w = 0; w < ps->nworlds; w++) {
+        if (info->shape[dim] % ps->worlds[w])
+            continue;
+        fprintf(out, "%s\"%llu\": [", first ? "" : ", ", (unsigned long long)ps->worlds[w]);
+        first = 0;
+        for (uint64_t r = 0; r < ps->worlds[w]; r++)
+            fprintf(out, "%s\"%s\"", r ? ", " : "",
+                    sluice_digest_hex(ps->digest[info->index][at++], hex));
         fputs("]", out);
     }
-    const part_set *ps = cs ? cs->parts : NULL;
-    if (ps && ps->dim[info->index] != SLUICE_PART_REPLICATED) {
-        int dim = ps->dim[info->index];
-        fprintf(out, ", \"parts\": {\"dim\": %d, \"digests\": {", dim);
-        size_t at = 0, first = 1;
-        for (size_t w = 0; w < ps->nworlds; w++) {
-            if (info->shape[dim] % ps->worlds[w])
-                continue;
-            fprintf(out, "%s\"%llu\": [", first ? "" : ", ", (unsigned long long)ps->worlds[w]);
-            first = 0;
-            for (uint64_t r = 0; r < ps->worlds[w]; r++)
-                fprintf(out, "%s\"%s\"", r ? ", " : "",
-                        sluice_digest_hex(ps->digest[info->index][at++], hex));
-            fputs("]", out);
-        }
-        fputs("}}", out);
-    }
-    fputs("}", out);
+    fputs("}}", out);
 }
 
-static int write_json(FILE *out, const sluice_model *m, const dg_result *tensors,
-                      const dg_result *files, int form, const chunk_set *cs)
+/* What the library's writer (src/api/manifest_write.c) is given. */
+static sl_mw writer_of(const sluice_model *m, const dg_result *tensors, const dg_result *files,
+                       int form, const chunk_set *cs)
 {
-    size_t n = sluice_count(m);
-    char hex[65], header_hex[65];
-    sluice_algorithm alg = sluice_digest_algorithm(m);
-    if (form == FORM_FLAT) {
-        fputs("{", out);
-        for (size_t i = 0; i < n; i++) {
-            struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
-            sluice_info(m, i, &info);
-            fputs(i ? ",\n  " : "\n  ", out);
-            json_string(out, info.name, info.name_len);
-            fprintf(out, ": \"%s\"", sluice_digest_hex(tensors[i].digest, hex));
-        }
-        fputs(n ? "\n}\n" : "}\n", out);
-    } else {
-        fprintf(out, "{\n  \"format\": \"sluice-manifest\",\n  \"version\": %d,\n"
-                "  \"algorithm\": \"%s\",\n  \"tensors\": {", form == FORM_V2 ? 2 : 1,
-                sluice_algorithm_name(alg));
-        for (size_t i = 0; i < n; i++) {
-            struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
-            sluice_info(m, i, &info);
-            fputs(i ? ",\n    " : "\n    ", out);
-            json_string(out, info.name, info.name_len);
-            if (form == FORM_V2)
-                v2_tensor(out, &info, tensors[i].digest, cs);
-            else
-                fprintf(out, ": {\"sha256\": \"%s\"}", sluice_digest_hex(tensors[i].digest, hex));
-        }
-        fputs(n ? "\n  },\n  \"files\": {" : "},\n  \"files\": {", out);
-        size_t nf = sluice_file_count(m);
-        for (size_t i = 0; i < nf; i++) {
-            struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
-            sluice_file_info(m, i, &fi);
-            const char *base = strrchr(fi.path, '/');
-            base = base ? base + 1 : fi.path;
-            fputs(i ? ",\n    " : "\n    ", out);
-            json_string(out, base, strlen(base));
-            uint8_t header[32];
-            if (form == FORM_V2 && sluice_file_header_digest(m, i, alg, header) != SLUICE_OK)
-                return -1;
-            if (form == FORM_V2)
-                fprintf(out, ": {\"digest\": \"%s\", \"size\": %llu, \"header\": \"%s\"}",
-                        sluice_digest_hex(files[i].digest, hex), (unsigned long long)files[i].bytes,
-                        sluice_digest_hex(header, header_hex));
-            else
-                fprintf(out, ": {\"sha256\": \"%s\", \"size\": %llu}",
-                        sluice_digest_hex(files[i].digest, hex), (unsigned long long)files[i].bytes);
-        }
-        fputs(nf ? "\n  }\n}\n" : "}\n}\n", out);
-    }
-    return ferror(out) ? -1 : 0;
-}
-
-/* Writes to path through a temporary file in the same directory, renamed
- * over path once complete. */
-static int write_file(const char *path, const sluice_model *m, const dg_result *tensors,
-                      const dg_result *files, int form, const chunk_set *cs)
-{
-    size_t n = strlen(path) + sizeof ".tmp.XXXXXX";
-    char *tmp = malloc(n);
-    if (!tmp) {
-        fprintf(stderr, "sluice manifest: out of memory\n");
-        return -1;
-    }
-    snprintf(tmp, n, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0) {
-        fprintf(stderr, "sluice manifest: %s: %s\n", tmp, strerror(errno));
-        free(tmp);
-        return -1;
-    }
-    fchmod(fd, 0644);
-    FILE *out = fdopen(fd, "w");
-    if (!out) {
-        fprintf(stderr, "sluice manifest: %s: %s\n", tmp, strerror(errno));
-        close(fd);
-        unlink(tmp);
-        free(tmp);
-        return -1;
-    }
-    int bad = write_json(out, m, tensors, files, form, cs) < 0 || fflush(out) != 0 || fsync(fd) != 0;
-    int e = errno;
-    if (fclose(out) != 0 && !bad) {
-        bad = 1;
-        e = errno;
-    }
-    if (!bad && rename(tmp, path) != 0) {
-        bad = 1;
-        e = errno;
-    }
-    if (bad) {
-        fprintf(stderr, "sluice manifest: cannot write %s: %s\n", path, strerror(e));
-        unlink(tmp);
-    }
-    free(tmp);
-    return bad ? -1 : 0;
+    sl_mw w = {
+        .form = form == FORM_V2 ? SL_MW_V2 : form == FORM_V1 ? SL_MW_V1 : SL_MW_FLAT,
+        .alg = sluice_digest_algorithm(m),
+        .only_file = SIZE_MAX,
+        .tensor_digest = tensors ? tensors[0].digest : NULL,
+        .tensor_stride = sizeof *tensors,
+        .file_digest = files ? files[0].digest : NULL,
+        .file_stride = sizeof *files,
+        .file_bytes = files ? &files[0].bytes : NULL,
+        .chunk_bytes = cs->bytes,
+        .chunk_count = cs->count,
+        .chunk_first = cs->first,
+        .chunks = (const uint8_t (*)[32])cs->all,
+        .extra = cs->parts ? v2_parts : NULL,
+        .user = (void *)cs->parts,
+    };
+    return w;
 }
 
 int cmd_manifest(int argc, char **argv)
@@ -572,10 +481,13 @@ int cmd_manifest(int argc, char **argv)
                 failed == 1 ? "" : "s");
         goto done;
     }
+    sl_mw w = writer_of(m, tensors, files, form, &cs);
     if (out_path) {
-        if (write_file(out_path, m, tensors, files, form, &cs) < 0)
+        if (sl_manifest_write_file(out_path, m, &w) < 0) {
+            fprintf(stderr, "sluice manifest: cannot write %s: %s\n", out_path, strerror(errno));
             goto done;
-    } else if (write_json(stdout, m, tensors, files, form, &cs) < 0 || fflush(stdout) != 0) {
+        }
+    } else if (sl_manifest_write(stdout, m, &w) < 0 || fflush(stdout) != 0) {
         fprintf(stderr, "sluice manifest: cannot write to stdout: %s\n", strerror(errno));
         goto done;
     }

@@ -96,7 +96,13 @@ static void usage(FILE *out)
             "  --manifest FILE   the manifest (default: the sidecar: F.manifest.json\n"
             "                    beside a single file F; for a directory,\n"
             "                    sluice.manifest.json in it, then F.manifest.json when\n"
-            "                    the model is one file F)\n"
+            "                    the model is one file F). Without one, a snapshot of\n"
+            "                    the Hugging Face Hub's cache (models--ORG--NAME/\n"
+            "                    snapshots/REV, its files links to blobs named by\n"
+            "                    their SHA-256) is checked against those digests: the\n"
+            "                    first time each file is read whole and must match,\n"
+            "                    and a manifest derived from it is kept in the cache\n"
+            "                    directory (docs/manifests.md)\n"
             IG_TRUST_HELP
             "  --no-manifest-link  check the model-signing bundle and every file's digest\n"
             "                    alone, as the reference verifier does (no sluice manifest,\n"
@@ -105,7 +111,9 @@ static void usage(FILE *out)
             "  --files           also check every whole file against the manifest's\n"
             "                    \"files\" digests and sizes; for an hf:// PATH whose\n"
             "                    repository publishes no sluice.manifest.json, every\n"
-            "                    file against the Hub's LFS SHA-256 (files only)\n"
+            "                    file against the Hub's LFS SHA-256 (files only); for\n"
+            "                    a Hub cache snapshot, every file against its blob's\n"
+            "                    name\n"
             "  -q, --quiet       no progress bar (shown only when stderr is a terminal)\n"
             "  --fallback LOC    a mirror (directory, file, http(s):// or s3://) of the\n"
             "                    model; repeatable, tried in order. PATH's own bytes\n"
@@ -117,9 +125,10 @@ static void usage(FILE *out)
             IG_LOADER_HELP
             MC_PORT_HELP
             "\n"
-            "Exit status: 0 everything matched, 1 a mismatch or read failure, 2 usage\n"
-            "or open error (including a manifest that cannot be used, and with --key a\n"
-            "signature that is missing or invalid).\n");
+            "Exit status: 0 everything matched, 1 a mismatch or read failure (a Hub\n"
+            "snapshot's file that is not its blob's SHA-256 included), 2 usage or open\n"
+            "error (including a manifest that cannot be used, and with --key a signature\n"
+            "that is missing or invalid).\n");
 }
 
 int ig_verify_print(const char *cmd, sluice_model *m, int files, int quiet, double t0, ig_failed *failed)
@@ -236,7 +245,9 @@ int cmd_verify(int argc, char **argv)
     if (rc != SLUICE_OK) {
         fprintf(stderr, "sluice verify: %s\n", m ? sluice_errmsg(m) : sluice_strerror(rc));
         sluice_close(m);
-        return 2;
+        /* a Hub snapshot's file that is not its published digest: found
+         * damaged, like any item that fails */
+        return rc == SLUICE_E_CHECKSUM ? 1 : 2;
     }
     /* which manifest judges: a directory of one file may have two sidecars */
     if (o.signature_path || trust.cas.n || ms_applied(path, trust.keys.path, trust.keys.n))
@@ -249,6 +260,9 @@ int cmd_verify(int argc, char **argv)
                trust.keys.n == 1 ? "" : "s");
     else
         printf("manifest %s\n", sluice_manifest_path(m));
+    if (sluice_verify_state(m, NULL) == SLUICE_VERIFIED_PUBLISHER_DIGEST)
+        printf("verified against the publisher's file digest: a Hugging Face Hub snapshot, each "
+               "file checked against the SHA-256 its blob is named by\n");
     if (hub_files && no_tensor_digest(m)) {
         printf("the Hub's LFS SHA-256: whole files only (the repository publishes no "
                "sluice.manifest.json)\n");

@@ -15,6 +15,7 @@
  * close: engine -> manifest -> index
  */
 #include "cache/cache.h"
+#include "api/hub.h"
 #include "api/model.h"
 #include "api/verify.h"
 
@@ -274,7 +275,7 @@ static int note_verification(sluice_model *m, const char *path, sl_err *err)
      * unverified, and says so like one without a manifest (sluice_verify
      * with SLUICE_VF_FILES still checks its files against them) */
     if (m->manifest && !m->hub_files_only) {
-        m->verification = SLUICE_VERIFIED;
+        m->verification = m->hub_snapshot ? SLUICE_VERIFIED_PUBLISHER_DIGEST : SLUICE_VERIFIED;
         return SLUICE_OK;
     }
     if (m->opts.verify == SLUICE_VERIFY_OFF) {
@@ -304,8 +305,9 @@ SLUICE_API int sluice_verify_state(const sluice_model *model, const char **where
     if (sl_model_usable(model) != SLUICE_OK)
         return SLUICE_E_INVAL;
     if (where)
-        *where = model->verification == SLUICE_VERIFIED ? sl_manifest_path(model->manifest)
-                                                        : model->sidecar_looked;
+        *where = model->verification == SLUICE_VERIFIED ||
+                 model->verification == SLUICE_VERIFIED_PUBLISHER_DIGEST
+                     ? sl_manifest_path(model->manifest) : model->sidecar_looked;
     return (int)model->verification;
 }
 
@@ -475,8 +477,12 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
         goto failed;
     }
     m->index.remote = m->remote;    /* the mirrors' too */
-    rc = sl_manifest_load(&m->index, &m->trust, m->hub, path, &m->manifest, &m->hub_files_only,
-                          err);
+    /* a Hugging Face Hub cache snapshot with no manifest of its own: the
+     * digests its blobs are named by (hub.c) */
+    rc = sl_hub_open(m, path, err);
+    if (rc == SLUICE_OK && !m->manifest)
+        rc = sl_manifest_load(&m->index, &m->trust, m->hub, path, &m->manifest,
+                              &m->hub_files_only, err);
     if (rc < 0)
         goto failed;
     if (m->manifest) /* the manifest's algorithm is the model's */
@@ -512,7 +518,9 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
     }
     if ((rc = create_engine(m, err)) < 0)
         goto failed;
-    sl_engine_note_verification(m->engine, (uint32_t)m->verification);
+    /* sluice_unverified: 0 for every verified state */
+    sl_engine_note_verification(m->engine, m->verification == SLUICE_VERIFIED_PUBLISHER_DIGEST
+                                               ? 0 : (uint32_t)m->verification);
     if ((rc = attach_cache(m, err)) < 0) {
         sl_err ignored;
         sl_engine_destroy(m->engine, &ignored);   /* nothing can hold it yet */

@@ -41,6 +41,8 @@ struct sluice_model {
     struct sl_hf_repo *hub;    /* hf.h: an hf:// location's resolution, during open only */
     int hub_files_only;        /* the manifest is the Hub's LFS SHA-256 (whole files
                                   only): no tensor load is checked */
+    int hub_snapshot;          /* the manifest was derived from a Hub cache's blob
+                                  digests (hub.c): SLUICE_VERIFIED_PUBLISHER_DIGEST */
     char *sidecar_looked;      /* SLUICE_UNVERIFIED_NO_MANIFEST: the sidecar looked
                                   for, as messages show it (no credentials) */
 

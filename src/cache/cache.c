@@ -377,8 +377,7 @@ static int mkdir_one(const char *path)
     return 0;
 }
 
-/* mkdir -p path (mode 0755). 0, or -1 with errno. */
-static int mkdir_p(const char *path)
+int sl_cache_mkdir_p(const char *path)
 {
     char *p = strdup(path);
     if (!p) {
@@ -1022,7 +1021,7 @@ int sl_cache_open(const char *dir, uint64_t max_bytes, sl_cache **out, sl_err *e
         else if (c->fault == FAULT_EROFS)
             errno = EROFS;
         else
-            rc = i == 0 ? mkdir_p(p) : mkdir_one(p);
+            rc = i == 0 ? sl_cache_mkdir_p(p) : mkdir_one(p);
         int e = errno;
         free(p);
         if (rc != 0) {

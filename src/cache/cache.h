@@ -98,6 +98,10 @@ typedef struct sl_cache sl_cache;
  * cache. Returns SLUICE_E_NOMEM only. */
 int sl_cache_dir_for(const sluice_options *o, char **out, sl_err *err);
 
+/* mkdir -p path (mode 0755), content with directories already there.
+ * 0, or -1 with errno. */
+int sl_cache_mkdir_p(const char *path);
+
 /* Opens (making what is missing) the cache at dir with a budget of
  * max_bytes. Returns SLUICE_E_NOMEM, or SLUICE_OK with *out set: a usable
  * handle, or one turned off with its warning (see above). Cleans the

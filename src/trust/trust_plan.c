@@ -62,6 +62,10 @@ int sl_trust_plan_make(const sluice_options *o, const char *model_path, sl_trust
                                  : (manifest_remote ? SL_MF_SIDECAR_REMOTE : SL_MF_SIDECAR);
     out->require = o->verify == SLUICE_VERIFY_REQUIRE;
     out->signature_asked = o->ntrusted_keys || o->ntrusted_cas;
+    /* a Hub cache's blob names are the publisher's digests of local files,
+     * unsigned: they stand in only where no signature is asked and no
+     * manifest is named (an explicit manifest always wins) */
+    out->hub_digest = !o->manifest_path && !model_remote && !out->signature_asked;
     if (o->ntrusted_cas || o->signature_path) {
         /* a bundle asked: OpenSSF model signing, by keys and CAs alike */
         out->formats = SL_SIG_OPENSSF;

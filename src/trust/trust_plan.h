@@ -48,6 +48,12 @@ typedef struct sl_trust_plan {
                                      check only a bundle) */
     int fail_closed;              /* a signature is asked and cannot be checked:
                                      any manifest read fails, saying why */
+    int hub_digest;               /* no manifest found: the SHA-256 a Hugging Face Hub
+                                     cache names each blob by may stand in (api/hub.c,
+                                     "Hub snapshots" in sluice.h): a local model, no
+                                     manifest_path, no signature asked (keys or CAs
+                                     want a signed manifest: a Hub snapshot without
+                                     one still fails closed) */
     const char *why;              /* the reason, for messages (never NULL) */
     const char *const *keys;      /* borrowed from the options */
     size_t nkeys;

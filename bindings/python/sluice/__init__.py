@@ -373,9 +373,13 @@ class Model:
     @property
     def verify_state(self):
         """What the model's bytes are checked against (sluice_verify_state):
-        'verified' (a manifest was read: manifest_path), 'no_manifest' (none
-        was given or found: nothing is checked, and open warned with
-        UnverifiedWarning) or 'off' (verify="off")."""
+        'verified' (a manifest was read: manifest_path), 'publisher_digest'
+        (a Hugging Face Hub cache snapshot with no manifest of its own: each
+        file checked against the SHA-256 its blob is named by, each tensor
+        against the manifest derived from those bytes, kept in the cache
+        directory: manifest_path), 'no_manifest' (none was given or found:
+        nothing is checked, and open warned with UnverifiedWarning) or 'off'
+        (verify="off")."""
         return _VERIFY_STATES.get(self._m.verify_state()[0], "off")
 
     @property
@@ -746,7 +750,7 @@ def open(path, *, manifest=None, verify="default", pool=None, queue_depth=None, 
     return model
 
 
-_VERIFY_STATES = {0: "verified", 1: "no_manifest", 2: "off"}
+_VERIFY_STATES = {0: "verified", 1: "no_manifest", 2: "off", 3: "publisher_digest"}
 
 
 def _warn_if_unverified(model):
