@@ -63,6 +63,12 @@ extern "C" {
  * fails with SLUICE_E_IO (see sluice_acquire for the backoff). */
 #define SLUICE_IO_MAX_ATTEMPTS 10
 
+/* Row segments of a part of a local file less than this many bytes apart
+ * are read as one read, the bytes between them dropped (one page: below
+ * it a second read costs more than the copy of the gap, and cold the
+ * kernel brings the page in anyway). See sluice_read_part_into. */
+#define SLUICE_PART_GAP 4096u
+
 /* ------------------------------------------------------------------------ */
 /* Status codes                                                             */
 /* ------------------------------------------------------------------------ */
@@ -929,8 +935,10 @@ SLUICE_API int sluice_digest_range(sluice_model *model, size_t i, uint64_t byte_
  *
  * sluice_read_part_into reads the part into dst (len must be the part's
  * size, nbytes / n) and returns once it is verified, reading only what
- * that needs: a local file one pread per segment (segments that touch in
- * the file are one read), as sluice_read_into; a remote file's segments
+ * that needs: a local file through the model's I/O seam (the io_uring
+ * ring or its pread threads, sluice_stats.backend), many reads in flight
+ * under queue_depth, segments less than SLUICE_PART_GAP apart one read
+ * (the gap's bytes dropped), a read at most chunk_bytes; a remote file's segments
  * in HTTP multi-range requests (Range: bytes=a-b,c-d,..., answered 206
  * multipart/byteranges), segments less than 256 bytes apart one range,
  * up to 512 ranges, a 6 KiB Range value and 16 MiB a request. Each
@@ -957,7 +965,10 @@ SLUICE_API int sluice_digest_range(sluice_model *model, size_t i, uint64_t byte_
  * proxy and fail verification is read again from the origin directly,
  * once ("Proxies"). On failure dst holds anything. Counted
  * in the stats as sluice_read_into is (bytes_read: what was read, so a
- * rank's reads can be checked against the layout). Returns SLUICE_OK,
+ * rank's reads can be checked against the layout; a local file's gaps
+ * are not counted), a local file's reads also as a load's are (reads,
+ * retries: EINTR, EAGAIN and short reads are retried as for a load,
+ * any other failure is SLUICE_E_IO). Returns SLUICE_OK,
  * SLUICE_E_CHECKSUM, SLUICE_E_IO, SLUICE_E_FILE_CHANGED, SLUICE_E_NOMEM,
  * SLUICE_E_REMOTE, SLUICE_E_NOT_FOUND, or SLUICE_E_INVAL: a dim the
  * tensor lacks, n 0 or rank >= n, a dim that n does not divide (the

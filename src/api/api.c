@@ -1037,13 +1037,14 @@ typedef struct part_args {
     const uint8_t *want_part, *want;
     const sl_chunk_digests *chunks;
     sluice_algorithm alg;
+    const sl_reader *rd;
 } part_args;
 
 static int part_direct(const sl_index *ix, void *ctx, sl_range_tally *tally, sl_err *err)
 {
     part_args *a = ctx;
-    return sl_part_read(ix, a->i, a->g, a->dst, a->want_part, a->want, a->chunks, a->alg, tally,
-                        err);
+    return sl_part_read(ix, a->i, a->g, a->dst, a->want_part, a->want, a->chunks, a->alg, a->rd,
+                        tally, err);
 }
 
 /* Rank `rank` of n equal parts of tensor `name` along dim, read and
@@ -1069,9 +1070,10 @@ static int read_part(sluice_model *m, sl_engine *e, const char *call, const char
     const uint8_t *want = sl_manifest_tensor_digest(m->manifest, i);
     const uint8_t *want_part = want ? sl_manifest_part_digest(m->manifest, i, dim, n, rank) : NULL;
     sl_range_tally tally = {0};
-    int rc = sl_part_read(&m->index, i, g, dst, want_part, want, chunks ? &chunks[i] : NULL,
-                          m->opts.algorithm, &tally, err);
-    part_args pa = {i, g, dst, want_part, want, chunks ? &chunks[i] : NULL, m->opts.algorithm};
+    sl_reader rd = sl_engine_reader(e); /* a local file's reads go through the engine's seam */
+    part_args pa = {i, g, dst, want_part, want, chunks ? &chunks[i] : NULL, m->opts.algorithm,
+                    &rd};
+    int rc = part_direct(&m->index, &pa, &tally, err);
     rc = again_direct(m, i, rc, part_direct, &pa, &tally, err);
     int unnoted = 0; /* 0 -> 1: this call writes the note; 2: written, readable */
     if (tally.part_fallback_bytes && atomic_compare_exchange_strong(&m->part_noted, &unnoted, 1)) {

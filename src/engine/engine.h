@@ -75,6 +75,20 @@ int sl_engine_grant_range(sl_engine *e, size_t i, void *buf, uint64_t len, sluic
 int sl_engine_grant_part(sl_engine *e, size_t i, void *block, const void *data, uint64_t len,
                          const struct sluice_tensor_info *info, sluice_tensor **out, sl_err *err);
 
+/* Reads n spans of local file f (spans ascending, none overlapping) into
+ * their dst through the engine's seam (the io_uring ring or its pread
+ * threads) and waits for them: spans less than SLUICE_PART_GAP apart are
+ * one read, a read at most chunk_bytes, and up to queue_depth reads are in
+ * flight, shared with the loads (the pump issues these first: the caller
+ * waits). Counted as a load's reads are (reads, bytes_read: the spans'
+ * bytes, not the gaps'; retries). Returns SLUICE_OK, SLUICE_E_IO,
+ * SLUICE_E_FILE_CHANGED (the file ends early) or SLUICE_E_NOMEM. Lock not
+ * held; a caller inside the engine (sl_engine_enter). */
+int sl_engine_read_spans(sl_engine *e, const sl_file *f, const sl_span *spans, size_t n,
+                         sl_err *err);
+/* That function as a reader for the range reads (range.h). */
+sl_reader sl_engine_reader(sl_engine *e);
+
 /* Adds a range read's figures (range.h) to the stats; failed: it failed. */
 void sl_engine_range_tally(sl_engine *e, const sl_range_tally *t, int failed);
 

@@ -111,9 +111,32 @@ typedef struct sl_seg {
     uint32_t chunk;
 } sl_seg;
 
+/* A caller's reads of spans of one file (sl_engine_read_spans: a part's
+ * row segments), in runs: spans less than SLUICE_PART_GAP apart are one
+ * run (the gap's bytes land in a scratch buffer, dropped), a run at most
+ * chunk_bytes and SL_RUN_IOV iovecs. The pump issues its runs first (a
+ * caller waits on them, as on a demand); the caller waits for them all. */
+#define SL_RUN_IOV 512
+typedef struct sl_run {
+    uint64_t offset, len, gap;   /* gap: of len, the bytes dropped */
+    struct iovec *iov;           /* the seam's working copy */
+    int niov;
+} sl_run;
+
+typedef struct sl_spanjob {
+    struct sl_spanjob *next;     /* e->jobs */
+    const sl_file *f;
+    sl_run *runs;
+    size_t nrun, issued, done;
+    int failed;                  /* a run failed: err says how; no more go out */
+    sl_err err;
+} sl_spanjob;
+
 typedef struct sl_read {
     sl_io_req req;               /* first: the seam hands it back */
     struct sl_read *next_free;
+    sl_spanjob *job;             /* a run of this job's (run), not a load; NULL: a load */
+    size_t run;
     size_t file;                 /* in the index of its source */
     uint8_t source;              /* 0: the model's files; k: mirror k */
     uint8_t remote;              /* went to the remote seam */
@@ -237,6 +260,7 @@ struct sl_engine {
 
     sl_read *reads, *free_reads;
     unsigned inflight;
+    sl_spanjob *jobs;            /* callers' span reads with runs left (sched.c) */
     sl_io *io;
     sl_hasher *hasher;           /* NULL while no tensor needs one */
 

@@ -73,6 +73,7 @@ static sl_read *take_read(sl_engine *e)
     if (r) {
         e->free_reads = r->next_free;
         e->inflight++;
+        r->job = NULL;
     }
     return r;
 }
@@ -196,6 +197,37 @@ static size_t start_run(sl_engine *e, const size_t *ids, size_t n, int room)
     }
     issue_group(e, group, k);
     return pos;
+}
+
+/* Issues the runs of callers' span reads while read slots are free. */
+static void issue_spans(sl_engine *e)
+{
+    for (sl_spanjob *j = e->jobs; j; j = j->next)
+        while (!j->failed && j->issued < j->nrun) {
+            sl_read *r = take_read(e);
+            if (!r)
+                return;
+            const sl_run *u = &j->runs[j->issued];
+            r->job = j;
+            r->run = j->issued++;
+            r->source = 0;
+            r->direct = 0;
+            r->nseg = 0;
+            r->offset = u->offset;
+            r->len = u->len;
+            r->remote = (j->f->src->caps & SL_SRC_NETWORK) != 0;
+            r->req.fd = j->f->fd;
+            r->req.offset = u->offset;
+            r->req.iov = u->iov;
+            r->req.iovcnt = u->niov;
+            r->req.min_bytes = u->len;
+            r->req.owner = r;
+            r->req.no_proxy = 0;
+            r->req.demand = 1;
+            r->t_submit = sl_metrics_now(&e->met);
+            j->f->src->submit(j->f, e->io, e->rio, &r->req);
+            e->need_flush = 1;
+        }
 }
 
 /* ---------------------------------------------------------------- sources */
@@ -436,6 +468,7 @@ void sl_pump(sl_engine *e)
 {
     if (e->closing)
         return;
+    issue_spans(e);
     for (sl_stream *st = e->streams; st; st = st->next)
         stream_head(e, st);
 
@@ -584,6 +617,54 @@ static void segment_complete(sl_engine *e, const sl_read *r, int k)
     sl_slot_landed(e, i, r->seg[k].chunk, &err);
 }
 
+/* A local read's retries, in the stats and the metrics. */
+static void count_retries(sl_engine *e, const sl_io_req *q)
+{
+    e->st.retries += q->retries;
+    sl_metrics_add(&e->met, &e->met.retries[SL_RETRY_EINTR], q->retries_eintr);
+    sl_metrics_add(&e->met, &e->met.retries[SL_RETRY_EAGAIN], q->retries_eagain);
+    sl_metrics_add(&e->met, &e->met.retries[SL_RETRY_SHORT],
+                   q->retries - q->retries_eintr - q->retries_eagain);
+}
+
+/* A run of a caller's span read came back: counted as a load's read, its
+ * failure (the first) kept for the caller, who is woken. */
+static void run_done(sl_engine *e, sl_read *r)
+{
+    sl_spanjob *j = r->job;
+    const sl_run *u = &j->runs[r->run];
+    const sl_io_req *q = &r->req;
+    int bad = q->error || q->eof || q->status;
+    if (r->remote) {
+        e->st.remote_reads++;
+        e->st.remote_bytes += q->done_bytes;
+    } else {
+        count_retries(e, q);
+    }
+    e->st.reads++;
+    e->st.bytes_read += bad ? q->done_bytes : u->len - u->gap;
+    sl_metrics_since(&e->met, SL_H_READ, r->t_submit);
+    if (bad && !j->failed) {
+        const char *path = j->f->path;
+        unsigned long long len = u->len, off = u->offset;
+        j->failed = 1;
+        if (q->status)
+            sl_fail(&j->err, q->status, "file %s: read of %llu bytes at offset %llu failed: %s",
+                    path, len, off, q->detail);
+        else if (q->eof)
+            sl_fail(&j->err, SLUICE_E_FILE_CHANGED, "file %s: a read of %llu bytes at offset "
+                    "%llu met the end of the file at offset %llu: it shrank after open", path,
+                    len, off, (unsigned long long)q->error_offset);
+        else
+            sl_fail_errno(&j->err, SLUICE_E_IO, q->error, "file %s: read of %llu bytes at "
+                          "offset %llu failed at offset %llu", path, len, off,
+                          (unsigned long long)q->error_offset);
+    }
+    j->done++;
+    put_read(e, r);
+    pthread_cond_broadcast(&e->cv);
+}
+
 void sl_read_done(void *ctx, sl_io_req *list)
 {
     sl_engine *e = ctx;
@@ -591,6 +672,10 @@ void sl_read_done(void *ctx, sl_io_req *list)
     for (sl_io_req *q = list, *next; q; q = next) {
         next = q->next;
         sl_read *r = (sl_read *)q;
+        if (r->job) {
+            run_done(e, r);
+            continue;
+        }
         if (r->remote) {
             for (int k = 0; k < r->nseg; k++) {
                 /* the proxy's part in each load (sluice.h "Proxies") */
@@ -609,11 +694,7 @@ void sl_read_done(void *ctx, sl_io_req *list)
             put_read(e, r);
             continue;
         }
-        e->st.retries += q->retries;
-        sl_metrics_add(&e->met, &e->met.retries[SL_RETRY_EINTR], q->retries_eintr);
-        sl_metrics_add(&e->met, &e->met.retries[SL_RETRY_EAGAIN], q->retries_eagain);
-        sl_metrics_add(&e->met, &e->met.retries[SL_RETRY_SHORT],
-                       q->retries - q->retries_eintr - q->retries_eagain);
+        count_retries(e, q);
         e->st.bytes_read += q->done_bytes;
         if (q->error == EINVAL && r->direct) {
             /* The file system refuses O_DIRECT: read this file buffered
@@ -649,4 +730,96 @@ void sl_hash_done(void *ctx, sl_hash_job *job, int status)
     sl_slot_hashed(e, i, verdict);
     sl_pump(e);     /* a failure gave room back */
     sl_unlock(e);
+}
+
+/* ---------------------------------------------------------------- span reads */
+
+/* Cuts spans into runs (engine_int.h, sl_spanjob): the next span joins the
+ * run before it when it starts less than SLUICE_PART_GAP past its end and
+ * the run stays within max bytes and SL_RUN_IOV iovecs (its gap's bytes go
+ * to scratch); a span longer than max is cut. runs and iov hold the upper
+ * bounds the caller counted. Returns the runs made. */
+static size_t cut_runs(const sl_span *sp, size_t n, uint64_t max, unsigned char *scratch,
+                       sl_run *runs, struct iovec *iov)
+{
+    size_t nrun = 0, niov = 0;
+    sl_run *u = NULL;
+    for (size_t k = 0; k < n; k++) {
+        uint64_t pos = sp[k].offset, left = sp[k].len;
+        unsigned char *d = sp[k].dst;
+        while (left) {
+            uint64_t end = u ? u->offset + u->len : 0, gap = pos - end;
+            int join = u && pos >= end && gap < SLUICE_PART_GAP && u->len + gap < max &&
+                       u->niov + 2 <= SL_RUN_IOV;
+            if (join && gap) {
+                iov[niov++] = (struct iovec){scratch, (size_t)gap};
+                u->niov++;
+                u->len += gap;
+                u->gap += gap;
+            } else if (!join) {
+                u = &runs[nrun++];
+                *u = (sl_run){.offset = pos, .iov = &iov[niov]};
+            }
+            uint64_t take = left < max - u->len ? left : max - u->len;
+            iov[niov++] = (struct iovec){d, (size_t)take};
+            u->niov++;
+            u->len += take;
+            pos += take;
+            d += take;
+            left -= take;
+        }
+    }
+    return nrun;
+}
+
+int sl_engine_read_spans(sl_engine *e, const sl_file *f, const sl_span *spans, size_t n,
+                         sl_err *err)
+{
+    uint64_t max = e->chunk, pieces = 0;
+    for (size_t k = 0; k < n; k++)
+        pieces += spans[k].len / max + 2; /* the first may end the run before */
+    /* at most one run and two iovecs (a gap, a piece) per piece */
+    sl_spanjob j = {.f = f};
+    int big = pieces > SIZE_MAX / (2 * sizeof(struct iovec));
+    unsigned char *scratch = big ? NULL : malloc(SLUICE_PART_GAP);
+    j.runs = big ? NULL : malloc((size_t)pieces * sizeof *j.runs);
+    struct iovec *iov = big ? NULL : malloc((size_t)pieces * 2 * sizeof *iov);
+    int rc = SLUICE_OK;
+    if (!scratch || !j.runs || !iov) {
+        rc = sl_fail(err, SLUICE_E_NOMEM, "read_part: out of memory for %zu spans", n);
+    } else {
+        j.nrun = cut_runs(spans, n, max, scratch, j.runs, iov);
+        pthread_mutex_lock(&e->lock);
+        sl_spanjob **tail = &e->jobs;
+        while (*tail)
+            tail = &(*tail)->next;
+        *tail = &j;
+        sl_pump(e);
+        while (j.done < j.issued || (!j.failed && j.issued < j.nrun))
+            sl_wait(e);
+        for (sl_spanjob **p = &e->jobs; *p; p = &(*p)->next)
+            if (*p == &j) {
+                *p = j.next;
+                break;
+            }
+        sl_unlock(e);
+        if (j.failed) {
+            *err = j.err;
+            rc = j.err.code;
+        }
+    }
+    free(scratch);
+    free(j.runs);
+    free(iov);
+    return rc;
+}
+
+static int reader_spans(void *ctx, const sl_file *f, const sl_span *spans, size_t n, sl_err *err)
+{
+    return sl_engine_read_spans(ctx, f, spans, n, err);
+}
+
+sl_reader sl_engine_reader(sl_engine *e)
+{
+    return (sl_reader){reader_spans, e};
 }

@@ -1,8 +1,8 @@
 /* range.c: verified reads of a byte range of one tensor into memory the
  * caller gives (sluice_read_into, and sluice_acquire_range through it).
  *
- * No pool, no ring: the range is read through its file's source
- * (source.h: pread, or range GETs of a remote file) straight into the
+ * No pool: the range is read through its file's source (source.h:
+ * pread, or range GETs of a remote file), or a reader (below), straight into the
  * caller's buffer, and hashed there. The digests a manifest gives cover
  * whole chunks (or the whole tensor), so the bytes of a covering chunk
  * that lie outside the range are read too, into a small bounce buffer,
@@ -10,6 +10,10 @@
  * range is written to the caller's memory. A chunk whose digest does not
  * match fails the call. The memory such a call needs is the bounce buffer
  * (RG_BOUNCE at most), whatever the size of the tensor.
+ *
+ * A caller may give a reader (range.h, sl_reader: the engine's, for
+ * parts): then every read of a local file goes through it, and a
+ * strided part's segments are one call, many reads in flight at once.
  */
 #include "index/range.h"
 
@@ -30,6 +34,7 @@ typedef struct rg_ctx {
     size_t i;
     const struct sluice_tensor_info *t;
     const sl_file *f;
+    const sl_reader *rd;         /* NULL: the source's table */
     unsigned char *bounce;
     size_t bounce_cap;
     sl_md *md;
@@ -49,20 +54,75 @@ static int rg_fail_read(rg_ctx *c, uint64_t at, int e)
                          q, c->t->file, (unsigned long long)at);
 }
 
+/* The bounce buffer, allocated on first need. */
+static unsigned char *rg_bounce(rg_ctx *c)
+{
+    if (!c->bounce) {
+        c->bounce_cap = RG_BOUNCE;
+        if (!(c->bounce = malloc(c->bounce_cap)))
+            sl_fail(c->err, SLUICE_E_NOMEM, "read_into: out of memory");
+    }
+    return c->bounce;
+}
+
+/* Feeds n bytes at p to c->md (when set). */
+static int rg_feed(rg_ctx *c, const unsigned char *p, uint64_t n)
+{
+    for (uint64_t at = 0; c->md && at < n;) {
+        size_t k = n - at > ((uint64_t)1 << 30) ? (size_t)1 << 30 : (size_t)(n - at);
+        if (sl_md_update(c->md, p + at, k) < 0)
+            return sl_fail(c->err, SLUICE_E_NOMEM, "read_into: digest update failed (OpenSSL)");
+        c->tally->bytes_hashed += k;
+        at += k;
+    }
+    return SLUICE_OK;
+}
+
+/* Whether c's reads go through its reader: a local file, a reader given. */
+static int rg_by_reader(const rg_ctx *c)
+{
+    return c->rd && !(c->f->src->caps & SL_SRC_NETWORK);
+}
+
+/* n spans through the reader; its failure names the tensor. */
+static int rg_reader_read(rg_ctx *c, const sl_span *sp, size_t n)
+{
+    int rc = c->rd->read(c->rd->ctx, c->f, sp, n, c->err);
+    if (rc < 0 && rc != SLUICE_E_NOMEM) {
+        char q[SL_QUOTE_MAX], msg[sizeof c->err->msg];
+        snprintf(msg, sizeof msg, "%s", c->err->msg);
+        sl_fail(c->err, rc, "tensor %s: %s", sl_quote(q, sizeof q, c->t->name, c->t->name_len),
+                msg);
+    }
+    return rc;
+}
+
 /* Reads tensor bytes [lo, hi) into dst (NULL: through the bounce buffer,
  * discarded) and feeds them to md (NULL: no hashing). */
 static int rg_read(rg_ctx *c, uint64_t lo, uint64_t hi, unsigned char *dst)
 {
+    while (lo < hi && rg_by_reader(c)) {
+        uint64_t want = hi - lo;
+        unsigned char *into = dst;
+        if (!dst) {
+            if (!(into = rg_bounce(c)))
+                return SLUICE_E_NOMEM;
+            if (want > c->bounce_cap)
+                want = c->bounce_cap;
+        }
+        sl_span sp = {c->t->offset + lo, want, into};
+        SL_TRY(rg_reader_read(c, &sp, 1));
+        SL_TRY(rg_feed(c, into, want));
+        lo += want;
+        if (dst)
+            dst += want;
+    }
     while (lo < hi) {
         size_t want = hi - lo > ((uint64_t)1 << 30) ? (size_t)1 << 30 : (size_t)(hi - lo);
         unsigned char *into = dst;
         if (!dst) {
-            if (!c->bounce) {
-                c->bounce_cap = RG_BOUNCE;
-                if (!(c->bounce = malloc(c->bounce_cap)))
-                    return sl_fail(c->err, SLUICE_E_NOMEM, "read_into: out of memory");
-            }
-            into = c->bounce;
+            if (!(into = rg_bounce(c)))
+                return SLUICE_E_NOMEM;
             if (want > c->bounce_cap)
                 want = c->bounce_cap;
         }
@@ -80,11 +140,8 @@ static int rg_read(rg_ctx *c, uint64_t lo, uint64_t hi, unsigned char *dst)
             return rg_fail_read(c, lo, 0);
         if (requests)
             c->tally->remote_bytes += got;
-        if (c->md && sl_md_update(c->md, into, (size_t)got) < 0)
-            return sl_fail(c->err, SLUICE_E_NOMEM, "read_into: digest update failed (OpenSSL)");
         c->tally->bytes_read += got;
-        if (c->md)
-            c->tally->bytes_hashed += got;
+        SL_TRY(rg_feed(c, into, got));
         lo += (uint64_t)got;
         if (dst)
             dst += got;
@@ -129,12 +186,12 @@ static int rg_unit(rg_ctx *c, uint64_t ulo, uint64_t uhi, uint64_t begin, uint64
     return rg_check(c, want, unit);
 }
 
-int sl_range_read(const sl_index *ix, size_t i, uint64_t begin, uint64_t len, void *dst,
-                  const uint8_t *want, const sl_chunk_digests *chunks, sluice_algorithm alg,
-                  sl_range_tally *tally, sl_err *err)
+static int range_read(const sl_index *ix, size_t i, uint64_t begin, uint64_t len, void *dst,
+                      const uint8_t *want, const sl_chunk_digests *chunks, sluice_algorithm alg,
+                      const sl_reader *rd, sl_range_tally *tally, sl_err *err)
 {
     const struct sluice_tensor_info *t = &ix->tensors[i];
-    rg_ctx c = {.ix = ix, .i = i, .t = t, .f = &ix->files[t->file_index],
+    rg_ctx c = {.ix = ix, .i = i, .t = t, .f = &ix->files[t->file_index], .rd = rd,
                 .tally = tally, .err = err};
     uint64_t end = begin + len;
     int rc = SLUICE_OK;
@@ -164,6 +221,13 @@ int sl_range_read(const sl_index *ix, size_t i, uint64_t begin, uint64_t len, vo
     return rc;
 }
 
+int sl_range_read(const sl_index *ix, size_t i, uint64_t begin, uint64_t len, void *dst,
+                  const uint8_t *want, const sl_chunk_digests *chunks, sluice_algorithm alg,
+                  sl_range_tally *tally, sl_err *err)
+{
+    return range_read(ix, i, begin, len, dst, want, chunks, alg, NULL, tally, err);
+}
+
 int sl_range_digest(const sl_index *ix, size_t i, uint64_t begin, uint64_t end,
                     sluice_algorithm alg, uint8_t out[32], sl_range_tally *tally, sl_err *err)
 {
@@ -185,38 +249,38 @@ int sl_range_digest(const sl_index *ix, size_t i, uint64_t begin, uint64_t end,
 /* ------------------------------------------------------------------ parts */
 
 /* Reads the part's segments into dst, one after the other (dst is the
- * part laid out contiguously), and feeds them to c->md when set. A source
- * that reads many spans at once (a remote file: multi-range requests)
- * gets them all in one call; else each segment is one read of the
- * source, and segments that touch (n = 1, or a single segment) are one
- * read. */
+ * part laid out contiguously), and feeds them to c->md when set. A
+ * strided part's segments go in one call to a source that reads many
+ * spans at once (a remote file: multi-range requests) or to the reader
+ * (many reads in flight, close segments one read); else each segment is
+ * one read of the source, and segments that touch (n = 1, or a single
+ * segment) are one read. */
 static int rg_gather(rg_ctx *c, const sl_part_geom *g, unsigned char *dst)
 {
     const sl_file *f = c->f;
-    if (f->src->read_spans && g->count > 1 && g->stride != g->seg) {
+    int by_reader = rg_by_reader(c);
+    if ((by_reader || f->src->read_spans) && g->count > 1 && g->stride != g->seg) {
         sl_span *sp = malloc((size_t)g->count * sizeof *sp);
         if (!sp)
             return sl_fail(c->err, SLUICE_E_NOMEM, "read_part: out of memory");
         for (uint64_t s = 0; s < g->count; s++)
             sp[s] = (sl_span){c->t->offset + g->first + s * g->stride, g->seg, dst + s * g->seg};
-        unsigned requests = 0;
-        uint64_t bytes = 0;
-        int rc = f->src->read_spans(f, c->ix->remote, sp, (size_t)g->count, &requests, &bytes,
+        int rc;
+        if (by_reader) {
+            rc = rg_reader_read(c, sp, (size_t)g->count);
+        } else {
+            unsigned requests = 0;
+            uint64_t bytes = 0;
+            rc = f->src->read_spans(f, c->ix->remote, sp, (size_t)g->count, &requests, &bytes,
                                     c->err);
+            c->tally->remote_reads += requests;
+            c->tally->remote_bytes += bytes;
+            c->tally->bytes_read += bytes;
+        }
         free(sp);
-        c->tally->remote_reads += requests;
-        c->tally->remote_bytes += bytes;
-        c->tally->bytes_read += bytes;
         if (rc < 0)
             return rc;
-        for (uint64_t at = 0, total = g->count * g->seg; c->md && at < total;) {
-            size_t k = total - at > ((uint64_t)1 << 30) ? (size_t)1 << 30 : (size_t)(total - at);
-            if (sl_md_update(c->md, dst + at, k) < 0)
-                return sl_fail(c->err, SLUICE_E_NOMEM, "read_part: digest update failed (OpenSSL)");
-            c->tally->bytes_hashed += k;
-            at += k;
-        }
-        return SLUICE_OK;
+        return rg_feed(c, dst, g->count * g->seg);
     }
     uint64_t s = 0;
     while (s < g->count) {
@@ -249,11 +313,8 @@ static int rg_whole_for_part(rg_ctx *c, const sl_part_geom *g, unsigned char *ds
         }
         return rg_read(c, pos, nbytes, NULL);
     }
-    if (!c->bounce) {
-        c->bounce_cap = RG_BOUNCE;
-        if (!(c->bounce = malloc(c->bounce_cap)))
-            return sl_fail(c->err, SLUICE_E_NOMEM, "read_part: out of memory");
-    }
+    if (!rg_bounce(c))
+        return SLUICE_E_NOMEM;
     uint64_t s = 0; /* the first segment not wholly copied yet */
     while (pos < nbytes) {
         uint64_t end = nbytes - pos > c->bounce_cap ? pos + c->bounce_cap : nbytes;
@@ -275,10 +336,10 @@ static int rg_whole_for_part(rg_ctx *c, const sl_part_geom *g, unsigned char *ds
 
 int sl_part_read(const sl_index *ix, size_t i, const sl_part_geom *g, void *dst,
                  const uint8_t *want_part, const uint8_t *want, const sl_chunk_digests *chunks,
-                 sluice_algorithm alg, sl_range_tally *tally, sl_err *err)
+                 sluice_algorithm alg, const sl_reader *rd, sl_range_tally *tally, sl_err *err)
 {
     const struct sluice_tensor_info *t = &ix->tensors[i];
-    rg_ctx c = {.ix = ix, .i = i, .t = t, .f = &ix->files[t->file_index],
+    rg_ctx c = {.ix = ix, .i = i, .t = t, .f = &ix->files[t->file_index], .rd = rd,
                 .tally = tally, .err = err};
     uint64_t bytes = g->count * g->seg;
     int contiguous = g->count <= 1 || g->stride == g->seg;
@@ -290,7 +351,7 @@ int sl_part_read(const sl_index *ix, size_t i, const sl_part_geom *g, void *dst,
          * without them the whole tensor is read, which is the fallback */
         if (want && !(chunks && chunks->count))
             tally->part_fallback_bytes += t->nbytes;
-        return sl_range_read(ix, i, g->first, bytes, dst, want, chunks, alg, tally, err);
+        return range_read(ix, i, g->first, bytes, dst, want, chunks, alg, rd, tally, err);
     }
     if (!(c.md = sl_md_new(alg)))
         return sl_fail(err, SLUICE_E_NOMEM, "read_part: out of memory");

@@ -6,6 +6,7 @@
 #include "base/digest.h"
 #include "base/error.h"
 #include "index/index.h"
+#include "sources/remote.h"
 
 #include <stdint.h>
 
@@ -32,6 +33,20 @@ int sl_range_read(const sl_index *ix, size_t i, uint64_t begin, uint64_t len, vo
 int sl_range_digest(const sl_index *ix, size_t i, uint64_t begin, uint64_t end,
                     sluice_algorithm alg, uint8_t out[32], sl_range_tally *tally, sl_err *err);
 
+/* A reader of many spans of one local file at once (the engine's,
+ * sl_engine_reader: its seam, under its queue depth, spans less than
+ * SLUICE_PART_GAP apart one read): each span's len bytes at offset land
+ * in its dst, all of them or an error (err set: SLUICE_E_IO,
+ * SLUICE_E_FILE_CHANGED for a file that ends early, SLUICE_E_NOMEM). It
+ * counts what it read in its own stats, not in a tally. Spans ascending,
+ * none overlapping. */
+typedef int (*sl_spans_fn)(void *ctx, const sl_file *f, const sl_span *spans, size_t n,
+                           sl_err *err);
+typedef struct sl_reader {
+    sl_spans_fn read;
+    void *ctx;
+} sl_reader;
+
 /* Rank `rank` of n equal parts of a tensor along dim: count segments of
  * seg bytes, the first at tensor byte first, each stride bytes after the
  * one before (dim 0, or only size-1 dims before it: one segment). */
@@ -52,10 +67,14 @@ int sl_part_geometry(const struct sluice_tensor_info *t, uint32_t dim, uint64_t 
  * reading only the segments; else one contiguous part goes the way of
  * sl_range_read (chunk digests, or the whole tensor), and a strided one
  * is checked by hashing the whole tensor (tally->part_fallback_bytes).
- * want NULL and want_part NULL: read only. Thread-safe. */
+ * want NULL and want_part NULL: read only. rd (may be NULL) reads a
+ * local file's bytes (the engine's reader: every read of the call goes
+ * through it, the strided segments in one call); NULL, or a remote file:
+ * its source's table, synchronously (a remote file's segments in
+ * multi-range requests). Thread-safe. */
 int sl_part_read(const sl_index *ix, size_t i, const sl_part_geom *g, void *dst,
                  const uint8_t *want_part, const uint8_t *want, const sl_chunk_digests *chunks,
-                 sluice_algorithm alg, sl_range_tally *tally, sl_err *err);
+                 sluice_algorithm alg, const sl_reader *rd, sl_range_tally *tally, sl_err *err);
 
 /* The digest of the part's bytes laid out contiguously, as the file holds
  * them now (what `sluice manifest --parts` writes). Thread-safe. */
