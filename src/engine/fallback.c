@@ -247,6 +247,21 @@ static void *opener_main(void *arg)
     return NULL;
 }
 
+void sl_engine_served_by(sl_engine *e, unsigned k, const char *const *why)
+{
+    pthread_mutex_lock(&e->lock);
+    for (unsigned j = 0; j < k && j < e->nmirrors; j++) {
+        sl_mirror *m = &e->mirrors[j];
+        m->state = SL_MIRROR_FAILED;
+        free(m->why);
+        m->why = strdup(j + 1 == k ? "it serves the model (the model's own location could "
+                                     "not be opened)"
+                        : why && why[j] ? why[j] : "could not be opened");
+    }
+    e->serving = k <= e->nmirrors ? k : 0;
+    pthread_mutex_unlock(&e->lock);
+}
+
 void sl_fallback_free(sl_engine *e)
 {
     if (e->opener_started) {

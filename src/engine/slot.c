@@ -358,7 +358,10 @@ void sl_slot_room_error(sl_engine *e, size_t i, sl_err *err)
 
 void sl_source_label(const sl_engine *e, unsigned k, char *buf, size_t cap)
 {
-    if (k == 0)
+    if (k == 0 && e->serving)
+        snprintf(buf, cap, "fallback %u (%s), serving the model", e->serving,
+                 e->mirrors[e->serving - 1].loc->shown);
+    else if (k == 0)
         snprintf(buf, cap, "primary");
     else
         snprintf(buf, cap, "fallback %u (%s)", k, e->mirrors[k - 1].loc->shown);
