@@ -127,7 +127,7 @@ SLUICE_API const char *sluice_model_location(const sluice_model *model, unsigned
         *fallback = 0;
     if (why)
         *why = NULL;
-    if (sl_model_usable(model) != SLUICE_OK)
+    if (!model || model->failed)    /* sl_model_usable's test: api.c calls this file */
         return NULL;
     if (fallback)
         *fallback = model->serving;
