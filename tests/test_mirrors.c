@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -359,7 +360,8 @@ static void test_mirror_tensor_cached(void **state)
 }
 
 /* The command line: `sluice cat --fallback` with the primary down, and
- * its note naming the mirror. */
+ * its note naming the mirror; `sluice verify` refuses to judge a mirror
+ * in PATH's place. */
 static void test_cat_fallback(void **state)
 {
     char *dir = tu_tmpdir(), *out = tu_join(dir, "out"), *errf = tu_join(dir, "err");
@@ -377,6 +379,14 @@ static void test_cat_fallback(void **state)
     assert_memory_equal(got, want, n);
     if (!err || !strstr(err, "note: fallback 1 ("))
         fail_msg("stderr: %s", err ? err : "");
+    free(err);
+    /* verify judges PATH's own bytes: a mirror does not stand in */
+    snprintf(cmd, sizeof cmd, "%s/sluice verify -q %s/good/m.safetensors --fallback %s "
+             ">/dev/null 2>%s", SLUICE_BINARY_DIR, down, at("good/m.safetensors"), errf);
+    st = system(cmd);
+    err = tu_read_file(errf, &en);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 2 || !err || !strstr(err, "cannot be opened"))
+        fail_msg("%s: status %d: %s", cmd, st, err ? err : "");
     free(want);
     free(p);
     free(got);

@@ -113,7 +113,9 @@ static void usage(FILE *out)
             "                    fails the verify), but for each one that fails the\n"
             "                    mirrors are asked whether they hold it verified:\n"
             "                    \"recoverable from fallback K (LOC)\", or why not.\n"
-            "                    'sluice repair' mends PATH from them\n"
+            "                    'sluice repair' mends PATH from them. A PATH that\n"
+            "                    cannot be opened is an open error (2), not judged\n"
+            "                    by a mirror\n"
             IG_LOADER_HELP
             MC_PORT_HELP
             "\n"
@@ -235,6 +237,10 @@ int cmd_verify(int argc, char **argv)
     int rc = sluice_open(path, &o, &m);
     if (rc != SLUICE_OK) {
         fprintf(stderr, "sluice verify: %s\n", m ? sluice_errmsg(m) : sluice_strerror(rc));
+        sluice_close(m);
+        return 2;
+    }
+    if (ig_own_location("verify", path, m) < 0) {
         sluice_close(m);
         return 2;
     }
