@@ -476,7 +476,7 @@ typedef struct sluice_model sluice_model;
  * thread (one whose bytes came through the proxy and fail is read again
  * from the origin directly, see "Proxies"; SLUICE_VF_DIGEST_ONLY:
  * SLUICE_E_UNSUPPORTED); SLUICE_F_DIRECT does not
- * apply; a remote manifest's signature is not fetched ("Signed
+ * apply; a remote manifest's signature is fetched beside it ("Signed
  * manifests"). Messages, sluice_file_info and sluice_tensor_source show a
  * location without its user:password@ and with "?..." for its query.
  * A location is classified by its path, never its query (or fragment):
@@ -492,7 +492,18 @@ typedef struct sluice_model sluice_model;
  * SLUICE_E_IO, SLUICE_E_FILE_CHANGED or SLUICE_E_REMOTE is read from the
  * next mirror whose tensor has the same name, dtype, shape and size, and
  * verified against the model's manifest; when all fail, the primary's
- * code and every source's failure in the message.
+ * code and every source's failure in the message. When the model's own
+ * location cannot be opened at all (refused, DNS, 5xx after every
+ * attempt, 404, a damaged header or index.json, headers a version 2
+ * manifest's header digests refuse), the open goes on from the first
+ * mirror that opens with the same checks: its headers and the manifest
+ * (manifest_path when given, whichever location serves; else the sidecar
+ * beside the mirror, which must be there; signed when keys or CAs are
+ * trusted), its headers against the manifest's header digests; a mirror
+ * that fails any of it is refused and the next tried (sluice_model_location
+ * says which serves, and why). Else the primary's code, the message naming
+ * every location's failure. A tensor a mirror delivered is kept in the
+ * persistent cache like any verified remote tensor.
  *
  * Proxies
  * -------
@@ -1340,8 +1351,11 @@ SLUICE_API int sluice_trim(sluice_model *model, uint64_t *released);
  *    them and are skipped here (a list of EC keys alone fails).
  *  - The manifest is read once: the very bytes verified are the bytes
  *    parsed, and the signature is checked before they are parsed.
- *  - A remote manifest's (http(s)://, s3://) signature is not fetched:
- *    trusted keys with a remote manifest fail with SLUICE_E_SIGNATURE.
+ *  - A remote manifest's (http(s)://, s3://, hf://) signature M.sig is
+ *    fetched beside it, from the same server (never through a proxy), and
+ *    checked as a local one; none there (404) fails with
+ *    SLUICE_E_SIGNATURE, as does the Hub's LFS SHA-256 standing in for a
+ *    manifest (nobody signed them).
  *  - Each fault has its own message (code SLUICE_E_SIGNATURE; a NULL
  *    entry, or trusted_keys and ntrusted_keys that disagree, one NULL or
  *    0 and not the other, is SLUICE_E_INVAL): a key file
@@ -1414,7 +1428,10 @@ SLUICE_API int sluice_trim(sluice_model *model, uint64_t *released);
  *    entry) bundles are refused: they need the Sigstore trust root and an
  *    online log check. Verify those with the reference verifier where the
  *    model is published, and give loaders a key or CA signature.
- *  - A remote model's bundle is not fetched: SLUICE_E_SIGNATURE.
+ *  - A remote model's bundle (model.sig beside its files, or a remote
+ *    signature_path) is fetched from the same server and checked as a
+ *    local one; the manifest must lie in the model's directory there to
+ *    be listed by it. None there fails with SLUICE_E_SIGNATURE.
  */
 
 /* The largest manifest read, in bytes. */
@@ -1695,6 +1712,17 @@ SLUICE_API int sluice_verify(sluice_model *model, const char *const *names, size
  * (see "Proxies"). Borrowed: valid while the handle is live.
  * NULL for a NULL handle. */
 SLUICE_API const char *sluice_tensor_source(const sluice_tensor *t);
+
+/* The location that serves the model's index, as messages show it (no
+ * user:password@, "?..." for a query): the model's own (an hf:// one as
+ * the commit it was pinned to), or, when that could not be opened, the
+ * mirror (sluice_options.fallback) that serves instead. *fallback (may be
+ * NULL): 0, or k for fallback k (1-based); *why (may be NULL): NULL, or
+ * with a mirror serving, why each location before it could not ("primary
+ * (LOC): <why>; fallback 1 (LOC): <why>"). Borrowed until sluice_close.
+ * NULL (and 0, NULL) for a NULL or failed model. Any thread. */
+SLUICE_API const char *sluice_model_location(const sluice_model *model, unsigned *fallback,
+                                             const char **why);
 
 /* ------------------------------------------------------------------------ */
 /* Statistics                                                               */

@@ -111,30 +111,30 @@ static const tp_case cases[] = {
     {"https, require", HTTPS, NULL, K_NONE, 0, NULL, V_REQ, SLUICE_OK, SL_MF_SIDECAR_REMOTE, 0, 0, 0, 0, 1, "no signature asked"},
     {"hub, default", HUB, NULL, K_NONE, 0, NULL, V_DEF, SLUICE_OK, SL_MF_SIDECAR_REMOTE, 0, 0, 0, 0, 0, "no signature asked"},
     {"https, local manifest_path", HTTPS, MF_LOCAL, K_NONE, 0, NULL, V_DEF, SLUICE_OK, SL_MF_PATH, 0, 0, 0, 0, 0, "no signature asked"},
-    /* Ed25519 keys: M.sig, each policy; remote manifests fail closed */
+    /* Ed25519 keys: M.sig, each policy; a remote manifest's is fetched */
     {"local, ed, default", LOCAL, NULL, K_ED, 0, NULL, V_DEF, SLUICE_OK, SL_MF_SIDECAR, ED, 0, 0, 1, 0, "Ed25519"},
     {"local, ed, if-present", LOCAL, NULL, K_ED, 0, NULL, V_IFP, SLUICE_OK, SL_MF_SIDECAR, ED, 0, 0, 1, 0, "Ed25519"},
     {"local, ed, require", LOCAL, NULL, K_ED, 0, NULL, V_REQ, SLUICE_OK, SL_MF_SIDECAR, ED, 0, 0, 1, 1, "Ed25519"},
     {"local, ed, manifest_path", LOCAL, MF_LOCAL, K_ED, 0, NULL, V_DEF, SLUICE_OK, SL_MF_PATH, ED, 0, 0, 1, 0, "Ed25519"},
-    {"local, ed, remote manifest_path", LOCAL, MF_REMOTE, K_ED, 0, NULL, V_DEF, SLUICE_OK, SL_MF_PATH_REMOTE, ED, 0, 1, 1, 0, "remote manifest is not fetched"},
-    {"https, ed", HTTPS, NULL, K_ED, 0, NULL, V_DEF, SLUICE_OK, SL_MF_SIDECAR_REMOTE, ED, 0, 1, 1, 0, "remote manifest is not fetched"},
-    {"https, ed, require", HTTPS, NULL, K_ED, 0, NULL, V_REQ, SLUICE_OK, SL_MF_SIDECAR_REMOTE, ED, 0, 1, 1, 1, "remote manifest is not fetched"},
-    {"hub, ed (bd684d5)", HUB, NULL, K_ED, 0, NULL, V_DEF, SLUICE_OK, SL_MF_SIDECAR_REMOTE, ED, 0, 1, 1, 0, "remote manifest is not fetched"},
-    {"s3, ed", S3, NULL, K_ED, 0, NULL, V_IFP, SLUICE_OK, SL_MF_SIDECAR_REMOTE, ED, 0, 1, 1, 0, "remote manifest is not fetched"},
+    {"local, ed, remote manifest_path", LOCAL, MF_REMOTE, K_ED, 0, NULL, V_DEF, SLUICE_OK, SL_MF_PATH_REMOTE, ED, 0, 0, 1, 0, "fetched beside the remote manifest"},
+    {"https, ed", HTTPS, NULL, K_ED, 0, NULL, V_DEF, SLUICE_OK, SL_MF_SIDECAR_REMOTE, ED, 0, 0, 1, 0, "fetched beside the remote manifest"},
+    {"https, ed, require", HTTPS, NULL, K_ED, 0, NULL, V_REQ, SLUICE_OK, SL_MF_SIDECAR_REMOTE, ED, 0, 0, 1, 1, "fetched beside the remote manifest"},
+    {"hub, ed (bd684d5)", HUB, NULL, K_ED, 0, NULL, V_DEF, SLUICE_OK, SL_MF_SIDECAR_REMOTE, ED, 0, 0, 1, 0, "fetched beside the remote manifest"},
+    {"s3, ed", S3, NULL, K_ED, 0, NULL, V_IFP, SLUICE_OK, SL_MF_SIDECAR_REMOTE, ED, 0, 0, 1, 0, "fetched beside the remote manifest"},
     {"https, ed, local manifest_path", HTTPS, MF_LOCAL, K_ED, 0, NULL, V_DEF, SLUICE_OK, SL_MF_PATH, ED, 0, 0, 1, 0, "Ed25519"},
     /* EC keys: a bundle beside a local model, else M.sig */
     {"local, ec", LOCAL, NULL, K_EC, 0, NULL, V_DEF, SLUICE_OK, SL_MF_SIDECAR, ED | OSSF, 1, 0, 1, 0, "model.sig"},
     {"local, ed+ec", LOCAL, NULL, K_BOTH, 0, NULL, V_REQ, SLUICE_OK, SL_MF_SIDECAR, ED | OSSF, 1, 0, 1, 1, "model.sig"},
     {"https, ec, local manifest_path", HTTPS, MF_LOCAL, K_EC, 0, NULL, V_DEF, SLUICE_OK, SL_MF_PATH, ED, 0, 0, 1, 0, "Ed25519"},
-    {"https, ec", HTTPS, NULL, K_EC, 0, NULL, V_DEF, SLUICE_OK, SL_MF_SIDECAR_REMOTE, ED, 0, 1, 1, 0, "remote manifest is not fetched"},
-    /* CAs or signature_path: the OpenSSF bundle only; remote fails closed */
+    {"https, ec", HTTPS, NULL, K_EC, 0, NULL, V_DEF, SLUICE_OK, SL_MF_SIDECAR_REMOTE, ED | OSSF, 1, 0, 1, 0, "model.sig"},
+    /* CAs or signature_path: the OpenSSF bundle only; a remote model's is fetched */
     {"local, ca", LOCAL, NULL, K_NONE, 1, NULL, V_DEF, SLUICE_OK, SL_MF_SIDECAR, OSSF, 0, 0, 1, 0, "OpenSSF"},
     {"local, ed, signature_path", LOCAL, NULL, K_ED, 0, "/models/m/b.sig", V_DEF, SLUICE_OK, SL_MF_SIDECAR, OSSF, 0, 0, 1, 0, "OpenSSF"},
     {"local, ca, require", LOCAL, MF_LOCAL, K_NONE, 1, NULL, V_REQ, SLUICE_OK, SL_MF_PATH, OSSF, 0, 0, 1, 1, "OpenSSF"},
-    {"https, ca", HTTPS, NULL, K_NONE, 1, NULL, V_DEF, SLUICE_OK, SL_MF_SIDECAR_REMOTE, OSSF, 0, 1, 1, 0, "remote model's OpenSSF"},
-    {"hub, ca", HUB, NULL, K_NONE, 1, NULL, V_IFP, SLUICE_OK, SL_MF_SIDECAR_REMOTE, OSSF, 0, 1, 1, 0, "remote model's OpenSSF"},
-    {"https, ca, local manifest_path", HTTPS, MF_LOCAL, K_NONE, 1, NULL, V_DEF, SLUICE_OK, SL_MF_PATH, OSSF, 0, 1, 1, 0, "remote model's OpenSSF"},
-    {"local, ca, remote manifest_path", LOCAL, MF_REMOTE, K_NONE, 1, NULL, V_DEF, SLUICE_OK, SL_MF_PATH_REMOTE, OSSF, 0, 1, 1, 0, "remote model's OpenSSF"},
+    {"https, ca", HTTPS, NULL, K_NONE, 1, NULL, V_DEF, SLUICE_OK, SL_MF_SIDECAR_REMOTE, OSSF, 0, 0, 1, 0, "fetched beside the remote model"},
+    {"hub, ca", HUB, NULL, K_NONE, 1, NULL, V_IFP, SLUICE_OK, SL_MF_SIDECAR_REMOTE, OSSF, 0, 0, 1, 0, "fetched beside the remote model"},
+    {"https, ca, local manifest_path", HTTPS, MF_LOCAL, K_NONE, 1, NULL, V_DEF, SLUICE_OK, SL_MF_PATH, OSSF, 0, 0, 1, 0, "fetched beside the remote model"},
+    {"local, ca, remote manifest_path", LOCAL, MF_REMOTE, K_NONE, 1, NULL, V_DEF, SLUICE_OK, SL_MF_PATH_REMOTE, OSSF, 0, 0, 1, 0, "fetched beside the remote model"},
     /* rejections: a signature asked of an open that reads no manifest */
     {"ed with off", LOCAL, NULL, K_ED, 0, NULL, V_OFF, SLUICE_E_INVAL, 0, 0, 0, 0, 0, 0, "trusted_keys ask for a signed manifest, but the verify policy is SLUICE_VERIFY_OFF"},
     {"ec with off, remote", HTTPS, NULL, K_EC, 0, NULL, V_OFF, SLUICE_E_INVAL, 0, 0, 0, 0, 0, 0, "SLUICE_VERIFY_OFF"},
@@ -262,8 +262,9 @@ static void format_by_bundle(void **state)
     free(of.path);
 }
 
-/* A plan that fails closed says why, naming the manifest (for M.sig,
- * the signature file that is not fetched), never a local command to run. */
+/* A plan that fails closed (the Hub's digests standing in for a
+ * manifest, which nobody signed) says why, naming the manifest (for
+ * M.sig, the signature file), never a local command to run. */
 static void refusals(void **state)
 {
     fx *f = *state;
@@ -276,27 +277,38 @@ static void refusals(void **state)
     sl_trust_plan p;
     sl_err err = {0};
     assert_int_equal(sl_trust_plan_make(&o, HUB, &p, &err), SLUICE_OK);
+    sl_trust_plan_hub_stand_in(&p);
+    assert_int_equal(p.fail_closed, 1);
     const char *hub_named = "hf://org/name@0123 (the Hub's LFS SHA-256)";
     assert_int_equal(sl_trust_plan_refuse(&p, hub_named, &err), SLUICE_E_SIGNATURE);
     assert_non_null(strstr(err.msg, "signature of hf://org/name@0123 (the Hub's LFS SHA-256).sig: "
-                                    "missing: trusted keys are set and the signature of a remote "
-                                    "manifest is not fetched"));
+                                    "missing: the repository publishes no manifest"));
     assert_null(strstr(err.msg, "sluice sign"));
     o.trusted_keys = NULL;
     o.ntrusted_keys = 0;
     o.trusted_cas = ca;
     o.ntrusted_cas = 1;
     assert_int_equal(sl_trust_plan_make(&o, HTTPS, &p, &err), SLUICE_OK);
+    assert_int_equal(p.fail_closed, 0);     /* model.sig is fetched */
+    sl_trust_plan_hub_stand_in(&p);
     assert_int_equal(sl_trust_plan_refuse(&p, MF_REMOTE, &err), SLUICE_E_SIGNATURE);
-    assert_string_equal(err.msg, "signature of " MF_REMOTE ": a remote model's OpenSSF model "
-                                 "signature is not fetched: open a local copy to check it");
+    assert_non_null(strstr(err.msg, "signature of " MF_REMOTE ": the repository publishes no "
+                                    "manifest"));
+    /* no signature asked: nothing to fail closed */
+    o.trusted_cas = NULL;
+    o.ntrusted_cas = 0;
+    assert_int_equal(sl_trust_plan_make(&o, HUB, &p, &err), SLUICE_OK);
+    sl_trust_plan_hub_stand_in(&p);
+    assert_int_equal(p.fail_closed, 0);
+    o.trusted_cas = ca;
+    o.ntrusted_cas = 1;
     assert_int_equal(sl_trust_plan_no_manifest(&p, LOCAL, "A nor B", &err), SLUICE_E_SIGNATURE);
     assert_non_null(strstr(err.msg, LOCAL ": trusted keys are set but there is no manifest"));
     assert_non_null(strstr(err.msg, "no sidecar A nor B"));
 }
 
-/* The loader asks the plan: a local manifest of a remote model under
- * trusted CAs fails closed, whatever lies beside the manifest. */
+/* The loader asks the plan: under trusted CAs a manifest is checked by
+ * the model's OpenSSF bundle, which must be there (none: fails closed). */
 static void loader_fails_closed(void **state)
 {
     fx *f = *state;
@@ -319,7 +331,7 @@ static void loader_fails_closed(void **state)
                      SLUICE_E_SIGNATURE);
     assert_null(m);
     assert_int_equal(hub_only, 0);
-    assert_non_null(strstr(err.msg, "a remote model's OpenSSF model signature is not fetched"));
+    assert_non_null(strstr(err.msg, "model.sig"));
     /* policy OFF reads nothing, not even manifest_path */
     o.trusted_cas = NULL;
     o.ntrusted_cas = 0;

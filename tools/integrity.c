@@ -200,8 +200,27 @@ int ig_list_option(const char *cmd, int argc, char **argv, int *i, const char *n
     return 1;
 }
 
+int ig_own_location(const char *cmd, const char *path, const sluice_model *m)
+{
+    unsigned k = 0;
+    const char *why = NULL;
+    sluice_model_location(m, &k, &why);
+    if (!k)
+        return 0;
+    fprintf(stderr, "sluice %s: %s cannot be opened (%s); the mirrors stand in for it when "
+            "loading, but %s judges %s's own bytes\n", cmd, path, why ? why : "", cmd, path);
+    return -1;
+}
+
 int ig_warn_unverified(const char *cmd, const sluice_model *m)
 {
+    /* a mirror serving the whole model is said too: the model's own
+     * location is down, which its operator wants to know */
+    unsigned k = 0;
+    const char *why = NULL, *loc = sluice_model_location(m, &k, &why);
+    if (k)
+        fprintf(stderr, "sluice %s: note: fallback %u (%s) serves the model: its own location "
+                "could not be opened (%s)\n", cmd, k, loc, why ? why : "");
     const char *where = NULL;
     switch (sluice_verify_state(m, &where)) {
     case SLUICE_UNVERIFIED_NO_MANIFEST:

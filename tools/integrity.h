@@ -132,10 +132,17 @@ int ig_file_option(const char *cmd, int argc, char **argv, int *i, const char *n
  * second PATH. */
 int ig_path_operand(const char *cmd, const char *a, const char **path, void (*usage)(FILE *));
 
+/* 0 when m's index is PATH's own; -1 (after a message on stderr naming
+ * cmd and why PATH could not be opened) when a mirror serves it
+ * (sluice_model_location): verify and repair judge PATH, never a mirror. */
+int ig_own_location(const char *cmd, const char *path, const sluice_model *m);
+
 /* Warns on stderr, naming cmd, when m was opened with nothing to check
  * its bytes against (sluice_verify_state: no manifest found, or
  * verification off), so that a load is never unverified in silence.
- * Returns 1 when it warned, else 0. */
+ * Returns 1 when it warned, else 0. Notes first (not a warning) when a
+ * mirror serves the model because its own location could not be opened
+ * (sluice_model_location). */
 int ig_warn_unverified(const char *cmd, const sluice_model *m);
 
 /* "512M", "4G", "1.5G", "4096" into bytes (K, M, G, T are powers of

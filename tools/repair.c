@@ -1020,6 +1020,10 @@ int cmd_repair(int argc, char **argv)
             return 2;
         }
     }
+    if (ig_own_location("repair", path, m) < 0) {  /* never write a mirror's files */
+        sluice_close(m);
+        return 2;
+    }
     printf("manifest %s\n", sluice_manifest_path(m));
     ig_failed failed = {0};
     status = ig_verify_print("repair", m, 0, quiet, t0, &failed);

@@ -121,7 +121,9 @@ static void usage(FILE *out)
             "                    fails the verify), but for each one that fails the\n"
             "                    mirrors are asked whether they hold it verified:\n"
             "                    \"recoverable from fallback K (LOC)\", or why not.\n"
-            "                    'sluice repair' mends PATH from them\n"
+            "                    'sluice repair' mends PATH from them. A PATH that\n"
+            "                    cannot be opened is an open error (2), not judged\n"
+            "                    by a mirror\n"
             IG_LOADER_HELP
             MC_PORT_HELP
             "\n"
@@ -248,6 +250,10 @@ int cmd_verify(int argc, char **argv)
         /* a Hub snapshot's file that is not its published digest: found
          * damaged, like any item that fails */
         return rc == SLUICE_E_CHECKSUM ? 1 : 2;
+    }
+    if (ig_own_location("verify", path, m) < 0) {
+        sluice_close(m);
+        return 2;
     }
     /* which manifest judges: a directory of one file may have two sidecars */
     if (o.signature_path || trust.cas.n || ms_applied(path, trust.keys.path, trust.keys.n))

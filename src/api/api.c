@@ -336,6 +336,7 @@ static void release_model(sluice_model *m)
 {
     sl_manifest_free(m->manifest);
     sl_index_free(&m->index);
+    sl_open_mirrors_free(m);    /* before free_remote: it counts the mirrors */
     free_remote(m);
     /* The closing thread's own entry goes now; other threads' entries can
      * never match a later model (ids are not reused) and go when pushed
@@ -372,7 +373,10 @@ static int create_engine(sluice_model *m, sl_err *err)
 static int attach_cache(sluice_model *m, sl_err *err)
 {
     const sluice_options *o = &m->opts;
-    if (!m->manifest || !((m->index.caps_any & SL_SRC_WORTH_CACHING) ||
+    int mirrors = 0;    /* a remote mirror's tensors are kept too */
+    for (size_t k = 0; k < m->nfallback; k++)
+        mirrors |= (sl_source_of(m->fallback_loc[k])->caps & SL_SRC_WORTH_CACHING) != 0;
+    if (!m->manifest || !((m->index.caps_any & SL_SRC_WORTH_CACHING) || mirrors ||
                           (o->flags & SLUICE_F_TRUST_UNCHANGED)))
         return SLUICE_OK;
     char *dir = NULL;
@@ -453,7 +457,7 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
         goto failed;
     /* a Hub location is opened as the location of its commit */
     if ((rc = sl_hf_resolve(m->remote, path, &m->hub, err)) < 0)
-        goto failed;
+        goto primary_down;
     const sl_location *where = m->loc;
     if (m->hub) {
         path = sl_hf_pinned(m->hub);
@@ -474,7 +478,7 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
                      "the token (http_token or HF_TOKEN) has no access to it" :
                      "no token was sent (set HF_TOKEN or http_token)");
         }
-        goto failed;
+        goto primary_down;
     }
     m->index.remote = m->remote;    /* the mirrors' too */
     /* a Hugging Face Hub cache snapshot with no manifest of its own: the
@@ -484,7 +488,8 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
         rc = sl_manifest_load(&m->index, &m->trust, m->hub, path, &m->manifest,
                               &m->hub_files_only, err);
     if (rc < 0)
-        goto failed;
+        goto primary_down;
+opened:
     if (m->manifest) /* the manifest's algorithm is the model's */
         m->opts.algorithm = sl_manifest_algorithm(m->manifest);
     if (m->trust.signature_asked && !m->manifest) { /* a signature asked, none to check */
@@ -518,6 +523,7 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
     }
     if ((rc = create_engine(m, err)) < 0)
         goto failed;
+    sl_open_mirrors_done(m);
     /* sluice_unverified: 0 for every verified state */
     sl_engine_note_verification(m->engine, m->verification == SLUICE_VERIFIED_PUBLISHER_DIGEST
                                                ? 0 : (uint32_t)m->verification);
@@ -533,6 +539,11 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
     m->hub = NULL;
     return SLUICE_OK;
 
+primary_down:
+    /* the model's own location cannot be opened: a mirror may serve it */
+    if (m->nfallback && sl_trust_primary_down(rc) &&
+        (rc = sl_open_from_mirrors(m, rc, &path, err)) == SLUICE_OK)
+        goto opened;
 failed:
     /* Keep only the error: free what was built, leave a failed shell. */
     sl_manifest_free(m->manifest);
@@ -540,6 +551,7 @@ failed:
     free(m->sidecar_looked);
     m->sidecar_looked = NULL;
     sl_index_free(&m->index);
+    sl_open_mirrors_free(m);    /* before free_remote: it counts the mirrors */
     free_remote(m);
     sl_hf_free(m->hub);
     m->hub = NULL;
@@ -828,7 +840,8 @@ static int range_from_mirrors(sluice_model *m, size_t i, uint64_t begin, uint64_
     char log[3072], q[SL_QUOTE_MAX];
     int code = err->code;
     size_t n = (size_t)snprintf(log, sizeof log, "primary: %s", err->msg);
-    for (size_t k = 0; k < m->nfallback; k++) {
+    /* a mirror serving the model is its "primary"; those before it failed at open */
+    for (size_t k = m->serving; k < m->nfallback; k++) {
         char why[sizeof err->msg];
         const char *loc = m->fallback_loc[k]->shown;
         sl_index mix;

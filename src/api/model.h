@@ -43,6 +43,12 @@ struct sluice_model {
                                   only): no tensor load is checked */
     int hub_snapshot;          /* the manifest was derived from a Hub cache's blob
                                   digests (hub.c): SLUICE_VERIFIED_PUBLISHER_DIGEST */
+    unsigned serving;          /* 0: the index is the model's own location's; k: its
+                                  own could not be opened and fallback k serves it
+                                  (open_mirror.c) */
+    char *serving_why;         /* serving: "primary: <why>[; fallback J (LOC): <why>]" */
+    char **mirror_why;         /* during open only: why each mirror before `serving`
+                                  could not serve (nfallback entries) */
     char *sidecar_looked;      /* SLUICE_UNVERIFIED_NO_MANIFEST: the sidecar looked
                                   for, as messages show it (no credentials) */
 
@@ -60,6 +66,24 @@ struct sluice_model {
 /* Records err as the calling thread's last failure on m and returns
  * err->code. Public entry points end with: return sl_model_error(m, &err). */
 int sl_model_error(sluice_model *m, const sl_err *err);
+
+/* The model's own location could not be opened (code primary_rc, err
+ * says why; sl_trust_primary_down): the first mirror that opens with the
+ * checks of the trust plan the options make for it (trust_plan.c,
+ * sl_trust_plan_mirror) serves the index and the manifest
+ * (open_mirror.c). m->index, m->manifest and m->hub are freed first.
+ * Returns SLUICE_OK with m->index, m->manifest, m->trust and m->serving
+ * set and *path the mirror's location; else the primary's code, err
+ * naming every location's failure. */
+int sl_open_from_mirrors(sluice_model *m, int primary_rc, const char **path, sl_err *err);
+
+/* After the engine is made for a model a mirror serves: the engine's
+ * mirrors up to that one are not tried again for a tensor, and the
+ * per-open messages go. */
+void sl_open_mirrors_done(sluice_model *m);
+
+/* Frees what sl_open_from_mirrors kept (close, a failed open). */
+void sl_open_mirrors_free(sluice_model *m);
 
 /* The mirrors a model may have at most (sluice_options.fallback_count). */
 #define SL_MAX_FALLBACK 16

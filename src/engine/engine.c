@@ -153,6 +153,7 @@ static int create_remote(sl_engine *e, const sluice_options *opts,
         for (unsigned k = 0; k < e->nmirrors; k++) {
             e->mirrors[k].loc = mirrors[k];
             remote |= (sl_source_of(mirrors[k])->caps & SL_SRC_NETWORK) != 0;
+            e->mirror_caching |= (sl_source_of(mirrors[k])->caps & SL_SRC_WORTH_CACHING) != 0;
         }
     }
     if (e->ix->remote) {

@@ -113,6 +113,14 @@ void sl_engine_note_verification(sl_engine *e, uint32_t state);
 /* sluice_trim: returns the bytes given back. */
 uint64_t sl_engine_trim(sl_engine *e);
 
+/* The model's own location could not be opened and mirror k (1-based)
+ * serves its index (the engine's "model's files" are that mirror's,
+ * api/open_mirror.c): mirrors 1..k are not tried again for a failed
+ * tensor (why[j], may be NULL: mirror j + 1's failure at open), and
+ * messages name mirror k where they would say "primary". Right after
+ * create. */
+void sl_engine_served_by(sl_engine *e, unsigned k, const char *const *why);
+
 /* Handles: sluice_release (enters and leaves by itself: a handle knows
  * its engine) and the accessors. */
 int sl_handle_release(sluice_tensor *t);

@@ -48,11 +48,15 @@ static int64_t realtime_ns(void)
 }
 
 /* A tensor whose bytes the cache may hold: of a file worth caching (a
- * remote one), with a digest to check, not empty. */
+ * remote one), or of a model with a mirror worth caching (a tensor a
+ * remote mirror delivered is kept, so that a damaged primary does not
+ * cost the mirror's bytes again at every load), with a digest to check,
+ * not empty. */
 static int blob_candidate(const sl_engine *e, size_t i)
 {
     const struct sluice_tensor_info *t = &e->ix->tensors[i];
-    return e->blob && (e->ix->files[t->file_index].src->caps & SL_SRC_WORTH_CACHING) &&
+    return e->blob && ((e->ix->files[t->file_index].src->caps & SL_SRC_WORTH_CACHING) ||
+                       e->mirror_caching) &&
            t->nbytes && sl_expected_digest(e, i);
 }
 
@@ -101,7 +105,7 @@ int sl_engine_attach_cache(sl_engine *e, sl_cache *c, sl_err *err)
 {
     size_t n1 = e->n ? e->n : 1;
     e->cache = c;
-    int remote = (e->ix->caps_any & SL_SRC_WORTH_CACHING) != 0;
+    int remote = (e->ix->caps_any & SL_SRC_WORTH_CACHING) != 0 || e->mirror_caching;
     int memo = (e->flags & SLUICE_F_TRUST_UNCHANGED) && !(e->flags & SLUICE_F_HASH_ALL);
     if (remote) {
         if (!(e->blob = calloc(n1, sizeof *e->blob)) || !(e->blob_hit = calloc(n1, 1)))
@@ -283,22 +287,29 @@ void sl_ecache_verified(sl_engine *e, size_t i)
     const sl_file *f = &e->ix->files[t->file_index];
     pthread_mutex_lock(&e->lock);
     int hashing = s->state == SL_SLOT_HASHING && s->hashed;
-    int store = hashing && s->source == 0 && blob_candidate(e, i) && !e->closing;
+    /* the model's own bytes or a mirror's, verified alike; never a blob's */
+    int store = hashing && s->source != SL_SRC_CACHE && blob_candidate(e, i) && !e->closing;
+    unsigned source = s->source;
+    size_t src_file = s->src_file;
     int record = hashing && s->source == 0 && e->memo && !e->memo[i] &&
                  (f->src->caps & SL_SRC_STABLE_IDENTITY) &&
                  sl_expected_digest(e, i) && e->file_id[t->file_index].ino;
     /* HASHING until the verdict is delivered: the buffer stays as it is */
     const unsigned char *data = s->buf + s->delta;
     pthread_mutex_unlock(&e->lock);
-    if (!store && !record)
-        return;
     const unsigned char *want = sl_expected_digest(e, i);
     uint64_t evicted = 0;
     int stored = 0;
+    const sl_file *from = store ? sl_read_file(e, source, source ? src_file : t->file_index) : f;
+    /* bytes that came over the network, or stand in for a remote file's;
+     * never a whole local model's, copied because a mirror is remote */
+    store = store && ((f->src->caps | from->src->caps) & SL_SRC_WORTH_CACHING);
+    if (!store && !record)
+        return;
     if (store) {
         /* A mirror's bytes land at the buffer's start; O_DIRECT never
          * applies to a remote file, so data is the tensor's first byte. */
-        stored = sl_cache_store(e->cache, e->alg, want, data, t->nbytes, f->path, &evicted);
+        stored = sl_cache_store(e->cache, e->alg, want, data, t->nbytes, from->path, &evicted);
     }
     if (record)
         sl_cache_memo_record(e->cache, &e->file_id[t->file_index], e->opened_ns, e->alg,

@@ -272,6 +272,9 @@ struct sl_engine {
     _Atomic int abort_fetch;     /* close: blocking fetches (a mirror's open) stop */
     sl_mirror *mirrors;
     unsigned nmirrors;
+    unsigned serving;            /* mirror k serves the index (sl_engine_served_by), or 0 */
+    int mirror_caching;          /* a mirror is worth caching (remote): its tensors
+                                    are stored as blobs, and looked for there */
 
     /* the persistent cache (engine_cache.c, cache.c); NULL when none */
     struct sl_cache *cache;      /* owned */

@@ -96,7 +96,10 @@ static void request_open(sl_engine *e, sl_mirror *m)
 
 void sl_source_label(const sl_engine *e, unsigned k, char *buf, size_t cap)
 {
-    if (k == 0)
+    if (k == 0 && e->serving)
+        snprintf(buf, cap, "fallback %u (%s), serving the model", e->serving,
+                 e->mirrors[e->serving - 1].loc->shown);
+    else if (k == 0)
         snprintf(buf, cap, "primary");
     else
         snprintf(buf, cap, "fallback %u (%s)", k, e->mirrors[k - 1].loc->shown);
@@ -239,6 +242,21 @@ static void *opener_main(void *arg)
     }
     pthread_mutex_unlock(&e->lock);
     return NULL;
+}
+
+void sl_engine_served_by(sl_engine *e, unsigned k, const char *const *why)
+{
+    pthread_mutex_lock(&e->lock);
+    for (unsigned j = 0; j < k && j < e->nmirrors; j++) {
+        sl_mirror *m = &e->mirrors[j];
+        m->state = SL_MIRROR_FAILED;
+        free(m->why);
+        m->why = strdup(j + 1 == k ? "it serves the model (the model's own location could "
+                                     "not be opened)"
+                        : why && why[j] ? why[j] : "could not be opened");
+    }
+    e->serving = k <= e->nmirrors ? k : 0;
+    pthread_mutex_unlock(&e->lock);
 }
 
 void sl_fallback_free(sl_engine *e)

@@ -1284,6 +1284,11 @@ static int load_remote(const sl_index *ix, const sl_trust_plan *p, const sl_hf_r
             sl_trust_plan hub_p = *p;
             if (hub_named && hub_p.verify == SLUICE_VERIFY_DEFAULT)
                 hub_p.verify = SLUICE_VERIFY_IF_PRESENT;
+            /* a signature lies beside the manifest read; the Hub's digests
+             * stand in for one that nobody wrote, nor signed */
+            hub_p.manifest_at = loc;
+            if (hub_named)
+                sl_trust_plan_hub_stand_in(&hub_p);
             rc = sl_manifest_from_text(ix, &hub_p, named, text, len, out, err);
             if (hub_files_only)
                 *hub_files_only = hub_named != NULL;
@@ -1325,6 +1330,26 @@ int sl_manifest_load(const sl_index *ix, const sl_trust_plan *plan, const sl_hf_
     return sl_manifest_from_text(ix, plan, path, text, len, out, err);
 }
 
+/* The sluice signature of the manifest read from path: M.sig beside it,
+ * fetched beside a remote one (trust_plan.c). */
+static int ed25519_check(const sl_index *ix, const sl_trust_plan *plan, const char *path,
+                         const char *text, size_t len, sl_err *err)
+{
+    if (!plan->manifest_at || !sl_location_networked(plan->manifest_at))
+        return sl_signature_check(path, text, len, plan->keys, plan->nkeys, err);
+    char *sig = sl_trust_sig_beside(plan->manifest_at, 0, ".sig"), *sig_text = NULL, shown[1100];
+    size_t sig_len = 0;
+    if (!sig)
+        return sl_fail(err, SLUICE_E_NOMEM, "manifest %s: out of memory", path);
+    int rc = sl_trust_sig_fetch(ix->remote, sig, SL_SIG_MAX_BYTES, &sig_text, &sig_len, err);
+    if (rc == SLUICE_OK)
+        rc = sl_signature_check_text(path, sl_location_shown_of(sig, shown, sizeof shown),
+                                     sig_text, sig_len, text, len, plan->keys, plan->nkeys, err);
+    free(sig_text);
+    free(sig);
+    return rc;
+}
+
 int sl_manifest_from_text(const sl_index *ix, const sl_trust_plan *plan, char *path,
                           char *text, size_t len, sl_manifest **out, sl_err *err)
 {
@@ -1349,8 +1374,7 @@ int sl_manifest_from_text(const sl_index *ix, const sl_trust_plan *plan, char *p
         }
         if ((rc = sl_ms_check_open(ix, plan, path, text, len, signed_digest, signed_has, err)) < 0)
             goto done;
-    } else if (format == SL_SIG_ED25519 &&
-               (rc = sl_signature_check(path, text, len, plan->keys, plan->nkeys, err)) < 0)
+    } else if (format == SL_SIG_ED25519 && (rc = ed25519_check(ix, plan, path, text, len, err)) < 0)
         goto done;
     c.text = text;
     c.len = len;

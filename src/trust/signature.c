@@ -493,25 +493,15 @@ static void list_ids(const uint8_t (*ids)[32], size_t n, char *out, size_t size)
         snprintf(out + o, size - o, ", and %zu more", n - 4);
 }
 
-/* The signature file's verdict for text, once the keys are loaded. */
-static int check_sig_file(const char *manifest_path, const char *sig_path, const char *text,
-                          size_t len, EVP_PKEY *const *keys, const uint8_t (*ids)[32],
-                          size_t nkeys, sl_err *err)
+/* The signature's verdict for text, once the keys are loaded: sig_text
+ * (sig_len bytes) is the signature file's text, read from sig_path. */
+static int check_sig_text(const char *manifest_path, const char *sig_path, const char *sig_text,
+                          size_t sig_len, const char *text, size_t len, EVP_PKEY *const *keys,
+                          const uint8_t (*ids)[32], size_t nkeys, sl_err *err)
 {
-    char *sig_text = NULL, why[400], t[72], hex[65], hex2[65];
-    size_t sig_len = 0;
-    int errnum = 0;
-    read_status rs = read_small(sig_path, SL_SIG_MAX_BYTES, &sig_text, &sig_len, &errnum);
-    if (rs == READ_ERRNO && (errnum == ENOENT || errnum == ENOTDIR))
-        return sl_fail(err, SLUICE_E_SIGNATURE,
-                       "signature %s: missing: trusted keys are set and the manifest %s is not "
-                       "signed (sign it with 'sluice sign %s --key KEY')",
-                       sig_path, manifest_path, manifest_path);
-    if (rs != READ_OK)
-        return read_failed(err, "signature", sig_path, rs, errnum, SL_SIG_MAX_BYTES);
+    char why[400], t[72], hex[65], hex2[65];
     sl_sig sig;
     int bad = sl_sig_parse(sig_text, sig_len, &sig, why, sizeof why);
-    free(sig_text);
     if (bad)
         return sl_fail(err, SLUICE_E_SIGNATURE, "signature %s: %s", sig_path, why);
     size_t k = 0;
@@ -552,6 +542,28 @@ static int check_sig_file(const char *manifest_path, const char *sig_path, const
     return SLUICE_OK;
 }
 
+/* The signature file's verdict for text, once the keys are loaded. */
+static int check_sig_file(const char *manifest_path, const char *sig_path, const char *text,
+                          size_t len, EVP_PKEY *const *keys, const uint8_t (*ids)[32],
+                          size_t nkeys, sl_err *err)
+{
+    char *sig_text = NULL;
+    size_t sig_len = 0;
+    int errnum = 0;
+    read_status rs = read_small(sig_path, SL_SIG_MAX_BYTES, &sig_text, &sig_len, &errnum);
+    if (rs == READ_ERRNO && (errnum == ENOENT || errnum == ENOTDIR))
+        return sl_fail(err, SLUICE_E_SIGNATURE,
+                       "signature %s: missing: trusted keys are set and the manifest %s is not "
+                       "signed (sign it with 'sluice sign %s --key KEY')",
+                       sig_path, manifest_path, manifest_path);
+    if (rs != READ_OK)
+        return read_failed(err, "signature", sig_path, rs, errnum, SL_SIG_MAX_BYTES);
+    int rc = check_sig_text(manifest_path, sig_path, sig_text, sig_len, text, len, keys, ids,
+                            nkeys, err);
+    free(sig_text);
+    return rc;
+}
+
 /* 1 when path reads as an EC public key (a trusted key of OpenSSF model
  * signing, in the same list as the Ed25519 ones). */
 int sl_sig_key_is_ec(const char *path)
@@ -571,16 +583,17 @@ int sl_sig_key_is_ec(const char *path)
     return ec;
 }
 
-int sl_signature_check(const char *manifest_path, const char *text, size_t len,
-                       const char *const *keys, size_t nkeys, sl_err *err)
+/* The check of sl_signature_check (sig_text NULL: the file at sig_path
+ * is read) or sl_signature_check_text (sig_text given, or missing). */
+static int check(const char *manifest_path, const char *fetched_from, int fetched,
+                 const char *sig_text, size_t sig_len, const char *text, size_t len,
+                 const char *const *keys, size_t nkeys, sl_err *err)
 {
     if (!keys || nkeys == 0)
         return sl_fail(err, SLUICE_E_INVAL, "signature: no trusted key given");
-    /* manifest_path is local: the trust plan (trust_plan.c) fails a
-     * remote manifest closed before asking for its signature */
     EVP_PKEY **pk = calloc(nkeys, sizeof *pk);
     uint8_t (*ids)[32] = calloc(nkeys, sizeof *ids);
-    char *sig_path = sl_sig_path(manifest_path);
+    char *sig_path = fetched ? strdup(fetched_from) : sl_sig_path(manifest_path);
     int rc = SLUICE_OK;
     if (!pk || !ids || !sig_path) {
         rc = sl_fail(err, SLUICE_E_NOMEM, "signature: out of memory");
@@ -610,8 +623,16 @@ int sl_signature_check(const char *manifest_path, const char *text, size_t len,
                      "not this Ed25519 signature file", sig_path);
         goto done;
     }
-    rc = check_sig_file(manifest_path, sig_path, text, len, pk, (const uint8_t (*)[32])ids, nkeys,
-                        err);
+    if (!fetched)
+        rc = check_sig_file(manifest_path, sig_path, text, len, pk, (const uint8_t (*)[32])ids,
+                            nkeys, err);
+    else if (!sig_text)
+        rc = sl_fail(err, SLUICE_E_SIGNATURE, "signature %s: missing: trusted keys are set and "
+                     "the remote manifest %s has no signature beside it (sign it with 'sluice "
+                     "sign' and publish the .sig beside it)", sig_path, manifest_path);
+    else
+        rc = check_sig_text(manifest_path, sig_path, sig_text, sig_len, text, len, pk,
+                            (const uint8_t (*)[32])ids, nkeys, err);
 done:
     for (size_t i = 0; pk && i < nkeys; i++)
         EVP_PKEY_free(pk[i]);
@@ -619,4 +640,17 @@ done:
     free(ids);
     free(sig_path);
     return rc;
+}
+
+int sl_signature_check(const char *manifest_path, const char *text, size_t len,
+                       const char *const *keys, size_t nkeys, sl_err *err)
+{
+    return check(manifest_path, NULL, 0, NULL, 0, text, len, keys, nkeys, err);
+}
+
+int sl_signature_check_text(const char *manifest_path, const char *sig_path, const char *sig_text,
+                            size_t sig_len, const char *text, size_t len,
+                            const char *const *keys, size_t nkeys, sl_err *err)
+{
+    return check(manifest_path, sig_path, 1, sig_text, sig_len, text, len, keys, nkeys, err);
 }

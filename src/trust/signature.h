@@ -97,6 +97,14 @@ int sl_sig_key_is_ec(const char *path);
  * signature file must be valid for text (the manifest's bytes, as read
  * for parsing) by one of them. Returns SLUICE_OK, or SLUICE_E_SIGNATURE
  * (SLUICE_E_NOMEM) with err saying which rule failed. */
+/* The same for a signature fetched from elsewhere (a remote manifest's
+ * M.sig, trust_plan.c's sl_trust_sig_fetch): sig_text (sig_len bytes, or
+ * NULL when there was none, which fails) read from sig_path (as messages
+ * show it). */
+int sl_signature_check_text(const char *manifest_path, const char *sig_path, const char *sig_text,
+                            size_t sig_len, const char *text, size_t len,
+                            const char *const *keys, size_t nkeys, sl_err *err);
+
 int sl_signature_check(const char *manifest_path, const char *text, size_t len,
                        const char *const *keys, size_t nkeys, sl_err *err);
 

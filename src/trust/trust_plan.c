@@ -1,13 +1,16 @@
 /* trust_plan.c: every trust rule of an open, in one place (trust_plan.h).
  *
- * The rule for remote models is here and nowhere else: a signature is
- * checked on local bytes only. The sluice signature M.sig of a remote
- * manifest, and the OpenSSF bundle of a remote model (or of a remote
- * manifest), are not fetched: the open fails closed, saying so, rather
- * than read a URL as a relative local path (./http:/HOST/...sig) or trust
- * what it did not check. */
+ * The rule for remote models is here and nowhere else: a remote
+ * manifest's signature (M.sig beside it) and a remote model's OpenSSF
+ * bundle (model.sig beside its files) are fetched from the same server
+ * (sl_trust_sig_fetch, the one place a remote signature is read: never a
+ * URL read as a relative local path, ./http:/HOST/...sig) and checked as
+ * local ones are; with trusted keys or CAs and none there, the open fails
+ * closed. What cannot carry a signature fails closed, saying so: the
+ * Hub's LFS SHA-256 standing in for a manifest (manifest.c). */
 #include "trust/trust_plan.h"
 #include "index/source.h"
+#include "sources/remote.h"
 #include "trust/model_signing.h"
 #include "trust/signature.h"
 
@@ -17,10 +20,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#define WHY_REMOTE_ED25519 "trusted keys are set and the signature of a remote manifest is not " \
-                           "fetched (use a local manifest_path and its signature)"
-#define WHY_REMOTE_OPENSSF "a remote model's OpenSSF model signature is not fetched: open a " \
-                           "local copy to check it"
 
 /* Options that contradict each other: a signature asked of an open that
  * reads no manifest must not pass for "no signature asked". */
@@ -69,9 +68,10 @@ int sl_trust_plan_make(const sluice_options *o, const char *model_path, sl_trust
     if (o->ntrusted_cas || o->signature_path) {
         /* a bundle asked: OpenSSF model signing, by keys and CAs alike */
         out->formats = SL_SIG_OPENSSF;
-        out->fail_closed = manifest_remote || model_remote;
-        out->why = out->fail_closed ? WHY_REMOTE_OPENSSF
-                                    : "trusted CAs or signature_path: the OpenSSF model signature";
+        out->why = manifest_remote || model_remote
+                       ? "trusted CAs or signature_path: the OpenSSF model signature (model.sig "
+                         "fetched beside the remote model)"
+                       : "trusted CAs or signature_path: the OpenSSF model signature";
         return SLUICE_OK;
     }
     if (!o->ntrusted_keys) {
@@ -79,25 +79,49 @@ int sl_trust_plan_make(const sluice_options *o, const char *model_path, sl_trust
         return SLUICE_OK;
     }
     out->formats = SL_SIG_ED25519;
-    if (manifest_remote) {
-        out->fail_closed = 1;
-        out->why = WHY_REMOTE_ED25519;
-        return SLUICE_OK;
-    }
-    /* EC keys check OpenSSF bundles: one beside a local model is checked
-     * instead of M.sig; Ed25519 keys alone ask for M.sig, whatever else
-     * lies beside the model */
+    /* EC keys check OpenSSF bundles: one beside the model is checked
+     * instead of M.sig (a remote model's when its manifest is remote too,
+     * both fetched from beside it); Ed25519 keys alone ask for M.sig,
+     * whatever else lies beside the model */
     size_t ec = 0;
     for (size_t i = 0; i < o->ntrusted_keys; i++)
         ec += (size_t)sl_sig_key_is_ec(o->trusted_keys[i]);
-    if (ec && !model_remote) {
+    if (ec && (!model_remote || manifest_remote)) {
         out->formats |= SL_SIG_OPENSSF;
         out->bundle_if_present = 1;
         out->why = "trusted keys, some EC: the OpenSSF model signature when model.sig lies "
                    "beside the model, else the manifest's Ed25519 signature";
     } else {
-        out->why = "trusted keys: the manifest's Ed25519 signature (M.sig)";
+        out->why = manifest_remote ? "trusted keys: the manifest's Ed25519 signature (M.sig, "
+                                     "fetched beside the remote manifest)"
+                                   : "trusted keys: the manifest's Ed25519 signature (M.sig)";
     }
+    return SLUICE_OK;
+}
+
+int sl_trust_primary_down(int code)
+{
+    switch (code) {
+    case SLUICE_E_IO:
+    case SLUICE_E_NO_FILES:
+    case SLUICE_E_REMOTE:
+    case SLUICE_E_FILE_CHANGED:
+    case SLUICE_E_MANIFEST_MISMATCH:
+        return 1;
+    default:
+        /* the header's and index.json's faults (-10..-32): a damaged copy */
+        return code <= SLUICE_E_HEADER_SHORT && code >= SLUICE_E_INDEX_MISMATCH;
+    }
+}
+
+int sl_trust_plan_mirror(const sluice_options *o, const char *mirror_path, sl_trust_plan *out,
+                         int *needs_manifest, sl_err *err)
+{
+    /* the same rules, read for the location that serves: a manifest_path
+     * stays the manifest; else the mirror's sidecar, local or remote as
+     * the mirror is */
+    SL_TRY(sl_trust_plan_make(o, mirror_path, out, err));
+    *needs_manifest = 1;
     return SLUICE_OK;
 }
 
@@ -108,9 +132,59 @@ char *sl_trust_model_root(const sl_index *ix, const char *manifest_path)
     return slash ? strndup(p, (size_t)(slash - p) ? (size_t)(slash - p) : 1) : strdup(".");
 }
 
-/* 1 when the model's directory holds an OpenSSF bundle (model.sig). */
+int sl_trust_remote_model(const sl_index *ix)
+{
+    return ix->nfiles && sl_location_remote(ix->files[0].loc);
+}
+
+char *sl_trust_sig_beside(const char *loc, int in_dir, const char *name)
+{
+    size_t n = sl_location_path_len(loc);
+    if (in_dir)
+        while (n > 0 && loc[n - 1] != '/')
+            n--;
+    size_t size = n + strlen(name) + 2;
+    char *out = malloc(size);
+    if (out)
+        snprintf(out, size, "%.*s%s%s", (int)n, loc, in_dir && !n ? "./" : "", name);
+    return out;
+}
+
+int sl_trust_sig_fetch(const sl_remote_cfg *rc, const char *loc, size_t max, char **text,
+                       size_t *len, sl_err *err)
+{
+    *text = NULL;
+    *len = 0;
+    if (!rc)
+        return sl_fail(err, SLUICE_E_SIGNATURE, "signature: no remote configuration to fetch it");
+    /* from the origin, never a proxy: a signature decides trust, as the
+     * manifest does (sluice.h "Proxies"); a 404 is no signature */
+    int rc2 = sl_remote_get_anchor(rc, loc, max, text, len, 0, err);
+    if (rc2 < 0 && rc2 != SLUICE_E_NOMEM) {
+        char shown[1100];
+        size_t n = strlen(err->msg);
+        snprintf(err->msg + n, sizeof err->msg - n, " (the signature %s could not be fetched)",
+                 sl_location_shown_of(loc, shown, sizeof shown));
+        sl_remote_scrub(err->msg, sizeof err->msg, loc);
+        err->code = rc2 = SLUICE_E_SIGNATURE;
+    }
+    return rc2;
+}
+
+/* 1 when the model's directory holds an OpenSSF bundle (model.sig): a
+ * remote model's, fetched to tell (a few kB). */
 static int bundle_beside(const sl_index *ix, const char *manifest_path)
 {
+    if (sl_trust_remote_model(ix)) {
+        char *sig = sl_trust_sig_beside(ix->files[0].loc->given, 1, SL_MS_DEFAULT_NAME), *text = NULL;
+        size_t len = 0;
+        sl_err ignored = {0};
+        int yes = sig && sl_trust_sig_fetch(ix->remote, sig, SL_MS_MAX_BYTES, &text, &len,
+                                            &ignored) == SLUICE_OK && text;
+        free(text);
+        free(sig);
+        return yes;
+    }
     char *root = sl_trust_model_root(ix, manifest_path), sig[PATH_MAX];
     struct stat st;
     int yes = root && (size_t)snprintf(sig, sizeof sig, "%s/%s", root, SL_MS_DEFAULT_NAME) < sizeof sig &&
@@ -125,6 +199,16 @@ unsigned sl_trust_plan_format(const sl_trust_plan *p, const sl_index *ix,
     if (p->bundle_if_present)
         return bundle_beside(ix, manifest_path) ? SL_SIG_OPENSSF : SL_SIG_ED25519;
     return p->formats & SL_SIG_OPENSSF ? SL_SIG_OPENSSF : p->formats & SL_SIG_ED25519;
+}
+
+void sl_trust_plan_hub_stand_in(sl_trust_plan *p)
+{
+    if (!p->formats)
+        return;
+    p->fail_closed = 1;
+    p->why = "the repository publishes no manifest and the Hub's LFS SHA-256 stand in for one, "
+             "which nobody signed: a signature is not fetched for them (publish a signed "
+             "manifest beside the weights)";
 }
 
 int sl_trust_plan_refuse(const sl_trust_plan *p, const char *manifest_path, sl_err *err)

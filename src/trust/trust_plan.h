@@ -3,10 +3,11 @@
  * sl_trust_plan_make reads the model's location and the open options and
  * says, before anything is read: where the manifest comes from, which
  * signature formats are checked (the sluice signed manifest M.sig, the
- * OpenSSF model signature model.sig), by which keys and CAs, whether no
+ * OpenSSF model signature model.sig; beside a remote manifest or model,
+ * fetched: sl_trust_sig_fetch), by which keys and CAs, whether no
  * manifest is a failure, and whether every manifest fails closed (a
- * signature asked that cannot be fetched: a remote model or manifest),
- * with the reason used in messages. The loader (manifest.c), the
+ * signature asked of what nobody signed: the Hub's LFS SHA-256 standing
+ * in for a manifest), with the reason used in messages. The loader (manifest.c), the
  * signature checks (signature.c, model_signing_open.c) and sluice_open
  * (api.c) read the plan; none decides again. The rules are those of
  * "Manifests", "Signed manifests" and "OpenSSF model signing" in sluice.h.
@@ -46,8 +47,9 @@ typedef struct sl_trust_plan {
     int bundle_if_present;        /* both formats: OpenSSF when the model's directory
                                      holds model.sig, else Ed25519 (EC keys alone
                                      check only a bundle) */
-    int fail_closed;              /* a signature is asked and cannot be checked:
-                                     any manifest read fails, saying why */
+    int fail_closed;              /* a signature is asked and cannot be checked
+                                     (sl_trust_plan_hub_stand_in): any manifest
+                                     read fails, saying why */
     int hub_digest;               /* no manifest found: the SHA-256 a Hugging Face Hub
                                      cache names each blob by may stand in (api/hub.c,
                                      "Hub snapshots" in sluice.h): a local model, no
@@ -60,6 +62,9 @@ typedef struct sl_trust_plan {
     const char *const *cas;
     size_t ncas;
     const char *bundle_path;      /* signature_path, or NULL: model.sig in the model's directory */
+    const char *manifest_at;      /* a remote manifest's location as read (credentials and
+                                     query included), for the M.sig beside it; set by the
+                                     loader (manifest.c), NULL otherwise */
 } sl_trust_plan;
 
 /* Makes the plan of an open of model_path (a local path or a remote
@@ -71,6 +76,34 @@ typedef struct sl_trust_plan {
 int sl_trust_plan_make(const sluice_options *o, const char *model_path, sl_trust_plan *out,
                        sl_err *err);
 
+/* Mirrors for the whole model. Whether a failure of the model's own
+ * location at open (code: of its hf:// resolution, of its index and
+ * headers, or of the manifest's check of those headers) lets the mirrors
+ * (sluice_options.fallback) serve the open: the location cannot be
+ * reached or read (refused, DNS, a 5xx after every attempt, a 404, a
+ * vanished or damaged file: SLUICE_E_IO, SLUICE_E_NO_FILES,
+ * SLUICE_E_REMOTE, SLUICE_E_FILE_CHANGED, a header or index.json fault),
+ * or its headers are not the ones the manifest's header digests name
+ * (SLUICE_E_MANIFEST_MISMATCH). Never bad options, out of memory, a
+ * missing feature, a cancelled call, a manifest that cannot be read or a
+ * refused signature: a mirror does not stand in for what decides trust. */
+int sl_trust_primary_down(int code);
+
+/* The plan of an open that mirror_path (opts.fallback[k]) serves, the
+ * model's own location being down (sl_trust_primary_down). What decides
+ * is what the options say, as for the model's own location: a
+ * manifest_path is the manifest whichever location serves (the mirror's
+ * headers are checked against its header digests, its tensors against
+ * its digests); without one, the sidecar beside the mirror, which must be
+ * there (a mirror serves only a verified open: *needs_manifest is set)
+ * and which trusted keys or CAs must have signed (its signature fetched
+ * beside it as for any remote manifest). The caller named the mirror as
+ * a copy of the model, so its sidecar is trusted as the model's own
+ * sidecar would be; to trust one manifest whichever server answers, pin
+ * it (manifest_path) or sign it. Same errors as sl_trust_plan_make. */
+int sl_trust_plan_mirror(const sluice_options *o, const char *mirror_path, sl_trust_plan *out,
+                         int *needs_manifest, sl_err *err);
+
 /* The one format that checks the manifest read from manifest_path, for
  * the model indexed in ix: SL_SIG_OPENSSF, SL_SIG_ED25519, or 0 (no
  * signature asked). */
@@ -80,6 +113,30 @@ unsigned sl_trust_plan_format(const sl_trust_plan *p, const sl_index *ix,
 /* The model's directory: that of its files (ix's), else the manifest's;
  * malloc'd (NULL when out of memory). */
 char *sl_trust_model_root(const sl_index *ix, const char *manifest_path);
+
+/* 1 when the model's files are remote (its OpenSSF bundle is fetched). */
+int sl_trust_remote_model(const sl_index *ix);
+
+/* The location of a signature beside loc (a path or a URL, its query
+ * dropped: the signature is another object): loc + name (in_dir 0:
+ * "M" + ".sig"), or loc's directory + name (in_dir 1: "DIR/" +
+ * "model.sig"). malloc'd; NULL when out of memory. */
+char *sl_trust_sig_beside(const char *loc, int in_dir, const char *name);
+
+/* The one place a remote signature is read: the object at loc (http(s),
+ * s3, hf), whole, at most max bytes, through rc, from the origin (never
+ * a proxy), into *text (malloc'd, a NUL after its *len bytes), or *text
+ * NULL when the server has none (404). Any other failure is
+ * SLUICE_E_SIGNATURE (SLUICE_E_NOMEM) with err, naming loc without its
+ * credentials. */
+struct sl_remote_cfg;
+int sl_trust_sig_fetch(const struct sl_remote_cfg *rc, const char *loc, size_t max, char **text,
+                       size_t *len, sl_err *err);
+
+/* The plan of an hf:// model that publishes no manifest, whose Hub LFS
+ * SHA-256 stand in for one (hf.h): nothing signed them, so a plan that
+ * asks a signature fails closed, saying so. */
+void sl_trust_plan_hub_stand_in(sl_trust_plan *p);
 
 /* The failure of a plan that fails closed, for the manifest read from
  * manifest_path. Returns SLUICE_E_SIGNATURE. */
