@@ -66,7 +66,7 @@ with open(os.path.join(path, "sluice.manifest.json")) as f:
     manifest = json.load(f)
 manifest = manifest.get("tensors", manifest)
 def digest_of(v):
-    return v["sha256"] if isinstance(v, dict) else v
+    return (v.get("digest") or v["sha256"]) if isinstance(v, dict) else v
 files = sorted(os.path.join(path, p) for p in os.listdir(path) if p.endswith(".safetensors"))
 def once():
     n = 0

@@ -7,7 +7,8 @@
             ...
 
 Arrays are read-only views of the library's verified buffer: no copy is
-made. An array keeps its buffer (and the model) alive; Model.close() is
+made. torch tensors are writable; a write into one reaches no other
+reader (see _WriteGuard). An array keeps its buffer (and the model) alive; Model.close() is
 honoured at once for new calls, and the library's model is really closed
 when the last array made from it is gone.
 
@@ -66,9 +67,9 @@ _NP_DTYPES = {
     "F16": _np.float16, "I32": _np.int32, "U32": _np.uint32, "F32": _np.float32,
     "I64": _np.int64, "U64": _np.uint64, "F64": _np.float64, "C64": _np.complex64,
 }
-# Without ml_dtypes NumPy has no type for these: their elements are given as
-# raw unsigned integers of the same size (BF16 -> uint16, F8_* -> uint8),
-# never silently as another float type.
+# Without ml_dtypes NumPy has no type for these: asking for them raises
+# (_np_dtype_checked) unless the caller asks for their bits (raw=True):
+# unsigned integers of the same size (BF16 -> uint16, F8_* -> uint8).
 _RAW_NP = {
     "BF16": ("bfloat16", _np.uint16), "F8_E5M2": ("float8_e5m2", _np.uint8),
     "F8_E4M3": ("float8_e4m3fn", _np.uint8), "F8_E8M0": ("float8_e8m0fnu", _np.uint8),
