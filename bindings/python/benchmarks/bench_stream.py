@@ -12,7 +12,10 @@ configuration later, so that none always follows the same neighbour):
           (a fresh process: one untimed pass, then open + stream + close)
   python  a fresh interpreter: one untimed pass, then, timed,
           sluice.open(MODEL, pool=P, verify="require") + every
-          `for name, a in model.stream()` + close
+          `for name, a in model.stream(framework=F, raw=True)` + close
+          (--framework np: read-only NumPy arrays; pt: torch tensors,
+          zero copy under the write guard; raw=True: BF16 as its bits
+          where NumPy has no bfloat16)
   seed    a fresh interpreter: one untimed pass, then, timed, for every
           file mmap it, parse the header (struct + json), and for every
           tensor hashlib.sha256 of its bytes compared with the manifest's
@@ -32,13 +35,18 @@ import tempfile
 PY_STREAM = r"""
 import resource, sys, time
 import sluice
-path, pool = sys.argv[1], int(sys.argv[2])
+path, pool, fw = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+def stream(m):
+    try:
+        return m.stream(framework=fw, raw=True)
+    except TypeError:  # a sluice from before raw=
+        return m.stream(framework=fw)
 def once():
     n = 0
     t0 = time.perf_counter()
     with sluice.open(path, pool=pool, verify="require") as m:
-        for name, a in m.stream():
-            n += a.nbytes
+        for name, a in stream(m):
+            n += a.nbytes if fw == "np" else a.numel() * a.element_size()
         del a
         st = m.stats()
     return time.perf_counter() - t0, n, st
@@ -58,7 +66,7 @@ with open(os.path.join(path, "sluice.manifest.json")) as f:
     manifest = json.load(f)
 manifest = manifest.get("tensors", manifest)
 def digest_of(v):
-    return v["sha256"] if isinstance(v, dict) else v
+    return (v.get("digest") or v["sha256"]) if isinstance(v, dict) else v
 files = sorted(os.path.join(path, p) for p in os.listdir(path) if p.endswith(".safetensors"))
 def once():
     n = 0
@@ -123,6 +131,8 @@ def main():
     ap.add_argument("--cli", default="build-release/sluice", help="the sluice command")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--pool", default="4G")
+    ap.add_argument("--framework", choices=("np", "pt"), default="np",
+                    help="what the Python stream gives: NumPy arrays or torch tensors")
     ap.add_argument("--json", help="write the figures here")
     a = ap.parse_args()
     if not os.path.isfile(os.path.join(a.model, "sluice.manifest.json")):
@@ -130,7 +140,8 @@ def main():
     pool = parse_size(a.pool)
     configs = {
         "C sluice bench stream": lambda: run_c(a.cli, a.model, a.pool),
-        "python model.stream()": lambda: run_py(PY_STREAM, a.model, str(pool)),
+        f"python model.stream({a.framework})": lambda: run_py(PY_STREAM, a.model, str(pool),
+                                                             a.framework),
         "seed-style python loader": lambda: run_py(PY_SEED, a.model),
     }
     names = list(configs)

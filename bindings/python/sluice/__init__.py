@@ -7,15 +7,18 @@
             ...
 
 Arrays are read-only views of the library's verified buffer: no copy is
-made. An array keeps its buffer (and the model) alive; Model.close() is
+made. torch tensors are writable; a write into one reaches no other
+reader (see _WriteGuard). An array keeps its buffer (and the model) alive; Model.close() is
 honoured at once for new calls, and the library's model is really closed
 when the last array made from it is gone.
 
 Drop-in for the safetensors package: ``from sluice import safe_open,
 load_file``. See bindings/python/README.md.
 """
+import hashlib as _hashlib
 import os as _os
 import re as _re
+import threading as _threading
 from collections import namedtuple as _namedtuple
 
 import numpy as _np
@@ -64,9 +67,9 @@ _NP_DTYPES = {
     "F16": _np.float16, "I32": _np.int32, "U32": _np.uint32, "F32": _np.float32,
     "I64": _np.int64, "U64": _np.uint64, "F64": _np.float64, "C64": _np.complex64,
 }
-# Without ml_dtypes NumPy has no type for these: their elements are given as
-# raw unsigned integers of the same size (BF16 -> uint16, F8_* -> uint8),
-# never silently as another float type.
+# Without ml_dtypes NumPy has no type for these: asking for them raises
+# (_np_dtype_checked) unless the caller asks for their bits (raw=True):
+# unsigned integers of the same size (BF16 -> uint16, F8_* -> uint8).
 _RAW_NP = {
     "BF16": ("bfloat16", _np.uint16), "F8_E5M2": ("float8_e5m2", _np.uint8),
     "F8_E4M3": ("float8_e4m3fn", _np.uint8), "F8_E8M0": ("float8_e8m0fnu", _np.uint8),
@@ -78,7 +81,9 @@ _PACKED = {"F4", "F6_E2M3", "F6_E3M2"}
 
 
 def _np_dtype(dtype):
-    """The NumPy dtype for a safetensors dtype name, and whether it is raw."""
+    """The NumPy dtype for a safetensors dtype name, and whether it is raw
+    (the dtype's bits, not its values: BF16/F8_* without ml_dtypes, packed
+    types). Callers that hand out arrays go through _np_dtype_checked."""
     t = _NP_DTYPES.get(dtype)
     if t is not None:
         return _np.dtype(t), False
@@ -90,13 +95,18 @@ def _np_dtype(dtype):
     return _np.dtype(_np.uint8), True  # packed
 
 
-def _to_numpy(handle, dtype, shape):
-    """A read-only array over the handle's bytes: no copy."""
-    npd, _raw = _np_dtype(dtype)
-    flat = _np.frombuffer(handle, dtype=npd)
-    if dtype in _PACKED:
-        return flat
-    return flat.reshape(shape)
+def _np_dtype_checked(dtype, name, raw=False):
+    """The NumPy dtype a tensor is given as. A dtype NumPy cannot represent
+    (BF16 and F8_* without ml_dtypes) raises NotImplementedError naming the
+    tensor, unless raw: then its bits (uint16, uint8). Packed types (F4,
+    F6_*) are their flat bytes (uint8) either way: their shape is not the
+    tensor's, so they cannot pass for values."""
+    npd, is_raw = _np_dtype(dtype)
+    if is_raw and not raw and dtype not in _PACKED:
+        raise NotImplementedError(
+            f"tensor {name!r} is {dtype}: NumPy has no dtype for it without ml_dtypes "
+            f"(pip install ml_dtypes); pass raw=True for its bits ({npd.name})")
+    return npd
 
 
 _torch = None
@@ -128,49 +138,203 @@ def _load_torch():
     return _torch
 
 
-def _torch_dtype(dtype):
+def _torch_dtype(dtype, raw=False):
+    """The torch dtype of a safetensors dtype; TypeError when this torch
+    has none (U16/U32/U64 before torch 2.3; F8_* before torch 2.1, unless
+    raw: then their bits, uint8). Packed types (F4, F6_*) are their flat
+    bytes (uint8)."""
     torch = _load_torch()
     t = _TORCH_DTYPES.get(dtype)
     if t is not None:
         return t
-    if dtype.startswith("F8_") or dtype in _PACKED:
-        return torch.uint8  # raw bytes, as for NumPy without ml_dtypes
+    if dtype in _PACKED or (raw and dtype.startswith("F8_")):
+        return torch.uint8
+    if dtype.startswith("F8_"):
+        raise TypeError(f"torch {torch.__version__} has no dtype for {dtype}: pass raw=True "
+                        "for its bits (uint8), or use torch >= 2.1")
     raise TypeError(f"torch {torch.__version__} has no dtype for {dtype}: "
                     "use framework='np'")
 
 
-_torch_warned = False
+def _torch_dtype_named(dtype, name, raw=False):
+    """_torch_dtype, its TypeError as NotImplementedError naming the tensor."""
+    try:
+        return _torch_dtype(dtype, raw)
+    except TypeError as e:
+        raise NotImplementedError(f"tensor {name!r}: {e}") from None
 
 
-def _to_torch(handle, dtype, shape):
-    """A torch tensor over the handle's bytes: no copy. torch has no
-    read-only tensors: writing into it is writing into the library's
-    verified buffer, which later reads of the same tensor may be served
-    from. Do not (copy it first: t.clone())."""
-    global _torch_warned
-    torch = _load_torch()
-    tdt = _torch_dtype(dtype)
+# ------------------------------------------------------------------ writes
+#
+# A torch tensor is writable: torch has no read-only tensors. One given
+# without a copy is over the library's verified buffer, which the pool
+# would otherwise serve again, to the next get_tensor or stream of the
+# same tensor. The rule (per Model, _WriteGuard): a buffer that went out
+# writable is never shared, and is not reused until checked:
+#  - a torch tensor gets the pool's buffer only when nothing else this
+#    model gave out holds it; else a private copy (read and verified
+#    again from the file, sluice_read_into);
+#  - while a torch tensor holds the buffer, every other read of that
+#    tensor gets a private copy;
+#  - once it is gone, the next read of that tensor hashes the buffer it
+#    is given and compares with the digest the library computed when it
+#    verified it (sha256; blake3 with the blake3 module; where there is
+#    neither, as in an unverified model, with the SHA-256 the guard took
+#    of the bytes when it gave them to the first writer); on a mismatch,
+#    a private copy instead, until a check passes (the buffer was
+#    evicted and read again).
+# NumPy arrays are read-only (their WRITEABLE flag cannot be set). The
+# handles of Model.get_handle are read-only buffers, outside this rule.
+
+
+class _Lease:
+    """The bytes of one handle as a flat uint8 array interface: the base of
+    one NumPy array or torch tensor (and of every view of it). Read-only
+    for NumPy, writable for torch (torch then warns of nothing: the
+    buffer is the tensor's alone). Its end is the end of the last view."""
+
+    def __init__(self, handle, writable):
+        self._guard = None
+        self.base = handle  # handle_of() walks .base
+        self.__array_interface__ = {"data": (handle.address, not writable),
+                                    "shape": (handle.nbytes,), "typestr": "|u1",
+                                    "version": 3}
+
+    def __del__(self):
+        g = self._guard
+        if g is not None:
+            g._gone(self._index, self._writer)
+
+
+class _WriteGuard:
+    """Per model: which tensors' pool buffers are out (and how many of
+    those are writable torch tensors), and which a writable tensor held
+    (checked before they are given out again). See above."""
+
+    def __init__(self, algorithm):
+        self._algorithm = algorithm
+        self._lock = _threading.RLock()  # __del__ of a lease may run inside
+        self._out = {}       # index -> leases alive over the pool's buffer
+        self._writers = {}   # index -> writable ones among them
+        self._written = {}   # index -> times a writable lease ended (unchecked)
+        self._prints = {}    # index -> SHA-256 taken at hand-out (no library digest)
+
+    def _gone(self, i, writer):
+        with self._lock:
+            _count(self._out, i, -1)
+            if writer:
+                _count(self._writers, i, -1)
+                self._written[i] = self._written.get(i, 0) + 1
+
+    def _free_for(self, i, writable):
+        return not self._writers.get(i) and not (writable and self._out.get(i))
+
+    def _take(self, h, i, writable):
+        lease = _Lease(h, writable)
+        lease._index, lease._writer = i, writable
+        _count(self._out, i, 1)
+        if writable:
+            _count(self._writers, i, 1)
+        lease._guard = self
+        return lease
+
+    def admit(self, h, i, writable):
+        """A lease over handle h (the pool's buffer of tensor i) when it may
+        be given out so, else None: the caller reads a private copy."""
+        with self._lock:
+            if not self._free_for(i, writable):
+                return None
+            seen = self._written.get(i)
+            if seen is None:
+                lease = self._take(h, i, writable)
+                own = writable and i not in self._prints and self._digest(h) is None
+            else:
+                lease = None
+        if lease is not None:
+            if own:  # the bytes as given: what the check before reuse compares with
+                self._prints.setdefault(i, _hashlib.sha256(memoryview(h)).digest())
+            return lease
+        if not self._pristine(h, i):  # the GIL is released while hashing
+            return None
+        with self._lock:
+            if not self._free_for(i, writable):
+                return None
+            if self._written.get(i) == seen:  # no writer ended meanwhile
+                del self._written[i]
+            return self._take(h, i, writable)
+
+    def _digest(self, h):
+        """(hasher, digest) of the library's check of h's bytes, or None
+        (no digest: an unverified model; no hasher for it here)."""
+        want = h.digest()
+        if want is None:
+            return None
+        if self._algorithm == "sha256":
+            return _hashlib.sha256, want
+        if self._algorithm == "blake3":
+            try:
+                import blake3
+            except ImportError:
+                return None
+            return blake3.blake3, want
+        return None
+
+    def _pristine(self, h, i):
+        """True when h's bytes hash to the library's digest of them (or,
+        without one, to the SHA-256 taken when a writer was given them)."""
+        d = self._digest(h)
+        if d is None:
+            want = self._prints.get(i)
+            if want is None:
+                return False
+            d = (_hashlib.sha256, want)
+        hasher, want = d
+        return hasher(memoryview(h)).digest() == want
+
+
+def _count(d, k, n):
+    v = d.get(k, 0) + n
+    if v:
+        d[k] = v
+    else:
+        del d[k]
+
+
+def _wrap(handle, dtype, shape, framework, name, raw=False, guard=None, index=None,
+          reread=None):
+    """The tensor of a handle: a read-only NumPy array ("np") or a torch
+    tensor ("pt"), without a copy where _WriteGuard allows (guard None: a
+    handle whose buffer is its own, a range's or a part's). reread(index,
+    buffer) reads the tensor's verified bytes into a private buffer when
+    the guard refuses. A dtype the framework cannot represent raises
+    NotImplementedError naming the tensor, unless raw (its bits)."""
+    torch_ = framework == "pt"
+    if torch_:
+        torch = _load_torch()
+        edt = _torch_dtype_named(dtype, name, raw)
+    else:
+        edt = _np_dtype_checked(dtype, name, raw)
     if dtype in _PACKED:
         shape = (handle.nbytes,)
-    if handle.nbytes == 0:
-        return torch.empty(shape, dtype=tdt)
-    if not _torch_warned:
-        # torch warns once per process that the buffer is not writable;
-        # that is the point (see above): say it in the docs, not on stderr.
-        import warnings
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            t = torch.frombuffer(handle, dtype=tdt)
-        _torch_warned = True
+    n = handle.nbytes
+    if n == 0:
+        if torch_:
+            return torch.empty(shape, dtype=edt)
+        return _np.frombuffer(handle, dtype=edt).reshape(shape)
+    if guard is None:
+        flat = _np.asarray(_Lease(handle, torch_))
     else:
-        t = torch.frombuffer(handle, dtype=tdt)
-    return t.reshape(shape)
-
-
-def _wrap(handle, dtype, shape, framework):
-    if framework == "np" or framework == "numpy":
-        return _to_numpy(handle, dtype, shape)
-    return _to_torch(handle, dtype, shape)
+        lease = guard.admit(handle, index, torch_)
+        if lease is not None:
+            flat = _np.asarray(lease)
+        else:  # a private copy, read and verified again
+            flat = torch.empty(n, dtype=torch.uint8).numpy() if torch_ else _np.empty(n, _np.uint8)
+            reread(index, flat)
+            if not torch_:
+                flat.flags.writeable = False
+    if torch_:
+        return torch.from_numpy(flat).view(edt).reshape(shape)
+    return flat.view(edt).reshape(shape)
 
 
 def _check_framework(framework):
@@ -259,6 +423,7 @@ class Model:
     def __init__(self, core, path):
         self._m = core
         self.path = path
+        self._guard = _WriteGuard(core.digest_algorithm())
 
     # -- lifetime
     def close(self):
@@ -421,16 +586,32 @@ class Model:
         return self._m.trim()
 
     # -- tensors
-    def get_tensor(self, name, framework="np"):
+    def get_tensor(self, name, framework="np", *, raw=False):
         """The tensor's bytes, read and verified, as a read-only NumPy array
         (framework="np") or a torch tensor ("pt"), without a copy. The array
         holds the library's handle until it is garbage-collected. Raises
-        ChecksumError, ReadError, PoolExhaustedError, ... on failure."""
+        ChecksumError, ReadError, PoolExhaustedError, ... on failure.
+        A torch tensor is writable and its writes reach no other reader:
+        see "Writing into tensors" in the README (a tensor whose buffer
+        another reader holds is a private copy). A dtype the framework
+        cannot represent (BF16, F8_* in NumPy without ml_dtypes; F8_* in
+        torch before 2.1; U16/U32/U64 in torch before 2.3) raises
+        NotImplementedError naming the tensor, before anything is read;
+        raw=True gives the bits of BF16 and F8_* instead (uint16, uint8)."""
         framework = _check_framework(framework)
         i = self._index(name)
-        h = self._acquire(i, name)
         t = self._m.info(i)
-        return _wrap(h, t[1], t[2], framework)
+        _check_dtype(t[1], name, framework, raw)
+        h = self._acquire(i, name)
+        return _wrap(h, t[1], t[2], framework, name, raw, self._guard, i, self._reread)
+
+    def _reread(self, i, buf):
+        """The verified bytes of tensor i into buf: a private copy."""
+        try:
+            self._m.read_into(i, buf, 0)
+        except Error as e:
+            e.name = self._m.info(i)[0]
+            raise
 
     def _acquire(self, i, name):
         try:
@@ -461,7 +642,7 @@ class Model:
             e.name = name
             raise
 
-    def get_part(self, name, dim, rank, world, framework="np"):
+    def get_part(self, name, dim, rank, world, framework="np", *, raw=False):
         """Rank `rank` of `world` equal parts of the tensor along `dim`, the
         slice [rank * n / world, (rank + 1) * n / world) of that dim laid
         out contiguously, read and verified (sluice_read_part_into: only
@@ -471,9 +652,11 @@ class Model:
         ["part_fallback_bytes"] and said by part_note()). A read-only NumPy
         array ("np") or a torch tensor ("pt") over a buffer the library's
         handle owns: no copy. InvalidArgumentError when `world` does not
-        divide the dim (the message has the numbers)."""
+        divide the dim (the message has the numbers). raw: as for
+        get_tensor."""
         framework = _check_framework(framework)
         i = self._index(name)
+        _check_dtype(self._m.info(i)[1], name, framework, raw)
         for v, what in ((dim, "dim"), (rank, "rank"), (world, "world")):
             if isinstance(v, bool) or not isinstance(v, int):
                 raise TypeError(f"{what} must be an int")
@@ -492,7 +675,7 @@ class Model:
             e.name = name
             raise
         shape = tuple(d // world if k == dim else d for k, d in enumerate(t[2]))
-        return _wrap(h, t[1], shape, framework)
+        return _wrap(h, t[1], shape, framework, name, raw)  # its own buffer: no guard
 
     def part_note(self):
         """None, or the one sentence the library says once per model when
@@ -577,7 +760,7 @@ class Model:
         report["failures"] = failures
         return report
 
-    def stream(self, names=None, framework="np"):
+    def stream(self, names=None, framework="np", *, raw=False):
         """Iterator of (name, tensor) in completion order, for names (None:
         every tensor), memory bounded by the pool. Failed tensors are not
         yielded: once the others were, it raises the first failure's error,
@@ -588,17 +771,41 @@ class Model:
         the end of the loop's body) needs a pool of 2 of the largest
         tensors (the one it holds, the one handed over next: the stream
         hands a tensor over only when the consumer takes it); a loop that
-        keeps its variable while the next is taken (no del) needs 3."""
+        keeps its variable while the next is taken (no del) needs 3.
+        Dtypes and raw: as for get_tensor (checked before anything is
+        read); torch tensors: as get_tensor's."""
         framework = _check_framework(framework)
         indices = self._indices(names)
-        return _stream_gen(self._m.stream(indices), framework)
+        core = self._m
+        for i in (range(core.count()) if indices is None else indices):
+            t = core.info(i)
+            _check_dtype(t[1], t[0], framework, raw)
+        return _stream_gen(core.stream(indices), framework, raw, self._guard)
 
 
-def _stream_gen(cs, framework):
+def _check_dtype(dtype, name, framework, raw):
+    """Raises NotImplementedError naming the tensor when the framework has
+    no dtype for it (see Model.get_tensor)."""
+    if framework == "pt":
+        _torch_dtype_named(dtype, name, raw)
+    else:
+        _np_dtype_checked(dtype, name, raw)
+
+
+def _stream_reread(cs):
+    """A private copy's reader for _wrap, through a running stream (which
+    keeps the model open after a close() meanwhile)."""
+    def reread(i, buf):
+        cs.read_into(i, buf, 0)
+    return reread
+
+
+def _stream_gen(cs, framework, raw, guard):
     # Each item comes with its tensor's info: no call on the model here,
     # which a close() during the stream would refuse (close() affects new
     # calls only; the stream goes on to its end).
     failures = []
+    reread = _stream_reread(cs)
     try:
         while True:
             item = cs.next_item()
@@ -612,7 +819,13 @@ def _stream_gen(cs, framework):
             if h is None:
                 failures.append(_errors.make_error(code, message, t[0]))
                 continue
-            arr = _wrap(h, t[1], t[2], framework)
+            try:
+                arr = _wrap(h, t[1], t[2], framework, t[0], raw, guard, _i, reread)
+            except Error as e:  # a private copy's read failed
+                del h
+                e.name = t[0]
+                failures.append(e)
+                continue
             del h
             yield t[0], arr
             del arr

@@ -23,7 +23,12 @@ Differences from the reference, all on the safe side:
    and remote options; pool= fixes the pool instead of the sizing below);
  - tensors are verified when a manifest is in play (the sidecar or
    manifest=...), and are zero-copy read-only views of the verified bytes
-   (torch: torch has no read-only tensors; do not write into them);
+   (NumPy); torch tensors are writable, zero copy where no other reader
+   holds the buffer, and a write into one reaches no other reader (see
+   "Writing into tensors" in the README);
+ - a dtype the framework cannot represent (BF16, F8_* in NumPy without
+   ml_dtypes; F8_* in torch before 2.1) raises NotImplementedError naming
+   the tensor instead of giving its bits as integers, unless raw=True;
  - the pool is sized to hold every tensor of the model at once (callers of
    safe_open usually keep them all), so keeping them never fails; in a
    container whose cgroup memory limit is below that size the open fails
@@ -38,7 +43,8 @@ import operator
 
 import numpy as np
 
-from . import open as _open, _check_framework, _np_dtype, _PACKED, _sluice
+from . import (open as _open, _check_framework, _np_dtype, _np_dtype_checked, _PACKED, _sluice,
+               _torch_dtype_named, _check_dtype)
 from ._errors import InvalidArgumentError, PoolError
 
 _SLACK = 64 << 20  # room for read-ahead beside every tensor held
@@ -78,14 +84,11 @@ def _framework(framework):
     return _check_framework(framework)
 
 
-def _torch_dtype_checked(dtype, name):
+def _torch_dtype_checked(dtype, name, raw=False):
     """The torch dtype sluice gives a safetensors dtype as; a dtype this
-    torch cannot represent raises NotImplementedError naming the tensor."""
-    from . import _torch_dtype
-    try:
-        return _torch_dtype(dtype)
-    except TypeError as e:
-        raise NotImplementedError(f"tensor {name!r}: {e}") from None
+    torch cannot represent raises NotImplementedError naming the tensor
+    (F8_* before torch 2.1 unless raw: its bits, uint8)."""
+    return _torch_dtype_named(dtype, name, raw)
 
 
 def _check_device(framework, device):
@@ -103,13 +106,21 @@ def _to_device(t, framework, device):
 
 class safe_open:
     """safe_open(path, framework="np"|"pt", device="cpu", *, backend="mmap",
-    **open_args): the reference's safe_open, on sluice. backend: the
-    reference's choice of "mmap" or "pread", taken and checked; both read
-    through the library here. open_args: the keyword arguments of
-    sluice.open (manifest=, verify=, trusted_keys=, cache_dir=, and the remote
-    options fallback=, http_token=, s3_endpoint=, ...)."""
+    raw=False, **open_args): the reference's safe_open, on sluice. backend:
+    the reference's choice of "mmap" or "pread", taken and checked; both
+    read through the library here. raw: a dtype the framework cannot
+    represent (BF16, F8_* in NumPy without ml_dtypes; F8_* in torch before
+    2.1) raises NotImplementedError naming the tensor unless raw=True,
+    which gives its bits (uint16, uint8), for get_tensor and get_slice
+    alike. open_args: the keyword arguments of sluice.open (manifest=,
+    verify=, trusted_keys=, cache_dir=, and the remote options fallback=,
+    http_token=, s3_endpoint=, ...)."""
 
-    def __init__(self, path, framework="np", device="cpu", *, backend="mmap", **open_args):
+    def __init__(self, path, framework="np", device="cpu", *, backend="mmap", raw=False,
+                 **open_args):
+        if not isinstance(raw, bool):
+            raise TypeError(f"raw must be a bool, not {type(raw).__name__}")
+        self._raw = raw
         if not isinstance(backend, str):
             raise TypeError(f"backend must be a str, not {type(backend).__name__}")
         if backend not in ("mmap", "pread"):
@@ -150,9 +161,7 @@ class safe_open:
         return self._model.metadata()
 
     def get_tensor(self, name):
-        if self._framework == "pt":
-            _torch_dtype_checked(self._model.info(name).dtype, name)
-        t = self._model.get_tensor(name, framework=self._framework)
+        t = self._model.get_tensor(name, framework=self._framework, raw=self._raw)
         return _to_device(t, self._framework, self._device)
 
     def get_tensors(self):
@@ -333,8 +342,11 @@ class Slice:
             raise NotImplementedError(
                 f"tensor {self._name!r} is {self._dtype}, a dtype get_slice has no element type "
                 "for; get_tensor or Model.get_range give its bytes")
+        # before reading anything
         if self._owner._framework == "pt":
-            _torch_dtype_checked(self._dtype, self._name)  # before reading anything
+            _torch_dtype_checked(self._dtype, self._name, self._owner._raw)
+        else:
+            _np_dtype_checked(self._dtype, self._name, self._owner._raw)
         ranges, dropped = normalize_index(idx, self._shape)
         out_shape = tuple(len(r) for r, d in zip(ranges, dropped) if not d)
         if any(len(r) == 0 for r in ranges):
@@ -373,7 +385,9 @@ class Slice:
         if part is not None:
             dim, rank, world = part
             try:
-                arr = self._owner._model.get_part(self._name, dim, rank, world, framework="np")
+                # raw: the bits; the dtype was checked by __getitem__
+                arr = self._owner._model.get_part(self._name, dim, rank, world, framework="np",
+                                                  raw=True)
             except InvalidArgumentError:
                 pass  # a world the library does not take: the rows below
             else:
@@ -428,7 +442,7 @@ class Slice:
         shape = (hi - lo,) + rest if self._shape else ()
         if self.verified and not self.chunked:
             try:
-                whole = self._owner._model.get_tensor(self._name, framework="np")
+                whole = self._owner._model.get_tensor(self._name, framework="np", raw=True)
                 return (whole[lo:hi] if self._shape else whole), False
             except PoolError:
                 pass  # larger than the pool (pool= given): read_into below
@@ -445,7 +459,7 @@ class Slice:
             return arr
         from . import _load_torch
         torch = _load_torch()
-        tdt = _torch_dtype_checked(self._dtype, self._name)
+        tdt = _torch_dtype_checked(self._dtype, self._name, owner._raw)
         shape = arr.shape
         if arr.size == 0:
             return _to_device(torch.empty(shape, dtype=tdt), owner._framework, owner._device)
@@ -456,11 +470,14 @@ class Slice:
         return _to_device(t, owner._framework, owner._device)
 
 
-def load_file(path, framework="np", device="cpu", **open_args):
+def load_file(path, framework="np", device="cpu", *, raw=False, **open_args):
     """{name: tensor} of every tensor of path (a file, a directory or an
     index.json, local or remote), verified as safe_open verifies, zero copy (open_args as
-    for sluice.open)."""
-    with safe_open(path, framework=framework, device=device, **open_args) as f:
+    for sluice.open). raw: as for safe_open (a dtype the framework cannot
+    represent raises before anything is read, unless raw=True)."""
+    with safe_open(path, framework=framework, device=device, raw=raw, **open_args) as f:
+        for k in f.offset_keys():  # every dtype checked before anything is read
+            _check_dtype(f.model.info(k).dtype, k, f._framework, raw)
         return f.get_tensors()
 
 

@@ -16,12 +16,14 @@ lazy_load(module, path, budget="2G")
     under torch.no_grad() / torch.inference_mode(): an autograd graph
     would hold the weights past the release.
 
-load_state_dict(module, path, strict=True)
+load_state_dict(module, path, strict=True, copy=False)
     Fills a module from a model like Module.load_state_dict, without a
     copy where the module's tensor is on the meta device or on the CPU
-    with the file's dtype: the parameter then IS the library's verified,
-    read-only buffer (torch cannot mark it read-only: do not train or
-    write into it in place; pass copy=True for that).
+    with the file's dtype: the parameter then IS the library's verified
+    buffer, loaded with requires_grad=False (inference). To train, pass
+    copy=True: every tensor is copied into the module's own memory and
+    keeps its requires_grad. Either way no write reaches the library's
+    buffers (see "Writing into tensors" in the README).
 
 load_file(filename, device="cpu", **open_args)
     safetensors.torch.load_file's drop-in: {name: torch.Tensor} of every
@@ -38,7 +40,7 @@ from collections import namedtuple
 import torch
 
 import sluice
-from . import _errors, _to_torch, _load_torch, parse_size
+from . import _errors, _load_torch, _wrap, parse_size
 from ._safe_open import _open_for_all, _torch_dtype_checked, load_file as _load_file
 from .shard import load_shard  # noqa: F401  (tensor-parallel: sluice/shard.py)
 
@@ -187,8 +189,15 @@ def load_state_dict(module, path, strict=True, *, manifest=None, verify="default
     """Fills module from path (file, directory or index.json) like
     Module.load_state_dict; zero copy where the module's tensor is on the
     meta device, or on the CPU with the file's dtype (unless copy=True).
-    Returns IncompatibleKeys(missing_keys, unexpected_keys); with strict,
-    raises RuntimeError when either is non-empty (before changing anything)."""
+    A parameter bound zero copy is loaded with requires_grad=False: it is
+    the library's verified buffer, for inference; an optimizer must not
+    step it. copy=True (to train) copies every tensor into the module's
+    own memory, requires_grad kept. Returns IncompatibleKeys(missing_keys,
+    unexpected_keys); with strict, raises RuntimeError when either is
+    non-empty, and NotImplementedError (naming the tensor) for a dtype
+    torch cannot represent (F8_* before torch 2.1, U16/U32/U64 before 2.3)
+    or a packed one (F4, F6_*): never its bits converted into values;
+    both before changing anything."""
     _check_module(module)
     if not isinstance(strict, bool) or not isinstance(copy, bool):
         raise TypeError("strict and copy must be bool")
@@ -204,7 +213,14 @@ def load_state_dict(module, path, strict=True, *, manifest=None, verify="default
                                f"missing keys {missing[:10]}, unexpected keys {unexpected[:10]}")
         for mod, attr, kind, key, want in entries:
             if key in file_keys:
-                _check_shape(key, want, model.info(key))
+                info = model.info(key)
+                _check_shape(key, want, info)
+                _torch_dtype_checked(info.dtype, key)  # raw bits are never values
+                if info.dtype in sluice._PACKED:
+                    raise NotImplementedError(
+                        f"tensor {key!r} is {info.dtype}, a packed dtype (elements smaller "
+                        "than a byte): torch has no dtype for it; load_state_dict does not "
+                        "convert its bytes into values")
         for mod, attr, kind, key, want in entries:
             if key not in file_keys:
                 continue
@@ -212,7 +228,8 @@ def load_state_dict(module, path, strict=True, *, manifest=None, verify="default
             zero_copy = not copy and (want.device.type == "meta" or
                                       (want.device.type == "cpu" and want.dtype == t.dtype))
             if zero_copy:
-                _set(mod, attr, kind, t, requires_grad=want.requires_grad)
+                # the verified buffer itself: for inference, not for an optimizer
+                _set(mod, attr, kind, t, requires_grad=False)
             elif want.device.type == "meta":
                 _set(mod, attr, kind, t.to(want.dtype).clone(), requires_grad=want.requires_grad)
             else:
@@ -240,13 +257,13 @@ def load_file(filename, device="cpu", **open_args):
 _OWN_MEMORY_CODES = (_errors.E_POOL_EXHAUSTED, _errors.E_TOO_LARGE)
 
 
-def _read_own(stream, index, info):
+def _read_own(stream, index, info, raw):
     """The tensor read and verified by sluice_read_into into a new torch
     tensor (outside the pool: no room needed, no handle), through the
     running stream, which keeps the model open after a close() of a Model
     given (as for the tensors it delivers)."""
     name, dtype, shape, nbytes = info[0], info[1], info[2], info[3]
-    tdt = _torch_dtype_checked(dtype, name)
+    tdt = _torch_dtype_checked(dtype, name, raw)
     buf = torch.empty(nbytes, dtype=torch.uint8)
     if nbytes:
         try:
@@ -261,7 +278,7 @@ def _read_own(stream, index, info):
     return buf.view(tdt).reshape(shape)
 
 
-def iter_weights(path_or_url, names=None, **open_args):
+def iter_weights(path_or_url, names=None, *, raw=False, **open_args):
     """Yields (name, torch.Tensor) for every tensor of path_or_url (a file,
     a directory, an index.json, a remote location where this build reads
     them; or an open sluice.Model, which is left open), or for `names`
@@ -286,17 +303,20 @@ def iter_weights(path_or_url, names=None, **open_args):
     (sluice_read_into straight into a new tensor: the same verification,
     outside the pool, on the generator's thread), so keeping every tensor
     works with any pool, at the cost of that memory. torch has no read-only
-    tensors: writing into a zero-copy tensor writes into the library's
-    verified buffer; clone() it to change it.
+    tensors: a tensor is writable, and a write into it reaches no other
+    reader (the write guard of Model.get_tensor: a zero-copy tensor's
+    buffer is served to no one else, and checked before it is served
+    again).
 
     A tensor that fails (ChecksumError, ReadError, ...) raises at once
     (e.name is the tensor), and the stream stops; leaving the loop early
     (break, an exception, the generator closed) stops it too. Names
     unknown to the model raise NotFoundError, and dtypes this torch cannot
-    represent (U16/U32/U64 before torch 2.3) NotImplementedError, before
+    represent (U16/U32/U64 before torch 2.3; F8_* before torch 2.1 unless
+    raw=True, which gives their bits as uint8) NotImplementedError, before
     anything is read. BF16 and F8_* are torch's types where torch has
-    them (F8_* as raw uint8 before torch 2.1); packed dtypes (F4, F6_*)
-    are their flat bytes (uint8), as get_tensor gives them.
+    them; packed dtypes (F4, F6_*) are their flat bytes (uint8), as
+    get_tensor gives them.
     """
     if isinstance(path_or_url, sluice.Model):
         if open_args:
@@ -311,21 +331,22 @@ def iter_weights(path_or_url, names=None, **open_args):
         core = model._m
         for i in (range(core.count()) if indices is None else indices):
             t = core.info(i)
-            _torch_dtype_checked(t[1], t[0])
+            _torch_dtype_checked(t[1], t[0], raw)
     except BaseException:
         if own:
             model.close()
         raise
-    return _iter_stream(model, own, indices)
+    return _iter_stream(model, own, indices, raw)
 
 
-def _iter_stream(model, own, indices):
+def _iter_stream(model, own, indices, raw):
     # The stream starts at the first next(): a generator never started
     # reads nothing.
     stream = None
     read_own = False  # a tensor was read into its own memory
     try:
         stream = model._m.stream(indices)
+        reread = sluice._stream_reread(stream)
         while True:
             item = stream.next_item()
             if item is None:
@@ -333,10 +354,15 @@ def _iter_stream(model, own, indices):
             index, handle, code, message, info = item
             del item  # the tuple holds the handle: not kept while the next is taken
             if handle is not None:
-                tensor = _to_torch(handle, info[1], info[2])
+                try:
+                    tensor = _wrap(handle, info[1], info[2], "pt", info[0], raw, model._guard,
+                                   index, reread)
+                except _errors.Error as e:  # a private copy's read failed
+                    e.name = info[0]
+                    raise
                 del handle
             elif code in _OWN_MEMORY_CODES:
-                tensor = _read_own(stream, index, info)
+                tensor = _read_own(stream, index, info, raw)
                 read_own = True
             else:
                 raise _errors.make_error(code, message, info[0])

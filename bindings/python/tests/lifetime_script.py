@@ -16,7 +16,7 @@ import sluice
 
 
 def values(m, names):
-    return {n: m.get_tensor(n) for n in names}
+    return {n: m.get_tensor(n, raw=True) for n in names}
 
 
 def touch(live):
@@ -28,7 +28,7 @@ def touch(live):
 def main(path):
     with sluice.open(path) as m:
         names = m.keys()
-        ref = {n: m.get_tensor(n).copy() for n in names}
+        ref = {n: m.get_tensor(n, raw=True).copy() for n in names}
 
     # 1. arrays outlive close(): the memory stays, the library closes after
     m = sluice.open(path)
@@ -45,7 +45,7 @@ def main(path):
 
     # 2. the model garbage-collected with live arrays (never closed)
     m = sluice.open(path)
-    a = m.get_tensor(names[0])
+    a = m.get_tensor(names[0], raw=True)
     b = m[names[1]]
     del m
     gc.collect()
@@ -57,9 +57,10 @@ def main(path):
     objs = ["model", "a", "b", "view", "stream"]
     for order in itertools.permutations(objs):
         m = sluice.open(path)
-        live = {"model": m, "a": m.get_tensor(names[0]), "b": m.get_tensor(names[-1])}
+        live = {"model": m, "a": m.get_tensor(names[0], raw=True),
+                "b": m.get_tensor(names[-1], raw=True)}
         live["view"] = live["a"][..., :1]
-        it = m.stream()
+        it = m.stream(raw=True)
         next(it)
         live["stream"] = it
         core = m._m
@@ -78,7 +79,7 @@ def main(path):
 
     # 4. a stream abandoned midway, with its last array kept past close
     m = sluice.open(path, pool="1M")
-    it = m.stream()
+    it = m.stream(raw=True)
     name, kept = next(it)
     it.close()
     m.close()
@@ -93,7 +94,7 @@ def main(path):
         def worker():
             for n in names:
                 try:
-                    out.append(m.get_tensor(n))
+                    out.append(m.get_tensor(n, raw=True))
                 except sluice.ClosedError:
                     return
         ts = [threading.Thread(target=worker) for _ in range(4)]

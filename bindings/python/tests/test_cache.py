@@ -40,7 +40,7 @@ def need_cache(model):
 
 def load_all(model):
     """{name: bytes} of every tensor; the arrays are dropped at once."""
-    return {k: model.get_tensor(k).tobytes() for k in model.keys()}
+    return {k: model.get_tensor(k, raw=True).tobytes() for k in model.keys()}
 
 
 def sizes(model):
@@ -113,8 +113,8 @@ def test_trust_unchanged_alone_uses_the_default_directory(settled, tmp_path):
 
 def test_load_file_and_safe_open_forward_the_cache(settled, tmp_path):
     cache = tmp_path / "cache"
-    first = sluice.load_file(settled, cache_dir=cache, trust_unchanged=True)
-    with sluice.safe_open(settled, cache_dir=cache, cache_bytes="1G",
+    first = sluice.load_file(settled, cache_dir=cache, trust_unchanged=True, raw=True)
+    with sluice.safe_open(settled, raw=True, cache_dir=cache, cache_bytes="1G",
                           trust_unchanged=True) as f:
         need_cache(f.model)
         second = {k: f.get_tensor(k) for k in f.offset_keys()}

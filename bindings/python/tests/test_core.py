@@ -22,7 +22,7 @@ def check_model(path, **kw):
             assert name in m
             info = m.info(name)
             assert (info.dtype, info.shape, info.nbytes) == (dtype, shape, len(raw))
-            a = m.get_tensor(name)
+            a = m.get_tensor(name, raw=True)
             want = stfile.expected_array(dtype, shape, raw)
             assert a.dtype == want.dtype, name
             assert a.shape == want.shape, name
@@ -51,7 +51,7 @@ def test_sharded_generated(sharded):
     with sluice.open(sharded) as m:
         assert m.verify_mode == "require"
         for k in m.keys():
-            m.get_tensor(k)
+            m.get_tensor(k, raw=True)
         st = m.stats()
         nonempty = sum(1 for k in m.keys() if m.info(k).nbytes)
         assert st["tensors_verified"] == nonempty  # empty tensors need no read
@@ -98,7 +98,7 @@ def test_stream_all_and_subset(sharded):
     exp = stfile.read_model(sharded)
     with sluice.open(sharded, pool="64M") as m:
         got = {}
-        for name, a in m.stream():
+        for name, a in m.stream(raw=True):
             got[name] = a.tobytes()
         del a  # the loop variable holds the last array
         assert got == {k: v[2] for k, v in exp.items()}
@@ -107,7 +107,7 @@ def test_stream_all_and_subset(sharded):
         assert sorted(seen) == sorted(names)
         assert list(m.stream([])) == []
         # abandoning a stream midway stops it; the model closes afterwards
-        it = m.stream()
+        it = m.stream(raw=True)
         next(it)
         del it
     assert not m._m.open_in_library
@@ -176,7 +176,7 @@ def test_close_during_stream(sharded):
     exp = stfile.read_model(sharded)
     m = sluice.open(sharded, pool="64M")
     got = {}
-    for name, a in m.stream():
+    for name, a in m.stream(raw=True):
         m.close()
         assert m.closed and m._m.open_in_library
         got[name] = a.tobytes()
@@ -191,7 +191,7 @@ def test_close_during_stream(sharded):
     m = sluice.open(sharded, pool="64M")
     seen = []
     with pytest.raises(sluice.ChecksumError) as ei:
-        for name, a in m.stream():
+        for name, a in m.stream(raw=True):
             m.close()
             seen.append(name)
     del a

@@ -137,7 +137,7 @@ def slice_cases(f, tensors, mode):
 def test_numpy_indexing_every_form(synth):
     mode, path, tensors = synth
     n = 0
-    with safe_open(path, framework="np") as f:
+    with safe_open(path, framework="np", raw=True) as f:
         for name, full, s, idx, where in slice_cases(f, tensors, mode):
             assert s.get_shape() == list(full.shape)
             assert s.verified is (mode != "none")
@@ -161,7 +161,7 @@ def test_torch_indexing_every_form(synth):
     mode, path, tensors = synth
     native = {np.dtype(x) for x in (np.float32, np.float16, np.int64, np.int32, np.int16,
                                      np.uint8, np.bool_)}
-    with safe_open(path, framework="pt") as f:
+    with safe_open(path, framework="pt", raw=True) as f:
         for name, full, s, idx, where in slice_cases(f, tensors, mode):
             got = s[idx]
             want = full[idx]
@@ -477,7 +477,7 @@ def test_real_files(model, real_dir):
     """Every tensor of every real file: slices equal NumPy's of the whole
     tensor; keys() sorted, offset_keys() in data order file by file;
     metadata() as the header has it (None for absent or null)."""
-    with safe_open(model, framework="np") as f:
+    with safe_open(model, framework="np", raw=True) as f:
         names = f.offset_keys()
         assert f.keys() == sorted(names)
         files = f.model.files
@@ -510,7 +510,8 @@ def test_real_files(model, real_dir):
 @pytest.mark.parametrize("model", real_models() or ["absent"],
                          ids=lambda p: os.path.basename(p))
 def test_real_files_torch(model, real_dir):
-    with safe_open(model, framework="np") as fn, safe_open(model, framework="pt") as ft:
+    with safe_open(model, framework="np", raw=True) as fn, \
+            safe_open(model, framework="pt", raw=True) as ft:
         for seed, name in enumerate(fn.offset_keys()):
             dt = fn.model.info(name).dtype
             if dt in sluice._PACKED:

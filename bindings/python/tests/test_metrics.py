@@ -38,7 +38,7 @@ def scrape(port, accept=None):
 def test_metrics_text(sharded):
     with sluice.open(sharded) as m:
         for k in m.keys():
-            m.get_tensor(k)
+            m.get_tensor(k, raw=True)
         text = m.metrics_text()
         assert f'sluice_tensors_loaded_total{{model="{sharded}"}} ' in text
         loaded = [l for l in text.splitlines()
@@ -106,7 +106,7 @@ def test_a_server_dropped_unclosed_releases_its_models(sharded):
 def test_prometheus_scrapes_serve_metrics(sharded, tmp_path):
     with sluice.open(sharded) as m, sluice.serve_metrics(models=[m]) as srv:
         for k in m.keys():
-            m.get_tensor(k)
+            m.get_tensor(k, raw=True)
         want = sum(1 for k in m.keys() if m.info(k).nbytes)
         prom = Prometheus(srv.port, str(tmp_path))
         try:

@@ -38,13 +38,13 @@ def expected(tensors, name):
 
 def test_safe_open_np(single):
     path, tensors, _ = single
-    with safe_open(path, framework="np") as f:
+    with safe_open(path, framework="np", raw=True) as f:
         assert f.keys() == sorted(tensors)
         assert f.metadata() == {"format": "np"}
         for k in tensors:
             a = f.get_tensor(k)
             np.testing.assert_array_equal(a, expected(tensors, k))
-    d = load_file(path)
+    d = load_file(path, raw=True)
     assert sorted(d) == sorted(tensors)
     for k in tensors:
         np.testing.assert_array_equal(d[k], expected(tensors, k))
@@ -61,7 +61,7 @@ def test_get_slice(single, verified):
     if verified:
         stfile.write_manifest(path + ".manifest.json", digests)
     w = tensors["w"]
-    with safe_open(path) as f:
+    with safe_open(path, raw=True) as f:
         sl = f.get_slice("w")
         assert sl.get_shape() == [10, 4, 3] and sl.get_dtype() == "F32"
         assert sl.verified is verified
@@ -110,7 +110,7 @@ def test_checksum_through_safe_open(single):
 def test_paths_dir_and_index(sharded):
     exp = stfile.read_model(sharded)
     for p in (sharded, os.path.join(sharded, "model.safetensors.index.json")):
-        d = load_file(p)
+        d = load_file(p, raw=True)
         assert {k: v.tobytes() for k, v in d.items()} == {k: v[2] for k, v in exp.items()}
 
 
