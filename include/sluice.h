@@ -619,7 +619,9 @@ SLUICE_API int sluice_close(sluice_model *model);
 /*
  * The detail of the last failure recorded on this model by the calling
  * thread (for a model whose open failed: the open's failure). "" when none.
- * NULL model gives a generic out-of-memory message.
+ * NULL model gives a generic out-of-memory message. Every call taking an
+ * open model that fails records a message here, the queries on a const
+ * model included (sluice_find: "no tensor named ..."; test_errmsg_calls).
  * Each thread keeps the detail of the SLUICE_ERRMSG_MODELS models it most
  * recently failed a call on: after failures on that many other models,
  * this one's detail is gone (""). So read it soon after the failed call.

@@ -1,6 +1,7 @@
 /* integrity.c: see integrity.h. */
 #include "integrity.h"
 
+#include "cmd.h"
 #include "jsonout.h"
 
 #include <errno.h>
@@ -198,6 +199,13 @@ int ig_list_option(const char *cmd, int argc, char **argv, int *i, const char *n
     }
     list->path[list->n++] = path;
     return 1;
+}
+
+int ig_open_failed(const char *cmd, sluice_model *m, int rc)
+{
+    fprintf(stderr, "sluice %s: %s\n", cmd, m ? sluice_errmsg(m) : sluice_strerror(rc));
+    sluice_close(m);
+    return cmd_exit_status(rc);
 }
 
 int ig_warn_unverified(const char *cmd, const sluice_model *m)

@@ -60,8 +60,8 @@ static void usage(FILE *out)
             "  -q, --quiet       no progress bar (shown only when stderr is a terminal)\n"
             "  --threads N       hashing threads (default: online CPUs)\n"
             "\n"
-            "Exit status: 0 written, 1 a tensor or file could not be read, 2 usage or\n"
-            "open error.\n");
+            CMD_EXIT_HELP
+            "manifest: 3 also when a tensor or file could not be read (nothing written).\n");
 }
 
 /* Writes the manifest to out; returns 0 or -1 (errno set by stdio). */
@@ -505,18 +505,17 @@ int cmd_manifest(int argc, char **argv)
         }
     }
 
-    if (parts_arg && shard_rules_load("manifest", parts_arg, &rules) < 0)
-        return 2;
+    int lr = parts_arg ? shard_rules_load("manifest", parts_arg, &rules) : 0;
+    if (lr < 0)
+        return -lr;
     /* The index is all that is needed: no manifest, the smallest pool. */
     o.verify = SLUICE_VERIFY_OFF;
     o.pool_bytes = 4096;
     sluice_model *m = NULL;
     int rc = sluice_open(path, &o, &m);
     if (rc != SLUICE_OK) {
-        fprintf(stderr, "sluice manifest: %s\n", m ? sluice_errmsg(m) : sluice_strerror(rc));
-        sluice_close(m);
         sluice_part_rules_free(rules);
-        return 2;
+        return ig_open_failed("manifest", m, rc);
     }
     size_t n = sluice_count(m), nf = sluice_file_count(m);
     uint64_t total = 0;
@@ -531,7 +530,7 @@ int cmd_manifest(int argc, char **argv)
             sluice_file_info(m, i, &fi);
             total += fi.file_size;
         }
-    int status = 1;
+    int status = CMD_EXIT_OPEN;   /* what fails below: a read, a write, memory */
     dg_result *tensors = NULL, *files = NULL;
     chunk_set cs = {0};
     progress *bar = NULL;
@@ -591,7 +590,7 @@ done:
     free(files);
     if (sluice_close(m) != SLUICE_OK) {
         fprintf(stderr, "sluice manifest: %s\n", sluice_errmsg(m));
-        status = 1;
+        status = CMD_EXIT_OPEN;
     }
     return status;
 }

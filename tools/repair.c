@@ -363,17 +363,19 @@ static void usage(FILE *out)
             "  --qd N, --threads N, --direct, --pread   as for verify\n"
             "  -q, --quiet       no progress bar\n"
             "\n"
-            "Exit status: 0 PATH verifies (repaired, or nothing to repair); 1 not\n"
-            "repaired, PATH unchanged (a failed tensor that no fallback holds\n"
-            "verified), or failing still after the repair; 2 usage or open error\n"
-            "(a remote PATH, no --fallback, a manifest that cannot be used), or a\n"
-            "copy that could not be made, written or renamed (PATH unchanged; with\n"
-            "several files, each is as it was or repaired, as the message says).\n");
+            CMD_EXIT_HELP
+            "repair: 0 PATH verifies (repaired, or nothing to repair); 1 (or 3 for a\n"
+            "tensor that failed to read) not repaired, PATH unchanged (a failed tensor\n"
+            "that no fallback holds verified), or failing still after the repair; 2\n"
+            "also for a remote PATH or no --fallback; 3 also for a copy that could not\n"
+            "be made, written or renamed (PATH unchanged; with several files, each is\n"
+            "as it was or repaired, as the message says).\n");
 }
 
 /* Makes the copies of the files holding failed tensors, with those
  * tensors' verified bytes written in, each tensor taken before its file is
- * copied. Returns 0, 1 (a tensor no source delivered), or 2. */
+ * copied. Returns 0, -1 (a tensor no source delivered), or CMD_EXIT_OPEN
+ * (a copy that could not be made or written). */
 static int prepare(sluice_model *m, const ig_failed *failed, rp_file *files, size_t *nfiles)
 {
     *nfiles = 0;
@@ -385,7 +387,7 @@ static int prepare(sluice_model *m, const ig_failed *failed, rp_file *files, siz
         if (got <= 0) {
             sluice_release(t);
             if (got < 0)
-                return 1;
+                return -1;
             continue;       /* it reads right now: nothing to write */
         }
         rp_file *f = NULL;
@@ -398,20 +400,20 @@ static int prepare(sluice_model *m, const ig_failed *failed, rp_file *files, siz
         int rc = (!f->tmp && make_copy(m, f) < 0) || write_tensor(m, f, failed->index[k], t) < 0;
         sluice_release(t);
         if (rc)
-            return 2;
+            return CMD_EXIT_OPEN;
         f->written++;
     }
     test_point("written");
     for (size_t j = 0; j < *nfiles; j++)
         if (fsync(files[j].fd) != 0) {
             fprintf(stderr, "sluice repair: fsync %s: %s\n", files[j].tmp, strerror(errno));
-            return 2;
+            return CMD_EXIT_OPEN;
         }
     test_point("synced");
     return 0;
 }
 
-/* Renames each copy over its file. Returns 0 or 2. */
+/* Renames each copy over its file. Returns 0 or CMD_EXIT_OPEN. */
 static int commit(rp_file *files, size_t nfiles)
 {
     for (size_t j = 0; j < nfiles; j++) {
@@ -419,7 +421,7 @@ static int commit(rp_file *files, size_t nfiles)
             fprintf(stderr, "sluice repair: rename %s over %s: %s (%zu of %zu files repaired "
                     "before it; this one and the rest unchanged)\n", files[j].tmp, files[j].real,
                     strerror(errno), j, nfiles);
-            return 2;
+            return CMD_EXIT_OPEN;
         }
         free(files[j].tmp);
         files[j].tmp = NULL;    /* it is the file now */
@@ -490,28 +492,26 @@ int cmd_repair(int argc, char **argv)
     o.verify = SLUICE_VERIFY_REQUIRE;
     double t0 = ig_now();
     sluice_model *m = NULL;
-    if (sluice_open(path, &o, &m) != SLUICE_OK) {
-        fprintf(stderr, "sluice repair: %s\n", sluice_errmsg(m));
-        sluice_close(m);
-        return 2;
-    }
+    int rc = sluice_open(path, &o, &m);
+    if (rc != SLUICE_OK)
+        return ig_open_failed("repair", m, rc);
     printf("manifest %s\n", sluice_manifest_path(m));
     ig_failed failed = {0};
     status = ig_verify_print("repair", m, 0, quiet, t0, &failed);
     rp_file *files = calloc(failed.n ? failed.n : 1, sizeof *files);
     size_t nfiles = 0;
-    if (status == 0)
+    if (status == 0) {
         printf("nothing to repair\n");
-    else if (status == 1 && !files)
-        status = 2;
-    else if (status == 1) {
+    } else if (failed.n && !files) {
+        status = CMD_EXIT_OPEN;
+    } else if (failed.n && (status == CMD_EXIT_INTEGRITY || status == CMD_EXIT_OPEN)) {
         hint(m, &failed);
-        status = prepare(m, &failed, files, &nfiles);
-        if (status == 1)
+        int got = prepare(m, &failed, files, &nfiles);
+        if (got < 0)
             printf("not repaired: a failed tensor that no fallback holds verified; %s "
-                   "unchanged\n", path);
-        if (status == 0)
-            status = commit(files, nfiles);
+                   "unchanged\n", path);   /* status: the verify's */
+        else
+            status = got ? got : commit(files, nfiles);
     }
     for (size_t j = 0; j < nfiles; j++) {
         drop_copy(&files[j]);   /* what was not renamed over its file */
@@ -522,7 +522,7 @@ int cmd_repair(int argc, char **argv)
     int again = status == 0 && nfiles;
     if (sluice_close(m) != SLUICE_OK) {
         fprintf(stderr, "sluice repair: %s\n", sluice_errmsg(m));
-        return 2;
+        return CMD_EXIT_OPEN;
     }
     if (!again)
         return status;
@@ -530,13 +530,10 @@ int cmd_repair(int argc, char **argv)
     o.fallback = NULL;
     o.fallback_count = 0;
     printf("verifying %s again\n", path);
-    if (sluice_open(path, &o, &m) != SLUICE_OK) {
-        fprintf(stderr, "sluice repair: %s\n", sluice_errmsg(m));
-        sluice_close(m);
-        return 2;
-    }
+    if ((rc = sluice_open(path, &o, &m)) != SLUICE_OK)
+        return ig_open_failed("repair", m, rc);
     status = ig_verify_print("repair", m, 0, quiet, ig_now(), NULL);
     if (sluice_close(m) != SLUICE_OK)
-        status = 2;
+        status = cmd_exit_worse(status, CMD_EXIT_OPEN);
     return status;
 }
