@@ -1790,6 +1790,13 @@ SLUICE_API const char *sluice_cache_warning(sluice_model *model);
  * once. */
 typedef struct sluice_cache sluice_cache;
 
+/* A tensor a cache blob was stored as. */
+typedef struct sluice_cache_name {
+    const char *model;          /* the model's location as messages show it */
+    const char *tensor;         /* its name: tensor_len bytes, NUL-terminated */
+    size_t tensor_len;
+} sluice_cache_name;
+
 typedef struct sluice_cache_entry {
     sluice_algorithm algorithm;
     char digest[65];            /* lower-case hex */
@@ -1799,6 +1806,11 @@ typedef struct sluice_cache_entry {
     int64_t created_ns;         /* CLOCK_REALTIME */
     int64_t last_access_ns;
     int present;                /* its blob file exists with that size */
+    /* The tensors stored as this blob (the same bytes serve each), by
+     * model and name, sorted; none for a blob stored by an older sluice.
+     * Borrowed for the callback. */
+    const sluice_cache_name *names;
+    size_t nnames;
 } sluice_cache_entry;
 
 /* Opens dir (NULL: $SLUICE_CACHE_DIR, else the default of

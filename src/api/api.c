@@ -382,7 +382,7 @@ static int attach_cache(sluice_model *m, sl_err *err)
     free(dir);
     if (rc < 0)
         return rc;
-    return sl_engine_attach_cache(m->engine, c, err);
+    return sl_engine_attach_cache(m->engine, c, m->loc->shown, err);
 }
 
 SLUICE_API const char *sluice_cache_warning(sluice_model *m)
