@@ -6,10 +6,6 @@
 
 #ifdef __cplusplus
 extern "C" {
-#ifdef __cplusplus
-}
-#endif
-
 #endif
 
 /* The exit status of every subcommand, one table for all (docs/command.md

@@ -1,6 +1,7 @@
 /* integrity.h: what the manifest, verify and cat commands share: the
  * options they take on the command line and quoting names for messages
- * (integrity.c). Parallel hashing of files and tensors is in digest.h. */
+ * (integrity.c). A manifest's digests are the library's to compute
+ * (sluice_manifest_write). */
 #ifndef SLUICE_TOOLS_INTEGRITY_H
 #define SLUICE_TOOLS_INTEGRITY_H
 

@@ -3,7 +3,6 @@
  * (sluice_verify: no pool, no handle), and with --files
  * every whole file too, and reports each failure. */
 #include "cmd.h"
-#include "digest.h"
 #include "integrity.h"
 #include "metrics_cli.h"
 #include "msign.h"
