@@ -642,7 +642,9 @@ SLUICE_API int sluice_close(sluice_model *model);
 /*
  * The detail of the last failure recorded on this model by the calling
  * thread (for a model whose open failed: the open's failure). "" when none.
- * NULL model gives a generic out-of-memory message.
+ * NULL model gives a generic out-of-memory message. Every call taking an
+ * open model that fails records a message here, the queries on a const
+ * model included (sluice_find: "no tensor named ..."; test_errmsg_calls).
  * Each thread keeps the detail of the SLUICE_ERRMSG_MODELS models it most
  * recently failed a call on: after failures on that many other models,
  * this one's detail is gone (""). So read it soon after the failed call.
@@ -1662,6 +1664,49 @@ typedef struct sluice_verify_options {
 /* Fills *o with the defaults. Returns SLUICE_E_INVAL if o is NULL. */
 SLUICE_API int sluice_verify_options_init(sluice_verify_options *o);
 
+/*
+ * Writing a manifest: what `sluice manifest` writes, and the Python
+ * package's sluice.write_manifest (one writer). Start from
+ * sluice_manifest_options_init(); fields are only appended.
+ */
+typedef struct sluice_manifest_options {
+    size_t size;                /* set by sluice_manifest_options_init */
+    int version;                /* 2 (default: tensors' dtype, shape, size;
+                                   files' header digests), 1 (SHA-256 of
+                                   tensors and files), 0 (flat {name: SHA-256}) */
+    uint64_t chunk_bytes;       /* version 2: tensors larger also get a digest
+                                   per chunk of this size (default 16 MiB; 0:
+                                   none; else at least 4096); ignored before 2 */
+    const sluice_part_rules *parts; /* version 2: each tensor they split also
+                                   gets its tensor-parallel parts' digests for
+                                   each world size below that divides it */
+    uint64_t worlds[8];         /* of parts: 2..65536, distinct (default 2, 4, 8) */
+    size_t nworlds;
+    unsigned threads;           /* hashing threads (0: the model's, else online CPUs) */
+    void (*on_bytes)(void *user, uint64_t bytes);       /* progress, may be NULL */
+    void (*on_failure)(void *user, const char *message); /* each tensor or file
+                                   that could not be read, may be NULL */
+    void *user;
+} sluice_manifest_options;
+
+/* Fills *o with the defaults. Returns SLUICE_E_INVAL if o is NULL. */
+SLUICE_API int sluice_manifest_options_init(sluice_manifest_options *o);
+
+/*
+ * Writes the manifest of model, an open model (any verify policy: its
+ * bytes are read and hashed as they are now; its digest algorithm,
+ * sluice_options.algorithm, is the manifest's; BLAKE3 needs version 2),
+ * to path (through a temporary file beside it, fsynced and renamed over
+ * it), or, path NULL, to the descriptor fd. o NULL: the defaults. Nothing
+ * is written unless every tensor and file was read and none changed while
+ * it was hashed. Returns SLUICE_OK, SLUICE_E_INVAL (bad options, no path
+ * and fd < 0), SLUICE_E_IO or another read failure's code (the message
+ * counts the failures and gives the first), SLUICE_E_FILE_CHANGED,
+ * SLUICE_E_NOMEM. Any thread; not with a close.
+ */
+SLUICE_API int sluice_manifest_write(sluice_model *model, const char *path, int fd,
+                                     const sluice_manifest_options *o);
+
 /* What a verify did. Like struct sluice_stats, the caller sets .size; the
  * library writes only the fields that fit. */
 struct sluice_verify_report {
@@ -1927,6 +1972,13 @@ SLUICE_API const char *sluice_cache_warning(sluice_model *model);
  * once. */
 typedef struct sluice_cache sluice_cache;
 
+/* A tensor a cache blob was stored as. */
+typedef struct sluice_cache_name {
+    const char *model;          /* the model's location as messages show it */
+    const char *tensor;         /* its name: tensor_len bytes, NUL-terminated */
+    size_t tensor_len;
+} sluice_cache_name;
+
 typedef struct sluice_cache_entry {
     sluice_algorithm algorithm;
     char digest[65];            /* lower-case hex */
@@ -1936,6 +1988,11 @@ typedef struct sluice_cache_entry {
     int64_t created_ns;         /* CLOCK_REALTIME */
     int64_t last_access_ns;
     int present;                /* its blob file exists with that size */
+    /* The tensors stored as this blob (the same bytes serve each), by
+     * model and name, sorted; none for a blob stored by an older sluice.
+     * Borrowed for the callback. */
+    const sluice_cache_name *names;
+    size_t nnames;
 } sluice_cache_entry;
 
 /* Opens dir (NULL: $SLUICE_CACHE_DIR, else the default of

@@ -235,6 +235,29 @@ static int teardown(void **state)
 
 /* Cold: every tensor fetched and stored. Warm: no tensor request reaches
  * the server (its log grows by what an open alone costs), bytes equal. */
+/* Each entry names the tensors stored as it: at least one, of the model
+ * at url (as messages show it), each a tensor of that model. */
+typedef struct names_seen {
+    sluice_model *m;
+    size_t entries, names;
+} names_seen;
+
+static int names_cb(void *user, const sluice_cache_entry *e)
+{
+    names_seen *s = user;
+    s->entries++;
+    assert_true(e->nnames >= 1);
+    for (size_t k = 0; k < e->nnames; k++) {
+        assert_string_equal(e->names[k].model, url);
+        struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
+        assert_int_equal(sluice_find_n(s->m, e->names[k].tensor, e->names[k].tensor_len, &ti),
+                         SLUICE_OK);
+        assert_int_equal(ti.nbytes, e->bytes);
+        s->names++;
+    }
+    return 0;
+}
+
 static void test_cold_then_warm(void **state)
 {
     (void)state;
@@ -295,6 +318,12 @@ static void test_cold_then_warm(void **state)
     uint64_t bytes = 0, entries = 0;
     assert_int_equal(sluice_cache_usage(ca, &bytes, &entries), SLUICE_OK);
     assert_int_equal(entries, nonempty);
+    /* and the tensors and model each blob holds (issue 38, item 7) */
+    names_seen seen = {.m = open_ok(url, &o)};
+    assert_int_equal(sluice_cache_list(ca, names_cb, &seen), SLUICE_OK);
+    assert_int_equal(seen.entries, nonempty);
+    assert_true(seen.names >= nonempty);
+    assert_int_equal(sluice_close(seen.m), SLUICE_OK);
     sluice_cache_close(ca);
     drop_cache(dir);
 }

@@ -3,7 +3,7 @@
  * du and ls show what is there, verify finds a flipped byte (exit 1) and
  * drops that blob, gc --max and clear free what they say, bad
  * arguments exit 2, and ls, du and verify of a directory with no cache
- * create none. */
+ * create none (and exit 3: cannot open). */
 #include "util.h"
 
 #include "cache/cache.h"
@@ -155,18 +155,18 @@ static void cache_commands(void **state)
     char *file = tu_join(root, "plain");
     tu_write_file(file, "x", 1);
     r = run(root, "cache", "--cache-dir", file, "du", NULL);
-    expect_status(&r, 2, "a file as the cache");
+    expect_status(&r, 3, "a file as the cache");
     assert_non_null(strstr(r.err, file));
     run_free(&r);
 
     /* ls, du and verify of a directory with no cache (a typo) say so, exit
-     * 2 and create nothing, from --cache-dir or the environment; the
+     * 3 and create nothing, from --cache-dir or the environment; the
      * library call under them does the same, and finds the real one */
     char *typo = tu_join(root, "cahce");
     static const char *const readers[] = {"ls", "du", "verify"};
     for (size_t i = 0; i < sizeof readers / sizeof readers[0]; i++) {
         r = run(root, "cache", "--cache-dir", typo, readers[i], NULL);
-        expect_status(&r, 2, readers[i]);
+        expect_status(&r, 3, readers[i]);
         assert_non_null(strstr(r.err, "no cache at"));
         assert_non_null(strstr(r.err, typo));
         run_free(&r);
@@ -175,7 +175,7 @@ static void cache_commands(void **state)
     setenv("SLUICE_CACHE_DIR", typo, 1);
     r = run(root, "cache", "du", NULL);
     unsetenv("SLUICE_CACHE_DIR");
-    expect_status(&r, 2, "du of a typo from the environment");
+    expect_status(&r, 3, "du of a typo from the environment");
     run_free(&r);
     assert_int_not_equal(access(typo, F_OK), 0);
     sluice_cache *h = NULL;
@@ -195,9 +195,107 @@ static void cache_commands(void **state)
     free(root);
 }
 
+/* Stores n bytes (pattern seed) as a blob of c named (model, tensor of
+ * tlen bytes; model NULL: unnamed, as an older sluice stores); its hex. */
+static void store_named(sl_cache *c, uint8_t seed, const char *model, const char *tensor,
+                        size_t tlen, char hex[65])
+{
+    uint8_t data[5000], d[32];
+    for (size_t k = 0; k < sizeof data; k++)
+        data[k] = (uint8_t)(k * 13 + seed);
+    assert_int_equal(sl_md_oneshot(SLUICE_ALG_SHA256, data, sizeof data, d), 0);
+    sluice_cache_name name = {model, tensor, tlen};
+    assert_int_equal(sl_cache_store_named(c, SLUICE_ALG_SHA256, d, data, sizeof data,
+                                          "https://h/m/model.safetensors", model ? &name : NULL,
+                                          NULL), 1);
+    sl_hex_digest(hex, d);
+}
+
+/* `sluice cache ls` names the tensors and models of its blobs, and --json
+ * gives the same as one object; a blob stored twice under two names lists
+ * both; a cache whose index lacks the names table (made by a sluice
+ * before it) lists its blobs without names, and records names again. */
+static void cache_ls_names(void **state)
+{
+    (void)state;
+    char *root = tu_tmpdir();
+    char *dir = tu_join(root, "cache");
+    sl_cache *c = NULL;
+    sl_err err = {0};
+    char hex[3][65], h2[65];
+    assert_int_equal(sl_cache_open(dir, (uint64_t)1 << 30, &c, &err), SLUICE_OK);
+    store_named(c, 1, "https://h/m", "model.embed_tokens.weight", 25, hex[0]);
+    store_named(c, 1, "https://h/other", "tied \"q\"\n", 9, h2);   /* the same bytes */
+    assert_string_equal(hex[0], h2);
+    store_named(c, 2, NULL, NULL, 0, hex[1]);
+    sl_cache_close(c);
+
+    run_result r = run(root, "cache", "ls", "--cache-dir", dir, NULL);
+    expect_status(&r, 0, "ls");
+    assert_non_null(strstr(r.out, "tensor \"model.embed_tokens.weight\" of https://h/m\n"));
+    assert_non_null(strstr(r.out, "tensor \"tied \\\"q\\\"\\n\" of https://h/other\n"));
+    assert_int_equal(count(r.out, "\n"), 4);   /* two entries, two names */
+    run_free(&r);
+
+    r = run(root, "cache", "ls", "--json", "--cache-dir", dir, NULL);
+    expect_status(&r, 0, "ls --json");
+    char want[512];
+    snprintf(want, sizeof want, "\"digest\": \"%s\"", hex[0]);
+    assert_non_null(strstr(r.out, want));
+    assert_non_null(strstr(r.out, "\"names\": [{\"model\": \"https://h/m\", \"tensor\": "
+                                  "\"model.embed_tokens.weight\"}, {\"model\": \"https://h/other\", "
+                                  "\"tensor\": \"tied \\\"q\\\"\\n\"}]"));
+    assert_non_null(strstr(r.out, "\"names\": []"));
+    assert_non_null(strstr(r.out, "\"source\": \"https://h/m/model.safetensors\""));
+    assert_int_equal(r.out[0], '{');
+    assert_non_null(strstr(r.out, "]}\n"));
+    run_free(&r);
+    r = run(root, "cache", "du", "--json", "--cache-dir", dir, NULL);
+    expect_status(&r, 2, "du --json");
+    run_free(&r);
+
+    /* an older sluice's index: no names table; listed without names, and
+     * the table is back after the next open, recording again */
+    char *index = tu_join(dir, "index.sqlite");
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open(index, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "DROP TABLE names", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(db);
+    sluice_cache *h = NULL;
+    assert_int_equal(sluice_cache_open_existing(dir, &h), SLUICE_OK);
+    sluice_cache_close(h);
+    assert_int_equal(sl_cache_open(dir, (uint64_t)1 << 30, &c, &err), SLUICE_OK);
+    store_named(c, 3, "https://h/m", "lm_head.weight", 14, hex[2]);
+    sl_cache_close(c);
+    r = run(root, "cache", "ls", "--cache-dir", dir, NULL);
+    expect_status(&r, 0, "ls after the names table was dropped");
+    assert_null(strstr(r.out, "embed_tokens"));
+    assert_non_null(strstr(r.out, "tensor \"lm_head.weight\" of https://h/m\n"));
+    assert_int_equal(count(r.out, "\n"), 4);   /* three entries, one name */
+    run_free(&r);
+
+    /* gc drops the names with their blob */
+    r = run(root, "cache", "--cache-dir", dir, "gc", "--max", "0", NULL);
+    expect_status(&r, 0, "gc --max 0");
+    run_free(&r);
+    assert_int_equal(sqlite3_open(index, &db), SQLITE_OK);
+    sqlite3_stmt *st = NULL;
+    assert_int_equal(sqlite3_prepare_v2(db, "SELECT count(*) FROM names", -1, &st, NULL),
+                     SQLITE_OK);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    assert_int_equal(sqlite3_column_int64(st, 0), 0);
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+    free(index);
+    tu_rmtree(root);
+    free(dir);
+    free(root);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(cache_commands)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(cache_commands),
+                                       cmocka_unit_test(cache_ls_names)};
     return cmocka_run_group_tests(tests, tool_group_setup, NULL);
 }
 

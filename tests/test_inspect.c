@@ -1,5 +1,5 @@
 /* test_inspect.c: `sluice inspect` as a user runs it: the table, the JSON
- * object (checked against the library's index), and the exit status (2) and
+ * object (checked against the library's index), and the exit status (3) and
  * one-line message on a bad model. */
 #include "util.h"
 
@@ -126,7 +126,7 @@ static void test_bad_model(void **state)
     tu_write_safetensors(path, "{\"a\":{\"dtype\":\"F16\",\"shape\":[5,3],\"data_offsets\":[0,28]}}", NULL, 28);
     char args[4096], *out, *err;
     snprintf(args, sizeof args, "inspect --json '%s'", path);
-    assert_int_equal(run_sluice(dir, args, &out, &err), 2);   /* an open error, as for every command */
+    assert_int_equal(run_sluice(dir, args, &out, &err), 3);   /* cannot open, as for every command */
     assert_string_equal(out, "");
     assert_non_null(strstr(err, "bad.safetensors: tensor \"a\": shape [5, 3] of F16 needs 30 bytes"));
     char *nl = strchr(err, '\n');

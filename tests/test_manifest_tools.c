@@ -309,14 +309,15 @@ static void manifest_parts_and_shard(void **state)
     run_free(&r);
     static const struct {
         const char *a, *b, *needle;
+        int status;   /* 3: a file that cannot be opened; 2: usage */
     } bad[] = {
-        {"--parts", "/nonexistent/rules", "/nonexistent/rules"},
-        {"--worlds", "2,4", "needs --parts"},
-        {"--parts", "builtin\0", NULL},
+        {"--parts", "/nonexistent/rules", "/nonexistent/rules", 3},
+        {"--worlds", "2,4", "needs --parts", 2},
+        {"--parts", "builtin\0", NULL, 0},
     };
     for (size_t j = 0; j < 2; j++) {
         r = run(f->dir, "manifest", out, bad[j].a, bad[j].b, NULL);
-        expect_status(&r, 2, bad[j].needle);
+        expect_status(&r, bad[j].status, bad[j].needle);
         if (!strstr(r.err, bad[j].needle))
             fail_msg("stderr lacks \"%s\": %s", bad[j].needle, r.err);
         run_free(&r);
@@ -330,7 +331,7 @@ static void manifest_parts_and_shard(void **state)
     expect_status(&r, 2, "world 1");
     run_free(&r);
     r = run(f->dir, "shard", out, "--world", "3", NULL);
-    expect_status(&r, 1, "shard world 3");
+    expect_status(&r, 2, "shard world 3");   /* a world the model does not split into: usage */
     assert_non_null(strstr(r.err, "does not split into 3 equal parts"));
     run_free(&r);
     free(rules);
@@ -513,7 +514,6 @@ static void usage_and_open_errors(void **state)
         (const char *const[]){"manifest", NULL},
         (const char *const[]){"cat", NULL},
         (const char *const[]){"cat", "x", NULL},
-        (const char *const[]){"verify", "/nonexistent/model.safetensors", NULL},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         const char *const *a = cases[k];
@@ -521,12 +521,17 @@ static void usage_and_open_errors(void **state)
         expect_status(&r, 2, a[0]);
         run_free(&r);
     }
-    /* verify with no manifest at all: REQUIRE names the sidecar */
-    run_result r = run(f->dir, "verify", f->model, NULL);
-    expect_status(&r, 2, "verify without manifest");
+    /* a model that is not there: cannot open (3) */
+    run_result r = run(f->dir, "verify", "/nonexistent/model.safetensors", NULL);
+    expect_status(&r, 3, "verify /nonexistent/model.safetensors");
+    run_free(&r);
+    /* verify with no manifest at all: REQUIRE names the sidecar; the
+     * manifest cannot be opened (3) */
+    r = run(f->dir, "verify", f->model, NULL);
+    expect_status(&r, 3, "verify without manifest");
     assert_non_null(strstr(r.err, "sluice.manifest.json"));
     run_free(&r);
-    /* a manifest missing a tensor: open error, the name listed */
+    /* a manifest naming a tensor the model lacks: integrity (1), the name listed */
     char *mpath = tu_join(f->dir, "m.json");
     r = run(f->dir, "manifest", "--flat", f->model, "-o", mpath, NULL);
     expect_status(&r, 0, "manifest");
@@ -539,7 +544,7 @@ static void usage_and_open_errors(void **state)
     tu_write_file(mpath, text, len);
     free(text);
     r = run(f->dir, "verify", f->model, "--manifest", mpath, NULL);
-    expect_status(&r, 2, "verify, manifest names an unknown tensor");
+    expect_status(&r, 1, "verify, manifest names an unknown tensor");
     assert_non_null(strstr(r.err, "\"lost\""));
     run_free(&r);
     /* help */

@@ -278,7 +278,7 @@ static void test_sign_round_trip(void **state)
     assert_int_equal(open_with(f, 1, msg, sizeof msg), SLUICE_OK);
     /* a certificate of another key is refused when signing */
     r = run(f->dir, "sign", f->model, "--format", "model-signing", "--key", priv, "--cert", lc, NULL);
-    expect_status(&r, 2, "sign with another key's certificate");
+    expect_status(&r, 3, "sign with another key's certificate");
     assert_non_null(strstr(r.err, "not the key's"));
     run_free(&r);
 
@@ -286,7 +286,7 @@ static void test_sign_round_trip(void **state)
      * refused when signing */
     char *tls = key(f, "ca-tls.crt");
     r = run(f->dir, "sign", f->model, "--format", "model-signing", "--key", lk, "--cert", tls, NULL);
-    expect_status(&r, 2, "sign with a TLS-server certificate");
+    expect_status(&r, 3, "sign with a TLS-server certificate");
     assert_non_null(strstr(r.err, "may not sign models: its extended key usage lacks codeSigning"));
     run_free(&r);
     free(tls);
@@ -547,8 +547,9 @@ static void test_file_check_says(void **state)
 
 /* Every command that opens a model takes the same trust options (--key,
  * --ca, --signature) and they mean the same in each: a certificate-signed
- * model.sig opens with its CA, and fails (exit 2, nothing written) with
- * another CA or with a named bundle that is not there. */
+ * model.sig opens with its CA, and fails (exit 4: signature refused,
+ * nothing written) with another CA or with a named bundle that is not
+ * there. */
 static void test_every_command_takes_trust_options(void **state)
 {
     fx *f = *state;
@@ -579,7 +580,7 @@ static void test_every_command_takes_trust_options(void **state)
             char what[256];
             snprintf(what, sizeof what, "%s %s %s", cmds[c][0], trust[t][0],
                      t == 1 ? "(another CA)" : t == 2 ? "(no such bundle)" : "");
-            expect_status(&r, t == 0 ? 0 : 2, what);
+            expect_status(&r, t == 0 ? 0 : 4, what);
             if (t && !strcmp(cmds[c][0], "cat"))
                 assert_int_equal(r.out_len, 0);
             run_free(&r);

@@ -555,8 +555,8 @@ static void test_bench_cold_plot_and_errors(void **state)
     assert_status(dir, args, 2);
     snprintf(args, sizeof args, "bench '%s' --qd 0", model); /* refused by sluice_open */
     assert_status(dir, args, 2);
-    snprintf(args, sizeof args, "bench '%s/nothing-here'", dir); /* cannot open: 2 */
-    assert_status(dir, args, 2);
+    snprintf(args, sizeof args, "bench '%s/nothing-here'", dir); /* cannot open: 3 */
+    assert_status(dir, args, 3);
     free(png);
     free(model);
     free(dirmodel);

@@ -1,8 +1,9 @@
-/* test_tool_exit.c: the exit status of every subcommand of `sluice`, as the
- * README ("The `sluice` command") and each --help tell it: 2 for a usage
- * error or a model that cannot be opened, 1 for a model that opens but
- * whose tensors fail, 0 for success (issue 25, item 12: the README said
- * 1 on an invalid model while verify, cat and manifest exit 2). */
+/* test_tool_exit.c: the exit status of every subcommand of `sluice`, as
+ * docs/command.md ("Exit status") and each --help tell it, one table for
+ * all (tools/cmd.h): 0 success, 1 integrity (bytes that do not match the
+ * manifest), 2 usage, 3 cannot open, 4 signature refused (issue 38, item
+ * 7: a signature failure exited 2 like a usage error; issue 25, item 12
+ * before it). One case per class in every command that opens a model. */
 #include "util.h"
 
 #include <setjmp.h>
@@ -20,7 +21,8 @@
 
 #include <sluice.h>
 
-static char *dir;   /* bad.safetensors; good/ (synth tiny), flipped/ (a byte changed) */
+static char *dir;   /* bad.safetensors; good/ (synth tiny), flipped/ (a byte changed),
+                       nomf/ (no manifest), k.pub (a key that signed nothing) */
 
 static int setup(void **state)
 {
@@ -39,6 +41,15 @@ static int setup(void **state)
         run_free(&r);
         free(d);
     }
+    char *nomf = tu_join(dir, "nomf"), *key = tu_join(dir, "k");
+    run_result r = run(dir, "synth", "tiny", nomf, "--shards", "1", "--no-manifest", NULL);
+    expect_status(&r, 0, "synth tiny --no-manifest");
+    run_free(&r);
+    r = run(dir, "keygen", "--out", key, NULL);
+    expect_status(&r, 0, "keygen");
+    run_free(&r);
+    free(nomf);
+    free(key);
     /* a byte of the tensor `cat` asks for, covered by the manifest */
     char *f = tu_join(dir, "flipped/model.safetensors");
     sluice_model *m = NULL;
@@ -84,17 +95,28 @@ static const cmd_case cases[] = {
     {"bench", {"@", "--world", "2", "--runs", "1"}},
 };
 
-static run_result run_case(const cmd_case *c, const char *model)
+/* The case's command line on model, then up to four more arguments. */
+static run_result run_case_with(const cmd_case *c, const char *model, const char *x0,
+                                const char *x1, const char *x2, const char *x3)
 {
-    const char *a[10] = {c->name};
+    const char *a[14] = {c->name};
     char *scratch = tu_join(dir, "scratch");
     size_t n = 1;
     for (size_t i = 0; i < 8 && c->args[i]; i++)
         a[n++] = !strcmp(c->args[i], "@") ? model : !strcmp(c->args[i], "%") ? scratch : c->args[i];
-    run_result r = run(dir, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], NULL);
+    const char *x[4] = {x0, x1, x2, x3};
+    for (size_t i = 0; i < 4 && x[i]; i++)
+        a[n++] = x[i];
+    run_result r = run(dir, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10],
+                       a[11], a[12], NULL);
     tu_rmtree(scratch);
     free(scratch);
     return r;
+}
+
+static run_result run_case(const cmd_case *c, const char *model)
+{
+    return run_case_with(c, model, NULL, NULL, NULL, NULL);
 }
 
 /* Line breaks and runs of blanks as one space, in place (help texts wrap). */
@@ -107,9 +129,9 @@ static void squeeze(char *s)
     *w = '\0';
 }
 
-/* An invalid model: every command exits 2, with one line on stderr that
- * names the file, and says so in its --help. */
-static void test_invalid_model_exits_2(void **state)
+/* An invalid model: every command exits 3 (cannot open), with one line on
+ * stderr that names the file, and says so in its --help. */
+static void test_invalid_model_exits_3(void **state)
 {
     (void)state;
     char *bad = tu_join(dir, "bad.safetensors");
@@ -117,7 +139,7 @@ static void test_invalid_model_exits_2(void **state)
         run_result r = run_case(&cases[k], bad);
         char what[64];
         snprintf(what, sizeof what, "%s on an invalid model", cases[k].name);
-        expect_status(&r, 2, what);
+        expect_status(&r, 3, what);
         if (!strstr(r.err, "bad.safetensors") || !strchr(r.err, '\n') ||
             strchr(r.err, '\n')[1] != '\0')
             fail_msg("%s: stderr is not one line naming the file: %s", what, r.err);
@@ -125,15 +147,17 @@ static void test_invalid_model_exits_2(void **state)
         r = run(dir, cases[k].name, "--help", NULL);
         expect_status(&r, 0, cases[k].name);
         squeeze(r.out);
-        if (!strstr(r.out, "Exit status:") || !strstr(r.out, "2 usage or open error"))
-            fail_msg("%s --help does not give the exit status of an open error:\n%s",
+        if (!strstr(r.out, "Exit status (the same in every command): 0 success; 1 integrity") ||
+            !strstr(r.out, "2 usage error") || !strstr(r.out, "3 cannot open") ||
+            !strstr(r.out, "4 signature refused"))
+            fail_msg("%s --help does not give the table of exit statuses:\n%s",
                      cases[k].name, r.out);
         run_free(&r);
     }
-    /* sluice serve: its own program (built with grpc++); 2 when it has
-     * no model to serve, and 2 when it is not installed at all */
+    /* sluice serve: its own program (built with grpc++); 3 when it has
+     * no model to serve, and 3 when it is not installed at all */
     run_result r = run(dir, "serve", bad, "--listen", "127.0.0.1:0", NULL);
-    expect_status(&r, 2, "serve on an invalid model");
+    expect_status(&r, 3, "serve on an invalid model");
     run_free(&r);
     free(bad);
 }
@@ -168,11 +192,124 @@ static void test_failed_tensor_exits_1(void **state)
     free(flipped);
 }
 
+/* A bad command line: every command (those that open no model too)
+ * exits 2, before it opens anything. */
+static void test_usage_exits_2(void **state)
+{
+    (void)state;
+    char *good = tu_join(dir, "good/model.safetensors");
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char what[64];
+        snprintf(what, sizeof what, "%s --no-such-option", cases[k].name);
+        run_result r = run_case_with(&cases[k], good, "--no-such-option", NULL, NULL, NULL);
+        expect_status(&r, 2, what);
+        run_free(&r);
+    }
+    static const char *const others[] = {"synth", "keygen", "sign", "cache", "repair"};
+    for (size_t k = 0; k < sizeof others / sizeof *others; k++) {
+        run_result r = run(dir, others[k], "--no-such-option", NULL);
+        expect_status(&r, 2, others[k]);
+        run_free(&r);
+    }
+    run_result r = run(dir, "no-such-command", NULL);
+    expect_status(&r, 2, "an unknown command");
+    run_free(&r);
+    free(good);
+}
+
+/* The commands that judge a model against its manifest, given a model
+ * with none: 3 (the manifest cannot be opened), not 1 nor 2. */
+static void test_missing_manifest_exits_3(void **state)
+{
+    (void)state;
+    char *nomf = tu_join(dir, "nomf/model.safetensors");
+    char *good = tu_join(dir, "good");
+    run_result r = run(dir, "verify", nomf, "-q", NULL);
+    expect_status(&r, 3, "verify without a manifest");
+    run_free(&r);
+    r = run(dir, "repair", nomf, "--fallback", good, "-q", NULL);
+    expect_status(&r, 3, "repair without a manifest");
+    run_free(&r);
+    char *scratch = tu_join(dir, "scratch");
+    r = run(dir, "bench-cache", nomf, "--url", nomf, "--cache-dir", scratch, NULL);
+    expect_status(&r, 3, "bench-cache without a manifest");
+    run_free(&r);
+    tu_rmtree(scratch);
+    free(scratch);
+    /* a manifest named that does not exist */
+    char *gone = tu_join(dir, "gone.manifest.json");
+    char *goodf = tu_join(dir, "good/model.safetensors");
+    r = run(dir, "cat", goodf, "model.norm.weight", "--manifest", gone, NULL);
+    expect_status(&r, 3, "cat --manifest MISSING");
+    assert_int_equal(r.out_len, 0);
+    run_free(&r);
+    free(gone);
+    free(goodf);
+    free(nomf);
+    free(good);
+}
+
+/* A trusted key that signed nothing: every command that opens a model
+ * with the trust options exits 4 (the manifest has no valid signature),
+ * and so does verify --no-manifest-link with no model.sig. */
+static void test_signature_exits_4(void **state)
+{
+    (void)state;
+    static const char *const trusting[] = {"verify", "cat", "stats", "shard", "bench"};
+    char *good = tu_join(dir, "good/model.safetensors");
+    char *mirror = tu_join(dir, "good");
+    char *pub = tu_join(dir, "k.pub");
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        int takes = 0;
+        for (size_t j = 0; j < sizeof trusting / sizeof *trusting; j++)
+            takes |= !strcmp(cases[k].name, trusting[j]);
+        /* bench with --world only: the throughput bench reads unverified too */
+        if (!takes || (!strcmp(cases[k].name, "bench") && strcmp(cases[k].args[1], "--world")))
+            continue;
+        char what[64];
+        snprintf(what, sizeof what, "%s --key (unsigned manifest)", cases[k].name);
+        run_result r = run_case_with(&cases[k], good, "--key", pub, NULL, NULL);
+        expect_status(&r, 4, what);
+        if (!strcmp(cases[k].name, "cat"))
+            assert_int_equal(r.out_len, 0);
+        run_free(&r);
+    }
+    run_result r = run(dir, "repair", good, "--fallback", mirror, "--key", pub, "-q", NULL);
+    expect_status(&r, 4, "repair --key (unsigned manifest)");
+    run_free(&r);
+    r = run(dir, "verify", mirror, "--no-manifest-link", "--key", pub, NULL);
+    expect_status(&r, 4, "verify --no-manifest-link without model.sig");
+    if (!strstr(r.out, "FAILED"))
+        fail_msg("verify --no-manifest-link: no FAILED line: %s", r.out);
+    run_free(&r);
+    free(good);
+    free(mirror);
+    free(pub);
+}
+
+/* repair whose mirror holds the same damage: the tensor still does not
+ * match (1), PATH unchanged. */
+static void test_repair_failing_mirror_exits_1(void **state)
+{
+    (void)state;
+    char *flipped = tu_join(dir, "flipped/model.safetensors");
+    char *also = tu_join(dir, "flipped");
+    run_result r = run(dir, "repair", flipped, "--fallback", also, "-q", NULL);
+    expect_status(&r, 1, "repair from a mirror as damaged");
+    run_free(&r);
+    free(flipped);
+    free(also);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_invalid_model_exits_2),
+        cmocka_unit_test(test_invalid_model_exits_3),
         cmocka_unit_test(test_failed_tensor_exits_1),
+        cmocka_unit_test(test_usage_exits_2),
+        cmocka_unit_test(test_missing_manifest_exits_3),
+        cmocka_unit_test(test_signature_exits_4),
+        cmocka_unit_test(test_repair_failing_mirror_exits_1),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -107,8 +107,8 @@ static void usage(FILE *f)
         "             verify-only rows and (f): CPUs x (c) (cold O_DIRECT: or fio at its blocks)\n"
         "  vs (e)     verified runs: GB/s over (e)\n"
         "\n"
-        "Exit status: 0 measured, 1 a run failed, 2 usage or open error (also options\n"
-        "the library refuses).\n");
+        CMD_EXIT_HELP
+        "bench: 1 a run failed; 2 also for options the library refuses.\n");
 }
 
 const char *bench_size(uint64_t v, char buf[32])
@@ -216,7 +216,7 @@ static int load_model(const char *path, bench_model *bm)
     if (rc != SLUICE_OK) {
         fprintf(stderr, "sluice bench: %s\n", m ? sluice_errmsg(m) : sluice_strerror(rc));
         sluice_close(m);
-        return -1;
+        return cmd_exit_status(rc);
     }
     memset(bm, 0, sizeof *bm);
     bm->path = path;
@@ -249,7 +249,7 @@ static int load_model(const char *path, bench_model *bm)
         fprintf(stderr, "sluice bench: out of memory\n");
         free_model(bm);
     }
-    return ok ? 0 : -1;
+    return ok ? 0 : CMD_EXIT_OPEN;
 }
 
 /* Whether the model opens with policy REQUIRE: a manifest is there and
@@ -468,9 +468,10 @@ int cmd_bench(int argc, char **argv)
     if (bo.remote)
         whole_process = 0;
     bench_model bm;
-    if (load_model(path, &bm) < 0)
-        return 2;   /* an open error, as for every command */
-    int rc = 1;
+    int rc = load_model(path, &bm);
+    if (rc)
+        return rc;   /* an open error, as for every command */
+    rc = 1;
     bench_row *rows = NULL;
     size_t nrows = 0;
     char b3_dir[] = "/tmp/sluice-bench-XXXXXX", b3_path[sizeof b3_dir + 32] = "";

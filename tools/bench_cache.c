@@ -50,8 +50,9 @@ static int on_tensor(void *user, sluice_tensor *t, int status,
     return 0;
 }
 
-/* One load of row r; 0, or after a message -2 (the model cannot be opened,
- * or has no manifest) or -1 (another failure). */
+/* One load of row r; 0, or after a message minus the exit status (cmd.h):
+ * the open's, -CMD_EXIT_OPEN (no manifest, the cache not emptied) or -1 (a
+ * tensor failed). */
 static int load(int r, const char *path, const char *url, const char *dir, uint64_t pool,
                 row_run *out)
 {
@@ -70,7 +71,7 @@ static int load(int r, const char *path, const char *url, const char *dir, uint6
             fprintf(stderr, "sluice bench-cache: emptying %s: %s\n", dir,
                     c ? sluice_cache_errmsg(c) : sluice_strerror(rc));
             sluice_cache_close(c);
-            return -1;
+            return -CMD_EXIT_OPEN;
         }
         sluice_cache_close(c);
     }
@@ -87,13 +88,13 @@ static int load(int r, const char *path, const char *url, const char *dir, uint6
         fprintf(stderr, "sluice bench-cache: %s: %s\n", row_name[r],
                 m ? sluice_errmsg(m) : sluice_strerror(rc));
         sluice_close(m);
-        return -2;
+        return -cmd_exit_status(rc);
     }
     if (r != ROW_E && !sluice_manifest_path(m)) {
         fprintf(stderr, "sluice bench-cache: %s: %s has no manifest (a directory's is "
                 "sluice.manifest.json, a file F's F.manifest.json)\n", row_name[r], where);
         sluice_close(m);
-        return -2;
+        return -CMD_EXIT_OPEN;
     }
     int failed = 0;
     rc = sluice_stream(m, NULL, 0, on_tensor, &failed);
@@ -129,8 +130,8 @@ static void usage(FILE *f)
             "medians of N runs (default 3) after an untimed pass, and their ratios.\n"
             "tools/bench_cache.sh PATH serves PATH with nginx and runs this.\n"
             "\n"
-            "Exit status: 0 measured, 1 a load failed, 2 usage or open error (PATH or\n"
-            "URL cannot be opened, or has no manifest).\n");
+            CMD_EXIT_HELP
+            "bench-cache: 1 a load failed; 3 also when PATH or URL has no manifest.\n");
 }
 
 int cmd_bench_cache(int argc, char **argv)
@@ -167,7 +168,7 @@ int cmd_bench_cache(int argc, char **argv)
     row_run *res = calloc((size_t)runs * ROWS, sizeof *res);
     row_run warm;
     if (!res)
-        return 2;
+        return CMD_EXIT_OPEN;
     int status = 0;   /* the exit status: -load() */
     for (int r = 0; r < ROWS && !status; r++)
         status = -load(r, path, url, dir, pool, &warm);

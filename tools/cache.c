@@ -15,13 +15,19 @@
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: sluice cache [--cache-dir DIR] ls|du|gc [--max SIZE]|clear|verify\n"
+            "usage: sluice cache [--cache-dir DIR] ls [--json]|du|gc [--max SIZE]|clear|verify\n"
             "\n"
             "Looks after a persistent cache directory (the blobs of verified remote\n"
             "tensors and the verified-once memo).\n"
             "\n"
             "  ls               one line per entry, least recently used first: size,\n"
-            "                   time since last use, ALGORITHM:DIGEST, source\n"
+            "                   time since last use, ALGORITHM:DIGEST, source; then a\n"
+            "                   line per tensor stored as that blob: tensor \"NAME\" of\n"
+            "                   MODEL (none for a blob an older sluice stored)\n"
+            "  ls --json        the same as one JSON object: {\"cache\": DIR, \"entries\":\n"
+            "                   [{\"algorithm\", \"digest\", \"bytes\", \"source\",\n"
+            "                   \"created_ns\", \"last_access_ns\", \"present\", \"names\":\n"
+            "                   [{\"model\", \"tensor\"}]}]}\n"
             "  du               the bytes and entries recorded\n"
             "  gc [--max SIZE]  delete least recently used blobs until at most SIZE\n"
             "                   remain (e.g. 10G, 512M, 0; default 64G), entries whose\n"
@@ -36,10 +42,11 @@ static void usage(FILE *out)
             "                   $XDG_CACHE_HOME/sluice, else ~/.cache/sluice)\n"
             "\n"
             "ls, du and verify create nothing: where the directory holds no cache they\n"
-            "say so and exit 2. gc and clear make the cache they are given.\n"
+            "say so and exit 3. gc and clear make the cache they are given.\n"
             "\n"
-            "Exit status: 0 done, 1 verify found bad blobs, 2 usage error or a cache\n"
-            "that cannot be opened (or, for ls, du and verify, is not there).\n");
+            CMD_EXIT_HELP
+            "cache: 1 verify found bad blobs; 3 a cache that cannot be opened (or, for\n"
+            "ls, du and verify, is not there).\n");
 }
 
 /* "45s", "12m", "3h", "4d" since ns (CLOCK_REALTIME). */
@@ -60,6 +67,8 @@ static const char *age(int64_t ns, char *buf, size_t size)
     return buf;
 }
 
+/* ls: the entry's line, then a line per tensor stored as its blob:
+ * `tensor "NAME" of MODEL` (NAME JSON-quoted: any byte reads back). */
 static int print_entry(void *user, const sluice_cache_entry *e)
 {
     (void)user;
@@ -67,6 +76,34 @@ static int print_entry(void *user, const sluice_cache_entry *e)
     printf("%10s  %4s  %s:%s  %s%s\n", progress_bytes(e->bytes, b, sizeof b),
            age(e->last_access_ns, a, sizeof a), sluice_algorithm_name(e->algorithm), e->digest,
            e->source, e->present ? "" : "  (blob missing)");
+    for (size_t k = 0; k < e->nnames; k++) {
+        printf("%18s tensor ", "");
+        ig_quote(stdout, e->names[k].tensor, e->names[k].tensor_len);
+        printf(" of %s\n", e->names[k].model);
+    }
+    return 0;
+}
+
+/* ls --json: one object of the entries array (the caller writes the
+ * commas and brackets). */
+static int json_entry(void *user, const sluice_cache_entry *e)
+{
+    size_t *n = user;
+    printf("%s\n    {\"algorithm\": \"%s\", \"digest\": \"%s\", \"bytes\": %" PRIu64
+           ", \"source\": ", (*n)++ ? "," : "", sluice_algorithm_name(e->algorithm), e->digest,
+           e->bytes);
+    ig_quote(stdout, e->source, strlen(e->source));
+    printf(", \"created_ns\": %" PRId64 ", \"last_access_ns\": %" PRId64
+           ", \"present\": %s, \"names\": [", e->created_ns, e->last_access_ns,
+           e->present ? "true" : "false");
+    for (size_t k = 0; k < e->nnames; k++) {
+        printf("%s{\"model\": ", k ? ", " : "");
+        ig_quote(stdout, e->names[k].model, strlen(e->names[k].model));
+        printf(", \"tensor\": ");
+        ig_quote(stdout, e->names[k].tensor, e->names[k].tensor_len);
+        printf("}");
+    }
+    printf("]}");
     return 0;
 }
 
@@ -91,11 +128,14 @@ static void on_bad(void *user, const sluice_cache_entry *e, const char *why)
 int cmd_cache(int argc, char **argv)
 {
     const char *dir = NULL, *action = NULL, *max_arg = NULL;
+    int json = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
+        } else if (!strcmp(a, "--json")) {
+            json = 1;
         } else if (!strcmp(a, "--cache-dir") || !strcmp(a, "--max")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "sluice cache: %s needs a value\n", a);
@@ -130,6 +170,10 @@ int cmd_cache(int argc, char **argv)
                 max_arg);
         return 2;
     }
+    if (json && strcmp(action, "ls") != 0) {
+        fprintf(stderr, "sluice cache: --json is for ls only\n");
+        return 2;
+    }
 
     /* Only gc and clear may make the cache they are given; the others read,
      * and a typo in --cache-dir must not leave a new cache behind. */
@@ -139,12 +183,20 @@ int cmd_cache(int argc, char **argv)
         SLUICE_OK) {
         fprintf(stderr, "sluice cache: %s\n", sluice_cache_errmsg(c));
         sluice_cache_close(c);
-        return 2;
+        return CMD_EXIT_OPEN;
     }
     int rc = SLUICE_OK, status = 0;
     char b[32];
     uint64_t bytes = 0, n = 0;
-    if (!strcmp(action, "ls")) {
+    if (!strcmp(action, "ls") && json) {
+        size_t listed = 0;
+        printf("{\"cache\": ");
+        ig_quote(stdout, sluice_cache_path(c), strlen(sluice_cache_path(c)));
+        printf(", \"entries\": [");
+        rc = sluice_cache_list(c, json_entry, &listed);
+        if (rc == SLUICE_OK)
+            printf("%s]}\n", listed ? "\n  " : "");
+    } else if (!strcmp(action, "ls")) {
         rc = sluice_cache_list(c, print_entry, NULL);
     } else if (!strcmp(action, "du")) {
         rc = sluice_cache_usage(c, &bytes, &n);
@@ -171,12 +223,12 @@ int cmd_cache(int argc, char **argv)
         if (rc == SLUICE_OK) {
             printf("%" PRIu64 " blobs checked, %" PRIu64 " dropped, %" PRIu64
                    " recorded\n", checked, dropped, s.recorded);
-            status = s.bad ? 1 : 0;
+            status = s.bad ? CMD_EXIT_INTEGRITY : 0;
         }
     }
     if (rc != SLUICE_OK) {
         fprintf(stderr, "sluice cache %s: %s\n", action, sluice_cache_errmsg(c));
-        status = 2;
+        status = cmd_exit_status(rc);
     }
     sluice_cache_close(c);
     return status;

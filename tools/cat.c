@@ -27,8 +27,9 @@ static void usage(FILE *out)
             IG_FALLBACK_HELP
             IG_LOADER_HELP
             "\n"
-            "Exit status: 0 written, 1 read or verification failure (nothing\n"
-            "written), 2 usage or open error, or no such tensor.\n");
+            CMD_EXIT_HELP
+            "cat: nothing is written unless it exits 0; 1 also when the manifest has\n"
+            "no digest for NAME; 2 when the model has no tensor NAME.\n");
 }
 
 static int write_all(const void *data, uint64_t len)
@@ -99,13 +100,10 @@ int cmd_cat(int argc, char **argv)
     o.verify = SLUICE_VERIFY_IF_PRESENT;
     sluice_model *m = NULL;
     int rc = sluice_open(path, &o, &m);
-    if (rc != SLUICE_OK) {
-        fprintf(stderr, "sluice cat: %s\n", m ? sluice_errmsg(m) : sluice_strerror(rc));
-        sluice_close(m);
-        return 2;
-    }
+    if (rc != SLUICE_OK)
+        return ig_open_failed("cat", m, rc);
     ig_warn_unverified("cat", m);
-    int status = 2;
+    int status = CMD_EXIT_USAGE;
     struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
     uint8_t want[32];
     sluice_tensor *t = NULL;
@@ -124,18 +122,19 @@ int cmd_cat(int argc, char **argv)
         fprintf(stderr, "sluice cat: manifest %s has no digest for ", sluice_manifest_path(m));
         ig_quote(stderr, name, strlen(name));
         fprintf(stderr, "\n");
-        status = 1;
+        status = CMD_EXIT_INTEGRITY;
         goto done;
     }
-    status = 1;
     rc = sluice_acquire(m, name, &t);
     /* the cache turned off, or the memo refused the file: asked for, not had */
     if (sluice_cache_warning(m))
         fprintf(stderr, "sluice cat: warning: %s\n", sluice_cache_warning(m));
     if (rc != SLUICE_OK) {
         fprintf(stderr, "sluice cat: %s\n", sluice_errmsg(m));
+        status = cmd_exit_status(rc);
         goto done;
     }
+    status = CMD_EXIT_INTEGRITY;
     if (verified) {
         uint8_t got[32];
         if (sluice_tensor_digest(t, got) != SLUICE_OK || memcmp(got, want, 32) != 0) {
@@ -145,6 +144,7 @@ int cmd_cat(int argc, char **argv)
     }
     if (write_all(sluice_tensor_data(t), sluice_tensor_size(t)) != 0) {
         fprintf(stderr, "sluice cat: writing to stdout: %s\n", strerror(errno));
+        status = CMD_EXIT_OPEN;
         goto done;
     }
     status = 0;
@@ -152,7 +152,7 @@ done:
     sluice_release(t);
     if (sluice_close(m) != SLUICE_OK) {
         fprintf(stderr, "sluice cat: %s\n", sluice_errmsg(m));
-        status = status ? status : 1;
+        status = status ? status : CMD_EXIT_OPEN;
     }
     return status;
 }

@@ -1,6 +1,7 @@
 /* inspect.c: `sluice inspect PATH [--json]`: the index of a model, as a
  * table or as one JSON object. Reads headers only. */
 #include "cmd.h"
+#include "integrity.h"
 #include "jsonout.h"
 
 #include <sluice.h>
@@ -129,8 +130,7 @@ int cmd_inspect(int argc, char **argv)
                    "  PATH: a .safetensors file, a directory, or a *.safetensors.index.json\n"
                    "  --json: one JSON object {files, metadata, tensors} instead of a table\n"
                    "\n"
-                   "Exit status: 0 listed, 2 usage or open error (a model that cannot be\n"
-                   "opened: its headers, index or manifest are invalid or unreadable).\n");
+                   CMD_EXIT_HELP);
             return 0;
         } else if (!path && argv[i][0] != '-') {
             path = argv[i];
@@ -148,11 +148,8 @@ int cmd_inspect(int argc, char **argv)
     opts.verify = SLUICE_VERIFY_OFF; /* inspect reads headers only */
     sluice_model *m = NULL;
     int rc = sluice_open(path, &opts, &m);
-    if (rc < 0) {
-        fprintf(stderr, "sluice inspect: %s\n", sluice_errmsg(m));
-        sluice_close(m);
-        return 2;   /* an open error, as for every command */
-    }
+    if (rc < 0)
+        return ig_open_failed("inspect", m, rc);
     if (json)
         print_json(m);
     else

@@ -1,6 +1,7 @@
 /* integrity.c: see integrity.h. */
 #include "integrity.h"
 
+#include "cmd.h"
 #include "jsonout.h"
 
 #include <errno.h>
@@ -210,6 +211,13 @@ int ig_own_location(const char *cmd, const char *path, const sluice_model *m)
     fprintf(stderr, "sluice %s: %s cannot be opened (%s); the mirrors stand in for it when "
             "loading, but %s judges %s's own bytes\n", cmd, path, why ? why : "", cmd, path);
     return -1;
+}
+
+int ig_open_failed(const char *cmd, sluice_model *m, int rc)
+{
+    fprintf(stderr, "sluice %s: %s\n", cmd, m ? sluice_errmsg(m) : sluice_strerror(rc));
+    sluice_close(m);
+    return cmd_exit_status(rc);
 }
 
 int ig_warn_unverified(const char *cmd, const sluice_model *m)

@@ -1,6 +1,7 @@
 /* integrity.h: what the manifest, verify and cat commands share: the
  * options they take on the command line and quoting names for messages
- * (integrity.c). Parallel hashing of files and tensors is in digest.h. */
+ * (integrity.c). A manifest's digests are the library's to compute
+ * (sluice_manifest_write). */
 #ifndef SLUICE_TOOLS_INTEGRITY_H
 #define SLUICE_TOOLS_INTEGRITY_H
 
@@ -102,8 +103,9 @@ typedef struct ig_failed {
 /* Runs sluice_verify on m (with files: SLUICE_VF_FILES), printing each
  * failure ("FAILED ...") and the summary line, and collecting the failed
  * tensors into *failed (may be NULL; free failed->index). Returns the
- * exit status: 0 all matched, 1 a failure, 2 the verify could not run
- * (message on stderr naming cmd). verify.c. */
+ * exit status (cmd.h): 0 all matched, 1 a mismatch, 3 a read failure and
+ * no mismatch, else the status of why the verify could not run (message
+ * on stderr naming cmd). verify.c. */
 int ig_verify_print(const char *cmd, sluice_model *m, int files, int quiet, double t0,
                     ig_failed *failed);
 
@@ -136,6 +138,11 @@ int ig_path_operand(const char *cmd, const char *a, const char **path, void (*us
  * cmd and why PATH could not be opened) when a mirror serves it
  * (sluice_model_location): verify and repair judge PATH, never a mirror. */
 int ig_own_location(const char *cmd, const char *path, const sluice_model *m);
+
+/* After sluice_open failed with rc: prints "sluice CMD: why" (m's
+ * message, or rc's name when m is NULL), closes m and returns the exit
+ * status (cmd_exit_status). */
+int ig_open_failed(const char *cmd, sluice_model *m, int rc);
 
 /* Warns on stderr, naming cmd, when m was opened with nothing to check
  * its bytes against (sluice_verify_state: no manifest found, or

@@ -1,31 +1,20 @@
 /* manifest.c: `sluice manifest`: writes the manifest of a model (version
  * 2 by default: every tensor's digest, dtype, shape and size, every file's
- * digest, size and header digest; see "Manifests" in sluice.h).
- *
- * The model is opened for its index only (which digests each header as it
- * parses it); the digests of every tensor and of every whole file (with
- * SHA-256, what the Hugging Face Hub lists for a Git LFS file)
- * are computed by the library's verify-only path (sluice_verify, digests
- * only; digest.c): a manifest is a statement about the files, not a load,
- * so nothing goes through the buffer pool and the bytes are hashed where
- * they lie in the page cache.
- * Nothing is written unless every tensor and file was read.
+ * digest, size and header digest; see "Manifests" in sluice.h) with the
+ * library's one writer, sluice_manifest_write (src/api/manifest_make.c,
+ * which the Python package's sluice.write_manifest calls too): this file
+ * reads the command line, opens the model for its index only and shows
+ * the progress. Nothing is written unless every tensor and file was read.
  */
 #include "cmd.h"
-#include "digest.h"
 #include "integrity.h"
-#include "jsonout.h"
+#include "progress.h"
 #include "shard.h"
 
-#include "api/manifest_write.h"
-
 #include <errno.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 static void usage(FILE *out)
@@ -62,92 +51,14 @@ static void usage(FILE *out)
             "  -q, --quiet       no progress bar (shown only when stderr is a terminal)\n"
             "  --threads N       hashing threads (default: online CPUs)\n"
             "\n"
-            "Exit status: 0 written, 1 a tensor or file could not be read, 2 usage or\n"
-            "open error.\n");
+            CMD_EXIT_HELP
+            "manifest: 3 also when a tensor or file could not be read (nothing written).\n");
 }
 
 enum { FORM_V2, FORM_V1, FORM_FLAT };
 
-/* Chunk digests: per tensor, its first digest in all[] (count 0: none). */
-typedef struct chunk_set {
-    uint64_t bytes;
-    uint32_t *count;
-    size_t *first;
-    uint8_t (*all)[32];
-    size_t total;
-    /* the work, shared by the threads */
-    sluice_model *m;
-    size_t *tensor_of;          /* per digest: its tensor */
-    atomic_size_t next;
-    atomic_int failed;
-    const struct part_set *parts; /* --parts: written after the chunks */
-} chunk_set;
-
-/* Part digests (--parts): per tensor its dim (SLUICE_PART_REPLICATED:
- * none) and, for each world size that divides it, that many digests. */
-typedef struct part_set {
-    uint64_t worlds[8];
-    size_t nworlds;
-    int *dim;
-    uint8_t (**digest)[32];   /* per tensor: the worlds' digests, one after the other */
-} part_set;
-
-static void part_set_free(part_set *ps, size_t n)
-{
-    for (size_t i = 0; ps->digest && i < n; i++)
-        free(ps->digest[i]);
-    free(ps->digest);
-    free(ps->dim);
-}
-
-/* The part digests of every tensor the rules split, for each world size
- * that divides its dim. Returns 0, or -1 after a message. */
-static int compute_parts(sluice_model *m, const sluice_part_rules *rules, part_set *ps)
-{
-    size_t n = sluice_count(m);
-    ps->dim = calloc(n ? n : 1, sizeof *ps->dim);
-    ps->digest = calloc(n ? n : 1, sizeof *ps->digest);
-    if (!ps->dim || !ps->digest) {
-        fprintf(stderr, "sluice manifest: out of memory\n");
-        return -1;
-    }
-    for (size_t i = 0; i < n; i++) {
-        struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
-        sluice_info(m, i, &ti);
-        int dim;
-        if (sluice_part_rules_dim(rules, ti.name, ti.ndim, &dim) != SLUICE_OK) {
-            fprintf(stderr, "sluice manifest: --parts: tensor %s: the rules split it along dim "
-                    "%d; it has %u\n", ti.name, dim, ti.ndim);
-            return -1;
-        }
-        ps->dim[i] = dim;
-        if (dim == SLUICE_PART_REPLICATED)
-            continue;
-        size_t total = 0;
-        for (size_t w = 0; w < ps->nworlds; w++)
-            total += ti.shape[dim] % ps->worlds[w] ? 0 : ps->worlds[w];
-        if (!total) {
-            ps->dim[i] = SLUICE_PART_REPLICATED;
-            continue;
-        }
-        if (!(ps->digest[i] = malloc(total * sizeof *ps->digest[i]))) {
-            fprintf(stderr, "sluice manifest: out of memory\n");
-            return -1;
-        }
-        size_t at = 0;
-        for (size_t w = 0; w < ps->nworlds; w++)
-            for (uint64_t r = 0; !(ti.shape[dim] % ps->worlds[w]) && r < ps->worlds[w]; r++)
-                if (sluice_digest_part(m, i, (uint32_t)dim, r, ps->worlds[w],
-                                       ps->digest[i][at++]) != SLUICE_OK) {
-                    fprintf(stderr, "sluice manifest: %s\n", sluice_errmsg(m));
-                    return -1;
-                }
-    }
-    return 0;
-}
-
 /* --worlds "2,4,8" into ps. Returns 0 or -1. */
-static int parse_worlds(const char *s, part_set *ps)
+static int parse_worlds(const char *s, sluice_manifest_options *ps)
 {
     ps->nworlds = 0;
     while (*s) {
@@ -167,167 +78,26 @@ static int parse_worlds(const char *s, part_set *ps)
     return ps->nworlds ? 0 : -1;
 }
 
-static void *chunk_worker(void *arg)
+/* The progress bar's count, and each item that could not be read. */
+static void on_bytes(void *user, uint64_t bytes)
 {
-    chunk_set *cs = arg;
-    for (size_t k; (k = atomic_fetch_add(&cs->next, 1)) < cs->total && !atomic_load(&cs->failed);) {
-        size_t i = cs->tensor_of[k];
-        struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
-        sluice_info(cs->m, i, &info);
-        uint64_t lo = (uint64_t)(k - cs->first[i]) * cs->bytes;
-        uint64_t hi = lo + cs->bytes < info.nbytes ? lo + cs->bytes : info.nbytes;
-        if (sluice_digest_range(cs->m, i, lo, hi, cs->all[k]) != SLUICE_OK) {
-            if (!atomic_exchange(&cs->failed, 1))
-                fprintf(stderr, "sluice manifest: %s\n", sluice_errmsg(cs->m));
-        }
-    }
-    return NULL;
+    progress_add(user, bytes);
 }
 
-/* The chunk digests of every tensor larger than bytes, on threads
- * threads. Returns 0, or -1 after a message. */
-static int compute_chunks(sluice_model *m, uint64_t bytes, unsigned threads, chunk_set *cs)
+static void on_failure(void *user, const char *message)
 {
-    size_t n = sluice_count(m);
-    memset(cs, 0, sizeof *cs);
-    cs->bytes = bytes;
-    cs->m = m;
-    cs->count = calloc(n ? n : 1, sizeof *cs->count);
-    cs->first = calloc(n ? n : 1, sizeof *cs->first);
-    if (!cs->count || !cs->first)
-        goto nomem;
-    for (size_t i = 0; bytes && i < n; i++) {
-        struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
-        sluice_info(m, i, &info);
-        cs->first[i] = cs->total;
-        if (info.nbytes > bytes) {
-            cs->count[i] = (uint32_t)((info.nbytes + bytes - 1) / bytes);
-            cs->total += cs->count[i];
-        }
-    }
-    if (!cs->total)
-        return 0;
-    cs->all = malloc(cs->total * sizeof *cs->all);
-    cs->tensor_of = malloc(cs->total * sizeof *cs->tensor_of);
-    if (!cs->all || !cs->tensor_of)
-        goto nomem;
-    for (size_t i = 0; i < n; i++)
-        for (uint32_t k = 0; k < cs->count[i]; k++)
-            cs->tensor_of[cs->first[i] + k] = i;
-    if (!threads) {
-        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-        threads = cpus < 1 ? 1 : cpus > 64 ? 64 : (unsigned)cpus;
-    }
-    pthread_t tid[64];
-    unsigned started = 0;
-    for (; started < threads && started < 64; started++)
-        if (pthread_create(&tid[started], NULL, chunk_worker, cs) != 0)
-            break;
-    if (!started)
-        chunk_worker(cs);
-    for (unsigned t = 0; t < started; t++)
-        pthread_join(tid[t], NULL);
-    return atomic_load(&cs->failed) ? -1 : 0;
-nomem:
-    fprintf(stderr, "sluice manifest: out of memory\n");
-    return -1;
-}
-
-/* What says a file is the same file with the same bytes: the manifest is
- * written from two passes (whole digests, then chunk digests), and a file
- * changed in between would pair old whole digests with new chunks. */
-typedef struct file_id {
-    dev_t dev;
-    ino_t ino;
-    off_t size;
-    struct timespec mtime, ctime;
-} file_id;
-
-static int take_ids(const sluice_model *m, file_id *ids)
-{
-    for (size_t i = 0; i < sluice_file_count(m); i++) {
-        struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
-        struct stat st;
-        if (sluice_file_info(m, i, &fi) != SLUICE_OK || stat(fi.path, &st) != 0)
-            return -1;
-        ids[i] = (file_id){st.st_dev, st.st_ino, st.st_size, st.st_mtim, st.st_ctim};
-    }
-    return 0;
-}
-
-static int same_ids(const file_id *a, const file_id *b, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (a[i].dev != b[i].dev || a[i].ino != b[i].ino || a[i].size != b[i].size ||
-            a[i].mtime.tv_sec != b[i].mtime.tv_sec || a[i].mtime.tv_nsec != b[i].mtime.tv_nsec ||
-            a[i].ctime.tv_sec != b[i].ctime.tv_sec || a[i].ctime.tv_nsec != b[i].ctime.tv_nsec)
-            return 0;
-    return 1;
-}
-
-static void chunk_set_free(chunk_set *cs)
-{
-    free(cs->count);
-    free(cs->first);
-    free(cs->all);
-    free(cs->tensor_of);
-}
-
-/* The "parts" of a version 2 tensor entry (--parts), after its other
- * fields (the writer's extra). */
-static void v2_parts(FILE *out, void *user, const struct sluice_tensor_info *info)
-{
-    const part_set *ps = user;
-    char hex[65];
-    if (ps->dim[info->index] == SLUICE_PART_REPLICATED)
-        return;
-    int dim = ps->dim[info->index];
-    fprintf(out, ", \"parts\": {\"dim\": %d, \"digests\": {", dim);
-    size_t at = 0, first = 1;
-    for (size_t w = 0; w < ps->nworlds; w++) {
-        if (info->shape[dim] % ps->worlds[w])
-            continue;
-        fprintf(out, "%s\"%llu\": [", first ? "" : ", ", (unsigned long long)ps->worlds[w]);
-        first = 0;
-        for (uint64_t r = 0; r < ps->worlds[w]; r++)
-            fprintf(out, "%s\"%s\"", r ? ", " : "",
-                    sluice_digest_hex(ps->digest[info->index][at++], hex));
-        fputs("]", out);
-    }
-    fputs("}}", out);
-}
-
-/* What the library's writer (src/api/manifest_write.c) is given. */
-static sl_mw writer_of(const sluice_model *m, const dg_result *tensors, const dg_result *files,
-                       int form, const chunk_set *cs)
-{
-    sl_mw w = {
-        .form = form == FORM_V2 ? SL_MW_V2 : form == FORM_V1 ? SL_MW_V1 : SL_MW_FLAT,
-        .alg = sluice_digest_algorithm(m),
-        .only_file = SIZE_MAX,
-        .tensor_digest = tensors ? tensors[0].digest : NULL,
-        .tensor_stride = sizeof *tensors,
-        .file_digest = files ? files[0].digest : NULL,
-        .file_stride = sizeof *files,
-        .file_bytes = files ? &files[0].bytes : NULL,
-        .chunk_bytes = cs->bytes,
-        .chunk_count = cs->count,
-        .chunk_first = cs->first,
-        .chunks = (const uint8_t (*)[32])cs->all,
-        .extra = cs->parts ? v2_parts : NULL,
-        .user = (void *)cs->parts,
-    };
-    return w;
+    progress_printf(user, stderr, "sluice manifest: %s\n", message);
 }
 
 int cmd_manifest(int argc, char **argv)
 {
     const char *path = NULL, *out_path = NULL, *alg_name = NULL, *chunk_arg = NULL;
     const char *parts_arg = NULL, *worlds_arg = NULL;
-    part_set ps = {.worlds = {2, 4, 8}, .nworlds = 3};
+    sluice_manifest_options mo;
+    sluice_manifest_options_init(&mo);
     sluice_part_rules *rules = NULL;
     int form = FORM_V2, quiet = 0;
-    uint64_t chunk_bytes = (uint64_t)16 << 20;
+    uint64_t chunk_bytes = mo.chunk_bytes;
     sluice_options o;
     sluice_options_init(&o);
     for (int i = 1; i < argc; i++) {
@@ -379,7 +149,6 @@ int cmd_manifest(int argc, char **argv)
     }
     if (out_path && !strcmp(out_path, "-"))
         out_path = NULL;
-    int flat = form == FORM_FLAT;
     if (chunk_arg && form != FORM_V2) {
         fprintf(stderr, "sluice manifest: --chunk needs version 2 (not --v1 or --flat)\n");
         return 2;
@@ -390,7 +159,7 @@ int cmd_manifest(int argc, char **argv)
         fprintf(stderr, "sluice manifest: --parts needs version 2 (not --v1 or --flat)\n");
         return 2;
     }
-    if (worlds_arg && (!parts_arg || parse_worlds(worlds_arg, &ps) < 0)) {
+    if (worlds_arg && (!parts_arg || parse_worlds(worlds_arg, &mo) < 0)) {
         fprintf(stderr, "sluice manifest: --worlds needs --parts and a list of distinct world "
                         "sizes in 2..65536, at most 8 (2,4,8)\n");
         return 2;
@@ -414,18 +183,17 @@ int cmd_manifest(int argc, char **argv)
         }
     }
 
-    if (parts_arg && shard_rules_load("manifest", parts_arg, &rules) < 0)
-        return 2;
+    int lr = parts_arg ? shard_rules_load("manifest", parts_arg, &rules) : 0;
+    if (lr < 0)
+        return -lr;
     /* The index is all that is needed: no manifest, the smallest pool. */
     o.verify = SLUICE_VERIFY_OFF;
     o.pool_bytes = 4096;
     sluice_model *m = NULL;
     int rc = sluice_open(path, &o, &m);
     if (rc != SLUICE_OK) {
-        fprintf(stderr, "sluice manifest: %s\n", m ? sluice_errmsg(m) : sluice_strerror(rc));
-        sluice_close(m);
         sluice_part_rules_free(rules);
-        return 2;
+        return ig_open_failed("manifest", m, rc);
     }
     size_t n = sluice_count(m), nf = sluice_file_count(m);
     uint64_t total = 0;
@@ -434,76 +202,31 @@ int cmd_manifest(int argc, char **argv)
         sluice_info(m, i, &info);
         total += info.nbytes;
     }
-    if (!flat)
-        for (size_t i = 0; i < nf; i++) {
-            struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
-            sluice_file_info(m, i, &fi);
-            total += fi.file_size;
-        }
-    int status = 1;
-    dg_result *tensors = NULL, *files = NULL;
-    chunk_set cs = {0};
-    progress *bar = NULL;
-    long failed = 0;
-    file_id *before = calloc(nf ? nf : 1, sizeof *before), *after = calloc(nf ? nf : 1, sizeof *after);
-    if (!before || !after || take_ids(m, before) < 0) {
-        fprintf(stderr, "sluice manifest: cannot stat the model's files: %s\n", strerror(errno));
-        goto done;
-    }
-    bar = progress_start("manifest", total, quiet);
-    failed = dg_compute(m, "manifest", !flat, o.hash_threads, bar, &tensors, &files);
-    progress_stop(bar);
-    bar = NULL;
-    if (failed < 0)
-        goto done;
-    for (size_t i = 0; !flat && i < nf; i++) {
+    for (size_t i = 0; form != FORM_FLAT && i < nf; i++) {
         struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
         sluice_file_info(m, i, &fi);
-        if (files[i].ok && files[i].bytes != fi.file_size) {
-            fprintf(stderr, "sluice manifest: %s: %llu bytes now, %llu at open: the file changed\n",
-                    fi.path, (unsigned long long)files[i].bytes, (unsigned long long)fi.file_size);
-            failed++;
-        }
+        total += fi.file_size;
     }
-    if (!failed && compute_chunks(m, chunk_bytes, o.hash_threads, &cs) < 0)
-        failed++;
-    if (!failed && rules && compute_parts(m, rules, &ps) < 0)
-        failed++;
-    if (rules)
-        cs.parts = &ps;
-    if (!failed && (take_ids(m, after) < 0 || !same_ids(before, after, nf))) {
-        fprintf(stderr, "sluice manifest: a file of the model changed (or was replaced) while its "
-                        "digests were computed\n");
-        failed++;
-    }
-    if (failed) {
-        fprintf(stderr, "sluice manifest: %ld failure%s, nothing written\n", failed,
-                failed == 1 ? "" : "s");
-        goto done;
-    }
-    sl_mw w = writer_of(m, tensors, files, form, &cs);
-    if (out_path) {
-        if (sl_manifest_write_file(out_path, m, &w) < 0) {
-            fprintf(stderr, "sluice manifest: cannot write %s: %s\n", out_path, strerror(errno));
-            goto done;
-        }
-    } else if (sl_manifest_write(stdout, m, &w) < 0 || fflush(stdout) != 0) {
-        fprintf(stderr, "sluice manifest: cannot write to stdout: %s\n", strerror(errno));
-        goto done;
-    }
-    status = 0;
-done:
+    mo.version = form == FORM_V2 ? 2 : form == FORM_V1 ? 1 : 0;
+    mo.chunk_bytes = chunk_bytes;
+    mo.parts = rules;
+    mo.threads = o.hash_threads;
+    progress *bar = progress_start("manifest", total, quiet);
+    mo.on_bytes = on_bytes;
+    mo.on_failure = on_failure;
+    mo.user = bar;
+    fflush(stdout);
+    rc = sluice_manifest_write(m, out_path, STDOUT_FILENO, &mo);
     progress_stop(bar);
-    chunk_set_free(&cs);
-    part_set_free(&ps, n);
+    int status = CMD_EXIT_OK;
+    if (rc != SLUICE_OK) {
+        fprintf(stderr, "sluice manifest: %s\n", sluice_errmsg(m));
+        status = cmd_exit_status(rc);
+    }
     sluice_part_rules_free(rules);
-    free(before);
-    free(after);
-    free(tensors);
-    free(files);
     if (sluice_close(m) != SLUICE_OK) {
         fprintf(stderr, "sluice manifest: %s\n", sluice_errmsg(m));
-        status = 1;
+        status = CMD_EXIT_OPEN;
     }
     return status;
 }

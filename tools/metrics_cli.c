@@ -75,11 +75,11 @@ static char *render(sluice_model *m, sluice_metrics_format f, size_t *len)
 static int release_cb(void *user, sluice_tensor *t, int status,
                       const struct sluice_tensor_info *info, const char *msg)
 {
-    size_t *failed = user;
+    int *failed = user;   /* the exit status of the failures (cmd_exit_worse) */
     (void)info;
     if (status != SLUICE_OK) {
         fprintf(stderr, "FAILED %s\n", msg);
-        (*failed)++;
+        *failed = cmd_exit_worse(*failed, cmd_exit_status(status));
     }
     sluice_release(t);
     return 0;
@@ -103,7 +103,8 @@ static void stats_usage(FILE *out)
             IG_TRUST_HELP
             IG_FALLBACK_HELP
             IG_LOADER_HELP
-            "\nExit status: 0 loaded, 1 a tensor failed, 2 usage or open error.\n");
+            "\n" CMD_EXIT_HELP
+            "stats: 1 or 3 when a tensor failed to verify or to read.\n");
 }
 
 int cmd_stats(int argc, char **argv)
@@ -142,22 +143,20 @@ int cmd_stats(int argc, char **argv)
     }
     sluice_model *m = NULL;
     int rc = sluice_open(path, &o, &m);
-    if (rc != SLUICE_OK) {
-        fprintf(stderr, "sluice stats: %s\n", m ? sluice_errmsg(m) : sluice_strerror(rc));
-        sluice_close(m);
-        return 2;
-    }
+    if (rc != SLUICE_OK)
+        return ig_open_failed("stats", m, rc);
     ig_warn_unverified("stats", m);
-    size_t failed = 0, len = 0;
+    int failed = 0;
+    size_t len = 0;
     sluice_stream(m, NULL, 0, release_cb, &failed);
     /* the cache turned off, or the memo refused a file: asked for, not had */
     if (sluice_cache_warning(m))
         fprintf(stderr, "sluice stats: warning: %s\n", sluice_cache_warning(m));
     char *text = render(m, f, &len);
-    int status = failed ? 1 : 0;
+    int status = failed;
     if (!text) {
         fprintf(stderr, "sluice stats: %s\n", sluice_errmsg(m));
-        status = 2;
+        status = cmd_exit_worse(status, CMD_EXIT_OPEN);
     } else {
         fwrite(text, 1, len, stdout);
         free(text);
@@ -186,7 +185,8 @@ static void bm_usage(FILE *out)
             "throughput of each and the overhead. Then the time and size of a\n"
             "rendering of the model's exposition, both formats.\n"
             "\n"
-            "Exit status: 0 measured, 1 a tensor failed, 2 usage or open error.\n");
+            CMD_EXIT_HELP
+            "bench-metrics: 1 or 3 when a tensor failed to verify or to read.\n");
 }
 
 int cmd_bench_metrics(int argc, char **argv)
@@ -239,7 +239,7 @@ int cmd_bench_metrics(int argc, char **argv)
         gbps[c] = calloc((size_t)runs, sizeof(double));
         if (rc != SLUICE_OK || !gbps[c]) {
             fprintf(stderr, "sluice bench-metrics: %s\n", sluice_errmsg(m[c]));
-            status = 2;
+            status = rc != SLUICE_OK ? cmd_exit_status(rc) : CMD_EXIT_OPEN;
             goto out;
         }
     }
@@ -251,11 +251,11 @@ int cmd_bench_metrics(int argc, char **argv)
     if (port >= 0) {
         int failed;
         if (!(srv = mc_serve("bench-metrics", port, m[2], &failed)) && failed) {
-            status = 2;
+            status = CMD_EXIT_OPEN;
             goto out;
         }
     }
-    size_t failed = 0;
+    int failed = 0;
     for (int c = 0; c < 4; c++) /* warm-up: the page cache */
         sluice_stream(m[c], NULL, 0, release_cb, &failed);
     for (int r = 0; r < runs; r++)
@@ -286,7 +286,7 @@ int cmd_bench_metrics(int argc, char **argv)
         printf("  rendering (%s): %zu bytes, %.1f us each (mean of %d)\n",
                f ? "OpenMetrics 1.0" : "Prometheus 0.0.4", len, us, reps);
     }
-    status = failed ? 1 : 0;
+    status = failed;
 out:
     mc_stop(srv, m[2]);
     for (int c = 0; c < 4; c++) {

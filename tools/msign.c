@@ -65,8 +65,9 @@ static void usage(FILE *out)
             "  --chain CHAIN     the certificates between CERT and the CA (PEM; repeatable)\n"
             "  -o FILE           write the bundle to FILE instead\n"
             "\n"
-            "Exit status: 0 written, 2 usage error, a key, certificate or file that\n"
-            "cannot be used, or a bundle that cannot be written.\n");
+            CMD_EXIT_HELP
+            "sign: 3 for a key, certificate or file that cannot be used, or a bundle\n"
+            "that cannot be written.\n");
 }
 
 static X509 *read_cert(const char *path, STACK_OF(X509) *all)
@@ -154,7 +155,7 @@ int ms_cmd_sign(int argc, char **argv)
         fprintf(stderr, "sluice sign: warning: %s has no sluice manifest (sluice.manifest.json, "
                 "F.manifest.json): the signature will not link one, and sluice_open will refuse "
                 "it (run 'sluice manifest %s -o %s/sluice.manifest.json' first)\n", dir, dir, dir);
-    int status = 2;
+    int status = CMD_EXIT_OPEN;   /* what fails below: a file, a key, memory */
     sl_err err = {0};
     EVP_PKEY *key = NULL;
     X509 *cert = NULL;
@@ -254,7 +255,7 @@ int ms_verify_files(const char *path, const char *sig, const char *const *keys, 
     sl_ms_trust t = {keys, nkeys, cas, ncas};
     if (sl_ms_verify_file(sig, &t, &s, &err) < 0) {
         printf("FAILED %s\n", err.msg);
-        return 1;
+        return CMD_EXIT_SIGNATURE;  /* missing, unreadable or refused: not trusted */
     }
     printf("signature %s: verified (%s, %zu resources, %s)\n", sig,
            s->method == SL_MS_FILES ? "files" : "shards", s->nres, s->certified ? "certificate "
@@ -264,7 +265,7 @@ int ms_verify_files(const char *path, const char *sig, const char *const *keys, 
     sl_ms_statement_free(s);
     if (rc < 0) {
         printf("FAILED %s\n", err.msg);
-        return 1;
+        return CMD_EXIT_INTEGRITY;  /* the files differ from what the signature lists */
     }
     printf("%zu files verified against the signature (manifest link not checked)\n", n);
     return 0;

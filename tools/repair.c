@@ -643,7 +643,7 @@ out:
 /* Judges each file of the model at path (by the first mirror that
  * opens with the trusted manifest, whose file list is the manifest's);
  * those missing or not the manifest's size or header go in files.
- * Returns 0, or the exit status. */
+ * Returns 0, or the exit status (CMD_EXIT_OPEN: a file that cannot be read). */
 static int wf_damaged(const char *path, sluice_model *ref, wf_file *files, size_t *nd)
 {
     size_t nf = sluice_file_count(ref);
@@ -677,14 +677,15 @@ static int wf_damaged(const char *path, sluice_model *ref, wf_file *files, size_
         free(f->name);
         f->name = NULL;
         if (bad < 0)
-            return 2;
+            return CMD_EXIT_OPEN;
     }
     return 0;
 }
 
 /* Takes each damaged file from the first mirror that holds it as the
- * manifest has it (digest and size) into a copy beside it. Returns 0, 1
- * (one no mirror holds so, or the manifest cannot tell), or 2. */
+ * manifest has it (digest and size) into a copy beside it. Returns 0,
+ * CMD_EXIT_INTEGRITY (one no mirror holds so, or the manifest cannot
+ * tell) or CMD_EXIT_OPEN (a copy that could not be made or written). */
 static int wf_take(const wf_mirrors *mm, sluice_model *ref, const char *man, wf_file *files,
                    size_t nd)
 {
@@ -700,13 +701,13 @@ static int wf_take(const wf_mirrors *mm, sluice_model *ref, const char *man, wf_
                    "and size for it (a %s manifest), and a mirror's file is not taken "
                    "unchecked; write a version 2 manifest ('sluice manifest') from a good "
                    "copy\n", f->name, man, v == 0 ? "flat" : v == 1 ? "version 1" : "version 2");
-            return 1;
+            return CMD_EXIT_INTEGRITY;
         }
         if (sluice_digest_algorithm(ref) != SLUICE_ALG_SHA256) {
             printf("file %s: cannot be restored: whole files are checked with SHA-256 and the "
                    "manifest %s's digests are %s\n", f->name, man,
                    sluice_algorithm_name(sluice_digest_algorithm(ref)));
-            return 1;
+            return CMD_EXIT_INTEGRITY;
         }
         int got = 1;
         for (size_t k = 0; k < mm->n && got == 1; k++) {
@@ -715,25 +716,25 @@ static int wf_take(const wf_mirrors *mm, sluice_model *ref, const char *man, wf_
                 got = wf_copy(mm->m[k], k, (size_t)jk, f, digest, size);
         }
         if (got < 0)
-            return 2;
+            return CMD_EXIT_OPEN;
         if (got > 0) {
             printf("file %s: could not be restored: no fallback holds it as the manifest "
                    "has it\n", f->name);
-            return 1;
+            return CMD_EXIT_INTEGRITY;
         }
         printf("file %s: restorable from %s\n", f->name, f->from);
     }
     return 0;
 }
 
-/* Renames each verified copy over its file. Returns 0 or 2. */
+/* Renames each verified copy over its file. Returns 0 or CMD_EXIT_OPEN. */
 static int wf_commit(wf_file *files, size_t nd, size_t *restored)
 {
     test_point("written");
     for (size_t d = 0; d < nd; d++)
         if (fsync(files[d].fd) != 0) {
             fprintf(stderr, "sluice repair: fsync %s: %s\n", files[d].tmp, strerror(errno));
-            return 2;
+            return CMD_EXIT_OPEN;
         }
     test_point("synced");
     for (size_t d = 0; d < nd; d++) {
@@ -741,7 +742,7 @@ static int wf_commit(wf_file *files, size_t nd, size_t *restored)
             fprintf(stderr, "sluice repair: rename %s over %s: %s (%zu of %zu files restored "
                     "before it; this one and the rest unchanged)\n", files[d].tmp,
                     files[d].real, strerror(errno), d, nd);
-            return 2;
+            return CMD_EXIT_OPEN;
         }
         free(files[d].tmp);
         files[d].tmp = NULL;    /* it is the file now */
@@ -759,13 +760,14 @@ static int wf_commit(wf_file *files, size_t nd, size_t *restored)
  * or not the manifest's size or header, whole from the mirrors, each
  * checked against the manifest's whole-file digest and size before it
  * replaces anything; all of them or none. *restored: how many. Returns
- * 0, 1 (not repaired, nothing replaced) or 2. */
+ * 0, CMD_EXIT_INTEGRITY (not repaired, nothing replaced) or CMD_EXIT_OPEN
+ * (the manifest, a file or a copy that cannot be read or written). */
 static int restore_files(const char *path, const sluice_options *o, size_t *restored)
 {
     *restored = 0;
     char *man = trusted_manifest(path, o);
     if (!man)
-        return 2;
+        return CMD_EXIT_OPEN;
     printf("manifest %s\n", man);
     wf_mirrors mm = {0};
     wf_open_mirrors(o, man, &mm);
@@ -778,14 +780,14 @@ static int restore_files(const char *path, const sluice_options *o, size_t *rest
     if (!ref)
         printf("no fallback opens with the manifest %s\n", man);
     if (!ref || !files)
-        status = ref ? 2 : 1;
+        status = ref ? CMD_EXIT_OPEN : CMD_EXIT_INTEGRITY;
     if (status == 0)
         status = wf_damaged(path, ref, files, &nd);
     if (status == 0 && nd)
         status = wf_take(&mm, ref, man, files, nd);
     if (status == 0 && nd)
         status = wf_commit(files, nd, restored);
-    if (status == 1)
+    if (status == CMD_EXIT_INTEGRITY)
         printf("not repaired: a file no fallback holds as the manifest has it; %s unchanged\n",
                path);
     for (size_t d = 0; d < nd; d++) {
@@ -866,19 +868,23 @@ static void usage(FILE *out)
             "  --qd N, --threads N, --direct, --pread   as for verify\n"
             "  -q, --quiet       no progress bar\n"
             "\n"
-            "Exit status: 0 PATH verifies (repaired, or nothing to repair); 1 not\n"
-            "repaired, PATH unchanged (a failed tensor that no fallback holds\n"
-            "verified, a file that no fallback holds as the manifest has it, or a\n"
-            "manifest without whole-file digests), or failing still after the\n"
-            "repair; 2 usage or open error (a remote PATH, no --fallback, a manifest\n"
-            "that cannot be used, PATH not opening with no file to restore), or a\n"
-            "copy that could not be made, written or renamed (PATH unchanged; with\n"
-            "several files, each is as it was or repaired, as the message says).\n");
+            CMD_EXIT_HELP
+            "repair: 0 PATH verifies (repaired, or nothing to repair); 1 (or 3 for a\n"
+            "tensor that failed to read) not repaired, PATH unchanged (a failed tensor\n"
+            "that no fallback holds verified, a file that no fallback holds as the\n"
+            "manifest has it, or a manifest without whole-file digests), or failing\n"
+            "still after the repair; 2 also for a remote PATH, no --fallback, or a\n"
+            "mirror serving PATH in its place (PATH's own bytes are judged, never a\n"
+            "mirror's); a\n            "PATH that does not open with no file to restore, its open's class (3 for\n"
+            "most); 3 also for a copy that could not be made, written or renamed (PATH\n"
+            "unchanged; with several files, each is as it was or repaired, as the\n"
+            "message says).\n");
 }
 
 /* Makes the copies of the files holding failed tensors, with those
  * tensors' verified bytes written in, each tensor taken before its file is
- * copied. Returns 0, 1 (a tensor no source delivered), or 2. */
+ * copied. Returns 0, -1 (a tensor no source delivered), or CMD_EXIT_OPEN
+ * (a copy that could not be made or written). */
 static int prepare(sluice_model *m, const ig_failed *failed, rp_file *files, size_t *nfiles)
 {
     *nfiles = 0;
@@ -890,7 +896,7 @@ static int prepare(sluice_model *m, const ig_failed *failed, rp_file *files, siz
         if (got <= 0) {
             sluice_release(t);
             if (got < 0)
-                return 1;
+                return -1;
             continue;       /* it reads right now: nothing to write */
         }
         rp_file *f = NULL;
@@ -903,20 +909,20 @@ static int prepare(sluice_model *m, const ig_failed *failed, rp_file *files, siz
         int rc = (!f->tmp && make_copy(m, f) < 0) || write_tensor(m, f, failed->index[k], t) < 0;
         sluice_release(t);
         if (rc)
-            return 2;
+            return CMD_EXIT_OPEN;
         f->written++;
     }
     test_point("written");
     for (size_t j = 0; j < *nfiles; j++)
         if (fsync(files[j].fd) != 0) {
             fprintf(stderr, "sluice repair: fsync %s: %s\n", files[j].tmp, strerror(errno));
-            return 2;
+            return CMD_EXIT_OPEN;
         }
     test_point("synced");
     return 0;
 }
 
-/* Renames each copy over its file. Returns 0 or 2. */
+/* Renames each copy over its file. Returns 0 or CMD_EXIT_OPEN. */
 static int commit(rp_file *files, size_t nfiles)
 {
     for (size_t j = 0; j < nfiles; j++) {
@@ -924,7 +930,7 @@ static int commit(rp_file *files, size_t nfiles)
             fprintf(stderr, "sluice repair: rename %s over %s: %s (%zu of %zu files repaired "
                     "before it; this one and the rest unchanged)\n", files[j].tmp, files[j].real,
                     strerror(errno), j, nfiles);
-            return 2;
+            return CMD_EXIT_OPEN;
         }
         free(files[j].tmp);
         files[j].tmp = NULL;    /* it is the file now */
@@ -996,51 +1002,48 @@ int cmd_repair(int argc, char **argv)
     double t0 = ig_now();
     sluice_model *m = NULL;
     size_t restored = 0;
-    int orc = sluice_open(path, &o, &m);
-    if (orc != SLUICE_OK) {
+    int rc = sluice_open(path, &o, &m);
+    if (rc != SLUICE_OK) {
         /* a missing, truncated or damaged file: restored whole, then its
          * tensors judged as any */
+        if (!file_damage(rc))
+            return ig_open_failed("repair", m, rc);
         fprintf(stderr, "sluice repair: %s\n", sluice_errmsg(m));
         sluice_close(m);
         m = NULL;
-        if (!file_damage(orc))
-            return 2;
         printf("%s does not open; judging its files by the manifest\n", path);
         if ((status = restore_files(path, &o, &restored)) != 0)
             return status;
         if (!restored) {
             printf("no file to restore whole; %s does not open for another reason (above)\n",
                    path);
-            return 2;
+            return cmd_exit_status(rc);
         }
         t0 = ig_now();
-        if (sluice_open(path, &o, &m) != SLUICE_OK) {
-            fprintf(stderr, "sluice repair: %s\n", sluice_errmsg(m));
-            sluice_close(m);
-            return 2;
-        }
+        if ((rc = sluice_open(path, &o, &m)) != SLUICE_OK)
+            return ig_open_failed("repair", m, rc);
     }
     if (ig_own_location("repair", path, m) < 0) {  /* never write a mirror's files */
         sluice_close(m);
-        return 2;
+        return CMD_EXIT_USAGE;
     }
     printf("manifest %s\n", sluice_manifest_path(m));
     ig_failed failed = {0};
     status = ig_verify_print("repair", m, 0, quiet, t0, &failed);
     rp_file *files = calloc(failed.n ? failed.n : 1, sizeof *files);
     size_t nfiles = 0;
-    if (status == 0)
+    if (status == 0) {
         printf(restored ? "no tensor to repair\n" : "nothing to repair\n");
-    else if (status == 1 && !files)
-        status = 2;
-    else if (status == 1) {
+    } else if (failed.n && !files) {
+        status = CMD_EXIT_OPEN;
+    } else if (failed.n && (status == CMD_EXIT_INTEGRITY || status == CMD_EXIT_OPEN)) {
         hint(m, &failed);
-        status = prepare(m, &failed, files, &nfiles);
-        if (status == 1)
+        int got = prepare(m, &failed, files, &nfiles);
+        if (got < 0)
             printf("not repaired: a failed tensor that no fallback holds verified; %s "
-                   "unchanged\n", path);
-        if (status == 0)
-            status = commit(files, nfiles);
+                   "unchanged\n", path);   /* status: the verify's */
+        else
+            status = got ? got : commit(files, nfiles);
     }
     for (size_t j = 0; j < nfiles; j++) {
         drop_copy(&files[j]);   /* what was not renamed over its file */
@@ -1051,7 +1054,7 @@ int cmd_repair(int argc, char **argv)
     int again = status == 0 && nfiles;
     if (sluice_close(m) != SLUICE_OK) {
         fprintf(stderr, "sluice repair: %s\n", sluice_errmsg(m));
-        return 2;
+        return CMD_EXIT_OPEN;
     }
     if (!again)
         return status;
@@ -1059,13 +1062,10 @@ int cmd_repair(int argc, char **argv)
     o.fallback = NULL;
     o.fallback_count = 0;
     printf("verifying %s again\n", path);
-    if (sluice_open(path, &o, &m) != SLUICE_OK) {
-        fprintf(stderr, "sluice repair: %s\n", sluice_errmsg(m));
-        sluice_close(m);
-        return 2;
-    }
+    if ((rc = sluice_open(path, &o, &m)) != SLUICE_OK)
+        return ig_open_failed("repair", m, rc);
     status = ig_verify_print("repair", m, 0, quiet, ig_now(), NULL);
     if (sluice_close(m) != SLUICE_OK)
-        status = 2;
+        status = cmd_exit_worse(status, CMD_EXIT_OPEN);
     return status;
 }

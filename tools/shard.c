@@ -28,14 +28,14 @@ int shard_rules_load(const char *cmd, const char *arg, sluice_part_rules **out)
     if (!arg || !strcmp(arg, "builtin")) {
         if (sluice_part_rules_parse(NULL, 0, out, why, sizeof why) != SLUICE_OK) {
             fprintf(stderr, "sluice %s: built-in rules: %s\n", cmd, why);
-            return -1;
+            return -CMD_EXIT_USAGE;
         }
         return 0;
     }
     FILE *f = fopen(arg, "rb");
     if (!f) {
         fprintf(stderr, "sluice %s: %s: %s\n", cmd, arg, strerror(errno));
-        return -1;
+        return -CMD_EXIT_OPEN;
     }
     char *text = malloc(1 << 20);
     size_t len = text ? fread(text, 1, 1 << 20, f) : 0;
@@ -46,13 +46,13 @@ int shard_rules_load(const char *cmd, const char *arg, sluice_part_rules **out)
         fprintf(stderr, "sluice %s: %s: %s\n", cmd, arg, toolong ? "larger than 1 MiB"
                                                                   : "cannot read it");
         free(text);
-        return -1;
+        return toolong ? -CMD_EXIT_USAGE : -CMD_EXIT_OPEN;
     }
     int rc = sluice_part_rules_parse(text, len, out, why, sizeof why);
     free(text);
     if (rc != SLUICE_OK) {
         fprintf(stderr, "sluice %s: %s: %s\n", cmd, arg, why);
-        return -1;
+        return -CMD_EXIT_USAGE;
     }
     return 0;
 }
@@ -75,16 +75,20 @@ typedef struct shard_job {
     atomic_int failed;
     pthread_mutex_t lock;
     char err[1024];
+    int status;               /* the first failure's exit status (cmd.h) */
     uint64_t kept;
     size_t split, replicated;
     void **bufs;              /* per tensor: what the rank keeps */
 } shard_job;
 
-static void job_fail(shard_job *j, const char *what, const struct sluice_tensor_info *ti)
+static void job_fail(shard_job *j, const char *what, const struct sluice_tensor_info *ti,
+                     int status)
 {
     pthread_mutex_lock(&j->lock);
-    if (!atomic_exchange(&j->failed, 1))
+    if (!atomic_exchange(&j->failed, 1)) {
         snprintf(j->err, sizeof j->err, "tensor %s: %s", ti->name, what);
+        j->status = status;
+    }
     pthread_mutex_unlock(&j->lock);
 }
 
@@ -111,13 +115,13 @@ static int job_plan(shard_job *j, const struct sluice_tensor_info *ti, int *dim,
     *dim = SLUICE_PART_REPLICATED;
     if (sluice_part_rules_dim(j->rules, ti->name, ti->ndim, dim) != SLUICE_OK) {
         snprintf(why, sizeof why, "the rules split it along dim %d; it has %u", *dim, ti->ndim);
-        job_fail(j, why, ti);
+        job_fail(j, why, ti, CMD_EXIT_USAGE);
         return -1;
     }
     if (*dim != SLUICE_PART_REPLICATED && ti->shape[*dim] % j->world) {
         snprintf(why, sizeof why, "dim %d of size %llu does not split into %llu equal parts",
                  *dim, (unsigned long long)ti->shape[*dim], (unsigned long long)j->world);
-        job_fail(j, why, ti);
+        job_fail(j, why, ti, CMD_EXIT_USAGE);
         return -1;
     }
     *len = *dim != SLUICE_PART_REPLICATED ? ti->nbytes / j->world : ti->nbytes;
@@ -145,7 +149,7 @@ static void job_one(shard_job *j, size_t i)
     if (job_plan(j, &ti, &dim, &len) < 0)
         return;
     if (posix_memalign(&buf, 64, len ? (size_t)len : 1) != 0) {
-        job_fail(j, "out of memory", &ti);
+        job_fail(j, "out of memory", &ti, CMD_EXIT_OPEN);
         return;
     }
     int split = dim != SLUICE_PART_REPLICATED;
@@ -154,7 +158,7 @@ static void job_one(shard_job *j, size_t i)
                    : sluice_read_into(j->m, ti.name, 0, buf, len);
     if (rc != SLUICE_OK) {
         free(buf);
-        job_fail(j, sluice_errmsg(j->m), &ti);
+        job_fail(j, sluice_errmsg(j->m), &ti, cmd_exit_status(rc));
         return;
     }
     job_kept(j, i, buf, len, split);
@@ -167,7 +171,7 @@ static int whole_cb(void *user, sluice_tensor *t, int status, const struct sluic
 {
     shard_job *j = user;
     if (status != SLUICE_OK) {
-        job_fail(j, message, ti);
+        job_fail(j, message, ti, cmd_exit_status(status));
         return 1;
     }
     int dim;
@@ -175,7 +179,7 @@ static int whole_cb(void *user, sluice_tensor *t, int status, const struct sluic
     void *buf = NULL;
     if (job_plan(j, ti, &dim, &len) < 0 || posix_memalign(&buf, 64, len ? (size_t)len : 1) != 0) {
         sluice_release(t);
-        job_fail(j, "out of memory", ti);
+        job_fail(j, "out of memory", ti, CMD_EXIT_OPEN);
         return 1;
     }
     int split = dim != SLUICE_PART_REPLICATED;
@@ -199,7 +203,8 @@ static void *job_worker(void *arg)
 
 /* Loads rank of world's shard of the open model m on threads threads
  * (whole: the baseline, every tensor streamed whole and sliced). Returns
- * 0, or -1 after a message on stderr naming cmd. */
+ * 0, or the exit status of the first failure (cmd.h) after a message on
+ * stderr naming cmd. */
 static int shard_run(const char *cmd, sluice_model *m, const sluice_part_rules *rules,
                      uint64_t rank, uint64_t world, unsigned threads, int whole, shard_res *res)
 {
@@ -212,12 +217,14 @@ static int shard_run(const char *cmd, sluice_model *m, const sluice_part_rules *
         fprintf(stderr, "sluice %s: out of memory\n", cmd);
         free(j.bufs);
         free(tid);
-        return -1;
+        return CMD_EXIT_OPEN;
     }
     double t0 = ig_now();
     unsigned started = 0;
-    if (whole && sluice_stream(m, NULL, 0, whole_cb, &j) != SLUICE_OK && !atomic_load(&j.failed))
-        job_fail(&j, sluice_errmsg(m), &(struct sluice_tensor_info){.name = "(stream)"});
+    int src = whole ? sluice_stream(m, NULL, 0, whole_cb, &j) : SLUICE_OK;
+    if (src != SLUICE_OK && !atomic_load(&j.failed))
+        job_fail(&j, sluice_errmsg(m), &(struct sluice_tensor_info){.name = "(stream)"},
+                 cmd_exit_status(src));
     while (!whole && started < threads &&
            pthread_create(&tid[started], NULL, job_worker, &j) == 0)
         started++;
@@ -244,7 +251,7 @@ static int shard_run(const char *cmd, sluice_model *m, const sluice_part_rules *
     if (atomic_load(&j.failed)) {
         fprintf(stderr, "sluice %s: rank %llu of %llu: %s\n", cmd, (unsigned long long)rank,
                 (unsigned long long)world, j.err);
-        return -1;
+        return j.status ? j.status : CMD_EXIT_OPEN;
     }
     return 0;
 }
@@ -338,8 +345,9 @@ static void shard_usage(FILE *out)
             "  --json          one JSON object on stdout instead of the line\n"
             "%s%s"
             "\n"
-            "Exit status: 0 loaded, 1 a tensor failed (or does not split into N), 2 usage\n"
-            "or open error.\n", IG_TRUST_HELP, IG_LOADER_HELP);
+            CMD_EXIT_HELP
+            "shard: 1 or 3 when a tensor failed to verify or to read; 2 also when a\n"
+            "tensor does not split into N.\n", IG_TRUST_HELP, IG_LOADER_HELP);
 }
 
 static void print_res(const char *what, const shard_opts *so, const shard_res *r,
@@ -385,15 +393,14 @@ int cmd_shard(int argc, char **argv)
     if (shard_check("shard", &so, shard_usage) < 0)
         return 2;
     sluice_part_rules *rules = NULL;
-    if (shard_rules_load("shard", so.rules, &rules) < 0)
-        return 2;
+    int lr = shard_rules_load("shard", so.rules, &rules);
+    if (lr < 0)
+        return -lr;
     sluice_model *m = NULL;
     int rc = sluice_open(so.path, &so.o, &m);
     if (rc != SLUICE_OK) {
-        fprintf(stderr, "sluice shard: %s\n", m ? sluice_errmsg(m) : sluice_strerror(rc));
-        sluice_close(m);
         sluice_part_rules_free(rules);
-        return 2;
+        return ig_open_failed("shard", m, rc);
     }
     ig_warn_unverified("shard", m);
     shard_res res;
@@ -402,7 +409,7 @@ int cmd_shard(int argc, char **argv)
         print_res("shard", &so, &res, sluice_part_note(m));
     sluice_close(m);
     sluice_part_rules_free(rules);
-    return status ? 1 : 0;
+    return status;
 }
 
 /* ------------------------------------------------------------ the bench */
@@ -425,8 +432,9 @@ static void bench_world_usage(FILE *out)
             "               every run\n"
             "%s%s"
             "\n"
-            "Exit status: 0 measured, 1 a run failed (a tensor failed or does not split),\n"
-            "2 usage or open error.\n", IG_TRUST_HELP, IG_LOADER_HELP);
+            CMD_EXIT_HELP
+            "bench --world: a run that failed exits as its rank did (as 'sluice shard').\n",
+            IG_TRUST_HELP, IG_LOADER_HELP);
 }
 
 /* Drops the page cache of the model's files. */
@@ -466,24 +474,27 @@ static pid_t run_child(const shard_opts *so, const sluice_part_rules *rules, uin
     close(fd[0]);
     sluice_model *m = NULL;
     shard_res r = {0};
-    int ok = 0;
-    if (sluice_open(so->path, &so->o, &m) == SLUICE_OK)
-        ok = shard_run("bench", m, rules, rank, so->world, (unsigned)so->threads, whole, &r) == 0;
+    int st = sluice_open(so->path, &so->o, &m);
+    if (st == SLUICE_OK)
+        st = shard_run("bench", m, rules, rank, so->world, (unsigned)so->threads, whole, &r);
     else
-        fprintf(stderr, "sluice bench: %s\n", sluice_errmsg(m));
+        st = ig_open_failed("bench", m, st), m = NULL;
     sluice_close(m);
-    r.wall_s = ok ? r.wall_s : -1;
+    r.wall_s = st ? -1 : r.wall_s;
     ssize_t w = write(fd[1], &r, sizeof r);
-    _exit(w == (ssize_t)sizeof r && ok ? 0 : 1);
+    _exit(st ? st : w == (ssize_t)sizeof r ? 0 : CMD_EXIT_OPEN);
 }
 
+/* The child's exit status (cmd.h): 0 with *r its figures. */
 static int collect(pid_t pid, int fd, shard_res *r)
 {
     ssize_t got = read(fd, r, sizeof *r);
     close(fd);
     int st = 0;
     waitpid(pid, &st, 0);
-    return got == (ssize_t)sizeof *r && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+    if (!WIFEXITED(st))
+        return CMD_EXIT_OPEN;
+    return WEXITSTATUS(st) ? WEXITSTATUS(st) : got == (ssize_t)sizeof *r ? 0 : CMD_EXIT_OPEN;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -521,15 +532,13 @@ int cmd_bench_world(int argc, char **argv)
         return 2;
     sluice_model *probe = NULL; /* an open error is said once, here, not by each child */
     int prc = sluice_open(so.path, &so.o, &probe);
-    if (prc != SLUICE_OK) {
-        fprintf(stderr, "sluice bench: %s\n", probe ? sluice_errmsg(probe) : sluice_strerror(prc));
-        sluice_close(probe);
-        return 2;
-    }
+    if (prc != SLUICE_OK)
+        return ig_open_failed("bench", probe, prc);
     sluice_close(probe);
     sluice_part_rules *rules = NULL;
-    if (shard_rules_load("bench", so.rules, &rules) < 0)
-        return 2;
+    int lr = shard_rules_load("bench", so.rules, &rules);
+    if (lr < 0)
+        return -lr;
     double *t[3];
     shard_res last[3] = {0};
     uint64_t all_read = 0;
@@ -540,7 +549,7 @@ int cmd_bench_world(int argc, char **argv)
     int (*fds)[2] = calloc(so.world, sizeof *fds);
     if (!t[0] || !t[1] || !t[2] || !pids || !fds) {
         fprintf(stderr, "sluice bench: out of memory\n");
-        status = 2;
+        status = CMD_EXIT_OPEN;
         goto done;
     }
     for (uint64_t run = 0; run < runs && !status; run++) {
@@ -549,8 +558,7 @@ int cmd_bench_world(int argc, char **argv)
                 drop_cache(so.path);
             int fd[2];
             pid_t pid = run_child(&so, rules, so.rank, k == 0, fd);
-            if (pid < 0 || collect(pid, fd[0], &last[k]) < 0)
-                status = 1;
+            status = pid < 0 ? CMD_EXIT_OPEN : collect(pid, fd[0], &last[k]);
             t[k][run] = last[k].wall_s;
         }
         if (status)
@@ -562,9 +570,10 @@ int cmd_bench_world(int argc, char **argv)
             pids[r] = run_child(&so, rules, r, 0, fds[r]);
         all_read = 0;
         for (uint64_t r = 0; r < so.world; r++) {
-            shard_res rr;
-            if (pids[r] < 0 || collect(pids[r], fds[r][0], &rr) < 0)
-                status = 1;
+            shard_res rr = {0};
+            int st = pids[r] < 0 ? CMD_EXIT_OPEN : collect(pids[r], fds[r][0], &rr);
+            if (st)
+                status = cmd_exit_worse(status, st);
             else
                 all_read += rr.st.bytes_read;
             if (r == 0)

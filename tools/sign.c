@@ -38,8 +38,8 @@ static void keygen_usage(FILE *out)
             "Neither file may exist: a key is never overwritten. Prints the key id\n"
             "(sha256: of the public key's DER), which signature files name.\n"
             "\n"
-            "Exit status: 0 written, 2 usage error or a file could not be written\n"
-            "(then neither is left).\n");
+            CMD_EXIT_HELP
+            "keygen: 3 when a file could not be written (then neither is left).\n");
 }
 
 /* Creates path (which must not exist) with mode, writes key into it as
@@ -107,7 +107,7 @@ int cmd_keygen(int argc, char **argv)
         keygen_usage(stderr);
         return 2;
     }
-    int status = 2;
+    int status = CMD_EXIT_OPEN;   /* what fails below: a file, a key, memory */
     char *key_path = with_suffix(prefix, ".key"), *pub_path = with_suffix(prefix, ".pub");
     EVP_PKEY *key = curve ? ms_keygen_curve(curve) : EVP_PKEY_Q_keygen(NULL, NULL, "ED25519");
     uint8_t id[32];
@@ -159,8 +159,9 @@ static void sign_usage(FILE *out)
             "EC key ('sluice keygen --curve p256') and optionally --cert CERT and --chain\n"
             "CHAIN (repeatable); 'sluice sign --format model-signing --help' says more.\n"
             "\n"
-            "Exit status: 0 written, 2 usage error, a manifest or key that cannot be\n"
-            "used, or a signature that cannot be written.\n");
+            CMD_EXIT_HELP
+            "sign: 3 for a manifest or key that cannot be used, or a signature that\n"
+            "cannot be written.\n");
 }
 
 /* Reads path whole (at most SLUICE_MAX_MANIFEST_BYTES); NULL after a
@@ -253,7 +254,7 @@ int cmd_sign(int argc, char **argv)
         sign_usage(stderr);
         return 2;
     }
-    int status = 2;
+    int status = CMD_EXIT_OPEN;   /* what fails below: a file, a key, memory */
     sl_err err = {0};
     EVP_PKEY *key = NULL;
     size_t len = 0;

@@ -47,14 +47,14 @@ static int run_serve(char **argv)
             execv(self, argv);
             if (errno != ENOENT) {
                 fprintf(stderr, "sluice serve: %s: %s\n", self, strerror(errno));
-                return 2;
+                return CMD_EXIT_OPEN;
             }
         }
     }
     fprintf(stderr, "sluice serve: sluice-serve is not installed beside this program "
                     "(it is built when grpc++ is found: apt-get install -y libgrpc++-dev "
                     "libprotobuf-dev protobuf-compiler protobuf-compiler-grpc)\n");
-    return 2;
+    return CMD_EXIT_OPEN;
 }
 
 static void usage(FILE *out)
@@ -63,6 +63,7 @@ static void usage(FILE *out)
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(out, "  %s\n", commands[i].summary);
     fprintf(out, "\nrun 'sluice COMMAND --help' for a command's options; 'sluice --version'\n");
+    fprintf(out, "\n" CMD_EXIT_HELP);
 }
 
 int main(int argc, char **argv)

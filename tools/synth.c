@@ -355,7 +355,9 @@ static void usage(FILE *f)
             "left in OUTDIR are replaced.\n"
             "\n"
             "The weights are random bits, not values a model would hold: some of\n"
-            "them are NaN or Inf. They are for loading, not for inference.\n");
+            "them are NaN or Inf. They are for loading, not for inference.\n"
+            "\n"
+            CMD_EXIT_HELP);
 }
 
 static void list_presets(void)
@@ -457,7 +459,7 @@ int cmd_synth(int argc, char **argv)
                 p->name, n, (unsigned long long)shards);
         return 2;
     }
-    int rc = 1;
+    int rc = CMD_EXIT_OPEN;   /* what fails below: a write, memory */
     unsigned nshards = (unsigned)shards;
     sl_preset_tensor *pt = calloc(n, sizeof *pt);
     syn_tensor *ts = calloc(n, sizeof *ts);

@@ -3,7 +3,6 @@
  * (sluice_verify: no pool, no handle), and with --files
  * every whole file too, and reports each failure. */
 #include "cmd.h"
-#include "digest.h"
 #include "integrity.h"
 #include "metrics_cli.h"
 #include "msign.h"
@@ -17,6 +16,7 @@ typedef struct vf_state {
     progress *bar;
     ig_failed *failed;      /* NULL: not collected */
     int oom;
+    int status;             /* the exit status of the failures (cmd_exit_worse) */
 } vf_state;
 
 /* "FAILED tensor NAME: why" with NAME JSON-quoted, or "FAILED file PATH:
@@ -56,6 +56,7 @@ static int on_item(void *user, const struct sluice_verify_item *it)
     progress_add(s->bar, it->bytes);
     if (it->status == SLUICE_OK)
         return 0;
+    s->status = cmd_exit_worse(s->status, cmd_exit_status(it->status));
     print_failure(s, it, it->message && *it->message ? it->message : sluice_strerror(it->status));
     ig_failed *f = s->failed;
     if (f && it->kind == SLUICE_VERIFY_ITEM_TENSOR) {
@@ -127,10 +128,12 @@ static void usage(FILE *out)
             IG_LOADER_HELP
             MC_PORT_HELP
             "\n"
-            "Exit status: 0 everything matched, 1 a mismatch or read failure (a Hub\n"
-            "snapshot's file that is not its blob's SHA-256 included), 2 usage or open\n"
-            "error (including a manifest that cannot be used, and with --key a signature\n"
-            "that is missing or invalid).\n");
+            CMD_EXIT_HELP
+            "verify: 1 a tensor or file that does not match (or a manifest that names\n"
+            "tensors the model lacks, or a Hub snapshot's file that is not its blob's\n"
+            "SHA-256); 2 PATH cannot be opened and a mirror would serve it (verify\n"
+            "judges PATH's own bytes); 3 one that could not be read, none mismatched;\n"
+            "4 with --key, --ca or --no-manifest-link, a signature refused.\n");
 }
 
 int ig_verify_print(const char *cmd, sluice_model *m, int files, int quiet, double t0, ig_failed *failed)
@@ -160,7 +163,7 @@ int ig_verify_print(const char *cmd, sluice_model *m, int files, int quiet, doub
     if (rc != SLUICE_OK && r.tensors_failed + r.files_failed == 0) {
         /* nothing was checked: the verify itself could not run */
         fprintf(stderr, "sluice %s: %s\n", cmd, sluice_errmsg(m));
-        return 2;
+        return cmd_exit_status(rc);
     }
     double dt = ig_now() - t0;
     char b[32];
@@ -172,11 +175,13 @@ int ig_verify_print(const char *cmd, sluice_model *m, int files, int quiet, doub
     fflush(stdout);
     if (s.oom) {
         fprintf(stderr, "sluice %s: out of memory listing the failed tensors\n", cmd);
-        return 2;
+        return CMD_EXIT_OPEN;
     }
     if (failed && failed->n)
         qsort(failed->index, failed->n, sizeof *failed->index, cmp_size);
-    return rc == SLUICE_OK ? 0 : 1;
+    if (rc == SLUICE_OK)
+        return CMD_EXIT_OK;
+    return s.status ? s.status : cmd_exit_worse(CMD_EXIT_OK, cmd_exit_status(rc));
 }
 
 /* Whether m's manifest lists no tensor (the Hub's whole-file digests). */
@@ -244,16 +249,13 @@ int cmd_verify(int argc, char **argv)
     double t0 = ig_now();
     sluice_model *m = NULL;
     int rc = sluice_open(path, &o, &m);
-    if (rc != SLUICE_OK) {
-        fprintf(stderr, "sluice verify: %s\n", m ? sluice_errmsg(m) : sluice_strerror(rc));
-        sluice_close(m);
-        /* a Hub snapshot's file that is not its published digest: found
-         * damaged, like any item that fails */
-        return rc == SLUICE_E_CHECKSUM ? 1 : 2;
-    }
+    /* a Hub snapshot's file that is not its published digest
+     * (SLUICE_E_CHECKSUM): found damaged, 1, like any item that fails */
+    if (rc != SLUICE_OK)
+        return ig_open_failed("verify", m, rc);
     if (ig_own_location("verify", path, m) < 0) {
         sluice_close(m);
-        return 2;
+        return CMD_EXIT_USAGE;
     }
     /* which manifest judges: a directory of one file may have two sidecars */
     if (o.signature_path || trust.cas.n || ms_applied(path, trust.keys.path, trust.keys.n))
@@ -277,10 +279,10 @@ int cmd_verify(int argc, char **argv)
     int serve_failed = 0;
     ig_failed failed = {0};
     sluice_metrics_server *ms = mc_serve("verify", metrics_port, m, &serve_failed);
-    int status = serve_failed ? 2 : ig_verify_print("verify", m, files, quiet, t0, &failed);
+    int status = serve_failed ? CMD_EXIT_OPEN : ig_verify_print("verify", m, files, quiet, t0, &failed);
     /* The mirrors never stand in for PATH's bytes here: they are asked
      * whether they could (what `sluice repair` would take). */
-    if (status == 1 && failed.n && o.fallback_count) {
+    if (status && failed.n && o.fallback_count) {
         size_t ok = ig_report_recoverable(m, &failed);
         printf("%zu of %zu failed tensor%s recoverable from the fallbacks%s\n", ok, failed.n,
                failed.n == 1 ? "" : "s", ok ? " ('sluice repair PATH --fallback ...' "
@@ -290,7 +292,7 @@ int cmd_verify(int argc, char **argv)
     mc_stop(ms, m);
     if (sluice_close(m) != SLUICE_OK) {
         fprintf(stderr, "sluice verify: %s\n", sluice_errmsg(m));
-        status = 2;
+        status = cmd_exit_worse(status, CMD_EXIT_OPEN);
     }
     return status;
 }

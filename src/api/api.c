@@ -33,6 +33,7 @@
 #include "index/source.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -388,7 +389,7 @@ static int attach_cache(sluice_model *m, sl_err *err)
     free(dir);
     if (rc < 0)
         return rc;
-    return sl_engine_attach_cache(m->engine, c, err);
+    return sl_engine_attach_cache(m->engine, c, m->loc->shown, err);
 }
 
 SLUICE_API const char *sluice_cache_warning(sluice_model *m)
@@ -581,6 +582,27 @@ int sl_model_error(sluice_model *m, const sl_err *err)
     return err->code;
 }
 
+/* A failing query on a model its caller holds const: the message is per
+ * thread (errmsg.c), so nothing of the model is written. A model that is
+ * NULL or whose open failed has its message already (sluice_errmsg).
+ * Returns code. */
+static int query_fail(const sluice_model *m, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int query_fail(const sluice_model *m, int code, const char *fmt, ...)
+{
+    if (sl_model_usable(m) < 0)
+        return code;
+    char msg[SL_ERRMSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    sl_utf8_cut(msg);
+    sl_remote_scrub(msg, sizeof msg, m->path); /* no credential shown */
+    sl_errmsg_set(m->err_id, msg);
+    return code;
+}
+
 SLUICE_API const char *sluice_errmsg(const sluice_model *m)
 {
     if (!m)
@@ -620,7 +642,8 @@ static int info_size_ok(const struct sluice_tensor_info *info)
 SLUICE_API int sluice_info(const sluice_model *m, size_t i, struct sluice_tensor_info *info)
 {
     if (sl_model_usable(m) < 0 || !info || !info_size_ok(info) || i >= m->index.ntensors)
-        return SLUICE_E_INVAL;
+        return query_fail(m, SLUICE_E_INVAL, "sluice_info: %s", !info || !info_size_ok(info)
+                          ? "info is NULL or its size too small" : "index out of range");
     copy_sized(info, &m->index.tensors[i], sizeof *info);
     return SLUICE_OK;
 }
@@ -629,10 +652,14 @@ SLUICE_API int sluice_find_n(const sluice_model *m, const char *name, size_t len
                              struct sluice_tensor_info *info)
 {
     if (sl_model_usable(m) < 0 || !name || (info && !info_size_ok(info)))
-        return SLUICE_E_INVAL;
+        return query_fail(m, SLUICE_E_INVAL, "sluice_find: %s", !name ? "name is NULL"
+                          : "info's size is too small");
     size_t i = sl_index_find(&m->index, name, len);
-    if (i == SIZE_MAX)
-        return SLUICE_E_NOT_FOUND;
+    if (i == SIZE_MAX) {
+        char q[SL_QUOTE_MAX];
+        return query_fail(m, SLUICE_E_NOT_FOUND, "no tensor named %s in %s",
+                          sl_quote(q, sizeof q, name, len), m->path);
+    }
     if (info)
         copy_sized(info, &m->index.tensors[i], sizeof *info);
     return SLUICE_OK;
@@ -641,7 +668,7 @@ SLUICE_API int sluice_find_n(const sluice_model *m, const char *name, size_t len
 SLUICE_API int sluice_find(const sluice_model *m, const char *name, struct sluice_tensor_info *info)
 {
     if (!name)
-        return SLUICE_E_INVAL;
+        return query_fail(m, SLUICE_E_INVAL, "sluice_find: name is NULL");
     return sluice_find_n(m, name, strlen(name), info);
 }
 
@@ -653,7 +680,9 @@ SLUICE_API size_t sluice_file_count(const sluice_model *m)
 SLUICE_API int sluice_file_info(const sluice_model *m, size_t i, struct sluice_file_info *info)
 {
     if (sl_model_usable(m) < 0 || !info || info->size < sizeof info->size || i >= m->index.nfiles)
-        return SLUICE_E_INVAL;
+        return query_fail(m, SLUICE_E_INVAL, "sluice_file_info: %s",
+                          !info || info->size < sizeof info->size
+                              ? "info is NULL or its size too small" : "file index out of range");
     const sl_file *f = &m->index.files[i];
     struct sluice_file_info fi = {
         .size = sizeof fi,
@@ -1576,7 +1605,7 @@ SLUICE_API int sluice_stats(sluice_model *m, struct sluice_stats *out)
 {
     sl_engine *e = engine_of(m);
     if (!e || !out || out->size < sizeof out->size)
-        return SLUICE_E_INVAL;
+        return query_fail(m, SLUICE_E_INVAL, "sluice_stats: out is NULL or its size too small");
     struct sluice_stats s;
     sl_err err = {0};
     if (sl_engine_enter(e, &err) < 0)
@@ -1628,10 +1657,13 @@ SLUICE_API int sluice_file_header_digest(const sluice_model *model, size_t file_
 {
     if (sl_model_usable(model) != SLUICE_OK || file_index >= model->index.nfiles || !digest ||
         (unsigned)alg > SLUICE_ALG_BLAKE3)
-        return SLUICE_E_INVAL;
+        return query_fail(model, SLUICE_E_INVAL, "sluice_file_header_digest: %s",
+                          !digest ? "digest is NULL" : (unsigned)alg > SLUICE_ALG_BLAKE3
+                          ? "unknown algorithm" : "file index out of range");
     const uint8_t *d = sl_index_header_digest(&model->index.files[file_index], alg);
     if (!d)
-        return SLUICE_E_UNSUPPORTED;
+        return query_fail(model, SLUICE_E_UNSUPPORTED, "sluice_file_header_digest: this "
+                          "build lacks the algorithm");
     memcpy(digest, d, 32);
     return SLUICE_OK;
 }
@@ -1644,10 +1676,12 @@ SLUICE_API const char *sluice_manifest_path(const sluice_model *model)
 SLUICE_API int sluice_manifest_tensor(const sluice_model *model, size_t i, uint8_t digest[32])
 {
     if (sl_model_usable(model) < 0 || !digest || i >= model->index.ntensors)
-        return SLUICE_E_INVAL;
+        return query_fail(model, SLUICE_E_INVAL, "sluice_manifest_tensor: %s",
+                          !digest ? "digest is NULL" : "index out of range");
     const uint8_t *d = sl_manifest_tensor_digest(model->manifest, i);
     if (!d)
-        return SLUICE_E_NOT_FOUND;
+        return query_fail(model, SLUICE_E_NOT_FOUND, "sluice_manifest_tensor: %s", model->manifest
+                          ? "the manifest has no digest for this tensor" : "no manifest");
     memcpy(digest, d, 32);
     return SLUICE_OK;
 }
@@ -1656,10 +1690,12 @@ SLUICE_API int sluice_manifest_chunks(const sluice_model *model, size_t i, uint6
                                       uint32_t *count)
 {
     if (sl_model_usable(model) != SLUICE_OK || i >= model->index.ntensors)
-        return SLUICE_E_INVAL;
+        return query_fail(model, SLUICE_E_INVAL, "sluice_manifest_chunks: index out of range");
     const sl_chunk_digests *c = sl_manifest_chunks(model->manifest);
     if (!c || !c[i].count || !sl_manifest_tensor_digest(model->manifest, i))
-        return SLUICE_E_NOT_FOUND;
+        return query_fail(model, SLUICE_E_NOT_FOUND, "sluice_manifest_chunks: %s",
+                          model->manifest ? "the manifest has no chunk digests for this "
+                          "tensor" : "no manifest");
     if (chunk_bytes)
         *chunk_bytes = c[i].bytes;
     if (count)
@@ -1671,10 +1707,13 @@ SLUICE_API int sluice_manifest_file(const sluice_model *model, size_t file_index
                                     uint8_t digest[32], uint64_t *size)
 {
     if (sl_model_usable(model) < 0 || !digest || file_index >= model->index.nfiles)
-        return SLUICE_E_INVAL;
+        return query_fail(model, SLUICE_E_INVAL, "sluice_manifest_file: %s",
+                          !digest ? "digest is NULL" : "file index out of range");
     const uint8_t *d = sl_manifest_file_digest(model->manifest, file_index, size);
     if (!d)
-        return SLUICE_E_NOT_FOUND;
+        return query_fail(model, SLUICE_E_NOT_FOUND, "sluice_manifest_file: %s",
+                          model->manifest ? "the manifest has no digest for this file"
+                                          : "no manifest");
     memcpy(digest, d, 32);
     return SLUICE_OK;
 }

@@ -115,6 +115,8 @@ static void entry_of(const sluice_cache *h, const sl_cache_row *r, sluice_cache_
     e->source = r->source;
     e->created_ns = r->created_ns;
     e->last_access_ns = r->last_access_ns;
+    e->names = r->names;
+    e->nnames = r->nnames;
     char *p = sl_cache_blob_path(h->c, r->alg, r->digest);
     struct stat st;
     e->present = p && lstat(p, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size == r->size;

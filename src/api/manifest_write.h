@@ -1,10 +1,10 @@
 /* manifest_write.h: the one writer of a manifest's JSON (manifest_write.c),
- * used by `sluice manifest` (tools/manifest.c, which compiles this file
- * in) and by the library for the manifests it derives from a Hub
- * snapshot's verified bytes (hub.c). It reads the model through the
- * public calls only (sluice_info, sluice_file_info,
- * sluice_file_header_digest), so that the command's copy links against the
- * shared library. */
+ * given the digests: used by sluice_manifest_write (manifest_make.c, which
+ * computes them: `sluice manifest`, synth, Python's write_manifest) and by
+ * the library for the manifests it derives from a Hub snapshot's verified
+ * bytes (hub.c). It reads the model through the public calls only
+ * (sluice_info, sluice_file_info, sluice_file_header_digest), so that the
+ * command compiles it in too, for its JSON strings (tools/jsonout.c). */
 #ifndef SLUICE_MANIFEST_WRITE_H
 #define SLUICE_MANIFEST_WRITE_H
 

@@ -118,6 +118,7 @@ typedef struct pending_blob {
     char hex[65];
     uint64_t size;
     char *source;   /* malloc'd */
+    sluice_cache_name name; /* malloc'd strings; model NULL: none */
 } pending_blob;
 
 /* ---------------------------------------------------------------- helpers */
@@ -332,8 +333,11 @@ int sl_file_id_settle(int fd)
 
 static void pending_clear(sl_cache *c)
 {
-    for (size_t i = 0; i < c->npend; i++)
+    for (size_t i = 0; i < c->npend; i++) {
         free(c->pend[i].source);
+        free((char *)c->pend[i].name.model);
+        free((char *)c->pend[i].name.tensor);
+    }
     c->npend = 0;
 }
 
@@ -618,6 +622,16 @@ static const char *const SCHEMA_BLOBS =
     "CREATE TABLE blobs(algorithm TEXT NOT NULL, digest TEXT NOT NULL, size INTEGER NOT NULL,"
     " source TEXT, created_ns INTEGER NOT NULL, last_access_ns INTEGER NOT NULL,"
     " PRIMARY KEY(algorithm, digest));";
+/* The tensors each blob was stored as (sluice_cache_entry.names): a table
+ * of its own, made at every open where missing and never required, so
+ * that the schema version stays 2 and an older sluice, which knows
+ * nothing of it, opens the same cache as before. Rows whose blob is gone
+ * are left out of every listing and deleted with the blob where this
+ * version deletes it (gc deletes any an older one left). */
+static const char *const SCHEMA_NAMES =
+    "CREATE TABLE IF NOT EXISTS names(algorithm TEXT NOT NULL, digest TEXT NOT NULL,"
+    " model TEXT NOT NULL, tensor TEXT NOT NULL,"
+    " PRIMARY KEY(algorithm, digest, model, tensor));";
 /* version 2 */
 static const char *const SCHEMA_MEMO =
     "CREATE TABLE memo(dev INTEGER NOT NULL, ino INTEGER NOT NULL, size INTEGER NOT NULL,"
@@ -816,8 +830,10 @@ static index_state prepare_index(sqlite3 *db, int64_t *version, int *created, ch
         snprintf(why, why_size, "%s", sqlite_why(rc, sqlite3_errmsg(db)));
         return is_corrupt_rc(rc) ? INDEX_ASIDE : INDEX_FAILED;
     }
-    if (tables > 0 && v == SL_CACHE_SCHEMA)
+    if (tables > 0 && v == SL_CACHE_SCHEMA) {
+        (void)db_exec(db, SCHEMA_NAMES);  /* advisory: listed when there */
         return INDEX_OK;
+    }
     rc = db_begin(db);
     if (rc == SQLITE_OK) {
         if (tables == 0) {
@@ -837,6 +853,7 @@ static index_state prepare_index(sqlite3 *db, int64_t *version, int *created, ch
     }
     *version = SL_CACHE_SCHEMA;
     *created = tables == 0;
+    (void)db_exec(db, SCHEMA_NAMES);  /* advisory: listed when there */
     return INDEX_OK;
 }
 
@@ -1083,6 +1100,17 @@ static int delete_entries_in(sl_cache *c, const char *const *algs, const char (*
     if (n == 0)
         return SQLITE_OK;
     sqlite3_stmt *st = NULL;
+    /* the names of those blobs first (advisory: no names table, none) */
+    if (sqlite3_prepare_v2(c->db, "DELETE FROM names WHERE algorithm = ? AND digest = ?", -1,
+                           &st, NULL) == SQLITE_OK)
+        for (size_t i = 0; i < n; i++) {
+            sqlite3_bind_text(st, 1, algs[i], -1, SQLITE_STATIC);
+            sqlite3_bind_text(st, 2, hex[i], 64, SQLITE_STATIC);
+            (void)sqlite3_step(st);
+            sqlite3_reset(st);
+        }
+    sqlite3_finalize(st);
+    st = NULL;
     int rc = sqlite3_prepare_v2(c->db, "DELETE FROM blobs WHERE algorithm = ? AND digest = ?",
                                 -1, &st, NULL);
     for (size_t i = 0; rc == SQLITE_OK && i < n; i++) {
@@ -1384,8 +1412,31 @@ out:;
  * one recorded before), if the blob is still in place: an eviction of the
  * same digest may have unlinked it since its rename (see the top of this
  * file). *vanished: it was not. SQLite status. */
+/* Inside a transaction, under mu: that blob (a, hex) holds tensor
+ * name->tensor of model name->model. Advisory: a failure (no names table,
+ * made by a sluice that lacked it and not writable now) records nothing
+ * and fails nothing. */
+static void insert_name(sl_cache *c, const char *a, const char *hex, const sluice_cache_name *name)
+{
+    sqlite3_stmt *st = NULL;
+    if (!name || !name->model || !name->tensor ||
+        sqlite3_prepare_v2(c->db, "INSERT OR IGNORE INTO names(algorithm, digest, model, tensor)"
+                                  " VALUES(?, ?, ?, ?)", -1, &st, NULL) != SQLITE_OK) {
+        sqlite3_finalize(st);
+        return;
+    }
+    sqlite3_bind_text(st, 1, a, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, hex, 64, SQLITE_STATIC);
+    sqlite3_bind_text(st, 3, name->model, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 4, name->tensor, name->tensor_len > INT_MAX ? INT_MAX
+                      : (int)name->tensor_len, SQLITE_STATIC);
+    (void)sqlite3_step(st);
+    sqlite3_finalize(st);
+}
+
 static int insert_entry(sl_cache *c, const char *a, const char *hex, const char *path,
-                        uint64_t size, const char *source, int64_t t, int *vanished)
+                        uint64_t size, const char *source, const sluice_cache_name *name,
+                        int64_t t, int *vanished)
 {
     struct stat bs;
     *vanished = 0;
@@ -1412,13 +1463,15 @@ static int insert_entry(sl_cache *c, const char *a, const char *hex, const char 
             rc = SQLITE_OK;
     }
     sqlite3_finalize(st);
+    if (rc == SQLITE_OK)
+        insert_name(c, a, hex, name);
     return rc;
 }
 
 /* Keeps the blob (alg, hex) waiting for its entry (under mu). 0, or -1
  * out of memory. */
 static int pending_add(sl_cache *c, sluice_algorithm alg, const char *hex, uint64_t size,
-                       const char *source)
+                       const char *source, const sluice_cache_name *name)
 {
     if (c->npend == c->cap_pend) {
         size_t cap = c->cap_pend ? c->cap_pend * 2 : 16;
@@ -1429,8 +1482,21 @@ static int pending_add(sl_cache *c, sluice_algorithm alg, const char *hex, uint6
         c->cap_pend = cap;
     }
     pending_blob *b = &c->pend[c->npend];
+    b->name = (sluice_cache_name){0};
     if (!(b->source = strdup(source ? source : "")))
         return -1;
+    if (name && name->model && name->tensor) {
+        char *model = strdup(name->model), *tensor = malloc(name->tensor_len + 1);
+        if (!model || !tensor) {
+            free(model);
+            free(tensor);
+            free(b->source);
+            return -1;
+        }
+        memcpy(tensor, name->tensor, name->tensor_len);
+        tensor[name->tensor_len] = '\0';
+        b->name = (sluice_cache_name){model, tensor, name->tensor_len};
+    }
     b->alg = alg;
     memcpy(b->hex, hex, 65);
     b->size = size;
@@ -1448,8 +1514,8 @@ static int insert_pending(sl_cache *c, int64_t t, uint64_t *n)
         const pending_blob *b = &c->pend[i];
         char *path = sl_cache_blob_path(c, b->alg, b->hex);
         int vanished = 0;
-        rc = path ? insert_entry(c, alg_dir(b->alg), b->hex, path, b->size, b->source, t,
-                                 &vanished)
+        rc = path ? insert_entry(c, alg_dir(b->alg), b->hex, path, b->size, b->source,
+                                 &b->name, t, &vanished)
                   : SQLITE_NOMEM;
         free(path);
         *n += rc == SQLITE_OK && !vanished;
@@ -1499,6 +1565,13 @@ static void pending_unlink(sl_cache *c)
 int sl_cache_store(sl_cache *c, sluice_algorithm alg, const uint8_t digest[32], const void *data,
                    uint64_t size, const char *source, uint64_t *evicted)
 {
+    return sl_cache_store_named(c, alg, digest, data, size, source, NULL, evicted);
+}
+
+int sl_cache_store_named(sl_cache *c, sluice_algorithm alg, const uint8_t digest[32],
+                         const void *data, uint64_t size, const char *source,
+                         const sluice_cache_name *name, uint64_t *evicted)
+{
     if (evicted)
         *evicted = 0;
     const char *a = alg_dir(alg);
@@ -1537,7 +1610,7 @@ int sl_cache_store(sl_cache *c, sluice_algorithm alg, const uint8_t digest[32], 
          * entry waits instead (see "Busy" in cache.h) */
         atomic_fetch_add_explicit(&c->busy, 1, memory_order_relaxed);
         rc = SQLITE_BUSY;
-        if (pending_add(c, alg, hex, size, source) != 0)
+        if (pending_add(c, alg, hex, size, source, name) != 0)
             unlink(final);
     } else {
         int64_t t = access_ns(c);
@@ -1546,7 +1619,7 @@ int sl_cache_store(sl_cache *c, sluice_algorithm alg, const uint8_t digest[32], 
         if (rc == SQLITE_OK)
             rc = insert_pending(c, t, &recorded);
         if (rc == SQLITE_OK)
-            rc = insert_entry(c, a, hex, final, size, source, t, &vanished);
+            rc = insert_entry(c, a, hex, final, size, source, name, t, &vanished);
         if (rc == SQLITE_OK)
             rc = evict_entries(c, c->max_bytes, a, hex, &v);
         rc = db_end(c->db, rc);
@@ -1554,7 +1627,7 @@ int sl_cache_store(sl_cache *c, sluice_algorithm alg, const uint8_t digest[32], 
             /* another process holds the write lock: kept, recorded with
              * a later store or deleted at close */
             note_busy(c);
-            if (pending_add(c, alg, hex, size, source) != 0)
+            if (pending_add(c, alg, hex, size, source, name) != 0)
                 unlink(final);
         } else if (rc == SQLITE_OK) {
             pending_clear(c);
@@ -1744,9 +1817,86 @@ static int admin_off(const sl_cache *c, sl_err *err)
 
 void sl_cache_rows_free(sl_cache_row *rows, size_t n)
 {
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         free(rows[i].source);
+        for (size_t k = 0; k < rows[i].nnames; k++) {
+            free((char *)rows[i].names[k].model);
+            free((char *)rows[i].names[k].tensor);
+        }
+        free(rows[i].names);
+    }
     free(rows);
+}
+
+static int row_key_cmp(const void *a, const void *b)
+{
+    const sl_cache_row *x = *(const sl_cache_row *const *)a, *y = *(const sl_cache_row *const *)b;
+    return x->alg != y->alg ? (x->alg < y->alg ? -1 : 1) : strcmp(x->digest, y->digest);
+}
+
+/* Adds model and tensor (len bytes) to r's names. 0, or -1 out of memory. */
+static int row_add_name(sl_cache_row *r, const char *model, const char *tensor, size_t len)
+{
+    sluice_cache_name *v = realloc(r->names, (r->nnames + 1) * sizeof *v);
+    if (!v)
+        return -1;
+    r->names = v;
+    char *m = strdup(model), *t = malloc(len + 1);
+    if (!m || !t) {
+        free(m);
+        free(t);
+        return -1;
+    }
+    memcpy(t, tensor, len);
+    t[len] = '\0';
+    v[r->nnames++] = (sluice_cache_name){m, t, len};
+    return 0;
+}
+
+/* Under mu: the names table's rows, each added to its blob's row among
+ * rows[0..n) (advisory: no table, no names). SQLite status. */
+static int rows_names(sl_cache *c, sl_cache_row *rows, size_t n)
+{
+    if (n == 0)
+        return SQLITE_OK;
+    sl_cache_row **by = malloc(n * sizeof *by);
+    if (!by)
+        return SQLITE_NOMEM;
+    for (size_t i = 0; i < n; i++)
+        by[i] = &rows[i];
+    qsort(by, n, sizeof *by, row_key_cmp);
+    sqlite3_stmt *st = NULL;
+    int rc = sqlite3_prepare_v2(c->db, "SELECT algorithm, digest, model, tensor FROM names"
+                                       " ORDER BY model, tensor", -1, &st, NULL);
+    if (rc != SQLITE_OK) {  /* a cache whose index lacks the table: none */
+        free(by);
+        return SQLITE_OK;
+    }
+    for (;;) {
+        int s = sqlite3_step(st);
+        if (s != SQLITE_ROW) {
+            rc = s == SQLITE_DONE ? SQLITE_OK : s;
+            break;
+        }
+        const char *a = (const char *)sqlite3_column_text(st, 0);
+        const char *h = (const char *)sqlite3_column_text(st, 1);
+        const char *model = (const char *)sqlite3_column_text(st, 2);
+        const char *tensor = (const char *)sqlite3_column_text(st, 3);
+        size_t len = (size_t)sqlite3_column_bytes(st, 3);
+        sl_cache_row key = {0}, *kp = &key;
+        if (!a || !h || !model || !tensor || sl_cache_alg_parse(a, &key.alg) != 0 ||
+            !is_hex(h, 64))
+            continue;
+        memcpy(key.digest, h, 65);
+        sl_cache_row **hit = bsearch(&kp, by, n, sizeof *by, row_key_cmp);
+        if (hit && row_add_name(*hit, model, tensor, len) != 0) {
+            rc = SQLITE_NOMEM;
+            break;
+        }
+    }
+    sqlite3_finalize(st);
+    free(by);
+    return rc;
 }
 
 int sl_cache_rows(sl_cache *c, sl_cache_row **out, size_t *count, sl_err *err)
@@ -1789,6 +1939,8 @@ int sl_cache_rows(sl_cache *c, sl_cache_row **out, size_t *count, sl_err *err)
         sl_cache_row *r = &rows[n];
         r->alg = alg;
         memcpy(r->digest, h, 65);
+        r->names = NULL;
+        r->nnames = 0;
         r->size = (uint64_t)sqlite3_column_int64(st, 2);
         r->created_ns = sqlite3_column_int64(st, 4);
         r->last_access_ns = sqlite3_column_int64(st, 5);
@@ -1799,6 +1951,8 @@ int sl_cache_rows(sl_cache *c, sl_cache_row **out, size_t *count, sl_err *err)
         n++;
     }
     sqlite3_finalize(st);
+    if (rc == SQLITE_OK)
+        rc = rows_names(c, rows, n);
     if (rc != SQLITE_OK) {
         int code = admin_fail(c, err, rc, "listing the entries");
         pthread_mutex_unlock(&c->mu);
@@ -1893,7 +2047,7 @@ int sl_cache_adopt(sl_cache *c, const sl_cache_row *row, sl_err *err)
     int vanished = 0;
     int rc = db_begin(c->db);
     if (rc == SQLITE_OK)
-        rc = insert_entry(c, a, row->digest, path, row->size, "found by verify", access_ns(c),
+        rc = insert_entry(c, a, row->digest, path, row->size, "found by verify", NULL, access_ns(c),
                           &vanished);
     rc = db_end(c->db, rc);
     int code = rc == SQLITE_OK ? !vanished : admin_fail(c, err, rc, "recording a blob");
@@ -1954,6 +2108,10 @@ int sl_cache_gc(sl_cache *c, uint64_t max_bytes, uint64_t *freed_bytes, uint64_t
         if (rc == SQLITE_OK)
             ++*freed_entries;
     }
+    /* names of blobs no entry names (an older sluice deleted them): advisory */
+    if (rc == SQLITE_OK)
+        (void)db_exec(c->db, "DELETE FROM names WHERE NOT EXISTS (SELECT 1 FROM blobs b WHERE"
+                             " b.algorithm = names.algorithm AND b.digest = names.digest)");
     rc = db_end(c->db, rc);
     if (rc != SQLITE_OK) {
         code = admin_fail(c, err, rc, "deleting entries of missing blobs");
@@ -2012,6 +2170,8 @@ int sl_cache_clear(sl_cache *c, uint64_t *freed_bytes, uint64_t *freed_entries, 
     int64_t n = rc == SQLITE_OK ? sqlite3_changes64(c->db) : 0;
     if (rc == SQLITE_OK)
         rc = db_exec(c->db, "DELETE FROM memo");
+    if (rc == SQLITE_OK)
+        (void)db_exec(c->db, "DELETE FROM names");  /* advisory: may be missing */
     if (rc == SQLITE_OK && walk_blobs(c, &f) != 0)
         rc = SQLITE_NOMEM;
     for (size_t i = 0; rc == SQLITE_OK && i < f.n; i++) {
@@ -2071,6 +2231,14 @@ int sl_cache_store(sl_cache *c, sluice_algorithm alg, const uint8_t digest[32], 
     if (evicted)
         *evicted = 0;
     return 0;
+}
+
+int sl_cache_store_named(sl_cache *c, sluice_algorithm alg, const uint8_t digest[32],
+                         const void *data, uint64_t size, const char *source,
+                         const sluice_cache_name *name, uint64_t *evicted)
+{
+    (void)name;
+    return sl_cache_store(c, alg, digest, data, size, source, evicted);
 }
 
 void sl_cache_drop(sl_cache *c, sluice_algorithm alg, const uint8_t digest[32])

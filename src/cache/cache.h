@@ -21,6 +21,10 @@
  *         PRIMARY KEY(algorithm, digest))
  *   memo(dev, ino, size, mtime_ns, ctime_ns, offset, nbytes, algorithm,
  *        digest, recorded_ns, PRIMARY KEY(all but recorded_ns))   (v2)
+ *   names(algorithm TEXT, digest TEXT, model TEXT, tensor TEXT,
+ *         PRIMARY KEY(all))   the tensors a blob was stored as: made at
+ *         every open where missing, never required, so the version
+ *         stays 2 and an older sluice opens the cache as before
  * Version 1 had meta and blobs only; open migrates 1 -> 2.
  *
  * Reading a blob never touches SQLite: its path is its digest, and a blob
@@ -144,6 +148,13 @@ int sl_cache_open_blob(sl_cache *c, sluice_algorithm alg, const uint8_t digest[3
 int sl_cache_store(sl_cache *c, sluice_algorithm alg, const uint8_t digest[32], const void *data,
                    uint64_t size, const char *source, uint64_t *evicted);
 
+/* sl_cache_store, recording also that the blob holds tensor name->tensor
+ * of model name->model (name may be NULL: none), in the names table
+ * (sluice_cache_entry.names; see "Schema"). */
+int sl_cache_store_named(sl_cache *c, sluice_algorithm alg, const uint8_t digest[32],
+                         const void *data, uint64_t size, const char *source,
+                         const sluice_cache_name *name, uint64_t *evicted);
+
 /* Deletes the blob of (alg, digest) and its entry: its bytes failed
  * verification. */
 void sl_cache_drop(sl_cache *c, sluice_algorithm alg, const uint8_t digest[32]);
@@ -198,6 +209,8 @@ typedef struct sl_cache_row {
     uint64_t size;
     char *source;         /* malloc'd, "" when none */
     int64_t created_ns, last_access_ns;
+    sluice_cache_name *names; /* the tensors stored as it (malloc'd, each string too) */
+    size_t nnames;
 } sl_cache_row;
 
 /* Every entry, least recently used first (a snapshot: the index may

@@ -41,8 +41,10 @@ struct sl_cache;
  * now, and closes it even when this fails), right after create, before
  * any call: loads of remote tensors use its blobs, and with
  * SLUICE_F_TRUST_UNCHANGED its memo spares hashing local tensors verified
- * before. */
-int sl_engine_attach_cache(sl_engine *e, struct sl_cache *c, sl_err *err);
+ * before. model: the model's location as messages show it, which the
+ * blobs stored record with their tensors' names (borrowed: it outlives
+ * the engine). */
+int sl_engine_attach_cache(sl_engine *e, struct sl_cache *c, const char *model, sl_err *err);
 /* While a sluice_verify of a remote model runs (delta +1, then -1), loads
  * fetch from the source rather than read blobs: a verify checks the
  * source. Blobs already read into the pool are not read again. */

@@ -101,10 +101,11 @@ static void memo_found(void *user, uint64_t offset, uint64_t nbytes, const uint8
     }
 }
 
-int sl_engine_attach_cache(sl_engine *e, sl_cache *c, sl_err *err)
+int sl_engine_attach_cache(sl_engine *e, sl_cache *c, const char *model, sl_err *err)
 {
     size_t n1 = e->n ? e->n : 1;
     e->cache = c;
+    e->cache_model = model;
     int remote = (e->ix->caps_any & SL_SRC_WORTH_CACHING) != 0 || e->mirror_caching;
     int memo = (e->flags & SLUICE_F_TRUST_UNCHANGED) && !(e->flags & SLUICE_F_HASH_ALL);
     if (remote) {
@@ -309,7 +310,9 @@ void sl_ecache_verified(sl_engine *e, size_t i)
     if (store) {
         /* A mirror's bytes land at the buffer's start; O_DIRECT never
          * applies to a remote file, so data is the tensor's first byte. */
-        stored = sl_cache_store(e->cache, e->alg, want, data, t->nbytes, from->path, &evicted);
+        sluice_cache_name name = {e->cache_model, t->name, t->name_len};
+        stored = sl_cache_store_named(e->cache, e->alg, want, data, t->nbytes, from->path,
+                                      e->cache_model ? &name : NULL, &evicted);
     }
     if (record)
         sl_cache_memo_record(e->cache, &e->file_id[t->file_index], e->opened_ns, e->alg,

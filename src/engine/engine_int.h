@@ -278,6 +278,7 @@ struct sl_engine {
 
     /* the persistent cache (engine_cache.c, cache.c); NULL when none */
     struct sl_cache *cache;      /* owned */
+    const char *cache_model;     /* the model as its blobs' names record it (borrowed) */
     sl_file *blob;               /* per tensor: its blob while one is open (fd >= 0) */
     uint8_t *blob_hit;           /* per tensor: a load came from its blob (touched at close) */
     uint8_t *memo;               /* per tensor: the memo vouches for its bytes */

@@ -8,6 +8,7 @@
 // headers are slow to compile.
 #include "tensor_service.grpc.pb.h"
 #include "relay.h"
+#include "../cmd.h"
 
 #include <sluice.h>
 
@@ -199,7 +200,12 @@ const char usage_text[] =
     "                         manifest; repeatable (16), tried in order; one\n"
     "                         model only (not with a root)\n"
     "  --allow-unverified     serve models without a manifest (no digests)\n"
-    "  -q                     no per-refusal log lines\n";
+    "  -q                     no per-refusal log lines\n"
+    "\n"
+    CMD_EXIT_HELP
+    "serve: 0 after SIGTERM or SIGINT; 2 also for a TLS or token file that\n"
+    "cannot be used (checked at start); 3 when nothing could be served or\n"
+    "listened on.\n";
 
 bool parse_size(const char *s, uint64_t *out)
 {
@@ -1761,7 +1767,7 @@ int main(int argc, char **argv)
         }
     } else if (stat(path.c_str(), &st) != 0) {
         fprintf(stderr, "sluice serve: %s: %s\n", path.c_str(), strerror(errno));
-        return 2;
+        return CMD_EXIT_OPEN;
     }
     while (!remote && path.size() > 1 && path.back() == '/')
         path.pop_back();
@@ -1773,7 +1779,7 @@ int main(int argc, char **argv)
         char *rroot = realpath(path.c_str(), nullptr);
         if (!rroot) {
             fprintf(stderr, "sluice serve: %s: %s\n", path.c_str(), strerror(errno));
-            return 2;
+            return CMD_EXIT_OPEN;
         }
         root = rroot;
         free(rroot);
@@ -1785,7 +1791,7 @@ int main(int argc, char **argv)
         DIR *d = opendir(path.c_str());
         if (!d) {
             fprintf(stderr, "sluice serve: %s: %s\n", path.c_str(), strerror(errno));
-            return 2;
+            return CMD_EXIT_OPEN;
         }
         while (struct dirent *e = readdir(d)) {
             std::string n = e->d_name;
@@ -1814,11 +1820,13 @@ int main(int argc, char **argv)
         }
         closedir(d);
     }
-    int failed = 0;
+    int failed = 0, why = 0;  // why: the exit status of the failures (cmd.h)
     for (auto &np : todo) {
         auto m = std::make_unique<Model>();
-        if (open_model(cfg, np.first, np.second, root, m.get()) != SLUICE_OK) {
+        int rc = open_model(cfg, np.first, np.second, root, m.get());
+        if (rc != SLUICE_OK) {
             failed++;
+            why = cmd_exit_worse(why, cmd_exit_status(rc));
             continue;
         }
         models[np.first] = std::move(m);
@@ -1826,7 +1834,7 @@ int main(int argc, char **argv)
     if (models.empty()) {
         fprintf(stderr, "sluice serve: no model to serve under %s\n",
                 shown_location(cfg.path).c_str());
-        return 2;
+        return why ? why : CMD_EXIT_OPEN;
     }
     if (failed)
         fprintf(stderr, "sluice serve: %d model(s) not served (see above)\n", failed);
@@ -1843,7 +1851,7 @@ int main(int argc, char **argv)
                     why.c_str());
             for (auto &kv : models)
                 sluice_close(kv.second->m);
-            return 2;
+            return CMD_EXIT_USAGE;
         }
         service.token = tok;
     }
@@ -1855,17 +1863,17 @@ int main(int argc, char **argv)
         std::string cert, key;
         if (!read_file(cfg.tls_key, &key) || !read_file(cfg.tls_cert, &cert)) {
             fprintf(stderr, "sluice serve: cannot read --tls-cert/--tls-key\n");
-            return 2;
+            return CMD_EXIT_USAGE;
         }
         if (!check_key_pair(cfg, cert, key)) {
             for (auto &kv : models)
                 sluice_close(kv.second->m);
-            return 2;
+            return CMD_EXIT_USAGE;
         }
         if (!(tls = make_tls(cfg))) {
             for (auto &kv : models)
                 sluice_close(kv.second->m);
-            return 2;
+            return CMD_EXIT_USAGE;
         }
     }
 
@@ -1892,7 +1900,7 @@ int main(int argc, char **argv)
                 lerr.c_str());
         for (auto &kv : models)
             sluice_close(kv.second->m);
-        return 1;
+        return CMD_EXIT_OPEN;
     }
     service.front = &front;
 

@@ -47,7 +47,7 @@ target_link_libraries(sluice_proto PUBLIC PkgConfig::GRPCPP PkgConfig::PROTOBUF)
 # relay.cc: the TCP and TLS front (libssl), no gRPC header in it.
 pkg_check_modules(LIBSSL REQUIRED IMPORTED_TARGET libssl)
 add_executable(sluice_serve ${PROJECT_SOURCE_DIR}/tools/serve/serve.cc
-  ${PROJECT_SOURCE_DIR}/tools/serve/relay.cc)
+  ${PROJECT_SOURCE_DIR}/tools/serve/relay.cc ${PROJECT_SOURCE_DIR}/tools/exit.c)
 set_target_properties(sluice_serve PROPERTIES OUTPUT_NAME sluice-serve
   INSTALL_RPATH "$ORIGIN/../${CMAKE_INSTALL_LIBDIR}")
 target_compile_options(sluice_serve PRIVATE -Wall -Wextra -Wno-unused-parameter)

@@ -43,7 +43,7 @@ __all__ = [
     "OutOfMemoryError", "PoolError", "TooLargeError", "PoolExhaustedError", "BusyError",
     "CancelledError", "BufferTooSmallError", "UnsupportedError", "parse_size",
     "HAVE_ML_DTYPES", "algorithm_supported", "features", "serve_metrics", "MetricsServer",
-    "Cache", "CacheEntry", "UnverifiedWarning",
+    "Cache", "CacheEntry", "UnverifiedWarning", "write_manifest",
 ]
 
 
@@ -965,11 +965,28 @@ def open(path, *, manifest=None, verify="default", pool=None, queue_depth=None, 
 
 _VERIFY_STATES = {0: "verified", 1: "no_manifest", 2: "off", 3: "publisher_digest"}
 
+# Set while this thread reopens a model it opened (and warned of) already,
+# so that one load warns once (safe_open's reopen with a larger pool).
+import threading as _threading  # noqa: E402
+_reopening = _threading.local()
+
+
+def _reopen(path, **open_args):
+    """sluice.open of a model this thread opened a moment ago for the same
+    load: no second UnverifiedWarning."""
+    _reopening.active = True
+    try:
+        return open(path, **open_args)
+    finally:
+        _reopening.active = False
+
 
 def _warn_if_unverified(model):
     """UnverifiedWarning when the model has nothing to be checked against,
     attributed to the first caller outside this package (safe_open,
     load_file and the rest open through here)."""
+    if getattr(_reopening, "active", False):
+        return
     state, where = model._m.verify_state()
     if _VERIFY_STATES.get(state) != "no_manifest":
         return
@@ -1066,3 +1083,4 @@ from . import _features  # noqa: E402
 from ._features import features  # noqa: E402
 from ._metrics import MetricsServer, serve_metrics  # noqa: E402
 from ._cache import Cache, CacheEntry  # noqa: E402
+from ._manifest import write_manifest  # noqa: E402

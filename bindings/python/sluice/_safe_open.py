@@ -43,8 +43,8 @@ import operator
 
 import numpy as np
 
-from . import (open as _open, _check_framework, _np_dtype, _np_dtype_checked, _PACKED, _sluice,
-               _torch_dtype_named, _check_dtype)
+from . import (open as _open, _reopen, _check_framework, _np_dtype, _np_dtype_checked, _PACKED,
+               _sluice, _torch_dtype_named, _check_dtype)
 from ._errors import InvalidArgumentError, PoolError
 
 _SLACK = 64 << 20  # room for read-ahead beside every tensor held
@@ -68,7 +68,7 @@ def _open_for_all(path, **open_args):
     # the limit is refused by the reopen, with both numbers)
     if want > core.stats()["pool_bytes"]:
         model.close()
-        model = _open(path, pool=want, **open_args)
+        model = _reopen(path, pool=want, **open_args)  # warned once, above
     return model
 
 

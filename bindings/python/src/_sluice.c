@@ -1499,6 +1499,64 @@ static PyTypeObject StreamType = {
 
 static PyObject *model_metrics_text(ModelObject *self, PyObject *arg);
 
+/* write_manifest(path or None, fd, version, chunk_bytes, rules text,
+ * "builtin" or None, worlds tuple, threads): sluice_manifest_write (GIL
+ * released). */
+static PyObject *model_write_manifest(ModelObject *self, PyObject *args)
+{
+    PyObject *path_obj = NULL, *worlds = NULL;
+    int fd = -1, version = 2;
+    unsigned long long chunk = 0;
+    const char *rules_text = NULL;
+    Py_ssize_t rules_len = 0;
+    unsigned int threads = 0;
+    if (!PyArg_ParseTuple(args, "OiiKz#O!I", &path_obj, &fd, &version, &chunk, &rules_text,
+                          &rules_len, &PyTuple_Type, &worlds, &threads) || !model_usable(self))
+        return NULL;
+    sluice_manifest_options mo;
+    sluice_manifest_options_init(&mo);
+    mo.version = version;
+    mo.chunk_bytes = chunk;
+    mo.threads = threads;
+    Py_ssize_t nw = PyTuple_GET_SIZE(worlds);
+    if (nw > 8)
+        return PyErr_Format(PyExc_ValueError, "at most 8 world sizes, not %zd", nw);
+    for (Py_ssize_t k = 0; k < nw; k++) {
+        mo.worlds[k] = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(worlds, k));
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    if (nw)
+        mo.nworlds = (size_t)nw;
+    sluice_part_rules *rules = NULL;
+    if (rules_text) {
+        char why[256];
+        int builtin = !strcmp(rules_text, "builtin");
+        if (sluice_part_rules_parse(builtin ? NULL : rules_text, builtin ? 0 : (size_t)rules_len,
+                                    &rules, why, sizeof why) != SLUICE_OK)
+            return PyErr_Format(PyExc_ValueError, "parts: %s", why);
+        mo.parts = rules;
+    }
+    PyObject *bytes = NULL;
+    if (path_obj != Py_None && !PyUnicode_FSConverter(path_obj, &bytes)) {
+        sluice_part_rules_free(rules);
+        return NULL;
+    }
+    const char *path = bytes ? PyBytes_AS_STRING(bytes) : NULL;
+    sluice_model *m = self->m;
+    int rc;
+    self->in_flight++;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sluice_manifest_write(m, path, fd, &mo);
+    Py_END_ALLOW_THREADS
+    self->in_flight--;
+    Py_XDECREF(bytes);
+    sluice_part_rules_free(rules);
+    PyObject *r = rc == SLUICE_OK ? Py_NewRef(Py_None) : raise_model(self, rc);
+    model_maybe_close(self);
+    return r;
+}
+
 static PyMethodDef model_methods[] = {
     {"close", (PyCFunction)model_close, METH_NOARGS,
      "Close; deferred while arrays, streams or calls still use the model."},
@@ -1537,6 +1595,8 @@ static PyMethodDef model_methods[] = {
      "metrics_text(openmetrics) -> the model's exposition."},
     {"verify", (PyCFunction)model_verify, METH_VARARGS,
      "sluice_verify over indices (or None), files, threads (GIL released)."},
+    {"write_manifest", (PyCFunction)model_write_manifest, METH_VARARGS,
+     "sluice_manifest_write(path or None, fd, version, chunk, rules, worlds, threads)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -111,3 +111,73 @@ def test_an_error_when_the_filter_says_so(tmp_path):
         ok = _model(tmp_path / "ok", True)
         with sluice.open(ok) as m:  # verified: no warning, so no error
             assert m.verify_state == "verified"
+
+
+def _entry_points(path):
+    """Every entry point that opens a model, each as a call of path."""
+    calls = [
+        ("open", lambda: sluice.open(path).close()),
+        ("safe_open", lambda: sluice.safe_open(path, framework="np").__enter__().keys()),
+        ("load_file", lambda: sluice.load_file(path)),
+    ]
+    try:
+        import torch
+        import sluice.torch as st
+        import sluice.shard as sh
+    except ImportError:
+        return calls
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(3, 4))
+            self.b = torch.nn.Parameter(torch.zeros(4))
+
+    return calls + [
+        ("torch.load_file", lambda: st.load_file(path)),
+        ("load_shard", lambda: sh.load_shard(path, 0, 1)),
+        ("iter_weights", lambda: list(st.iter_weights(path))),
+        ("lazy_load", lambda: st.lazy_load(Net(), path)),
+    ]
+
+
+def test_each_entry_point_warns_once_per_model(tmp_path):
+    """Issue 38, item 2: from each entry point, one warning per model under
+    the default filter however often it loads it, and one per load under
+    "always" (no entry point opens twice and warns twice)."""
+    a = _model(tmp_path / "a", manifest=False)
+    b = _model(tmp_path / "b", manifest=False)
+    for what, call in _entry_points(a):
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            call()
+        assert len(_unverified(record)) == 1, (what, [str(w.message) for w in record])
+    for (what, call_a), (_, call_b) in zip(_entry_points(a), _entry_points(b)):
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("default")
+            for _ in range(3):
+                call_a()
+                call_b()
+        got = _unverified(record)
+        assert len(got) == 2, (what, [str(w.message) for w in got])
+        assert a + ".manifest.json" in str(got[0].message) or a in str(got[0].message)
+
+
+def test_reopen_for_a_larger_pool_warns_once(tmp_path, monkeypatch):
+    """safe_open and load_file reopen a model whose tensors do not fit the
+    default pool with one that holds them: one load, one warning."""
+    import sluice._safe_open as so
+    path = _model(tmp_path, manifest=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with sluice.open(path) as m:
+            pool = m._m.stats()["pool_bytes"]
+            total = sum(m._m.info(i)[3] + 64 for i in range(m._m.count()))
+    monkeypatch.setattr(so, "_SLACK", pool - total + 1)  # one byte over: a reopen
+    for what, call in (("safe_open", lambda: sluice.safe_open(path, framework="np")
+                        .__enter__().keys()),
+                       ("load_file", lambda: sluice.load_file(path))):
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            call()
+        assert len(_unverified(record)) == 1, (what, [str(w.message) for w in record])
