@@ -875,7 +875,8 @@ static void usage(FILE *out)
             "manifest has it, or a manifest without whole-file digests), or failing\n"
             "still after the repair; 2 also for a remote PATH, no --fallback, or a\n"
             "mirror serving PATH in its place (PATH's own bytes are judged, never a\n"
-            "mirror's); a\n            "PATH that does not open with no file to restore, its open's class (3 for\n"
+            "mirror's: a PATH that does not open has its files restored as above); a\n"
+            "PATH that does not open with no file to restore, its open's class (3 for\n"
             "most); 3 also for a copy that could not be made, written or renamed (PATH\n"
             "unchanged; with several files, each is as it was or repaired, as the\n"
             "message says).\n");
@@ -1003,6 +1004,21 @@ int cmd_repair(int argc, char **argv)
     sluice_model *m = NULL;
     size_t restored = 0;
     int rc = sluice_open(path, &o, &m);
+    unsigned served = 0;
+    if (rc == SLUICE_OK && (sluice_model_location(m, &served, NULL), served)) {
+        /* a mirror stands in for PATH, which does not open: why not is
+         * PATH's own open's to say (a damaged file is restored below) */
+        sluice_close(m);
+        m = NULL;
+        sluice_options own = o;
+        own.fallback = NULL;
+        own.fallback_count = 0;
+        if ((rc = sluice_open(path, &own, &m)) == SLUICE_OK) {
+            sluice_close(m);    /* it opens now: with the mirrors, as first */
+            m = NULL;
+            rc = sluice_open(path, &o, &m);
+        }
+    }
     if (rc != SLUICE_OK) {
         /* a missing, truncated or damaged file: restored whole, then its
          * tensors judged as any */
