@@ -506,6 +506,36 @@ static void whole_file_needs_file_digests(void **state)
 /* SIGKILL at each point of a whole-file repair: the file as it was
  * (truncated, or missing) before the rename, restored after; the next
  * repair removes the copy left and restores it. */
+/* The exit classes of a model that does not open and cannot be restored:
+ * no manifest to judge the mirrors by (3: cannot open), and no mirror
+ * that opens with it (1: not repaired); the file is left as it was. */
+static void whole_file_exit_classes(void **state)
+{
+    fx *f = *state;
+    char *mf, *gf, *nowhere = tu_join(f->dir, "nowhere");
+    files_of(f, &mf, &gf);
+    damage(mf, TRUNCATED);
+    struct stat before, after;
+    assert_int_equal(stat(mf, &before), 0);
+    run_result r = run(f->dir, "repair", f->model, "-q", "--fallback", nowhere, NULL);
+    expect_status(&r, 3, "repair with no manifest to judge the mirrors by");
+    assert_non_null(strstr(r.err, "no manifest to judge the mirrors by"));
+    run_free(&r);
+    char *man = tu_join(f->good, "model.safetensors.manifest.json");
+    r = run(f->dir, "repair", f->model, "-q", "--fallback", nowhere, "--manifest", man, NULL);
+    expect_status(&r, 1, "repair with no mirror that opens");
+    assert_non_null(strstr(r.out, "no fallback opens with the manifest"));
+    assert_non_null(strstr(r.out, "unchanged"));
+    run_free(&r);
+    assert_int_equal(stat(mf, &after), 0);
+    assert_int_equal(after.st_size, before.st_size);
+    assert_int_equal(hidden(f->model), 0);
+    free(man);
+    free(nowhere);
+    free(mf);
+    free(gf);
+}
+
 static void whole_file_kill_at_every_point(void **state)
 {
     fx *f = *state;
@@ -620,6 +650,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(whole_files_from_http, setup, teardown),
         cmocka_unit_test_setup_teardown(whole_file_mirror_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(whole_file_needs_file_digests, setup, teardown),
+        cmocka_unit_test_setup_teardown(whole_file_exit_classes, setup, teardown),
         cmocka_unit_test_setup_teardown(whole_file_kill_at_every_point, setup, teardown),
         cmocka_unit_test_setup_teardown(read_file_range_and_find_manifest, setup, teardown),
     };
