@@ -997,13 +997,24 @@ int cmd_repair(int argc, char **argv)
     sluice_model *m = NULL;
     size_t restored = 0;
     int orc = sluice_open(path, &o, &m);
-    if (orc != SLUICE_OK) {
+    /* a mirror serving the open: PATH's own files could not be opened
+     * (sluice_open lets a mirror serve only for a missing, truncated or
+     * damaged file, never for what decides trust), as when it fails */
+    unsigned served = 0;
+    const char *served_why = NULL;
+    if (orc == SLUICE_OK)
+        sluice_model_location(m, &served, &served_why);
+    if (orc != SLUICE_OK || served) {
         /* a missing, truncated or damaged file: restored whole, then its
          * tensors judged as any */
-        fprintf(stderr, "sluice repair: %s\n", sluice_errmsg(m));
+        if (served)
+            fprintf(stderr, "sluice repair: %s cannot be opened (%s)\n", path,
+                    served_why ? served_why : "");
+        else
+            fprintf(stderr, "sluice repair: %s\n", sluice_errmsg(m));
         sluice_close(m);
         m = NULL;
-        if (!file_damage(orc))
+        if (!served && !file_damage(orc))
             return 2;
         printf("%s does not open; judging its files by the manifest\n", path);
         if ((status = restore_files(path, &o, &restored)) != 0)
