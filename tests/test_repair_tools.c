@@ -289,6 +289,41 @@ static void symlinked_file(void **state)
     free(gf);
 }
 
+/* A symlinked file whose target is gone (a Hub cache snapshot whose blob
+ * was deleted: the symlink dangles): the file is missing, and its
+ * symlink's target is what is restored, the symlink kept. */
+static void dangling_symlink_restored(void **state)
+{
+    fx *f = *state;
+    char *hub = tu_join(f->dir, "hub"), *blobs = tu_join(hub, "blobs"), *snap = tu_join(hub, "snap");
+    char *blob = tu_join(blobs, "0123abcd"), *link = tu_join(snap, "model.safetensors");
+    char *lm = tu_join(snap, "model.safetensors.manifest.json");
+    char *gm = tu_join(f->good, "model.safetensors.manifest.json"), *gf = tu_join(f->good, "model.safetensors");
+    assert_int_equal(mkdir(hub, 0755), 0);
+    assert_int_equal(mkdir(blobs, 0755), 0);
+    assert_int_equal(mkdir(snap, 0755), 0);
+    tu_copy_file(gm, lm);
+    assert_int_equal(symlink("../blobs/0123abcd", link), 0);  /* no blob: it dangles */
+    run_result r = run(f->dir, "repair", snap, "-q", "--fallback", f->mirror, NULL);
+    if (r.status != 0 || !strstr(r.out, "model.safetensors: missing") ||
+        !strstr(r.out, "restored "))
+        fail_msg("repair of a dangling symlink: exit %d\n%s%s", r.status, r.out, r.err);
+    run_free(&r);
+    struct stat st;
+    assert_int_equal(lstat(link, &st), 0);
+    assert_true(S_ISLNK(st.st_mode));
+    assert_true(same(blob, gf));
+    assert_int_equal(hidden(blobs), 0);
+    free(hub);
+    free(blobs);
+    free(snap);
+    free(blob);
+    free(link);
+    free(lm);
+    free(gm);
+    free(gf);
+}
+
 /* Two shards, each with a flipped tensor: each file repaired; and the
  * usage errors. */
 static void sharded_and_usage(void **state)
@@ -653,6 +688,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(whole_file_exit_classes, setup, teardown),
         cmocka_unit_test_setup_teardown(whole_file_kill_at_every_point, setup, teardown),
         cmocka_unit_test_setup_teardown(read_file_range_and_find_manifest, setup, teardown),
+        cmocka_unit_test_setup_teardown(dangling_symlink_restored, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -640,6 +640,40 @@ out:
     return rc;
 }
 
+/* Where a missing file goes: local itself, or, where local is a symlink
+ * that dangles (a Hub snapshot whose blob is gone), the path its links
+ * lead to. malloc'd; NULL with errno. */
+static char *missing_target(const char *local)
+{
+    char *cur = strdup(local);
+    for (int hops = 0; cur && hops < 40; hops++) {
+        struct stat st;
+        char to[PATH_MAX];
+        if (lstat(cur, &st) != 0 || !S_ISLNK(st.st_mode))
+            return cur;
+        ssize_t n = readlink(cur, to, sizeof to - 1);
+        if (n < 0) {
+            free(cur);
+            return NULL;
+        }
+        to[n] = '\0';
+        const char *slash = strrchr(cur, '/');
+        size_t d = to[0] == '/' || !slash ? 0 : (size_t)(slash - cur) + 1;
+        char *next = malloc(d + (size_t)n + 1);
+        if (next) {
+            memcpy(next, cur, d);
+            memcpy(next + d, to, (size_t)n + 1);
+        }
+        free(cur);
+        cur = next;
+    }
+    if (cur) {
+        free(cur);
+        errno = ELOOP;
+    }
+    return NULL;
+}
+
 /* Judges each file of the model at path (by the first mirror that
  * opens with the trusted manifest, whose file list is the manifest's);
  * those missing or not the manifest's size or header go in files.
@@ -662,9 +696,10 @@ static int wf_damaged(const char *path, sluice_model *ref, wf_file *files, size_
             printf("file %s: good (the manifest's size and header)\n", f->name);
         else if (bad > 0) {
             printf("file %s: %s\n", f->name, why);
-            f->existed = lstat(local, &st) == 0;
-            /* a symlink's target is what is restored (the Hub's blobs) */
-            if (!(f->real = f->existed ? realpath(local, NULL) : strdup(local))) {
+            f->existed = stat(local, &st) == 0;
+            /* a symlink's target is what is restored (the Hub's blobs),
+             * also one that is gone (the symlink dangles) */
+            if (!(f->real = f->existed ? realpath(local, NULL) : missing_target(local))) {
                 fprintf(stderr, "sluice repair: %s: %s\n", local, strerror(errno));
                 bad = -1;
             }

@@ -78,13 +78,19 @@ static int hex64(const char *name, uint8_t d[32])
 
 /* 1 when f (opened as fd) is a snapshot file of a Hub cache: its real
  * path R/blobs/HEX, the very file opened, and its directory under
- * R/snapshots/. Sets out->blob and out->blob_path (malloc'd). */
+ * R/snapshots/. Sets out->blob and out->blob_path (malloc'd). -1 out of
+ * memory. */
 static int hub_blob(const sl_file *f, hub_file *out)
 {
     if (!f->src || !(f->src->caps & SL_SRC_DESCRIPTOR) || !(f->src->caps & SL_SRC_STABLE_IDENTITY))
         return 0; /* a local file's descriptor, read by pread below */
     char *real = realpath(f->path, NULL), *dir = strdup(f->path), *realdir = NULL;
     int yes = 0;
+    if (!dir || (!real && errno == ENOMEM)) { /* never "not a snapshot": its check skipped */
+        free(real);
+        free(dir);
+        return -1;
+    }
     struct stat a, b;
     char *slash = real ? strrchr(real, '/') : NULL;
     if (!slash || !dir || !hex64(slash + 1, out->blob) || fstat(f->fd, &a) != 0 ||
@@ -475,11 +481,12 @@ static void keep_derived(const hub_ctx *c, size_t fi)
 
 /* ---------------------------------------------------------------- open */
 
-/* 1 when the model has a sidecar manifest (which always wins). */
+/* 1 when the model has a sidecar manifest (which always wins); -1 out
+ * of memory (never taken for one: the Hub's check would be skipped). */
 static int has_sidecar(const sluice_model *m, const char *path)
 {
     char *cand[2];
-    int nc = sl_manifest_sidecars(&m->index, path, cand), yes = nc < 0;
+    int nc = sl_manifest_sidecars(&m->index, path, cand), yes = nc < 0 ? -1 : 0;
     for (int k = 0; k < nc; k++) {
         struct stat st;
         yes |= stat(cand[k], &st) == 0 || (errno != ENOENT && errno != ENOTDIR);
@@ -566,7 +573,12 @@ static char *manifest_name(const hub_ctx *c)
 int sl_hub_open(sluice_model *m, const char *path, sl_err *err)
 {
     const sl_index *ix = &m->index;
-    if (!m->trust.hub_digest || !ix->nfiles || has_sidecar(m, path))
+    if (!m->trust.hub_digest || !ix->nfiles)
+        return SLUICE_OK;
+    int sidecar = has_sidecar(m, path);
+    if (sidecar < 0)
+        return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
+    if (sidecar)
         return SLUICE_OK;
     hub_ctx c = {0};
     int rc = SLUICE_OK;

@@ -217,6 +217,8 @@ class _WriteGuard:
         self._out = {}       # index -> leases alive over the pool's buffer
         self._writers = {}   # index -> writable ones among them
         self._written = {}   # index -> times a writable lease ended (unchecked)
+        self._ended = {}     # index -> times a writable lease ended, ever (never drops:
+                             # a count back where it was is no proof that none ended)
         self._prints = {}    # index -> SHA-256 taken at hand-out (no library digest)
 
     def _gone(self, i, writer):
@@ -225,6 +227,7 @@ class _WriteGuard:
             if writer:
                 _count(self._writers, i, -1)
                 self._written[i] = self._written.get(i, 0) + 1
+                self._ended[i] = self._ended.get(i, 0) + 1
 
     def _free_for(self, i, writable):
         return not self._writers.get(i) and not (writable and self._out.get(i))
@@ -245,6 +248,7 @@ class _WriteGuard:
             if not self._free_for(i, writable):
                 return None
             seen = self._written.get(i)
+            ended = self._ended.get(i)
             if seen is None:
                 lease = self._take(h, i, writable)
                 own = writable and i not in self._prints and self._digest(h) is None
@@ -259,8 +263,9 @@ class _WriteGuard:
         with self._lock:
             if not self._free_for(i, writable):
                 return None
-            if self._written.get(i) == seen:  # no writer ended meanwhile
-                del self._written[i]
+            if self._ended.get(i) != ended:  # a writer had it meanwhile: the check is stale
+                return None
+            self._written.pop(i, None)  # checked (another reader may have cleared it)
             return self._take(h, i, writable)
 
     def _digest(self, h):

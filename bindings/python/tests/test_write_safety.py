@@ -261,3 +261,31 @@ def test_raw_type_checked(f8):
     with pytest.raises(TypeError):
         sluice.safe_open(f8, raw="yes")
     assert os.path.exists(f8)
+
+
+def test_writer_ending_while_checked_is_not_missed(model):
+    """A reader checks the buffer a writer left (the GIL released while
+    it hashes); another thread's writer takes the buffer, writes and ends
+    meanwhile: the reader must not take the buffer as checked (the count
+    of ended writers back where it was is not "no writer meanwhile")."""
+    path, kind = model
+    with _open(path, kind) as m:
+        g = m._guard
+        t = m.get_tensor("w", framework="pt")  # a writer that does not write
+        del t
+        check = g._pristine
+        state = {"nested": False}
+
+        def racing(h, i):
+            ok = check(h, i)
+            if not state["nested"]:
+                state["nested"] = True  # as another thread, while this one hashed
+                w = m.get_tensor("w", framework="pt")
+                w.mul_(0)
+                del w
+            return ok
+
+        g._pristine = racing
+        got = m.get_tensor("w", framework="pt")
+        assert state["nested"]
+        assert np.array_equal(got.numpy(), W)
