@@ -329,41 +329,8 @@ int sl_file_id_settle(int fd)
     }
 }
 
-#ifdef SLUICE_HAVE_SQLITE
-
-static void pending_clear(sl_cache *c)
-{
-    for (size_t i = 0; i < c->npend; i++) {
-        free(c->pend[i].source);
-        free((char *)c->pend[i].name.model);
-        free((char *)c->pend[i].name.tensor);
-    }
-    c->npend = 0;
-}
-
-/* The errors after which the cache cannot work here at all (read-only,
- * forbidden or full): they turn the handle off rather than fail one fill. */
-static int is_fatal_errno(int e)
-{
-    return e == EROFS || e == EACCES || e == EPERM || e == ENOSPC || e == EDQUOT;
-}
-
-/* A full disk reads the same in every warning, whichever layer met it
- * first: a blob's write or fsync (ENOSPC), or SQLite's journal
- * (SQLITE_FULL, "database or disk is full"). */
-#define DISK_FULL "the disk is full (No space left on device)"
-
-static const char *errno_why(int e)
-{
-    return e == ENOSPC ? DISK_FULL : strerror(e);
-}
-
-/* msg, the words of SQLite's rc, unless rc says the disk is full. */
-static const char *sqlite_why(int rc, const char *msg)
-{
-    return (rc & 0xff) == SQLITE_FULL ? DISK_FULL : msg;
-}
-
+/* (mkdir_p serves a build without SQLite too: hub.c keeps its derived
+ * manifests in the cache directory) */
 /* mkdir that is content with a directory already there. */
 static int mkdir_one(const char *path)
 {
@@ -406,6 +373,41 @@ int sl_cache_mkdir_p(const char *path)
     free(p);
     errno = e;
     return rc;
+}
+
+#ifdef SLUICE_HAVE_SQLITE
+
+static void pending_clear(sl_cache *c)
+{
+    for (size_t i = 0; i < c->npend; i++) {
+        free(c->pend[i].source);
+        free((char *)c->pend[i].name.model);
+        free((char *)c->pend[i].name.tensor);
+    }
+    c->npend = 0;
+}
+
+/* The errors after which the cache cannot work here at all (read-only,
+ * forbidden or full): they turn the handle off rather than fail one fill. */
+static int is_fatal_errno(int e)
+{
+    return e == EROFS || e == EACCES || e == EPERM || e == ENOSPC || e == EDQUOT;
+}
+
+/* A full disk reads the same in every warning, whichever layer met it
+ * first: a blob's write or fsync (ENOSPC), or SQLite's journal
+ * (SQLITE_FULL, "database or disk is full"). */
+#define DISK_FULL "the disk is full (No space left on device)"
+
+static const char *errno_why(int e)
+{
+    return e == ENOSPC ? DISK_FULL : strerror(e);
+}
+
+/* msg, the words of SQLite's rc, unless rc says the disk is full. */
+static const char *sqlite_why(int rc, const char *msg)
+{
+    return (rc & 0xff) == SQLITE_FULL ? DISK_FULL : msg;
 }
 
 /* Deletes the temporary file name (in d) when its fill has ended without

@@ -737,10 +737,10 @@ void sl_hash_done(void *ctx, sl_hash_job *job, int status)
 /* Cuts spans into runs (engine_int.h, sl_spanjob): the next span joins the
  * run before it when it starts less than SLUICE_PART_GAP past its end and
  * the run stays within max bytes and SL_RUN_IOV iovecs (its gap's bytes go
- * to scratch); a span longer than max is cut. runs and iov hold the upper
- * bounds the caller counted. Returns the runs made. */
-static size_t cut_runs(const sl_span *sp, size_t n, uint64_t max, unsigned char *scratch,
-                       sl_run *runs, struct iovec *iov)
+ * to scratch, placed by give_scratch); a span longer than max is cut. runs
+ * and iov hold the upper bounds the caller counted. Returns the runs made. */
+static size_t cut_runs(const sl_span *sp, size_t n, uint64_t max, sl_run *runs,
+                       struct iovec *iov)
 {
     size_t nrun = 0, niov = 0;
     sl_run *u = NULL;
@@ -752,7 +752,7 @@ static size_t cut_runs(const sl_span *sp, size_t n, uint64_t max, unsigned char 
             int join = u && pos >= end && gap < SLUICE_PART_GAP && u->len + gap < max &&
                        u->niov + 2 <= SL_RUN_IOV;
             if (join && gap) {
-                iov[niov++] = (struct iovec){scratch, (size_t)gap};
+                iov[niov++] = (struct iovec){NULL, (size_t)gap}; /* give_scratch */
                 u->niov++;
                 u->len += gap;
                 u->gap += gap;
@@ -772,6 +772,36 @@ static size_t cut_runs(const sl_span *sp, size_t n, uint64_t max, unsigned char 
     return nrun;
 }
 
+/* Points the gaps of each run that has any at a scratch page of that run's
+ * own (a span's dst is never NULL: a gap's iovec is): runs in flight at
+ * once are read by different threads, and within one run the gaps land one
+ * after another. Returns the pages (NULL with *failed set when out of
+ * memory; NULL and no failure when no run has a gap). */
+static unsigned char *give_scratch(sl_run *runs, size_t nrun, int *failed)
+{
+    size_t pages = 0;
+    for (size_t r = 0; r < nrun; r++)
+        pages += runs[r].gap != 0;
+    *failed = 0;
+    if (!pages)
+        return NULL;
+    unsigned char *scratch = malloc(pages * (size_t)SLUICE_PART_GAP);
+    if (!scratch) {
+        *failed = 1;
+        return NULL;
+    }
+    size_t page = 0;
+    for (size_t r = 0; r < nrun; r++) {
+        if (!runs[r].gap)
+            continue;
+        for (int v = 0; v < runs[r].niov; v++)
+            if (!runs[r].iov[v].iov_base)
+                runs[r].iov[v].iov_base = scratch + page * (size_t)SLUICE_PART_GAP;
+        page++;
+    }
+    return scratch;
+}
+
 int sl_engine_read_spans(sl_engine *e, const sl_file *f, const sl_span *spans, size_t n,
                          sl_err *err)
 {
@@ -781,14 +811,17 @@ int sl_engine_read_spans(sl_engine *e, const sl_file *f, const sl_span *spans, s
     /* at most one run and two iovecs (a gap, a piece) per piece */
     sl_spanjob j = {.f = f};
     int big = pieces > SIZE_MAX / (2 * sizeof(struct iovec));
-    unsigned char *scratch = big ? NULL : malloc(SLUICE_PART_GAP);
+    unsigned char *scratch = NULL;
     j.runs = big ? NULL : malloc((size_t)pieces * sizeof *j.runs);
     struct iovec *iov = big ? NULL : malloc((size_t)pieces * 2 * sizeof *iov);
-    int rc = SLUICE_OK;
-    if (!scratch || !j.runs || !iov) {
+    int rc = SLUICE_OK, no_room = !j.runs || !iov;
+    if (!no_room) {
+        j.nrun = cut_runs(spans, n, max, j.runs, iov);
+        scratch = give_scratch(j.runs, j.nrun, &no_room);
+    }
+    if (no_room) {
         rc = sl_fail(err, SLUICE_E_NOMEM, "read_part: out of memory for %zu spans", n);
     } else {
-        j.nrun = cut_runs(spans, n, max, scratch, j.runs, iov);
         pthread_mutex_lock(&e->lock);
         sl_spanjob **tail = &e->jobs;
         while (*tail)
