@@ -234,7 +234,7 @@ static void drop_copy(rp_file *f)
     if (f->fd >= 0)
         close(f->fd);
     f->fd = -1;
-    if (f->tmp)
+    if (f->tmp && f->tmp[0])
         unlink(f->tmp);
     free(f->tmp);
     f->tmp = NULL;
@@ -261,6 +261,8 @@ static int make_copy(sluice_model *m, rp_file *f)
     remove_stale_copies(dir, base);
     size_t cap = strlen(dir) + strlen(base) + 40;
     f->tmp = malloc(cap);
+    if (f->tmp)
+        f->tmp[0] = '\0';  /* no copy made yet: drop_copy unlinks nothing */
     int in = open(f->real, O_RDONLY | O_CLOEXEC);
     struct stat st;
     int rc = -1;
@@ -538,7 +540,7 @@ static void drop_wf(wf_file *f)
     if (f->fd >= 0)
         close(f->fd);
     f->fd = -1;
-    if (f->tmp)
+    if (f->tmp && f->tmp[0])
         unlink(f->tmp);
     free(f->tmp);
     f->tmp = NULL;
@@ -562,6 +564,8 @@ static int wf_copy(sluice_model *m, size_t k, size_t j, wf_file *f, const uint8_
     char *d1 = strdup(f->real), *b1 = strdup(f->real);
     size_t cap = strlen(f->real) * 2 + 40;
     f->tmp = malloc(cap);
+    if (f->tmp)
+        f->tmp[0] = '\0';  /* no copy made yet: drop_wf unlinks nothing */
     size_t piece = (size_t)16 << 20;
     unsigned char *buf = malloc(piece), *back = malloc(piece);
     EVP_MD_CTX *md = EVP_MD_CTX_new();
