@@ -134,11 +134,19 @@ size_t ig_report_recoverable(sluice_model *m, const ig_failed *f)
 
 /* ---------------------------------------------------------------- one file */
 
+/* A new copy of a file, made beside it and renamed over it when complete
+ * (tensor repair and whole-file restore alike): a crash at any step leaves
+ * the old file or the new one, and a stale copy that the next repair
+ * removes. */
+typedef struct rp_copy {
+    char *real;        /* the file it replaces (a symlink's target) */
+    char *tmp;         /* the copy, beside it; NULL or "": none made */
+    int fd;            /* the copy's, -1 when closed */
+} rp_copy;
+
 typedef struct rp_file {
     size_t file;       /* sluice_file_info index */
-    char *real;        /* the file's real path (a symlink's target) */
-    char *tmp;         /* its repaired copy, beside it; NULL: none made */
-    int fd;            /* the copy's, -1 when closed */
+    rp_copy c;         /* its repaired copy */
     size_t written;    /* tensors written into the copy */
 } rp_file;
 
@@ -229,15 +237,110 @@ static void remove_stale_copies(const char *dir, const char *base)
     closedir(d);
 }
 
-static void drop_copy(rp_file *f)
+/* Syncs the directory holding path, so that a rename in it lasts. */
+static int sync_dir_of(const char *path)
 {
-    if (f->fd >= 0)
-        close(f->fd);
-    f->fd = -1;
-    if (f->tmp && f->tmp[0])
-        unlink(f->tmp);
-    free(f->tmp);
-    f->tmp = NULL;
+    char *d = strdup(path);
+    int fd = d ? open(dirname(d), O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    int rc = fd >= 0 && fsync(fd) == 0 ? 0 : -1;
+    if (fd >= 0)
+        close(fd);
+    free(d);
+    return rc;
+}
+
+/* Makes c's copy beside c->real: empty, locked (so that no other repair
+ * takes it for stale), named .BASE.sluice-repair-XXXXXX. Returns 0, or -1
+ * after a message. */
+static int copy_open(rp_copy *c)
+{
+    char *d1 = strdup(c->real), *b1 = strdup(c->real);
+    size_t cap = strlen(c->real) * 2 + 40;
+    int rc = -1;
+    c->tmp = malloc(cap);
+    if (c->tmp)
+        c->tmp[0] = '\0';  /* no copy made yet: copy_drop unlinks nothing */
+    if (!d1 || !b1 || !c->tmp) {
+        fprintf(stderr, "sluice repair: out of memory\n");
+        goto out;
+    }
+    const char *dir = dirname(d1), *base = basename(b1);
+    remove_stale_copies(dir, base);
+    snprintf(c->tmp, cap, "%s/.%s.sluice-repair-XXXXXX", dir, base);
+    if ((c->fd = mkostemp(c->tmp, O_CLOEXEC)) < 0) {
+        fprintf(stderr, "sluice repair: cannot make a copy beside %s (%s): %s\n", c->real,
+                c->tmp, strerror(errno));
+        c->tmp[0] = '\0';
+    } else if (flock(c->fd, LOCK_EX) != 0) {
+        fprintf(stderr, "sluice repair: %s: %s\n", c->tmp, strerror(errno));
+    } else {
+        rc = 0;
+    }
+out:
+    free(d1);
+    free(b1);
+    return rc;
+}
+
+/* Gives c's copy the mode and owner of like (the owner only where
+ * allowed), or with like NULL a new file's mode under the umask. Returns
+ * 0, or -1 after a message. */
+static int copy_give_mode(rp_copy *c, const struct stat *like)
+{
+    if (like) {
+        if (fchmod(c->fd, like->st_mode & 07777) == 0 &&
+            (fchown(c->fd, like->st_uid, like->st_gid) == 0 || errno == EPERM))
+            return 0;
+        fprintf(stderr, "sluice repair: %s: cannot give it %s's mode and owner: %s\n", c->tmp,
+                c->real, strerror(errno));
+        return -1;
+    }
+    mode_t mask = umask(0);
+    umask(mask);
+    if (fchmod(c->fd, 0666 & ~mask) == 0)
+        return 0;
+    fprintf(stderr, "sluice repair: %s: %s\n", c->tmp, strerror(errno));
+    return -1;
+}
+
+/* Closes c's copy and removes it, unless it was renamed over its file. */
+static void copy_drop(rp_copy *c)
+{
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+    if (c->tmp && c->tmp[0])
+        unlink(c->tmp);
+    free(c->tmp);
+    c->tmp = NULL;
+}
+
+/* fsync of c's copy. Returns 0 or CMD_EXIT_OPEN after a message. */
+static int copy_sync(rp_copy *c)
+{
+    if (fsync(c->fd) == 0)
+        return 0;
+    fprintf(stderr, "sluice repair: fsync %s: %s\n", c->tmp, strerror(errno));
+    return CMD_EXIT_OPEN;
+}
+
+/* Renames copy k of n over its file, then syncs its directory. Returns 0
+ * or CMD_EXIT_OPEN after a message naming what was done before it. */
+static int copy_rename(rp_copy *c, size_t k, size_t n, const char *done)
+{
+    if (rename(c->tmp, c->real) != 0) {
+        fprintf(stderr, "sluice repair: rename %s over %s: %s (%zu of %zu files %s before it; "
+                "this one and the rest unchanged)\n", c->tmp, c->real, strerror(errno), k, n,
+                done);
+        return CMD_EXIT_OPEN;
+    }
+    free(c->tmp);
+    c->tmp = NULL;    /* it is the file now */
+    test_point("renamed");
+    if (sync_dir_of(c->real) != 0)
+        fprintf(stderr, "sluice repair: fsync of the directory of %s: %s\n", c->real,
+                strerror(errno));
+    return 0;
 }
 
 /* Makes f's copy: the file as it is, locked, beside it. Returns 0, or -1
@@ -246,61 +349,32 @@ static int make_copy(sluice_model *m, rp_file *f)
 {
     struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
     sluice_file_info(m, f->file, &fi);
-    if (!(f->real = realpath(fi.path, NULL))) {
+    if (!(f->c.real = realpath(fi.path, NULL))) {
         fprintf(stderr, "sluice repair: %s: %s\n", fi.path, strerror(errno));
         return -1;
     }
-    char *d1 = strdup(f->real), *b1 = strdup(f->real);
-    if (!d1 || !b1) {
-        free(d1);
-        free(b1);
-        fprintf(stderr, "sluice repair: out of memory\n");
-        return -1;
-    }
-    const char *dir = dirname(d1), *base = basename(b1);
-    remove_stale_copies(dir, base);
-    size_t cap = strlen(dir) + strlen(base) + 40;
-    f->tmp = malloc(cap);
-    if (f->tmp)
-        f->tmp[0] = '\0';  /* no copy made yet: drop_copy unlinks nothing */
-    int in = open(f->real, O_RDONLY | O_CLOEXEC);
+    int in = open(f->c.real, O_RDONLY | O_CLOEXEC);
     struct stat st;
     int rc = -1;
-    if (!f->tmp)
-        fprintf(stderr, "sluice repair: out of memory\n");
-    else if (in < 0 || fstat(in, &st) != 0)
-        fprintf(stderr, "sluice repair: %s: %s\n", f->real, strerror(errno));
+    if (in < 0 || fstat(in, &st) != 0)
+        fprintf(stderr, "sluice repair: %s: %s\n", f->c.real, strerror(errno));
     else if ((uint64_t)st.st_size != fi.file_size)
         fprintf(stderr, "sluice repair: %s: %llu bytes now, %llu when it was verified: it "
-                "changed meanwhile; nothing written\n", f->real, (unsigned long long)st.st_size,
+                "changed meanwhile; nothing written\n", f->c.real, (unsigned long long)st.st_size,
                 (unsigned long long)fi.file_size);
+    else if (copy_open(&f->c) != 0)
+        ;   /* said */
+    else if (copy_file(in, f->c.fd, fi.file_size) != 0)
+        fprintf(stderr, "sluice repair: copying %s to %s: %s\n", f->c.real, f->c.tmp,
+                strerror(errno));
     else {
-        snprintf(f->tmp, cap, "%s/.%s.sluice-repair-XXXXXX", dir, base);
-        if ((f->fd = mkostemp(f->tmp, O_CLOEXEC)) < 0) {
-            fprintf(stderr, "sluice repair: cannot make a copy beside %s (%s): %s\n", f->real,
-                    f->tmp, strerror(errno));
-            free(f->tmp);
-            f->tmp = NULL;
-        } else if (flock(f->fd, LOCK_EX) != 0 || copy_file(in, f->fd, fi.file_size) != 0) {
-            fprintf(stderr, "sluice repair: copying %s to %s: %s\n", f->real, f->tmp,
-                    strerror(errno));
-        } else {
-            if (st.st_nlink > 1)
-                printf("note: %s has %llu hard links; the others keep the old bytes\n", f->real,
-                       (unsigned long long)st.st_nlink);
-            /* the file's mode and owner (the owner only where allowed) */
-            if (fchmod(f->fd, st.st_mode & 07777) != 0 ||
-                (fchown(f->fd, st.st_uid, st.st_gid) != 0 && errno != EPERM))
-                fprintf(stderr, "sluice repair: %s: cannot give it %s's mode and owner: %s\n",
-                        f->tmp, f->real, strerror(errno));
-            else
-                rc = 0;
-        }
+        if (st.st_nlink > 1)
+            printf("note: %s has %llu hard links; the others keep the old bytes\n", f->c.real,
+                   (unsigned long long)st.st_nlink);
+        rc = copy_give_mode(&f->c, &st);
     }
     if (in >= 0)
         close(in);
-    free(d1);
-    free(b1);
     if (rc == 0)
         test_point("copied");
     return rc;
@@ -318,7 +392,7 @@ static int write_tensor(sluice_model *m, rp_file *f, size_t i, const sluice_tens
     if (ti.offset < fi.data_start || ti.nbytes > fi.file_size - ti.offset ||
         sluice_tensor_size(t) != ti.nbytes || ti.nbytes > SIZE_MAX) {
         fprintf(stderr, "sluice repair: tensor %s: its range is not in the data of %s\n", ti.name,
-                f->real);
+                f->c.real);
         return -1;
     }
     size_t len = (size_t)ti.nbytes;
@@ -326,26 +400,14 @@ static int write_tensor(sluice_model *m, rp_file *f, size_t i, const sluice_tens
     int rc = -1;
     if (!back)
         fprintf(stderr, "sluice repair: out of memory for %zu bytes\n", len);
-    else if (write_all(f->fd, sluice_tensor_data(t), len, (off_t)ti.offset) != 0 ||
-             read_all(f->fd, back, len, (off_t)ti.offset) != 0)
-        fprintf(stderr, "sluice repair: writing %s: %s\n", f->tmp, strerror(errno));
+    else if (write_all(f->c.fd, sluice_tensor_data(t), len, (off_t)ti.offset) != 0 ||
+             read_all(f->c.fd, back, len, (off_t)ti.offset) != 0)
+        fprintf(stderr, "sluice repair: writing %s: %s\n", f->c.tmp, strerror(errno));
     else if (memcmp(back, sluice_tensor_data(t), len) != 0)
-        fprintf(stderr, "sluice repair: %s does not read back what was written\n", f->tmp);
+        fprintf(stderr, "sluice repair: %s does not read back what was written\n", f->c.tmp);
     else
         rc = 0;
     free(back);
-    return rc;
-}
-
-/* Syncs the directory holding path, so that a rename in it lasts. */
-static int sync_dir_of(const char *path)
-{
-    char *d = strdup(path);
-    int fd = d ? open(dirname(d), O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
-    int rc = fd >= 0 && fsync(fd) == 0 ? 0 : -1;
-    if (fd >= 0)
-        close(fd);
-    free(d);
     return rc;
 }
 
@@ -356,9 +418,8 @@ static int sync_dir_of(const char *path)
  * manifest's), restored whole from a mirror. */
 typedef struct wf_file {
     char *name;         /* its base name: the manifest's key */
-    char *real;         /* where it goes: PATH's file (a symlink's target) */
-    char *tmp;          /* the mirror's copy beside it, verified; NULL: none */
-    int fd;             /* the copy's, -1 when closed */
+    rp_copy c;          /* the mirror's copy, verified; c.real: where it goes,
+                           PATH's file (a symlink's target) */
     int existed;        /* real was there (its mode and owner are kept) */
     char from[1100];    /* "fallback K (LOC)" of the copy */
 } wf_file;
@@ -535,20 +596,9 @@ static int wf_judge(sluice_model *ref, size_t j, const char *local, char *why, s
     return rc;
 }
 
-static void drop_wf(wf_file *f)
-{
-    if (f->fd >= 0)
-        close(f->fd);
-    f->fd = -1;
-    if (f->tmp && f->tmp[0])
-        unlink(f->tmp);
-    free(f->tmp);
-    f->tmp = NULL;
-}
-
-/* Copies file j of mirror m whole into a new copy beside f->real,
+/* Copies file j of mirror m whole into a new copy beside f->c.real,
  * hashing what reads back, and keeps it only if it is the manifest's
- * (digest and size). Returns 0 (f->tmp kept), 1 (the mirror's file is
+ * (digest and size). Returns 0 (f->c.tmp kept), 1 (the mirror's file is
  * not the manifest's: said, nothing kept), -1 after a message. */
 static int wf_copy(sluice_model *m, size_t k, size_t j, wf_file *f, const uint8_t digest[32],
                    uint64_t size)
@@ -561,34 +611,16 @@ static int wf_copy(sluice_model *m, size_t k, size_t j, wf_file *f, const uint8_
                (unsigned long long)fi.file_size, (unsigned long long)size);
         return 1;
     }
-    char *d1 = strdup(f->real), *b1 = strdup(f->real);
-    size_t cap = strlen(f->real) * 2 + 40;
-    f->tmp = malloc(cap);
-    if (f->tmp)
-        f->tmp[0] = '\0';  /* no copy made yet: drop_wf unlinks nothing */
     size_t piece = (size_t)16 << 20;
     unsigned char *buf = malloc(piece), *back = malloc(piece);
     EVP_MD_CTX *md = EVP_MD_CTX_new();
     int rc = -1;
-    if (!d1 || !b1 || !f->tmp || !buf || !back || !md ||
-        EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1) {
+    if (!buf || !back || !md || EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1) {
         fprintf(stderr, "sluice repair: out of memory\n");
         goto out;
     }
-    const char *dir = dirname(d1), *base = basename(b1);
-    remove_stale_copies(dir, base);
-    snprintf(f->tmp, cap, "%s/.%s.sluice-repair-XXXXXX", dir, base);
-    if ((f->fd = mkostemp(f->tmp, O_CLOEXEC)) < 0) {
-        fprintf(stderr, "sluice repair: cannot make a copy beside %s (%s): %s\n", f->real, f->tmp,
-                strerror(errno));
-        free(f->tmp);
-        f->tmp = NULL;
+    if (copy_open(&f->c) != 0)
         goto out;
-    }
-    if (flock(f->fd, LOCK_EX) != 0) {
-        fprintf(stderr, "sluice repair: %s: %s\n", f->tmp, strerror(errno));
-        goto out;
-    }
     test_point("temp");
     for (uint64_t off = 0; off < size;) {
         size_t len = size - off < piece ? (size_t)(size - off) : piece;
@@ -597,9 +629,9 @@ static int wf_copy(sluice_model *m, size_t k, size_t j, wf_file *f, const uint8_
             rc = 1;
             goto out;
         }
-        if (write_all(f->fd, buf, len, (off_t)off) != 0 ||
-            read_all(f->fd, back, len, (off_t)off) != 0) {
-            fprintf(stderr, "sluice repair: writing %s: %s\n", f->tmp, strerror(errno));
+        if (write_all(f->c.fd, buf, len, (off_t)off) != 0 ||
+            read_all(f->c.fd, back, len, (off_t)off) != 0) {
+            fprintf(stderr, "sluice repair: writing %s: %s\n", f->c.tmp, strerror(errno));
             goto out;
         }
         EVP_DigestUpdate(md, back, len);
@@ -619,28 +651,15 @@ static int wf_copy(sluice_model *m, size_t k, size_t j, wf_file *f, const uint8_
         goto out;
     }
     struct stat st;
-    mode_t mask = umask(0);
-    umask(mask);
-    if (f->existed && stat(f->real, &st) == 0) {
-        if (fchmod(f->fd, st.st_mode & 07777) != 0 ||
-            (fchown(f->fd, st.st_uid, st.st_gid) != 0 && errno != EPERM)) {
-            fprintf(stderr, "sluice repair: %s: cannot give it %s's mode and owner: %s\n",
-                    f->tmp, f->real, strerror(errno));
-            goto out;
-        }
-    } else if (fchmod(f->fd, 0666 & ~mask) != 0) {
-        fprintf(stderr, "sluice repair: %s: %s\n", f->tmp, strerror(errno));
+    if (copy_give_mode(&f->c, f->existed && stat(f->c.real, &st) == 0 ? &st : NULL) != 0)
         goto out;
-    }
     rc = 0;
 out:
     if (rc != 0)
-        drop_wf(f);
+        copy_drop(&f->c);
     EVP_MD_CTX_free(md);
     free(buf);
     free(back);
-    free(d1);
-    free(b1);
     return rc;
 }
 
@@ -690,7 +709,7 @@ static int wf_damaged(const char *path, sluice_model *ref, wf_file *files, size_
         struct sluice_file_info fi = SLUICE_FILE_INFO_INIT;
         sluice_file_info(ref, j, &fi);
         wf_file *f = &files[*nd];
-        *f = (wf_file){.fd = -1};
+        *f = (wf_file){.c.fd = -1};
         char *local = NULL, why[256];
         int bad = -1;
         struct stat st;
@@ -703,7 +722,7 @@ static int wf_damaged(const char *path, sluice_model *ref, wf_file *files, size_
             f->existed = stat(local, &st) == 0;
             /* a symlink's target is what is restored (the Hub's blobs),
              * also one that is gone (the symlink dangles) */
-            if (!(f->real = f->existed ? realpath(local, NULL) : missing_target(local))) {
+            if (!(f->c.real = f->existed ? realpath(local, NULL) : missing_target(local))) {
                 fprintf(stderr, "sluice repair: %s: %s\n", local, strerror(errno));
                 bad = -1;
             }
@@ -771,25 +790,13 @@ static int wf_commit(wf_file *files, size_t nd, size_t *restored)
 {
     test_point("written");
     for (size_t d = 0; d < nd; d++)
-        if (fsync(files[d].fd) != 0) {
-            fprintf(stderr, "sluice repair: fsync %s: %s\n", files[d].tmp, strerror(errno));
+        if (copy_sync(&files[d].c) != 0)
             return CMD_EXIT_OPEN;
-        }
     test_point("synced");
     for (size_t d = 0; d < nd; d++) {
-        if (rename(files[d].tmp, files[d].real) != 0) {
-            fprintf(stderr, "sluice repair: rename %s over %s: %s (%zu of %zu files restored "
-                    "before it; this one and the rest unchanged)\n", files[d].tmp,
-                    files[d].real, strerror(errno), d, nd);
+        if (copy_rename(&files[d].c, d, nd, "restored") != 0)
             return CMD_EXIT_OPEN;
-        }
-        free(files[d].tmp);
-        files[d].tmp = NULL;    /* it is the file now */
-        test_point("renamed");
-        if (sync_dir_of(files[d].real) != 0)
-            fprintf(stderr, "sluice repair: fsync of the directory of %s: %s\n", files[d].real,
-                    strerror(errno));
-        printf("restored %s from %s\n", files[d].real, files[d].from);
+        printf("restored %s from %s\n", files[d].c.real, files[d].from);
         (*restored)++;
     }
     return 0;
@@ -830,9 +837,9 @@ static int restore_files(const char *path, const sluice_options *o, size_t *rest
         printf("not repaired: a file no fallback holds as the manifest has it; %s unchanged\n",
                path);
     for (size_t d = 0; d < nd; d++) {
-        drop_wf(&files[d]);     /* what was not renamed over its file */
+        copy_drop(&files[d].c);     /* what was not renamed over its file */
         free(files[d].name);
-        free(files[d].real);
+        free(files[d].c.real);
     }
     free(files);
     wf_close_mirrors(&mm);
@@ -944,9 +951,9 @@ static int prepare(sluice_model *m, const ig_failed *failed, rp_file *files, siz
             f = files[j].file == ti.file_index ? &files[j] : NULL;
         if (!f) {
             f = &files[(*nfiles)++];
-            *f = (rp_file){.file = ti.file_index, .fd = -1};
+            *f = (rp_file){.file = ti.file_index, .c.fd = -1};
         }
-        int rc = (!f->tmp && make_copy(m, f) < 0) || write_tensor(m, f, failed->index[k], t) < 0;
+        int rc = (!f->c.tmp && make_copy(m, f) < 0) || write_tensor(m, f, failed->index[k], t) < 0;
         sluice_release(t);
         if (rc)
             return CMD_EXIT_OPEN;
@@ -954,10 +961,8 @@ static int prepare(sluice_model *m, const ig_failed *failed, rp_file *files, siz
     }
     test_point("written");
     for (size_t j = 0; j < *nfiles; j++)
-        if (fsync(files[j].fd) != 0) {
-            fprintf(stderr, "sluice repair: fsync %s: %s\n", files[j].tmp, strerror(errno));
+        if (copy_sync(&files[j].c) != 0)
             return CMD_EXIT_OPEN;
-        }
     test_point("synced");
     return 0;
 }
@@ -966,19 +971,9 @@ static int prepare(sluice_model *m, const ig_failed *failed, rp_file *files, siz
 static int commit(rp_file *files, size_t nfiles)
 {
     for (size_t j = 0; j < nfiles; j++) {
-        if (rename(files[j].tmp, files[j].real) != 0) {
-            fprintf(stderr, "sluice repair: rename %s over %s: %s (%zu of %zu files repaired "
-                    "before it; this one and the rest unchanged)\n", files[j].tmp, files[j].real,
-                    strerror(errno), j, nfiles);
+        if (copy_rename(&files[j].c, j, nfiles, "repaired") != 0)
             return CMD_EXIT_OPEN;
-        }
-        free(files[j].tmp);
-        files[j].tmp = NULL;    /* it is the file now */
-        test_point("renamed");
-        if (sync_dir_of(files[j].real) != 0)
-            fprintf(stderr, "sluice repair: fsync of the directory of %s: %s\n", files[j].real,
-                    strerror(errno));
-        printf("repaired %s: %zu tensor%s written\n", files[j].real, files[j].written,
+        printf("repaired %s: %zu tensor%s written\n", files[j].c.real, files[j].written,
                files[j].written == 1 ? "" : "s");
     }
     return 0;
@@ -1101,8 +1096,8 @@ int cmd_repair(int argc, char **argv)
             status = got ? got : commit(files, nfiles);
     }
     for (size_t j = 0; j < nfiles; j++) {
-        drop_copy(&files[j]);   /* what was not renamed over its file */
-        free(files[j].real);
+        copy_drop(&files[j].c);   /* what was not renamed over its file */
+        free(files[j].c.real);
     }
     free(files);
     free(failed.index);
