@@ -343,6 +343,79 @@ static void test_synth_bytes_follow_seed_not_shards(void **state)
     free(c);
 }
 
+/* Reads tensor name of the model at path (verified) as floats: F32 as it
+ * is, BF16 widened (its bits are a float's top half). n: elements. */
+static float *read_floats(const char *path, const char *name, size_t *n)
+{
+    sluice_model *m = NULL;
+    assert_int_equal(sluice_open(path, NULL, &m), SLUICE_OK);
+    struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
+    assert_int_equal(sluice_find(m, name, &info), SLUICE_OK);
+    sluice_tensor *t = NULL;
+    assert_int_equal(sluice_acquire(m, name, &t), SLUICE_OK);
+    int bf16 = info.dtype == SLUICE_DTYPE_BF16;
+    assert_true(bf16 || info.dtype == SLUICE_DTYPE_F32);
+    *n = (size_t)info.nbytes / (bf16 ? 2 : 4);
+    float *f = malloc(*n * sizeof *f);
+    assert_non_null(f);
+    const unsigned char *b = sluice_tensor_data(t);
+    for (size_t i = 0; i < *n; i++) {
+        uint32_t u = 0;
+        if (bf16) {
+            uint16_t h;
+            memcpy(&h, b + 2 * i, 2);
+            u = (uint32_t)h << 16;
+        } else {
+            memcpy(&u, b + 4 * i, 4);
+        }
+        memcpy(&f[i], &u, 4);
+    }
+    sluice_release(t);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    return f;
+}
+
+/* --values: finite weights of mean 0 and spread 0.02 (within 3.5 sigma),
+ * the same values in every dtype (BF16 is F32's nearest), following the
+ * seed; and --help says what they are. */
+static void test_synth_values(void **state)
+{
+    const char *dir = *state;
+    char *f32 = synth(dir, "tiny", "values-f32", "--values --dtype F32 --seed 5");
+    char *bf16 = synth(dir, "tiny", "values-bf16", "--values --dtype BF16 --seed 5");
+    check_loads_verified(f32, 39);
+    static const char *const names[3] = {"model.embed_tokens.weight", "model.norm.weight",
+                                         "model.layers.1.mlp.down_proj.weight"};
+    for (int k = 0; k < 3; k++) {
+        size_t n, nb;
+        float *a = read_floats(f32, names[k], &n), *b = read_floats(bf16, names[k], &nb);
+        assert_int_equal(n, nb);
+        double sum = 0, sq = 0;
+        for (size_t i = 0; i < n; i++) {
+            assert_true(a[i] > -0.0701f && a[i] < 0.0701f); /* finite, within 3.5 sigma */
+            sum += a[i];
+            sq += (double)a[i] * a[i];
+            /* the nearest BF16: within half a BF16 step (8 bits of mantissa) */
+            float d = a[i] - b[i];
+            assert_true(d <= 0x1p-8f * (a[i] < 0 ? -a[i] : a[i]) + 1e-30f &&
+                        -d <= 0x1p-8f * (a[i] < 0 ? -a[i] : a[i]) + 1e-30f);
+        }
+        double mean = sum / (double)n, var = sq / (double)n - mean * mean;
+        assert_true(mean > -0.005 && mean < 0.005);
+        assert_true(var > 0.017 * 0.017 && var < 0.023 * 0.023); /* sigma 0.02 */
+        free(a);
+        free(b);
+    }
+    char *help = NULL;
+    assert_int_equal(run_sluice(dir, "synth --help", &help), 0);
+    assert_non_null(help);
+    assert_non_null(strstr(help, "--values"));
+    assert_non_null(strstr(help, "standard deviation 0.02"));
+    free(help);
+    free(bf16);
+    free(f32);
+}
+
 static void test_synth_list_and_errors(void **state)
 {
     const char *dir = *state;
@@ -578,6 +651,7 @@ int main(void)
         cmocka_unit_test(test_synth_single_file),
         cmocka_unit_test(test_synth_manifest_is_sluice_manifests),
         cmocka_unit_test(test_synth_bytes_follow_seed_not_shards),
+        cmocka_unit_test(test_synth_values),
         cmocka_unit_test(test_synth_list_and_errors),
         cmocka_unit_test(test_bench_every_mode),
         cmocka_unit_test(test_bench_cold_plot_and_errors),

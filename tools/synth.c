@@ -3,8 +3,9 @@
  * Face sharded layout, and its manifest, written by `sluice manifest`'s own
  * code (cmd_manifest) over the files just written, so that a synth model's
  * manifest is every bit one a user would write: version 2, chunk digests,
- * header digests. The weights are random bits: some BF16/F16/F32 values are
- * NaN or Inf.
+ * header digests. The weights are random bits (some BF16/F16/F32 values are
+ * NaN or Inf), or with --values finite values of the spread a trained
+ * model's weights have, for examples that compute with them.
  *
  * The files are laid out as the reference writer lays them out: an 8-byte
  * little-endian header length, a JSON header with "__metadata__" first and
@@ -133,6 +134,70 @@ static void gen_bytes(uint64_t s[4], uint8_t *dst, size_t n)
     }
 }
 
+/* One value of about N(0, 0.02^2) from one draw: the sum of four uniform
+ * 16-bit parts (Irwin-Hall, within 3.5 sigma), the spread of a trained
+ * model's weights, so that an example can compute with them as they are. */
+static float value_of(uint64_t r)
+{
+    double sum = 0;
+    for (int k = 0; k < 4; k++)
+        sum += (double)((r >> (16 * k)) & 0xffff) / 65536.0;
+    return (float)((sum - 2.0) * (0.02 / 0.57735026918962576));
+}
+
+/* f's nearest BF16 (round to nearest even; f is finite). */
+static uint16_t bf16_of(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* f's nearest F16 (round to nearest even; |f| < 65504, so no overflow). */
+static uint16_t f16_of(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    int exp = (int)((u >> 23) & 0xff) - 127 + 15;
+    uint32_t mant = u & 0x7fffffu;
+    if (exp >= 31)
+        return sign | 0x7c00u;
+    if (exp <= 0) {     /* a subnormal F16, or zero */
+        if (exp < -10)
+            return sign;
+        mant |= 0x800000u;
+        int shift = 14 - exp;
+        uint32_t half = mant >> shift, rest = mant & ((1u << shift) - 1), mid = 1u << (shift - 1);
+        if (rest > mid || (rest == mid && (half & 1u)))
+            half++;
+        return sign | (uint16_t)half;
+    }
+    uint32_t half = ((uint32_t)exp << 10) | (mant >> 13), rest = mant & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (half & 1u)))
+        half++;     /* a carry into the exponent is the right rounding */
+    return sign | (uint16_t)half;
+}
+
+/* n bytes of values (value_of) in dtype BF16, F16 or F32, one draw per
+ * element; n is a multiple of the element's size. */
+static void gen_values(uint64_t s[4], uint8_t *dst, size_t n, const char *dtype)
+{
+    if (!strcmp(dtype, "F32")) {
+        for (; n >= 4; n -= 4, dst += 4) {
+            float v = value_of(xoshiro_next(s));
+            memcpy(dst, &v, 4);
+        }
+        return;
+    }
+    int bf16 = !strcmp(dtype, "BF16");
+    for (; n >= 2; n -= 2, dst += 2) {
+        float v = value_of(xoshiro_next(s));
+        uint16_t h = bf16 ? bf16_of(v) : f16_of(v);
+        memcpy(dst, &h, 2);
+    }
+}
+
 /* ---------------------------------------------------------------- output */
 
 typedef struct syn_out {
@@ -189,7 +254,10 @@ static int put(syn_out *o, const void *data, size_t len)
     return 0;
 }
 
-static int put_tensor(syn_out *o, syn_tensor *t, uint64_t seed)
+/* Writes t's bytes: random bits, or with values (the dtype's name) values
+ * (gen_values). A piece is a multiple of 8 bytes but at the tensor's end,
+ * so the bytes do not depend on where the buffer is cut. */
+static int put_tensor(syn_out *o, syn_tensor *t, uint64_t seed, const char *values)
 {
     uint64_t s[4];
     xoshiro_seed(s, seed, t->order + 1);
@@ -202,7 +270,10 @@ static int put_tensor(syn_out *o, syn_tensor *t, uint64_t seed)
                 return -1;
             continue;
         }
-        gen_bytes(s, o->buf + o->used, n);
+        if (values)
+            gen_values(s, o->buf + o->used, n, values);
+        else
+            gen_bytes(s, o->buf + o->used, n);
         o->used += n;
         left -= n;
         if (o->used == SYN_BUF_BYTES && flush_out(o) < 0)
@@ -343,7 +414,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: sluice synth PRESET OUTDIR [--shards N] [--dtype BF16|F16|F32]\n"
-            "                    [--seed S] [--no-manifest]\n"
+            "                    [--seed S] [--values] [--no-manifest]\n"
             "       sluice synth --list\n"
             "\n"
             "Writes a model with the tensor names and shapes of PRESET and\n"
@@ -355,7 +426,10 @@ static void usage(FILE *f)
             "left in OUTDIR are replaced.\n"
             "\n"
             "The weights are random bits, not values a model would hold: some of\n"
-            "them are NaN or Inf. They are for loading, not for inference.\n"
+            "them are NaN or Inf. They are for loading, not for inference. With\n"
+            "--values they are finite values of about the spread of a trained\n"
+            "model's weights (mean 0, standard deviation 0.02, within 0.07), for\n"
+            "examples that compute with them as they are; still not a trained model.\n"
             "\n"
             CMD_EXIT_HELP);
 }
@@ -395,7 +469,7 @@ int cmd_synth(int argc, char **argv)
     const char *preset_name = NULL, *outdir = NULL, *dtype = "BF16";
     unsigned dtype_bytes = 2;
     uint64_t seed = 0, shards = 0;
-    int manifest = 1;
+    int manifest = 1, values = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -406,6 +480,8 @@ int cmd_synth(int argc, char **argv)
             return 0;
         } else if (!strcmp(a, "--no-manifest")) {
             manifest = 0;
+        } else if (!strcmp(a, "--values")) {
+            values = 1;
         } else if (!strcmp(a, "--shards") || !strcmp(a, "--seed") || !strcmp(a, "--dtype")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "sluice synth: %s needs a value\n", a);
@@ -534,7 +610,7 @@ int cmd_synth(int argc, char **argv)
         if (put(&o, len8, 8) < 0 || put(&o, header, hlen) < 0)
             goto out;
         for (size_t i = 0; i < sh[s].count; i++)
-            if (put_tensor(&o, sh[s].members[i], seed) < 0)
+            if (put_tensor(&o, sh[s].members[i], seed, values ? dtype : NULL) < 0)
                 goto out;
         if (flush_out(&o) < 0)
             goto out;
