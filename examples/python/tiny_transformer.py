@@ -18,6 +18,12 @@ The weights of `sluice synth` are pseudo-random bit patterns, not trained
 values: as BF16 many are huge or NaN. Every weight goes through tame()
 (tanh of the value, NaN as 0, scaled) before use, so that the output is a
 finite function of the exact bytes: any wrong byte changes it.
+
+`sluice synth --values` writes finite weights of a trained model's spread
+instead; a model built with values=True (WeightSpec) uses them as they
+are, as a real engine does: float32 weights are used in place, with no
+conversion in any forward (BF16/F16 ones are widened to float32 as they
+are used).
 """
 import argparse
 import json
@@ -34,46 +40,67 @@ def tame(w):
     return torch.tanh(torch.nan_to_num(w.float(), nan=0.0, posinf=1.0, neginf=-1.0)) * 0.2
 
 
+def use(w, values: bool):
+    """A weight as the computation takes it (float32): as it is when the
+    weights are values (no copy for float32 ones), else tame()d."""
+    return w.float() if values else tame(w)
+
+
+# The weights' dtype and whether they are values (`sluice synth --values`)
+# or random bits (tame()d): read from a config's "dtype" and "values".
+BITS = (torch.bfloat16, False)
+
+
+def spec_of(cfg):
+    return (cfg.get("dtype", torch.bfloat16), bool(cfg.get("values", False)))
+
+
+def _param(shape, spec, device):
+    return nn.Parameter(torch.empty(*shape, dtype=spec[0], device=device), requires_grad=False)
+
+
 class Linear(nn.Module):
-    def __init__(self, n_in, n_out, device):
+    def __init__(self, n_in, n_out, device, spec=BITS):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(n_out, n_in, dtype=torch.bfloat16, device=device),
-                                   requires_grad=False)
+        self.values = spec[1]
+        self.weight = _param((n_out, n_in), spec, device)
 
     def forward(self, x):
-        return F.linear(x, tame(self.weight))
+        return F.linear(x, use(self.weight, self.values))
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, n, device):
+    def __init__(self, n, device, spec=BITS):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(n, dtype=torch.bfloat16, device=device),
-                                   requires_grad=False)
+        self.values = spec[1]
+        self.weight = _param((n,), spec, device)
 
     def forward(self, x):
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
-        return x * (1.0 + tame(self.weight))
+        return x * (1.0 + use(self.weight, self.values))
 
 
 class Embedding(nn.Module):
-    def __init__(self, vocab, hidden, device):
+    def __init__(self, vocab, hidden, device, spec=BITS):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(vocab, hidden, dtype=torch.bfloat16,
-                                               device=device), requires_grad=False)
+        self.values = spec[1]
+        self.weight = _param((vocab, hidden), spec, device)
 
     def forward(self, ids):
+        if self.values:     # only the rows asked for
+            return F.embedding(ids, self.weight).float()
         return F.embedding(ids, tame(self.weight))
 
 
 class Attention(nn.Module):
     def __init__(self, cfg, device):
         super().__init__()
-        h, hd = cfg["hidden"], cfg["head_dim"]
+        h, hd, sp = cfg["hidden"], cfg["head_dim"], spec_of(cfg)
         self.heads, self.kv_heads, self.head_dim = cfg["heads"], cfg["kv_heads"], hd
-        self.q_proj = Linear(h, self.heads * hd, device)
-        self.k_proj = Linear(h, self.kv_heads * hd, device)
-        self.v_proj = Linear(h, self.kv_heads * hd, device)
-        self.o_proj = Linear(self.heads * hd, h, device)
+        self.q_proj = Linear(h, self.heads * hd, device, sp)
+        self.k_proj = Linear(h, self.kv_heads * hd, device, sp)
+        self.v_proj = Linear(h, self.kv_heads * hd, device, sp)
+        self.o_proj = Linear(self.heads * hd, h, device, sp)
 
     def forward(self, x):
         b, t, _ = x.shape
@@ -92,10 +119,10 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg, device):
         super().__init__()
-        h, i = cfg["hidden"], cfg["intermediate"]
-        self.gate_proj = Linear(h, i, device)
-        self.up_proj = Linear(h, i, device)
-        self.down_proj = Linear(i, h, device)
+        h, i, sp = cfg["hidden"], cfg["intermediate"], spec_of(cfg)
+        self.gate_proj = Linear(h, i, device, sp)
+        self.up_proj = Linear(h, i, device, sp)
+        self.down_proj = Linear(i, h, device, sp)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -104,9 +131,9 @@ class MLP(nn.Module):
 class Layer(nn.Module):
     def __init__(self, cfg, device):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg["hidden"], device)
+        self.input_layernorm = RMSNorm(cfg["hidden"], device, spec_of(cfg))
         self.self_attn = Attention(cfg, device)
-        self.post_attention_layernorm = RMSNorm(cfg["hidden"], device)
+        self.post_attention_layernorm = RMSNorm(cfg["hidden"], device, spec_of(cfg))
         self.mlp = MLP(cfg, device)
 
     def forward(self, x):
@@ -117,9 +144,9 @@ class Layer(nn.Module):
 class Body(nn.Module):
     def __init__(self, cfg, device):
         super().__init__()
-        self.embed_tokens = Embedding(cfg["vocab"], cfg["hidden"], device)
+        self.embed_tokens = Embedding(cfg["vocab"], cfg["hidden"], device, spec_of(cfg))
         self.layers = nn.ModuleList(Layer(cfg, device) for _ in range(cfg["layers"]))
-        self.norm = RMSNorm(cfg["hidden"], device)
+        self.norm = RMSNorm(cfg["hidden"], device, spec_of(cfg))
 
     def forward(self, ids):
         x = self.embed_tokens(ids)
@@ -136,7 +163,7 @@ class TinyLlama(nn.Module):
     def __init__(self, cfg, device="cpu"):
         super().__init__()
         self.model = Body(cfg, device)
-        self.lm_head = Linear(cfg["hidden"], cfg["vocab"], device)
+        self.lm_head = Linear(cfg["hidden"], cfg["vocab"], device, spec_of(cfg))
 
     def forward(self, ids):
         return self.lm_head(self.model(ids))

@@ -49,13 +49,12 @@ PRESETS = {
 class BiasLinear(tt.Linear):
     """Linear with a bias (Qwen2's q/k/v projections)."""
 
-    def __init__(self, n_in, n_out, device):
-        super().__init__(n_in, n_out, device)
-        self.bias = nn.Parameter(torch.empty(n_out, dtype=torch.bfloat16, device=device),
-                                 requires_grad=False)
+    def __init__(self, n_in, n_out, device, spec=tt.BITS):
+        super().__init__(n_in, n_out, device, spec)
+        self.bias = tt._param((n_out,), spec, device)
 
     def forward(self, x):
-        return F.linear(x, tt.tame(self.weight), tt.tame(self.bias))
+        return F.linear(x, tt.use(self.weight, self.values), tt.use(self.bias, self.values))
 
 
 class TiedHead(nn.Module):
@@ -67,19 +66,29 @@ class TiedHead(nn.Module):
         self._embedding = (embedding,)  # a tuple: not registered as a submodule
 
     def forward(self, x):
-        return F.linear(x, tt.tame(self._embedding[0].weight))
+        e = self._embedding[0]
+        return F.linear(x, tt.use(e.weight, e.values))
+
+
+def config(preset, dtype="BF16", values=False):
+    """A preset's config with the weights' dtype (a safetensors name) and
+    kind: random bits (tame()d) or values (`sluice synth --values`)."""
+    return dict(PRESETS[preset], dtype=DTYPES[dtype], values=values)
+
+
+DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 
 
 def build(cfg, device="cpu"):
     """The eager model of a preset's config."""
     m = tt.TinyLlama(cfg, device)
     if cfg.get("qkv_bias"):
-        h, hd = cfg["hidden"], cfg["head_dim"]
+        h, hd, sp = cfg["hidden"], cfg["head_dim"], tt.spec_of(cfg)
         for layer in m.model.layers:
             a = layer.self_attn
-            a.q_proj = BiasLinear(h, cfg["heads"] * hd, device)
-            a.k_proj = BiasLinear(h, cfg["kv_heads"] * hd, device)
-            a.v_proj = BiasLinear(h, cfg["kv_heads"] * hd, device)
+            a.q_proj = BiasLinear(h, cfg["heads"] * hd, device, sp)
+            a.k_proj = BiasLinear(h, cfg["kv_heads"] * hd, device, sp)
+            a.v_proj = BiasLinear(h, cfg["kv_heads"] * hd, device, sp)
     if cfg.get("tied"):
         m.lm_head = TiedHead(m.model.embed_tokens)
     return m
@@ -92,7 +101,7 @@ def blocks(model, cfg):
     out = ["model.embed_tokens"] + [f"model.layers.{i}" for i in range(cfg["layers"])]
     out.append("model.norm")
     if cfg.get("tied"):
-        out.append(("lm_head", tt.Linear(cfg["hidden"], cfg["vocab"], "meta"),
+        out.append(("lm_head", tt.Linear(cfg["hidden"], cfg["vocab"], "meta", tt.spec_of(cfg)),
                     {"weight": "model.embed_tokens.weight"}))
     else:
         out.append("lm_head")
@@ -121,16 +130,16 @@ def greedy(fn, tokens, steps):
     return out
 
 
-def export(preset, out_dir, export_blocks, n_prompt=12):
-    cfg = PRESETS[preset]
+def export(preset, out_dir, export_blocks, n_prompt=12, dtype="BF16", values=False):
+    cfg = config(preset, dtype, values)
     m = build(cfg, "meta")
     ids = torch.tensor([prompt(cfg, n_prompt)], dtype=torch.long)
     return export_blocks(m, blocks(m, cfg), out_dir, ids)
 
 
-def eager_model(preset, weights):
+def eager_model(preset, weights, dtype="BF16", values=False):
     """The eager model filled by plain torch (no sluice) from weights."""
-    m = build(PRESETS[preset], "cpu")
+    m = build(config(preset, dtype, values), "cpu")
     m.load_state_dict(tt.plain_torch_state_dict(weights))
     return m.eval()
 
@@ -164,7 +173,8 @@ def unbound_blocks(export_dir):
 
 def cmd_export(args):
     import sluice.torch as st
-    plan = export(args.preset, args.out, st.export_blocks, args.prompt_len)
+    plan = export(args.preset, args.out, st.export_blocks, args.prompt_len, args.dtype,
+                  args.values)
     size = sum(os.path.getsize(os.path.join(args.out, f)) for f in os.listdir(args.out))
     print(f"{len(plan['blocks'])} blocks, {sum(len(b['params']) for b in plan['blocks'])} "
           f"parameters, {size} bytes in {args.out}")
@@ -179,7 +189,8 @@ def cmd_run(args):
         got = greedy(sm, toks, args.steps)
         stats = sm.stats()
         resident = sm.resident
-    want = greedy(eager_model(args.preset, args.weights), toks, args.steps)
+    want = greedy(eager_model(args.preset, args.weights, args.dtype, args.values), toks,
+                  args.steps)
     ok = True
     for step, ((t, lg), (te, le)) in enumerate(zip(got, want)):
         same = t == te and torch.equal(lg, le)
@@ -200,7 +211,7 @@ def _rss_kb(field="VmHWM"):
 
 def cmd_bench_one(args):
     """One way, in this process: prints first-token and whole-run times."""
-    cfg = PRESETS[args.preset]
+    cfg = config(args.preset, args.dtype, args.values)
     toks = prompt(cfg, args.prompt_len)
     base = _rss_kb("VmRSS")
     t0 = time.perf_counter()
@@ -239,10 +250,10 @@ def cmd_bench_one(args):
 def cmd_save_jit(args):
     """A whole scripted model saved WITH its weights (the torch.jit.load
     baseline of bench)."""
-    cfg = PRESETS[args.preset]
-    m = eager_model(args.preset, args.weights)
+    cfg = config(args.preset, args.dtype, args.values)
+    m = eager_model(args.preset, args.weights, args.dtype, args.values)
     if cfg.get("tied"):  # TiedHead does not script: a Linear sharing the parameter
-        head = tt.Linear(cfg["hidden"], cfg["vocab"], "meta")
+        head = tt.Linear(cfg["hidden"], cfg["vocab"], "meta", tt.spec_of(cfg))
         head.weight = m.model.embed_tokens.weight
         m.lm_head = head
     torch.jit.save(torch.jit.script(m), args.out)
@@ -266,9 +277,10 @@ def main():
     s.add_argument("preset", choices=sorted(PRESETS))
     s.add_argument("weights")
     s.add_argument("out")
-    b = sub.add_parser("bench-one", help="time one way: scripted (EXPORT is the export dir), "
-                       "eager (load_state_dict; EXPORT unused), jit (EXPORT is save-jit's file), "
-                       "baseline (EXPORT's blocks with zero weights, no sluice; WEIGHTS unused)")
+    b = sub.add_parser("bench-one", help="time one way: scripted (EXPORT is the export dir; "
+                       "resident when every weight fits in --pool), eager (load_state_dict, "
+                       "resident; EXPORT unused), jit (EXPORT is save-jit's file), baseline "
+                       "(EXPORT's blocks with zero weights, no sluice; WEIGHTS unused)")
     b.add_argument("way", choices=["scripted", "eager", "jit", "baseline"])
     b.add_argument("preset", choices=sorted(PRESETS))
     b.add_argument("export")
@@ -277,6 +289,12 @@ def main():
     b.add_argument("--steps", type=int, default=4)
     for p in (e, r, b):
         p.add_argument("--prompt-len", type=int, default=12)
+    for p in (e, r, s, b):
+        p.add_argument("--dtype", choices=sorted(DTYPES), default="BF16",
+                       help="the weights' dtype (sluice synth --dtype; default BF16)")
+        p.add_argument("--values", action="store_true",
+                       help="the weights are values (sluice synth --values), used as they "
+                       "are; default: random bits, tame()d in every forward")
     args = ap.parse_args()
     return {"export": cmd_export, "run": cmd_run, "save-jit": cmd_save_jit,
             "bench-one": cmd_bench_one}[args.cmd](args)

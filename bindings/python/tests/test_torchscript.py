@@ -267,3 +267,40 @@ def test_traced_export_equals_eager(tiny, tmp_path):
     with st.ScriptedModel(d, tiny, pool="256K") as sm:
         got = sm(ids)
     assert torch.equal(got, want[0][1])
+
+
+@pytest.fixture(scope="module")
+def tiny_values(tmp_path_factory):
+    """`sluice synth tiny --values --dtype F32`: weights a model computes
+    with as they are (skipped without the command: the stand-in writes
+    random bits)."""
+    cli = sluice_cli()
+    if cli is None:
+        pytest.skip("the sluice command is not built (synth --values writes these weights)")
+    d = str(tmp_path_factory.mktemp("values") / "tiny")
+    subprocess.run([cli, "synth", "tiny", d, "--values", "--dtype", "F32"], check=True,
+                   capture_output=True)
+    return d
+
+
+def test_values_used_in_place(tmp_path, tiny_values):
+    """With float32 values the blocks use each bound weight in place (no
+    per-forward conversion) and equal eager torch bit for bit, on demand
+    and resident; logits finite and not tame()d (another function)."""
+    import tiny_transformer as tt
+    w = torch.zeros(3, 2)
+    assert tt.use(w, True) is w                         # float32: no copy
+    assert tt.use(w.bfloat16(), True).dtype == torch.float32
+    d = str(tmp_path / "ts")
+    plan = tb.export("tiny", d, st.export_blocks, dtype="F32", values=True)
+    assert {p["dtype"] for b in plan["blocks"] for p in b["params"]} == {"F32"}
+    want = tb.greedy(tb.eager_model("tiny", tiny_values, "F32", True), TOKENS, 3)
+    bits = tb.greedy(tb.eager_model("tiny", tiny_values, "F32", False), TOKENS, 0)
+    assert not torch.equal(want[0][1], bits[0][1])
+    for pool in ("256K", "8M"):
+        with st.ScriptedModel(d, tiny_values, pool=pool) as sm:
+            assert sm.resident == (pool == "8M")
+            got = tb.greedy(sm, TOKENS, 3)
+        for (t, lg), (te, le) in zip(got, want):
+            assert t == te and torch.equal(lg, le)
+    assert want[0][1].isfinite().all()
