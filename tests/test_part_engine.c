@@ -2,7 +2,8 @@
  * (sl_engine_read_spans): on the model's I/O seam (its attempts move),
  * counted as a load's reads (reads, bytes_read without the gaps,
  * retries), row segments less than SLUICE_PART_GAP apart one read and
- * farther ones a read each, a read at most chunk_bytes; faults injected
+ * farther ones a read each, a read at most chunk_bytes; the caller woken
+ * when its reads are all back, not at each completion; faults injected
  * in the seam retried (EINTR, EAGAIN, short) or failing the part alone
  * (EIO, the file ending early), never sticking; parts on several
  * threads beside loads of whole tensors with a queue depth of 2, each
