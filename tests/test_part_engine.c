@@ -2,7 +2,8 @@
  * (sl_engine_read_spans): on the model's I/O seam (its attempts move),
  * counted as a load's reads (reads, bytes_read without the gaps,
  * retries), row segments less than SLUICE_PART_GAP apart one read and
- * farther ones a read each, a read at most chunk_bytes; faults injected
+ * farther ones a read each, a read at most chunk_bytes; the caller woken
+ * when its reads are all back, not at each completion; faults injected
  * in the seam retried (EINTR, EAGAIN, short) or failing the part alone
  * (EIO, the file ending early), never sticking; parts on several
  * threads beside loads of whole tensors with a queue depth of 2, each
@@ -132,6 +133,34 @@ static void test_reads_counted(void **state)
     assert_int_equal(sluice_close(m), SLUICE_OK);
 }
 
+static void count_woken(void *ctx, int where)
+{
+    if (where == 8) /* a span read's caller woke (engine_hooks.h) */
+        (*(unsigned *)ctx)++;
+}
+
+/* The caller of a part read wakes when its reads are all done, not at
+ * each completion (nor at another caller's): x at world 4 along dim 1 is
+ * 64 reads, two in flight at most. Its wait is woken once; once more when
+ * it starts the reads it queued, and one spurious wakeup allowed. */
+static void test_woken_once(void **state)
+{
+    fx *f = *state;
+    sluice_model *m = open_model(f, 2, 64u << 10);
+    unsigned char *buf = malloc(X_BYTES / 4);
+    assert_non_null(buf);
+    unsigned woken = 0;
+    assert_int_equal(sl_engine_set_pause(m, count_woken, &woken), SLUICE_OK);
+    struct sluice_stats st0 = stats_of(m);
+    assert_int_equal(sluice_read_part_into(m, "x", 1, 1, 4, buf, X_BYTES / 4), SLUICE_OK);
+    assert_int_equal(sl_engine_set_pause(m, NULL, NULL), SLUICE_OK);
+    check_part(f, 1, 1, 4, buf);
+    assert_int_equal(stats_of(m).reads - st0.reads, X_ROWS);
+    assert_in_range(woken, 1, 3);
+    free(buf);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+}
+
 /* Faults in the seam: EINTR, EAGAIN and short reads retried (counted),
  * EIO and an early end fail that part alone, and the next part reads. */
 static void test_faults(void **state)
@@ -222,6 +251,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_reads_counted, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_woken_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_faults, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threads_with_loads, setup, teardown),
     };

@@ -65,7 +65,7 @@ void sl_engine_leave(sl_engine *e);
 /* The test pause hook (engine_hooks.h), called between the two. */
 void sl_engine_pause_point(sl_engine *e, int where);
 enum { SL_PAUSE_STREAM_EXIT = 1, SL_PAUSE_RELEASE_EXIT, SL_PAUSE_ACQUIRE_EXIT, SL_PAUSE_REFUSED,
-       SL_PAUSE_VERIFY_EXIT, SL_PAUSE_LOAD_STARTED, SL_PAUSE_BLOB_MISSED };
+       SL_PAUSE_VERIFY_EXIT, SL_PAUSE_LOAD_STARTED, SL_PAUSE_BLOB_MISSED, SL_PAUSE_SPANS_WOKEN };
 
 /* A handle on len bytes at buf (malloc'd; the handle owns it and frees
  * it at release) that were read and verified from tensor i: a range

@@ -130,7 +130,17 @@ typedef struct sl_spanjob {
     size_t nrun, issued, done;
     int failed;                  /* a run failed: err says how; no more go out */
     sl_err err;
+    pthread_cond_t cv;           /* its caller waits here, woken once: when
+                                    sl_spanjob_over (not e->cv, which every
+                                    completion of a load wakes) */
 } sl_spanjob;
+
+/* Whether nothing of job j is in flight or left to issue: its caller's
+ * wait is over (the one rule, for the waiter and for run_done's wakeup). */
+static inline int sl_spanjob_over(const sl_spanjob *j)
+{
+    return j->done == j->issued && (j->failed || j->issued == j->nrun);
+}
 
 typedef struct sl_read {
     sl_io_req req;               /* first: the seam hands it back */
@@ -587,16 +597,23 @@ static inline void sl_unlock(sl_engine *e)
     }
 }
 
-/* Waits for e->cv, unless queued reads must be started first (then it
- * returns at once, having started them: callers loop on their condition). */
-static inline void sl_wait(sl_engine *e)
+/* Waits for cv (with e->lock), unless queued reads must be started first
+ * (then it returns at once, having started them: callers loop on their
+ * condition). */
+static inline void sl_wait_on(sl_engine *e, pthread_cond_t *cv)
 {
     if (e->need_flush) {
         sl_unlock(e);
         pthread_mutex_lock(&e->lock);
         return;
     }
-    pthread_cond_wait(&e->cv, &e->lock);
+    pthread_cond_wait(cv, &e->lock);
+}
+
+/* sl_wait_on e->cv. */
+static inline void sl_wait(sl_engine *e)
+{
+    sl_wait_on(e, &e->cv);
 }
 
 #endif

@@ -628,7 +628,8 @@ static void count_retries(sl_engine *e, const sl_io_req *q)
 }
 
 /* A run of a caller's span read came back: counted as a load's read, its
- * failure (the first) kept for the caller, who is woken. */
+ * failure (the first) kept for the caller, who is woken when the job is
+ * over (alone: the other callers' jobs and loads sleep on). */
 static void run_done(sl_engine *e, sl_read *r)
 {
     sl_spanjob *j = r->job;
@@ -662,7 +663,8 @@ static void run_done(sl_engine *e, sl_read *r)
     }
     j->done++;
     put_read(e, r);
-    pthread_cond_broadcast(&e->cv);
+    if (sl_spanjob_over(j))
+        pthread_cond_signal(&j->cv);
 }
 
 void sl_read_done(void *ctx, sl_io_req *list)
@@ -810,6 +812,7 @@ int sl_engine_read_spans(sl_engine *e, const sl_file *f, const sl_span *spans, s
         pieces += spans[k].len / max + 2; /* the first may end the run before */
     /* at most one run and two iovecs (a gap, a piece) per piece */
     sl_spanjob j = {.f = f};
+    pthread_cond_init(&j.cv, NULL);
     int big = pieces > SIZE_MAX / (2 * sizeof(struct iovec));
     unsigned char *scratch = NULL;
     j.runs = big ? NULL : malloc((size_t)pieces * sizeof *j.runs);
@@ -828,8 +831,10 @@ int sl_engine_read_spans(sl_engine *e, const sl_file *f, const sl_span *spans, s
             tail = &(*tail)->next;
         *tail = &j;
         sl_pump(e);
-        while (j.done < j.issued || (!j.failed && j.issued < j.nrun))
-            sl_wait(e);
+        while (!sl_spanjob_over(&j)) {
+            sl_wait_on(e, &j.cv);
+            sl_pause_point(e, SL_PAUSE_SPANS_WOKEN);
+        }
         for (sl_spanjob **p = &e->jobs; *p; p = &(*p)->next)
             if (*p == &j) {
                 *p = j.next;
@@ -844,6 +849,7 @@ int sl_engine_read_spans(sl_engine *e, const sl_file *f, const sl_span *spans, s
     free(scratch);
     free(j.runs);
     free(iov);
+    pthread_cond_destroy(&j.cv);
     return rc;
 }
 
