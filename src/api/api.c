@@ -1111,12 +1111,26 @@ static int read_part(sluice_model *m, sl_engine *e, const char *call, const char
     const sl_chunk_digests *chunks = sl_manifest_chunks(m->manifest);
     const uint8_t *want = sl_manifest_tensor_digest(m->manifest, i);
     const uint8_t *want_part = want ? sl_manifest_part_digest(m->manifest, i, dim, n, rank) : NULL;
+    /* a part the persistent cache holds: verified again as it is read */
+    if (sl_engine_part_cached(e, i, want_part, dst, len)) {
+        *index = i;
+        return SLUICE_OK;
+    }
     sl_range_tally tally = {0};
     sl_reader rd = sl_engine_reader(e); /* a local file's reads go through the engine's seam */
     part_args pa = {i, g, dst, want_part, want, chunks ? &chunks[i] : NULL, m->opts.algorithm,
                     &rd};
     int rc = part_direct(&m->index, &pa, &tally, err);
     rc = again_direct(m, i, rc, part_direct, &pa, &tally, err);
+    if (rc == SLUICE_OK && want_part) {   /* verified against want_part: kept */
+        char q[SL_QUOTE_MAX], label[SL_QUOTE_MAX + 96];
+        int n_label = snprintf(label, sizeof label, "%s [part %llu of %llu along dim %u]",
+                               sl_quote(q, sizeof q, t->name, t->name_len),
+                               (unsigned long long)rank, (unsigned long long)n, dim);
+        sl_engine_part_store(e, i, want_part, dst, len, label,
+                             n_label < 0 ? 0 : (size_t)n_label < sizeof label ? (size_t)n_label
+                                                                             : sizeof label - 1);
+    }
     int unnoted = 0; /* 0 -> 1: this call writes the note; 2: written, readable */
     if (tally.part_fallback_bytes && atomic_compare_exchange_strong(&m->part_noted, &unnoted, 1)) {
         char q[SL_QUOTE_MAX];
@@ -1154,8 +1168,8 @@ SLUICE_API int sluice_read_part_into(sluice_model *m, const char *name, uint32_t
     return rc;
 }
 
-/* The block of a part handle: its description, its shape, then (64-byte
- * aligned) its bytes; the handle frees it whole. */
+/* The block of a part handle: its description and its shape (its bytes
+ * are in the pool); the handle frees it. */
 typedef struct part_block {
     struct sluice_tensor_info info;
     uint64_t shape[];
@@ -1183,16 +1197,21 @@ SLUICE_API int sluice_acquire_part(sluice_model *m, const char *name, uint32_t d
     if (rc == SLUICE_OK)
         rc = sl_part_geometry(t, dim, rank, n, &g, &err);
     uint64_t len = rc == SLUICE_OK ? g.count * g.seg : 0;
-    size_t head = 0;
+    void *data = NULL;
+    sl_pool_blk *blk = NULL;
+    if (rc == SLUICE_OK &&
+        !(b = malloc(sizeof *b + t->ndim * sizeof b->shape[0])))
+        rc = sl_fail(&err, SLUICE_E_NOMEM, "sluice_acquire_part: out of memory");
     if (rc == SLUICE_OK) {
-        head = (sizeof *b + t->ndim * sizeof b->shape[0] + 63) / 64 * 64;
-        if (len > SIZE_MAX - head || posix_memalign((void **)&b, 64, head + (size_t)len) != 0)
-            rc = sl_fail(&err, SLUICE_E_NOMEM, "sluice_acquire_part: out of memory for %llu "
-                         "bytes", (unsigned long long)len);
+        /* the part's bytes in the pool, taken as an acquire's load takes them */
+        char q[SL_QUOTE_MAX], what[SL_QUOTE_MAX + 96];
+        snprintf(what, sizeof what, "part %llu of %llu along dim %u of tensor %s",
+                 (unsigned long long)rank, (unsigned long long)n, dim,
+                 sl_quote(q, sizeof q, t->name, t->name_len));
+        rc = sl_engine_part_room(e, what, len, &data, &blk, &err);
     }
     if (rc == SLUICE_OK)
-        rc = read_part(m, e, "sluice_acquire_part", name, dim, rank, n, (char *)b + head, len,
-                       &i, &g, &err);
+        rc = read_part(m, e, "sluice_acquire_part", name, dim, rank, n, data, len, &i, &g, &err);
     if (rc == SLUICE_OK) {
         b->info = *t;
         memcpy(b->shape, t->shape, t->ndim * sizeof b->shape[0]);
@@ -1200,10 +1219,11 @@ SLUICE_API int sluice_acquire_part(sluice_model *m, const char *name, uint32_t d
         b->info.shape = b->shape;
         b->info.nbytes = len;
         b->info.size = sizeof b->info;
-        if ((rc = sl_engine_grant_part(e, i, b, (char *)b + head, len, &b->info, out, &err)) ==
+        if ((rc = sl_engine_grant_part(e, i, b, blk, data, len, &b->info, out, &err)) ==
             SLUICE_OK)
-            b = NULL;
+            b = NULL, blk = NULL;
     }
+    sl_engine_part_room_free(e, blk);
     free(b);
     if (rc < 0)
         sl_model_error(m, &err);

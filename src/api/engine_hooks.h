@@ -46,7 +46,9 @@ int sl_engine_quiesce(sluice_model *m);
  * not call the library: it may change the model's file); and (where 7)
  * when a probe of the persistent cache found no blob for a tensor
  * (sl_engine_pause_tensor says which), the lock HELD likewise (fn may put
- * a blob in place, as another process would). fn NULL clears. Returns
+ * a blob in place, as another process would); and (where 8) when
+ * sluice_acquire_part is about to wait for room in the pool, the lock
+ * HELD likewise (fn must not call the library). fn NULL clears. Returns
  * SLUICE_OK or SLUICE_E_INVAL. */
 int sl_engine_set_pause(sluice_model *m, void (*fn)(void *ctx, int where), void *ctx);
 
