@@ -240,8 +240,6 @@ static int take_options(sluice_options *dst, const sluice_options *src, sl_err *
 static int take_remote(sluice_model *m, const char *path, sl_err *err)
 {
     sluice_options *o = &m->opts;
-    if (o->manifest_path && !(m->manifest_loc = sl_location_new(o->manifest_path)))
-        return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
     int remote = sl_location_remote(m->loc) || sl_location_remote(m->manifest_loc);
     if (o->fallback_count) {
         if (!(m->fallback = calloc(o->fallback_count, sizeof *m->fallback)) ||
@@ -286,7 +284,7 @@ static int note_verification(sluice_model *m, const char *path, sl_err *err)
     m->verification = SLUICE_UNVERIFIED_NO_MANIFEST;
     /* every sidecar looked for ("A" or "A nor B"), without credentials */
     char *side[2], list[2 * SL_ERRMSG_MAX / 3];
-    int nside = sl_manifest_sidecars(&m->index, path, side);
+    int nside = sl_manifest_sidecars(&m->index, sl_model_where(m), side);
     if (nside < 0)
         return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
     sl_manifest_sidecars_list(side, nside, list, sizeof list);
@@ -324,8 +322,9 @@ static void free_remote(sluice_model *m)
     m->fallback_loc = NULL;
     sl_location_free(m->loc);
     sl_location_free(m->manifest_loc);
+    sl_location_free(m->signature_loc);
     sl_location_free(m->pinned_loc);
-    m->loc = m->manifest_loc = m->pinned_loc = NULL;
+    m->loc = m->manifest_loc = m->signature_loc = m->pinned_loc = NULL;
     m->nfallback = 0;
     m->opts.fallback = NULL;
     m->opts.fallback_count = 0;
@@ -442,12 +441,16 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
     }
     if ((rc = take_options(&m->opts, opts, err)) < 0)
         goto failed;
-    if ((rc = sl_trust_plan_make(&m->opts, path, &m->trust, err)) < 0)
-        goto failed;
-    if (!(m->loc = sl_location_new(path))) {   /* parsed once */
+    /* each location parsed once: the trust plan and everything after read these */
+    if (!(m->loc = sl_location_new(path)) ||
+        (m->opts.manifest_path && !(m->manifest_loc = sl_location_new(m->opts.manifest_path))) ||
+        (m->opts.signature_path && !(m->signature_loc = sl_location_new(m->opts.signature_path)))) {
         rc = sl_fail(err, SLUICE_E_NOMEM, "out of memory");
         goto failed;
     }
+    sl_trust_locs at = {m->loc, m->manifest_loc, m->signature_loc};
+    if ((rc = sl_trust_plan_make(&m->opts, &at, &m->trust, err)) < 0)
+        goto failed;
     if ((rc = metrics_label(m, path, err)) < 0)
         goto failed;
     if (!(m->path = strdup(path))) {
@@ -486,7 +489,7 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
      * digests its blobs are named by (hub.c) */
     rc = sl_hub_open(m, path, err);
     if (rc == SLUICE_OK && !m->manifest)
-        rc = sl_manifest_load(&m->index, &m->trust, m->hub, path, &m->manifest,
+        rc = sl_manifest_load(&m->index, &m->trust, m->hub, where, &m->manifest,
                               &m->hub_files_only, err);
     if (rc < 0)
         goto primary_down;
@@ -495,7 +498,7 @@ opened:
         m->opts.algorithm = sl_manifest_algorithm(m->manifest);
     if (m->trust.signature_asked && !m->manifest) { /* a signature asked, none to check */
         char *side[2], list[2 * SL_ERRMSG_MAX / 3];
-        int nside = sl_manifest_sidecars(&m->index, path, side);
+        int nside = sl_manifest_sidecars(&m->index, sl_model_where(m), side);
         rc = sl_trust_plan_no_manifest(&m->trust, path, nside < 0 ? "(out of memory)"
                                        : sl_manifest_sidecars_list(side, nside, list, sizeof list),
                                        err);
