@@ -375,10 +375,12 @@ static int part_candidate(const sl_engine *e, size_t i, uint64_t len)
 
 int sl_engine_part_cached(sl_engine *e, size_t i, const uint8_t want[32], void *dst, uint64_t len)
 {
+    if (!want || !part_candidate(e, i, len))
+        return 0;   /* a local model's parts: no lock taken */
     pthread_mutex_lock(&e->lock);
     int bypass = e->blob_bypass != 0;
     pthread_mutex_unlock(&e->lock);
-    if (!want || bypass || !part_candidate(e, i, len))
+    if (bypass)
         return 0;
     char *path = NULL;
     int fd = sl_cache_open_blob(e->cache, e->alg, want, len, &path);
