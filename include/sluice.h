@@ -937,8 +937,8 @@ SLUICE_API int sluice_digest_range(sluice_model *model, size_t i, uint64_t byte_
                                    uint64_t byte_end, uint8_t digest[32]);
 
 /*
- * Tensor-parallel parts, verified, without the pool
- * -------------------------------------------------
+ * Tensor-parallel parts, verified
+ * -------------------------------
  * Rank `rank` of n equal parts of a tensor along dim `dim` is the slice
  * [rank * shape[dim] / n, (rank + 1) * shape[dim] / n) of that dim, laid
  * out contiguously as the rank's own tensor: shape[dim] / n, the other
@@ -976,7 +976,15 @@ SLUICE_API int sluice_digest_range(sluice_model *model, size_t i, uint64_t byte_
  *  - the tensor is not checked: the part's bytes only.
  * Fallback mirrors are not tried; a part whose bytes came through the
  * proxy and fail verification is read again from the origin directly,
- * once ("Proxies"). On failure dst holds anything. Counted
+ * once ("Proxies"). A part with a part digest of a remote model opened
+ * with a persistent cache is kept there once verified, as the blob named
+ * by its part digest, and a later read of it (any open, any process:
+ * same tensor digest, dim, rank and n) reads that blob on the calling
+ * thread instead of the server and hashes it against the part digest
+ * again: counted in disk_hits, disk_hit_bytes and bytes_hashed (not in
+ * bytes_read); a blob that fails is dropped (disk_rotten,
+ * checksum_failures) and the part read from the source and stored again
+ * ("Persistent cache"). On failure dst holds anything. Counted
  * in the stats as sluice_read_into is (bytes_read: what was read, so a
  * rank's reads can be checked against the layout; a local file's gaps
  * are not counted), a local file's reads also as a load's are (reads,
@@ -994,13 +1002,20 @@ SLUICE_API int sluice_read_part_into(sluice_model *model, const char *name, uint
 
 /*
  * sluice_acquire_part gives a handle on the part, read and verified as
- * sluice_read_part_into does, in a buffer the handle owns (malloc'd,
- * 64-byte aligned, outside the pool's budget; freed by sluice_release).
+ * sluice_read_part_into does, in a buffer of the pool (64-byte aligned,
+ * counted in pool_in_use, given back by sluice_release). The buffer is
+ * taken as an acquire's load takes one (sluice_acquire): unheld tensors
+ * are evicted for it; when the room is held, it waits while room may
+ * come back (reads in flight, stream callbacks running, ...) and fails
+ * with SLUICE_E_POOL_EXHAUSTED when it cannot (handles held outside the
+ * library: size the pool for the parts held at once too), and with
+ * SLUICE_E_TOO_LARGE when the part is larger than the pool.
  * sluice_tensor_info describes the part: the tensor's name, dtype and
  * file, shape[dim] / n, nbytes / n (offset and data_begin stay the
  * whole tensor's); sluice_tensor_digest says SLUICE_E_INVAL. Returns as
- * sluice_read_part_into, and SLUICE_E_INVAL for out NULL (*out is NULL on
- * every failure). Any thread.
+ * sluice_read_part_into, SLUICE_E_POOL_EXHAUSTED, SLUICE_E_TOO_LARGE, and
+ * SLUICE_E_INVAL for out NULL (*out is NULL on every failure). Any thread,
+ * including from a stream callback.
  */
 SLUICE_API int sluice_acquire_part(sluice_model *model, const char *name, uint32_t dim,
                                    uint64_t rank, uint64_t n, sluice_tensor **out);
@@ -1815,7 +1830,7 @@ struct sluice_stats {
     uint64_t fallback_bytes;    /* their bytes */
     uint64_t fallback_failures; /* mirror attempts that failed too */
     /* persistent cache and verified-once memo (see "Persistent cache") */
-    uint64_t disk_hits;         /* tensor loads read from the cache's blobs */
+    uint64_t disk_hits;         /* tensor loads (and parts) read from the cache's blobs */
     uint64_t disk_hit_bytes;    /* their bytes */
     uint64_t disk_misses;       /* remote tensor loads that found no blob */
     uint64_t disk_stored;       /* blobs written (fetched and verified here) */
@@ -1881,8 +1896,10 @@ SLUICE_API int sluice_stats(sluice_model *model, struct sluice_stats *stats);
  * manifest are fetched at every open (the blobs are named by the digests
  * of the manifest read then), so a remote model that changed loads the
  * tensors whose digests changed from the source, and the unchanged ones
- * from the cache. sluice_read_into, sluice_acquire_range, sluice_read_part_into
- * and sluice_acquire_part do not use the cache. sluice_verify checks the source: while it runs on a remote model
+ * from the cache. A part with a part digest (sluice_read_part_into,
+ * sluice_acquire_part) is kept and read back the same way, as the blob of
+ * its part digest. sluice_read_into and sluice_acquire_range do not use
+ * the cache. sluice_verify checks the source: while it runs on a remote model
  * (a stream through the pool, see sluice_verify) its loads, and any other
  * load of that model started meanwhile, fetch from the source and store
  * what they fetch; a tensor already in the pool (read from a blob, hashed

@@ -1974,6 +1974,106 @@ static void test_memo_then_no_digests(void **state)
     drop_cache(dir);
 }
 
+/* ---------------------------------------------------------------- parts */
+
+/* A part with a part digest (issue 37, item 4) of a remote model is kept
+ * as the blob of that digest: a later open reads it from the cache (no
+ * request for tensor bytes, counted as a disk hit) and hashes it again; a
+ * damaged blob is detected, dropped and the part fetched again. A dim-1
+ * part of 4 of a [64, 256] BF16 tensor (64 rows of 128 bytes). */
+static struct sluice_stats part_once(const char *loc, const sluice_options *o, int acquire,
+                                     const void *want, size_t len)
+{
+    sluice_model *m = open_ok(loc, o);
+    void *got = calloc(1, len);
+    assert_non_null(got);
+    sluice_tensor *t = NULL;
+    int rc = acquire ? sluice_acquire_part(m, "l.o_proj.weight", 1, 1, 4, &t)
+                     : sluice_read_part_into(m, "l.o_proj.weight", 1, 1, 4, got, len);
+    if (rc != SLUICE_OK)
+        fail_msg("part: %s: %s", sluice_strerror(rc), sluice_errmsg(m));
+    assert_memory_equal(acquire ? sluice_tensor_data(t) : got, want, len);
+    if (t)
+        assert_int_equal(sluice_release(t), SLUICE_OK);
+    free(got);
+    struct sluice_stats st = {.size = sizeof st};
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    return st;
+}
+
+static void test_part_blobs(void **state)
+{
+    (void)state;
+    char *dir = tu_join(root, "pp"), *path = tu_join(dir, "model.safetensors");
+    mkdir(dir, 0755);
+    const size_t nbytes = 64 * 256 * 2, len = nbytes / 4;
+    unsigned char *bytes = malloc(nbytes);
+    assert_non_null(bytes);
+    for (size_t k = 0; k < nbytes; k++)
+        bytes[k] = (unsigned char)(k * 131 + (k >> 9));
+    char header[256], mpath[4096];
+    snprintf(header, sizeof header, "{\"l.o_proj.weight\":{\"dtype\":\"BF16\",\"shape\":"
+             "[64,256],\"data_offsets\":[0,%zu]}}", nbytes);
+    tu_write_safetensors(path, header, bytes, nbytes);
+    snprintf(mpath, sizeof mpath, "%s.manifest.json", path);
+    run_result r = run(root, "manifest", path, "--parts", "builtin", "--worlds", "4", "-q", "-o",
+                       mpath, NULL);
+    if (r.status != 0)
+        fail_msg("sluice manifest --parts: %s", r.err);
+    run_free(&r);
+    unsigned char *want = malloc(len);
+    assert_non_null(want);
+    for (size_t row = 0; row < 64; row++)   /* rank 1 of 4 along dim 1 */
+        memcpy(want + row * 128, bytes + row * 512 + 128, 128);
+    char loc[1024];
+    snprintf(loc, sizeof loc, "%s/pp/model.safetensors", nginx.base);
+    char *cache = fresh_cache();
+    sluice_options o = cached_opts(cache);
+
+    struct sluice_stats st = part_once(loc, &o, 1, want, len);   /* cold: fetched, stored */
+    assert_int_equal(st.disk_hits, 0);
+    assert_int_equal(st.disk_misses, 1);
+    assert_int_equal(st.disk_stored, 1);
+    assert_true(st.remote_reads >= 1);
+    assert_int_equal(count_files(cache, "blobs"), 1);
+
+    for (int acquire = 0; acquire <= 1; acquire++) {   /* warm: from the blob, no request */
+        size_t before = rf_requests(&nginx);
+        sluice_model *m = open_ok(loc, &o);
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+        size_t open_only = rf_requests(&nginx) - before;
+        before = rf_requests(&nginx);
+        st = part_once(loc, &o, acquire, want, len);
+        assert_int_equal(rf_requests(&nginx) - before, open_only);
+        assert_int_equal(st.disk_hits, 1);
+        assert_int_equal(st.disk_hit_bytes, len);
+        assert_int_equal(st.disk_misses, 0);
+        assert_int_equal(st.disk_stored, 0);
+        assert_int_equal(st.bytes_read, 0);
+        assert_int_equal(st.remote_reads, 0);
+        assert_int_equal(st.remote_bytes, 0);
+        assert_int_equal(st.bytes_hashed, len);   /* verified again as it is read */
+    }
+
+    char *blob = rot_one_blob(cache);   /* damaged: detected, dropped, fetched again */
+    st = part_once(loc, &o, 1, want, len);
+    assert_int_equal(st.disk_hits, 0);
+    assert_int_equal(st.disk_rotten, 1);
+    assert_int_equal(st.disk_stored, 1);
+    assert_true(st.remote_reads >= 1);
+    st = part_once(loc, &o, 0, want, len);   /* stored again, whole */
+    assert_int_equal(st.disk_hits, 1);
+    assert_int_equal(st.disk_rotten, 0);
+
+    free(blob);
+    free(want);
+    free(bytes);
+    drop_cache(cache);
+    free(path);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2005,6 +2105,7 @@ int main(void)
         cmocka_unit_test(test_blob_fds_bounded),
         cmocka_unit_test(test_hostile_blobs),
         cmocka_unit_test(test_small_pool_counts),
+        cmocka_unit_test(test_part_blobs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

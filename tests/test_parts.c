@@ -13,6 +13,7 @@
  * not fail rank 0 while a whole load does; bytes read per part, and the
  * fallback (part_fallback_bytes, sluice_part_note once); every field of
  * "parts" is read strictly; the built-in rules and a rules file. */
+#include "api/engine_hooks.h"
 #include "mf_fixture.h"
 #include "util.h"
 
@@ -425,6 +426,172 @@ static void test_bytes_read(void **state)
     sluice_close(m);
 }
 
+/* An acquired part's bytes are in the pool (issue 37, item 4): counted in
+ * pool_in_use, evicting a cached tensor for its room, refused with
+ * SLUICE_E_POOL_EXHAUSTED while handles hold the room (nothing in flight
+ * can give it back), and with SLUICE_E_TOO_LARGE beyond the pool; its
+ * room comes back at release. Tensor "a" is 2,048 bytes, a part of two
+ * along dim 0 1,024. */
+static sluice_model *open_pool(const fx *f, uint64_t pool)
+{
+    sluice_options o;
+    sluice_options_init(&o);
+    o.manifest_path = f->manifest;
+    o.pool_bytes = pool;
+    sluice_model *m = NULL;
+    if (sluice_open(f->model, &o, &m) != SLUICE_OK)
+        fail_msg("open: %s", sluice_errmsg(m));
+    return m;
+}
+
+static void test_part_in_pool(void **state)
+{
+    fx *f = *state;
+    write_manifest(f, 1, NULL);
+    sluice_model *m = open_pool(f, 2048);
+    sluice_tensor *whole = NULL, *p0 = NULL, *p1 = NULL, *p2 = NULL;
+    /* out of the plan's order ("e" then "a"): no read-ahead */
+    assert_int_equal(sluice_acquire(m, "e", &whole), SLUICE_OK);
+    assert_int_equal(sluice_release(whole), SLUICE_OK);
+    assert_int_equal(sluice_acquire(m, "a", &whole), SLUICE_OK);
+    assert_int_equal(sluice_release(whole), SLUICE_OK); /* cached, evictable */
+    struct sluice_stats st = stats_of(m);
+    assert_int_equal(st.pool_in_use, 2048);
+    assert_int_equal(st.evictions, 1);
+    assert_int_equal(sluice_acquire_part(m, "a", 0, 0, 2, &p0), SLUICE_OK);
+    st = stats_of(m);
+    assert_int_equal(st.pool_in_use, 1024);   /* the tensor evicted, the part held */
+    assert_int_equal(st.evictions, 2);
+    assert_int_equal(sluice_acquire_part(m, "a", 0, 1, 2, &p1), SLUICE_OK);
+    assert_int_equal(stats_of(m).pool_in_use, 2048);
+    size_t len;
+    unsigned char *want = ref_part(f, 0, 0, 1, 2, &len);
+    assert_memory_equal(sluice_tensor_data(p1), want, len);
+    free(want);
+    /* the pool is held by the two parts: a third is refused, not waited for */
+    assert_int_equal(sluice_acquire_part(m, "a", 1, 0, 2, &p2), SLUICE_E_POOL_EXHAUSTED);
+    assert_null(p2);
+    if (!strstr(sluice_errmsg(m), "part 0 of 2 along dim 1 of tensor") ||
+        !strstr(sluice_errmsg(m), "only their release can make room"))
+        fail_msg("message: %s", sluice_errmsg(m));
+    assert_int_equal(sluice_release(p0), SLUICE_OK);
+    assert_int_equal(stats_of(m).pool_in_use, 1024);
+    assert_int_equal(sluice_acquire_part(m, "a", 1, 0, 2, &p2), SLUICE_OK);
+    want = ref_part(f, 0, 1, 0, 2, &len);
+    assert_memory_equal(sluice_tensor_data(p2), want, len);
+    free(want);
+    assert_int_equal(sluice_release(p1), SLUICE_OK);
+    assert_int_equal(sluice_release(p2), SLUICE_OK);
+    st = stats_of(m);
+    assert_int_equal(st.pool_in_use, 0);
+    assert_int_equal(st.pool_high_water, 2048);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+
+    m = open_pool(f, 1024);
+    assert_int_equal(sluice_acquire_part(m, "a", 0, 0, 1, &p0), SLUICE_E_TOO_LARGE);
+    assert_null(p0);
+    assert_non_null(strstr(sluice_errmsg(m), "larger than the whole pool budget"));
+    assert_int_equal(sluice_acquire_part(m, "a", 0, 1, 2, &p0), SLUICE_OK);
+    assert_int_equal(sluice_release(p0), SLUICE_OK);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+}
+
+/* A part waiting for room gets it when the room comes back: a stream's
+ * callback holds the whole pool (tensor "a") while it runs; another
+ * thread's part acquire waits (room a callback holds comes back when it
+ * returns), and is served once the callback has released it. */
+typedef struct wait_ctx {
+    sluice_model *m;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int in_callback, go, part_waits, part_done, rc;
+    sluice_tensor *part;
+} wait_ctx;
+
+static void *part_waiter(void *p)
+{
+    wait_ctx *w = p;
+    int rc = sluice_acquire_part(w->m, "a", 0, 1, 2, &w->part);
+    pthread_mutex_lock(&w->mu);
+    w->rc = rc;
+    w->part_done = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+static int hold_cb(void *user, sluice_tensor *t, int status, const struct sluice_tensor_info *info,
+                   const char *message)
+{
+    (void)info;
+    (void)message;
+    wait_ctx *w = user;
+    assert_int_equal(status, SLUICE_OK);
+    pthread_mutex_lock(&w->mu);
+    w->in_callback = 1;
+    pthread_cond_broadcast(&w->cv);
+    while (!w->go)
+        pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+    sluice_release(t);
+    return 0;
+}
+
+static void *streamer(void *p)
+{
+    wait_ctx *w = p;
+    const char *names[] = {"a"};
+    sluice_stream(w->m, names, 1, hold_cb, w);
+    return NULL;
+}
+
+/* where 9 (engine_hooks.h): the part acquire waits for room, the engine's
+ * lock held until its wait begins, so the release that follows wakes it */
+static void at_part_wait(void *ctx, int where)
+{
+    wait_ctx *w = ctx;
+    if (where != 9)
+        return;
+    pthread_mutex_lock(&w->mu);
+    w->part_waits = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void test_part_waits_for_room(void **state)
+{
+    fx *f = *state;
+    write_manifest(f, 1, NULL);
+    wait_ctx w = {.m = open_pool(f, 2048), .mu = PTHREAD_MUTEX_INITIALIZER,
+                  .cv = PTHREAD_COND_INITIALIZER};
+    assert_int_equal(sl_engine_set_pause(w.m, at_part_wait, &w), SLUICE_OK);
+    pthread_t ts, tp;
+    assert_int_equal(pthread_create(&ts, NULL, streamer, &w), 0);
+    pthread_mutex_lock(&w.mu);
+    while (!w.in_callback)
+        pthread_cond_wait(&w.cv, &w.mu);
+    pthread_mutex_unlock(&w.mu);
+    /* the whole pool is "a"'s, held by the callback running: the part waits */
+    assert_int_equal(pthread_create(&tp, NULL, part_waiter, &w), 0);
+    pthread_mutex_lock(&w.mu);
+    while (!w.part_waits && !w.part_done)
+        pthread_cond_wait(&w.cv, &w.mu);
+    int waited = w.part_waits;
+    w.go = 1;
+    pthread_cond_broadcast(&w.cv);
+    pthread_mutex_unlock(&w.mu);
+    pthread_join(tp, NULL);
+    pthread_join(ts, NULL);
+    assert_true(waited);   /* not served beside the callback's whole pool */
+    assert_int_equal(w.rc, SLUICE_OK);
+    size_t len;
+    unsigned char *want = ref_part(f, 0, 0, 1, 2, &len);
+    assert_memory_equal(sluice_tensor_data(w.part), want, len);
+    free(want);
+    assert_int_equal(sluice_release(w.part), SLUICE_OK);
+    assert_int_equal(sluice_close(w.m), SLUICE_OK);
+}
+
 typedef struct race_arg {
     fx *f;
     sluice_model *m;
@@ -642,6 +809,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_flip_inside_rank3, setup, teardown),
         cmocka_unit_test_setup_teardown(test_flip_outside_rank0, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bytes_read, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_part_in_pool, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_part_waits_for_room, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ranks_on_threads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_parts_rejected, setup, teardown),
         cmocka_unit_test(test_rules),

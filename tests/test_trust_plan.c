@@ -11,6 +11,7 @@
 #include "index/index.h"
 #include "trust/manifest.h"
 #include "trust/trust_plan.h"
+#include "trust_fixture.h"
 #include "sluice.h"
 
 #include <openssl/evp.h>
@@ -171,7 +172,7 @@ static void table(void **state)
         o.verify = c->verify;
         sl_trust_plan p;
         sl_err err = {0};
-        int rc = sl_trust_plan_make(&o, c->model, &p, &err);
+        int rc = tf_plan(&o, c->model, &p, &err);
         if (rc != c->rc)
             fail_msg("%s: rc %d, expected %d (%s)", c->what, rc, c->rc, err.msg);
         if (rc < 0) {
@@ -250,7 +251,7 @@ static void format_by_bundle(void **state)
             o.ntrusted_cas = rows[i].cas ? 1 : 0;
             sl_trust_plan p;
             sl_err err = {0};
-            assert_int_equal(sl_trust_plan_make(&o, of.path, &p, &err), SLUICE_OK);
+            assert_int_equal(tf_plan(&o, of.path, &p, &err), SLUICE_OK);
             unsigned got = sl_trust_plan_format(&p, &of.ix, mf);
             if (got != (with ? rows[i].with : rows[i].without))
                 fail_msg("row %zu, model.sig %s: format %u, expected %u", i,
@@ -276,7 +277,7 @@ static void refusals(void **state)
     o.ntrusted_keys = 1;
     sl_trust_plan p;
     sl_err err = {0};
-    assert_int_equal(sl_trust_plan_make(&o, HUB, &p, &err), SLUICE_OK);
+    assert_int_equal(tf_plan(&o, HUB, &p, &err), SLUICE_OK);
     sl_trust_plan_hub_stand_in(&p);
     assert_int_equal(p.fail_closed, 1);
     const char *hub_named = "hf://org/name@0123 (the Hub's LFS SHA-256)";
@@ -288,7 +289,7 @@ static void refusals(void **state)
     o.ntrusted_keys = 0;
     o.trusted_cas = ca;
     o.ntrusted_cas = 1;
-    assert_int_equal(sl_trust_plan_make(&o, HTTPS, &p, &err), SLUICE_OK);
+    assert_int_equal(tf_plan(&o, HTTPS, &p, &err), SLUICE_OK);
     assert_int_equal(p.fail_closed, 0);     /* model.sig is fetched */
     sl_trust_plan_hub_stand_in(&p);
     assert_int_equal(sl_trust_plan_refuse(&p, MF_REMOTE, &err), SLUICE_E_SIGNATURE);
@@ -297,7 +298,7 @@ static void refusals(void **state)
     /* no signature asked: nothing to fail closed */
     o.trusted_cas = NULL;
     o.ntrusted_cas = 0;
-    assert_int_equal(sl_trust_plan_make(&o, HUB, &p, &err), SLUICE_OK);
+    assert_int_equal(tf_plan(&o, HUB, &p, &err), SLUICE_OK);
     sl_trust_plan_hub_stand_in(&p);
     assert_int_equal(p.fail_closed, 0);
     o.trusted_cas = ca;
@@ -324,10 +325,10 @@ static void loader_fails_closed(void **state)
     o.manifest_path = mf;
     sl_trust_plan p;
     sl_err err = {0};
-    assert_int_equal(sl_trust_plan_make(&o, HTTPS, &p, &err), SLUICE_OK);
+    assert_int_equal(tf_plan(&o, HTTPS, &p, &err), SLUICE_OK);
     sl_manifest *m = (sl_manifest *)&of; /* must be reset */
     int hub_only = 7;
-    assert_int_equal(sl_manifest_load(&of.ix, &p, NULL, HTTPS, &m, &hub_only, &err),
+    assert_int_equal(tf_load(&of.ix, &p, HTTPS, &m, &hub_only, &err),
                      SLUICE_E_SIGNATURE);
     assert_null(m);
     assert_int_equal(hub_only, 0);
@@ -336,9 +337,9 @@ static void loader_fails_closed(void **state)
     o.trusted_cas = NULL;
     o.ntrusted_cas = 0;
     o.verify = SLUICE_VERIFY_OFF;
-    assert_int_equal(sl_trust_plan_make(&o, LOCAL, &p, &err), SLUICE_OK);
+    assert_int_equal(tf_plan(&o, LOCAL, &p, &err), SLUICE_OK);
     m = (sl_manifest *)&of;
-    assert_int_equal(sl_manifest_load(&of.ix, &p, NULL, LOCAL, &m, NULL, &err), SLUICE_OK);
+    assert_int_equal(tf_load(&of.ix, &p, LOCAL, &m, NULL, &err), SLUICE_OK);
     assert_null(m);
     free(mf);
     free(of.path);

@@ -240,8 +240,6 @@ static int take_options(sluice_options *dst, const sluice_options *src, sl_err *
 static int take_remote(sluice_model *m, const char *path, sl_err *err)
 {
     sluice_options *o = &m->opts;
-    if (o->manifest_path && !(m->manifest_loc = sl_location_new(o->manifest_path)))
-        return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
     int remote = sl_location_remote(m->loc) || sl_location_remote(m->manifest_loc);
     if (o->fallback_count) {
         if (!(m->fallback = calloc(o->fallback_count, sizeof *m->fallback)) ||
@@ -286,7 +284,7 @@ static int note_verification(sluice_model *m, const char *path, sl_err *err)
     m->verification = SLUICE_UNVERIFIED_NO_MANIFEST;
     /* every sidecar looked for ("A" or "A nor B"), without credentials */
     char *side[2], list[2 * SL_ERRMSG_MAX / 3];
-    int nside = sl_manifest_sidecars(&m->index, path, side);
+    int nside = sl_manifest_sidecars(&m->index, sl_model_where(m), side);
     if (nside < 0)
         return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
     sl_manifest_sidecars_list(side, nside, list, sizeof list);
@@ -324,8 +322,9 @@ static void free_remote(sluice_model *m)
     m->fallback_loc = NULL;
     sl_location_free(m->loc);
     sl_location_free(m->manifest_loc);
+    sl_location_free(m->signature_loc);
     sl_location_free(m->pinned_loc);
-    m->loc = m->manifest_loc = m->pinned_loc = NULL;
+    m->loc = m->manifest_loc = m->signature_loc = m->pinned_loc = NULL;
     m->nfallback = 0;
     m->opts.fallback = NULL;
     m->opts.fallback_count = 0;
@@ -442,12 +441,16 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
     }
     if ((rc = take_options(&m->opts, opts, err)) < 0)
         goto failed;
-    if ((rc = sl_trust_plan_make(&m->opts, path, &m->trust, err)) < 0)
-        goto failed;
-    if (!(m->loc = sl_location_new(path))) {   /* parsed once */
+    /* each location parsed once: the trust plan and everything after read these */
+    if (!(m->loc = sl_location_new(path)) ||
+        (m->opts.manifest_path && !(m->manifest_loc = sl_location_new(m->opts.manifest_path))) ||
+        (m->opts.signature_path && !(m->signature_loc = sl_location_new(m->opts.signature_path)))) {
         rc = sl_fail(err, SLUICE_E_NOMEM, "out of memory");
         goto failed;
     }
+    sl_trust_locs at = {m->loc, m->manifest_loc, m->signature_loc};
+    if ((rc = sl_trust_plan_make(&m->opts, &at, &m->trust, err)) < 0)
+        goto failed;
     if ((rc = metrics_label(m, path, err)) < 0)
         goto failed;
     if (!(m->path = strdup(path))) {
@@ -486,7 +489,7 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
      * digests its blobs are named by (hub.c) */
     rc = sl_hub_open(m, path, err);
     if (rc == SLUICE_OK && !m->manifest)
-        rc = sl_manifest_load(&m->index, &m->trust, m->hub, path, &m->manifest,
+        rc = sl_manifest_load(&m->index, &m->trust, m->hub, where, &m->manifest,
                               &m->hub_files_only, err);
     if (rc < 0)
         goto primary_down;
@@ -495,7 +498,7 @@ opened:
         m->opts.algorithm = sl_manifest_algorithm(m->manifest);
     if (m->trust.signature_asked && !m->manifest) { /* a signature asked, none to check */
         char *side[2], list[2 * SL_ERRMSG_MAX / 3];
-        int nside = sl_manifest_sidecars(&m->index, path, side);
+        int nside = sl_manifest_sidecars(&m->index, sl_model_where(m), side);
         rc = sl_trust_plan_no_manifest(&m->trust, path, nside < 0 ? "(out of memory)"
                                        : sl_manifest_sidecars_list(side, nside, list, sizeof list),
                                        err);
@@ -1111,12 +1114,26 @@ static int read_part(sluice_model *m, sl_engine *e, const char *call, const char
     const sl_chunk_digests *chunks = sl_manifest_chunks(m->manifest);
     const uint8_t *want = sl_manifest_tensor_digest(m->manifest, i);
     const uint8_t *want_part = want ? sl_manifest_part_digest(m->manifest, i, dim, n, rank) : NULL;
+    /* a part the persistent cache holds: verified again as it is read */
+    if (sl_engine_part_cached(e, i, want_part, dst, len)) {
+        *index = i;
+        return SLUICE_OK;
+    }
     sl_range_tally tally = {0};
     sl_reader rd = sl_engine_reader(e); /* a local file's reads go through the engine's seam */
     part_args pa = {i, g, dst, want_part, want, chunks ? &chunks[i] : NULL, m->opts.algorithm,
                     &rd};
     int rc = part_direct(&m->index, &pa, &tally, err);
     rc = again_direct(m, i, rc, part_direct, &pa, &tally, err);
+    if (rc == SLUICE_OK && want_part) {   /* verified against want_part: kept */
+        char q[SL_QUOTE_MAX], label[SL_QUOTE_MAX + 96];
+        int n_label = snprintf(label, sizeof label, "%s [part %llu of %llu along dim %u]",
+                               sl_quote(q, sizeof q, t->name, t->name_len),
+                               (unsigned long long)rank, (unsigned long long)n, dim);
+        sl_engine_part_store(e, i, want_part, dst, len, label,
+                             n_label < 0 ? 0 : (size_t)n_label < sizeof label ? (size_t)n_label
+                                                                             : sizeof label - 1);
+    }
     int unnoted = 0; /* 0 -> 1: this call writes the note; 2: written, readable */
     if (tally.part_fallback_bytes && atomic_compare_exchange_strong(&m->part_noted, &unnoted, 1)) {
         char q[SL_QUOTE_MAX];
@@ -1154,8 +1171,8 @@ SLUICE_API int sluice_read_part_into(sluice_model *m, const char *name, uint32_t
     return rc;
 }
 
-/* The block of a part handle: its description, its shape, then (64-byte
- * aligned) its bytes; the handle frees it whole. */
+/* The block of a part handle: its description and its shape (its bytes
+ * are in the pool); the handle frees it. */
 typedef struct part_block {
     struct sluice_tensor_info info;
     uint64_t shape[];
@@ -1183,16 +1200,21 @@ SLUICE_API int sluice_acquire_part(sluice_model *m, const char *name, uint32_t d
     if (rc == SLUICE_OK)
         rc = sl_part_geometry(t, dim, rank, n, &g, &err);
     uint64_t len = rc == SLUICE_OK ? g.count * g.seg : 0;
-    size_t head = 0;
+    void *data = NULL;
+    sl_pool_blk *blk = NULL;
+    if (rc == SLUICE_OK &&
+        !(b = malloc(sizeof *b + t->ndim * sizeof b->shape[0])))
+        rc = sl_fail(&err, SLUICE_E_NOMEM, "sluice_acquire_part: out of memory");
     if (rc == SLUICE_OK) {
-        head = (sizeof *b + t->ndim * sizeof b->shape[0] + 63) / 64 * 64;
-        if (len > SIZE_MAX - head || posix_memalign((void **)&b, 64, head + (size_t)len) != 0)
-            rc = sl_fail(&err, SLUICE_E_NOMEM, "sluice_acquire_part: out of memory for %llu "
-                         "bytes", (unsigned long long)len);
+        /* the part's bytes in the pool, taken as an acquire's load takes them */
+        char q[SL_QUOTE_MAX], what[SL_QUOTE_MAX + 96];
+        snprintf(what, sizeof what, "part %llu of %llu along dim %u of tensor %s",
+                 (unsigned long long)rank, (unsigned long long)n, dim,
+                 sl_quote(q, sizeof q, t->name, t->name_len));
+        rc = sl_engine_part_room(e, what, len, &data, &blk, &err);
     }
     if (rc == SLUICE_OK)
-        rc = read_part(m, e, "sluice_acquire_part", name, dim, rank, n, (char *)b + head, len,
-                       &i, &g, &err);
+        rc = read_part(m, e, "sluice_acquire_part", name, dim, rank, n, data, len, &i, &g, &err);
     if (rc == SLUICE_OK) {
         b->info = *t;
         memcpy(b->shape, t->shape, t->ndim * sizeof b->shape[0]);
@@ -1200,10 +1222,11 @@ SLUICE_API int sluice_acquire_part(sluice_model *m, const char *name, uint32_t d
         b->info.shape = b->shape;
         b->info.nbytes = len;
         b->info.size = sizeof b->info;
-        if ((rc = sl_engine_grant_part(e, i, b, (char *)b + head, len, &b->info, out, &err)) ==
+        if ((rc = sl_engine_grant_part(e, i, b, blk, data, len, &b->info, out, &err)) ==
             SLUICE_OK)
-            b = NULL;
+            b = NULL, blk = NULL;
     }
+    sl_engine_part_room_free(e, blk);
     free(b);
     if (rc < 0)
         sl_model_error(m, &err);

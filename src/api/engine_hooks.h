@@ -48,6 +48,8 @@ int sl_engine_quiesce(sluice_model *m);
  * (sl_engine_pause_tensor says which), the lock HELD likewise (fn may put
  * a blob in place, as another process would); and (where 8) each time
  * the caller of a span read (a local part) wakes in its wait, the lock
+ * HELD likewise (fn must not call the library); and (where 9) when
+ * sluice_acquire_part is about to wait for room in the pool, the lock
  * HELD likewise (fn must not call the library). fn NULL clears. Returns
  * SLUICE_OK or SLUICE_E_INVAL. */
 int sl_engine_set_pause(sluice_model *m, void (*fn)(void *ctx, int where), void *ctx);

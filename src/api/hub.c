@@ -483,10 +483,10 @@ static void keep_derived(const hub_ctx *c, size_t fi)
 
 /* 1 when the model has a sidecar manifest (which always wins); -1 out
  * of memory (never taken for one: the Hub's check would be skipped). */
-static int has_sidecar(const sluice_model *m, const char *path)
+static int has_sidecar(const sluice_model *m)
 {
     char *cand[2];
-    int nc = sl_manifest_sidecars(&m->index, path, cand), yes = nc < 0 ? -1 : 0;
+    int nc = sl_manifest_sidecars(&m->index, sl_model_where(m), cand), yes = nc < 0 ? -1 : 0;
     for (int k = 0; k < nc; k++) {
         struct stat st;
         yes |= stat(cand[k], &st) == 0 || (errno != ENOENT && errno != ENOTDIR);
@@ -575,7 +575,7 @@ int sl_hub_open(sluice_model *m, const char *path, sl_err *err)
     const sl_index *ix = &m->index;
     if (!m->trust.hub_digest || !ix->nfiles)
         return SLUICE_OK;
-    int sidecar = has_sidecar(m, path);
+    int sidecar = has_sidecar(m);
     if (sidecar < 0)
         return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
     if (sidecar)

@@ -32,9 +32,10 @@ struct sluice_model {
     char **fallback;           /* copies of opts.fallback (m->opts points here) */
     size_t nfallback;
     /* the locations, each parsed once at open (base/location.h): path,
-     * opts.manifest_path (NULL when none), the commit an hf:// path was
-     * pinned to (NULL when none), each of fallback */
-    struct sl_location *loc, *manifest_loc, *pinned_loc;
+     * opts.manifest_path (NULL when none), opts.signature_path (NULL when
+     * none), the commit an hf:// path was pinned to (NULL when none), each
+     * of fallback */
+    struct sl_location *loc, *manifest_loc, *signature_loc, *pinned_loc;
     struct sl_location **fallback_loc;
     struct sl_remote_cfg *remote; /* remote.h; NULL when nothing is remote */
     sluice_verification verification; /* what open found to verify against */
@@ -76,6 +77,10 @@ int sl_model_error(sluice_model *m, const sl_err *err);
  * set and *path the mirror's location; else the primary's code, err
  * naming every location's failure. */
 int sl_open_from_mirrors(sluice_model *m, int primary_rc, const char **path, sl_err *err);
+
+/* The location that serves the model: the mirror's when one serves, else
+ * the commit an hf:// path was pinned to, else the model's own. */
+const struct sl_location *sl_model_where(const sluice_model *m);
 
 /* After the engine is made for a model a mirror serves: the engine's
  * mirrors up to that one are not tried again for a tensor, and the

@@ -39,10 +39,11 @@ static int try_mirror(sluice_model *m, size_t k, sl_index *ix, sl_manifest **mf,
                       sl_trust_plan *plan, sl_err *e)
 {
     int needs = 0, hub_only = 0;
-    SL_TRY(sl_trust_plan_mirror(&m->opts, m->fallback[k], plan, &needs, e));
+    sl_trust_locs at = {m->fallback_loc[k], m->manifest_loc, m->signature_loc};
+    SL_TRY(sl_trust_plan_mirror(&m->opts, &at, plan, &needs, e));
     SL_TRY(sl_index_open_ex(ix, m->fallback_loc[k], m->remote, e));
     ix->remote = m->remote;
-    SL_TRY(sl_manifest_load(ix, plan, NULL, m->fallback[k], mf, &hub_only, e));
+    SL_TRY(sl_manifest_load(ix, plan, NULL, m->fallback_loc[k], mf, &hub_only, e));
     if (needs && (!*mf || hub_only))
         return sl_fail(e, SLUICE_E_MANIFEST, "no manifest to check its bytes against (no "
                        "manifest_path, and none beside it): a mirror serves only a verified "
@@ -99,6 +100,11 @@ int sl_open_from_mirrors(sluice_model *m, int primary_rc, const char **path, sl_
     return primary_rc;
 }
 
+const sl_location *sl_model_where(const sluice_model *m)
+{
+    return m->serving ? m->fallback_loc[m->serving - 1] : m->pinned_loc ? m->pinned_loc : m->loc;
+}
+
 void sl_open_mirrors_done(sluice_model *m)
 {
     if (m->serving)
@@ -133,7 +139,5 @@ SLUICE_API const char *sluice_model_location(const sluice_model *model, unsigned
         *fallback = model->serving;
     if (why)
         *why = model->serving_why;
-    if (model->serving)
-        return model->fallback_loc[model->serving - 1]->shown;
-    return (model->pinned_loc ? model->pinned_loc : model->loc)->shown;
+    return sl_model_where(model)->shown;
 }

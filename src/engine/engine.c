@@ -360,14 +360,16 @@ static sluice_tensor *take_handle(sl_engine *e)
         e->hall = h;
     }
     h->owned = NULL;
+    h->blk = NULL;
     h->is_range = 0;
     return h;
 }
 
 /* A handle on len bytes at data, in the block owned (freed at release),
  * described by info: a range's or a part's. */
-static int grant_owned(sl_engine *e, size_t i, void *owned, const void *data, uint64_t len,
-                       const struct sluice_tensor_info *info, sluice_tensor **out, sl_err *err)
+static int grant_owned(sl_engine *e, size_t i, void *owned, sl_pool_blk *blk, const void *data,
+                       uint64_t len, const struct sluice_tensor_info *info, sluice_tensor **out,
+                       sl_err *err)
 {
     pthread_mutex_lock(&e->lock);
     sluice_tensor *h = take_handle(e);
@@ -379,6 +381,7 @@ static int grant_owned(sl_engine *e, size_t i, void *owned, const void *data, ui
     h->info = info;
     h->size = len;
     h->owned = owned;
+    h->blk = blk;
     h->is_range = 1;
     h->data = len ? data : (const void *)empty_bytes;
     h->live = 1;
@@ -393,13 +396,77 @@ static int grant_owned(sl_engine *e, size_t i, void *owned, const void *data, ui
 int sl_engine_grant_range(sl_engine *e, size_t i, void *buf, uint64_t len, sluice_tensor **out,
                           sl_err *err)
 {
-    return grant_owned(e, i, buf, buf, len, &e->ix->tensors[i], out, err);
+    return grant_owned(e, i, buf, NULL, buf, len, &e->ix->tensors[i], out, err);
 }
 
-int sl_engine_grant_part(sl_engine *e, size_t i, void *block, const void *data, uint64_t len,
-                         const struct sluice_tensor_info *info, sluice_tensor **out, sl_err *err)
+int sl_engine_grant_part(sl_engine *e, size_t i, void *block, sl_pool_blk *blk, const void *data,
+                         uint64_t len, const struct sluice_tensor_info *info, sluice_tensor **out,
+                         sl_err *err)
 {
-    return grant_owned(e, i, block, data, len, info, out, err);
+    return grant_owned(e, i, block, blk, data, len, info, out, err);
+}
+
+int sl_engine_part_room(sl_engine *e, const char *what, uint64_t len, void **buf,
+                        sl_pool_blk **blk, sl_err *err)
+{
+    *buf = NULL;
+    *blk = NULL;
+    if (!len)
+        return SLUICE_OK;
+    pthread_mutex_lock(&e->lock);
+    if (sl_pool_footprint(len, SL_POOL_ALIGN) > sl_pool_capacity(e->pool)) {
+        e->st.failures++;
+        pthread_mutex_unlock(&e->lock);
+        return sl_fail(err, SLUICE_E_TOO_LARGE, "%s is %llu bytes, larger than the whole pool "
+                       "budget (pool_bytes %llu)", what, (unsigned long long)len,
+                       (unsigned long long)e->st.pool_bytes);
+    }
+    /* As an acquire's wait (sl_engine_acquire): the streams whose callbacks
+     * this thread runs give nothing back while it waits. */
+    int elsewhere = sl_in_callback_elsewhere(e);
+    if (elsewhere) {
+        sl_unlock(e);
+        sl_mark_blocked_elsewhere(e, +1);
+        pthread_mutex_lock(&e->lock);
+    }
+    sl_mark_blocked(e, +1);
+    e->room_waiters++;
+    int rc;
+    for (;;) {
+        int got = sl_slot_part_room(e, len, buf, blk);
+        if (got > 0) {
+            rc = SLUICE_OK;
+            break;
+        }
+        if (got < 0) {
+            rc = sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", what);
+            break;
+        }
+        if (!sl_room_may_return(e)) {
+            e->st.failures++;
+            sl_slot_part_room_error(e, what, len, err);
+            rc = err->code;
+            break;
+        }
+        sl_pause_point(e, SL_PAUSE_PART_WAIT);
+        sl_wait(e);
+    }
+    e->room_waiters--;
+    sl_mark_blocked(e, -1);
+    sl_unlock(e);
+    if (elsewhere)
+        sl_mark_blocked_elsewhere(e, -1);
+    return rc;
+}
+
+void sl_engine_part_room_free(sl_engine *e, sl_pool_blk *blk)
+{
+    if (!blk)
+        return;
+    pthread_mutex_lock(&e->lock);
+    sl_pool_free(e->pool, blk);
+    sl_pump(e); /* its room may let something start */
+    sl_unlock(e);
 }
 
 void sl_engine_range_tally(sl_engine *e, const sl_range_tally *t, int failed)
@@ -463,6 +530,9 @@ int sl_handle_release(sluice_tensor *t)
     e->live_handles--;
     void *owned = t->owned;
     t->owned = NULL;
+    if (t->blk)
+        sl_pool_free(e->pool, t->blk); /* a part's bytes (sluice_acquire_part) */
+    t->blk = NULL;
     if (!t->is_range)
         sl_slot_put(e, i);
     sl_pump(e);     /* its room may let something start */

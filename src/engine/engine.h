@@ -65,17 +65,33 @@ void sl_engine_leave(sl_engine *e);
 /* The test pause hook (engine_hooks.h), called between the two. */
 void sl_engine_pause_point(sl_engine *e, int where);
 enum { SL_PAUSE_STREAM_EXIT = 1, SL_PAUSE_RELEASE_EXIT, SL_PAUSE_ACQUIRE_EXIT, SL_PAUSE_REFUSED,
-       SL_PAUSE_VERIFY_EXIT, SL_PAUSE_LOAD_STARTED, SL_PAUSE_BLOB_MISSED, SL_PAUSE_SPANS_WOKEN };
+       SL_PAUSE_VERIFY_EXIT, SL_PAUSE_LOAD_STARTED, SL_PAUSE_BLOB_MISSED, SL_PAUSE_SPANS_WOKEN,
+       SL_PAUSE_PART_WAIT };
 
 /* A handle on len bytes at buf (malloc'd; the handle owns it and frees
  * it at release) that were read and verified from tensor i: a range
  * (sluice_acquire_range). Counted as a live handle. Lock not held. */
 int sl_engine_grant_range(sl_engine *e, size_t i, void *buf, uint64_t len, sluice_tensor **out,
                           sl_err *err);
-/* The same for a part (sluice_acquire_part): data inside block, which the
- * handle frees at release; info (inside block too) describes the part. */
-int sl_engine_grant_part(sl_engine *e, size_t i, void *block, const void *data, uint64_t len,
-                         const struct sluice_tensor_info *info, sluice_tensor **out, sl_err *err);
+typedef struct sl_pool_blk sl_pool_blk;
+/* The same for a part (sluice_acquire_part): block (malloc'd: info, which
+ * describes the part) and data's buffer blk of the pool (NULL for an
+ * empty part, sl_engine_part_room) are the handle's, given back at
+ * release. */
+int sl_engine_grant_part(sl_engine *e, size_t i, void *block, sl_pool_blk *blk, const void *data,
+                         uint64_t len, const struct sluice_tensor_info *info, sluice_tensor **out,
+                         sl_err *err);
+
+/* A buffer of len bytes of the pool (64-byte aligned) for a part, `what`
+ * as messages name it: as an acquire's load takes room, evicting unheld
+ * buffers, waiting while room may come back (reads in flight, streams
+ * delivering), else SLUICE_E_POOL_EXHAUSTED; SLUICE_E_TOO_LARGE when len
+ * exceeds the pool; SLUICE_E_NOMEM. len 0: *buf and *blk NULL. Give it
+ * back with sl_engine_part_room_free unless a handle took it. Lock not
+ * held; a caller inside the engine. */
+int sl_engine_part_room(sl_engine *e, const char *what, uint64_t len, void **buf,
+                        sl_pool_blk **blk, sl_err *err);
+void sl_engine_part_room_free(sl_engine *e, sl_pool_blk *blk);
 
 /* Reads n spans of local file f (spans ascending, none overlapping) into
  * their dst through the engine's seam (the io_uring ring or its pread
@@ -90,6 +106,18 @@ int sl_engine_read_spans(sl_engine *e, const sl_file *f, const sl_span *spans, s
                          sl_err *err);
 /* That function as a reader for the range reads (range.h). */
 sl_reader sl_engine_reader(sl_engine *e);
+
+/* The persistent cache's side of a part (engine_cache.c): want its part
+ * digest (NULL: none, nothing cached), kept only for a part of a file
+ * worth caching (a remote one) of a model with a cache. Part_cached reads
+ * the blob of want into dst (len bytes) and hashes it: 1 when it matched
+ * (counted as a disk hit, bytes_hashed), else 0 (a miss; a blob that
+ * failed is dropped, disk_rotten). Part_store stores len verified bytes
+ * at data as that blob, recorded as tensor name (name_len bytes) of the
+ * model. Lock not held; a caller inside the engine. */
+int sl_engine_part_cached(sl_engine *e, size_t i, const uint8_t want[32], void *dst, uint64_t len);
+void sl_engine_part_store(sl_engine *e, size_t i, const uint8_t want[32], const void *data,
+                          uint64_t len, const char *name, size_t name_len);
 
 /* Adds a range read's figures (range.h) to the stats; failed: it failed. */
 void sl_engine_range_tally(sl_engine *e, const sl_range_tally *t, int failed);

@@ -30,9 +30,11 @@
  * process stores in between never passes for the source of bytes that
  * came from the server (and is never dropped for that read's failure).
  */
+#include "base/digest.h"
 #include "cache/cache.h"
 #include "engine/engine_int.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -353,4 +355,86 @@ void sl_ecache_free(sl_engine *e)
     e->file_id = NULL;
     sl_cache_close(e->cache);
     e->cache = NULL;
+}
+
+/* ---------------------------------------------------------------- parts
+ * A part whose digest the manifest gives (sluice_read_part_into,
+ * sluice_acquire_part) is a blob as a tensor is: named by that digest (the
+ * digest of the part's bytes laid out contiguously), so the same part of
+ * the same tensor (same tensor digest, dim, rank, n: the manifest's same
+ * part digest) is found by any later open. Kept on the tensor's rule:
+ * a part of a file worth caching (a remote one). The blob is read with
+ * pread on the calling thread and hashed again against the part digest:
+ * one that fails is dropped and the part read from the source. */
+
+static int part_candidate(const sl_engine *e, size_t i, uint64_t len)
+{
+    const struct sluice_tensor_info *t = &e->ix->tensors[i];
+    return e->blob && len && (e->ix->files[t->file_index].src->caps & SL_SRC_WORTH_CACHING);
+}
+
+int sl_engine_part_cached(sl_engine *e, size_t i, const uint8_t want[32], void *dst, uint64_t len)
+{
+    if (!want || !part_candidate(e, i, len))
+        return 0;   /* a local model's parts: no lock taken */
+    pthread_mutex_lock(&e->lock);
+    int bypass = e->blob_bypass != 0;
+    pthread_mutex_unlock(&e->lock);
+    if (bypass)
+        return 0;
+    char *path = NULL;
+    int fd = sl_cache_open_blob(e->cache, e->alg, want, len, &path);
+    free(path);
+    int hit = 0, rotten = 0;
+    if (fd >= 0) {
+        uint64_t got = 0;
+        while (got < len) {
+            size_t ask = len - got > ((size_t)1 << 30) ? (size_t)1 << 30 : (size_t)(len - got);
+            ssize_t r = pread(fd, (char *)dst + got, ask, (off_t)got);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0)
+                break;
+            got += (uint64_t)r;
+        }
+        close(fd);
+        uint8_t d[32];
+        int hashed = got == len && sl_md_oneshot(e->alg, dst, (size_t)len, d) == 0;
+        hit = hashed && memcmp(d, want, 32) == 0;
+        /* out of memory (hashing) says nothing of the blob: it stays */
+        rotten = !hit && (got != len || hashed);
+        if (rotten)
+            sl_cache_drop(e->cache, e->alg, want);
+    }
+    pthread_mutex_lock(&e->lock);
+    if (hit) {
+        e->st.disk_hits++;
+        e->st.disk_hit_bytes += len;
+        e->st.bytes_hashed += len;
+    } else {
+        e->st.disk_misses++;
+        e->st.disk_rotten += (uint64_t)rotten;
+        e->st.checksum_failures += (uint64_t)rotten;
+    }
+    pthread_mutex_unlock(&e->lock);
+    if (hit)
+        sl_cache_touch(e->cache, e->alg, (const uint8_t (*)[32])want, 1);
+    return hit;
+}
+
+void sl_engine_part_store(sl_engine *e, size_t i, const uint8_t want[32], const void *data,
+                          uint64_t len, const char *name, size_t name_len)
+{
+    if (!want || !part_candidate(e, i, len))
+        return;
+    const struct sluice_tensor_info *t = &e->ix->tensors[i];
+    uint64_t evicted = 0;
+    sluice_cache_name nm = {e->cache_model, name, name_len};
+    int stored = sl_cache_store_named(e->cache, e->alg, want, data, len,
+                                      e->ix->files[t->file_index].path,
+                                      e->cache_model ? &nm : NULL, &evicted);
+    pthread_mutex_lock(&e->lock);
+    e->st.disk_stored += (uint64_t)stored;
+    e->st.disk_evicted += evicted;
+    pthread_mutex_unlock(&e->lock);
 }

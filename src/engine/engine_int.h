@@ -213,6 +213,8 @@ struct sluice_tensor {
                                     at release; NULL: the slot's, or none */
     int is_range;                /* a range handle: it holds no reference on
                                     the slot (an empty range owns no buffer) */
+    sl_pool_blk *blk;            /* a part handle's bytes in the pool, given
+                                    back at release; NULL: none */
     struct sluice_tensor *next_free, *next_all;
 };
 
@@ -309,6 +311,8 @@ struct sl_engine {
     struct sluice_tensor *hfree, *hfree_tail, *hall;
     size_t hfree_count;
     size_t live_handles;
+    unsigned room_waiters;       /* part acquires waiting for room: the pump
+                                    wakes them and starts no read-ahead */
 
     /* test hook: called where a public call has left the lock but not yet
      * the engine (see sl_engine_set_pause) */
@@ -396,6 +400,17 @@ int sl_slot_too_large(const sl_engine *e, size_t i);
 /* The SLUICE_E_POOL_EXHAUSTED detail for tensor i, which got no room:
  * held by live handles, or split by them ("cannot be placed"). */
 void sl_slot_room_error(sl_engine *e, size_t i, sl_err *err);
+
+/* A buffer of len bytes (> 0) for a part handle, taken as a demand's
+ * (unheld buffers evicted as room allows): 1 with *buf and *blk, 0 when
+ * there is no room now (nothing evicted), -1 when out of memory. The
+ * detail of no room for `what` (a part, named). Lock held. */
+int sl_slot_part_room(sl_engine *e, uint64_t len, void **buf, sl_pool_blk **blk);
+void sl_slot_part_room_error(sl_engine *e, const char *what, uint64_t len, sl_err *err);
+
+/* Whether room held now will come back without a release from outside
+ * the library (sched.c). Lock held. */
+int sl_room_may_return(const sl_engine *e);
 /* The SLUICE_E_TOO_LARGE detail of tensor i. */
 int sl_slot_too_large_error(const sl_engine *e, size_t i, sl_err *err);
 /* The SLUICE_E_CHECKSUM detail of tensor i, whose bytes hashed to got

@@ -405,7 +405,7 @@ static int stream_has_delivery(const sl_engine *e, const sl_stream *st)
  * over a READY tensor; a waiter about to take its READY tensor and
  * return. Handles held by threads outside the library are not counted:
  * they may never come back (see the comment at the top). */
-static int room_may_return(const sl_engine *e)
+int sl_room_may_return(const sl_engine *e)
 {
     if (e->loading_bytes)
         return 1;
@@ -468,6 +468,8 @@ void sl_pump(sl_engine *e)
 {
     if (e->closing)
         return;
+    if (e->room_waiters)
+        pthread_cond_broadcast(&e->cv); /* room may have come back, or never will */
     issue_spans(e);
     for (sl_stream *st = e->streams; st; st = st->next)
         stream_head(e, st);
@@ -485,7 +487,7 @@ void sl_pump(sl_engine *e)
             break;
         }
         int rc = sl_slot_start(e, i, SL_ROOM_ANY, 1);
-        if (rc == 0 && room_may_return(e)) {
+        if (rc == 0 && sl_room_may_return(e)) {
             blocked = 1;    /* wait for it */
             break;
         }
@@ -524,8 +526,8 @@ void sl_pump(sl_engine *e)
         if (s->state != SL_SLOT_READING || s->issued == s->nchunks)
             sl_slot_partial_pop(e);
     }
-    if (blocked)
-        return;
+    if (blocked || e->room_waiters)
+        return; /* nothing speculative takes the room a demand waits for */
     for (sl_stream *st = e->streams; st && e->free_reads; st = st->next)
         stream_ahead(e, st);
     if (e->plan_active)

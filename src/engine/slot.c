@@ -308,50 +308,63 @@ static int evict_one(sl_engine *e, int room)
     return 0;
 }
 
+/* A buffer's owner is a slot, or SL_NONE: a part handle's, never evictable. */
 static int evictable_any(void *ctx, size_t owner)
 {
     const sl_engine *e = ctx;
-    return e->slots[owner].lru != SL_LRU_NONE;
+    return owner < e->n && e->slots[owner].lru != SL_LRU_NONE;
 }
 
 static int evictable_cached(void *ctx, size_t owner)
 {
     const sl_engine *e = ctx;
-    return e->slots[owner].lru == SL_LRU_CACHED;
+    return owner < e->n && e->slots[owner].lru == SL_LRU_CACHED;
 }
 
-void sl_slot_room_error(sl_engine *e, size_t i, sl_err *err)
+/* Why `what` (a buffer of span bytes aligned to align) got no
+ * room: held buffers split what is free or evictable, or hold it all. */
+static void room_error(sl_engine *e, const char *what, uint64_t span, uint64_t align,
+                       sl_err *err)
 {
-    const struct sluice_tensor_info *t = &e->ix->tensors[i];
-    char q[SL_QUOTE_MAX];
     uint64_t cap = sl_pool_capacity(e->pool), used = sl_pool_in_use(e->pool);
     uint64_t evictable = 0;
     for (int l = SL_LRU_CACHED; l <= SL_LRU_PREFETCHED; l++)
         for (size_t k = e->lru[l].head; k != SL_NONE; k = e->slots[k].lnext)
             evictable += e->slots[k].span;
-    int direct = sl_slot_would_be_direct(e, i);
-    uint64_t a0, span;
-    load_range(e, i, direct, &a0, &span);
-    sl_quote(q, sizeof q, t->name, t->name_len);
     if (cap - used + evictable >= round_up(span, SL_POOL_ALIGN)) {
-        uint64_t room = sl_pool_largest_room(e->pool, direct ? SL_DIRECT_ALIGN : SL_POOL_ALIGN,
-                                             evictable_any, e);
+        uint64_t room = sl_pool_largest_room(e->pool, align, evictable_any, e);
         sl_fail(err, SLUICE_E_POOL_EXHAUSTED,
-                "tensor %s (%llu bytes, file %s, offset %llu) cannot be placed: the pool "
+                "%s cannot be placed: the pool "
                 "(pool_bytes %llu) has %llu bytes free or evictable, but buffers held by "
                 "live handles split them: the largest range that can be made is %llu bytes; "
                 "release handles, or give a pool of at least twice the largest tensor",
-                q, (unsigned long long)t->nbytes, t->file, (unsigned long long)t->offset,
-                (unsigned long long)e->st.pool_bytes,
+                what, (unsigned long long)e->st.pool_bytes,
                 (unsigned long long)(cap - used + evictable), (unsigned long long)room);
         return;
     }
     sl_fail(err, SLUICE_E_POOL_EXHAUSTED,
-            "tensor %s (%llu bytes, file %s, offset %llu) cannot be loaded: the pool "
+            "%s cannot be loaded: the pool "
             "(pool_bytes %llu) is held by live handles (%llu bytes in use, none in flight, "
             "none evictable), and only their release can make room",
-            q, (unsigned long long)t->nbytes, t->file, (unsigned long long)t->offset,
-            (unsigned long long)e->st.pool_bytes, (unsigned long long)(used - evictable));
+            what, (unsigned long long)e->st.pool_bytes, (unsigned long long)(used - evictable));
+}
+
+void sl_slot_room_error(sl_engine *e, size_t i, sl_err *err)
+{
+    const struct sluice_tensor_info *t = &e->ix->tensors[i];
+    char q[SL_QUOTE_MAX], what[SL_QUOTE_MAX + 1024];
+    int direct = sl_slot_would_be_direct(e, i);
+    uint64_t a0, span;
+    load_range(e, i, direct, &a0, &span);
+    snprintf(what, sizeof what, "tensor %s (%llu bytes, file %s, offset %llu)",
+             sl_quote(q, sizeof q, t->name, t->name_len), (unsigned long long)t->nbytes, t->file,
+             (unsigned long long)t->offset);
+    room_error(e, what, span, direct ? SL_DIRECT_ALIGN : SL_POOL_ALIGN, err);
+}
+
+void sl_slot_part_room_error(sl_engine *e, const char *what, uint64_t len, sl_err *err)
+{
+    room_error(e, what, len, SL_POOL_ALIGN, err);
 }
 
 /* ---------------------------------------------------------------- errors */
@@ -392,6 +405,46 @@ void sl_slot_fail_idle(sl_engine *e, size_t i, const sl_err *err)
 
 /* ---------------------------------------------------------------- loading */
 
+/* A buffer of span bytes aligned to align, evicting unheld buffers as
+ * room allows (SL_ROOM_ANY: read-ahead too). 1 with *buf and *blk (owner
+ * SL_NONE), 0 when there is no room (nothing evicted then, when eviction
+ * could not place it), -1 when out of memory. Lock held. */
+static int take_room(sl_engine *e, uint64_t span, uint64_t align, int room, unsigned char **out,
+                     sl_pool_blk **blk)
+{
+    /* Descriptors first: out of memory must not pass for "no room" (that
+     * would evict for nothing, then report POOL_EXHAUSTED). */
+    if (sl_pool_reserve(e->pool) < 0)
+        return -1;
+    /* Fresh pages cost a fault each, on these machines more than reading
+     * the bytes: before the buffer grows into untouched memory, reuse what
+     * streams have already delivered and released. */
+    unsigned char *buf = sl_pool_alloc_below(e->pool, span, align, sl_pool_frontier(e->pool), blk);
+    /* Evict nothing for a buffer that eviction cannot place: live
+     * buffers may split the arena so that no range is large enough. */
+    if (!buf && sl_pool_largest_room(e->pool, align, room == SL_ROOM_ANY ? evictable_any
+                                     : evictable_cached, e) < round_up(span, SL_POOL_ALIGN))
+        return 0;
+    while (!buf && e->lru[SL_LRU_CACHED].head != SL_NONE && e->slots[e->lru[SL_LRU_CACHED].head].spent) {
+        evict(e, e->lru[SL_LRU_CACHED].head);
+        buf = sl_pool_alloc_below(e->pool, span, align, sl_pool_frontier(e->pool), blk);
+    }
+    while (!buf && !(buf = sl_pool_alloc(e->pool, span, align, blk)))
+        if (!evict_one(e, room))
+            return 0;
+    sl_pool_set_owner(*blk, SL_NONE);
+    *out = buf;
+    return 1;
+}
+
+int sl_slot_part_room(sl_engine *e, uint64_t len, void **buf, sl_pool_blk **blk)
+{
+    unsigned char *b = NULL;
+    int got = take_room(e, len, SL_POOL_ALIGN, SL_ROOM_ANY, &b, blk);
+    *buf = b;
+    return got;
+}
+
 int sl_slot_start(sl_engine *e, size_t i, int room, int probe)
 {
     sl_slot *s = &e->slots[i];
@@ -403,26 +456,10 @@ int sl_slot_start(sl_engine *e, size_t i, int room, int probe)
     load_range(e, i, direct, &a0, &span);
     uint64_t align = direct ? SL_DIRECT_ALIGN : SL_POOL_ALIGN;
     sl_pool_blk *blk;
-    /* Descriptors first: out of memory must not pass for "no room" (that
-     * would evict for nothing, then report POOL_EXHAUSTED). */
-    if (sl_pool_reserve(e->pool) < 0)
-        return -1;
-    /* Fresh pages cost a fault each, on these machines more than reading
-     * the bytes: before the buffer grows into untouched memory, reuse what
-     * streams have already delivered and released. */
-    unsigned char *buf = sl_pool_alloc_below(e->pool, span, align, sl_pool_frontier(e->pool), &blk);
-    /* Evict nothing for a buffer that eviction cannot place: live
-     * buffers may split the arena so that no range is large enough. */
-    if (!buf && sl_pool_largest_room(e->pool, align, room == SL_ROOM_ANY ? evictable_any
-                                     : evictable_cached, e) < round_up(span, SL_POOL_ALIGN))
-        return 0;
-    while (!buf && e->lru[SL_LRU_CACHED].head != SL_NONE && e->slots[e->lru[SL_LRU_CACHED].head].spent) {
-        evict(e, e->lru[SL_LRU_CACHED].head);
-        buf = sl_pool_alloc_below(e->pool, span, align, sl_pool_frontier(e->pool), &blk);
-    }
-    while (!buf && !(buf = sl_pool_alloc(e->pool, span, align, &blk)))
-        if (!evict_one(e, room))
-            return 0;
+    unsigned char *buf;
+    int got = take_room(e, span, align, room, &buf, &blk);
+    if (got <= 0)
+        return got;
     sl_pool_set_owner(blk, i);
     uint64_t nchunks = (span + chunk - 1) / chunk, delta = t->offset - a0;
     uint64_t *bits = NULL;

@@ -353,7 +353,8 @@ static int plain_name(const char *s)
 }
 
 /* text: the index.json already read (taken), or NULL to read it. */
-static int open_sharded(sl_index *ix, const char *json_path, char *text, size_t len, sl_err *err)
+static int open_sharded(sl_index *ix, const char *json_path, size_t name_len, char *text,
+                        size_t len, sl_err *err)
 {
     char *dir = NULL;
     const char **shards = NULL;
@@ -404,7 +405,7 @@ static int open_sharded(sl_index *ix, const char *json_path, char *text, size_t 
     nshards = unique;
     /* the shards are beside it: in the directory of its path (a query,
      * which may hold '/', is not part of it and is not sent for them) */
-    if (!(dir = strndup(json_path, sl_location_path_len(json_path)))) {
+    if (!(dir = strndup(json_path, name_len))) {
         rc = sl_fail(err, SLUICE_E_NOMEM, "out of memory");
         goto out;
     }
@@ -464,11 +465,6 @@ static int ends_with(const char *s, const char *suffix)
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
-size_t sl_location_path_len(const char *loc)
-{
-    return sl_location_name_len_of(loc);
-}
-
 /* Whether the name part of loc ends with suffix. */
 static int name_ends_with(const sl_location *loc, const char *suffix)
 {
@@ -526,7 +522,7 @@ static int open_directory(sl_index *ix, const char *dir, sl_err *err)
                 strcpy(p, dir);
                 strcat(p, "/");
                 strcat(p, chosen);
-                rc = open_sharded(ix, p, NULL, 0, err);
+                rc = open_sharded(ix, p, strlen(p), NULL, 0, err);
                 free(p);
             }
         } else if (nindex > 1) {
@@ -572,7 +568,7 @@ static int open_remote_directory(sl_index *ix, const sl_location *where, sl_err 
     size_t len = 0;
     int rc = sl_remote_get(ix->remote, p, INDEX_JSON_MAX, &text, &len, 0, err);
     if (rc == SLUICE_OK && text) {
-        rc = open_sharded(ix, p, text, len, err);
+        rc = open_sharded(ix, p, strlen(p), text, len, err);   /* no query: made from the name */
     } else if (rc == SLUICE_OK) {
         snprintf(p, n + sizeof "/model.safetensors.index.json", "%.*s/model.safetensors", (int)n, loc);
         if ((rc = open_file(ix, NULL, p, SLUICE_E_NO_FILES, err)) == SLUICE_OK)
@@ -599,7 +595,7 @@ int sl_index_open_ex(sl_index *ix, const sl_location *loc, const struct sl_remot
     if (!remote)
         rc = sl_fail(err, SLUICE_E_UNSUPPORTED, "%s: remote locations are not enabled", path);
     else if (name_ends_with(loc, ".json"))
-        rc = open_sharded(ix, path, NULL, 0, err);
+        rc = open_sharded(ix, path, loc->name_len, NULL, 0, err);
     else if (name_ends_with(loc, ".safetensors")) {
         if ((rc = open_file(ix, NULL, path, SLUICE_E_NO_FILES, err)) == SLUICE_OK)
             rc = build_table(ix, err);
@@ -625,7 +621,7 @@ int sl_index_open_hooked(sl_index *ix, const char *path, const sl_index_hooks *h
     else if (S_ISDIR(st.st_mode))
         rc = open_directory(ix, path, err);
     else if (ends_with(path, ".json"))
-        rc = open_sharded(ix, path, NULL, 0, err);
+        rc = open_sharded(ix, path, strlen(path), NULL, 0, err);   /* a local path: all name */
     else if ((rc = open_file(ix, NULL, path, SLUICE_E_NO_FILES, err)) == SLUICE_OK)
         rc = build_table(ix, err);
     ix->hooks = NULL; /* the caller's, for this call only */

@@ -100,15 +100,6 @@ struct sl_location;
 int sl_index_open_ex(sl_index *ix, const struct sl_location *loc,
                      const struct sl_remote_cfg *remote, sl_err *err);
 
-/* How much of loc names a file: a remote location up to its query or
- * fragment (from the first '?' or '#' after the host), which sluice keeps
- * on the requests for that object but never reads as part of its name;
- * the whole of a local path (a file name may hold '?'). So
- * "http://H/m/model.safetensors?X-Amz-Signature=..." is a .safetensors
- * file, and the locations derived from it (its sidecar, its directory)
- * are made from this part alone. */
-size_t sl_location_path_len(const char *loc);
-
 /* Closes the files and frees everything; *ix is zeroed. */
 void sl_index_free(sl_index *ix);
 

@@ -93,14 +93,6 @@ extern const sl_source_methods sl_source_hub;   /* hf://: remote, without If-Mat
  * s3://), a local path. */
 const sl_source_methods *sl_source_of(const sl_location *loc);
 
-/* The same for a location string not parsed yet (a sidecar's, made from
- * one): by its scheme. */
-const sl_source_methods *sl_source_for(const char *loc);
-
-/* Whether loc's kind is reached over the network (SL_SRC_NETWORK): it
- * needs the model's remote configuration. */
-int sl_location_networked(const char *loc);
-
 /* The remote source's hops: through the proxy, and to the origin
  * directly. Each has its own validators (remote.h, sl_validators: the
  * proxy's ETag is never asked of the origin), and each proxy its own

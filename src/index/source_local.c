@@ -35,18 +35,6 @@ const sl_source_methods *sl_source_of(const sl_location *loc)
                                        : &sl_source_remote;
 }
 
-const sl_source_methods *sl_source_for(const char *loc)
-{
-    return !strncmp(loc, "hf://", 5) ? &sl_source_hub
-           : sl_is_remote(loc)        ? &sl_source_remote
-                                      : &sl_source_local;
-}
-
-int sl_location_networked(const char *loc)
-{
-    return (sl_source_for(loc)->caps & SL_SRC_NETWORK) != 0;
-}
-
 static int local_open(sl_file *f, const sl_remote_cfg *rc, int missing_code, sl_err *err)
 {
     (void)rc;

@@ -9,6 +9,7 @@
  * a refusal a second request (/api/models/ORG/NAME) tells a missing
  * revision from a missing (or private) repository. */
 #include "trust/hf.h"
+#include "base/location.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -234,7 +235,7 @@ int sl_hf_manifest(const sl_hf_repo *r, const sl_index *ix, char **text, size_t 
         if (strncmp(f->path, r->prefix, plen) != 0)
             continue;
         const char *rel = f->path + plen;
-        const cJSON *s = sibling(r, rel, sl_location_path_len(f->path) - plen);
+        const cJSON *s = sibling(r, rel, sl_location_name_len_of(f->path) - plen);
         const cJSON *lfs = s ? cJSON_GetObjectItemCaseSensitive(s, "lfs") : NULL;
         const char *sha = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(lfs, "sha256"));
         const cJSON *size = cJSON_GetObjectItemCaseSensitive(lfs, "size");

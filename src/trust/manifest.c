@@ -1033,17 +1033,18 @@ static char *directory_sidecar(const char *path, size_t d)
     return joined(path, d, "/sluice.manifest.json");
 }
 
-/* The sidecars of model_path, the second (a one-file model's
+/* The sidecars of the model at model, the second (a one-file model's
  * F.manifest.json) made from one[0, one_len) when one is not NULL. */
-static int sidecars_of(const char *model_path, const char *one, size_t one_len, char *out[2])
+static int sidecars_of(const sl_location *model, const char *one, size_t one_len, char *out[2])
 {
     out[0] = out[1] = NULL;
+    const char *model_path = model->given;
     /* A remote location's query (a presigned URL's signature) is its
      * object's alone: the sidecar is another object, named from the path. */
-    size_t n = sl_location_path_len(model_path);
+    size_t n = model->name_len;
     /* a location without a descriptor cannot be stat'ed: its name says
      * what it is */
-    int by_name = !(sl_source_for(model_path)->caps & SL_SRC_DESCRIPTOR), dir = 0;
+    int by_name = !(sl_source_of(model)->caps & SL_SRC_DESCRIPTOR), dir = 0;
     if (!by_name) {
         struct stat st;
         dir = stat(model_path, &st) == 0 && S_ISDIR(st.st_mode);
@@ -1071,12 +1072,12 @@ static int sidecars_of(const char *model_path, const char *one, size_t one_len, 
     return 2;
 }
 
-int sl_manifest_sidecars(const sl_index *ix, const char *model_path, char *out[2])
+int sl_manifest_sidecars(const sl_index *ix, const sl_location *model, char *out[2])
 {
     if (!ix || ix->nfiles != 1)
-        return sidecars_of(model_path, NULL, 0, out);
+        return sidecars_of(model, NULL, 0, out);
     const sl_file *f = &ix->files[0];
-    return sidecars_of(model_path, f->loc->given, f->loc->name_len, out);
+    return sidecars_of(model, f->loc->given, f->loc->name_len, out);
 }
 
 int sl_manifest_find_local(const char *model_path, const char *one_name, char **path,
@@ -1107,7 +1108,10 @@ int sl_manifest_find_local(const char *model_path, const char *one_name, char **
                  d == 0 || model_path[d - 1] == '/' ? "" : "/", base);
     }
     char *cand[2];
-    int nc = sidecars_of(model_path, one, one ? strlen(one) : 0, cand);
+    /* a location given to this call alone: parsed here */
+    sl_location *model = sl_location_new(model_path);
+    int nc = model ? sidecars_of(model, one, one ? strlen(one) : 0, cand) : -1;
+    sl_location_free(model);
     free(one);
     if (nc < 0)
         return sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
@@ -1160,7 +1164,7 @@ static sl_manifest *manifest_new(const sl_index *ix)
 
 /* A local manifest: manifest_path, else the first sidecar that is there
  * (or cannot be told absent). *path NULL: none, and none needed. */
-static int find_local(const sl_index *ix, const sl_trust_plan *p, const char *model_path,
+static int find_local(const sl_index *ix, const sl_trust_plan *p, const sl_location *model,
                       char **path, sl_err *err)
 {
     *path = NULL;
@@ -1168,7 +1172,7 @@ static int find_local(const sl_index *ix, const sl_trust_plan *p, const char *mo
         return (*path = strdup(p->manifest_path)) ? SLUICE_OK
                                                   : sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
     char *cand[2];
-    int nc = sl_manifest_sidecars(ix, model_path, cand);
+    int nc = sl_manifest_sidecars(ix, model, cand);
     if (nc < 0)
         return sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
     int found = -1;
@@ -1199,8 +1203,8 @@ static int find_local(const sl_index *ix, const sl_trust_plan *p, const char *mo
  * 404 is absence, and the next is asked). *loc (malloc'd) gets the
  * location read, or when none was there the sidecars looked for ("A" or
  * "A nor B", for the message). */
-static int fetch_remote(const sl_index *ix, const sl_trust_plan *p, const char *path, char **loc,
-                        char **text, size_t *len, sl_err *err)
+static int fetch_remote(const sl_index *ix, const sl_trust_plan *p, const sl_location *model,
+                        char **loc, char **text, size_t *len, sl_err *err)
 {
     if (p->from == SL_MF_PATH_REMOTE) {
         if (!(*loc = strdup(p->manifest_path)))
@@ -1209,7 +1213,7 @@ static int fetch_remote(const sl_index *ix, const sl_trust_plan *p, const char *
                                     SLUICE_E_MANIFEST, err);
     }
     char *cand[2], list[2 * SL_ERRMSG_MAX / 3];
-    int nc = sl_manifest_sidecars(ix, path, cand), rc = SLUICE_OK, k;
+    int nc = sl_manifest_sidecars(ix, model, cand), rc = SLUICE_OK, k;
     if (nc < 0)
         return sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
     for (k = 0; k < nc && rc == SLUICE_OK && !*text; k++)
@@ -1254,11 +1258,12 @@ static int hub_manifest(const sl_hf_repo *hub, const sl_index *ix, const sl_trus
  * it is a URL, else a sidecar at the remote model's place, else (an
  * hf:// model) the Hub's stand-in. */
 static int load_remote(const sl_index *ix, const sl_trust_plan *p, const sl_hf_repo *hub,
-                       const char *path, sl_manifest **out, int *hub_files_only, sl_err *err)
+                       const sl_location *model, sl_manifest **out, int *hub_files_only,
+                       sl_err *err)
 {
     char *loc = NULL, *text = NULL;
     size_t len = 0;
-    int rc = fetch_remote(ix, p, path, &loc, &text, &len, err);
+    int rc = fetch_remote(ix, p, model, &loc, &text, &len, err);
     char *hub_named = NULL;
     if (rc == SLUICE_OK && !text && hub && p->from == SL_MF_SIDECAR_REMOTE)
         rc = hub_manifest(hub, ix, p, loc, &text, &len, &hub_named, err);
@@ -1300,14 +1305,14 @@ static int load_remote(const sl_index *ix, const sl_trust_plan *p, const sl_hf_r
             sl_remote_scrub(err->msg, sizeof err->msg, loc);
         if (p->manifest_path)
             sl_remote_scrub(err->msg, sizeof err->msg, p->manifest_path);
-        sl_remote_scrub(err->msg, sizeof err->msg, path);
+        sl_remote_scrub(err->msg, sizeof err->msg, model->given);
     }
     free(loc);
     return rc;
 }
 
 int sl_manifest_load(const sl_index *ix, const sl_trust_plan *plan, const sl_hf_repo *hub,
-                     const char *model_path, sl_manifest **out, int *hub_files_only, sl_err *err)
+                     const sl_location *model, sl_manifest **out, int *hub_files_only, sl_err *err)
 {
     *out = NULL;
     if (hub_files_only)
@@ -1315,9 +1320,9 @@ int sl_manifest_load(const sl_index *ix, const sl_trust_plan *plan, const sl_hf_
     if (plan->from == SL_MF_NONE)
         return SLUICE_OK; /* OFF reads nothing, not even an explicit manifest_path */
     if (plan->from == SL_MF_PATH_REMOTE || plan->from == SL_MF_SIDECAR_REMOTE)
-        return load_remote(ix, plan, hub, model_path, out, hub_files_only, err);
+        return load_remote(ix, plan, hub, model, out, hub_files_only, err);
     char *path = NULL;
-    SL_TRY(find_local(ix, plan, model_path, &path, err));
+    SL_TRY(find_local(ix, plan, model, &path, err));
     if (!path)
         return SLUICE_OK;
     char *text = NULL;
@@ -1335,7 +1340,7 @@ int sl_manifest_load(const sl_index *ix, const sl_trust_plan *plan, const sl_hf_
 static int ed25519_check(const sl_index *ix, const sl_trust_plan *plan, const char *path,
                          const char *text, size_t len, sl_err *err)
 {
-    if (!plan->manifest_at || !sl_location_networked(plan->manifest_at))
+    if (!plan->manifest_at) /* set for a remote manifest only */
         return sl_signature_check(path, text, len, plan->keys, plan->nkeys, err);
     char *sig = sl_trust_sig_beside(plan->manifest_at, 0, ".sig"), *sig_text = NULL, shown[1100];
     size_t sig_len = 0;

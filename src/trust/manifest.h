@@ -28,7 +28,8 @@ struct sl_hf_repo;
  * leaked and err says why (naming remote locations without their
  * credentials). */
 int sl_manifest_load(const sl_index *ix, const sl_trust_plan *plan, const struct sl_hf_repo *hub,
-                     const char *model_path, sl_manifest **out, int *hub_files_only, sl_err *err);
+                     const sl_location *model, sl_manifest **out, int *hub_files_only,
+                     sl_err *err);
 
 /* The same for a manifest already read: text (len bytes, a NUL after
  * them) from path (a file or a remote location, named in messages).
@@ -79,13 +80,13 @@ int sl_manifest_version(const sl_manifest *m);
 /* The path the manifest was read from; NULL for a NULL m. */
 const char *sl_manifest_path(const sl_manifest *m);
 
-/* The sidecars of the model at model_path (a local path or a remote
- * location; see sluice_open), in the order they are looked for, into
+/* The sidecars of the model at model (a local path or a remote location,
+ * as sluice_open parsed it), in the order they are looked for, into
  * out[0] and out[1], each malloc'd: F.manifest.json for a file F; for a
  * directory, prefix or index.json, DIR/sluice.manifest.json and then,
  * when ix (may be NULL) holds one file F, F.manifest.json. Returns how
  * many (1 or 2), or -1 when out of memory (nothing to free). */
-int sl_manifest_sidecars(const sl_index *ix, const char *model_path, char *out[2]);
+int sl_manifest_sidecars(const sl_index *ix, const sl_location *model, char *out[2]);
 
 /* The first of the local model_path's sidecars that is there (or cannot
  * be told absent), found without the model's index: one_name (may be

@@ -40,7 +40,7 @@ static int remote_bundle(const sl_index *ix, const sl_trust_plan *p, char **sig,
                          sl_ms_statement **s, sl_err *err)
 {
     sl_ms_trust t = {p->keys, p->nkeys, p->cas, p->ncas};
-    if (p->bundle_path && !sl_location_networked(p->bundle_path)) {
+    if (p->bundle_path && !p->bundle_remote) {
         *sig = strdup(p->bundle_path);
         return *sig ? sl_ms_verify_file(p->bundle_path, &t, s, err)
                     : sl_fail(err, SLUICE_E_NOMEM, "out of memory");

@@ -38,7 +38,7 @@ static int contradictions(const sluice_options *o, sl_err *err)
     return SLUICE_OK;
 }
 
-int sl_trust_plan_make(const sluice_options *o, const char *model_path, sl_trust_plan *out,
+int sl_trust_plan_make(const sluice_options *o, const sl_trust_locs *at, sl_trust_plan *out,
                        sl_err *err)
 {
     memset(out, 0, sizeof *out);
@@ -50,13 +50,14 @@ int sl_trust_plan_make(const sluice_options *o, const char *model_path, sl_trust
     out->cas = o->trusted_cas;
     out->ncas = o->ntrusted_cas;
     out->bundle_path = o->signature_path;
+    out->bundle_remote = sl_location_remote(at->bundle);
     if (o->verify == SLUICE_VERIFY_OFF) {
         out->from = SL_MF_NONE;
         out->why = "policy OFF: no manifest is read, no signature checked";
         return SLUICE_OK;
     }
-    int manifest_remote = sl_location_networked(o->manifest_path ? o->manifest_path : model_path);
-    int model_remote = sl_location_networked(model_path);
+    int model_remote = sl_location_remote(at->model);
+    int manifest_remote = at->manifest ? sl_location_remote(at->manifest) : model_remote;
     out->from = o->manifest_path ? (manifest_remote ? SL_MF_PATH_REMOTE : SL_MF_PATH)
                                  : (manifest_remote ? SL_MF_SIDECAR_REMOTE : SL_MF_SIDECAR);
     out->require = o->verify == SLUICE_VERIFY_REQUIRE;
@@ -114,13 +115,13 @@ int sl_trust_primary_down(int code)
     }
 }
 
-int sl_trust_plan_mirror(const sluice_options *o, const char *mirror_path, sl_trust_plan *out,
+int sl_trust_plan_mirror(const sluice_options *o, const sl_trust_locs *at, sl_trust_plan *out,
                          int *needs_manifest, sl_err *err)
 {
     /* the same rules, read for the location that serves: a manifest_path
      * stays the manifest; else the mirror's sidecar, local or remote as
      * the mirror is */
-    SL_TRY(sl_trust_plan_make(o, mirror_path, out, err));
+    SL_TRY(sl_trust_plan_make(o, at, out, err));
     *needs_manifest = 1;
     return SLUICE_OK;
 }
@@ -139,7 +140,7 @@ int sl_trust_remote_model(const sl_index *ix)
 
 char *sl_trust_sig_beside(const char *loc, int in_dir, const char *name)
 {
-    size_t n = sl_location_path_len(loc);
+    size_t n = sl_location_name_len_of(loc);
     if (in_dir)
         while (n > 0 && loc[n - 1] != '/')
             n--;

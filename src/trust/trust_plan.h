@@ -16,6 +16,7 @@
 #define SLUICE_TRUST_PLAN_H
 
 #include "base/error.h"
+#include "base/location.h"
 #include "index/index.h"
 #include "sluice.h"
 
@@ -62,18 +63,26 @@ typedef struct sl_trust_plan {
     const char *const *cas;
     size_t ncas;
     const char *bundle_path;      /* signature_path, or NULL: model.sig in the model's directory */
+    int bundle_remote;            /* signature_path is a remote location (fetched) */
     const char *manifest_at;      /* a remote manifest's location as read (credentials and
                                      query included), for the M.sig beside it; set by the
                                      loader (manifest.c), NULL otherwise */
 } sl_trust_plan;
 
-/* Makes the plan of an open of model_path (a local path or a remote
- * location) with the options o (defaults filled, shapes checked: no NULL
- * entry in a list). Returns SLUICE_OK with *out, or SLUICE_E_INVAL with
- * err for options that contradict each other (keys or CAs or a bundle
- * path with policy OFF; a bundle path with nothing to check it). The
- * plan borrows o's lists and strings. */
-int sl_trust_plan_make(const sluice_options *o, const char *model_path, sl_trust_plan *out,
+/* The locations an open is trusted by, as sluice_open parsed them once:
+ * the model's (a local path or a remote location; a mirror's when it
+ * serves), o->manifest_path's and o->signature_path's (NULL: not given).
+ * Only their kinds are read (sl_location_remote). */
+typedef struct sl_trust_locs {
+    const sl_location *model, *manifest, *bundle;
+} sl_trust_locs;
+
+/* Makes the plan of an open of at->model with the options o (defaults
+ * filled, shapes checked: no NULL entry in a list). Returns SLUICE_OK
+ * with *out, or SLUICE_E_INVAL with err for options that contradict each
+ * other (keys or CAs or a bundle path with policy OFF; a bundle path with
+ * nothing to check it). The plan borrows o's lists and strings. */
+int sl_trust_plan_make(const sluice_options *o, const sl_trust_locs *at, sl_trust_plan *out,
                        sl_err *err);
 
 /* Mirrors for the whole model. Whether a failure of the model's own
@@ -89,7 +98,7 @@ int sl_trust_plan_make(const sluice_options *o, const char *model_path, sl_trust
  * refused signature: a mirror does not stand in for what decides trust. */
 int sl_trust_primary_down(int code);
 
-/* The plan of an open that mirror_path (opts.fallback[k]) serves, the
+/* The plan of an open that at->model (opts.fallback[k]) serves, the
  * model's own location being down (sl_trust_primary_down). What decides
  * is what the options say, as for the model's own location: a
  * manifest_path is the manifest whichever location serves (the mirror's
@@ -101,7 +110,7 @@ int sl_trust_primary_down(int code);
  * a copy of the model, so its sidecar is trusted as the model's own
  * sidecar would be; to trust one manifest whichever server answers, pin
  * it (manifest_path) or sign it. Same errors as sl_trust_plan_make. */
-int sl_trust_plan_mirror(const sluice_options *o, const char *mirror_path, sl_trust_plan *out,
+int sl_trust_plan_mirror(const sluice_options *o, const sl_trust_locs *at, sl_trust_plan *out,
                          int *needs_manifest, sl_err *err);
 
 /* The one format that checks the manifest read from manifest_path, for

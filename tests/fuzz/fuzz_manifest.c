@@ -5,6 +5,7 @@
 #include "fuzz_files.h"
 #include "index/index.h"
 #include "trust/manifest.h"
+#include "../trust_fixture.h"
 #include "verdict.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -47,9 +48,9 @@ int fuzz_verdict(const uint8_t *data, size_t size)
         sl_manifest *m = NULL;
         sl_err err;
         sl_trust_plan plan;
-        int rc = sl_trust_plan_make(&opts, fz_dir, &plan, &err);
+        int rc = tf_plan(&opts, fz_dir, &plan, &err);
         if (rc == SLUICE_OK)
-            rc = sl_manifest_load(&ix, &plan, NULL, fz_dir, &m, NULL, &err);
+            rc = tf_load(&ix, &plan, fz_dir, &m, NULL, &err);
         if (verdict == SLUICE_OK)
             verdict = rc;
         if (rc == SLUICE_OK) {

@@ -1,6 +1,7 @@
 """Checks that src/ asks a source's kind in one place only (issue 29 item 1,
-docs/layout.md "index"): sl_is_remote is called outside remote.c only by
-sl_source_for (source_local.c), and a file's remote fields (url,
+docs/layout.md "index"): sl_is_remote is called only inside remote.c (a
+location's kind is the one sluice_open parsed, base/location.h, and its
+source table sl_source_of's), and a file's remote fields (url,
 fetch_loc) are read only by the remote source (source_remote.c) and by
 remote.c. Everything else calls the file's table (f->src) or tests a
 capability (SL_SRC_*). A new kind is a new table, not new branches.
@@ -10,7 +11,7 @@ import os
 import re
 import sys
 
-ALLOWED_KIND_TEST = {"remote.c", "remote.h", "source_local.c"}
+ALLOWED_KIND_TEST = {"remote.c", "remote.h"}
 ALLOWED_REMOTE_FIELDS = {"remote.c", "remote.h", "source_remote.c", "index.h", "io.h"}
 # index.h declares the fields; manifest.c names a sidecar from the
 # location as given (fetch_loc), a string, not a kind test.
@@ -35,9 +36,6 @@ def main(src):
             if "sl_is_remote(" in line and name not in ALLOWED_KIND_TEST:
                 bad.append(f"{name}:{no}: asks the kind (sl_is_remote): call the source's "
                            f"table or test a capability: {line.strip()}")
-            if name == "source_local.c" and "sl_is_remote(" in line and \
-                    "sl_source_remote" not in line:
-                bad.append(f"{name}:{no}: sl_is_remote outside sl_source_for: {line.strip()}")
             for field in ("url", "fetch_loc"):
                 if name in ALLOWED_REMOTE_FIELDS or field in FIELD_READERS_OK.get(name, ()):
                     continue

@@ -655,10 +655,12 @@ class Model:
         manifest --parts`; else dim 0 through chunk digests and dim >= 1 by
         reading the whole tensor once, counted in stats()
         ["part_fallback_bytes"] and said by part_note()). A read-only NumPy
-        array ("np") or a torch tensor ("pt") over a buffer the library's
-        handle owns: no copy. InvalidArgumentError when `world` does not
-        divide the dim (the message has the numbers). raw: as for
-        get_tensor."""
+        array ("np") or a torch tensor ("pt") over the handle's buffer in
+        the pool (no copy; it holds pool room while it lives, as
+        get_tensor's: PoolExhaustedError when live arrays hold the room,
+        TooLargeError for a part larger than the pool). InvalidArgumentError
+        when `world` does not divide the dim (the message has the numbers).
+        raw: as for get_tensor."""
         framework = _check_framework(framework)
         i = self._index(name)
         _check_dtype(self._m.info(i)[1], name, framework, raw)

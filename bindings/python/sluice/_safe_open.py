@@ -53,15 +53,18 @@ _SLACK = 64 << 20  # room for read-ahead beside every tensor held
 _OTHER_FRAMEWORKS = ("tf", "tensorflow", "jax", "flax", "mlx", "paddle", "paddlepaddle")
 
 
-def _open_for_all(path, **open_args):
-    """Opens with a pool large enough to hold every tensor at once, unless
-    open_args names a pool. open_args: as sluice.open takes them."""
+def _open_for_all(path, held=None, **open_args):
+    """Opens with a pool large enough to hold every tensor at once (or,
+    with held, the bytes held(model) says the caller will hold at once:
+    load_shard's parts), unless open_args names a pool. open_args: as
+    sluice.open takes them."""
     if open_args.get("pool") is not None:
         return _open(path, **open_args)
     open_args.pop("pool", None)
     model = _open(path, **open_args)
     core = model._m
-    total = sum(core.info(i)[3] + 64 for i in range(core.count()))
+    total = (held(model) if held is not None
+             else sum(core.info(i)[3] + 64 for i in range(core.count())))
     want = total + _SLACK
     # the default pool is the library's: 4 GiB, or 1/4 of a cgroup
     # memory limit, so it is compared with, not a fixed 4G (a pool above
@@ -388,8 +391,10 @@ class Slice:
                 # raw: the bits; the dtype was checked by __getitem__
                 arr = self._owner._model.get_part(self._name, dim, rank, world, framework="np",
                                                   raw=True)
-            except InvalidArgumentError:
-                pass  # a world the library does not take: the rows below
+            except (InvalidArgumentError, PoolError):
+                # a world the library does not take, or no room in the pool
+                # for the part (its buffer is the pool's): the rows below
+                pass
             else:
                 out_shape = tuple(len(r) for r, d in zip(ranges, dropped) if not d)
                 return np.array(arr, copy=True, order="C").reshape(out_shape)

@@ -5,7 +5,9 @@ load_shard(path, rank, world, rules=None, framework="pt", **open_args)
     the rules split is its part along the rules' dim (Model.get_part: only
     the part's bytes are read when the manifest has part digests), every
     other tensor whole (replicated). Each value is a read-only view over a
-    buffer the library's handle owns: no copy. `rules` is None (the
+    buffer of the pool that the library's handle holds: no copy; the model
+    is opened with a pool that holds the whole shard at once (unless
+    open_args gives pool=). `rules` is None (the
     built-in Llama/Qwen/Mistral set), the text of a rules file (lines
     `PATTERN DIM` or `PATTERN replicated`, fnmatch globs, the first match
     wins), a path to one (a str naming an existing file, or an
@@ -46,8 +48,21 @@ def part_dims(model, rules=None):
     return {n: (None if d < 0 else d) for n, d in zip(names, dims)}
 
 
+def _shard_bytes(model, rules, world):
+    """The pool bytes one rank's shard holds at once: each split tensor's
+    part (nbytes / world), each other tensor whole, 64-byte aligned."""
+    total = 0
+    for name, dim in part_dims(model, rules).items():
+        nbytes = model.info(name).nbytes
+        total += (nbytes // world if dim is not None else nbytes) + 64
+    return total
+
+
 def load_shard(path, rank, world, rules=None, framework="pt", **open_args):
-    model = sluice.open(path, **open_args)
+    # every value is over a buffer of the pool, all held at once: a pool
+    # that holds the shard, unless open_args names one (as safe_open)
+    from ._safe_open import _open_for_all
+    model = _open_for_all(path, held=lambda m: _shard_bytes(m, rules, world), **open_args)
     try:
         out = {}
         for name, dim in part_dims(model, rules).items():

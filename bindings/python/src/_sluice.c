@@ -725,8 +725,8 @@ static PyTypeObject HandleType = {
 /* What one acquire asks for: the whole tensor (sluice_acquire_index);
  * bytes [begin, end) of it, by its name (sluice_acquire_range); or rank
  * `begin` of `world` equal parts of it along dim, by its name
- * (sluice_acquire_part). A range's or a part's handle owns its buffer,
- * outside the pool, and counts as live. */
+ * (sluice_acquire_part). A range's handle owns its buffer, outside the
+ * pool; a part's is in the pool; each counts as live. */
 typedef enum acquire_kind { ACQUIRE_WHOLE, ACQUIRE_RANGE, ACQUIRE_PART } acquire_kind;
 
 typedef struct acquire_req {
@@ -882,8 +882,9 @@ static PyObject *read_into_open(ModelObject *self, PyObject *args)
 
 /* acquire_part(i, dim, rank, world) -> Handle of rank `rank` of `world`
  * equal parts of tensor i along dim (sluice_acquire_part: only the part's
- * bytes read when the manifest has part digests), in a buffer the handle
- * owns: the array over it is zero copy. The GIL is released meanwhile. */
+ * bytes read when the manifest has part digests), in the handle's buffer
+ * of the pool: the array over it is zero copy. The GIL is released
+ * meanwhile. */
 static PyObject *model_acquire_part(ModelObject *self, PyObject *args)
 {
     PyObject *iarg;

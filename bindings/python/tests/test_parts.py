@@ -191,6 +191,53 @@ def test_load_shard_builtin_rules_numpy(tmp_path):
             np.testing.assert_array_equal(sd[k], want)
 
 
+def test_parts_in_the_pool(tmp_path):
+    """A part's buffer is the pool's (issue 37): held arrays hold pool
+    room, a part the held room leaves no place for is PoolExhaustedError,
+    and room comes back when the array goes."""
+    path, tensors = _synth(tmp_path)
+    _manifest(path, tensors, PART_DIMS)
+    with sluice.open(path, pool=2048) as m:
+        p0 = m.get_part("a", 0, 0, 2)          # 1,024 bytes
+        assert m.stats()["pool_in_use"] == 1024
+        p1 = m.get_part("a", 0, 1, 2)
+        with pytest.raises(sluice.PoolExhaustedError):
+            m.get_part("a", 1, 0, 2)
+        np.testing.assert_array_equal(p1, np.split(tensors["a"], 2, axis=0)[1])
+        del p0
+        np.testing.assert_array_equal(m.get_part("a", 1, 0, 2),
+                                      np.split(tensors["a"], 2, axis=1)[0])
+        del p1
+
+
+def test_load_shard_pool_holds_the_shard(tmp_path, monkeypatch):
+    """load_shard holds every value at once, in the pool: it opens with a
+    pool that holds the rank's shard (its parts and the replicated
+    tensors), unless pool= is given; a pool= too small is refused."""
+    from sluice import _safe_open, shard
+    path, tensors = _llama(tmp_path)
+    with sluice.open(path) as m:
+        need = shard._shard_bytes(m, None, 4)
+        default = m.stats()["pool_bytes"]
+    assert need < sum(a.nbytes for a in tensors.values())   # the parts only
+    asked = []
+    real_reopen = _safe_open._reopen
+
+    def reopen(p, **kw):
+        asked.append(kw.get("pool"))
+        return real_reopen(p, **kw)
+    monkeypatch.setattr(_safe_open, "_reopen", reopen)
+    monkeypatch.setattr(_safe_open, "_SLACK", default - need + 1)   # one byte over
+    sd = shard.load_shard(path, 1, 4, framework="np")
+    assert asked == [default + 1]
+    for k, arr in tensors.items():
+        d = _expected_dim(k)
+        np.testing.assert_array_equal(sd[k], arr if d is None else np.split(arr, 4, axis=d)[1])
+    del sd
+    with pytest.raises(sluice.PoolExhaustedError):
+        shard.load_shard(path, 1, 4, framework="np", pool=need // 2)
+
+
 def test_load_shard_rules_overridden(tmp_path):
     from sluice.shard import load_shard
     path, tensors = _llama(tmp_path)
