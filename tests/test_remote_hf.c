@@ -550,6 +550,75 @@ static void test_lfs_sha256_mismatch_first_open(void **state)
     (void)state;
 }
 
+/* Through a proxy that serves a damaged copy of the file (the fault
+ * server, as a proxy, serving root's copy at the resolve path and the API's
+ * reply at the API's): the first open's whole-file read does not match the
+ * Hub's digest, so the file is read again from the origin directly, once
+ * (the remote source's rule), matches, and the model opens verified, one
+ * proxy failure counted. */
+static void test_lfs_sha256_through_lying_proxy(void **state)
+{
+    if (!lookalike.pid) {
+        print_message("skipped: no fault server to act as the proxy\n");
+        skip();
+    }
+    forget_derived();
+    free(rf_get(&lookalike, "/ctl/clear"));
+    char real[65], cmd[2048];
+    sha256_of(SINGLE, -1, real);
+    struct stat fst;
+    char *single = tu_join(root, SINGLE);
+    assert_int_equal(stat(single, &fst), 0);
+    /* what the proxy answers: the API's reply, and a flipped copy of the file */
+    free(mkdirs("api/models/org/single/revision"));
+    char api[1024];
+    snprintf(api, sizeof api, "{\"id\": \"org/single\", \"sha\": \"%s\", \"siblings\": "
+             "[{\"rfilename\": \"model.safetensors\", \"size\": %lld, \"lfs\": {\"sha256\": "
+             "\"%s\", \"size\": %lld}}, {\"rfilename\": \"config.json\", \"size\": 2}]}", C_MAIN,
+             (long long)fst.st_size, real, (long long)fst.st_size);
+    put("api/models/org/single/revision/main", api);
+    free(mkdirs("org/single/resolve/" C_MAIN));
+    char *copy = tu_join(root, "org/single/resolve/" C_MAIN "/model.safetensors");
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", single, copy);
+    assert_int_equal(system(cmd), 0);
+    size_t len = 0;
+    unsigned char *b = tu_read_file(copy, &len);
+    assert_non_null(b);
+    b[150000] ^= 1;
+    tu_write_file(copy, b, len);
+    free(b);
+    sluice_options o = fast_options();
+    o.http_proxy = lookalike.base;
+    sluice_model *m = NULL;
+    int rc = sluice_open("hf://org/single", &o, &m);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", sluice_errmsg(m));
+    struct sluice_stats st = {.size = sizeof st};
+    if (rc == SLUICE_OK)
+        assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    int state_now = rc == SLUICE_OK ? sluice_verify_state(m, NULL) : -1;
+    sluice_close(m);
+    char *api_dir = tu_join(root, "api"), *res_dir = tu_join(root, "org/single/resolve");
+    tu_rmtree(api_dir);
+    tu_rmtree(res_dir);
+    free(api_dir);
+    free(res_dir);
+    free(copy);
+    free(single);
+    char *log = rf_get(&lookalike, "/ctl/log");
+    assert_non_null(log);
+    int proxied = strstr(log, "/org/single/resolve/" C_MAIN "/model.safetensors") != NULL;
+    free(log);
+    free(rf_get(&lookalike, "/ctl/clear"));
+    if (rc != SLUICE_OK)
+        fail_msg("open through the lying proxy: %d %s", rc, msg);
+    assert_true(proxied);   /* the file's bytes did come through the proxy */
+    assert_int_equal(state_now, SLUICE_VERIFIED_PUBLISHER_DIGEST);
+    assert_int_equal(st.proxy_failures, 1);
+    assert_true(st.proxy_bypass_bytes >= (uint64_t)fst.st_size);
+    (void)state;
+}
+
 /* A file the Hub lists no LFS SHA-256 for (not a Git LFS object: its
  * Git SHA-1 is no SHA-256): nothing is derived, the model loads
  * unverified (as one without a manifest), its manifest path names the
@@ -1044,6 +1113,7 @@ int main(void)
         cmocka_unit_test(test_hub_as_mirror),
         cmocka_unit_test(test_lfs_sha256),
         cmocka_unit_test(test_lfs_sha256_mismatch_first_open),
+        cmocka_unit_test(test_lfs_sha256_through_lying_proxy),
         cmocka_unit_test(test_lfs_only_is_unverified),
         cmocka_unit_test(test_verify_command),
         cmocka_unit_test(test_errors),
