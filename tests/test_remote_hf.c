@@ -671,6 +671,26 @@ static void test_lfs_only_is_unverified(void **state)
     open_ok("hf://org/single", &o, &m);
     assert_int_equal(sluice_verify_state(m, NULL), SLUICE_VERIFIED_PUBLISHER_DIGEST);
     sluice_close(m);
+    o.fallback = NULL;
+    o.fallback_count = 0;
+    /* both shards LFS objects (nolfs gone): each derived, both checked */
+    char *nolfs = tu_join(root, "org/mixed/nolfs");
+    assert_int_equal(unlink(nolfs), 0);
+    open_ok("hf://org/mixed", &o, &m);
+    put("org/mixed/nolfs", "model-00002-of-00002.safetensors\n");
+    free(nolfs);
+    const char *where2 = NULL;
+    assert_int_equal(sluice_verify_state(m, &where2), SLUICE_VERIFIED_PUBLISHER_DIGEST);
+    if (!where2 || !strstr(where2, "2 manifests derived from the Hub's LFS SHA-256"))
+        fail_msg("where: %s", where2 ? where2 : "(null)");
+    sluice_tensor *t = NULL;
+    assert_int_equal(sluice_acquire(m, "x", &t), SLUICE_OK);
+    sluice_release(t);
+    assert_int_equal(sluice_acquire(m, "y", &t), SLUICE_OK);
+    sluice_release(t);
+    assert_int_equal(sluice_stats(m, &s), SLUICE_OK);
+    assert_int_equal(s.bytes_hashed, 13000);
+    sluice_close(m);
     (void)state;
 }
 
