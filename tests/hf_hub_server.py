@@ -107,12 +107,24 @@ def published_sha256(path):
     return STATE["lfs"] or sha256_of(path)
 
 
+SHA_MEMO = {}
+
+
 def sha256_of(path):
+    """The file's SHA-256, remembered while its size and mtime stay (a
+    large file is asked for on every resolve)."""
+    st = os.stat(path)
+    key = (path, st.st_size, st.st_mtime_ns)
+    with LOCK:
+        if key in SHA_MEMO:
+            return SHA_MEMO[key]
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for b in iter(lambda: f.read(1 << 20), b""):
             h.update(b)
-    return h.hexdigest()
+    with LOCK:
+        SHA_MEMO[key] = h.hexdigest()
+    return SHA_MEMO[key]
 
 
 def files_of(top):
