@@ -444,13 +444,18 @@ typedef struct sluice_model sluice_model;
  *    before its storage does). The
  *    manifest is the repository's sluice.manifest.json (the sidecar rule
  *    below, at the commit); when it has none, the Hub's LFS SHA-256 of
- *    each whole file stand in (sluice_manifest_path: "hf://ORG/NAME@COMMIT
- *    (the Hub's LFS SHA-256)"): they check whole files (sluice_verify with
- *    SLUICE_VF_FILES), never a tensor, so under DEFAULT the policy is
- *    IF_PRESENT with no tensor listed, the model loads unverified and
- *    says so (sluice_verify_state: SLUICE_UNVERIFIED_NO_MANIFEST, *where
- *    the sidecars looked for; sluice_stats' unverified 1), and REQUIRE
- *    fails the open with SLUICE_E_MANIFEST. A missing repository, revision or file is
+ *    each whole file are derived into tensor and chunk digests as for a
+ *    Hub cache snapshot ("Hub snapshots": the first open reads each file
+ *    whole once; SLUICE_VERIFIED_PUBLISHER_DIGEST). When a file of the
+ *    model has no LFS SHA-256 (no Git LFS object), nothing is derived and
+ *    the others' digests stand in (sluice_manifest_path:
+ *    "hf://ORG/NAME@COMMIT (the Hub's LFS SHA-256)"): they check whole
+ *    files (sluice_verify with SLUICE_VF_FILES), never a tensor, so under
+ *    DEFAULT the policy is IF_PRESENT with no tensor listed, the model
+ *    loads unverified and says so (sluice_verify_state:
+ *    SLUICE_UNVERIFIED_NO_MANIFEST, *where the sidecars looked for;
+ *    sluice_stats' unverified 1), and REQUIRE fails the open with
+ *    SLUICE_E_MANIFEST. A missing repository, revision or file is
  *    SLUICE_E_NO_FILES, a refusal (401, 403: private, gated, or a missing
  *    repository asked without a token) SLUICE_E_REMOTE, each message
  *    naming which.
@@ -1340,6 +1345,27 @@ SLUICE_API int sluice_trim(sluice_model *model, uint64_t *released);
  *    that are no Git LFS object (the Hub names those by their Git SHA-1,
  *    40 digits): such a model is opened as before, unverified without a
  *    manifest.
+ *  - hf:// models: a Hub location (hf://ORG/NAME[@REVISION][/FILE],
+ *    "Remote models") whose repository publishes no sluice manifest at
+ *    the commit (no sidecar there; a published one, or manifest_path,
+ *    always wins) is derived the same way, by the same code, from the
+ *    SHA-256 the Hub's API lists for each Git LFS file (lfs.sha256, the
+ *    digest resolve answers as X-Linked-Etag): the first open reads each
+ *    file without a derived manifest whole, once, through its remote
+ *    source (16 MiB ranges; bytes through a proxy that do not match are
+ *    read again from the origin directly, once), a mismatch fails the
+ *    open with SLUICE_E_CHECKSUM naming the file, the digest published
+ *    and the digest of the bytes, and a match keeps the same
+ *    derived/sha256/HEX.manifest.json (shared with a snapshot of the same
+ *    file); later opens read only the header and the tensors loaded.
+ *    The state is SLUICE_VERIFIED_PUBLISHER_DIGEST, REQUIRE is met,
+ *    mirrors are allowed; trusted keys or CAs still fail closed. It
+ *    trusts the Hub's API (at the pinned commit) for the digests, then
+ *    the cache directory. A repository with a file the Hub lists no
+ *    SHA-256 for (no Git LFS object: its Git blob id is no SHA-256 of the
+ *    file) derives nothing: it opens unverified as before, the other
+ *    files' digests checking whole files only (sluice_verify with
+ *    SLUICE_VF_FILES), and REQUIRE fails with SLUICE_E_MANIFEST.
  *
  * Signed manifests
  * ----------------
@@ -1477,16 +1503,20 @@ typedef enum sluice_verification {
                                        looked for, or both ("A nor B", see
                                        sluice_open), without credentials or
                                        query. No tensor is checked (an hf://
-                                       model's Hub LFS SHA-256 may still be
-                                       the manifest, sluice_manifest_path,
-                                       for sluice_verify's whole files) */
+                                       model with a file that is no Git LFS
+                                       object: the Hub's LFS SHA-256 of the
+                                       others may still be the manifest,
+                                       sluice_manifest_path, for
+                                       sluice_verify's whole files) */
     SLUICE_UNVERIFIED_OFF = 2,      /* SLUICE_VERIFY_OFF: no manifest was looked
                                        for; *where is NULL. Nothing is checked */
     SLUICE_VERIFIED_PUBLISHER_DIGEST = 3 /* verified against the publisher's file
                                        digest: a Hugging Face Hub cache snapshot
                                        with no manifest of its own, each file
                                        checked against the SHA-256 its blob is
-                                       named by, each tensor against the manifest
+                                       named by (an hf:// model that publishes
+                                       none: the LFS SHA-256 the Hub lists),
+                                       each tensor against the manifest
                                        derived from those verified bytes (see "Hub
                                        snapshots"); *where is that derived
                                        manifest (sluice_manifest_path) */

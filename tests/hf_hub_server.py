@@ -9,7 +9,9 @@ of its own (GET /ctl/storage gives it). ROOT holds ORG/NAME/COMMIT/FILES
 commit the branch names); ORG/NAME/token, when present, makes the
 repository private (its content is the Bearer token it accepts);
 ORG/NAME/gated makes it gated (its API answers anyone, its resolve only
-that Bearer token: 401 without one, 403 GatedRepo with another).
+that Bearer token: 401 without one, 403 GatedRepo with another);
+ORG/NAME/nolfs lists files (one a line) that are no Git LFS objects: the
+API lists no "lfs" for them, resolve answers no X-Linked-Etag.
 
 The Hub answers what sluice asks of the real one:
     GET /api/models/ORG/NAME                       the repository (200, 401, 404)
@@ -28,11 +30,17 @@ The storage serves /blob/... with single byte ranges (206, Content-Range,
 ETag). Control, on the Hub's port:
     GET /ctl/storage        the storage's port
     GET /ctl/log            one line a request:
-                            "hub|storage METHOD PATH if-match=VALUE auth=VALUE"
+                            "hub|storage METHOD PATH if-match=VALUE range=VALUE auth=VALUE"
     GET /ctl/clear          empties the log
     GET /ctl/flip?at=N      the storage flips byte N of every file it serves
     GET /ctl/sha?value=C     the API answers commit C as "sha" whatever was
-                            asked (a Hub that lies); no value: the truth
+                            asked, and C's files (a Hub that lies); no value:
+                            the truth
+    GET /ctl/lfs?value=H    the Hub publishes H as the SHA-256 of every
+                            .safetensors file (the API's lfs.sha256 and
+                            resolve's X-Linked-Etag: a wrong digest);
+                            "none": publishes none (a file that is no
+                            LFS object); no value: the truth
     GET /ctl/storage_base?url=BASE
                             resolve's 302 goes to BASE/blob/... instead of
                             the storage (another server: a look-alike host
@@ -48,16 +56,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, quote, unquote, urlparse
 
 ROOT = "."
-STATE = {"log": [], "flip": -1, "storage_port": 0, "storage_base": "", "sha": ""}
+STATE = {"log": [], "flip": -1, "storage_port": 0, "storage_base": "", "sha": "", "lfs": ""}
 LOCK = threading.Lock()
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
 
 
 def log(who, handler):
     with LOCK:
-        STATE["log"].append("%s %s %s if-match=%s auth=%s" % (
+        STATE["log"].append("%s %s %s if-match=%s range=%s auth=%s" % (
             who, handler.command, handler.path, handler.headers.get("If-Match", ""),
-            handler.headers.get("Authorization", "")))
+            handler.headers.get("Range", ""), handler.headers.get("Authorization", "")))
 
 
 def repo_dir(org, name):
@@ -85,12 +93,38 @@ def commit_of(d, rev):
     return None
 
 
+def not_lfs(d):
+    """The files of repository d that are no Git LFS objects (ORG/NAME/nolfs)."""
+    p = os.path.join(d, "nolfs")
+    if not os.path.isfile(p):
+        return set()
+    with open(p) as f:
+        return {line.strip() for line in f if line.strip()}
+
+
+def published_sha256(path):
+    """What the Hub publishes as a file's SHA-256 (lfs.sha256, X-Linked-Etag)."""
+    return STATE["lfs"] or sha256_of(path)
+
+
+SHA_MEMO = {}
+
+
 def sha256_of(path):
+    """The file's SHA-256, remembered while its size and mtime stay (a
+    large file is asked for on every resolve)."""
+    st = os.stat(path)
+    key = (path, st.st_size, st.st_mtime_ns)
+    with LOCK:
+        if key in SHA_MEMO:
+            return SHA_MEMO[key]
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for b in iter(lambda: f.read(1 << 20), b""):
             h.update(b)
-    return h.hexdigest()
+    with LOCK:
+        SHA_MEMO[key] = h.hexdigest()
+    return SHA_MEMO[key]
 
 
 def files_of(top):
@@ -147,10 +181,13 @@ class Hub(BaseHTTPRequestHandler):
             if commit is None:
                 return self.error(404, "RevisionNotFound", "Invalid rev id: " + unquote(rev))
             sib = []
+            nolfs = not_lfs(d)
+            if STATE["sha"] and os.path.isdir(os.path.join(d, STATE["sha"])):
+                commit = STATE["sha"]   # a consistent lie: that commit's files
             for rel, p in files_of(os.path.join(d, commit)):
                 e = {"rfilename": rel, "size": os.path.getsize(p), "blobId": "0" * 40}
-                if rel.endswith(".safetensors"):
-                    e["lfs"] = {"sha256": sha256_of(p), "size": os.path.getsize(p),
+                if rel.endswith(".safetensors") and STATE["lfs"] != "none" and rel not in nolfs:
+                    e["lfs"] = {"sha256": published_sha256(p), "size": os.path.getsize(p),
                                 "pointerSize": 134}
                 sib.append(e)
             body = {"id": parts[2] + "/" + parts[3], "sha": STATE["sha"] or commit,
@@ -181,15 +218,16 @@ class Hub(BaseHTTPRequestHandler):
                 # the worst a Hub could do with the If-Match of a range
                 # request: judge it against its own reply's ETag
                 im = self.headers.get("If-Match")
-                if im and im != '"%s"' % sha256_of(p):
+                if im and im != '"%s"' % published_sha256(p):
                     return self.error(412, "PreconditionFailed", "If-Match")
                 base = STATE["storage_base"] or "http://localhost:%d" % STATE["storage_port"]
                 loc = "%s/blob/%s/%s/%s/%s?X-Amz-Signature=s%%3D1" % (
                     base, parts[0], parts[1], commit, quote(rel))
-                return self.answer(302, b"", {"Location": loc,
-                                              "X-Linked-Etag": '"%s"' % sha256_of(p),
-                                              "X-Linked-Size": str(os.path.getsize(p)),
-                                              "X-Repo-Commit": commit})
+                hdr = {"Location": loc, "X-Repo-Commit": commit}
+                if STATE["lfs"] != "none" and rel not in not_lfs(d):
+                    hdr["X-Linked-Etag"] = '"%s"' % published_sha256(p)
+                    hdr["X-Linked-Size"] = str(os.path.getsize(p))
+                return self.answer(302, b"", hdr)
             with open(p, "rb") as f:
                 return self.answer(200, f.read(), {"X-Repo-Commit": commit,
                                                    "ETag": '"%s"' % hashlib.sha1(
@@ -208,6 +246,9 @@ class Hub(BaseHTTPRequestHandler):
             return self.answer(200, b"ok")
         if parts == ["ctl", "sha"]:
             STATE["sha"] = parse_qs(query).get("value", [""])[0]
+            return self.answer(200, b"ok")
+        if parts == ["ctl", "lfs"]:
+            STATE["lfs"] = parse_qs(query).get("value", [""])[0]
             return self.answer(200, b"ok")
         if parts == ["ctl", "storage_base"]:
             STATE["storage_base"] = parse_qs(query).get("url", [""])[0]

@@ -5,12 +5,17 @@
  * port). Checked: resolution with and without @REVISION and /FILE, the
  * index and single-file cases, the token on the Hub's requests and never
  * on the storage's, verification by a published sluice.manifest.json and,
- * when there is none, by the Hub's LFS SHA-256 of each whole file (a
- * flipped byte fails), and the errors for a missing repository, revision
- * or file (404, 401). The real Hub is not reached (no network here).
+ * when there is none, by the Hub's LFS SHA-256 of each whole file, from
+ * which the first open derives tensor and chunk digests kept in the cache
+ * directory (a flipped byte or a wrong published digest fails, naming
+ * both digests; the second open reads only the tensor acquired), and the
+ * errors for a missing repository, revision or file (404, 401). The real
+ * Hub is not reached (no network here).
  * Skipped (77) when python3 cannot start the server. */
 #include "remote_fixture.h"
 #include "util.h"
+
+#include "base/digest.h"
 
 #include "sluice.h"
 
@@ -138,6 +143,15 @@ static int setup(void **state)
     append_digests("org/sharded/" C_SHARDED "/model.safetensors.index.json", mf, sizeof mf);
     strcat(mf, "}");
     put("org/sharded/" C_SHARDED "/sluice.manifest.json", mf);
+    /* org/mixed: org/sharded's files without its manifest, its second
+     * shard no Git LFS object (the Hub lists no SHA-256 for it) */
+    free(mkdirs("org/mixed/refs"));
+    free(mkdirs("org/mixed/" C_SHARDED));
+    put("org/mixed/refs/main", C_SHARDED);
+    put("org/mixed/nolfs", "model-00002-of-00002.safetensors\n");
+    snprintf(header, sizeof header, "cp '%s/org/sharded/%s/'*.safetensors* '%s/org/mixed/%s/'",
+             root, C_SHARDED, root, C_SHARDED);
+    assert_int_equal(system(header), 0);
     /* org/private: the Hub answers 401 without its token */
     free(mkdirs("org/private/refs"));
     free(mkdirs("org/private/" C_PRIVATE));
@@ -168,6 +182,11 @@ static int setup(void **state)
         exit(77);
     }
     setenv("HF_ENDPOINT", srv.base, 1);
+    /* derived manifests go to the default cache directory: this run's */
+    char *xdg = tu_join(root, "xdg");
+    setenv("XDG_CACHE_HOME", xdg, 1);
+    free(xdg);
+    unsetenv("SLUICE_CACHE_DIR");
     unsetenv("HF_TOKEN");
     unsetenv("SLUICE_HTTP_TOKEN");
     (void)state;
@@ -351,13 +370,128 @@ static void test_hub_as_mirror(void **state)
     (void)state;
 }
 
-/* No published manifest: the whole files are checked against the Hub's
- * LFS SHA-256 (sluice_verify with SLUICE_VF_FILES); a flipped byte fails
- * the file; REQUIRE cannot be met by whole-file digests. */
+/* The derived manifests of this run (XDG_CACHE_HOME/sluice/derived),
+ * removed: the next open derives again. */
+static void forget_derived(void)
+{
+    char *d = tu_join(root, "xdg/sluice/derived");
+    tu_rmtree(d);
+    free(d);
+}
+
+/* The SHA-256 of the file at rel under root, byte at (-1: none) flipped
+ * as the storage's /ctl/flip flips it. */
+static void sha256_of(const char *rel, long at, char hex[65])
+{
+    char *p = tu_join(root, rel);
+    size_t n = 0;
+    unsigned char *data = tu_read_file(p, &n);
+    assert_non_null(data);
+    if (at >= 0 && (size_t)at < n)
+        data[at] ^= 0x01;
+    uint8_t d[32];
+    assert_int_equal(sl_md_oneshot(SLUICE_ALG_SHA256, data, n, d), 0);
+    sluice_digest_hex(d, hex);
+    free(data);
+    free(p);
+}
+
+/* The bytes the storage served since the last /ctl/clear (the sum of its
+ * ranges; a request without a range counts as 1 GiB) and its requests. */
+static uint64_t storage_bytes(int *requests)
+{
+    char *log = rf_get(&srv, "/ctl/log");
+    assert_non_null(log);
+    uint64_t bytes = 0;
+    *requests = 0;
+    for (char *line = strtok(log, "\n"); line; line = strtok(NULL, "\n")) {
+        if (strncmp(line, "storage ", 8) != 0)
+            continue;
+        (*requests)++;
+        unsigned long long lo, hi;
+        const char *r = strstr(line, " range=bytes=");
+        if (r && sscanf(r, " range=bytes=%llu-%llu", &lo, &hi) == 2 && hi >= lo)
+            bytes += hi - lo + 1;
+        else
+            bytes += 1ull << 30;
+    }
+    free(log);
+    return bytes;
+}
+
+#define SINGLE "org/single/" C_MAIN "/model.safetensors"
+
+/* No published manifest: the first open reads each file whole once
+ * through the storage, checks it against the Hub's LFS SHA-256 and
+ * derives a version 2 manifest (tensors, 16 MiB chunks) into the cache
+ * directory: SLUICE_VERIFIED_PUBLISHER_DIGEST, under DEFAULT and REQUIRE
+ * alike. The second open uses it: only the header and the tensor
+ * acquired cross the network. sluice_verify with SLUICE_VF_FILES still
+ * checks the whole files (a flipped byte fails the file and its tensor). */
 static void test_lfs_sha256(void **state)
 {
+    forget_derived();
+    struct stat fst;
+    char *single = tu_join(root, SINGLE);
+    assert_int_equal(stat(single, &fst), 0);
+    free(single);
+    uint64_t size = (uint64_t)fst.st_size;
+    ctl("/ctl/clear");
     sluice_options o = fast_options();
     sluice_model *m = NULL;
+    open_ok("hf://org/single", &o, &m);
+    int requests = 0;
+    uint64_t first = storage_bytes(&requests);
+    if (first < size || first > 2 * size)
+        fail_msg("first open: %llu bytes in %d requests, the file has %llu",
+                 (unsigned long long)first, requests, (unsigned long long)size);
+    const char *where = NULL;
+    assert_int_equal(sluice_verify_state(m, &where), SLUICE_VERIFIED_PUBLISHER_DIGEST);
+    if (!where || !strstr(where, "/xdg/sluice/derived/sha256/") ||
+        !strstr(where, "the Hub's LFS SHA-256 of hf://org/single@" C_MAIN "/model.safetensors"))
+        fail_msg("where: %s", where ? where : "(null)");
+    assert_int_equal(sluice_verify_mode(m), SLUICE_VERIFY_REQUIRE);
+    assert_int_equal(sluice_manifest_version(m), 2);
+    char hex[65], want[65];
+    uint8_t d[32];
+    sha256_of(SINGLE, -1, want);
+    assert_int_equal(sluice_manifest_file(m, 0, d, NULL), SLUICE_OK);
+    assert_string_equal(sluice_digest_hex(d, hex), want);
+    check_tensor(m, "a", 1000);
+    check_tensor(m, "b", 200000);
+    struct sluice_stats st = {.size = sizeof st};
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    assert_int_equal(st.unverified, 0);
+    sluice_close(m);
+    char derived[1024];
+    snprintf(derived, sizeof derived, "%s/xdg/sluice/derived/sha256/%s.manifest.json", root, want);
+    struct stat dst;
+    assert_int_equal(stat(derived, &dst), 0);
+
+    /* the second open: the derived manifest; a's 1000 bytes and the header */
+    ctl("/ctl/clear");
+    open_ok("hf://org/single", &o, &m);
+    assert_int_equal(sluice_verify_state(m, NULL), SLUICE_VERIFIED_PUBLISHER_DIGEST);
+    const char *plan[1] = {"a"}; /* no read-ahead past it */
+    assert_int_equal(sluice_prefetch(m, plan, 1), SLUICE_OK);
+    check_tensor(m, "a", 1000);
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    assert_int_equal(st.bytes_hashed, 1000);
+    uint64_t second = storage_bytes(&requests);
+    if (second >= size / 4)
+        fail_msg("second open: %llu bytes in %d requests (the file has %llu)",
+                 (unsigned long long)second, requests, (unsigned long long)size);
+    sluice_close(m);
+
+    /* REQUIRE is met by the derived manifest */
+    o.verify = SLUICE_VERIFY_REQUIRE;
+    open_ok("hf://org/single", &o, &m);
+    assert_int_equal(sluice_verify_state(m, NULL), SLUICE_VERIFIED_PUBLISHER_DIGEST);
+    sluice_close(m);
+    o.verify = SLUICE_VERIFY_DEFAULT;
+
+    /* a byte flipped after the derivation: the open passes (it reads no
+     * tensor), the tensor holding it fails, and so does the whole file */
     open_ok("hf://org/single", &o, &m);
     sluice_verify_options vo;
     sluice_verify_options_init(&vo);
@@ -365,31 +499,138 @@ static void test_lfs_sha256(void **state)
     struct sluice_verify_report r = {.size = sizeof r};
     assert_int_equal(sluice_verify(m, NULL, 0, &vo, &r), SLUICE_OK);
     assert_int_equal(r.files_ok, 1);
-    assert_int_equal(r.files_failed, 0);
     assert_true(r.bytes_hashed > 201000);
     ctl("/ctl/flip?at=150000");
+    sluice_tensor *t = NULL;
+    assert_int_equal(sluice_acquire(m, "b", &t), SLUICE_E_CHECKSUM);
     assert_int_equal(sluice_verify(m, NULL, 0, &vo, &r), SLUICE_E_CHECKSUM);
     assert_int_equal(r.files_failed, 1);
     if (!strstr(sluice_errmsg(m), "mismatch: expected"))
         fail_msg("%s", sluice_errmsg(m));
     ctl("/ctl/flip?at=-1");
     sluice_close(m);
-    o.verify = SLUICE_VERIFY_REQUIRE;
-    assert_int_equal(sluice_open("hf://org/single", &o, &m), SLUICE_E_MANIFEST);
-    assert_non_null(strstr(sluice_errmsg(m), "LFS SHA-256 cover whole files"));
-    sluice_close(m);
     (void)state;
 }
 
-/* No published manifest: the Hub's whole-file digests check no tensor
- * load, so the model reports itself unverified (as one without a
- * manifest does), while its manifest path still names the Hub's digests
- * for sluice_verify's whole files. */
+/* The first open finds the damage: a flipped byte served, or a digest
+ * the Hub publishes that the bytes do not have, fails the open with
+ * SLUICE_E_CHECKSUM naming the file, the digest published and the digest
+ * of the bytes; nothing is derived from them. */
+static void test_lfs_sha256_mismatch_first_open(void **state)
+{
+    char real[65], flipped[65], derived[1024];
+    sha256_of(SINGLE, -1, real);
+    sha256_of(SINGLE, 150000, flipped);
+    snprintf(derived, sizeof derived, "%s/xdg/sluice/derived/sha256/%s.manifest.json", root, real);
+    const char *wrong = "00000000000000000000000000000000000000000000000000000000000000ab";
+    for (int k = 0; k < 2; k++) {
+        forget_derived();
+        char q[128];
+        if (k == 0)
+            ctl("/ctl/flip?at=150000");
+        else {
+            snprintf(q, sizeof q, "/ctl/lfs?value=%s", wrong);
+            ctl(q);
+        }
+        sluice_options o = fast_options();
+        sluice_model *m = NULL;
+        int rc = sluice_open("hf://org/single", &o, &m);
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", sluice_errmsg(m));
+        sluice_close(m);
+        ctl("/ctl/flip?at=-1");
+        ctl("/ctl/lfs");
+        const char *expected = k == 0 ? real : wrong, *actual = k == 0 ? flipped : real;
+        if (rc != SLUICE_E_CHECKSUM || !strstr(msg, "hf://org/single@" C_MAIN "/model.safetensors")
+            || !strstr(msg, expected) || !strstr(msg, actual) || !strstr(msg, "LFS SHA-256"))
+            fail_msg("%s: %d %s", k == 0 ? "a flipped byte" : "a wrong digest", rc, msg);
+        struct stat st;
+        assert_int_equal(stat(derived, &st), -1);
+    }
+    (void)state;
+}
+
+/* Through a proxy that serves a damaged copy of the file (the fault
+ * server, as a proxy, serving root's copy at the resolve path and the API's
+ * reply at the API's): the first open's whole-file read does not match the
+ * Hub's digest, so the file is read again from the origin directly, once
+ * (the remote source's rule), matches, and the model opens verified, one
+ * proxy failure counted. */
+static void test_lfs_sha256_through_lying_proxy(void **state)
+{
+    if (!lookalike.pid) {
+        print_message("skipped: no fault server to act as the proxy\n");
+        skip();
+    }
+    forget_derived();
+    free(rf_get(&lookalike, "/ctl/clear"));
+    char real[65], cmd[2048];
+    sha256_of(SINGLE, -1, real);
+    struct stat fst;
+    char *single = tu_join(root, SINGLE);
+    assert_int_equal(stat(single, &fst), 0);
+    /* what the proxy answers: the API's reply, and a flipped copy of the file */
+    free(mkdirs("api/models/org/single/revision"));
+    char api[1024];
+    snprintf(api, sizeof api, "{\"id\": \"org/single\", \"sha\": \"%s\", \"siblings\": "
+             "[{\"rfilename\": \"model.safetensors\", \"size\": %lld, \"lfs\": {\"sha256\": "
+             "\"%s\", \"size\": %lld}}, {\"rfilename\": \"config.json\", \"size\": 2}]}", C_MAIN,
+             (long long)fst.st_size, real, (long long)fst.st_size);
+    put("api/models/org/single/revision/main", api);
+    free(mkdirs("org/single/resolve/" C_MAIN));
+    char *copy = tu_join(root, "org/single/resolve/" C_MAIN "/model.safetensors");
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", single, copy);
+    assert_int_equal(system(cmd), 0);
+    size_t len = 0;
+    unsigned char *b = tu_read_file(copy, &len);
+    assert_non_null(b);
+    b[150000] ^= 1;
+    tu_write_file(copy, b, len);
+    free(b);
+    sluice_options o = fast_options();
+    o.http_proxy = lookalike.base;
+    sluice_model *m = NULL;
+    int rc = sluice_open("hf://org/single", &o, &m);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", sluice_errmsg(m));
+    struct sluice_stats st = {.size = sizeof st};
+    if (rc == SLUICE_OK)
+        assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    int state_now = rc == SLUICE_OK ? sluice_verify_state(m, NULL) : -1;
+    sluice_close(m);
+    char *api_dir = tu_join(root, "api"), *res_dir = tu_join(root, "org/single/resolve");
+    tu_rmtree(api_dir);
+    tu_rmtree(res_dir);
+    free(api_dir);
+    free(res_dir);
+    free(copy);
+    free(single);
+    char *log = rf_get(&lookalike, "/ctl/log");
+    assert_non_null(log);
+    int proxied = strstr(log, "/org/single/resolve/" C_MAIN "/model.safetensors") != NULL;
+    free(log);
+    free(rf_get(&lookalike, "/ctl/clear"));
+    if (rc != SLUICE_OK)
+        fail_msg("open through the lying proxy: %d %s", rc, msg);
+    assert_true(proxied);   /* the file's bytes did come through the proxy */
+    assert_int_equal(state_now, SLUICE_VERIFIED_PUBLISHER_DIGEST);
+    assert_int_equal(st.proxy_failures, 1);
+    assert_true(st.proxy_bypass_bytes >= (uint64_t)fst.st_size);
+    (void)state;
+}
+
+/* A file the Hub lists no LFS SHA-256 for (not a Git LFS object: its
+ * Git SHA-1 is no SHA-256): nothing is derived, the model loads
+ * unverified (as one without a manifest), its manifest path names the
+ * Hub's digests of the other files (sluice_verify's whole files), REQUIRE
+ * cannot be met, and mirrors are refused. A published manifest still
+ * wins. */
 static void test_lfs_only_is_unverified(void **state)
 {
+    forget_derived();
     sluice_options o = fast_options();
     sluice_model *m = NULL;
-    open_ok("hf://org/single", &o, &m);
+    open_ok("hf://org/mixed", &o, &m);
     const char *where = NULL;
     assert_int_equal(sluice_verify_state(m, &where), SLUICE_UNVERIFIED_NO_MANIFEST);
     assert_non_null(where);
@@ -400,12 +641,21 @@ static void test_lfs_only_is_unverified(void **state)
     assert_int_equal(s.unverified, SLUICE_UNVERIFIED_NO_MANIFEST);
     assert_non_null(strstr(sluice_manifest_path(m), "the Hub's LFS SHA-256"));
     sluice_close(m);
+    char *d = tu_join(root, "xdg/sluice/derived");
+    struct stat st;
+    assert_int_equal(stat(d, &st), -1); /* nothing derived */
+    free(d);
+    o.verify = SLUICE_VERIFY_REQUIRE;
+    assert_int_equal(sluice_open("hf://org/mixed", &o, &m), SLUICE_E_MANIFEST);
+    assert_non_null(strstr(sluice_errmsg(m), "no LFS SHA-256 for some of its files"));
+    sluice_close(m);
+    o.verify = SLUICE_VERIFY_DEFAULT;
     /* mirrors need tensor digests to check their bytes against: refused,
      * as for a model without a manifest */
-    const char *mirrors[] = {"hf://org/single@v1"};
+    const char *mirrors[] = {"hf://org/sharded"};
     o.fallback = mirrors;
     o.fallback_count = 1;
-    assert_int_equal(sluice_open("hf://org/single", &o, &m), SLUICE_E_INVAL);
+    assert_int_equal(sluice_open("hf://org/mixed", &o, &m), SLUICE_E_INVAL);
     assert_non_null(strstr(sluice_errmsg(m), "fallback mirrors need a manifest"));
     sluice_close(m);
     o.fallback = NULL;
@@ -414,28 +664,67 @@ static void test_lfs_only_is_unverified(void **state)
     open_ok("hf://org/sharded", &o, &m);
     assert_int_equal(sluice_verify_state(m, NULL), SLUICE_VERIFIED);
     sluice_close(m);
+    /* every file an LFS object: derived, and mirrors are allowed */
+    const char *same[] = {"hf://org/single@" C_MAIN};
+    o.fallback = same;
+    o.fallback_count = 1;
+    open_ok("hf://org/single", &o, &m);
+    assert_int_equal(sluice_verify_state(m, NULL), SLUICE_VERIFIED_PUBLISHER_DIGEST);
+    sluice_close(m);
+    o.fallback = NULL;
+    o.fallback_count = 0;
+    /* both shards LFS objects (nolfs gone): each derived, both checked */
+    char *nolfs = tu_join(root, "org/mixed/nolfs");
+    assert_int_equal(unlink(nolfs), 0);
+    open_ok("hf://org/mixed", &o, &m);
+    put("org/mixed/nolfs", "model-00002-of-00002.safetensors\n");
+    free(nolfs);
+    const char *where2 = NULL;
+    assert_int_equal(sluice_verify_state(m, &where2), SLUICE_VERIFIED_PUBLISHER_DIGEST);
+    if (!where2 || !strstr(where2, "2 manifests derived from the Hub's LFS SHA-256"))
+        fail_msg("where: %s", where2 ? where2 : "(null)");
+    sluice_tensor *t = NULL;
+    assert_int_equal(sluice_acquire(m, "x", &t), SLUICE_OK);
+    sluice_release(t);
+    assert_int_equal(sluice_acquire(m, "y", &t), SLUICE_OK);
+    sluice_release(t);
+    assert_int_equal(sluice_stats(m, &s), SLUICE_OK);
+    assert_int_equal(s.bytes_hashed, 13000);
+    sluice_close(m);
     (void)state;
 }
 
-/* `sluice verify --files hf://...`: the Hub's LFS SHA-256 when the
- * repository publishes no manifest (exit 0, then 1 on a flipped byte);
- * its published manifest and the files otherwise. */
+/* `sluice verify --files hf://...`: a repository that publishes no
+ * manifest is verified against the manifest derived from the Hub's LFS
+ * SHA-256 (every tensor and the file; exit 0, then 1 on a flipped byte),
+ * or, with a file that is no LFS object, its whole files only; its
+ * published manifest and the files otherwise. */
 static void test_verify_command(void **state)
 {
     char cmd[1024], out[256];
     char *log = tu_join(root, "verify.out");
+    forget_derived();
     snprintf(cmd, sizeof cmd, "'%s/sluice' verify -q --files hf://org/single > '%s'",
              SLUICE_BINARY_DIR, log);
     assert_int_equal(system(cmd), 0);
     size_t len = 0;
     char *text = tu_read_file(log, &len);
     assert_non_null(text);
-    assert_non_null(strstr(text, "whole files only"));
-    assert_non_null(strstr(text, "0 tensors verified, 0 failed, 1 files verified, 0 failed"));
+    if (!strstr(text, "verified against the publisher's file digest") ||
+        !strstr(text, "2 tensors verified, 0 failed, 1 files verified, 0 failed"))
+        fail_msg("verify: %s", text);
     free(text);
     ctl("/ctl/flip?at=150000");
     assert_int_equal(WEXITSTATUS(system(cmd)), 1);
     ctl("/ctl/flip?at=-1");
+    snprintf(cmd, sizeof cmd, "'%s/sluice' verify -q --files hf://org/mixed > '%s' 2>&1",
+             SLUICE_BINARY_DIR, log);
+    int st = system(cmd);   /* the file without a digest fails, as in a manifest */
+    text = tu_read_file(log, &len);
+    if (WEXITSTATUS(st) != 1 || !strstr(text, "whole files only") ||
+        !strstr(text, "0 tensors verified, 0 failed, 1 files verified, 1 failed"))
+        fail_msg("verify: %d %s", st, text);
+    free(text);
     /* a published manifest: every tensor, then the files (which it lists
      * not: each "no digest", as for a local model) */
     snprintf(cmd, sizeof cmd, "'%s/sluice' verify -q hf://org/sharded > '%s'", SLUICE_BINARY_DIR,
@@ -447,9 +736,17 @@ static void test_verify_command(void **state)
     assert_non_null(strstr(text, "2 tensors verified, 0 failed"));
     free(text);
     /* cat of a repository without a manifest (the docs' example): the
-     * bytes, with the warning that they are unchecked */
+     * bytes, verified against the derived manifest, no warning; with a
+     * file that is no LFS object, the warning that they are unchecked */
     snprintf(cmd, sizeof cmd, "'%s/sluice' cat hf://org/single b 2> '%s' | wc -c | "
              "grep -qx 200000", SLUICE_BINARY_DIR, log);
+    assert_int_equal(system(cmd), 0);
+    text = tu_read_file(log, &len);
+    if (strstr(text, "warning"))
+        fail_msg("cat's stderr: %s", text);
+    free(text);
+    snprintf(cmd, sizeof cmd, "'%s/sluice' cat hf://org/mixed y 2> '%s' | wc -c | "
+             "grep -qx 9000", SLUICE_BINARY_DIR, log);
     assert_int_equal(system(cmd), 0);
     text = tu_read_file(log, &len);
     if (!strstr(text, "warning: not verified"))
@@ -835,6 +1132,8 @@ int main(void)
         cmocka_unit_test(test_index_and_published_manifest),
         cmocka_unit_test(test_hub_as_mirror),
         cmocka_unit_test(test_lfs_sha256),
+        cmocka_unit_test(test_lfs_sha256_mismatch_first_open),
+        cmocka_unit_test(test_lfs_sha256_through_lying_proxy),
         cmocka_unit_test(test_lfs_only_is_unverified),
         cmocka_unit_test(test_verify_command),
         cmocka_unit_test(test_errors),

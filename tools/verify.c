@@ -103,7 +103,9 @@ static void usage(FILE *out)
             "                    their SHA-256) is checked against those digests: the\n"
             "                    first time each file is read whole and must match,\n"
             "                    and a manifest derived from it is kept in the cache\n"
-            "                    directory (docs/manifests.md)\n"
+            "                    directory (docs/manifests.md); so is an hf:// PATH\n"
+            "                    whose repository publishes none, against the LFS\n"
+            "                    SHA-256 the Hub lists for its files\n"
             IG_TRUST_HELP
             "  --no-manifest-link  check the model-signing bundle and every file's digest\n"
             "                    alone, as the reference verifier does (no sluice manifest,\n"
@@ -112,7 +114,8 @@ static void usage(FILE *out)
             "  --files           also check every whole file against the manifest's\n"
             "                    \"files\" digests and sizes; for an hf:// PATH whose\n"
             "                    repository publishes no sluice.manifest.json, every\n"
-            "                    file against the Hub's LFS SHA-256 (files only); for\n"
+            "                    file against the Hub's LFS SHA-256 (files only when a\n"
+            "                    file is no Git LFS object); for\n"
             "                    a Hub cache snapshot, every file against its blob's\n"
             "                    name\n"
             "  -q, --quiet       no progress bar (shown only when stderr is a terminal)\n"
@@ -241,9 +244,11 @@ int cmd_verify(int argc, char **argv)
     if (no_link)
         return ms_verify_files(path, o.signature_path, trust.keys.path, trust.keys.n,
                                trust.cas.path, trust.cas.n, ignore.path, ignore.n);
-    /* A Hub location without a manifest of its own is checked file by
-     * file against the Hub's LFS SHA-256 (--files): DEFAULT is REQUIRE
-     * for a manifest of tensors, and takes those for what they are. */
+    /* A Hub location without a manifest of its own is checked against
+     * the manifest derived from the Hub's LFS SHA-256, or, when a file is
+     * no Git LFS object, file by file against the others (--files):
+     * DEFAULT is REQUIRE for a manifest of tensors, and takes those for
+     * what they are. */
     int hub_files = files && !strncmp(path, "hf://", 5);
     o.verify = hub_files ? SLUICE_VERIFY_DEFAULT : SLUICE_VERIFY_REQUIRE;
     double t0 = ig_now();

@@ -270,9 +270,11 @@ static int take_remote(sluice_model *m, const char *path, sl_err *err)
  * nothing looked for (policy OFF). */
 static int note_verification(sluice_model *m, const char *path, sl_err *err)
 {
-    /* the Hub's whole-file digests check no tensor load: the model loads
-     * unverified, and says so like one without a manifest (sluice_verify
-     * with SLUICE_VF_FILES still checks its files against them) */
+    /* the Hub's whole-file digests left as they are (a file of the model
+     * is no LFS object, so nothing was derived) check no tensor load: the
+     * model loads unverified, and says so like one without a manifest
+     * (sluice_verify with SLUICE_VF_FILES still checks its files against
+     * them) */
     if (m->manifest && !m->hub_files_only) {
         m->verification = m->hub_snapshot ? SLUICE_VERIFIED_PUBLISHER_DIGEST : SLUICE_VERIFIED;
         return SLUICE_OK;
@@ -491,6 +493,10 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
     if (rc == SLUICE_OK && !m->manifest)
         rc = sl_manifest_load(&m->index, &m->trust, m->hub, where, &m->manifest,
                               &m->hub_files_only, err);
+    /* an hf:// model that publishes none: the Hub's LFS SHA-256 of its
+     * files, derived into tensor digests the same way (hub.c) */
+    if (rc == SLUICE_OK && m->hub_files_only)
+        rc = sl_hub_open_remote(m, path, err);
     if (rc < 0)
         goto primary_down;
 opened:

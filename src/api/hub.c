@@ -16,6 +16,13 @@
  * whole file again. What this trusts: the Hub's digest, then the derived
  * manifest in the cache directory, as the memo trusts its records
  * (docs/manifests.md).
+ *
+ * An hf:// model that publishes no sluice manifest is derived the same
+ * way (sl_hub_open_remote): the Hub's API lists the SHA-256 of each LFS
+ * file (hf.c, the stand-in manifest of manifest.c), and the first open
+ * reads each file whole through its remote source, ranged as every
+ * remote read is. The derived manifests are the same files, keyed by the
+ * same digests: a snapshot and its hf:// location share them.
  */
 #include "api/hub.h"
 #include "api/manifest_write.h"
@@ -36,12 +43,14 @@
 #include <unistd.h>
 
 #define CHUNK_BYTES ((uint64_t)16 << 20) /* `sluice manifest`'s default */
-#define READ_BYTES ((size_t)4 << 20)
+#define READ_BYTES ((size_t)4 << 20)      /* a local file's reads */
+#define READ_BYTES_NET ((size_t)16 << 20) /* a remote one's ranges (verify.c's too) */
 
 /* What one file derives to (or what its derived manifest says). */
 typedef struct hub_file {
-    uint8_t blob[32];     /* the digest its blob is named by */
-    char *blob_path;      /* the blob's real path */
+    uint8_t blob[32];     /* the digest the Hub published: its blob's name, or the
+                             SHA-256 its API lists (hf://) */
+    char *blob_path;      /* the blob's real path (NULL: an hf:// file) */
     uint8_t digest[32];   /* the writer's "digest" and "size" of the file */
     uint64_t bytes;
     char *derived;        /* DIR/derived/sha256/HEX.manifest.json, or NULL (no cache) */
@@ -49,6 +58,7 @@ typedef struct hub_file {
 
 typedef struct hub_ctx {
     sluice_model *m;
+    int remote;             /* hf:// files, read through m->remote */
     hub_file *files;
     uint8_t (*tensor)[32];  /* per tensor */
     uint32_t *chunk_count;  /* per tensor */
@@ -268,10 +278,44 @@ static void job_stop(derive_job *j)
     pthread_mutex_destroy(&j->mu);
 }
 
-/* One pass over file fi: its digest and size into c->files[fi], its
- * tensors' and chunks' digests into c's arrays; then the file's digest
- * must be its blob's name. */
-static int derive(hub_ctx *c, size_t fi, sl_err *err)
+/* Reads file f whole through its source (rc: how a remote one is reached),
+ * block by block, handing each to j's lanes and hashing it into file. */
+static int read_whole(derive_job *j, const sl_file *f, const sl_remote_cfg *rc, sl_md *file,
+                      uint8_t *buf, size_t block, sl_err *err)
+{
+    uint64_t off = 0;
+    for (;;) {
+        size_t want = f->size - off < block ? (size_t)(f->size - off) : block, got = 0;
+        unsigned requests = 0;
+        if (want) {
+            sl_err e = {0};
+            int st = f->src->read_tensor(f, rc, buf, want, off, &got, &requests, &e);
+            if (st == SL_SRC_ERRNO)
+                return sl_fail(err, SLUICE_E_IO, "%s: read at %llu: %s", f->path,
+                               (unsigned long long)off, strerror(errno));
+            if (st < 0) {
+                *err = e;
+                return st;
+            }
+            if (got == 0)
+                return sl_fail(err, SLUICE_E_FILE_CHANGED, "%s: %llu bytes read, %llu at open: "
+                               "the file changed", f->path, (unsigned long long)off,
+                               (unsigned long long)f->size);
+        }
+        run_block(j, buf, off, off + (uint64_t)got, got == 0);
+        int bad = sl_md_update(file, buf, got) < 0;
+        if (wait_block(j) < 0 || bad)
+            return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", f->path);
+        off += (uint64_t)got;
+        if (got == 0)
+            return SLUICE_OK;
+    }
+}
+
+/* One pass over file fi read through rc: its digest and size into
+ * c->files[fi], its tensors' and chunks' digests into c's arrays; then
+ * the file's digest must be the one the Hub published. */
+static int derive_pass(hub_ctx *c, size_t fi, const sl_remote_cfg *rc, sl_err *err)
 {
     const sl_index *ix = &c->m->index;
     const sl_file *f = &ix->files[fi];
@@ -280,16 +324,17 @@ static int derive(hub_ctx *c, size_t fi, sl_err *err)
     pthread_mutex_init(&j.mu, NULL);
     pthread_cond_init(&j.go, NULL);
     pthread_cond_init(&j.done, NULL);
-    uint8_t *buf = malloc(READ_BYTES);
+    size_t block = f->src->caps & SL_SRC_NETWORK ? READ_BYTES_NET : READ_BYTES;
+    uint8_t *buf = malloc(block);
     sl_md *file = sl_md_new(SLUICE_ALG_SHA256);
-    int rc = SLUICE_OK, nomem = !buf || !file;
+    int rc2 = SLUICE_OK, nomem = !buf || !file;
     for (int k = 0; k < NLANES; k++) {
         lane *l = &j.lanes[k];
         *l = (lane){.j = &j, .kind = k, .cur = f->first_tensor, .md = sl_md_new(SLUICE_ALG_SHA256)};
         nomem |= !l->md;
     }
     if (nomem) {
-        rc = sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", f->path);
+        rc2 = sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", f->path);
         goto done;
     }
     for (int k = 0; k < NLANES; k++) /* without a thread, a lane runs on this one */
@@ -297,48 +342,71 @@ static int derive(hub_ctx *c, size_t fi, sl_err *err)
             j.lanes[k].threaded = 1;
             j.nthreads++;
         }
-    uint64_t off = 0;
-    for (;;) {
-        ssize_t got = pread(f->fd, buf, READ_BYTES, (off_t)off);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got < 0) {
-            rc = sl_fail(err, SLUICE_E_IO, "%s: read at %llu: %s", f->path,
-                         (unsigned long long)off, strerror(errno));
-            goto done;
-        }
-        run_block(&j, buf, off, off + (uint64_t)got, got == 0);
-        int bad = sl_md_update(file, buf, (size_t)got) < 0;
-        if ((rc = wait_block(&j)) < 0 || bad) {
-            rc = sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", f->path);
-            goto done;
-        }
-        off += (uint64_t)got;
-        if (got == 0)
-            break;
-    }
-    if (off != f->size || j.lanes[LANE_TENSOR].cur != j.first + j.count ||
+    if ((rc2 = read_whole(&j, f, rc, file, buf, block, err)) < 0)
+        goto done;
+    if (j.lanes[LANE_TENSOR].cur != j.first + j.count ||
         j.lanes[LANE_CHUNK].cur != j.first + j.count) {
-        rc = sl_fail(err, SLUICE_E_FILE_CHANGED, "%s: %llu bytes read, %llu at open: the file "
-                     "changed", f->path, (unsigned long long)off, (unsigned long long)f->size);
+        rc2 = sl_fail(err, SLUICE_E_FILE_CHANGED, "%s: its tensors end past its %llu bytes: the "
+                      "file changed", f->path, (unsigned long long)f->size);
         goto done;
     }
     if (sl_md_final(file, h->digest) < 0) {
-        rc = sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", f->path);
+        rc2 = sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", f->path);
         goto done;
     }
-    h->bytes = off;
+    h->bytes = f->size;
     if (memcmp(h->digest, h->blob, 32) != 0) {
         char got_hex[65], want[65];
-        rc = sl_fail(err, SLUICE_E_CHECKSUM, "%s: SHA-256 mismatch: expected %s (the digest "
-                     "the Hugging Face Hub published, its blob's name), actual %s: the file (%s) is "
-                     "damaged; download it again", f->path, sl_hex_digest(want, h->blob),
-                     sl_hex_digest(got_hex, h->digest), h->blob_path);
+        sl_hex_digest(want, h->blob);
+        sl_hex_digest(got_hex, h->digest);
+        if (h->blob_path)
+            rc2 = sl_fail(err, SLUICE_E_CHECKSUM, "%s: SHA-256 mismatch: expected %s (the "
+                          "digest the Hugging Face Hub published, its blob's name), actual %s: "
+                          "the file (%s) is damaged; download it again", f->path, want, got_hex,
+                          h->blob_path);
+        else
+            rc2 = sl_fail(err, SLUICE_E_CHECKSUM, "%s: SHA-256 mismatch: expected %s (the "
+                          "digest the Hugging Face Hub publishes for it, its LFS SHA-256), "
+                          "actual %s: the bytes served are not the file published", f->path,
+                          want, got_hex);
     }
 done:
     job_stop(&j);
     sl_md_free(file);
     free(buf);
+    return rc2;
+}
+
+/* A file read again from the origin directly (sl_source_read_direct's
+ * read). */
+typedef struct derive_direct_args {
+    hub_ctx *c;
+    size_t fi;
+} derive_direct_args;
+
+static int derive_direct(const sl_remote_cfg *direct, void *ctx, uint64_t *bytes, sl_err *err)
+{
+    derive_direct_args *a = ctx;
+    *bytes = a->c->m->index.files[a->fi].size;
+    return derive_pass(a->c, a->fi, direct, err);
+}
+
+/* derive_pass; a remote file whose bytes came through a proxy and do not
+ * match is read again from the origin directly, once (the remote
+ * source's rule, sluice.h "Proxies"). */
+static int derive(hub_ctx *c, size_t fi, sl_err *err)
+{
+    const sl_file *f = &c->m->index.files[fi];
+    int rc = derive_pass(c, fi, c->m->remote, err);
+    if (rc == SLUICE_E_CHECKSUM && c->remote) {
+        derive_direct_args a = {c, fi};
+        sl_err e2 = {0};
+        int again = sl_source_read_direct(c->m->remote, f, rc, derive_direct, &a, &e2);
+        if (again != SL_SRC_NOT_PROXIED) {
+            *err = e2;
+            rc = again;
+        }
+    }
     return rc;
 }
 
@@ -557,17 +625,52 @@ static char *manifest_name(const hub_ctx *c)
 {
     size_t nf = c->m->index.nfiles;
     const char *d = c->files[0].derived;
+    const char *whose = c->remote ? "the Hub's LFS SHA-256" : "the Hub's SHA-256";
     char *s = NULL;
     int n;
     if (nf == 1 && d)
-        n = asprintf(&s, "%s (derived from the Hub's SHA-256 of %s)", d, c->m->index.files[0].path);
+        n = asprintf(&s, "%s (derived from %s of %s)", d, whose, c->m->index.files[0].path);
     else if (d)
-        n = asprintf(&s, "%.*s (%zu manifests derived from the Hub's SHA-256 of the files)",
-                     (int)(strrchr(d, '/') - d), d, nf);
+        n = asprintf(&s, "%.*s (%zu manifests derived from %s of the files)",
+                     (int)(strrchr(d, '/') - d), d, nf, whose);
     else
-        n = asprintf(&s, "(derived in memory from the Hub's SHA-256 of %zu file%s; no cache "
-                     "directory to keep it)", nf, nf == 1 ? "" : "s");
+        n = asprintf(&s, "(derived in memory from %s of %zu file%s; no cache directory to keep "
+                     "it)", whose, nf, nf == 1 ? "" : "s");
     return n < 0 ? NULL : s;
+}
+
+/* c's files' published digests are set: reads each file's derived
+ * manifest, or derives it (and keeps it), then sets m->manifest to the
+ * model's, checked under the model's plan. */
+static int hub_derive_all(hub_ctx *c, const char *path, sl_err *err)
+{
+    sluice_model *m = c->m;
+    const sl_index *ix = &m->index;
+    SL_TRY(name_derived(c, err));
+    for (size_t i = 0; i < ix->nfiles; i++) {
+        int have = read_derived(c, i);
+        if (have < 0)
+            return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
+        if (have)
+            continue;
+        SL_TRY(derive(c, i, err));
+        keep_derived(c, i);
+    }
+    char *text = NULL, *named = manifest_name(c);
+    size_t len = 0;
+    if (!named)
+        return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
+    int rc = manifest_text(c, SIZE_MAX, &text, &len, err);
+    if (rc < 0) {
+        free(named);
+        return rc;
+    }
+    sl_manifest *mf = NULL;
+    SL_TRY(sl_manifest_from_text(ix, &m->trust, named, text, len, &mf, err));
+    sl_manifest_free(m->manifest);
+    m->manifest = mf;
+    m->hub_snapshot = 1;
+    return SLUICE_OK;
 }
 
 int sl_hub_open(sluice_model *m, const char *path, sl_err *err)
@@ -593,33 +696,31 @@ int sl_hub_open(sluice_model *m, const char *path, sl_err *err)
         if (yes <= 0)
             goto done; /* not a Hub snapshot: as before */
     }
-    if ((rc = name_derived(&c, err)) < 0)
-        goto done;
-    for (size_t i = 0; i < ix->nfiles; i++) {
-        int have = read_derived(&c, i);
-        if (have < 0) {
-            rc = sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
-            goto done;
-        }
-        if (have)
-            continue;
-        if ((rc = derive(&c, i, err)) < 0)
-            goto done;
-        keep_derived(&c, i);
-    }
-    char *text = NULL, *named = manifest_name(&c);
-    size_t len = 0;
-    if (!named) {
+    rc = hub_derive_all(&c, path, err);
+done:
+    ctx_free(&c, ix->nfiles);
+    return rc;
+}
+
+int sl_hub_open_remote(sluice_model *m, const char *path, sl_err *err)
+{
+    const sl_index *ix = &m->index;
+    if (!m->hub_files_only || !m->manifest || !ix->nfiles)
+        return SLUICE_OK;
+    hub_ctx c = {.remote = 1};
+    int rc = SLUICE_OK;
+    if (ctx_new(&c, m) < 0) {
         rc = sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
         goto done;
     }
-    if ((rc = manifest_text(&c, SIZE_MAX, &text, &len, err)) < 0) {
-        free(named);
-        goto done;
+    for (size_t i = 0; i < ix->nfiles; i++) {
+        const uint8_t *d = sl_manifest_file_digest(m->manifest, i, NULL);
+        if (!d)
+            goto done; /* a file that is no LFS object: the model stays unverified */
+        memcpy(c.files[i].blob, d, 32);
     }
-    if ((rc = sl_manifest_from_text(ix, &m->trust, named, text, len, &m->manifest, err)) < 0)
-        goto done;
-    m->hub_snapshot = 1;
+    if ((rc = hub_derive_all(&c, path, err)) == SLUICE_OK)
+        m->hub_files_only = 0;
 done:
     ctx_free(&c, ix->nfiles);
     return rc;

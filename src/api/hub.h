@@ -22,4 +22,16 @@
  * manifest code. */
 int sl_hub_open(sluice_model *m, const char *path, sl_err *err);
 
+/* The same for an hf:// model that publishes no sluice manifest, whose
+ * manifest is the Hub's stand-in (m->hub_files_only: the LFS SHA-256 the
+ * Hub's API lists for each file, hf.h): when it lists every file of m's
+ * index, replaces m->manifest by the manifest derived from the files'
+ * bytes (read from the cache directory, or derived now: each file without
+ * one is read whole once through its remote source and must match the
+ * Hub's digest), clears m->hub_files_only and sets m->hub_snapshot. A
+ * model with a file the Hub lists no LFS digest for (not a Git LFS object)
+ * is left as it was. path: the model, for messages. Same codes as
+ * sl_hub_open (SLUICE_E_CHECKSUM names the file and both digests). */
+int sl_hub_open_remote(sluice_model *m, const char *path, sl_err *err);
+
 #endif

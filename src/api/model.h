@@ -41,9 +41,11 @@ struct sluice_model {
     sluice_verification verification; /* what open found to verify against */
     struct sl_hf_repo *hub;    /* hf.h: an hf:// location's resolution, during open only */
     int hub_files_only;        /* the manifest is the Hub's LFS SHA-256 (whole files
-                                  only): no tensor load is checked */
-    int hub_snapshot;          /* the manifest was derived from a Hub cache's blob
-                                  digests (hub.c): SLUICE_VERIFIED_PUBLISHER_DIGEST */
+                                  only, nothing derived from them: a file of an hf://
+                                  model is no LFS object): no tensor load is checked */
+    int hub_snapshot;          /* the manifest was derived from the Hub's digests, a
+                                  cache's blob names or an hf:// model's LFS SHA-256
+                                  (hub.c): SLUICE_VERIFIED_PUBLISHER_DIGEST */
     unsigned serving;          /* 0: the index is the model's own location's; k: its
                                   own could not be opened and fallback k serves it
                                   (open_mirror.c) */

@@ -216,10 +216,11 @@ const char *sl_hf_pinned(const sl_hf_repo *r)
 }
 
 int sl_hf_manifest(const sl_hf_repo *r, const sl_index *ix, char **text, size_t *len,
-                   char **named, sl_err *err)
+                   char **named, int *all, sl_err *err)
 {
     *text = *named = NULL;
     *len = 0;
+    *all = 0;
     cJSON *root = cJSON_CreateObject(), *files = cJSON_CreateObject();
     int nomem = !root || !files, listed = 0;
     if (!nomem) {
@@ -250,6 +251,7 @@ int sl_hf_manifest(const sl_hf_repo *r, const sl_index *ix, char **text, size_t 
             cJSON_Delete(e);
         listed++;
     }
+    *all = listed && (size_t)listed == ix->nfiles;
     if (!nomem && listed) {
         *text = cJSON_PrintUnformatted(root);
         size_t n = strlen(r->prefix) + 40;

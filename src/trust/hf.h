@@ -32,9 +32,10 @@ const char *sl_hf_pinned(const sl_hf_repo *r);
 /* A manifest (version 1, "files" only) of the LFS SHA-256 and sizes the
  * Hub lists for the files of ix (a file the Hub lists no LFS digest for
  * has no entry), for sl_manifest_from_text: *text and *named malloc'd;
- * *text NULL when no file of ix has one. */
+ * *text NULL when no file of ix has one. *all: 1 when every file of ix
+ * has one (sluice_open then derives tensor digests from them, api/hub.c). */
 int sl_hf_manifest(const sl_hf_repo *r, const sl_index *ix, char **text, size_t *len,
-                   char **named, sl_err *err);
+                   char **named, int *all, sl_err *err);
 
 void sl_hf_free(sl_hf_repo *r);
 

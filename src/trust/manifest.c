@@ -1237,19 +1237,23 @@ static int fetch_remote(const sl_index *ix, const sl_trust_plan *p, const sl_loc
 
 /* A Hub repository that publishes no manifest (none of the sidecars at
  * looked): the Hub's LFS SHA-256 of its files stand in (hf.h), which
- * cover whole files, not tensors: policy REQUIRE cannot be met by them. */
+ * cover whole files, not tensors. sluice_open derives tensor digests from
+ * them when they cover every file (api/hub.c); when a file has none (no
+ * LFS object), nothing is derived and policy REQUIRE cannot be met. */
 static int hub_manifest(const sl_hf_repo *hub, const sl_index *ix, const sl_trust_plan *p,
                         const char *looked, char **text, size_t *len, char **named, sl_err *err)
 {
-    SL_TRY(sl_hf_manifest(hub, ix, text, len, named, err));
-    if (*text && p->require) {
+    int all = 0;
+    SL_TRY(sl_hf_manifest(hub, ix, text, len, named, &all, err));
+    if (*text && p->require && !all) {
         free(*text);
         free(*named);
         *text = *named = NULL;
         return sl_fail(err, SLUICE_E_MANIFEST, "manifest: policy REQUIRE, and %s publishes no "
-                       "manifest (no %s): the Hub's LFS SHA-256 cover whole files, not tensors "
-                       "(check them with 'sluice verify --files', or publish a manifest written "
-                       "by 'sluice manifest')", sl_hf_pinned(hub), looked);
+                       "manifest (no %s) and the Hub lists no LFS SHA-256 for some of its files "
+                       "(the rest cover whole files, not tensors: check them with 'sluice verify "
+                       "--files', or publish a manifest written by 'sluice manifest')",
+                       sl_hf_pinned(hub), looked);
     }
     return SLUICE_OK;
 }
@@ -1283,11 +1287,12 @@ static int load_remote(const sl_index *ix, const sl_trust_plan *p, const sl_hf_r
             free(text);
             rc = sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
         } else {
-            /* the Hub's digests check whole files (sluice_verify with
-             * SLUICE_VF_FILES), never a tensor: DEFAULT means IF_PRESENT
-             * for them, and REQUIRE was refused (hub_manifest) */
+            /* the Hub's digests check whole files, never a tensor: they
+             * are read under IF_PRESENT; the policy asked judges the
+             * manifest derived from them (api/hub.c), and REQUIRE without
+             * one for every file was refused (hub_manifest) */
             sl_trust_plan hub_p = *p;
-            if (hub_named && hub_p.verify == SLUICE_VERIFY_DEFAULT)
+            if (hub_named)
                 hub_p.verify = SLUICE_VERIFY_IF_PRESENT;
             /* a signature lies beside the manifest read; the Hub's digests
              * stand in for one that nobody wrote, nor signed */

@@ -24,7 +24,8 @@ struct sl_hf_repo;
  * NULL), checks its signature as the plan says, and resolves the policy
  * against ix. *out is NULL when nothing is to be verified (no manifest,
  * or policy OFF); *hub_files_only (may be NULL) is set to 1 when the
- * manifest is the Hub's stand-in. On failure *out is NULL, nothing is
+ * manifest is the Hub's stand-in (whole files only: sluice_open derives
+ * tensor digests from it, api/hub.c sl_hub_open_remote). On failure *out is NULL, nothing is
  * leaked and err says why (naming remote locations without their
  * credentials). */
 int sl_manifest_load(const sl_index *ix, const sl_trust_plan *plan, const struct sl_hf_repo *hub,
