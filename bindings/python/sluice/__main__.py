@@ -65,10 +65,14 @@ def cmd_manifest(args):
     if out in (None, "-"):
         out = sys.stdout.fileno()
         sys.stdout.flush()
-    sluice.write_manifest(args.path, out, version=version,
-                          chunk=args.chunk if version == 2 else None,
-                          parts=args.parts, worlds=worlds, threads=args.threads,
-                          sign_key=args.sign_key)
+    try:
+        sluice.write_manifest(args.path, out, version=version,
+                              chunk=args.chunk if version == 2 else None,
+                              parts=args.parts, worlds=worlds, threads=args.threads,
+                              sign_key=args.sign_key)
+    except _errors.SignatureError as e:  # no trust options here: only the signing key
+        print(f"python -m sluice manifest: {e}", file=sys.stderr)
+        return OPEN  # a key that cannot sign cannot be used, as `sluice manifest --sign-key`
     return OK
 
 
