@@ -1752,6 +1752,23 @@ SLUICE_API int sluice_manifest_options_init(sluice_manifest_options *o);
 SLUICE_API int sluice_manifest_write(sluice_model *model, const char *path, int fd,
                                      const sluice_manifest_options *o);
 
+/*
+ * Signs the manifest file manifest_path (its exact bytes) with the Ed25519
+ * private key in the PEM file key_path (PKCS#8, as `sluice keygen` writes
+ * it), writing the signature file sluice_open checks with trusted_keys
+ * ("Signed manifests" below) to sig_path, or, sig_path NULL, to
+ * manifest_path + ".sig" beside it, through a temporary file fsynced and
+ * renamed over it: what `sluice sign MANIFEST --key KEY` writes (one
+ * signer). Sign last: any later change to the manifest voids it. why (may
+ * be NULL; why_cap bytes) gets "" or what failed. Returns SLUICE_OK;
+ * SLUICE_E_INVAL (a NULL path); SLUICE_E_SIGNATURE (the key unreadable,
+ * not a private key, not Ed25519; signing failed); SLUICE_E_IO (the
+ * manifest unreadable or larger than SLUICE_MAX_MANIFEST_BYTES, the
+ * signature not written); SLUICE_E_NOMEM. Any thread.
+ */
+SLUICE_API int sluice_manifest_sign(const char *manifest_path, const char *key_path,
+                                    const char *sig_path, char *why, size_t why_cap);
+
 /* What a verify did. Like struct sluice_stats, the caller sets .size; the
  * library writes only the fields that fit. */
 struct sluice_verify_report {

@@ -502,6 +502,11 @@ static void test_command_verify_files(void **state)
     assert_non_null(strstr(r.out, "publisher's file digest"));
     assert_non_null(strstr(r.out, "1 files verified, 0 failed"));
     run_free(&r);
+    /* inspect says it too, as verify words it */
+    r = run(h.root, "inspect", h.snap, NULL);
+    expect_status(&r, 0, "inspect of a clean snapshot");
+    assert_non_null(strstr(r.out, "verification: verified against the publisher's file digest"));
+    run_free(&r);
     /* flipped after the derivation: the file's check names both digests */
     flip(&h);
     char got[65];

@@ -1,6 +1,6 @@
 /* test_inspect.c: `sluice inspect` as a user runs it: the table, the JSON
- * object (checked against the library's index), and the exit status (3) and
- * one-line message on a bad model. */
+ * object (checked against the library's index), the exit status (3) and
+ * one-line message on a bad model, and the verification state it shows. */
 #include "util.h"
 
 #include <setjmp.h>
@@ -142,12 +142,109 @@ static void test_bad_model(void **state)
     free(dir);
 }
 
+/* Writes dir/m.safetensors (two U8 tensors) and returns its path. */
+static char *small_model(const char *dir)
+{
+    char *path = tu_join(dir, "m.safetensors");
+    tu_write_safetensors(path, "{\"a\":{\"dtype\":\"U8\",\"shape\":[16],\"data_offsets\":[0,16]},"
+                               "\"b\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[16,24]}}",
+                         NULL, 24);
+    return path;
+}
+
+/* The verification state, as `sluice verify` words it (issue 38): no
+ * manifest, a manifest, a signed one with --key, and an open a load would
+ * refuse (a manifest that disagrees with the headers, a signature by no
+ * trusted key): the index is still listed, the refusal named, the exit
+ * status its class. */
+static void test_verification_state(void **state)
+{
+    (void)state;
+    char *dir = tu_tmpdir();
+    char *path = small_model(dir);
+    char args[4096], *out, *err, want[2048];
+    snprintf(args, sizeof args, "inspect '%s'", path);
+    assert_int_equal(run_sluice(dir, args, &out, &err), 0);
+    snprintf(want, sizeof want, "verification: not verified: no manifest found (no sidecar %s",
+             path);
+    if (!strstr(out, want))
+        fail_msg("no \"%s\" in:\n%s", want, out);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "inspect --json '%s'", path);
+    assert_int_equal(run_sluice(dir, args, &out, &err), 0);
+    cJSON *root = cJSON_Parse(out);
+    cJSON *v = cJSON_GetObjectItem(root, "verification");
+    assert_string_equal(cJSON_GetObjectItem(v, "state")->valuestring, "no_manifest");
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(v, "manifest")));
+    cJSON_Delete(root);
+    free(out);
+    free(err);
+    /* a manifest, and a key that signed it */
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s/sluice' manifest m.safetensors -o m.safetensors.manifest.json "
+             ">/dev/null && '%s/sluice' keygen --out k >/dev/null && '%s/sluice' keygen --out k2 "
+             ">/dev/null && '%s/sluice' sign m.safetensors.manifest.json --key k.key >/dev/null",
+             dir, SLUICE_BINARY_DIR, SLUICE_BINARY_DIR, SLUICE_BINARY_DIR, SLUICE_BINARY_DIR);
+    assert_int_equal(system(cmd), 0);
+    snprintf(args, sizeof args, "inspect '%s'", path);
+    assert_int_equal(run_sluice(dir, args, &out, &err), 0);
+    snprintf(want, sizeof want, "verification: manifest %s.manifest.json\n", path);
+    if (!strstr(out, want))
+        fail_msg("no \"%s\" in:\n%s", want, out);
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "inspect '%s' --key '%s/k.pub'", path, dir);
+    assert_int_equal(run_sluice(dir, args, &out, &err), 0);
+    assert_non_null(strstr(out, "signature verified (")); /* as verify says it */
+    assert_non_null(strstr(out, "by one of 1 trusted key)"));
+    free(out);
+    free(err);
+    snprintf(args, sizeof args, "inspect --json '%s'", path);
+    assert_int_equal(run_sluice(dir, args, &out, &err), 0);
+    root = cJSON_Parse(out);
+    v = cJSON_GetObjectItem(root, "verification");
+    assert_string_equal(cJSON_GetObjectItem(v, "state")->valuestring, "verified");
+    snprintf(want, sizeof want, "%s.manifest.json", path);
+    assert_string_equal(cJSON_GetObjectItem(v, "manifest")->valuestring, want);
+    cJSON_Delete(root);
+    free(out);
+    free(err);
+    /* another signer: refused (4), the index still listed */
+    snprintf(args, sizeof args, "inspect '%s' --key '%s/k2.pub'", path, dir);
+    assert_int_equal(run_sluice(dir, args, &out, &err), 4);
+    assert_non_null(strstr(out, "verification: FAILED: "));
+    assert_non_null(strstr(out, "total: 2 tensors, 24 bytes"));
+    assert_non_null(strstr(err, "sluice inspect: "));
+    free(out);
+    free(err);
+    /* a manifest that disagrees with the headers (b's dtype): integrity (1) */
+    snprintf(cmd, sizeof cmd, "cd '%s' && rm m.safetensors.manifest.json.sig && "
+             "sed -i 's/\"U8\"/\"I8\"/' m.safetensors.manifest.json", dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(args, sizeof args, "inspect --json '%s'", path);
+    assert_int_equal(run_sluice(dir, args, &out, &err), 1);
+    root = cJSON_Parse(out);
+    assert_non_null(root);
+    v = cJSON_GetObjectItem(root, "verification");
+    assert_string_equal(cJSON_GetObjectItem(v, "state")->valuestring, "failed");
+    assert_non_null(strstr(cJSON_GetObjectItem(v, "detail")->valuestring, "I8"));
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(root, "tensors")), 2);
+    cJSON_Delete(root);
+    free(out);
+    free(err);
+    free(path);
+    tu_rmtree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_real_files_json),
         cmocka_unit_test(test_table_and_names),
         cmocka_unit_test(test_bad_model),
+        cmocka_unit_test(test_verification_state),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

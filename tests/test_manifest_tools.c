@@ -160,6 +160,50 @@ static void manifest_sidecar_verifies(void **state)
     free(side);
 }
 
+/* --sign-key: the manifest written to -o FILE and signed into FILE.sig
+ * by the library's one signer, the bytes `sluice sign` writes; verify
+ * accepts it with the public key. */
+static void manifest_sign_key(void **state)
+{
+    fx *f = *state;
+    char *side = tu_join(f->model, "sluice.manifest.json"), *k = tu_join(f->dir, "k");
+    char *key = tu_join(f->dir, "k.key"), *pub = tu_join(f->dir, "k.pub");
+    char *other = tu_join(f->dir, "other.sig"), sig[2048];
+    snprintf(sig, sizeof sig, "%s.sig", side);
+    run_result r = run(f->dir, "keygen", "--out", k, NULL);
+    expect_status(&r, 0, "keygen");
+    run_free(&r);
+    r = run(f->dir, "manifest", f->model, "-o", side, "--sign-key", key, NULL);
+    expect_status(&r, 0, "manifest --sign-key");
+    run_free(&r);
+    r = run(f->dir, "verify", f->model, "--key", pub, "-q", NULL);
+    expect_status(&r, 0, "verify --key of the signed manifest");
+    run_free(&r);
+    r = run(f->dir, "sign", side, "--key", key, "-o", other, NULL);
+    expect_status(&r, 0, "sign");
+    run_free(&r);
+    size_t a_len = 0, b_len = 0;
+    char *a = tu_read_file(sig, &a_len), *b = tu_read_file(other, &b_len);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_int_equal(a_len, b_len);
+    assert_memory_equal(a, b, a_len); /* one signer */
+    free(a);
+    free(b);
+    r = run(f->dir, "manifest", f->model, "--sign-key", key, NULL);
+    expect_status(&r, 2, "manifest --sign-key to stdout");
+    assert_non_null(strstr(r.err, "-o FILE"));
+    run_free(&r);
+    r = run(f->dir, "manifest", f->model, "-o", side, "--sign-key", pub, NULL);
+    expect_status(&r, 3, "manifest --sign-key with a public key");
+    run_free(&r);
+    free(side);
+    free(k);
+    free(key);
+    free(pub);
+    free(other);
+}
+
 static void manifest_stdout_and_flat(void **state)
 {
     fx *f = *state;
@@ -610,6 +654,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(verify_reports_flipped_tensor, setup, teardown),
         cmocka_unit_test_setup_teardown(cat_writes_verified_bytes, setup, teardown),
         cmocka_unit_test_setup_teardown(usage_and_open_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(manifest_sign_key, setup, teardown),
         cmocka_unit_test_setup_teardown(version_is_the_library_s, setup, teardown),
         cmocka_unit_test_setup_teardown(real_files_round_trip, setup, teardown),
     };

@@ -1,7 +1,9 @@
 /* test_remote_s3.c: s3:// models against s3rver 3.7 (npm), started here
  * on 127.0.0.1: path-style and virtual-host-style addressing, signed
  * (SigV4) and anonymous requests, the endpoint from the option and from
- * AWS_ENDPOINT_URL, a sharded model under a prefix, a missing key.
+ * AWS_ENDPOINT_URL, a sharded model under a prefix, a missing key, and
+ * remote signatures beside an S3 manifest (M.sig, model.sig: fetched and
+ * checked, refused when tampered, failing closed when absent).
  *
  * s3rver does not check signatures and mishandles suffix and multi-range
  * requests (sluice sends neither): this checks the request format and
@@ -59,6 +61,18 @@ static int put_object(const char *key, const char *file)
     return ok;
 }
 
+static void run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void run(const char *fmt, ...)
+{
+    char cmd[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    if (system(cmd) != 0)
+        fail_msg("failed: %s", cmd);
+}
+
 static void skip_all(const char *why)
 {
     fprintf(stderr, "skipped: %s\n", why);
@@ -75,6 +89,49 @@ static void write_model(const char *path, const char *prefix, uint64_t big)
              prefix, (unsigned long long)big / 4, (unsigned long long)big, prefix,
              (unsigned long long)big, (unsigned long long)big + 5);
     tu_write_safetensors(path, header, NULL, (size_t)big + 5);
+}
+
+static char *keys_dir;
+
+/* Remote signatures over S3 (issue 38 item 5): KEY/m.safetensors, its
+ * manifest and what signs it, made locally by the sluice command and
+ * uploaded under signed-NAME/: ed (M.sig by ed), ed-other (by ed2),
+ * ed-tampered (the manifest changed after ed signed it), unsigned (no
+ * signature), ms (an OpenSSF model.sig by ec). */
+static void signed_models(void)
+{
+    const char *b = SLUICE_BINARY_DIR;
+    keys_dir = tu_tmpdir();
+    run("%s/sluice keygen --out %s/ed >/dev/null && %s/sluice keygen --out %s/ed2 >/dev/null && "
+        "%s/sluice keygen --out %s/ec --curve p256 >/dev/null", b, keys_dir, b, keys_dir, b,
+        keys_dir);
+    static const char *const dirs[] = {"ed", "ed-other", "ed-tampered", "unsigned", "ms"};
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+        char d[1024], key[1100];
+        snprintf(d, sizeof d, "%s/signed-%s", local_dir, dirs[i]);
+        mkdir(d, 0755);
+        char *p = tu_join(d, "m.safetensors");
+        write_model(p, "", 70000);
+        run("%s/sluice manifest '%s' -o '%s/m.safetensors.manifest.json' >/dev/null", b, p, d);
+        if (!strcmp(dirs[i], "ms"))
+            run("%s/sluice sign %s --format model-signing --key %s/ec.key >/dev/null", b, d,
+                keys_dir);
+        else if (strcmp(dirs[i], "unsigned"))
+            run("%s/sluice sign %s/m.safetensors.manifest.json --key %s/%s.key >/dev/null", b, d,
+                keys_dir, strcmp(dirs[i], "ed-other") ? "ed" : "ed2");
+        if (!strcmp(dirs[i], "ed-tampered"))
+            run("printf ' ' >>%s/m.safetensors.manifest.json", d);
+        static const char *const files[] = {"m.safetensors", "m.safetensors.manifest.json",
+                                            "m.safetensors.manifest.json.sig", "model.sig"};
+        for (size_t k = 0; k < sizeof files / sizeof files[0]; k++) {
+            char *f = tu_join(d, files[k]);
+            snprintf(key, sizeof key, "signed-%s/%s", dirs[i], files[k]);
+            if (access(f, F_OK) == 0 && !put_object(key, f))
+                fail_msg("cannot upload %s to s3rver", key);
+            free(f);
+        }
+        free(p);
+    }
 }
 
 static int setup(void **state)
@@ -141,6 +198,7 @@ static int setup(void **state)
     free(s1);
     free(s2);
     free(ip);
+    signed_models();
     (void)state;
     return 0;
 }
@@ -153,8 +211,11 @@ static int teardown(void **state)
     }
     tu_rmtree(data_dir);
     tu_rmtree(local_dir);
+    if (keys_dir)
+        tu_rmtree(keys_dir);
     free(data_dir);
     free(local_dir);
+    free(keys_dir);
     (void)state;
     return 0;
 }
@@ -301,6 +362,57 @@ static void test_part_over_s3(void **state)
     (void)state;
 }
 
+/* Opens s3://models/signed-DIR/m.safetensors trusting keys_dir/KEY.pub;
+ * returns the code, wants want and words in the message. */
+static void expect_signed(const char *dir, const char *key, int want, const char *words)
+{
+    char pub[1200], loc[256];
+    snprintf(pub, sizeof pub, "%s/%s.pub", keys_dir, key);
+    snprintf(loc, sizeof loc, "s3://models/signed-%s/m.safetensors", dir);
+    const char *list[] = {pub};
+    sluice_options o;
+    sluice_options_init(&o);
+    o.s3_endpoint = endpoint;
+    o.trusted_keys = list;
+    o.ntrusted_keys = 1;
+    o.remote_attempts = 2;
+    o.remote_backoff_ms = 10;
+    sluice_model *m = NULL;
+    int rc = sluice_open(loc, &o, &m);
+    const char *msg = m ? sluice_errmsg(m) : "";
+    if (rc != want || (words && !strstr(msg, words)))
+        fail_msg("%s with key %s: %s (%s), wanted %s and \"%s\"", loc, key, sluice_strerror(rc),
+                 msg, sluice_strerror(want), words ? words : "");
+    if (rc == SLUICE_OK) {
+        assert_int_equal(sluice_verify_state(m, NULL), SLUICE_VERIFIED);
+        for (size_t i = 0; i < sluice_count(m); i++) {
+            sluice_tensor *t;
+            assert_int_equal(sluice_acquire_index(m, i, &t), SLUICE_OK);
+            sluice_release(t);
+        }
+    }
+    sluice_close(m);
+}
+
+/* A remote manifest's signature over S3 (M.sig, model.sig beside it) is
+ * fetched and checked, signed requests and anonymous alike: accepted when
+ * a trusted key signed it, refused when another did or the manifest
+ * changed, and, with trusted keys and none there, the open fails closed. */
+static void test_signatures_over_s3(void **state)
+{
+    for (int signed_ = 1; signed_ >= 0; signed_--) {
+        set_credentials(signed_);
+        expect_signed("ed", "ed", SLUICE_OK, NULL);
+        expect_signed("ms", "ec", SLUICE_OK, NULL);
+        expect_signed("ed-other", "ed", SLUICE_E_SIGNATURE, "not one of the 1 trusted key");
+        expect_signed("ed-tampered", "ed", SLUICE_E_SIGNATURE, "changed after it was signed");
+        expect_signed("unsigned", "ed", SLUICE_E_SIGNATURE, "has no signature beside it");
+        expect_signed("ed", "ed2", SLUICE_E_SIGNATURE, NULL);
+    }
+    set_credentials(0);
+    (void)state;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -309,6 +421,7 @@ int main(void)
         cmocka_unit_test(test_endpoint_from_environment),
         cmocka_unit_test(test_missing_objects),
         cmocka_unit_test(test_part_over_s3),
+        cmocka_unit_test(test_signatures_over_s3),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

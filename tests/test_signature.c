@@ -240,6 +240,55 @@ static void good_signature(void **state)
 }
 
 /* The library's writer writes what the documented format says. */
+/* sluice_manifest_sign (the library's signer, which `sluice sign` and the
+ * Python package's write_manifest(sign_key=) run) writes the documented
+ * file, byte for byte what signing here gives, and the open accepts it;
+ * each wrong argument fails with its code and a message. */
+static void manifest_sign_api(void **state)
+{
+    fx *f = *state;
+    char why[512], want[512], msg[1200];
+    assert_int_equal(sluice_manifest_sign(f->manifest, f->a_key, NULL, why, sizeof why), SLUICE_OK);
+    assert_string_equal(why, "");
+    size_t len = 0;
+    char *got = tu_read_file(f->sig, &len);
+    assert_non_null(got);
+    char *mf = tu_read_file(f->manifest, &len);
+    uint8_t sig[64];
+    ed25519_sign(f->a, mf, len, sig);
+    format_sig(f->a, sig, mf, len, want);
+    assert_string_equal(got, want);
+    free(got);
+    free(mf);
+    const char *keys[] = {f->a_pub};
+    assert_int_equal(open_keys(f, SLUICE_VERIFY_REQUIRE, NULL, keys, 1, msg, sizeof msg), SLUICE_OK);
+    /* elsewhere: that file only */
+    char *other = tu_join(f->dir, "other.sig");
+    assert_int_equal(unlink(f->sig), 0);
+    assert_int_equal(sluice_manifest_sign(f->manifest, f->a_key, other, NULL, 0), SLUICE_OK);
+    assert_int_equal(access(f->sig, F_OK), -1);
+    assert_int_equal(access(other, F_OK), 0);
+    /* a public key cannot sign; no manifest; NULL arguments */
+    assert_int_equal(sluice_manifest_sign(f->manifest, f->a_pub, NULL, why, sizeof why),
+                     SLUICE_E_SIGNATURE);
+    assert_non_null(strstr(why, f->a_pub));
+    assert_int_equal(access(f->sig, F_OK), -1);
+    char *none = tu_join(f->dir, "none.json");
+    assert_int_equal(sluice_manifest_sign(none, f->a_key, NULL, why, sizeof why), SLUICE_E_IO);
+    assert_non_null(strstr(why, none));
+    assert_int_equal(sluice_manifest_sign(NULL, f->a_key, NULL, why, sizeof why), SLUICE_E_INVAL);
+    assert_non_null(strstr(why, "manifest_path"));
+    assert_int_equal(sluice_manifest_sign(f->manifest, NULL, NULL, why, sizeof why), SLUICE_E_INVAL);
+    /* a signature that cannot be written: nothing left behind */
+    char *dir_sig = tu_join(f->dir, "no/such/dir.sig");
+    assert_int_equal(sluice_manifest_sign(f->manifest, f->a_key, dir_sig, why, sizeof why),
+                     SLUICE_E_IO);
+    assert_non_null(strstr(why, dir_sig));
+    free(dir_sig);
+    free(none);
+    free(other);
+}
+
 static void format_round_trip(void **state)
 {
     fx *f = *state;
@@ -566,6 +615,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(good_signature, setup, teardown),
         cmocka_unit_test_setup_teardown(format_round_trip, setup, teardown),
+        cmocka_unit_test_setup_teardown(manifest_sign_api, setup, teardown),
         cmocka_unit_test_setup_teardown(two_keys_either_signs, setup, teardown),
         cmocka_unit_test_setup_teardown(missing_signature, setup, teardown),
         cmocka_unit_test_setup_teardown(wrong_key, setup, teardown),

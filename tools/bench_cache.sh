@@ -70,7 +70,7 @@ count "cold cached load (open + every tensor)"
 "$sluice" stats "$url" --cache-dir "$cache" >/dev/null
 count "warm cached load (open + every tensor)"
 "$sluice" inspect "$url" >/dev/null
-count "an open alone (headers; sluice inspect)"
+count "an open alone (headers and manifest; sluice inspect)"
 # Four processes at once on an empty cache: each may fetch what the
 # others have not stored yet when it starts a tensor.
 "$sluice" cache --cache-dir "$cache" clear >/dev/null

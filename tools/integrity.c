@@ -3,6 +3,7 @@
 
 #include "cmd.h"
 #include "jsonout.h"
+#include "msign.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -247,4 +248,32 @@ int ig_warn_unverified(const char *cmd, const sluice_model *m)
     default:
         return 0;
     }
+}
+
+void ig_print_checked_against(FILE *out, const char *prefix, const char *path,
+                              const sluice_model *m, const sluice_options *o, const ig_trust *t)
+{
+    const char *where = NULL;
+    int state = sluice_verify_state(m, &where);
+    if (state == SLUICE_UNVERIFIED_NO_MANIFEST) {
+        fprintf(out, "%snot verified: no manifest found (no sidecar %s)\n", prefix,
+                where ? where : "");
+        return;
+    }
+    if (state != SLUICE_VERIFIED && state != SLUICE_VERIFIED_PUBLISHER_DIGEST) {
+        fprintf(out, "%snot verified: verification is off\n", prefix);
+        return;
+    }
+    const char *mf = sluice_manifest_path(m);
+    if (o->signature_path || t->cas.n || ms_applied(path, t->keys.path, t->keys.n))
+        fprintf(out, "%smanifest %s: OpenSSF model signature verified (%s: lists the manifest and "
+                "every file)\n", prefix, mf, o->signature_path ? o->signature_path : "model.sig");
+    else if (t->keys.n)
+        fprintf(out, "%smanifest %s: signature verified (%s.sig, by one of %zu trusted key%s)\n",
+                prefix, mf, mf, t->keys.n, t->keys.n == 1 ? "" : "s");
+    else
+        fprintf(out, "%smanifest %s\n", prefix, mf);
+    if (state == SLUICE_VERIFIED_PUBLISHER_DIGEST)
+        fprintf(out, "%sverified against the publisher's file digest: a Hugging Face Hub "
+                "snapshot, each file checked against the SHA-256 its blob is named by\n", prefix);
 }

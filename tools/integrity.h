@@ -152,6 +152,17 @@ int ig_open_failed(const char *cmd, sluice_model *m, int rc);
  * (sluice_model_location). */
 int ig_warn_unverified(const char *cmd, const sluice_model *m);
 
+/* What m's bytes are checked against, as `sluice verify` and `sluice
+ * inspect` say it on out, each line after prefix: "manifest M" (with the
+ * signature that was verified: M.sig by a trusted key, or the OpenSSF
+ * model.sig), then, for a Hugging Face Hub snapshot, "verified against the
+ * publisher's file digest: ..."; with unverified (inspect; verify opens
+ * with REQUIRE and never has it) "not verified: no manifest found (no
+ * sidecar ...)" or "not verified: verification is off". path, o and t are
+ * the open's. */
+void ig_print_checked_against(FILE *out, const char *prefix, const char *path,
+                              const sluice_model *m, const sluice_options *o, const ig_trust *t);
+
 /* "512M", "4G", "1.5G", "4096" into bytes (K, M, G, T are powers of
  * 1024). Returns 0, or -1 when s is not a size. */
 int ig_parse_size(const char *s, uint64_t *out);

@@ -20,8 +20,9 @@
 static void usage(FILE *out)
 {
     fprintf(out,
-            "usage: sluice manifest PATH [-o FILE] [--algorithm sha256|blake3] [--v1 | --flat]\n"
-            "                       [--parts RULES [--worlds 2,4,8]] [-q] [--threads N]\n"
+            "usage: sluice manifest PATH [-o FILE [--sign-key KEY]] [--algorithm sha256|blake3]\n"
+            "                       [--v1 | --flat] [--parts RULES [--worlds 2,4,8]] [-q]\n"
+            "                       [--threads N]\n"
             "\n"
             "Computes the digest of every tensor of the model at PATH (a .safetensors\n"
             "file, a directory, or a *.safetensors.index.json) and of every whole file,\n"
@@ -48,11 +49,14 @@ static void usage(FILE *out)
             "                    sluice_open finds it by itself when FILE is the sidecar:\n"
             "                    F.manifest.json beside a single file F, else\n"
             "                    sluice.manifest.json in the model's directory\n"
+            "  --sign-key KEY    then sign FILE with the Ed25519 private key KEY, as\n"
+            "                    'sluice sign FILE --key KEY' does, into FILE.sig\n"
             "  -q, --quiet       no progress bar (shown only when stderr is a terminal)\n"
             "  --threads N       hashing threads (default: online CPUs)\n"
             "\n"
             CMD_EXIT_HELP
-            "manifest: 3 also when a tensor or file could not be read (nothing written).\n");
+            "manifest: 3 also when a tensor or file could not be read (nothing written),\n"
+            "or, with --sign-key, the key cannot sign (the manifest stays, unsigned).\n");
 }
 
 enum { FORM_V2, FORM_V1, FORM_FLAT };
@@ -91,7 +95,8 @@ static void on_failure(void *user, const char *message)
 
 int cmd_manifest(int argc, char **argv)
 {
-    const char *path = NULL, *out_path = NULL, *alg_name = NULL, *chunk_arg = NULL;
+    const char *path = NULL, *out_path = NULL, *alg_name = NULL, *chunk_arg = NULL,
+               *sign_key = NULL;
     const char *parts_arg = NULL, *worlds_arg = NULL;
     sluice_manifest_options mo;
     sluice_manifest_options_init(&mo);
@@ -106,7 +111,8 @@ int cmd_manifest(int argc, char **argv)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
-        } else if ((r = ig_file_option("manifest", argc, argv, &i, "--output", "-o", &out_path)) != 0) {
+        } else if ((r = ig_file_option("manifest", argc, argv, &i, "--output", "-o", &out_path)) != 0 ||
+                   (r = ig_file_option("manifest", argc, argv, &i, "--sign-key", NULL, &sign_key)) != 0) {
             if (r < 0)
                 return 2;
         } else if (!strcmp(a, "--flat") || !strcmp(a, "--v1")) {
@@ -149,6 +155,11 @@ int cmd_manifest(int argc, char **argv)
     }
     if (out_path && !strcmp(out_path, "-"))
         out_path = NULL;
+    if (sign_key && !out_path) {
+        fprintf(stderr, "sluice manifest: --sign-key needs -o FILE (the signature is FILE.sig "
+                        "beside it)\n");
+        return 2;
+    }
     if (chunk_arg && form != FORM_V2) {
         fprintf(stderr, "sluice manifest: --chunk needs version 2 (not --v1 or --flat)\n");
         return 2;
@@ -222,6 +233,14 @@ int cmd_manifest(int argc, char **argv)
     if (rc != SLUICE_OK) {
         fprintf(stderr, "sluice manifest: %s\n", sluice_errmsg(m));
         status = cmd_exit_status(rc);
+    }
+    char why[1024];
+    /* the library's one signer, as `sluice sign`; a key that cannot sign is
+     * a key that cannot be used (3), as there */
+    if (status == CMD_EXIT_OK && sign_key &&
+        sluice_manifest_sign(out_path, sign_key, NULL, why, sizeof why) != SLUICE_OK) {
+        fprintf(stderr, "sluice manifest: %s\n", why);
+        status = CMD_EXIT_OPEN;
     }
     sluice_part_rules_free(rules);
     if (sluice_close(m) != SLUICE_OK) {

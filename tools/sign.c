@@ -164,72 +164,6 @@ static void sign_usage(FILE *out)
             "cannot be written.\n");
 }
 
-/* Reads path whole (at most SLUICE_MAX_MANIFEST_BYTES); NULL after a
- * message. */
-static char *read_manifest(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "sluice sign: cannot open %s: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 65536, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - n, f);
-        if (n < cap || ferror(f))
-            break;
-        char *grown = cap > SLUICE_MAX_MANIFEST_BYTES ? NULL : realloc(buf, cap * 2);
-        if (!grown) {
-            fprintf(stderr, "sluice sign: %s: %s\n", path,
-                    cap > SLUICE_MAX_MANIFEST_BYTES ? "larger than a manifest may be" : "out of memory");
-            free(buf);
-            fclose(f);
-            return NULL;
-        }
-        buf = grown;
-        cap *= 2;
-    }
-    int bad = !buf || ferror(f);
-    fclose(f);
-    if (bad || n > SLUICE_MAX_MANIFEST_BYTES) {
-        fprintf(stderr, "sluice sign: %s %s\n", bad ? "cannot read" : "larger than a manifest may be:", path);
-        free(buf);
-        return NULL;
-    }
-    *len = n;
-    return buf;
-}
-
-/* Writes text to path through a temporary file renamed over it. */
-static int write_signature(const char *path, const char *text, size_t len)
-{
-    char *tmp = with_suffix(path, ".tmp.XXXXXX");
-    int fd = tmp ? mkstemp(tmp) : -1;
-    if (fd < 0) {
-        fprintf(stderr, "sluice sign: cannot create a file beside %s: %s\n", path,
-                tmp ? strerror(errno) : "out of memory");
-        free(tmp);
-        return -1;
-    }
-    int ok = fchmod(fd, 0644) == 0 && write(fd, text, len) == (ssize_t)len && fsync(fd) == 0;
-    int e = errno;
-    if (close(fd) != 0 && ok) {
-        ok = 0;
-        e = errno;
-    }
-    if (ok && rename(tmp, path) != 0) {
-        ok = 0;
-        e = errno;
-    }
-    if (!ok) {
-        fprintf(stderr, "sluice sign: cannot write %s: %s\n", path, strerror(e));
-        unlink(tmp);
-    }
-    free(tmp);
-    return ok ? 0 : -1;
-}
-
 int cmd_sign(int argc, char **argv)
 {
     for (int i = 1; i + 1 < argc; i++)
@@ -254,36 +188,15 @@ int cmd_sign(int argc, char **argv)
         sign_usage(stderr);
         return 2;
     }
-    int status = CMD_EXIT_OPEN;   /* what fails below: a file, a key, memory */
     sl_err err = {0};
-    EVP_PKEY *key = NULL;
+    uint8_t key_id[32];
     size_t len = 0;
-    char *text = NULL, *sig_path = out_path ? strdup(out_path) : sl_sig_path(manifest);
-    if (!sig_path) {
-        fprintf(stderr, "sluice sign: out of memory\n");
-        goto done;
-    }
-    if (sl_sig_load_key("key", key_path, 1, &key, &err) < 0) {
+    char id[72];
+    if (sl_sig_sign_file(manifest, key_path, out_path, key_id, &len, &err) < 0) {
         fprintf(stderr, "sluice sign: %s\n", err.msg);
-        goto done;
+        return CMD_EXIT_OPEN; /* a file, a key, memory */
     }
-    if (!(text = read_manifest(manifest, &len)))
-        goto done;
-    sl_sig sig;
-    char sig_text[SL_SIG_TEXT_LEN + 1], id[72];
-    if (sl_sig_sign(key, text, len, &sig, &err) < 0) {
-        fprintf(stderr, "sluice sign: %s\n", err.msg);
-        goto done;
-    }
-    size_t n = sl_sig_format(&sig, sig_text);
-    if (write_signature(sig_path, sig_text, n) < 0)
-        goto done;
-    printf("%s: signed %s (%zu bytes) with key %s\n", sig_path, manifest, len,
-           sl_sig_key_id_text(sig.key_id, id));
-    status = 0;
-done:
-    EVP_PKEY_free(key);
-    free(text);
-    free(sig_path);
-    return status;
+    printf("%s%s: signed %s (%zu bytes) with key %s\n", out_path ? out_path : manifest,
+           out_path ? "" : ".sig", manifest, len, sl_sig_key_id_text(key_id, id));
+    return 0;
 }

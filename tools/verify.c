@@ -263,19 +263,7 @@ int cmd_verify(int argc, char **argv)
         return CMD_EXIT_USAGE;
     }
     /* which manifest judges: a directory of one file may have two sidecars */
-    if (o.signature_path || trust.cas.n || ms_applied(path, trust.keys.path, trust.keys.n))
-        printf("manifest %s: OpenSSF model signature verified (%s: lists the manifest and "
-               "every file)\n", sluice_manifest_path(m), o.signature_path ? o.signature_path
-               : "model.sig");
-    else if (trust.keys.n)
-        printf("manifest %s: signature verified (%s.sig, by one of %zu trusted key%s)\n",
-               sluice_manifest_path(m), sluice_manifest_path(m), trust.keys.n,
-               trust.keys.n == 1 ? "" : "s");
-    else
-        printf("manifest %s\n", sluice_manifest_path(m));
-    if (sluice_verify_state(m, NULL) == SLUICE_VERIFIED_PUBLISHER_DIGEST)
-        printf("verified against the publisher's file digest: a Hugging Face Hub snapshot, each "
-               "file checked against the SHA-256 its blob is named by\n");
+    ig_print_checked_against(stdout, "", path, m, &o, &trust);
     if (hub_files && no_tensor_digest(m)) {
         printf("the Hub's LFS SHA-256: whole files only (the repository publishes no "
                "sluice.manifest.json)\n");

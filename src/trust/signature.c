@@ -68,14 +68,27 @@ static read_status read_small(const char *path, size_t max, char **out, size_t *
         close(fd);
         return READ_TOO_LARGE;
     }
-    char *buf = malloc(max + 2);
+    /* Room for the size fstat gave, grown (up to max + 1) if the file grew
+     * meanwhile: a large limit (a manifest's) costs no large allocation. */
+    size_t cap = (size_t)st.st_size + 1, n = 0;
+    char *buf = malloc(cap + 1);
     if (!buf) {
         close(fd);
         return READ_NOMEM;
     }
-    size_t n = 0;
     while (n <= max) { /* one byte past max tells a file that grew */
-        ssize_t r = read(fd, buf + n, max + 1 - n);
+        if (n == cap) {
+            size_t want = cap > max / 2 ? max + 1 : cap * 2;
+            char *grown = realloc(buf, want + 1);
+            if (!grown) {
+                free(buf);
+                close(fd);
+                return READ_NOMEM;
+            }
+            buf = grown;
+            cap = want;
+        }
+        ssize_t r = read(fd, buf + n, cap - n);
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0) {
@@ -330,6 +343,37 @@ char *sl_sig_path(const char *manifest_path)
     return p;
 }
 
+/* Writes text to path through a temporary file beside it (mode 0644),
+ * fsynced and renamed over it; on failure removes the temporary file. */
+static int write_replace(const char *path, const char *text, size_t len, sl_err *err)
+{
+    size_t n = strlen(path) + sizeof ".tmp.XXXXXX";
+    char *tmp = malloc(n);
+    if (!tmp)
+        return sl_fail(err, SLUICE_E_NOMEM, "signature %s: out of memory", path);
+    snprintf(tmp, n, "%s.tmp.XXXXXX", path);
+    int fd = mkstemp(tmp);
+    if (fd < 0) {
+        int e = errno;
+        free(tmp);
+        return sl_fail_errno(err, SLUICE_E_IO, e, "cannot create a file beside %s", path);
+    }
+    int ok = fchmod(fd, 0644) == 0 && write(fd, text, len) == (ssize_t)len && fsync(fd) == 0;
+    int e = errno;
+    if (close(fd) != 0 && ok) {
+        ok = 0;
+        e = errno;
+    }
+    if (ok && rename(tmp, path) != 0) {
+        ok = 0;
+        e = errno;
+    }
+    if (!ok)
+        unlink(tmp);
+    free(tmp);
+    return ok ? SLUICE_OK : sl_fail_errno(err, SLUICE_E_IO, e, "cannot write %s", path);
+}
+
 /* ---------------------------------------------------------------- keys */
 
 int sl_sig_key_id(EVP_PKEY *key, uint8_t id[32])
@@ -464,6 +508,41 @@ int sl_sig_sign(EVP_PKEY *key, const void *msg, size_t len, sl_sig *out, sl_err 
         return sl_fail(err, SLUICE_E_SIGNATURE, "sign: Ed25519 signing failed (%s)",
                        openssl_reason(why, sizeof why));
     return SLUICE_OK;
+}
+
+int sl_sig_sign_file(const char *manifest_path, const char *key_path, const char *sig_path,
+                     uint8_t key_id[32], size_t *signed_len, sl_err *err)
+{
+    EVP_PKEY *key = NULL;
+    char *text = NULL, *own_path = NULL;
+    size_t len = 0;
+    int errnum = 0, rc;
+    if (!sig_path && !(sig_path = own_path = sl_sig_path(manifest_path)))
+        return sl_fail(err, SLUICE_E_NOMEM, "sign %s: out of memory", manifest_path);
+    if ((rc = sl_sig_load_key("key", key_path, 1, &key, err)) < 0)
+        goto done;
+    read_status rs = read_small(manifest_path, SLUICE_MAX_MANIFEST_BYTES, &text, &len, &errnum);
+    if (rs != READ_OK) {
+        rc = read_failed(err, "manifest", manifest_path, rs, errnum, SLUICE_MAX_MANIFEST_BYTES);
+        if (rc == SLUICE_E_SIGNATURE)
+            rc = err->code = SLUICE_E_IO; /* the manifest, not a signature, is at fault */
+        goto done;
+    }
+    sl_sig sig;
+    char sig_text[SL_SIG_TEXT_LEN + 1];
+    if ((rc = sl_sig_sign(key, text, len, &sig, err)) < 0)
+        goto done;
+    if ((rc = write_replace(sig_path, sig_text, sl_sig_format(&sig, sig_text), err)) < 0)
+        goto done;
+    if (key_id)
+        memcpy(key_id, sig.key_id, sizeof sig.key_id);
+    if (signed_len)
+        *signed_len = len;
+done:
+    EVP_PKEY_free(key);
+    free(text);
+    free(own_path);
+    return rc;
 }
 
 /* 1 when sig verifies msg under key, 0 when it does not (a signature

@@ -87,6 +87,18 @@ int sl_sig_load_key(const char *what, const char *path, int want_private, EVP_PK
  * fields). Returns SLUICE_OK or SLUICE_E_SIGNATURE. */
 int sl_sig_sign(EVP_PKEY *key, const void *msg, size_t len, sl_sig *out, sl_err *err);
 
+/* Signs the manifest file manifest_path (its exact bytes, at most
+ * SLUICE_MAX_MANIFEST_BYTES) with the Ed25519 private key in the PEM file
+ * key_path into the signature file sig_path (NULL: manifest_path +
+ * ".sig"), written through a temporary file beside it, fsynced and
+ * renamed over it: `sluice sign` and sluice_manifest_sign. key_id and
+ * signed_len (may be NULL) get the signer's key id and the bytes signed.
+ * Returns SLUICE_OK, or with err: SLUICE_E_SIGNATURE (the key unusable,
+ * signing failed), SLUICE_E_IO (the manifest unreadable, the signature
+ * not written), SLUICE_E_NOMEM. */
+int sl_sig_sign_file(const char *manifest_path, const char *key_path, const char *sig_path,
+                     uint8_t key_id[32], size_t *signed_len, sl_err *err);
+
 /* 1 when the file path reads as an EC public key (PEM): OpenSSF model
  * signing's kind of trusted key, which the Ed25519 check skips. */
 int sl_sig_key_is_ec(const char *path);

@@ -557,6 +557,27 @@ class Model:
         return self._m.manifest_path()
 
     @property
+    def location(self):
+        """The location that serves the model's index (sluice_model_location),
+        as messages show it (no user:password@, "?..." for a query): the
+        model's own (an hf:// one as the commit it was pinned to), or, when
+        that could not be opened, the mirror (open's fallback=) serving
+        instead. location_fallback says which, location_why why."""
+        return self._m.location()[0]
+
+    @property
+    def location_fallback(self):
+        """0 when the model's own location serves it, else k: fallback
+        mirror k (1-based) serves, the locations before it could not."""
+        return self._m.location()[1]
+
+    @property
+    def location_why(self):
+        """With a mirror serving, why each location before it could not
+        ("primary (LOC): <why>; fallback 1 (LOC): <why>"), else None."""
+        return self._m.location()[2]
+
+    @property
     def digest_algorithm(self):
         """'sha256' or 'blake3': the algorithm of the digests checked (the
         manifest's)."""

@@ -3,6 +3,7 @@ Python package alone (no C build of the command needed):
 
   python -m sluice manifest PATH [-o FILE] [--v1 | --flat] [--chunk SIZE]
                             [--parts RULES [--worlds 2,4,8]] [--threads N]
+                            [--sign-key KEY]
   python -m sluice verify PATH [--manifest FILE] [--key PUB] [--ca PEM]
                           [--signature FILE] [--files]
   python -m sluice ls PATH [--json]          (also: inspect)
@@ -57,12 +58,21 @@ def cmd_manifest(args):
     version = "flat" if args.flat else 1 if args.v1 else 2
     worlds = tuple(int(w) for w in args.worlds.split(",")) if args.worlds else (2, 4, 8)
     out = args.output
+    if args.sign_key and out in (None, "-"):
+        print("python -m sluice manifest: --sign-key needs -o FILE (the signature is "
+              "FILE.sig beside it)", file=sys.stderr)
+        return USAGE
     if out in (None, "-"):
         out = sys.stdout.fileno()
         sys.stdout.flush()
-    sluice.write_manifest(args.path, out, version=version,
-                          chunk=args.chunk if version == 2 else None,
-                          parts=args.parts, worlds=worlds, threads=args.threads)
+    try:
+        sluice.write_manifest(args.path, out, version=version,
+                              chunk=args.chunk if version == 2 else None,
+                              parts=args.parts, worlds=worlds, threads=args.threads,
+                              sign_key=args.sign_key)
+    except _errors.SignatureError as e:  # no trust options here: only the signing key
+        print(f"python -m sluice manifest: {e}", file=sys.stderr)
+        return OPEN  # a key that cannot sign cannot be used, as `sluice manifest --sign-key`
     return OK
 
 
@@ -127,6 +137,8 @@ def parser():
     m.add_argument("--parts", help="version 2: a rules file, or builtin")
     m.add_argument("--worlds", help="the world sizes of --parts (default 2,4,8)")
     m.add_argument("--threads", type=int, help="hashing threads (default: every CPU)")
+    m.add_argument("--sign-key", metavar="KEY", help="sign the manifest with this Ed25519 "
+                   "private key (as 'sluice sign' does) into FILE.sig; needs -o FILE")
     m.set_defaults(run=cmd_manifest)
     for name, run, what in (("verify", cmd_verify, "check every tensor against the manifest"),
                             ("cat", cmd_cat, "write one tensor's verified bytes to stdout")):

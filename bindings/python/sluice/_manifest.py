@@ -4,6 +4,7 @@ too), so that a Python-only user never needs the C build's command."""
 import os as _os
 
 from . import open as _open, parse_size, _fspath
+from ._sluice import manifest_sign as _manifest_sign
 
 _VERSIONS = {2: 2, 1: 1, "flat": 0}
 
@@ -18,7 +19,7 @@ def _sidecar(path):
 
 
 def write_manifest(path, out=None, *, version=2, chunk="16M", parts=None, worlds=(2, 4, 8),
-                   threads=None, **open_args):
+                   threads=None, sign_key=None, signature=None, **open_args):
     """Writes the manifest of the model at path (a .safetensors file, a
     directory, a *.safetensors.index.json) and returns where it went.
 
@@ -35,8 +36,13 @@ def write_manifest(path, out=None, *, version=2, chunk="16M", parts=None, worlds
     of worlds. threads: hashing threads (None: every CPU). open_args: as
     sluice.open takes them (remote locations too). Raises sluice.Error
     (ReadError, FileChangedError, ...) when a tensor or file could not be
-    read; nothing is written then. Sign it with `python -m sluice sign` or
-    `sluice sign`."""
+    read; nothing is written then. sign_key: an Ed25519 private key (PEM,
+    PKCS#8, as `sluice keygen` writes it): the manifest is then signed, as
+    `sluice sign` signs it, into signature (default: the manifest's path +
+    ".sig", where sluice.open(..., trusted_keys=) looks); raises
+    sluice.SignatureError for an unusable key (the manifest stays
+    written, unsigned). Signing needs a file: out cannot be a
+    descriptor."""
     if version not in _VERSIONS:
         raise ValueError(f"version must be 2, 1 or 'flat', not {version!r}")
     v = _VERSIONS[version]
@@ -61,8 +67,12 @@ def write_manifest(path, out=None, *, version=2, chunk="16M", parts=None, worlds
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
                                 or threads < 0):
         raise TypeError("threads must be a non-negative int or None")
+    if signature is not None and sign_key is None:
+        raise ValueError("signature needs sign_key")
     fd = -1
     if isinstance(out, int) and not isinstance(out, bool):
+        if sign_key is not None:
+            raise ValueError("sign_key needs a file to sign: out cannot be a descriptor")
         fd, dest = out, None
     else:
         dest = _fspath(out, "out") if out is not None else _sidecar(_fspath(path))
@@ -74,4 +84,7 @@ def write_manifest(path, out=None, *, version=2, chunk="16M", parts=None, worlds
         model = _open(path, **open_args)
     with model:
         model._m.write_manifest(dest, fd, v, chunk_bytes, rules, worlds, threads or 0)
+    if sign_key is not None:
+        _manifest_sign(dest, _fspath(sign_key, "sign_key"),
+                       None if signature is None else _fspath(signature, "signature"))
     return dest if dest is not None else fd

@@ -65,10 +65,14 @@ alone then imports this module; else on first import into a temporary
 directory, removed once they are imported. The proto is the one installed
 in the package (setup.py copies it), else the repository's.
 
-Dtypes: NumPy's where it has one (BOOL, U8..U64, I8..I64, F16, F32, F64,
-C64 as complex64); BF16 comes as uint16 and the 8-bit floats as uint8 (the
-raw bits, shape kept); the packed F4/F6 dtypes as a flat uint8 array of
-the raw bytes.
+Dtypes: as sluice.Model.get_tensor gives them (one rule, the package's):
+NumPy's where it has one (BOOL, U8..U64, I8..I64, F16, F32, F64, C64 as
+complex64); BF16 and the 8-bit floats as ml_dtypes' types when it is
+installed, else get_tensor and stream raise NotImplementedError naming
+the tensor and dtype (before any byte is fetched) unless raw=True:
+get_tensor then gives their bits (uint16, uint8, shape kept) and stream
+the bytes; the packed F4/F6 dtypes as a flat uint8 array of the raw
+bytes.
 """
 import hashlib
 import json
@@ -84,7 +88,7 @@ import time
 import grpc
 import numpy as np
 
-from . import _errors
+from . import _errors, _check_dtype, _np_dtype_checked, _NP_DTYPES, _PACKED
 
 __all__ = ["Client", "ChecksumError", "generate"]
 
@@ -271,21 +275,17 @@ def _load():
 
 pb, pb_grpc = _load()
 
-_DTYPES = {
-    "BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "I16": np.int16, "U16": np.uint16,
-    "F16": np.float16, "BF16": np.uint16, "I32": np.int32, "U32": np.uint32,
-    "F32": np.float32, "I64": np.int64, "U64": np.uint64, "F64": np.float64,
-    "C64": np.complex64, "F8_E5M2": np.uint8, "F8_E4M3": np.uint8, "F8_E8M0": np.uint8,
-    "F8_E4M3FNUZ": np.uint8, "F8_E5M2FNUZ": np.uint8,
-}
-
-
-def to_array(data, dtype, shape):
-    """The bytes of a tensor as a NumPy array (little-endian, read-only copy)."""
-    np_dtype = _DTYPES.get(dtype)
-    if np_dtype is None:  # packed F4 / F6: raw bytes
+def to_array(data, dtype, shape, name=None, raw=False):
+    """The bytes of a tensor as a read-only NumPy array (little-endian), of
+    the dtype sluice.Model.get_tensor gives (the package's one rule): BF16
+    and F8_* without ml_dtypes raise NotImplementedError naming the tensor
+    (name) and dtype, unless raw=True (their bits: uint16, uint8)."""
+    npd = _np_dtype_checked(dtype, name, raw)
+    if dtype in _PACKED:  # packed F4 / F6: the flat bytes
         return np.frombuffer(data, dtype=np.uint8)
-    return np.frombuffer(data, dtype=np.dtype(np_dtype).newbyteorder("<")).reshape(tuple(shape))
+    if dtype in _NP_DTYPES:
+        npd = npd.newbyteorder("<")
+    return np.frombuffer(data, dtype=npd).reshape(tuple(shape))
 
 
 class Client:
@@ -598,15 +598,20 @@ class Client:
             raise ChecksumError("%s: the stream ended without its last chunk" % name)
         return rx
 
-    def get_tensor(self, model, name):
-        """One tensor as a NumPy array, verified against the manifest digest."""
+    def get_tensor(self, model, name, raw=False):
+        """One tensor as a NumPy array, verified against the manifest digest.
+        BF16/F8_* without ml_dtypes raise NotImplementedError before it is
+        fetched, unless raw=True (its bits; see the module's "Dtypes")."""
         t = self._tensor_info(model, name)
+        _check_dtype(t.dtype, t.name, "np", raw)
         data = self.get_bytes(model, name)
-        return to_array(data, t.dtype, t.shape)
+        return to_array(data, t.dtype, t.shape, t.name, raw)
 
     def stream(self, model, names=None, raw=False):
         """Yields (name, array) (or (name, bytes) with raw=True) for the
-        listed tensors (None: all), each verified, in delivery order. On a
+        listed tensors (None: all), each verified, in delivery order. Without
+        raw, a BF16/F8_* tensor NumPy cannot represent (no ml_dtypes) raises
+        NotImplementedError naming it before the stream starts. On a
         replica set, a call that fails UNAVAILABLE (or CANCELLED by the
         server) is resumed on another replica: the tensor in flight from its next chunk, then one
         StreamTensors call for the tensors still owed (several, one after
@@ -621,6 +626,10 @@ class Client:
         # With a trusted manifest, model() has checked that the server lists
         # exactly the manifest's tensors, so "every tensor" is the manifest's.
         owed = names or [t.name for t in tensors]
+        if not raw:  # a dtype NumPy cannot represent: refused before any byte moves
+            for n in owed:
+                if n in info:
+                    _check_dtype(info[n].dtype, n, "np", False)
         # Names asked for (the caller's, or after a failover the tensors
         # still owed) go in requests of at most MAX_STREAM_REQUEST_BYTES
         # each, one call after another: a resume of a model with many
@@ -650,7 +659,7 @@ class Client:
                         data = bytes(rx.buf)
                         rx = None
                         self._check(t, data)
-                        yield t.name, (data if raw else to_array(data, t.dtype, t.shape))
+                        yield t.name, (data if raw else to_array(data, t.dtype, t.shape, t.name))
                         done += 1
             except grpc.RpcError as e:
                 if not self._failover(e, "StreamTensors of %s" % model, used):
@@ -668,7 +677,7 @@ class Client:
                 data = self._whole(model, rx.name, t,
                                    bytes(rx.buf) if self._resumable(t) else b"", used)
                 rx = None
-                yield t.name, (data if raw else to_array(data, t.dtype, t.shape))
+                yield t.name, (data if raw else to_array(data, t.dtype, t.shape, t.name))
                 done += 1
             ask = owed[done:]
             if not ask:

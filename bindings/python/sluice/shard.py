@@ -1,6 +1,6 @@
 """Tensor-parallel shards: one rank's part of every tensor of a model.
 
-load_shard(path, rank, world, rules=None, framework="pt", **open_args)
+load_shard(path, rank, world, rules=None, framework="pt", *, raw=False, **open_args)
     A dict name -> tensor of what rank `rank` of `world` keeps: each tensor
     the rules split is its part along the rules' dim (Model.get_part: only
     the part's bytes are read when the manifest has part digests), every
@@ -11,8 +11,11 @@ load_shard(path, rank, world, rules=None, framework="pt", **open_args)
     built-in Llama/Qwen/Mistral set), the text of a rules file (lines
     `PATTERN DIM` or `PATTERN replicated`, fnmatch globs, the first match
     wins), a path to one (a str naming an existing file, or an
-    os.PathLike), or a list of (pattern, dim-or-None) pairs. See
-    docs/parallel.md.
+    os.PathLike), or a list of (pattern, dim-or-None) pairs. A dtype the
+    framework cannot represent (BF16 and F8_* in NumPy without ml_dtypes,
+    F8_* before torch 2.1) raises NotImplementedError naming the tensor
+    and dtype before anything is read, unless raw=True: then its bits
+    (as Model.get_tensor's raw). See docs/parallel.md.
 """
 import os
 
@@ -58,18 +61,23 @@ def _shard_bytes(model, rules, world):
     return total
 
 
-def load_shard(path, rank, world, rules=None, framework="pt", **open_args):
+def load_shard(path, rank, world, rules=None, framework="pt", *, raw=False, **open_args):
+    if not isinstance(raw, bool):
+        raise TypeError(f"raw must be a bool, not {type(raw).__name__}")
     # every value is over a buffer of the pool, all held at once: a pool
     # that holds the shard, unless open_args names one (as safe_open)
     from ._safe_open import _open_for_all
     model = _open_for_all(path, held=lambda m: _shard_bytes(m, rules, world), **open_args)
     try:
+        dims = part_dims(model, rules)
+        for name in dims:  # every dtype before any byte is read
+            sluice._check_dtype(model.info(name).dtype, name, framework, raw)
         out = {}
-        for name, dim in part_dims(model, rules).items():
+        for name, dim in dims.items():
             if dim is None:
-                out[name] = model.get_tensor(name, framework=framework)
+                out[name] = model.get_tensor(name, framework=framework, raw=raw)
             else:
-                out[name] = model.get_part(name, dim, rank, world, framework=framework)
+                out[name] = model.get_part(name, dim, rank, world, framework=framework, raw=raw)
         note = model.part_note()
         if note:
             import warnings

@@ -554,6 +554,24 @@ static PyObject *model_manifest_path(ModelObject *self, PyObject *unused)
     return path_str(sluice_manifest_path(self->m));
 }
 
+/* location() -> (location, fallback, why): sluice_model_location: the
+ * location that serves the model's index, 0 or the 1-based mirror serving
+ * it, and why the locations before it could not (None: none). */
+static PyObject *model_location(ModelObject *self, PyObject *unused)
+{
+    if (!model_usable(self))
+        return NULL;
+    unsigned fallback = 0;
+    const char *why = NULL, *loc = sluice_model_location(self->m, &fallback, &why);
+    PyObject *l = loc ? msg_str(loc) : Py_NewRef(Py_None);
+    PyObject *w = !l ? NULL : why ? msg_str(why) : Py_NewRef(Py_None);
+    if (!w) {
+        Py_XDECREF(l);
+        return NULL;
+    }
+    return Py_BuildValue("(NIN)", l, fallback, w);
+}
+
 /* manifest_entry(i) -> None when the manifest does not check tensor i,
  * else (digest, chunks): the 32-byte digest it gives, and chunks None or
  * (chunk_bytes, count) of its chunk digests. */
@@ -1574,6 +1592,8 @@ static PyMethodDef model_methods[] = {
     {"verify_state", (PyCFunction)model_verify_state, METH_NOARGS,
      "(state, where): what the model is checked against (sluice_verify_state)."},
     {"manifest_path", (PyCFunction)model_manifest_path, METH_NOARGS, "Manifest read, or None."},
+    {"location", (PyCFunction)model_location, METH_NOARGS,
+     "(location, fallback, why): sluice_model_location."},
     {"manifest_entry", (PyCFunction)model_manifest_entry, METH_O,
      "(digest, (chunk_bytes, count) or None) the manifest gives tensor i, or None."},
     {"acquire", (PyCFunction)model_acquire, METH_O, "Handle of tensor i (GIL released)."},
@@ -2496,6 +2516,34 @@ static PyObject *mod_fail_next_close(PyObject *mod, PyObject *arg)
 }
 #endif
 
+/* manifest_sign(manifest, key, sig or None): sluice_manifest_sign (GIL
+ * released). */
+static PyObject *mod_manifest_sign(PyObject *mod, PyObject *args)
+{
+    PyObject *mpath = NULL, *kpath = NULL, *spath = NULL, *sig_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "O&O&|O", PyUnicode_FSConverter, &mpath, PyUnicode_FSConverter,
+                          &kpath, &sig_obj)) {
+        Py_XDECREF(mpath);
+        return NULL;
+    }
+    if (sig_obj != Py_None && !PyUnicode_FSConverter(sig_obj, &spath)) {
+        Py_DECREF(mpath);
+        Py_DECREF(kpath);
+        return NULL;
+    }
+    const char *m = PyBytes_AS_STRING(mpath), *k = PyBytes_AS_STRING(kpath),
+               *sp = spath ? PyBytes_AS_STRING(spath) : NULL;
+    char why[1024];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sluice_manifest_sign(m, k, sp, why, sizeof why);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(mpath);
+    Py_DECREF(kpath);
+    Py_XDECREF(spath);
+    return rc == SLUICE_OK ? Py_NewRef(Py_None) : raise_code(rc, why);
+}
+
 static PyMethodDef module_methods[] = {
 #ifdef SLUICE_PY_TEST_HOOKS
     {"_fail_next_close", (PyCFunction)mod_fail_next_close, METH_O,
@@ -2504,6 +2552,8 @@ static PyMethodDef module_methods[] = {
     {"open", (PyCFunction)(void (*)(void))mod_open, METH_VARARGS | METH_KEYWORDS,
      "Open a model (see sluice.open)."},
     {"strerror", (PyCFunction)mod_strerror, METH_O, "Name of a status code."},
+    {"manifest_sign", (PyCFunction)mod_manifest_sign, METH_VARARGS,
+     "manifest_sign(manifest, key, sig=None): sluice_manifest_sign."},
     {"features", (PyCFunction)mod_features, METH_NOARGS, "What this build has."},
     {"serve_metrics", (PyCFunction)mod_serve_metrics, METH_VARARGS,
      "serve_metrics(host, port) -> MetricsServer (sluice_metrics_serve)."},

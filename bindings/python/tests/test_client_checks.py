@@ -390,3 +390,31 @@ def test_cpp_client_flood_stops_at_nbytes(fake, call):
     assert "more bytes than" in r.stderr, r.stderr
     assert fake.done.wait(30), "the fake's handler did not end"
     assert fake.sent < 32 << 20, "the fake sent %d bytes before the client stopped" % fake.sent
+
+
+def test_bf16_f8_raise_unless_raw(fake, monkeypatch):
+    """BF16/F8 without ml_dtypes: the client gives them as the package does
+    (sluice._np_dtype_checked, one rule): NotImplementedError naming the
+    tensor and dtype before any byte is fetched, unless raw=True (issue
+    38, item 4)."""
+    import numpy as np
+    import sluice
+    from sluice.client import to_array
+    monkeypatch.setattr(sluice, "_ml_dtypes", None)  # as on Debian
+    fake.meta = {"a": ("BF16", [32]), "b": ("F8_E4M3", [8, 8])}
+    with Client(fake.addr) as c:
+        with pytest.raises(NotImplementedError, match="'a' is BF16"):
+            c.get_tensor("m", "a")
+        with pytest.raises(NotImplementedError, match="'b' is F8_E4M3"):
+            c.get_tensor("m", "b")
+        a = c.get_tensor("m", "a", raw=True)
+        assert a.dtype == np.uint16 and a.shape == (32,) and a.tobytes() == A
+        b = c.get_tensor("m", "b", raw=True)
+        assert b.dtype == np.uint8 and b.shape == (8, 8) and b.tobytes() == B
+        with pytest.raises(NotImplementedError, match="'a' is BF16"):
+            list(c.stream("m"))
+        assert dict(c.stream("m", raw=True)) == REAL  # raw: the bytes
+        assert c.get_tensor("m", "c").dtype == np.uint8  # U8 as ever
+    with pytest.raises(NotImplementedError, match="'w' is F8_E5M2"):
+        to_array(bytes(4), "F8_E5M2", [4], "w")
+    assert to_array(bytes(4), "BF16", [2], "w", raw=True).dtype == np.uint16

@@ -273,6 +273,37 @@ def test_load_shard_torch_zero_copy(tmp_path):
         assert sd[k].is_contiguous()
 
 
+def test_load_shard_raw(tmp_path, monkeypatch):
+    """BF16 and F8 in NumPy without ml_dtypes: load_shard raises naming the
+    tensor and dtype before reading anything, unless raw=True (their bits),
+    as get_tensor and get_part do (issue 38, item 4)."""
+    from sluice.shard import load_shard
+    import sluice as s
+    monkeypatch.setattr(s, "_ml_dtypes", None)  # as on Debian, whatever is installed here
+    bf = np.arange(8 * 6, dtype=np.uint16).reshape(8, 6)
+    f8 = np.arange(4 * 10, dtype=np.uint8).reshape(4, 10)
+    path = str(tmp_path / "m.safetensors")
+    stfile.write(path, {"a.weight": ("BF16", [8, 6], bf.tobytes()),
+                        "b.q_proj.weight": ("F8_E4M3", [4, 10], f8.tobytes()),
+                        "c": np.ones(3, dtype=np.float32)})
+    rules = "a.weight 1\n*q_proj.weight 0\n* replicated\n"
+    with pytest.raises(NotImplementedError, match="'a.weight' is BF16"):
+        load_shard(path, 0, 2, rules=rules, framework="np", verify="off")
+    f8_only = str(tmp_path / "f8.safetensors")
+    stfile.write(f8_only, {"c": np.ones(3, dtype=np.float32),
+                           "b.q_proj.weight": ("F8_E4M3", [4, 10], f8.tobytes())})
+    with pytest.raises(NotImplementedError, match="'b.q_proj.weight' is F8_E4M3"):
+        load_shard(f8_only, 0, 2, rules=rules, framework="np", verify="off")
+    sd = load_shard(path, 1, 2, rules=rules, framework="np", raw=True, verify="off")
+    assert sd["a.weight"].dtype == np.uint16
+    np.testing.assert_array_equal(sd["a.weight"], np.split(bf, 2, axis=1)[1])
+    assert sd["b.q_proj.weight"].dtype == np.uint8
+    np.testing.assert_array_equal(sd["b.q_proj.weight"], np.split(f8, 2, axis=0)[1])
+    np.testing.assert_array_equal(sd["c"], np.ones(3, dtype=np.float32))
+    with pytest.raises(TypeError, match="raw must be a bool"):
+        load_shard(path, 0, 2, rules=rules, framework="np", raw=1, verify="off")
+
+
 def test_load_shard_warns_once(tmp_path, recwarn):
     from sluice.shard import load_shard
     path, _ = _llama(tmp_path)

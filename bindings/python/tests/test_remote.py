@@ -17,7 +17,7 @@ import pytest
 
 import sluice
 import stfile
-from servers import S3rver, FaultServer, Nginx
+from servers import S3rver, FaultServer, Nginx, free_port
 
 pytestmark = pytest.mark.skipif(not sluice.features()["remote"],
                                 reason="this build has no libcurl (sluice.features())")
@@ -119,6 +119,29 @@ def test_mirror_serves_a_flipped_byte(site):
     with sluice.open(str(root / "bad"), fallback=[f"{srv.base}/m/model.safetensors"]) as m:
         assert m.get_tensor("w.big").tobytes() == want["w.big"]
         assert "fallback 1" in m.source("w.big")
+
+
+def test_whole_model_mirror_when_the_primary_cannot_open(site):
+    """sluice_model_location through Python (issue 38, item 5): a primary
+    that refuses the connection, or answers 404, opens from the mirror,
+    verified by the mirror's manifest, and Model.location says so."""
+    srv, root = site
+    want = local_bytes(str(root / "m"))
+    with sluice.open(f"{srv.base}/m/") as m:  # the primary serves: its own location
+        assert m.location == f"{srv.base}/m/" and m.location_fallback == 0
+        assert m.location_why is None
+    closed = f"http://127.0.0.1:{free_port()}/m/"  # nothing listens there
+    for primary in (closed, f"{srv.base}/gone/"):
+        with sluice.open(primary, fallback=[f"{srv.base}/m/"], remote_attempts=1) as m:
+            assert m.location == f"{srv.base}/m/", m.location
+            assert m.location_fallback == 1
+            assert m.location_why.startswith(f"primary ({primary}): "), m.location_why
+            assert m.verify_state == "verified"
+            assert {k: m.get_tensor(k).tobytes() for k in m.keys()} == want
+    with pytest.raises(sluice.Error):  # no mirror that opens: the primary's failure
+        sluice.open(closed, fallback=[f"{srv.base}/gone2/"], remote_attempts=1)
+    with sluice.open(str(root / "m"), verify="off") as m:  # a local model: its path
+        assert m.location == str(root / "m") and m.location_fallback == 0
 
 
 def test_checksum_error_names_every_source(site):

@@ -130,3 +130,75 @@ def test_python_m_sluice(tmp_path):
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     r = _run("verify", path, "--key", str(pub))
     assert r.returncode == 4, r.stderr
+
+
+# ------------------------------------------------ signing (issue 38, item 2)
+
+def _keys(tmp_path, name="k"):
+    """An Ed25519 key pair as `sluice keygen` writes them (PKCS#8, SPKI PEM)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+    k = ed25519.Ed25519PrivateKey.generate()
+    priv, pub = tmp_path / f"{name}.key", tmp_path / f"{name}.pub"
+    priv.write_bytes(k.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                      serialization.NoEncryption()))
+    pub.write_bytes(k.public_key().public_bytes(serialization.Encoding.PEM,
+                                                serialization.PublicFormat.SubjectPublicKeyInfo))
+    return str(priv), str(pub)
+
+
+def test_sign_key_signs_as_the_command_does(tmp_path):
+    path = _model(tmp_path)
+    priv, pub = _keys(tmp_path)
+    where = sluice.write_manifest(path, sign_key=priv)
+    sig = where + ".sig"
+    text = open(sig, "rb").read()
+    assert text.startswith(b"sluice-signature 1\nalgorithm ed25519\n") and len(text) == 293
+    with sluice.open(path, trusted_keys=[pub], verify="require") as m:
+        assert m.verify_state == "verified" and m.verify()["failures"] == []
+    cli = sluice_cli()
+    if cli:  # the command's signature of the same bytes is the same file (Ed25519 is deterministic)
+        other = str(tmp_path / "cmd.sig")
+        subprocess.run([cli, "sign", where, "--key", priv, "-o", other], check=True,
+                       capture_output=True)
+        assert open(other, "rb").read() == text
+    # another signer's key is refused; a manifest changed after signing too
+    _, pub2 = _keys(tmp_path, "other")
+    with pytest.raises(sluice.SignatureError):
+        sluice.open(path, trusted_keys=[pub2], verify="require")
+    with open(where, "ab") as f:
+        f.write(b" ")
+    with pytest.raises(sluice.SignatureError):
+        sluice.open(path, trusted_keys=[pub], verify="require")
+
+
+def test_sign_key_elsewhere_and_refusals(tmp_path):
+    path = _model(tmp_path)
+    priv, pub = _keys(tmp_path)
+    out = str(tmp_path / "M.json")
+    sig = str(tmp_path / "elsewhere.sig")
+    assert sluice.write_manifest(path, out, sign_key=priv, signature=sig) == out
+    assert not os.path.exists(out + ".sig") and os.path.getsize(sig) == 293
+    os.rename(sig, out + ".sig")
+    with sluice.open(path, manifest=out, trusted_keys=[pub], verify="require") as m:
+        assert m.verify()["failures"] == []
+    with pytest.raises(sluice.SignatureError, match="private"):  # a public key cannot sign
+        sluice.write_manifest(path, out, sign_key=pub)
+    with pytest.raises(ValueError, match="descriptor"):
+        sluice.write_manifest(path, 1, sign_key=priv)
+    with pytest.raises(ValueError):
+        sluice.write_manifest(path, out, signature=sig)
+
+
+def test_python_m_sluice_manifest_sign_key(tmp_path):
+    path = _model(tmp_path)
+    priv, pub = _keys(tmp_path)
+    out = str(tmp_path / "M.json")
+    r = _run("manifest", path, "-o", out, "--sign-key", priv)
+    assert r.returncode == 0, r.stderr
+    r = _run("verify", path, "--manifest", out, "--key", pub)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = _run("manifest", path, "--sign-key", priv)  # no file to sign
+    assert r.returncode == 2 and b"-o FILE" in r.stderr
+    r = _run("manifest", path, "-o", out, "--sign-key", pub)  # not a private key: as the command
+    assert r.returncode == 3 and b"private" in r.stderr, r.stderr
