@@ -142,6 +142,21 @@ def _block_spec(model, item):
                     "(name, module, tensors) tuple")
 
 
+def _block_specs(model, blocks):
+    """The specs (_block_spec) of an export's blocks, checked: model is a
+    module, at least one block, no two of one name (sluice.onnx's export
+    takes its blocks the same way)."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
+    specs = [_block_spec(model, b) for b in blocks]
+    if not specs:
+        raise ValueError("export_blocks: no blocks")
+    names = [s[0] for s in specs]
+    if len(set(names)) != len(names):
+        raise ValueError("export_blocks: two blocks have the same name")
+    return specs
+
+
 def _sha256_file(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -161,18 +176,11 @@ def export_blocks(model, blocks, out_dir, example_inputs=None, *, method="script
     previous block's output: the model's weights must be real CPU
     tensors, any values). The model itself is not changed. Returns the
     plan (a dict)."""
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, not {type(model).__name__}")
     if method not in ("script", "trace"):
         raise ValueError(f"method must be 'script' or 'trace', not {method!r}")
     if method == "trace" and example_inputs is None:
         raise ValueError("method='trace' needs example_inputs")
-    specs = [_block_spec(model, b) for b in blocks]
-    if not specs:
-        raise ValueError("export_blocks: no blocks")
-    names = [s[0] for s in specs]
-    if len(set(names)) != len(names):
-        raise ValueError("export_blocks: two blocks have the same name")
+    specs = _block_specs(model, blocks)
     os.makedirs(out_dir, exist_ok=True)
     inputs = example_inputs if isinstance(example_inputs, tuple) or example_inputs is None \
         else (example_inputs,)
