@@ -120,7 +120,10 @@ static int ort_check(struct eng *e, OrtStatus *st, const char *what, const char 
 {
     if (!st)
         return 0;
-    fail(e, "block '%s': %s: ONNX Runtime: %s", block, what, e->ort->GetErrorMessage(st));
+    if (block)
+        fail(e, "block '%s': %s: ONNX Runtime: %s", block, what, e->ort->GetErrorMessage(st));
+    else
+        fail(e, "%s: ONNX Runtime: %s", what, e->ort->GetErrorMessage(st));
     e->ort->ReleaseStatus(st);
     return -1;
 }
@@ -513,8 +516,8 @@ static int bind(struct eng *e, size_t i, double *bind_ms)
     if (rc == 0)
         rc = ort_check(e, ort->AddSessionConfigEntry(so, "session.disable_prepacking", "1"),
                        "session.disable_prepacking", b->name);
-    if (rc == 0 && e->threads > 0)
-        rc = ort_check(e, ort->SetIntraOpNumThreads(so, e->threads), "threads", b->name);
+    if (rc == 0) /* the process's thread pools, made once (start_ort) */
+        rc = ort_check(e, ort->DisablePerSessionThreads(so), "threads", b->name);
     for (size_t k = 0; rc == 0 && k < b->ninits; k++) {
         struct init *in = &b->inits[k];
         if (sluice_acquire(e->m, in->tensor, &in->handle) != SLUICE_OK) {
@@ -734,7 +737,8 @@ static const char usage[] =
     "  --steps N       greedy decode steps after the prompt (default 0)\n"
     "  --pool SIZE     the library's pool (K, M, G suffixes; default: the library's)\n"
     "  --manifest P    the manifest (default: the sidecar)\n"
-    "  --threads N     ONNX Runtime's intra-op threads (default: ONNX Runtime's)\n"
+    "  --threads N     ONNX Runtime's compute threads, one pool for every block's session\n"
+    "                  (default: ONNX Runtime's, one a physical core)\n"
     "  --resident      keep every block's session and weights after its first run\n"
     "  --trace         print each block as it completes, with its session and run times\n"
     "  --embedded DIR  run DIR's blocks, whose weights are inside the graphs (same plan\n"
@@ -830,6 +834,34 @@ static int parse_args(int argc, char **argv, struct args *a, struct eng *e)
     return 0;
 }
 
+/* ONNX Runtime's environment, with one pool of compute threads for the
+ * whole process: every block's session uses it (DisablePerSessionThreads),
+ * so that creating a session starts no threads. */
+static int start_ort(struct eng *e)
+{
+    e->ort = OrtGetApiBase()->GetApi(ORT_API_VERSION);
+    if (!e->ort)
+        return fail(e, "this ONNX Runtime (%s) does not give API version %d",
+                    OrtGetApiBase()->GetVersionString(), ORT_API_VERSION);
+    const OrtApi *ort = e->ort;
+    OrtThreadingOptions *to = NULL;
+    int rc = ort_check(e, ort->CreateThreadingOptions(&to), "threading options", NULL);
+    if (rc == 0 && e->threads > 0)
+        rc = ort_check(e, ort->SetGlobalIntraOpNumThreads(to, e->threads), "threads", NULL);
+    if (rc == 0)
+        rc = ort_check(e, ort->SetGlobalInterOpNumThreads(to, 1), "threads", NULL);
+    if (rc == 0)
+        rc = ort_check(e, ort->CreateEnvWithGlobalThreadPools(ORT_LOGGING_LEVEL_WARNING, "onnx_engine",
+                                                             to, &e->env),
+                       "environment", NULL);
+    if (to)
+        ort->ReleaseThreadingOptions(to);
+    if (rc == 0)
+        rc = ort_check(e, ort->CreateCpuMemoryInfo(OrtArenaAllocator, OrtMemTypeDefault, &e->mem),
+                       "memory info", NULL);
+    return rc;
+}
+
 /* The whole run: plan, checks, the prompt and the decode steps. */
 static int run(struct eng *e, struct args *a)
 {
@@ -856,13 +888,7 @@ static int run(struct eng *e, struct args *a)
         if (sluice_stats(e->m, &st) == SLUICE_OK)
             pool = st.pool_bytes;
     }
-    e->ort = OrtGetApiBase()->GetApi(ORT_API_VERSION);
-    if (!e->ort)
-        return fail(e, "this ONNX Runtime (%s) does not give API version %d",
-                    OrtGetApiBase()->GetVersionString(), ORT_API_VERSION);
-    if (ort_check(e, e->ort->CreateEnv(ORT_LOGGING_LEVEL_WARNING, "onnx_engine", &e->env), "env", "-") ||
-        ort_check(e, e->ort->CreateCpuMemoryInfo(OrtArenaAllocator, OrtMemTypeDefault, &e->mem),
-                  "memory info", "-"))
+    if (start_ort(e))
         return -1;
     size_t ninits = 0;
     for (size_t i = 0; i < e->nblocks; i++)
