@@ -104,6 +104,7 @@ struct eng {
     size_t nrest;
     int threads, resident, trace, embedded;
     const char *poke; /* --test-poke: the tensor to change after session creation */
+    const char *dump; /* --dump-logits: each step's logits to DUMP-NNN.f32 */
     char err[4096];
 };
 
@@ -724,7 +725,7 @@ static int parse_size(const char *s, uint64_t *out)
 
 static const char usage[] =
     "usage: onnx_engine EXPORT_DIR WEIGHTS [--tokens 1,2,3] [--steps N] [--pool SIZE]\n"
-    "                   [--manifest PATH] [--threads N] [--resident] [--trace]\n"
+    "                   [--manifest PATH] [--threads N] [--resident] [--trace] [--dump-logits P]\n"
     "       onnx_engine --embedded DIR [--tokens ...] [--steps N] [--threads N] [--trace]\n"
     "Runs the ONNX blocks of EXPORT_DIR (plan.json, format sluice-onnx-plan version 1, and\n"
     "one graph per block whose weights are external and absent) with ONNX Runtime, the\n"
@@ -743,6 +744,7 @@ static const char usage[] =
     "  --trace         print each block as it completes, with its session and run times\n"
     "  --embedded DIR  run DIR's blocks, whose weights are inside the graphs (same plan\n"
     "                  format, no WEIGHTS, no sluice), under the same session options\n"
+    "  --dump-logits P write each step's logits (float32, C order) to P-000.f32, P-001.f32, ...\n"
     "  --test-poke T   test hook: after the session of the block holding tensor T is\n"
     "                  created, change one byte of T's handle (restored after the block):\n"
     "                  the logits change only if ONNX Runtime reads the handle in place\n"
@@ -765,7 +767,8 @@ static int parse_args(int argc, char **argv, struct args *a, struct eng *e)
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         int takes = !strcmp(s, "--tokens") || !strcmp(s, "--steps") || !strcmp(s, "--pool") ||
                     !strcmp(s, "--manifest") || !strcmp(s, "--threads") ||
-                    !strcmp(s, "--embedded") || !strcmp(s, "--test-poke");
+                    !strcmp(s, "--embedded") || !strcmp(s, "--test-poke") ||
+                    !strcmp(s, "--dump-logits");
         if (!strcmp(s, "--help") || !strcmp(s, "-h")) {
             fputs(usage, stdout);
             return 1;
@@ -812,6 +815,8 @@ static int parse_args(int argc, char **argv, struct args *a, struct eng *e)
             a->embedded = val;
         } else if (!strcmp(s, "--test-poke")) {
             e->poke = val;
+        } else if (!strcmp(s, "--dump-logits")) {
+            e->dump = val;
         } else if (!strcmp(s, "--resident")) {
             e->resident = 1;
         } else if (!strcmp(s, "--trace")) {
@@ -859,6 +864,24 @@ static int start_ort(struct eng *e)
     if (rc == 0)
         rc = ort_check(e, ort->CreateCpuMemoryInfo(OrtArenaAllocator, OrtMemTypeDefault, &e->mem),
                        "memory info", NULL);
+    return rc;
+}
+
+/* --dump-logits: the step's logits, raw float32 in C order, to
+ * PREFIX-NNN.f32 (for a comparison within a tolerance, e.g. with eager
+ * torch). */
+static int dump_logits(struct eng *e, long step, const struct act *lg)
+{
+    size_t n = strlen(e->dump) + 32;
+    char *path = malloc(n);
+    if (!path)
+        return fail(e, "out of memory");
+    snprintf(path, n, "%s-%03ld.f32", e->dump, step);
+    FILE *f = fopen(path, "wb");
+    int ok = f && fwrite(lg->data, 1, lg->bytes, f) == lg->bytes;
+    ok = (f && fclose(f) == 0) && ok;
+    int rc = ok ? 0 : fail(e, "--dump-logits: cannot write %s", path);
+    free(path);
     return rc;
 }
 
@@ -933,6 +956,8 @@ static int run(struct eng *e, struct args *a)
             rc = fail(e, "SHA-256 failed");
             break;
         }
+        if (e->dump && (rc = dump_logits(e, step, lg)))
+            break;
         if (step == 0)
             printf("first_token_ms %.1f\n", now_ms() - t0);
         printf("step %ld token %lld logits_sha256 %s\n", step, (long long)best, digest);

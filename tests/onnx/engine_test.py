@@ -17,7 +17,14 @@ reads, verifies and hands to ONNX Runtime in place.
      weights', or a block file changed after export: exit 1 naming both
      values, before any block ran.
 
-The graphs are hand-made with python3-onnx (tests/onnx/make_blocks.py).
+  5. where examples/python/onnx_blocks.py is in the tree (sluice.onnx's
+     export of a Llama-style transformer, with eager torch's logits) and
+     torch is importable: that export too, bit-equal to its embedded
+     graphs at the prompt and 3 steps with a pool under half the model,
+     and within the documented tolerance of eager torch (docs/onnx.md:
+     |onnx - eager| <= 1e-4 * max(1, max |eager|), the same tokens).
+
+The graphs of 1-4 are hand-made with python3-onnx (tests/onnx/make_blocks.py).
 Exit 77 (skip) with the reason when ONNX Runtime was not found at
 configure time (--absent REASON) or python3-onnx or NumPy is missing.
 
@@ -81,6 +88,51 @@ def edited(src, dst, block, initializer, **change):
     with open(path, "w") as f:
         json.dump(plan, f)
     return dst
+
+
+def exported(tmp):
+    script = os.path.join(REPO, "examples", "python", "onnx_blocks.py")
+    if not os.path.exists(script):
+        print("note: no examples/python/onnx_blocks.py: the exported model's checks not run")
+        return
+    try:
+        import torch  # noqa: F401
+    except ImportError as e:
+        print(f"note: {e} (Debian: python3-torch): the exported model's checks not run")
+        return
+    import numpy as np
+    d = os.path.join(tmp, "tiny-onnx")
+    r = subprocess.run(["/usr/bin/python3", script, "make", d, "--sluice", CLI, "--steps", "3"],
+                       capture_output=True, text=True, timeout=600)
+    check(r.returncode == 0, f"onnx_blocks.py make exits 0 ({r.stderr.strip()[-400:]})")
+    if r.returncode:
+        return
+    with open(os.path.join(d, "eager.json")) as f:
+        eager = json.load(f)
+    toks = ",".join(map(str, eager["prompt"]))
+    total = os.path.getsize(os.path.join(d, "weights", "model.safetensors"))
+    pool = total // 2 - (64 << 10)
+    base = engine("--embedded", os.path.join(d, "embedded"), "--tokens", toks, "--steps", "3")
+    r = engine(os.path.join(d, "blocks"), os.path.join(d, "weights"), "--tokens", toks,
+               "--steps", "3", "--pool", str(pool), "--dump-logits", os.path.join(d, "got"))
+    want, got = STEP.findall(base.stdout), STEP.findall(r.stdout)
+    check(base.returncode == 0 and r.returncode == 0 and len(got) == 4 and got == want,
+          f"sluice.onnx's export: bit-equal to its embedded graphs at the prompt and 3 steps, "
+          f"pool {pool} of {total} bytes ({r.stderr.strip()[-300:]})")
+    worst = 0.0
+    for s in eager["steps"]:
+        a = np.fromfile(os.path.join(d, s["logits"]), dtype=np.float32)
+        path = os.path.join(d, f"got-{s['step']:03d}.f32")
+        b = np.fromfile(path, dtype=np.float32) if os.path.exists(path) else np.zeros(0, np.float32)
+        ok = a.shape == b.shape
+        err = float(np.abs(a - b).max()) if ok else float("inf")
+        worst = max(worst, err)
+        tol = 1e-4 * max(1.0, float(np.abs(a).max()))
+        tok_ok = s["step"] < len(got) and int(got[s["step"]][1]) == s["token"]
+        check(ok and err <= tol and tok_ok,
+              f"step {s['step']}: within {tol:.2g} of eager torch (max |diff| {err:.3g}), "
+              f"token {s['token']} as eager's")
+    print(f"     max |onnx - eager| {worst:.3g}")
 
 
 def main():
@@ -166,6 +218,8 @@ def main():
               and len(set(re.findall(r"\b[0-9a-f]{64}\b", r.stderr))) == 2 and not ran(r.stdout),
               f"a block file changed after export fails before any block, both digests named "
               f"({r.stderr.strip()})")
+
+        exported(tmp)
 
         r = subprocess.run([ENGINE, "--help"], capture_output=True, text=True, env=ENV)
         check(r.returncode == 0 and "--embedded" in r.stdout and "--test-poke" in r.stdout,
