@@ -36,8 +36,11 @@ fail() {
     exit 1
 }
 
-if [ -f "$dest/VERSION" ] && [ "$(cat "$dest/VERSION")" = "$ver" ] &&
-   [ -f "$dest/include/onnxruntime_c_api.h" ] && [ -f "$dest/lib/libonnxruntime.so.1" ]; then
+ready() {
+    [ -f "$dest/VERSION" ] && [ "$(cat "$dest/VERSION")" = "$ver" ] &&
+        [ -f "$dest/include/onnxruntime_c_api.h" ] && [ -f "$dest/lib/libonnxruntime.so.1" ]
+}
+if ready; then
     echo "$dest"
     exit 0
 fi
@@ -58,7 +61,7 @@ start=$(date +%s)
 if ! (cd "$tmp" && npm pack "$pkg" --pack-destination "$tmp" --cache "$tmp/npm-cache" \
         --fetch-timeout 60000 --fetch-retries 1 --no-audit --no-fund --loglevel error \
         >"$tmp/npm.log" 2>&1); then
-    fail "npm pack $pkg failed (no network or no registry?): $(tail -n 3 "$tmp/npm.log" | tr '\n' ' ')"
+    fail "npm pack $pkg failed (no network or no registry?): $(grep -v 'complete log' "$tmp/npm.log" | head -n 3 | tr '\n' ' ')"
 fi
 [ -f "$tmp/$tgz" ] || fail "npm pack $pkg wrote no $tgz"
 got=$(sha256sum "$tmp/$tgz" | cut -d' ' -f1)
@@ -74,11 +77,12 @@ cp "$tmp/package/LICENSE" "$tmp/package/ThirdPartyNotices.txt" "$tmp/out/"
 grep -q '^#define ORT_API_VERSION 29$' "$tmp/out/include/onnxruntime_c_api.h" \
     || fail "the headers are not ORT 1.29's (ORT_API_VERSION 29)"
 echo "$ver" >"$tmp/out/VERSION"
-# Into place in one rename; a concurrent run that got there first wins.
-rm -rf "$dest.old"
-[ ! -e "$dest" ] || mv "$dest" "$dest.old" 2>/dev/null || true
-mv "$tmp/out" "$dest" 2>/dev/null || [ -f "$dest/VERSION" ] || fail "cannot move the files to $dest"
-rm -rf "$dest.old"
+# Into place in one rename (-T: never into a folder a concurrent run made
+# meanwhile); a complete folder already there wins, an incomplete one goes.
+if ! ready; then
+    rm -rf "$dest"
+    mv -T "$tmp/out" "$dest" 2>/dev/null || ready || fail "cannot move the files to $dest"
+fi
 end=$(date +%s)
 echo "tools/ort.sh: ONNX Runtime $ver in $dest (fetched in $((fetched - start)) s, extracted in $((end - fetched)) s, $(du -sm "$dest" | cut -f1) MB kept)" >&2
 echo "$dest"
