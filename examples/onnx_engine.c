@@ -5,9 +5,13 @@
  * reads and verifies on demand.
  *
  * Before any block runs, the plan is checked: every block file against
- * its SHA-256, every initializer's tensor against the model's index (it
- * exists, with the plan's dtype and shape; ONNX Runtime checks none of
- * these for an initializer it is handed). Then, for each block in order:
+ * its SHA-256; every initializer of the plan against the graph's own (read
+ * from the file: the name exists, with the plan's dtype and shape and
+ * external data) and every external initializer of the graph against the
+ * plan (else ONNX Runtime would read it from the placeholder); every
+ * initializer's tensor against the model's index (it exists, with the
+ * plan's dtype and shape). ONNX Runtime checks none of these for an
+ * initializer it is handed. Then, for each block in order:
  * the rest of the plan is hinted to the library (sluice_prefetch), so the
  * next block is read while this one runs, within the pool; each tensor of
  * the block is acquired (read, verified: a flipped weight fails here, the
@@ -72,6 +76,8 @@ struct block {
     struct init *inits;
     size_t ninits;
     OrtSession *session; /* kept between steps under --resident only */
+    unsigned char *graph; /* the block file's bytes, until its initializers are checked */
+    size_t graph_len;
 };
 
 /* An activation: a block's output copied out of ONNX Runtime, or the
@@ -280,16 +286,191 @@ static ONNXTensorElementDataType onnx_type(const char *dtype, size_t *size)
     return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
 }
 
+static const char *const dtype_names[] = {"F32", "F16", "BF16", "F64", "I8", "U8", "I16",
+                                          "U16", "I32", "U32", "I64", "U64", "BOOL"};
+
 static size_t onnx_size(ONNXTensorElementDataType t)
 {
-    static const char *const names[] = {"F32", "F16", "BF16", "F64", "I8", "U8", "I16",
-                                        "U16", "I32", "U32", "I64", "U64", "BOOL"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    for (size_t i = 0; i < sizeof dtype_names / sizeof dtype_names[0]; i++) {
         size_t size;
-        if (onnx_type(names[i], &size) == t)
+        if (onnx_type(dtype_names[i], &size) == t)
             return size;
     }
     return 0;
+}
+
+/* An ONNX element type in safetensors' spelling, else its number. */
+static const char *onnx_type_name(int t, char *buf, size_t n)
+{
+    for (size_t i = 0; i < sizeof dtype_names / sizeof dtype_names[0]; i++) {
+        size_t size;
+        if ((int)onnx_type(dtype_names[i], &size) == t)
+            return dtype_names[i];
+    }
+    snprintf(buf, n, "ONNX type %d", t);
+    return buf;
+}
+
+/* The graph's own initializers, read from the block file (ONNX's
+ * protobuf: ModelProto.graph = 7, GraphProto.initializer = 5, TensorProto
+ * dims = 1, data_type = 2, name = 8, data_location = 14), so that the plan
+ * is checked against the graph before any block runs: ONNX Runtime takes
+ * an initializer of any name, dtype or shape that AddInitializer gives it. */
+struct pb {
+    const unsigned char *p, *end;
+};
+
+static int pb_varint(struct pb *b, uint64_t *v)
+{
+    *v = 0;
+    for (unsigned shift = 0; shift < 64 && b->p < b->end; shift += 7) {
+        unsigned char c = *b->p++;
+        *v |= (uint64_t)(c & 0x7f) << shift;
+        if (!(c & 0x80))
+            return 0;
+    }
+    return -1;
+}
+
+/* The next field: its number, wire type, and for a length-delimited one
+ * its bytes in *sub (skipped in b); for a varint its value in *v. */
+static int pb_field(struct pb *b, uint64_t *field, unsigned *wt, uint64_t *v, struct pb *sub)
+{
+    uint64_t key, len;
+    if (pb_varint(b, &key))
+        return -1;
+    *field = key >> 3;
+    *wt = (unsigned)(key & 7);
+    switch (*wt) {
+    case 0:
+        return pb_varint(b, v);
+    case 1:
+    case 5: {
+        size_t n = *wt == 1 ? 8 : 4;
+        if ((size_t)(b->end - b->p) < n)
+            return -1;
+        b->p += n;
+        return 0;
+    }
+    case 2:
+        if (pb_varint(b, &len) || len > (uint64_t)(b->end - b->p))
+            return -1;
+        sub->p = b->p;
+        sub->end = b->p + len;
+        b->p += len;
+        return 0;
+    default:
+        return -1;
+    }
+}
+
+struct ginit {
+    const unsigned char *name;
+    size_t name_len;
+    int64_t dims[MAX_DIMS];
+    size_t ndim;
+    int dtype, external, used;
+};
+
+static int pb_tensor(struct pb t, struct ginit *g)
+{
+    memset(g, 0, sizeof *g);
+    uint64_t field, v;
+    unsigned wt;
+    struct pb sub;
+    while (t.p < t.end) {
+        if (pb_field(&t, &field, &wt, &v, &sub))
+            return -1;
+        if (field == 1 && wt == 0) { /* dims, unpacked */
+            if (g->ndim == MAX_DIMS)
+                return -1;
+            g->dims[g->ndim++] = (int64_t)v;
+        } else if (field == 1 && wt == 2) { /* dims, packed */
+            while (sub.p < sub.end) {
+                if (pb_varint(&sub, &v) || g->ndim == MAX_DIMS)
+                    return -1;
+                g->dims[g->ndim++] = (int64_t)v;
+            }
+        } else if (field == 2 && wt == 0) {
+            g->dtype = (int)v;
+        } else if (field == 8 && wt == 2) {
+            g->name = sub.p;
+            g->name_len = (size_t)(sub.end - sub.p);
+        } else if (field == 14 && wt == 0) {
+            g->external = v == 1;
+        }
+    }
+    return g->name ? 0 : -1;
+}
+
+static int check_graph(struct eng *e, struct block *b, const char *where)
+{
+    struct pb m = {b->graph, b->graph + b->graph_len}, g = {NULL, NULL}, sub;
+    uint64_t field, v;
+    unsigned wt;
+    while (m.p < m.end) {
+        if (pb_field(&m, &field, &wt, &v, &sub))
+            return fail(e, "%s: %s is not an ONNX model", where, b->path);
+        if (field == 7 && wt == 2)
+            g = sub;
+    }
+    if (!g.p)
+        return fail(e, "%s: %s has no graph", where, b->path);
+    size_t n = 0, cap = 16;
+    struct ginit *gi = malloc(cap * sizeof *gi);
+    int rc = gi ? 0 : fail(e, "out of memory");
+    while (rc == 0 && g.p < g.end) {
+        if (pb_field(&g, &field, &wt, &v, &sub)) {
+            rc = fail(e, "%s: %s is not an ONNX model", where, b->path);
+        } else if (field == 5 && wt == 2) {
+            if (n == cap) {
+                struct ginit *more = realloc(gi, 2 * cap * sizeof *gi);
+                if (!more) {
+                    rc = fail(e, "out of memory");
+                    break;
+                }
+                gi = more;
+                cap *= 2;
+            }
+            if (pb_tensor(sub, &gi[n++]))
+                rc = fail(e, "%s: %s holds an initializer it cannot read", where, b->path);
+        }
+    }
+    for (size_t k = 0; rc == 0 && k < b->ninits; k++) {
+        const struct init *in = &b->inits[k];
+        struct ginit *found = NULL;
+        for (size_t q = 0; q < n && !found; q++)
+            if (gi[q].name_len == strlen(in->name) && !memcmp(gi[q].name, in->name, gi[q].name_len))
+                found = &gi[q];
+        size_t size;
+        if (!found) {
+            rc = fail(e, "%s: the plan's initializer '%s' (tensor '%s') is not an initializer of %s",
+                      where, in->name, in->tensor, b->path);
+            break;
+        }
+        found->used = 1;
+        int same = found->ndim == in->ndim && (int)onnx_type(in->dtype, &size) == found->dtype;
+        for (size_t d = 0; same && d < in->ndim; d++)
+            same = found->dims[d] == in->shape[d];
+        if (!same) {
+            char s1[256], s2[256], t1[32];
+            shape_str(s1, sizeof s1, found->dims, found->ndim);
+            shape_str(s2, sizeof s2, in->shape, in->ndim);
+            rc = fail(e, "%s: initializer '%s' is %s %s in %s, the plan says %s %s (tensor '%s')",
+                      where, in->name, onnx_type_name(found->dtype, t1, sizeof t1), s1, b->path,
+                      in->dtype, s2, in->tensor);
+        } else if (!found->external) {
+            rc = fail(e, "%s: initializer '%s' holds its data inside %s; the plan hands it over",
+                      where, in->name, b->path);
+        }
+    }
+    for (size_t q = 0; rc == 0 && q < n; q++)
+        if (gi[q].external && !gi[q].used)
+            rc = fail(e, "%s: %s's initializer '%.*s' has external data the plan does not hand "
+                      "over (ONNX Runtime would read it from the placeholder)",
+                      where, b->path, (int)gi[q].name_len, (const char *)gi[q].name);
+    free(gi);
+    return rc;
 }
 
 /* Reads DIR/plan.json and checks every block file against its SHA-256. */
@@ -368,8 +549,9 @@ static int load_plan(struct eng *e)
             size_t len = 0;
             if ((rc = read_file(e, b->path, &code, &len)))
                 break;
+            b->graph = (unsigned char *)code;
+            b->graph_len = len;
             int bad = sha256_hex(code, len, got);
-            free(code);
             if (bad) {
                 rc = fail(e, "SHA-256 failed");
                 break;
@@ -426,8 +608,10 @@ static int load_plan(struct eng *e)
                     break;
                 }
             }
-            if (rc)
+            if (rc || (!e->embedded && (rc = check_graph(e, b, where))))
                 break;
+            free(b->graph);
+            b->graph = NULL;
         }
     free(path);
     return rc;
@@ -1007,6 +1191,7 @@ int main(int argc, char **argv)
         free(e.blocks[i].inputs);
         free(e.blocks[i].outputs);
         free(e.blocks[i].inits);
+        free(e.blocks[i].graph);
     }
     free(e.blocks);
     free(e.pinputs);

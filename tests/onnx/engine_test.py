@@ -13,9 +13,11 @@ reads, verifies and hands to ONNX Runtime in place.
      reads the handle's memory, not a copy;
   3. a flipped byte in layer 1's weight: exit 1, the message names the
      tensor and both digests, only the blocks before layer 1 ran;
-  4. a plan naming a missing tensor, or another dtype or shape than the
-     weights', or a block file changed after export: exit 1 naming both
-     values, before any block ran.
+  4. weights lacking a tensor, or holding it in another dtype or shape
+     than the plan's; a plan that disagrees with its graph (an
+     initializer the graph lacks, another dtype, an external initializer
+     the plan leaves out); a block file changed after export: exit 1
+     naming both values, before any block ran.
 
   5. where examples/python/onnx_blocks.py is in the tree (sluice.onnx's
      export of a Llama-style transformer, with eager torch's logits) and
@@ -43,7 +45,7 @@ if sys.argv[1:2] == ["--absent"]:
     print(f"skip: {sys.argv[2]}")
     sys.exit(77)
 try:
-    import numpy  # noqa: F401
+    import numpy as np
     import onnx  # noqa: F401
 except ImportError as e:
     print(f"skip: {e} (Debian: python3-onnx python3-numpy)")
@@ -78,13 +80,18 @@ def ran(out):
     return re.findall(r"^ran (\S+) ", out, re.M)
 
 
-def edited(src, dst, block, initializer, **change):
+def edited(src, dst, block, initializer, change):
+    """A copy of src whose plan has block's initializer changed (a dict of
+    keys to set, or a function of the block and the initializer's name)."""
     shutil.copytree(src, dst)
     path = os.path.join(dst, "plan.json")
     with open(path) as f:
         plan = json.load(f)
     b = next(b for b in plan["blocks"] if b["name"] == block)
-    next(i for i in b["initializers"] if i["name"] == initializer).update(change)
+    if callable(change):
+        change(b, initializer)
+    else:
+        next(i for i in b["initializers"] if i["name"] == initializer).update(change)
     with open(path, "w") as f:
         json.dump(plan, f)
     return dst
@@ -100,7 +107,6 @@ def exported(tmp):
     except ImportError as e:
         print(f"note: {e} (Debian: python3-torch): the exported model's checks not run")
         return
-    import numpy as np
     d = os.path.join(tmp, "tiny-onnx")
     r = subprocess.run(["/usr/bin/python3", script, "make", d, "--sluice", CLI, "--steps", "3"],
                        capture_output=True, text=True, timeout=600)
@@ -194,19 +200,45 @@ def main():
         check(ran(r.stdout) == ["model.embed_tokens", "model.layers.0"],
               f"only the blocks before layer 1 ran ({ran(r.stdout)})")
 
-        cases = [
-            ("missing", dict(tensor="model.layers.2.mlp.up_proj.weight.missing"),
-             ["model.layers.2.mlp.up_proj.weight.missing", "onnx::MatMul_120", "not in"]),
-            ("dtype", dict(dtype="F16"), ["F32", "F16", "model.layers.2.mlp.up_proj.weight"]),
-            ("shape", dict(shape=[256, 64]), ["[64, 256]", "[256, 64]",
-                                               "model.layers.2.mlp.up_proj.weight"]),
+        up2 = "model.layers.2.mlp.up_proj.weight"
+        weights = make_blocks.weights()
+        variants = [
+            ("lacking the tensor", {k: v for k, v in weights.items() if k != up2},
+             [up2, "onnx::MatMul_120", "not in"]),
+            ("holding it in F16", dict(weights, **{up2: weights[up2].astype(np.float16)}),
+             ["F16 [64, 256] in the weights", "F32 [64, 256] in the plan", up2,
+              "onnx::MatMul_120"]),
+            ("holding it as [256, 64]", dict(weights, **{up2: weights[up2].reshape(256, 64)}),
+             ["F32 [256, 64] in the weights", "F32 [64, 256] in the plan", up2,
+              "onnx::MatMul_120"]),
         ]
-        for name, change, words in cases:
-            d = edited(x, os.path.join(tmp, name), "model.layers.2", "onnx::MatMul_120", **change)
+        for name, tensors, words in variants:
+            d = tempfile.mkdtemp(prefix="w-", dir=tmp)
+            make_blocks.write_safetensors(os.path.join(d, "model.safetensors"), tensors)
+            r = engine(x, d, "--tokens", toks)
+            check(r.returncode == 1 and all(s in r.stderr for s in words) and not ran(r.stdout),
+                  f"weights {name} fail before any block, naming both "
+                  f"({r.stderr.strip()})")
+
+        def drop(b, init):
+            b["initializers"] = [i for i in b["initializers"] if i["name"] != init]
+
+        plans = [
+            ("an initializer the graph lacks", dict(name="onnx::MatMul_120x"),
+             ["'onnx::MatMul_120x'", up2, "not an initializer of", "block-004.onnx"]),
+            ("another dtype than the graph's", dict(dtype="F16"),
+             ["'onnx::MatMul_120' is F32 [64, 256]", "the plan says F16 [64, 256]"]),
+            ("another shape than the graph's", dict(shape=[256, 64]),
+             ["'onnx::MatMul_120' is F32 [64, 256]", "the plan says F32 [256, 64]"]),
+            ("an external initializer left out", drop,
+             ["'onnx::MatMul_120'", "external data the plan does not hand over"]),
+        ]
+        for k, (name, change, words) in enumerate(plans):
+            d = edited(x, os.path.join(tmp, f"plan-{k}"), "model.layers.2", "onnx::MatMul_120",
+                       change)
             r = engine(d, w, "--tokens", toks)
             check(r.returncode == 1 and all(s in r.stderr for s in words) and not ran(r.stdout),
-                  f"a plan with another {name} fails before any block, naming both "
-                  f"({r.stderr.strip()})")
+                  f"a plan with {name} fails before any block, naming both ({r.stderr.strip()})")
 
         tampered = os.path.join(tmp, "tampered")
         shutil.copytree(x, tampered)

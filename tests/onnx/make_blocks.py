@@ -69,10 +69,14 @@ def blocks():
     return out
 
 
+DTYPES = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16"}
+
+
 def write_safetensors(path, w):
     entries, off = {}, 0
     for k, v in w.items():
-        entries[k] = {"dtype": "F32", "shape": list(v.shape), "data_offsets": [off, off + v.nbytes]}
+        entries[k] = {"dtype": DTYPES[v.dtype], "shape": list(v.shape),
+                      "data_offsets": [off, off + v.nbytes]}
         off += v.nbytes
     header = json.dumps(entries, separators=(",", ":")).encode()
     header += b" " * ((-len(header)) % 8)
