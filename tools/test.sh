@@ -21,7 +21,8 @@ cd "$root"
 # python3-grpcio: serve_transport's stock gRPC client (tests/serve/stock_client.py);
 # mount: the tests that mount a tmpfs or an overlay (test_cache, test_cache_load;
 # not in a minimal Debian); nodejs and npm: s3rver, which test_remote_s3 (and
-# test_remote.py after it) installs from npm. One list for every stage
+# test_remote.py after it) installs from npm; python3-onnx: the ONNX
+# engine's test graphs (tests/onnx/make_blocks.py). One list for every stage
 # (ASan ctests, TSan, fuzz, the README's blocks); tools/test_python.sh adds
 # the Python stage's own.
 # Debian's npm only where no node and npm are on PATH (NodeSource's nodejs
@@ -32,20 +33,27 @@ command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || node="nodej
 sh tools/deps.sh clang libclang-rt-14-dev libmicrohttpd-dev prometheus curl librust-blake3-dev b3sum \
     libcurl4-openssl-dev nginx libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc \
     openssl python3 libsqlite3-dev scdoc man-db groff-base python3-cryptography squid \
-    libtorch-dev python3-torch python3-numpy python3-grpcio mount $node
+    libtorch-dev python3-torch python3-numpy python3-grpcio python3-onnx mount $node
 jobs=$(nproc 2>/dev/null || echo 2)
 
+# ONNX Runtime (not in Debian) from the npm registry, for examples/onnx_engine
+# and its test: tools/ort.sh keeps it in ~/.cache/sluice (downloaded once,
+# 150 MB; 29 MB kept). Without npm or the network it says why, and the ONNX
+# parts are skipped (the onnx_engine test says so); everything else runs.
+ort_root=$(sh tools/ort.sh) || ort_root=""
+
 echo "== ASan + UBSan build, all tests"
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DSLUICE_SANITIZE=ON >/dev/null
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DSLUICE_SANITIZE=ON -DORT_ROOT="$ort_root" >/dev/null
 cmake --build build-asan -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j "$jobs"
 
 echo "== ThreadSanitizer build, concurrency tests"
 # (no sluice serve here: its tests run in the ASan build; grpc++ itself is
-# not instrumented; nor the TorchScript engine: libtorch is not either)
+# not instrumented; nor the TorchScript and ONNX engines: neither libtorch
+# nor ONNX Runtime is)
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSLUICE_TSAN=ON -DSLUICE_WITH_GRPC=OFF \
-      -DSLUICE_WITH_TORCH=OFF >/dev/null
+      -DSLUICE_WITH_TORCH=OFF -DSLUICE_WITH_ORT=OFF >/dev/null
 cmake --build build-tsan -j "$jobs"
 TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -L threads -j "$jobs"
 
