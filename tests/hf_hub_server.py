@@ -33,6 +33,9 @@ ETag). Control, on the Hub's port:
                             "hub|storage METHOD PATH if-match=VALUE range=VALUE auth=VALUE"
     GET /ctl/clear          empties the log
     GET /ctl/flip?at=N      the storage flips byte N of every file it serves
+    GET /ctl/flip?at=N&times=K
+                            ... of the first K responses that hold byte N
+                            only (K=1: a header served once, then the truth)
     GET /ctl/sha?value=C     the API answers commit C as "sha" whatever was
                             asked, and C's files (a Hub that lies); no value:
                             the truth
@@ -56,7 +59,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, quote, unquote, urlparse
 
 ROOT = "."
-STATE = {"log": [], "flip": -1, "storage_port": 0, "storage_base": "", "sha": "", "lfs": ""}
+STATE = {"log": [], "flip": -1, "flip_times": -1, "storage_port": 0, "storage_base": "", "sha": "", "lfs": ""}
 LOCK = threading.Lock()
 HEX40 = re.compile(r"^[0-9a-f]{40}$")
 
@@ -254,7 +257,9 @@ class Hub(BaseHTTPRequestHandler):
             STATE["storage_base"] = parse_qs(query).get("url", [""])[0]
             return self.answer(200, b"ok")
         if parts == ["ctl", "flip"]:
-            STATE["flip"] = int(query.split("=", 1)[1])
+            q = parse_qs(query)
+            STATE["flip"] = int(q["at"][0])
+            STATE["flip_times"] = int(q.get("times", ["-1"])[0])
             return self.answer(200, b"ok")
         self.answer(404)
 
@@ -278,8 +283,12 @@ class Storage(Hub):
         with open(p, "rb") as f:
             f.seek(lo)
             body = bytearray(f.read(hi - lo + 1))
-        at = STATE["flip"]
-        if lo <= at <= hi:
+        with LOCK:
+            at = STATE["flip"]
+            flip = lo <= at <= hi and STATE["flip_times"] != 0
+            if flip and STATE["flip_times"] > 0:
+                STATE["flip_times"] -= 1
+        if flip:
             body[at - lo] ^= 0x01
         hdr = {"ETag": etag, "Accept-Ranges": "bytes"}
         if m:

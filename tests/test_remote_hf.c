@@ -550,6 +550,56 @@ static void test_lfs_sha256_mismatch_first_open(void **state)
     (void)state;
 }
 
+/* A header served once (the first response holding its byte flips a
+ * tensor's name "b" to "c"), then the true file: the whole-file read
+ * matches the Hub's digest, but the index was parsed from the header of
+ * the first answer. The open fails (SLUICE_E_CHECKSUM): a derived
+ * manifest would otherwise bind the published bytes to names, dtypes and
+ * offsets no publisher wrote. Nothing is derived. */
+static void test_lfs_sha256_header_served_at_open(void **state)
+{
+    forget_derived();
+    char real[65], derived[1024], q[128];
+    sha256_of(SINGLE, -1, real);
+    snprintf(derived, sizeof derived, "%s/xdg/sluice/derived/sha256/%s.manifest.json", root, real);
+    char *single = tu_join(root, SINGLE);
+    size_t len = 0;
+    unsigned char *b = tu_read_file(single, &len);
+    free(single);
+    assert_non_null(b);
+    assert_true(len > 8);
+    uint64_t n = 0;
+    for (int k = 7; k >= 0; k--)
+        n = n << 8 | b[k];
+    long at = -1;
+    for (uint64_t k = 8; k + 3 <= 8 + n && k + 3 <= len; k++)
+        if (memcmp(b + k, "\"b\"", 3) == 0) {
+            at = (long)k + 1;
+            break;
+        }
+    free(b);
+    assert_true(at > 0);
+    snprintf(q, sizeof q, "/ctl/flip?at=%ld&times=1", at);
+    ctl(q);
+    sluice_options o = fast_options();
+    sluice_model *m = NULL;
+    int rc = sluice_open("hf://org/single", &o, &m);
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", sluice_errmsg(m));
+    sluice_close(m);
+    ctl("/ctl/flip?at=-1");
+    if (rc != SLUICE_E_CHECKSUM || !strstr(msg, "header served at open"))
+        fail_msg("a header served once: %d %s", rc, msg);
+    struct stat st;
+    assert_int_equal(stat(derived, &st), -1);
+    /* the truth served: the open derives and verifies as before */
+    open_ok("hf://org/single", &o, &m);
+    assert_int_equal(sluice_verify_state(m, NULL), SLUICE_VERIFIED_PUBLISHER_DIGEST);
+    check_tensor(m, "b", 200000);
+    sluice_close(m);
+    (void)state;
+}
+
 /* Through a proxy that serves a damaged copy of the file (the fault
  * server, as a proxy, serving root's copy at the resolve path and the API's
  * reply at the API's): the first open's whole-file read does not match the
@@ -1133,6 +1183,7 @@ int main(void)
         cmocka_unit_test(test_hub_as_mirror),
         cmocka_unit_test(test_lfs_sha256),
         cmocka_unit_test(test_lfs_sha256_mismatch_first_open),
+        cmocka_unit_test(test_lfs_sha256_header_served_at_open),
         cmocka_unit_test(test_lfs_sha256_through_lying_proxy),
         cmocka_unit_test(test_lfs_only_is_unverified),
         cmocka_unit_test(test_verify_command),

@@ -279,9 +279,10 @@ static void job_stop(derive_job *j)
 }
 
 /* Reads file f whole through its source (rc: how a remote one is reached),
- * block by block, handing each to j's lanes and hashing it into file. */
+ * block by block, handing each to j's lanes and hashing it into file, and
+ * its first 8 + N bytes (the header) into head. */
 static int read_whole(derive_job *j, const sl_file *f, const sl_remote_cfg *rc, sl_md *file,
-                      uint8_t *buf, size_t block, sl_err *err)
+                      sl_md *head, uint8_t *buf, size_t block, sl_err *err)
 {
     uint64_t off = 0;
     for (;;) {
@@ -304,6 +305,10 @@ static int read_whole(derive_job *j, const sl_file *f, const sl_remote_cfg *rc, 
         }
         run_block(j, buf, off, off + (uint64_t)got, got == 0);
         int bad = sl_md_update(file, buf, got) < 0;
+        if (off < f->data_start) {
+            uint64_t in_head = f->data_start - off;
+            bad |= sl_md_update(head, buf, got < in_head ? got : (size_t)in_head) < 0;
+        }
         if (wait_block(j) < 0 || bad)
             return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", f->path);
         off += (uint64_t)got;
@@ -326,8 +331,9 @@ static int derive_pass(hub_ctx *c, size_t fi, const sl_remote_cfg *rc, sl_err *e
     pthread_cond_init(&j.done, NULL);
     size_t block = f->src->caps & SL_SRC_NETWORK ? READ_BYTES_NET : READ_BYTES;
     uint8_t *buf = malloc(block);
-    sl_md *file = sl_md_new(SLUICE_ALG_SHA256);
-    int rc2 = SLUICE_OK, nomem = !buf || !file;
+    sl_md *file = sl_md_new(SLUICE_ALG_SHA256), *head = sl_md_new(SLUICE_ALG_SHA256);
+    uint8_t head_digest[32];
+    int rc2 = SLUICE_OK, nomem = !buf || !file || !head;
     for (int k = 0; k < NLANES; k++) {
         lane *l = &j.lanes[k];
         *l = (lane){.j = &j, .kind = k, .cur = f->first_tensor, .md = sl_md_new(SLUICE_ALG_SHA256)};
@@ -342,7 +348,7 @@ static int derive_pass(hub_ctx *c, size_t fi, const sl_remote_cfg *rc, sl_err *e
             j.lanes[k].threaded = 1;
             j.nthreads++;
         }
-    if ((rc2 = read_whole(&j, f, rc, file, buf, block, err)) < 0)
+    if ((rc2 = read_whole(&j, f, rc, file, head, buf, block, err)) < 0)
         goto done;
     if (j.lanes[LANE_TENSOR].cur != j.first + j.count ||
         j.lanes[LANE_CHUNK].cur != j.first + j.count) {
@@ -350,7 +356,7 @@ static int derive_pass(hub_ctx *c, size_t fi, const sl_remote_cfg *rc, sl_err *e
                       "file changed", f->path, (unsigned long long)f->size);
         goto done;
     }
-    if (sl_md_final(file, h->digest) < 0) {
+    if (sl_md_final(file, h->digest) < 0 || sl_md_final(head, head_digest) < 0) {
         rc2 = sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", f->path);
         goto done;
     }
@@ -370,9 +376,22 @@ static int derive_pass(hub_ctx *c, size_t fi, const sl_remote_cfg *rc, sl_err *e
                           "actual %s: the bytes served are not the file published", f->path,
                           want, got_hex);
     }
+    /* The index (names, dtypes, shapes, offsets) was parsed from the
+     * header read at open, the derived digests from these bytes: they
+     * must be one file, or a header served once (a lying server or
+     * proxy) would name the published bytes. */
+    const uint8_t *parsed = sl_index_header_digest(f, SLUICE_ALG_SHA256);
+    if (rc2 == SLUICE_OK && (!parsed || memcmp(parsed, head_digest, 32) != 0))
+        rc2 = h->blob_path
+            ? sl_fail(err, SLUICE_E_FILE_CHANGED, "%s: its header is not the one read at open: "
+                      "the file changed", f->path)
+            : sl_fail(err, SLUICE_E_CHECKSUM, "%s: the header served at open is not the "
+                      "header of the bytes served now: the index is not of the file published",
+                      f->path);
 done:
     job_stop(&j);
     sl_md_free(file);
+    sl_md_free(head);
     free(buf);
     return rc2;
 }
