@@ -41,6 +41,11 @@ endif()
 add_executable(onnx_engine ${PROJECT_SOURCE_DIR}/examples/onnx_engine.c)
 target_include_directories(onnx_engine SYSTEM PRIVATE ${ORT_INCLUDE_DIR})
 target_compile_options(onnx_engine PRIVATE ${SLUICE_WARNINGS})
+if(SLUICE_SANITIZE)
+  # the plan's numbers are doubles (cJSON): a cast past int64_t is caught
+  target_compile_options(onnx_engine PRIVATE -fsanitize=float-cast-overflow)
+  target_link_options(onnx_engine PRIVATE -fsanitize=float-cast-overflow)
+endif()
 # The library's folder in the build RPATH (CMake's default for a full
 # path), so the engine starts without LD_LIBRARY_PATH.
 target_link_libraries(onnx_engine PRIVATE sluice ${ORT_LIBRARY} PkgConfig::CRYPTO PkgConfig::CJSON)

@@ -254,7 +254,9 @@ static int shape_array(struct eng *e, const cJSON *o, const char *where, int64_t
                     MAX_DIMS);
     *ndim = 0;
     cJSON_ArrayForEach(d, a) {
-        if (!cJSON_IsNumber(d) || d->valuedouble < 0 || d->valuedouble != (double)(int64_t)d->valuedouble)
+        /* range first: casting a double past int64_t's is undefined */
+        if (!cJSON_IsNumber(d) || !(d->valuedouble >= 0 && d->valuedouble <= 9007199254740992.0) ||
+            d->valuedouble != (double)(int64_t)d->valuedouble)
             return fail(e, "%s: a dimension of \"shape\" is not a count", where);
         shape[(*ndim)++] = (int64_t)d->valuedouble;
     }
@@ -978,6 +980,10 @@ static int parse_args(int argc, char **argv, struct args *a, struct eng *e)
                 a->tokens[a->ntokens++] = t;
                 p = *end ? end + 1 : end;
             }
+            if (!a->ntokens) {
+                fprintf(stderr, "onnx_engine: --tokens: the prompt needs at least one id\n");
+                return 2;
+            }
         } else if (!strcmp(s, "--steps") || !strcmp(s, "--threads")) {
             long v = strtol(val, &end, 10);
             if (end == val || *end || v < 0) {
@@ -1126,7 +1132,8 @@ static int run(struct eng *e, struct args *a)
             break;
         const struct act *lg = &x[0];
         int64_t vocab = lg->ndim ? lg->shape[lg->ndim - 1] : 0;
-        if (lg->type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || vocab <= 0) {
+        if (lg->type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || vocab <= 0 ||
+            lg->bytes / 4 < (size_t)vocab) { /* [1, 0, V] holds no row */
             rc = fail(e, "the last block's first output is not float32 logits [..., vocab]");
             break;
         }

@@ -232,6 +232,8 @@ def main():
              ["'onnx::MatMul_120' is F32 [64, 256]", "the plan says F32 [256, 64]"]),
             ("an external initializer left out", drop,
              ["'onnx::MatMul_120'", "external data the plan does not hand over"]),
+            ("a dimension past any count", dict(shape=[1e300, 256]),
+             ['a dimension of "shape" is not a count']),
         ]
         for k, (name, change, words) in enumerate(plans):
             d = edited(x, os.path.join(tmp, f"plan-{k}"), "model.layers.2", "onnx::MatMul_120",
@@ -250,6 +252,10 @@ def main():
               and len(set(re.findall(r"\b[0-9a-f]{64}\b", r.stderr))) == 2 and not ran(r.stdout),
               f"a block file changed after export fails before any block, both digests named "
               f"({r.stderr.strip()})")
+
+        r = engine(x, w, "--tokens", "")
+        check(r.returncode == 2 and "at least one id" in r.stderr and not ran(r.stdout),
+              f"an empty prompt is a usage error, no block run ({r.stderr.strip()})")
 
         exported(tmp)
 
