@@ -679,8 +679,10 @@ int sl_engine_acquire(sl_engine *e, size_t i, sluice_tensor **out, sl_err *err)
     sl_metrics_add(&e->met, &e->met.cache_misses, 1);
     if (rc == SLUICE_OK) /* the histogram is of acquires served */
         sl_metrics_observe(&e->met, SL_H_ACQUIRE_WAIT, waited);
-    if (e->dq_head != SL_NONE)
-        sl_pump(e); /* a demand waiting for room may now learn it has none */
+    /* A demand, or a part waiting for room (which counted this refused
+     * caller as room that may come back), may now learn it has none. */
+    if (e->dq_head != SL_NONE || e->room_waiters)
+        sl_pump(e);
     sl_unlock(e);
     if (elsewhere)
         sl_mark_blocked_elsewhere(e, -1);
