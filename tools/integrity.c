@@ -221,6 +221,18 @@ int ig_open_failed(const char *cmd, sluice_model *m, int rc)
     return cmd_exit_status(rc);
 }
 
+/* What the publisher's digest is, for SLUICE_VERIFIED_PUBLISHER_DIGEST:
+ * a snapshot's blob names, or the LFS SHA-256 the Hub's API lists for an
+ * hf:// model that publishes no sluice manifest. */
+static const char *publisher_digest_words(const sluice_model *m)
+{
+    unsigned k = 0;
+    const char *loc = sluice_model_location(m, &k, NULL);
+    return loc && !strncmp(loc, "hf://", 5)
+        ? "an hf:// model with no sluice manifest: the LFS SHA-256 the Hub publishes for each file"
+        : "a Hugging Face Hub snapshot: the SHA-256 its blobs are named by";
+}
+
 int ig_warn_unverified(const char *cmd, const sluice_model *m)
 {
     /* a mirror serving the whole model is said too: the model's own
@@ -242,8 +254,8 @@ int ig_warn_unverified(const char *cmd, const sluice_model *m)
                 "are read unchecked\n", cmd);
         return 1;
     case SLUICE_VERIFIED_PUBLISHER_DIGEST:
-        fprintf(stderr, "sluice %s: verified against the publisher's file digest (a Hugging "
-                "Face Hub snapshot: its blobs' SHA-256; manifest %s)\n", cmd, where ? where : "");
+        fprintf(stderr, "sluice %s: verified against the publisher's file digest (%s; "
+                "manifest %s)\n", cmd, publisher_digest_words(m), where ? where : "");
         return 0;
     default:
         return 0;
@@ -274,6 +286,6 @@ void ig_print_checked_against(FILE *out, const char *prefix, const char *path,
     else
         fprintf(out, "%smanifest %s\n", prefix, mf);
     if (state == SLUICE_VERIFIED_PUBLISHER_DIGEST)
-        fprintf(out, "%sverified against the publisher's file digest: a Hugging Face Hub "
-                "snapshot, each file checked against the SHA-256 its blob is named by\n", prefix);
+        fprintf(out, "%sverified against the publisher's file digest: %s\n", prefix,
+                publisher_digest_words(m));
 }
