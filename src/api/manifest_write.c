@@ -1,5 +1,6 @@
 /* manifest_write.c: the one writer of a manifest's JSON (manifest_write.h). */
 #include "api/manifest_write.h"
+#include "base/replace.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -137,42 +138,21 @@ int sl_manifest_write(FILE *out, const sluice_model *m, const sl_mw *w)
 
 int sl_manifest_write_file(const char *path, const sluice_model *m, const sl_mw *w)
 {
-    size_t n = strlen(path) + sizeof ".tmp.XXXXXX";
-    char *tmp = malloc(n);
-    if (!tmp) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *out = open_memstream(&text, &len);
+    if (!out)
+        return -1;
+    int bad = sl_manifest_write(out, m, w) < 0;
+    bad |= fclose(out) != 0;
+    if (bad) {
+        free(text);
         errno = ENOMEM;
         return -1;
     }
-    snprintf(tmp, n, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0) {
-        free(tmp);
-        return -1;
-    }
-    (void)fchmod(fd, 0644);
-    FILE *out = fdopen(fd, "w");
-    if (!out) {
-        int e = errno;
-        close(fd);
-        unlink(tmp);
-        free(tmp);
-        errno = e;
-        return -1;
-    }
-    errno = 0;
-    int bad = sl_manifest_write(out, m, w) < 0 || fflush(out) != 0 || fsync(fd) != 0;
-    int e = errno ? errno : EIO;
-    if (fclose(out) != 0 && !bad) {
-        bad = 1;
-        e = errno;
-    }
-    if (!bad && rename(tmp, path) != 0) {
-        bad = 1;
-        e = errno;
-    }
-    if (bad)
-        unlink(tmp);
-    free(tmp);
+    int rc = sl_replace_file(path, text, len);
+    int e = errno;
+    free(text);
     errno = e;
-    return bad ? -1 : 0;
+    return rc;
 }

@@ -45,9 +45,8 @@ void sl_mw_json_string(FILE *out, const char *s, size_t len);
  * digest missing, or a write error: errno set by stdio). */
 int sl_manifest_write(FILE *out, const sluice_model *m, const sl_mw *w);
 
-/* Writes it to path through a temporary file in the same directory
- * (mode 0644), fsynced and renamed over path once complete. Returns 0, or
- * -1 with errno set (nothing left behind). */
+/* Writes it to path, replacing it atomically (base/replace.h). Returns
+ * 0, or -1 with errno set (nothing left behind). */
 int sl_manifest_write_file(const char *path, const sluice_model *m, const sl_mw *w);
 
 #endif

@@ -12,6 +12,7 @@
  * verdict but the choice of which trusted key to try.
  */
 #include "trust/model_signing.h"
+#include "base/replace.h"
 #include "trust/signature.h"
 
 #include <cjson/cJSON.h>
@@ -1228,31 +1229,6 @@ int sl_ms_check_tree(const sl_ms_statement *s, const char *model_path, const cha
 
 /* ---------------------------------------------------------------- signing */
 
-static int write_atomic(const char *path, const char *text, size_t len, sl_err *err)
-{
-    size_t n = strlen(path) + 16;
-    char *tmp = malloc(n);
-    if (!tmp)
-        return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
-    snprintf(tmp, n, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(tmp);
-    int ok = fd >= 0 && fchmod(fd, 0644) == 0 && write(fd, text, len) == (ssize_t)len &&
-             fsync(fd) == 0;
-    int e = errno;
-    if (fd >= 0 && close(fd) != 0 && ok) {
-        ok = 0;
-        e = errno;
-    }
-    if (ok && rename(tmp, path) != 0) {
-        ok = 0;
-        e = errno;
-    }
-    if (!ok && fd >= 0)
-        unlink(tmp);
-    free(tmp);
-    return ok ? SLUICE_OK : sl_fail_errno(err, SLUICE_E_IO, e, "%s: cannot write", path);
-}
-
 static char *der_b64(X509 *c)
 {
     unsigned char *der = NULL;
@@ -1433,7 +1409,9 @@ int sl_ms_sign(const char *model_dir, const char *sig_path, EVP_PKEY *key, X509 
         rc = sl_fail(err, SLUICE_E_NOMEM, "out of memory");
         goto done;
     }
-    if ((rc = write_atomic(sig_path, text, strlen(text), err)) == SLUICE_OK)
+    if (sl_replace_file(sig_path, text, strlen(text)) != 0)
+        rc = sl_fail_errno(err, SLUICE_E_IO, errno, "%s: cannot write", sig_path);
+    else
         *nres = t.n;
 done:
     free(ign);

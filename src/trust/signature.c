@@ -10,6 +10,7 @@
  * this file in to write what the library reads.
  */
 #include "trust/signature.h"
+#include "base/replace.h"
 
 #include <openssl/err.h>
 #include <openssl/pem.h>
@@ -345,35 +346,6 @@ char *sl_sig_path(const char *manifest_path)
 
 /* Writes text to path through a temporary file beside it (mode 0644),
  * fsynced and renamed over it; on failure removes the temporary file. */
-static int write_replace(const char *path, const char *text, size_t len, sl_err *err)
-{
-    size_t n = strlen(path) + sizeof ".tmp.XXXXXX";
-    char *tmp = malloc(n);
-    if (!tmp)
-        return sl_fail(err, SLUICE_E_NOMEM, "signature %s: out of memory", path);
-    snprintf(tmp, n, "%s.tmp.XXXXXX", path);
-    int fd = mkstemp(tmp);
-    if (fd < 0) {
-        int e = errno;
-        free(tmp);
-        return sl_fail_errno(err, SLUICE_E_IO, e, "cannot create a file beside %s", path);
-    }
-    int ok = fchmod(fd, 0644) == 0 && write(fd, text, len) == (ssize_t)len && fsync(fd) == 0;
-    int e = errno;
-    if (close(fd) != 0 && ok) {
-        ok = 0;
-        e = errno;
-    }
-    if (ok && rename(tmp, path) != 0) {
-        ok = 0;
-        e = errno;
-    }
-    if (!ok)
-        unlink(tmp);
-    free(tmp);
-    return ok ? SLUICE_OK : sl_fail_errno(err, SLUICE_E_IO, e, "cannot write %s", path);
-}
-
 /* ---------------------------------------------------------------- keys */
 
 int sl_sig_key_id(EVP_PKEY *key, uint8_t id[32])
@@ -532,8 +504,10 @@ int sl_sig_sign_file(const char *manifest_path, const char *key_path, const char
     char sig_text[SL_SIG_TEXT_LEN + 1];
     if ((rc = sl_sig_sign(key, text, len, &sig, err)) < 0)
         goto done;
-    if ((rc = write_replace(sig_path, sig_text, sl_sig_format(&sig, sig_text), err)) < 0)
+    if (sl_replace_file(sig_path, sig_text, sl_sig_format(&sig, sig_text)) != 0) {
+        rc = sl_fail_errno(err, SLUICE_E_IO, errno, "cannot write %s", sig_path);
         goto done;
+    }
     if (key_id)
         memcpy(key_id, sig.key_id, sizeof sig.key_id);
     if (signed_len)
