@@ -239,7 +239,6 @@ static void good_signature(void **state)
     assert_int_equal((int)strlen(text), SL_SIG_TEXT_LEN);
 }
 
-/* The library's writer writes what the documented format says. */
 /* sluice_manifest_sign (the library's signer, which `sluice sign` and the
  * Python package's write_manifest(sign_key=) run) writes the documented
  * file, byte for byte what signing here gives, and the open accepts it;
@@ -289,6 +288,7 @@ static void manifest_sign_api(void **state)
     free(other);
 }
 
+/* The library's writer writes what the documented format says. */
 static void format_round_trip(void **state)
 {
     fx *f = *state;
