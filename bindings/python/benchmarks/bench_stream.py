@@ -20,6 +20,9 @@ configuration later, so that none always follows the same neighbour):
           file mmap it, parse the header (struct + json), and for every
           tensor hashlib.sha256 of its bytes compared with the manifest's
           digest, and np.frombuffer over the map
+  other   with --other-python PY: python's run under another interpreter,
+          whose sluice package is another build (a venv of an older commit:
+          the write guard's cost was measured so, docs/performance.md)
 Figures are medians (min-max) of the rounds: GB/s of tensor bytes, and the
 peak RSS of the process (ru_maxrss).
 """
@@ -60,9 +63,9 @@ print(wall, n, rss)
 PY_SEED = r"""
 import hashlib, json, mmap, os, resource, struct, sys, time
 import numpy as np
-path = sys.argv[1]
+path, manifest_path = sys.argv[1], sys.argv[2]
 DT = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32}
-with open(os.path.join(path, "sluice.manifest.json")) as f:
+with open(manifest_path) as f:
     manifest = json.load(f)
 manifest = manifest.get("tensors", manifest)
 def digest_of(v):
@@ -114,9 +117,11 @@ def run_c(cli, model, pool):
     return float(row["bytes_needed"]) / float(row["wall_s"]) / 1e9, float(row["peak_rss_mb"])
 
 
-def run_py(script, *args):
-    out = subprocess.run([sys.executable, "-c", script, *args], check=True,
-                         capture_output=True, text=True).stdout.split()
+def run_py(script, *args, python=sys.executable):
+    # from /tmp: a sluice/ folder in the working directory would shadow the
+    # interpreter's installed package
+    out = subprocess.run([python, "-c", script, *args], check=True, capture_output=True,
+                         text=True, cwd=tempfile.gettempdir()).stdout.split()
     wall, n, rss = float(out[0]), int(out[1]), float(out[2])
     return n / wall / 1e9, rss
 
@@ -133,21 +138,31 @@ def main():
     ap.add_argument("--pool", default="4G")
     ap.add_argument("--framework", choices=("np", "pt"), default="np",
                     help="what the Python stream gives: NumPy arrays or torch tensors")
+    ap.add_argument("--other-python", metavar="PY",
+                    help="also run the Python stream under PY (another build of the package)")
     ap.add_argument("--json", help="write the figures here")
     a = ap.parse_args()
-    if not os.path.isfile(os.path.join(a.model, "sluice.manifest.json")):
+    a.model = os.path.abspath(a.model)  # the Python runs start in /tmp
+    # the manifest sluice finds: the directory's, or a single file's sidecar
+    sidecars = [os.path.join(a.model, n) for n in ("sluice.manifest.json",
+                                                    "model.safetensors.manifest.json")]
+    manifest = next((p for p in sidecars if os.path.isfile(p)), None)
+    if not manifest:
         raise SystemExit(f"{a.model}: no sluice.manifest.json (make it with `sluice synth`)")
     pool = parse_size(a.pool)
     configs = {
         "C sluice bench stream": lambda: run_c(a.cli, a.model, a.pool),
         f"python model.stream({a.framework})": lambda: run_py(PY_STREAM, a.model, str(pool),
                                                              a.framework),
-        "seed-style python loader": lambda: run_py(PY_SEED, a.model),
+        "seed-style python loader": lambda: run_py(PY_SEED, a.model, manifest),
     }
+    if a.other_python:
+        configs[f"python model.stream({a.framework}) under {a.other_python}"] = \
+            lambda: run_py(PY_STREAM, a.model, str(pool), a.framework, python=a.other_python)
     names = list(configs)
     res = {k: ([], []) for k in names}
     for r in range(a.runs):
-        for k in names[r % 3:] + names[:r % 3]:
+        for k in names[r % len(names):] + names[:r % len(names)]:
             gbps, rss = configs[k]()
             res[k][0].append(gbps)
             res[k][1].append(rss)
@@ -163,6 +178,8 @@ def main():
     ratio_seed = med[names[1]] / med[names[2]]
     print(f"\npython / C: {ratio_c:.3f} (target >= 0.95)")
     print(f"python / seed: {ratio_seed:.2f} (target >= 8)")
+    if a.other_python:
+        print(f"python / python under {a.other_python}: {med[names[1]] / med[names[3]]:.3f}")
     print(f"python peak RSS {py_rss:.0f} MiB, pool + 64 MiB = {(pool >> 20) + 64} MiB "
           f"({'within' if py_rss <= (pool >> 20) + 64 else 'OVER'})")
     if a.json:
