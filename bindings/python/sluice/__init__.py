@@ -544,10 +544,11 @@ class Model:
     def verify_state(self):
         """What the model's bytes are checked against (sluice_verify_state):
         'verified' (a manifest was read: manifest_path), 'publisher_digest'
-        (a Hugging Face Hub cache snapshot with no manifest of its own: each
-        file checked against the SHA-256 its blob is named by, each tensor
-        against the manifest derived from those bytes, kept in the cache
-        directory: manifest_path), 'no_manifest' (none was given or found:
+        (a Hugging Face Hub cache snapshot with no manifest of its own, each
+        file checked against the SHA-256 its blob is named by, or an hf://
+        model that publishes none, each file checked against the LFS SHA-256
+        the Hub lists; each tensor against the manifest derived from those
+        bytes, kept in the cache directory: manifest_path), 'no_manifest' (none was given or found:
         nothing is checked, and open warned with UnverifiedWarning) or 'off'
         (verify="off")."""
         return _VERIFY_STATES.get(self._m.verify_state()[0], "off")

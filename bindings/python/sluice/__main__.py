@@ -6,7 +6,9 @@ Python package alone (no C build of the command needed):
                             [--sign-key KEY]
   python -m sluice verify PATH [--manifest FILE] [--key PUB] [--ca PEM]
                           [--signature FILE] [--files]
-  python -m sluice ls PATH [--json]          (also: inspect)
+  python -m sluice ls PATH [--json]
+  python -m sluice inspect PATH [--json] [--manifest FILE] [--key PUB] [--ca PEM]
+                           [--signature FILE]
   python -m sluice cat PATH NAME [--manifest FILE] [--key PUB] [--ca PEM]
 
 The manifest is written by the library's one writer (sluice.write_manifest,
@@ -107,6 +109,61 @@ def cmd_ls(args):
     return OK
 
 
+def _checked_against(m):
+    """What a load's bytes are checked against, worded as `sluice inspect`
+    and `sluice verify` word it."""
+    state, where = m.verify_state, m.manifest_path
+    if state == "verified":
+        return f"manifest {where}"
+    if state == "publisher_digest":
+        return f"verified against the publisher's file digest (manifest {where})"
+    if state == "no_manifest":
+        return "not verified: no manifest found"
+    return "not verified: verification is off"
+
+
+def cmd_inspect(args):
+    """The listing of ls, and what a load's bytes are checked against: the
+    model opened as a load opens it (the manifest, its signature, a Hub
+    snapshot's or hf:// model's publisher digest); a refused open says
+    FAILED and why, lists the index from the headers alone, and exits with
+    the refusal's status."""
+    import warnings
+    failed, status = None, OK
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", sluice.UnverifiedWarning)  # said below
+            m = sluice.open(args.path, **_trust(args))
+    except _errors.Error as e:
+        status = exit_status(e)
+        if status == USAGE:
+            raise
+        failed = str(e)
+        m = sluice.open(args.path, verify="off")
+    with m:
+        verification = f"FAILED: {failed}" if failed else _checked_against(m)
+        infos = [m.info(name) for name in m.keys()]
+        if args.json:
+            json.dump({"verification": {"state": "failed" if failed else m.verify_state,
+                                        "manifest": None if failed else m.manifest_path,
+                                        "text": verification},
+                       "tensors": [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape),
+                                    "nbytes": t.nbytes, "file": t.file} for t in infos]},
+                      sys.stdout, indent=1)
+            print()
+        else:
+            print(f"verification: {verification}")
+            total = 0
+            for t in infos:
+                total += t.nbytes
+                print(f"{json.dumps(t.name):48s} {t.dtype:8s} {str(list(t.shape)):22s} "
+                      f"{t.nbytes:14d}")
+            print(f"\ntotal: {len(infos)} tensors, {total} bytes")
+    if failed:
+        print(f"python -m sluice inspect: {failed}", file=sys.stderr)
+    return status
+
+
 def cmd_cat(args):
     with sluice.open(args.path, verify="if_present", **_trust(args)) as m:
         if args.name not in m:
@@ -153,11 +210,19 @@ def parser():
         c.add_argument("--ca", action="append", help="a trusted CA certificate (repeatable)")
         c.add_argument("--signature", help="the OpenSSF model-signing bundle")
         c.set_defaults(run=run)
-    for name in ("ls", "inspect"):
-        c = sub.add_parser(name, help="list a model's tensors")
-        c.add_argument("path")
-        c.add_argument("--json", action="store_true")
-        c.set_defaults(run=cmd_ls)
+    c = sub.add_parser("ls", help="list a model's tensors (headers only, nothing checked)")
+    c.add_argument("path")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(run=cmd_ls)
+    c = sub.add_parser("inspect", help="list a model's tensors and say what a load's bytes "
+                       "are checked against (opened as a load opens it)")
+    c.add_argument("path")
+    c.add_argument("--json", action="store_true")
+    c.add_argument("-m", "--manifest", help="the manifest (default: the sidecar)")
+    c.add_argument("--key", action="append", help="a trusted public key (repeatable)")
+    c.add_argument("--ca", action="append", help="a trusted CA certificate (repeatable)")
+    c.add_argument("--signature", help="the OpenSSF model-signing bundle")
+    c.set_defaults(run=cmd_inspect)
     return p
 
 

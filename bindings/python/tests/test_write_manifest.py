@@ -132,6 +132,31 @@ def test_python_m_sluice(tmp_path):
     assert r.returncode == 4, r.stderr
 
 
+def test_python_m_sluice_inspect(tmp_path):
+    """inspect says what a load's bytes are checked against, as `sluice
+    inspect` does: no manifest, the manifest, and a refused open (FAILED,
+    the listing from the headers, the refusal's exit status)."""
+    path = _model(tmp_path)
+    r = _run("inspect", path)
+    assert r.returncode == 0, r.stderr
+    assert b"verification: not verified: no manifest found" in r.stdout
+    assert b"total: 2 tensors" in r.stdout
+    sluice.write_manifest(path)
+    r = _run("inspect", path, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["verification"]["state"] == "verified"
+    assert doc["verification"]["manifest"] == path + ".manifest.json"
+    assert sorted(t["name"] for t in doc["tensors"]) == ["b", "w"]
+    _, pub = _keys(tmp_path)  # a trusted key that signed nothing: refused (4)
+    r = _run("inspect", path, "--key", pub)
+    assert r.returncode == 4, r.stderr
+    assert b"verification: FAILED: " in r.stdout and b"total: 2 tensors" in r.stdout
+    assert b"python -m sluice inspect: " in r.stderr
+    r = _run("ls", path)  # the headers alone, nothing said of verification
+    assert r.returncode == 0 and b"verification" not in r.stdout
+
+
 # ------------------------------------------------ signing (issue 38, item 2)
 
 def _keys(tmp_path, name="k"):
