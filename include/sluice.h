@@ -1025,6 +1025,49 @@ SLUICE_API int sluice_read_part_into(sluice_model *model, const char *name, uint
 SLUICE_API int sluice_acquire_part(sluice_model *model, const char *name, uint32_t dim,
                                    uint64_t rank, uint64_t n, sluice_tensor **out);
 
+/* Options of sluice_read_part_into_ex and sluice_acquire_part_ex. Start
+ * from sluice_part_options_init(), which writes the defaults and the
+ * struct's size; fields are only ever appended. The token is of
+ * sluice_cancel_create ("Streaming with options"). */
+typedef struct sluice_part_options {
+    size_t size;                     /* set by sluice_part_options_init */
+    struct sluice_cancel *cancel;    /* NULL: not cancellable */
+} sluice_part_options;
+
+/* Fills *o with the defaults. Returns SLUICE_E_INVAL if o is NULL. */
+SLUICE_API int sluice_part_options_init(sluice_part_options *o);
+
+/*
+ * sluice_read_part_into and sluice_acquire_part with options (o NULL: the
+ * same as those calls, which are these with no token). Besides what they
+ * return: SLUICE_E_CANCELLED when o->cancel was requested before the part
+ * was complete (also when it was requested at the call: then nothing is
+ * read). A local file's part stops issuing reads once the token is
+ * requested and waits for the reads already in flight (they write into
+ * dst) before it returns, so dst is the caller's again on return; it
+ * holds anything then (some of the part's bytes, unverified). A remote
+ * file's part checks the token before each read of the source (a single
+ * range request, or the multi-range requests of one batch of segments,
+ * which go on to their end; a transfer in flight is not aborted). An
+ * acquire waiting for room in the pool stops waiting. A cancelled
+ * acquire gives no handle (*out NULL) and gives its pool buffer back
+ * (pool_in_use as before the call); a cancelled part is not stored in
+ * the persistent cache. The bytes read before the token was seen are
+ * counted (reads, bytes_read, remote_*); a cancelled part is not
+ * counted in failures (as a stream's tensors not delivered). A part the
+ * persistent cache holds (a cache hit) is read whole once begun.
+ * SLUICE_E_INVAL for an options size this library does not know
+ * (smaller than the size field, or a larger one with a non-zero tail).
+ * Any thread, as those calls; one token may serve many calls at once
+ * (sluice_cancel_request stops them all).
+ */
+SLUICE_API int sluice_read_part_into_ex(sluice_model *model, const char *name, uint32_t dim,
+                                        uint64_t rank, uint64_t n, void *dst, uint64_t len,
+                                        const sluice_part_options *o);
+SLUICE_API int sluice_acquire_part_ex(sluice_model *model, const char *name, uint32_t dim,
+                                      uint64_t rank, uint64_t n, sluice_tensor **out,
+                                      const sluice_part_options *o);
+
 /* The digest (sluice_digest_algorithm) of the part's bytes laid out
  * contiguously, of tensor i as its file holds them now; nothing is
  * verified (what `sluice manifest --parts` writes). Returns SLUICE_OK,

@@ -7,7 +7,10 @@
  * in the seam retried (EINTR, EAGAIN, short) or failing the part alone
  * (EIO, the file ending early), never sticking; parts on several
  * threads beside loads of whole tensors with a queue depth of 2, each
- * equal to the file's bytes. Runs on both backends (engine.cmake). */
+ * equal to the file's bytes; a cancelled part (a token requested before
+ * the call, or while its reads are in flight) reads nothing more, gives
+ * no handle nor pool room, is no failure, and later parts read whole.
+ * Runs on both backends (engine.cmake). */
 #include "engine_fixture.h"
 
 #include <pthread.h>
@@ -247,6 +250,117 @@ static void test_threads_with_loads(void **state)
     assert_int_equal(sluice_close(m), SLUICE_OK);
 }
 
+/* A cancelled part read (sluice_read_part_into_ex, sluice_acquire_part_ex):
+ * a token requested before the call reads nothing (bytes_read and reads
+ * unchanged), gives no handle and takes nothing of the pool, and is no
+ * failure; NULL options are no token. */
+static void test_cancel_before(void **state)
+{
+    fx *f = *state;
+    sluice_model *m = open_model(f, 2, 64u << 10);
+    unsigned char *buf = malloc(X_BYTES / 4);
+    assert_non_null(buf);
+    sluice_cancel *c = NULL;
+    assert_int_equal(sluice_cancel_create(&c), SLUICE_OK);
+    sluice_cancel_request(c);
+    sluice_part_options po;
+    assert_int_equal(sluice_part_options_init(&po), SLUICE_OK);
+    assert_int_equal(po.size, sizeof po);
+    assert_null(po.cancel);
+    po.cancel = c;
+    struct sluice_stats st0 = stats_of(m);
+    assert_int_equal(sluice_read_part_into_ex(m, "x", 1, 1, 4, buf, X_BYTES / 4, &po),
+                     SLUICE_E_CANCELLED);
+    assert_non_null(strstr(sluice_errmsg(m), "cancelled"));
+    sluice_tensor *t = (sluice_tensor *)buf; /* set to NULL on failure */
+    assert_int_equal(sluice_acquire_part_ex(m, "w", 1, 2, 4, &t, &po), SLUICE_E_CANCELLED);
+    assert_null(t);
+    struct sluice_stats st1 = stats_of(m);
+    assert_int_equal(st1.bytes_read, st0.bytes_read);
+    assert_int_equal(st1.reads, st0.reads);
+    assert_int_equal(st1.pool_in_use, st0.pool_in_use);
+    assert_int_equal(st1.failures, st0.failures);
+    /* NULL options, and options with no token: read as the plain calls */
+    assert_int_equal(sluice_read_part_into_ex(m, "x", 1, 1, 4, buf, X_BYTES / 4, NULL), SLUICE_OK);
+    check_part(f, 1, 1, 4, buf);
+    po.cancel = NULL;
+    assert_int_equal(sluice_acquire_part_ex(m, "w", 1, 2, 4, &t, &po), SLUICE_OK);
+    check_part(f, 0, 2, 4, sluice_tensor_data(t));
+    assert_int_equal(sluice_release(t), SLUICE_OK);
+    /* an options size this library does not know */
+    po.size = 1;
+    assert_int_equal(sluice_read_part_into_ex(m, "x", 1, 1, 4, buf, X_BYTES / 4, &po),
+                     SLUICE_E_INVAL);
+    assert_int_equal(sluice_part_options_init(NULL), SLUICE_E_INVAL);
+    sluice_cancel_free(c);
+    free(buf);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+}
+
+/* where 10 (engine_hooks.h): the part's first reads are out, the lock not
+ * held: the token is requested there, once */
+typedef struct cancel_at {
+    sluice_cancel *c;
+    unsigned fired;
+} cancel_at;
+
+static void at_spans_issued(void *ctx, int where)
+{
+    cancel_at *a = ctx;
+    if (where == 10 && a->c && !a->fired++)
+        sluice_cancel_request(a->c);
+}
+
+/* A token requested once the part's first reads are out (x at world 4
+ * along dim 1 is 64 reads, two in flight at most), before the part is
+ * complete: the ones in flight are waited for, the call
+ * says SLUICE_E_CANCELLED and is no failure; later part reads on the same
+ * model (the same token reset, and none) are whole. */
+static void test_cancel_in_flight(void **state)
+{
+    fx *f = *state;
+    sluice_model *m = open_model(f, 2, 64u << 10);
+    unsigned char *buf = malloc(X_BYTES / 4);
+    assert_non_null(buf);
+    cancel_at a = {0};
+    assert_int_equal(sluice_cancel_create(&a.c), SLUICE_OK);
+    sluice_part_options po;
+    assert_int_equal(sluice_part_options_init(&po), SLUICE_OK);
+    po.cancel = a.c;
+    assert_int_equal(sl_engine_set_pause(m, at_spans_issued, &a), SLUICE_OK);
+    struct sluice_stats st0 = stats_of(m);
+    assert_int_equal(sluice_read_part_into_ex(m, "x", 1, 1, 4, buf, X_BYTES / 4, &po),
+                     SLUICE_E_CANCELLED);
+    assert_int_equal(a.fired, 1);
+    struct sluice_stats st1 = stats_of(m);
+    /* its first reads were out; the rest may have gone out and come back
+     * before the request (their completions issue more, no hook holds
+     * them): at most the whole part, never more */
+    assert_true(st1.reads - st0.reads >= 1);
+    assert_true(st1.reads - st0.reads <= X_ROWS);
+    assert_true(st1.bytes_read - st0.bytes_read <= X_BYTES / 4);
+    assert_int_equal(st1.failures, st0.failures);
+    /* the same through an acquire: no handle, its pool buffer given back */
+    sluice_cancel_reset(a.c);
+    a.fired = 0;
+    sluice_tensor *t = NULL;
+    assert_int_equal(sluice_acquire_part_ex(m, "x", 1, 2, 4, &t, &po), SLUICE_E_CANCELLED);
+    assert_int_equal(a.fired, 1);
+    assert_null(t);
+    assert_int_equal(stats_of(m).pool_in_use, st0.pool_in_use);
+    assert_int_equal(sl_engine_set_pause(m, NULL, NULL), SLUICE_OK);
+    sluice_cancel_reset(a.c);
+    assert_int_equal(sluice_read_part_into_ex(m, "x", 1, 1, 4, buf, X_BYTES / 4, &po), SLUICE_OK);
+    check_part(f, 1, 1, 4, buf);
+    assert_int_equal(sluice_acquire_part(m, "x", 1, 2, 4, &t), SLUICE_OK);
+    check_part(f, 1, 2, 4, sluice_tensor_data(t));
+    assert_int_equal(sluice_release(t), SLUICE_OK);
+    assert_int_equal(stats_of(m).failures, st0.failures);
+    sluice_cancel_free(a.c);
+    free(buf);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -254,6 +368,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_woken_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_faults, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threads_with_loads, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_before, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_in_flight, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

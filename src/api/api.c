@@ -1103,7 +1103,7 @@ static int part_direct(const sl_index *ix, void *ctx, sl_range_tally *tally, sl_
  * sluice_read_part_into and sluice_acquire_part. */
 static int read_part(sluice_model *m, sl_engine *e, const char *call, const char *name,
                      uint32_t dim, uint64_t rank, uint64_t n, void *dst, uint64_t len,
-                     size_t *index, sl_part_geom *g, sl_err *err)
+                     sluice_cancel *cancel, size_t *index, sl_part_geom *g, sl_err *err)
 {
     size_t i = 0;
     SL_TRY(find(m, name, &i, err));
@@ -1120,17 +1120,21 @@ static int read_part(sluice_model *m, sl_engine *e, const char *call, const char
     const sl_chunk_digests *chunks = sl_manifest_chunks(m->manifest);
     const uint8_t *want = sl_manifest_tensor_digest(m->manifest, i);
     const uint8_t *want_part = want ? sl_manifest_part_digest(m->manifest, i, dim, n, rank) : NULL;
+    if (sl_cancel_requested(cancel))
+        return sl_fail(err, SLUICE_E_CANCELLED, "%s: cancelled before the part was read", call);
     /* a part the persistent cache holds: verified again as it is read */
     if (sl_engine_part_cached(e, i, want_part, dst, len)) {
         *index = i;
         return SLUICE_OK;
     }
     sl_range_tally tally = {0};
-    sl_reader rd = sl_engine_reader(e); /* a local file's reads go through the engine's seam */
+    /* a local file's reads go through the engine's seam */
+    sl_reader rd = sl_engine_reader(e, cancel);
     part_args pa = {i, g, dst, want_part, want, chunks ? &chunks[i] : NULL, m->opts.algorithm,
                     &rd};
     int rc = part_direct(&m->index, &pa, &tally, err);
-    rc = again_direct(m, i, rc, part_direct, &pa, &tally, err);
+    if (rc != SLUICE_E_CANCELLED)
+        rc = again_direct(m, i, rc, part_direct, &pa, &tally, err);
     if (rc == SLUICE_OK && want_part) {   /* verified against want_part: kept */
         char q[SL_QUOTE_MAX], label[SL_QUOTE_MAX + 96];
         int n_label = snprintf(label, sizeof label, "%s [part %llu of %llu along dim %u]",
@@ -1153,24 +1157,55 @@ static int read_part(sluice_model *m, sl_engine *e, const char *call, const char
         sl_remote_scrub(m->part_note, sizeof m->part_note, m->path);
         atomic_store(&m->part_noted, 2);
     }
-    sl_engine_range_tally(e, &tally, rc < 0);
+    /* a cancelled part is not a failure (as a stream's tensors not delivered) */
+    sl_engine_range_tally(e, &tally, rc < 0 && rc != SLUICE_E_CANCELLED);
     *index = i;
     return rc;
+}
+
+SLUICE_API int sluice_part_options_init(sluice_part_options *o)
+{
+    if (!o)
+        return SLUICE_E_INVAL;
+    memset(o, 0, sizeof *o);
+    o->size = sizeof *o;
+    return SLUICE_OK;
+}
+
+static int take_call_options(void *dst, size_t dst_size, const void *src, size_t known,
+                             const char *what, sl_err *err);
+
+static int take_part_options(sluice_part_options *dst, const sluice_part_options *src,
+                             sl_err *err)
+{
+    sluice_part_options_init(dst);
+    return take_call_options(dst, sizeof *dst, src, SL_END_OF(sluice_part_options, cancel),
+                             "part", err);
 }
 
 SLUICE_API int sluice_read_part_into(sluice_model *m, const char *name, uint32_t dim,
                                      uint64_t rank, uint64_t n, void *dst, uint64_t len)
 {
+    return sluice_read_part_into_ex(m, name, dim, rank, n, dst, len, NULL);
+}
+
+SLUICE_API int sluice_read_part_into_ex(sluice_model *m, const char *name, uint32_t dim,
+                                        uint64_t rank, uint64_t n, void *dst, uint64_t len,
+                                        const sluice_part_options *o)
+{
     sl_err err = {0};
     sl_engine *e = engine_of(m);
     if (!e)
         return SLUICE_E_INVAL;
+    sluice_part_options po;
+    if (take_part_options(&po, o, &err) < 0)
+        return sl_model_error(m, &err);
     if (sl_engine_enter(e, &err) < 0)
         return sl_model_error(m, &err);
     size_t i;
     sl_part_geom g;
-    int rc = read_part(m, e, "sluice_read_part_into", name, dim, rank, n, dst, len, &i, &g,
-                       &err);
+    int rc = read_part(m, e, "sluice_read_part_into", name, dim, rank, n, dst, len, po.cancel,
+                       &i, &g, &err);
     if (rc < 0)
         sl_model_error(m, &err);
     sl_engine_leave(e);
@@ -1187,6 +1222,13 @@ typedef struct part_block {
 SLUICE_API int sluice_acquire_part(sluice_model *m, const char *name, uint32_t dim,
                                    uint64_t rank, uint64_t n, sluice_tensor **out)
 {
+    return sluice_acquire_part_ex(m, name, dim, rank, n, out, NULL);
+}
+
+SLUICE_API int sluice_acquire_part_ex(sluice_model *m, const char *name, uint32_t dim,
+                                      uint64_t rank, uint64_t n, sluice_tensor **out,
+                                      const sluice_part_options *o)
+{
     sl_err err = {0};
     sl_engine *e = engine_of(m);
     if (out)
@@ -1196,6 +1238,9 @@ SLUICE_API int sluice_acquire_part(sluice_model *m, const char *name, uint32_t d
                 e ? "out" : "the model");
         return e ? sl_model_error(m, &err) : SLUICE_E_INVAL;
     }
+    sluice_part_options po;
+    if (take_part_options(&po, o, &err) < 0)
+        return sl_model_error(m, &err);
     if (sl_engine_enter(e, &err) < 0)
         return sl_model_error(m, &err);
     size_t i = 0;
@@ -1217,10 +1262,11 @@ SLUICE_API int sluice_acquire_part(sluice_model *m, const char *name, uint32_t d
         snprintf(what, sizeof what, "part %llu of %llu along dim %u of tensor %s",
                  (unsigned long long)rank, (unsigned long long)n, dim,
                  sl_quote(q, sizeof q, t->name, t->name_len));
-        rc = sl_engine_part_room(e, what, len, &data, &blk, &err);
+        rc = sl_engine_part_room(e, what, len, po.cancel, &data, &blk, &err);
     }
     if (rc == SLUICE_OK)
-        rc = read_part(m, e, "sluice_acquire_part", name, dim, rank, n, data, len, &i, &g, &err);
+        rc = read_part(m, e, "sluice_acquire_part", name, dim, rank, n, data, len, po.cancel,
+                       &i, &g, &err);
     if (rc == SLUICE_OK) {
         b->info = *t;
         memcpy(b->shape, t->shape, t->ndim * sizeof b->shape[0]);

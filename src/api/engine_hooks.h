@@ -50,7 +50,10 @@ int sl_engine_quiesce(sluice_model *m);
  * the caller of a span read (a local part) wakes in its wait, the lock
  * HELD likewise (fn must not call the library); and (where 9) when
  * sluice_acquire_part is about to wait for room in the pool, the lock
- * HELD likewise (fn must not call the library). fn NULL clears. Returns
+ * HELD likewise (fn must not call the library); and (where 10) when a
+ * span read with a cancellation token has issued its first reads (they are in flight or done, the
+ * rest not yet issued), the lock NOT held (fn may request a cancellation
+ * token, sluice_cancel_request). fn NULL clears. Returns
  * SLUICE_OK or SLUICE_E_INVAL. */
 int sl_engine_set_pause(sluice_model *m, void (*fn)(void *ctx, int where), void *ctx);
 

@@ -13,6 +13,7 @@
  * and stream on e->cv; stream callbacks run on the stream's caller.
  */
 #include "engine/engine_int.h"
+#include "base/cancel.h"
 
 #include "base/digest.h"
 
@@ -406,17 +407,32 @@ int sl_engine_grant_part(sl_engine *e, size_t i, void *block, sl_pool_blk *blk, 
     return grant_owned(e, i, block, blk, data, len, info, out, err);
 }
 
-int sl_engine_part_room(sl_engine *e, const char *what, uint64_t len, void **buf,
-                        sl_pool_blk **blk, sl_err *err)
+/* The token's wake-up of a part waiting for room: every waiter of e->cv
+ * looks again (as a stream's, stream.c). */
+static void wake_room(void *ctx)
+{
+    sl_engine *e = ctx;
+    pthread_mutex_lock(&e->lock);
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->lock);
+}
+
+int sl_engine_part_room(sl_engine *e, const char *what, uint64_t len, sluice_cancel *cancel,
+                        void **buf, sl_pool_blk **blk, sl_err *err)
 {
     *buf = NULL;
     *blk = NULL;
+    if (sl_cancel_requested(cancel))
+        return sl_fail(err, SLUICE_E_CANCELLED, "%s: cancelled", what);
     if (!len)
         return SLUICE_OK;
+    sl_cancel_reg reg = {.wake = wake_room, .ctx = e};
+    sl_cancel_register(cancel, &reg); /* before the lock: the wake-up takes it */
     pthread_mutex_lock(&e->lock);
     if (sl_pool_footprint(len, SL_POOL_ALIGN) > sl_pool_capacity(e->pool)) {
         e->st.failures++;
         pthread_mutex_unlock(&e->lock);
+        sl_cancel_unregister(cancel, &reg);
         return sl_fail(err, SLUICE_E_TOO_LARGE, "%s is %llu bytes, larger than the whole pool "
                        "budget (pool_bytes %llu)", what, (unsigned long long)len,
                        (unsigned long long)e->st.pool_bytes);
@@ -442,6 +458,10 @@ int sl_engine_part_room(sl_engine *e, const char *what, uint64_t len, void **buf
             rc = sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", what);
             break;
         }
+        if (sl_cancel_requested(cancel)) {
+            rc = sl_fail(err, SLUICE_E_CANCELLED, "%s: cancelled while waiting for room", what);
+            break;
+        }
         if (!sl_room_may_return(e)) {
             e->st.failures++;
             sl_slot_part_room_error(e, what, len, err);
@@ -454,6 +474,7 @@ int sl_engine_part_room(sl_engine *e, const char *what, uint64_t len, void **buf
     e->room_waiters--;
     sl_mark_blocked(e, -1);
     sl_unlock(e);
+    sl_cancel_unregister(cancel, &reg);
     if (elsewhere)
         sl_mark_blocked_elsewhere(e, -1);
     return rc;

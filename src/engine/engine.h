@@ -66,7 +66,7 @@ void sl_engine_leave(sl_engine *e);
 void sl_engine_pause_point(sl_engine *e, int where);
 enum { SL_PAUSE_STREAM_EXIT = 1, SL_PAUSE_RELEASE_EXIT, SL_PAUSE_ACQUIRE_EXIT, SL_PAUSE_REFUSED,
        SL_PAUSE_VERIFY_EXIT, SL_PAUSE_LOAD_STARTED, SL_PAUSE_BLOB_MISSED, SL_PAUSE_SPANS_WOKEN,
-       SL_PAUSE_PART_WAIT };
+       SL_PAUSE_PART_WAIT, SL_PAUSE_SPANS_ISSUED };
 
 /* A handle on len bytes at buf (malloc'd; the handle owns it and frees
  * it at release) that were read and verified from tensor i: a range
@@ -86,11 +86,12 @@ int sl_engine_grant_part(sl_engine *e, size_t i, void *block, sl_pool_blk *blk, 
  * as messages name it: as an acquire's load takes room, evicting unheld
  * buffers, waiting while room may come back (reads in flight, streams
  * delivering), else SLUICE_E_POOL_EXHAUSTED; SLUICE_E_TOO_LARGE when len
- * exceeds the pool; SLUICE_E_NOMEM. len 0: *buf and *blk NULL. Give it
- * back with sl_engine_part_room_free unless a handle took it. Lock not
- * held; a caller inside the engine. */
-int sl_engine_part_room(sl_engine *e, const char *what, uint64_t len, void **buf,
-                        sl_pool_blk **blk, sl_err *err);
+ * exceeds the pool; SLUICE_E_NOMEM; SLUICE_E_CANCELLED when cancel (NULL:
+ * none) is requested before room was found (then nothing is taken). len
+ * 0: *buf and *blk NULL. Give it back with sl_engine_part_room_free
+ * unless a handle took it. Lock not held; a caller inside the engine. */
+int sl_engine_part_room(sl_engine *e, const char *what, uint64_t len, sluice_cancel *cancel,
+                        void **buf, sl_pool_blk **blk, sl_err *err);
 void sl_engine_part_room_free(sl_engine *e, sl_pool_blk *blk);
 
 /* Reads n spans of local file f (spans ascending, none overlapping) into
@@ -100,12 +101,16 @@ void sl_engine_part_room_free(sl_engine *e, sl_pool_blk *blk);
  * flight, shared with the loads (the pump issues these first: the caller
  * waits). Counted as a load's reads are (reads, bytes_read: the spans'
  * bytes, not the gaps'; retries). Returns SLUICE_OK, SLUICE_E_IO,
- * SLUICE_E_FILE_CHANGED (the file ends early) or SLUICE_E_NOMEM. Lock not
- * held; a caller inside the engine (sl_engine_enter). */
-int sl_engine_read_spans(sl_engine *e, const sl_file *f, const sl_span *spans, size_t n,
-                         sl_err *err);
-/* That function as a reader for the range reads (range.h). */
-sl_reader sl_engine_reader(sl_engine *e);
+ * SLUICE_E_FILE_CHANGED (the file ends early) or SLUICE_E_NOMEM; with
+ * cancel (NULL: none) requested, before the call or while it waits,
+ * SLUICE_E_CANCELLED: no read goes out any more, those in flight are
+ * waited for (they write into the spans' dst). Lock not held; a caller
+ * inside the engine (sl_engine_enter). */
+int sl_engine_read_spans(sl_engine *e, sluice_cancel *cancel, const sl_file *f,
+                         const sl_span *spans, size_t n, sl_err *err);
+/* That function as a reader for the range reads (range.h), cancel its
+ * token (NULL: none). */
+sl_reader sl_engine_reader(sl_engine *e, sluice_cancel *cancel);
 
 /* The persistent cache's side of a part (engine_cache.c): want its part
  * digest (NULL: none, nothing cached), kept only for a part of a file

@@ -33,6 +33,7 @@
  * 64-byte aligned).
  */
 #include "engine/engine_int.h"
+#include "base/cancel.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -806,8 +807,22 @@ static unsigned char *give_scratch(sl_run *runs, size_t nrun, int *failed)
     return scratch;
 }
 
-int sl_engine_read_spans(sl_engine *e, const sl_file *f, const sl_span *spans, size_t n,
-                         sl_err *err)
+/* The token's wake-up of a span job's caller (sl_cancel_register). */
+typedef struct spans_wake {
+    sl_engine *e;
+    sl_spanjob *j;
+} spans_wake;
+
+static void wake_spans(void *ctx)
+{
+    spans_wake *w = ctx;
+    pthread_mutex_lock(&w->e->lock);
+    pthread_cond_signal(&w->j->cv);
+    pthread_mutex_unlock(&w->e->lock);
+}
+
+int sl_engine_read_spans(sl_engine *e, sluice_cancel *cancel, const sl_file *f,
+                         const sl_span *spans, size_t n, sl_err *err)
 {
     uint64_t max = e->chunk, pieces = 0;
     for (size_t k = 0; k < n; k++)
@@ -824,16 +839,35 @@ int sl_engine_read_spans(sl_engine *e, const sl_file *f, const sl_span *spans, s
         j.nrun = cut_runs(spans, n, max, j.runs, iov);
         scratch = give_scratch(j.runs, j.nrun, &no_room);
     }
+    spans_wake w = {e, &j};
+    sl_cancel_reg reg = {.wake = wake_spans, .ctx = &w};
     if (no_room) {
         rc = sl_fail(err, SLUICE_E_NOMEM, "read_part: out of memory for %zu spans", n);
+    } else if (sl_cancel_requested(cancel)) {
+        rc = sl_fail(err, SLUICE_E_CANCELLED, "read_part: cancelled");
     } else {
+        sl_cancel_register(cancel, &reg); /* before the lock: the wake-up takes it */
         pthread_mutex_lock(&e->lock);
         sl_spanjob **tail = &e->jobs;
         while (*tail)
             tail = &(*tail)->next;
         *tail = &j;
         sl_pump(e);
-        while (!sl_spanjob_over(&j)) {
+        if (cancel && e->test_pause) { /* first runs out, lock not held (a test's hook) */
+            sl_unlock(e);
+            sl_pause_point(e, SL_PAUSE_SPANS_ISSUED);
+            pthread_mutex_lock(&e->lock);
+        }
+        for (;;) {
+            /* cancelled: no run goes out any more (as after a failed run);
+             * those in flight write into dst, so they are waited for */
+            if (!j.failed && sl_cancel_requested(cancel)) {
+                j.failed = 1;
+                sl_fail(&j.err, SLUICE_E_CANCELLED, "read_part: cancelled after %zu of %zu "
+                        "reads", j.done, j.nrun);
+            }
+            if (sl_spanjob_over(&j))
+                break;
             sl_wait_on(e, &j.cv);
             sl_pause_point(e, SL_PAUSE_SPANS_WOKEN);
         }
@@ -843,6 +877,7 @@ int sl_engine_read_spans(sl_engine *e, const sl_file *f, const sl_span *spans, s
                 break;
             }
         sl_unlock(e);
+        sl_cancel_unregister(cancel, &reg);
         if (j.failed) {
             *err = j.err;
             rc = j.err.code;
@@ -855,12 +890,13 @@ int sl_engine_read_spans(sl_engine *e, const sl_file *f, const sl_span *spans, s
     return rc;
 }
 
-static int reader_spans(void *ctx, const sl_file *f, const sl_span *spans, size_t n, sl_err *err)
+static int reader_spans(void *ctx, sluice_cancel *cancel, const sl_file *f,
+                        const sl_span *spans, size_t n, sl_err *err)
 {
-    return sl_engine_read_spans(ctx, f, spans, n, err);
+    return sl_engine_read_spans(ctx, cancel, f, spans, n, err);
 }
 
-sl_reader sl_engine_reader(sl_engine *e)
+sl_reader sl_engine_reader(sl_engine *e, sluice_cancel *cancel)
 {
-    return (sl_reader){reader_spans, e};
+    return (sl_reader){reader_spans, e, cancel};
 }

@@ -16,6 +16,7 @@
  * strided part's segments are one call, many reads in flight at once.
  */
 #include "index/range.h"
+#include "base/cancel.h"
 
 #include "index/source.h"
 
@@ -84,10 +85,22 @@ static int rg_by_reader(const rg_ctx *c)
     return c->rd && !(c->f->src->caps & SL_SRC_NETWORK);
 }
 
+/* SLUICE_E_CANCELLED when the reader's token was requested: checked
+ * before each read of a remote file (a request, or one multi-range batch
+ * of them), which then goes on to its end. */
+static int rg_cancelled(rg_ctx *c)
+{
+    if (!c->rd || !sl_cancel_requested(c->rd->cancel))
+        return SLUICE_OK;
+    char q[SL_QUOTE_MAX];
+    return sl_fail(c->err, SLUICE_E_CANCELLED, "tensor %s: part read cancelled",
+                   sl_quote(q, sizeof q, c->t->name, c->t->name_len));
+}
+
 /* n spans through the reader; its failure names the tensor. */
 static int rg_reader_read(rg_ctx *c, const sl_span *sp, size_t n)
 {
-    int rc = c->rd->read(c->rd->ctx, c->f, sp, n, c->err);
+    int rc = c->rd->read(c->rd->ctx, c->rd->cancel, c->f, sp, n, c->err);
     if (rc < 0 && rc != SLUICE_E_NOMEM) {
         char q[SL_QUOTE_MAX], msg[sizeof c->err->msg];
         snprintf(msg, sizeof msg, "%s", c->err->msg);
@@ -129,6 +142,7 @@ static int rg_read(rg_ctx *c, uint64_t lo, uint64_t hi, unsigned char *dst)
         size_t got;
         unsigned requests;
         const sl_file *f = c->f;
+        SL_TRY(rg_cancelled(c));
         int rc = f->src->read_tensor(f, c->ix->remote, into, want, c->t->offset + lo, &got,
                                      &requests, c->err);
         c->tally->remote_reads += requests;
@@ -271,8 +285,10 @@ static int rg_gather(rg_ctx *c, const sl_part_geom *g, unsigned char *dst)
         } else {
             unsigned requests = 0;
             uint64_t bytes = 0;
-            rc = f->src->read_spans(f, c->ix->remote, sp, (size_t)g->count, &requests, &bytes,
-                                    c->err);
+            rc = rg_cancelled(c);
+            if (rc == SLUICE_OK)
+                rc = f->src->read_spans(f, c->ix->remote, sp, (size_t)g->count, &requests,
+                                        &bytes, c->err);
             c->tally->remote_reads += requests;
             c->tally->remote_bytes += bytes;
             c->tally->bytes_read += bytes;

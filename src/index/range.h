@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "index/index.h"
 #include "sources/remote.h"
+#include "sluice.h"
 
 #include <stdint.h>
 
@@ -39,12 +40,16 @@ int sl_range_digest(const sl_index *ix, size_t i, uint64_t begin, uint64_t end,
  * in its dst, all of them or an error (err set: SLUICE_E_IO,
  * SLUICE_E_FILE_CHANGED for a file that ends early, SLUICE_E_NOMEM). It
  * counts what it read in its own stats, not in a tally. Spans ascending,
- * none overlapping. */
-typedef int (*sl_spans_fn)(void *ctx, const sl_file *f, const sl_span *spans, size_t n,
-                           sl_err *err);
+ * none overlapping. cancel (may be NULL): once requested, no new read goes
+ * out, those in flight are waited for, and the call returns
+ * SLUICE_E_CANCELLED. */
+typedef int (*sl_spans_fn)(void *ctx, sluice_cancel *cancel, const sl_file *f,
+                           const sl_span *spans, size_t n, sl_err *err);
 typedef struct sl_reader {
     sl_spans_fn read;
     void *ctx;
+    sluice_cancel *cancel;  /* NULL: none; also checked before each read of a
+                               remote file (range.c), between requests */
 } sl_reader;
 
 /* Rank `rank` of n equal parts of a tensor along dim: count segments of
