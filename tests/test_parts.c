@@ -592,6 +592,86 @@ static void test_part_waits_for_room(void **state)
     assert_int_equal(sluice_close(w.m), SLUICE_OK);
 }
 
+/* A part acquire waiting for room, its token requested: it stops waiting
+ * at once (the callback still holds the pool), says SLUICE_E_CANCELLED,
+ * gives no handle, takes no room and is no failure. */
+typedef struct cancel_wait {
+    wait_ctx w;
+    sluice_cancel *c;
+} cancel_wait;
+
+static void *part_waiter_cancellable(void *p)
+{
+    cancel_wait *cw = p;
+    sluice_part_options po;
+    sluice_part_options_init(&po);
+    po.cancel = cw->c;
+    cw->w.part = (sluice_tensor *)cw; /* set to NULL on failure */
+    int rc = sluice_acquire_part_ex(cw->w.m, "a", 0, 1, 2, &cw->w.part, &po);
+    pthread_mutex_lock(&cw->w.mu);
+    cw->w.rc = rc;
+    cw->w.part_done = 1;
+    pthread_cond_broadcast(&cw->w.cv);
+    pthread_mutex_unlock(&cw->w.mu);
+    return NULL;
+}
+
+static void test_part_wait_cancelled(void **state)
+{
+    fx *f = *state;
+    write_manifest(f, 1, NULL);
+    cancel_wait cw = {.w = {.m = open_pool(f, 2048), .mu = PTHREAD_MUTEX_INITIALIZER,
+                            .cv = PTHREAD_COND_INITIALIZER}};
+    wait_ctx *w = &cw.w;
+    assert_int_equal(sluice_cancel_create(&cw.c), SLUICE_OK);
+    assert_int_equal(sl_engine_set_pause(w->m, at_part_wait, w), SLUICE_OK);
+    pthread_t ts, tp;
+    assert_int_equal(pthread_create(&ts, NULL, streamer, w), 0);
+    pthread_mutex_lock(&w->mu);
+    while (!w->in_callback)
+        pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+    struct sluice_stats st0 = {.size = sizeof st0};
+    assert_int_equal(sluice_stats(w->m, &st0), SLUICE_OK);
+    assert_int_equal(pthread_create(&tp, NULL, part_waiter_cancellable, &cw), 0);
+    pthread_mutex_lock(&w->mu);
+    while (!w->part_waits && !w->part_done)
+        pthread_cond_wait(&w->cv, &w->mu);
+    int waited = w->part_waits;
+    pthread_mutex_unlock(&w->mu);
+    assert_true(waited);
+    sluice_cancel_request(cw.c); /* the callback still holds the whole pool */
+    pthread_mutex_lock(&w->mu);
+    while (!w->part_done)
+        pthread_cond_wait(&w->cv, &w->mu);
+    assert_int_equal(w->rc, SLUICE_E_CANCELLED);
+    assert_null(w->part);
+    struct sluice_stats st1 = {.size = sizeof st1};
+    assert_int_equal(sluice_stats(w->m, &st1), SLUICE_OK);
+    assert_int_equal(st1.pool_in_use, st0.pool_in_use);
+    assert_int_equal(st1.failures, st0.failures);
+    w->go = 1;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(tp, NULL);
+    pthread_join(ts, NULL);
+    assert_int_equal(sl_engine_set_pause(w->m, NULL, NULL), SLUICE_OK);
+    /* the model goes on: the same part, the token reset */
+    sluice_cancel_reset(cw.c);
+    sluice_part_options po;
+    sluice_part_options_init(&po);
+    po.cancel = cw.c;
+    sluice_tensor *t = NULL;
+    assert_int_equal(sluice_acquire_part_ex(w->m, "a", 0, 1, 2, &t, &po), SLUICE_OK);
+    size_t len;
+    unsigned char *want = ref_part(f, 0, 0, 1, 2, &len);
+    assert_memory_equal(sluice_tensor_data(t), want, len);
+    free(want);
+    assert_int_equal(sluice_release(t), SLUICE_OK);
+    sluice_cancel_free(cw.c);
+    assert_int_equal(sluice_close(w->m), SLUICE_OK);
+}
+
 typedef struct race_arg {
     fx *f;
     sluice_model *m;
@@ -811,6 +891,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bytes_read, setup, teardown),
         cmocka_unit_test_setup_teardown(test_part_in_pool, setup, teardown),
         cmocka_unit_test_setup_teardown(test_part_waits_for_room, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_part_wait_cancelled, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ranks_on_threads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_parts_rejected, setup, teardown),
         cmocka_unit_test(test_rules),

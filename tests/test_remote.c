@@ -1214,7 +1214,7 @@ static void test_https(void **state)
  * 256 bytes, 768 bytes apart), verified by its part digest: multi-range
  * requests, a few hundred rows each, not one request a row, and about the
  * part's bytes on the wire (nginx's log counts both); the bytes equal a
- * local read's. */
+ * local read's. A token requested before the call: no request. */
 static void test_part_ranges_coalesce(void **state)
 {
     char *dir = tu_join(root, "tp");
@@ -1263,6 +1263,26 @@ static void test_part_ranges_coalesce(void **state)
     assert_int_equal(st1.remote_reads - st0.remote_reads, n1 - n0);
     assert_true(sent >= part);
     assert_true(sent * 2 <= part * 3);
+    /* its token requested before the call: no request, nothing read, no
+     * failure (sluice_read_part_into_ex) */
+    sluice_cancel *c = NULL;
+    assert_int_equal(sluice_cancel_create(&c), SLUICE_OK);
+    sluice_cancel_request(c);
+    sluice_part_options po;
+    assert_int_equal(sluice_part_options_init(&po), SLUICE_OK);
+    po.cancel = c;
+    struct sluice_stats st2 = {.size = sizeof st2};
+    assert_int_equal(sluice_read_part_into_ex(r, "l.o_proj.weight", 1, 2, 4, got, part, &po),
+                     SLUICE_E_CANCELLED);
+    assert_int_equal(sluice_stats(r, &st2), SLUICE_OK);
+    assert_int_equal(st2.remote_reads, st1.remote_reads);
+    assert_int_equal(st2.bytes_read, st1.bytes_read);
+    assert_int_equal(st2.failures, st1.failures);
+    sluice_cancel_reset(c);
+    assert_int_equal(sluice_read_part_into_ex(r, "l.o_proj.weight", 1, 1, 4, got, part, &po),
+                     SLUICE_OK);
+    assert_memory_equal(got, want, part);
+    sluice_cancel_free(c);
     assert_int_equal(sluice_close(r), SLUICE_OK);
     free(want);
     free(got);
