@@ -86,8 +86,9 @@ static int rg_by_reader(const rg_ctx *c)
 }
 
 /* SLUICE_E_CANCELLED when the reader's token was requested: checked
- * before each read of a remote file (a request, or one multi-range batch
- * of them), which then goes on to its end. */
+ * before each read of a remote file (a request, or one batch of
+ * multi-range requests), and after one that failed (its transfer
+ * aborted by the token, rg_remote). */
 static int rg_cancelled(rg_ctx *c)
 {
     if (!c->rd || !sl_cancel_requested(c->rd->cancel))
@@ -95,6 +96,18 @@ static int rg_cancelled(rg_ctx *c)
     char q[SL_QUOTE_MAX];
     return sl_fail(c->err, SLUICE_E_CANCELLED, "tensor %s: part read cancelled",
                    sl_quote(q, sizeof q, c->t->name, c->t->name_len));
+}
+
+/* The remote configuration of c's reads: the index's, or with a token
+ * its copy in *own carrying it (on_progress aborts a transfer in flight
+ * when it is requested; remote.h). */
+static const sl_remote_cfg *rg_remote(const rg_ctx *c, sl_remote_cfg *own)
+{
+    if (!c->ix->remote || !c->rd || !c->rd->cancel)
+        return c->ix->remote;
+    *own = *c->ix->remote;
+    own->cancel = c->rd->cancel;
+    return own;
 }
 
 /* n spans through the reader; its failure names the tensor. */
@@ -143,8 +156,11 @@ static int rg_read(rg_ctx *c, uint64_t lo, uint64_t hi, unsigned char *dst)
         unsigned requests;
         const sl_file *f = c->f;
         SL_TRY(rg_cancelled(c));
-        int rc = f->src->read_tensor(f, c->ix->remote, into, want, c->t->offset + lo, &got,
+        sl_remote_cfg own;
+        int rc = f->src->read_tensor(f, rg_remote(c, &own), into, want, c->t->offset + lo, &got,
                                      &requests, c->err);
+        if (rc < 0 && rg_cancelled(c) < 0) /* the transfer aborted by the token */
+            return SLUICE_E_CANCELLED;
         c->tally->remote_reads += requests;
         if (rc == SL_SRC_ERRNO)
             return rg_fail_read(c, lo, errno);
@@ -285,10 +301,13 @@ static int rg_gather(rg_ctx *c, const sl_part_geom *g, unsigned char *dst)
         } else {
             unsigned requests = 0;
             uint64_t bytes = 0;
+            sl_remote_cfg own;
             rc = rg_cancelled(c);
             if (rc == SLUICE_OK)
-                rc = f->src->read_spans(f, c->ix->remote, sp, (size_t)g->count, &requests,
+                rc = f->src->read_spans(f, rg_remote(c, &own), sp, (size_t)g->count, &requests,
                                         &bytes, c->err);
+            if (rc < 0 && rc != SLUICE_E_CANCELLED && sl_cancel_requested(c->rd->cancel))
+                rc = rg_cancelled(c); /* the transfer aborted by the token */
             c->tally->remote_reads += requests;
             c->tally->remote_bytes += bytes;
             c->tally->bytes_read += bytes;

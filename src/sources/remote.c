@@ -21,6 +21,7 @@
  * by due time: no thread sleeps for one.
  */
 #include "sources/remote.h"
+#include "base/cancel.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -509,6 +510,7 @@ typedef struct xfer {
      * fewer than SL_REMOTE_MIN_SPEED bytes a second over a window of
      * stall_ms, the first window from the first byte (moving) */
     _Atomic int *abort_flag;
+    const sluice_cancel *cancel;  /* the cfg's: a call's token, or NULL */
     uint64_t stall_ms, last_move_ms, win_start_ms;
     curl_off_t last_dl, win_dl;
     int stalled, slow, aborted, moving;
@@ -804,7 +806,7 @@ static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_
     xfer *x = ud;
     (void)ultotal;
     (void)ulnow;
-    if (x->abort_flag && *x->abort_flag) {
+    if ((x->abort_flag && *x->abort_flag) || sl_cancel_requested(x->cancel)) {
         x->aborted = 1;
         return 1;
     }
@@ -1039,6 +1041,7 @@ static int setup(CURL *h, const sl_remote_cfg *c, const sl_remote_target *t, xfe
     curl_easy_setopt(h, CURLOPT_WRITEDATA, x);
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, x->errbuf);
     x->abort_flag = c->abort_flag;
+    x->cancel = c->cancel;
     x->stall_ms = c->stall_timeout_ms;
     curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
     curl_easy_setopt(h, CURLOPT_XFERINFODATA, x);
@@ -1147,7 +1150,9 @@ static int outcome(xfer *x, CURLcode rc, int missing_code, int *code, char *msg,
     }
     if (rc == CURLE_ABORTED_BY_CALLBACK) {
         *code = SLUICE_E_CANCELLED;
-        snprintf(msg, cap, "cancelled (the model is closing)");
+        snprintf(msg, cap, "cancelled (%s)", sl_cancel_requested(x->cancel)
+                                                ? "the call's token was requested"
+                                                : "the model is closing");
         return OUT_FAIL;
     }
     if (rc != CURLE_OK) {
@@ -1253,13 +1258,14 @@ static int fetch(const sl_remote_cfg *c, const sl_remote_target *t, xfer *x, uin
             attempt--;
             continue;
         }
-        if (out == OUT_RETRY && attempt + 1 < c->attempts && !(c->abort_flag && *c->abort_flag)) {
+        if (out == OUT_RETRY && attempt + 1 < c->attempts && !(c->abort_flag && *c->abort_flag) &&
+            !sl_cancel_requested(c->cancel)) {
             uint64_t wait = backoff_ms(c, attempt, x->retry_after_ms), now = mono_ms();
             if (now + wait < deadline) {
                 atomic_fetch_add_explicit(&c->tally->retries[x->cause], 1, memory_order_relaxed);
                 /* in slices, so that a close stops the wait */
                 for (uint64_t end = now + wait; mono_ms() < end;) {
-                    if (c->abort_flag && *c->abort_flag)
+                    if ((c->abort_flag && *c->abort_flag) || sl_cancel_requested(c->cancel))
                         break;
                     struct timespec ts = {0, 20000000L};
                     nanosleep(&ts, NULL);
@@ -1507,6 +1513,11 @@ int sl_remote_read_spans(const sl_remote_cfg *c, const sl_remote_target *t, cons
                                                                           : SLUICE_OK;
     size_t k = 0;
     while (rc == SLUICE_OK && k < nr) {
+        if (sl_cancel_requested(c->cancel)) { /* a part's token: between requests */
+            rc = sl_fail(err, SLUICE_E_CANCELLED, "%s: cancelled (the call's token was "
+                         "requested)", t->shown);
+            break;
+        }
         /* a batch: ranges up to SL_SPAN_BATCH of them, a Range header of
          * at most SL_SPAN_HEADER_MAX bytes, SL_SPAN_RANGE_MAX bytes */
         size_t j = k, hl = 0;
@@ -1546,6 +1557,11 @@ int sl_remote_read_spans(const sl_remote_cfg *c, const sl_remote_target *t, cons
         for (size_t q = 0; rc == SLUICE_OK && q < nr2; q++) {
             rg[q].s0 += s0;
             rg[q].s1 += s0;
+            if (sl_cancel_requested(c->cancel)) {
+                rc = sl_fail(err, SLUICE_E_CANCELLED, "%s: cancelled (the call's token was "
+                             "requested)", t->shown);
+                break;
+            }
             rc = mr_single(c, t, &rg[q], spans, size, v, err);
             if (rc == SLUICE_OK) {
                 (*requests)++;

@@ -110,6 +110,10 @@ typedef struct sl_remote_cfg {
     char *no_proxy;              /* the hosts reached directly, or NULL */
     unsigned proxy_kind;         /* SLUICE_PROXY_* */
     _Atomic int *abort_flag;    /* non-NULL and set: blocking fetches stop */
+    struct sluice_cancel *cancel; /* NULL, or a call's token (a part read sets
+                                   it in its own copy): once requested, the
+                                   transfer in flight is aborted and no
+                                   retry follows, as with abort_flag */
     sl_remote_tally *tally;     /* owned; shared by copies of the struct (the engine's) */
 } sl_remote_cfg;
 
