@@ -124,6 +124,13 @@ static void every_failing_call_says_why(void **state)
     CHECK(sluice_read_part_into(m, "nope", 0, 0, 2, buf, 2), SLUICE_E_NOT_FOUND, "\"nope\"");
     CHECK(sluice_read_part_into(m, "a", 0, 0, 3, buf, 1), SLUICE_E_INVAL, NULL);
     CHECK(sluice_acquire_part(m, "nope", 0, 0, 2, &t), SLUICE_E_NOT_FOUND, "\"nope\"");
+    sluice_part_options po = {.size = 1}; /* not from sluice_part_options_init */
+    CHECK(sluice_read_part_into_ex(m, "nope", 0, 0, 2, buf, 2, NULL), SLUICE_E_NOT_FOUND,
+          "\"nope\"");
+    CHECK(sluice_read_part_into_ex(m, "a", 0, 0, 2, buf, 2, &po), SLUICE_E_INVAL,
+          "part options");
+    CHECK(sluice_acquire_part_ex(m, "nope", 0, 0, 2, &t, NULL), SLUICE_E_NOT_FOUND, "\"nope\"");
+    CHECK(sluice_acquire_part_ex(m, "a", 0, 0, 2, &t, &po), SLUICE_E_INVAL, "part options");
     CHECK(sluice_digest_part(m, 5, 0, 0, 2, d), SLUICE_E_INVAL, "sluice_digest_part");
     CHECK(sluice_stream(m, nope, 1, never, &calls), SLUICE_E_NOT_FOUND, "\"nope\"");
     CHECK(sluice_stream(m, NULL, 0, NULL, NULL), SLUICE_E_INVAL, NULL);
