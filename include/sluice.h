@@ -124,7 +124,8 @@ enum sluice_status {
     SLUICE_E_POOL_EXHAUSTED = -51, /* live handles hold the room a tensor needs */
     SLUICE_E_BUSY = -52,           /* close with live handles or a stream running */
     SLUICE_E_FILE_CHANGED = -53,   /* a file shrank or vanished after (or during) open */
-    SLUICE_E_CANCELLED = -54,      /* a stream stopped by its cancellation token */
+    SLUICE_E_CANCELLED = -54,      /* a stream, verify or part read stopped by its
+                                      cancellation token */
     SLUICE_E_REMOTE = -55,         /* a remote source refused a request for good
                                       (HTTP 403, 404, 416, ...) or could not be
                                       reached within its attempts and deadline */
@@ -1046,9 +1047,10 @@ SLUICE_API int sluice_part_options_init(sluice_part_options *o);
  * requested and waits for the reads already in flight (they write into
  * dst) before it returns, so dst is the caller's again on return; it
  * holds anything then (some of the part's bytes, unverified). A remote
- * file's part checks the token before each read of the source (a single
- * range request, or the multi-range requests of one batch of segments,
- * which go on to their end; a transfer in flight is not aborted). An
+ * file's part sends no request once the token is requested and aborts
+ * the transfer in flight (libcurl's progress callback: within about a
+ * second even when the server sends nothing), without retrying it nor
+ * going to the origin past a proxy; dst holds anything then too. An
  * acquire waiting for room in the pool stops waiting. A cancelled
  * acquire gives no handle (*out NULL) and gives its pool buffer back
  * (pool_in_use as before the call); a cancelled part is not stored in
@@ -1177,7 +1179,8 @@ SLUICE_API int sluice_stream(sluice_model *model, const char *const *names,
  * SLUICE_OK, SLUICE_E_INVAL (out NULL) or SLUICE_E_NOMEM.
  * sluice_cancel_request: sets the token and wakes every stream waiting on
  * it; each returns SLUICE_E_CANCELLED soon (before its next callback, or
- * as soon as the callback running returns). Any thread, any number of
+ * as soon as the callback running returns); so do the part reads given it
+ * (sluice_read_part_into_ex). Any thread, any number of
  * times; NULL is a no-op. A token stays requested until reset.
  * sluice_cancel_requested: non-zero once requested (0 for NULL).
  * sluice_cancel_reset: makes it unrequested again (for the next stream).

@@ -11,6 +11,7 @@
 
 #include "sluice.h"
 
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -513,6 +514,68 @@ static void test_close_with_reads_hanging(void **state)
     assert_int_equal(sluice_close(m), SLUICE_OK);
     assert_true(now_s() - t0 < 2.0);
     arm("ok", 0, NULL);
+    (void)state;
+}
+
+/* A remote part read whose request hangs (the server answers nothing for
+ * 30 s), its token requested once the request is on the wire: the
+ * transfer is aborted (libcurl's progress callback), no retry, the call
+ * says SLUICE_E_CANCELLED naming the token within 5 s, no failure
+ * counted; the next part reads. */
+typedef struct part_call {
+    sluice_model *m;
+    sluice_cancel *c;
+    unsigned char *part;
+    int rc;
+    char msg[512]; /* the call's message (sluice_errmsg is the thread's) */
+} part_call;
+
+static void *part_reader(void *p)
+{
+    part_call *pc = p;
+    sluice_part_options po;
+    sluice_part_options_init(&po);
+    po.cancel = pc->c;
+    pc->rc = sluice_read_part_into_ex(pc->m, "b", 0, 1, 2, pc->part, B_SIZE / 2, &po);
+    snprintf(pc->msg, sizeof pc->msg, "%s", pc->rc ? sluice_errmsg(pc->m) : "");
+    return NULL;
+}
+
+static void test_part_cancel_hanging(void **state)
+{
+    sluice_options o = fast_options();
+    o.remote_stall_timeout_ms = 60000;
+    o.remote_deadline_ms = 120000;
+    arm("ok", 0, NULL);
+    part_call pc = {0};
+    assert_int_equal(sluice_open(model_url, &o, &pc.m), SLUICE_OK);
+    assert_int_equal(sluice_cancel_create(&pc.c), SLUICE_OK);
+    pc.part = malloc(B_SIZE / 2);
+    assert_non_null(pc.part);
+    struct sluice_stats st0 = {.size = sizeof st0}, st1 = {.size = sizeof st1};
+    assert_int_equal(sluice_stats(pc.m, &st0), SLUICE_OK);
+    int before = faults_served();
+    arm("hang", 100, "30");
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, part_reader, &pc), 0);
+    wait_fault_served(before);   /* the part's request is on the wire */
+    double t0 = now_s();
+    sluice_cancel_request(pc.c);
+    pthread_join(th, NULL);
+    double took = now_s() - t0;
+    arm("ok", 0, NULL);
+    if (pc.rc != SLUICE_E_CANCELLED || took >= 5.0)
+        fail_msg("part: %s after %.2f s: %s", sluice_strerror(pc.rc), took, pc.msg);
+    if (!strstr(pc.msg, "token"))
+        fail_msg("message: %s", pc.msg);
+    assert_int_equal(sluice_stats(pc.m, &st1), SLUICE_OK);
+    assert_int_equal(st1.failures, st0.failures);
+    assert_int_equal(st1.remote_retries, st0.remote_retries);
+    assert_int_equal(sluice_read_part_into(pc.m, "b", 0, 1, 2, pc.part, B_SIZE / 2), SLUICE_OK);
+    assert_memory_equal(pc.part, good_b + B_SIZE / 2, B_SIZE / 2);
+    free(pc.part);
+    sluice_cancel_free(pc.c);
+    assert_int_equal(sluice_close(pc.m), SLUICE_OK);
     (void)state;
 }
 
@@ -1512,6 +1575,7 @@ int main(void)
         cmocka_unit_test(test_slow_first_byte_then_slow_link),
         cmocka_unit_test(test_flipped_byte),
         cmocka_unit_test(test_close_with_reads_hanging),
+        cmocka_unit_test(test_part_cancel_hanging),
         cmocka_unit_test(test_close_while_retrying),
         cmocka_unit_test(test_close_while_mirror_opens),
         cmocka_unit_test(test_mirror_secrets_not_shown),

@@ -94,7 +94,7 @@ static int rg_cancelled(rg_ctx *c)
     if (!c->rd || !sl_cancel_requested(c->rd->cancel))
         return SLUICE_OK;
     char q[SL_QUOTE_MAX];
-    return sl_fail(c->err, SLUICE_E_CANCELLED, "tensor %s: part read cancelled",
+    return sl_fail(c->err, SLUICE_E_CANCELLED, "tensor %s: part read cancelled (its token was requested)",
                    sl_quote(q, sizeof q, c->t->name, c->t->name_len));
 }
 
