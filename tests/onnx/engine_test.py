@@ -170,7 +170,8 @@ def exported(tmp):
         print(f"note: {e} (Debian: python3-torch): the exported model's checks not run")
         return
     d = os.path.join(tmp, "tiny-onnx")
-    r = subprocess.run(["/usr/bin/python3", script, "make", d, "--sluice", CLI, "--steps", "3"],
+    r = subprocess.run(["/usr/bin/python3", script, "make", d, "--sluice", CLI, "--steps", "3",
+                        "--vocab-parts", "4"],
                        capture_output=True, text=True, timeout=600)
     check(r.returncode == 0, f"onnx_blocks.py make exits 0 ({r.stderr.strip()[-400:]})")
     if r.returncode:
@@ -201,6 +202,16 @@ def exported(tmp):
               f"step {s['step']}: within {tol:.2g} of eager torch (max |diff| {err:.3g}), "
               f"token {s['token']} as eager's")
     print(f"     max |onnx - eager| {worst:.3g}")
+    quarter = total // 4
+    r = engine(os.path.join(d, "pieces"), os.path.join(d, "weights"), "--tokens", toks,
+               "--steps", "3", "--pool", str(quarter))
+    got = STEP.findall(r.stdout)
+    m = re.search(r"pool_high_water (\d+)", r.stdout)
+    check(r.returncode == 0 and got == want and len(re.findall(r"^part lm_head ", r.stdout, re.M))
+          == 16 and m is not None and int(m.group(1)) <= quarter,
+          f"sluice.onnx's export in pieces (the embedding's rows, the head in 4 vocab parts): "
+          f"bit-equal to the embedded graphs at the prompt and 3 steps, pool {quarter} of "
+          f"{total} bytes, high water {m and m.group(1)} ({r.stderr.strip()[-300:]})")
 
 
 def main():
