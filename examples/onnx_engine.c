@@ -23,6 +23,14 @@
  * from the block file, run, and freed, and the handles released (unless
  * --resident). Block k's outputs are block k+1's inputs, in order.
  *
+ * Plan version 2 (docs/onnx.md): an initializer in "part"s is bound part
+ * by part (sluice_acquire_part), its block run once per part and the
+ * outputs joined along "join_axis" (a vocab head: the logits in vocab
+ * order); a "gather" block (one Gather of a 2-D table, checked in the
+ * graph) is not run: the engine reads each index's row (sluice_read_into,
+ * verified), so neither the head nor the embedding needs its whole tensor
+ * in the pool.
+ *
  * The prompt (--tokens) runs through the blocks, then --steps greedy
  * decode steps (each appends the argmax token and runs the whole sequence
  * again: the blocks keep no cache). Per step it prints the token and the
@@ -1156,8 +1164,8 @@ static const char usage[] =
     "usage: onnx_engine EXPORT_DIR WEIGHTS [--tokens 1,2,3] [--steps N] [--pool SIZE]\n"
     "                   [--manifest PATH] [--threads N] [--resident] [--trace] [--dump-logits P]\n"
     "       onnx_engine --embedded DIR [--tokens ...] [--steps N] [--threads N] [--trace]\n"
-    "Runs the ONNX blocks of EXPORT_DIR (plan.json, format sluice-onnx-plan version 1, and\n"
-    "one graph per block whose weights are external and absent) with ONNX Runtime, the\n"
+    "Runs the ONNX blocks of EXPORT_DIR (plan.json, format sluice-onnx-plan version 1 or 2,\n"
+    "and one graph per block whose weights are external and absent) with ONNX Runtime, the\n"
     "weights read from WEIGHTS and verified by sluice on demand, one block ahead, handed to\n"
     "ONNX Runtime in place (AddInitializer, session.disable_prepacking = 1). The plan is\n"
     "checked first: each block file's SHA-256, each tensor's presence, dtype and shape.\n"
@@ -1171,6 +1179,7 @@ static const char usage[] =
     "                  (default: ONNX Runtime's, one a physical core)\n"
     "  --resident      keep every block's session and weights after its first run\n"
     "  --trace         print each block as it completes, with its session and run times\n"
+    "                  (and each part's run of a block in vocab parts: plan version 2)\n"
     "  --embedded DIR  run DIR's blocks, whose weights are inside the graphs (same plan\n"
     "                  format, no WEIGHTS, no sluice), under the same session options\n"
     "  --dump-logits P write each step's logits (float32, C order) to P-000.f32, P-001.f32, ...\n"

@@ -77,6 +77,15 @@ initializer's). Shapes of graph inputs and outputs are dynamic on the axes
 of `dynamic` (default: 0 "batch" and 1 "sequence", for those that have
 them), fixed to the example's elsewhere.
 
+Version 2 (written when parts or gather_rows is used; version 1 otherwise)
+adds, optionally: an initializer's "part": {"dim": 0, "n": n} (the graph's
+initializer is part r of n of the tensor along dim, its "shape" the
+part's; the block, one output, is run once per part and the outputs
+joined along the block's "join_axis"), and a block's "gather":
+{"initializer": name, "indices": input} (the block is one Gather, axis 0,
+of that 2-D initializer by its one input: an engine may read the rows
+itself). docs/onnx.md, "Version 2".
+
 This module imports torch and onnx only (not the sluice binding): the C
 engine's test exports its fixture before the binding is built, loading
 this file by path. A block's graph with its weights must fit protobuf's
