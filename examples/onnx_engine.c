@@ -971,7 +971,13 @@ static unsigned char *poke(struct eng *e, struct block *b)
     return NULL;
 }
 
-/* A "gather" block without its table: each index's row read from the
+static int cmp_i64(const void *x, const void *y)
+{
+    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+    return (a > b) - (a < b);
+}
+
+/* A "gather" block without its table: the indices' rows read from the
  * weights (sluice_read_into, verified: by the chunks that hold it with
  * chunk digests, else the whole tensor is hashed) into out. */
 static int gather_rows(struct eng *e, struct block *b, const struct act *ids, struct act *out)
@@ -989,20 +995,48 @@ static int gather_rows(struct eng *e, struct block *b, const struct act *ids, st
     if (!out->data)
         return fail(e, "out of memory");
     const int64_t *id = ids->data;
-    for (size_t k = 0; k < n; k++) {
+    for (size_t k = 0; k < n; k++)
         if (id[k] < 0 || id[k] >= in->shape[0]) {
             act_free(out, 1);
             return fail(e, "block '%s': index %lld is not a row of '%s' [%lld, %lld]", b->name,
                         (long long)id[k], in->tensor, (long long)in->shape[0],
                         (long long)in->shape[1]);
         }
-        if (sluice_read_into(e->m, in->tensor, (uint64_t)id[k] * row, (char *)out->data + k * row,
-                             row) != SLUICE_OK) {
-            act_free(out, 1);
-            return fail(e, "block '%s': %s", b->name, sluice_errmsg(e->m));
-        }
+    /* Rows close together are read as one range (each read verifies the
+     * chunks it touches: one read per neighbourhood, not per token). */
+    int64_t *sorted = malloc((n ? n : 1) * sizeof *sorted);
+    if (!sorted) {
+        act_free(out, 1);
+        return fail(e, "out of memory");
     }
-    return 0;
+    memcpy(sorted, id, n * sizeof *sorted);
+    qsort(sorted, n, sizeof *sorted, cmp_i64);
+    const uint64_t span_max = 4u << 20;
+    int rc = 0;
+    for (size_t g = 0; rc == 0 && g < n;) {
+        size_t h = g + 1;
+        while (h < n && (uint64_t)(sorted[h] - sorted[g] + 1) * row <= span_max)
+            h++;
+        uint64_t rows = (uint64_t)(sorted[h - 1] - sorted[g] + 1);
+        char *buf = malloc(rows * row);
+        if (!buf) {
+            rc = fail(e, "out of memory");
+        } else if (sluice_read_into(e->m, in->tensor, (uint64_t)sorted[g] * row, buf, rows * row) !=
+                   SLUICE_OK) {
+            rc = fail(e, "block '%s': %s", b->name, sluice_errmsg(e->m));
+        } else {
+            for (size_t k = 0; k < n; k++)
+                if (id[k] >= sorted[g] && id[k] <= sorted[h - 1])
+                    memcpy((char *)out->data + k * row, buf + (uint64_t)(id[k] - sorted[g]) * row,
+                           row);
+        }
+        free(buf);
+        g = h;
+    }
+    free(sorted);
+    if (rc)
+        act_free(out, 1);
+    return rc;
 }
 
 /* pieces[n] (one output of each part's run) joined along axis into out;
