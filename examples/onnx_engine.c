@@ -839,7 +839,11 @@ static int bind(struct eng *e, size_t i, double *bind_ms)
     if (!e->embedded && b->ninits) {
         /* From here on, in order: the library reads ahead what this block's
          * acquires do not wait for, within the pool. */
-        if (sluice_prefetch(e->m, e->rest + e->rest_from[i], e->nrest - e->rest_from[i]) != SLUICE_OK)
+        /* Nothing hintable left (a last block in parts): the plan from its
+         * start, the next step's blocks (n = 0 would mean the model's
+         * order, which reads the parted and gathered tensors whole). */
+        size_t from = e->rest_from[i] < e->nrest ? e->rest_from[i] : 0;
+        if (e->nrest && sluice_prefetch(e->m, e->rest + from, e->nrest - from) != SLUICE_OK)
             return fail(e, "block '%s': prefetch: %s", b->name, sluice_errmsg(e->m));
     }
     OrtSessionOptions *so = NULL;
@@ -1456,9 +1460,11 @@ static int run(struct eng *e, struct args *a)
         memset(&st, 0, sizeof st);
         st.size = sizeof st;
         if (sluice_stats(e->m, &st) == SLUICE_OK)
-            printf("pool_high_water %llu tensors_verified %llu bytes_read %llu\n",
+            printf("pool_high_water %llu tensors_verified %llu bytes_read %llu evictions %llu "
+                   "part_fallback_bytes %llu\n",
                    (unsigned long long)st.pool_high_water,
-                   (unsigned long long)st.tensors_verified, (unsigned long long)st.bytes_read);
+                   (unsigned long long)st.tensors_verified, (unsigned long long)st.bytes_read,
+                   (unsigned long long)st.evictions, (unsigned long long)st.part_fallback_bytes);
     }
     return 0;
 }
