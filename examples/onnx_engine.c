@@ -23,6 +23,14 @@
  * from the block file, run, and freed, and the handles released (unless
  * --resident). Block k's outputs are block k+1's inputs, in order.
  *
+ * Plan version 2 (docs/onnx.md): an initializer in "part"s is bound part
+ * by part (sluice_acquire_part), its block run once per part and the
+ * outputs joined along "join_axis" (a vocab head: the logits in vocab
+ * order); a "gather" block (one Gather of a 2-D table, checked in the
+ * graph) is not run: the engine reads each index's row (sluice_read_into,
+ * verified), so neither the head nor the embedding needs its whole tensor
+ * in the pool.
+ *
  * The prompt (--tokens) runs through the blocks, then --steps greedy
  * decode steps (each appends the argmax token and runs the whole sequence
  * again: the blocks keep no cache). Per step it prints the token and the
@@ -66,6 +74,8 @@ struct init {
     size_t ndim;
     sluice_tensor *handle;
     OrtValue *value;
+    uint32_t part_dim; /* plan version 2: "part": the graph's initializer is */
+    uint64_t part_n;   /* part r of n of the tensor along part_dim (0: whole) */
 };
 
 struct block {
@@ -78,6 +88,10 @@ struct block {
     OrtSession *session; /* kept between steps under --resident only */
     unsigned char *graph; /* the block file's bytes, until its initializers are checked */
     size_t graph_len;
+    uint64_t nparts; /* > 0: run once per part r of the parted initializers, */
+    int join_axis;   /* the outputs joined along this axis, in part order */
+    uint64_t part;   /* the part bound now */
+    int gather;      /* >= 0: "gather": the block is Gather(inits[gather], inputs[0]) */
 };
 
 /* An activation: a block's output copied out of ONNX Runtime, or the
@@ -475,6 +489,67 @@ static int check_graph(struct eng *e, struct block *b, const char *where)
     return rc;
 }
 
+static int pb_is(struct pb x, const char *str)
+{
+    return (size_t)(x.end - x.p) == strlen(str) && !memcmp(x.p, str, strlen(str));
+}
+
+/* A "gather" block (plan version 2) is one node, Gather(initializer,
+ * indices) on axis 0, giving the block's output: what the engine computes
+ * itself by reading the rows (read from the file's bytes, checked). */
+static int check_gather(struct eng *e, struct block *b, const char *where)
+{
+    struct pb m = {b->graph, b->graph + b->graph_len}, g = {NULL, NULL}, sub, node = {NULL, NULL};
+    uint64_t field, v;
+    unsigned wt;
+    size_t nodes = 0;
+    while (m.p < m.end) {
+        if (pb_field(&m, &field, &wt, &v, &sub))
+            return fail(e, "%s: %s is not an ONNX model", where, b->path);
+        if (field == 7 && wt == 2)
+            g = sub;
+    }
+    while (g.p && g.p < g.end) {
+        if (pb_field(&g, &field, &wt, &v, &sub))
+            return fail(e, "%s: %s is not an ONNX model", where, b->path);
+        if (field == 1 && wt == 2) {
+            nodes++;
+            node = sub;
+        }
+    }
+    int ok = nodes == 1, nin = 0, nout = 0, op = 0;
+    while (ok && node.p < node.end) {
+        if (pb_field(&node, &field, &wt, &v, &sub))
+            return fail(e, "%s: %s is not an ONNX model", where, b->path);
+        if (field == 1 && wt == 2)
+            ok = (nin == 0 && pb_is(sub, b->inits[b->gather].name)) ||
+                 (nin == 1 && pb_is(sub, b->inputs[0]));
+        nin += field == 1;
+        if (field == 2 && wt == 2)
+            ok = nout++ == 0 && pb_is(sub, b->outputs[0]);
+        if (field == 4 && wt == 2)
+            op = pb_is(sub, "Gather");
+        if (field == 5 && wt == 2) { /* an attribute: only axis = 0 */
+            struct pb a = sub, s2;
+            int axis = 0, zero = 1;
+            while (ok && a.p < a.end) {
+                if (pb_field(&a, &field, &wt, &v, &s2))
+                    return fail(e, "%s: %s is not an ONNX model", where, b->path);
+                if (field == 1 && wt == 2)
+                    axis = pb_is(s2, "axis");
+                if (field == 3 && wt == 0)
+                    zero = v == 0;
+            }
+            ok = ok && axis && zero;
+        }
+    }
+    if (!(ok && op && nin == 2 && nout == 1))
+        return fail(e, "%s: the plan says \"gather\", and %s is not one Gather of the initializer "
+                    "'%s' by '%s' on axis 0 giving '%s'", where, b->path, b->inits[b->gather].name,
+                    b->inputs[0], b->outputs[0]);
+    return 0;
+}
+
 /* Reads DIR/plan.json and checks every block file against its SHA-256. */
 static int load_plan(struct eng *e)
 {
@@ -489,11 +564,15 @@ static int load_plan(struct eng *e)
         if (!e->json)
             rc = fail(e, "%s: not JSON", path);
     }
+    int version = 0;
     if (rc == 0) {
         const char *fmt = str_member(e->json, "format");
         const cJSON *ver = cJSON_GetObjectItemCaseSensitive(e->json, "version");
-        if (!fmt || strcmp(fmt, "sluice-onnx-plan") || !cJSON_IsNumber(ver) || ver->valuedouble != 1)
-            rc = fail(e, "%s: not a sluice-onnx-plan of version 1", path);
+        if (!fmt || strcmp(fmt, "sluice-onnx-plan") || !cJSON_IsNumber(ver) ||
+            (ver->valuedouble != 1 && ver->valuedouble != 2))
+            rc = fail(e, "%s: not a sluice-onnx-plan of version 1 or 2", path);
+        else
+            version = (int)ver->valuedouble;
     }
     const cJSON *jin = rc ? NULL : cJSON_GetObjectItemCaseSensitive(e->json, "inputs");
     const cJSON *jb = rc ? NULL : cJSON_GetObjectItemCaseSensitive(e->json, "blocks");
@@ -609,6 +688,60 @@ static int load_plan(struct eng *e)
                               in->name, in->dtype);
                     break;
                 }
+                const cJSON *jp = cJSON_GetObjectItemCaseSensitive(p, "part");
+                if (jp && version < 2) {
+                    rc = fail(e, "%s: initializer '%s': \"part\" needs plan version 2", where,
+                              in->name);
+                    break;
+                }
+                if (jp) {
+                    const cJSON *jd = cJSON_GetObjectItemCaseSensitive(jp, "dim");
+                    const cJSON *jn = cJSON_GetObjectItemCaseSensitive(jp, "n");
+                    if (!cJSON_IsNumber(jd) || !cJSON_IsNumber(jn) || jd->valuedouble < 0 ||
+                        jd->valuedouble >= (double)in->ndim || jn->valuedouble < 1 ||
+                        jn->valuedouble > 1e9 || jn->valuedouble != (double)(uint64_t)jn->valuedouble ||
+                        jd->valuedouble != (double)(uint32_t)jd->valuedouble) {
+                        rc = fail(e, "%s: initializer '%s': \"part\" needs \"dim\" (a dim of "
+                                  "its shape) and \"n\" (a count)", where, in->name);
+                        break;
+                    }
+                    in->part_dim = (uint32_t)jd->valuedouble;
+                    in->part_n = (uint64_t)jn->valuedouble;
+                    if (b->nparts && b->nparts != in->part_n) {
+                        rc = fail(e, "%s: its initializers are in %llu and %llu parts", where,
+                                  (unsigned long long)b->nparts, (unsigned long long)in->part_n);
+                        break;
+                    }
+                    b->nparts = in->part_n;
+                }
+            }
+            b->gather = -1;
+            const cJSON *jj = cJSON_GetObjectItemCaseSensitive(v, "join_axis");
+            const cJSON *jg = cJSON_GetObjectItemCaseSensitive(v, "gather");
+            if (rc == 0 && (jj || jg) && version < 2)
+                rc = fail(e, "%s: \"join_axis\" and \"gather\" need plan version 2", where);
+            if (rc == 0 && e->embedded && b->nparts)
+                rc = fail(e, "%s: --embedded runs whole weights, not parts", where);
+            if (rc == 0 && b->nparts) {
+                if (!cJSON_IsNumber(jj) || jj->valuedouble < 0 || jj->valuedouble >= MAX_DIMS ||
+                    jj->valuedouble != (double)(int)jj->valuedouble || b->noutputs != 1)
+                    rc = fail(e, "%s: a block of parts needs \"join_axis\" (an axis of its one "
+                              "output)", where);
+                else
+                    b->join_axis = (int)jj->valuedouble;
+            }
+            if (rc == 0 && jg && !e->embedded) {
+                const char *gi = str_member(jg, "initializer"), *gx = str_member(jg, "indices");
+                for (size_t q = 0; gi && q < b->ninits; q++)
+                    if (!strcmp(b->inits[q].name, gi))
+                        b->gather = (int)q;
+                if (b->gather < 0 || !gx || b->ninputs != 1 || strcmp(b->inputs[0], gx) ||
+                    b->noutputs != 1 || b->ninits != 1 || b->inits[0].ndim != 2 ||
+                    b->inits[0].part_n)
+                    rc = fail(e, "%s: \"gather\" needs \"initializer\" (the block's one, 2-D, "
+                              "whole) and \"indices\" (its one input), and one output", where);
+                else if ((rc = check_gather(e, b, where)))
+                    b->gather = -1;
             }
             if (rc || (!e->embedded && (rc = check_graph(e, b, where))))
                 break;
@@ -645,7 +778,9 @@ static int check_weights(struct eng *e, const char *weights, uint64_t *total)
             int same = ti.ndim == in->ndim && ti.ndim <= MAX_DIMS;
             for (uint32_t d = 0; d < ti.ndim && d < MAX_DIMS; d++) {
                 have[d] = (int64_t)ti.shape[d];
-                same = same && have[d] == in->shape[d];
+                /* a part: the plan's shape is the part's (the tensor's / n) */
+                same = same && have[d] == in->shape[d] * (in->part_n && d == in->part_dim
+                                                             ? (int64_t)in->part_n : 1);
             }
             const char *dt = sluice_dtype_name(ti.dtype);
             if (!dt || strcmp(dt, in->dtype) || !same) {
@@ -659,12 +794,21 @@ static int check_weights(struct eng *e, const char *weights, uint64_t *total)
             int first = 1;
             for (size_t q = 0; q < r; q++)
                 first = first && strcmp(e->rest[q], in->tensor);
+            for (size_t j = 0; j < i && first; j++) /* parted or gathered before */
+                for (size_t q = 0; q < e->blocks[j].ninits; q++)
+                    first = first && strcmp(e->blocks[j].inits[q].tensor, in->tensor);
+            for (size_t q = 0; q < k && first; q++)
+                first = strcmp(b->inits[q].tensor, in->tensor) != 0;
             if (first)
                 *total += ti.nbytes;
-            e->rest[r++] = in->tensor;
+            /* Parts and gathered rows are read as they are needed: a hint
+             * would bring the whole tensor into the pool. */
+            if (!in->part_n && b->gather != (int)k)
+                e->rest[r++] = in->tensor;
         }
     }
     e->rest_from[e->nblocks] = r;
+    e->nrest = r; /* parts and gathered tables left out */
     return 0;
 }
 
@@ -695,7 +839,11 @@ static int bind(struct eng *e, size_t i, double *bind_ms)
     if (!e->embedded && b->ninits) {
         /* From here on, in order: the library reads ahead what this block's
          * acquires do not wait for, within the pool. */
-        if (sluice_prefetch(e->m, e->rest + e->rest_from[i], e->nrest - e->rest_from[i]) != SLUICE_OK)
+        /* Nothing hintable left (a last block in parts): the plan from its
+         * start, the next step's blocks (n = 0 would mean the model's
+         * order, which reads the parted and gathered tensors whole). */
+        size_t from = e->rest_from[i] < e->nrest ? e->rest_from[i] : 0;
+        if (e->nrest && sluice_prefetch(e->m, e->rest + from, e->nrest - from) != SLUICE_OK)
             return fail(e, "block '%s': prefetch: %s", b->name, sluice_errmsg(e->m));
     }
     OrtSessionOptions *so = NULL;
@@ -707,7 +855,9 @@ static int bind(struct eng *e, size_t i, double *bind_ms)
         rc = ort_check(e, ort->DisablePerSessionThreads(so), "threads", b->name);
     for (size_t k = 0; rc == 0 && k < b->ninits; k++) {
         struct init *in = &b->inits[k];
-        if (sluice_acquire(e->m, in->tensor, &in->handle) != SLUICE_OK) {
+        if ((in->part_n ? sluice_acquire_part(e->m, in->tensor, in->part_dim, b->part, in->part_n,
+                                              &in->handle)
+                        : sluice_acquire(e->m, in->tensor, &in->handle)) != SLUICE_OK) {
             rc = fail(e, "block '%s': %s", b->name, sluice_errmsg(e->m));
             break;
         }
@@ -825,6 +975,112 @@ static unsigned char *poke(struct eng *e, struct block *b)
     return NULL;
 }
 
+static int cmp_i64(const void *x, const void *y)
+{
+    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+    return (a > b) - (a < b);
+}
+
+/* A "gather" block without its table: the indices' rows read from the
+ * weights (sluice_read_into, verified: by the chunks that hold it with
+ * chunk digests, else the whole tensor is hashed) into out. */
+static int gather_rows(struct eng *e, struct block *b, const struct act *ids, struct act *out)
+{
+    const struct init *in = &b->inits[b->gather];
+    size_t size;
+    ONNXTensorElementDataType t = onnx_type(in->dtype, &size);
+    if (ids->type != ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64 || ids->ndim + 1 > MAX_DIMS)
+        return fail(e, "block '%s': its indices '%s' are not int64", b->name, b->inputs[0]);
+    size_t n = ids->bytes / sizeof(int64_t), row = (size_t)in->shape[1] * size;
+    *out = (struct act){.type = t, .ndim = ids->ndim + 1, .bytes = n * row};
+    memcpy(out->shape, ids->shape, ids->ndim * sizeof *ids->shape);
+    out->shape[ids->ndim] = in->shape[1];
+    out->data = malloc(out->bytes ? out->bytes : 1);
+    if (!out->data)
+        return fail(e, "out of memory");
+    const int64_t *id = ids->data;
+    for (size_t k = 0; k < n; k++)
+        if (id[k] < 0 || id[k] >= in->shape[0]) {
+            act_free(out, 1);
+            return fail(e, "block '%s': index %lld is not a row of '%s' [%lld, %lld]", b->name,
+                        (long long)id[k], in->tensor, (long long)in->shape[0],
+                        (long long)in->shape[1]);
+        }
+    /* Rows close together are read as one range (each read verifies the
+     * chunks it touches: one read per neighbourhood, not per token). */
+    int64_t *sorted = malloc((n ? n : 1) * sizeof *sorted);
+    if (!sorted) {
+        act_free(out, 1);
+        return fail(e, "out of memory");
+    }
+    memcpy(sorted, id, n * sizeof *sorted);
+    qsort(sorted, n, sizeof *sorted, cmp_i64);
+    const uint64_t span_max = 4u << 20;
+    int rc = 0;
+    for (size_t g = 0; rc == 0 && g < n;) {
+        size_t h = g + 1;
+        while (h < n && (uint64_t)(sorted[h] - sorted[g] + 1) * row <= span_max)
+            h++;
+        uint64_t rows = (uint64_t)(sorted[h - 1] - sorted[g] + 1);
+        char *buf = malloc(rows * row);
+        if (!buf) {
+            rc = fail(e, "out of memory");
+        } else if (sluice_read_into(e->m, in->tensor, (uint64_t)sorted[g] * row, buf, rows * row) !=
+                   SLUICE_OK) {
+            rc = fail(e, "block '%s': %s", b->name, sluice_errmsg(e->m));
+        } else {
+            for (size_t k = 0; k < n; k++)
+                if (id[k] >= sorted[g] && id[k] <= sorted[h - 1])
+                    memcpy((char *)out->data + k * row, buf + (uint64_t)(id[k] - sorted[g]) * row,
+                           row);
+        }
+        free(buf);
+        g = h;
+    }
+    free(sorted);
+    if (rc)
+        act_free(out, 1);
+    return rc;
+}
+
+/* pieces[n] (one output of each part's run) joined along axis into out;
+ * the pieces are freed. */
+static int join_parts(struct eng *e, struct block *b, struct act *pieces, uint64_t n, struct act *out)
+{
+    int axis = b->join_axis;
+    *out = pieces[0];
+    out->data = NULL;
+    if ((size_t)axis >= pieces[0].ndim)
+        return fail(e, "block '%s': join_axis %d, its output has %zu dims", b->name, axis,
+                    pieces[0].ndim);
+    size_t outer = 1, size = onnx_size(pieces[0].type), total = 0;
+    for (int d = 0; d < axis; d++)
+        outer *= (size_t)pieces[0].shape[d];
+    out->shape[axis] = 0;
+    for (uint64_t r = 0; r < n; r++) {
+        int same = pieces[r].ndim == pieces[0].ndim && pieces[r].type == pieces[0].type;
+        for (size_t d = 0; same && d < pieces[0].ndim; d++)
+            same = (int)d == axis || pieces[r].shape[d] == pieces[0].shape[d];
+        if (!same)
+            return fail(e, "block '%s': its parts' outputs differ beyond axis %d", b->name, axis);
+        out->shape[axis] += pieces[r].shape[axis];
+        total += pieces[r].bytes;
+    }
+    out->bytes = total;
+    out->data = malloc(total ? total : 1);
+    if (!out->data)
+        return fail(e, "out of memory");
+    (void)size;
+    char *dst = out->data;
+    for (size_t o = 0; o < outer; o++)
+        for (uint64_t r = 0; r < n; r++) {
+            size_t chunk = outer ? pieces[r].bytes / outer : 0;
+            memcpy(dst, (const char *)pieces[r].data + o * chunk, chunk);
+            dst += chunk;
+        }
+    return 0;
+}
+
 /* One forward pass over every block: the prompt's activations in, the
  * last block's outputs (logits first) out. */
 static int forward(struct eng *e, struct act *x, size_t *nx, double *bind_total, double *run_total)
@@ -834,20 +1090,53 @@ static int forward(struct eng *e, struct act *x, size_t *nx, double *bind_total,
         if (*nx != b->ninputs)
             return fail(e, "block '%s' takes %zu inputs, the previous block gives %zu", b->name,
                         b->ninputs, *nx);
-        double bind_ms = 0, t0;
-        if (!b->session && bind(e, i, &bind_ms))
-            return -1;
-        unsigned char *poked = poke(e, b);
+        double bind_ms = 0, run_ms = 0, t0;
         struct act out[64];
         memset(out, 0, sizeof out);
-        t0 = now_ms();
-        int rc = b->noutputs > 64 ? fail(e, "block '%s': more than 64 outputs", b->name)
-                                  : run_block(e, i, x, out);
-        double run_ms = now_ms() - t0;
-        if (poked)
-            *poked ^= 0x40;
-        if (!e->resident)
-            unbind(e, b);
+        int rc = b->noutputs > 64 ? fail(e, "block '%s': more than 64 outputs", b->name) : 0;
+        if (rc == 0 && b->gather >= 0) {
+            t0 = now_ms();
+            rc = gather_rows(e, b, &x[0], &out[0]);
+            run_ms = now_ms() - t0;
+        } else if (rc == 0 && b->nparts) {
+            struct act *pieces = calloc(b->nparts, sizeof *pieces);
+            if (!pieces)
+                return fail(e, "out of memory");
+            for (uint64_t r = 0; rc == 0 && r < b->nparts; r++) {
+                double part_ms = 0;
+                b->part = r;
+                if ((rc = bind(e, i, &part_ms)))
+                    break;
+                unsigned char *poked = poke(e, b);
+                t0 = now_ms();
+                rc = run_block(e, i, x, &pieces[r]);
+                double ms = now_ms() - t0;
+                if (poked)
+                    *poked ^= 0x40;
+                unbind(e, b); /* a part is bound for its run only, --resident too */
+                bind_ms += part_ms;
+                run_ms += ms;
+                if (e->trace && rc == 0)
+                    printf("part %s %llu/%llu session_ms %.2f run_ms %.2f\n", b->name,
+                           (unsigned long long)r, (unsigned long long)b->nparts, part_ms, ms);
+            }
+            if (rc == 0)
+                rc = join_parts(e, b, pieces, b->nparts, &out[0]);
+            for (uint64_t r = 0; r < b->nparts; r++)
+                act_free(&pieces[r], 1);
+            free(pieces);
+        } else if (rc == 0) {
+            if (!b->session && bind(e, i, &bind_ms))
+                return -1;
+            unsigned char *poked = poke(e, b);
+            t0 = now_ms();
+            rc = run_block(e, i, x, out);
+            run_ms = now_ms() - t0;
+            if (poked)
+                *poked ^= 0x40;
+            if (!e->resident)
+                unbind(e, b);
+        }
         if (rc)
             return -1;
         act_free(x, *nx);
@@ -913,8 +1202,8 @@ static const char usage[] =
     "usage: onnx_engine EXPORT_DIR WEIGHTS [--tokens 1,2,3] [--steps N] [--pool SIZE]\n"
     "                   [--manifest PATH] [--threads N] [--resident] [--trace] [--dump-logits P]\n"
     "       onnx_engine --embedded DIR [--tokens ...] [--steps N] [--threads N] [--trace]\n"
-    "Runs the ONNX blocks of EXPORT_DIR (plan.json, format sluice-onnx-plan version 1, and\n"
-    "one graph per block whose weights are external and absent) with ONNX Runtime, the\n"
+    "Runs the ONNX blocks of EXPORT_DIR (plan.json, format sluice-onnx-plan version 1 or 2,\n"
+    "and one graph per block whose weights are external and absent) with ONNX Runtime, the\n"
     "weights read from WEIGHTS and verified by sluice on demand, one block ahead, handed to\n"
     "ONNX Runtime in place (AddInitializer, session.disable_prepacking = 1). The plan is\n"
     "checked first: each block file's SHA-256, each tensor's presence, dtype and shape.\n"
@@ -928,6 +1217,7 @@ static const char usage[] =
     "                  (default: ONNX Runtime's, one a physical core)\n"
     "  --resident      keep every block's session and weights after its first run\n"
     "  --trace         print each block as it completes, with its session and run times\n"
+    "                  (and each part's run of a block in vocab parts: plan version 2)\n"
     "  --embedded DIR  run DIR's blocks, whose weights are inside the graphs (same plan\n"
     "                  format, no WEIGHTS, no sluice), under the same session options\n"
     "  --dump-logits P write each step's logits (float32, C order) to P-000.f32, P-001.f32, ...\n"
@@ -1170,9 +1460,11 @@ static int run(struct eng *e, struct args *a)
         memset(&st, 0, sizeof st);
         st.size = sizeof st;
         if (sluice_stats(e->m, &st) == SLUICE_OK)
-            printf("pool_high_water %llu tensors_verified %llu bytes_read %llu\n",
+            printf("pool_high_water %llu tensors_verified %llu bytes_read %llu evictions %llu "
+                   "part_fallback_bytes %llu\n",
                    (unsigned long long)st.pool_high_water,
-                   (unsigned long long)st.tensors_verified, (unsigned long long)st.bytes_read);
+                   (unsigned long long)st.tensors_verified, (unsigned long long)st.bytes_read,
+                   (unsigned long long)st.evictions, (unsigned long long)st.part_fallback_bytes);
     }
     return 0;
 }

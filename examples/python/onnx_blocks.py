@@ -18,6 +18,10 @@ the weights sluice reads and verifies (examples/onnx_engine.c).
     DIR/blocks/block-NNN.onnx           graph per block, weights external and
     DIR/blocks/block-NNN.weights        absent (an empty placeholder each)
     DIR/embedded/plan.json, block-NNN.onnx   the same graphs, weights embedded
+    DIR/pieces/plan.json, block-NNN.onnx     with --vocab-parts N: plan version 2,
+                                        the head's graph on a vocab part [V/N, D]
+                                        (run N times, joined), the embedding a
+                                        "gather" block (the engine reads rows)
     DIR/eager.json                      eager torch (plain torch from the file):
     DIR/eager-NNN.f32                   the prompt and --steps greedy steps
 
@@ -188,12 +192,14 @@ def make_weights(cfg, seed):
     return out
 
 
-def write_manifest(weights_dir, cli):
+def write_manifest(weights_dir, cli, worlds=0):
     """The version 2 manifest, by the CLI or the binding; else the flat one
-    stfile wrote stays."""
+    stfile wrote stays. worlds > 0 (the CLI): with the digests of the
+    built-in rules' parts in that many (embed_tokens, lm_head: dim 0)."""
     out = os.path.join(weights_dir, "sluice.manifest.json")
     if cli:
-        subprocess.run([cli, "manifest", weights_dir, "-o", out, "-q"], check=True)
+        more = ["--parts", "builtin", "--worlds", str(worlds)] if worlds else []
+        subprocess.run([cli, "manifest", weights_dir, "-o", out, "-q", *more], check=True)
         return "version 2 (sluice manifest)"
     try:
         import sluice
@@ -217,7 +223,7 @@ def cmd_make(args):
     tensors = make_weights(cfg, args.seed)
     digests = stfile.write(os.path.join(wdir, "model.safetensors"), tensors)
     stfile.write_manifest(os.path.join(wdir, "sluice.manifest.json"), digests)
-    manifest = write_manifest(wdir, args.sluice)
+    manifest = write_manifest(wdir, args.sluice, args.vocab_parts)
     nbytes = sum(t.nbytes for t in tensors.values())
     del tensors
 
@@ -225,6 +231,9 @@ def cmd_make(args):
     ids = torch.tensor([toks], dtype=torch.long)
     meta = build(cfg, "meta")  # the export needs no weights
     plan = ox.export_blocks(meta, blocks(meta, cfg), os.path.join(args.dir, "blocks"), ids)
+    if args.vocab_parts:  # plan version 2: the head in vocab parts, the embedding's rows
+        ox.export_blocks(meta, blocks(meta, cfg), os.path.join(args.dir, "pieces"), ids,
+                         parts={"lm_head": args.vocab_parts}, gather_rows=True)
     model = eager_model(args.preset, wdir)
     ox.export_blocks(model, blocks(model, cfg), os.path.join(args.dir, "embedded"), ids,
                      embed_weights=True)
@@ -260,6 +269,9 @@ def main():
     mk.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     mk.add_argument("--steps", type=int, default=3, help="greedy steps after the prompt (3)")
     mk.add_argument("--prompt-len", type=int, default=12)
+    mk.add_argument("--vocab-parts", type=int, default=0, metavar="N",
+                    help="also DIR/pieces: the head in N vocab parts, the embedding marked for "
+                         "row reads (plan version 2); the manifest gets the parts' digests")
     mk.add_argument("--seed", type=int, default=0, help="of the weights' values (0)")
     mk.add_argument("--sluice", metavar="CLI", help="the sluice command, for a version 2 manifest")
     args = ap.parse_args()

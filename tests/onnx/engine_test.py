@@ -97,6 +97,68 @@ def edited(src, dst, block, initializer, change):
     return dst
 
 
+def pieces(tmp, toks):
+    """Plan version 2: the embedding's rows read by the engine (a "gather"
+    block) and the head's weight in vocab parts, with a pool under 1/4 of
+    the weights, which the whole embedding alone does not fit."""
+    vocab, parts, head = 4096, 8, "lm_head.weight"
+    w, x, xw, emb = (os.path.join(tmp, d) for d in ("pw", "px", "pxw", "pemb"))
+    weights = make_blocks.weights(vocab=vocab)
+    os.makedirs(w)
+    make_blocks.write_safetensors(os.path.join(w, "model.safetensors"), weights)
+    make_blocks.export(x, weights, embedded=False, parts=parts)
+    make_blocks.export(xw, weights, embedded=False)
+    make_blocks.export(emb, weights, embedded=True)
+    rules = os.path.join(tmp, "rules")
+    with open(rules, "w") as f:
+        f.write(f"{head} 1\nmodel.embed_tokens.weight 0\n")
+    r = subprocess.run([CLI, "manifest", w, "-o", os.path.join(w, "sluice.manifest.json"), "-q",
+                        "--chunk", "4K", "--parts", rules, "--worlds", str(parts)],
+                       capture_output=True, text=True)
+    check(r.returncode == 0, f"a manifest with chunk and part digests ({r.stderr.strip()})")
+    total = os.path.getsize(os.path.join(w, "model.safetensors"))
+    pool = total // 4 - 4096
+    emb_bytes = weights["model.embed_tokens.weight"].nbytes
+    check(pool < emb_bytes, f"the pool ({pool}) is under 1/4 of the weights ({total}) and under "
+          f"the embedding ({emb_bytes})")
+    base = engine("--embedded", emb, "--tokens", toks, "--steps", "3")
+    want = STEP.findall(base.stdout)
+    check(base.returncode == 0 and len(want) == 4,
+          f"parts: the embedded run exits 0 with 4 steps ({base.stderr.strip()[-300:]})")
+    r = engine(x, w, "--tokens", toks, "--steps", "3", "--pool", str(pool))
+    got = STEP.findall(r.stdout)
+    check(r.returncode == 0 and got == want,
+          f"rows and {parts} vocab parts: logits bit-equal to the embedded run at the prompt and "
+          f"3 steps ({r.stderr.strip()[-300:]})")
+    nparts = re.findall(rf"^part lm_head (\d+)/{parts} ", r.stdout, re.M)
+    check(nparts == [str(k) for k in range(parts)] * 4 and len(ran(r.stdout)) == 4 * 6,
+          f"the head ran once per part, in order, at each step ({len(nparts)} part runs)")
+    m = re.search(r"pool_high_water (\d+) tensors_verified (\d+)", r.stdout)
+    check(m is not None and 0 < int(m.group(1)) <= pool,
+          f"the pool's high water within the pool ({m and m.group(0)}, pool {pool})")
+    r = engine(xw, w, "--tokens", toks, "--pool", str(pool))
+    check(r.returncode == 1 and "model.embed_tokens.weight" in r.stderr,
+          f"the whole-tensor plan does not run in that pool ({r.stderr.strip()[-200:]})")
+
+    bad = os.path.join(tmp, "pbad")
+    shutil.copytree(w, bad)
+    path = os.path.join(bad, "model.safetensors")
+    with open(path, "r+b") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        begin = json.loads(fh.read(n))[head]["data_offsets"][0]
+        col = 5 * (vocab // parts) + 7  # in part 5 of 8 along the vocab
+        fh.seek(8 + n + begin + (3 * vocab + col) * 4 + 1)
+        byte = fh.read(1)
+        fh.seek(-1, 1)
+        fh.write(bytes([byte[0] ^ 1]))
+    r = engine(x, bad, "--tokens", toks, "--pool", str(pool))
+    done = re.findall(rf"^part lm_head (\d+)/{parts} ", r.stdout, re.M)
+    check(r.returncode == 1 and head in r.stderr and not STEP.findall(r.stdout)
+          and done == [str(k) for k in range(5)],
+          f"a flipped byte in part 5 of {head}: exit 1 naming the tensor, parts 0-4 ran "
+          f"({done}; {r.stderr.strip()[-300:]})")
+
+
 def exported(tmp):
     script = os.path.join(REPO, "examples", "python", "onnx_blocks.py")
     if not os.path.exists(script):
@@ -108,7 +170,8 @@ def exported(tmp):
         print(f"note: {e} (Debian: python3-torch): the exported model's checks not run")
         return
     d = os.path.join(tmp, "tiny-onnx")
-    r = subprocess.run(["/usr/bin/python3", script, "make", d, "--sluice", CLI, "--steps", "3"],
+    r = subprocess.run(["/usr/bin/python3", script, "make", d, "--sluice", CLI, "--steps", "3",
+                        "--vocab-parts", "4"],
                        capture_output=True, text=True, timeout=600)
     check(r.returncode == 0, f"onnx_blocks.py make exits 0 ({r.stderr.strip()[-400:]})")
     if r.returncode:
@@ -139,6 +202,16 @@ def exported(tmp):
               f"step {s['step']}: within {tol:.2g} of eager torch (max |diff| {err:.3g}), "
               f"token {s['token']} as eager's")
     print(f"     max |onnx - eager| {worst:.3g}")
+    quarter = total // 4
+    r = engine(os.path.join(d, "pieces"), os.path.join(d, "weights"), "--tokens", toks,
+               "--steps", "3", "--pool", str(quarter))
+    got = STEP.findall(r.stdout)
+    m = re.search(r"pool_high_water (\d+)", r.stdout)
+    check(r.returncode == 0 and got == want and len(re.findall(r"^part lm_head ", r.stdout, re.M))
+          == 16 and m is not None and int(m.group(1)) <= quarter,
+          f"sluice.onnx's export in pieces (the embedding's rows, the head in 4 vocab parts): "
+          f"bit-equal to the embedded graphs at the prompt and 3 steps, pool {quarter} of "
+          f"{total} bytes, high water {m and m.group(1)} ({r.stderr.strip()[-300:]})")
 
 
 def main():
@@ -257,6 +330,7 @@ def main():
         check(r.returncode == 2 and "at least one id" in r.stderr and not ran(r.stdout),
               f"an empty prompt is a usage error, no block run ({r.stderr.strip()})")
 
+        pieces(tmp, toks)
         exported(tmp)
 
         r = subprocess.run([ENGINE, "--help"], capture_output=True, text=True, env=ENV)

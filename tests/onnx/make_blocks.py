@@ -29,19 +29,19 @@ from onnx import TensorProto, helper
 VOCAB, DIM, FF, LAYERS, OPSET = 64, 64, 256, 4, 17
 
 
-def weights(seed=7):
+def weights(seed=7, vocab=VOCAB):
     rng = np.random.default_rng(seed)
-    w = {"model.embed_tokens.weight": rng.standard_normal((VOCAB, DIM)).astype(np.float32)}
+    w = {"model.embed_tokens.weight": rng.standard_normal((vocab, DIM)).astype(np.float32)}
     for i in range(LAYERS):
         p = f"model.layers.{i}.mlp."
         w[p + "up_proj.weight"] = (rng.standard_normal((DIM, FF)) / np.sqrt(DIM)).astype(np.float32)
         w[p + "up_proj.bias"] = (rng.standard_normal(FF) * 0.1).astype(np.float32)
         w[p + "down_proj.weight"] = (rng.standard_normal((FF, DIM)) / np.sqrt(FF)).astype(np.float32)
-    w["lm_head.weight"] = (rng.standard_normal((DIM, VOCAB)) / np.sqrt(DIM)).astype(np.float32)
+    w["lm_head.weight"] = (rng.standard_normal((DIM, vocab)) / np.sqrt(DIM)).astype(np.float32)
     return w
 
 
-def blocks():
+def blocks(vocab=VOCAB):
     """[(name, nodes, inputs, outputs, [(initializer, tensor)])]"""
     seq = "seq"
     h = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, seq, DIM])  # noqa: E731
@@ -64,7 +64,7 @@ def blocks():
                      (down, p + "down_proj.weight")]))
     out.append(("lm_head", [helper.make_node("MatMul", ["hidden_in", "onnx::MatMul_900"], ["logits"])],
                 [h("hidden_in")],
-                [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, seq, VOCAB])],
+                [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, seq, vocab])],
                 [("onnx::MatMul_900", "lm_head.weight")]))
     return out
 
@@ -86,15 +86,24 @@ def write_safetensors(path, w):
             f.write(np.ascontiguousarray(v).tobytes())
 
 
-def export(out_dir, w, embedded):
+def export(out_dir, w, embedded, parts=0):
+    """parts > 0: plan version 2, the embedding a "gather" block (the
+    engine reads the prompt's rows) and the head's weight [DIM, vocab] in
+    `parts` parts along dim 1 (vocab): its graph takes [DIM, vocab/parts]
+    and gives [1, seq, vocab/parts], run once per part, joined on axis 2."""
     os.makedirs(out_dir, exist_ok=True)
-    plan = {"format": "sluice-onnx-plan", "version": 1, "onnx": onnx.__version__, "opset": OPSET,
-            "inputs": [{"name": "input_ids", "dtype": "I64", "shape": [1, 12]}], "blocks": []}
-    for k, (name, nodes, ins, outs, inits) in enumerate(blocks(), start=1):
+    vocab = w["model.embed_tokens.weight"].shape[0]
+    plan = {"format": "sluice-onnx-plan", "version": 2 if parts else 1, "onnx": onnx.__version__,
+            "opset": OPSET, "inputs": [{"name": "input_ids", "dtype": "I64", "shape": [1, 12]}],
+            "blocks": []}
+    for k, (name, nodes, ins, outs, inits) in enumerate(
+            blocks(vocab // parts if parts else vocab), start=1):
         fname, ext = f"block-{k:03d}.onnx", f"block-{k:03d}.weights"
         tensors, off = [], 0
         for iname, tname in inits:
             a = w[tname]
+            if parts and tname == "lm_head.weight":
+                a = a[:, :vocab // parts]  # the part's shape (its values are absent)
             if embedded:
                 t = helper.make_tensor(iname, TensorProto.FLOAT, a.shape, a.tobytes(), raw=True)
             else:
@@ -116,6 +125,12 @@ def export(out_dir, w, embedded):
              "inputs": [i.name for i in ins], "outputs": [o.name for o in outs],
              "initializers": [{"name": i, "tensor": t, "dtype": "F32", "shape": list(w[t].shape)}
                               for i, t in inits]}
+        if parts and name == "lm_head":
+            b["initializers"][0]["shape"][1] //= parts
+            b["initializers"][0]["part"] = {"dim": 1, "n": parts}
+            b["join_axis"] = 2
+        if parts and name == "model.embed_tokens":
+            b["gather"] = {"initializer": inits[0][0], "indices": "input_ids"}
         if not embedded:
             b["external_data"] = ext
             open(os.path.join(out_dir, ext), "wb").close()

@@ -77,6 +77,15 @@ initializer's). Shapes of graph inputs and outputs are dynamic on the axes
 of `dynamic` (default: 0 "batch" and 1 "sequence", for those that have
 them), fixed to the example's elsewhere.
 
+Version 2 (written when parts or gather_rows is used; version 1 otherwise)
+adds, optionally: an initializer's "part": {"dim": 0, "n": n} (the graph's
+initializer is part r of n of the tensor along dim, its "shape" the
+part's; the block, one output, is run once per part and the outputs
+joined along the block's "join_axis"), and a block's "gather":
+{"initializer": name, "indices": input} (the block is one Gather, axis 0,
+of that 2-D initializer by its one input: an engine may read the rows
+itself). docs/onnx.md, "Version 2".
+
 This module imports torch and onnx only (not the sluice binding): the C
 engine's test exports its fixture before the binding is built, loading
 this file by path. A block's graph with its weights must fit protobuf's
@@ -416,15 +425,38 @@ def _tensors_tuple(x, what):
     return tuple(x)
 
 
+def _gather_of(g, mapped, in_names, out_names):
+    """The initializer name when the graph is one Gather of a mapped 2-D
+    weight by the block's one input on axis 0 giving its one output."""
+    if len(g.node) != 1 or len(in_names) != 1 or len(out_names) != 1:
+        return None
+    n = g.node[0]
+    axis = [a.i for a in n.attribute if a.name == "axis"]
+    names = {m for m, _i in mapped}
+    dims = {t.name: len(t.dims) for t in g.initializer}
+    if n.op_type == "Gather" and len(n.input) == 2 and n.input[0] in names \
+            and dims.get(n.input[0]) == 2 and n.input[1] == in_names[0] \
+            and list(n.output) == list(out_names) and axis in ([], [0]) \
+            and len(n.attribute) == len(axis):
+        return n.input[0]
+    return None
+
+
 def export_blocks(model, blocks, out_dir, example_inputs, *, embed_weights=False, opset=MAX_OPSET,
-                  input_names=None, dynamic=None):
+                  input_names=None, dynamic=None, parts=None, gather_rows=False):
     """Writes the blocks of model as ONNX graphs and plan.json into out_dir
     (made if missing; see the module's doc). blocks: in execution order,
     as sluice.torch.export_blocks takes them (a submodule's path, or a
     tuple (name, module, tensors)). example_inputs: a tensor or a tuple
     of tensors, the first block's inputs (the exporter traces: each block
     runs once, with fingerprint weights, on the previous one's outputs;
-    the model may be on the meta device unless embed_weights). input_names:
+    the model may be on the meta device unless embed_weights). parts:
+    {block name: n}: every weight of that block is exported as its part
+    [shape[0] / n, ...] along dim 0 (a vocab head: the Linear's weight
+    [V, D] and its bias), the block having one output, joined on its
+    last axis (plan version 2). gather_rows: a block that is one Gather
+    of a 2-D weight by its one input is marked "gather" (plan version 2),
+    for an engine that reads the rows itself. input_names:
     the first block's input names (default "input_ids" for one input,
     else input_0, input_1, ...); later blocks take hidden_in (hidden_in_0,
     ...) and give hidden_out (hidden_out_0, ...). dynamic: {axis: name} of
@@ -444,8 +476,17 @@ def export_blocks(model, blocks, out_dir, example_inputs, *, embed_weights=False
     if len(input_names) != len(x) or len(set(input_names)) != len(input_names):
         raise ValueError(f"export_blocks: {len(x)} example inputs, input_names {input_names}")
     dynamic = {0: "batch", 1: "sequence"} if dynamic is None else dict(dynamic)
+    parts = dict(parts or {})
+    unknown = set(parts) - {s[0] for s in specs}
+    if unknown:
+        raise ValueError(f"export_blocks: parts names no block: {sorted(unknown)}")
+    if any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in parts.values()):
+        raise ValueError(f"export_blocks: parts must be counts, not {parts}")
+    if parts and embed_weights:
+        raise ValueError("export_blocks: embed_weights writes whole weights, not parts")
     os.makedirs(out_dir, exist_ok=True)
-    plan = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "torch": torch.__version__,
+    version = 2 if parts or gather_rows else PLAN_VERSION
+    plan = {"format": PLAN_FORMAT, "version": version, "torch": torch.__version__,
             "onnx": onnx.__version__, "opset": opset,
             "inputs": [{"name": n, "dtype": _ts._dtype_name(t.dtype), "shape": list(t.shape)}
                        for n, t in zip(input_names, x)],
@@ -454,11 +495,23 @@ def export_blocks(model, blocks, out_dir, example_inputs, *, embed_weights=False
     for k, (name, mod, tensors) in enumerate(specs):
         was_training = mod.training
         mod.eval()
+        n_parts, back = parts.get(name), []
+        if n_parts:  # the block traced on part-shaped weights (any values: meta)
+            ws = _weights(mod, _ts._slots(mod))
+            for t, slot, _places in ws:
+                if t.dim() == 0 or t.shape[0] % n_parts:
+                    raise ExportError(f"block {name!r}: {slot!r} {list(t.shape)}: dim 0 is not "
+                                      f"divisible by {n_parts} parts")
+            back = _swap(ws, [torch.empty((t.shape[0] // n_parts,) + tuple(t.shape[1:]),
+                                          dtype=t.dtype, device="meta") for t, _s, _p in ws])
         try:
             g_model, mapped, weights, out, out_names = _map_block(name, mod, tensors, x, opset,
                                                                   in_names, dynamic)
         finally:
+            _unswap(back)
             mod.train(was_training)
+        if n_parts and len(out_names) != 1:
+            raise ExportError(f"block {name!r}: a block in parts needs one output")
         stem = f"block-{k:03d}"
         fname, ext = stem + ".onnx", None if embed_weights else stem + ".weights"
         inits = {t.name: t for t in g_model.graph.initializer}
@@ -467,6 +520,8 @@ def export_blocks(model, blocks, out_dir, example_inputs, *, embed_weights=False
             t, slot, _places = weights[i]
             entries.append({"name": init_name, "tensor": tensors[slot],
                             "dtype": _ts._dtype_name(t.dtype), "shape": list(t.shape)})
+            if n_parts:
+                entries[-1]["part"] = {"dim": 0, "n": n_parts}
             proto = inits[init_name]
             if list(proto.dims) != list(t.shape):
                 raise ExportError(f"block {name!r}: initializer {init_name!r} is "
@@ -489,6 +544,13 @@ def export_blocks(model, blocks, out_dir, example_inputs, *, embed_weights=False
         plan["blocks"].append({"name": name, "file": fname, "sha256": _ts._sha256_file(path),
                                "external_data": ext, "inputs": list(in_names),
                                "outputs": out_names, "initializers": entries})
+        if n_parts:
+            plan["blocks"][-1]["join_axis"] = out[0].dim() - 1
+            # the trace ran on one part: the next block sees the whole output
+            out = (torch.cat([out[0]] * n_parts, dim=-1),)
+        gi = _gather_of(g_model.graph, mapped, in_names, out_names) if gather_rows else None
+        if gi is not None:
+            plan["blocks"][-1]["gather"] = {"initializer": gi, "indices": in_names[0]}
         x = out
         in_names = ["hidden_in"] if len(x) == 1 else [f"hidden_in_{i}" for i in range(len(x))]
     tmp = os.path.join(out_dir, PLAN_FILE + ".tmp")
