@@ -1015,7 +1015,10 @@ SLUICE_API int sluice_read_part_into(sluice_model *model, const char *name, uint
  * come back (reads in flight, stream callbacks running, ...) and fails
  * with SLUICE_E_POOL_EXHAUSTED when it cannot (handles held outside the
  * library: size the pool for the parts held at once too), and with
- * SLUICE_E_TOO_LARGE when the part is larger than the pool.
+ * SLUICE_E_TOO_LARGE when the part is larger than the pool. Waiting in a
+ * stream callback, it holds its stream's room as an acquire there does:
+ * when others wait for that room and no other comes back, it alone fails,
+ * and they go on waiting (sluice_acquire, SLUICE_E_POOL_EXHAUSTED).
  * sluice_tensor_info describes the part: the tensor's name, dtype and
  * file, shape[dim] / n, nbytes / n (offset and data_begin stay the
  * whole tensor's); sluice_tensor_digest says SLUICE_E_INVAL. Returns as

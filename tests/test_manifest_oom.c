@@ -13,6 +13,9 @@
 #include <cmocka.h>
 
 #include <sluice.h>
+#include <dirent.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,11 +105,97 @@ static void flat_faults(void **state)
     oom_loop(f->model, NULL, SLUICE_VERIFY_REQUIRE, SLUICE_E_MANIFEST_FORMAT);
 }
 
+/* sluice_manifest_sign with allocation N failing, for every N: each
+ * signing returns SLUICE_E_NOMEM (sluice.h), or SLUICE_OK where the
+ * failure was one it can do without, and leaves no temporary file beside
+ * the signature. (OpenSSL's own allocations are not failed here.) */
+static void sign_faults(void **state)
+{
+    (void)state;
+    char *dir = tu_tmpdir();
+    char *manifest = tu_join(dir, "m.json"), *key = tu_join(dir, "k.pem");
+    mf_write_text(manifest, "{\"a\":\"" Z "\"}");
+    EVP_PKEY *k = EVP_PKEY_Q_keygen(NULL, NULL, "ED25519");
+    assert_non_null(k);
+    FILE *kf = fopen(key, "w");
+    assert_non_null(kf);
+    assert_int_equal(PEM_write_PrivateKey(kf, k, NULL, NULL, 0, NULL, NULL), 1);
+    assert_int_equal(fclose(kf), 0);
+    EVP_PKEY_free(k);
+    long n;
+    for (n = 0; n < 100000; n++) {
+        char why[512] = "";
+        aw_arm(n);
+        int rc = sluice_manifest_sign(manifest, key, NULL, why, sizeof why);
+        long failed = aw_disarm();
+        if (!failed) {
+            if (rc != SLUICE_OK)
+                fail_msg("clean run: %d (%s)", rc, why);
+            break;
+        }
+        if (rc != SLUICE_E_NOMEM && rc != SLUICE_OK)
+            fail_msg("allocation %ld failed: got %d (%s), not SLUICE_E_NOMEM", n, rc, why);
+        DIR *d = opendir(dir);
+        assert_non_null(d);
+        for (struct dirent *e; (e = readdir(d));)
+            if (strstr(e->d_name, ".tmp."))
+                fail_msg("allocation %ld failed: %s left behind", n, e->d_name);
+        closedir(d);
+    }
+    assert_true(n > 1);
+    tu_rmtree(dir);
+    free(manifest);
+    free(key);
+    free(dir);
+}
+
+/* sluice_manifest_write to a path with allocation N failing, for every N
+ * (the model opened before): SLUICE_E_NOMEM each time (sluice.h), or
+ * SLUICE_OK, and no temporary file left beside the manifest. */
+static void write_faults(void **state)
+{
+    fx *f = *state;
+    sluice_options o;
+    sluice_options_init(&o);
+    o.verify = SLUICE_VERIFY_OFF;
+    sluice_model *m = NULL;
+    assert_int_equal(sluice_open(f->model, &o, &m), SLUICE_OK);
+    char *dir = tu_tmpdir();
+    char *out = tu_join(dir, "out.manifest.json");
+    long n;
+    for (n = 0; n < 100000; n++) {
+        aw_arm(n);
+        int rc = sluice_manifest_write(m, out, -1, NULL);
+        long failed = aw_disarm();
+        if (!failed) {
+            if (rc != SLUICE_OK)
+                fail_msg("clean run: %d (%s)", rc, sluice_errmsg(m));
+            break;
+        }
+        if (rc != SLUICE_E_NOMEM && rc != SLUICE_OK)
+            fail_msg("allocation %ld failed: got %d (%s), not SLUICE_E_NOMEM", n, rc,
+                     sluice_errmsg(m));
+        DIR *d = opendir(dir);
+        assert_non_null(d);
+        for (struct dirent *e; (e = readdir(d));)
+            if (strstr(e->d_name, ".tmp."))
+                fail_msg("allocation %ld failed: %s left behind", n, e->d_name);
+        closedir(d);
+    }
+    assert_true(n > 1);
+    sluice_close(m);
+    tu_rmtree(dir);
+    free(out);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(structured_to_the_end, setup, teardown),
         cmocka_unit_test_setup_teardown(flat_faults, setup, teardown),
+        cmocka_unit_test(sign_faults),
+        cmocka_unit_test_setup_teardown(write_faults, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -25,6 +25,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <pthread.h>
@@ -676,6 +678,199 @@ static void test_part_wait_cancelled(void **state)
     assert_int_equal(sluice_close(w->m), SLUICE_OK);
 }
 
+/* A part acquire waiting inside a stream callback holds its stream's room
+ * as an acquire waiting there does (sluice.h, SLUICE_E_POOL_EXHAUSTED):
+ * when no other room can come back, that part acquire alone is refused,
+ * and an acquire waiting outside any callback goes on waiting and is
+ * served once the callback has given its tensor back. Stream 1 holds "a"
+ * (2048 bytes) in its callback, which then asks for a part that has no
+ * room; stream 2 holds "b" (768 bytes: the pool is full) in its callback
+ * meanwhile, so the part waits; a third thread acquires "c"; stream 2's
+ * callback returns keeping "b" (a handle held outside the library). */
+typedef struct hold2_ctx {
+    sluice_model *m;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int in_cb1, in_cb2, go1, go2, part_waits, part_done, part_rc, c_done, c_rc, s1_done;
+    int c_is_part, c_waits; /* the third thread asks for a part of "c" */
+    sluice_tensor *b_held, *c;
+} hold2_ctx;
+
+static _Thread_local int third_thread;
+
+/* Waits (mu held) until *flag, 10 s at most; 0 when it timed out. */
+static int wait_flag(hold2_ctx *h, const int *flag)
+{
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += 10;
+    while (!*flag)
+        if (pthread_cond_timedwait(&h->cv, &h->mu, &dl) != 0)
+            return *flag;
+    return 1;
+}
+
+static void set_flag(hold2_ctx *h, int *flag)
+{
+    pthread_mutex_lock(&h->mu);
+    *flag = 1;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+}
+
+static int part_in_cb(void *user, sluice_tensor *t, int status,
+                      const struct sluice_tensor_info *info, const char *message)
+{
+    (void)info;
+    (void)message;
+    hold2_ctx *h = user;
+    if (status != SLUICE_OK)
+        return 0;
+    pthread_mutex_lock(&h->mu);
+    h->in_cb1 = 1;
+    pthread_cond_broadcast(&h->cv);
+    wait_flag(h, &h->go1);
+    pthread_mutex_unlock(&h->mu);
+    sluice_tensor *p = NULL;
+    int rc = sluice_acquire_part(h->m, "a", 0, 1, 2, &p);
+    if (p)
+        sluice_release(p);
+    sluice_release(t);
+    pthread_mutex_lock(&h->mu);
+    h->part_rc = rc;
+    h->part_done = 1;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    return 0;
+}
+
+static int keep_cb(void *user, sluice_tensor *t, int status,
+                   const struct sluice_tensor_info *info, const char *message)
+{
+    (void)info;
+    (void)message;
+    hold2_ctx *h = user;
+    pthread_mutex_lock(&h->mu);
+    h->b_held = status == SLUICE_OK ? t : NULL;
+    h->in_cb2 = 1;
+    pthread_cond_broadcast(&h->cv);
+    wait_flag(h, &h->go2);
+    pthread_mutex_unlock(&h->mu);
+    return 0; /* "b" kept: released by the test, later */
+}
+
+static void *stream_a(void *p)
+{
+    hold2_ctx *h = p;
+    const char *names[] = {"a"};
+    sluice_stream(h->m, names, 1, part_in_cb, h);
+    set_flag(h, &h->s1_done);
+    return NULL;
+}
+
+static void *stream_b(void *p)
+{
+    hold2_ctx *h = p;
+    const char *names[] = {"b"};
+    sluice_stream(h->m, names, 1, keep_cb, h);
+    return NULL;
+}
+
+static void *acquire_c(void *p)
+{
+    hold2_ctx *h = p;
+    third_thread = 1;
+    int rc = h->c_is_part ? sluice_acquire_part(h->m, "c", 1, 0, 2, &h->c)
+                          : sluice_acquire(h->m, "c", &h->c);
+    pthread_mutex_lock(&h->mu);
+    h->c_rc = rc;
+    h->c_done = 1;
+    pthread_cond_broadcast(&h->cv);
+    pthread_mutex_unlock(&h->mu);
+    return NULL;
+}
+
+static void at_part_wait2(void *ctx, int where)
+{
+    hold2_ctx *h = ctx;
+    if (where == 9)
+        set_flag(h, third_thread ? &h->c_waits : &h->part_waits);
+}
+
+static void part_in_callback_refused_alone(fx *f, int c_is_part)
+{
+    write_manifest(f, 1, NULL);
+    hold2_ctx h = {.m = open_pool(f, 2048 + 768), .mu = PTHREAD_MUTEX_INITIALIZER,
+                   .cv = PTHREAD_COND_INITIALIZER, .c_is_part = c_is_part};
+    assert_int_equal(sl_engine_set_pause(h.m, at_part_wait2, &h), SLUICE_OK);
+    pthread_t t1, t2, tc;
+    assert_int_equal(pthread_create(&t1, NULL, stream_a, &h), 0);
+    pthread_mutex_lock(&h.mu);
+    assert_true(wait_flag(&h, &h.in_cb1));
+    pthread_mutex_unlock(&h.mu);
+    assert_int_equal(pthread_create(&t2, NULL, stream_b, &h), 0);
+    pthread_mutex_lock(&h.mu);
+    assert_true(wait_flag(&h, &h.in_cb2));
+    assert_non_null(h.b_held);
+    /* the part waits: stream 2's callback runs, its room may come back */
+    h.go1 = 1;
+    pthread_cond_broadcast(&h.cv);
+    assert_true(wait_flag(&h, &h.part_waits));
+    pthread_mutex_unlock(&h.mu);
+    /* "c" (or its part) waits too (acquire_count is counted under the
+     * engine's lock, which the acquire holds until it waits) */
+    assert_int_equal(pthread_create(&tc, NULL, acquire_c, &h), 0);
+    for (int k = 0; !c_is_part && k < 10000 && stats_of(h.m).acquire_count == 0; k++)
+        usleep(1000);
+    pthread_mutex_lock(&h.mu);
+    if (c_is_part)
+        assert_true(wait_flag(&h, &h.c_waits));
+    assert_false(h.c_done);
+    /* stream 2's callback returns holding "b": only stream 1's room can
+     * come back, once its callback's part acquire has been refused */
+    h.go2 = 1;
+    pthread_cond_broadcast(&h.cv);
+    int ended = wait_flag(&h, &h.c_done) && wait_flag(&h, &h.part_done) &&
+                wait_flag(&h, &h.s1_done);
+    pthread_mutex_unlock(&h.mu);
+    if (!ended)
+        fail_msg("a wait did not end (c %d, part %d, stream 1 %d)", h.c_done, h.part_done,
+                 h.s1_done);
+    pthread_join(t1, NULL);
+    pthread_join(t2, NULL);
+    pthread_join(tc, NULL);
+    assert_int_equal(h.part_rc, SLUICE_E_POOL_EXHAUSTED);
+    if (h.c_rc != SLUICE_OK)
+        fail_msg("\"c\"%s, acquired outside any callback, failed (%d) although stream 1's "
+                 "room came back once its part acquire was refused",
+                 c_is_part ? "'s part" : "", h.c_rc);
+    if (c_is_part) {
+        size_t len;
+        unsigned char *want = ref_part(f, 2, 1, 0, 2, &len);
+        assert_memory_equal(sluice_tensor_data(h.c), want, len);
+        free(want);
+    } else {
+        assert_memory_equal(sluice_tensor_data(h.c), f->bytes + f->off[2], f->nbytes[2]);
+    }
+    assert_int_equal(sluice_release(h.c), SLUICE_OK);
+    assert_int_equal(sluice_release(h.b_held), SLUICE_OK);
+    assert_int_equal(sluice_close(h.m), SLUICE_OK);
+}
+
+static void test_part_in_callback_refused_alone(void **state)
+{
+    part_in_callback_refused_alone(*state, 0);
+}
+
+/* The same with a part of "c" waiting outside any callback: whichever of
+ * the two part acquires wakes first, the one in the callback alone is
+ * refused. */
+static void test_part_outside_callback_served(void **state)
+{
+    for (int k = 0; k < 20; k++)
+        part_in_callback_refused_alone(*state, 1);
+}
+
 typedef struct race_arg {
     fx *f;
     sluice_model *m;
@@ -896,6 +1091,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_part_in_pool, setup, teardown),
         cmocka_unit_test_setup_teardown(test_part_waits_for_room, setup, teardown),
         cmocka_unit_test_setup_teardown(test_part_wait_cancelled, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_part_in_callback_refused_alone, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_part_outside_callback_served, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ranks_on_threads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_parts_rejected, setup, teardown),
         cmocka_unit_test(test_rules),

@@ -363,7 +363,8 @@ static int write_out(const char *path, int fd, const sluice_model *m, const mw_d
     sl_mw w = writer_of(m, d, version, cs);
     if (path) {
         if (sl_manifest_write_file(path, m, &w) < 0)
-            return sl_fail_errno(err, SLUICE_E_IO, errno, "manifest: cannot write %s", path), -1;
+            return sl_fail_errno(err, errno == ENOMEM ? SLUICE_E_NOMEM : SLUICE_E_IO, errno,
+                                 "manifest: cannot write %s", path), -1;
         return 0;
     }
     int dup_fd = dup(fd);

@@ -12,7 +12,8 @@
 #include <stddef.h>
 
 /* 0 when path now holds the len bytes at bytes; -1 with errno set when it
- * could not (path then unchanged, the temporary file removed). */
+ * could not (path then unchanged, the temporary file removed): ENOMEM
+ * when out of memory, which callers report as SLUICE_E_NOMEM. */
 int sl_replace_file(const char *path, const void *bytes, size_t len);
 
 #endif

@@ -445,7 +445,12 @@ int sl_engine_part_room(sl_engine *e, const char *what, uint64_t len, sluice_can
         sl_mark_blocked_elsewhere(e, +1);
         pthread_mutex_lock(&e->lock);
     }
-    sl_mark_blocked(e, +1);
+    /* A waiter as an acquire's is (sl_waiter): running in a stream
+     * callback, it holds its stream's room, and the pump may refuse it
+     * alone so that others waiting for that room are served. */
+    sl_waiter w = {.slot = SL_NONE, .in_callback = sl_mark_blocked(e, +1)};
+    w.next = e->waiters;
+    e->waiters = &w;
     e->room_waiters++;
     int rc;
     for (;;) {
@@ -462,17 +467,33 @@ int sl_engine_part_room(sl_engine *e, const char *what, uint64_t len, sluice_can
             rc = sl_fail(err, SLUICE_E_CANCELLED, "%s: cancelled while waiting for room", what);
             break;
         }
-        if (!sl_room_may_return(e)) {
+        if (w.refused || !sl_room_may_return(e)) {
+            sl_err why;
+            sl_slot_part_room_error(e, what, len, &why);
+            /* Outside a callback: a waiter in one, whose return gives its
+             * stream's room back, is refused instead, as for a demand. */
+            if (!w.refused && !w.in_callback && sl_refuse_callback_waiter(e, SL_NONE, &why))
+                continue;
             e->st.failures++;
-            sl_slot_part_room_error(e, what, len, err);
-            rc = err->code;
+            *err = why;
+            rc = why.code;
             break;
         }
         sl_pause_point(e, SL_PAUSE_PART_WAIT);
         sl_wait(e);
     }
+    for (sl_waiter **p = &e->waiters; *p; p = &(*p)->next)
+        if (*p == &w) {
+            *p = w.next;
+            break;
+        }
     e->room_waiters--;
     sl_mark_blocked(e, -1);
+    /* Its stream gives room back again, and a refused part, counted as
+     * room that may come back, has left: a demand or another part waiting
+     * for room may now be served, or learn it has none. */
+    if (e->dq_head != SL_NONE || e->room_waiters)
+        sl_pump(e);
     sl_unlock(e);
     sl_cancel_unregister(cancel, &reg);
     if (elsewhere)

@@ -188,13 +188,14 @@ typedef struct sl_stream {
     uint64_t *pgen;              /* slot gen when pinned */
 } sl_stream;
 
-/* A thread blocked in acquire on one slot. The pump may refuse one waiter
- * alone when the room the slot needs is held by that waiter's own stream
- * (it runs in a stream callback, which gives its handles back only when
- * it returns): then only that caller fails, the others go on waiting. */
+/* A thread blocked in acquire on one slot, or in a part acquire waiting
+ * for room (slot SL_NONE). The pump may refuse one waiter alone when the
+ * room the slot needs is held by that waiter's own stream (it runs in a
+ * stream callback, which gives its handles back only when it returns):
+ * then only that caller fails, the others go on waiting. */
 typedef struct sl_waiter {
     struct sl_waiter *next;
-    size_t slot;
+    size_t slot;                 /* SL_NONE: a part acquire's wait for room */
     int in_callback;             /* the thread runs a stream callback */
     int refused;                 /* the pump refused this waiter: err says why */
     sl_err err;
@@ -411,6 +412,11 @@ void sl_slot_part_room_error(sl_engine *e, const char *what, uint64_t len, sl_er
 /* Whether room held now will come back without a release from outside
  * the library (sched.c). Lock held. */
 int sl_room_may_return(const sl_engine *e);
+/* No room will come back for tensor i (SL_NONE: for a part): refuses one
+ * waiter that runs in a stream callback (one of i's first, else any),
+ * whose return gives its stream's room back, with why. 1 when it refused
+ * one, else 0. Lock held. */
+int sl_refuse_callback_waiter(sl_engine *e, size_t i, const sl_err *why);
 /* The SLUICE_E_TOO_LARGE detail of tensor i. */
 int sl_slot_too_large_error(const sl_engine *e, size_t i, sl_err *err);
 /* The SLUICE_E_CHECKSUM detail of tensor i, whose bytes hashed to got

@@ -11,8 +11,9 @@
  *     give room back (room_may_return: no read in flight, no waiter about
  *     to take a READY tensor and return, no stream callback running whose
  *     thread is not itself waiting in the library), waiting could last for
- *     ever: if a waiter runs in a stream callback (one of this tensor's
- *     first, else any: while it waits nothing ahead of it moves), that
+ *     ever: if a waiter runs in a stream callback (an acquire, one of this
+ *     tensor's first, else any, a part acquire's wait for room included:
+ *     while it waits nothing ahead of it moves), that
  *     waiter alone is refused (its return gives its stream's room back;
  *     until it has left, room counts as coming back), else the tensor
  *     fails with SLUICE_E_POOL_EXHAUSTED for all its waiters: the room is
@@ -417,7 +418,7 @@ int sl_room_may_return(const sl_engine *e)
     /* A refused waiter has not left yet: once it has, its stream's
      * callback can return and give room back. */
     for (const sl_waiter *w = e->waiters; w; w = w->next)
-        if (w->refused || e->slots[w->slot].state == SL_SLOT_READY)
+        if (w->refused || (w->slot != SL_NONE && e->slots[w->slot].state == SL_SLOT_READY))
             return 1;
     return 0;
 }
@@ -435,15 +436,17 @@ static void refuse_position(sl_engine *e, sl_stream *st, size_t pos)
     pthread_cond_broadcast(&e->cv);
 }
 
-/* Demand i cannot get room and none will come back. A thread waiting
- * inside a stream callback holds its stream's room, which only its return
- * gives back: refuse one such waiter (one of i's first, else any: while
- * it waits nothing ahead of it can move), and let the others wait.
- * Returns 1 when it refused one, 0 when no waiter runs in a callback
- * (then the room is held by handles outside the library). Lock held. */
-static int refuse_callback_waiter(sl_engine *e, size_t i, const sl_err *why)
+/* Demand i (SL_NONE: a part acquire's room) cannot get room and none
+ * will come back. A thread waiting inside a stream callback (an acquire,
+ * or a part acquire waiting for room) holds its stream's room, which only
+ * its return gives back: refuse one such waiter (one of i's first, else
+ * any: while it waits nothing ahead of it can move), and let the others
+ * wait. Returns 1 when it refused one, 0 when no waiter runs in a
+ * callback (then the room is held by handles outside the library). Lock
+ * held. */
+int sl_refuse_callback_waiter(sl_engine *e, size_t i, const sl_err *why)
 {
-    for (int any = 0; any <= 1; any++) {
+    for (int any = i == SL_NONE; any <= 1; any++) {
         for (sl_waiter *w = e->waiters; w; w = w->next)
             if (w->in_callback && !w->refused && (any || w->slot == i)) {
                 w->refused = 1;
@@ -495,7 +498,7 @@ void sl_pump(sl_engine *e)
         if (rc == 0) {
             sl_err why;
             sl_slot_room_error(e, i, &why);
-            if (refuse_callback_waiter(e, i, &why)) {
+            if (sl_refuse_callback_waiter(e, i, &why)) {
                 blocked = 1;    /* its return may give room back */
                 break;
             }

@@ -1410,7 +1410,8 @@ int sl_ms_sign(const char *model_dir, const char *sig_path, EVP_PKEY *key, X509 
         goto done;
     }
     if (sl_replace_file(sig_path, text, strlen(text)) != 0)
-        rc = sl_fail_errno(err, SLUICE_E_IO, errno, "%s: cannot write", sig_path);
+        rc = sl_fail_errno(err, errno == ENOMEM ? SLUICE_E_NOMEM : SLUICE_E_IO, errno,
+                           "%s: cannot write", sig_path);
     else
         *nres = t.n;
 done:

@@ -344,8 +344,6 @@ char *sl_sig_path(const char *manifest_path)
     return p;
 }
 
-/* Writes text to path through a temporary file beside it (mode 0644),
- * fsynced and renamed over it; on failure removes the temporary file. */
 /* ---------------------------------------------------------------- keys */
 
 int sl_sig_key_id(EVP_PKEY *key, uint8_t id[32])
@@ -505,7 +503,8 @@ int sl_sig_sign_file(const char *manifest_path, const char *key_path, const char
     if ((rc = sl_sig_sign(key, text, len, &sig, err)) < 0)
         goto done;
     if (sl_replace_file(sig_path, sig_text, sl_sig_format(&sig, sig_text)) != 0) {
-        rc = sl_fail_errno(err, SLUICE_E_IO, errno, "cannot write %s", sig_path);
+        rc = sl_fail_errno(err, errno == ENOMEM ? SLUICE_E_NOMEM : SLUICE_E_IO, errno,
+                           "cannot write %s", sig_path);
         goto done;
     }
     if (key_id)
