@@ -779,8 +779,9 @@ static int check_weights(struct eng *e, const char *weights, uint64_t *total)
             for (uint32_t d = 0; d < ti.ndim && d < MAX_DIMS; d++) {
                 have[d] = (int64_t)ti.shape[d];
                 /* a part: the plan's shape is the part's (the tensor's / n) */
-                same = same && have[d] == in->shape[d] * (in->part_n && d == in->part_dim
-                                                             ? (int64_t)in->part_n : 1);
+                int64_t n = in->part_n && d == in->part_dim ? (int64_t)in->part_n : 1;
+                /* divided, not multiplied: the plan's numbers may be huge */
+                same = same && have[d] % n == 0 && have[d] / n == in->shape[d];
             }
             const char *dt = sluice_dtype_name(ti.dtype);
             if (!dt || strcmp(dt, in->dtype) || !same) {
