@@ -1361,6 +1361,12 @@ SLUICE_API int sluice_trim(sluice_model *model, uint64_t *released);
  *    the open with SLUICE_E_CHECKSUM, the message naming the file, the
  *    digest expected (the blob's name) and the digest got; no byte of
  *    the model is handed out before its file matched.
+ *    The pass also hashes the file's 8 + N header bytes: unless they
+ *    are the header parsed at open (the names, dtypes, shapes and
+ *    offsets the derived digests are bound to), nothing is derived and
+ *    the open fails, SLUICE_E_FILE_CHANGED for a snapshot's file (it
+ *    changed in between), SLUICE_E_CHECKSUM for an hf:// one (the header
+ *    served at open is not the published file's).
  *  - The digests derived are a version 2 manifest of that file (the
  *    form `sluice manifest` writes, by the same code), kept in the cache
  *    directory (cache_dir, else $SLUICE_CACHE_DIR, else the default one,
