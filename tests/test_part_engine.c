@@ -14,6 +14,7 @@
 #include "engine_fixture.h"
 
 #include <pthread.h>
+#include <time.h>
 
 /* w: BF16 [256, 512], a row 1024 bytes: at world 4 a segment of 256
  * bytes, 768 apart (one read); x: U8 [64, 16384], at world 4 segments of
@@ -361,6 +362,59 @@ static void test_cancel_in_flight(void **state)
     assert_int_equal(sluice_close(m), SLUICE_OK);
 }
 
+/* where 10, as at_spans_issued; then the model's reads counted so far
+ * (the lock not held), and the hook stays 200 ms: the reads in flight
+ * come back meanwhile, and their completions pump, before the caller has
+ * woken to see the token */
+typedef struct cancel_stay {
+    cancel_at a;
+    sluice_model *m;
+    uint64_t reads_at;  /* reads done just after the request */
+} cancel_stay;
+
+static void at_spans_issued_stay(void *ctx, int where)
+{
+    cancel_stay *s = ctx;
+    if (where == 10 && s->a.c && !s->a.fired++) {
+        sluice_cancel_request(s->a.c);
+        s->reads_at = stats_of(s->m).reads;
+        struct timespec ts = {0, 200000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* A requested token stops the part's reads at once, not when its caller
+ * wakes: the completions of the reads in flight issue none of the rest
+ * (x at world 4 along dim 1 is 64 reads, two in flight at most). The
+ * reads issued by the request were done, or at most two in flight, when
+ * the hook counted them: no more than two are done after that. Without
+ * the token's check in issue_spans the rest of the 64 went out while the
+ * hook stayed. */
+static void test_cancel_stops_issuing(void **state)
+{
+    fx *f = *state;
+    cancel_stay s = {{0}, open_model(f, 2, 64u << 10), 0};
+    unsigned char *buf = malloc(X_BYTES / 4);
+    assert_non_null(buf);
+    assert_int_equal(sluice_cancel_create(&s.a.c), SLUICE_OK);
+    sluice_part_options po;
+    assert_int_equal(sluice_part_options_init(&po), SLUICE_OK);
+    po.cancel = s.a.c;
+    assert_int_equal(sl_engine_set_pause(s.m, at_spans_issued_stay, &s), SLUICE_OK);
+    struct sluice_stats st0 = stats_of(s.m);
+    assert_int_equal(sluice_read_part_into_ex(s.m, "x", 1, 1, 4, buf, X_BYTES / 4, &po),
+                     SLUICE_E_CANCELLED);
+    assert_int_equal(s.a.fired, 1);
+    struct sluice_stats st1 = stats_of(s.m);
+    assert_true(st1.reads - st0.reads >= 1);
+    assert_true(st1.reads <= s.reads_at + 2);
+    assert_int_equal(st1.failures, st0.failures);
+    assert_int_equal(sl_engine_set_pause(s.m, NULL, NULL), SLUICE_OK);
+    sluice_cancel_free(s.a.c);
+    free(buf);
+    assert_int_equal(sluice_close(s.m), SLUICE_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -370,6 +424,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_threads_with_loads, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cancel_before, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cancel_in_flight, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_stops_issuing, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

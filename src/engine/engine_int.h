@@ -129,6 +129,9 @@ typedef struct sl_spanjob {
     sl_run *runs;
     size_t nrun, issued, done;
     int failed;                  /* a run failed: err says how; no more go out */
+    /* the caller's token (NULL: none): once requested no run goes out
+     * any more, before the caller has woken to see it (issue_spans) */
+    const struct sluice_cancel *cancel;
     sl_err err;
     pthread_cond_t cv;           /* its caller waits here, woken once: when
                                     sl_spanjob_over (not e->cv, which every

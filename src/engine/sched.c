@@ -205,7 +205,7 @@ static size_t start_run(sl_engine *e, const size_t *ids, size_t n, int room)
 static void issue_spans(sl_engine *e)
 {
     for (sl_spanjob *j = e->jobs; j; j = j->next)
-        while (!j->failed && j->issued < j->nrun) {
+        while (!j->failed && j->issued < j->nrun && !sl_cancel_requested(j->cancel)) {
             sl_read *r = take_read(e);
             if (!r)
                 return;
@@ -831,7 +831,7 @@ int sl_engine_read_spans(sl_engine *e, sluice_cancel *cancel, const sl_file *f,
     for (size_t k = 0; k < n; k++)
         pieces += spans[k].len / max + 2; /* the first may end the run before */
     /* at most one run and two iovecs (a gap, a piece) per piece */
-    sl_spanjob j = {.f = f};
+    sl_spanjob j = {.f = f, .cancel = cancel};
     pthread_cond_init(&j.cv, NULL);
     int big = pieces > SIZE_MAX / (2 * sizeof(struct iovec));
     unsigned char *scratch = NULL;
