@@ -159,9 +159,9 @@ static int rg_read(rg_ctx *c, uint64_t lo, uint64_t hi, unsigned char *dst)
         sl_remote_cfg own;
         int rc = f->src->read_tensor(f, rg_remote(c, &own), into, want, c->t->offset + lo, &got,
                                      &requests, c->err);
+        c->tally->remote_reads += requests; /* an aborted one too, as a failed one */
         if (rc < 0 && rg_cancelled(c) < 0) /* the transfer aborted by the token */
             return SLUICE_E_CANCELLED;
-        c->tally->remote_reads += requests;
         if (rc == SL_SRC_ERRNO)
             return rg_fail_read(c, lo, errno);
         if (rc < 0)
