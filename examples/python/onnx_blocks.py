@@ -194,8 +194,9 @@ def make_weights(cfg, seed):
 
 def write_manifest(weights_dir, cli, worlds=0):
     """The version 2 manifest, by the CLI or the binding; else the flat one
-    stfile wrote stays. worlds > 0 (the CLI): with the digests of the
-    built-in rules' parts in that many (embed_tokens, lm_head: dim 0)."""
+    stfile wrote stays. worlds > 0 (the CLI or the binding): with the
+    digests of the built-in rules' parts in that many (embed_tokens,
+    lm_head: dim 0)."""
     out = os.path.join(weights_dir, "sluice.manifest.json")
     if cli:
         more = ["--parts", "builtin", "--worlds", str(worlds)] if worlds else []
@@ -205,7 +206,8 @@ def write_manifest(weights_dir, cli, worlds=0):
         import sluice
     except ImportError:
         return "flat (no --sluice, no binding)"
-    sluice.write_manifest(weights_dir, out)
+    more = {"parts": "builtin", "worlds": (worlds,)} if worlds else {}
+    sluice.write_manifest(weights_dir, out, **more)
     return "version 2 (sluice.write_manifest)"
 
 
