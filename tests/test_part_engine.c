@@ -415,6 +415,44 @@ static void test_cancel_stops_issuing(void **state)
     assert_int_equal(sluice_close(s.m), SLUICE_OK);
 }
 
+/* where 10: the token requested, the hook staying 200 ms (the reads in
+ * flight come back, none of the rest goes out: issue_spans), then reset
+ * (one token serving many calls) before the caller has seen it */
+static void at_spans_issued_reset(void *ctx, int where)
+{
+    cancel_at *a = ctx;
+    if (where == 10 && a->c && !a->fired++) {
+        sluice_cancel_request(a->c);
+        struct timespec ts = {0, 200000000L};
+        nanosleep(&ts, NULL);
+        sluice_cancel_reset(a->c);
+    }
+}
+
+/* A token requested and reset before the caller saw it: the part goes
+ * on and is whole (the caller pumps its held runs, nothing being in
+ * flight to do it; without that it waited for ever). */
+static void test_cancel_reset_goes_on(void **state)
+{
+    fx *f = *state;
+    sluice_model *m = open_model(f, 2, 64u << 10);
+    unsigned char *buf = malloc(X_BYTES / 4);
+    assert_non_null(buf);
+    cancel_at a = {0};
+    assert_int_equal(sluice_cancel_create(&a.c), SLUICE_OK);
+    sluice_part_options po;
+    assert_int_equal(sluice_part_options_init(&po), SLUICE_OK);
+    po.cancel = a.c;
+    assert_int_equal(sl_engine_set_pause(m, at_spans_issued_reset, &a), SLUICE_OK);
+    assert_int_equal(sluice_read_part_into_ex(m, "x", 1, 1, 4, buf, X_BYTES / 4, &po), SLUICE_OK);
+    assert_int_equal(a.fired, 1);
+    check_part(f, 1, 1, 4, buf);
+    assert_int_equal(sl_engine_set_pause(m, NULL, NULL), SLUICE_OK);
+    sluice_cancel_free(a.c);
+    free(buf);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -425,6 +463,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_cancel_before, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cancel_in_flight, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cancel_stops_issuing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_reset_goes_on, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

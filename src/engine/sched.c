@@ -871,6 +871,11 @@ int sl_engine_read_spans(sl_engine *e, sluice_cancel *cancel, const sl_file *f,
             }
             if (sl_spanjob_over(&j))
                 break;
+            /* nothing in flight, runs left: the token held them back
+             * (issue_spans) and was reset since; no completion is coming
+             * to issue them, so the caller does */
+            if (j.done == j.issued)
+                sl_pump(e);
             sl_wait_on(e, &j.cv);
             sl_pause_point(e, SL_PAUSE_SPANS_WOKEN);
         }
