@@ -11,6 +11,9 @@ demand, one block ahead, and compared with eager torch, bit for bit.
 
 `export` writes /tmp/tiny-ts/plan.json and one block-NNN.pt per block
 (embedding, each layer, final norm, head: a few KB each, no weights);
+with --vocab-parts N the head runs in N vocabulary parts and the
+embedding reads the prompt's rows (plan version 2: a pool smaller than
+the embedding);
 `run` runs them through sluice.torch.ScriptedModel and through the eager
 model (filled by plain torch from the files) for the prompt and --steps
 greedy decode steps, prints per step the token and the SHA-256 of the
@@ -43,6 +46,11 @@ PRESETS = {
     # for the resident-memory tests (which write its weights themselves).
     "mid": dict(vocab=2048, hidden=1024, layers=6, intermediate=2048, heads=16, kv_heads=4,
                 head_dim=64, qkv_bias=False, tied=False),
+    # Not a `sluice synth` preset either: qwen2.5-0.5b's shape in small (a
+    # tied embedding of most of the weights), for the tests of the
+    # vocabulary in pieces (which write its weights themselves).
+    "tiny-tied": dict(vocab=8192, hidden=64, layers=2, intermediate=128, heads=4, kv_heads=2,
+                      head_dim=16, qkv_bias=True, tied=True),
 }
 
 
@@ -130,10 +138,17 @@ def greedy(fn, tokens, steps):
     return out
 
 
-def export(preset, out_dir, export_blocks, n_prompt=12, dtype="BF16", values=False):
+def export(preset, out_dir, export_blocks, n_prompt=12, dtype="BF16", values=False,
+           vocab_parts=0):
+    """vocab_parts N > 0: the vocabulary in pieces (plan version 2): the
+    head's weight in N parts along the vocabulary, the embedding read by
+    the prompt's rows."""
     cfg = config(preset, dtype, values)
     m = build(cfg, "meta")
     ids = torch.tensor([prompt(cfg, n_prompt)], dtype=torch.long)
+    if vocab_parts:
+        return export_blocks(m, blocks(m, cfg), out_dir, ids, parts={"lm_head": vocab_parts},
+                             gather_rows=True)
     return export_blocks(m, blocks(m, cfg), out_dir, ids)
 
 
@@ -174,7 +189,7 @@ def unbound_blocks(export_dir):
 def cmd_export(args):
     import sluice.torch as st
     plan = export(args.preset, args.out, st.export_blocks, args.prompt_len, args.dtype,
-                  args.values)
+                  args.values, args.vocab_parts)
     size = sum(os.path.getsize(os.path.join(args.out, f)) for f in os.listdir(args.out))
     print(f"{len(plan['blocks'])} blocks, {sum(len(b['params']) for b in plan['blocks'])} "
           f"parameters, {size} bytes in {args.out}")
@@ -267,6 +282,11 @@ def main():
     e = sub.add_parser("export", help="write the blocks and plan.json (no weights)")
     e.add_argument("preset", choices=sorted(PRESETS))
     e.add_argument("out")
+    e.add_argument("--vocab-parts", type=int, default=0, metavar="N",
+                   help="the vocabulary in pieces (plan version 2): the head in N parts along "
+                   "the vocabulary, each bound alone (give the weights' manifest their part "
+                   "digests: sluice manifest --parts builtin --worlds N), the embedding read "
+                   "by the prompt's rows; so a pool smaller than the embedding runs the model")
     r = sub.add_parser("run", help="ScriptedModel against eager torch, per decode step")
     r.add_argument("preset", choices=sorted(PRESETS))
     r.add_argument("export")

@@ -48,6 +48,29 @@ The plan's format (version 1):
 
 "name" is the dotted attribute path inside the block module (a parameter
 or a persistent buffer); "tensor" the name in the .safetensors files.
+
+Version 2 (written when parts or gather_rows is used; version 1 otherwise;
+readers take both, and refuse these keys in a version 1 plan) adds,
+optionally, for a pool smaller than a vocabulary-sized tensor:
+
+    a parameter's "part": {"dim": 0, "n": 8}: the module's placeholder is
+        part r of n of the tensor along dim ("shape" the part's: the
+        tensor's with dim divided by n); every parameter of such a block
+        is parted with one n, the block has one output and "join_axis": a
+        (negative from the end, as torch.cat takes it): the block runs n
+        times, part r bound at run r (Model.get_part, sluice_acquire_part:
+        verified against the part's digest when the manifest has one),
+        and the n outputs are joined along a in part order;
+    a block's "gather": {"param": name}: the block's one parameter, 2-D
+        and whole, is a table its code reads by rows of its first input
+        (aten::embedding) and otherwise only element by element: the
+        engine binds as the table the rows of the distinct indices, in
+        ascending order, read with Model.read_into / sluice_read_into
+        (verified by the chunks that hold them when the manifest has chunk
+        digests), and passes each index's position among them instead of
+        the index, so the table never enters the pool.
+
+docs/torchscript.md, "Version 2".
 """
 import hashlib
 import json
@@ -58,8 +81,12 @@ import torch
 __all__ = ["export_blocks", "ScriptedModel", "PlanError", "PLAN_FORMAT", "PLAN_VERSION"]
 
 PLAN_FORMAT = "sluice-torchscript-plan"
-PLAN_VERSION = 1
+PLAN_VERSION = 1          # written when no block is in parts or gathered
+PLAN_VERSIONS = (1, 2)    # read
 PLAN_FILE = "plan.json"
+# Rows of a gathered table within this many bytes of each other are read
+# as one range (each read verifies the chunks it touches).
+GATHER_SPAN = 4 << 20
 
 # torch dtypes by safetensors name (the ones a block's weights can have).
 _DTYPES = {
@@ -165,7 +192,33 @@ def _sha256_file(path):
     return h.hexdigest()
 
 
-def export_blocks(model, blocks, out_dir, example_inputs=None, *, method="script"):
+def _has_embedding(sm):
+    """Whether a script module's code (inlined, nested blocks too) calls
+    aten::embedding."""
+    def walk(block):
+        for n in block.nodes():
+            if n.kind() == "aten::embedding":
+                return True
+            if any(walk(b) for b in n.blocks()):
+                return True
+        return False
+    try:
+        return walk(sm.inlined_graph)
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _gather_slot(sm):
+    """The slot of a block that can be read by rows: one slot, 2-D, and
+    code that calls aten::embedding; else None."""
+    slots = _slots(sm)
+    if len(slots) == 1 and slots[0][1].dim() == 2 and _has_embedding(sm):
+        return slots[0][0]
+    return None
+
+
+def export_blocks(model, blocks, out_dir, example_inputs=None, *, method="script", parts=None,
+                  gather_rows=False):
     """Writes the blocks of model (see the module's doc) and plan.json into
     out_dir (made if missing). blocks: in execution order, each the path
     of a submodule of model ("model.layers.0"), or a tuple (name, module,
@@ -174,17 +227,32 @@ def export_blocks(model, blocks, out_dir, example_inputs=None, *, method="script
     (torch.jit.script; the model may be on the meta device) or "trace"
     (torch.jit.trace along example_inputs, each block traced on the
     previous block's output: the model's weights must be real CPU
-    tensors, any values). The model itself is not changed. Returns the
-    plan (a dict)."""
+    tensors, any values). parts: {block name: n}: every parameter of that
+    block is saved as its part along dim 0 ([shape[0] / n, ...]: a tied
+    head's [V, D] weight, a head's bias), the block's one output joined on
+    its last axis (plan version 2). gather_rows: each block of one 2-D
+    parameter whose code calls aten::embedding (an embedding) is marked
+    "gather" (plan version 2): an engine reads the rows its indices ask
+    for instead of the table (the module's doc says the contract). The
+    model itself is not changed. Returns the plan (a dict)."""
     if method not in ("script", "trace"):
         raise ValueError(f"method must be 'script' or 'trace', not {method!r}")
     if method == "trace" and example_inputs is None:
         raise ValueError("method='trace' needs example_inputs")
     specs = _block_specs(model, blocks)
+    parts = dict(parts or {})
+    unknown = set(parts) - {s[0] for s in specs}
+    if unknown:
+        raise ValueError(f"export_blocks: parts names no block: {sorted(unknown)}")
+    if any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in parts.values()):
+        raise ValueError(f"export_blocks: parts must be counts, not {parts}")
+    if not isinstance(gather_rows, bool):
+        raise TypeError("gather_rows must be a bool")
     os.makedirs(out_dir, exist_ok=True)
     inputs = example_inputs if isinstance(example_inputs, tuple) or example_inputs is None \
         else (example_inputs,)
-    plan = {"format": PLAN_FORMAT, "version": PLAN_VERSION, "torch": torch.__version__,
+    version = 2 if parts or gather_rows else PLAN_VERSION
+    plan = {"format": PLAN_FORMAT, "version": version, "torch": torch.__version__,
             "method": method, "blocks": []}
     if inputs is not None:
         plan["inputs"] = [{"dtype": _dtype_name(t.dtype), "shape": list(t.shape)}
@@ -192,36 +260,74 @@ def export_blocks(model, blocks, out_dir, example_inputs=None, *, method="script
     x = inputs
     with torch.no_grad():
         for i, (name, mod, tensors) in enumerate(specs):
+            n_parts = parts.get(name)
+            if n_parts:
+                for slot, t in _slots(mod):
+                    if t.dim() == 0 or t.shape[0] % n_parts:
+                        raise ValueError(f"export_blocks: block {name!r}: {slot} {list(t.shape)} "
+                                         f"is not divisible by {n_parts} parts along dim 0")
             was_training = mod.training
             mod.eval()
             try:
                 if method == "script":
                     sm = torch.jit.script(mod)
                 else:
-                    sm = torch.jit.trace(mod, x, check_trace=False)
                     out = mod(*x)
+                    # A block in parts is traced on its first part, the
+                    # shape it will run with.
+                    back = _swap_parts(mod, n_parts) if n_parts else []
+                    try:
+                        sm = torch.jit.trace(mod, x, check_trace=False)
+                    finally:
+                        for owner, leaf, t in back:
+                            setattr(owner, leaf, t)
                     x = out if isinstance(out, tuple) else (out,)
             finally:
                 mod.train(was_training)
             params = []
             for slot, t in _slots(sm):
+                shape = list(t.shape)
+                if n_parts and shape[0] != 0 and method == "script":
+                    shape[0] //= n_parts
                 params.append({"name": slot, "tensor": tensors[slot],
-                               "dtype": _dtype_name(t.dtype), "shape": list(t.shape)})
+                               "dtype": _dtype_name(t.dtype), "shape": shape})
+                if n_parts:
+                    params[-1]["part"] = {"dim": 0, "n": n_parts}
                 owner, leaf = _owner(sm, slot)
                 # The placeholder: dtype and shape, no bytes. Set on the
                 # script module only (its own slots): the model keeps its own.
-                setattr(owner, leaf, torch.empty(t.shape, dtype=t.dtype, device="meta"))
+                setattr(owner, leaf, torch.empty(shape, dtype=t.dtype, device="meta"))
+            entry = {"name": name, "file": None, "sha256": None, "params": params}
+            if n_parts:
+                entry["join_axis"] = -1
+            g = _gather_slot(sm) if gather_rows and not n_parts else None
+            if g is not None:
+                entry["gather"] = {"param": g}
             fname = f"block-{i:03d}.pt"
             path = os.path.join(out_dir, fname)
             torch.jit.save(sm, path)
-            plan["blocks"].append({"name": name, "file": fname, "sha256": _sha256_file(path),
-                                   "params": params})
+            entry["file"], entry["sha256"] = fname, _sha256_file(path)
+            plan["blocks"].append(entry)
     tmp = os.path.join(out_dir, PLAN_FILE + ".tmp")
     with open(tmp, "w") as f:
         json.dump(plan, f, indent=1)
         f.write("\n")
     os.replace(tmp, os.path.join(out_dir, PLAN_FILE))
     return plan
+
+
+def _swap_parts(mod, n):
+    """Sets each slot of an eager module to its first part along dim 0 (a
+    slice of the real tensor); returns what to put back."""
+    back = []
+    for slot, t in _slots(mod):
+        owner, leaf = _owner(mod, slot)
+        back.append((owner, leaf, t))
+        part = t.narrow(0, 0, t.shape[0] // n)
+        if isinstance(t, torch.nn.Parameter):
+            part = torch.nn.Parameter(part, requires_grad=t.requires_grad)
+        setattr(owner, leaf, part)
+    return back
 
 
 def read_plan(export_dir):
@@ -235,8 +341,10 @@ def read_plan(export_dir):
         raise PlanError(f"{path}: {e}") from e
     if not isinstance(plan, dict) or plan.get("format") != PLAN_FORMAT:
         raise PlanError(f"{path}: not a {PLAN_FORMAT}")
-    if plan.get("version") != PLAN_VERSION:
-        raise PlanError(f"{path}: version {plan.get('version')!r}, this reader knows {PLAN_VERSION}")
+    version = plan.get("version")
+    if version not in PLAN_VERSIONS or isinstance(version, bool):
+        raise PlanError(f"{path}: version {version!r}, this reader knows "
+                        f"{', '.join(map(str, PLAN_VERSIONS))}")
     blocks = plan.get("blocks")
     if not isinstance(blocks, list) or not blocks:
         raise PlanError(f"{path}: no blocks")
@@ -252,14 +360,60 @@ def read_plan(export_dir):
                     isinstance(p.get("shape"), list)):
                 raise PlanError(f"{path}: block {b['name']!r}: a parameter is not "
                                 f"{{name, tensor, dtype, shape}}")
+        _check_v2(path, b, version)
     return plan
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_v2(path, b, version):
+    """A block's version 2 keys ("part", "join_axis", "gather"), checked
+    for form: parts all of one n along a dim the shape has, with a
+    join_axis; a gather of the block's one parameter, 2-D, not parted."""
+    where = f"{path}: block {b['name']!r}"
+    parted = [p for p in b["params"] if "part" in p]
+    if version < 2 and (parted or "join_axis" in b or "gather" in b):
+        raise PlanError(f"{where}: \"part\", \"join_axis\" and \"gather\" need plan version 2")
+    ns = set()
+    for p in parted:
+        part = p["part"]
+        if not (isinstance(part, dict) and _is_int(part.get("dim")) and _is_int(part.get("n"))
+                and 0 <= part["dim"] < len(p["shape"]) and part["n"] >= 1):
+            raise PlanError(f"{where}: parameter {p['name']!r}: \"part\" is not {{dim, n}} "
+                            f"with a dim of its shape {p['shape']} and n >= 1")
+        ns.add(part["n"])
+    if parted:
+        if len(parted) != len(b["params"]) or len(ns) != 1:
+            raise PlanError(f"{where}: a block in parts has every parameter in parts of one n")
+        if not _is_int(b.get("join_axis")):
+            raise PlanError(f"{where}: a block in parts needs \"join_axis\" (an int)")
+    elif "join_axis" in b:
+        raise PlanError(f"{where}: \"join_axis\" without parts")
+    if "gather" in b:
+        g = b["gather"]
+        ok = isinstance(g, dict) and len(b["params"]) == 1 and not parted and \
+            g.get("param") == b["params"][0]["name"] and len(b["params"][0]["shape"]) == 2
+        if not ok:
+            raise PlanError(f"{where}: \"gather\" needs {{\"param\": NAME}} of the block's one "
+                            f"parameter, 2-D and whole")
 
 
 class ScriptedModel:
     """The blocks of an export directory, run with weights from sluice (see
     the module's doc). Call it with the first block's inputs; it returns
     the last block's output. blocks_run counts the blocks that ran (in
-    the last call); close() releases everything."""
+    the last call); close() releases everything.
+
+    A plan of version 2: a block in parts runs once per part, each part
+    bound from Model.get_part (verified against the part's digest when the
+    manifest has one) for its run only, resident or not, and its outputs
+    are joined in part order; a "gather" block gets the rows of its
+    indices (Model.read_into, ranges of rows, verified by the chunks they
+    touch) as its table, and the indices' positions among them, for that
+    call only. Neither tensor is hinted to the library (a hint reads the
+    whole tensor into the pool)."""
 
     def __init__(self, export_dir, weights, *, pool=None, manifest=None, verify="default",
                  resident=None, **open_kw):
@@ -268,6 +422,8 @@ class ScriptedModel:
         self.export_dir = export_dir
         self.plan = read_plan(export_dir)
         self.blocks = []          # (name, script module, [(owner, leaf, tensor name, placeholder)])
+        self._parts = []          # per block: (dim, n, join_axis), or None: bound whole
+        self._gather = []         # per block: True when its one parameter is read by rows
         for b in self.plan["blocks"]:
             path = os.path.join(export_dir, b["file"])
             if not os.path.isfile(path):
@@ -292,6 +448,13 @@ class ScriptedModel:
                                     f"{p['dtype']} {p['shape']}")
                 owner, leaf = _owner(mod, p["name"])
                 binds.append((owner, leaf, p["tensor"], ph))
+            part = b["params"][0].get("part") if b["params"] else None
+            self._parts.append((part["dim"], part["n"], b["join_axis"]) if part else None)
+            gather = "gather" in b
+            if gather and not _has_embedding(mod):
+                raise PlanError(f"block {b['name']!r}: the plan says \"gather\", and its code "
+                                f"does not call aten::embedding")
+            self._gather.append(gather)
             self.blocks.append((b["name"], mod, binds))
         self.model = sluice.open(weights, manifest=manifest, verify=verify, pool=pool, **open_kw)
         try:
@@ -302,13 +465,24 @@ class ScriptedModel:
         total = sum(self.model.info(t).nbytes for t in self._unique_tensors())
         self.total_bytes = total
         self.pool_bytes = self.model.stats()["pool_bytes"]
-        self.resident = total <= self.pool_bytes if resident is None else bool(resident)
+        # What a resident run holds at once: the tensors bound whole, and
+        # one block's parts (bound for a run only; gathered rows are not
+        # in the pool).
+        whole = sum(self.model.info(t).nbytes for t in self._unique_tensors(whole=True))
+        part = max([sum(ph.numel() * ph.element_size() for _o, _l, _t, ph in binds)
+                    for (_n, _m, binds), pt in zip(self.blocks, self._parts) if pt] or [0])
+        held = whole + part
+        self.resident = held <= self.pool_bytes if resident is None else bool(resident)
         self._bound = set()       # blocks whose weights are bound now
         self.blocks_run = 0
 
-    def _unique_tensors(self):
+    def _unique_tensors(self, whole=False):
+        """The tensors the plan names, each once (whole: only those bound
+        whole somewhere: neither parted nor gathered)."""
         seen = []
-        for _n, _m, binds in self.blocks:
+        for i, (_n, _m, binds) in enumerate(self.blocks):
+            if whole and (self._parts[i] or self._gather[i]):
+                continue
             for _o, _l, t, _p in binds:
                 if t not in seen:
                     seen.append(t)
@@ -316,32 +490,64 @@ class ScriptedModel:
 
     def _check_weights(self):
         """Every tensor the plan names exists with the parameter's dtype
-        and shape: checked here, before any block can run."""
-        for name, _mod, binds in self.blocks:
+        and shape (a part's: the tensor's with the part's dim divided by
+        n): checked here, before any block can run."""
+        for i, (name, _mod, binds) in enumerate(self.blocks):
+            part = self._parts[i]
             for _o, leaf, tensor, ph in binds:
                 if tensor not in self.model:
                     raise PlanError(f"block {name!r}: parameter {leaf!r} binds to tensor "
                                     f"{tensor!r}, which is not in {self.model.path}")
                 info = self.model.info(tensor)
                 want = _dtype_name(ph.dtype)
-                if info.dtype != want or list(info.shape) != list(ph.shape):
+                shape = list(ph.shape)
+                if part:
+                    shape[part[0]] *= part[1]
+                if info.dtype != want or list(info.shape) != shape:
+                    what = f"part of {part[1]} along dim {part[0]} " if part else ""
                     raise PlanError(f"block {name!r}: tensor {tensor!r} is {info.dtype} "
                                     f"{list(info.shape)} in the weights, the parameter it binds "
-                                    f"to is {want} {list(ph.shape)}")
+                                    f"to is {want} {list(ph.shape)} {what}(the tensor would be "
+                                    f"{want} {shape})")
 
     def _names_from(self, i):
-        return [t for _n, _m, binds in self.blocks[i:] for _o, _l, t, _p in binds]
+        """The tensors bound whole from block i on, in order (a hint: the
+        parted and gathered ones are read as they are needed)."""
+        return [t for k in range(i, len(self.blocks)) if not (self._parts[k] or self._gather[k])
+                for _o, _l, t, _p in self.blocks[k][2]]
 
-    def _bind(self, i):
+    def _hint(self, i):
+        """Hints the tensors bound whole from block i on (none left: the
+        plan's from the start, the next call's), so that the library reads
+        ahead, within the pool, what the acquires do not wait for. Not
+        when every block bound whole is bound (resident). Never an empty
+        hint: that means the model's order, which would read the parted
+        and gathered tensors whole."""
+        whole = [k for k in range(len(self.blocks)) if not (self._parts[k] or self._gather[k])]
+        if all(k in self._bound for k in whole):
+            return
+        names = self._names_from(i) or self._names_from(0)
+        if names:
+            self.model.prefetch(names)
+
+    def _error(self, e, where, tensor):
+        return self._sluice._errors.make_error(e.code, f"{where}: {e.message}", tensor)
+
+    def _bind(self, i, part=None):
         name, _mod, binds = self.blocks[i]
         got = []
         try:
             for _o, _l, tensor, _p in binds:
                 try:
-                    got.append(self.model.get_tensor(tensor, framework="pt"))
+                    if part is None:
+                        got.append(self.model.get_tensor(tensor, framework="pt"))
+                    else:
+                        dim, n, _a = self._parts[i]
+                        got.append(self.model.get_part(tensor, dim, part, n, framework="pt"))
                 except self._sluice.Error as e:
-                    raise self._sluice._errors.make_error(
-                        e.code, f"block {name!r}: {e.message}", tensor) from e
+                    where = f"block {name!r}" + (f" part {part}/{self._parts[i][1]}"
+                                                 if part is not None else "")
+                    raise self._error(e, where, tensor) from e
         except BaseException:
             del got  # the handles go back; nothing was bound
             raise
@@ -354,26 +560,89 @@ class ScriptedModel:
             setattr(owner, leaf, ph)  # the placeholder back: the handle goes
         self._bound.discard(i)
 
+    def _rows(self, i, ids):
+        """A gather block's table for ids: the rows of the distinct
+        indices, ascending (read and verified by ranges), and the
+        positions of ids among them."""
+        name, _mod, binds = self.blocks[i]
+        _o, _l, tensor, ph = binds[0]
+        rows, width = ph.shape
+        if not isinstance(ids, torch.Tensor) or ids.dtype != torch.int64:
+            raise TypeError(f"block {name!r}: its indices are not an int64 tensor")
+        flat = ids.reshape(-1)
+        bad = flat[(flat < 0) | (flat >= rows)]
+        if bad.numel():
+            raise IndexError(f"block {name!r}: index {int(bad[0])} is not a row of {tensor!r} "
+                             f"[{rows}, {width}]")
+        uniq, inv = torch.unique(flat, sorted=True, return_inverse=True)
+        row = width * ph.element_size()
+        table = torch.empty((uniq.numel(), row), dtype=torch.uint8)
+        u = uniq.tolist()
+        g = 0
+        while g < len(u):
+            h = g + 1
+            while h < len(u) and (u[h] - u[g] + 1) * row <= GATHER_SPAN:
+                h += 1
+            span = u[h - 1] - u[g] + 1
+            buf = torch.empty((span, row), dtype=torch.uint8)
+            try:
+                self.model.read_into(tensor, buf.numpy(), u[g] * row)
+            except self._sluice.Error as e:
+                raise self._error(e, f"block {name!r}", tensor) from e
+            table[g:h] = buf[uniq[g:h] - u[g]]
+            g = h
+        return table.view(ph.dtype).reshape(len(u), width), inv.reshape(ids.shape)
+
+    def _run(self, i, x):
+        """Block i on inputs x (a tuple): its output as a tuple."""
+        name, mod, binds = self.blocks[i]
+        part = self._parts[i]
+        if part:
+            self._hint(i)
+            pieces = []
+            for r in range(part[1]):
+                self._bind(i, r)
+                try:
+                    out = mod(*x)
+                finally:
+                    self._unbind(i)  # a part is bound for its run only, resident too
+                if not isinstance(out, torch.Tensor):
+                    raise TypeError(f"block {name!r}: a block in parts gives one tensor")
+                pieces.append(out)
+            return (torch.cat(pieces, dim=part[2]),)
+        if self._gather[i]:
+            self._hint(i)  # the next blocks read while the rows are
+            table, pos = self._rows(i, x[0])
+            owner, leaf, _t, ph = binds[0]
+            setattr(owner, leaf, table)
+            try:
+                out = mod(pos, *x[1:])
+            finally:
+                setattr(owner, leaf, ph)
+                del table
+        else:
+            if i not in self._bound:
+                # The rest of the plan in order: what this acquire does
+                # not wait for (the next block on) is read ahead while
+                # this block runs, within the pool.
+                self._hint(i)
+                self._bind(i)
+            try:
+                out = mod(*x)
+            finally:
+                if not self.resident:
+                    self._unbind(i)
+        return out if isinstance(out, tuple) else (out,)
+
     def __call__(self, *inputs):
         if self.model is None:
             raise self._sluice.ClosedError(self._sluice._errors.E_INVAL, "the model is closed")
         self.blocks_run = 0
         x = inputs
         with torch.no_grad():
-            for i, (_name, mod, _binds) in enumerate(self.blocks):
-                if i not in self._bound:
-                    # The rest of the plan in order: what this acquire does
-                    # not wait for (the next block on) is read ahead while
-                    # this block runs, within the pool.
-                    self.model.prefetch(self._names_from(i))
-                    self._bind(i)
-                try:
-                    out = mod(*x)
-                finally:
-                    if not self.resident:
-                        self._unbind(i)
+            for i in range(len(self.blocks)):
+                x = self._run(i, x)
                 self.blocks_run += 1
-                x = out if isinstance(out, tuple) else (out,)
         return x[0] if len(x) == 1 else x
 
     def bound(self, block):

@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch", reason="torch is not installed (Debian: pyt
 
 import sluice  # noqa: E402
 import sluice.torch as st  # noqa: E402
+import sluice.torchscript as sts  # noqa: E402
 import stfile  # noqa: E402
 from conftest import REPO, sluice_cli  # noqa: E402
 from test_torch import tiny  # noqa: E402,F401  (the fixture: `sluice synth tiny` or its stand-in)
@@ -304,3 +305,180 @@ def test_values_used_in_place(tmp_path, tiny_values):
         for (t, lg), (te, le) in zip(got, want):
             assert t == te and torch.equal(lg, le)
     assert want[0][1].isfinite().all()
+
+
+# ---------------------------------------------- the vocabulary in pieces (plan version 2)
+
+TIED = tb.PRESETS["tiny-tied"]
+TIED_TOKENS = tb.prompt(TIED)
+EMBED = "model.embed_tokens.weight"
+N_PARTS = 8
+
+
+def write_tied(d, seed=5):
+    """The tiny-tied preset's weights as float32 values (mean 0, spread
+    0.02: computed with as they are), one file, and its version 2
+    manifest with 64 KiB chunk digests and the built-in rules' part
+    digests for 8 (the embedding's parts along the vocabulary). Returns
+    the weights' bytes."""
+    rng = np.random.default_rng(seed)
+    m = tb.build(tb.config("tiny-tied", "F32", True), "meta")
+    tensors = {k: ("F32", list(v.shape),
+                   (rng.standard_normal(v.numel()) * 0.02).astype(np.float32).tobytes())
+               for k, v in m.state_dict().items()}
+    stfile.write_sharded(d, [tensors])
+    sluice.write_manifest(d, chunk="64K", parts="builtin", worlds=(N_PARTS,))
+    return sum(len(t[2]) for t in tensors.values())
+
+
+@pytest.fixture(scope="module")
+def tied(tmp_path_factory):
+    """(weights, whole export (version 1), pieces export (version 2), the
+    weights' bytes, a pool under a quarter of them)."""
+    root = tmp_path_factory.mktemp("tied")
+    w, whole, pieces = str(root / "w"), str(root / "whole"), str(root / "pieces")
+    total = write_tied(w)
+    tb.export("tiny-tied", whole, st.export_blocks, dtype="F32", values=True)
+    tb.export("tiny-tied", pieces, st.export_blocks, dtype="F32", values=True,
+              vocab_parts=N_PARTS)
+    pool = 512 << 10
+    assert pool * 4 < total  # under a quarter of the weights
+    with sluice.open(w) as m:
+        assert m.info(EMBED).nbytes > pool  # the embedding alone does not fit
+    return w, whole, pieces, total, pool
+
+
+def test_pieces_plan_version_2(tied):
+    _w, whole, pieces, _t, _p = tied
+    assert sts.read_plan(whole)["version"] == 1
+    plan = sts.read_plan(pieces)
+    assert plan["version"] == 2
+    first, last = plan["blocks"][0], plan["blocks"][-1]
+    assert first["name"] == "model.embed_tokens" and first["gather"] == {"param": "weight"}
+    assert last["name"] == "lm_head" and last["join_axis"] == -1
+    assert last["params"] == [{"name": "weight", "tensor": EMBED, "dtype": "F32",
+                               "shape": [TIED["vocab"] // N_PARTS, TIED["hidden"]],
+                               "part": {"dim": 0, "n": N_PARTS}}]
+    assert all("gather" not in b and "join_axis" not in b for b in plan["blocks"][1:-1])
+
+
+def test_pieces_equal_whole_in_quarter_pool(tied):
+    """The embedding's rows and the head's 8 vocab parts, in a pool under a
+    quarter of the weights: the logits of the whole-weight blocks (every
+    weight resident) and of eager torch, bit for bit, at the prompt and 3
+    greedy steps; every part checked by its part digest."""
+    w, whole, pieces, total, pool = tied
+    with st.ScriptedModel(whole, w, pool="8M") as sm:
+        assert sm.resident
+        want = tb.greedy(sm, TIED_TOKENS, 3)
+    eager_want = tb.greedy(tb.eager_model("tiny-tied", w, "F32", True), TIED_TOKENS, 3)
+    with st.ScriptedModel(pieces, w, pool=pool) as sm:
+        assert not sm.resident
+        got = tb.greedy(sm, TIED_TOKENS, 3)
+        s = sm.stats()
+        assert sm.blocks_run == 5
+        assert sm.model._m.live_handles == 0
+        note = sm.model.part_note()
+    for (t, lg), (tw, lw), (te, le) in zip(got, want, eager_want):
+        assert t == tw == te and torch.equal(lg, lw) and torch.equal(lg, le)
+    assert got[0][1].shape == (1, len(TIED_TOKENS), TIED["vocab"])
+    assert s["pool_high_water"] <= pool
+    assert s["part_fallback_bytes"] == 0 and note is None, note  # the parts' own digests
+    # each of the 4 passes reads every weight once (the embedding as its 8
+    # parts) and the rows' chunks (64 KiB each): the embedding is not also
+    # read whole for the rows, as a whole-tensor read of it would be
+    assert s["bytes_read"] <= 4 * (total + 2 * (64 << 10)), s["bytes_read"]
+
+
+def test_whole_weights_refused_in_quarter_pool(tied):
+    """The version 1 blocks bind the embedding whole: in the same pool
+    their first block fails (the tensor is larger than the pool)."""
+    w, whole, _pieces, _t, pool = tied
+    with st.ScriptedModel(whole, w, pool=pool) as sm:
+        with pytest.raises((sluice.TooLargeError, sluice.PoolExhaustedError)) as ei:
+            sm(torch.tensor([TIED_TOKENS]))
+        assert sm.blocks_run == 0
+    assert ei.value.name == EMBED and "model.embed_tokens" in str(ei.value)
+
+
+def test_pieces_resident_keeps_whole_blocks_only(tied):
+    """A pool that holds the blocks bound whole and one part: they stay
+    bound after the first call; the parts are bound for their run only."""
+    w, _whole, pieces, _t, _p = tied
+    with st.ScriptedModel(pieces, w, pool="1M") as sm:
+        assert sm.resident
+        first = sm(torch.tensor([TIED_TOKENS]))
+        held = sm.model._m.live_handles
+        assert held == sum(len(sm.blocks[i][2]) for i in range(1, len(sm.blocks) - 1))
+        assert sm.bound(0) == {} and sm.bound(len(sm.blocks) - 1) == {}
+        verified = sm.stats()["tensors_verified"]
+        again = sm(torch.tensor([TIED_TOKENS]))
+        assert torch.equal(first, again)
+        # only the 8 parts again (the rows are not tensors)
+        assert sm.stats()["tensors_verified"] - verified <= N_PARTS
+
+
+def test_flipped_byte_in_a_vocab_part(tied, tmp_path):
+    """A byte flipped in part 5 of 8 of the tied embedding (rows no prompt
+    token reads): the rows verify (their chunk), the head's part 5 fails
+    its part digest, naming the tensor, the block and the part; the blocks
+    before the head ran."""
+    w, _whole, pieces, _t, pool = tied
+    bad = str(tmp_path / "bad")
+    shutil.copytree(w, bad)
+    row = TIED["hidden"] * 4
+    rows_per_part = TIED["vocab"] // N_PARTS
+    assert max(TIED_TOKENS) < rows_per_part
+    with sluice.open(bad) as m:
+        info = m.info(EMBED)
+    with open(info.file, "r+b") as f:
+        f.seek(info.offset + (5 * rows_per_part + 17) * row + 3)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0x01]))
+    with st.ScriptedModel(pieces, bad, pool=pool) as sm:
+        with pytest.raises(sluice.ChecksumError) as ei:
+            sm(torch.tensor([TIED_TOKENS]))
+        assert sm.blocks_run == 4  # the rows, both layers, the norm: not the head
+        assert sm.model._m.live_handles == 0
+    msg = str(ei.value)
+    assert ei.value.name == EMBED and EMBED in msg and "'lm_head' part 5/8" in msg, msg
+
+
+def test_pieces_bits_equal_eager(tiny, tmp_path):
+    """The tiny preset (random bits, tame()d in every forward; an untied
+    head) in pieces: the embedding's code runs on the rows it reads
+    (tame() of each row), the head in 8 parts: eager torch's logits, bit
+    for bit."""
+    d = str(tmp_path / "pieces")
+    tb.export("tiny", d, st.export_blocks, vocab_parts=N_PARTS)
+    want = eager(tiny)
+    with st.ScriptedModel(d, tiny, pool="256K") as sm:
+        got = tb.greedy(sm, TOKENS, 3)
+    for (t, lg), (te, le) in zip(got, want):
+        assert t == te and torch.equal(lg, le)
+
+
+def test_pieces_plan_checked(tied, tmp_path):
+    """Version 2's keys in a version 1 plan, a part whose shape times n is
+    not the tensor's, a "gather" block whose code has no embedding: each
+    refused before anything runs, naming what."""
+    w, _whole, pieces, _t, pool = tied
+    d = copy_export(pieces, tmp_path / "v1")
+    edit_plan(d, lambda p: p.update(version=1))
+    with pytest.raises(st.PlanError, match="need plan version 2"):
+        st.ScriptedModel(d, w, pool=pool)
+    d = copy_export(pieces, tmp_path / "n")
+    edit_plan(d, lambda p: p["blocks"][-1]["params"][0]["part"].update(n=4))
+    with pytest.raises(st.PlanError, match=r"part of 4 along dim 0.*\[4096, 64\]"):
+        st.ScriptedModel(d, w, pool=pool)
+    d = copy_export(pieces, tmp_path / "g")
+
+    def gather_norm(p):
+        p["blocks"][-2]["gather"] = {"param": "weight"}
+    edit_plan(d, gather_norm)
+    with pytest.raises(st.PlanError, match="gather"):
+        st.ScriptedModel(d, w, pool=pool)
+    with st.ScriptedModel(pieces, w, pool=pool) as sm:
+        with pytest.raises(IndexError, match=f"index {TIED['vocab']} is not a row"):
+            sm(torch.tensor([[1, TIED["vocab"]]]))
