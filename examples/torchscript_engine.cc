@@ -16,6 +16,18 @@
 // SHA-256, every parameter against the plan, every tensor against the
 // weights (missing, or another dtype or shape: exit 1, naming both).
 //
+// A plan of version 2 (docs/torchscript.md "Version 2") may split a
+// vocabulary-sized tensor, so that a pool smaller than it runs the model:
+// a block whose parameters are parts ("part": {"dim", "n"}) runs n times,
+// part r bound from sluice_acquire_part (verified against the part's
+// digest when the manifest has one) for run r only, and its outputs are
+// joined along "join_axis" in part order (a tied head: the logits in
+// vocab order); a "gather" block (one 2-D parameter, code calling
+// aten::embedding) gets as its table the rows of the distinct indices,
+// read by ranges with sluice_read_into (verified by the chunks they
+// touch), and each index's position among them, so the table never
+// enters the pool. Neither is hinted (a hint reads the whole tensor).
+//
 // The prompt (--tokens) runs through the blocks, then --steps greedy
 // decode steps (each appends the argmax token and runs the whole sequence
 // again: the blocks keep no cache). It prints, per step, the token and
@@ -36,8 +48,10 @@
 
 #include <cjson/cJSON.h>
 #include <openssl/evp.h>
+#include <torch/csrc/jit/passes/inliner.h>
 #include <torch/script.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -60,6 +74,8 @@ struct Param {
     torch::jit::Module owner;  // the submodule holding the slot
     std::string leaf;          // the slot's name in owner
     at::Tensor placeholder;    // the meta tensor saved in the block
+    uint32_t part_dim = 0;     // version 2: part r of part_n along part_dim
+    uint64_t part_n = 0;       // 0: the whole tensor
 };
 
 struct Block {
@@ -67,7 +83,14 @@ struct Block {
     torch::jit::Module module;
     std::vector<Param> params;
     bool bound = false;
+    uint64_t parts = 0;        // version 2: run once per part (its params' n), 0: whole
+    int64_t join_axis = -1;    // the parts' outputs joined along this axis
+    bool gather = false;       // version 2: its one parameter read by the indices' rows
 };
+
+// Rows of a gathered table within this many bytes of each other are read
+// as one range (each read verifies the chunks it touches).
+constexpr uint64_t kGatherSpan = 4u << 20;
 
 struct Fail : std::runtime_error {
     using std::runtime_error::runtime_error;
@@ -135,6 +158,28 @@ const cJSON *member(const cJSON *o, const char *key, bool (*is)(const cJSON *), 
 bool is_string(const cJSON *v) { return cJSON_IsString(v); }
 bool is_array(const cJSON *v) { return cJSON_IsArray(v); }
 bool is_number(const cJSON *v) { return cJSON_IsNumber(v); }
+bool is_object(const cJSON *v) { return cJSON_IsObject(v); }
+
+bool is_int(const cJSON *v) { return cJSON_IsNumber(v) && v->valuedouble == (double)(int64_t)v->valuedouble; }
+
+// Whether a block's code (inlined, nested blocks too) calls aten::embedding.
+bool calls_embedding(torch::jit::Module &mod)
+{
+    std::shared_ptr<torch::jit::Graph> g = mod.get_method("forward").graph()->copy();
+    torch::jit::Inline(*g);
+    std::vector<torch::jit::Block *> todo = {g->block()};
+    while (!todo.empty()) {
+        torch::jit::Block *b = todo.back();
+        todo.pop_back();
+        for (torch::jit::Node *n : b->nodes()) {
+            if (n->kind().toQualString() == std::string("aten::embedding"))
+                return true;
+            for (torch::jit::Block *sub : n->blocks())
+                todo.push_back(sub);
+        }
+    }
+    return false;
+}
 
 // The plan: block files checked against their digests and loaded, each
 // parameter found in its module with the plan's dtype and shape.
@@ -148,8 +193,9 @@ std::vector<Block> load_plan(const std::string &dir)
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root.get(), "format");
     const cJSON *ver = cJSON_GetObjectItemCaseSensitive(root.get(), "version");
     if (!cJSON_IsString(fmt) || std::strcmp(fmt->valuestring, "sluice-torchscript-plan") ||
-        !cJSON_IsNumber(ver) || ver->valuedouble != 1)
-        throw Fail(path + ": not a sluice-torchscript-plan of version 1");
+        !cJSON_IsNumber(ver) || (ver->valuedouble != 1 && ver->valuedouble != 2))
+        throw Fail(path + ": not a sluice-torchscript-plan of version 1 or 2");
+    const int version = (int)ver->valuedouble;
     std::vector<Block> blocks;
     const cJSON *jb = member(root.get(), "blocks", is_array, path);
     const cJSON *b;
@@ -186,6 +232,18 @@ std::vector<Block> load_plan(const std::string &dir)
             }
             if (!kDtypes.count(prm.dtype))
                 throw Fail(where + ": parameter '" + prm.name + "': unknown dtype " + prm.dtype);
+            if (const cJSON *pt = cJSON_GetObjectItemCaseSensitive(p, "part")) {
+                if (version < 2)
+                    throw Fail(where + ": \"part\", \"join_axis\" and \"gather\" need plan version 2");
+                const cJSON *pd = cJSON_GetObjectItemCaseSensitive(pt, "dim");
+                const cJSON *pn = cJSON_GetObjectItemCaseSensitive(pt, "n");
+                if (!is_object(pt) || !pd || !is_int(pd) || !pn || !is_int(pn) || pd->valuedouble < 0 ||
+                    pd->valuedouble >= (double)prm.shape.size() || pn->valuedouble < 1)
+                    throw Fail(where + ": parameter '" + prm.name + "': \"part\" is not {dim, n} with a "
+                               "dim of its shape " + shape_str(prm.shape) + " and n >= 1");
+                prm.part_dim = (uint32_t)pd->valuedouble;
+                prm.part_n = (uint64_t)pn->valuedouble;
+            }
             // Walk to the slot's owner: "self_attn.q_proj.weight".
             prm.owner = blk.module;
             std::string rest = prm.name;
@@ -208,6 +266,39 @@ std::vector<Block> load_plan(const std::string &dir)
                            ", the plan says " + prm.dtype + " " + shape_str(prm.shape));
             blk.params.push_back(std::move(prm));
         }
+        // Version 2: parts of one n on every parameter, with a join_axis;
+        // a gather of the block's one parameter, 2-D, whole.
+        const cJSON *jj = cJSON_GetObjectItemCaseSensitive(b, "join_axis");
+        const cJSON *jg = cJSON_GetObjectItemCaseSensitive(b, "gather");
+        if (version < 2 && (jj || jg))
+            throw Fail(where + ": \"part\", \"join_axis\" and \"gather\" need plan version 2");
+        size_t parted = 0;
+        for (const Param &q : blk.params)
+            if (q.part_n) {
+                parted++;
+                if (blk.parts && q.part_n != blk.parts)
+                    blk.parts = UINT64_MAX;
+                else if (!blk.parts)
+                    blk.parts = q.part_n;
+            }
+        if (parted && (parted != blk.params.size() || blk.parts == UINT64_MAX))
+            throw Fail(where + ": a block in parts has every parameter in parts of one n");
+        if (parted && !(jj && is_int(jj)))
+            throw Fail(where + ": a block in parts needs \"join_axis\" (an int)");
+        if (!parted && jj)
+            throw Fail(where + ": \"join_axis\" without parts");
+        if (jj)
+            blk.join_axis = (int64_t)jj->valuedouble;
+        if (jg) {
+            const cJSON *gp = cJSON_GetObjectItemCaseSensitive(jg, "param");
+            if (!is_object(jg) || !cJSON_IsString(gp) || blk.params.size() != 1 || parted ||
+                blk.params[0].name != gp->valuestring || blk.params[0].shape.size() != 2)
+                throw Fail(where + ": \"gather\" needs {\"param\": NAME} of the block's one parameter, "
+                           "2-D and whole");
+            if (!calls_embedding(blk.module))
+                throw Fail(where + ": the plan says \"gather\", and its code does not call aten::embedding");
+            blk.gather = true;
+        }
         blocks.push_back(std::move(blk));
     }
     if (blocks.empty())
@@ -217,40 +308,68 @@ std::vector<Block> load_plan(const std::string &dir)
 
 // Every tensor the plan names exists in the weights with its parameter's
 // dtype and shape: checked before any block runs.
-uint64_t check_weights(sluice_model *m, const std::vector<Block> &blocks, const char *weights)
+// A part's shape is the tensor's with the part's dim divided by n. Returns
+// the bytes of the tensors named (each once); *held: what a resident run
+// holds at once (the tensors bound whole, and the largest block's parts).
+uint64_t check_weights(sluice_model *m, const std::vector<Block> &blocks, const char *weights,
+                       uint64_t *held)
 {
-    uint64_t total = 0;
-    std::map<std::string, bool> seen;
-    for (const Block &b : blocks)
+    uint64_t total = 0, whole = 0, part = 0;
+    std::map<std::string, bool> seen, seen_whole;
+    for (const Block &b : blocks) {
+        uint64_t parts = 0;
         for (const Param &p : b.params) {
             struct sluice_tensor_info ti = SLUICE_TENSOR_INFO_INIT;
             if (sluice_find(m, p.tensor.c_str(), &ti) != SLUICE_OK)
                 throw Fail("block '" + b.name + "': parameter '" + p.name + "' binds to tensor '" +
                            p.tensor + "', which is not in " + weights);
             std::vector<int64_t> have(ti.shape, ti.shape + ti.ndim);
+            std::vector<int64_t> want = p.shape;
+            std::string what;
+            if (p.part_n) {
+                want[p.part_dim] *= (int64_t)p.part_n;
+                what = " part of " + std::to_string(p.part_n) + " along dim " +
+                       std::to_string(p.part_dim) + " (the tensor would be " + p.dtype + " " +
+                       shape_str(want) + ")";
+            }
             const std::string dt = sluice_dtype_name(ti.dtype);
-            if (dt != p.dtype || have != p.shape)
+            if (dt != p.dtype || have != want)
                 throw Fail("block '" + b.name + "': tensor '" + p.tensor + "' is " + dt + " " +
                            shape_str(have) + " in the weights, the parameter '" + p.name +
-                           "' it binds to is " + p.dtype + " " + shape_str(p.shape));
+                           "' it binds to is " + p.dtype + " " + shape_str(p.shape) + what);
             if (!seen[p.tensor]) {
                 seen[p.tensor] = true;
                 total += ti.nbytes;
             }
+            if (p.part_n)
+                parts += ti.nbytes / p.part_n;
+            else if (!b.gather && !seen_whole[p.tensor]) {
+                seen_whole[p.tensor] = true;
+                whole += ti.nbytes;
+            }
         }
+        part = std::max(part, parts);
+    }
+    *held = whole + part;
     return total;
 }
 
 // The weights of blocks[i] bound: each a view of a verified handle, which
 // the view's deleter releases when the last tensor using it goes.
-void bind(sluice_model *m, Block &b)
+// part >= 0 (a block in parts): part `part` of each parameter's n.
+void bind(sluice_model *m, Block &b, int64_t part = -1)
 {
     std::vector<at::Tensor> views;
     for (const Param &p : b.params) {
         sluice_tensor *h = nullptr;
-        int rc = sluice_acquire(m, p.tensor.c_str(), &h);
-        if (rc != SLUICE_OK)
-            throw Fail("block '" + b.name + "': " + sluice_errmsg(m));  // views drop: handles go
+        int rc = part < 0 ? sluice_acquire(m, p.tensor.c_str(), &h)
+                          : sluice_acquire_part(m, p.tensor.c_str(), p.part_dim, (uint64_t)part,
+                                                p.part_n, &h);
+        if (rc != SLUICE_OK)  // views drop: handles go
+            throw Fail("block '" + b.name + "'" +
+                       (part < 0 ? std::string() : " part " + std::to_string(part) + "/" +
+                                                       std::to_string(p.part_n)) +
+                       ": " + sluice_errmsg(m));
         // from_blob wants a mutable pointer; the bytes are read-only and
         // nothing here writes a weight (the blocks run under NoGradGuard
         // and never write their parameters).
@@ -277,6 +396,51 @@ void bind_zeros(Block &b)
         p.owner.setattr(p.leaf, torch::zeros({}, torch::TensorOptions().dtype(kDtypes.at(p.dtype)))
                                     .expand(p.shape));
     b.bound = true;
+}
+
+// A "gather" block's table for ids: the rows of the distinct indices,
+// ascending, read and verified by ranges (sluice_read_into; --baseline: a
+// zero table holding no memory), and the positions of ids among them.
+std::pair<at::Tensor, at::Tensor> gather_rows(sluice_model *m, const Block &b, const at::Tensor &ids)
+{
+    const Param &p = b.params[0];
+    const int64_t rows = p.shape[0], width = p.shape[1];
+    if (ids.scalar_type() != at::kLong)
+        throw Fail("block '" + b.name + "': its indices are not an int64 tensor");
+    at::Tensor c = ids.contiguous();
+    const int64_t *id = c.data_ptr<int64_t>();
+    const int64_t n = c.numel();
+    for (int64_t k = 0; k < n; k++)
+        if (id[k] < 0 || id[k] >= rows)
+            throw Fail("block '" + b.name + "': index " + std::to_string(id[k]) + " is not a row of '" +
+                       p.tensor + "' " + shape_str(p.shape));
+    std::vector<int64_t> u(id, id + n);
+    std::sort(u.begin(), u.end());
+    u.erase(std::unique(u.begin(), u.end()), u.end());
+    std::vector<int64_t> pos(n);
+    for (int64_t k = 0; k < n; k++)
+        pos[k] = std::lower_bound(u.begin(), u.end(), id[k]) - u.begin();
+    at::Tensor where = torch::tensor(pos, torch::TensorOptions().dtype(at::kLong)).view(ids.sizes());
+    const auto opts = torch::TensorOptions().dtype(kDtypes.at(p.dtype));
+    if (!m)
+        return {torch::zeros({}, opts).expand({(int64_t)u.size(), width}), where};
+    const uint64_t row = (uint64_t)width * c10::elementSize(kDtypes.at(p.dtype));
+    at::Tensor table = torch::empty({(int64_t)u.size(), width}, opts);
+    char *dst = static_cast<char *>(table.data_ptr());
+    std::vector<char> buf;
+    for (size_t g = 0; g < u.size();) {
+        size_t h = g + 1;
+        while (h < u.size() && (uint64_t)(u[h] - u[g] + 1) * row <= kGatherSpan)
+            h++;
+        const uint64_t span = (uint64_t)(u[h - 1] - u[g] + 1) * row;
+        buf.resize(span);
+        if (sluice_read_into(m, p.tensor.c_str(), (uint64_t)u[g] * row, buf.data(), span) != SLUICE_OK)
+            throw Fail("block '" + b.name + "': " + sluice_errmsg(m));
+        for (size_t k = g; k < h; k++)
+            std::memcpy(dst + k * row, buf.data() + (uint64_t)(u[k] - u[g]) * row, row);
+        g = h;
+    }
+    return {table, where};
 }
 
 long status_kb(const char *field)
@@ -313,13 +477,16 @@ const char kUsage[] =
     "Runs the TorchScript blocks of EXPORT_DIR (sluice.torch.export_blocks: plan.json and one\n"
     "module per block) with weights from WEIGHTS read and verified by sluice on demand, one\n"
     "block ahead, bound zero-copy. Prints per step the greedy token and the SHA-256 of the\n"
-    "logits (float32), the top K tokens, peak RSS and the library's counters.\n"
+    "logits (float32), the top K tokens, peak RSS and the library's counters. A plan of\n"
+    "version 2 (export --vocab-parts N) runs a block in parts once per part, each bound alone\n"
+    "(sluice_acquire_part), and reads a gather block's rows (sluice_read_into).\n"
     "  --tokens LIST  the prompt's token ids (default 0,1,...,11)\n"
     "  --steps N      greedy decode steps after the prompt (default 0)\n"
     "  --pool SIZE    the library's pool (default: the library's)\n"
     "  --manifest P   the manifest (default: the sidecar)\n"
-    "  --resident     keep every block's weights bound after its first use\n"
-    "  --trace        print each block's name as it completes\n"
+    "  --resident     keep every block's weights bound after its first use (parts and rows:\n"
+    "                 bound for their run only)\n"
+    "  --trace        print each block's name as it completes, and each part's\n"
     "  --baseline     weights as zero tensors holding no memory, no sluice: libtorch's own RSS\n"
     "exit: 0 done, 1 a failure (its message on stderr), 2 usage\n";
 
@@ -396,14 +563,15 @@ int run(int argc, char **argv)
             throw Fail(std::string("open ") + pos[1] + ": " + msg);
         }
         model.reset(m);
-        total = check_weights(m, blocks, pos[1]);
+        uint64_t held = 0;
+        total = check_weights(m, blocks, pos[1], &held);
         struct sluice_stats st;
         std::memset(&st, 0, sizeof st);
         st.size = sizeof st;
         if (sluice_stats(m, &st) == SLUICE_OK) {
             pool = st.pool_bytes;
-            if (total <= pool)
-                resident = true;  // everything fits: keep it bound
+            if (held <= pool)
+                resident = true;  // everything bound whole fits: keep it bound
         }
     }
     size_t ntensors = 0;
@@ -415,14 +583,29 @@ int run(int argc, char **argv)
     std::printf("rss_before_weights_kb %ld\n", status_kb("VmRSS"));
     std::fflush(stdout);
 
-    // The plan's names from block i on, as C strings for sluice_prefetch.
+    // The plan's names bound whole from block i on, as C strings for
+    // sluice_prefetch (parts and gathered rows are read as they are
+    // needed: a hint would bring the whole tensor into the pool). None
+    // left (a last block in parts): the plan's from the start, the next
+    // step's; none at all: no hint (an empty one means the model's order).
     std::vector<std::vector<const char *>> rest(blocks.size());
     for (size_t i = blocks.size(); i-- > 0;) {
-        for (const Param &p : blocks[i].params)
-            rest[i].push_back(p.tensor.c_str());
+        if (!blocks[i].parts && !blocks[i].gather)
+            for (const Param &p : blocks[i].params)
+                rest[i].push_back(p.tensor.c_str());
         if (i + 1 < blocks.size())
             rest[i].insert(rest[i].end(), rest[i + 1].begin(), rest[i + 1].end());
     }
+    auto hint = [&](size_t i) {
+        bool all_bound = true;
+        for (const Block &b : blocks)
+            all_bound = all_bound && (b.parts || b.gather || b.bound);
+        if (all_bound || baseline)
+            return;
+        const std::vector<const char *> &names = rest[i].empty() ? rest[0] : rest[i];
+        if (!names.empty() && sluice_prefetch(m, names.data(), names.size()) != SLUICE_OK)
+            throw Fail("prefetch: " + std::string(sluice_errmsg(m)));
+    };
 
     std::vector<int64_t> seq = tokens;
     at::Tensor logits;
@@ -431,26 +614,60 @@ int run(int argc, char **argv)
         torch::jit::IValue x = ids;
         for (size_t i = 0; i < blocks.size(); i++) {
             Block &b = blocks[i];
-            if (!b.bound) {
-                if (baseline) {
-                    bind_zeros(b);
-                } else {
-                    // From here on, in order: the library reads ahead what
-                    // this block's acquires do not wait for, within the pool.
-                    int rc = sluice_prefetch(m, rest[i].data(), rest[i].size());
-                    if (rc != SLUICE_OK)
-                        throw Fail("prefetch: " + std::string(sluice_errmsg(m)));
-                    bind(m, b);
+            if (b.parts) {
+                // Once per part, each bound for its run only (--resident
+                // too), the outputs joined in part order.
+                hint(i);
+                std::vector<at::Tensor> pieces;
+                for (uint64_t r = 0; r < b.parts; r++) {
+                    if (baseline)
+                        bind_zeros(b);
+                    else
+                        bind(m, b, (int64_t)r);
+                    try {
+                        pieces.push_back(b.module.forward({x}).toTensor());
+                    } catch (...) {
+                        unbind(b);
+                        throw;
+                    }
+                    unbind(b);
+                    if (trace)
+                        std::printf("part %s %llu/%llu\n", b.name.c_str(), (unsigned long long)r,
+                                    (unsigned long long)b.parts);
                 }
+                x = torch::cat(pieces, b.join_axis);
+            } else if (b.gather) {
+                hint(i);  // the next blocks read while the rows are
+                auto tw = gather_rows(m, b, x.toTensor());
+                Param &p = b.params[0];
+                p.owner.setattr(p.leaf, tw.first);
+                try {
+                    x = b.module.forward({tw.second});
+                } catch (...) {
+                    p.owner.setattr(p.leaf, p.placeholder);
+                    throw;
+                }
+                p.owner.setattr(p.leaf, p.placeholder);
+            } else {
+                if (!b.bound) {
+                    if (baseline) {
+                        bind_zeros(b);
+                    } else {
+                        // From here on, in order: the library reads ahead what
+                        // this block's acquires do not wait for, within the pool.
+                        hint(i);
+                        bind(m, b);
+                    }
+                }
+                try {
+                    x = b.module.forward({x});
+                } catch (...) {
+                    unbind(b);
+                    throw;
+                }
+                if (!resident && !baseline)
+                    unbind(b);
             }
-            try {
-                x = b.module.forward({x});
-            } catch (...) {
-                unbind(b);
-                throw;
-            }
-            if (!resident && !baseline)
-                unbind(b);
             if (trace)
                 std::printf("ran %s\n", b.name.c_str());
         }
@@ -483,9 +700,11 @@ int run(int argc, char **argv)
         std::memset(&st, 0, sizeof st);
         st.size = sizeof st;
         if (sluice_stats(m, &st) == SLUICE_OK)
-            std::printf("pool_high_water %llu tensors_verified %llu bytes_read %llu\n",
+            std::printf("pool_high_water %llu tensors_verified %llu bytes_read %llu evictions %llu "
+                        "part_fallback_bytes %llu\n",
                         (unsigned long long)st.pool_high_water,
-                        (unsigned long long)st.tensors_verified, (unsigned long long)st.bytes_read);
+                        (unsigned long long)st.tensors_verified, (unsigned long long)st.bytes_read,
+                        (unsigned long long)st.evictions, (unsigned long long)st.part_fallback_bytes);
     }
     return 0;
 }

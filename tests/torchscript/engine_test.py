@@ -14,6 +14,15 @@ reads on demand.
      above the same blocks run with zero weights that hold no memory
      (--baseline: libtorch's own size, the compute's working memory
      included).
+  5. the vocabulary in pieces (plan version 2, export --vocab-parts 8) on
+     the tiny-tied preset (float32 values, a tied embedding of 88% of
+     the weights): in a pool under a quarter of the weights, the logits
+     of the whole-weight blocks with every weight resident, and of eager
+     torch, bit for bit at the prompt and 3 decode steps, every part
+     checked by its part digest; the whole-weight blocks refused in that
+     pool (the embedding is larger than it); a byte flipped in vocab part
+     5 of 8: exit 1 naming the tensor, the part and both digests, after
+     the rows, the layers and the norm ran, not the head.
 
 The plans are exported here by sluice.torch.export_blocks, loaded from
 bindings/python/sluice/torchscript.py by path (it needs torch alone: the
@@ -82,6 +91,72 @@ def edited(src, dst, block, param, **change):
     with open(path, "w") as f:
         json.dump(plan, f)
     return dst
+
+
+def pieces(tmp):
+    cfg, parts, embed = tb.PRESETS["tiny-tied"], 8, "model.embed_tokens.weight"
+    w = os.path.join(tmp, "tied")
+    rng = np.random.default_rng(5)
+    meta = tb.build(tb.config("tiny-tied", "F32", True), "meta")
+    tensors = {k: ("F32", list(v.shape),
+                   (rng.standard_normal(v.numel()) * 0.02).astype(np.float32).tobytes())
+               for k, v in meta.state_dict().items()}
+    stfile.write_sharded(w, [tensors])
+    total = sum(len(t[2]) for t in tensors.values())
+    # chunk digests of 64 KiB (the rows verify alone), part digests for 8
+    subprocess.run([CLI, "manifest", w, "-o", os.path.join(w, "sluice.manifest.json"), "-q",
+                    "--chunk", "64K", "--parts", "builtin", "--worlds", str(parts)], check=True)
+    whole, piece = os.path.join(tmp, "tied-whole"), os.path.join(tmp, "tied-pieces")
+    tb.export("tiny-tied", whole, ts.export_blocks, dtype="F32", values=True)
+    tb.export("tiny-tied", piece, ts.export_blocks, dtype="F32", values=True, vocab_parts=parts)
+    pool = 512 << 10
+    check(pool * 4 < total and len(tensors[embed][2]) > pool,
+          f"the pool is under a quarter of the weights ({total}) and smaller than the embedding")
+    toks = tb.prompt(cfg)
+    tok_arg = ",".join(map(str, toks))
+    eager = [(str(i), str(t), tb.digest(lg)) for i, (t, lg) in
+             enumerate(tb.greedy(tb.eager_model("tiny-tied", w, "F32", True), toks, 3))]
+    steps = r"^step (\d+) token (\d+) logits_sha256 ([0-9a-f]{64})$"
+
+    rw = engine(whole, w, "--tokens", tok_arg, "--steps", "3", "--pool", "8M")
+    want = re.findall(steps, rw.stdout, re.M)
+    check(rw.returncode == 0 and "resident 1" in rw.stdout.splitlines()[0],
+          f"whole-weight blocks, every weight resident, exit 0 ({rw.stderr.strip()[-300:]})")
+    rp = engine(piece, w, "--tokens", tok_arg, "--steps", "3", "--pool", "512K", "--trace")
+    got = re.findall(steps, rp.stdout, re.M)
+    check(rp.returncode == 0 and "resident 0" in rp.stdout.splitlines()[0],
+          f"pieces in a quarter pool exit 0 ({rp.stderr.strip()[-300:]})")
+    check(len(got) == 4 and got == want and got == eager,
+          "pieces: the logits of the whole-weight blocks and of eager torch, bit for bit, at the "
+          "prompt and 3 decode steps")
+    check(len(re.findall(r"^part lm_head \d+/8$", rp.stdout, re.M)) == 4 * parts,
+          "the head ran once per vocab part at each step")
+    last = re.search(r"pool_high_water (\d+) .*part_fallback_bytes (\d+)", rp.stdout)
+    check(last is not None and int(last.group(1)) <= pool and int(last.group(2)) == 0,
+          f"within the pool, every part checked by its own digest ({last and last.group(0)})")
+
+    rr = engine(whole, w, "--tokens", tok_arg, "--pool", "512K", "--trace")
+    check(rr.returncode == 1 and embed in rr.stderr and not ran(rr.stdout),
+          f"the whole-weight blocks are refused in that pool ({rr.stderr.strip()[-300:]})")
+
+    bad = os.path.join(tmp, "tied-bad")
+    shutil.copytree(w, bad)
+    path = os.path.join(bad, "model-00001-of-00001.safetensors")
+    _dt, _shape, raw, offset = stfile.parse(path)[2][embed]
+    rows_per_part, row = cfg["vocab"] // parts, cfg["hidden"] * 4
+    check(max(toks) < rows_per_part, "the prompt's rows are in part 0")
+    at = (5 * rows_per_part + 17) * row + 3
+    with open(path, "r+b") as fh:
+        fh.seek(offset + at)
+        fh.write(bytes([raw[at] ^ 1]))
+    rb = engine(piece, bad, "--tokens", tok_arg, "--pool", "512K", "--trace")
+    check(rb.returncode == 1 and embed in rb.stderr and "'lm_head' part 5/8" in rb.stderr
+          and len(re.findall(r"\b[0-9a-f]{64}\b", rb.stderr)) >= 2,
+          f"a byte flipped in vocab part 5: exit 1 naming the tensor, the part and both digests "
+          f"({rb.stderr.strip()[-400:]})")
+    check(ran(rb.stdout) == ["model.embed_tokens", "model.layers.0", "model.layers.1",
+                             "model.norm"],
+          f"the rows, the layers and the norm ran, not the head ({ran(rb.stdout)})")
 
 
 def main():
@@ -154,6 +229,7 @@ def main():
         # slack: the pool's shadow under ASan (1/8), allocator rounding
         check(peak <= base + (pool >> 10) + (16 << 10),
               "peak RSS within libtorch's own plus the pool (16 MiB slack)")
+        pieces(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if failures:
