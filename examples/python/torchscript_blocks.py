@@ -244,21 +244,23 @@ def cmd_bench_one(args):
         if args.way == "scripted":
             import sluice.torch as st
             sm = st.ScriptedModel(args.export, args.weights, pool=args.pool)
-            greedy(step_timer(sm), toks, args.steps)
+            out = greedy(step_timer(sm), toks, args.steps)
             sm.close()
         elif args.way == "eager":
             import sluice.torch as st
             m = build(cfg, "meta")
             st.load_state_dict(m, args.weights)
-            greedy(step_timer(m.eval()), toks, args.steps)
+            out = greedy(step_timer(m.eval()), toks, args.steps)
         elif args.way == "jit":  # torch.jit.load of a module saved with its weights
             m = torch.jit.load(args.export)
-            greedy(step_timer(m), toks, args.steps)
+            out = greedy(step_timer(m), toks, args.steps)
         else:  # baseline: the blocks with zero weights holding no memory, no sluice
-            greedy(step_timer(unbound_blocks(args.export)), toks, args.steps)
+            out = greedy(step_timer(unbound_blocks(args.export)), toks, args.steps)
     total = time.perf_counter() - t0
+    # the last step's token and logits digest: the ways compared give the same
     print(f"{args.way}: first_token_ms {first[0] * 1e3:.1f} total_ms {total * 1e3:.1f} "
-          f"rss_base_kb {base} peak_rss_kb {_rss_kb()}")
+          f"rss_base_kb {base} peak_rss_kb {_rss_kb()} token {out[-1][0]} "
+          f"logits_sha256 {digest(out[-1][1])[:16]}")
     return 0
 
 

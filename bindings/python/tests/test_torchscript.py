@@ -482,3 +482,20 @@ def test_pieces_plan_checked(tied, tmp_path):
     with st.ScriptedModel(pieces, w, pool=pool) as sm:
         with pytest.raises(IndexError, match=f"index {TIED['vocab']} is not a row"):
             sm(torch.tensor([[1, TIED["vocab"]]]))
+
+
+def test_traced_pieces_equal_eager(tiny, tmp_path):
+    """method="trace" with parts: the head traced on its first part (the
+    shape it runs with), the model's own weights put back; eager's logits."""
+    d = str(tmp_path / "traced")
+    m = tb.build(CFG, "cpu")
+    ids = torch.tensor([TOKENS])
+    plan = st.export_blocks(m, tb.blocks(m, CFG), d, ids, method="trace",
+                            parts={"lm_head": N_PARTS}, gather_rows=True)
+    assert plan["version"] == 2 and plan["blocks"][0]["gather"] == {"param": "weight"}
+    assert plan["blocks"][-1]["params"][0]["shape"] == [CFG["vocab"] // N_PARTS, CFG["hidden"]]
+    assert m.lm_head.weight.shape == (CFG["vocab"], CFG["hidden"])
+    want = eager(tiny, steps=0)
+    with st.ScriptedModel(d, tiny, pool="256K") as sm:
+        got = sm(ids)
+    assert torch.equal(got, want[0][1])
