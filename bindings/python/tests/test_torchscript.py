@@ -499,3 +499,22 @@ def test_traced_pieces_equal_eager(tiny, tmp_path):
     with st.ScriptedModel(d, tiny, pool="256K") as sm:
         got = sm(ids)
     assert torch.equal(got, want[0][1])
+
+
+def test_cpp_engine_agrees_in_pieces(tied):
+    """examples/torchscript_engine on the pieces export in the quarter pool:
+    the same token and logits SHA-256 as ScriptedModel at every step."""
+    eng = engine()
+    if not eng:
+        pytest.skip("examples/torchscript_engine is not built (CMake did not find libtorch)")
+    w, _whole, pieces, _t, pool = tied
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0")
+    r = subprocess.run([eng, pieces, w, "--tokens", ",".join(map(str, TIED_TOKENS)),
+                        "--steps", "3", "--pool", str(pool)], capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    got = re.findall(r"^step (\d+) token (\d+) logits_sha256 ([0-9a-f]{64})$", r.stdout, re.M)
+    with st.ScriptedModel(pieces, w, pool=pool) as sm:
+        want = [(str(i), str(t), tb.digest(lg))
+                for i, (t, lg) in enumerate(tb.greedy(sm, TIED_TOKENS, 3))]
+    assert len(got) == 4 and got == want
