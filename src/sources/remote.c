@@ -614,8 +614,8 @@ static void hop_learn(sl_validators *v, int hop, const char *etag)
 }
 
 /* The verdict of a multi-range request the server does not answer with
- * multipart/byteranges (200, one range, 416): read the ranges one by one
- * (sl_remote_read_spans). Never a SLUICE_E_* code. */
+ * multipart/byteranges (200, one range, 416): the seam reads the spans
+ * as single coalesced ranges instead (finished). Never a SLUICE_E_* code. */
 #define MR_FALLBACK (-2000)
 
 /* The boundary of a Content-Type value "multipart/byteranges;
