@@ -882,7 +882,8 @@ int sl_engine_read_spans(sl_engine *e, sluice_cancel *cancel, const sl_file *f,
     for (size_t k = 0; k < n; k++)
         pieces += spans[k].len / max + 2; /* the first may end the run before */
     /* at most one run and two iovecs (a gap, a piece) per piece; a remote
-     * file's: a run and a span per piece */
+     * file's: a run and a span (in the room of two iovecs) per piece */
+    _Static_assert(sizeof(sl_span) <= 2 * sizeof(struct iovec), "a span in two iovecs' room");
     int remote = f->src->batch_spans != NULL;
     sl_spanjob j = {.f = f, .cancel = cancel,
                     .no_proxy = remote && rc_of && sl_remote_direct_hop(rc_of)};
