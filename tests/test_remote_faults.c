@@ -1012,6 +1012,62 @@ static void test_part_reads_are_engine_reads(void **state)
     (void)state;
 }
 
+/* A remote part waits for the engine's queue depth, shared with loads:
+ * queue_depth 1, an acquire of a whose read the server holds 4 s (fault
+ * late) on the wire, then a part of b (two requests): its requests go out
+ * only once the load's read is done, so when the part returns, that read
+ * is in reads with the part's two. Before, the part's requests went out
+ * from the calling thread at once and it returned while the load still
+ * waited: reads had moved by 0. */
+typedef struct acquire_call {
+    sluice_model *m;
+    int rc;
+} acquire_call;
+
+static void *acquirer(void *p)
+{
+    acquire_call *ac = p;
+    sluice_tensor *t = NULL;
+    ac->rc = sluice_acquire(ac->m, "a", &t);
+    sluice_release(t);
+    return NULL;
+}
+
+static void test_part_under_queue_depth(void **state)
+{
+    sluice_options o = fast_options();
+    o.queue_depth = 1;
+    o.remote_stall_timeout_ms = 60000;
+    o.remote_deadline_ms = 120000;
+    arm("ok", 0, NULL);
+    acquire_call ac = {0};
+    if (sluice_open(model_url, &o, &ac.m) != SLUICE_OK)
+        fail_msg("%s", sluice_errmsg(ac.m));
+    struct sluice_stats st0 = {.size = sizeof st0}, st1 = {.size = sizeof st1};
+    assert_int_equal(sluice_stats(ac.m, &st0), SLUICE_OK);
+    int before = faults_served();
+    arm("late", 1, "4,10000000");
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, acquirer, &ac), 0);
+    wait_fault_served(before); /* the load's read is on the wire, held */
+    unsigned char *part = malloc(B_SIZE / 2);
+    assert_non_null(part);
+    int rc = sluice_read_part_into(ac.m, "b", 0, 1, 2, part, B_SIZE / 2);
+    if (rc != SLUICE_OK)
+        fail_msg("part: %s: %s", sluice_strerror(rc), sluice_errmsg(ac.m));
+    assert_int_equal(sluice_stats(ac.m, &st1), SLUICE_OK);
+    if (st1.reads - st0.reads < 3)
+        fail_msg("the part returned with %llu reads done: its requests did not wait for the "
+                 "load's read (queue_depth 1)", (unsigned long long)(st1.reads - st0.reads));
+    assert_memory_equal(part, good_b + B_SIZE / 2, B_SIZE / 2);
+    pthread_join(th, NULL);
+    assert_int_equal(ac.rc, SLUICE_OK);
+    arm("ok", 0, NULL);
+    free(part);
+    assert_int_equal(sluice_close(ac.m), SLUICE_OK);
+    (void)state;
+}
+
 /* The sample of name{model="LABEL",extra} in text (-1 when absent). */
 static long long sample(const char *text, const char *name, const char *extra)
 {
@@ -1662,6 +1718,7 @@ int main(void)
         cmocka_unit_test(test_part_fallback_few_requests),
         cmocka_unit_test(test_part_multipart_faults),
         cmocka_unit_test(test_part_reads_are_engine_reads),
+        cmocka_unit_test(test_part_under_queue_depth),
         cmocka_unit_test(test_request_format),
         cmocka_unit_test(test_open_and_mirror_counted),
         cmocka_unit_test(test_missing_manifest_visible),
