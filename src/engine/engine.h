@@ -111,10 +111,12 @@ void sl_engine_part_room_free(sl_engine *e, sl_pool_blk *blk);
  * SLUICE_E_REMOTE or SLUICE_E_NOMEM; with cancel (NULL: none) requested,
  * before the call or while it waits, SLUICE_E_CANCELLED: no read goes out
  * any more, those in flight are waited for (they write into the spans'
- * dst; a remote one's transfer is aborted). Lock not held; a caller
- * inside the engine (sl_engine_enter). */
+ * dst; a remote one's transfer is aborted). *through_proxy: set to 1
+ * when some of a remote file's bytes came through the proxy, else left.
+ * Lock not held; a caller inside the engine (sl_engine_enter). */
 int sl_engine_read_spans(sl_engine *e, sluice_cancel *cancel, const sl_file *f,
-                         const sl_remote_cfg *rc, const sl_span *spans, size_t n, sl_err *err);
+                         const sl_remote_cfg *rc, const sl_span *spans, size_t n,
+                         int *through_proxy, sl_err *err);
 /* That function as a reader for the range reads (range.h), cancel its
  * token (NULL: none). */
 sl_reader sl_engine_reader(sl_engine *e, sluice_cancel *cancel);

@@ -138,6 +138,7 @@ typedef struct sl_spanjob {
     const struct sluice_cancel *cancel;
     uint8_t no_proxy;            /* a remote file's read again directly: its
                                     requests skip the proxy (sl_io_req) */
+    uint8_t proxied;             /* some bytes came through the proxy */
     sl_err err;
     pthread_cond_t cv;           /* its caller waits here, woken once: when
                                     sl_spanjob_over (not e->cv, which every

@@ -654,6 +654,7 @@ static void run_done(sl_engine *e, sl_read *r)
         e->st.remote_reads += q->requests;
         e->st.remote_bytes += q->done_bytes;
         e->st.bytes_read += q->done_bytes;
+        j->proxied |= q->proxied;
     } else {
         count_retries(e, q);
         e->st.bytes_read += bad ? q->done_bytes : u->len - u->gap;
@@ -876,7 +877,8 @@ static size_t remote_runs(const sl_file *f, const sl_span *sp, size_t n, uint64_
 }
 
 int sl_engine_read_spans(sl_engine *e, sluice_cancel *cancel, const sl_file *f,
-                         const sl_remote_cfg *rc_of, const sl_span *spans, size_t n, sl_err *err)
+                         const sl_remote_cfg *rc_of, const sl_span *spans, size_t n,
+                         int *through_proxy, sl_err *err)
 {
     uint64_t max = e->chunk, pieces = 0;
     for (size_t k = 0; k < n; k++)
@@ -943,6 +945,8 @@ int sl_engine_read_spans(sl_engine *e, sluice_cancel *cancel, const sl_file *f,
             }
         sl_unlock(e);
         sl_cancel_unregister(cancel, &reg);
+        if (j.proxied)
+            *through_proxy = 1;
         if (j.failed) {
             *err = j.err;
             rc = j.err.code;
@@ -956,9 +960,10 @@ int sl_engine_read_spans(sl_engine *e, sluice_cancel *cancel, const sl_file *f,
 }
 
 static int reader_spans(void *ctx, sluice_cancel *cancel, const sl_file *f,
-                        const sl_remote_cfg *rc, const sl_span *spans, size_t n, sl_err *err)
+                        const sl_remote_cfg *rc, const sl_span *spans, size_t n,
+                        int *through_proxy, sl_err *err)
 {
-    return sl_engine_read_spans(ctx, cancel, f, rc, spans, n, err);
+    return sl_engine_read_spans(ctx, cancel, f, rc, spans, n, through_proxy, err);
 }
 
 sl_reader sl_engine_reader(sl_engine *e, sluice_cancel *cancel)

@@ -88,7 +88,11 @@ static int rg_by_reader(const rg_ctx *c)
 /* n spans through the reader; its failure names the tensor. */
 static int rg_reader_read(rg_ctx *c, const sl_span *sp, size_t n)
 {
-    int rc = c->rd->read(c->rd->ctx, c->rd->cancel, c->f, c->ix->remote, sp, n, c->err);
+    int proxied = 0;
+    int rc = c->rd->read(c->rd->ctx, c->rd->cancel, c->f, c->ix->remote, sp, n, &proxied,
+                         c->err);
+    if (proxied)
+        c->tally->through_proxy = 1;
     if (rc < 0 && rc != SLUICE_E_NOMEM) {
         char q[SL_QUOTE_MAX], msg[sizeof c->err->msg];
         snprintf(msg, sizeof msg, "%s", c->err->msg);

@@ -16,6 +16,9 @@ typedef struct sl_range_tally {
     uint64_t bytes_read, bytes_hashed, chunks_verified, checksum_failures;
     uint64_t remote_reads, remote_bytes;    /* range requests of a remote file */
     uint64_t part_fallback_bytes;           /* whole tensors read to check a part */
+    /* some of the bytes came through the model's proxy: set by a reader
+     * that knows (the engine's, from its requests), else by the caller */
+    uint8_t through_proxy;
 } sl_range_tally;
 
 /* Reads bytes [begin, begin + len) of tensor i (within its nbytes) into
@@ -47,9 +50,11 @@ int sl_range_digest(const sl_index *ix, size_t i, uint64_t begin, uint64_t end,
  * skip the proxy), NULL for a model without remote files. cancel (may be
  * NULL): once requested, no new read goes out, those in flight are
  * waited for (a remote request's transfer aborted), and the call returns
- * SLUICE_E_CANCELLED. */
+ * SLUICE_E_CANCELLED. *through_proxy is set to 1 when some of the bytes
+ * came through the model's proxy (sluice.h "Proxies"), else left. */
 typedef int (*sl_spans_fn)(void *ctx, sluice_cancel *cancel, const sl_file *f,
-                           const sl_remote_cfg *rc, const sl_span *spans, size_t n, sl_err *err);
+                           const sl_remote_cfg *rc, const sl_span *spans, size_t n,
+                           int *through_proxy, sl_err *err);
 typedef struct sl_reader {
     sl_spans_fn read;
     void *ctx;

@@ -116,9 +116,11 @@ const sl_source_methods *sl_source_of(const sl_location *loc);
 int sl_source_direct_again(const sl_remote_cfg *c, const struct sl_file *f, int code,
                            int through_proxy, int direct);
 
-/* The blocking reads' side of it: when sl_source_direct_again says so for
- * a read of f that failed with code (its bytes taken to have come through
- * the proxy whenever f's requests go through one), read(direct, ctx,
+/* The reads' side of it outside the engine's loads: when
+ * sl_source_direct_again says so for a read of f that failed with code
+ * (through_proxy: some of its bytes came through the proxy; a blocking
+ * read, which cannot tell, passes 1 whenever f's requests go through
+ * one; a part read through the engine knows), read(direct, ctx,
  * &bytes, err) is called once with a configuration whose requests all
  * take the direct hop (the tally, secrets and validators shared, not
  * owned), counted as the engine's loads are: one proxy failure, bytes in
@@ -128,6 +130,6 @@ int sl_source_direct_again(const sl_remote_cfg *c, const struct sl_file *f, int 
 typedef int (*sl_direct_read_fn)(const sl_remote_cfg *direct, void *ctx, uint64_t *bytes,
                                  sl_err *err);
 int sl_source_read_direct(const sl_remote_cfg *c, const struct sl_file *f, int code,
-                          sl_direct_read_fn read, void *ctx, sl_err *err);
+                          int through_proxy, sl_direct_read_fn read, void *ctx, sl_err *err);
 
 #endif

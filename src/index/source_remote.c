@@ -171,9 +171,9 @@ int sl_source_direct_again(const sl_remote_cfg *c, const struct sl_file *f, int 
 }
 
 int sl_source_read_direct(const sl_remote_cfg *c, const struct sl_file *f, int code,
-                          sl_direct_read_fn read, void *ctx, sl_err *err)
+                          int through_proxy, sl_direct_read_fn read, void *ctx, sl_err *err)
 {
-    if (!sl_source_direct_again(c, f, code, 1, 0))
+    if (!sl_source_direct_again(c, f, code, through_proxy, 0))
         return SL_SRC_NOT_PROXIED;
     sl_remote_cfg direct = *c;  /* the direct hop: the tally and secrets shared, not owned */
     direct.proxy_http = direct.proxy_https = NULL;
