@@ -5,7 +5,8 @@
  *  - blocking fetches, for open (headers, index.json, the manifest): one
  *    easy handle per call, retried by the same rules as the reads;
  *  - sl_rio, the remote seam of an engine: requests shaped like the I/O
- *    seam's (io.h: an sl_io_req with its iov), served by one thread that
+ *    seam's (io.h: an sl_io_req with its iov, or with a part's spans,
+ *    made as multi-range requests), served by one thread that
  *    owns a curl multi handle, many requests in flight over kept-alive
  *    connections, completion through the same callback as the ring's.
  *
