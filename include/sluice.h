@@ -469,8 +469,9 @@ typedef struct sluice_model sluice_model;
  * model.safetensors (nothing is listed); the sidecar manifest at the same
  * place, and manifest_path may be a URL. Tensors load into the pool as
  * local ones, through one thread of the model that keeps up to
- * remote_connections connections; sluice_read_into, sluice_acquire_range
- * and sluice_digest_range send range requests on the calling thread.
+ * remote_connections connections (tensor-parallel parts too, in
+ * multi-range requests); sluice_read_into, sluice_acquire_range and
+ * sluice_digest_range send range requests on the calling thread.
  * Every reply must be a 206 for the bytes asked of the object seen at open
  * (its size, and its strong ETag by If-Match: the ETag of the hop the
  * request goes over, the origin's or the proxy's, each taken from the
@@ -957,7 +958,10 @@ SLUICE_API int sluice_digest_range(sluice_model *model, size_t i, uint64_t byte_
  * that needs: a local file through the model's I/O seam (the io_uring
  * ring or its pread threads, sluice_stats.backend), many reads in flight
  * under queue_depth, segments less than SLUICE_PART_GAP apart one read
- * (the gap's bytes dropped), a read at most chunk_bytes; a remote file's segments
+ * (the gap's bytes dropped), a read at most chunk_bytes; a remote file's
+ * through the model's remote thread, as a load's (many requests in
+ * flight under queue_depth and remote_connections, each retried as a
+ * load's, a segment longer than chunk_bytes cut at chunk_bytes), its segments
  * in HTTP multi-range requests (Range: bytes=a-b,c-d,..., answered 206
  * multipart/byteranges), segments less than 256 bytes apart one range,
  * up to 512 ranges, a 6 KiB Range value and 16 MiB a request. Each
@@ -993,11 +997,14 @@ SLUICE_API int sluice_digest_range(sluice_model *model, size_t i, uint64_t byte_
  * ("Persistent cache"). On failure dst holds anything. Counted
  * in the stats as sluice_read_into is (bytes_read: what was read, so a
  * rank's reads can be checked against the layout; a local file's gaps
- * are not counted), a local file's reads also as a load's are (reads,
+ * are not counted; a remote file's requests in remote_reads, their bytes,
+ * gaps included, in remote_bytes), and its reads, local or remote, also
+ * as a load's are (reads, sluice_read_duration_seconds; a local file's
  * retries: EINTR, EAGAIN and short reads are retried as for a load,
- * any other failure is SLUICE_E_IO). Returns SLUICE_OK,
- * SLUICE_E_CHECKSUM, SLUICE_E_IO, SLUICE_E_FILE_CHANGED, SLUICE_E_NOMEM,
- * SLUICE_E_REMOTE, SLUICE_E_NOT_FOUND, or SLUICE_E_INVAL: a dim the
+ * any other failure is SLUICE_E_IO; a remote file's in remote_retries).
+ * Returns SLUICE_OK, SLUICE_E_CHECKSUM, SLUICE_E_IO, SLUICE_E_FILE_CHANGED,
+ * SLUICE_E_NOMEM, SLUICE_E_REMOTE, SLUICE_E_NOT_FOUND, or SLUICE_E_INVAL:
+ * a dim the
  * tensor lacks, n 0 or rank >= n, a dim that n does not divide (the
  * message has the numbers), len not the part's size, dst NULL with
  * len > 0, a bad model. Any thread, concurrently with every call but

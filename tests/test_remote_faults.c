@@ -937,6 +937,137 @@ static void test_part_multipart_faults(void **state)
     (void)state;
 }
 
+/* A remote model's part reads are the engine's reads, as a load's are:
+ * each read the remote seam made for them is in reads and in the read
+ * histogram (sluice_read_duration_seconds), one per request here: a
+ * dim-0 part of b checked by reading the whole tensor (two ranges, one
+ * through the bounce buffer), and a strided part of a [64, 1024] tensor
+ * (one multi-range request). Before, they were read on the caller's
+ * thread outside the engine: remote_reads moved, reads and the
+ * histogram did not. */
+static long long sample(const char *text, const char *name, const char *extra);
+static char *metrics_of(sluice_model *m);
+
+static void test_part_reads_are_engine_reads(void **state)
+{
+    enum { ROWS = 64, COLS = 1024 };
+    size_t nb = (size_t)ROWS * COLS, seg = COLS / 4, len = ROWS * seg;
+    char header[160], *p = tu_join(root, "pe.safetensors");
+    snprintf(header, sizeof header, "{\"t\":{\"dtype\":\"U8\",\"shape\":[%u,%u],"
+             "\"data_offsets\":[0,%zu]}}", ROWS, COLS, nb);
+    unsigned char *bytes = malloc(nb), *part = malloc(len > B_SIZE / 2 ? len : B_SIZE / 2);
+    assert_non_null(bytes);
+    assert_non_null(part);
+    for (size_t k = 0; k < nb; k++)
+        bytes[k] = (unsigned char)(k * 2654435761u >> 7);
+    tu_write_safetensors(p, header, bytes, nb);
+    char url[300];
+    snprintf(url, sizeof url, "%s/pe.safetensors", srv.base);
+    arm("ok", 0, NULL);
+    static const struct {
+        int strided;
+        unsigned requests;
+    } cases[] = {{0, 2}, {1, 1}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        sluice_options o = fast_options();
+        o.metrics_label = "faults";
+        if (cases[c].strided)
+            o.verify = SLUICE_VERIFY_OFF;
+        sluice_model *m;
+        if (sluice_open(cases[c].strided ? url : model_url, &o, &m) != SLUICE_OK)
+            fail_msg("%s", sluice_errmsg(m));
+        struct sluice_stats st0 = {.size = sizeof st0}, st1 = {.size = sizeof st1};
+        assert_int_equal(sluice_stats(m, &st0), SLUICE_OK);
+        char *text = metrics_of(m);
+        long long h0 = sample(text, "sluice_read_duration_seconds_count", NULL);
+        free(text);
+        int rc = cases[c].strided ? sluice_read_part_into(m, "t", 1, 1, 4, part, len)
+                                  : sluice_read_part_into(m, "b", 0, 1, 2, part, B_SIZE / 2);
+        if (rc != SLUICE_OK)
+            fail_msg("part: %s: %s", sluice_strerror(rc), sluice_errmsg(m));
+        if (cases[c].strided) {
+            for (size_t r = 0; r < ROWS; r++)
+                if (memcmp(part + r * seg, bytes + r * COLS + seg, seg) != 0)
+                    fail_msg("row %zu of the part differs from the slice", r);
+        } else {
+            assert_memory_equal(part, good_b + B_SIZE / 2, B_SIZE / 2);
+        }
+        assert_int_equal(sluice_stats(m, &st1), SLUICE_OK);
+        text = metrics_of(m);
+        long long h1 = sample(text, "sluice_read_duration_seconds_count", NULL);
+        free(text);
+        if (st1.remote_reads - st0.remote_reads != cases[c].requests ||
+            st1.reads - st0.reads != cases[c].requests || h0 < 0 ||
+            h1 - h0 != (long long)cases[c].requests)
+            fail_msg("%s part: %llu requests, %llu reads, %lld in the read histogram; %u "
+                     "expected of each", cases[c].strided ? "strided" : "dim-0",
+                     (unsigned long long)(st1.remote_reads - st0.remote_reads),
+                     (unsigned long long)(st1.reads - st0.reads), h1 - h0, cases[c].requests);
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+    }
+    unlink(p);
+    free(p);
+    free(part);
+    free(bytes);
+    (void)state;
+}
+
+/* A remote part waits for the engine's queue depth, shared with loads:
+ * queue_depth 1, an acquire of a whose read the server holds 4 s (fault
+ * late) on the wire, then a part of b (two requests): its requests go out
+ * only once the load's read is done, so when the part returns, that read
+ * is in reads with the part's two. Before, the part's requests went out
+ * from the calling thread at once and it returned while the load still
+ * waited: reads had moved by 0. */
+typedef struct acquire_call {
+    sluice_model *m;
+    int rc;
+} acquire_call;
+
+static void *acquirer(void *p)
+{
+    acquire_call *ac = p;
+    sluice_tensor *t = NULL;
+    ac->rc = sluice_acquire(ac->m, "a", &t);
+    sluice_release(t);
+    return NULL;
+}
+
+static void test_part_under_queue_depth(void **state)
+{
+    sluice_options o = fast_options();
+    o.queue_depth = 1;
+    o.remote_stall_timeout_ms = 60000;
+    o.remote_deadline_ms = 120000;
+    arm("ok", 0, NULL);
+    acquire_call ac = {0};
+    if (sluice_open(model_url, &o, &ac.m) != SLUICE_OK)
+        fail_msg("%s", sluice_errmsg(ac.m));
+    struct sluice_stats st0 = {.size = sizeof st0}, st1 = {.size = sizeof st1};
+    assert_int_equal(sluice_stats(ac.m, &st0), SLUICE_OK);
+    int before = faults_served();
+    arm("late", 1, "4,10000000");
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, acquirer, &ac), 0);
+    wait_fault_served(before); /* the load's read is on the wire, held */
+    unsigned char *part = malloc(B_SIZE / 2);
+    assert_non_null(part);
+    int rc = sluice_read_part_into(ac.m, "b", 0, 1, 2, part, B_SIZE / 2);
+    if (rc != SLUICE_OK)
+        fail_msg("part: %s: %s", sluice_strerror(rc), sluice_errmsg(ac.m));
+    assert_int_equal(sluice_stats(ac.m, &st1), SLUICE_OK);
+    if (st1.reads - st0.reads < 3)
+        fail_msg("the part returned with %llu reads done: its requests did not wait for the "
+                 "load's read (queue_depth 1)", (unsigned long long)(st1.reads - st0.reads));
+    assert_memory_equal(part, good_b + B_SIZE / 2, B_SIZE / 2);
+    pthread_join(th, NULL);
+    assert_int_equal(ac.rc, SLUICE_OK);
+    arm("ok", 0, NULL);
+    free(part);
+    assert_int_equal(sluice_close(ac.m), SLUICE_OK);
+    (void)state;
+}
+
 /* The sample of name{model="LABEL",extra} in text (-1 when absent). */
 static long long sample(const char *text, const char *name, const char *extra)
 {
@@ -1586,6 +1717,8 @@ int main(void)
         cmocka_unit_test(test_location_shown_alike),
         cmocka_unit_test(test_part_fallback_few_requests),
         cmocka_unit_test(test_part_multipart_faults),
+        cmocka_unit_test(test_part_reads_are_engine_reads),
+        cmocka_unit_test(test_part_under_queue_depth),
         cmocka_unit_test(test_request_format),
         cmocka_unit_test(test_open_and_mirror_counted),
         cmocka_unit_test(test_missing_manifest_visible),

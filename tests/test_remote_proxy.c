@@ -1174,6 +1174,53 @@ static struct sluice_stats stats_now(sluice_model *m)
     return st;
 }
 
+/* A part whose bytes did not come through the proxy is not read again
+ * directly, as a load is not (sluice_source_direct_again's through_proxy,
+ * from the engine's requests): an origin (the fault server) whose w.e has
+ * a byte of rank 0 flipped, behind a proxy that is down (refused at open,
+ * then skipped): the part fails SLUICE_E_CHECKSUM after one read, one
+ * checksum failure, no proxy failure counted for it. Before, a part's
+ * bytes were taken to have come through the proxy whenever one was
+ * configured: it was read again "directly" (2 checksum failures, a proxy
+ * failure). */
+static void test_part_direct_not_proxied(void **state)
+{
+    (void)state;
+    char *lm;
+    char *liar = liar_copy(sizes[5] + sizes[4] - 100, &lm);   /* in w.e, rank 0 of 2 */
+    rf_server fault;
+    start_fault_on(&fault, liar);
+    char dead[64], url[300];
+    snprintf(dead, sizeof dead, "http://127.0.0.1:%u", rf_free_port());
+    snprintf(url, sizeof url, "%s/m.safetensors", fault.base);
+    char *mfp = tu_join(root, "m.safetensors.manifest.json");
+    sluice_options o;
+    opts_with_proxy(&o, dead);
+    o.manifest_path = mfp;
+    sluice_model *m = NULL;
+    if (sluice_open(url, &o, &m) != SLUICE_OK)
+        fail_msg("open: %s", sluice_errmsg(m));
+    size_t half = (size_t)sizes[4] / 2;
+    unsigned char *got = malloc(half);
+    assert_non_null(got);
+    struct sluice_stats before = stats_now(m), now;
+    int rc = sluice_read_part_into(m, "w.e", 0, 0, 2, got, half);
+    now = stats_now(m);
+    if (rc != SLUICE_E_CHECKSUM || now.checksum_failures - before.checksum_failures != 1 ||
+        now.proxy_failures != before.proxy_failures)
+        fail_msg("part: %s (%s): %llu checksum failures, %llu proxy failures", sluice_strerror(rc),
+                 sluice_errmsg(m),
+                 (unsigned long long)(now.checksum_failures - before.checksum_failures),
+                 (unsigned long long)(now.proxy_failures - before.proxy_failures));
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    rf_stop(&fault);
+    free(got);
+    free(mfp);
+    tu_rmtree(liar);
+    free(lm);
+    free(liar);
+}
+
 /* "Read again from the origin directly, once" is one rule, the remote
  * source's, for the engine's loads and the blocking reads alike: through
  * a proxy that flips a byte of w.e (its rank 0 of 2), a range
@@ -1330,6 +1377,7 @@ int main(void)
         cmocka_unit_test(test_part_through_lying_proxy),
         cmocka_unit_test(test_verify_files_through_lying_proxy),
         cmocka_unit_test(test_direct_again_once_each),
+        cmocka_unit_test(test_part_direct_not_proxied),
         cmocka_unit_test(test_proxy_health_per_hop),
     };
     if (getenv("SLUICE_TEST_FILTER"))

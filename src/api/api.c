@@ -942,7 +942,8 @@ static int again_direct(sluice_model *m, size_t i, int rc, direct_read_fn read, 
     const sl_file *f = &m->index.files[m->index.tensors[i].file_index];
     index_direct_args a = {&m->index, read, ctx, {0}};
     sl_err e2 = {0};
-    int rc2 = sl_source_read_direct(m->remote, f, rc, index_direct, &a, &e2);
+    int rc2 = sl_source_read_direct(m->remote, f, rc, tally->through_proxy, index_direct, &a,
+                                    &e2);
     if (rc2 == SL_SRC_NOT_PROXIED)
         return rc;
     tally->bytes_read += a.t.bytes_read;
@@ -982,7 +983,9 @@ static int read_range(sluice_model *m, sl_engine *e, const char *call, const cha
         return sl_fail(err, SLUICE_E_INVAL, "%s: dst is NULL", call);
     const sl_chunk_digests *chunks = sl_manifest_chunks(m->manifest);
     const uint8_t *want = sl_manifest_tensor_digest(m->manifest, i);
-    sl_range_tally tally = {0};
+    /* its blocking reads cannot tell: its bytes are taken to have come
+     * through the proxy whenever the file's requests go through one */
+    sl_range_tally tally = {.through_proxy = 1};
     int rc = sl_range_read(&m->index, i, begin, len, dst, want, chunks ? &chunks[i] : NULL,
                            m->opts.algorithm, &tally, err);
     range_args ra = {i, begin, len, dst, want, chunks ? &chunks[i] : NULL, m->opts.algorithm};

@@ -420,7 +420,7 @@ static int derive(hub_ctx *c, size_t fi, sl_err *err)
     if (rc == SLUICE_E_CHECKSUM && c->remote) {
         derive_direct_args a = {c, fi};
         sl_err e2 = {0};
-        int again = sl_source_read_direct(c->m->remote, f, rc, derive_direct, &a, &e2);
+        int again = sl_source_read_direct(c->m->remote, f, rc, 1, derive_direct, &a, &e2);
         if (again != SL_SRC_NOT_PROXIED) {
             *err = e2;
             rc = again;

@@ -1003,7 +1003,7 @@ int sl_verify_remote_files(const sl_index *ix, const sl_manifest *mf,
             memset(again.digest, 0, sizeof again.digest);
             file_direct_args a = {&run, &again, o->cancel, buf};
             sl_err e2 = {0};
-            int read = sl_source_read_direct(rc, f, it.status, file_direct, &a, &e2);
+            int read = sl_source_read_direct(rc, f, it.status, 1, file_direct, &a, &e2);
             if (read == SLUICE_OK || read == SLUICE_E_CANCELLED) {
                 free(it.message);
                 it = again;     /* the origin's bytes judged (or the cancel) */

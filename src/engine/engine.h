@@ -94,20 +94,29 @@ int sl_engine_part_room(sl_engine *e, const char *what, uint64_t len, sluice_can
                         void **buf, sl_pool_blk **blk, sl_err *err);
 void sl_engine_part_room_free(sl_engine *e, sl_pool_blk *blk);
 
-/* Reads n spans of local file f (spans ascending, none overlapping) into
- * their dst through the engine's seam (the io_uring ring or its pread
- * threads) and waits for them: spans less than SLUICE_PART_GAP apart are
- * one read, a read at most chunk_bytes, and up to queue_depth reads are in
- * flight, shared with the loads (the pump issues these first: the caller
- * waits). Counted as a load's reads are (reads, bytes_read: the spans'
- * bytes, not the gaps'; retries). Returns SLUICE_OK, SLUICE_E_IO,
- * SLUICE_E_FILE_CHANGED (the file ends early) or SLUICE_E_NOMEM; with
- * cancel (NULL: none) requested, before the call or while it waits,
- * SLUICE_E_CANCELLED: no read goes out any more, those in flight are
- * waited for (they write into the spans' dst). Lock not held; a caller
- * inside the engine (sl_engine_enter). */
+/* Reads n spans of file f (spans ascending, none overlapping) into their
+ * dst through the engine's seams and waits for them: a local file's
+ * through the io_uring ring or its pread threads, spans less than
+ * SLUICE_PART_GAP apart one read, a read at most chunk_bytes; a remote
+ * file's through the remote seam, cut at chunk_bytes, one read per
+ * request it makes of them (f's source's batch_spans: a multi-range
+ * request, or a coalesced range where the server refuses those), under rc
+ * (the direct hop: its requests skip the proxy). Up to queue_depth reads
+ * are in flight, shared with the loads (the pump issues these first: the
+ * caller waits). Counted as a load's reads are (reads, the read
+ * histogram, bytes_read: the spans' bytes, not a local file's gaps;
+ * retries; a remote file's requests and their bytes, gaps included, in
+ * remote_reads and remote_bytes). Returns SLUICE_OK, SLUICE_E_IO,
+ * SLUICE_E_FILE_CHANGED (the file ends early, the object changed),
+ * SLUICE_E_REMOTE or SLUICE_E_NOMEM; with cancel (NULL: none) requested,
+ * before the call or while it waits, SLUICE_E_CANCELLED: no read goes out
+ * any more, those in flight are waited for (they write into the spans'
+ * dst; a remote one's transfer is aborted). *through_proxy: set to 1
+ * when some of a remote file's bytes came through the proxy, else left.
+ * Lock not held; a caller inside the engine (sl_engine_enter). */
 int sl_engine_read_spans(sl_engine *e, sluice_cancel *cancel, const sl_file *f,
-                         const sl_span *spans, size_t n, sl_err *err);
+                         const sl_remote_cfg *rc, const sl_span *spans, size_t n,
+                         int *through_proxy, sl_err *err);
 /* That function as a reader for the range reads (range.h), cancel its
  * token (NULL: none). */
 sl_reader sl_engine_reader(sl_engine *e, sluice_cancel *cancel);

@@ -112,15 +112,19 @@ typedef struct sl_seg {
 } sl_seg;
 
 /* A caller's reads of spans of one file (sl_engine_read_spans: a part's
- * row segments), in runs: spans less than SLUICE_PART_GAP apart are one
- * run (the gap's bytes land in a scratch buffer, dropped), a run at most
- * chunk_bytes and SL_RUN_IOV iovecs. The pump issues its runs first (a
+ * row segments), in runs: a local file's spans less than SLUICE_PART_GAP
+ * apart are one run (the gap's bytes land in a scratch buffer, dropped),
+ * a run at most chunk_bytes and SL_RUN_IOV iovecs; a remote file's spans,
+ * cut at chunk_bytes, one run per request of the remote seam (its source's
+ * batch_spans: a multi-range request). The pump issues its runs first (a
  * caller waits on them, as on a demand); the caller waits for them all. */
 #define SL_RUN_IOV 512
 typedef struct sl_run {
     uint64_t offset, len, gap;   /* gap: of len, the bytes dropped */
     struct iovec *iov;           /* the seam's working copy */
     int niov;
+    const sl_span *spans;        /* a remote run: its spans (iov NULL) */
+    size_t nspans;
 } sl_run;
 
 typedef struct sl_spanjob {
@@ -132,6 +136,9 @@ typedef struct sl_spanjob {
     /* the caller's token (NULL: none): once requested no run goes out
      * any more, before the caller has woken to see it (issue_spans) */
     const struct sluice_cancel *cancel;
+    uint8_t no_proxy;            /* a remote file's read again directly: its
+                                    requests skip the proxy (sl_io_req) */
+    uint8_t proxied;             /* some bytes came through the proxy */
     sl_err err;
     pthread_cond_t cv;           /* its caller waits here, woken once: when
                                     sl_spanjob_over (not e->cv, which every

@@ -76,6 +76,9 @@ static sl_read *take_read(sl_engine *e)
         e->free_reads = r->next_free;
         e->inflight++;
         r->job = NULL;
+        r->req.spans = NULL;   /* a read of iov, no token: a load's */
+        r->req.nspans = 0;
+        r->req.cancel = NULL;
     }
     return r;
 }
@@ -222,9 +225,12 @@ static void issue_spans(sl_engine *e)
             r->req.offset = u->offset;
             r->req.iov = u->iov;
             r->req.iovcnt = u->niov;
+            r->req.spans = u->spans;
+            r->req.nspans = u->nspans;
+            r->req.cancel = j->cancel;
             r->req.min_bytes = u->len;
             r->req.owner = r;
-            r->req.no_proxy = 0;
+            r->req.no_proxy = j->no_proxy;
             r->req.demand = 1;
             r->t_submit = sl_metrics_now(&e->met);
             j->f->src->submit(j->f, e->io, e->rio, &r->req);
@@ -633,9 +639,11 @@ static void count_retries(sl_engine *e, const sl_io_req *q)
                    q->retries - q->retries_eintr - q->retries_eagain);
 }
 
-/* A run of a caller's span read came back: counted as a load's read, its
- * failure (the first) kept for the caller, who is woken when the job is
- * over (alone: the other callers' jobs and loads sleep on). */
+/* A run of a caller's span read came back: counted as a load's read (a
+ * remote one's requests in remote_reads, their bytes, gaps included, in
+ * remote_bytes and bytes_read), its failure (the first) kept for the
+ * caller, who is woken when the job is over (alone: the other callers'
+ * jobs and loads sleep on). */
 static void run_done(sl_engine *e, sl_read *r)
 {
     sl_spanjob *j = r->job;
@@ -643,19 +651,24 @@ static void run_done(sl_engine *e, sl_read *r)
     const sl_io_req *q = &r->req;
     int bad = q->error || q->eof || q->status;
     if (r->remote) {
-        e->st.remote_reads++;
+        e->st.remote_reads += q->requests;
         e->st.remote_bytes += q->done_bytes;
+        e->st.bytes_read += q->done_bytes;
+        j->proxied |= q->proxied;
     } else {
         count_retries(e, q);
+        e->st.bytes_read += bad ? q->done_bytes : u->len - u->gap;
     }
     e->st.reads++;
-    e->st.bytes_read += bad ? q->done_bytes : u->len - u->gap;
     sl_metrics_since(&e->met, SL_H_READ, r->t_submit);
     if (bad && !j->failed) {
         const char *path = j->f->path;
         unsigned long long len = u->len, off = u->offset;
         j->failed = 1;
-        if (q->status)
+        if (q->status == SLUICE_E_CANCELLED || sl_cancel_requested(j->cancel))
+            sl_fail(&j->err, SLUICE_E_CANCELLED, "read_part: cancelled (its token was "
+                    "requested) after %zu of %zu reads", j->done, j->nrun);
+        else if (q->status)
             sl_fail(&j->err, q->status, "file %s: read of %llu bytes at offset %llu failed: %s",
                     path, len, off, q->detail);
         else if (q->eof)
@@ -821,24 +834,70 @@ static void wake_spans(void *ctx)
     spans_wake *w = ctx;
     pthread_mutex_lock(&w->e->lock);
     pthread_cond_signal(&w->j->cv);
+    if (w->e->rio && w->j->f->src->batch_spans)
+        sl_rio_flush(w->e->rio); /* its transfers on the wire see the token now */
     pthread_mutex_unlock(&w->e->lock);
 }
 
+/* Cuts a remote file's spans into runs: a span longer than max is cut
+ * into pieces of max bytes, each a run (a range of its own, straight into
+ * its dst); the spans between such, one run per request the remote seam
+ * makes of them (f's source's batch_spans: a multi-range request, or one
+ * coalesced range). cut (as many spans as runs holds) gets the spans the
+ * runs point at. Returns the runs made. */
+static size_t remote_runs(const sl_file *f, const sl_span *sp, size_t n, uint64_t max,
+                          sl_span *cut, sl_run *runs)
+{
+    size_t pieces = 0, nrun = 0;
+    for (size_t k = 0; k < n;) {
+        size_t base = pieces;
+        if (sp[k].len > max) {
+            for (uint64_t at = 0; at < sp[k].len; at += max) {
+                uint64_t take = sp[k].len - at < max ? sp[k].len - at : max;
+                cut[pieces] = (sl_span){sp[k].offset + at, take, sp[k].dst + at};
+                runs[nrun++] = (sl_run){.offset = sp[k].offset + at, .len = take,
+                                        .spans = &cut[pieces++], .nspans = 1};
+            }
+            k++;
+            continue;
+        }
+        for (; k < n && sp[k].len <= max; k++)
+            if (sp[k].len)
+                cut[pieces++] = sp[k];
+        for (size_t s = base; s < pieces;) {
+            size_t take = f->src->batch_spans(f, cut + s, pieces - s);
+            const sl_span *last = &cut[s + take - 1];
+            runs[nrun++] = (sl_run){.offset = cut[s].offset,
+                                    .len = last->offset + last->len - cut[s].offset,
+                                    .spans = cut + s, .nspans = take};
+            s += take;
+        }
+    }
+    return nrun;
+}
+
 int sl_engine_read_spans(sl_engine *e, sluice_cancel *cancel, const sl_file *f,
-                         const sl_span *spans, size_t n, sl_err *err)
+                         const sl_remote_cfg *rc_of, const sl_span *spans, size_t n,
+                         int *through_proxy, sl_err *err)
 {
     uint64_t max = e->chunk, pieces = 0;
     for (size_t k = 0; k < n; k++)
         pieces += spans[k].len / max + 2; /* the first may end the run before */
-    /* at most one run and two iovecs (a gap, a piece) per piece */
-    sl_spanjob j = {.f = f, .cancel = cancel};
+    /* at most one run and two iovecs (a gap, a piece) per piece; a remote
+     * file's: a run and a span (in the room of two iovecs) per piece */
+    _Static_assert(sizeof(sl_span) <= 2 * sizeof(struct iovec), "a span in two iovecs' room");
+    int remote = f->src->batch_spans != NULL;
+    sl_spanjob j = {.f = f, .cancel = cancel,
+                    .no_proxy = remote && rc_of && sl_remote_direct_hop(rc_of)};
     pthread_cond_init(&j.cv, NULL);
     int big = pieces > SIZE_MAX / (2 * sizeof(struct iovec));
     unsigned char *scratch = NULL;
     j.runs = big ? NULL : malloc((size_t)pieces * sizeof *j.runs);
-    struct iovec *iov = big ? NULL : malloc((size_t)pieces * 2 * sizeof *iov);
+    void *iov = big ? NULL : malloc((size_t)pieces * 2 * sizeof(struct iovec));
     int rc = SLUICE_OK, no_room = !j.runs || !iov;
-    if (!no_room) {
+    if (!no_room && remote) {
+        j.nrun = remote_runs(f, spans, n, max, iov, j.runs);
+    } else if (!no_room) {
         j.nrun = cut_runs(spans, n, max, j.runs, iov);
         scratch = give_scratch(j.runs, j.nrun, &no_room);
     }
@@ -847,7 +906,7 @@ int sl_engine_read_spans(sl_engine *e, sluice_cancel *cancel, const sl_file *f,
     if (no_room) {
         rc = sl_fail(err, SLUICE_E_NOMEM, "read_part: out of memory for %zu spans", n);
     } else if (sl_cancel_requested(cancel)) {
-        rc = sl_fail(err, SLUICE_E_CANCELLED, "read_part: cancelled");
+        rc = sl_fail(err, SLUICE_E_CANCELLED, "read_part: cancelled (its token was requested)");
     } else {
         sl_cancel_register(cancel, &reg); /* before the lock: the wake-up takes it */
         pthread_mutex_lock(&e->lock);
@@ -866,8 +925,8 @@ int sl_engine_read_spans(sl_engine *e, sluice_cancel *cancel, const sl_file *f,
              * those in flight write into dst, so they are waited for */
             if (!j.failed && sl_cancel_requested(cancel)) {
                 j.failed = 1;
-                sl_fail(&j.err, SLUICE_E_CANCELLED, "read_part: cancelled after %zu of %zu "
-                        "reads", j.done, j.nrun);
+                sl_fail(&j.err, SLUICE_E_CANCELLED, "read_part: cancelled (its token was "
+                        "requested) after %zu of %zu reads", j.done, j.nrun);
             }
             if (sl_spanjob_over(&j))
                 break;
@@ -886,6 +945,8 @@ int sl_engine_read_spans(sl_engine *e, sluice_cancel *cancel, const sl_file *f,
             }
         sl_unlock(e);
         sl_cancel_unregister(cancel, &reg);
+        if (j.proxied)
+            *through_proxy = 1;
         if (j.failed) {
             *err = j.err;
             rc = j.err.code;
@@ -899,9 +960,10 @@ int sl_engine_read_spans(sl_engine *e, sluice_cancel *cancel, const sl_file *f,
 }
 
 static int reader_spans(void *ctx, sluice_cancel *cancel, const sl_file *f,
-                        const sl_span *spans, size_t n, sl_err *err)
+                        const sl_remote_cfg *rc, const sl_span *spans, size_t n,
+                        int *through_proxy, sl_err *err)
 {
-    return sl_engine_read_spans(ctx, cancel, f, spans, n, err);
+    return sl_engine_read_spans(ctx, cancel, f, rc, spans, n, through_proxy, err);
 }
 
 sl_reader sl_engine_reader(sl_engine *e, sluice_cancel *cancel)

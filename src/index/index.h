@@ -38,7 +38,7 @@ typedef struct sl_file {
     _Atomic int single_ranges; /* remote: its server answered a multi-range
                                 request otherwise than multipart: parts' rows go
                                 as single ranges from then on (remote.h,
-                                sl_remote_read_spans) */
+                                sl_remote_spans_batch; set by the remote seam) */
     const char *name;        /* the base name inside path (manifest "files" key) */
     int fd;                  /* a local source's: open O_RDONLY|O_CLOEXEC until
                                 sl_index_free; -1 for a remote one */

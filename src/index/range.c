@@ -12,11 +12,11 @@
  * (RG_BOUNCE at most), whatever the size of the tensor.
  *
  * A caller may give a reader (range.h, sl_reader: the engine's, for
- * parts): then every read of a local file goes through it, and a
- * strided part's segments are one call, many reads in flight at once.
+ * parts): then every read of the call goes through it, a local file's
+ * and a remote one's, and a strided part's segments are one call, many
+ * reads in flight at once (a remote file's in multi-range requests).
  */
 #include "index/range.h"
-#include "base/cancel.h"
 
 #include "index/source.h"
 
@@ -79,41 +79,20 @@ static int rg_feed(rg_ctx *c, const unsigned char *p, uint64_t n)
     return SLUICE_OK;
 }
 
-/* Whether c's reads go through its reader: a local file, a reader given. */
+/* Whether c's reads go through its reader: one was given. */
 static int rg_by_reader(const rg_ctx *c)
 {
-    return c->rd && !(c->f->src->caps & SL_SRC_NETWORK);
-}
-
-/* SLUICE_E_CANCELLED when the reader's token was requested: checked
- * before each read of a remote file (a request, or one batch of
- * multi-range requests), and after one that failed (its transfer
- * aborted by the token, rg_remote). */
-static int rg_cancelled(rg_ctx *c)
-{
-    if (!c->rd || !sl_cancel_requested(c->rd->cancel))
-        return SLUICE_OK;
-    char q[SL_QUOTE_MAX];
-    return sl_fail(c->err, SLUICE_E_CANCELLED, "tensor %s: part read cancelled (its token was requested)",
-                   sl_quote(q, sizeof q, c->t->name, c->t->name_len));
-}
-
-/* The remote configuration of c's reads: the index's, or with a token
- * its copy in *own carrying it (on_progress aborts a transfer in flight
- * when it is requested; remote.h). */
-static const sl_remote_cfg *rg_remote(const rg_ctx *c, sl_remote_cfg *own)
-{
-    if (!c->ix->remote || !c->rd || !c->rd->cancel)
-        return c->ix->remote;
-    *own = *c->ix->remote;
-    own->cancel = c->rd->cancel;
-    return own;
+    return c->rd != NULL;
 }
 
 /* n spans through the reader; its failure names the tensor. */
 static int rg_reader_read(rg_ctx *c, const sl_span *sp, size_t n)
 {
-    int rc = c->rd->read(c->rd->ctx, c->rd->cancel, c->f, sp, n, c->err);
+    int proxied = 0;
+    int rc = c->rd->read(c->rd->ctx, c->rd->cancel, c->f, c->ix->remote, sp, n, &proxied,
+                         c->err);
+    if (proxied)
+        c->tally->through_proxy = 1;
     if (rc < 0 && rc != SLUICE_E_NOMEM) {
         char q[SL_QUOTE_MAX], msg[sizeof c->err->msg];
         snprintf(msg, sizeof msg, "%s", c->err->msg);
@@ -155,13 +134,9 @@ static int rg_read(rg_ctx *c, uint64_t lo, uint64_t hi, unsigned char *dst)
         size_t got;
         unsigned requests;
         const sl_file *f = c->f;
-        SL_TRY(rg_cancelled(c));
-        sl_remote_cfg own;
-        int rc = f->src->read_tensor(f, rg_remote(c, &own), into, want, c->t->offset + lo, &got,
+        int rc = f->src->read_tensor(f, c->ix->remote, into, want, c->t->offset + lo, &got,
                                      &requests, c->err);
-        c->tally->remote_reads += requests; /* an aborted one too, as a failed one */
-        if (rc < 0 && rg_cancelled(c) < 0) /* the transfer aborted by the token */
-            return SLUICE_E_CANCELLED;
+        c->tally->remote_reads += requests; /* a failed one too */
         if (rc == SL_SRC_ERRNO)
             return rg_fail_read(c, lo, errno);
         if (rc < 0)
@@ -280,38 +255,19 @@ int sl_range_digest(const sl_index *ix, size_t i, uint64_t begin, uint64_t end,
 
 /* Reads the part's segments into dst, one after the other (dst is the
  * part laid out contiguously), and feeds them to c->md when set. A
- * strided part's segments go in one call to a source that reads many
- * spans at once (a remote file: multi-range requests) or to the reader
- * (many reads in flight, close segments one read); else each segment is
- * one read of the source, and segments that touch (n = 1, or a single
- * segment) are one read. */
+ * strided part's segments go in one call to the reader (many reads in
+ * flight; a local file's close segments one read, a remote file's in
+ * multi-range requests); else each segment is one read of the source,
+ * and segments that touch (n = 1, or a single segment) are one read. */
 static int rg_gather(rg_ctx *c, const sl_part_geom *g, unsigned char *dst)
 {
-    const sl_file *f = c->f;
-    int by_reader = rg_by_reader(c);
-    if ((by_reader || f->src->read_spans) && g->count > 1 && g->stride != g->seg) {
+    if (rg_by_reader(c) && g->count > 1 && g->stride != g->seg) {
         sl_span *sp = malloc((size_t)g->count * sizeof *sp);
         if (!sp)
             return sl_fail(c->err, SLUICE_E_NOMEM, "read_part: out of memory");
         for (uint64_t s = 0; s < g->count; s++)
             sp[s] = (sl_span){c->t->offset + g->first + s * g->stride, g->seg, dst + s * g->seg};
-        int rc;
-        if (by_reader) {
-            rc = rg_reader_read(c, sp, (size_t)g->count);
-        } else {
-            unsigned requests = 0;
-            uint64_t bytes = 0;
-            sl_remote_cfg own;
-            rc = rg_cancelled(c);
-            if (rc == SLUICE_OK)
-                rc = f->src->read_spans(f, rg_remote(c, &own), sp, (size_t)g->count, &requests,
-                                        &bytes, c->err);
-            if (rc < 0 && rc != SLUICE_E_CANCELLED && sl_cancel_requested(c->rd->cancel))
-                rc = rg_cancelled(c); /* the transfer aborted by the token */
-            c->tally->remote_reads += requests;
-            c->tally->remote_bytes += bytes;
-            c->tally->bytes_read += bytes;
-        }
+        int rc = rg_reader_read(c, sp, (size_t)g->count);
         free(sp);
         if (rc < 0)
             return rc;

@@ -64,15 +64,18 @@ typedef struct sl_source_methods {
     int (*read_tensor)(const struct sl_file *f, const sl_remote_cfg *rc, unsigned char *buf,
                        size_t want, uint64_t offset, size_t *got, unsigned *requests,
                        sl_err *err);
-    /* Reads many spans of a tensor's file (a strided part's rows:
-     * ascending, none overlapping) synchronously, as few requests as the
-     * kind allows (remote: multi-range requests, sl_remote_read_spans);
-     * *requests and *bytes: the requests made and the bytes they asked.
-     * NULL: the kind reads span by span through read_tensor. */
-    int (*read_spans)(const struct sl_file *f, const sl_remote_cfg *rc, const sl_span *spans,
-                      size_t n, unsigned *requests, uint64_t *bytes, sl_err *err);
-    /* Queues req (its fd set by the caller, its iov and offset too) on
-     * the seam this kind is read through: io's ring or rio. */
+    /* How many of spans (a part's rows, or one piece of a tensor: ascending,
+     * none overlapping, none empty; n >= 1) one read of the engine takes,
+     * made by submit given the spans (sl_io_req spans) rather than iov:
+     * remote, one request of the remote seam (sl_remote_spans_batch: a
+     * multi-range request, or one coalesced range where f's server refuses
+     * those). NULL: the engine cuts spans into reads of iov itself
+     * (sched.c: SLUICE_PART_GAP). */
+    size_t (*batch_spans)(const struct sl_file *f, const sl_span *spans, size_t n);
+    /* Queues req (its fd set by the caller, its iov and offset, or its
+     * spans, too) on the seam this kind is read through: io's ring or rio
+     * (which reads f's spans as batch_spans said, its flag of a server
+     * without multi-range requests kept in f). */
     void (*submit)(const struct sl_file *f, sl_io *io, sl_rio *rio, sl_io_req *req);
     /* Releases what open took; f's strings are the index's. */
     void (*close)(struct sl_file *f);
@@ -113,9 +116,11 @@ const sl_source_methods *sl_source_of(const sl_location *loc);
 int sl_source_direct_again(const sl_remote_cfg *c, const struct sl_file *f, int code,
                            int through_proxy, int direct);
 
-/* The blocking reads' side of it: when sl_source_direct_again says so for
- * a read of f that failed with code (its bytes taken to have come through
- * the proxy whenever f's requests go through one), read(direct, ctx,
+/* The reads' side of it outside the engine's loads: when
+ * sl_source_direct_again says so for a read of f that failed with code
+ * (through_proxy: some of its bytes came through the proxy; a blocking
+ * read, which cannot tell, passes 1 whenever f's requests go through
+ * one; a part read through the engine knows), read(direct, ctx,
  * &bytes, err) is called once with a configuration whose requests all
  * take the direct hop (the tally, secrets and validators shared, not
  * owned), counted as the engine's loads are: one proxy failure, bytes in
@@ -125,6 +130,6 @@ int sl_source_direct_again(const sl_remote_cfg *c, const struct sl_file *f, int 
 typedef int (*sl_direct_read_fn)(const sl_remote_cfg *direct, void *ctx, uint64_t *bytes,
                                  sl_err *err);
 int sl_source_read_direct(const sl_remote_cfg *c, const struct sl_file *f, int code,
-                          sl_direct_read_fn read, void *ctx, sl_err *err);
+                          int through_proxy, sl_direct_read_fn read, void *ctx, sl_err *err);
 
 #endif

@@ -4,7 +4,7 @@
  * strong ETag of each hop, the proxy's and the origin's, each from the
  * first reply over that hop), blocking range requests (remote.c) for the
  * header and sluice_read_into, the remote seam (sl_rio) for the engine's
- * reads; every request checked against the size seen at open and asked
+ * reads (loads, and parts' spans in multi-range requests); every request checked against the size seen at open and asked
  * If-Match with its own hop's validator. */
 #include "index/source.h"
 
@@ -85,18 +85,17 @@ static int remote_read_tensor(const sl_file *f, const sl_remote_cfg *rc, unsigne
     return SLUICE_OK;
 }
 
-static int remote_read_spans(const sl_file *f, const sl_remote_cfg *rc, const sl_span *spans,
-                             size_t n, unsigned *requests, uint64_t *bytes, sl_err *err)
+static size_t remote_batch_spans(const sl_file *f, const sl_span *spans, size_t n)
 {
-    uint64_t size = f->size;
-    /* f is shared: its flag is set once, without a lock (index.h) */
-    return sl_remote_read_spans(rc, f->target, spans, n, &size, f->validators,
-                                (_Atomic int *)&f->single_ranges, requests, bytes, err);
+    return sl_remote_spans_batch(spans, n,
+                                 atomic_load_explicit((_Atomic int *)&f->single_ranges, memory_order_relaxed));
 }
 
 static void remote_submit(const sl_file *f, sl_io *io, sl_rio *rio, sl_io_req *req)
 {
     (void)io;
+    /* f is shared: its flag is set once, without a lock (index.h) */
+    req->single = (_Atomic int *)&f->single_ranges;
     sl_rio_submit(rio, req, f->target, f->size, f->validators);
 }
 
@@ -118,7 +117,7 @@ static int remote_read_small(const sl_remote_cfg *rc, const char *loc, size_t ma
 
 /* What the Hub's table shares with the remote one. */
 #define REMOTE_COMMON_METHODS                                                                      \
-    .read_tensor = remote_read_tensor, .read_spans = remote_read_spans,                          \
+    .read_tensor = remote_read_tensor, .batch_spans = remote_batch_spans,                          \
     .submit = remote_submit, .close = remote_close, .read_small = remote_read_small,
 
 /* A Hub file (hf://, read at the commit hf.c pinned): the remote source
@@ -172,9 +171,9 @@ int sl_source_direct_again(const sl_remote_cfg *c, const struct sl_file *f, int 
 }
 
 int sl_source_read_direct(const sl_remote_cfg *c, const struct sl_file *f, int code,
-                          sl_direct_read_fn read, void *ctx, sl_err *err)
+                          int through_proxy, sl_direct_read_fn read, void *ctx, sl_err *err)
 {
-    if (!sl_source_direct_again(c, f, code, 1, 0))
+    if (!sl_source_direct_again(c, f, code, through_proxy, 0))
         return SL_SRC_NOT_PROXIED;
     sl_remote_cfg direct = *c;  /* the direct hop: the tally and secrets shared, not owned */
     direct.proxy_http = direct.proxy_https = NULL;

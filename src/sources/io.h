@@ -76,6 +76,24 @@ typedef struct sl_io_req {
      * failure, or the proxy taken for down) */
     uint8_t proxied, proxy_failed;
     char proxy_why[120];
+    /* remote seam, set by the caller before submit: a request of spans of
+     * the object (a part's rows: ascending, none overlapping, none empty)
+     * instead of iov, each span's bytes landing in its dst, made as one
+     * multi-range request (or, where the server refuses those, as
+     * coalesced single ranges: remote.h, sl_remote_spans_batch); NULL: a
+     * request of iov. single: the object's flag that its server refuses
+     * multi-range requests (set by the seam when one is refused). cancel:
+     * a call's token, or NULL: once requested, the request's transfer is
+     * aborted (SLUICE_E_CANCELLED), no retry follows, and one not on the
+     * wire yet fails without going out. */
+    const struct sl_span *spans;
+    size_t nspans;
+    _Atomic int *single;
+    const struct sluice_cancel *cancel;
+    /* remote seam result of a spans request: the HTTP requests it made
+     * (a multi-range one the server refused not counted); done_bytes: the
+     * object bytes they asked, the gaps between spans included */
+    uint32_t requests;
 
     /* private to the seam */
     uint32_t attempts;       /* consecutive EINTR/EAGAIN */

@@ -388,6 +388,42 @@ char *sl_remote_url(const sl_remote_cfg *c, const char *loc, sl_err *err)
     return u;
 }
 
+/* The range of spans [s, n) that starts at s: spans closer than gap in
+ * the object join it, up to SL_SPAN_RANGE_MAX bytes (a span longer is a
+ * range alone). Returns the span past it; *lo, *hi its object bytes. */
+static size_t span_range(const sl_span *spans, size_t s, size_t n, uint64_t gap, uint64_t *lo,
+                         uint64_t *hi)
+{
+    *lo = spans[s].offset;
+    *hi = *lo + spans[s].len;
+    for (s++; s < n; s++) {
+        uint64_t a = spans[s].offset, b = a + spans[s].len;
+        if (a < *hi || a - *hi >= gap || b - *lo > SL_SPAN_RANGE_MAX)
+            break;
+        *hi = b;
+    }
+    return s;
+}
+
+size_t sl_remote_spans_batch(const sl_span *spans, size_t n, int single)
+{
+    uint64_t gap = single ? SL_SPAN_GAP_SINGLE : SL_SPAN_GAP_MULTI, want = 0;
+    size_t s = 0, ranges = 0, hl = 0;
+    while (s < n) {
+        uint64_t lo, hi;
+        size_t next = span_range(spans, s, n, gap, &lo, &hi);
+        if (ranges && (single || ranges >= SL_SPAN_BATCH || hl + 42 > SL_SPAN_HEADER_MAX ||
+                       want + (hi - lo) > SL_SPAN_RANGE_MAX))
+            break;
+        hl += (size_t)snprintf(NULL, 0, "%llu-%llu,", (unsigned long long)lo,
+                               (unsigned long long)(hi - 1));
+        want += hi - lo;
+        ranges++;
+        s = next;
+    }
+    return s;
+}
+
 #ifndef SLUICE_HAVE_CURL
 
 static int unsupported(sl_err *err, const char *loc)
@@ -415,15 +451,6 @@ int sl_remote_get(const sl_remote_cfg *c, const char *location, size_t max, char
 {
     *out = NULL;
     return unsupported(err, location);
-}
-
-int sl_remote_read_spans(const sl_remote_cfg *c, const sl_remote_target *t, const sl_span *spans,
-                         size_t n, uint64_t *size, sl_validators *v, _Atomic int *single,
-                         unsigned *requests, uint64_t *bytes, sl_err *err)
-{
-    *requests = 0;
-    *bytes = 0;
-    return unsupported(err, t->shown);
 }
 
 int sl_remote_get_anchor(const sl_remote_cfg *c, const char *location, size_t max, char **out,
@@ -587,8 +614,8 @@ static void hop_learn(sl_validators *v, int hop, const char *etag)
 }
 
 /* The verdict of a multi-range request the server does not answer with
- * multipart/byteranges (200, one range, 416): read the ranges one by one
- * (sl_remote_read_spans). Never a SLUICE_E_* code. */
+ * multipart/byteranges (200, one range, 416): the seam reads the spans
+ * as single coalesced ranges instead (finished). Never a SLUICE_E_* code. */
 #define MR_FALLBACK (-2000)
 
 /* The boundary of a Content-Type value "multipart/byteranges;
@@ -1041,7 +1068,6 @@ static int setup(CURL *h, const sl_remote_cfg *c, const sl_remote_target *t, xfe
     curl_easy_setopt(h, CURLOPT_WRITEDATA, x);
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, x->errbuf);
     x->abort_flag = c->abort_flag;
-    x->cancel = c->cancel;
     x->stall_ms = c->stall_timeout_ms;
     curl_easy_setopt(h, CURLOPT_XFERINFOFUNCTION, on_progress);
     curl_easy_setopt(h, CURLOPT_XFERINFODATA, x);
@@ -1259,13 +1285,13 @@ static int fetch(const sl_remote_cfg *c, const sl_remote_target *t, xfer *x, uin
             continue;
         }
         if (out == OUT_RETRY && attempt + 1 < c->attempts && !(c->abort_flag && *c->abort_flag) &&
-            !sl_cancel_requested(c->cancel)) {
+            !sl_cancel_requested(x->cancel)) {
             uint64_t wait = backoff_ms(c, attempt, x->retry_after_ms), now = mono_ms();
             if (now + wait < deadline) {
                 atomic_fetch_add_explicit(&c->tally->retries[x->cause], 1, memory_order_relaxed);
                 /* in slices, so that a close stops the wait */
                 for (uint64_t end = now + wait; mono_ms() < end;) {
-                    if ((c->abort_flag && *c->abort_flag) || sl_cancel_requested(c->cancel))
+                    if ((c->abort_flag && *c->abort_flag) || sl_cancel_requested(x->cancel))
                         break;
                     struct timespec ts = {0, 20000000L};
                     nanosleep(&ts, NULL);
@@ -1431,51 +1457,6 @@ static int mr_parse(const char *body, size_t len, const char *boundary, const mr
     return SLUICE_OK;
 }
 
-/* One multi-range request of ranges rg[0..nr) (nr >= 2). MR_FALLBACK
- * when the server answers it otherwise than multipart. */
-static int mr_fetch(const sl_remote_cfg *c, const sl_remote_target *t, const mr_range *rg, size_t nr,
-                    const sl_span *spans, uint64_t *size, sl_validators *v, sl_err *err)
-{
-    char *hdr = malloc(nr * 42 + 1);
-    if (!hdr)
-        return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", t->shown);
-    size_t at = 0;
-    uint64_t want = 0;
-    for (size_t k = 0; k < nr; k++) {
-        at += (size_t)sprintf(hdr + at, "%s%llu-%llu", k ? "," : "",
-                              (unsigned long long)rg[k].lo, (unsigned long long)(rg[k].hi - 1));
-        want += rg[k].hi - rg[k].lo;
-    }
-    /* the body: the bytes, and each part's lines (a few hundred bytes at
-     * most from a sane server) */
-    xfer x = {.multi = hdr, .gmax = (size_t)want + nr * 1024 + 4096, .size = *size, .tags = v,
-              .tensor = 1};
-    int rc = fetch(c, t, &x, 0, 0, SLUICE_E_REMOTE, err);
-    if (rc == SLUICE_OK)
-        rc = mr_parse(x.gbuf ? x.gbuf : "", x.glen, x.boundary, rg, nr, spans, *size, t->shown,
-                      err);
-    free(x.gbuf);
-    free(hdr);
-    return rc;
-}
-
-/* One range request of file bytes [r->lo, r->hi), its spans placed. */
-static int mr_single(const sl_remote_cfg *c, const sl_remote_target *t, const mr_range *r,
-                     const sl_span *spans, uint64_t *size, sl_validators *v, sl_err *err)
-{
-    uint64_t n = r->hi - r->lo;
-    int direct = r->s1 - r->s0 == 1 && spans[r->s0].len == n;
-    unsigned char *buf = direct ? spans[r->s0].dst : malloc((size_t)n);
-    if (!buf)
-        return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", t->shown);
-    int rc = ranged_read(c, t, r->lo, n, buf, size, v, SLUICE_E_REMOTE, 1, err);
-    if (rc == SLUICE_OK && !direct)
-        mr_place(r, spans, buf);
-    if (!direct)
-        free(buf);
-    return rc;
-}
-
 /* Ranges of spans [s, n): spans closer than gap in the file are one,
  * none longer than SL_SPAN_RANGE_MAX (a span longer is a range alone). */
 static size_t mr_ranges(const sl_span *spans, size_t n, uint64_t gap, mr_range *out)
@@ -1492,85 +1473,6 @@ static size_t mr_ranges(const sl_span *spans, size_t n, uint64_t gap, mr_range *
         }
     }
     return nr;
-}
-
-int sl_remote_read_spans(const sl_remote_cfg *c, const sl_remote_target *t, const sl_span *spans,
-                         size_t n, uint64_t *size, sl_validators *v, _Atomic int *single,
-                         unsigned *requests, uint64_t *bytes, sl_err *err)
-{
-    *requests = 0;
-    *bytes = 0;
-    mr_range *rg = malloc((n ? n : 1) * sizeof *rg);
-    if (!rg)
-        return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", t->shown);
-    for (size_t s = 0; s < n; s++) /* empty spans are nothing to ask */
-        if (spans[s].len == 0 || (s && spans[s].offset < spans[s - 1].offset + spans[s - 1].len)) {
-            free(rg);
-            return sl_fail(err, SLUICE_E_INVAL, "%s: spans out of order", t->shown);
-        }
-    size_t nr = mr_ranges(spans, n, SL_SPAN_GAP_MULTI, rg);
-    int rc = single && atomic_load_explicit(single, memory_order_relaxed) ? MR_FALLBACK
-                                                                          : SLUICE_OK;
-    size_t k = 0;
-    while (rc == SLUICE_OK && k < nr) {
-        if (sl_cancel_requested(c->cancel)) { /* a part's token: between requests */
-            rc = sl_fail(err, SLUICE_E_CANCELLED, "%s: cancelled (the call's token was "
-                         "requested)", t->shown);
-            break;
-        }
-        /* a batch: ranges up to SL_SPAN_BATCH of them, a Range header of
-         * at most SL_SPAN_HEADER_MAX bytes, SL_SPAN_RANGE_MAX bytes */
-        size_t j = k, hl = 0;
-        uint64_t want = 0;
-        while (j < nr && j - k < SL_SPAN_BATCH && hl + 42 <= SL_SPAN_HEADER_MAX &&
-               (j == k || want + (rg[j].hi - rg[j].lo) <= SL_SPAN_RANGE_MAX)) {
-            hl += (size_t)snprintf(NULL, 0, "%llu-%llu,", (unsigned long long)rg[j].lo,
-                                   (unsigned long long)(rg[j].hi - 1));
-            want += rg[j].hi - rg[j].lo;
-            j++;
-        }
-        if (j - k >= 2) {
-            rc = mr_fetch(c, t, rg + k, j - k, spans, size, v, err);
-            if (rc == MR_FALLBACK)
-                break; /* the rest one range at a time, coalesced wider */
-            if (rc == SLUICE_OK) {
-                (*requests)++;
-                *bytes += want;
-            }
-        } else {
-            rc = mr_single(c, t, &rg[k], spans, size, v, err);
-            if (rc == SLUICE_OK) {
-                (*requests)++;
-                *bytes += want;
-            }
-        }
-        k = j;
-    }
-    if (rc == MR_FALLBACK && single)
-        atomic_store_explicit(single, 1, memory_order_relaxed);
-    if (rc == MR_FALLBACK) {
-        /* no multi-range: the spans left, closer than SL_SPAN_GAP_SINGLE
-         * one range each (the bytes between them fetched and dropped) */
-        rc = SLUICE_OK;
-        size_t s0 = k < nr ? rg[k].s0 : n;
-        size_t nr2 = mr_ranges(spans + s0, n - s0, SL_SPAN_GAP_SINGLE, rg);
-        for (size_t q = 0; rc == SLUICE_OK && q < nr2; q++) {
-            rg[q].s0 += s0;
-            rg[q].s1 += s0;
-            if (sl_cancel_requested(c->cancel)) {
-                rc = sl_fail(err, SLUICE_E_CANCELLED, "%s: cancelled (the call's token was "
-                             "requested)", t->shown);
-                break;
-            }
-            rc = mr_single(c, t, &rg[q], spans, size, v, err);
-            if (rc == SLUICE_OK) {
-                (*requests)++;
-                *bytes += rg[q].hi - rg[q].lo;
-            }
-        }
-    }
-    free(rg);
-    return rc;
 }
 
 static int get(const sl_remote_cfg *c, const char *location, size_t max, char **out,
@@ -1638,6 +1540,16 @@ typedef struct rreq {
     int last_code;
     uint64_t bypass_from;        /* req->done_bytes when it went direct */
     uint64_t attempt_from;       /* req->done_bytes when this attempt started */
+    /* a spans request (req->spans): its ranges rg[0..nr), all of them in
+     * one multi-range request (multi; its Range value range), else one
+     * single range after another (cur the one on the wire; its bytes in
+     * bounce when they are not one span's dst); sent: a request went out
+     * that is not counted in req->requests yet */
+    mr_range *rg;
+    size_t nr, cur;
+    int multi, sent;
+    char *range;
+    unsigned char *bounce;
 } rreq;
 
 struct sl_rio {
@@ -1664,6 +1576,12 @@ struct sl_rio {
 static void complete(sl_rio *r, rreq *q, int code, const char *msg, int errnum)
 {
     sl_io_req *req = q->req;
+    if (q->sent)
+        req->requests++;    /* a spans request's last, failed or aborted */
+    free(q->rg);
+    free(q->range);
+    free(q->bounce);
+    free(q->x.gbuf);
     if (!code && q->x.unconfirmed)
         atomic_fetch_add_explicit(&r->c->tally->proxy_failures, 1, memory_order_relaxed);
     if (!code && q->x.no_proxy && q->x.would_proxy)
@@ -1701,6 +1619,78 @@ static void deliver(sl_rio *r)
         r->done(r->ctx, list);
 }
 
+/* Back to the front of the queue: a request that goes on at once (to the
+ * origin directly, the next range of a spans request). */
+static void requeue(sl_rio *r, rreq *q)
+{
+    q->next = r->pending;
+    r->pending = q;
+    if (!r->pending_tail)
+        r->pending_tail = q;
+}
+
+/* Points spans request q at its current range: a fresh request (its own
+ * attempts and deadline, as each blocking fetch has), whose bytes land in
+ * its span's dst when the range is that span, else in a buffer of its
+ * own (placed by sp_landed). SLUICE_OK or SLUICE_E_NOMEM. */
+static int sp_range(rreq *q)
+{
+    free(q->bounce);
+    q->bounce = NULL;
+    q->x.done = 0;
+    q->deadline = 0;
+    q->attempt = 0;
+    if (q->multi)
+        return SLUICE_OK;
+    const mr_range *g = &q->rg[q->cur];
+    const sl_span *sp = q->req->spans;
+    if (g->s1 - g->s0 == 1 && sp[g->s0].len == g->hi - g->lo) {
+        q->x.buf = sp[g->s0].dst;
+        return SLUICE_OK;
+    }
+    if (!(q->bounce = malloc((size_t)(g->hi - g->lo))))
+        return SLUICE_E_NOMEM;
+    q->x.buf = q->bounce;
+    return SLUICE_OK;
+}
+
+/* Plans spans request q (remote.h, sl_remote_spans_batch's rules): one
+ * multi-range request of its ranges, or (single: the server refuses
+ * those; or one range) its spans coalesced wider into single ranges, made
+ * one after another. SLUICE_OK or SLUICE_E_NOMEM. */
+static int sp_plan(rreq *q, int single)
+{
+    const sl_span *sp = q->req->spans;
+    size_t n = q->req->nspans;
+    free(q->rg);
+    free(q->range);
+    q->range = NULL;
+    if (!(q->rg = malloc(n * sizeof *q->rg)))
+        return SLUICE_E_NOMEM;
+    q->nr = mr_ranges(sp, n, single ? SL_SPAN_GAP_SINGLE : SL_SPAN_GAP_MULTI, q->rg);
+    q->cur = 0;
+    q->multi = !single && q->nr >= 2;
+    q->x.multi = NULL;
+    q->x.ranged = !q->multi;
+    if (q->multi) {
+        if (!(q->range = malloc(q->nr * 42 + 1)))
+            return SLUICE_E_NOMEM;
+        size_t at = 0;
+        uint64_t want = 0;
+        for (size_t k = 0; k < q->nr; k++) {
+            at += (size_t)sprintf(q->range + at, "%s%llu-%llu", k ? "," : "",
+                                  (unsigned long long)q->rg[k].lo,
+                                  (unsigned long long)(q->rg[k].hi - 1));
+            want += q->rg[k].hi - q->rg[k].lo;
+        }
+        /* the body: the bytes, and each part's lines (a few hundred bytes
+         * at most from a sane server) */
+        q->x.multi = q->range;
+        q->x.gmax = (size_t)want + q->nr * 1024 + 4096;
+    }
+    return sp_range(q);
+}
+
 static void start(sl_rio *r, rreq *q)
 {
     if (!q->h)
@@ -1710,8 +1700,16 @@ static void start(sl_rio *r, rreq *q)
         return;
     }
     x_reset_attempt(&q->x);
-    q->x.want_off = q->req->offset;
-    q->x.want_len = q->req->total - q->req->done_bytes;
+    if (!q->req->spans) {
+        q->x.want_off = q->req->offset;
+        q->x.want_len = q->req->total - q->req->done_bytes;
+    } else if (q->multi) {
+        q->x.glen = 0;
+    } else {
+        q->x.want_off = q->rg[q->cur].lo + q->x.done;
+        q->x.want_len = q->rg[q->cur].hi - q->rg[q->cur].lo - q->x.done;
+    }
+    q->sent = q->req->spans != NULL;
     /* The read's clock starts when a connection first takes it: time in
      * the queue behind other reads is not the read's (remote_deadline_ms) */
     if (!q->deadline)
@@ -1753,13 +1751,53 @@ static void park(sl_rio *r, rreq *q)
     *p = q;
 }
 
+/* A request of spans request q came back whole: its bytes placed (a
+ * multi-range reply parsed strictly, remote.h), and the next range goes
+ * out, or q is complete. */
+static void sp_landed(sl_rio *r, rreq *q)
+{
+    sl_io_req *req = q->req;
+    q->sent = 0;
+    req->requests++;
+    if (q->multi) {
+        sl_err err;
+        uint64_t want = 0;
+        for (size_t k = 0; k < q->nr; k++)
+            want += q->rg[k].hi - q->rg[k].lo;
+        int rc = mr_parse(q->x.gbuf ? q->x.gbuf : "", q->x.glen, q->x.boundary, q->rg, q->nr,
+                          req->spans, q->x.size, q->t->shown, &err);
+        if (rc < 0) {
+            complete(r, q, rc, err.msg, EIO);
+            return;
+        }
+        req->done_bytes += want;
+        complete(r, q, 0, NULL, 0);
+        return;
+    }
+    const mr_range *g = &q->rg[q->cur];
+    if (q->bounce)
+        mr_place(g, req->spans, q->bounce);
+    req->done_bytes += g->hi - g->lo;
+    if (++q->cur == q->nr) {
+        complete(r, q, 0, NULL, 0);
+        return;
+    }
+    if (sp_range(q) < 0) {
+        complete(r, q, SLUICE_E_NOMEM, "out of memory", ENOMEM);
+        return;
+    }
+    requeue(r, q);
+}
+
 static void finished(sl_rio *r, rreq *q, CURLcode cr)
 {
     off_wire(r, q);
     int code = 0;
     char msg[200];
     int out = outcome(&q->x, cr, 0, &code, msg, sizeof msg);
-    if (q->x.proxied && q->req->done_bytes > q->attempt_from)
+    uint64_t landed = q->req->spans ? (q->x.status == 206 ? q->x.got : 0)
+                                    : q->req->done_bytes - q->attempt_from;
+    if (q->x.proxied && landed)
         q->req->proxied = 1;    /* bytes of the proxy's landed: the digest must judge */
     if (out != OUT_OK && !r->abort && proxy_fault(&q->x, cr, code)) {
         /* to the origin directly, at once (the front of the queue), from
@@ -1769,18 +1807,32 @@ static void finished(sl_rio *r, rreq *q, CURLcode cr)
         snprintf(q->req->proxy_why, sizeof q->req->proxy_why, "%.119s", msg);
         sl_utf8_cut(q->req->proxy_why);
         q->bypass_from = q->req->done_bytes;
-        q->next = r->pending;
-        r->pending = q;
-        if (!r->pending_tail)
-            r->pending_tail = q;
+        requeue(r, q);
+        return;
+    }
+    if (code == MR_FALLBACK) {
+        /* the server refuses multi-range requests: not counted; this
+         * one's spans go as single coalesced ranges, and so do the
+         * object's later ones (its flag) */
+        q->sent = 0;
+        if (q->req->single)
+            atomic_store_explicit(q->req->single, 1, memory_order_relaxed);
+        if (sp_plan(q, 1) < 0)
+            complete(r, q, SLUICE_E_NOMEM, "out of memory", ENOMEM);
+        else
+            requeue(r, q);
         return;
     }
     if (out == OUT_OK) {
         hop_learn(q->x.tags, q->x.proxied ? SL_HOP_PROXY : SL_HOP_DIRECT, q->x.etag);
-        complete(r, q, 0, NULL, 0);
+        if (q->req->spans)
+            sp_landed(r, q);
+        else
+            complete(r, q, 0, NULL, 0);
         return;
     }
-    if (out == OUT_RETRY && q->attempt + 1 < r->c->attempts && !r->abort) {
+    if (out == OUT_RETRY && q->attempt + 1 < r->c->attempts && !r->abort &&
+        !sl_cancel_requested(q->req->cancel)) {
         uint64_t wait = backoff_ms(r->c, q->attempt, q->x.retry_after_ms), now = mono_ms();
         if (now + wait < q->deadline) {
             atomic_fetch_add_explicit(&r->c->tally->retries[q->x.cause], 1, memory_order_relaxed);
@@ -1824,6 +1876,34 @@ static void abort_all(sl_rio *r)
     }
 }
 
+/* A call's token requested: its requests that wait for a connection or
+ * for a retry fail now, without going out (those on the wire are aborted
+ * by on_progress). */
+static void cancelled(sl_rio *r)
+{
+    static const char why[] = "cancelled (the call's token was requested)";
+    for (rreq **p = &r->parked; *p;) {
+        rreq *q = *p;
+        if (!sl_cancel_requested(q->req->cancel)) {
+            p = &q->next;
+            continue;
+        }
+        *p = q->next;
+        complete(r, q, SLUICE_E_CANCELLED, why, ECANCELED);
+    }
+    r->pending_tail = NULL;
+    for (rreq **p = &r->pending; *p;) {
+        rreq *q = *p;
+        if (!sl_cancel_requested(q->req->cancel)) {
+            r->pending_tail = q;
+            p = &q->next;
+            continue;
+        }
+        *p = q->next;
+        complete(r, q, SLUICE_E_CANCELLED, why, ECANCELED);
+    }
+}
+
 static void *rio_main(void *arg)
 {
     sl_rio *r = arg;
@@ -1848,12 +1928,18 @@ static void *rio_main(void *arg)
             }
             q->req = req;
             q->t = req->target;
-            q->x.req = req;
+            q->x.req = req->spans ? NULL : req;
             q->x.ranged = 1;
             q->x.size = req->object_size;
             q->x.tags = req->validators;
             q->x.no_proxy = req->no_proxy;
             q->x.demand = req->demand;
+            q->x.cancel = req->cancel;
+            if (req->spans &&
+                sp_plan(q, req->single && atomic_load_explicit(req->single, memory_order_relaxed)) < 0) {
+                complete(r, q, SLUICE_E_NOMEM, "out of memory", ENOMEM);
+                continue;
+            }
             if (r->pending_tail)
                 r->pending_tail->next = q;
             else
@@ -1862,6 +1948,7 @@ static void *rio_main(void *arg)
         }
         if (ab)
             abort_all(r);
+        cancelled(r);
         while (r->parked && r->parked->due <= now) {
             rreq *q = r->parked;
             r->parked = q->next;
@@ -1948,6 +2035,7 @@ void sl_rio_submit(sl_rio *r, sl_io_req *req, const sl_remote_target *t, uint64_
     req->attempts = 0;
     req->proxied = req->proxy_failed = 0;   /* no_proxy and demand are the caller's */
     req->proxy_why[0] = '\0';
+    req->requests = 0;
     uint64_t total = 0;
     for (int i = 0; i < req->iovcnt; i++)
         total += req->iov[i].iov_len;

@@ -5,7 +5,8 @@
  *  - blocking fetches, for open (headers, index.json, the manifest): one
  *    easy handle per call, retried by the same rules as the reads;
  *  - sl_rio, the remote seam of an engine: requests shaped like the I/O
- *    seam's (io.h: an sl_io_req with its iov), served by one thread that
+ *    seam's (io.h: an sl_io_req with its iov, or with a part's spans,
+ *    made as multi-range requests), served by one thread that
  *    owns a curl multi handle, many requests in flight over kept-alive
  *    connections, completion through the same callback as the ring's.
  *
@@ -110,12 +111,16 @@ typedef struct sl_remote_cfg {
     char *no_proxy;              /* the hosts reached directly, or NULL */
     unsigned proxy_kind;         /* SLUICE_PROXY_* */
     _Atomic int *abort_flag;    /* non-NULL and set: blocking fetches stop */
-    struct sluice_cancel *cancel; /* NULL, or a call's token (a part read sets
-                                   it in its own copy): once requested, the
-                                   transfer in flight is aborted and no
-                                   retry follows, as with abort_flag */
     sl_remote_tally *tally;     /* owned; shared by copies of the struct (the engine's) */
 } sl_remote_cfg;
+
+/* Whether c is the direct hop: no proxy in it (what
+ * sl_source_read_direct reads with; a model without a proxy too): the
+ * seam's requests of a read under it go with no_proxy (io.h). */
+static inline int sl_remote_direct_hop(const sl_remote_cfg *c)
+{
+    return !c->proxy_http && !c->proxy_https;
+}
 
 /* The proxy a request for url (http(s)://) goes through, or NULL when
  * none applies (none configured, or no_proxy names its host). */
@@ -214,7 +219,7 @@ typedef struct sl_span {
     unsigned char *dst;
 } sl_span;
 
-/* How sl_remote_read_spans asks for spans (sluice.h, "Parts of a remote
+/* How the spans of a part are asked for (sluice.h, "Parts of a remote
  * file"): spans less than SL_SPAN_GAP_MULTI apart are one range (the gap
  * fetched and dropped: less than a part's own header lines in a
  * multipart reply); up to SL_SPAN_BATCH ranges, a Range value of at most
@@ -228,19 +233,21 @@ typedef struct sl_span {
 #define SL_SPAN_HEADER_MAX 6144
 #define SL_SPAN_RANGE_MAX ((uint64_t)16 << 20)
 
-/* Reads spans (ascending in the object, none overlapping, none empty) of
- * location: multi-range requests (Range: bytes=a-b,c-d,...) answered 206
+/* How many of spans (ascending, none overlapping, none empty; n >= 1)
+ * the first request of a spans request of the seam takes (sl_io_req
+ * spans): one multi-range request by the rules above, or with single set
+ * (the object's server refuses multi-range requests) one coalesced
+ * range. At least 1. The engine cuts a part's spans into such requests,
+ * each one read of its queue depth; the seam makes each (sl_rio_submit):
+ * a multi-range request (Range: bytes=a-b,c-d,...) answered 206
  * multipart/byteranges and parsed strictly (each part's Content-Range
- * must be the range asked, in order, of an object of *size bytes; else
- * SLUICE_E_REMOTE, or SLUICE_E_FILE_CHANGED for another size); a server
- * that answers one with 200, 416 or a single range gets the spans left as
- * single coalesced ranges (remote.h's rules for those), and *single (may
- * be NULL) is set: later calls given it go single at once. *requests and
- * *bytes: the requests made and the object bytes they asked for (the
- * caller counts them, as sl_remote_read_tensor's). */
-int sl_remote_read_spans(const sl_remote_cfg *c, const sl_remote_target *t, const sl_span *spans,
-                         size_t n, uint64_t *size, sl_validators *v, _Atomic int *single,
-                         unsigned *requests, uint64_t *bytes, sl_err *err);
+ * must be the range asked, in order, of the object's size at open; else
+ * SLUICE_E_REMOTE, or SLUICE_E_FILE_CHANGED for another size), retried as
+ * any request of the seam; a server that answers one with 200, 416 or a
+ * single range gets that request's spans as single coalesced ranges, one
+ * after another on the same read, and the object's single flag is set:
+ * its later requests go single at once. */
+size_t sl_remote_spans_batch(const sl_span *spans, size_t n, int single);
 
 /* GET of a whole object of at most max bytes into a malloc'd, NUL-ended
  * buffer. 404 gives missing_code (0: returns 0 with *out NULL: absent).
@@ -309,7 +316,13 @@ int sl_rio_create(const sl_remote_cfg *c, sl_io_done_fn done, void *ctx, sl_rio 
 /* Queues req for t (object_size: the size seen at open, which every
  * reply must name; v: the object's validators, asked with If-Match per hop
  * as sl_remote_read does, or NULL). Results as io.h's, plus req->status
- * and req->detail when the request failed for a reason of its own. */
+ * and req->detail when the request failed for a reason of its own. A
+ * spans request (req->spans: sl_remote_spans_batch's, one multi-range
+ * request or one coalesced range) is made as that function says, each
+ * of its requests retried, proxied and validated as any; req->requests
+ * and req->done_bytes say what it asked. req->cancel: a call's token,
+ * seen by the transfer on the wire (sl_rio_flush wakes the thread to
+ * see it at once) and before any request or retry goes out. */
 void sl_rio_submit(sl_rio *r, sl_io_req *req, const sl_remote_target *t, uint64_t object_size,
                    sl_validators *v);
 void sl_rio_flush(sl_rio *r);
