@@ -22,8 +22,9 @@
 // part r bound from sluice_acquire_part (verified against the part's
 // digest when the manifest has one) for run r only, and its outputs are
 // joined along "join_axis" in part order (a tied head: the logits in
-// vocab order); a "gather" block (one 2-D parameter, code calling
-// aten::embedding) gets as its table the rows of the distinct indices,
+// vocab order); a "gather" block (one 2-D parameter, code using its
+// first input only as aten::embedding's indices and for its shape) gets
+// as its table the rows of the distinct indices,
 // read by ranges with sluice_read_into (verified by the chunks they
 // touch), and each index's position among them, so the table never
 // enters the pool. Neither is hinted (a hint reads the whole tensor).
@@ -162,23 +163,50 @@ bool is_object(const cJSON *v) { return cJSON_IsObject(v); }
 
 bool is_int(const cJSON *v) { return cJSON_IsNumber(v) && v->valuedouble == (double)(int64_t)v->valuedouble; }
 
-// Whether a block's code (inlined, nested blocks too) calls aten::embedding.
-bool calls_embedding(torch::jit::Module &mod)
+// Whether a block's code (inlined, nested blocks too) reads rows by its
+// first input and by nothing else: the input (or what aten::contiguous and
+// prim::If pass on of it) reaches aten::embedding as its indices (or
+// aten::embedding_renorm_'s: it renormalizes those rows of the table it is
+// given), and is otherwise used only for its shape. The positions among
+// the distinct rows that a gather passes instead of the ids are the same
+// only there (a pad mask from the ids, ids + an offset: not).
+bool reads_rows_by_input(torch::jit::Module &mod)
 {
     std::shared_ptr<torch::jit::Graph> g = mod.get_method("forward").graph()->copy();
     torch::jit::Inline(*g);
-    std::vector<torch::jit::Block *> todo = {g->block()};
+    if (g->inputs().size() < 2)
+        return false;
+    static const std::vector<std::string> shape_only = {"aten::size", "aten::dim",    "aten::len",
+                                                        "aten::numel", "prim::device", "prim::dtype",
+                                                        "prim::layout"};
+    std::vector<torch::jit::Value *> todo = {g->inputs()[1]};
+    std::vector<torch::jit::Value *> seen;
+    bool found = false;
     while (!todo.empty()) {
-        torch::jit::Block *b = todo.back();
+        torch::jit::Value *v = todo.back();
         todo.pop_back();
-        for (torch::jit::Node *n : b->nodes()) {
-            if (n->kind().toQualString() == std::string("aten::embedding"))
-                return true;
-            for (torch::jit::Block *sub : n->blocks())
-                todo.push_back(sub);
+        if (std::find(seen.begin(), seen.end(), v) != seen.end())
+            continue;
+        seen.push_back(v);
+        for (const torch::jit::Use &u : v->uses()) {
+            torch::jit::Node *n = u.user;
+            const std::string kind = n->kind().toQualString();
+            torch::jit::Node *owner = n->owningBlock()->owningNode();
+            if ((kind == "aten::embedding" || kind == "aten::embedding_renorm_") && u.offset == 1)
+                found = found || kind == "aten::embedding";
+            else if (u.offset == 0 &&
+                     std::find(shape_only.begin(), shape_only.end(), kind) != shape_only.end())
+                continue;
+            else if (kind == "aten::contiguous" && u.offset == 0)
+                todo.push_back(n->output());
+            else if (kind == "prim::Return" && owner &&
+                     std::string(owner->kind().toQualString()) == "prim::If")
+                todo.push_back(owner->outputs()[u.offset]);
+            else
+                return false;
         }
     }
-    return false;
+    return found;
 }
 
 // The plan: block files checked against their digests and loaded, each
@@ -295,8 +323,9 @@ std::vector<Block> load_plan(const std::string &dir)
                 blk.params[0].name != gp->valuestring || blk.params[0].shape.size() != 2)
                 throw Fail(where + ": \"gather\" needs {\"param\": NAME} of the block's one parameter, "
                            "2-D and whole");
-            if (!calls_embedding(blk.module))
-                throw Fail(where + ": the plan says \"gather\", and its code does not call aten::embedding");
+            if (!reads_rows_by_input(blk.module))
+                throw Fail(where + ": the plan says \"gather\", and its code does not use its first input "
+                           "only as aten::embedding's indices (and for its shape)");
             blk.gather = true;
         }
         blocks.push_back(std::move(blk));

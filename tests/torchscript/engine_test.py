@@ -23,6 +23,11 @@ reads on demand.
      pool (the embedding is larger than it); a byte flipped in vocab part
      5 of 8: exit 1 naming the tensor, the part and both digests, after
      the rows, the layers and the norm ran, not the head.
+  6. a "gather" only where the block's first input is used as
+     aten::embedding's indices and otherwise only for its shape: an
+     embedding that also masks the pad id's rows (the positions among the
+     distinct rows would be masked instead) runs whole, equal to eager;
+     the plan marking it "gather": exit 1 before any block ran.
 
 The plans are exported here by sluice.torch.export_blocks, loaded from
 bindings/python/sluice/torchscript.py by path (it needs torch alone: the
@@ -159,6 +164,57 @@ def pieces(tmp):
           f"the rows, the layers and the norm ran, not the head ({ran(rb.stdout)})")
 
 
+class PadMaskedEmbedding(torch.nn.Module):
+    """Its one 2-D parameter read only by rows of its input, the input also
+    compared with the pad id (which a gather's positions do not equal)."""
+
+    def __init__(self, vocab, hidden, pad):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(vocab, hidden), requires_grad=False)
+        self.pad = pad
+
+    def forward(self, ids):
+        return torch.nn.functional.embedding(ids, self.weight) * \
+            (ids != self.pad).unsqueeze(-1).float()
+
+
+class PadMasked(torch.nn.Module):
+    def __init__(self, vocab, hidden, pad):
+        super().__init__()
+        self.embed = PadMaskedEmbedding(vocab, hidden, pad)
+
+    def forward(self, ids):
+        return self.embed(ids)
+
+
+def gather_checked(tmp):
+    vocab, hidden, pad, toks = 16, 4, 1, [3, 7, 5, 1]
+    w, exp = os.path.join(tmp, "padmask"), os.path.join(tmp, "padmask-ts")
+    table = (np.arange(vocab * hidden, dtype=np.float32) + 1).reshape(vocab, hidden)
+    stfile.write_sharded(w, [{"embed.weight": table}])
+    m = PadMasked(vocab, hidden, pad)
+    plan = ts.export_blocks(m, ["embed"], exp, gather_rows=True)
+    check("gather" not in plan["blocks"][0], "an embedding that also masks by its ids: no gather")
+    m.embed.weight = torch.nn.Parameter(torch.from_numpy(table), requires_grad=False)
+    with torch.no_grad():
+        want = tb.digest(m(torch.tensor([toks])))
+    r = engine(exp, w, "--tokens", ",".join(map(str, toks)))
+    got = re.findall(r"^step 0 token \d+ logits_sha256 ([0-9a-f]{64})$", r.stdout, re.M)
+    check(r.returncode == 0 and got == [want], f"it runs whole, equal to eager ({r.stderr[-300:]})")
+    marked = os.path.join(tmp, "padmask-gather")
+    shutil.copytree(exp, marked)
+    with open(os.path.join(marked, "plan.json")) as f:
+        p = json.load(f)
+    p["version"] = 2
+    p["blocks"][0]["gather"] = {"param": "weight"}
+    with open(os.path.join(marked, "plan.json"), "w") as f:
+        json.dump(p, f)
+    r = engine(marked, w, "--tokens", ",".join(map(str, toks)), "--trace")
+    check(r.returncode == 1 and "gather" in r.stderr and "'embed'" in r.stderr
+          and not ran(r.stdout),
+          f"the plan marking it \"gather\": exit 1 before any block ({r.stderr.strip()[-300:]})")
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="sluice-ts-")
     try:
@@ -230,6 +286,7 @@ def main():
         check(peak <= base + (pool >> 10) + (16 << 10),
               "peak RSS within libtorch's own plus the pool (16 MiB slack)")
         pieces(tmp)
+        gather_checked(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if failures:

@@ -63,7 +63,8 @@ optionally, for a pool smaller than a vocabulary-sized tensor:
         and the n outputs are joined along a in part order;
     a block's "gather": {"param": name}: the block's one parameter, 2-D
         and whole, is a table its code reads by rows of its first input
-        (aten::embedding) and otherwise only element by element: the
+        (aten::embedding; the input used only as its indices and for its
+        shape) and otherwise only element by element: the
         engine binds as the table the rows of the distinct indices, in
         ascending order, read with Model.read_into / sluice_read_into
         (verified by the chunks that hold them when the manifest has chunk
@@ -192,27 +193,59 @@ def _sha256_file(path):
     return h.hexdigest()
 
 
-def _has_embedding(sm):
-    """Whether a script module's code (inlined, nested blocks too) calls
-    aten::embedding."""
-    def walk(block):
-        for n in block.nodes():
-            if n.kind() == "aten::embedding":
-                return True
-            if any(walk(b) for b in n.blocks()):
-                return True
-        return False
+# What a gather block's first input may flow through and into: its
+# positions among the distinct indices stand in for it, which is the same
+# only where it selects rows of the table (aten::embedding's indices, and
+# embedding_renorm_'s, which renormalizes those rows of the table it is
+# given) or where only its shape counts.
+_ROWS_KEEP = ("aten::contiguous",)
+_ROWS_END = ("aten::embedding", "aten::embedding_renorm_")
+_SHAPE_ONLY = ("aten::size", "aten::dim", "aten::len", "aten::numel", "prim::device",
+               "prim::dtype", "prim::layout")
+
+
+def _reads_rows_by_input(sm):
+    """Whether a script module's code (inlined, nested blocks too) reads
+    rows by its first input and by nothing else: the input (or what
+    aten::contiguous and prim::If pass on of it) reaches aten::embedding
+    as its indices, and is otherwise used only for its shape. Any other
+    use (a pad mask from the ids, ids + an offset, the ids returned) would
+    see the positions among the distinct rows instead of the ids."""
     try:
-        return walk(sm.inlined_graph)
+        g = sm.inlined_graph
+        inputs = list(g.inputs())
     except (AttributeError, RuntimeError):
         return False
+    if len(inputs) < 2:
+        return False
+    todo, seen, found = [inputs[1]], set(), False
+    while todo:
+        v = todo.pop()
+        if v.unique() in seen:
+            continue
+        seen.add(v.unique())
+        for use in v.uses():
+            n, kind = use.user, use.user.kind()
+            if kind in _ROWS_END and use.offset == 1:
+                found = found or kind == "aten::embedding"
+            elif kind in _SHAPE_ONLY and use.offset == 0:
+                pass
+            elif kind in _ROWS_KEEP and use.offset == 0:
+                todo.append(n.output())
+            elif kind == "prim::Return" and n.owningBlock().owningNode() is not None and \
+                    n.owningBlock().owningNode().kind() == "prim::If":
+                todo.append(list(n.owningBlock().owningNode().outputs())[use.offset])
+            else:
+                return False
+    return found
 
 
 def _gather_slot(sm):
     """The slot of a block that can be read by rows: one slot, 2-D, and
-    code that calls aten::embedding; else None."""
+    code that reads it by rows of its first input alone (_reads_rows_by_input);
+    else None."""
     slots = _slots(sm)
-    if len(slots) == 1 and slots[0][1].dim() == 2 and _has_embedding(sm):
+    if len(slots) == 1 and slots[0][1].dim() == 2 and _reads_rows_by_input(sm):
         return slots[0][0]
     return None
 
@@ -231,7 +264,8 @@ def export_blocks(model, blocks, out_dir, example_inputs=None, *, method="script
     block is saved as its part along dim 0 ([shape[0] / n, ...]: a tied
     head's [V, D] weight, a head's bias), the block's one output joined on
     its last axis (plan version 2). gather_rows: each block of one 2-D
-    parameter whose code calls aten::embedding (an embedding) is marked
+    parameter whose code uses its first input only as aten::embedding's
+    indices and for its shape (an embedding) is marked
     "gather" (plan version 2): an engine reads the rows its indices ask
     for instead of the table (the module's doc says the contract). The
     model itself is not changed. Returns the plan (a dict)."""
@@ -451,9 +485,10 @@ class ScriptedModel:
             part = b["params"][0].get("part") if b["params"] else None
             self._parts.append((part["dim"], part["n"], b["join_axis"]) if part else None)
             gather = "gather" in b
-            if gather and not _has_embedding(mod):
+            if gather and not _reads_rows_by_input(mod):
                 raise PlanError(f"block {b['name']!r}: the plan says \"gather\", and its code "
-                                f"does not call aten::embedding")
+                                f"does not use its first input only as aten::embedding's "
+                                f"indices (and for its shape)")
             self._gather.append(gather)
             self.blocks.append((b["name"], mod, binds))
         self.model = sluice.open(weights, manifest=manifest, verify=verify, pool=pool, **open_kw)

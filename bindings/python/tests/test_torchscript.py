@@ -518,3 +518,55 @@ def test_cpp_engine_agrees_in_pieces(tied):
         want = [(str(i), str(t), tb.digest(lg))
                 for i, (t, lg) in enumerate(tb.greedy(sm, TIED_TOKENS, 3))]
     assert len(got) == 4 and got == want
+
+
+class PadMaskedEmbedding(torch.nn.Module):
+    """An embedding that zeroes the rows of a pad token: its one 2-D
+    parameter read only by rows of its input (aten::embedding), the input
+    also compared with the pad id, which the positions among the distinct
+    rows that a "gather" passes instead of the ids do not equal."""
+
+    def __init__(self, vocab, hidden, pad):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(vocab, hidden), requires_grad=False)
+        self.pad = pad
+
+    def forward(self, ids):
+        return torch.nn.functional.embedding(ids, self.weight) * \
+            (ids != self.pad).unsqueeze(-1).float()
+
+
+class PadMasked(torch.nn.Module):
+    def __init__(self, vocab, hidden, pad):
+        super().__init__()
+        self.embed = PadMaskedEmbedding(vocab, hidden, pad)
+
+    def forward(self, ids):
+        return self.embed(ids)
+
+
+def test_gather_only_where_ids_only_select_rows(tmp_path):
+    """gather_rows marks a block only when its first input is used as
+    aten::embedding's indices and otherwise only for its shape: an
+    embedding that also compares the ids with a pad id (positions [0, 2, 1]
+    for ids [3, 7, 5]: the third, not a pad, would be masked) is not
+    marked, and runs whole, equal to eager; a plan that marks it anyway is
+    refused before anything runs."""
+    vocab, hidden, pad = 16, 4, 1
+    w = str(tmp_path / "w")
+    table = (np.arange(vocab * hidden, dtype=np.float32) + 1).reshape(vocab, hidden)
+    stfile.write_sharded(w, [{"embed.weight": table}])
+    m = PadMasked(vocab, hidden, pad)
+    d = str(tmp_path / "x")
+    plan = st.export_blocks(m, ["embed"], d, gather_rows=True)
+    ids = torch.tensor([[3, 7, 5, pad]])
+    m.embed.weight = torch.nn.Parameter(torch.from_numpy(table), requires_grad=False)
+    want = m(ids)
+    assert want[0, 2].abs().sum() > 0 and want[0, 3].abs().sum() == 0
+    with st.ScriptedModel(d, w, pool="1M") as sm:
+        assert torch.equal(sm(ids), want)
+    assert "gather" not in plan["blocks"][0]
+    edit_plan(d, lambda p: p["blocks"][0].update(gather={"param": "weight"}) or
+              p.update(version=2))
+    with pytest.raises(st.PlanError, match="gather"):
+        st.ScriptedModel(d, w, pool="1M")
