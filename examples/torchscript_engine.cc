@@ -158,10 +158,15 @@ const cJSON *member(const cJSON *o, const char *key, bool (*is)(const cJSON *), 
 }
 bool is_string(const cJSON *v) { return cJSON_IsString(v); }
 bool is_array(const cJSON *v) { return cJSON_IsArray(v); }
-bool is_number(const cJSON *v) { return cJSON_IsNumber(v); }
 bool is_object(const cJSON *v) { return cJSON_IsObject(v); }
 
-bool is_int(const cJSON *v) { return cJSON_IsNumber(v) && v->valuedouble == (double)(int64_t)v->valuedouble; }
+// An integer within int64_t (the cast of a double outside that range, or
+// of NaN, would be undefined).
+bool is_int(const cJSON *v)
+{
+    return cJSON_IsNumber(v) && v->valuedouble >= -9223372036854775808.0 &&
+           v->valuedouble < 9223372036854775808.0 && v->valuedouble == (double)(int64_t)v->valuedouble;
+}
 
 // Whether a block's code (inlined, nested blocks too) reads rows by its
 // first input and by nothing else: the input (or what aten::contiguous and
@@ -254,8 +259,8 @@ std::vector<Block> load_plan(const std::string &dir)
             prm.dtype = member(p, "dtype", is_string, where)->valuestring;
             const cJSON *d;
             cJSON_ArrayForEach(d, member(p, "shape", is_array, where)) {
-                if (!is_number(d))
-                    throw Fail(where + ": parameter '" + prm.name + "': a shape is not numbers");
+                if (!is_int(d) || d->valuedouble < 0)
+                    throw Fail(where + ": parameter '" + prm.name + "': a shape is not counts");
                 prm.shape.push_back(static_cast<int64_t>(d->valuedouble));
             }
             if (!kDtypes.count(prm.dtype))
@@ -353,16 +358,33 @@ uint64_t check_weights(sluice_model *m, const std::vector<Block> &blocks, const 
                 throw Fail("block '" + b.name + "': parameter '" + p.name + "' binds to tensor '" +
                            p.tensor + "', which is not in " + weights);
             std::vector<int64_t> have(ti.shape, ti.shape + ti.ndim);
-            std::vector<int64_t> want = p.shape;
+            // A part: the plan's shape is the part's, the tensor's divided
+            // by n (divided, not multiplied: the plan's n may be huge, and a
+            // product that wraps could equal the tensor's).
+            bool same = ti.ndim == p.shape.size();
+            for (size_t d = 0; same && d < p.shape.size(); d++) {
+                const uint64_t n = p.part_n && d == p.part_dim ? p.part_n : 1;
+                same = ti.shape[d] % n == 0 && ti.shape[d] / n == (uint64_t)p.shape[d];
+            }
             std::string what;
             if (p.part_n) {
-                want[p.part_dim] *= (int64_t)p.part_n;
+                std::vector<int64_t> want = p.shape;
+                int64_t whole = 0;
+                std::string would;
+                if (p.part_n <= (uint64_t)INT64_MAX &&
+                    !__builtin_mul_overflow(want[p.part_dim], (int64_t)p.part_n, &whole)) {
+                    want[p.part_dim] = whole;
+                    would = shape_str(want);
+                } else {
+                    would = "of " + std::to_string(want[p.part_dim]) + " x " +
+                            std::to_string(p.part_n) + " along dim " + std::to_string(p.part_dim);
+                }
                 what = " part of " + std::to_string(p.part_n) + " along dim " +
                        std::to_string(p.part_dim) + " (the tensor would be " + p.dtype + " " +
-                       shape_str(want) + ")";
+                       would + ")";
             }
             const std::string dt = sluice_dtype_name(ti.dtype);
-            if (dt != p.dtype || have != want)
+            if (dt != p.dtype || !same)
                 throw Fail("block '" + b.name + "': tensor '" + p.tensor + "' is " + dt + " " +
                            shape_str(have) + " in the weights, the parameter '" + p.name +
                            "' it binds to is " + p.dtype + " " + shape_str(p.shape) + what);

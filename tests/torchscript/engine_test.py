@@ -28,6 +28,9 @@ reads on demand.
      embedding that also masks the pad id's rows (the positions among the
      distinct rows would be masked instead) runs whole, equal to eager;
      the plan marking it "gather": exit 1 before any block ran.
+  7. a part count whose product with the part's rows wraps to the
+     tensor's (2**54 + 8 parts of 1024 rows: 8192 mod 2**64): exit 1 before
+     any block ran, naming the part, no signed overflow.
 
 The plans are exported here by sluice.torch.export_blocks, loaded from
 bindings/python/sluice/torchscript.py by path (it needs torch alone: the
@@ -215,6 +218,24 @@ def gather_checked(tmp):
           f"the plan marking it \"gather\": exit 1 before any block ({r.stderr.strip()[-300:]})")
 
 
+def huge_parts(tmp):
+    """After pieces(tmp): its export with the head in 2**54 + 8 parts."""
+    w, src = os.path.join(tmp, "tied"), os.path.join(tmp, "tied-pieces")
+    n = (1 << 54) + 8  # a double exactly; 1024 * n = 2**64 + 8192
+    d = os.path.join(tmp, "tied-huge-n")
+    shutil.copytree(src, d)
+    with open(os.path.join(d, "plan.json")) as f:
+        p = json.load(f)
+    p["blocks"][-1]["params"][0]["part"]["n"] = n
+    with open(os.path.join(d, "plan.json"), "w") as f:
+        json.dump(p, f)
+    r = engine(d, w, "--pool", "512K", "--trace")
+    check(r.returncode == 1 and "lm_head" in r.stderr and str(n) in r.stderr
+          and "runtime error" not in r.stderr and not ran(r.stdout),
+          f"{n} parts of 1024 rows for 8192: exit 1 before any block ran "
+          f"({r.stderr.strip()[-400:]})")
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="sluice-ts-")
     try:
@@ -286,6 +307,7 @@ def main():
         check(peak <= base + (pool >> 10) + (16 << 10),
               "peak RSS within libtorch's own plus the pool (16 MiB slack)")
         pieces(tmp)
+        huge_parts(tmp)
         gather_checked(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
