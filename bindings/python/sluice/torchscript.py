@@ -456,7 +456,7 @@ class ScriptedModel:
         self.export_dir = export_dir
         self.plan = read_plan(export_dir)
         self.blocks = []          # (name, script module, [(owner, leaf, tensor name, placeholder)])
-        self._parts = []          # per block: (dim, n, join_axis), or None: bound whole
+        self._parts = []          # per block: (each param's dim, n, join_axis), or None: whole
         self._gather = []         # per block: True when its one parameter is read by rows
         for b in self.plan["blocks"]:
             path = os.path.join(export_dir, b["file"])
@@ -483,7 +483,9 @@ class ScriptedModel:
                 owner, leaf = _owner(mod, p["name"])
                 binds.append((owner, leaf, p["tensor"], ph))
             part = b["params"][0].get("part") if b["params"] else None
-            self._parts.append((part["dim"], part["n"], b["join_axis"]) if part else None)
+            # each parameter along its own dim (all of one n: _check_v2)
+            self._parts.append((tuple(p["part"]["dim"] for p in b["params"]), part["n"],
+                                b["join_axis"]) if part else None)
             gather = "gather" in b
             if gather and not _reads_rows_by_input(mod):
                 raise PlanError(f"block {b['name']!r}: the plan says \"gather\", and its code "
@@ -529,7 +531,7 @@ class ScriptedModel:
         n): checked here, before any block can run."""
         for i, (name, _mod, binds) in enumerate(self.blocks):
             part = self._parts[i]
-            for _o, leaf, tensor, ph in binds:
+            for k, (_o, leaf, tensor, ph) in enumerate(binds):
                 if tensor not in self.model:
                     raise PlanError(f"block {name!r}: parameter {leaf!r} binds to tensor "
                                     f"{tensor!r}, which is not in {self.model.path}")
@@ -537,9 +539,9 @@ class ScriptedModel:
                 want = _dtype_name(ph.dtype)
                 shape = list(ph.shape)
                 if part:
-                    shape[part[0]] *= part[1]
+                    shape[part[0][k]] *= part[1]
                 if info.dtype != want or list(info.shape) != shape:
-                    what = f"part of {part[1]} along dim {part[0]} " if part else ""
+                    what = f"part of {part[1]} along dim {part[0][k]} " if part else ""
                     raise PlanError(f"block {name!r}: tensor {tensor!r} is {info.dtype} "
                                     f"{list(info.shape)} in the weights, the parameter it binds "
                                     f"to is {want} {list(ph.shape)} {what}(the tensor would be "
@@ -572,13 +574,13 @@ class ScriptedModel:
         name, _mod, binds = self.blocks[i]
         got = []
         try:
-            for _o, _l, tensor, _p in binds:
+            for k, (_o, _l, tensor, _p) in enumerate(binds):
                 try:
                     if part is None:
                         got.append(self.model.get_tensor(tensor, framework="pt"))
                     else:
-                        dim, n, _a = self._parts[i]
-                        got.append(self.model.get_part(tensor, dim, part, n, framework="pt"))
+                        dims, n, _a = self._parts[i]
+                        got.append(self.model.get_part(tensor, dims[k], part, n, framework="pt"))
                 except self._sluice.Error as e:
                     where = f"block {name!r}" + (f" part {part}/{self._parts[i][1]}"
                                                  if part is not None else "")

@@ -570,3 +570,49 @@ def test_gather_only_where_ids_only_select_rows(tmp_path):
               p.update(version=2))
     with pytest.raises(st.PlanError, match="gather"):
         st.ScriptedModel(d, w, pool="1M")
+
+
+class TransposedHead(torch.nn.Module):
+    """A head whose weight is [hidden, vocab] (x @ weight) with a bias
+    [vocab]: in vocab parts, the weight along dim 1, the bias along dim 0."""
+
+    def __init__(self, hidden, vocab, device="meta"):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(hidden, vocab, device=device),
+                                         requires_grad=False)
+        self.bias = torch.nn.Parameter(torch.empty(vocab, device=device), requires_grad=False)
+
+    def forward(self, x):
+        return torch.matmul(x, self.weight) + self.bias
+
+
+def test_parts_of_one_block_along_different_dims(tmp_path):
+    """A version 2 block whose parameters are parts of one n along
+    different dims (a [hidden, vocab] weight along dim 1, its [vocab] bias
+    along dim 0): each part is read along its own dim; eager's output."""
+    hidden, vocab, n = 8, 32, 4
+    rng = np.random.default_rng(7)
+    weight = rng.standard_normal((hidden, vocab)).astype(np.float32)
+    bias = rng.standard_normal(vocab).astype(np.float32)
+    w = str(tmp_path / "w")
+    stfile.write_sharded(w, [{"head.weight": weight, "head.bias": bias}])
+    d = str(tmp_path / "x")
+    os.makedirs(d)
+    sm = torch.jit.script(TransposedHead(hidden, vocab // n))
+    sm.save(os.path.join(d, "block-000.pt"))
+    with open(os.path.join(d, "block-000.pt"), "rb") as f:
+        digest = __import__("hashlib").sha256(f.read()).hexdigest()
+    plan = {"format": "sluice-torchscript-plan", "version": 2, "blocks": [
+        {"name": "head", "file": "block-000.pt", "sha256": digest, "join_axis": -1, "params": [
+            {"name": "weight", "tensor": "head.weight", "dtype": "F32",
+             "shape": [hidden, vocab // n], "part": {"dim": 1, "n": n}},
+            {"name": "bias", "tensor": "head.bias", "dtype": "F32",
+             "shape": [vocab // n], "part": {"dim": 0, "n": n}}]}]}
+    with open(os.path.join(d, "plan.json"), "w") as f:
+        json.dump(plan, f)
+    x = torch.from_numpy(rng.standard_normal((1, 3, hidden)).astype(np.float32))
+    want = torch.matmul(x, torch.from_numpy(weight)) + torch.from_numpy(bias)
+    with st.ScriptedModel(d, w, pool="1M") as m:
+        got = m(x)
+        assert m.model._m.live_handles == 0
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
