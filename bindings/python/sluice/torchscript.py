@@ -263,7 +263,8 @@ def export_blocks(model, blocks, out_dir, example_inputs=None, *, method="script
     tensors, any values). parts: {block name: n}: every parameter of that
     block is saved as its part along dim 0 ([shape[0] / n, ...]: a tied
     head's [V, D] weight, a head's bias), the block's one output joined on
-    its last axis (plan version 2). gather_rows: each block of one 2-D
+    its last axis (plan version 2; ValueError for a block with no
+    parameter, or one n does not divide along dim 0). gather_rows: each block of one 2-D
     parameter whose code uses its first input only as aten::embedding's
     indices and for its shape (an embedding) is marked
     "gather" (plan version 2): an engine reads the rows its indices ask
@@ -296,6 +297,11 @@ def export_blocks(model, blocks, out_dir, example_inputs=None, *, method="script
         for i, (name, mod, tensors) in enumerate(specs):
             n_parts = parts.get(name)
             if n_parts:
+                if not _slots(mod):
+                    # no parameter in parts: its plan ("join_axis" without
+                    # parts) would be refused by every reader
+                    raise ValueError(f"export_blocks: block {name!r} has no parameter to split "
+                                     f"into {n_parts} parts")
                 for slot, t in _slots(mod):
                     if t.dim() == 0 or t.shape[0] % n_parts:
                         raise ValueError(f"export_blocks: block {name!r}: {slot} {list(t.shape)} "

@@ -616,3 +616,19 @@ def test_parts_of_one_block_along_different_dims(tmp_path):
         got = m(x)
         assert m.model._m.live_handles == 0
     assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+
+
+class Softmax(torch.nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, -1)
+
+
+def test_parts_of_a_block_without_parameters_refused(tmp_path):
+    """parts= naming a block with no parameter: ValueError naming it, not a
+    plan that every reader refuses ("join_axis" without parts)."""
+    m = torch.nn.Module()
+    m.soft = Softmax()
+    d = str(tmp_path / "x")
+    with pytest.raises(ValueError, match="'soft' has no parameter"):
+        st.export_blocks(m, ["soft"], d, parts={"soft": 2})
+    assert not os.path.exists(os.path.join(d, "plan.json"))
