@@ -23,8 +23,8 @@
 // digest when the manifest has one) for run r only, and its outputs are
 // joined along "join_axis" in part order (a tied head: the logits in
 // vocab order); a "gather" block (one 2-D parameter, code using its
-// first input only as aten::embedding's indices and for its shape) gets
-// as its table the rows of the distinct indices,
+// first input only as aten::embedding's indices and for its shape, and
+// the parameter only as its weight, element by element) gets as its table the rows of the distinct indices,
 // read by ranges with sluice_read_into (verified by the chunks they
 // touch), and each index's position among them, so the table never
 // enters the pool. Neither is hinted (a hint reads the whole tensor).
@@ -49,6 +49,7 @@
 
 #include <cjson/cJSON.h>
 #include <openssl/evp.h>
+#include <torch/csrc/jit/passes/constant_propagation.h>
 #include <torch/csrc/jit/passes/inliner.h>
 #include <torch/script.h>
 
@@ -168,22 +169,51 @@ bool is_int(const cJSON *v)
            v->valuedouble < 9223372036854775808.0 && v->valuedouble == (double)(int64_t)v->valuedouble;
 }
 
-// Whether a block's code (inlined, nested blocks too) reads rows by its
-// first input and by nothing else: the input (or what aten::contiguous and
-// prim::If pass on of it) reaches aten::embedding as its indices (or
-// aten::embedding_renorm_'s: it renormalizes those rows of the table it is
-// given), and is otherwise used only for its shape. The positions among
-// the distinct rows that a gather passes instead of the ids are the same
-// only there (a pad mask from the ids, ids + an offset: not).
-bool reads_rows_by_input(torch::jit::Module &mod)
+// The prim::If output that a use by one of its branches' returns gives,
+// else nullptr.
+torch::jit::Value *if_output(const torch::jit::Use &u)
+{
+    if (u.user->kind().toQualString() != std::string("prim::Return"))
+        return nullptr;
+    torch::jit::Node *owner = u.user->owningBlock()->owningNode();
+    if (!owner || owner->kind().toQualString() != std::string("prim::If"))
+        return nullptr;
+    return owner->outputs()[u.offset];
+}
+
+bool one_of(const std::string &kind, const std::vector<std::string> &kinds)
+{
+    return std::find(kinds.begin(), kinds.end(), kind) != kinds.end();
+}
+
+// Whether a block's code (inlined, constants propagated: the dead branches
+// of F.embedding's padding_idx and max_norm gone; nested blocks too) reads
+// the table `leaf` by rows of its first input and by nothing else: the
+// input (or what aten::contiguous and prim::If pass on of it) reaches
+// aten::embedding as its indices (or aten::embedding_renorm_'s: it
+// renormalizes those rows of the table it is given), and is otherwise used
+// only for its shape; the table (what element-by-element ops and prim::If
+// make of it) reaches aten::embedding as its weight, and nothing else. The
+// positions among the distinct rows that a gather passes instead of the
+// ids, and the distinct rows it binds instead of the table, are the same
+// only there (a pad mask from the ids, ids + an offset, the table's size
+// that F.embedding's padding_idx check reads: not).
+bool reads_rows_by_input(torch::jit::Module &mod, const std::string &leaf)
 {
     std::shared_ptr<torch::jit::Graph> g = mod.get_method("forward").graph()->copy();
     torch::jit::Inline(*g);
+    torch::jit::ConstantPropagation(g);
     if (g->inputs().size() < 2)
         return false;
     static const std::vector<std::string> shape_only = {"aten::size", "aten::dim",    "aten::len",
                                                         "aten::numel", "prim::device", "prim::dtype",
                                                         "prim::layout"};
+    static const std::vector<std::string> elementwise = {
+        "aten::to",         "aten::type_as", "aten::contiguous", "aten::detach",    "aten::clone",
+        "aten::nan_to_num", "aten::tanh",    "aten::sigmoid",    "aten::relu",      "aten::abs",
+        "aten::neg",        "aten::exp",     "aten::sqrt",       "aten::rsqrt",     "aten::mul",
+        "aten::div",        "aten::add",     "aten::sub",        "aten::clamp",     "aten::clamp_min",
+        "aten::clamp_max"};
     std::vector<torch::jit::Value *> todo = {g->inputs()[1]};
     std::vector<torch::jit::Value *> seen;
     bool found = false;
@@ -194,19 +224,52 @@ bool reads_rows_by_input(torch::jit::Module &mod)
             continue;
         seen.push_back(v);
         for (const torch::jit::Use &u : v->uses()) {
-            torch::jit::Node *n = u.user;
-            const std::string kind = n->kind().toQualString();
-            torch::jit::Node *owner = n->owningBlock()->owningNode();
+            const std::string kind = u.user->kind().toQualString();
             if ((kind == "aten::embedding" || kind == "aten::embedding_renorm_") && u.offset == 1)
                 found = found || kind == "aten::embedding";
-            else if (u.offset == 0 &&
-                     std::find(shape_only.begin(), shape_only.end(), kind) != shape_only.end())
+            else if (u.offset == 0 && one_of(kind, shape_only))
                 continue;
             else if (kind == "aten::contiguous" && u.offset == 0)
+                todo.push_back(u.user->output());
+            else if (torch::jit::Value *o = if_output(u))
+                todo.push_back(o);
+            else
+                return false;
+        }
+    }
+    if (!found)
+        return false;
+    // The table: every prim::GetAttr of the slot's name (the block has
+    // this one slot), and what element-by-element ops make of it.
+    std::vector<torch::jit::Block *> blocks = {g->block()};
+    while (!blocks.empty()) {
+        torch::jit::Block *b = blocks.back();
+        blocks.pop_back();
+        for (torch::jit::Node *n : b->nodes()) {
+            if (n->kind().toQualString() == std::string("prim::GetAttr") && n->s(c10::attr::name) == leaf &&
+                n->output()->type()->kind() == c10::TypeKind::TensorType)
                 todo.push_back(n->output());
-            else if (kind == "prim::Return" && owner &&
-                     std::string(owner->kind().toQualString()) == "prim::If")
-                todo.push_back(owner->outputs()[u.offset]);
+            for (torch::jit::Block *sub : n->blocks())
+                blocks.push_back(sub);
+        }
+    }
+    seen.clear();
+    found = false;
+    while (!todo.empty()) {
+        torch::jit::Value *v = todo.back();
+        todo.pop_back();
+        if (std::find(seen.begin(), seen.end(), v) != seen.end())
+            continue;
+        seen.push_back(v);
+        for (const torch::jit::Use &u : v->uses()) {
+            const std::string kind = u.user->kind().toQualString();
+            if (kind == "aten::embedding" && u.offset == 0)
+                found = true;
+            else if (one_of(kind, elementwise))
+                for (torch::jit::Value *o : u.user->outputs())
+                    todo.push_back(o);
+            else if (torch::jit::Value *o = if_output(u))
+                todo.push_back(o);
             else
                 return false;
         }
@@ -328,9 +391,10 @@ std::vector<Block> load_plan(const std::string &dir)
                 blk.params[0].name != gp->valuestring || blk.params[0].shape.size() != 2)
                 throw Fail(where + ": \"gather\" needs {\"param\": NAME} of the block's one parameter, "
                            "2-D and whole");
-            if (!reads_rows_by_input(blk.module))
+            if (!reads_rows_by_input(blk.module, blk.params[0].leaf))
                 throw Fail(where + ": the plan says \"gather\", and its code does not use its first input "
-                           "only as aten::embedding's indices (and for its shape)");
+                           "only as aten::embedding's indices (and for its shape), and its table only "
+                           "as its weight (through element-by-element ops)");
             blk.gather = true;
         }
         blocks.push_back(std::move(blk));

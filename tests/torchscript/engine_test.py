@@ -28,6 +28,10 @@ reads on demand.
      embedding that also masks the pad id's rows (the positions among the
      distinct rows would be masked instead) runs whole, equal to eager;
      the plan marking it "gather": exit 1 before any block ran.
+  6b. a torch.nn.Embedding with a padding_idx (its scripted F.embedding
+     reads the table's row count): not marked "gather", runs whole equal
+     to eager on one token repeated; the plan marking it: exit 1 before
+     any block ran.
   7. a part count whose product with the part's rows wraps to the
      tensor's (2**54 + 8 parts of 1024 rows: 8192 mod 2**64): exit 1 before
      any block ran, naming the part, no signed overflow.
@@ -218,6 +222,44 @@ def gather_checked(tmp):
           f"the plan marking it \"gather\": exit 1 before any block ({r.stderr.strip()[-300:]})")
 
 
+class PaddedEmbedding(torch.nn.Module):
+    def __init__(self, vocab, hidden, padding_idx):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, hidden, padding_idx=padding_idx)
+
+    def forward(self, ids):
+        return self.embed(ids)
+
+
+def padded_gather(tmp):
+    vocab, hidden = 16, 4
+    w, exp = os.path.join(tmp, "padded"), os.path.join(tmp, "padded-ts")
+    table = (np.arange(vocab * hidden, dtype=np.float32) + 1).reshape(vocab, hidden)
+    stfile.write_sharded(w, [{"embed.weight": table}])
+    m = PaddedEmbedding(vocab, hidden, 1)
+    plan = ts.export_blocks(m, ["embed"], exp, gather_rows=True)
+    check("gather" not in plan["blocks"][0], "an embedding with a padding_idx: no gather")
+    m.embed.weight.data = torch.from_numpy(table)
+    with torch.no_grad():
+        want = tb.digest(m(torch.tensor([[3, 3, 3]])))
+    r = engine(exp, w, "--tokens", "3,3,3")
+    got = re.findall(r"^step 0 token \d+ logits_sha256 ([0-9a-f]{64})$", r.stdout, re.M)
+    check(r.returncode == 0 and got == [want],
+          f"it runs whole on one token repeated, equal to eager ({r.stderr[-300:]})")
+    marked = os.path.join(tmp, "padded-gather")
+    shutil.copytree(exp, marked)
+    with open(os.path.join(marked, "plan.json")) as f:
+        p = json.load(f)
+    p["version"] = 2
+    p["blocks"][0]["gather"] = {"param": "weight"}
+    with open(os.path.join(marked, "plan.json"), "w") as f:
+        json.dump(p, f)
+    # three distinct rows: enough for padding_idx 1 (one would fail its assert)
+    r = engine(marked, w, "--tokens", "3,7,5", "--trace")
+    check(r.returncode == 1 and 'the plan says "gather"' in r.stderr and not ran(r.stdout),
+          f"the plan marking it \"gather\": exit 1 before any block ({r.stderr.strip()[-300:]})")
+
+
 def huge_parts(tmp):
     """After pieces(tmp): its export with the head in 2**54 + 8 parts."""
     w, src = os.path.join(tmp, "tied"), os.path.join(tmp, "tied-pieces")
@@ -309,6 +351,7 @@ def main():
         pieces(tmp)
         huge_parts(tmp)
         gather_checked(tmp)
+        padded_gather(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if failures:

@@ -64,7 +64,8 @@ optionally, for a pool smaller than a vocabulary-sized tensor:
     a block's "gather": {"param": name}: the block's one parameter, 2-D
         and whole, is a table its code reads by rows of its first input
         (aten::embedding; the input used only as its indices and for its
-        shape) and otherwise only element by element: the
+        shape) and otherwise only element by element (its size unread):
+        the
         engine binds as the table the rows of the distinct indices, in
         ascending order, read with Model.read_into / sluice_read_into
         (verified by the chunks that hold them when the manifest has chunk
@@ -202,20 +203,58 @@ _ROWS_KEEP = ("aten::contiguous",)
 _ROWS_END = ("aten::embedding", "aten::embedding_renorm_")
 _SHAPE_ONLY = ("aten::size", "aten::dim", "aten::len", "aten::numel", "prim::device",
                "prim::dtype", "prim::layout")
+# What a gather block's table may flow through on its way to
+# aten::embedding: element by element (the distinct rows stand in for the
+# table: its row count, a sum over it, differ).
+_ELEMENTWISE = ("aten::to", "aten::type_as", "aten::contiguous", "aten::detach", "aten::clone",
+                "aten::nan_to_num", "aten::tanh", "aten::sigmoid", "aten::relu", "aten::abs",
+                "aten::neg", "aten::exp", "aten::sqrt", "aten::rsqrt", "aten::mul", "aten::div",
+                "aten::add", "aten::sub", "aten::clamp", "aten::clamp_min", "aten::clamp_max")
 
 
-def _reads_rows_by_input(sm):
-    """Whether a script module's code (inlined, nested blocks too) reads
-    rows by its first input and by nothing else: the input (or what
-    aten::contiguous and prim::If pass on of it) reaches aten::embedding
-    as its indices, and is otherwise used only for its shape. Any other
-    use (a pad mask from the ids, ids + an offset, the ids returned) would
-    see the positions among the distinct rows instead of the ids."""
+def _gather_graph(sm):
+    """A script module's forward graph, inlined, constants propagated (the
+    dead branches of F.embedding's padding_idx and max_norm gone); None
+    when there is none."""
     try:
-        g = sm.inlined_graph
-        inputs = list(g.inputs())
+        g = sm.graph.copy()
+        torch._C._jit_pass_inline(g)
+        torch._C._jit_pass_constant_propagation(g)
+        return g
     except (AttributeError, RuntimeError):
-        return False
+        return None
+
+
+def _nodes(block):
+    for n in block.nodes():
+        yield n
+        for b in n.blocks():
+            yield from _nodes(b)
+
+
+def _if_output(use):
+    """The prim::If output a use by a branch's return gives, else None."""
+    n = use.user
+    owner = n.owningBlock().owningNode() if n.kind() == "prim::Return" else None
+    if owner is not None and owner.kind() == "prim::If":
+        return list(owner.outputs())[use.offset]
+    return None
+
+
+def _reads_rows_by_input(sm, slot):
+    """Whether a script module's code (inlined, constants propagated,
+    nested blocks too) reads the table `slot` by rows of its first input
+    and by nothing else: the input (or what aten::contiguous and prim::If
+    pass on of it) reaches aten::embedding as its indices, and is
+    otherwise used only for its shape; the table (what element-by-element
+    ops and prim::If make of it) reaches aten::embedding as its weight,
+    and nothing else. Any other use of the input (a pad mask from the
+    ids, ids + an offset, the ids returned) would see the positions among
+    the distinct rows instead of the ids; of the table (its size, read by
+    F.embedding's padding_idx check; a sum over it) the distinct rows
+    instead of the table."""
+    g = _gather_graph(sm)
+    inputs = list(g.inputs()) if g is not None else []
     if len(inputs) < 2:
         return False
     todo, seen, found = [inputs[1]], set(), False
@@ -232,9 +271,29 @@ def _reads_rows_by_input(sm):
                 pass
             elif kind in _ROWS_KEEP and use.offset == 0:
                 todo.append(n.output())
-            elif kind == "prim::Return" and n.owningBlock().owningNode() is not None and \
-                    n.owningBlock().owningNode().kind() == "prim::If":
-                todo.append(list(n.owningBlock().owningNode().outputs())[use.offset])
+            elif _if_output(use) is not None:
+                todo.append(_if_output(use))
+            else:
+                return False
+    if not found:
+        return False
+    leaf = slot.split(".")[-1]
+    todo = [n.output() for n in _nodes(g) if n.kind() == "prim::GetAttr" and n.s("name") == leaf
+            and n.output().type().kind() == "TensorType"]
+    seen, found = set(), False
+    while todo:
+        v = todo.pop()
+        if v.unique() in seen:
+            continue
+        seen.add(v.unique())
+        for use in v.uses():
+            n, kind = use.user, use.user.kind()
+            if kind == "aten::embedding" and use.offset == 0:
+                found = True
+            elif kind in _ELEMENTWISE:
+                todo.extend(n.outputs())
+            elif _if_output(use) is not None:
+                todo.append(_if_output(use))
             else:
                 return False
     return found
@@ -245,7 +304,7 @@ def _gather_slot(sm):
     code that reads it by rows of its first input alone (_reads_rows_by_input);
     else None."""
     slots = _slots(sm)
-    if len(slots) == 1 and slots[0][1].dim() == 2 and _reads_rows_by_input(sm):
+    if len(slots) == 1 and slots[0][1].dim() == 2 and _reads_rows_by_input(sm, slots[0][0]):
         return slots[0][0]
     return None
 
@@ -266,7 +325,8 @@ def export_blocks(model, blocks, out_dir, example_inputs=None, *, method="script
     its last axis (plan version 2; ValueError for a block with no
     parameter, or one n does not divide along dim 0). gather_rows: each block of one 2-D
     parameter whose code uses its first input only as aten::embedding's
-    indices and for its shape (an embedding) is marked
+    indices and for its shape, and the parameter only as its weight
+    through element-by-element ops (an embedding) is marked
     "gather" (plan version 2): an engine reads the rows its indices ask
     for instead of the table (the module's doc says the contract). The
     model itself is not changed. Returns the plan (a dict)."""
@@ -493,10 +553,11 @@ class ScriptedModel:
             self._parts.append((tuple(p["part"]["dim"] for p in b["params"]), part["n"],
                                 b["join_axis"]) if part else None)
             gather = "gather" in b
-            if gather and not _reads_rows_by_input(mod):
+            if gather and not _reads_rows_by_input(mod, b["gather"]["param"]):
                 raise PlanError(f"block {b['name']!r}: the plan says \"gather\", and its code "
                                 f"does not use its first input only as aten::embedding's "
-                                f"indices (and for its shape)")
+                                f"indices (and for its shape), and its table only as its "
+                                f"weight (through element-by-element ops)")
             self._gather.append(gather)
             self.blocks.append((b["name"], mod, binds))
         self.model = sluice.open(weights, manifest=manifest, verify=verify, pool=pool, **open_kw)

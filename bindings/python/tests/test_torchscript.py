@@ -632,3 +632,43 @@ def test_parts_of_a_block_without_parameters_refused(tmp_path):
     with pytest.raises(ValueError, match="'soft' has no parameter"):
         st.export_blocks(m, ["soft"], d, parts={"soft": 2})
     assert not os.path.exists(os.path.join(d, "plan.json"))
+
+
+class PaddedEmbedding(torch.nn.Module):
+    def __init__(self, vocab, hidden, padding_idx):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, hidden, padding_idx=padding_idx)
+
+    def forward(self, ids):
+        return self.embed(ids)
+
+
+def test_gather_not_where_the_table_is_measured(tmp_path):
+    """A scripted torch.nn.Embedding with a padding_idx (Llama's and
+    Qwen2's embed_tokens with a pad token) reads the table's row count
+    (F.embedding asserts padding_idx < weight.size(0)): a gathered table
+    has the distinct rows' count, so a prompt of fewer distinct tokens
+    than padding_idx + 1 would fail. Not marked by gather_rows, refused
+    when a plan marks it; it runs whole, equal to eager, on one token
+    repeated. Without a padding_idx (no dead branch left after constant
+    propagation) it is marked, and equal to eager."""
+    vocab, hidden = 16, 4
+    w = str(tmp_path / "w")
+    table = (np.arange(vocab * hidden, dtype=np.float32) + 1).reshape(vocab, hidden)
+    stfile.write_sharded(w, [{"embed.weight": table}])
+    ids = torch.tensor([[3, 3, 3]])
+    for padding_idx, marked in ((1, False), (None, True)):
+        m = PaddedEmbedding(vocab, hidden, padding_idx)
+        d = str(tmp_path / f"x{padding_idx}")
+        plan = st.export_blocks(m, ["embed"], d, gather_rows=True)
+        assert ("gather" in plan["blocks"][0]) == marked, (padding_idx, plan["blocks"][0])
+        m.embed.weight.data = torch.from_numpy(table)
+        with torch.no_grad():
+            want = m(ids)
+        with st.ScriptedModel(d, w, pool="1M") as sm:
+            assert torch.equal(sm(ids), want)
+    d = str(tmp_path / "x1")
+    edit_plan(d, lambda p: p["blocks"][0].update(gather={"param": "weight"}) or
+              p.update(version=2))
+    with pytest.raises(st.PlanError, match="gather"):
+        st.ScriptedModel(d, w, pool="1M")
