@@ -22,8 +22,9 @@
 // part r bound from sluice_acquire_part (verified against the part's
 // digest when the manifest has one) for run r only, and its outputs are
 // joined along "join_axis" in part order (a tied head: the logits in
-// vocab order); a "gather" block (one 2-D parameter, code calling
-// aten::embedding) gets as its table the rows of the distinct indices,
+// vocab order); a "gather" block (one 2-D parameter, code using its
+// first input only as aten::embedding's indices and for its shape, and
+// the parameter only as its weight, element by element) gets as its table the rows of the distinct indices,
 // read by ranges with sluice_read_into (verified by the chunks they
 // touch), and each index's position among them, so the table never
 // enters the pool. Neither is hinted (a hint reads the whole tensor).
@@ -48,6 +49,7 @@
 
 #include <cjson/cJSON.h>
 #include <openssl/evp.h>
+#include <torch/csrc/jit/passes/constant_propagation.h>
 #include <torch/csrc/jit/passes/inliner.h>
 #include <torch/script.h>
 
@@ -157,28 +159,122 @@ const cJSON *member(const cJSON *o, const char *key, bool (*is)(const cJSON *), 
 }
 bool is_string(const cJSON *v) { return cJSON_IsString(v); }
 bool is_array(const cJSON *v) { return cJSON_IsArray(v); }
-bool is_number(const cJSON *v) { return cJSON_IsNumber(v); }
 bool is_object(const cJSON *v) { return cJSON_IsObject(v); }
 
-bool is_int(const cJSON *v) { return cJSON_IsNumber(v) && v->valuedouble == (double)(int64_t)v->valuedouble; }
+// An integer within int64_t (the cast of a double outside that range, or
+// of NaN, would be undefined).
+bool is_int(const cJSON *v)
+{
+    return cJSON_IsNumber(v) && v->valuedouble >= -9223372036854775808.0 &&
+           v->valuedouble < 9223372036854775808.0 && v->valuedouble == (double)(int64_t)v->valuedouble;
+}
 
-// Whether a block's code (inlined, nested blocks too) calls aten::embedding.
-bool calls_embedding(torch::jit::Module &mod)
+// The prim::If output that a use by one of its branches' returns gives,
+// else nullptr.
+torch::jit::Value *if_output(const torch::jit::Use &u)
+{
+    if (u.user->kind().toQualString() != std::string("prim::Return"))
+        return nullptr;
+    torch::jit::Node *owner = u.user->owningBlock()->owningNode();
+    if (!owner || owner->kind().toQualString() != std::string("prim::If"))
+        return nullptr;
+    return owner->outputs()[u.offset];
+}
+
+bool one_of(const std::string &kind, const std::vector<std::string> &kinds)
+{
+    return std::find(kinds.begin(), kinds.end(), kind) != kinds.end();
+}
+
+// Whether a block's code (inlined, constants propagated: the dead branches
+// of F.embedding's padding_idx and max_norm gone; nested blocks too) reads
+// the table `leaf` by rows of its first input and by nothing else: the
+// input (or what aten::contiguous and prim::If pass on of it) reaches
+// aten::embedding as its indices (or aten::embedding_renorm_'s: it
+// renormalizes those rows of the table it is given), and is otherwise used
+// only for its shape; the table (what element-by-element ops and prim::If
+// make of it) reaches aten::embedding as its weight, and nothing else. The
+// positions among the distinct rows that a gather passes instead of the
+// ids, and the distinct rows it binds instead of the table, are the same
+// only there (a pad mask from the ids, ids + an offset, the table's size
+// that F.embedding's padding_idx check reads: not).
+bool reads_rows_by_input(torch::jit::Module &mod, const std::string &leaf)
 {
     std::shared_ptr<torch::jit::Graph> g = mod.get_method("forward").graph()->copy();
     torch::jit::Inline(*g);
-    std::vector<torch::jit::Block *> todo = {g->block()};
+    torch::jit::ConstantPropagation(g);
+    if (g->inputs().size() < 2)
+        return false;
+    static const std::vector<std::string> shape_only = {"aten::size", "aten::dim",    "aten::len",
+                                                        "aten::numel", "prim::device", "prim::dtype",
+                                                        "prim::layout"};
+    static const std::vector<std::string> elementwise = {
+        "aten::to",         "aten::type_as", "aten::contiguous", "aten::detach",    "aten::clone",
+        "aten::nan_to_num", "aten::tanh",    "aten::sigmoid",    "aten::relu",      "aten::abs",
+        "aten::neg",        "aten::exp",     "aten::sqrt",       "aten::rsqrt",     "aten::mul",
+        "aten::div",        "aten::add",     "aten::sub",        "aten::clamp",     "aten::clamp_min",
+        "aten::clamp_max"};
+    std::vector<torch::jit::Value *> todo = {g->inputs()[1]};
+    std::vector<torch::jit::Value *> seen;
+    bool found = false;
     while (!todo.empty()) {
-        torch::jit::Block *b = todo.back();
+        torch::jit::Value *v = todo.back();
         todo.pop_back();
-        for (torch::jit::Node *n : b->nodes()) {
-            if (n->kind().toQualString() == std::string("aten::embedding"))
-                return true;
-            for (torch::jit::Block *sub : n->blocks())
-                todo.push_back(sub);
+        if (std::find(seen.begin(), seen.end(), v) != seen.end())
+            continue;
+        seen.push_back(v);
+        for (const torch::jit::Use &u : v->uses()) {
+            const std::string kind = u.user->kind().toQualString();
+            if ((kind == "aten::embedding" || kind == "aten::embedding_renorm_") && u.offset == 1)
+                found = found || kind == "aten::embedding";
+            else if (u.offset == 0 && one_of(kind, shape_only))
+                continue;
+            else if (kind == "aten::contiguous" && u.offset == 0)
+                todo.push_back(u.user->output());
+            else if (torch::jit::Value *o = if_output(u))
+                todo.push_back(o);
+            else
+                return false;
         }
     }
-    return false;
+    if (!found)
+        return false;
+    // The table: every prim::GetAttr of the slot's name (the block has
+    // this one slot), and what element-by-element ops make of it.
+    std::vector<torch::jit::Block *> blocks = {g->block()};
+    while (!blocks.empty()) {
+        torch::jit::Block *b = blocks.back();
+        blocks.pop_back();
+        for (torch::jit::Node *n : b->nodes()) {
+            if (n->kind().toQualString() == std::string("prim::GetAttr") && n->s(c10::attr::name) == leaf &&
+                n->output()->type()->kind() == c10::TypeKind::TensorType)
+                todo.push_back(n->output());
+            for (torch::jit::Block *sub : n->blocks())
+                blocks.push_back(sub);
+        }
+    }
+    seen.clear();
+    found = false;
+    while (!todo.empty()) {
+        torch::jit::Value *v = todo.back();
+        todo.pop_back();
+        if (std::find(seen.begin(), seen.end(), v) != seen.end())
+            continue;
+        seen.push_back(v);
+        for (const torch::jit::Use &u : v->uses()) {
+            const std::string kind = u.user->kind().toQualString();
+            if (kind == "aten::embedding" && u.offset == 0)
+                found = true;
+            else if (one_of(kind, elementwise))
+                for (torch::jit::Value *o : u.user->outputs())
+                    todo.push_back(o);
+            else if (torch::jit::Value *o = if_output(u))
+                todo.push_back(o);
+            else
+                return false;
+        }
+    }
+    return found;
 }
 
 // The plan: block files checked against their digests and loaded, each
@@ -226,8 +322,8 @@ std::vector<Block> load_plan(const std::string &dir)
             prm.dtype = member(p, "dtype", is_string, where)->valuestring;
             const cJSON *d;
             cJSON_ArrayForEach(d, member(p, "shape", is_array, where)) {
-                if (!is_number(d))
-                    throw Fail(where + ": parameter '" + prm.name + "': a shape is not numbers");
+                if (!is_int(d) || d->valuedouble < 0)
+                    throw Fail(where + ": parameter '" + prm.name + "': a shape is not counts");
                 prm.shape.push_back(static_cast<int64_t>(d->valuedouble));
             }
             if (!kDtypes.count(prm.dtype))
@@ -295,8 +391,10 @@ std::vector<Block> load_plan(const std::string &dir)
                 blk.params[0].name != gp->valuestring || blk.params[0].shape.size() != 2)
                 throw Fail(where + ": \"gather\" needs {\"param\": NAME} of the block's one parameter, "
                            "2-D and whole");
-            if (!calls_embedding(blk.module))
-                throw Fail(where + ": the plan says \"gather\", and its code does not call aten::embedding");
+            if (!reads_rows_by_input(blk.module, blk.params[0].leaf))
+                throw Fail(where + ": the plan says \"gather\", and its code does not use its first input "
+                           "only as aten::embedding's indices (and for its shape), and its table only "
+                           "as its weight (through element-by-element ops)");
             blk.gather = true;
         }
         blocks.push_back(std::move(blk));
@@ -324,16 +422,33 @@ uint64_t check_weights(sluice_model *m, const std::vector<Block> &blocks, const 
                 throw Fail("block '" + b.name + "': parameter '" + p.name + "' binds to tensor '" +
                            p.tensor + "', which is not in " + weights);
             std::vector<int64_t> have(ti.shape, ti.shape + ti.ndim);
-            std::vector<int64_t> want = p.shape;
+            // A part: the plan's shape is the part's, the tensor's divided
+            // by n (divided, not multiplied: the plan's n may be huge, and a
+            // product that wraps could equal the tensor's).
+            bool same = ti.ndim == p.shape.size();
+            for (size_t d = 0; same && d < p.shape.size(); d++) {
+                const uint64_t n = p.part_n && d == p.part_dim ? p.part_n : 1;
+                same = ti.shape[d] % n == 0 && ti.shape[d] / n == (uint64_t)p.shape[d];
+            }
             std::string what;
             if (p.part_n) {
-                want[p.part_dim] *= (int64_t)p.part_n;
+                std::vector<int64_t> want = p.shape;
+                int64_t whole = 0;
+                std::string would;
+                if (p.part_n <= (uint64_t)INT64_MAX &&
+                    !__builtin_mul_overflow(want[p.part_dim], (int64_t)p.part_n, &whole)) {
+                    want[p.part_dim] = whole;
+                    would = shape_str(want);
+                } else {
+                    would = "of " + std::to_string(want[p.part_dim]) + " x " +
+                            std::to_string(p.part_n) + " along dim " + std::to_string(p.part_dim);
+                }
                 what = " part of " + std::to_string(p.part_n) + " along dim " +
                        std::to_string(p.part_dim) + " (the tensor would be " + p.dtype + " " +
-                       shape_str(want) + ")";
+                       would + ")";
             }
             const std::string dt = sluice_dtype_name(ti.dtype);
-            if (dt != p.dtype || have != want)
+            if (dt != p.dtype || !same)
                 throw Fail("block '" + b.name + "': tensor '" + p.tensor + "' is " + dt + " " +
                            shape_str(have) + " in the weights, the parameter '" + p.name +
                            "' it binds to is " + p.dtype + " " + shape_str(p.shape) + what);

@@ -23,6 +23,18 @@ reads on demand.
      pool (the embedding is larger than it); a byte flipped in vocab part
      5 of 8: exit 1 naming the tensor, the part and both digests, after
      the rows, the layers and the norm ran, not the head.
+  6. a "gather" only where the block's first input is used as
+     aten::embedding's indices and otherwise only for its shape: an
+     embedding that also masks the pad id's rows (the positions among the
+     distinct rows would be masked instead) runs whole, equal to eager;
+     the plan marking it "gather": exit 1 before any block ran.
+  6b. a torch.nn.Embedding with a padding_idx (its scripted F.embedding
+     reads the table's row count): not marked "gather", runs whole equal
+     to eager on one token repeated; the plan marking it: exit 1 before
+     any block ran.
+  7. a part count whose product with the part's rows wraps to the
+     tensor's (2**54 + 8 parts of 1024 rows: 8192 mod 2**64): exit 1 before
+     any block ran, naming the part, no signed overflow.
 
 The plans are exported here by sluice.torch.export_blocks, loaded from
 bindings/python/sluice/torchscript.py by path (it needs torch alone: the
@@ -159,6 +171,113 @@ def pieces(tmp):
           f"the rows, the layers and the norm ran, not the head ({ran(rb.stdout)})")
 
 
+class PadMaskedEmbedding(torch.nn.Module):
+    """Its one 2-D parameter read only by rows of its input, the input also
+    compared with the pad id (which a gather's positions do not equal)."""
+
+    def __init__(self, vocab, hidden, pad):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(vocab, hidden), requires_grad=False)
+        self.pad = pad
+
+    def forward(self, ids):
+        return torch.nn.functional.embedding(ids, self.weight) * \
+            (ids != self.pad).unsqueeze(-1).float()
+
+
+class PadMasked(torch.nn.Module):
+    def __init__(self, vocab, hidden, pad):
+        super().__init__()
+        self.embed = PadMaskedEmbedding(vocab, hidden, pad)
+
+    def forward(self, ids):
+        return self.embed(ids)
+
+
+def gather_checked(tmp):
+    vocab, hidden, pad, toks = 16, 4, 1, [3, 7, 5, 1]
+    w, exp = os.path.join(tmp, "padmask"), os.path.join(tmp, "padmask-ts")
+    table = (np.arange(vocab * hidden, dtype=np.float32) + 1).reshape(vocab, hidden)
+    stfile.write_sharded(w, [{"embed.weight": table}])
+    m = PadMasked(vocab, hidden, pad)
+    plan = ts.export_blocks(m, ["embed"], exp, gather_rows=True)
+    check("gather" not in plan["blocks"][0], "an embedding that also masks by its ids: no gather")
+    m.embed.weight = torch.nn.Parameter(torch.from_numpy(table), requires_grad=False)
+    with torch.no_grad():
+        want = tb.digest(m(torch.tensor([toks])))
+    r = engine(exp, w, "--tokens", ",".join(map(str, toks)))
+    got = re.findall(r"^step 0 token \d+ logits_sha256 ([0-9a-f]{64})$", r.stdout, re.M)
+    check(r.returncode == 0 and got == [want], f"it runs whole, equal to eager ({r.stderr[-300:]})")
+    marked = os.path.join(tmp, "padmask-gather")
+    shutil.copytree(exp, marked)
+    with open(os.path.join(marked, "plan.json")) as f:
+        p = json.load(f)
+    p["version"] = 2
+    p["blocks"][0]["gather"] = {"param": "weight"}
+    with open(os.path.join(marked, "plan.json"), "w") as f:
+        json.dump(p, f)
+    r = engine(marked, w, "--tokens", ",".join(map(str, toks)), "--trace")
+    check(r.returncode == 1 and "gather" in r.stderr and "'embed'" in r.stderr
+          and not ran(r.stdout),
+          f"the plan marking it \"gather\": exit 1 before any block ({r.stderr.strip()[-300:]})")
+
+
+class PaddedEmbedding(torch.nn.Module):
+    def __init__(self, vocab, hidden, padding_idx):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, hidden, padding_idx=padding_idx)
+
+    def forward(self, ids):
+        return self.embed(ids)
+
+
+def padded_gather(tmp):
+    vocab, hidden = 16, 4
+    w, exp = os.path.join(tmp, "padded"), os.path.join(tmp, "padded-ts")
+    table = (np.arange(vocab * hidden, dtype=np.float32) + 1).reshape(vocab, hidden)
+    stfile.write_sharded(w, [{"embed.weight": table}])
+    m = PaddedEmbedding(vocab, hidden, 1)
+    plan = ts.export_blocks(m, ["embed"], exp, gather_rows=True)
+    check("gather" not in plan["blocks"][0], "an embedding with a padding_idx: no gather")
+    m.embed.weight.data = torch.from_numpy(table)
+    with torch.no_grad():
+        want = tb.digest(m(torch.tensor([[3, 3, 3]])))
+    r = engine(exp, w, "--tokens", "3,3,3")
+    got = re.findall(r"^step 0 token \d+ logits_sha256 ([0-9a-f]{64})$", r.stdout, re.M)
+    check(r.returncode == 0 and got == [want],
+          f"it runs whole on one token repeated, equal to eager ({r.stderr[-300:]})")
+    marked = os.path.join(tmp, "padded-gather")
+    shutil.copytree(exp, marked)
+    with open(os.path.join(marked, "plan.json")) as f:
+        p = json.load(f)
+    p["version"] = 2
+    p["blocks"][0]["gather"] = {"param": "weight"}
+    with open(os.path.join(marked, "plan.json"), "w") as f:
+        json.dump(p, f)
+    # three distinct rows: enough for padding_idx 1 (one would fail its assert)
+    r = engine(marked, w, "--tokens", "3,7,5", "--trace")
+    check(r.returncode == 1 and 'the plan says "gather"' in r.stderr and not ran(r.stdout),
+          f"the plan marking it \"gather\": exit 1 before any block ({r.stderr.strip()[-300:]})")
+
+
+def huge_parts(tmp):
+    """After pieces(tmp): its export with the head in 2**54 + 8 parts."""
+    w, src = os.path.join(tmp, "tied"), os.path.join(tmp, "tied-pieces")
+    n = (1 << 54) + 8  # a double exactly; 1024 * n = 2**64 + 8192
+    d = os.path.join(tmp, "tied-huge-n")
+    shutil.copytree(src, d)
+    with open(os.path.join(d, "plan.json")) as f:
+        p = json.load(f)
+    p["blocks"][-1]["params"][0]["part"]["n"] = n
+    with open(os.path.join(d, "plan.json"), "w") as f:
+        json.dump(p, f)
+    r = engine(d, w, "--pool", "512K", "--trace")
+    check(r.returncode == 1 and "lm_head" in r.stderr and str(n) in r.stderr
+          and "runtime error" not in r.stderr and not ran(r.stdout),
+          f"{n} parts of 1024 rows for 8192: exit 1 before any block ran "
+          f"({r.stderr.strip()[-400:]})")
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="sluice-ts-")
     try:
@@ -230,6 +349,9 @@ def main():
         check(peak <= base + (pool >> 10) + (16 << 10),
               "peak RSS within libtorch's own plus the pool (16 MiB slack)")
         pieces(tmp)
+        huge_parts(tmp)
+        gather_checked(tmp)
+        padded_gather(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if failures:

@@ -63,7 +63,9 @@ optionally, for a pool smaller than a vocabulary-sized tensor:
         and the n outputs are joined along a in part order;
     a block's "gather": {"param": name}: the block's one parameter, 2-D
         and whole, is a table its code reads by rows of its first input
-        (aten::embedding) and otherwise only element by element: the
+        (aten::embedding; the input used only as its indices and for its
+        shape) and otherwise only element by element (its size unread):
+        the
         engine binds as the table the rows of the distinct indices, in
         ascending order, read with Model.read_into / sluice_read_into
         (verified by the chunks that hold them when the manifest has chunk
@@ -192,27 +194,117 @@ def _sha256_file(path):
     return h.hexdigest()
 
 
-def _has_embedding(sm):
-    """Whether a script module's code (inlined, nested blocks too) calls
-    aten::embedding."""
-    def walk(block):
-        for n in block.nodes():
-            if n.kind() == "aten::embedding":
-                return True
-            if any(walk(b) for b in n.blocks()):
-                return True
-        return False
+# What a gather block's first input may flow through and into: its
+# positions among the distinct indices stand in for it, which is the same
+# only where it selects rows of the table (aten::embedding's indices, and
+# embedding_renorm_'s, which renormalizes those rows of the table it is
+# given) or where only its shape counts.
+_ROWS_KEEP = ("aten::contiguous",)
+_ROWS_END = ("aten::embedding", "aten::embedding_renorm_")
+_SHAPE_ONLY = ("aten::size", "aten::dim", "aten::len", "aten::numel", "prim::device",
+               "prim::dtype", "prim::layout")
+# What a gather block's table may flow through on its way to
+# aten::embedding: element by element (the distinct rows stand in for the
+# table: its row count, a sum over it, differ).
+_ELEMENTWISE = ("aten::to", "aten::type_as", "aten::contiguous", "aten::detach", "aten::clone",
+                "aten::nan_to_num", "aten::tanh", "aten::sigmoid", "aten::relu", "aten::abs",
+                "aten::neg", "aten::exp", "aten::sqrt", "aten::rsqrt", "aten::mul", "aten::div",
+                "aten::add", "aten::sub", "aten::clamp", "aten::clamp_min", "aten::clamp_max")
+
+
+def _gather_graph(sm):
+    """A script module's forward graph, inlined, constants propagated (the
+    dead branches of F.embedding's padding_idx and max_norm gone); None
+    when there is none."""
     try:
-        return walk(sm.inlined_graph)
+        g = sm.graph.copy()
+        torch._C._jit_pass_inline(g)
+        torch._C._jit_pass_constant_propagation(g)
+        return g
     except (AttributeError, RuntimeError):
+        return None
+
+
+def _nodes(block):
+    for n in block.nodes():
+        yield n
+        for b in n.blocks():
+            yield from _nodes(b)
+
+
+def _if_output(use):
+    """The prim::If output a use by a branch's return gives, else None."""
+    n = use.user
+    owner = n.owningBlock().owningNode() if n.kind() == "prim::Return" else None
+    if owner is not None and owner.kind() == "prim::If":
+        return list(owner.outputs())[use.offset]
+    return None
+
+
+def _reads_rows_by_input(sm, slot):
+    """Whether a script module's code (inlined, constants propagated,
+    nested blocks too) reads the table `slot` by rows of its first input
+    and by nothing else: the input (or what aten::contiguous and prim::If
+    pass on of it) reaches aten::embedding as its indices, and is
+    otherwise used only for its shape; the table (what element-by-element
+    ops and prim::If make of it) reaches aten::embedding as its weight,
+    and nothing else. Any other use of the input (a pad mask from the
+    ids, ids + an offset, the ids returned) would see the positions among
+    the distinct rows instead of the ids; of the table (its size, read by
+    F.embedding's padding_idx check; a sum over it) the distinct rows
+    instead of the table."""
+    g = _gather_graph(sm)
+    inputs = list(g.inputs()) if g is not None else []
+    if len(inputs) < 2:
         return False
+    todo, seen, found = [inputs[1]], set(), False
+    while todo:
+        v = todo.pop()
+        if v.unique() in seen:
+            continue
+        seen.add(v.unique())
+        for use in v.uses():
+            n, kind = use.user, use.user.kind()
+            if kind in _ROWS_END and use.offset == 1:
+                found = found or kind == "aten::embedding"
+            elif kind in _SHAPE_ONLY and use.offset == 0:
+                pass
+            elif kind in _ROWS_KEEP and use.offset == 0:
+                todo.append(n.output())
+            elif _if_output(use) is not None:
+                todo.append(_if_output(use))
+            else:
+                return False
+    if not found:
+        return False
+    leaf = slot.split(".")[-1]
+    todo = [n.output() for n in _nodes(g) if n.kind() == "prim::GetAttr" and n.s("name") == leaf
+            and n.output().type().kind() == "TensorType"]
+    seen, found = set(), False
+    while todo:
+        v = todo.pop()
+        if v.unique() in seen:
+            continue
+        seen.add(v.unique())
+        for use in v.uses():
+            n, kind = use.user, use.user.kind()
+            if kind == "aten::embedding" and use.offset == 0:
+                found = True
+            elif kind in _ELEMENTWISE:
+                todo.extend(n.outputs())
+            elif _if_output(use) is not None:
+                todo.append(_if_output(use))
+            else:
+                return False
+    return found
 
 
 def _gather_slot(sm):
     """The slot of a block that can be read by rows: one slot, 2-D, and
-    code that calls aten::embedding; else None."""
+    code that reads it by rows of its first input alone (_reads_rows_by_input);
+    else None."""
     slots = _slots(sm)
-    if len(slots) == 1 and slots[0][1].dim() == 2 and _has_embedding(sm):
+    if len(slots) == 1 and slots[0][1].dim() == 2 and _reads_rows_by_input(sm, slots[0][0]):
         return slots[0][0]
     return None
 
@@ -230,8 +322,11 @@ def export_blocks(model, blocks, out_dir, example_inputs=None, *, method="script
     tensors, any values). parts: {block name: n}: every parameter of that
     block is saved as its part along dim 0 ([shape[0] / n, ...]: a tied
     head's [V, D] weight, a head's bias), the block's one output joined on
-    its last axis (plan version 2). gather_rows: each block of one 2-D
-    parameter whose code calls aten::embedding (an embedding) is marked
+    its last axis (plan version 2; ValueError for a block with no
+    parameter, or one n does not divide along dim 0). gather_rows: each block of one 2-D
+    parameter whose code uses its first input only as aten::embedding's
+    indices and for its shape, and the parameter only as its weight
+    through element-by-element ops (an embedding) is marked
     "gather" (plan version 2): an engine reads the rows its indices ask
     for instead of the table (the module's doc says the contract). The
     model itself is not changed. Returns the plan (a dict)."""
@@ -262,6 +357,11 @@ def export_blocks(model, blocks, out_dir, example_inputs=None, *, method="script
         for i, (name, mod, tensors) in enumerate(specs):
             n_parts = parts.get(name)
             if n_parts:
+                if not _slots(mod):
+                    # no parameter in parts: its plan ("join_axis" without
+                    # parts) would be refused by every reader
+                    raise ValueError(f"export_blocks: block {name!r} has no parameter to split "
+                                     f"into {n_parts} parts")
                 for slot, t in _slots(mod):
                     if t.dim() == 0 or t.shape[0] % n_parts:
                         raise ValueError(f"export_blocks: block {name!r}: {slot} {list(t.shape)} "
@@ -422,7 +522,7 @@ class ScriptedModel:
         self.export_dir = export_dir
         self.plan = read_plan(export_dir)
         self.blocks = []          # (name, script module, [(owner, leaf, tensor name, placeholder)])
-        self._parts = []          # per block: (dim, n, join_axis), or None: bound whole
+        self._parts = []          # per block: (each param's dim, n, join_axis), or None: whole
         self._gather = []         # per block: True when its one parameter is read by rows
         for b in self.plan["blocks"]:
             path = os.path.join(export_dir, b["file"])
@@ -449,11 +549,15 @@ class ScriptedModel:
                 owner, leaf = _owner(mod, p["name"])
                 binds.append((owner, leaf, p["tensor"], ph))
             part = b["params"][0].get("part") if b["params"] else None
-            self._parts.append((part["dim"], part["n"], b["join_axis"]) if part else None)
+            # each parameter along its own dim (all of one n: _check_v2)
+            self._parts.append((tuple(p["part"]["dim"] for p in b["params"]), part["n"],
+                                b["join_axis"]) if part else None)
             gather = "gather" in b
-            if gather and not _has_embedding(mod):
+            if gather and not _reads_rows_by_input(mod, b["gather"]["param"]):
                 raise PlanError(f"block {b['name']!r}: the plan says \"gather\", and its code "
-                                f"does not call aten::embedding")
+                                f"does not use its first input only as aten::embedding's "
+                                f"indices (and for its shape), and its table only as its "
+                                f"weight (through element-by-element ops)")
             self._gather.append(gather)
             self.blocks.append((b["name"], mod, binds))
         self.model = sluice.open(weights, manifest=manifest, verify=verify, pool=pool, **open_kw)
@@ -494,7 +598,7 @@ class ScriptedModel:
         n): checked here, before any block can run."""
         for i, (name, _mod, binds) in enumerate(self.blocks):
             part = self._parts[i]
-            for _o, leaf, tensor, ph in binds:
+            for k, (_o, leaf, tensor, ph) in enumerate(binds):
                 if tensor not in self.model:
                     raise PlanError(f"block {name!r}: parameter {leaf!r} binds to tensor "
                                     f"{tensor!r}, which is not in {self.model.path}")
@@ -502,9 +606,9 @@ class ScriptedModel:
                 want = _dtype_name(ph.dtype)
                 shape = list(ph.shape)
                 if part:
-                    shape[part[0]] *= part[1]
+                    shape[part[0][k]] *= part[1]
                 if info.dtype != want or list(info.shape) != shape:
-                    what = f"part of {part[1]} along dim {part[0]} " if part else ""
+                    what = f"part of {part[1]} along dim {part[0][k]} " if part else ""
                     raise PlanError(f"block {name!r}: tensor {tensor!r} is {info.dtype} "
                                     f"{list(info.shape)} in the weights, the parameter it binds "
                                     f"to is {want} {list(ph.shape)} {what}(the tensor would be "
@@ -537,13 +641,13 @@ class ScriptedModel:
         name, _mod, binds = self.blocks[i]
         got = []
         try:
-            for _o, _l, tensor, _p in binds:
+            for k, (_o, _l, tensor, _p) in enumerate(binds):
                 try:
                     if part is None:
                         got.append(self.model.get_tensor(tensor, framework="pt"))
                     else:
-                        dim, n, _a = self._parts[i]
-                        got.append(self.model.get_part(tensor, dim, part, n, framework="pt"))
+                        dims, n, _a = self._parts[i]
+                        got.append(self.model.get_part(tensor, dims[k], part, n, framework="pt"))
                 except self._sluice.Error as e:
                     where = f"block {name!r}" + (f" part {part}/{self._parts[i][1]}"
                                                  if part is not None else "")

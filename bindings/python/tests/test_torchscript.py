@@ -518,3 +518,157 @@ def test_cpp_engine_agrees_in_pieces(tied):
         want = [(str(i), str(t), tb.digest(lg))
                 for i, (t, lg) in enumerate(tb.greedy(sm, TIED_TOKENS, 3))]
     assert len(got) == 4 and got == want
+
+
+class PadMaskedEmbedding(torch.nn.Module):
+    """An embedding that zeroes the rows of a pad token: its one 2-D
+    parameter read only by rows of its input (aten::embedding), the input
+    also compared with the pad id, which the positions among the distinct
+    rows that a "gather" passes instead of the ids do not equal."""
+
+    def __init__(self, vocab, hidden, pad):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(vocab, hidden), requires_grad=False)
+        self.pad = pad
+
+    def forward(self, ids):
+        return torch.nn.functional.embedding(ids, self.weight) * \
+            (ids != self.pad).unsqueeze(-1).float()
+
+
+class PadMasked(torch.nn.Module):
+    def __init__(self, vocab, hidden, pad):
+        super().__init__()
+        self.embed = PadMaskedEmbedding(vocab, hidden, pad)
+
+    def forward(self, ids):
+        return self.embed(ids)
+
+
+def test_gather_only_where_ids_only_select_rows(tmp_path):
+    """gather_rows marks a block only when its first input is used as
+    aten::embedding's indices and otherwise only for its shape: an
+    embedding that also compares the ids with a pad id (positions [0, 2, 1]
+    for ids [3, 7, 5]: the third, not a pad, would be masked) is not
+    marked, and runs whole, equal to eager; a plan that marks it anyway is
+    refused before anything runs."""
+    vocab, hidden, pad = 16, 4, 1
+    w = str(tmp_path / "w")
+    table = (np.arange(vocab * hidden, dtype=np.float32) + 1).reshape(vocab, hidden)
+    stfile.write_sharded(w, [{"embed.weight": table}])
+    m = PadMasked(vocab, hidden, pad)
+    d = str(tmp_path / "x")
+    plan = st.export_blocks(m, ["embed"], d, gather_rows=True)
+    ids = torch.tensor([[3, 7, 5, pad]])
+    m.embed.weight = torch.nn.Parameter(torch.from_numpy(table), requires_grad=False)
+    want = m(ids)
+    assert want[0, 2].abs().sum() > 0 and want[0, 3].abs().sum() == 0
+    with st.ScriptedModel(d, w, pool="1M") as sm:
+        assert torch.equal(sm(ids), want)
+    assert "gather" not in plan["blocks"][0]
+    edit_plan(d, lambda p: p["blocks"][0].update(gather={"param": "weight"}) or
+              p.update(version=2))
+    with pytest.raises(st.PlanError, match="gather"):
+        st.ScriptedModel(d, w, pool="1M")
+
+
+class TransposedHead(torch.nn.Module):
+    """A head whose weight is [hidden, vocab] (x @ weight) with a bias
+    [vocab]: in vocab parts, the weight along dim 1, the bias along dim 0."""
+
+    def __init__(self, hidden, vocab, device="meta"):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(hidden, vocab, device=device),
+                                         requires_grad=False)
+        self.bias = torch.nn.Parameter(torch.empty(vocab, device=device), requires_grad=False)
+
+    def forward(self, x):
+        return torch.matmul(x, self.weight) + self.bias
+
+
+def test_parts_of_one_block_along_different_dims(tmp_path):
+    """A version 2 block whose parameters are parts of one n along
+    different dims (a [hidden, vocab] weight along dim 1, its [vocab] bias
+    along dim 0): each part is read along its own dim; eager's output."""
+    hidden, vocab, n = 8, 32, 4
+    rng = np.random.default_rng(7)
+    weight = rng.standard_normal((hidden, vocab)).astype(np.float32)
+    bias = rng.standard_normal(vocab).astype(np.float32)
+    w = str(tmp_path / "w")
+    stfile.write_sharded(w, [{"head.weight": weight, "head.bias": bias}])
+    d = str(tmp_path / "x")
+    os.makedirs(d)
+    sm = torch.jit.script(TransposedHead(hidden, vocab // n))
+    sm.save(os.path.join(d, "block-000.pt"))
+    with open(os.path.join(d, "block-000.pt"), "rb") as f:
+        digest = __import__("hashlib").sha256(f.read()).hexdigest()
+    plan = {"format": "sluice-torchscript-plan", "version": 2, "blocks": [
+        {"name": "head", "file": "block-000.pt", "sha256": digest, "join_axis": -1, "params": [
+            {"name": "weight", "tensor": "head.weight", "dtype": "F32",
+             "shape": [hidden, vocab // n], "part": {"dim": 1, "n": n}},
+            {"name": "bias", "tensor": "head.bias", "dtype": "F32",
+             "shape": [vocab // n], "part": {"dim": 0, "n": n}}]}]}
+    with open(os.path.join(d, "plan.json"), "w") as f:
+        json.dump(plan, f)
+    x = torch.from_numpy(rng.standard_normal((1, 3, hidden)).astype(np.float32))
+    want = torch.matmul(x, torch.from_numpy(weight)) + torch.from_numpy(bias)
+    with st.ScriptedModel(d, w, pool="1M") as m:
+        got = m(x)
+        assert m.model._m.live_handles == 0
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+
+
+class Softmax(torch.nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, -1)
+
+
+def test_parts_of_a_block_without_parameters_refused(tmp_path):
+    """parts= naming a block with no parameter: ValueError naming it, not a
+    plan that every reader refuses ("join_axis" without parts)."""
+    m = torch.nn.Module()
+    m.soft = Softmax()
+    d = str(tmp_path / "x")
+    with pytest.raises(ValueError, match="'soft' has no parameter"):
+        st.export_blocks(m, ["soft"], d, parts={"soft": 2})
+    assert not os.path.exists(os.path.join(d, "plan.json"))
+
+
+class PaddedEmbedding(torch.nn.Module):
+    def __init__(self, vocab, hidden, padding_idx):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, hidden, padding_idx=padding_idx)
+
+    def forward(self, ids):
+        return self.embed(ids)
+
+
+def test_gather_not_where_the_table_is_measured(tmp_path):
+    """A scripted torch.nn.Embedding with a padding_idx (Llama's and
+    Qwen2's embed_tokens with a pad token) reads the table's row count
+    (F.embedding asserts padding_idx < weight.size(0)): a gathered table
+    has the distinct rows' count, so a prompt of fewer distinct tokens
+    than padding_idx + 1 would fail. Not marked by gather_rows, refused
+    when a plan marks it; it runs whole, equal to eager, on one token
+    repeated. Without a padding_idx (no dead branch left after constant
+    propagation) it is marked, and equal to eager."""
+    vocab, hidden = 16, 4
+    w = str(tmp_path / "w")
+    table = (np.arange(vocab * hidden, dtype=np.float32) + 1).reshape(vocab, hidden)
+    stfile.write_sharded(w, [{"embed.weight": table}])
+    ids = torch.tensor([[3, 3, 3]])
+    for padding_idx, marked in ((1, False), (None, True)):
+        m = PaddedEmbedding(vocab, hidden, padding_idx)
+        d = str(tmp_path / f"x{padding_idx}")
+        plan = st.export_blocks(m, ["embed"], d, gather_rows=True)
+        assert ("gather" in plan["blocks"][0]) == marked, (padding_idx, plan["blocks"][0])
+        m.embed.weight.data = torch.from_numpy(table)
+        with torch.no_grad():
+            want = m(ids)
+        with st.ScriptedModel(d, w, pool="1M") as sm:
+            assert torch.equal(sm(ids), want)
+    d = str(tmp_path / "x1")
+    edit_plan(d, lambda p: p["blocks"][0].update(gather={"param": "weight"}) or
+              p.update(version=2))
+    with pytest.raises(st.PlanError, match="gather"):
+        st.ScriptedModel(d, w, pool="1M")
