@@ -55,6 +55,7 @@
 #include <openssl/evp.h>
 
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1187,16 +1188,19 @@ static int parse_size(const char *s, uint64_t *out)
     char *end = NULL;
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
-    if (end == s || errno)
+    int shift = 0;
+    if (end == s || errno || *s == '-')
         return -1;
     switch (*end) {
-    case 'K': case 'k': v <<= 10; end++; break;
-    case 'M': case 'm': v <<= 20; end++; break;
-    case 'G': case 'g': v <<= 30; end++; break;
+    case 'K': case 'k': shift = 10; end++; break;
+    case 'M': case 'm': shift = 20; end++; break;
+    case 'G': case 'g': shift = 30; end++; break;
     default: break;
     }
-    *out = v;
-    return *end ? -1 : 0;
+    if (*end || v > (ULLONG_MAX >> shift)) /* 99999999999G would wrap to a small pool */
+        return -1;
+    *out = v << shift;
+    return 0;
 }
 
 static const char usage[] =
@@ -1277,7 +1281,7 @@ static int parse_args(int argc, char **argv, struct args *a, struct eng *e)
             }
         } else if (!strcmp(s, "--steps") || !strcmp(s, "--threads")) {
             long v = strtol(val, &end, 10);
-            if (end == val || *end || v < 0) {
+            if (end == val || *end || v < 0 || v > INT_MAX) {
                 fprintf(stderr, "onnx_engine: %s %s: not a count\n", s, val);
                 return 2;
             }

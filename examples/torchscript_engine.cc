@@ -54,6 +54,8 @@
 #include <torch/script.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdint>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -95,6 +97,11 @@ struct Block {
 constexpr uint64_t kGatherSpan = 4u << 20;
 
 struct Fail : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// A command line the engine cannot take: exit 2, as --help says.
+struct Usage : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
@@ -569,21 +576,35 @@ long status_kb(const char *field)
     return -1;
 }
 
+// A whole decimal number in [lo, hi], else a usage error naming the option.
+long long parse_int(const std::string &opt, const std::string &s, long long lo, long long hi)
+{
+    char *end = nullptr;
+    errno = 0;
+    long long v = std::strtoll(s.c_str(), &end, 10);
+    if (s.empty() || end == s.c_str() || *end || errno || v < lo || v > hi)
+        throw Usage(opt + " " + s + ": not a whole number from " + std::to_string(lo) + " to " +
+                    std::to_string(hi));
+    return v;
+}
+
 uint64_t parse_size(const char *s)
 {
     char *end = nullptr;
+    errno = 0;
     unsigned long long v = std::strtoull(s, &end, 10);
-    if (end == s)
-        throw Fail(std::string("--pool ") + s + ": not a size");
-    switch (*end) {
-    case 'K': case 'k': v <<= 10; end++; break;
-    case 'M': case 'm': v <<= 20; end++; break;
-    case 'G': case 'g': v <<= 30; end++; break;
-    default: break;
+    int shift = 0;
+    if (end != s && !errno && *s != '-') {
+        switch (*end) {
+        case 'K': case 'k': shift = 10; end++; break;
+        case 'M': case 'm': shift = 20; end++; break;
+        case 'G': case 'g': shift = 30; end++; break;
+        default: break;
+        }
+        if (!*end && v <= (~0ULL >> shift))
+            return v << shift;
     }
-    if (*end)
-        throw Fail(std::string("--pool ") + s + ": not a size (bytes, or with K, M, G)");
-    return v;
+    throw Usage(std::string("--pool ") + s + ": not a size (bytes, or with K, M, G, below 2^64)");
 }
 
 const char kUsage[] =
@@ -617,7 +638,7 @@ int run(int argc, char **argv)
         std::string a = argv[i];
         auto value = [&]() -> const char * {
             if (i + 1 >= argc)
-                throw Fail(a + " needs a value");
+                throw Usage(a + " needs a value");
             return argv[++i];
         };
         if (a == "--help" || a == "-h") {
@@ -626,11 +647,13 @@ int run(int argc, char **argv)
         } else if (a == "--tokens") {
             std::stringstream ss(value());
             for (std::string t; std::getline(ss, t, ',');)
-                tokens.push_back(std::stoll(t));
+                tokens.push_back(parse_int("--tokens", t, INT64_MIN, INT64_MAX));
+            if (tokens.empty()) // else the default prompt would run in its place
+                throw Usage("--tokens: give at least one id");
         } else if (a == "--steps") {
-            steps = std::stol(value());
+            steps = (long)parse_int("--steps", value(), 0, 1000000);
         } else if (a == "--top") {
-            top = std::stol(value());
+            top = (long)parse_int("--top", value(), 1, 1000000);
         } else if (a == "--pool") {
             pool = parse_size(value());
         } else if (a == "--manifest") {
@@ -830,6 +853,9 @@ int main(int argc, char **argv)
 {
     try {
         return run(argc, argv);
+    } catch (const Usage &e) {
+        std::fprintf(stderr, "torchscript_engine: %s\n%s", e.what(), kUsage);
+        return 2;
     } catch (const Fail &e) {
         std::fprintf(stderr, "torchscript_engine: %s\n", e.what());
     } catch (const c10::Error &e) {

@@ -329,6 +329,9 @@ def main():
         r = engine(x, w, "--tokens", "")
         check(r.returncode == 2 and "at least one id" in r.stderr and not ran(r.stdout),
               f"an empty prompt is a usage error, no block run ({r.stderr.strip()})")
+        r = engine(x, w, "--tokens", toks, "--pool", "99999999999G")
+        check(r.returncode == 2 and not ran(r.stdout),
+              f"a pool past 2^64 is a usage error, not a wrapped small pool ({r.stderr.strip()})")
 
         pieces(tmp, toks)
         exported(tmp)

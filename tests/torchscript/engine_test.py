@@ -314,6 +314,16 @@ def main():
         check(ran(r.stdout) == ["model.embed_tokens", "model.layers.0"],
               f"only the blocks before layer 1 ran ({ran(r.stdout)})")
 
+        for bad_args, why in ((["--pool", "99999999999G"], "a pool past 2^64"),
+                              (["--pool", "-1"], "a negative pool"),
+                              (["--tokens", ""], "an empty prompt"),
+                              (["--tokens", "3,x"], "a token that is not a number"),
+                              (["--steps", "-1"], "negative steps"),
+                              (["--pool"], "an option without its value")):
+            r = engine(exp, tiny, *bad_args)
+            check(r.returncode == 2 and "usage:" in r.stderr and not ran(r.stdout),
+                  f"{why} is a usage error (exit 2), no block run ({r.stderr.strip()[:120]})")
+
         missing = edited(exp, os.path.join(tmp, "missing"), "model.layers.2", "mlp.up_proj.weight",
                          tensor="model.layers.2.mlp.up_proj.weight.missing")
         r = engine(missing, tiny, "--trace")
