@@ -1058,8 +1058,19 @@ static int join_parts(struct eng *e, struct block *b, struct act *pieces, uint64
     size_t outer = 1, size = onnx_size(pieces[0].type), total = 0;
     for (int d = 0; d < axis; d++)
         outer *= (size_t)pieces[0].shape[d];
+    /* A part's output, along join_axis, has the part's length (its first
+     * initializer's along its part dim): another axis would join the
+     * pieces into logits of the wrong shape, silently. */
+    const struct init *in = b->inits;
+    while (!in->part_n) /* the block has one at least: it is in parts */
+        in++;
+    int64_t rows = in->shape[in->part_dim];
     out->shape[axis] = 0;
     for (uint64_t r = 0; r < n; r++) {
+        if (pieces[r].ndim > (size_t)axis && pieces[r].shape[axis] != rows)
+            return fail(e, "block '%s': part %llu's output has %lld along join_axis %d, where "
+                        "a part has %lld rows", b->name, (unsigned long long)r,
+                        (long long)pieces[r].shape[axis], axis, (long long)rows);
         int same = pieces[r].ndim == pieces[0].ndim && pieces[r].type == pieces[0].type;
         for (size_t d = 0; same && d < pieces[0].ndim; d++)
             same = (int)d == axis || pieces[r].shape[d] == pieces[0].shape[d];

@@ -511,6 +511,20 @@ void unbind(Block &b)
     b.bound = false;
 }
 
+// A part's output, along join_axis, has the part's length (its first
+// parameter's along its part dim): another axis would join the pieces
+// into logits of the wrong shape, silently.
+void check_piece(const Block &b, uint64_t r, const at::Tensor &piece)
+{
+    const Param &p = b.params[0];
+    int64_t rows = p.shape[p.part_dim], nd = piece.dim(), axis = b.join_axis;
+    if (axis < -nd || axis >= nd || piece.size(axis) != rows)
+        throw Fail("block '" + b.name + "': part " + std::to_string(r) + "'s output is " +
+                   shape_str(piece.sizes().vec()) + ": along join_axis " +
+                   std::to_string(axis) + " it does not have the part's " +
+                   std::to_string(rows) + " rows");
+}
+
 // Zero weights that hold no memory, for --baseline.
 void bind_zeros(Block &b)
 {
@@ -769,6 +783,7 @@ int run(int argc, char **argv)
                         throw;
                     }
                     unbind(b);
+                    check_piece(b, r, pieces.back());
                     if (trace)
                         std::printf("part %s %llu/%llu\n", b.name.c_str(), (unsigned long long)r,
                                     (unsigned long long)b.parts);

@@ -140,6 +140,20 @@ def pieces(tmp, toks):
     check(r.returncode == 1 and "model.embed_tokens.weight" in r.stderr,
           f"the whole-tensor plan does not run in that pool ({r.stderr.strip()[-200:]})")
 
+    axis = os.path.join(tmp, "paxis")  # the plan joins the head's parts along the tokens
+    shutil.copytree(x, axis)
+    with open(os.path.join(axis, "plan.json")) as f:
+        plan = json.load(f)
+    joined = [b for b in plan["blocks"] if "join_axis" in b]
+    check(len(joined) == 1 and joined[0]["join_axis"] == 2, "the head joins on axis 2")
+    joined[0]["join_axis"] = 1
+    with open(os.path.join(axis, "plan.json"), "w") as f:
+        json.dump(plan, f)
+    r = engine(axis, w, "--tokens", toks, "--pool", str(pool))
+    check(r.returncode == 1 and "join_axis 1" in r.stderr and "512 rows" in r.stderr
+          and not STEP.findall(r.stdout),
+          f"a join_axis other than the parted one fails, not wrong logits ({r.stderr.strip()[-200:]})")
+
     bad = os.path.join(tmp, "pbad")
     shutil.copytree(w, bad)
     path = os.path.join(bad, "model.safetensors")

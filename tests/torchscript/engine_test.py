@@ -147,6 +147,20 @@ def pieces(tmp):
     check(last is not None and int(last.group(1)) <= pool and int(last.group(2)) == 0,
           f"within the pool, every part checked by its own digest ({last and last.group(0)})")
 
+    axis = os.path.join(tmp, "tied-axis")  # the plan joins the head's parts along the tokens
+    shutil.copytree(piece, axis)
+    with open(os.path.join(axis, "plan.json")) as f:
+        plan = json.load(f)
+    head = [b for b in plan["blocks"] if "join_axis" in b]
+    check(len(head) == 1 and head[0]["join_axis"] == -1, "the head joins on the last axis")
+    head[0]["join_axis"] = 1
+    with open(os.path.join(axis, "plan.json"), "w") as f:
+        json.dump(plan, f)
+    ra = engine(axis, w, "--tokens", tok_arg, "--pool", "512K")
+    check(ra.returncode == 1 and "join_axis 1" in ra.stderr
+          and f"part's {cfg['vocab'] // parts} rows" in ra.stderr and "step 0" not in ra.stdout,
+          f"a join_axis other than the parted one fails, not wrong logits ({ra.stderr.strip()[-300:]})")
+
     rr = engine(whole, w, "--tokens", tok_arg, "--pool", "512K", "--trace")
     check(rr.returncode == 1 and embed in rr.stderr and not ran(rr.stdout),
           f"the whole-weight blocks are refused in that pool ({rr.stderr.strip()[-300:]})")

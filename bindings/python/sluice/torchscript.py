@@ -524,6 +524,7 @@ class ScriptedModel:
         self.blocks = []          # (name, script module, [(owner, leaf, tensor name, placeholder)])
         self._parts = []          # per block: (each param's dim, n, join_axis), or None: whole
         self._gather = []         # per block: True when its one parameter is read by rows
+        self._part_len = []       # per block in parts: the length of a part along its dim
         for b in self.plan["blocks"]:
             path = os.path.join(export_dir, b["file"])
             if not os.path.isfile(path):
@@ -552,6 +553,8 @@ class ScriptedModel:
             # each parameter along its own dim (all of one n: _check_v2)
             self._parts.append((tuple(p["part"]["dim"] for p in b["params"]), part["n"],
                                 b["join_axis"]) if part else None)
+            # a part's length: each output piece has it along join_axis
+            self._part_len.append(b["params"][0]["shape"][part["dim"]] if part else None)
             gather = "gather" in b
             if gather and not _reads_rows_by_input(mod, b["gather"]["param"]):
                 raise PlanError(f"block {b['name']!r}: the plan says \"gather\", and its code "
@@ -712,6 +715,13 @@ class ScriptedModel:
                     self._unbind(i)  # a part is bound for its run only, resident too
                 if not isinstance(out, torch.Tensor):
                     raise TypeError(f"block {name!r}: a block in parts gives one tensor")
+                # A join_axis other than the parted one would join the pieces
+                # into logits of the wrong shape, silently.
+                axis, rows = part[2], self._part_len[i]
+                if not -out.dim() <= axis < out.dim() or out.shape[axis] != rows:
+                    raise PlanError(f"block {name!r}: part {r}'s output is "
+                                    f"{list(out.shape)}: along join_axis {axis} it does not "
+                                    f"have the part's {rows} rows")
                 pieces.append(out)
             return (torch.cat(pieces, dim=part[2]),)
         if self._gather[i]:

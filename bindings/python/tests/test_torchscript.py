@@ -484,6 +484,21 @@ def test_pieces_plan_checked(tied, tmp_path):
             sm(torch.tensor([[1, TIED["vocab"]]]))
 
 
+def test_join_axis_other_than_the_parts_refused(tied, tmp_path):
+    """A plan joining the head's parts along the tokens (axis 1), not the
+    vocabulary: each part's output lacks the part's rows along that axis,
+    so the call fails naming the block, where the join would give logits
+    of the wrong shape and a wrong token, silently; no handle is kept."""
+    w, _whole, pieces, _t, pool = tied
+    d = copy_export(pieces, tmp_path / "axis")
+    edit_plan(d, lambda p: p["blocks"][-1].update(join_axis=1))
+    with st.ScriptedModel(d, w, pool=pool) as sm:
+        with pytest.raises(st.PlanError, match=r"'lm_head': part 0's output .* join_axis 1 .*"
+                                               rf"part's {TIED['vocab'] // N_PARTS} rows"):
+            sm(torch.tensor([TIED_TOKENS]))
+        assert sm.model._m.live_handles == 0
+
+
 def test_traced_pieces_equal_eager(tiny, tmp_path):
     """method="trace" with parts: the head traced on its first part (the
     shape it runs with), the model's own weights put back; eager's logits."""
