@@ -232,10 +232,17 @@ void sl_slot_keep(sl_engine *e, size_t i)
         lru_push(e, i, SL_LRU_PREFETCHED);
 }
 
+/* After a new hint: what the old plan read ahead and the new one does not
+ * name goes to the head of the cached list (the first room taken). What
+ * the new plan names stays read-ahead: speculative reads never evict it,
+ * so a hint repeated does not evict its own read-ahead to read it again. */
 void sl_slots_age_prefetched(sl_engine *e)
 {
-    while (e->lru[SL_LRU_PREFETCHED].tail != SL_NONE)
-        lru_push_front(e, e->lru[SL_LRU_PREFETCHED].tail, SL_LRU_CACHED);
+    for (size_t i = e->lru[SL_LRU_PREFETCHED].tail, prev; i != SL_NONE; i = prev) {
+        prev = e->slots[i].lprev;
+        if (e->plan_pos[i] == SL_NONE)
+            lru_push_front(e, i, SL_LRU_CACHED);
+    }
 }
 
 /* ---------------------------------------------------------------- partial queue */
