@@ -316,6 +316,47 @@ static void test_rehint_keeps_readahead(void **state)
     free(dir);
 }
 
+/* A demand that takes its room from the read-ahead (a tensor off the plan,
+ * as a vocab part is, acquired and released again and again) pauses the
+ * plan's read-ahead until the caller acquires along the plan again: before
+ * the fix, each release let read-ahead read the next tensors of the plan
+ * into the room the next demand took back, evicting them unused. */
+static void test_demand_over_readahead_pauses_it(void **state)
+{
+    (void)state;
+    static const uint64_t sizes[] = {256u << 10, 256u << 10, 256u << 10,
+                                     256u << 10, 256u << 10, 256u << 10};
+    char *dir = ef_model(1, sizes, 6, 10);
+    /* room for three of them, not four */
+    sluice_options o = ef_opts(3 * (256u << 10) + (128u << 10), 64u << 10, 0);
+    sluice_model *m = ef_open(dir, &o);
+    const char *plan[] = {"s0.t000", "s0.t001", "s0.t002", "s0.t003", "s0.t004"};
+    assert_int_equal(sluice_prefetch(m, plan, 5), SLUICE_OK);
+    assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    struct sluice_stats a = ef_stats(m);
+    assert_int_equal(a.bytes_read, 3 * (256u << 10)); /* t000 to t002: the pool is full */
+    /* s0.t005 three times: its room is the newest read-ahead's (t002),
+     * once; the read-ahead waits, nothing else is read or evicted */
+    for (int k = 0; k < 3; k++) {
+        ef_acquire_check(m, 5);
+        assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    }
+    struct sluice_stats b = ef_stats(m);
+    assert_int_equal(b.bytes_read, 4 * (256u << 10));
+    assert_int_equal(b.evictions, 1);
+    assert_int_equal(b.cache_hits, a.cache_hits + 2);
+    /* along the plan again: read-ahead goes on (t002, evicted, is read) */
+    ef_acquire_check(m, 0);
+    assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    struct sluice_stats c = ef_stats(m);
+    assert_true(c.bytes_read > b.bytes_read);
+    for (size_t i = 1; i <= 4; i++)
+        ef_acquire_check(m, i);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(dir);
+    free(dir);
+}
+
 /* ---------------------------------------------------------------- pool limits */
 
 static void test_too_large(void **state)
@@ -587,6 +628,7 @@ int main(void)
         cmocka_unit_test(test_shared_read),
         cmocka_unit_test(test_readahead_follows_order),
         cmocka_unit_test(test_rehint_keeps_readahead),
+        cmocka_unit_test(test_demand_over_readahead_pauses_it),
         cmocka_unit_test(test_acquire_inside_stream_callback),
         cmocka_unit_test(test_misuse),
     };
