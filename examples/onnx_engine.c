@@ -124,6 +124,7 @@ struct eng {
     size_t *rest_from; /* where block i's names start in rest */
     size_t nrest;
     int threads, resident, trace, embedded;
+    int next_pass; /* another forward pass follows this one (a decode step) */
     const char *poke; /* --test-poke: the tensor to change after session creation */
     const char *dump; /* --dump-logits: each step's logits to DUMP-NNN.f32 */
     char err[4096];
@@ -838,14 +839,18 @@ static int bind(struct eng *e, size_t i, double *bind_ms)
     struct block *b = &e->blocks[i];
     const OrtApi *ort = e->ort;
     double t0 = now_ms();
-    if (!e->embedded && b->ninits) {
-        /* From here on, in order: the library reads ahead what this block's
-         * acquires do not wait for, within the pool. */
-        /* Nothing hintable left (a last block in parts): the plan from its
-         * start, the next step's blocks (n = 0 would mean the model's
-         * order, which reads the parted and gathered tensors whole). */
-        size_t from = e->rest_from[i] < e->nrest ? e->rest_from[i] : 0;
-        if (e->nrest && sluice_prefetch(e->m, e->rest + from, e->nrest - from) != SLUICE_OK)
+    /* The hint (docs/onnx.md "Hints"), once per block (a block in parts:
+     * before its first part; hinted again, the library's read-ahead would
+     * fill the room each part gives back, for the next part to evict it):
+     * from here on, in order, the library reads ahead what this block's
+     * acquires do not wait for, within the pool. Nothing hintable left (a
+     * last block in parts): the plan from its start, the next pass's
+     * blocks, when a next pass comes (n = 0 would mean the model's order,
+     * which reads the parted and gathered tensors whole). */
+    if (!e->embedded && b->ninits && e->nrest && (!b->nparts || b->part == 0)) {
+        int left = e->rest_from[i] < e->nrest; /* tensors bound whole from block i on */
+        size_t from = left ? e->rest_from[i] : 0;
+        if ((left || e->next_pass) && sluice_prefetch(e->m, e->rest + from, e->nrest - from) != SLUICE_OK)
             return fail(e, "block '%s': prefetch: %s", b->name, sluice_errmsg(e->m));
     }
     OrtSessionOptions *so = NULL;
@@ -1434,6 +1439,7 @@ static int run(struct eng *e, struct args *a)
     int rc = 0;
     double bind_total = 0, run_total = 0;
     for (long step = 0; rc == 0 && step <= a->steps; step++) {
+        e->next_pass = step < a->steps;
         if ((rc = prompt(e, seq, n, x, &nx)) || (rc = forward(e, x, &nx, &bind_total, &run_total)))
             break;
         const struct act *lg = &x[0];

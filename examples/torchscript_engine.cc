@@ -735,11 +735,12 @@ int run(int argc, char **argv)
     std::printf("rss_before_weights_kb %ld\n", status_kb("VmRSS"));
     std::fflush(stdout);
 
-    // The plan's names bound whole from block i on, as C strings for
-    // sluice_prefetch (parts and gathered rows are read as they are
-    // needed: a hint would bring the whole tensor into the pool). None
-    // left (a last block in parts): the plan's from the start, the next
-    // step's; none at all: no hint (an empty one means the model's order).
+    // The hint (docs/torchscript.md "Hints"), once per block: the plan's
+    // names bound whole from block i on, as C strings for sluice_prefetch
+    // (parts and gathered rows are read as they are needed: a hint would
+    // bring the whole tensor into the pool). None left (a last block in
+    // parts): the plan's from the start, the next step's, when a next step
+    // comes; none at all: no hint (an empty one means the model's order).
     std::vector<std::vector<const char *>> rest(blocks.size());
     for (size_t i = blocks.size(); i-- > 0;) {
         if (!blocks[i].parts && !blocks[i].gather)
@@ -748,7 +749,9 @@ int run(int argc, char **argv)
         if (i + 1 < blocks.size())
             rest[i].insert(rest[i].end(), rest[i + 1].begin(), rest[i + 1].end());
     }
-    auto hint = [&](size_t i) {
+    auto hint = [&](size_t i, bool next_pass) {
+        if (rest[i].empty() && !next_pass)
+            return;  // the last pass: no next one to read ahead
         bool all_bound = true;
         for (const Block &b : blocks)
             all_bound = all_bound && (b.parts || b.gather || b.bound);
@@ -769,7 +772,7 @@ int run(int argc, char **argv)
             if (b.parts) {
                 // Once per part, each bound for its run only (--resident
                 // too), the outputs joined in part order.
-                hint(i);
+                hint(i, step < steps);
                 std::vector<at::Tensor> pieces;
                 for (uint64_t r = 0; r < b.parts; r++) {
                     if (baseline)
@@ -790,7 +793,7 @@ int run(int argc, char **argv)
                 }
                 x = torch::cat(pieces, b.join_axis);
             } else if (b.gather) {
-                hint(i);  // the next blocks read while the rows are
+                hint(i, step < steps);  // the next blocks read while the rows are
                 auto tw = gather_rows(m, b, x.toTensor());
                 Param &p = b.params[0];
                 p.owner.setattr(p.leaf, tw.first);
@@ -808,7 +811,7 @@ int run(int argc, char **argv)
                     } else {
                         // From here on, in order: the library reads ahead what
                         // this block's acquires do not wait for, within the pool.
-                        hint(i);
+                        hint(i, step < steps);
                         bind(m, b);
                     }
                 }

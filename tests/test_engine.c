@@ -272,6 +272,91 @@ static void test_readahead_follows_order(void **state)
     free(dir);
 }
 
+/* A hint repeated (a caller that hints the same plan before each of its
+ * steps) keeps what the plan has already read ahead: read-ahead never
+ * evicts other read-ahead, so it cannot evict its own to read it again.
+ * Before the fix, the new hint made the old one's unused read-ahead the
+ * first to evict, and read-ahead along the same plan evicted it tensor by
+ * tensor to read the holes before it again. */
+static void test_rehint_keeps_readahead(void **state)
+{
+    (void)state;
+    static const uint64_t sizes[] = {256u << 10, 256u << 10, 256u << 10,
+                                     256u << 10, 256u << 10, 256u << 10};
+    char *dir = ef_model(1, sizes, 6, 9);
+    /* room for three of them, not four */
+    sluice_options o = ef_opts(3 * (256u << 10) + (128u << 10), 64u << 10, 0);
+    sluice_model *m = ef_open(dir, &o);
+    const char *plan[] = {"s0.t000", "s0.t001", "s0.t002", "s0.t003", "s0.t004", "s0.t005"};
+    assert_int_equal(sluice_prefetch(m, plan, 6), SLUICE_OK);
+    assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    /* t000 used and released: its room goes to t003, read ahead */
+    ef_acquire_check(m, 0);
+    assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    struct sluice_stats a = ef_stats(m);
+    assert_int_equal(a.bytes_read, 4 * (256u << 10));
+    assert_int_equal(a.evictions, 1);
+    /* The same plan again: t001 to t003 are still wanted; nothing is
+     * evicted to read t000 again, and they are served from memory. */
+    assert_int_equal(sluice_prefetch(m, plan, 6), SLUICE_OK);
+    assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    struct sluice_stats b = ef_stats(m);
+    assert_int_equal(b.evictions, a.evictions);
+    assert_int_equal(b.bytes_read, a.bytes_read);
+    for (size_t i = 1; i <= 3; i++) {
+        sluice_tensor *t;
+        assert_int_equal(sluice_acquire(m, plan[i], &t), SLUICE_OK);
+        ef_check_handle(t);
+        assert_int_equal(sluice_release(t), SLUICE_OK);
+    }
+    struct sluice_stats c = ef_stats(m);
+    assert_int_equal(c.cache_hits, b.cache_hits + 3);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* A demand that takes its room from the read-ahead (a tensor off the plan,
+ * as a vocab part is, acquired and released again and again) pauses the
+ * plan's read-ahead until the caller acquires along the plan again: before
+ * the fix, each release let read-ahead read the next tensors of the plan
+ * into the room the next demand took back, evicting them unused. */
+static void test_demand_over_readahead_pauses_it(void **state)
+{
+    (void)state;
+    static const uint64_t sizes[] = {256u << 10, 256u << 10, 256u << 10,
+                                     256u << 10, 256u << 10, 256u << 10};
+    char *dir = ef_model(1, sizes, 6, 10);
+    /* room for three of them, not four */
+    sluice_options o = ef_opts(3 * (256u << 10) + (128u << 10), 64u << 10, 0);
+    sluice_model *m = ef_open(dir, &o);
+    const char *plan[] = {"s0.t000", "s0.t001", "s0.t002", "s0.t003", "s0.t004"};
+    assert_int_equal(sluice_prefetch(m, plan, 5), SLUICE_OK);
+    assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    struct sluice_stats a = ef_stats(m);
+    assert_int_equal(a.bytes_read, 3 * (256u << 10)); /* t000 to t002: the pool is full */
+    /* s0.t005 three times: its room is the newest read-ahead's (t002),
+     * once; the read-ahead waits, nothing else is read or evicted */
+    for (int k = 0; k < 3; k++) {
+        ef_acquire_check(m, 5);
+        assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    }
+    struct sluice_stats b = ef_stats(m);
+    assert_int_equal(b.bytes_read, 4 * (256u << 10));
+    assert_int_equal(b.evictions, 1);
+    assert_int_equal(b.cache_hits, a.cache_hits + 2);
+    /* along the plan again: read-ahead goes on (t002, evicted, is read) */
+    ef_acquire_check(m, 0);
+    assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    struct sluice_stats c = ef_stats(m);
+    assert_true(c.bytes_read > b.bytes_read);
+    for (size_t i = 1; i <= 4; i++)
+        ef_acquire_check(m, i);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(dir);
+    free(dir);
+}
+
 /* ---------------------------------------------------------------- pool limits */
 
 static void test_too_large(void **state)
@@ -542,6 +627,8 @@ int main(void)
         cmocka_unit_test(test_hash_all_digests),
         cmocka_unit_test(test_shared_read),
         cmocka_unit_test(test_readahead_follows_order),
+        cmocka_unit_test(test_rehint_keeps_readahead),
+        cmocka_unit_test(test_demand_over_readahead_pauses_it),
         cmocka_unit_test(test_acquire_inside_stream_callback),
         cmocka_unit_test(test_misuse),
     };

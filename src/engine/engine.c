@@ -757,8 +757,8 @@ int sl_engine_prefetch(sl_engine *e, size_t *ids, size_t n, sl_err *err)
     e->cursor = 0;
     e->last_pos = SL_NONE;
     e->plan_active = 1;
-    /* What the old plan read ahead and nobody used may now make room for
-     * the new one. */
+    /* What the old plan read ahead, nobody used and the new one does not
+     * name may now make room for the new one. */
     sl_slots_age_prefetched(e);
     sl_pump(e);
     sl_unlock(e);

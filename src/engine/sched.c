@@ -27,6 +27,8 @@
  *     reads may only evict buffers already handed out and released
  *     (CACHED), never other read-ahead (PREFETCHED), so read-ahead cannot
  *     thrash itself; it stops when the pool is full of unconsumed data.
+ *     A demand that evicted read-ahead pauses the plan's until the next
+ *     acquire along the plan or hint (slot.c, evict_one).
  *
  * A tensor is read as one buffer of its own from the pool, in chunks of
  * chunk_bytes; small tensors adjacent in a file and next in the same

@@ -232,10 +232,17 @@ void sl_slot_keep(sl_engine *e, size_t i)
         lru_push(e, i, SL_LRU_PREFETCHED);
 }
 
+/* After a new hint: what the old plan read ahead and the new one does not
+ * name goes to the head of the cached list (the first room taken). What
+ * the new plan names stays read-ahead: speculative reads never evict it,
+ * so a hint repeated does not evict its own read-ahead to read it again. */
 void sl_slots_age_prefetched(sl_engine *e)
 {
-    while (e->lru[SL_LRU_PREFETCHED].tail != SL_NONE)
-        lru_push_front(e, e->lru[SL_LRU_PREFETCHED].tail, SL_LRU_CACHED);
+    for (size_t i = e->lru[SL_LRU_PREFETCHED].tail, prev; i != SL_NONE; i = prev) {
+        prev = e->slots[i].lprev;
+        if (e->plan_pos[i] == SL_NONE)
+            lru_push_front(e, i, SL_LRU_CACHED);
+    }
 }
 
 /* ---------------------------------------------------------------- partial queue */
@@ -294,7 +301,12 @@ void sl_slots_evict_unheld(sl_engine *e)
 }
 
 /* Frees one unheld buffer: the least recently used of those handed out,
- * else (for demand) the newest read-ahead, the one wanted last. */
+ * else (for demand) the newest read-ahead, the one wanted last. Demand
+ * that takes room from the read-ahead pauses the plan's read-ahead until
+ * the next acquire along the plan (or hint): the pool cannot hold both,
+ * and read-ahead would fill the room again as soon as the demand gives it
+ * back (a vocab part, released, then the next part), for the next demand
+ * to evict it unused. */
 static int evict_one(sl_engine *e, int room)
 {
     if (e->lru[SL_LRU_CACHED].head != SL_NONE) {
@@ -303,6 +315,7 @@ static int evict_one(sl_engine *e, int room)
     }
     if (room == SL_ROOM_ANY && e->lru[SL_LRU_PREFETCHED].tail != SL_NONE) {
         evict(e, e->lru[SL_LRU_PREFETCHED].tail);
+        e->plan_active = 0;
         return 1;
     }
     return 0;
