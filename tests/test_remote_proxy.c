@@ -1221,6 +1221,66 @@ static void test_part_direct_not_proxied(void **state)
     free(liar);
 }
 
+/* A proxy's multi-range reply that fails the multipart checks is a
+ * reply that fails the range checks (sluice.h "Proxies"): the request is
+ * sent again to the origin directly, and the part reads. The fault server
+ * as the proxy, armed once with each broken multipart mode, nginx the
+ * origin; a strided part of a [64, 1024] U8 tensor (one multi-range
+ * request). Before, mr_parse's failure ended the part (SLUICE_E_REMOTE,
+ * SLUICE_E_FILE_CHANGED for mpsize) without the origin being asked. */
+static void test_part_multipart_lie_goes_direct(void **state)
+{
+    (void)state;
+    enum { ROWS = 64, COLS = 1024 };
+    size_t nb = (size_t)ROWS * COLS, seg = COLS / 4, len = ROWS * seg;
+    char header[160], *p = tu_join(root, "mpx.safetensors");
+    snprintf(header, sizeof header, "{\"t\":{\"dtype\":\"U8\",\"shape\":[%u,%u],"
+             "\"data_offsets\":[0,%zu]}}", ROWS, COLS, nb);
+    unsigned char *bytes = malloc(nb), *part = malloc(len);
+    assert_non_null(bytes);
+    assert_non_null(part);
+    for (size_t k = 0; k < nb; k++)
+        bytes[k] = (unsigned char)(k * 2654435761u >> 11);
+    tu_write_safetensors(p, header, bytes, nb);
+    rf_server fault;
+    start_fault_on(&fault, root);
+    static const char *const modes[] = {"mpcr", "mpsize", "mpnocr", "mplong", "mpextra",
+                                        "mptail", "mpboundary"};
+    char url[300];
+    snprintf(url, sizeof url, "%s/mpx.safetensors", nginx.base);
+    for (size_t c = 0; c < sizeof modes / sizeof modes[0]; c++) {
+        sluice_options o;
+        opts_with_proxy(&o, fault.base);
+        o.verify = SLUICE_VERIFY_OFF;
+        sluice_model *m = NULL;
+        if (sluice_open(url, &o, &m) != SLUICE_OK)
+            fail_msg("open: %s", sluice_errmsg(m));
+        char ctl[96];
+        snprintf(ctl, sizeof ctl, "/ctl?mode=%s&count=1", modes[c]);
+        free(rf_get(&fault, ctl));
+        struct sluice_stats before = stats_now(m), now;
+        memset(part, 0, len);
+        int rc = sluice_read_part_into(m, "t", 1, 1, 4, part, len);
+        now = stats_now(m);
+        if (rc != SLUICE_OK)
+            fail_msg("%s through the proxy: %s: %s", modes[c], sluice_strerror(rc),
+                     sluice_errmsg(m));
+        for (size_t r = 0; r < ROWS; r++)
+            if (memcmp(part + r * seg, bytes + r * COLS + seg, seg) != 0)
+                fail_msg("%s: row %zu of the part differs from the slice", modes[c], r);
+        if (now.proxy_failures - before.proxy_failures != 1)
+            fail_msg("%s: %llu proxy failures", modes[c],
+                     (unsigned long long)(now.proxy_failures - before.proxy_failures));
+        free(rf_get(&fault, "/ctl?mode=ok&count=0"));
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+    }
+    rf_stop(&fault);
+    unlink(p);
+    free(p);
+    free(part);
+    free(bytes);
+}
+
 /* "Read again from the origin directly, once" is one rule, the remote
  * source's, for the engine's loads and the blocking reads alike: through
  * a proxy that flips a byte of w.e (its rank 0 of 2), a range
@@ -1378,6 +1438,7 @@ int main(void)
         cmocka_unit_test(test_verify_files_through_lying_proxy),
         cmocka_unit_test(test_direct_again_once_each),
         cmocka_unit_test(test_part_direct_not_proxied),
+        cmocka_unit_test(test_part_multipart_lie_goes_direct),
         cmocka_unit_test(test_proxy_health_per_hop),
     };
     if (getenv("SLUICE_TEST_FILTER"))

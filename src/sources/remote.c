@@ -1752,24 +1752,17 @@ static void park(sl_rio *r, rreq *q)
 }
 
 /* A request of spans request q came back whole: its bytes placed (a
- * multi-range reply parsed strictly, remote.h), and the next range goes
- * out, or q is complete. */
+ * multi-range reply parsed strictly and placed by finished, remote.h),
+ * and the next range goes out, or q is complete. */
 static void sp_landed(sl_rio *r, rreq *q)
 {
     sl_io_req *req = q->req;
     q->sent = 0;
     req->requests++;
-    if (q->multi) {
-        sl_err err;
+    if (q->multi) {  /* its reply parsed and placed already (finished) */
         uint64_t want = 0;
         for (size_t k = 0; k < q->nr; k++)
             want += q->rg[k].hi - q->rg[k].lo;
-        int rc = mr_parse(q->x.gbuf ? q->x.gbuf : "", q->x.glen, q->x.boundary, q->rg, q->nr,
-                          req->spans, q->x.size, q->t->shown, &err);
-        if (rc < 0) {
-            complete(r, q, rc, err.msg, EIO);
-            return;
-        }
         req->done_bytes += want;
         complete(r, q, 0, NULL, 0);
         return;
@@ -1795,6 +1788,19 @@ static void finished(sl_rio *r, rreq *q, CURLcode cr)
     int code = 0;
     char msg[200];
     int out = outcome(&q->x, cr, 0, &code, msg, sizeof msg);
+    if (out == OUT_OK && q->req->spans && q->multi) {
+        /* a multipart reply is parsed strictly (remote.h) before it counts
+         * as delivered: one that fails is a reply that fails the range
+         * checks, so through the proxy it goes to the origin directly */
+        sl_err perr = {0};
+        int prc = mr_parse(q->x.gbuf ? q->x.gbuf : "", q->x.glen, q->x.boundary, q->rg, q->nr,
+                           q->req->spans, q->x.size, q->t->shown, &perr);
+        if (prc < 0) {
+            out = OUT_FAIL;
+            code = prc;
+            snprintf(msg, sizeof msg, "%.199s", perr.msg);
+        }
+    }
     uint64_t landed = q->req->spans ? (q->x.status == 206 ? q->x.got : 0)
                                     : q->req->done_bytes - q->attempt_from;
     if (q->x.proxied && landed)
