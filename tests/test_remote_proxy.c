@@ -16,6 +16,7 @@
  * Every check compares with the bytes of the local file the origin
  * serves, read with pread. Skipped (77, with the reason) when nginx or
  * squid is not installed or does not start. */
+#include "api/engine_hooks.h"
 #include "mf_fixture.h"
 #include "remote_fixture.h"
 #include "util.h"
@@ -1281,6 +1282,80 @@ static void test_part_multipart_lie_goes_direct(void **state)
     free(bytes);
 }
 
+/* A part's token requested while it is read again directly (its bytes
+ * through the proxy failed verification): the call returns
+ * SLUICE_E_CANCELLED, and the part is not counted in failures, as any
+ * cancelled part (sluice.h, sluice_read_part_into_ex). The fault server
+ * as the proxy flips a byte of w.e's rank 0 of 2; the engine's pause
+ * point 10 (a span read with a token has issued its first reads,
+ * engine_hooks.h) requests the token at the first such point after the
+ * checksum failure was counted: in the direct re-read. Before, the
+ * cancelled re-read left the first read's SLUICE_E_CHECKSUM as the
+ * answer, counted in failures. */
+typedef struct redo_cancel {
+    sluice_cancel *c;
+    int calls;      /* pause points 10 seen */
+    int cancel_at;  /* the call that requests the token (0: none) */
+} redo_cancel;
+
+static void cancel_in_redo(void *ctx, int where)
+{
+    redo_cancel *rc = ctx;
+    if (where == 10 && ++rc->calls == rc->cancel_at)
+        sluice_cancel_request(rc->c);
+}
+
+static void test_part_cancel_in_direct_reread(void **state)
+{
+    (void)state;
+    char *lm;
+    char *liar = liar_copy(sizes[5] + sizes[4] - 100, &lm);   /* in w.e, rank 0 of 2 */
+    rf_server fault;
+    start_fault_on(&fault, liar);
+    sluice_options o;
+    opts_with_proxy(&o, fault.base);
+    sluice_model *m = NULL;
+    assert_int_equal(sluice_open(model_url(), &o, &m), SLUICE_OK);
+    redo_cancel rc = {0};
+    assert_int_equal(sluice_cancel_create(&rc.c), SLUICE_OK);
+    assert_int_equal(sl_engine_set_pause(m, cancel_in_redo, &rc), SLUICE_OK);
+    size_t half = (size_t)sizes[4] / 2;
+    unsigned char *got = malloc(half);
+    assert_non_null(got);
+    sluice_part_options po;
+    assert_int_equal(sluice_part_options_init(&po), SLUICE_OK);
+    po.cancel = rc.c;
+    /* first the span reads counted: the proxy's, then as many directly */
+    struct sluice_stats before = stats_now(m), now;
+    int r = sluice_read_part_into_ex(m, "w.e", 0, 0, 2, got, half, &po);
+    now = stats_now(m);
+    if (r != SLUICE_OK || now.proxy_failures - before.proxy_failures != 1 || rc.calls % 2)
+        fail_msg("the part through the lying proxy: %s (%s), %llu proxy failures, %d span reads",
+                 sluice_strerror(r), sluice_errmsg(m),
+                 (unsigned long long)(now.proxy_failures - before.proxy_failures), rc.calls);
+    /* then the token requested once the direct re-read has issued its
+     * first reads */
+    rc.cancel_at = rc.calls / 2 + 1;
+    rc.calls = 0;
+    before = stats_now(m);
+    r = sluice_read_part_into_ex(m, "w.e", 0, 0, 2, got, half, &po);
+    now = stats_now(m);
+    assert_int_equal(sl_engine_set_pause(m, NULL, NULL), SLUICE_OK);
+    if (!sluice_cancel_requested(rc.c))
+        fail_msg("the token was not requested (%d span reads)", rc.calls);
+    if (r != SLUICE_E_CANCELLED || now.failures != before.failures)
+        fail_msg("cancelled in the direct re-read: %s (%s), failures %llu -> %llu",
+                 sluice_strerror(r), sluice_errmsg(m), (unsigned long long)before.failures,
+                 (unsigned long long)now.failures);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    sluice_cancel_free(rc.c);
+    rf_stop(&fault);
+    free(got);
+    tu_rmtree(liar);
+    free(lm);
+    free(liar);
+}
+
 /* "Read again from the origin directly, once" is one rule, the remote
  * source's, for the engine's loads and the blocking reads alike: through
  * a proxy that flips a byte of w.e (its rank 0 of 2), a range
@@ -1439,6 +1514,7 @@ int main(void)
         cmocka_unit_test(test_direct_again_once_each),
         cmocka_unit_test(test_part_direct_not_proxied),
         cmocka_unit_test(test_part_multipart_lie_goes_direct),
+        cmocka_unit_test(test_part_cancel_in_direct_reread),
         cmocka_unit_test(test_proxy_health_per_hop),
     };
     if (getenv("SLUICE_TEST_FILTER"))
