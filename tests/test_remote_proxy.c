@@ -16,6 +16,7 @@
  * Every check compares with the bytes of the local file the origin
  * serves, read with pread. Skipped (77, with the reason) when nginx or
  * squid is not installed or does not start. */
+#include "api/engine_hooks.h"
 #include "mf_fixture.h"
 #include "remote_fixture.h"
 #include "util.h"
@@ -1221,6 +1222,140 @@ static void test_part_direct_not_proxied(void **state)
     free(liar);
 }
 
+/* A proxy's multi-range reply that fails the multipart checks is a
+ * reply that fails the range checks (sluice.h "Proxies"): the request is
+ * sent again to the origin directly, and the part reads. The fault server
+ * as the proxy, armed once with each broken multipart mode, nginx the
+ * origin; a strided part of a [64, 1024] U8 tensor (one multi-range
+ * request). Before, mr_parse's failure ended the part (SLUICE_E_REMOTE,
+ * SLUICE_E_FILE_CHANGED for mpsize) without the origin being asked. */
+static void test_part_multipart_lie_goes_direct(void **state)
+{
+    (void)state;
+    enum { ROWS = 64, COLS = 1024 };
+    size_t nb = (size_t)ROWS * COLS, seg = COLS / 4, len = ROWS * seg;
+    char header[160], *p = tu_join(root, "mpx.safetensors");
+    snprintf(header, sizeof header, "{\"t\":{\"dtype\":\"U8\",\"shape\":[%u,%u],"
+             "\"data_offsets\":[0,%zu]}}", ROWS, COLS, nb);
+    unsigned char *bytes = malloc(nb), *part = malloc(len);
+    assert_non_null(bytes);
+    assert_non_null(part);
+    for (size_t k = 0; k < nb; k++)
+        bytes[k] = (unsigned char)(k * 2654435761u >> 11);
+    tu_write_safetensors(p, header, bytes, nb);
+    rf_server fault;
+    start_fault_on(&fault, root);
+    static const char *const modes[] = {"mpcr", "mpsize", "mpnocr", "mplong", "mpextra",
+                                        "mptail", "mpboundary"};
+    char url[300];
+    snprintf(url, sizeof url, "%s/mpx.safetensors", nginx.base);
+    for (size_t c = 0; c < sizeof modes / sizeof modes[0]; c++) {
+        sluice_options o;
+        opts_with_proxy(&o, fault.base);
+        o.verify = SLUICE_VERIFY_OFF;
+        sluice_model *m = NULL;
+        if (sluice_open(url, &o, &m) != SLUICE_OK)
+            fail_msg("open: %s", sluice_errmsg(m));
+        char ctl[96];
+        snprintf(ctl, sizeof ctl, "/ctl?mode=%s&count=1", modes[c]);
+        free(rf_get(&fault, ctl));
+        struct sluice_stats before = stats_now(m), now;
+        memset(part, 0, len);
+        int rc = sluice_read_part_into(m, "t", 1, 1, 4, part, len);
+        now = stats_now(m);
+        if (rc != SLUICE_OK)
+            fail_msg("%s through the proxy: %s: %s", modes[c], sluice_strerror(rc),
+                     sluice_errmsg(m));
+        for (size_t r = 0; r < ROWS; r++)
+            if (memcmp(part + r * seg, bytes + r * COLS + seg, seg) != 0)
+                fail_msg("%s: row %zu of the part differs from the slice", modes[c], r);
+        if (now.proxy_failures - before.proxy_failures != 1)
+            fail_msg("%s: %llu proxy failures", modes[c],
+                     (unsigned long long)(now.proxy_failures - before.proxy_failures));
+        free(rf_get(&fault, "/ctl?mode=ok&count=0"));
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+    }
+    rf_stop(&fault);
+    unlink(p);
+    free(p);
+    free(part);
+    free(bytes);
+}
+
+/* A part's token requested while it is read again directly (its bytes
+ * through the proxy failed verification): the call returns
+ * SLUICE_E_CANCELLED, and the part is not counted in failures, as any
+ * cancelled part (sluice.h, sluice_read_part_into_ex). The fault server
+ * as the proxy flips a byte of w.e's rank 0 of 2; the engine's pause
+ * point 10 (a span read with a token has issued its first reads,
+ * engine_hooks.h) requests the token at the first such point after the
+ * checksum failure was counted: in the direct re-read. Before, the
+ * cancelled re-read left the first read's SLUICE_E_CHECKSUM as the
+ * answer, counted in failures. */
+typedef struct redo_cancel {
+    sluice_cancel *c;
+    int calls;      /* pause points 10 seen */
+    int cancel_at;  /* the call that requests the token (0: none) */
+} redo_cancel;
+
+static void cancel_in_redo(void *ctx, int where)
+{
+    redo_cancel *rc = ctx;
+    if (where == 10 && ++rc->calls == rc->cancel_at)
+        sluice_cancel_request(rc->c);
+}
+
+static void test_part_cancel_in_direct_reread(void **state)
+{
+    (void)state;
+    char *lm;
+    char *liar = liar_copy(sizes[5] + sizes[4] - 100, &lm);   /* in w.e, rank 0 of 2 */
+    rf_server fault;
+    start_fault_on(&fault, liar);
+    sluice_options o;
+    opts_with_proxy(&o, fault.base);
+    sluice_model *m = NULL;
+    assert_int_equal(sluice_open(model_url(), &o, &m), SLUICE_OK);
+    redo_cancel rc = {0};
+    assert_int_equal(sluice_cancel_create(&rc.c), SLUICE_OK);
+    assert_int_equal(sl_engine_set_pause(m, cancel_in_redo, &rc), SLUICE_OK);
+    size_t half = (size_t)sizes[4] / 2;
+    unsigned char *got = malloc(half);
+    assert_non_null(got);
+    sluice_part_options po;
+    assert_int_equal(sluice_part_options_init(&po), SLUICE_OK);
+    po.cancel = rc.c;
+    /* first the span reads counted: the proxy's, then as many directly */
+    struct sluice_stats before = stats_now(m), now;
+    int r = sluice_read_part_into_ex(m, "w.e", 0, 0, 2, got, half, &po);
+    now = stats_now(m);
+    if (r != SLUICE_OK || now.proxy_failures - before.proxy_failures != 1 || rc.calls % 2)
+        fail_msg("the part through the lying proxy: %s (%s), %llu proxy failures, %d span reads",
+                 sluice_strerror(r), sluice_errmsg(m),
+                 (unsigned long long)(now.proxy_failures - before.proxy_failures), rc.calls);
+    /* then the token requested once the direct re-read has issued its
+     * first reads */
+    rc.cancel_at = rc.calls / 2 + 1;
+    rc.calls = 0;
+    before = stats_now(m);
+    r = sluice_read_part_into_ex(m, "w.e", 0, 0, 2, got, half, &po);
+    now = stats_now(m);
+    assert_int_equal(sl_engine_set_pause(m, NULL, NULL), SLUICE_OK);
+    if (!sluice_cancel_requested(rc.c))
+        fail_msg("the token was not requested (%d span reads)", rc.calls);
+    if (r != SLUICE_E_CANCELLED || now.failures != before.failures)
+        fail_msg("cancelled in the direct re-read: %s (%s), failures %llu -> %llu",
+                 sluice_strerror(r), sluice_errmsg(m), (unsigned long long)before.failures,
+                 (unsigned long long)now.failures);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    sluice_cancel_free(rc.c);
+    rf_stop(&fault);
+    free(got);
+    tu_rmtree(liar);
+    free(lm);
+    free(liar);
+}
+
 /* "Read again from the origin directly, once" is one rule, the remote
  * source's, for the engine's loads and the blocking reads alike: through
  * a proxy that flips a byte of w.e (its rank 0 of 2), a range
@@ -1378,6 +1513,8 @@ int main(void)
         cmocka_unit_test(test_verify_files_through_lying_proxy),
         cmocka_unit_test(test_direct_again_once_each),
         cmocka_unit_test(test_part_direct_not_proxied),
+        cmocka_unit_test(test_part_multipart_lie_goes_direct),
+        cmocka_unit_test(test_part_cancel_in_direct_reread),
         cmocka_unit_test(test_proxy_health_per_hop),
     };
     if (getenv("SLUICE_TEST_FILTER"))

@@ -953,9 +953,12 @@ static int again_direct(sluice_model *m, size_t i, int rc, direct_read_fn read, 
     tally->remote_reads += a.t.remote_reads;
     tally->remote_bytes += a.t.remote_bytes;
     tally->part_fallback_bytes += a.t.part_fallback_bytes;
-    if (rc2 == SLUICE_OK || rc2 == SLUICE_E_CHECKSUM) /* the origin's own answer */
+    /* the origin's own answer; or the call's token, requested while the
+     * part was read again (a cancelled call, not the proxy's failure) */
+    int answer = rc2 == SLUICE_OK || rc2 == SLUICE_E_CHECKSUM || rc2 == SLUICE_E_CANCELLED;
+    if (answer)
         *err = e2;
-    return rc2 == SLUICE_OK || rc2 == SLUICE_E_CHECKSUM ? rc2 : rc;
+    return answer ? rc2 : rc;
 }
 
 typedef struct range_args {

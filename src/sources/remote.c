@@ -887,11 +887,23 @@ static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_
  * X-Dragonfly-* headers): P2P on; a priority (common.proto's Priority:
  * LEVEL6, its default and highest, for a request a caller waits on;
  * LEVEL3 for read-ahead); the presigned URLs' parameters. */
-static struct curl_slist *dragonfly_headers(struct curl_slist *l, int demand)
+/* l with line appended; when that cannot be (out of memory), l as it
+ * was and *bad set: the request must not go out without the header (a
+ * Range, an If-Match or a credential silently dropped would be another
+ * request). */
+static struct curl_slist *hdr_add(struct curl_slist *l, const char *line, int *bad)
 {
-    l = curl_slist_append(l, "X-Dragonfly-Use-P2P: true");
-    l = curl_slist_append(l, demand ? "X-Dragonfly-Priority: 6" : "X-Dragonfly-Priority: 3");
-    return curl_slist_append(l, "X-Dragonfly-Filtered-Query-Params: " DF_FILTERED);
+    struct curl_slist *n = curl_slist_append(l, line);
+    if (!n)
+        *bad = 1;
+    return n ? n : l;
+}
+
+static struct curl_slist *dragonfly_headers(struct curl_slist *l, int demand, int *bad)
+{
+    l = hdr_add(l, "X-Dragonfly-Use-P2P: true", bad);
+    l = hdr_add(l, demand ? "X-Dragonfly-Priority: 6" : "X-Dragonfly-Priority: 3", bad);
+    return hdr_add(l, "X-Dragonfly-Filtered-Query-Params: " DF_FILTERED, bad);
 }
 
 /* Sets the proxy px on h: its URL without user:password@, and those,
@@ -947,7 +959,8 @@ static void set_proxy(CURL *h, const char *px)
  * tunnel, which would hide the bytes from it); the daemon's proxy rule
  * fetches the origin over TLS. Returns l with its headers added. */
 static struct curl_slist *setup_proxy(CURL *h, const sl_remote_cfg *c,
-                                      const sl_remote_target *t, xfer *x, struct curl_slist *l)
+                                      const sl_remote_target *t, xfer *x, struct curl_slist *l,
+                                      int *bad)
 {
     const char *url = t->url;
     /* the hop decided at open; a configuration without proxies (the
@@ -988,7 +1001,7 @@ static struct curl_slist *setup_proxy(CURL *h, const sl_remote_cfg *c,
             free(plain);
         }
     }
-    return dragonfly_headers(l, x->demand);
+    return dragonfly_headers(l, x->demand, bad);
 }
 
 /* A 404 or 416 through the proxy: what the origin may have answered, or
@@ -1042,7 +1055,8 @@ static int setup(CURL *h, const sl_remote_cfg *c, const sl_remote_target *t, xfe
     char line[256];
     curl_easy_reset(h);
     curl_easy_setopt(h, CURLOPT_URL, t->url);
-    l = setup_proxy(h, c, t, x, l);
+    int bad = 0;    /* a header that could not be added (out of memory) */
+    l = setup_proxy(h, c, t, x, l, &bad);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
     curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
@@ -1075,13 +1089,15 @@ static int setup(CURL *h, const sl_remote_cfg *c, const sl_remote_target *t, xfe
     if (x->ranged) {
         snprintf(line, sizeof line, "Range: bytes=%llu-%llu", (unsigned long long)x->want_off,
                  (unsigned long long)(x->want_off + x->want_len - 1));
-        l = curl_slist_append(l, line);
+        l = hdr_add(l, line, &bad);
     } else if (x->multi) {
         char *range = malloc(strlen(x->multi) + 16);
         if (range) {
             sprintf(range, "Range: bytes=%s", x->multi);
-            l = curl_slist_append(l, range);
+            l = hdr_add(l, range, &bad);
             free(range);
+        } else {
+            bad = 1;
         }
     }
     /* the validator of the hop this attempt goes over, never the other's
@@ -1089,7 +1105,7 @@ static int setup(CURL *h, const sl_remote_cfg *c, const sl_remote_target *t, xfe
     x->if_match = hop_tag(x->tags, x->proxied ? SL_HOP_PROXY : SL_HOP_DIRECT);
     if (x->if_match) {
         snprintf(line, sizeof line, "If-Match: %s", x->if_match);
-        l = curl_slist_append(l, line);
+        l = hdr_add(l, line, &bad);
     }
     x->signed_s3 = 0;
     const char *tok = t->hub ? c->hf_token : c->token;
@@ -1105,14 +1121,17 @@ static int setup(CURL *h, const sl_remote_cfg *c, const sl_remote_target *t, xfe
             curl_easy_setopt(h, CURLOPT_USERNAME, c->aws_key);
             curl_easy_setopt(h, CURLOPT_PASSWORD, c->aws_secret);
             /* SHA-256 of the empty payload of a GET */
-            l = curl_slist_append(l, "x-amz-content-sha256: "
-                                  "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+            l = hdr_add(l, "x-amz-content-sha256: "
+                        "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855", &bad);
             if (c->aws_session) {
                 char *st = malloc(strlen(c->aws_session) + 32);
                 if (st) {
                     sprintf(st, "x-amz-security-token: %s", c->aws_session);
-                    l = curl_slist_append(l, st);
+                    l = hdr_add(l, st, &bad);
+                    memset(st, 0, strlen(st));
                     free(st);
+                } else {
+                    bad = 1;
                 }
             }
         }
@@ -1120,14 +1139,16 @@ static int setup(CURL *h, const sl_remote_cfg *c, const sl_remote_target *t, xfe
         char *bearer = malloc(strlen(tok) + 32);
         if (bearer) {
             sprintf(bearer, "Authorization: Bearer %s", tok);
-            l = curl_slist_append(l, bearer);
+            l = hdr_add(l, bearer, &bad);
             memset(bearer, 0, strlen(bearer));
             free(bearer);
+        } else {
+            bad = 1;
         }
     }
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, l);
     *hdrs = l;
-    return SLUICE_OK;
+    return bad ? SLUICE_E_NOMEM : SLUICE_OK;
 }
 
 enum { OUT_OK, OUT_RETRY, OUT_FAIL };
@@ -1270,7 +1291,12 @@ static int fetch(const sl_remote_cfg *c, const sl_remote_target *t, xfer *x, uin
             x->glen = 0;
         }
         struct curl_slist *hdrs = NULL;
-        setup(h, c, t, x, &hdrs);
+        if (setup(h, c, t, x, &hdrs) < 0) {
+            curl_slist_free_all(hdrs);
+            rc = sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory (the request's headers)",
+                         x->shown);
+            break;
+        }
         CURLcode cr = curl_easy_perform(h);
         curl_slist_free_all(hdrs);
         int code = 0;
@@ -1709,14 +1735,17 @@ static void start(sl_rio *r, rreq *q)
         q->x.want_off = q->rg[q->cur].lo + q->x.done;
         q->x.want_len = q->rg[q->cur].hi - q->rg[q->cur].lo - q->x.done;
     }
-    q->sent = q->req->spans != NULL;
     /* The read's clock starts when a connection first takes it: time in
      * the queue behind other reads is not the read's (remote_deadline_ms) */
     if (!q->deadline)
         q->deadline = mono_ms() + r->c->deadline_ms;
     curl_slist_free_all(q->hdrs);
     q->hdrs = NULL;
-    setup(q->h, r->c, q->t, &q->x, &q->hdrs);
+    if (setup(q->h, r->c, q->t, &q->x, &q->hdrs) < 0) {
+        complete(r, q, SLUICE_E_NOMEM, "out of memory (the request's headers)", ENOMEM);
+        return;
+    }
+    q->sent = q->req->spans != NULL;
     q->attempt_from = q->req->done_bytes;
     if (q->x.skipped && !q->req->proxy_why[0])
         snprintf(q->req->proxy_why, sizeof q->req->proxy_why,
@@ -1752,24 +1781,17 @@ static void park(sl_rio *r, rreq *q)
 }
 
 /* A request of spans request q came back whole: its bytes placed (a
- * multi-range reply parsed strictly, remote.h), and the next range goes
- * out, or q is complete. */
+ * multi-range reply parsed strictly and placed by finished, remote.h),
+ * and the next range goes out, or q is complete. */
 static void sp_landed(sl_rio *r, rreq *q)
 {
     sl_io_req *req = q->req;
     q->sent = 0;
     req->requests++;
-    if (q->multi) {
-        sl_err err;
+    if (q->multi) {  /* its reply parsed and placed already (finished) */
         uint64_t want = 0;
         for (size_t k = 0; k < q->nr; k++)
             want += q->rg[k].hi - q->rg[k].lo;
-        int rc = mr_parse(q->x.gbuf ? q->x.gbuf : "", q->x.glen, q->x.boundary, q->rg, q->nr,
-                          req->spans, q->x.size, q->t->shown, &err);
-        if (rc < 0) {
-            complete(r, q, rc, err.msg, EIO);
-            return;
-        }
         req->done_bytes += want;
         complete(r, q, 0, NULL, 0);
         return;
@@ -1795,6 +1817,19 @@ static void finished(sl_rio *r, rreq *q, CURLcode cr)
     int code = 0;
     char msg[200];
     int out = outcome(&q->x, cr, 0, &code, msg, sizeof msg);
+    if (out == OUT_OK && q->req->spans && q->multi) {
+        /* a multipart reply is parsed strictly (remote.h) before it counts
+         * as delivered: one that fails is a reply that fails the range
+         * checks, so through the proxy it goes to the origin directly */
+        sl_err perr = {0};
+        int prc = mr_parse(q->x.gbuf ? q->x.gbuf : "", q->x.glen, q->x.boundary, q->rg, q->nr,
+                           q->req->spans, q->x.size, q->t->shown, &perr);
+        if (prc < 0) {
+            out = OUT_FAIL;
+            code = prc;
+            snprintf(msg, sizeof msg, "%.199s", perr.msg);
+        }
+    }
     uint64_t landed = q->req->spans ? (q->x.status == 206 ? q->x.got : 0)
                                     : q->req->done_bytes - q->attempt_from;
     if (q->x.proxied && landed)
