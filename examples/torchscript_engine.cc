@@ -636,7 +636,9 @@ const char kUsage[] =
     "  --manifest P   the manifest (default: the sidecar)\n"
     "  --resident     keep every block's weights bound after its first use (parts and rows:\n"
     "                 bound for their run only)\n"
-    "  --trace        print each block's name as it completes, and each part's\n"
+    "  --trace        print each block's name as it completes, and each part's, and per\n"
+    "                 block 'time NAME bind_ms B run_ms R': binding (acquires and the wait\n"
+    "                 for their reads and hashes; a gather's row reads) and the forward\n"
     "  --baseline     weights as zero tensors holding no memory, no sluice: libtorch's own RSS\n"
     "exit: 0 done, 1 a failure (its message on stderr), 2 usage\n";
 
@@ -769,6 +771,15 @@ int run(int argc, char **argv)
         torch::jit::IValue x = ids;
         for (size_t i = 0; i < blocks.size(); i++) {
             Block &b = blocks[i];
+            // --trace's times: binding (acquires, the wait for their reads
+            // and hashes, or the rows' reads) and the forward itself
+            double bind_ms = 0, run_ms = 0;
+            auto tb = std::chrono::steady_clock::now();
+            auto lap = [&tb](double &into) {
+                auto now = std::chrono::steady_clock::now();
+                into += std::chrono::duration<double, std::milli>(now - tb).count();
+                tb = now;
+            };
             if (b.parts) {
                 // Once per part, each bound for its run only (--resident
                 // too), the outputs joined in part order.
@@ -779,12 +790,14 @@ int run(int argc, char **argv)
                         bind_zeros(b);
                     else
                         bind(m, b, (int64_t)r);
+                    lap(bind_ms);
                     try {
                         pieces.push_back(b.module.forward({x}).toTensor());
                     } catch (...) {
                         unbind(b);
                         throw;
                     }
+                    lap(run_ms);
                     unbind(b);
                     check_piece(b, r, pieces.back());
                     if (trace)
@@ -797,6 +810,7 @@ int run(int argc, char **argv)
                 auto tw = gather_rows(m, b, x.toTensor());
                 Param &p = b.params[0];
                 p.owner.setattr(p.leaf, tw.first);
+                lap(bind_ms);
                 try {
                     x = b.module.forward({tw.second});
                 } catch (...) {
@@ -815,17 +829,22 @@ int run(int argc, char **argv)
                         bind(m, b);
                     }
                 }
+                lap(bind_ms);
                 try {
                     x = b.module.forward({x});
                 } catch (...) {
                     unbind(b);
                     throw;
                 }
+                lap(run_ms);
                 if (!resident && !baseline)
                     unbind(b);
             }
+            if (b.gather)
+                lap(run_ms);
             if (trace)
-                std::printf("ran %s\n", b.name.c_str());
+                std::printf("ran %s\ntime %s bind_ms %.2f run_ms %.2f\n", b.name.c_str(),
+                            b.name.c_str(), bind_ms, run_ms);
         }
         logits = x.toTensor().to(at::kFloat).contiguous();
         int64_t next = logits[0][-1].argmax().item<int64_t>();

@@ -143,6 +143,9 @@ def pieces(tmp):
           "prompt and 3 decode steps")
     check(len(re.findall(r"^part lm_head \d+/8$", rp.stdout, re.M)) == 4 * parts,
           "the head ran once per vocab part at each step")
+    times = re.findall(r"^time (\S+) bind_ms ([0-9.]+) run_ms ([0-9.]+)$", rp.stdout, re.M)
+    check([t[0] for t in times] == ran(rp.stdout) and all(float(t[2]) > 0 for t in times),
+          f"--trace times each block's binding and forward ({len(times)} lines)")
     last = re.search(r"pool_high_water (\d+) .*part_fallback_bytes (\d+)", rp.stdout)
     check(last is not None and int(last.group(1)) <= pool and int(last.group(2)) == 0,
           f"within the pool, every part checked by its own digest ({last and last.group(0)})")
