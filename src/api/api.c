@@ -257,7 +257,7 @@ static int take_remote(sluice_model *m, const char *path, sl_err *err)
     if (remote) {
         SL_TRY(sl_remote_cfg_new(o, &m->remote, err));
         int hub = 0;
-        SL_TRY(sl_hf_cfg_tokens(m->remote, o, path, &hub, err));
+        SL_TRY(sl_hf_cfg_tokens(m->remote, o, m->loc, m->fallback_loc, m->nfallback, &hub, err));
         SL_TRY(sl_remote_dragonfly_hop(m->remote, hub, err));
     }
     o->http_token = o->s3_endpoint = o->s3_region = o->remote_ca_file = NULL;
