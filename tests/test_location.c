@@ -1,10 +1,13 @@
 /* test_location.c: a location split once into its parts
  * (base/location.h): kind, scheme, host, port, path, query, the form
  * messages show (no user:password@, "?..." for a query or fragment), and
- * how much of it names the object; a local path as given, whole. */
+ * how much of it names the object; a local path as given, whole. Then
+ * whether a location is the Hub's (sl_hf_on_hub), read from its parts and
+ * the endpoint's, parsed once. */
 #include "util.h"
 
 #include "base/location.h"
+#include "sources/remote.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -29,6 +32,7 @@ static void test_url_with_credentials_and_query(void **state)
     assert_string_equal(l->query, "X-Amz-Signature=S");
     assert_string_equal(l->shown, "https://example.com:8443/m/model.safetensors?...");
     assert_int_equal(l->name_len, strlen("https://user:pa:ss@example.com:8443/m/model.safetensors"));
+    assert_true(l->userinfo);
     assert_true(sl_location_remote(l));
     char buf[256];
     assert_string_equal(sl_location_shown_of(given, buf, sizeof buf), l->shown);
@@ -70,6 +74,7 @@ static void test_kinds(void **state)
         assert_string_equal(l->shown, cases[k].shown);
         assert_int_equal(l->port, cases[k].port);
         assert_int_equal(l->query != NULL, cases[k].query);
+        assert_false(l->userinfo); /* none given ('@' in a local path is no user) */
         if (cases[k].kind == SL_LOC_LOCAL)
             assert_int_equal(l->name_len, strlen(cases[k].given));
         sl_location_free(l);
@@ -110,6 +115,58 @@ static void test_at_in_password(void **state)
     (void)state;
 }
 
+/* Which locations are the Hub's: an hf:// one, or a URL under the Hub's
+ * endpoint ($HF_ENDPOINT, parsed once) with the same scheme, host and
+ * port and no user information; the endpoint's path must be followed by
+ * '/' or end the location, query and all. */
+static void test_on_hub(void **state)
+{
+    static const struct {
+        const char *loc;
+        int hub;
+    } cases[] = {
+        {"hf://org/name", 1},
+        {"hf://org/name@main/m.safetensors", 1},
+        {"https://hub.example/mirror/org/name/resolve/main/m.safetensors", 1},
+        {"https://hub.example/mirror/org/name/resolve/main/m.safetensors?x=1", 1},
+        {"https://hub.example/mirror", 1},
+        {"https://hub.example/mirror?x=1", 0},
+        {"https://hub.example/mirror#f", 0},
+        {"https://hub.example/mirrors/a", 0},
+        {"https://hub.example/other/a", 0},
+        {"https://hub.example", 0},
+        {"https://u:p@hub.example/mirror/a", 0},
+        {"http://hub.example/mirror/a", 0},
+        {"https://hub.example:8443/mirror/a", 0},
+        {"https://hub.example.evil/mirror/a", 0},
+        {"s3://hub.example/mirror/a", 0},
+        {"/hub.example/mirror/a", 0},
+    };
+    const char *old = getenv("HF_ENDPOINT");
+    char *saved = old ? strdup(old) : NULL;
+    setenv("HF_ENDPOINT", "https://hub.example/mirror/", 1);
+    sluice_options o;
+    sluice_options_init(&o);
+    sl_remote_cfg *c = NULL;
+    sl_err err = {0};
+    assert_int_equal(sl_remote_cfg_new(&o, &c, &err), SLUICE_OK);
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        sl_location *l = sl_location_new(cases[k].loc);
+        assert_non_null(l);
+        if (sl_hf_on_hub(c, l) != cases[k].hub)
+            fail_msg("%s: on the Hub %d, expected %d", cases[k].loc, !cases[k].hub, cases[k].hub);
+        sl_location_free(l);
+    }
+    assert_false(sl_hf_on_hub(c, NULL));
+    sl_remote_cfg_free(c);
+    if (saved)
+        setenv("HF_ENDPOINT", saved, 1);
+    else
+        unsetenv("HF_ENDPOINT");
+    free(saved);
+    (void)state;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -117,6 +174,7 @@ int main(void)
         cmocka_unit_test(test_kinds),
         cmocka_unit_test(test_shown_of_small_buffer),
         cmocka_unit_test(test_at_in_password),
+        cmocka_unit_test(test_on_hub),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,7 +2,10 @@
  * the one place that decides what an open trusts: a table of locations
  * (local, remote, Hub, S3) x manifest_path (none, local, remote) x keys
  * (none, Ed25519, EC, both) x CAs and signature_path x verify policy, each
- * with the plan expected or the rejection; then the format chosen for a
+ * with the plan expected or the rejection; then which of the Hub's digests
+ * may stand in for a manifest (a snapshot's blob names, an hf:// model's
+ * LFS SHA-256; never for a mirror) and the plans the stand-in and a
+ * manifest derived from it are read under; then the format chosen for a
  * manifest (model.sig beside the model or not), the messages of a plan
  * that fails closed, and the loader refusing a manifest under such a plan
  * before reading a byte of its signature. */
@@ -200,6 +203,104 @@ static void table(void **state)
     }
 }
 
+/* Which of the Hub's digests may stand in for a manifest nobody
+ * published, decided by the plan: a local model's snapshot blob names
+ * (no manifest_path, no signature asked), an hf:// model's LFS SHA-256
+ * (no manifest_path; with a signature asked, read failing closed), never
+ * for a mirror. Then the plan each is read under (sl_trust_plan_read). */
+typedef struct hub_case {
+    const char *what;
+    const char *model;
+    const char *manifest;   /* manifest_path, or NULL */
+    int keys, cas;
+    sluice_verify_policy verify;
+    int mirror;             /* planned as a mirror (sl_trust_plan_mirror) */
+    sl_hub_stand_in hub;
+} hub_case;
+
+static const hub_case hub_cases[] = {
+    {"local, default", LOCAL, NULL, K_NONE, 0, V_DEF, 0, SL_HUB_SNAPSHOT},
+    {"local, if-present", LOCAL, NULL, K_NONE, 0, V_IFP, 0, SL_HUB_SNAPSHOT},
+    {"local, require", LOCAL, NULL, K_NONE, 0, V_REQ, 0, SL_HUB_SNAPSHOT},
+    {"local, off", LOCAL, NULL, K_NONE, 0, V_OFF, 0, SL_HUB_NONE},
+    {"local, manifest_path", LOCAL, MF_LOCAL, K_NONE, 0, V_DEF, 0, SL_HUB_NONE},
+    {"local, remote manifest_path", LOCAL, MF_REMOTE, K_NONE, 0, V_DEF, 0, SL_HUB_NONE},
+    {"local, ed (a snapshot is unsigned)", LOCAL, NULL, K_ED, 0, V_DEF, 0, SL_HUB_NONE},
+    {"local, ec", LOCAL, NULL, K_EC, 0, V_DEF, 0, SL_HUB_NONE},
+    {"local, ca", LOCAL, NULL, K_NONE, 1, V_DEF, 0, SL_HUB_NONE},
+    {"local mirror", LOCAL, NULL, K_NONE, 0, V_DEF, 1, SL_HUB_NONE},
+    {"hub, default", HUB, NULL, K_NONE, 0, V_DEF, 0, SL_HUB_LFS},
+    {"hub, if-present", HUB, NULL, K_NONE, 0, V_IFP, 0, SL_HUB_LFS},
+    {"hub, require", HUB, NULL, K_NONE, 0, V_REQ, 0, SL_HUB_LFS},
+    {"hub, off", HUB, NULL, K_NONE, 0, V_OFF, 0, SL_HUB_NONE},
+    {"hub, ed (read failing closed)", HUB, NULL, K_ED, 0, V_DEF, 0, SL_HUB_LFS},
+    {"hub, ca (read failing closed)", HUB, NULL, K_NONE, 1, V_IFP, 0, SL_HUB_LFS},
+    {"hub, remote manifest_path", HUB, MF_REMOTE, K_NONE, 0, V_DEF, 0, SL_HUB_NONE},
+    {"hub, local manifest_path", HUB, MF_LOCAL, K_NONE, 0, V_DEF, 0, SL_HUB_NONE},
+    {"hub mirror (read as given, never pinned)", HUB, NULL, K_NONE, 0, V_DEF, 1, SL_HUB_NONE},
+    {"https, default", HTTPS, NULL, K_NONE, 0, V_DEF, 0, SL_HUB_NONE},
+    {"s3, require", S3, NULL, K_NONE, 0, V_REQ, 0, SL_HUB_NONE},
+};
+
+static void hub_stand_ins(void **state)
+{
+    fx *f = *state;
+    static const char *ca[] = {"/models/ca.pem"};
+    for (size_t i = 0; i < sizeof hub_cases / sizeof hub_cases[0]; i++) {
+        const hub_case *c = &hub_cases[i];
+        sluice_options o;
+        sluice_options_init(&o);
+        const char *keys[2];
+        set_keys(f, c->keys, keys, &o);
+        o.manifest_path = c->manifest;
+        o.trusted_cas = c->cas ? ca : NULL;
+        o.ntrusted_cas = c->cas ? 1 : 0;
+        o.verify = c->verify;
+        sl_trust_plan p;
+        sl_err err = {0};
+        if (c->mirror) {
+            sl_location *l = sl_location_new(c->model);
+            sl_location *mf = c->manifest ? sl_location_new(c->manifest) : NULL;
+            assert_non_null(l);
+            sl_trust_locs at = {l, mf, NULL};
+            int needs = 0;
+            assert_int_equal(sl_trust_plan_mirror(&o, &at, &p, &needs, &err), SLUICE_OK);
+            assert_int_equal(needs, 1);
+            sl_location_free(l);
+            sl_location_free(mf);
+        } else {
+            assert_int_equal(tf_plan(&o, c->model, &p, &err), SLUICE_OK);
+        }
+        if (p.hub_digest != c->hub)
+            fail_msg("%s: hub_digest %d, expected %d", c->what, (int)p.hub_digest, (int)c->hub);
+        if (p.from == SL_MF_NONE)
+            continue;
+        /* the Hub's LFS SHA-256: whole files, read under IF_PRESENT, and
+         * failing closed exactly when a signature is asked */
+        sl_trust_plan r;
+        sl_trust_plan_read(&p, SL_READ_HUB_LFS, &r);
+        assert_int_equal(r.verify, SLUICE_VERIFY_IF_PRESENT);
+        assert_int_equal(r.from, p.from);
+        assert_int_equal(r.formats, p.formats);
+        if (r.fail_closed != (p.formats != 0))
+            fail_msg("%s: the stand-in's plan fail_closed %d, formats %u", c->what,
+                     r.fail_closed, p.formats);
+        if (r.fail_closed && !strstr(r.why, "publishes no manifest"))
+            fail_msg("%s: reason \"%s\"", c->what, r.why);
+        /* a manifest derived from the Hub's digests (the cache's record):
+         * IF_PRESENT, no signature checked */
+        sl_trust_plan_read(&p, SL_READ_DERIVED, &r);
+        assert_int_equal(r.verify, SLUICE_VERIFY_IF_PRESENT);
+        assert_int_equal(r.formats, 0);
+        assert_int_equal(r.bundle_if_present, 0);
+        assert_int_equal(r.fail_closed, 0);
+        assert_int_equal(r.hub_digest, p.hub_digest);
+        assert_ptr_equal(r.keys, p.keys);
+        /* neither changes the open's plan */
+        assert_int_equal(p.verify, o.verify);
+    }
+}
+
 /* An index of one local file in f->dir: what sl_trust_plan_format and
  * the loader see of a model. */
 typedef struct one_file {
@@ -349,6 +450,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(table, setup, teardown),
+        cmocka_unit_test_setup_teardown(hub_stand_ins, setup, teardown),
         cmocka_unit_test_setup_teardown(format_by_bundle, setup, teardown),
         cmocka_unit_test_setup_teardown(refusals, setup, teardown),
         cmocka_unit_test_setup_teardown(loader_fails_closed, setup, teardown),

@@ -257,7 +257,7 @@ static int take_remote(sluice_model *m, const char *path, sl_err *err)
     if (remote) {
         SL_TRY(sl_remote_cfg_new(o, &m->remote, err));
         int hub = 0;
-        SL_TRY(sl_hf_cfg_tokens(m->remote, o, path, &hub, err));
+        SL_TRY(sl_hf_cfg_tokens(m->remote, o, m->loc, m->fallback_loc, m->nfallback, &hub, err));
         SL_TRY(sl_remote_dragonfly_hop(m->remote, hub, err));
     }
     o->http_token = o->s3_endpoint = o->s3_region = o->remote_ca_file = NULL;
@@ -487,15 +487,15 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
         goto primary_down;
     }
     m->index.remote = m->remote;    /* the mirrors' too */
-    /* a Hugging Face Hub cache snapshot with no manifest of its own: the
-     * digests its blobs are named by (hub.c) */
-    rc = sl_hub_open(m, path, err);
+    /* the plan says which of the Hub's digests may stand in (trust_plan.c):
+     * a cache snapshot's blob names, where no sidecar lies beside it (hub.c) */
+    rc = m->trust.hub_digest == SL_HUB_SNAPSHOT ? sl_hub_open(m, path, err) : SLUICE_OK;
     if (rc == SLUICE_OK && !m->manifest)
         rc = sl_manifest_load(&m->index, &m->trust, m->hub, where, &m->manifest,
                               &m->hub_files_only, err);
-    /* an hf:// model that publishes none: the Hub's LFS SHA-256 of its
-     * files, derived into tensor digests the same way (hub.c) */
-    if (rc == SLUICE_OK && m->hub_files_only)
+    /* or an hf:// model's LFS SHA-256, read by the loader where the Hub
+     * has no sidecar, derived into tensor digests the same way (hub.c) */
+    if (rc == SLUICE_OK && m->trust.hub_digest == SL_HUB_LFS && m->hub_files_only)
         rc = sl_hub_open_remote(m, path, err);
     if (rc < 0)
         goto primary_down;

@@ -17,6 +17,12 @@
  * manifest in the cache directory, as the memo trusts its records
  * (docs/manifests.md).
  *
+ * Whether the Hub's digests stand in at all, and that a sidecar wins, is
+ * the trust plan's (trust_plan.h, hub_digest: SL_HUB_SNAPSHOT for
+ * sl_hub_open, SL_HUB_LFS for sl_hub_open_remote), and so is the plan a
+ * derived manifest is read under (sl_trust_plan_read, SL_READ_DERIVED):
+ * this file acts on them, it decides none.
+ *
  * An hf:// model that publishes no sluice manifest is derived the same
  * way (sl_hub_open_remote): the Hub's API lists the SHA-256 of each LFS
  * file (hf.c, the stand-in manifest of manifest.c), and the first open
@@ -507,10 +513,8 @@ static int read_derived(hub_ctx *c, size_t fi)
         return 0;
     }
     text[len] = '\0';
-    sl_trust_plan p = c->m->trust;
-    p.verify = SLUICE_VERIFY_IF_PRESENT;
-    p.formats = 0;
-    p.bundle_if_present = p.fail_closed = 0;
+    sl_trust_plan p;
+    sl_trust_plan_read(&c->m->trust, SL_READ_DERIVED, &p);
     sl_manifest *mf = NULL;
     sl_err ignored = {0};
     char *named = strdup(h->derived);
@@ -695,8 +699,10 @@ static int hub_derive_all(hub_ctx *c, const char *path, sl_err *err)
 int sl_hub_open(sluice_model *m, const char *path, sl_err *err)
 {
     const sl_index *ix = &m->index;
-    if (!m->trust.hub_digest || !ix->nfiles)
+    if (m->trust.hub_digest != SL_HUB_SNAPSHOT || !ix->nfiles)
         return SLUICE_OK;
+    /* the plan's snapshot stands in only where no sidecar lies beside the
+     * model (a sidecar wins): the loader reads that one */
     int sidecar = has_sidecar(m);
     if (sidecar < 0)
         return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
@@ -724,7 +730,7 @@ done:
 int sl_hub_open_remote(sluice_model *m, const char *path, sl_err *err)
 {
     const sl_index *ix = &m->index;
-    if (!m->hub_files_only || !m->manifest || !ix->nfiles)
+    if (m->trust.hub_digest != SL_HUB_LFS || !m->hub_files_only || !m->manifest || !ix->nfiles)
         return SLUICE_OK;
     hub_ctx c = {.remote = 1};
     int rc = SLUICE_OK;

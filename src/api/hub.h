@@ -8,8 +8,9 @@
 #include "base/error.h"
 #include "sluice.h"
 
-/* When the trust plan lets the Hub's digests stand in (trust_plan.h
- * hub_digest), no sidecar manifest exists, and every file of m's index is
+/* When the trust plan lets a snapshot's digests stand in (trust_plan.h
+ * hub_digest SL_HUB_SNAPSHOT), no sidecar manifest exists (the plan's
+ * order: a sidecar wins), and every file of m's index is
  * a snapshot file of a Hub cache (its real path a blob named by 64
  * lowercase hex digits in the "blobs" directory beside the "snapshots"
  * directory it lies under): sets m->manifest to the manifest derived from
@@ -23,7 +24,8 @@
 int sl_hub_open(sluice_model *m, const char *path, sl_err *err);
 
 /* The same for an hf:// model that publishes no sluice manifest, whose
- * manifest is the Hub's stand-in (m->hub_files_only: the LFS SHA-256 the
+ * plan lets the Hub's LFS SHA-256 stand in (hub_digest SL_HUB_LFS) and
+ * whose manifest is that stand-in (m->hub_files_only: the LFS SHA-256 the
  * Hub's API lists for each file, hf.h): when it lists every file of m's
  * index, replaces m->manifest by the manifest derived from the files'
  * bytes (read from the cache directory, or derived now: each file without

@@ -151,6 +151,7 @@ sl_location *sl_location_new(const char *loc)
     l->kind = p.kind;
     l->port = p.port;
     l->name_len = p.name_len;
+    l->userinfo = p.hostport != p.auth;
     return l;
 }
 

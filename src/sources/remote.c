@@ -326,7 +326,7 @@ void sl_remote_target_init(sl_remote_target *t, const sl_remote_cfg *c, const sl
     t->url = url;
     t->https = !strncmp(url, "https://", 8);
     t->proxied = sl_remote_proxy_for(c, url) != NULL;
-    t->hub = sl_hf_on_hub(c, loc->given, url);
+    t->hub = sl_hf_on_hub(c, loc);
     t->s3 = loc->kind == SL_LOC_S3;
 }
 

@@ -102,6 +102,7 @@ typedef struct sl_remote_cfg {
     char *aws_key, *aws_secret, *aws_session; /* NULL: anonymous */
     char *ca_file;               /* NULL: libcurl's default CA store */
     char *hf_endpoint;           /* the Hub (remote_hf.c): $HF_ENDPOINT or https://huggingface.co */
+    sl_location *hf_endpoint_loc; /* hf_endpoint, parsed once (sl_hf_on_hub reads it) */
     char *hf_token;              /* the Hub's Bearer: http_token, else $HF_TOKEN; or NULL */
     /* the proxy hop of http:// and of https:// (and s3://) requests
      * (sluice.h "Proxies"), resolved once at open: NULL when none; the
@@ -277,26 +278,28 @@ int sl_hf_parse(const char *loc, sl_hf_loc *out);
  * malloc'd (NULL and err set when loc is malformed or out of memory). */
 char *sl_hf_url(const sl_remote_cfg *c, const char *loc, sl_err *err);
 
-/* Whether a request for loc at url goes to the Hub (an hf:// location or
- * a URL of the Hub's endpoint): it carries the Hub's token
- * (c->hf_token), else c->token. */
-int sl_hf_on_hub(const sl_remote_cfg *c, const char *loc, const char *url);
+/* Whether requests for loc (parsed at open) go to the Hub: an hf://
+ * location, or an http(s) URL of the Hub's endpoint (c->hf_endpoint, parsed
+ * once: the same scheme, host and port, no user information, a path at or
+ * under the endpoint's). They carry the Hub's token (c->hf_token), else
+ * c->token. Read from the parsed parts: no string is split for it. */
+int sl_hf_on_hub(const sl_remote_cfg *c, const sl_location *loc);
 
 /* Fill and clear the Hub's part of c (sl_remote_cfg_new, _free): -1 when
  * out of memory. */
 int sl_hf_cfg_fill(sl_remote_cfg *c, const sluice_options *o);
 void sl_hf_cfg_clear(sl_remote_cfg *c);
 
-/* opts.http_token belongs to the model's own location (primary): the
- * Hub's when it is hf:// or a URL of the Hub's endpoint, never then sent
- * to another host; else the caller's servers', never sent to the Hub.
+/* opts.http_token belongs to the model's own location (primary, parsed
+ * at open): the Hub's when it is on the Hub (sl_hf_on_hub), never then
+ * sent to another host; else the caller's servers', never sent to the Hub.
  * Call after sl_remote_cfg_new. Then each token is checked: one with a
  * control character (CR, LF: it would end its header line) is
  * SLUICE_E_INVAL. *hub gets whether the model or a mirror is on the Hub
  * (for sl_remote_dragonfly_hop, which the caller calls next: remote_hf.c
  * calls nothing of remote.c, remote.c calls it). */
-int sl_hf_cfg_tokens(sl_remote_cfg *c, const sluice_options *o, const char *primary, int *hub,
-                     sl_err *err);
+int sl_hf_cfg_tokens(sl_remote_cfg *c, const sluice_options *o, const sl_location *primary,
+                     sl_location *const *mirrors, size_t nmirrors, int *hub, sl_err *err);
 
 /* Dragonfly mode with credentials refuses a daemon off this host's
  * loopback (sluice.h "Proxies"); hub: whether a location of the model or

@@ -36,16 +36,8 @@ int sl_hf_cfg_fill(sl_remote_cfg *c, const sluice_options *o)
         c->hf_endpoint[--n] = '\0';
     if (tok && !(c->hf_token = strdup(tok)))
         return -1;
-    return 0;
-}
-
-/* Whether a request for loc at url goes to the Hub: an hf:// location,
- * or a URL of the Hub's endpoint. */
-static int on_hub(const sl_remote_cfg *c, const char *loc, const char *url)
-{
-    size_t n = c->hf_endpoint ? strlen(c->hf_endpoint) : 0;
-    return !strncmp(loc, "hf://", 5) ||
-           (n && !strncmp(url, c->hf_endpoint, n) && (url[n] == '/' || url[n] == '\0'));
+    /* parsed once: which locations are the Hub's is read from the parts */
+    return (c->hf_endpoint_loc = sl_location_new(c->hf_endpoint)) ? 0 : -1;
 }
 
 /* Replaces *slot (wiped) by a copy of the variable's value, or NULL. */
@@ -68,14 +60,14 @@ static int bad_token(const char *t)
     return 0;
 }
 
-int sl_hf_cfg_tokens(sl_remote_cfg *c, const sluice_options *o, const char *primary, int *hub,
-                     sl_err *err)
+int sl_hf_cfg_tokens(sl_remote_cfg *c, const sluice_options *o, const sl_location *primary,
+                     sl_location *const *mirrors, size_t nmirrors, int *hub, sl_err *err)
 {
     /* http_token is the primary's: the Hub's for an hf:// model (its
      * other hosts, mirrors, get $SLUICE_HTTP_TOKEN only), else the
      * caller's own servers' (the Hub, an hf:// mirror, gets $HF_TOKEN) */
     if (o->http_token && *o->http_token &&
-        (on_hub(c, primary, primary) ? retoken(&c->token, "SLUICE_HTTP_TOKEN")
+        (sl_hf_on_hub(c, primary) ? retoken(&c->token, "SLUICE_HTTP_TOKEN")
                                      : retoken(&c->hf_token, "HF_TOKEN")) < 0)
         return sl_fail(err, SLUICE_E_NOMEM, "remote: out of memory");
     /* a line break in a token would end its "Authorization:" line and
@@ -87,9 +79,9 @@ int sl_hf_cfg_tokens(sl_remote_cfg *c, const sluice_options *o, const char *prim
                        bad_token(c->token) ? "else $SLUICE_HTTP_TOKEN" : "else $HF_TOKEN");
     /* the Hub's token travels only to the Hub: it counts as a credential
      * of the Dragonfly hop only when the model or a mirror is there */
-    *hub = on_hub(c, primary, primary);
-    for (uint32_t k = 0; !*hub && o->fallback && k < o->fallback_count; k++)
-        *hub = o->fallback[k] && on_hub(c, o->fallback[k], o->fallback[k]);
+    *hub = sl_hf_on_hub(c, primary);
+    for (size_t k = 0; !*hub && k < nmirrors; k++)
+        *hub = sl_hf_on_hub(c, mirrors[k]);
     return SLUICE_OK;
 }
 
@@ -99,7 +91,9 @@ void sl_hf_cfg_clear(sl_remote_cfg *c)
         memset(c->hf_token, 0, strlen(c->hf_token));
     free(c->hf_token);
     free(c->hf_endpoint);
+    sl_location_free(c->hf_endpoint_loc);
     c->hf_token = c->hf_endpoint = NULL;
+    c->hf_endpoint_loc = NULL;
 }
 
 int sl_hf_parse(const char *loc, sl_hf_loc *out)
@@ -173,7 +167,23 @@ char *sl_hf_url(const sl_remote_cfg *c, const char *loc, sl_err *err)
     return u;
 }
 
-int sl_hf_on_hub(const sl_remote_cfg *c, const char *loc, const char *url)
+int sl_hf_on_hub(const sl_remote_cfg *c, const sl_location *loc)
 {
-    return on_hub(c, loc, url);
+    if (!loc)
+        return 0;
+    if (loc->kind == SL_LOC_HUB)
+        return 1;
+    /* a URL of the endpoint: what a prefix of the endpoint's text followed
+     * by '/' or the end matched, read from the parts */
+    const sl_location *ep = c ? c->hf_endpoint_loc : NULL;
+    if (!ep || ep->kind != SL_LOC_HTTP || loc->kind != SL_LOC_HTTP || ep->userinfo ||
+        loc->userinfo || ep->query || ep->name_len != strlen(ep->given) ||
+        strcmp(loc->scheme, ep->scheme) != 0 || strcmp(loc->host, ep->host) != 0 ||
+        loc->port != ep->port)
+        return 0;
+    size_t n = strlen(ep->path);
+    if (strncmp(loc->path, ep->path, n) != 0)
+        return 0;
+    /* under the endpoint's path, or at it with nothing after (no query) */
+    return loc->path[n] == '/' || (loc->path[n] == '\0' && loc->name_len == strlen(loc->given));
 }

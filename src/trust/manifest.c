@@ -1269,7 +1269,7 @@ static int load_remote(const sl_index *ix, const sl_trust_plan *p, const sl_hf_r
     size_t len = 0;
     int rc = fetch_remote(ix, p, model, &loc, &text, &len, err);
     char *hub_named = NULL;
-    if (rc == SLUICE_OK && !text && hub && p->from == SL_MF_SIDECAR_REMOTE)
+    if (rc == SLUICE_OK && !text && hub && p->hub_digest == SL_HUB_LFS)
         rc = hub_manifest(hub, ix, p, loc, &text, &len, &hub_named, err);
     if (rc == SLUICE_OK && !text) {
         if (p->require)
@@ -1287,18 +1287,13 @@ static int load_remote(const sl_index *ix, const sl_trust_plan *p, const sl_hf_r
             free(text);
             rc = sl_fail(err, SLUICE_E_NOMEM, "manifest: out of memory");
         } else {
-            /* the Hub's digests check whole files, never a tensor: they
-             * are read under IF_PRESENT; the policy asked judges the
-             * manifest derived from them (api/hub.c), and REQUIRE without
-             * one for every file was refused (hub_manifest) */
+            /* the Hub's digests are read as the plan says (trust_plan.c:
+             * IF_PRESENT, failing closed when a signature is asked) */
             sl_trust_plan hub_p = *p;
             if (hub_named)
-                hub_p.verify = SLUICE_VERIFY_IF_PRESENT;
-            /* a signature lies beside the manifest read; the Hub's digests
-             * stand in for one that nobody wrote, nor signed */
+                sl_trust_plan_read(p, SL_READ_HUB_LFS, &hub_p);
+            /* a signature lies beside the manifest read */
             hub_p.manifest_at = loc;
-            if (hub_named)
-                sl_trust_plan_hub_stand_in(&hub_p);
             rc = sl_manifest_from_text(ix, &hub_p, named, text, len, out, err);
             if (hub_files_only)
                 *hub_files_only = hub_named != NULL;

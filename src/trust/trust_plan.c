@@ -65,7 +65,13 @@ int sl_trust_plan_make(const sluice_options *o, const sl_trust_locs *at, sl_trus
     /* a Hub cache's blob names are the publisher's digests of local files,
      * unsigned: they stand in only where no signature is asked and no
      * manifest is named (an explicit manifest always wins) */
-    out->hub_digest = !o->manifest_path && !model_remote && !out->signature_asked;
+    if (!o->manifest_path && !model_remote && !out->signature_asked)
+        out->hub_digest = SL_HUB_SNAPSHOT;
+    /* an hf:// model with no manifest_path: the Hub's LFS SHA-256 where
+     * the server has no sidecar (with a signature asked, read failing
+     * closed: sl_trust_plan_read) */
+    else if (out->from == SL_MF_SIDECAR_REMOTE && at->model && at->model->kind == SL_LOC_HUB)
+        out->hub_digest = SL_HUB_LFS;
     if (o->ntrusted_cas || o->signature_path) {
         /* a bundle asked: OpenSSF model signing, by keys and CAs alike */
         out->formats = SL_SIG_OPENSSF;
@@ -122,6 +128,9 @@ int sl_trust_plan_mirror(const sluice_options *o, const sl_trust_locs *at, sl_tr
      * stays the manifest; else the mirror's sidecar, local or remote as
      * the mirror is */
     SL_TRY(sl_trust_plan_make(o, at, out, err));
+    /* a mirror is read as given, never pinned: no Hub digest stands in
+     * (the mirror's own manifest or manifest_path must be there) */
+    out->hub_digest = SL_HUB_NONE;
     *needs_manifest = 1;
     return SLUICE_OK;
 }
@@ -210,6 +219,19 @@ void sl_trust_plan_hub_stand_in(sl_trust_plan *p)
     p->why = "the repository publishes no manifest and the Hub's LFS SHA-256 stand in for one, "
              "which nobody signed: a signature is not fetched for them (publish a signed "
              "manifest beside the weights)";
+}
+
+void sl_trust_plan_read(const sl_trust_plan *p, sl_trust_read what, sl_trust_plan *out)
+{
+    *out = *p;
+    out->verify = SLUICE_VERIFY_IF_PRESENT;
+    if (what == SL_READ_HUB_LFS) {
+        sl_trust_plan_hub_stand_in(out);
+        return;
+    }
+    /* SL_READ_DERIVED: the cache's record, no signature */
+    out->formats = 0;
+    out->bundle_if_present = out->fail_closed = 0;
 }
 
 int sl_trust_plan_refuse(const sl_trust_plan *p, const char *manifest_path, sl_err *err)

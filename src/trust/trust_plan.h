@@ -5,12 +5,17 @@
  * signature formats are checked (the sluice signed manifest M.sig, the
  * OpenSSF model signature model.sig; beside a remote manifest or model,
  * fetched: sl_trust_sig_fetch), by which keys and CAs, whether no
- * manifest is a failure, and whether every manifest fails closed (a
- * signature asked of what nobody signed: the Hub's LFS SHA-256 standing
- * in for a manifest), with the reason used in messages. The loader (manifest.c), the
- * signature checks (signature.c, model_signing_open.c) and sluice_open
- * (api.c) read the plan; none decides again. The rules are those of
- * "Manifests", "Signed manifests" and "OpenSSF model signing" in sluice.h.
+ * manifest is a failure, which of the Hugging Face Hub's digests may
+ * stand in for a manifest nobody published (a cache snapshot's blob
+ * names, an hf:// model's LFS SHA-256; a sidecar always wins), whether
+ * every manifest fails closed (a signature asked of what nobody signed:
+ * the Hub's LFS SHA-256 standing in for a manifest), with the reason used
+ * in messages; and sl_trust_plan_read says how a manifest nobody published
+ * is read (the Hub's stand-in, a manifest derived from it). The loader
+ * (manifest.c), the signature checks (signature.c, model_signing_open.c),
+ * the Hub's derivation (api/hub.c) and sluice_open (api.c) read the plan;
+ * none decides again. The rules are those of "Manifests", "Signed
+ * manifests", "OpenSSF model signing" and "Hub snapshots" in sluice.h.
  */
 #ifndef SLUICE_TRUST_PLAN_H
 #define SLUICE_TRUST_PLAN_H
@@ -32,6 +37,21 @@ typedef enum sl_manifest_from {
                              else the Hub's LFS SHA-256, see hf.h) */
 } sl_manifest_from;
 
+/* Which of the Hub's digests may stand in for a manifest that nobody
+ * published (sl_trust_plan.hub_digest). A sidecar always wins: each is
+ * read only where the model has none (hf.h, api/hub.c). */
+typedef enum sl_hub_stand_in {
+    SL_HUB_NONE = 0,
+    SL_HUB_SNAPSHOT, /* a local model whose files are a Hugging Face Hub cache
+                        snapshot's: the SHA-256 each blob is named by
+                        (sl_hub_open, before the loader, where no local
+                        sidecar exists) */
+    SL_HUB_LFS       /* an hf:// model read from its own location (never a
+                        mirror): the Hub's LFS SHA-256 its API lists (the
+                        loader, where the server has no sidecar; then
+                        derived into tensor digests by sl_hub_open_remote) */
+} sl_hub_stand_in;
+
 /* Signature formats (bits of sl_trust_plan.formats). */
 enum {
     SL_SIG_ED25519 = 1, /* the sluice signed manifest: M.sig beside M (signature.h) */
@@ -51,12 +71,15 @@ typedef struct sl_trust_plan {
     int fail_closed;              /* a signature is asked and cannot be checked
                                      (sl_trust_plan_hub_stand_in): any manifest
                                      read fails, saying why */
-    int hub_digest;               /* no manifest found: the SHA-256 a Hugging Face Hub
-                                     cache names each blob by may stand in (api/hub.c,
-                                     "Hub snapshots" in sluice.h): a local model, no
+    sl_hub_stand_in hub_digest;   /* no manifest published: the Hub's digests that
+                                     may stand in (SL_HUB_*; "Hub snapshots" in
+                                     sluice.h). A snapshot's: a local model, no
                                      manifest_path, no signature asked (keys or CAs
                                      want a signed manifest: a Hub snapshot without
-                                     one still fails closed) */
+                                     one still fails closed). The LFS SHA-256: an
+                                     hf:// model, no manifest_path; with a signature
+                                     asked they are read failing closed
+                                     (sl_trust_plan_read) */
     const char *why;              /* the reason, for messages (never NULL) */
     const char *const *keys;      /* borrowed from the options */
     size_t nkeys;
@@ -146,6 +169,25 @@ int sl_trust_sig_fetch(const struct sl_remote_cfg *rc, const char *loc, size_t m
  * SHA-256 stand in for one (hf.h): nothing signed them, so a plan that
  * asks a signature fails closed, saying so. */
 void sl_trust_plan_hub_stand_in(sl_trust_plan *p);
+
+/* What is read under a plan of its own: a manifest nobody published. */
+typedef enum sl_trust_read {
+    SL_READ_HUB_LFS, /* the Hub's LFS SHA-256 standing in (SL_HUB_LFS): whole
+                        files only, so read under IF_PRESENT (the policy asked
+                        judges the manifest derived from them; REQUIRE
+                        without one for every file is refused by the
+                        loader), failing closed when p asks a signature
+                        (sl_trust_plan_hub_stand_in) */
+    SL_READ_DERIVED  /* a file's manifest api/hub.c derived from the Hub's
+                        digest and kept in the cache directory: IF_PRESENT,
+                        no signature checked (a record of the cache, trusted
+                        as the memo's records are; hub.c checks that its
+                        file digest is the Hub's) */
+} sl_trust_read;
+
+/* The plan *out under which `what` is read, for an open planned as p
+ * (which it copies: the same keys, CAs and paths). */
+void sl_trust_plan_read(const sl_trust_plan *p, sl_trust_read what, sl_trust_plan *out);
 
 /* The failure of a plan that fails closed, for the manifest read from
  * manifest_path. Returns SLUICE_E_SIGNATURE. */
