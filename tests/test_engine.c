@@ -357,6 +357,42 @@ static void test_demand_over_readahead_pauses_it(void **state)
     free(dir);
 }
 
+/* Read-ahead of an earlier plan still in flight when a new hint comes,
+ * that the new plan does not name, is the first room taken once it lands,
+ * as it would have been had it landed before the hint (sluice_prefetch).
+ * Before the fix it landed as read-ahead, which read-ahead never evicts:
+ * the new plan's read-ahead stopped at it until a demand took its room. */
+static void test_rehint_ages_readahead_in_flight(void **state)
+{
+    (void)state;
+    /* t000: 1 MiB in 256 reads of 4 KiB, one at a time: still loading
+     * when the second hint comes right after the first */
+    static const uint64_t sizes[] = {1u << 20, 256u << 10, 256u << 10, 256u << 10};
+    char *dir = ef_model(1, sizes, 4, 12);
+    /* room for t000 and one other, not two */
+    sluice_options o = ef_opts((1u << 20) + (384u << 10), 4096, 0);
+    o.queue_depth = 1;
+    sluice_model *m = ef_open(dir, &o);
+    const char *old_plan[] = {"s0.t000"};
+    const char *plan[] = {"s0.t001", "s0.t002", "s0.t003"};
+    assert_int_equal(sluice_prefetch(m, old_plan, 1), SLUICE_OK);
+    assert_int_equal(sluice_prefetch(m, plan, 3), SLUICE_OK);
+    /* (had t000 landed before the second hint, the hint aged it: the same
+     * figures below, the test then shows nothing either way) */
+    assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    struct sluice_stats a = ef_stats(m);
+    /* t000 read, then made room for the plan's three */
+    assert_int_equal(a.bytes_read, (1u << 20) + 3 * (256u << 10));
+    assert_int_equal(a.evictions, 1);
+    for (size_t i = 1; i <= 3; i++)
+        ef_acquire_check(m, i);
+    struct sluice_stats b = ef_stats(m);
+    assert_int_equal(b.cache_hits, a.cache_hits + 3);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(dir);
+    free(dir);
+}
+
 /* ---------------------------------------------------------------- pool limits */
 
 static void test_too_large(void **state)
@@ -629,6 +665,7 @@ int main(void)
         cmocka_unit_test(test_readahead_follows_order),
         cmocka_unit_test(test_rehint_keeps_readahead),
         cmocka_unit_test(test_demand_over_readahead_pauses_it),
+        cmocka_unit_test(test_rehint_ages_readahead_in_flight),
         cmocka_unit_test(test_acquire_inside_stream_callback),
         cmocka_unit_test(test_misuse),
     };

@@ -195,6 +195,14 @@ static void unhold(sl_engine *e, size_t i)
         /* A stream reads each tensor once: make its buffer the first that
          * room is taken from (the head of the cached list). */
         lru_push_front(e, i, SL_LRU_CACHED);
+    else if (!s->consumed && e->plan_pos[i] == SL_NONE)
+        /* Unused, and a hinted plan does not name it: read ahead for an
+         * earlier plan, landed after the hint that replaced it (or a
+         * stream's, stopped before delivering it). As
+         * sl_slots_age_prefetched does at the hint: the first room taken;
+         * kept as read-ahead, it would hold room that the plan's
+         * read-ahead may never take. */
+        lru_push_front(e, i, SL_LRU_CACHED);
     else
         lru_push(e, i, s->consumed ? SL_LRU_CACHED : SL_LRU_PREFETCHED);
 }
