@@ -24,8 +24,9 @@
  *  READY    the verified bytes at data. refs (handles) and pins (waiters
  *           about to take a handle) hold it; with neither it sits on an
  *           LRU list: CACHED (handed out since it was read; a stream's
- *           delivery at the head, `spent`, so its room is reused first) or
- *           PREFETCHED (read ahead, not used yet).
+ *           delivery at the head, `spent`, so its room is reused first;
+ *           at the head too, unused and not named by a hinted plan) or
+ *           PREFETCHED (read ahead, not used yet, wanted by the plan).
  *  FAILED   the error is kept; the buffer waits until no read of it is in
  *           flight and the hash job is quiet, then the slot is IDLE again
  *           with gen + 1: waiters that saw gen move take the error.
