@@ -393,6 +393,50 @@ static void test_rehint_ages_readahead_in_flight(void **state)
     free(dir);
 }
 
+/* A new hint that names the earlier read-ahead in another order: a
+ * demand that needs room takes it from what the new plan wants last
+ * (evict_one takes the newest read-ahead, "the one wanted last"). Before
+ * the fix the read-ahead the new plan names kept the earlier plan's
+ * order, and the demand evicted the tensor the new plan wants first, for
+ * the next acquire along it to wait for it. */
+static void test_rehint_reorders_readahead(void **state)
+{
+    (void)state;
+    static const uint64_t sizes[] = {256u << 10, 256u << 10, 256u << 10, 256u << 10, 256u << 10};
+    char *dir = ef_model(1, sizes, 5, 13);
+    /* room for three of them, not four */
+    sluice_options o = ef_opts(3 * (256u << 10) + (128u << 10), 64u << 10, 0);
+    sluice_model *m = ef_open(dir, &o);
+    const char *old_plan[] = {"s0.t000", "s0.t001", "s0.t002"};
+    const char *plan[] = {"s0.t002", "s0.t001", "s0.t000", "s0.t003"};
+    assert_int_equal(sluice_prefetch(m, old_plan, 3), SLUICE_OK);
+    assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    assert_int_equal(sluice_prefetch(m, plan, 4), SLUICE_OK);
+    assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    /* s0.t004, off the plan (a stand-in for a vocab part): its room is
+     * t000's, the read-ahead the new plan wants last */
+    ef_acquire_check(m, 4);
+    assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    struct sluice_stats a = ef_stats(m);
+    assert_int_equal(a.bytes_read, 4 * (256u << 10));
+    assert_int_equal(a.evictions, 1);
+    /* t002 and t001, first along the plan, are served from memory */
+    sluice_tensor *t;
+    assert_int_equal(sluice_acquire(m, plan[0], &t), SLUICE_OK);
+    ef_check_handle(t);
+    assert_int_equal(sluice_release(t), SLUICE_OK);
+    assert_int_equal(sluice_acquire(m, plan[1], &t), SLUICE_OK);
+    ef_check_handle(t);
+    assert_int_equal(sluice_release(t), SLUICE_OK);
+    struct sluice_stats b = ef_stats(m);
+    assert_int_equal(b.cache_hits, a.cache_hits + 2);
+    for (size_t i = 0; i <= 3; i++)
+        ef_acquire_check(m, i);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(dir);
+    free(dir);
+}
+
 /* ---------------------------------------------------------------- pool limits */
 
 static void test_too_large(void **state)
@@ -666,6 +710,7 @@ int main(void)
         cmocka_unit_test(test_rehint_keeps_readahead),
         cmocka_unit_test(test_demand_over_readahead_pauses_it),
         cmocka_unit_test(test_rehint_ages_readahead_in_flight),
+        cmocka_unit_test(test_rehint_reorders_readahead),
         cmocka_unit_test(test_acquire_inside_stream_callback),
         cmocka_unit_test(test_misuse),
     };

@@ -244,13 +244,23 @@ void sl_slot_keep(sl_engine *e, size_t i)
 /* After a new hint: what the old plan read ahead and the new one does not
  * name goes to the head of the cached list (the first room taken). What
  * the new plan names stays read-ahead: speculative reads never evict it,
- * so a hint repeated does not evict its own read-ahead to read it again. */
+ * so a hint repeated does not evict its own read-ahead to read it again.
+ * It is put in the new plan's order: a demand takes its room from the
+ * newest read-ahead (evict_one), which must be the one the plan wants
+ * last, not the one the old plan did. */
 void sl_slots_age_prefetched(sl_engine *e)
 {
     for (size_t i = e->lru[SL_LRU_PREFETCHED].tail, prev; i != SL_NONE; i = prev) {
         prev = e->slots[i].lprev;
         if (e->plan_pos[i] == SL_NONE)
             lru_push_front(e, i, SL_LRU_CACHED);
+    }
+    if (e->lru[SL_LRU_PREFETCHED].head == SL_NONE)
+        return;
+    for (size_t k = 0; k < e->plan_n; k++) {
+        size_t i = e->plan[k];
+        if (e->plan_pos[i] == k && e->slots[i].lru == SL_LRU_PREFETCHED)
+            lru_push(e, i, SL_LRU_PREFETCHED);
     }
 }
 
