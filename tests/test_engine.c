@@ -437,6 +437,47 @@ static void test_rehint_reorders_readahead(void **state)
     free(dir);
 }
 
+/* The same when the new plan names, before the read-ahead it keeps, a
+ * tensor used already and still cached: read-ahead keeps it again as the
+ * plan's walk passes it, in the plan's order, not as the newest (before
+ * the fix, the one a demand evicted first, though the plan wants it
+ * first). */
+static void test_rehint_keeps_used_in_order(void **state)
+{
+    (void)state;
+    static const uint64_t sizes[] = {256u << 10, 256u << 10, 256u << 10, 256u << 10, 256u << 10};
+    char *dir = ef_model(1, sizes, 5, 14);
+    /* room for three of them, not four */
+    sluice_options o = ef_opts(3 * (256u << 10) + (128u << 10), 64u << 10, 0);
+    sluice_model *m = ef_open(dir, &o);
+    ef_acquire_check(m, 2); /* t002 used, cached (no read-ahead: not the start of the order) */
+    const char *old_plan[] = {"s0.t000", "s0.t001"};
+    const char *plan[] = {"s0.t002", "s0.t000", "s0.t001", "s0.t003"};
+    assert_int_equal(sluice_prefetch(m, old_plan, 2), SLUICE_OK);
+    assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    assert_int_equal(sluice_prefetch(m, plan, 4), SLUICE_OK);
+    assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    /* s0.t004 off the plan: its room is t001's, wanted last */
+    ef_acquire_check(m, 4);
+    assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    struct sluice_stats a = ef_stats(m);
+    assert_int_equal(a.bytes_read, 4 * (256u << 10));
+    assert_int_equal(a.evictions, 1);
+    sluice_tensor *t;
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(sluice_acquire(m, plan[k], &t), SLUICE_OK);
+        ef_check_handle(t);
+        assert_int_equal(sluice_release(t), SLUICE_OK);
+    }
+    struct sluice_stats b = ef_stats(m);
+    assert_int_equal(b.cache_hits, a.cache_hits + 2);
+    for (size_t i = 0; i <= 3; i++)
+        ef_acquire_check(m, i);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(dir);
+    free(dir);
+}
+
 /* ---------------------------------------------------------------- pool limits */
 
 static void test_too_large(void **state)
@@ -711,6 +752,7 @@ int main(void)
         cmocka_unit_test(test_demand_over_readahead_pauses_it),
         cmocka_unit_test(test_rehint_ages_readahead_in_flight),
         cmocka_unit_test(test_rehint_reorders_readahead),
+        cmocka_unit_test(test_rehint_keeps_used_in_order),
         cmocka_unit_test(test_acquire_inside_stream_callback),
         cmocka_unit_test(test_misuse),
     };

@@ -235,10 +235,32 @@ void sl_slot_unpin(sl_engine *e, size_t i)
     unhold(e, i);
 }
 
+/* A cached tensor the plan wants again becomes read-ahead, in the plan's
+ * order among the rest: a demand evicts the newest read-ahead (evict_one),
+ * which must stay the one the plan wants last, not the one its walk
+ * passed last (after a hint or an acquire further back, the walk passes
+ * tensors the plan wants before what it read ahead already). */
 void sl_slot_keep(sl_engine *e, size_t i)
 {
-    if (e->slots[i].lru == SL_LRU_CACHED)
-        lru_push(e, i, SL_LRU_PREFETCHED);
+    if (e->slots[i].lru != SL_LRU_CACHED)
+        return;
+    size_t pos = e->plan_pos[i], after = e->lru[SL_LRU_PREFETCHED].tail;
+    while (after != SL_NONE && e->plan_pos[after] != SL_NONE && e->plan_pos[after] > pos)
+        after = e->slots[after].lprev;
+    if (after == SL_NONE) {
+        lru_push_front(e, i, SL_LRU_PREFETCHED);
+        return;
+    }
+    sl_slot *s = &e->slots[i];
+    lru_remove(e, i);
+    s->lru = SL_LRU_PREFETCHED;
+    s->lprev = after;
+    s->lnext = e->slots[after].lnext;
+    if (s->lnext != SL_NONE)
+        e->slots[s->lnext].lprev = i;
+    else
+        e->lru[SL_LRU_PREFETCHED].tail = i;
+    e->slots[after].lnext = i;
 }
 
 /* After a new hint: what the old plan read ahead and the new one does not
