@@ -229,6 +229,7 @@ int sl_engine_create(const sl_index *ix, const sluice_options *opts,
     e->plan = e->plan_pos = e->order;
     e->plan_n = e->n;
     e->last_pos = SL_NONE;
+    e->last_kept = SL_NONE;
     for (unsigned k = 0; k < e->queue_depth; k++) {
         e->reads[k].next_free = e->free_reads;
         e->free_reads = &e->reads[k];

@@ -244,9 +244,20 @@ void sl_slot_keep(sl_engine *e, size_t i)
 {
     if (e->slots[i].lru != SL_LRU_CACHED)
         return;
-    size_t pos = e->plan_pos[i], after = e->lru[SL_LRU_PREFETCHED].tail;
-    while (after != SL_NONE && e->plan_pos[after] != SL_NONE && e->plan_pos[after] > pos)
-        after = e->slots[after].lprev;
+    size_t pos = e->plan_pos[i], after, h = e->last_kept;
+    e->last_kept = i;
+    if (h < e->n && h != i && e->slots[h].lru == SL_LRU_PREFETCHED && e->plan_pos[h] != SL_NONE &&
+        e->plan_pos[h] <= pos) {
+        /* the walk goes forward: on from the one it kept last */
+        after = h;
+        for (size_t nx; (nx = e->slots[after].lnext) != SL_NONE &&
+                        e->plan_pos[nx] != SL_NONE && e->plan_pos[nx] <= pos;)
+            after = nx;
+    } else {
+        after = e->lru[SL_LRU_PREFETCHED].tail;
+        while (after != SL_NONE && e->plan_pos[after] != SL_NONE && e->plan_pos[after] > pos)
+            after = e->slots[after].lprev;
+    }
     if (after == SL_NONE) {
         lru_push_front(e, i, SL_LRU_PREFETCHED);
         return;
