@@ -803,11 +803,12 @@ typedef struct sluice_tensor sluice_tensor;
  * reads nothing it did not ask for. What an earlier plan read ahead and
  * nobody used yet stays read ahead when the new plan names it (read-ahead
  * never evicts read-ahead: the same hint again reads nothing twice), and
- * is the first room taken when it does not. An acquire (a part's too),
- * or a stream's next tensor, that can only get room by evicting unused
- * read-ahead pauses the plan's read-ahead until the next acquire along
- * the plan, or the next hint: else it would refill that room as soon as
- * the handle is released, for the next such acquire to evict it unused.
+ * is the first room taken when it does not (what was still loading, as
+ * soon as it lands). An acquire (a part's too), or a stream's next
+ * tensor, that can only get room by evicting unused read-ahead pauses
+ * the plan's read-ahead until the next acquire along the plan, or the
+ * next hint: else it would refill that room as soon as the handle is
+ * released, for the next such acquire to evict it unused.
  * Returns SLUICE_OK, SLUICE_E_INVAL (bad model, names NULL with n > 0, a
  * NULL name), SLUICE_E_NOT_FOUND, SLUICE_E_NOMEM. Any thread.
  */
