@@ -796,7 +796,9 @@ typedef struct sluice_tensor sluice_tensor;
  * previous hint; without one the plan is the model's order (n = 0 goes
  * back to it; names may then be NULL). Unknown names make the call fail
  * with SLUICE_E_NOT_FOUND before anything changes.
- * Read-ahead goes on from each acquire along the plan, within the pool.
+ * Read-ahead goes on from each acquire along the plan, within the pool
+ * (of a name listed twice, from its next place within 8 after the
+ * previous acquire's, else from its first).
  * Along a hinted plan it always does; along the default plan only while
  * acquires follow it (each within the next 8 positions of the previous
  * one): after a jump it pauses until they do again, so that random access

@@ -478,6 +478,38 @@ static void test_rehint_keeps_used_in_order(void **state)
     free(dir);
 }
 
+/* A plan naming a tensor twice (a tied weight, used first and last): its
+ * acquire at the second place goes on from there, the plan's end, and
+ * reads nothing more. Before the fix every acquire of it counted at its
+ * first place: read-ahead went back to the start of the plan and read
+ * again what had been used and evicted, for nobody. */
+static void test_hint_twice_goes_on_from_second_place(void **state)
+{
+    (void)state;
+    static const uint64_t sizes[] = {256u << 10, 256u << 10, 256u << 10, 256u << 10, 256u << 10};
+    char *dir = ef_model(1, sizes, 5, 15);
+    /* room for three of them, not four */
+    sluice_options o = ef_opts(3 * (256u << 10) + (128u << 10), 64u << 10, 0);
+    sluice_model *m = ef_open(dir, &o);
+    const char *plan[] = {"s0.t000", "s0.t001", "s0.t002", "s0.t003", "s0.t004", "s0.t000"};
+    assert_int_equal(sluice_prefetch(m, plan, 6), SLUICE_OK);
+    for (size_t i = 0; i <= 4; i++) {
+        ef_acquire_check(m, i);
+        assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    }
+    /* t000 read ahead again for its second place */
+    struct sluice_stats a = ef_stats(m);
+    assert_int_equal(a.bytes_read, 6 * (256u << 10));
+    ef_acquire_check(m, 0);
+    assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    struct sluice_stats b = ef_stats(m);
+    assert_int_equal(b.cache_hits, a.cache_hits + 1);
+    assert_int_equal(b.bytes_read, a.bytes_read);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(dir);
+    free(dir);
+}
+
 /* ---------------------------------------------------------------- pool limits */
 
 static void test_too_large(void **state)
@@ -753,6 +785,7 @@ int main(void)
         cmocka_unit_test(test_rehint_ages_readahead_in_flight),
         cmocka_unit_test(test_rehint_reorders_readahead),
         cmocka_unit_test(test_rehint_keeps_used_in_order),
+        cmocka_unit_test(test_hint_twice_goes_on_from_second_place),
         cmocka_unit_test(test_acquire_inside_stream_callback),
         cmocka_unit_test(test_misuse),
     };
