@@ -796,18 +796,21 @@ typedef struct sluice_tensor sluice_tensor;
  * previous hint; without one the plan is the model's order (n = 0 goes
  * back to it; names may then be NULL). Unknown names make the call fail
  * with SLUICE_E_NOT_FOUND before anything changes.
- * Read-ahead goes on from each acquire along the plan, within the pool.
+ * Read-ahead goes on from each acquire along the plan, within the pool
+ * (of a name listed twice, from its next place within 8 after the
+ * previous acquire's, else from its first).
  * Along a hinted plan it always does; along the default plan only while
  * acquires follow it (each within the next 8 positions of the previous
  * one): after a jump it pauses until they do again, so that random access
  * reads nothing it did not ask for. What an earlier plan read ahead and
  * nobody used yet stays read ahead when the new plan names it (read-ahead
  * never evicts read-ahead: the same hint again reads nothing twice), and
- * is the first room taken when it does not. An acquire (a part's too)
- * that can only get room by evicting unused read-ahead pauses read-ahead
- * until the next acquire along the plan, or the next hint: else it would
- * refill that room as soon as the handle is released, for the next such
- * acquire to evict it unused.
+ * is the first room taken when it does not (what was still loading, as
+ * soon as it lands). An acquire (a part's too), or a stream's next
+ * tensor, that can only get room by evicting unused read-ahead pauses
+ * the plan's read-ahead until the next acquire along the plan, or the
+ * next hint: else it would refill that room as soon as the handle is
+ * released, for the next such acquire to evict it unused.
  * Returns SLUICE_OK, SLUICE_E_INVAL (bad model, names NULL with n > 0, a
  * NULL name), SLUICE_E_NOT_FOUND, SLUICE_E_NOMEM. Any thread.
  */

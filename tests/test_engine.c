@@ -357,6 +357,159 @@ static void test_demand_over_readahead_pauses_it(void **state)
     free(dir);
 }
 
+/* Read-ahead of an earlier plan still in flight when a new hint comes,
+ * that the new plan does not name, is the first room taken once it lands,
+ * as it would have been had it landed before the hint (sluice_prefetch).
+ * Before the fix it landed as read-ahead, which read-ahead never evicts:
+ * the new plan's read-ahead stopped at it until a demand took its room. */
+static void test_rehint_ages_readahead_in_flight(void **state)
+{
+    (void)state;
+    /* t000: 1 MiB in 256 reads of 4 KiB, one at a time: still loading
+     * when the second hint comes right after the first */
+    static const uint64_t sizes[] = {1u << 20, 256u << 10, 256u << 10, 256u << 10};
+    char *dir = ef_model(1, sizes, 4, 12);
+    /* room for t000 and one other, not two */
+    sluice_options o = ef_opts((1u << 20) + (384u << 10), 4096, 0);
+    o.queue_depth = 1;
+    sluice_model *m = ef_open(dir, &o);
+    const char *old_plan[] = {"s0.t000"};
+    const char *plan[] = {"s0.t001", "s0.t002", "s0.t003"};
+    assert_int_equal(sluice_prefetch(m, old_plan, 1), SLUICE_OK);
+    assert_int_equal(sluice_prefetch(m, plan, 3), SLUICE_OK);
+    /* (had t000 landed before the second hint, the hint aged it: the same
+     * figures below, the test then shows nothing either way) */
+    assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    struct sluice_stats a = ef_stats(m);
+    /* t000 read, then made room for the plan's three */
+    assert_int_equal(a.bytes_read, (1u << 20) + 3 * (256u << 10));
+    assert_int_equal(a.evictions, 1);
+    for (size_t i = 1; i <= 3; i++)
+        ef_acquire_check(m, i);
+    struct sluice_stats b = ef_stats(m);
+    assert_int_equal(b.cache_hits, a.cache_hits + 3);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* A new hint that names the earlier read-ahead in another order: a
+ * demand that needs room takes it from what the new plan wants last
+ * (evict_one takes the newest read-ahead, "the one wanted last"). Before
+ * the fix the read-ahead the new plan names kept the earlier plan's
+ * order, and the demand evicted the tensor the new plan wants first, for
+ * the next acquire along it to wait for it. */
+static void test_rehint_reorders_readahead(void **state)
+{
+    (void)state;
+    static const uint64_t sizes[] = {256u << 10, 256u << 10, 256u << 10, 256u << 10, 256u << 10};
+    char *dir = ef_model(1, sizes, 5, 13);
+    /* room for three of them, not four */
+    sluice_options o = ef_opts(3 * (256u << 10) + (128u << 10), 64u << 10, 0);
+    sluice_model *m = ef_open(dir, &o);
+    const char *old_plan[] = {"s0.t000", "s0.t001", "s0.t002"};
+    const char *plan[] = {"s0.t002", "s0.t001", "s0.t000", "s0.t003"};
+    assert_int_equal(sluice_prefetch(m, old_plan, 3), SLUICE_OK);
+    assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    assert_int_equal(sluice_prefetch(m, plan, 4), SLUICE_OK);
+    assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    /* s0.t004, off the plan (a stand-in for a vocab part): its room is
+     * t000's, the read-ahead the new plan wants last */
+    ef_acquire_check(m, 4);
+    assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    struct sluice_stats a = ef_stats(m);
+    assert_int_equal(a.bytes_read, 4 * (256u << 10));
+    assert_int_equal(a.evictions, 1);
+    /* t002 and t001, first along the plan, are served from memory */
+    sluice_tensor *t;
+    assert_int_equal(sluice_acquire(m, plan[0], &t), SLUICE_OK);
+    ef_check_handle(t);
+    assert_int_equal(sluice_release(t), SLUICE_OK);
+    assert_int_equal(sluice_acquire(m, plan[1], &t), SLUICE_OK);
+    ef_check_handle(t);
+    assert_int_equal(sluice_release(t), SLUICE_OK);
+    struct sluice_stats b = ef_stats(m);
+    assert_int_equal(b.cache_hits, a.cache_hits + 2);
+    for (size_t i = 0; i <= 3; i++)
+        ef_acquire_check(m, i);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* The same when the new plan names, before the read-ahead it keeps, a
+ * tensor used already and still cached: read-ahead keeps it again as the
+ * plan's walk passes it, in the plan's order, not as the newest (before
+ * the fix, the one a demand evicted first, though the plan wants it
+ * first). */
+static void test_rehint_keeps_used_in_order(void **state)
+{
+    (void)state;
+    static const uint64_t sizes[] = {256u << 10, 256u << 10, 256u << 10, 256u << 10, 256u << 10};
+    char *dir = ef_model(1, sizes, 5, 14);
+    /* room for three of them, not four */
+    sluice_options o = ef_opts(3 * (256u << 10) + (128u << 10), 64u << 10, 0);
+    sluice_model *m = ef_open(dir, &o);
+    ef_acquire_check(m, 2); /* t002 used, cached (no read-ahead: not the start of the order) */
+    const char *old_plan[] = {"s0.t000", "s0.t001"};
+    const char *plan[] = {"s0.t002", "s0.t000", "s0.t001", "s0.t003"};
+    assert_int_equal(sluice_prefetch(m, old_plan, 2), SLUICE_OK);
+    assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    assert_int_equal(sluice_prefetch(m, plan, 4), SLUICE_OK);
+    assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    /* s0.t004 off the plan: its room is t001's, wanted last */
+    ef_acquire_check(m, 4);
+    assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    struct sluice_stats a = ef_stats(m);
+    assert_int_equal(a.bytes_read, 4 * (256u << 10));
+    assert_int_equal(a.evictions, 1);
+    sluice_tensor *t;
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(sluice_acquire(m, plan[k], &t), SLUICE_OK);
+        ef_check_handle(t);
+        assert_int_equal(sluice_release(t), SLUICE_OK);
+    }
+    struct sluice_stats b = ef_stats(m);
+    assert_int_equal(b.cache_hits, a.cache_hits + 2);
+    for (size_t i = 0; i <= 3; i++)
+        ef_acquire_check(m, i);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* A plan naming a tensor twice (a tied weight, used first and last): its
+ * acquire at the second place goes on from there, the plan's end, and
+ * reads nothing more. Before the fix every acquire of it counted at its
+ * first place: read-ahead went back to the start of the plan and read
+ * again what had been used and evicted, for nobody. */
+static void test_hint_twice_goes_on_from_second_place(void **state)
+{
+    (void)state;
+    static const uint64_t sizes[] = {256u << 10, 256u << 10, 256u << 10, 256u << 10, 256u << 10};
+    char *dir = ef_model(1, sizes, 5, 15);
+    /* room for three of them, not four */
+    sluice_options o = ef_opts(3 * (256u << 10) + (128u << 10), 64u << 10, 0);
+    sluice_model *m = ef_open(dir, &o);
+    const char *plan[] = {"s0.t000", "s0.t001", "s0.t002", "s0.t003", "s0.t004", "s0.t000"};
+    assert_int_equal(sluice_prefetch(m, plan, 6), SLUICE_OK);
+    for (size_t i = 0; i <= 4; i++) {
+        ef_acquire_check(m, i);
+        assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    }
+    /* t000 read ahead again for its second place */
+    struct sluice_stats a = ef_stats(m);
+    assert_int_equal(a.bytes_read, 6 * (256u << 10));
+    ef_acquire_check(m, 0);
+    assert_int_equal(sl_engine_quiesce(m), SLUICE_OK);
+    struct sluice_stats b = ef_stats(m);
+    assert_int_equal(b.cache_hits, a.cache_hits + 1);
+    assert_int_equal(b.bytes_read, a.bytes_read);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(dir);
+    free(dir);
+}
+
 /* ---------------------------------------------------------------- pool limits */
 
 static void test_too_large(void **state)
@@ -629,6 +782,10 @@ int main(void)
         cmocka_unit_test(test_readahead_follows_order),
         cmocka_unit_test(test_rehint_keeps_readahead),
         cmocka_unit_test(test_demand_over_readahead_pauses_it),
+        cmocka_unit_test(test_rehint_ages_readahead_in_flight),
+        cmocka_unit_test(test_rehint_reorders_readahead),
+        cmocka_unit_test(test_rehint_keeps_used_in_order),
+        cmocka_unit_test(test_hint_twice_goes_on_from_second_place),
         cmocka_unit_test(test_acquire_inside_stream_callback),
         cmocka_unit_test(test_misuse),
     };

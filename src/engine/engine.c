@@ -229,6 +229,7 @@ int sl_engine_create(const sl_index *ix, const sluice_options *opts,
     e->plan = e->plan_pos = e->order;
     e->plan_n = e->n;
     e->last_pos = SL_NONE;
+    e->last_kept = SL_NONE;
     for (unsigned k = 0; k < e->queue_depth; k++) {
         e->reads[k].next_free = e->free_reads;
         e->free_reads = &e->reads[k];
@@ -636,6 +637,18 @@ static void follow_caller(sl_engine *e, size_t pos)
     if (pos == SL_NONE)
         return;
     int hinted = e->plan != e->order;
+    /* A tensor the plan names twice (pos is its first place): an acquire
+     * that continues the plan is at its next place after the previous
+     * acquire's, not back at the first (read-ahead would read again from
+     * there what was used and evicted). */
+    if (hinted && e->last_pos != SL_NONE && pos <= e->last_pos) {
+        size_t i = e->plan[pos];
+        for (size_t k = e->last_pos + 1; k < e->plan_n && k <= e->last_pos + 8; k++)
+            if (e->plan[k] == i) {
+                pos = k;
+                break;
+            }
+    }
     int in_order = e->last_pos == SL_NONE ? pos == 0 : pos > e->last_pos && pos <= e->last_pos + 8;
     e->last_pos = pos;
     e->plan_active = hinted || in_order;

@@ -276,6 +276,8 @@ struct sl_engine {
     size_t *plan, *plan_pos;     /* order / its inverse (SL_NONE: not in plan) */
     size_t plan_n, cursor;
     size_t last_pos;             /* plan position of the last acquire; SL_NONE: none yet */
+    size_t last_kept;            /* the slot sl_slot_keep placed last (a hint where to
+                                    place the next; checked before use) */
     int plan_active;
 
     sl_stream *streams;

@@ -24,8 +24,9 @@
  *     take the room first).
  *  2. the remaining chunks of tensors already started (they hold memory).
  *  3. streams' read-ahead, then 4. the plan's read-ahead. Speculative
- *     reads may only evict buffers already handed out and released
- *     (CACHED), never other read-ahead (PREFETCHED), so read-ahead cannot
+ *     reads may only evict buffers already handed out and released, or
+ *     unused and off a hinted plan (CACHED), never other read-ahead
+ *     (PREFETCHED), so read-ahead cannot
  *     thrash itself; it stops when the pool is full of unconsumed data.
  *     A demand that evicted read-ahead pauses the plan's until the next
  *     acquire along the plan or hint (slot.c, evict_one).

@@ -24,8 +24,9 @@
  *  READY    the verified bytes at data. refs (handles) and pins (waiters
  *           about to take a handle) hold it; with neither it sits on an
  *           LRU list: CACHED (handed out since it was read; a stream's
- *           delivery at the head, `spent`, so its room is reused first) or
- *           PREFETCHED (read ahead, not used yet).
+ *           delivery at the head, `spent`, so its room is reused first;
+ *           at the head too, unused and not named by a hinted plan) or
+ *           PREFETCHED (read ahead, not used yet, wanted by the plan).
  *  FAILED   the error is kept; the buffer waits until no read of it is in
  *           flight and the hash job is quiet, then the slot is IDLE again
  *           with gen + 1: waiters that saw gen move take the error.
@@ -195,6 +196,14 @@ static void unhold(sl_engine *e, size_t i)
         /* A stream reads each tensor once: make its buffer the first that
          * room is taken from (the head of the cached list). */
         lru_push_front(e, i, SL_LRU_CACHED);
+    else if (!s->consumed && e->plan_pos[i] == SL_NONE)
+        /* Unused, and a hinted plan does not name it: read ahead for an
+         * earlier plan, landed after the hint that replaced it (or a
+         * stream's, stopped before delivering it). As
+         * sl_slots_age_prefetched does at the hint: the first room taken;
+         * kept as read-ahead, it would hold room that the plan's
+         * read-ahead may never take. */
+        lru_push_front(e, i, SL_LRU_CACHED);
     else
         lru_push(e, i, s->consumed ? SL_LRU_CACHED : SL_LRU_PREFETCHED);
 }
@@ -226,22 +235,65 @@ void sl_slot_unpin(sl_engine *e, size_t i)
     unhold(e, i);
 }
 
+/* A cached tensor the plan wants again becomes read-ahead, in the plan's
+ * order among the rest: a demand evicts the newest read-ahead (evict_one),
+ * which must stay the one the plan wants last, not the one its walk
+ * passed last (after a hint or an acquire further back, the walk passes
+ * tensors the plan wants before what it read ahead already). */
 void sl_slot_keep(sl_engine *e, size_t i)
 {
-    if (e->slots[i].lru == SL_LRU_CACHED)
-        lru_push(e, i, SL_LRU_PREFETCHED);
+    if (e->slots[i].lru != SL_LRU_CACHED)
+        return;
+    size_t pos = e->plan_pos[i], after, h = e->last_kept;
+    e->last_kept = i;
+    if (h < e->n && h != i && e->slots[h].lru == SL_LRU_PREFETCHED && e->plan_pos[h] != SL_NONE &&
+        e->plan_pos[h] <= pos) {
+        /* the walk goes forward: on from the one it kept last */
+        after = h;
+        for (size_t nx; (nx = e->slots[after].lnext) != SL_NONE &&
+                        e->plan_pos[nx] != SL_NONE && e->plan_pos[nx] <= pos;)
+            after = nx;
+    } else {
+        after = e->lru[SL_LRU_PREFETCHED].tail;
+        while (after != SL_NONE && e->plan_pos[after] != SL_NONE && e->plan_pos[after] > pos)
+            after = e->slots[after].lprev;
+    }
+    if (after == SL_NONE) {
+        lru_push_front(e, i, SL_LRU_PREFETCHED);
+        return;
+    }
+    sl_slot *s = &e->slots[i];
+    lru_remove(e, i);
+    s->lru = SL_LRU_PREFETCHED;
+    s->lprev = after;
+    s->lnext = e->slots[after].lnext;
+    if (s->lnext != SL_NONE)
+        e->slots[s->lnext].lprev = i;
+    else
+        e->lru[SL_LRU_PREFETCHED].tail = i;
+    e->slots[after].lnext = i;
 }
 
 /* After a new hint: what the old plan read ahead and the new one does not
  * name goes to the head of the cached list (the first room taken). What
  * the new plan names stays read-ahead: speculative reads never evict it,
- * so a hint repeated does not evict its own read-ahead to read it again. */
+ * so a hint repeated does not evict its own read-ahead to read it again.
+ * It is put in the new plan's order: a demand takes its room from the
+ * newest read-ahead (evict_one), which must be the one the plan wants
+ * last, not the one the old plan did. */
 void sl_slots_age_prefetched(sl_engine *e)
 {
     for (size_t i = e->lru[SL_LRU_PREFETCHED].tail, prev; i != SL_NONE; i = prev) {
         prev = e->slots[i].lprev;
         if (e->plan_pos[i] == SL_NONE)
             lru_push_front(e, i, SL_LRU_CACHED);
+    }
+    if (e->lru[SL_LRU_PREFETCHED].head == SL_NONE)
+        return;
+    for (size_t k = 0; k < e->plan_n; k++) {
+        size_t i = e->plan[k];
+        if (e->plan_pos[i] == k && e->slots[i].lru == SL_LRU_PREFETCHED)
+            lru_push(e, i, SL_LRU_PREFETCHED);
     }
 }
 
