@@ -981,6 +981,45 @@ static void test_token_stays_with_its_host(void **state)
     (void)state;
 }
 
+/* An endpoint with user information ($HF_ENDPOINT
+ * http://user:ep-secret@127.0.0.1:P, as a mirror of the Hub behind basic
+ * auth is written) is still the Hub: every request to it, the API's
+ * included, carries HF_TOKEN, and none $SLUICE_HTTP_TOKEN (the caller's
+ * own servers'). Before, sl_hf_on_hub took no URL with user information
+ * for the Hub's: the API's requests (made from the endpoint's text) went
+ * out with SLUICE_HTTP_TOKEN, and a private repository's API refused. */
+static void test_token_endpoint_with_userinfo(void **state)
+{
+    char ep[512];
+    snprintf(ep, sizeof ep, "http://user:ep-secret@%s", srv.base + strlen("http://"));
+    setenv("HF_ENDPOINT", ep, 1);
+    setenv("HF_TOKEN", PRIVATE_TOKEN, 1);
+    setenv("SLUICE_HTTP_TOKEN", "not-for-the-hub", 1);
+    ctl("/ctl/clear");
+    sluice_options o = fast_options();
+    sluice_model *m = NULL;
+    int rc = sluice_open("hf://org/private", &o, &m);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", rc < 0 ? sluice_errmsg(m) : "");
+    if (rc == SLUICE_OK)
+        check_tensor(m, "b", 100);
+    sluice_close(m);
+    setenv("HF_ENDPOINT", srv.base, 1);
+    unsetenv("HF_TOKEN");
+    unsetenv("SLUICE_HTTP_TOKEN");
+    int with, all;
+    count_log("hub ", "Bearer not-for-the-hub", &with, &all);
+    if (with)
+        fail_msg("SLUICE_HTTP_TOKEN went to the Hub: %d of %d requests (the open: %d %s)", with,
+                 all, rc, msg);
+    if (rc != SLUICE_OK)
+        fail_msg("hf://org/private behind the endpoint with user information: %d %s", rc, msg);
+    count_log("hub ", "Bearer " PRIVATE_TOKEN, &with, &all);
+    assert_true(all >= 3);
+    assert_int_equal(with, all);
+    (void)state;
+}
+
 /* A commit asked in full is the commit read: an API that answers another
  * one for it (the stand-in told to lie) fails the open, SLUICE_E_REMOTE
  * "not the one pinned" (before: the other commit's files were opened, a
@@ -1192,6 +1231,7 @@ int main(void)
         cmocka_unit_test(test_token_from_environment),
         cmocka_unit_test(test_token_stays_with_its_host),
         cmocka_unit_test(test_token_host_boundary),
+        cmocka_unit_test(test_token_endpoint_with_userinfo),
         cmocka_unit_test(test_pinned_commit_checked),
         cmocka_unit_test(test_percent_in_shard_name),
     };

@@ -280,8 +280,9 @@ char *sl_hf_url(const sl_remote_cfg *c, const char *loc, sl_err *err);
 
 /* Whether requests for loc (parsed at open) go to the Hub: an hf://
  * location, or an http(s) URL of the Hub's endpoint (c->hf_endpoint, parsed
- * once: the same scheme, host and port, no user information, a path at or
- * under the endpoint's). They carry the Hub's token (c->hf_token), else
+ * once: the same scheme, host and port, the same user information as the
+ * endpoint's or none when it has none, a path at or under the endpoint's).
+ * They carry the Hub's token (c->hf_token), else
  * c->token. Read from the parsed parts: no string is split for it. */
 int sl_hf_on_hub(const sl_remote_cfg *c, const sl_location *loc);
 

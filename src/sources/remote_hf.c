@@ -167,6 +167,15 @@ char *sl_hf_url(const sl_remote_cfg *c, const char *loc, sl_err *err)
     return u;
 }
 
+/* Whether a and b have the same user information (user:password@), or
+ * both none: an endpoint written with it (a mirror of the Hub behind basic
+ * auth) is reached by URLs made from its text, which carry it. */
+static int same_userinfo(const sl_location *a, const sl_location *b)
+{
+    return !a->userinfo || !b->userinfo ? a->userinfo == b->userinfo
+                                        : strcmp(a->userinfo, b->userinfo) == 0;
+}
+
 int sl_hf_on_hub(const sl_remote_cfg *c, const sl_location *loc)
 {
     if (!loc)
@@ -176,8 +185,8 @@ int sl_hf_on_hub(const sl_remote_cfg *c, const sl_location *loc)
     /* a URL of the endpoint: what a prefix of the endpoint's text followed
      * by '/' or the end matched, read from the parts */
     const sl_location *ep = c ? c->hf_endpoint_loc : NULL;
-    if (!ep || ep->kind != SL_LOC_HTTP || loc->kind != SL_LOC_HTTP || ep->userinfo ||
-        loc->userinfo || ep->query || ep->name_len != strlen(ep->given) ||
+    if (!ep || ep->kind != SL_LOC_HTTP || loc->kind != SL_LOC_HTTP ||
+        !same_userinfo(loc, ep) || ep->query || ep->name_len != strlen(ep->given) ||
         strcmp(loc->scheme, ep->scheme) != 0 || strcmp(loc->host, ep->host) != 0 ||
         loc->port != ep->port)
         return 0;
