@@ -101,7 +101,9 @@ typedef struct sl_remote_cfg {
     int s3_virtual;              /* virtual-host-style addressing */
     char *aws_key, *aws_secret, *aws_session; /* NULL: anonymous */
     char *ca_file;               /* NULL: libcurl's default CA store */
-    char *hf_endpoint;           /* the Hub (remote_hf.c): $HF_ENDPOINT or https://huggingface.co */
+    char *hf_endpoint;           /* the Hub (remote_hf.c): $HF_ENDPOINT or https://huggingface.co,
+                                    its scheme lowercased (http:// when it has none),
+                                    no trailing '/' */
     sl_location *hf_endpoint_loc; /* hf_endpoint, parsed once (sl_hf_on_hub reads it) */
     char *hf_token;              /* the Hub's Bearer: http_token, else $HF_TOKEN; or NULL */
     /* the proxy hop of http:// and of https:// (and s3://) requests
