@@ -1102,7 +1102,7 @@ static int lookalike_saw(const char *needle, int *requests)
  * named "http://127.0.0.1:P@127.0.0.1:P0/..." (the endpoint's text, then
  * userinfo), as a mirror of hf://org/sharded, or as where the Hub's
  * resolve redirects; the Hub's own requests carry it every time. Checked
- * by breaking on_hub (remote_hf.c) into a prefix compare: this test then
+ * by breaking sl_hf_on_hub (remote_hf.c) into a prefix compare: this test then
  * fails on the first model. */
 static void test_token_host_boundary(void **state)
 {
