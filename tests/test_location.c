@@ -32,7 +32,7 @@ static void test_url_with_credentials_and_query(void **state)
     assert_string_equal(l->query, "X-Amz-Signature=S");
     assert_string_equal(l->shown, "https://example.com:8443/m/model.safetensors?...");
     assert_int_equal(l->name_len, strlen("https://user:pa:ss@example.com:8443/m/model.safetensors"));
-    assert_true(l->userinfo);
+    assert_string_equal(l->userinfo, "user:pa:ss");
     assert_true(sl_location_remote(l));
     char buf[256];
     assert_string_equal(sl_location_shown_of(given, buf, sizeof buf), l->shown);
@@ -74,7 +74,7 @@ static void test_kinds(void **state)
         assert_string_equal(l->shown, cases[k].shown);
         assert_int_equal(l->port, cases[k].port);
         assert_int_equal(l->query != NULL, cases[k].query);
-        assert_false(l->userinfo); /* none given ('@' in a local path is no user) */
+        assert_null(l->userinfo); /* none given ('@' in a local path is no user) */
         if (cases[k].kind == SL_LOC_LOCAL)
             assert_int_equal(l->name_len, strlen(cases[k].given));
         sl_location_free(l);
@@ -117,8 +117,12 @@ static void test_at_in_password(void **state)
 
 /* Which locations are the Hub's: an hf:// one, or a URL under the Hub's
  * endpoint ($HF_ENDPOINT, parsed once) with the same scheme, host and
- * port and no user information; the endpoint's path must be followed by
- * '/' or end the location, query and all. */
+ * port and the same user information (none when the endpoint has none);
+ * the endpoint's path must be followed by '/' or end the location, query
+ * and all. An endpoint written with user:password@ (a mirror of the Hub
+ * behind basic auth) is reached by the URLs made from its text, which
+ * carry it: those are the Hub's (before, none was, and the API's requests
+ * went out with the caller's own servers' token). */
 static void test_on_hub(void **state)
 {
     static const struct {
@@ -158,6 +162,31 @@ static void test_on_hub(void **state)
         sl_location_free(l);
     }
     assert_false(sl_hf_on_hub(c, NULL));
+    sl_remote_cfg_free(c);
+    static const struct {
+        const char *loc;
+        int hub;
+    } with_user[] = {
+        {"https://u:p@hub.example/mirror/api/models/org/name", 1},
+        {"https://u:p@hub.example/mirror", 1},
+        {"https://hub.example/mirror/a", 0},
+        {"https://u:q@hub.example/mirror/a", 0},
+        {"https://u@hub.example/mirror/a", 0},
+        {"https://u:p@x@hub.example/mirror/a", 0},
+        {"https://u:p@hub.example.evil/mirror/a", 0},
+        {"https://u:p@hub.example/mirrors/a", 0},
+        {"hf://org/name", 1},
+    };
+    setenv("HF_ENDPOINT", "https://u:p@hub.example/mirror", 1);
+    assert_int_equal(sl_remote_cfg_new(&o, &c, &err), SLUICE_OK);
+    for (size_t k = 0; k < sizeof with_user / sizeof *with_user; k++) {
+        sl_location *l = sl_location_new(with_user[k].loc);
+        assert_non_null(l);
+        if (sl_hf_on_hub(c, l) != with_user[k].hub)
+            fail_msg("%s: on the Hub %d, expected %d", with_user[k].loc, !with_user[k].hub,
+                     with_user[k].hub);
+        sl_location_free(l);
+    }
     sl_remote_cfg_free(c);
     if (saved)
         setenv("HF_ENDPOINT", saved, 1);

@@ -981,6 +981,52 @@ static void test_token_stays_with_its_host(void **state)
     (void)state;
 }
 
+/* An endpoint written with user information ($HF_ENDPOINT
+ * http://user:ep-secret@127.0.0.1:P, as a mirror of the Hub behind basic
+ * auth is written), with its scheme in capitals (HTTP://127.0.0.1:P) or
+ * with none (127.0.0.1:P, libcurl's http://) is still the Hub: every
+ * request to it, the API's included, carries HF_TOKEN, and none
+ * $SLUICE_HTTP_TOKEN (the caller's own servers'). Before, sl_hf_on_hub
+ * took no URL with user information for the Hub's, and an endpoint it does
+ * not parse as http(s) (the scheme's case, none) matched nothing: the
+ * API's requests (made from the endpoint's text) went out with
+ * SLUICE_HTTP_TOKEN, and a private repository's API refused. At 824ab9c
+ * (a prefix compare of the text) each form passes. */
+static void test_token_endpoint_with_userinfo(void **state)
+{
+    const char *const forms[] = {"http://user:ep-secret@", "HTTP://", ""};
+    for (size_t k = 0; k < sizeof forms / sizeof *forms; k++) {
+        char ep[512];
+        snprintf(ep, sizeof ep, "%s%s", forms[k], srv.base + strlen("http://"));
+        setenv("HF_ENDPOINT", ep, 1);
+        setenv("HF_TOKEN", PRIVATE_TOKEN, 1);
+        setenv("SLUICE_HTTP_TOKEN", "not-for-the-hub", 1);
+        ctl("/ctl/clear");
+        sluice_options o = fast_options();
+        sluice_model *m = NULL;
+        int rc = sluice_open("hf://org/private", &o, &m);
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", rc < 0 ? sluice_errmsg(m) : "");
+        if (rc == SLUICE_OK)
+            check_tensor(m, "b", 100);
+        sluice_close(m);
+        setenv("HF_ENDPOINT", srv.base, 1);
+        unsetenv("HF_TOKEN");
+        unsetenv("SLUICE_HTTP_TOKEN");
+        int with, all;
+        count_log("hub ", "Bearer not-for-the-hub", &with, &all);
+        if (with)
+            fail_msg("%s: SLUICE_HTTP_TOKEN went to the Hub: %d of %d requests (the open: %d %s)",
+                     forms[k], with, all, rc, msg);
+        if (rc != SLUICE_OK)
+            fail_msg("%s: hf://org/private: %d %s", forms[k], rc, msg);
+        count_log("hub ", "Bearer " PRIVATE_TOKEN, &with, &all);
+        assert_true(all >= 3);
+        assert_int_equal(with, all);
+    }
+    (void)state;
+}
+
 /* A commit asked in full is the commit read: an API that answers another
  * one for it (the stand-in told to lie) fails the open, SLUICE_E_REMOTE
  * "not the one pinned" (before: the other commit's files were opened, a
@@ -1056,7 +1102,7 @@ static int lookalike_saw(const char *needle, int *requests)
  * named "http://127.0.0.1:P@127.0.0.1:P0/..." (the endpoint's text, then
  * userinfo), as a mirror of hf://org/sharded, or as where the Hub's
  * resolve redirects; the Hub's own requests carry it every time. Checked
- * by breaking on_hub (remote_hf.c) into a prefix compare: this test then
+ * by breaking sl_hf_on_hub (remote_hf.c) into a prefix compare: this test then
  * fails on the first model. */
 static void test_token_host_boundary(void **state)
 {
@@ -1192,6 +1238,7 @@ int main(void)
         cmocka_unit_test(test_token_from_environment),
         cmocka_unit_test(test_token_stays_with_its_host),
         cmocka_unit_test(test_token_host_boundary),
+        cmocka_unit_test(test_token_endpoint_with_userinfo),
         cmocka_unit_test(test_pinned_commit_checked),
         cmocka_unit_test(test_percent_in_shard_name),
     };

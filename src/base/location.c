@@ -125,9 +125,9 @@ sl_location *sl_location_new(const char *loc)
     loc_parts p;
     split(loc, 0, &p);
     size_t n = strlen(loc);
-    /* given, scheme, host, path, query, shown: each NUL-ended; shown is
-     * at most as long as given plus "://?..." */
-    size_t cap = sizeof(sl_location) + 6 * (n + 1) + 8;
+    /* given, scheme, userinfo, host, path, query, shown: each NUL-ended;
+     * shown is at most as long as given plus "://?..." */
+    size_t cap = sizeof(sl_location) + 7 * (n + 1) + 8;
     sl_location *l = calloc(1, cap);
     if (!l)
         return NULL;
@@ -141,6 +141,8 @@ sl_location *sl_location_new(const char *loc)
     } while (0)
     PUT(given, loc, n);
     PUT(scheme, loc, p.scheme_len);
+    if (p.hostport != p.auth)   /* user:password@ before the host */
+        PUT(userinfo, loc + p.auth, p.hostport - 1 - p.auth);
     PUT(host, loc + p.host, p.host_len);
     PUT(path, loc + p.path, p.path_len);
     if (p.has_query)
@@ -151,7 +153,6 @@ sl_location *sl_location_new(const char *loc)
     l->kind = p.kind;
     l->port = p.port;
     l->name_len = p.name_len;
-    l->userinfo = p.hostport != p.auth;
     return l;
 }
 

@@ -36,7 +36,8 @@ typedef struct sl_location {
                            query or fragment; a local path as given */
     size_t name_len;    /* how much of given names the object: up to its query
                            or fragment (a local path: all of it, '?' included) */
-    int userinfo;       /* a URL's authority holds user information (user:password@) */
+    const char *userinfo; /* a URL's user information (user:password, up to the last
+                             '@' of its authority), or NULL when none */
 } sl_location;
 
 /* Parses loc into one allocation (the struct and its strings): NULL when

@@ -101,7 +101,9 @@ typedef struct sl_remote_cfg {
     int s3_virtual;              /* virtual-host-style addressing */
     char *aws_key, *aws_secret, *aws_session; /* NULL: anonymous */
     char *ca_file;               /* NULL: libcurl's default CA store */
-    char *hf_endpoint;           /* the Hub (remote_hf.c): $HF_ENDPOINT or https://huggingface.co */
+    char *hf_endpoint;           /* the Hub (remote_hf.c): $HF_ENDPOINT or https://huggingface.co,
+                                    its scheme lowercased (http:// when it has none),
+                                    no trailing '/' */
     sl_location *hf_endpoint_loc; /* hf_endpoint, parsed once (sl_hf_on_hub reads it) */
     char *hf_token;              /* the Hub's Bearer: http_token, else $HF_TOKEN; or NULL */
     /* the proxy hop of http:// and of https:// (and s3://) requests
@@ -280,8 +282,9 @@ char *sl_hf_url(const sl_remote_cfg *c, const char *loc, sl_err *err);
 
 /* Whether requests for loc (parsed at open) go to the Hub: an hf://
  * location, or an http(s) URL of the Hub's endpoint (c->hf_endpoint, parsed
- * once: the same scheme, host and port, no user information, a path at or
- * under the endpoint's). They carry the Hub's token (c->hf_token), else
+ * once: the same scheme, host and port, the same user information as the
+ * endpoint's or none when it has none, a path at or under the endpoint's).
+ * They carry the Hub's token (c->hf_token), else
  * c->token. Read from the parsed parts: no string is split for it. */
 int sl_hf_on_hub(const sl_remote_cfg *c, const sl_location *loc);
 

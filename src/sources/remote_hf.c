@@ -13,6 +13,7 @@
  * to a commit by hf.c before any file is opened. */
 #include "sources/remote.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,8 +30,26 @@ int sl_hf_cfg_fill(sl_remote_cfg *c, const sluice_options *o)
     /* the explicit option first, then the Hub's own variable; never
      * SLUICE_HTTP_TOKEN, which is meant for the caller's own servers */
     const char *tok = o->http_token && *o->http_token ? o->http_token : env_or_null("HF_TOKEN");
-    if (!(c->hf_endpoint = strdup(ep ? ep : "https://huggingface.co")))
+    if (!ep)
+        ep = "https://huggingface.co";
+    /* written as the parser reads a URL (location.c: a lowercase http:// or
+     * https://), since which requests are the Hub's is read from the parts
+     * (sl_hf_on_hub) of URLs made from this text: its scheme lowercased
+     * ("HTTPS://" is https:// to libcurl), and one without a scheme given
+     * libcurl's guess, http:// (else the API's requests would be no URL of
+     * the endpoint, and go out with the caller's own token) */
+    const char *sep = strstr(ep, "://");
+    size_t skip = sep ? (size_t)(sep - ep) + 3 : 0;
+    if (!(c->hf_endpoint = malloc(strlen(ep) + 8)))
         return -1;
+    if (sep) {
+        for (size_t i = 0; i < skip; i++)
+            c->hf_endpoint[i] = (char)tolower((unsigned char)ep[i]);
+        strcpy(c->hf_endpoint + skip, ep + skip);
+    } else {
+        strcpy(c->hf_endpoint, "http://");
+        strcat(c->hf_endpoint, ep);
+    }
     size_t n = strlen(c->hf_endpoint);
     while (n > 0 && c->hf_endpoint[n - 1] == '/')
         c->hf_endpoint[--n] = '\0';
@@ -167,6 +186,15 @@ char *sl_hf_url(const sl_remote_cfg *c, const char *loc, sl_err *err)
     return u;
 }
 
+/* Whether a and b have the same user information (user:password@), or
+ * both none: an endpoint written with it (a mirror of the Hub behind basic
+ * auth) is reached by URLs made from its text, which carry it. */
+static int same_userinfo(const sl_location *a, const sl_location *b)
+{
+    return !a->userinfo || !b->userinfo ? a->userinfo == b->userinfo
+                                        : strcmp(a->userinfo, b->userinfo) == 0;
+}
+
 int sl_hf_on_hub(const sl_remote_cfg *c, const sl_location *loc)
 {
     if (!loc)
@@ -176,8 +204,8 @@ int sl_hf_on_hub(const sl_remote_cfg *c, const sl_location *loc)
     /* a URL of the endpoint: what a prefix of the endpoint's text followed
      * by '/' or the end matched, read from the parts */
     const sl_location *ep = c ? c->hf_endpoint_loc : NULL;
-    if (!ep || ep->kind != SL_LOC_HTTP || loc->kind != SL_LOC_HTTP || ep->userinfo ||
-        loc->userinfo || ep->query || ep->name_len != strlen(ep->given) ||
+    if (!ep || ep->kind != SL_LOC_HTTP || loc->kind != SL_LOC_HTTP ||
+        !same_userinfo(loc, ep) || ep->query || ep->name_len != strlen(ep->given) ||
         strcmp(loc->scheme, ep->scheme) != 0 || strcmp(loc->host, ep->host) != 0 ||
         loc->port != ep->port)
         return 0;
