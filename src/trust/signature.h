@@ -47,6 +47,14 @@ typedef struct sl_sig {
     uint8_t sig[64];             /* Ed25519 signature */
 } sl_sig;
 
+/* OpenSSL's reason for the last failure, in buf, and its error queue
+ * emptied (the calling thread's: other threads' are their own). */
+const char *sl_sig_openssl_reason(char *buf, size_t size);
+
+/* The passphrase callback of a PEM private key's read: an encrypted key is
+ * refused, never prompted for. */
+int sl_sig_no_passphrase(char *buf, int size, int rwflag, void *user);
+
 /* Reads the regular file path whole (at most max bytes; a FIFO or a
  * directory is refused, never waited on) into *out, malloc'd with a NUL
  * after its *len bytes. what names it in messages ("signature").
