@@ -182,9 +182,8 @@ static int load_public(const char *path, EVP_PKEY **out, sl_err *err)
     int rc = sl_sig_read_file("trusted key", path, SL_KEY_MAX_BYTES, &text, &len, err);
     if (rc < 0)
         return rc;
-    BIO *bio = BIO_new_mem_buf(text, (int)len);
-    EVP_PKEY *key = bio ? PEM_read_bio_PUBKEY(bio, NULL, NULL, NULL) : NULL;
-    BIO_free(bio);
+    EVP_PKEY *key;
+    sl_sig_pem_key(text, len, 0, &key); /* out of memory: no key, as OpenSSL's failure */
     char why[160], curve[80];
     if (!key) {
         rc = sl_fail(err, SLUICE_E_SIGNATURE, "trusted key %s: not a PEM public key "
@@ -210,9 +209,8 @@ int sl_ms_load_private_key(const char *path, EVP_PKEY **out, sl_err *err)
     int rc = sl_sig_read_file("key", path, SL_KEY_MAX_BYTES, &text, &len, err);
     if (rc < 0)
         return rc;
-    BIO *bio = BIO_new_mem_buf(text, (int)len);
-    EVP_PKEY *key = bio ? PEM_read_bio_PrivateKey(bio, NULL, sl_sig_no_passphrase, NULL) : NULL;
-    BIO_free(bio);
+    EVP_PKEY *key;
+    sl_sig_pem_key(text, len, 1, &key); /* out of memory: no key, as OpenSSL's failure */
     char why[160], curve[80];
     if (!key)
         rc = sl_fail(err, SLUICE_E_SIGNATURE, "key %s: not an unencrypted PEM private key (%s)",

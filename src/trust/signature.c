@@ -362,7 +362,8 @@ const char *sl_sig_openssl_reason(char *buf, size_t size)
     return buf;
 }
 
-int sl_sig_no_passphrase(char *buf, int size, int rwflag, void *user)
+/* An encrypted private key is refused, never prompted for. */
+static int no_passphrase(char *buf, int size, int rwflag, void *user)
 {
     (void)buf, (void)size, (void)rwflag, (void)user;
     return -1;
@@ -401,6 +402,18 @@ static const char *key_text_fault(const char *text, size_t len, int want_private
     return NULL;
 }
 
+int sl_sig_pem_key(const char *text, size_t len, int want_private, EVP_PKEY **out)
+{
+    *out = NULL;
+    BIO *bio = BIO_new_mem_buf(text, (int)len);
+    if (!bio)
+        return -1;
+    *out = want_private ? PEM_read_bio_PrivateKey(bio, NULL, no_passphrase, NULL)
+                        : PEM_read_bio_PUBKEY(bio, NULL, NULL, NULL);
+    BIO_free(bio);
+    return 0;
+}
+
 int sl_sig_load_key(const char *what, const char *path, int want_private, EVP_PKEY **out,
                     sl_err *err)
 {
@@ -417,14 +430,11 @@ int sl_sig_load_key(const char *what, const char *path, int want_private, EVP_PK
         rc = sl_fail(err, SLUICE_E_SIGNATURE, "%s %s: %s", what, path, fault);
         goto done;
     }
-    BIO *bio = BIO_new_mem_buf(text, (int)len);
-    if (!bio) {
+    EVP_PKEY *key;
+    if (sl_sig_pem_key(text, len, want_private, &key) < 0) {
         rc = sl_fail(err, SLUICE_E_NOMEM, "%s %s: out of memory", what, path);
         goto done;
     }
-    EVP_PKEY *key = want_private ? PEM_read_bio_PrivateKey(bio, NULL, sl_sig_no_passphrase, NULL)
-                                 : PEM_read_bio_PUBKEY(bio, NULL, NULL, NULL);
-    BIO_free(bio);
     char why[160];
     if (!key) {
         rc = sl_fail(err, SLUICE_E_SIGNATURE, "%s %s: not a valid PEM %s key (%s)", what, path,
@@ -611,11 +621,10 @@ int sl_sig_key_is_ec(const char *path)
     int errnum = 0;
     if (read_small(path, SL_KEY_MAX_BYTES, &text, &len, &errnum) != READ_OK)
         return 0;
-    BIO *bio = BIO_new_mem_buf(text, (int)len);
-    EVP_PKEY *key = bio ? PEM_read_bio_PUBKEY(bio, NULL, NULL, NULL) : NULL;
+    EVP_PKEY *key;
+    sl_sig_pem_key(text, len, 0, &key);
     int ec = key && EVP_PKEY_get_id(key) == EVP_PKEY_EC;
     EVP_PKEY_free(key);
-    BIO_free(bio);
     free(text);
     ERR_clear_error();
     return ec;

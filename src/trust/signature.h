@@ -51,9 +51,12 @@ typedef struct sl_sig {
  * emptied (the calling thread's: other threads' are their own). */
 const char *sl_sig_openssl_reason(char *buf, size_t size);
 
-/* The passphrase callback of a PEM private key's read: an encrypted key is
- * refused, never prompted for. */
-int sl_sig_no_passphrase(char *buf, int size, int rwflag, void *user);
+/* The key that the PEM text (len bytes) holds into *out: a private key
+ * when want_private (an encrypted one is refused, never prompted for),
+ * else a public key; *out NULL when OpenSSL reads none
+ * (sl_sig_openssl_reason says why). -1 (and *out NULL) when out of memory
+ * before the text was read. */
+int sl_sig_pem_key(const char *text, size_t len, int want_private, EVP_PKEY **out);
 
 /* Reads the regular file path whole (at most max bytes; a FIFO or a
  * directory is refused, never waited on) into *out, malloc'd with a NUL
