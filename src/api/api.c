@@ -110,19 +110,17 @@ SLUICE_API int sluice_options_init(sluice_options *opts)
     return SLUICE_OK;
 }
 
-/* Trusted keys ask for a signed manifest: a list that cannot be read as
- * one must not pass for "no signature asked" (what the keys ask for is
- * the trust plan's: trust_plan.c). */
-static int take_trusted_keys(const sluice_options *o, sl_err *err)
+/* A list of paths in the options (trusted_keys, trusted_cas, named by
+ * `name`; its count is n<name>): the list and its count are both set or
+ * both unset, and no entry is NULL. */
+static int take_path_list(const char *const *list, size_t n, const char *name, sl_err *err)
 {
-    if (!o->trusted_keys && !o->ntrusted_keys)
-        return SLUICE_OK;
-    if (!o->trusted_keys || !o->ntrusted_keys)
-        return sl_fail(err, SLUICE_E_INVAL, "options: trusted_keys is %s but ntrusted_keys is %zu",
-                       o->trusted_keys ? "set" : "NULL", o->ntrusted_keys);
-    for (size_t i = 0; i < o->ntrusted_keys; i++)
-        if (!o->trusted_keys[i])
-            return sl_fail(err, SLUICE_E_INVAL, "options: trusted_keys[%zu] is NULL", i);
+    if (!list != !n)
+        return sl_fail(err, SLUICE_E_INVAL, "options: %s is %s but n%s is %zu", name,
+                       list ? "set" : "NULL", name, n);
+    for (size_t i = 0; i < n; i++)
+        if (!list[i])
+            return sl_fail(err, SLUICE_E_INVAL, "options: %s[%zu] is NULL", name, i);
     return SLUICE_OK;
 }
 
@@ -132,19 +130,6 @@ static int take_proxy_options(const sluice_options *o, sl_err *err)
     if (o->proxy_kind > SLUICE_PROXY_DRAGONFLY)
         return sl_fail(err, SLUICE_E_INVAL, "options: unknown proxy_kind %u",
                        (unsigned)o->proxy_kind);
-    return SLUICE_OK;
-}
-
-/* Trusted CAs (and a signature path) ask for an OpenSSF model signature:
- * their list, under the same rules as trusted keys. */
-static int take_trusted_cas(const sluice_options *o, sl_err *err)
-{
-    if (!o->trusted_cas != !o->ntrusted_cas)
-        return sl_fail(err, SLUICE_E_INVAL, "options: trusted_cas is %s but ntrusted_cas is %zu",
-                       o->trusted_cas ? "set" : "NULL", o->ntrusted_cas);
-    for (size_t i = 0; i < o->ntrusted_cas; i++)
-        if (!o->trusted_cas[i])
-            return sl_fail(err, SLUICE_E_INVAL, "options: trusted_cas[%zu] is NULL", i);
     return SLUICE_OK;
 }
 
@@ -230,8 +215,13 @@ static int take_options(sluice_options *dst, const sluice_options *src, sl_err *
         return sl_fail(err, SLUICE_E_INVAL, "options: unknown s3_addressing %u",
                        (unsigned)dst->s3_addressing);
     SL_TRY(take_proxy_options(dst, err));
-    int rc = take_trusted_keys(dst, err);
-    return rc < 0 ? rc : take_trusted_cas(dst, err);
+    /* Trusted keys ask for a signed manifest: a list that cannot be read
+     * as one must not pass for "no signature asked" (what the keys ask
+     * for is the trust plan's: trust_plan.c); trusted CAs (and a signature
+     * path) ask for an OpenSSF model signature, their list under the same
+     * rule. */
+    int rc = take_path_list(dst->trusted_keys, dst->ntrusted_keys, "trusted_keys", err);
+    return rc < 0 ? rc : take_path_list(dst->trusted_cas, dst->ntrusted_cas, "trusted_cas", err);
 }
 
 /* The caller's strings are the caller's: the model keeps copies of the
@@ -826,17 +816,26 @@ static int acquire(sluice_model *m, sl_engine *e, size_t i, sluice_tensor **out)
     return rc;
 }
 
+/* What every acquire call checks first: *out is NULL until a tensor is
+ * held, and the model (its engine e) and out are usable; fn names the
+ * call in the message. */
+static int acquire_args(sluice_model *m, const sl_engine *e, sluice_tensor **out,
+                        const char *fn, sl_err *err)
+{
+    if (out)
+        *out = NULL;
+    if (!e || !out) {
+        sl_fail(err, SLUICE_E_INVAL, "%s: %s is NULL or unusable", fn, e ? "out" : "the model");
+        return e ? sl_model_error(m, err) : SLUICE_E_INVAL;
+    }
+    return SLUICE_OK;
+}
+
 SLUICE_API int sluice_acquire(sluice_model *m, const char *name, sluice_tensor **out)
 {
     sl_err err = {0};
     sl_engine *e = engine_of(m);
-    if (out)
-        *out = NULL;
-    if (!e || !out) {
-        sl_fail(&err, SLUICE_E_INVAL, "sluice_acquire: %s is NULL or unusable",
-                e ? "out" : "the model");
-        return e ? sl_model_error(m, &err) : SLUICE_E_INVAL;
-    }
+    SL_TRY(acquire_args(m, e, out, "sluice_acquire", &err));
     size_t i = 0;
     if (find(m, name, &i, &err) < 0)
         return sl_model_error(m, &err);
@@ -1052,13 +1051,7 @@ SLUICE_API int sluice_acquire_range(sluice_model *m, const char *name, uint64_t 
 {
     sl_err err = {0};
     sl_engine *e = engine_of(m);
-    if (out)
-        *out = NULL;
-    if (!e || !out) {
-        sl_fail(&err, SLUICE_E_INVAL, "sluice_acquire_range: %s is NULL or unusable",
-                e ? "out" : "the model");
-        return e ? sl_model_error(m, &err) : SLUICE_E_INVAL;
-    }
+    SL_TRY(acquire_args(m, e, out, "sluice_acquire_range", &err));
     if (byte_end < byte_begin) {
         sl_fail(&err, SLUICE_E_INVAL, "sluice_acquire_range: byte_end %llu is before byte_begin %llu",
                 (unsigned long long)byte_end, (unsigned long long)byte_begin);
@@ -1237,13 +1230,7 @@ SLUICE_API int sluice_acquire_part_ex(sluice_model *m, const char *name, uint32_
 {
     sl_err err = {0};
     sl_engine *e = engine_of(m);
-    if (out)
-        *out = NULL;
-    if (!e || !out) {
-        sl_fail(&err, SLUICE_E_INVAL, "sluice_acquire_part: %s is NULL or unusable",
-                e ? "out" : "the model");
-        return e ? sl_model_error(m, &err) : SLUICE_E_INVAL;
-    }
+    SL_TRY(acquire_args(m, e, out, "sluice_acquire_part", &err));
     sluice_part_options po;
     if (take_part_options(&po, o, &err) < 0)
         return sl_model_error(m, &err);

@@ -68,6 +68,27 @@ static int wanted(const sl_mw *w, size_t file_index)
     return w->only_file == SIZE_MAX || w->only_file == file_index;
 }
 
+/* One member's key: the separator before it (*sep, then next for the
+ * members after it) and the name as a JSON string. */
+static void key(FILE *out, const char **sep, const char *next, const char *name, size_t len)
+{
+    fputs(*sep, out);
+    *sep = next;
+    sl_mw_json_string(out, name, len);
+}
+
+/* Tensor i's info, and its key written (as key) when its file is wanted;
+ * 0 when it is not (nothing written). */
+static int tensor_key(FILE *out, const sluice_model *m, const sl_mw *w, size_t i,
+                      struct sluice_tensor_info *info, const char **sep, const char *next)
+{
+    sluice_info(m, i, info);
+    if (!wanted(w, info->file_index))
+        return 0;
+    key(out, sep, next, info->name, info->name_len);
+    return 1;
+}
+
 int sl_manifest_write(FILE *out, const sluice_model *m, const sl_mw *w)
 {
     size_t n = sluice_count(m);
@@ -77,12 +98,8 @@ int sl_manifest_write(FILE *out, const sluice_model *m, const sl_mw *w)
         fputs("{", out);
         for (size_t i = 0; i < n; i++) {
             struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
-            sluice_info(m, i, &info);
-            if (!wanted(w, info.file_index))
+            if (!tensor_key(out, m, w, i, &info, &sep, ",\n  "))
                 continue;
-            fputs(sep, out);
-            sep = ",\n  ";
-            sl_mw_json_string(out, info.name, info.name_len);
             fprintf(out, ": \"%s\"",
                     sluice_digest_hex(at(w->tensor_digest, w->tensor_stride, i), hex));
         }
@@ -95,12 +112,8 @@ int sl_manifest_write(FILE *out, const sluice_model *m, const sl_mw *w)
     sep = "\n    ";
     for (size_t i = 0; i < n; i++) {
         struct sluice_tensor_info info = SLUICE_TENSOR_INFO_INIT;
-        sluice_info(m, i, &info);
-        if (!wanted(w, info.file_index))
+        if (!tensor_key(out, m, w, i, &info, &sep, ",\n    "))
             continue;
-        fputs(sep, out);
-        sep = ",\n    ";
-        sl_mw_json_string(out, info.name, info.name_len);
         const uint8_t *d = at(w->tensor_digest, w->tensor_stride, i);
         if (w->form == SL_MW_V2)
             v2_tensor(out, &info, d, w);
@@ -117,9 +130,7 @@ int sl_manifest_write(FILE *out, const sluice_model *m, const sl_mw *w)
         sluice_file_info(m, i, &fi);
         const char *base = strrchr(fi.path, '/');
         base = base ? base + 1 : fi.path;
-        fputs(sep, out);
-        sep = ",\n    ";
-        sl_mw_json_string(out, base, strlen(base));
+        key(out, &sep, ",\n    ", base, strlen(base));
         const uint8_t *d = at(w->file_digest, w->file_stride, i);
         uint8_t header[32];
         if (w->form == SL_MW_V2 && sluice_file_header_digest(m, i, w->alg, header) != SLUICE_OK)

@@ -105,22 +105,25 @@ const sl_location *sl_model_where(const sluice_model *m)
     return m->serving ? m->fallback_loc[m->serving - 1] : m->pinned_loc ? m->pinned_loc : m->loc;
 }
 
-void sl_open_mirrors_done(sluice_model *m)
+/* Frees each mirror's failure (m->mirror_why) and the list. */
+static void free_whys(sluice_model *m)
 {
-    if (m->serving)
-        sl_engine_served_by(m->engine, m->serving, (const char *const *)m->mirror_why);
     for (size_t k = 0; m->mirror_why && k < m->nfallback; k++)
         free(m->mirror_why[k]);
     free(m->mirror_why);
     m->mirror_why = NULL;
 }
 
+void sl_open_mirrors_done(sluice_model *m)
+{
+    if (m->serving)
+        sl_engine_served_by(m->engine, m->serving, (const char *const *)m->mirror_why);
+    free_whys(m);
+}
+
 void sl_open_mirrors_free(sluice_model *m)
 {
-    for (size_t k = 0; m->mirror_why && k < m->nfallback; k++)
-        free(m->mirror_why[k]);
-    free(m->mirror_why);
-    m->mirror_why = NULL;
+    free_whys(m);
     free(m->serving_why);
     m->serving_why = NULL;
     m->serving = 0;

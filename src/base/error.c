@@ -159,6 +159,17 @@ int sl_hex_value(char ch)
     return -1;
 }
 
+int sl_b64_value(unsigned char c)
+{
+    if (c >= 'A' && c <= 'Z')
+        return c - 'A';
+    if (c >= 'a' && c <= 'z')
+        return c - 'a' + 26;
+    if (c >= '0' && c <= '9')
+        return c - '0' + 52;
+    return c == '+' ? 62 : c == '/' ? 63 : -1;
+}
+
 char *sl_hex_digest(char out[65], const unsigned char digest[32])
 {
     static const char digits[] = "0123456789abcdef";

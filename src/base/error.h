@@ -48,6 +48,10 @@ size_t sl_utf8_prefix(const char *s, size_t len, size_t max);
 /* The value of one hex digit (either case), or -1. */
 int sl_hex_value(char ch);
 
+/* The value of one digit of standard base64 (RFC 4648 section 4: A-Z a-z
+ * 0-9 + /), or -1 (padding '=' included). */
+int sl_b64_value(unsigned char c);
+
 /* Writes a SHA-256 digest as 64 lowercase hex digits and a NUL. */
 char *sl_hex_digest(char out[65], const unsigned char digest[32]);
 

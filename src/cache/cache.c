@@ -1694,6 +1694,17 @@ typedef struct memo_hit {
     uint8_t digest[32];
 } memo_hit;
 
+/* Binds a file's identity, the memo's key (dev, ino, size, mtime_ns,
+ * ctime_ns), to parameters 1 to 5 of st. */
+static void bind_file_id(sqlite3_stmt *st, const sl_file_id *id)
+{
+    sqlite3_bind_int64(st, 1, (sqlite3_int64)id->dev);
+    sqlite3_bind_int64(st, 2, (sqlite3_int64)id->ino);
+    sqlite3_bind_int64(st, 3, (sqlite3_int64)id->size);
+    sqlite3_bind_int64(st, 4, id->mtime_ns);
+    sqlite3_bind_int64(st, 5, id->ctime_ns);
+}
+
 void sl_cache_memo_each(sl_cache *c, const sl_file_id *id, sluice_algorithm alg,
                         void (*fn)(void *user, uint64_t offset, uint64_t nbytes,
                                    const uint8_t digest[32]),
@@ -1712,11 +1723,7 @@ void sl_cache_memo_each(sl_cache *c, const sl_file_id *id, sluice_algorithm alg,
                                 " AND size = ? AND mtime_ns = ? AND ctime_ns = ? AND algorithm = ?"
                                 " ORDER BY offset", -1, &st, NULL);
     if (rc == SQLITE_OK) {
-        sqlite3_bind_int64(st, 1, (sqlite3_int64)id->dev);
-        sqlite3_bind_int64(st, 2, (sqlite3_int64)id->ino);
-        sqlite3_bind_int64(st, 3, (sqlite3_int64)id->size);
-        sqlite3_bind_int64(st, 4, id->mtime_ns);
-        sqlite3_bind_int64(st, 5, id->ctime_ns);
+        bind_file_id(st, id);
         sqlite3_bind_text(st, 6, a, -1, SQLITE_STATIC);
         while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
             const char *h = (const char *)sqlite3_column_text(st, 2);
@@ -1767,11 +1774,7 @@ void sl_cache_memo_record(sl_cache *c, const sl_file_id *id, int64_t opened_ns,
                                        " (size != ? OR mtime_ns != ? OR ctime_ns != ?)",
                                 -1, &del, NULL);
     if (rc == SQLITE_OK) {
-        sqlite3_bind_int64(del, 1, (sqlite3_int64)id->dev);
-        sqlite3_bind_int64(del, 2, (sqlite3_int64)id->ino);
-        sqlite3_bind_int64(del, 3, (sqlite3_int64)id->size);
-        sqlite3_bind_int64(del, 4, id->mtime_ns);
-        sqlite3_bind_int64(del, 5, id->ctime_ns);
+        bind_file_id(del, id);
         rc = sqlite3_step(del);
         rc = rc == SQLITE_DONE ? SQLITE_OK : rc;
     }
@@ -1780,11 +1783,7 @@ void sl_cache_memo_record(sl_cache *c, const sl_file_id *id, int64_t opened_ns,
                                        " ctime_ns, offset, nbytes, algorithm, digest, recorded_ns)"
                                        " VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", -1, &ins, NULL);
     if (rc == SQLITE_OK) {
-        sqlite3_bind_int64(ins, 1, (sqlite3_int64)id->dev);
-        sqlite3_bind_int64(ins, 2, (sqlite3_int64)id->ino);
-        sqlite3_bind_int64(ins, 3, (sqlite3_int64)id->size);
-        sqlite3_bind_int64(ins, 4, id->mtime_ns);
-        sqlite3_bind_int64(ins, 5, id->ctime_ns);
+        bind_file_id(ins, id);
         sqlite3_bind_int64(ins, 6, (sqlite3_int64)offset);
         sqlite3_bind_int64(ins, 7, (sqlite3_int64)nbytes);
         sqlite3_bind_text(ins, 8, a, -1, SQLITE_STATIC);

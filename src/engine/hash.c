@@ -17,6 +17,7 @@
 #include "engine/hash.h"
 
 #include "base/digest.h"
+#include "base/threads.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -217,17 +218,11 @@ int sl_hasher_create(unsigned threads, sluice_algorithm alg, sl_hash_done_fn don
                        sluice_algorithm_name(alg));
     }
     sl_md_free(probe);
-    unsigned n = threads ? threads : 1;
-    if (!(h->threads = calloc(n, sizeof *h->threads))) {
+    int rc = sl_threads_start(&h->threads, &h->nthreads, threads ? threads : 1, worker_main, h,
+                              "hashing", "thread", err);
+    if (rc < 0) {
         sl_hasher_destroy(h);
-        return sl_fail(err, SLUICE_E_NOMEM, "hashing: out of memory");
-    }
-    for (; h->nthreads < n; h->nthreads++) {
-        int rc = pthread_create(&h->threads[h->nthreads], NULL, worker_main, h);
-        if (rc != 0) {
-            sl_hasher_destroy(h);
-            return sl_fail_errno(err, SLUICE_E_NOMEM, rc, "hashing: cannot start a thread");
-        }
+        return rc;
     }
     *out = h;
     return SLUICE_OK;

@@ -191,6 +191,17 @@ static sl_pool_blk *split_front(sl_pool *p, sl_pool_blk *b, uint64_t head)
     return h;
 }
 
+/* split_front of b while b is off the free chain (it was after
+ * prev_free): when out of memory, b goes back there and NULL is
+ * returned, the pool as it was. */
+static sl_pool_blk *carve_front(sl_pool *p, sl_pool_blk *b, uint64_t head, sl_pool_blk *prev_free)
+{
+    sl_pool_blk *h = split_front(p, b, head);
+    if (!h)
+        free_link(p, b, prev_free);
+    return h;
+}
+
 void *sl_pool_alloc(sl_pool *p, uint64_t size, uint64_t align, sl_pool_blk **out)
 {
     return sl_pool_alloc_below(p, size, align, UINT64_MAX, out);
@@ -217,21 +228,17 @@ void *sl_pool_alloc_below(sl_pool *p, uint64_t size, uint64_t align, uint64_t li
         sl_pool_blk *prev_free = b->fprev;
         free_unlink(p, b);
         if (pad) {
-            sl_pool_blk *h = split_front(p, b, pad);
-            if (!h) {
-                free_link(p, b, prev_free);
+            sl_pool_blk *h = carve_front(p, b, pad, prev_free);
+            if (!h)
                 return NULL;
-            }
             free_link(p, h, prev_free);
             prev_free = h;
         }
         if (b->size > size) {
             /* The used part becomes a new front block; b keeps the tail. */
-            sl_pool_blk *u = split_front(p, b, size);
-            if (!u) {
-                free_link(p, b, prev_free);
+            sl_pool_blk *u = carve_front(p, b, size, prev_free);
+            if (!u)
                 return NULL;
-            }
             free_link(p, b, prev_free);
             b = u;
         }

@@ -66,6 +66,18 @@ static unsigned char *rg_bounce(rg_ctx *c)
     return c->bounce;
 }
 
+/* Where the next *want bytes go: dst, or (dst NULL) the bounce buffer,
+ * *want cut to its size. NULL: out of memory (c->err says so). */
+static unsigned char *rg_into(rg_ctx *c, unsigned char *dst, uint64_t *want)
+{
+    if (dst)
+        return dst;
+    unsigned char *into = rg_bounce(c);
+    if (into && *want > c->bounce_cap)
+        *want = c->bounce_cap;
+    return into;
+}
+
 /* Feeds n bytes at p to c->md (when set). */
 static int rg_feed(rg_ctx *c, const unsigned char *p, uint64_t n)
 {
@@ -108,13 +120,9 @@ static int rg_read(rg_ctx *c, uint64_t lo, uint64_t hi, unsigned char *dst)
 {
     while (lo < hi && rg_by_reader(c)) {
         uint64_t want = hi - lo;
-        unsigned char *into = dst;
-        if (!dst) {
-            if (!(into = rg_bounce(c)))
-                return SLUICE_E_NOMEM;
-            if (want > c->bounce_cap)
-                want = c->bounce_cap;
-        }
+        unsigned char *into = rg_into(c, dst, &want);
+        if (!into)
+            return SLUICE_E_NOMEM;
         sl_span sp = {c->t->offset + lo, want, into};
         SL_TRY(rg_reader_read(c, &sp, 1));
         SL_TRY(rg_feed(c, into, want));
@@ -123,19 +131,15 @@ static int rg_read(rg_ctx *c, uint64_t lo, uint64_t hi, unsigned char *dst)
             dst += want;
     }
     while (lo < hi) {
-        size_t want = hi - lo > ((uint64_t)1 << 30) ? (size_t)1 << 30 : (size_t)(hi - lo);
-        unsigned char *into = dst;
-        if (!dst) {
-            if (!(into = rg_bounce(c)))
-                return SLUICE_E_NOMEM;
-            if (want > c->bounce_cap)
-                want = c->bounce_cap;
-        }
+        uint64_t want = hi - lo > ((uint64_t)1 << 30) ? (uint64_t)1 << 30 : hi - lo;
+        unsigned char *into = rg_into(c, dst, &want);
+        if (!into)
+            return SLUICE_E_NOMEM;
         size_t got;
         unsigned requests;
         const sl_file *f = c->f;
-        int rc = f->src->read_tensor(f, c->ix->remote, into, want, c->t->offset + lo, &got,
-                                     &requests, c->err);
+        int rc = f->src->read_tensor(f, c->ix->remote, into, (size_t)want, c->t->offset + lo,
+                                     &got, &requests, c->err);
         c->tally->remote_reads += requests; /* a failed one too */
         if (rc == SL_SRC_ERRNO)
             return rg_fail_read(c, lo, errno);
@@ -233,22 +237,34 @@ int sl_range_read(const sl_index *ix, size_t i, uint64_t begin, uint64_t len, vo
     return range_read(ix, i, begin, len, dst, want, chunks, alg, NULL, tally, err);
 }
 
-int sl_range_digest(const sl_index *ix, size_t i, uint64_t begin, uint64_t end,
-                    sluice_algorithm alg, uint8_t out[32], sl_range_tally *tally, sl_err *err)
+/* The digest of g's segments of tensor i, one after the other, as the
+ * file holds them now; `what` names the call in the messages. */
+static int rg_digest(const sl_index *ix, size_t i, const sl_part_geom *g, sluice_algorithm alg,
+                     uint8_t out[32], sl_range_tally *tally, sl_err *err, const char *what)
 {
     const struct sluice_tensor_info *t = &ix->tensors[i];
     rg_ctx c = {.ix = ix, .i = i, .t = t, .f = &ix->files[t->file_index],
                 .tally = tally, .err = err};
     int rc = SLUICE_OK;
     if (!(c.md = sl_md_new(alg)))
-        rc = sl_fail(err, SLUICE_E_NOMEM, "digest_range: out of memory");
-    if (rc == SLUICE_OK)
-        rc = rg_read(&c, begin, end, NULL);
+        rc = sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", what);
+    for (uint64_t s = 0; rc == SLUICE_OK && s < g->count; s++) {
+        uint64_t lo = g->first + s * g->stride;
+        rc = rg_read(&c, lo, lo + g->seg, NULL);
+    }
     if (rc == SLUICE_OK && sl_md_final(c.md, out) < 0)
-        rc = sl_fail(err, SLUICE_E_NOMEM, "digest_range: digest final failed (OpenSSL)");
+        rc = sl_fail(err, SLUICE_E_NOMEM, "%s: digest final failed (OpenSSL)", what);
     sl_md_free(c.md);
     free(c.bounce);
     return rc;
+}
+
+int sl_range_digest(const sl_index *ix, size_t i, uint64_t begin, uint64_t end,
+                    sluice_algorithm alg, uint8_t out[32], sl_range_tally *tally, sl_err *err)
+{
+    /* one segment, [begin, end) (none when end is not past begin) */
+    sl_part_geom g = {.count = 1, .first = begin, .seg = end > begin ? end - begin : 0};
+    return rg_digest(ix, i, &g, alg, out, tally, err, "digest_range");
 }
 
 /* ------------------------------------------------------------------ parts */
@@ -367,21 +383,7 @@ int sl_part_read(const sl_index *ix, size_t i, const sl_part_geom *g, void *dst,
 int sl_part_digest(const sl_index *ix, size_t i, const sl_part_geom *g, sluice_algorithm alg,
                    uint8_t out[32], sl_range_tally *tally, sl_err *err)
 {
-    const struct sluice_tensor_info *t = &ix->tensors[i];
-    rg_ctx c = {.ix = ix, .i = i, .t = t, .f = &ix->files[t->file_index],
-                .tally = tally, .err = err};
-    int rc = SLUICE_OK;
-    if (!(c.md = sl_md_new(alg)))
-        rc = sl_fail(err, SLUICE_E_NOMEM, "digest_part: out of memory");
-    for (uint64_t s = 0; rc == SLUICE_OK && s < g->count; s++) {
-        uint64_t lo = g->first + s * g->stride;
-        rc = rg_read(&c, lo, lo + g->seg, NULL);
-    }
-    if (rc == SLUICE_OK && sl_md_final(c.md, out) < 0)
-        rc = sl_fail(err, SLUICE_E_NOMEM, "digest_part: digest final failed (OpenSSL)");
-    sl_md_free(c.md);
-    free(c.bounce);
-    return rc;
+    return rg_digest(ix, i, g, alg, out, tally, err, "digest_part");
 }
 
 int sl_part_geometry(const struct sluice_tensor_info *t, uint32_t dim, uint64_t rank, uint64_t n,

@@ -20,6 +20,7 @@
  * fault_short()) and the list of retries by due time (retry_park()).
  */
 #include "sources/io.h"
+#include "base/threads.h"
 
 #include <errno.h>
 #include <liburing.h>
@@ -529,17 +530,11 @@ int sl_io_create(const sl_io_config *cfg, sl_io **out, sl_err *err)
     }
     io->backend = SLUICE_BACKEND_PREAD;
     io->quit = 0;
-    unsigned n = cfg->threads ? cfg->threads : 1;
-    if (!(io->threads = calloc(n, sizeof *io->threads))) {
+    int rc = sl_threads_start(&io->threads, &io->nthreads, cfg->threads ? cfg->threads : 1,
+                              pread_main, io, "I/O", "read thread", err);
+    if (rc < 0) {
         sl_io_destroy(io);
-        return sl_fail(err, SLUICE_E_NOMEM, "I/O: out of memory");
-    }
-    for (; io->nthreads < n; io->nthreads++) {
-        int rc = pthread_create(&io->threads[io->nthreads], NULL, pread_main, io);
-        if (rc != 0) {
-            sl_io_destroy(io);
-            return sl_fail_errno(err, SLUICE_E_NOMEM, rc, "I/O: cannot start a read thread");
-        }
+        return rc;
     }
     *out = io;
     return SLUICE_OK;

@@ -45,17 +45,6 @@ static const char *const default_ignores[] = {SL_MS_DEFAULT_NAME, ".git", ".gita
 
 /* ---------------------------------------------------------------- base64, hex */
 
-static int b64_digit(unsigned char c)
-{
-    if (c >= 'A' && c <= 'Z')
-        return c - 'A';
-    if (c >= 'a' && c <= 'z')
-        return c - 'a' + 26;
-    if (c >= '0' && c <= '9')
-        return c - '0' + 52;
-    return c == '+' ? 62 : c == '/' ? 63 : -1;
-}
-
 /* Decodes canonical standard base64 (RFC 4648 section 4, padding
  * required, the bits after the last byte zero) into a malloc'd buffer.
  * Returns it (*n bytes; a NUL after them), or NULL: *why says why. */
@@ -81,7 +70,7 @@ static uint8_t *b64_decode(const char *s, size_t len, size_t *n, const char **wh
                 pad++;
                 continue;
             }
-            v[k] = pad ? -1 : b64_digit(c);
+            v[k] = pad ? -1 : sl_b64_value(c);
             if (v[k] < 0) {
                 free(out);
                 *why = "a character that is not base64";
@@ -145,15 +134,6 @@ static int hex_decode(const char *s, uint8_t out[64])
     return (int)(len / 2);
 }
 
-static const char *openssl_why(char *buf, size_t size)
-{
-    unsigned long e = ERR_peek_last_error();
-    const char *r = e ? ERR_reason_error_string(e) : NULL;
-    snprintf(buf, size, "%s", r ? r : "no reason given");
-    ERR_clear_error();
-    return buf;
-}
-
 /* ---------------------------------------------------------------- keys */
 
 int sl_ms_key_hint(EVP_PKEY *key, char out[65])
@@ -202,15 +182,14 @@ static int load_public(const char *path, EVP_PKEY **out, sl_err *err)
     int rc = sl_sig_read_file("trusted key", path, SL_KEY_MAX_BYTES, &text, &len, err);
     if (rc < 0)
         return rc;
-    BIO *bio = BIO_new_mem_buf(text, (int)len);
-    EVP_PKEY *key = bio ? PEM_read_bio_PUBKEY(bio, NULL, NULL, NULL) : NULL;
-    BIO_free(bio);
+    EVP_PKEY *key;
+    sl_sig_pem_key(text, len, 0, &key); /* out of memory: no key, as OpenSSL's failure */
     char why[160], curve[80];
     if (!key) {
         rc = sl_fail(err, SLUICE_E_SIGNATURE, "trusted key %s: not a PEM public key "
                      "(\"-----BEGIN PUBLIC KEY-----\"%s: %s)", path,
                      strstr(text, "PRIVATE KEY") ? "; this is a private key" : "",
-                     openssl_why(why, sizeof why));
+                     sl_sig_openssl_reason(why, sizeof why));
     } else if (EVP_PKEY_get_id(key) != EVP_PKEY_ED25519 && !ec_md(key, curve, sizeof curve)) {
         rc = sl_fail(err, SLUICE_E_SIGNATURE, "trusted key %s: the key is %s, not EC P-256, "
                      "P-384 or P-521 (nor Ed25519)", path, curve);
@@ -222,12 +201,6 @@ static int load_public(const char *path, EVP_PKEY **out, sl_err *err)
     return rc;
 }
 
-static int no_passphrase(char *buf, int size, int rwflag, void *user)
-{
-    (void)buf, (void)size, (void)rwflag, (void)user;
-    return -1;
-}
-
 int sl_ms_load_private_key(const char *path, EVP_PKEY **out, sl_err *err)
 {
     *out = NULL;
@@ -236,13 +209,12 @@ int sl_ms_load_private_key(const char *path, EVP_PKEY **out, sl_err *err)
     int rc = sl_sig_read_file("key", path, SL_KEY_MAX_BYTES, &text, &len, err);
     if (rc < 0)
         return rc;
-    BIO *bio = BIO_new_mem_buf(text, (int)len);
-    EVP_PKEY *key = bio ? PEM_read_bio_PrivateKey(bio, NULL, no_passphrase, NULL) : NULL;
-    BIO_free(bio);
+    EVP_PKEY *key;
+    sl_sig_pem_key(text, len, 1, &key); /* out of memory: no key, as OpenSSL's failure */
     char why[160], curve[80];
     if (!key)
         rc = sl_fail(err, SLUICE_E_SIGNATURE, "key %s: not an unencrypted PEM private key (%s)",
-                     path, openssl_why(why, sizeof why));
+                     path, sl_sig_openssl_reason(why, sizeof why));
     else if (!ec_md(key, curve, sizeof curve)) {
         rc = sl_fail(err, SLUICE_E_SIGNATURE, "key %s: the key is %s; OpenSSF model signing "
                      "needs EC P-256, P-384 or P-521 (make one with 'sluice keygen --curve "
@@ -1389,7 +1361,7 @@ int sl_ms_sign(const char *model_dir, const char *sig_path, EVP_PKEY *key, X509 
     if (EVP_DigestSignInit(ctx, NULL, md, NULL, key) != 1 ||
         EVP_DigestSign(ctx, sig, &sig_len, msg, msg_len) != 1) {
         rc = sl_fail(err, SLUICE_E_SIGNATURE, "sign: ECDSA signing failed (%s)",
-                     openssl_why(why, sizeof why));
+                     sl_sig_openssl_reason(why, sizeof why));
         goto done;
     }
     cJSON *env, *sigs, *s0, *vm = material(key, cert, chain);

@@ -139,17 +139,6 @@ int sl_sig_read_file(const char *what, const char *path, size_t max, char **out,
 
 /* ---------------------------------------------------------------- the format */
 
-static int b64_value(unsigned char c)
-{
-    if (c >= 'A' && c <= 'Z')
-        return c - 'A';
-    if (c >= 'a' && c <= 'z')
-        return c - 'a' + 26;
-    if (c >= '0' && c <= '9')
-        return c - '0' + 52;
-    return c == '+' ? 62 : c == '/' ? 63 : -1;
-}
-
 /* A character for a message: 'c', or its byte value when not printable. */
 static const char *show_char(unsigned char c, char out[16])
 {
@@ -176,7 +165,7 @@ static int parse_b64_sig(const char *s, size_t n, uint8_t out[64], char *why, si
     uint32_t acc = 0;
     size_t o = 0;
     for (size_t i = 0; i < 86; i++) {
-        int v = b64_value((unsigned char)s[i]);
+        int v = sl_b64_value((unsigned char)s[i]);
         if (v < 0) {
             snprintf(why, why_size, "the signature has %s at position %zu, not base64",
                      show_char((unsigned char)s[i], ch), i + 1);
@@ -364,9 +353,7 @@ char *sl_sig_key_id_text(const uint8_t id[32], char out[72])
     return out;
 }
 
-/* OpenSSL's reason for the last failure, and its queue emptied (the
- * calling thread's: other threads' are their own). */
-static const char *openssl_reason(char *buf, size_t size)
+const char *sl_sig_openssl_reason(char *buf, size_t size)
 {
     unsigned long e = ERR_peek_last_error();
     const char *r = e ? ERR_reason_error_string(e) : NULL;
@@ -415,6 +402,18 @@ static const char *key_text_fault(const char *text, size_t len, int want_private
     return NULL;
 }
 
+int sl_sig_pem_key(const char *text, size_t len, int want_private, EVP_PKEY **out)
+{
+    *out = NULL;
+    BIO *bio = BIO_new_mem_buf(text, (int)len);
+    if (!bio)
+        return -1;
+    *out = want_private ? PEM_read_bio_PrivateKey(bio, NULL, no_passphrase, NULL)
+                        : PEM_read_bio_PUBKEY(bio, NULL, NULL, NULL);
+    BIO_free(bio);
+    return 0;
+}
+
 int sl_sig_load_key(const char *what, const char *path, int want_private, EVP_PKEY **out,
                     sl_err *err)
 {
@@ -431,18 +430,15 @@ int sl_sig_load_key(const char *what, const char *path, int want_private, EVP_PK
         rc = sl_fail(err, SLUICE_E_SIGNATURE, "%s %s: %s", what, path, fault);
         goto done;
     }
-    BIO *bio = BIO_new_mem_buf(text, (int)len);
-    if (!bio) {
+    EVP_PKEY *key;
+    if (sl_sig_pem_key(text, len, want_private, &key) < 0) {
         rc = sl_fail(err, SLUICE_E_NOMEM, "%s %s: out of memory", what, path);
         goto done;
     }
-    EVP_PKEY *key = want_private ? PEM_read_bio_PrivateKey(bio, NULL, no_passphrase, NULL)
-                                 : PEM_read_bio_PUBKEY(bio, NULL, NULL, NULL);
-    BIO_free(bio);
     char why[160];
     if (!key) {
         rc = sl_fail(err, SLUICE_E_SIGNATURE, "%s %s: not a valid PEM %s key (%s)", what, path,
-                     want_private ? "private" : "public", openssl_reason(why, sizeof why));
+                     want_private ? "private" : "public", sl_sig_openssl_reason(why, sizeof why));
         goto done;
     }
     if (EVP_PKEY_get_id(key) != EVP_PKEY_ED25519) {
@@ -476,7 +472,7 @@ int sl_sig_sign(EVP_PKEY *key, const void *msg, size_t len, sl_sig *out, sl_err 
     EVP_MD_CTX_free(ctx);
     if (!ok)
         return sl_fail(err, SLUICE_E_SIGNATURE, "sign: Ed25519 signing failed (%s)",
-                       openssl_reason(why, sizeof why));
+                       sl_sig_openssl_reason(why, sizeof why));
     return SLUICE_OK;
 }
 
@@ -569,7 +565,7 @@ static int check_sig_text(const char *manifest_path, const char *sig_path, const
     uint8_t digest[32];
     if (!EVP_Digest(text, len, digest, NULL, EVP_sha256(), NULL))
         return sl_fail(err, SLUICE_E_NOMEM, "signature %s: cannot hash the manifest (%s)",
-                       sig_path, openssl_reason(why, sizeof why));
+                       sig_path, sl_sig_openssl_reason(why, sizeof why));
     int same = memcmp(digest, sig.manifest_sha256, 32) == 0;
     int v = ed25519_verify(keys[k], sig.sig, text, len);
     if (v < 0)
@@ -625,11 +621,10 @@ int sl_sig_key_is_ec(const char *path)
     int errnum = 0;
     if (read_small(path, SL_KEY_MAX_BYTES, &text, &len, &errnum) != READ_OK)
         return 0;
-    BIO *bio = BIO_new_mem_buf(text, (int)len);
-    EVP_PKEY *key = bio ? PEM_read_bio_PUBKEY(bio, NULL, NULL, NULL) : NULL;
+    EVP_PKEY *key;
+    sl_sig_pem_key(text, len, 0, &key);
     int ec = key && EVP_PKEY_get_id(key) == EVP_PKEY_EC;
     EVP_PKEY_free(key);
-    BIO_free(bio);
     free(text);
     ERR_clear_error();
     return ec;
@@ -665,7 +660,7 @@ static int check(const char *manifest_path, const char *fetched_from, int fetche
         if (sl_sig_key_id(pk[i], ids[i]) < 0) {
             char why[160];
             rc = sl_fail(err, SLUICE_E_NOMEM, "trusted key %s: cannot encode it (%s)", keys[i],
-                         openssl_reason(why, sizeof why));
+                         sl_sig_openssl_reason(why, sizeof why));
             goto done;
         }
     }

@@ -47,6 +47,17 @@ typedef struct sl_sig {
     uint8_t sig[64];             /* Ed25519 signature */
 } sl_sig;
 
+/* OpenSSL's reason for the last failure, in buf, and its error queue
+ * emptied (the calling thread's: other threads' are their own). */
+const char *sl_sig_openssl_reason(char *buf, size_t size);
+
+/* The key that the PEM text (len bytes) holds into *out: a private key
+ * when want_private (an encrypted one is refused, never prompted for),
+ * else a public key; *out NULL when OpenSSL reads none
+ * (sl_sig_openssl_reason says why). -1 (and *out NULL) when out of memory
+ * before the text was read. */
+int sl_sig_pem_key(const char *text, size_t len, int want_private, EVP_PKEY **out);
+
 /* Reads the regular file path whole (at most max bytes; a FIFO or a
  * directory is refused, never waited on) into *out, malloc'd with a NUL
  * after its *len bytes. what names it in messages ("signature").
