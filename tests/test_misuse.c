@@ -60,6 +60,12 @@ static void test_null_model(void **state)
     t = (sluice_tensor *)&info;
     assert_int_equal(sluice_acquire_index(NULL, 0, &t), SLUICE_E_INVAL);
     assert_null(t);
+    t = (sluice_tensor *)&info;
+    assert_int_equal(sluice_acquire_range(NULL, "x", 0, 1, &t), SLUICE_E_INVAL);
+    assert_null(t);
+    t = (sluice_tensor *)&info;
+    assert_int_equal(sluice_acquire_part(NULL, "x", 0, 0, 1, &t), SLUICE_E_INVAL);
+    assert_null(t);
     assert_int_equal(sluice_stream(NULL, NULL, 0, ef_stream_cb, NULL), SLUICE_E_INVAL);
     assert_int_equal(sluice_verify_mode(NULL), SLUICE_VERIFY_OFF);
     assert_null(sluice_manifest_path(NULL));
@@ -163,6 +169,29 @@ static void test_bad_options(void **state)
     o.pool_bytes = 63;
     assert_int_equal(sluice_open(dir, &o, &m), SLUICE_E_INVAL);
     check_shell(m, "holds no buffer");
+    /* the options' path lists, trusted_keys and trusted_cas under one rule
+     * (list and count both set or both unset, no entry NULL), each named
+     * in its message; trusted_keys is checked first */
+    const char *paths[2] = {"/nonexistent/a.pem", NULL};
+    for (int k = 0; k < 7; k++) {
+        sluice_options_init(&o);
+        const char *why = NULL;
+        switch (k) {
+        case 0: o.ntrusted_cas = 1; why = "options: trusted_cas is NULL but ntrusted_cas is 1"; break;
+        case 1: o.trusted_cas = paths; why = "options: trusted_cas is set but ntrusted_cas is 0"; break;
+        case 2: o.trusted_cas = paths, o.ntrusted_cas = 2; why = "options: trusted_cas[1] is NULL"; break;
+        case 3: o.ntrusted_keys = 1; why = "options: trusted_keys is NULL but ntrusted_keys is 1"; break;
+        case 4: o.trusted_keys = paths; why = "options: trusted_keys is set but ntrusted_keys is 0"; break;
+        case 5: o.trusted_keys = paths, o.ntrusted_keys = 2; why = "options: trusted_keys[1] is NULL"; break;
+        case 6:
+            o.trusted_keys = paths, o.ntrusted_keys = 2, o.ntrusted_cas = 1;
+            why = "options: trusted_keys[1] is NULL";
+            break;
+        }
+        m = NULL;
+        assert_int_equal(sluice_open(dir, &o, &m), SLUICE_E_INVAL);
+        check_shell(m, why);
+    }
 
     /* an older caller's shorter struct: the fields it has, defaults after */
     sluice_options_init(&o);
@@ -377,6 +406,19 @@ static void test_open_model(void **state)
     assert_int_equal(sluice_acquire(m, NULL, &t), SLUICE_E_INVAL);
     assert_null(t);
     assert_int_equal(sluice_acquire(m, "s0.t001", NULL), SLUICE_E_INVAL);
+    assert_non_null(strstr(sluice_errmsg(m), "sluice_acquire: out is NULL or unusable"));
+    /* each acquire call names itself; a NULL out is the first check */
+    assert_int_equal(sluice_acquire_range(m, "s0.t001", 5, 1, NULL), SLUICE_E_INVAL);
+    assert_non_null(strstr(sluice_errmsg(m), "sluice_acquire_range: out is NULL or unusable"));
+    assert_int_equal(sluice_acquire_part(m, "s0.t001", 7, 9, 1, NULL), SLUICE_E_INVAL);
+    assert_non_null(strstr(sluice_errmsg(m), "sluice_acquire_part: out is NULL or unusable"));
+    assert_int_equal(sluice_acquire_part_ex(m, "s0.t001", 0, 0, 1, NULL, NULL), SLUICE_E_INVAL);
+    assert_non_null(strstr(sluice_errmsg(m), "sluice_acquire_part: out is NULL or unusable"));
+    t = (sluice_tensor *)&info;
+    assert_int_equal(sluice_acquire_range(m, "s0.t001", 5, 1, &t), SLUICE_E_INVAL);
+    assert_null(t);
+    assert_non_null(strstr(sluice_errmsg(m), "byte_end 1 is before byte_begin 5"));
+    t = (sluice_tensor *)&info;
     assert_int_equal(sluice_acquire(m, "nope", &t), SLUICE_E_NOT_FOUND);
     assert_int_equal(sluice_acquire_index(m, n, &t), SLUICE_E_INVAL);
     assert_non_null(strstr(sluice_errmsg(m), "out of range"));
