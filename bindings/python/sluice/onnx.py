@@ -476,12 +476,7 @@ def export_blocks(model, blocks, out_dir, example_inputs, *, embed_weights=False
     if len(input_names) != len(x) or len(set(input_names)) != len(input_names):
         raise ValueError(f"export_blocks: {len(x)} example inputs, input_names {input_names}")
     dynamic = {0: "batch", 1: "sequence"} if dynamic is None else dict(dynamic)
-    parts = dict(parts or {})
-    unknown = set(parts) - {s[0] for s in specs}
-    if unknown:
-        raise ValueError(f"export_blocks: parts names no block: {sorted(unknown)}")
-    if any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in parts.values()):
-        raise ValueError(f"export_blocks: parts must be counts, not {parts}")
+    parts = _ts._parts_arg(parts, specs)
     if parts and embed_weights:
         raise ValueError("export_blocks: embed_weights writes whole weights, not parts")
     os.makedirs(out_dir, exist_ok=True)

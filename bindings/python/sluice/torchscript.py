@@ -171,6 +171,18 @@ def _block_spec(model, item):
                     "(name, module, tensors) tuple")
 
 
+def _parts_arg(parts, specs):
+    """export_blocks' parts= (here and in sluice.onnx), checked: a dict of
+    block name to a count of parts, each name one of specs' blocks."""
+    parts = dict(parts or {})
+    unknown = set(parts) - {s[0] for s in specs}
+    if unknown:
+        raise ValueError(f"export_blocks: parts names no block: {sorted(unknown)}")
+    if any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in parts.values()):
+        raise ValueError(f"export_blocks: parts must be counts, not {parts}")
+    return parts
+
+
 def _block_specs(model, blocks):
     """The specs (_block_spec) of an export's blocks, checked: model is a
     module, at least one block, no two of one name (sluice.onnx's export
@@ -335,12 +347,7 @@ def export_blocks(model, blocks, out_dir, example_inputs=None, *, method="script
     if method == "trace" and example_inputs is None:
         raise ValueError("method='trace' needs example_inputs")
     specs = _block_specs(model, blocks)
-    parts = dict(parts or {})
-    unknown = set(parts) - {s[0] for s in specs}
-    if unknown:
-        raise ValueError(f"export_blocks: parts names no block: {sorted(unknown)}")
-    if any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in parts.values()):
-        raise ValueError(f"export_blocks: parts must be counts, not {parts}")
+    parts = _parts_arg(parts, specs)
     if not isinstance(gather_rows, bool):
         raise TypeError("gather_rows must be a bool")
     os.makedirs(out_dir, exist_ok=True)
