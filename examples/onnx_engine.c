@@ -54,6 +54,7 @@
 #include <onnxruntime_c_api.h>
 #include <openssl/evp.h>
 
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -1205,7 +1206,7 @@ static int parse_size(const char *s, uint64_t *out)
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
     int shift = 0;
-    if (end == s || errno || *s == '-')
+    if (!isdigit((unsigned char)*s) || end == s || errno) /* strtoull takes " -1" */
         return -1;
     switch (*end) {
     case 'K': case 'k': shift = 10; end++; break;
@@ -1283,8 +1284,10 @@ static int parse_args(int argc, char **argv, struct args *a, struct eng *e)
                 return 2;
             for (const char *p = val; *p;) {
                 errno = 0;
-                long long t = strtoll(p, &end, 10);
-                if (end == p || errno || (*end && *end != ',')) {
+                /* an id is digits: strtoll would take " 3", "+3" and -1 (which
+                 * ONNX's Gather reads as the last row) */
+                long long t = isdigit((unsigned char)*p) ? strtoll(p, &end, 10) : -1;
+                if (t < 0 || errno || (*end && *end != ',')) {
                     fprintf(stderr, "onnx_engine: --tokens %s: not a list of ids\n", val);
                     return 2;
                 }

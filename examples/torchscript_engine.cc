@@ -54,6 +54,7 @@
 #include <torch/script.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdint>
 #include <chrono>
@@ -595,8 +596,9 @@ long long parse_int(const std::string &opt, const std::string &s, long long lo, 
 {
     char *end = nullptr;
     errno = 0;
-    long long v = std::strtoll(s.c_str(), &end, 10);
-    if (s.empty() || end == s.c_str() || *end || errno || v < lo || v > hi)
+    // digits only (every caller's range is >= 0): strtoll would take " 3", "+3"
+    long long v = !s.empty() && std::isdigit((unsigned char)s[0]) ? std::strtoll(s.c_str(), &end, 10) : -1;
+    if (v < 0 || *end || errno || v < lo || v > hi)
         throw Usage(opt + " " + s + ": not a whole number from " + std::to_string(lo) + " to " +
                     std::to_string(hi));
     return v;
@@ -608,7 +610,7 @@ uint64_t parse_size(const char *s)
     errno = 0;
     unsigned long long v = std::strtoull(s, &end, 10);
     int shift = 0;
-    if (end != s && !errno && *s != '-') {
+    if (end != s && !errno && std::isdigit((unsigned char)*s)) {  // strtoull takes " -1"
         switch (*end) {
         case 'K': case 'k': shift = 10; end++; break;
         case 'M': case 'm': shift = 20; end++; break;
@@ -663,7 +665,7 @@ int run(int argc, char **argv)
         } else if (a == "--tokens") {
             std::stringstream ss(value());
             for (std::string t; std::getline(ss, t, ',');)
-                tokens.push_back(parse_int("--tokens", t, INT64_MIN, INT64_MAX));
+                tokens.push_back(parse_int("--tokens", t, 0, INT64_MAX));  // ids are rows
             if (tokens.empty()) // else the default prompt would run in its place
                 throw Usage("--tokens: give at least one id");
         } else if (a == "--steps") {
@@ -687,7 +689,7 @@ int run(int argc, char **argv)
             pos.push_back(argv[i]);
         }
     }
-    if (pos.size() != 2 || steps < 0 || top < 1) {
+    if (pos.size() != 2) {
         std::fputs(kUsage, stderr);
         return 2;
     }

@@ -346,6 +346,11 @@ def main():
         r = engine(x, w, "--tokens", toks, "--pool", "99999999999G")
         check(r.returncode == 2 and not ran(r.stdout),
               f"a pool past 2^64 is a usage error, not a wrapped small pool ({r.stderr.strip()})")
+        for bad, why in ((["--tokens", toks, "--pool", " -1"], "a negative pool after a blank"),
+                         (["--tokens", "-1"], "a negative id (Gather would read the last row)"),
+                         (["--tokens", "+3"], "an id with a sign")):
+            r = engine(x, w, *bad)
+            check(r.returncode == 2 and not ran(r.stdout), f"{why} is a usage error ({r.stderr.strip()})")
 
         pieces(tmp, toks)
         exported(tmp)

@@ -333,6 +333,9 @@ def main():
 
         for bad_args, why in ((["--pool", "99999999999G"], "a pool past 2^64"),
                               (["--pool", "-1"], "a negative pool"),
+                              (["--pool", " -1"], "a negative pool after a blank"),
+                              (["--tokens", "-1"], "a negative token id"),
+                              (["--tokens", " 3"], "a token id after a blank"),
                               (["--tokens", ""], "an empty prompt"),
                               (["--tokens", "3,x"], "a token that is not a number"),
                               (["--steps", "-1"], "negative steps"),
