@@ -478,10 +478,8 @@ typedef struct sluice_model sluice_model;
  * first reply over that hop; see "Proxies"), else SLUICE_E_FILE_CHANGED;
  * a permanent refusal is SLUICE_E_REMOTE; transient failures are retried
  * within remote_attempts and remote_deadline_ms. sluice_verify on a
- * remote model checks tensors through the engine and, with
- * SLUICE_VF_FILES, every whole file with range requests on the calling
- * thread (one whose bytes came through the proxy and fail is read again
- * from the origin directly, see "Proxies"; SLUICE_VF_DIGEST_ONLY:
+ * remote model reads each item with range requests of its own (see
+ * "Verifying without loading"; SLUICE_VF_DIGEST_ONLY:
  * SLUICE_E_UNSUPPORTED); SLUICE_F_DIRECT does not
  * apply; a remote manifest's signature is fetched beside it ("Signed
  * manifests"). Messages, sluice_file_info and sluice_tensor_source show a
@@ -1711,6 +1709,18 @@ SLUICE_API char *sluice_digest_hex(const uint8_t digest[32], char hex[65]);
  * all), plus one small record per item; nothing else grows with the
  * model, whose bytes stay in the page cache only.
  *
+ * A remote model's items (http(s)://, s3://, hf://) are read by the same
+ * threads with range requests of their own, never through the pool, the
+ * persistent cache or the mirrors: pieces of min(16 MiB, 64 MiB /
+ * threads), each one request bounded as a load's are (remote_attempts,
+ * remote_deadline_ms, the stall timeout), into a buffer each thread
+ * makes at its first remote item (64 MiB at most in all). The threads
+ * default to, and are at most, remote_connections. An item whose bytes
+ * came through the proxy and fail verification is read again from the
+ * origin directly, once (see "Proxies"). A cancel stops the requests in
+ * flight. The requests count in sluice_stats' remote_reads and
+ * remote_bytes; bytes_read and bytes_hashed stay the loads'.
+ *
  * A tensor item's bytes are its data_offsets range, read through the
  * file opened at sluice_open (reopened through /proc/self/fd, so a file
  * renamed over the path since is not the one read). A file item is the
@@ -1871,12 +1881,8 @@ struct sluice_verify_report {
  * Thread safety: any thread; any number of verifies, streams and acquires
  * may run on the model at once (a verify touches neither the pool nor the
  * engine's state); also from a stream callback, since it never waits for
- * the pool. A model with remote files is the exception: its tensors are
- * checked through a stream (through the pool and the engine, waiting for
- * room as any stream does); a tensor that only a mirror delivered right
- * fails with the code the model's own bytes failed with, the message
- * naming the mirror. A verify of local files never reads the mirrors
- * (sluice_options.fallback): it judges the model's own bytes. Whether a
+ * the pool. A verify never reads the mirrors (sluice_options.fallback),
+ * local or remote: it judges the model's own bytes. Whether a
  * mirror holds a failed tensor verified is what acquiring it tells
  * (sluice_tensor_source names the mirror), as `sluice verify --fallback`
  * reports and `sluice repair` uses.
@@ -2018,11 +2024,10 @@ SLUICE_API int sluice_stats(sluice_model *model, struct sluice_stats *stats);
  * from the cache. A part with a part digest (sluice_read_part_into,
  * sluice_acquire_part) is kept and read back the same way, as the blob of
  * its part digest. sluice_read_into and sluice_acquire_range do not use
- * the cache. sluice_verify checks the source: while it runs on a remote model
- * (a stream through the pool, see sluice_verify) its loads, and any other
- * load of that model started meanwhile, fetch from the source and store
- * what they fetch; a tensor already in the pool (read from a blob, hashed
- * as it was read) is not read again.
+ * the cache. sluice_verify checks the source: on a remote model it reads
+ * every item from the source with requests of its own, neither reading
+ * nor storing a blob, and the model's loads meanwhile use the cache as
+ * ever.
  *
  * Eviction: after a store, the least recently used blobs are deleted until
  * the blobs take at most cache_bytes. A process reading a blob holds its

@@ -330,9 +330,9 @@ static void test_cold_then_warm(void **state)
 
 /* sluice_verify of a remote model checks the source, not the cache: with
  * every blob present, one of them rotten, it fetches every tensor from the
- * server and reports them all good (it never read the rotten blob, and
- * stored what it fetched over it); a load after it reads the blobs again,
- * all good. */
+ * server and reports them all good (it never read the rotten blob, nor
+ * stored anything); a load after it finds the rotten blob and fetches that
+ * tensor again, all good; the next load reads every blob. */
 static void test_remote_verify_checks_source(void **state)
 {
     (void)state;
@@ -353,8 +353,12 @@ static void test_remote_verify_checks_source(void **state)
     assert_int_equal(st.disk_rotten, 0);
     assert_true(st.remote_reads >= 1);
     assert_int_equal(sluice_close(m), SLUICE_OK);
-    /* loads use the cache again; the verify's fetches were stored, so the
-     * rotten blob was replaced by the server's bytes */
+    /* loads use the cache; the verify stored nothing, so the rotten
+     * blob is found by the load, which fetches the tensor and stores it */
+    st = load_all(url, &o, &c);
+    assert_int_equal(c.failed, 0);
+    assert_int_equal(st.disk_hits, nonempty - 1);
+    assert_int_equal(st.disk_rotten, 1);
     st = load_all(url, &o, &c);
     assert_int_equal(c.failed, 0);
     assert_int_equal(st.disk_hits, nonempty);
@@ -363,9 +367,10 @@ static void test_remote_verify_checks_source(void **state)
     drop_cache(dir);
 }
 
-/* The bypass ends with the verify, on the same model, whatever the verify
- * returned: after a verify that succeeded, and one that failed (a name the
- * model does not have), a load of a trimmed tensor reads its blob. */
+/* A verify leaves the cache to the loads, on the same model, whatever the
+ * verify returned: after a verify that succeeded, and one that failed (a
+ * name the model does not have), a load of a trimmed tensor reads its
+ * blob. */
 static void expect_blob_read(sluice_model *m, uint64_t hits_before)
 {
     uint64_t released = 0;

@@ -870,14 +870,17 @@ static void test_fallback_remote_primary(void **state)
     assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
     assert_int_equal(st.fallback_tensors, 1);
     assert_int_equal(sluice_close(m), SLUICE_OK);
-    /* sluice_verify checks the model's bytes: a tensor only a mirror had
-     * right fails, by the primary's code, naming the mirror */
+    /* sluice_verify judges the model's own bytes and never reads the
+     * mirrors: a tensor only a mirror had right fails with its own
+     * checksum message */
     m = open_ok(at("rp.safetensors"), &o);
     struct sluice_verify_report r = {.size = sizeof r};
     assert_int_equal(sluice_verify(m, NULL, 0, NULL, &r), SLUICE_E_CHECKSUM);
     assert_int_equal(r.tensors_ok, ONE_N - 1);
     assert_int_equal(r.tensors_failed, 1);
-    assert_non_null(strstr(sluice_errmsg(m), "the model's own bytes failed; delivered by fallback 1"));
+    assert_non_null(strstr(sluice_errmsg(m), "tensor \"a\""));
+    assert_non_null(strstr(sluice_errmsg(m), "SHA-256 mismatch"));
+    assert_null(strstr(sluice_errmsg(m), "fallback"));
     assert_int_equal(sluice_close(m), SLUICE_OK);
     unlink(q);
     unlink(qm);
@@ -926,6 +929,98 @@ static void test_signed_remote_manifest(void **state)
     free(mf);
     free(pub);
     (void)state;
+}
+
+/* A verify from a stream callback: the stream holds a handle, the pool
+ * has no room for another tensor. */
+typedef struct verify_in_stream {
+    sluice_model *m;
+    int calls, rc;
+    size_t ok;
+} verify_in_stream;
+
+static int verify_in_stream_cb(void *user, sluice_tensor *t, int status,
+                               const struct sluice_tensor_info *info, const char *message)
+{
+    verify_in_stream *v = user;
+    (void)info, (void)message;
+    if (status == SLUICE_OK && v->calls++ == 0) {
+        struct sluice_verify_report r = {.size = sizeof r};
+        v->rc = sluice_verify(v->m, NULL, 0, NULL, &r);
+        v->ok = r.tensors_ok;
+    }
+    sluice_release(t);
+    return 0;
+}
+
+/* sluice_verify of a remote model reads every item from the source with
+ * requests of its own, like a local verify, never through the pool: from
+ * a stream callback with the pool full it completes without waiting for
+ * room; a tensor held in the pool and since changed on the server (same
+ * size and mtime, so no validator can tell) fails; its items are counted
+ * in the metrics and its requests in remote_reads. */
+static void test_verify_reads_the_source(void **state)
+{
+    (void)state;
+    char *p = tu_join(root, "one.safetensors"), *q = tu_join(root, "rs.safetensors");
+    char *pm = tu_join(root, "one.safetensors.manifest.json");
+    char *qm = tu_join(root, "rs.safetensors.manifest.json");
+    tu_copy_file(p, q);
+    tu_copy_file(pm, qm);
+    sluice_options o;
+    sluice_options_init(&o);
+    o.pool_bytes = one_sizes[4] + MIB;  /* e, the largest, and little else */
+    o.metrics_label = "rs";
+    setenv("SLUICE_METRICS", "1", 1);
+    sluice_model *m = open_ok(at("rs.safetensors"), &o);
+    unsetenv("SLUICE_METRICS");
+    verify_in_stream v = {.m = m};
+    const char *const first[] = {"e", "b"};
+    assert_int_equal(sluice_stream(m, first, 2, verify_in_stream_cb, &v), SLUICE_OK);
+    if (v.rc != SLUICE_OK)
+        fail_msg("verify in a stream callback: %s: %s", sluice_strerror(v.rc), sluice_errmsg(m));
+    assert_int_equal(v.ok, ONE_N);
+    /* b in the pool, then changed on the server behind the validators */
+    sluice_tensor *t = NULL;
+    assert_int_equal(sluice_acquire(m, "b", &t), SLUICE_OK);
+    struct stat sb;
+    assert_int_equal(stat(q, &sb), 0);
+    flip_byte(q, tensor_offset(q, "b") + 777);
+    struct timeval same[2] = {{sb.st_atime, 0}, {sb.st_mtime, 0}};
+    assert_int_equal(utimes(q, same), 0);
+    struct sluice_stats st = {.size = sizeof st};
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    uint64_t reads_before = st.remote_reads;
+    const char *const b[] = {"b"};
+    struct sluice_verify_report r = {.size = sizeof r};
+    assert_int_equal(sluice_verify(m, b, 1, NULL, &r), SLUICE_E_CHECKSUM);
+    assert_int_equal(r.tensors_failed, 1);
+    assert_non_null(strstr(sluice_errmsg(m), "tensor \"b\""));
+    assert_non_null(strstr(sluice_errmsg(m), "mismatch"));
+    sluice_release(t);
+    assert_int_equal(sluice_stats(m, &st), SLUICE_OK);
+    assert_true(st.remote_reads > reads_before);
+    size_t need = 0;
+    assert_int_equal(sluice_metrics_write(m, NULL, 0, &need, SLUICE_METRICS_PROMETHEUS),
+                     SLUICE_E_BUFFER);
+    char *text = malloc(need + 4096);
+    assert_int_equal(sluice_metrics_write(m, text, need + 4096, &need, SLUICE_METRICS_PROMETHEUS),
+                     SLUICE_OK);
+    char line[256];
+    snprintf(line, sizeof line, "sluice_verify_items_total{model=\"rs\",kind=\"tensor\","
+             "result=\"ok\"} %d\n", ONE_N);
+    if (!strstr(text, line))
+        fail_msg("want %s in:\n%s", line, text);
+    assert_non_null(strstr(text, "sluice_verify_items_total{model=\"rs\",kind=\"tensor\","
+                           "result=\"checksum\"} 1\n"));
+    free(text);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    unlink(q);
+    unlink(qm);
+    free(p);
+    free(q);
+    free(pm);
+    free(qm);
 }
 
 static void test_verify_and_commands(void **state)
@@ -1312,6 +1407,7 @@ int main(void)
         cmocka_unit_test(test_fallback_remote_primary),
         cmocka_unit_test(test_signed_remote_manifest),
         cmocka_unit_test(test_verify_and_commands),
+        cmocka_unit_test(test_verify_reads_the_source),
         cmocka_unit_test(test_https),
         cmocka_unit_test(test_prefix_of_one_file),
         cmocka_unit_test(test_presigned_url),

@@ -1134,6 +1134,42 @@ static void test_verify_files_through_lying_proxy(void **state)
     free(mfdir);
 }
 
+/* sluice_verify of a remote model's tensors through a proxy that flips a
+ * byte of w.e: the tensor is read again from the origin directly, once,
+ * and passes (counted as a load's: one proxy failure, w.e's bytes). */
+static void test_verify_tensors_through_lying_proxy(void **state)
+{
+    (void)state;
+    char *lm;
+    char *liar = liar_copy(sizes[5] + sizes[4] - 100, &lm);   /* in w.e */
+    rf_server fault;
+    start_fault_on(&fault, liar);
+    sluice_options o;
+    opts_with_proxy(&o, fault.base);
+    sluice_model *m = NULL;
+    int rc = sluice_open(model_url(), &o, &m);
+    if (rc != SLUICE_OK)
+        fail_msg("open: %s", sluice_errmsg(m));
+    struct sluice_verify_report rep = {.size = sizeof rep};
+    rc = sluice_verify(m, NULL, 0, NULL, &rep);
+    char *log = log_and_stop(&fault);
+    if (rc != SLUICE_OK)
+        fail_msg("verify through the lying proxy: %s: %s", sluice_strerror(rc),
+                 sluice_errmsg(m));
+    assert_non_null(strstr(log, "GET http://"));    /* the tensors were read through it */
+    free(log);
+    assert_int_equal(rep.tensors_ok, NT);
+    assert_int_equal(rep.tensors_failed, 0);
+    struct sluice_stats st = {.size = sizeof st};
+    sluice_stats(m, &st);
+    assert_int_equal(st.proxy_failures, 1);
+    assert_int_equal(st.proxy_bypass_bytes, sizes[4]);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    tu_rmtree(liar);
+    free(lm);
+    free(liar);
+}
+
 /* The Hub's token ($HF_TOKEN) goes to the Hub only: a model that is not
  * on the Hub (nor any of its mirrors) sends it nowhere, so it does not
  * make Dragonfly mode refuse a daemon off this host's loopback (before,
@@ -1511,6 +1547,7 @@ int main(void)
         cmocka_unit_test(test_proxy_own_manifest),
         cmocka_unit_test(test_part_through_lying_proxy),
         cmocka_unit_test(test_verify_files_through_lying_proxy),
+        cmocka_unit_test(test_verify_tensors_through_lying_proxy),
         cmocka_unit_test(test_direct_again_once_each),
         cmocka_unit_test(test_part_direct_not_proxied),
         cmocka_unit_test(test_part_multipart_lie_goes_direct),

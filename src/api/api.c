@@ -1514,108 +1514,6 @@ static int take_verify_options(sluice_verify_options *dst, const sluice_verify_o
     return SLUICE_OK;
 }
 
-/* sluice_verify of a model with remote files: the verify-only path reads
- * local descriptors, so the tensors go through the engine instead (a
- * stream: the same range reads and hashing as any load, so through the
- * pool), each delivered tensor one item; whole files (SLUICE_VF_FILES)
- * are read with range requests after them (sl_verify_remote_files).
- * Digest-only runs are not offered remotely. */
-typedef struct rv_ctx {
-    sluice_model *m;
-    const sluice_verify_options *vo;
-    struct sluice_verify_report r;
-    int first_fail;             /* the status of the first failed item */
-    char first_msg[1024];       /* and its message */
-} rv_ctx;
-
-static int rv_item(void *user, sluice_tensor *t, int status, const struct sluice_tensor_info *info,
-                   const char *message)
-{
-    rv_ctx *c = user;
-    struct sluice_verify_item it;
-    memset(&it, 0, sizeof it);
-    it.size = sizeof it;
-    it.kind = SLUICE_VERIFY_ITEM_TENSOR;
-    it.index = info->index;
-    it.name = info->name;
-    it.name_len = info->name_len;
-    it.status = status;
-    it.message = status ? message : "";
-    char note[1024];
-    if (t) {
-        it.has_digest = sluice_tensor_digest(t, it.digest) == SLUICE_OK;
-        it.bytes = info->nbytes;
-        /* A mirror's bytes are not the model's: the model's own failed. */
-        if (status == SLUICE_OK && sl_handle_primary_code(t) != SLUICE_OK) {
-            it.status = sl_handle_primary_code(t);
-            snprintf(note, sizeof note, "the model's own bytes failed; delivered by %s",
-                     sl_handle_source(t));
-            it.message = note;
-        }
-        sluice_release(t);
-    }
-    if (status == SLUICE_OK && !sl_manifest_tensor_digest(c->m->manifest, info->index)) {
-        it.status = SLUICE_E_MANIFEST_MISSING;
-        it.message = "the manifest lists no digest for this tensor";
-    }
-    if (it.status == SLUICE_OK)
-        c->r.tensors_ok++;
-    else if (c->r.tensors_failed++ == 0) {
-        c->first_fail = it.status;
-        snprintf(c->first_msg, sizeof c->first_msg, "%s", it.message);
-    }
-    c->r.bytes_hashed += it.has_digest ? it.bytes : 0;
-    if (c->vo->on_item)
-        return c->vo->on_item(c->vo->user, &it);
-    return 0;
-}
-
-static int remote_verify(sluice_model *m, const char *const *names, size_t n,
-                         const sluice_verify_options *vo, struct sluice_verify_report *r,
-                         sl_err *err)
-{
-    if (vo->flags & SLUICE_VF_DIGEST_ONLY)
-        return sl_fail(err, SLUICE_E_UNSUPPORTED, "sluice_verify: digest-only runs are not "
-                       "offered for a model with remote files (%s)", m->path);
-    if (!m->manifest)
-        return sl_fail(err, SLUICE_E_MANIFEST, "sluice_verify: no manifest was read for %s",
-                       m->path);
-    rv_ctx c = {.m = m, .vo = vo};
-    sluice_stream_options so;
-    sluice_stream_options_init(&so);
-    so.progress = vo->progress;
-    so.progress_user = vo->progress_user;
-    so.progress_interval_ms = vo->progress_interval_ms;
-    so.cancel = vo->cancel;
-    uint64_t t0 = sl_metrics_clock();
-    sl_engine_bypass_blobs(m->engine, 1);   /* a verify checks the source, not the cache */
-    int rc = (vo->flags & SLUICE_VF_NO_TENSORS) ? SLUICE_OK
-             : sluice_stream_ex(m, names, names ? n : 0, rv_item, &c, &so);
-    sl_engine_bypass_blobs(m->engine, -1);
-    if ((vo->flags & SLUICE_VF_FILES) && (rc == SLUICE_OK || rc == SLUICE_E_CHECKSUM ||
-                                          rc == SLUICE_E_MANIFEST_MISSING)) {
-        int frc = sl_verify_remote_files(&m->index, m->manifest, m->remote, m->opts.algorithm,
-                                         vo, &c.r, &c.first_fail, c.first_msg,
-                                         sizeof c.first_msg);
-        if (frc == SLUICE_E_CANCELLED || frc == SLUICE_E_NOMEM) {
-            c.r.elapsed_ns = sl_metrics_clock() - t0;
-            *r = c.r;
-            return sl_fail(err, frc, "sluice_verify: %s", frc == SLUICE_E_NOMEM ?
-                           "out of memory" : "cancelled");
-        }
-        if (frc != SLUICE_OK && rc == SLUICE_OK)
-            rc = frc;   /* the callback's value */
-    }
-    c.r.elapsed_ns = sl_metrics_clock() - t0;
-    c.r.threads = m->opts.hash_threads;
-    *r = c.r;
-    if (rc < 0 && rc != SLUICE_E_CHECKSUM && rc != SLUICE_E_MANIFEST_MISSING)
-        return sl_fail(err, rc, "%s", sluice_errmsg(m));
-    if (rc == SLUICE_OK && (c.r.tensors_failed || c.r.files_failed))
-        return sl_fail(err, c.first_fail, "%s", c.first_msg);
-    return rc < 0 ? sl_fail(err, rc, "%s", sluice_errmsg(m)) : rc;
-}
-
 SLUICE_API int sluice_verify(sluice_model *m, const char *const *names, size_t n,
                              const sluice_verify_options *o, struct sluice_verify_report *report)
 {
@@ -1630,15 +1528,10 @@ SLUICE_API int sluice_verify(sluice_model *m, const char *const *names, size_t n
     sluice_verify_options vo;
     if (take_verify_options(&vo, o, &err) < 0)
         return sl_model_error(m, &err);
-    if (m->index.caps_lacking & SL_SRC_DESCRIPTOR) { /* range requests, not a descriptor */
-        struct sluice_verify_report r;
-        memset(&r, 0, sizeof r);
-        int rc = remote_verify(m, names, n, &vo, &r, &err);
-        if (report) {
-            r.size = report->size;
-            memcpy(report, &r, report->size < sizeof r ? report->size : sizeof r);
-        }
-        return rc < 0 ? sl_model_error(m, &err) : rc;
+    if ((vo.flags & SLUICE_VF_DIGEST_ONLY) && (m->index.caps_lacking & SL_SRC_DESCRIPTOR)) {
+        sl_fail(&err, SLUICE_E_UNSUPPORTED, "sluice_verify: digest-only runs are not offered "
+                "for a model with remote files (%s)", m->path);
+        return sl_model_error(m, &err);
     }
     size_t *ids = NULL;
     if (names && resolve(m, names, n, &ids, &err) < 0)
@@ -1651,8 +1544,11 @@ SLUICE_API int sluice_verify(sluice_model *m, const char *const *names, size_t n
     sl_verify_tally tally; /* the model's metrics count each item as it is reported */
     sl_metrics_verify_begin(sl_engine_metrics(e), &tally, &vo);
     struct sluice_verify_report r;
+    sl_range_tally net;
     int rc = sl_verify_run(&m->index, m->manifest, &m->opts, ids, names ? n : 0, !names, &vo,
-                           &r, &err);
+                           &r, &net, &err);
+    if (net.remote_reads)
+        sl_engine_range_tally(e, &net, 0);
     /* The message is recorded before leaving: once the count drops, a
      * close waiting in another thread may free the model. */
     sl_engine_pause_point(e, SL_PAUSE_VERIFY_EXIT);

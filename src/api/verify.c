@@ -1,15 +1,25 @@
-/* verify.c: sluice_verify (see sluice.h, "Verifying without loading").
+/* verify.c: sluice_verify (see sluice.h, "Verifying without loading"),
+ * its one reader, for every model.
  *
  * Nothing here touches the engine: a verify hands out no byte, so it needs
- * no pool and no private copy. Each thread reads with pread into one
- * VF_BUF buffer of its own, reused, so the bytes are still in the CPU
- * cache when they are hashed and no fresh memory is touched (first touch
- * costs microseconds a page on these VMs); with SLUICE_F_DIRECT, O_DIRECT
- * blocks, many in flight on a ring of the thread's own (direct_range):
- * on the virtio disk here, cold throughput follows the number of reads in
- * flight more than their size (2 threads, 48 MiB in all: 24 x 1 MiB a
- * thread read 3.4-3.9 s, 12 x 2 MiB 3.6-5.7 s, 4 x 4 MiB 4.0-7.2 s,
- * 3 x 8 MiB 5.1-6.0 s for the 2.47 GB preset).
+ * no pool and no private copy. Each thread reads an item through its
+ * file's kind of reader, chosen by the source's caps (index/source.h):
+ *
+ * - A file with a descriptor of its own (a local file) is read with pread
+ *   into one VF_BUF buffer of the thread's, reused, so the bytes are still
+ *   in the CPU cache when they are hashed and no fresh memory is touched
+ *   (first touch costs microseconds a page on these VMs); with
+ *   SLUICE_F_DIRECT, O_DIRECT blocks, many in flight on a ring of the
+ *   thread's own (direct_range): on the virtio disk here, cold throughput
+ *   follows the number of reads in flight more than their size (2 threads,
+ *   48 MiB in all: 24 x 1 MiB a thread read 3.4-3.9 s, 12 x 2 MiB 3.6-5.7 s,
+ *   4 x 4 MiB 4.0-7.2 s, 3 x 8 MiB 5.1-6.0 s for the 2.47 GB preset).
+ * - Any other file (a remote object) is read through its source's
+ *   read_tensor, in pieces of run->net_piece (range requests), into a
+ *   buffer the thread makes at its first such item; a piece that fails
+ *   verification after coming through the proxy is read again from the
+ *   origin directly, once, by the remote source's own rule
+ *   (sl_source_read_direct). Never from the mirrors, never the cache.
  *
  * Why not map the files, which saves the kernel's copy: a mapping raises
  * SIGBUS when the file is truncated under it or a page cannot be read,
@@ -55,6 +65,10 @@
 #define VF_ALIGN ((uint64_t)4096)
 #define VF_DIRECT_MEMORY ((size_t)48 << 20) /* O_DIRECT blocks, all threads */
 #define VF_MAX_THREADS 64
+/* A remote file's piece: one range request (the source reads at most
+ * 16 MiB at once), the pieces of all threads within VF_NET_MEMORY. */
+#define VF_NET_PIECE_MAX ((size_t)16 << 20)
+#define VF_NET_MEMORY ((size_t)64 << 20)
 
 typedef struct vf_item {
     int kind;
@@ -89,6 +103,12 @@ typedef struct vf_run {
     size_t depth;               /* O_DIRECT blocks in flight a thread */
     atomic_size_t next;         /* the next queue entry to take */
     atomic_int stop;            /* cancelled, or the callback said stop */
+    /* remote files: read with net (ix->remote, whose blocking requests
+     * stop when stop is set), net_piece at a time; what was asked of the
+     * network, for the model's stats (sl_verify_run's tally) */
+    sl_remote_cfg net;
+    size_t net_piece;
+    _Atomic uint64_t net_requests, net_bytes;
 
     pthread_mutex_t lock;
     pthread_cond_t cond;
@@ -108,6 +128,7 @@ typedef struct vf_worker {
     int ring_ok;
     int direct_off;             /* O_DIRECT unusable on this thread: read buffered */
     int blocks_lost;            /* the ring failed with reads in flight into blocks */
+    unsigned char *net;         /* run->net_piece, for remote files; made at first use */
 } vf_worker;
 
 static int stopped(const vf_run *run)
@@ -377,21 +398,28 @@ static void direct_range(vf_worker *w, vf_item *it, int fd, uint64_t *pos, uint6
 
 /* Ends item it, whose bytes up to pos went into md: the tensor must have
  * been read to its end, then the digest is compared with the manifest's. */
+/* How many bytes file f has now (pos: what was read, when that cannot be
+ * told): a descriptor's fstat; a remote object's size seen at open (a
+ * read past it since then fails as the source's range check says). */
+static uint64_t size_now(const sl_file *f, uint64_t pos)
+{
+    struct stat st;
+    if (!(f->src->caps & SL_SRC_DESCRIPTOR))
+        return f->size;
+    return fstat(f->fd, &st) == 0 ? (uint64_t)st.st_size : pos;
+}
+
 static void conclude(const vf_run *run, vf_item *it, sl_md *md, uint64_t pos)
 {
     const sl_file *f = &run->ix->files[it->file];
     char what[SL_ERRMSG_MAX / 2];
     /* Short of the tensor's end; an empty tensor reads nothing, and is
      * there if the file still reaches its offset. */
-    struct stat st;
     if (it->kind == SLUICE_VERIFY_ITEM_TENSOR &&
-        (pos < it->end || (it->begin == it->end && fstat(f->fd, &st) == 0 &&
-                           (uint64_t)st.st_size < it->begin))) {
-        if (fstat(f->fd, &st) != 0)
-            st.st_size = (off_t)pos;
+        (pos < it->end || (it->begin == it->end && size_now(f, UINT64_MAX) < it->begin))) {
         item_fail(it, SLUICE_E_FILE_CHANGED, "%s: the file is %llu bytes now and ends before "
                   "the tensor does: it shrank after open", item_what(run, it, what, sizeof what),
-                  (unsigned long long)st.st_size);
+                  (unsigned long long)size_now(f, pos));
         return;
     }
     char hw[65], hg[65];
@@ -516,10 +544,122 @@ static void run_fused(vf_worker *w, vf_item *fit)
         conclude(run, fit, w->md, pos);
 }
 
+/* ----------------------------------------------------- reads through a source */
+
+/* Makes the thread's buffer for remote pieces at its first remote item
+ * (never for a local run: fresh memory costs); returns 0 or -1. */
+static int net_ready(vf_worker *w)
+{
+    if (!w->net)
+        w->net = malloc(w->run->net_piece);
+    return w->net ? 0 : -1;
+}
+
+/* Hashes [*pos, stop) of file f through its source's read_tensor with rc,
+ * a piece at a time: all of it, or the item fails (the size is known
+ * since open: an early end is an I/O failure). Stops, the item left
+ * unjudged, when the run stops (rc's blocking requests stop with it). */
+static void source_range(vf_worker *w, vf_item *it, const sl_remote_cfg *rc, uint64_t *pos,
+                         uint64_t stop)
+{
+    vf_run *run = w->run;
+    const sl_file *f = &run->ix->files[it->file];
+    while (*pos < stop && !stopped(run) && it->status == SLUICE_OK) {
+        sl_err e = {0};
+        size_t want = stop - *pos < run->net_piece ? (size_t)(stop - *pos) : run->net_piece;
+        size_t got = 0;
+        unsigned requests = 0;
+        int st = f->src->read_tensor(f, rc, w->net, want, *pos, &got, &requests, &e);
+        atomic_fetch_add_explicit(&run->net_requests, requests, memory_order_relaxed);
+        atomic_fetch_add_explicit(&run->net_bytes, got, memory_order_relaxed);
+        if (stopped(run))
+            return;
+        if (st == SL_SRC_ERRNO || (st == SLUICE_OK && got == 0))
+            st = sl_fail(&e, SLUICE_E_IO, "file %s: read at offset %llu failed", f->path,
+                         (unsigned long long)*pos);
+        if (st != SLUICE_OK) {
+            item_fail(it, st, "%s", e.msg);
+            return;
+        }
+        if (feed(run, it, w->md, w->net, got) == SLUICE_OK)
+            *pos += got;
+    }
+}
+
+/* Reads item it whole through its file's source with rc and judges it.
+ * Returns the read's status: SLUICE_OK when every byte was read (the
+ * judgement is then it->status), SLUICE_E_CANCELLED when the run stopped. */
+static int source_read(vf_worker *w, vf_item *it, const sl_remote_cfg *rc)
+{
+    const vf_run *run = w->run;
+    const sl_file *f = &run->ix->files[it->file];
+    it->status = SLUICE_OK;
+    if (sl_md_reset(w->md) < 0)
+        return item_fail(it, SLUICE_E_NOMEM, "%s init failed (OpenSSL)", run->alg_name);
+    if (net_ready(w) < 0)
+        return item_fail(it, SLUICE_E_NOMEM, "out of memory for a verifying thread");
+    uint64_t pos = it->begin;
+    source_range(w, it, rc, &pos, it->end < f->size ? it->end : f->size);
+    if (stopped(run))
+        return SLUICE_E_CANCELLED;
+    int read = it->status;
+    if (read == SLUICE_OK)
+        conclude(run, it, w->md, pos);
+    return read;
+}
+
+/* An item read again from the origin directly (sl_source_read_direct's
+ * read), into again. */
+typedef struct item_direct_args {
+    vf_worker *w;
+    vf_item *again;
+} item_direct_args;
+
+static int item_direct(const sl_remote_cfg *direct, void *ctx, uint64_t *bytes, sl_err *err)
+{
+    (void)err;  /* the item carries its own message */
+    item_direct_args *a = ctx;
+    int read = source_read(a->w, a->again, direct);
+    *bytes = a->again->bytes;
+    return read;
+}
+
+/* An item of a file without a descriptor: read through its source; bytes
+ * that came through the proxy and fail are read again from the origin
+ * directly, once, as a load's are (sluice.h "Proxies"), counted as
+ * theirs: the remote source's rule and read. A blocking read cannot tell
+ * which bytes came through the proxy: all of them did when f's requests
+ * go through one. */
+static void source_item(vf_worker *w, vf_item *it)
+{
+    const sl_file *f = &w->run->ix->files[it->file];
+    if (source_read(w, it, &w->run->net) != SLUICE_OK || it->status != SLUICE_E_CHECKSUM)
+        return;
+    vf_item again = *it;
+    again.bytes = 0;
+    again.has_digest = 0;
+    again.bad_chunk = 0;
+    again.message = NULL;
+    memset(again.digest, 0, sizeof again.digest);
+    item_direct_args a = {w, &again};
+    sl_err e = {0};
+    int read = sl_source_read_direct(&w->run->net, f, it->status, 1, item_direct, &a, &e);
+    if (read == SLUICE_OK || read == SLUICE_E_CANCELLED) {
+        free(it->message);
+        *it = again;            /* the origin's bytes judged (or the stop) */
+    } else {
+        free(again.message);    /* the proxy's judgement stands */
+    }
+}
+
 static void run_item(vf_worker *w, vf_item *it)
 {
     const vf_run *run = w->run;
     const sl_file *f = &run->ix->files[it->file];
+    if (!(f->src->caps & SL_SRC_DESCRIPTOR)) {
+        source_item(w, it);
+        return;
+    }
     it->status = SLUICE_OK;
     if (sl_md_reset(w->md) < 0) {
         item_fail(it, SLUICE_E_NOMEM, "%s init failed (OpenSSL)", run->alg_name);
@@ -586,6 +726,7 @@ static void worker_free(vf_worker *w)
     sl_md_free(w->md);
     sl_md_free(w->tensor_md);
     free(w->buf);
+    free(w->net);
     /* Blocks the kernel may still be reading into stay reserved (no
      * memory, only addresses) rather than be mapped again by someone. */
     if (w->blocks && !w->blocks_lost)
@@ -649,7 +790,8 @@ static int plan(vf_run *run, const sl_manifest *mf, const size_t *ids, size_t n,
     const sl_index *ix = run->ix;
     size_t ntensors = flags & SLUICE_VF_NO_TENSORS ? 0 : all ? ix->ntensors : n;
     size_t nfiles = flags & SLUICE_VF_FILES ? ix->nfiles : 0;
-    int fuse = all && ntensors && nfiles && !run->direct_fd && nfiles >= nthreads;
+    int fuse = all && ntensors && nfiles && !run->direct_fd && nfiles >= nthreads &&
+               !(ix->caps_lacking & SL_SRC_DESCRIPTOR); /* a pass of pread over each file */
     for (size_t f = 0; fuse && f < nfiles; f++)
         fuse = in_sequence(ix, f);
     run->nitems = ntensors + nfiles;
@@ -719,7 +861,7 @@ static int report_item(const vf_run *run, const vf_item *it, const sluice_verify
 
 int sl_verify_run(const sl_index *ix, const sl_manifest *mf, const sluice_options *model_opts,
                   const size_t *ids, size_t n, int all, const sluice_verify_options *o,
-                  struct sluice_verify_report *rep, sl_err *err)
+                  struct sluice_verify_report *rep, sl_range_tally *net, sl_err *err)
 {
     uint64_t t0 = now_ns();
     memset(rep, 0, sizeof *rep);
@@ -728,6 +870,9 @@ int sl_verify_run(const sl_index *ix, const sl_manifest *mf, const sluice_option
                   .alg_name = sl_md_title(model_opts->algorithm)};
     atomic_init(&run.next, 0);
     atomic_init(&run.stop, 0);
+    atomic_init(&run.net_requests, 0);
+    atomic_init(&run.net_bytes, 0);
+    memset(net, 0, sizeof *net);
     if (!mf && !run.digest_only)
         return sl_fail(err, SLUICE_E_MANIFEST, "verify: no manifest was read at open, so there "
                        "is nothing to verify against (open with a manifest, or ask for "
@@ -737,8 +882,20 @@ int sl_verify_run(const sl_index *ix, const sl_manifest *mf, const sluice_option
         long cpus = sysconf(_SC_NPROCESSORS_ONLN);
         nthreads = cpus > 0 ? (unsigned)(cpus < VF_MAX_THREADS ? cpus : VF_MAX_THREADS) : 1;
     }
+    /* Remote files: the threads mostly wait on the network, and the
+     * verify alone keeps within the model's remote connections; each
+     * blocking request stops when the run does. */
+    if ((ix->caps_any & SL_SRC_NETWORK) && ix->remote) {
+        run.net = *ix->remote;
+        run.net.abort_flag = &run.stop;
+        unsigned most = ix->remote->connections ? ix->remote->connections : 1;
+        if (!o->threads || nthreads > most)
+            nthreads = most;
+    }
     if (nthreads > VF_MAX_THREADS)
         nthreads = VF_MAX_THREADS;
+    run.net_piece = VF_NET_MEMORY / nthreads < VF_NET_PIECE_MAX ? VF_NET_MEMORY / nthreads
+                                                                : VF_NET_PIECE_MAX;
     int rc = SLUICE_OK;
     if (model_opts->flags & SLUICE_F_DIRECT) {
         run.direct_fd = malloc((ix->nfiles ? ix->nfiles : 1) * sizeof *run.direct_fd);
@@ -746,7 +903,9 @@ int sl_verify_run(const sl_index *ix, const sl_manifest *mf, const sluice_option
             rc = sl_fail(err, SLUICE_E_NOMEM, "verify: out of memory");
         int opened = 0;
         for (size_t f = 0; run.direct_fd && f < ix->nfiles; f++) {
-            run.direct_fd[f] = sl_file_reopen(&ix->files[f], "/proc/self/fd", O_DIRECT);
+            const sl_file *file = &ix->files[f];
+            run.direct_fd[f] = file->src->caps & SL_SRC_DESCRIPTOR
+                               ? sl_file_reopen(file, "/proc/self/fd", O_DIRECT) : -1;
             opened |= run.direct_fd[f] >= 0;
         }
         if (!opened) { /* e.g. tmpfs: everything buffered, as without the flag */
@@ -887,6 +1046,8 @@ int sl_verify_run(const sl_index *ix, const sl_manifest *mf, const sluice_option
     free(run.queue);
     rep->threads = (uint32_t)started;
     rep->elapsed_ns = now_ns() - t0;
+    net->remote_reads = atomic_load(&run.net_requests);
+    net->remote_bytes = atomic_load(&run.net_bytes);
     if (rc != SLUICE_OK)
         return rc;
     if (stop_rc) {
@@ -895,137 +1056,4 @@ int sl_verify_run(const sl_index *ix, const sl_manifest *mf, const sluice_option
         return stop_rc;
     }
     return first_failure; /* its detail is in err */
-}
-
-/* ---------------------------------------------------------------- remote files */
-
-/* A whole file of a source without a descriptor (a remote object) is
- * read through its table's read_tensor, RV_PIECE at a time (range
- * requests), and goes through the same item as a local file's: fed,
- * judged by conclude, reported by report_item. */
-#define RV_PIECE ((size_t)16 << 20)
-
-/* Hashes [*pos, stop) of file f into md through its source's read_tensor
- * with rc: all of it, or it fails (an early end is an I/O failure; the
- * size is known since open). */
-static void source_range(const vf_run *run, vf_item *it, sl_md *md, const sl_file *f,
-                         const struct sl_remote_cfg *rc, const sluice_cancel *cancel,
-                         unsigned char *buf, uint64_t *pos, uint64_t stop)
-{
-    while (*pos < stop && it->status == SLUICE_OK) {
-        sl_err e = {0};
-        if (sl_cancel_requested(cancel)) {
-            item_fail(it, SLUICE_E_CANCELLED, "verify: cancelled");
-            return;
-        }
-        size_t want = stop - *pos < RV_PIECE ? (size_t)(stop - *pos) : RV_PIECE;
-        size_t got = 0;
-        unsigned requests = 0;
-        int st = f->src->read_tensor(f, rc, buf, want, *pos, &got, &requests, &e);
-        if (st == SL_SRC_ERRNO || (st == SLUICE_OK && got == 0))
-            st = sl_fail(&e, SLUICE_E_IO, "file %s: read at offset %llu failed", f->path,
-                         (unsigned long long)*pos);
-        if (st != SLUICE_OK) {
-            item_fail(it, st, "%s", e.msg);
-            return;
-        }
-        if (feed(run, it, md, buf, got) == SLUICE_OK)
-            *pos += got;
-    }
-}
-
-/* Reads file item it whole through its source with rc and, the read
- * whole, judges it (conclude). Returns the read's status: SLUICE_OK when
- * every byte was read (it->status then the judgement). */
-static int source_file_item(const vf_run *run, vf_item *it, const struct sl_remote_cfg *rc,
-                            const sluice_cancel *cancel, unsigned char *buf)
-{
-    const sl_file *f = &run->ix->files[it->file];
-    it->status = SLUICE_OK;
-    sl_md *md = sl_md_new(run->alg);
-    if (!md)
-        return item_fail(it, SLUICE_E_NOMEM, "verify: out of memory");
-    uint64_t pos = 0;
-    source_range(run, it, md, f, rc, cancel, buf, &pos, f->size);
-    int read = it->status;
-    if (read == SLUICE_OK)
-        conclude(run, it, md, pos);
-    sl_md_free(md);
-    return read;
-}
-
-/* A file read again from the origin directly, into again
- * (sl_source_read_direct's read). */
-typedef struct file_direct_args {
-    const vf_run *run;
-    vf_item *again;
-    const sluice_cancel *cancel;
-    unsigned char *buf;
-} file_direct_args;
-
-static int file_direct(const struct sl_remote_cfg *direct, void *ctx, uint64_t *bytes, sl_err *err)
-{
-    (void)err;  /* the item carries its own message */
-    file_direct_args *a = ctx;
-    int read = source_file_item(a->run, a->again, direct, a->cancel, a->buf);
-    *bytes = a->again->bytes;
-    return read;
-}
-
-int sl_verify_remote_files(const sl_index *ix, const sl_manifest *mf,
-                           const struct sl_remote_cfg *rc, sluice_algorithm alg,
-                           const sluice_verify_options *o, struct sluice_verify_report *rep,
-                           int *first_fail, char *first_msg, size_t cap)
-{
-    unsigned char *buf = malloc(RV_PIECE);
-    if (!buf)
-        return SLUICE_E_NOMEM;
-    vf_run run = {.ix = ix, .alg = alg, .alg_name = sl_md_title(alg)};
-    int out = SLUICE_OK;
-    for (size_t i = 0; i < ix->nfiles && out == SLUICE_OK; i++) {
-        const sl_file *f = &ix->files[i];
-        vf_item it = {.kind = SLUICE_VERIFY_ITEM_FILE, .index = i, .file = i, .begin = 0,
-                      .end = f->size, .weight = f->size};
-        it.want = sl_manifest_file_digest(mf, i, &it.want_size);
-        char what[SL_ERRMSG_MAX / 2];
-        if (!it.want)   /* nothing to compare with: not read */
-            item_fail(&it, SLUICE_E_MANIFEST_MISSING, "%s: the manifest has no digest for it",
-                      item_what(&run, &it, what, sizeof what));
-        else if (source_file_item(&run, &it, rc, o->cancel, buf) == SLUICE_OK) {
-            /* bytes through the proxy that fail: the file is read again
-             * from the origin directly, once, as a tensor load's are
-             * (sluice.h "Proxies"), counted as theirs: the remote
-             * source's rule and read (else the judgement stands) */
-            vf_item again = it;
-            again.bytes = 0;
-            again.has_digest = 0;
-            again.message = NULL;
-            memset(again.digest, 0, sizeof again.digest);
-            file_direct_args a = {&run, &again, o->cancel, buf};
-            sl_err e2 = {0};
-            int read = sl_source_read_direct(rc, f, it.status, 1, file_direct, &a, &e2);
-            if (read == SLUICE_OK || read == SLUICE_E_CANCELLED) {
-                free(it.message);
-                it = again;     /* the origin's bytes judged (or the cancel) */
-            } else {
-                free(again.message);    /* the proxy's judgement stands */
-            }
-        }
-        if (it.status == SLUICE_E_CANCELLED) {
-            free(it.message);
-            out = SLUICE_E_CANCELLED;
-            break;
-        }
-        rep->bytes_hashed += it.has_digest ? it.bytes : 0;
-        if (it.status == SLUICE_OK)
-            rep->files_ok++;
-        else if (rep->files_failed++ == 0 && !*first_fail) {
-            *first_fail = it.status;
-            snprintf(first_msg, cap, "%s", it.message ? it.message : sl_status_name(it.status));
-        }
-        out = report_item(&run, &it, o);
-        free(it.message);
-    }
-    free(buf);
-    return out;
 }
