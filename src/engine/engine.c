@@ -610,12 +610,6 @@ const char *sl_handle_source(const sluice_tensor *t)
     return note ? note : "";
 }
 
-int sl_handle_primary_code(const sluice_tensor *t)
-{
-    const sl_slot *s = &t->e->slots[t->index];
-    return s->fb_note ? (s->fb_code ? s->fb_code : SLUICE_E_IO) : SLUICE_OK;
-}
-
 int sl_handle_digest(const sluice_tensor *t, uint8_t digest[32])
 {
     if (!t->has_digest)

@@ -45,10 +45,6 @@ struct sl_cache;
  * blobs stored record with their tensors' names (borrowed: it outlives
  * the engine). */
 int sl_engine_attach_cache(sl_engine *e, struct sl_cache *c, const char *model, sl_err *err);
-/* While a sluice_verify of a remote model runs (delta +1, then -1), loads
- * fetch from the source rather than read blobs: a verify checks the
- * source. Blobs already read into the pool are not read again. */
-void sl_engine_bypass_blobs(sl_engine *e, int delta);
 /* The cache's warning (cache.h), the memo's refusal of a file, or NULL
  * (sluice_cache_warning's order). */
 const char *sl_engine_cache_warning(const sl_engine *e);
@@ -173,8 +169,5 @@ uint64_t sl_handle_size(const sluice_tensor *t);
 const struct sluice_tensor_info *sl_handle_info(const sluice_tensor *t);
 int sl_handle_digest(const sluice_tensor *t, uint8_t digest[32]);
 const char *sl_handle_source(const sluice_tensor *t);
-/* The code the model's own files failed with, for a handle a mirror
- * delivered (sl_handle_source not ""); else SLUICE_OK. */
-int sl_handle_primary_code(const sluice_tensor *t);
 
 #endif

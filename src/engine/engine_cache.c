@@ -156,13 +156,6 @@ int sl_engine_attach_cache(sl_engine *e, sl_cache *c, const char *model, sl_err 
     return SLUICE_OK;
 }
 
-void sl_engine_bypass_blobs(sl_engine *e, int delta)
-{
-    pthread_mutex_lock(&e->lock);
-    e->blob_bypass += (unsigned)delta;
-    pthread_mutex_unlock(&e->lock);
-}
-
 const char *sl_engine_cache_warning(const sl_engine *e)
 {
     if (!e || !e->cache)
@@ -184,7 +177,7 @@ void sl_ecache_stats(const sl_engine *e, struct sluice_stats *out)
 
 int sl_ecache_probe(sl_engine *e, size_t i)
 {
-    if (!blob_candidate(e, i) || e->blob_bypass)
+    if (!blob_candidate(e, i))
         return 0;
     if (e->blob[i].fd >= 0)
         return 1;
@@ -376,11 +369,6 @@ static int part_candidate(const sl_engine *e, size_t i, uint64_t len)
 int sl_engine_part_cached(sl_engine *e, size_t i, const uint8_t want[32], void *dst, uint64_t len)
 {
     if (!want || !part_candidate(e, i, len))
-        return 0;   /* a local model's parts: no lock taken */
-    pthread_mutex_lock(&e->lock);
-    int bypass = e->blob_bypass != 0;
-    pthread_mutex_unlock(&e->lock);
-    if (bypass)
         return 0;
     char *path = NULL;
     int fd = sl_cache_open_blob(e->cache, e->alg, want, len, &path);

@@ -310,7 +310,6 @@ struct sl_engine {
     struct sl_file_id *file_id;  /* per file: a local file's identity at attach */
     int64_t opened_ns;           /* CLOCK_REALTIME when they were taken */
     char *memo_warning;          /* files the memo refused (their file system), or NULL */
-    unsigned blob_bypass;        /* sluice_verify runs: loads fetch from the source */
     pthread_t opener;
     int opener_started, opener_quit;
     pthread_cond_t opener_cv;
