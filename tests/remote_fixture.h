@@ -199,6 +199,8 @@ static inline int rf_nginx_start(rf_server *sv, const char *root, const char *re
                  "  access_log %s/access.log req;\n"
                  "  log_format sent '$body_bytes_sent';\n"
                  "  access_log %s/bytes.log sent;\n"
+                 "  log_format conn '$connection';\n"
+                 "  access_log %s/conn.log conn;\n"
                  "  client_body_temp_path %s/cb; proxy_temp_path %s/px;\n"
                  "  fastcgi_temp_path %s/fc; uwsgi_temp_path %s/uw; scgi_temp_path %s/sc;\n"
                  "  default_type application/octet-stream;\n"
@@ -212,7 +214,7 @@ static inline int rf_nginx_start(rf_server *sv, const char *root, const char *re
                  "%s"
                  "}\n",
                  geteuid() == 0 ? "user root;\n" : "", sv->dir, sv->dir, sv->dir, sv->dir, sv->dir,
-                 sv->dir,
+                 sv->dir, sv->dir,
                  sv->dir, sv->dir, sv->dir, sv->port, root, root,
                  real ? "    location /real/ { alias " : "", real ? real : "",
                  real ? "/; }\n" : "", tls);
@@ -288,6 +290,32 @@ static inline uint64_t rf_bytes_sent(const rf_server *sv)
     free(text);
     free(path);
     return total;
+}
+
+/* nginx: how many connections served the requests logged from the
+ * from-th on (a line each, its connection's serial number). */
+static inline size_t rf_connections(const rf_server *sv, size_t from)
+{
+    char *path = tu_join(sv->dir, "conn.log");
+    size_t len = 0, line = 0, n = 0;
+    char *text = tu_read_file(path, &len);
+    unsigned long seen[4096];
+    for (size_t i = 0; text && i < len; line++) {
+        unsigned long c = strtoul(text + i, NULL, 10);
+        while (i < len && text[i] != '\n')
+            i++;
+        i++;
+        if (line < from)
+            continue;
+        size_t k = 0;
+        while (k < n && seen[k] != c)
+            k++;
+        if (k == n && n < sizeof seen / sizeof seen[0])
+            seen[n++] = c;
+    }
+    free(text);
+    free(path);
+    return n;
 }
 
 static inline const char *rf_squid_binary(void)

@@ -379,6 +379,26 @@ static void *range_worker(void *arg)
     return NULL;
 }
 
+/* Blocking reads of a remote model (sluice_read_into here; a verify's
+ * pieces alike) keep their connection for the next one: ten reads on one
+ * thread, one after the other, come over one connection (the model's
+ * idle transfer handles), not ten (before: a new connection, and over
+ * https a new TLS handshake, for each). */
+static void test_blocking_reads_reuse_connections(void **state)
+{
+    (void)state;
+    sluice_model *m = open_ok(at("one.safetensors"), NULL);
+    size_t from = rf_requests(&nginx);
+    unsigned char few[4096];
+    for (int k = 0; k < 10; k++)
+        assert_int_equal(sluice_read_into(m, "b", 0, few, sizeof few), SLUICE_OK);
+    assert_true(rf_requests(&nginx) >= from + 9);   /* the last may not be logged yet */
+    size_t conns = rf_connections(&nginx, from);
+    if (conns > 2)
+        fail_msg("10 blocking reads on one thread took %zu connections", conns);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+}
+
 static void test_ranges_threads(void **state)
 {
     char *p = tu_join(root, "one.safetensors");
@@ -1394,6 +1414,7 @@ int main(void)
         cmocka_unit_test(test_sharded_urls),
         cmocka_unit_test(test_ranges),
         cmocka_unit_test(test_ranges_threads),
+        cmocka_unit_test(test_blocking_reads_reuse_connections),
         cmocka_unit_test(test_real_files),
         cmocka_unit_test(test_manifest_url),
         cmocka_unit_test(test_missing_and_norange),

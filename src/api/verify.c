@@ -894,8 +894,6 @@ int sl_verify_run(const sl_index *ix, const sl_manifest *mf, const sluice_option
     }
     if (nthreads > VF_MAX_THREADS)
         nthreads = VF_MAX_THREADS;
-    run.net_piece = VF_NET_MEMORY / nthreads < VF_NET_PIECE_MAX ? VF_NET_MEMORY / nthreads
-                                                                : VF_NET_PIECE_MAX;
     int rc = SLUICE_OK;
     if (model_opts->flags & SLUICE_F_DIRECT) {
         run.direct_fd = malloc((ix->nfiles ? ix->nfiles : 1) * sizeof *run.direct_fd);
@@ -917,6 +915,8 @@ int sl_verify_run(const sl_index *ix, const sl_manifest *mf, const sluice_option
         rc = plan(&run, mf, ids, n, all, o->flags, nthreads, err);
     if (nthreads > run.nqueue)
         nthreads = run.nqueue ? (unsigned)run.nqueue : 1;
+    run.net_piece = VF_NET_MEMORY / nthreads < VF_NET_PIECE_MAX ? VF_NET_MEMORY / nthreads
+                                                                : VF_NET_PIECE_MAX;
     /* The O_DIRECT blocks of all threads within VF_DIRECT_MEMORY: smaller
      * blocks down to VF_DIRECT_MIN, then fewer of them (1 at least). */
     size_t share = VF_DIRECT_MEMORY / nthreads;

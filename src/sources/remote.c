@@ -52,6 +52,8 @@ static const char *env(const char *name)
 }
 
 static int take_proxy(sl_remote_cfg *c, const sluice_options *o);
+static sl_easy_pool *easy_pool_new(unsigned cap);
+static void easy_pool_free(sl_easy_pool *p);
 
 /* A proxy hop for the proxy url (NULL when out of memory), and its end
  * (the URL, which may hold a password, wiped). */
@@ -97,6 +99,7 @@ void sl_remote_cfg_free(sl_remote_cfg *c)
     hop_free(c->proxy_http);
     free(c->no_proxy);
     free(c->tally);
+    easy_pool_free(c->easy);
     free(c);
 }
 
@@ -111,6 +114,8 @@ int sl_remote_cfg_new(const sluice_options *o, sl_remote_cfg **out, sl_err *err)
         return sl_fail(err, SLUICE_E_NOMEM, "remote: out of memory");
     }
     c->connections = o->remote_connections;
+    /* no pool is no failure: each fetch then opens its own connection */
+    c->easy = easy_pool_new(c->connections ? c->connections : 1);
     c->attempts = o->remote_attempts;
     c->connect_timeout_ms = o->remote_connect_timeout_ms;
     c->stall_timeout_ms = o->remote_stall_timeout_ms;
@@ -473,9 +478,81 @@ void sl_rio_flush(sl_rio *r) {}
 void sl_rio_abort(sl_rio *r) {}
 void sl_rio_destroy(sl_rio *r) {}
 
+static sl_easy_pool *easy_pool_new(unsigned cap)
+{
+    (void)cap;
+    return NULL;
+}
+
+static void easy_pool_free(sl_easy_pool *p)
+{
+    (void)p;
+}
+
 #else
 
 #include <curl/curl.h>
+
+/* ---------------------------------------------------------------- idle handles */
+
+/* At most cap idle handles (the model's connections: as many as its
+ * blocking fetches are likely to run at once), taken and given back
+ * under the lock; a handle is used by one thread at a time, and setup()
+ * resets every option of it before each request, keeping its caches
+ * (connections, DNS, TLS sessions). */
+struct sl_easy_pool {
+    pthread_mutex_t lock;
+    unsigned n, cap;
+    CURL *idle[];
+};
+
+static sl_easy_pool *easy_pool_new(unsigned cap)
+{
+    sl_easy_pool *p = calloc(1, sizeof *p + cap * sizeof p->idle[0]);
+    if (p && pthread_mutex_init(&p->lock, NULL) != 0) {
+        free(p);
+        return NULL;
+    }
+    if (p)
+        p->cap = cap;
+    return p;
+}
+
+static void easy_pool_free(sl_easy_pool *p)
+{
+    if (!p)
+        return;
+    for (unsigned i = 0; i < p->n; i++)
+        curl_easy_cleanup(p->idle[i]);
+    pthread_mutex_destroy(&p->lock);
+    free(p);
+}
+
+static CURL *easy_take(sl_easy_pool *p)
+{
+    CURL *h = NULL;
+    if (p) {
+        pthread_mutex_lock(&p->lock);
+        if (p->n)
+            h = p->idle[--p->n];
+        pthread_mutex_unlock(&p->lock);
+    }
+    return h ? h : curl_easy_init();
+}
+
+static void easy_give(sl_easy_pool *p, CURL *h)
+{
+    if (p) {
+        pthread_mutex_lock(&p->lock);
+        if (p->n < p->cap) {
+            p->idle[p->n++] = h;
+            h = NULL;
+        }
+        pthread_mutex_unlock(&p->lock);
+    }
+    if (h)
+        curl_easy_cleanup(h);
+}
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static CURLcode curl_init_rc;
@@ -1275,7 +1352,7 @@ static int fetch(const sl_remote_cfg *c, const sl_remote_target *t, xfer *x, uin
     SL_TRY(curl_ready(err));
     x->shown = t->shown;
     x->demand = 1;  /* its caller waits */
-    CURL *h = curl_easy_init();
+    CURL *h = easy_take(c->easy);
     if (!h)
         return sl_fail(err, SLUICE_E_NOMEM, "%s: cannot start a transfer", x->shown);
     uint64_t deadline = mono_ms() + c->deadline_ms;
@@ -1348,7 +1425,7 @@ static int fetch(const sl_remote_cfg *c, const sl_remote_target *t, xfer *x, uin
         atomic_fetch_add_explicit(&c->tally->bytes, x->ranged ? x->done : x->glen,
                                   memory_order_relaxed);
     }
-    curl_easy_cleanup(h);
+    easy_give(c->easy, h);
     return rc;
 }
 

@@ -69,6 +69,12 @@ typedef struct sl_remote_tally {
     _Atomic uint64_t proxy_failures, proxy_bypass_bytes;
 } sl_remote_tally;
 
+/* The blocking fetches' idle transfer handles (remote.c), kept so that
+ * the next fetch of the model reuses their connections (and TLS
+ * sessions) instead of opening new ones: a verify or sluice_read_into
+ * of a remote model makes a request per piece. */
+typedef struct sl_easy_pool sl_easy_pool;
+
 /* How long a proxy that could not be reached (connection refused or
  * reset, a timeout, a stall) is skipped before it is tried again. */
 #define SL_PROXY_DOWN_MS 30000u
@@ -115,6 +121,7 @@ typedef struct sl_remote_cfg {
     unsigned proxy_kind;         /* SLUICE_PROXY_* */
     _Atomic int *abort_flag;    /* non-NULL and set: blocking fetches stop */
     sl_remote_tally *tally;     /* owned; shared by copies of the struct (the engine's) */
+    sl_easy_pool *easy;         /* owned, as the tally; NULL: each fetch its own handle */
 } sl_remote_cfg;
 
 /* Whether c is the direct hop: no proxy in it (what
