@@ -1564,6 +1564,15 @@ static void test_location_shown_alike(void **state)
         strstr(text, "SECRET") || strstr(text, "X-Amz") || !strstr(text, shown))
         fail_msg("verify: %d: %s", rc, text);
     free(text);
+    /* the refusal of a digest-only verify names the model as shown
+     * (before: the location as given, password and signature) */
+    vo.flags = SLUICE_VF_DIGEST_ONLY;
+    vo.on_item = NULL;
+    rc = sluice_verify(m, NULL, 0, &vo, NULL);
+    msg = sluice_errmsg(m);
+    if (rc != SLUICE_E_UNSUPPORTED || strstr(msg, "SECRET") || strstr(msg, "X-Amz") ||
+        !strstr(msg, shown))
+        fail_msg("digest-only verify: %d: %s", rc, msg);
     /* the metrics' label */
     text = metrics_of(m);
     char label[500];
