@@ -575,10 +575,12 @@ static void source_range(vf_worker *w, vf_item *it, const sl_remote_cfg *rc, uin
         if (stopped(run))
             return;
         if (st == SL_SRC_ERRNO || (st == SLUICE_OK && got == 0))
-            st = sl_fail(&e, SLUICE_E_IO, "file %s: read at offset %llu failed", f->path,
-                         (unsigned long long)*pos);
-        if (st != SLUICE_OK) {
-            item_fail(it, st, "%s", e.msg);
+            st = sl_fail(&e, SLUICE_E_IO, "%s", st == SL_SRC_ERRNO ? strerror(errno)
+                                                                   : "no byte came");
+        if (st != SLUICE_OK) {  /* named as a local read's failure is */
+            char what[SL_ERRMSG_MAX / 2];
+            item_fail(it, st, "%s: read at offset %llu failed: %s",
+                      item_what(run, it, what, sizeof what), (unsigned long long)*pos, e.msg);
             return;
         }
         if (feed(run, it, w->md, w->net, got) == SLUICE_OK)
