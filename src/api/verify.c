@@ -647,8 +647,16 @@ static void source_item(vf_worker *w, vf_item *it)
     sl_err e = {0};
     int read = sl_source_read_direct(&w->run->net, f, it->status, 1, item_direct, &a, &e);
     if (read == SLUICE_OK || read == SLUICE_E_CANCELLED) {
+        /* the origin's bytes judged (or the stop): its results only, the
+         * fields this thread writes; the rest (weight, ...) the delivering
+         * thread reads meanwhile, unlocked */
         free(it->message);
-        *it = again;            /* the origin's bytes judged (or the stop) */
+        it->status = again.status;
+        it->has_digest = again.has_digest;
+        memcpy(it->digest, again.digest, sizeof it->digest);
+        it->bytes = again.bytes;
+        it->bad_chunk = again.bad_chunk;
+        it->message = again.message;
     } else {
         free(again.message);    /* the proxy's judgement stands */
     }
