@@ -1749,7 +1749,10 @@ struct sluice_verify_item {
                                SLUICE_VF_DIGEST_ONLY, was computed);
                                SLUICE_E_CHECKSUM (digest, or a file's size,
                                differ), SLUICE_E_FILE_CHANGED (the file ends
-                               before the tensor does), SLUICE_E_IO,
+                               before the tensor does; a remote object
+                               changed after open), SLUICE_E_IO,
+                               SLUICE_E_REMOTE (a remote read refused, or
+                               failed after its attempts),
                                SLUICE_E_MANIFEST_MISSING (the manifest lists
                                no digest for it), SLUICE_E_NOMEM */
     const char *message;    /* "" on success, else the detail, naming the

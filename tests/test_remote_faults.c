@@ -1564,6 +1564,15 @@ static void test_location_shown_alike(void **state)
         strstr(text, "SECRET") || strstr(text, "X-Amz") || !strstr(text, shown))
         fail_msg("verify: %d: %s", rc, text);
     free(text);
+    /* the refusal of a digest-only verify names the model as shown
+     * (before: the location as given, password and signature) */
+    vo.flags = SLUICE_VF_DIGEST_ONLY;
+    vo.on_item = NULL;
+    rc = sluice_verify(m, NULL, 0, &vo, NULL);
+    msg = sluice_errmsg(m);
+    if (rc != SLUICE_E_UNSUPPORTED || strstr(msg, "SECRET") || strstr(msg, "X-Amz") ||
+        !strstr(msg, shown))
+        fail_msg("digest-only verify: %d: %s", rc, msg);
     /* the metrics' label */
     text = metrics_of(m);
     char label[500];
@@ -1664,7 +1673,8 @@ static void test_verify_files_remote(void **state)
             assert_int_equal(r.bytes_hashed, 0);
             assert_int_equal(seen.status, SLUICE_E_REMOTE);
             assert_false(seen.has_digest);
-            if (!strstr(seen.message, "HTTP 404") || !strstr(sluice_errmsg(m), "HTTP 404"))
+            if (!strstr(seen.message, "HTTP 404") || !strstr(sluice_errmsg(m), "HTTP 404") ||
+                strncmp(seen.message, "file ", 5) != 0)
                 fail_msg("item: %s; model: %s", seen.message, sluice_errmsg(m));
         } else {
             char want[128];
@@ -1687,11 +1697,54 @@ static void test_verify_files_remote(void **state)
     (void)state;
 }
 
+/* A remote tensor whose read fails (404) in sluice_verify: the item's
+ * message, and the model's, name the tensor, its file and offset, as
+ * every other verify failure does, with the read's own error (before:
+ * only "URL: HTTP 404", no tensor named). */
+static int tensor_item(void *user, const struct sluice_verify_item *it)
+{
+    file_seen *s = user;
+    if (it->kind == SLUICE_VERIFY_ITEM_TENSOR) {
+        s->status = it->status;
+        s->has_digest = it->has_digest;
+        s->bytes = it->bytes;
+        snprintf(s->message, sizeof s->message, "%s", it->message);
+    }
+    return 0;
+}
+
+static void test_verify_read_failure_names_tensor(void **state)
+{
+    sluice_options o = fast_options();
+    sluice_model *m = NULL;
+    int rc = sluice_open(model_url, &o, &m);
+    if (rc != SLUICE_OK)
+        fail_msg("open: %s", sluice_errmsg(m));
+    arm("status", 1, "404");
+    sluice_verify_options vo;
+    sluice_verify_options_init(&vo);
+    file_seen seen = {0};
+    vo.on_item = tensor_item;
+    vo.user = &seen;
+    const char *const b[] = {"b"};
+    rc = sluice_verify(m, b, 1, &vo, NULL);
+    arm("ok", 0, NULL);
+    assert_int_equal(rc, SLUICE_E_REMOTE);
+    assert_int_equal(seen.status, SLUICE_E_REMOTE);
+    assert_false(seen.has_digest);
+    if (strncmp(seen.message, "tensor \"b\" (file ", 16) != 0 || !strstr(seen.message, "HTTP 404") ||
+        !strstr(seen.message, "read at offset") || strncmp(sluice_errmsg(m), "tensor \"b\"", 10) != 0)
+        fail_msg("item: %s; model: %s", seen.message, sluice_errmsg(m));
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+    (void)state;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_503_retried),
         cmocka_unit_test(test_verify_files_remote),
+        cmocka_unit_test(test_verify_read_failure_names_tensor),
         cmocka_unit_test(test_etag_control_bytes),
         cmocka_unit_test(test_credentials_not_redirected),
         cmocka_unit_test(test_retry_after),

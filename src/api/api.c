@@ -347,7 +347,7 @@ static int create_engine(sluice_model *m, sl_err *err)
     const uint8_t **expect = NULL;
     if (m->manifest) {
         if (!(expect = calloc(m->index.ntensors ? m->index.ntensors : 1, sizeof *expect)))
-            return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", m->path);
+            return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", m->loc->shown);
         for (size_t i = 0; i < m->index.ntensors; i++)
             expect[i] = sl_manifest_tensor_digest(m->manifest, i);
     }
@@ -1530,7 +1530,7 @@ SLUICE_API int sluice_verify(sluice_model *m, const char *const *names, size_t n
         return sl_model_error(m, &err);
     if ((vo.flags & SLUICE_VF_DIGEST_ONLY) && (m->index.caps_lacking & SL_SRC_DESCRIPTOR)) {
         sl_fail(&err, SLUICE_E_UNSUPPORTED, "sluice_verify: digest-only runs are not offered "
-                "for a model with remote files (%s)", m->path);
+                "for a model with remote files (%s)", m->loc->shown); /* no credential */
         return sl_model_error(m, &err);
     }
     size_t *ids = NULL;

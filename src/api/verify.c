@@ -575,10 +575,12 @@ static void source_range(vf_worker *w, vf_item *it, const sl_remote_cfg *rc, uin
         if (stopped(run))
             return;
         if (st == SL_SRC_ERRNO || (st == SLUICE_OK && got == 0))
-            st = sl_fail(&e, SLUICE_E_IO, "file %s: read at offset %llu failed", f->path,
-                         (unsigned long long)*pos);
-        if (st != SLUICE_OK) {
-            item_fail(it, st, "%s", e.msg);
+            st = sl_fail(&e, SLUICE_E_IO, "%s", st == SL_SRC_ERRNO ? strerror(errno)
+                                                                   : "no byte came");
+        if (st != SLUICE_OK) {  /* named as a local read's failure is */
+            char what[SL_ERRMSG_MAX / 2];
+            item_fail(it, st, "%s: read at offset %llu failed: %s",
+                      item_what(run, it, what, sizeof what), (unsigned long long)*pos, e.msg);
             return;
         }
         if (feed(run, it, w->md, w->net, got) == SLUICE_OK)
@@ -645,8 +647,16 @@ static void source_item(vf_worker *w, vf_item *it)
     sl_err e = {0};
     int read = sl_source_read_direct(&w->run->net, f, it->status, 1, item_direct, &a, &e);
     if (read == SLUICE_OK || read == SLUICE_E_CANCELLED) {
+        /* the origin's bytes judged (or the stop): its results only, the
+         * fields this thread writes; the rest (weight, ...) the delivering
+         * thread reads meanwhile, unlocked */
         free(it->message);
-        *it = again;            /* the origin's bytes judged (or the stop) */
+        it->status = again.status;
+        it->has_digest = again.has_digest;
+        memcpy(it->digest, again.digest, sizeof it->digest);
+        it->bytes = again.bytes;
+        it->bad_chunk = again.bad_chunk;
+        it->message = again.message;
     } else {
         free(again.message);    /* the proxy's judgement stands */
     }
