@@ -6,12 +6,14 @@
  * the endpoint's, parsed once. */
 #include "util.h"
 
+#include "base/error.h"
 #include "base/location.h"
 #include "sources/remote.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -196,6 +198,117 @@ static void test_on_hub(void **state)
     (void)state;
 }
 
+/* A port is decimal digits, 1 to 65535, or nothing after the ':' (the
+ * scheme's default, as RFC 3986 and libcurl read it): each other one is
+ * noted (bad_port) and refused by sl_location_check, which names the
+ * location shown (no user:password@, no query) and says what is wrong.
+ * Only an http(s):// URL's authority has a port (an s3:// bucket and an
+ * hf:// organisation do not; a local path is a path). */
+static void test_ports(void **state)
+{
+    static const struct {
+        const char *given;
+        unsigned port;
+        const char *bad;    /* in bad_port and the refusal, or NULL: taken */
+        const char *shown;
+    } cases[] = {
+        {"http://hf.co:x/m.safetensors", 0, "is not a number", "http://hf.co:x/m.safetensors"},
+        {"https://host:65536/m", 0, "is over 65535", "https://host:65536/m"},
+        {"https://host:4294967377/m", 0, "is over 65535", NULL},   /* 2^32 + 81: no wrap */
+        {"https://host:99999999999999999999999/m", 0, "is over 65535", NULL},
+        {"http://host:0/m", 0, "is 0", "http://host:0/m"},
+        {"http://host:00/m", 0, "is 0", NULL},
+        {"http://[::1]:99999/m", 0, "is over 65535", "http://[::1]:99999/m"},
+        {"http://host:+80/m", 0, "is not a number", NULL},
+        {"http://host:-1/m", 0, "is not a number", NULL},
+        {"http://host: 80/m", 0, "is not a number", NULL},
+        {"http://host:80:81/m", 0, "is not a number", NULL},
+        {"http://host:8x?q=1", 0, "is not a number", "http://host:8x?..."},
+        {"http://u:s3cr3t@host:8x/m?sig=t0p", 0, "is not a number", "http://host:8x/m?..."},
+        {"http://host:/m", 0, NULL, "http://host:/m"},   /* the scheme's default */
+        {"http://[::1]:/m", 0, NULL, NULL},
+        {"http://host:", 0, NULL, NULL},
+        {"http://host/m", 0, NULL, NULL},
+        {"http://host:1/m", 1, NULL, NULL},
+        {"http://host:65535/m", 65535, NULL, NULL},
+        {"http://host:080/m", 80, NULL, NULL},   /* leading zeros are digits */
+        {"http://host:00000000000000000000443/m", 443, NULL, NULL},
+        {"http://[::1]:9000/m", 9000, NULL, NULL},
+        {"s3://bucket:x/key", 0, NULL, NULL},
+        {"hf://org:x/name", 0, NULL, NULL},
+        {"/models/m:x/a.safetensors", 0, NULL, NULL},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        sl_location *l = sl_location_new(cases[k].given);
+        assert_non_null(l);
+        if (l->port != cases[k].port)
+            fail_msg("%s: port %u, expected %u", cases[k].given, l->port, cases[k].port);
+        if (cases[k].shown)
+            assert_string_equal(l->shown, cases[k].shown);
+        sl_err err = {0};
+        int rc = sl_location_check(l, "fallback[2]", &err);
+        if (!cases[k].bad) {
+            if (l->bad_port || rc != SLUICE_OK)
+                fail_msg("%s: refused (%s)", cases[k].given, err.msg);
+            sl_location_free(l);
+            continue;
+        }
+        if (!l->bad_port || !strstr(l->bad_port, cases[k].bad) || rc != SLUICE_E_INVAL)
+            fail_msg("%s: bad_port \"%s\", check %d", cases[k].given,
+                     l->bad_port ? l->bad_port : "(none)", rc);
+        char want[300];
+        snprintf(want, sizeof want, "fallback[2] %s: its port %s", l->shown, cases[k].bad);
+        if (strncmp(err.msg, want, strlen(want)) != 0 || strstr(err.msg, "s3cr3t") ||
+            strstr(err.msg, "t0p"))
+            fail_msg("%s: \"%s\"", cases[k].given, err.msg);
+        sl_location_free(l);
+    }
+    sl_err err = {0};
+    assert_int_equal(sl_location_check(NULL, NULL, &err), SLUICE_OK);
+    /* without what, the message starts with the location */
+    sl_location *l = sl_location_new("http://h:x/m");
+    assert_int_equal(sl_location_check(l, NULL, &err), SLUICE_E_INVAL);
+    assert_memory_equal(err.msg, "http://h:x/m: its port is not a number", 38);
+    sl_location_free(l);
+    (void)state;
+}
+
+/* A proxy URL by the same rule: host[:port] without a scheme (libcurl's
+ * http:// proxy), any scheme's port; named shown, without its password. */
+static void test_proxy_ports(void **state)
+{
+    static const struct {
+        const char *url;
+        const char *bad, *shown;
+    } cases[] = {
+        {"proxy.example:3128", NULL, NULL},
+        {"http://proxy.example:3128/", NULL, NULL},
+        {"http://proxy.example:", NULL, NULL},
+        {"proxy.example", NULL, NULL},
+        {"[::1]:3128", NULL, NULL},
+        {"proxy.example:x", "is not a number", "proxy.example:x"},
+        {"u:s3cr3t@proxy.example:99999", "is over 65535", "proxy.example:99999"},
+        {"socks5://u:s3cr3t@proxy.example:0", "is 0", "socks5://proxy.example:0"},
+        {"http://proxy.example:3l28/?t0p", "is not a number", "http://proxy.example:3l28/?..."},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        sl_err err = {0};
+        int rc = sl_location_check_proxy(cases[k].url, "proxy ($https_proxy)", &err);
+        if (!cases[k].bad) {
+            if (rc != SLUICE_OK)
+                fail_msg("%s: refused (%s)", cases[k].url, err.msg);
+            continue;
+        }
+        char want[300];
+        snprintf(want, sizeof want, "proxy ($https_proxy) %s: its port %s", cases[k].shown,
+                 cases[k].bad);
+        if (rc != SLUICE_E_INVAL || strncmp(err.msg, want, strlen(want)) != 0 ||
+            strstr(err.msg, "s3cr3t") || strstr(err.msg, "t0p"))
+            fail_msg("%s: %d \"%s\"", cases[k].url, rc, err.msg);
+    }
+    (void)state;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -204,6 +317,8 @@ int main(void)
         cmocka_unit_test(test_shown_of_small_buffer),
         cmocka_unit_test(test_at_in_password),
         cmocka_unit_test(test_on_hub),
+        cmocka_unit_test(test_ports),
+        cmocka_unit_test(test_proxy_ports),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
