@@ -309,6 +309,103 @@ static void test_proxy_ports(void **state)
     (void)state;
 }
 
+/* Saves an environment variable (malloc'd copy or NULL) and sets or
+ * unsets it; restore_env puts it back. */
+static char *swap_env(const char *name, const char *value)
+{
+    const char *old = getenv(name);
+    char *saved = old ? strdup(old) : NULL;
+    if (value)
+        setenv(name, value, 1);
+    else
+        unsetenv(name);
+    return saved;
+}
+
+static void restore_env(const char *name, char *saved)
+{
+    if (saved)
+        setenv(name, saved, 1);
+    else
+        unsetenv(name);
+    free(saved);
+}
+
+/* sluice_open refuses a port no request could use in any location it is
+ * given, before anything is asked of a server: the model's, a mirror's,
+ * manifest_path's, signature_path's, the proxy's (option or environment)
+ * and $HF_ENDPOINT's (for an hf:// model): SLUICE_E_INVAL, naming it shown
+ * (no credentials, no query) and what is wrong with its port. (Before,
+ * each was left to libcurl: SLUICE_E_REMOTE once a request failed.) */
+static void test_open_refuses_bad_ports(void **state)
+{
+    static const char *const envs[] = {"HF_ENDPOINT", "http_proxy", "https_proxy",
+                                       "HTTPS_PROXY", "all_proxy", "ALL_PROXY"};
+    char *saved[sizeof envs / sizeof *envs];
+    for (size_t k = 0; k < sizeof envs / sizeof *envs; k++)
+        saved[k] = swap_env(envs[k], NULL);
+    /* port 1 of this host: refused at once, were anything asked of it */
+    static const char *const model = "http://127.0.0.1:1/m.safetensors";
+    static const struct {
+        const char *path, *mirror, *manifest, *signature, *proxy, *env_proxy, *hf_endpoint;
+        const char *want;
+    } cases[] = {
+        {"http://user:s3cr3t@127.0.0.1:x/m.safetensors?X-Amz-Signature=t0p", NULL, NULL, NULL,
+         NULL, NULL, NULL, "http://127.0.0.1:x/m.safetensors?...: its port is not a number"},
+        {"https://127.0.0.1:65536/m.safetensors", NULL, NULL, NULL, NULL, NULL, NULL,
+         "https://127.0.0.1:65536/m.safetensors: its port is over 65535"},
+        {"http://127.0.0.1:0/m.safetensors", NULL, NULL, NULL, NULL, NULL, NULL,
+         "http://127.0.0.1:0/m.safetensors: its port is 0"},
+        {"http://[::1]:99999/m.safetensors", NULL, NULL, NULL, NULL, NULL, NULL,
+         "http://[::1]:99999/m.safetensors: its port is over 65535"},
+        {model, "http://u:s3cr3t@127.0.0.1:x/m.safetensors?token=t0p", NULL, NULL, NULL, NULL,
+         NULL, "fallback[0] http://127.0.0.1:x/m.safetensors?...: its port is not a number"},
+        {model, NULL, "http://127.0.0.1:65536/m.safetensors.manifest.json", NULL, NULL, NULL,
+         NULL, "manifest_path http://127.0.0.1:65536/m.safetensors.manifest.json: its port "
+               "is over 65535"},
+        {model, NULL, NULL, "http://127.0.0.1:0/model.sig", NULL, NULL, NULL,
+         "signature_path http://127.0.0.1:0/model.sig: its port is 0"},
+        {model, NULL, NULL, NULL, "http://u:s3cr3t@127.0.0.1:3l28", NULL, NULL,
+         "proxy (http_proxy option) http://127.0.0.1:3l28: its port is not a number"},
+        {"https://127.0.0.1:1/m.safetensors", NULL, NULL, NULL, NULL, "u:s3cr3t@127.0.0.1:0",
+         NULL, "proxy ($https_proxy) 127.0.0.1:0: its port is 0"},
+        {"hf://org/name", NULL, NULL, NULL, NULL, NULL, "http://u:s3cr3t@127.0.0.1:99999/hub",
+         "$HF_ENDPOINT http://127.0.0.1:99999/hub: its port is over 65535"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        sluice_options o;
+        sluice_options_init(&o);
+        o.remote_attempts = 1;
+        o.remote_connect_timeout_ms = 2000;
+        const char *mirrors[1] = {cases[k].mirror};
+        o.fallback = cases[k].mirror ? mirrors : NULL;
+        o.fallback_count = cases[k].mirror ? 1 : 0;
+        o.manifest_path = cases[k].manifest;
+        o.signature_path = cases[k].signature;
+        static const char *const cas[] = {"/nonexistent/ca.pem"};
+        o.trusted_cas = cases[k].signature ? cas : NULL;   /* what a signature_path asks */
+        o.ntrusted_cas = cases[k].signature ? 1 : 0;
+        o.http_proxy = cases[k].env_proxy ? NULL : cases[k].proxy ? cases[k].proxy : "";
+        if (cases[k].env_proxy)
+            setenv("https_proxy", cases[k].env_proxy, 1);
+        if (cases[k].hf_endpoint)
+            setenv("HF_ENDPOINT", cases[k].hf_endpoint, 1);
+        sluice_model *m = NULL;
+        int rc = sluice_open(cases[k].path, &o, &m);
+        const char *msg = sluice_errmsg(m);
+        if (rc != SLUICE_E_INVAL || !strstr(msg, cases[k].want) || strstr(msg, "s3cr3t") ||
+            strstr(msg, "t0p"))
+            fail_msg("row %zu: %d \"%s\", expected SLUICE_E_INVAL \"%s\"", k, rc, msg,
+                     cases[k].want);
+        sluice_close(m);
+        unsetenv("https_proxy");
+        unsetenv("HF_ENDPOINT");
+    }
+    for (size_t k = 0; k < sizeof envs / sizeof *envs; k++)
+        restore_env(envs[k], saved[k]);
+    (void)state;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -319,6 +416,7 @@ int main(void)
         cmocka_unit_test(test_on_hub),
         cmocka_unit_test(test_ports),
         cmocka_unit_test(test_proxy_ports),
+        cmocka_unit_test(test_open_refuses_bad_ports),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -240,6 +240,9 @@ static int take_remote(sluice_model *m, const char *path, sl_err *err)
             if (!(m->fallback[k] = strdup(o->fallback[k])) ||
                 !(m->fallback_loc[k] = sl_location_new(o->fallback[k])))
                 return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
+            char what[32];
+            snprintf(what, sizeof what, "fallback[%u]", (unsigned)k);
+            SL_TRY(sl_location_check(m->fallback_loc[k], what, err));
             remote |= sl_location_remote(m->fallback_loc[k]);
         }
         o->fallback = (const char *const *)m->fallback;
@@ -440,6 +443,11 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
         rc = sl_fail(err, SLUICE_E_NOMEM, "out of memory");
         goto failed;
     }
+    /* a port no request could use: refused here, before anything is asked */
+    if ((rc = sl_location_check(m->loc, NULL, err)) < 0 ||
+        (rc = sl_location_check(m->manifest_loc, "manifest_path", err)) < 0 ||
+        (rc = sl_location_check(m->signature_loc, "signature_path", err)) < 0)
+        goto failed;
     sl_trust_locs at = {m->loc, m->manifest_loc, m->signature_loc};
     if ((rc = sl_trust_plan_make(&m->opts, &at, &m->trust, err)) < 0)
         goto failed;
