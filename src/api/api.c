@@ -605,7 +605,6 @@ static int query_fail(const sluice_model *m, int code, const char *fmt, ...)
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     sl_utf8_cut(msg);
-    sl_remote_scrub(msg, sizeof msg, m->path); /* no credential shown */
     sl_errmsg_set(m->err_id, msg);
     return code;
 }
@@ -665,7 +664,7 @@ SLUICE_API int sluice_find_n(const sluice_model *m, const char *name, size_t len
     if (i == SIZE_MAX) {
         char q[SL_QUOTE_MAX];
         return query_fail(m, SLUICE_E_NOT_FOUND, "no tensor named %s in %s",
-                          sl_quote(q, sizeof q, name, len), m->path);
+                          sl_quote(q, sizeof q, name, len), m->loc->shown);
     }
     if (info)
         copy_sized(info, &m->index.tensors[i], sizeof *info);
@@ -780,8 +779,7 @@ static int find(sluice_model *m, const char *name, size_t *i, sl_err *err)
     if (*i == SIZE_MAX) {
         char q[SL_QUOTE_MAX];
         int rc = sl_fail(err, SLUICE_E_NOT_FOUND, "no tensor named %s in %s",
-                         sl_quote(q, sizeof q, name, strlen(name)), m->path);
-        sl_remote_scrub(err->msg, sizeof err->msg, m->path); /* no credential shown */
+                         sl_quote(q, sizeof q, name, strlen(name)), m->loc->shown);
         return rc;
     }
     return SLUICE_OK;
@@ -1158,10 +1156,8 @@ static int read_part(sluice_model *m, sl_engine *e, const char *call, const char
                  "%s: the manifest has no digest of part %llu of %llu of tensor %s along dim %u: "
                  "the whole tensor was read to check it (and so for every such part: "
                  "part_fallback_bytes; `sluice manifest --parts` writes part digests)",
-                 m->path, (unsigned long long)rank, (unsigned long long)n,
+                 m->loc->shown, (unsigned long long)rank, (unsigned long long)n,
                  sl_quote(q, sizeof q, t->name, t->name_len), dim);
-        /* m->path is the location as given: no user:password@ or query */
-        sl_remote_scrub(m->part_note, sizeof m->part_note, m->path);
         atomic_store(&m->part_noted, 2);
     }
     /* a cancelled part is not a failure (as a stream's tensors not delivered) */
