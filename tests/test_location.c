@@ -406,6 +406,45 @@ static void test_open_refuses_bad_ports(void **state)
     (void)state;
 }
 
+/* A password holding an unescaped '/', '?' or '#' ends the authority
+ * early: "alice:s3cr3t" reads as host "alice" and port "s3cr3t". Its port
+ * is refused, and the refusal, like the shown form, names neither the
+ * user nor any piece of the password: an '@' after the authority is
+ * taken for such a password, and only the scheme is shown (before: the
+ * shown form and the refusal held "alice:s3cr3t/x@..." whole, or
+ * "alice:s3cr3t"). */
+static void test_bad_port_hides_misplaced_password(void **state)
+{
+    static const char *const given[] = {
+        "http://alice:s3cr3t/x@127.0.0.1:8080/m.safetensors",
+        "https://alice:s3cr3t?x@127.0.0.1:8080/m.safetensors",
+        "http://alice:s3cr3t#x@127.0.0.1:8080/m.safetensors",
+    };
+    for (size_t k = 0; k < sizeof given / sizeof *given; k++) {
+        sl_location *l = sl_location_new(given[k]);
+        assert_non_null(l);
+        sl_err err = {0};
+        int rc = sl_location_check(l, "fallback[0]", &err);
+        if (rc != SLUICE_E_INVAL || strstr(err.msg, "s3cr3t") || strstr(err.msg, "alice") ||
+            strstr(l->shown, "s3cr3t") || strstr(l->shown, "alice"))
+            fail_msg("%s: %d \"%s\", shown \"%s\"", given[k], rc, err.msg, l->shown);
+        sl_location_free(l);
+    }
+    static const char *const proxies[] = {"http://alice:s3cr3t/x@proxy.example:3128",
+                                          "alice:s3cr3t#x@proxy.example:3128"};
+    for (size_t k = 0; k < sizeof proxies / sizeof *proxies; k++) {
+        sl_err err = {0};
+        int rc = sl_location_check_proxy(proxies[k], "proxy ($https_proxy)", &err);
+        if (rc != SLUICE_E_INVAL || strstr(err.msg, "s3cr3t") || strstr(err.msg, "alice"))
+            fail_msg("%s: %d \"%s\"", proxies[k], rc, err.msg);
+    }
+    /* an '@' in a path after a good port is a path's */
+    sl_location *l = sl_location_new("https://host:8443/org/name@main/m.safetensors");
+    assert_string_equal(l->shown, "https://host:8443/org/name@main/m.safetensors");
+    sl_location_free(l);
+    (void)state;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -416,6 +455,7 @@ int main(void)
         cmocka_unit_test(test_on_hub),
         cmocka_unit_test(test_ports),
         cmocka_unit_test(test_proxy_ports),
+        cmocka_unit_test(test_bad_port_hides_misplaced_password),
         cmocka_unit_test(test_open_refuses_bad_ports),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

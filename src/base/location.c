@@ -18,6 +18,8 @@ typedef struct loc_parts {
     size_t hostport, hostport_len; /* the authority without user:password@ */
     unsigned port;
     const char *bad_port;         /* what is wrong with the port given, or NULL */
+    int hide;                     /* bad_port with an '@' after the authority: its
+                                     "host:port" may be a user:password, nothing shown */
     int is_url;                   /* split as a URL (not a local path whole) */
     size_t path, path_len;
     size_t query, query_len;      /* query_len 0 and no '?': none */
@@ -103,8 +105,18 @@ static void split(const char *loc, int as_url, loc_parts *o)
     }
     if (colon) {
         const char *bad = port_rule(colon + 1, (size_t)(h + hl - colon - 1), &o->port);
-        if (o->kind == SL_LOC_HTTP || as_url)
+        if (bad && (o->kind == SL_LOC_HTTP || as_url)) {
             o->bad_port = bad;
+            /* an '@' further on: a password with an unescaped '/', '?' or
+             * '#' ended the authority early, and "host:port" is
+             * user:password: none of it may be shown (shown) */
+            if (memchr(loc + o->auth_end, '@', n - o->auth_end)) {
+                o->hide = 1;
+                o->bad_port = "cannot be told from a user:password (an '@' follows it: a "
+                              "password holding '/', '?' or '#' must write them %2F, %3F, "
+                              "%23); the location is not shown";
+            }
+        }
     }
     o->path = o->auth_end;
     o->path_len = strcspn(loc + o->path, "?#");
@@ -123,6 +135,10 @@ static const char *shown(const char *loc, const loc_parts *p, char *buf, size_t 
 {
     if (!p->is_url)
         return loc;
+    if (p->hide) {  /* the scheme alone: the rest may hold a password */
+        snprintf(buf, cap, "%.*s%s...", (int)p->scheme_len, loc, p->scheme_len ? "://" : "");
+        return buf;
+    }
     snprintf(buf, cap, "%.*s%s%.*s%.*s%s", (int)p->scheme_len, loc, p->auth ? "://" : "",
              (int)p->hostport_len, loc + p->hostport, (int)p->path_len, loc + p->path,
              p->has_rest ? "?..." : "");
