@@ -401,6 +401,24 @@ static void test_open_refuses_bad_ports(void **state)
         unsetenv("https_proxy");
         unsetenv("HF_ENDPOINT");
     }
+    /* no_proxy "*": no request ever takes a proxy (redirects included),
+     * so the environment's proxy is not checked (before: refused) */
+    char *np = swap_env("no_proxy", "*"), *np_upper = swap_env("NO_PROXY", NULL);
+    setenv("https_proxy", "u:s3cr3t@127.0.0.1:0", 1);
+    setenv("http_proxy", "http://127.0.0.1:x", 1);
+    sluice_options o;
+    sluice_options_init(&o);
+    o.remote_attempts = 1;
+    o.remote_connect_timeout_ms = 2000;
+    sluice_model *m = NULL;
+    int rc = sluice_open("https://127.0.0.1:1/m.safetensors", &o, &m);
+    if (rc == SLUICE_OK || rc == SLUICE_E_INVAL || strstr(sluice_errmsg(m), "proxy"))
+        fail_msg("no_proxy *: %d \"%s\"", rc, sluice_errmsg(m));
+    sluice_close(m);
+    unsetenv("https_proxy");
+    unsetenv("http_proxy");
+    restore_env("no_proxy", np);
+    restore_env("NO_PROXY", np_upper);
     for (size_t k = 0; k < sizeof envs / sizeof *envs; k++)
         restore_env(envs[k], saved[k]);
     (void)state;

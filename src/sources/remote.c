@@ -177,6 +177,16 @@ static const char *env2(const char *a, const char *b, const char **name)
  * environment on its own and this decision is the one it follows. A
  * proxy's port is checked by the locations' rule (location.h): one no
  * request could use is SLUICE_E_INVAL, named as given to it. */
+/* Whether the list no_proxy (may be NULL) is "*", blanks aside: every
+ * host reached directly, as libcurl reads it (no_proxy_match). */
+static int no_proxy_all(const char *np)
+{
+    if (!np)
+        return 0;
+    np += strspn(np, " \t");
+    return *np == '*' && np[1 + strspn(np + 1, " \t")] == '\0';
+}
+
 static int take_proxy(sl_remote_cfg *c, const sluice_options *o, sl_err *err)
 {
     int nomem = 0;
@@ -195,11 +205,14 @@ static int take_proxy(sl_remote_cfg *c, const sluice_options *o, sl_err *err)
             hs = all;
             hs_name = all_name;
         }
+        /* checked unless no_proxy is "*": then no request takes one, a
+         * redirect's neither */
         char what[32];
+        int unused = no_proxy_all(env2("no_proxy", "NO_PROXY", NULL));
         snprintf(what, sizeof what, "proxy ($%s)", h_name);
-        SL_TRY(h ? sl_location_check_proxy(h, what, err) : SLUICE_OK);
+        SL_TRY(h && !unused ? sl_location_check_proxy(h, what, err) : SLUICE_OK);
         snprintf(what, sizeof what, "proxy ($%s)", hs_name);
-        SL_TRY(hs ? sl_location_check_proxy(hs, what, err) : SLUICE_OK);
+        SL_TRY(hs && !unused ? sl_location_check_proxy(hs, what, err) : SLUICE_OK);
         if (h)
             nomem |= !(c->proxy_http = hop_new(h));
         if (hs && h && c->proxy_http && !strcmp(h, hs))
