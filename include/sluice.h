@@ -486,6 +486,11 @@ typedef struct sluice_model sluice_model;
  * apply; a remote manifest's signature is fetched beside it ("Signed
  * manifests"). Messages, sluice_file_info and sluice_tensor_source show a
  * location without its user:password@ and with "?..." for its query.
+ * A URL's port is 1..65535 in decimal digits, or empty ("http://h:/m":
+ * the scheme's default, as RFC 3986 reads it); any other in the model's
+ * location, a mirror, manifest_path, signature_path, the proxy or
+ * HF_ENDPOINT (for the Hub) fails sluice_open with SLUICE_E_INVAL
+ * before any request, naming the location as messages show it.
  * A location is classified by its path, never its query (or fragment):
  * "https://H/m/model.safetensors?X-Amz-Signature=..." (a presigned URL)
  * is a .safetensors file. The query belongs to the one object it names:
@@ -616,7 +621,8 @@ typedef struct sluice_model sluice_model;
  * is NULL.
  *
  * Returns SLUICE_OK, SLUICE_E_INVAL (also a pool_bytes above the cgroup
- * memory limit, see "Sizing the pool"), SLUICE_E_NOMEM, SLUICE_E_IO,
+ * memory limit, see "Sizing the pool"; a URL's port that no request could
+ * use, see "Remote models and mirrors"), SLUICE_E_NOMEM, SLUICE_E_IO,
  * SLUICE_E_NO_FILES, SLUICE_E_FILE_CHANGED, any header or index code, any
  * manifest code, SLUICE_E_SIGNATURE.
  * Thread safety: any thread; the model is not shared until open returns.

@@ -288,12 +288,20 @@ static void hub_stand_ins(void **state)
         if (r.fail_closed && !strstr(r.why, "publishes no manifest"))
             fail_msg("%s: reason \"%s\"", c->what, r.why);
         /* a manifest derived from the Hub's digests (the cache's record):
-         * IF_PRESENT, no signature checked */
+         * IF_PRESENT, no signature checked, where the plan asks none; a
+         * plan that asks one (keys, CAs) keeps it and fails closed, so no
+         * caller can read the record without the signature asked */
         sl_trust_plan_read(&p, SL_READ_DERIVED, &r);
         assert_int_equal(r.verify, SLUICE_VERIFY_IF_PRESENT);
-        assert_int_equal(r.formats, 0);
-        assert_int_equal(r.bundle_if_present, 0);
-        assert_int_equal(r.fail_closed, 0);
+        if (!p.formats) {
+            assert_int_equal(r.formats, 0);
+            assert_int_equal(r.bundle_if_present, 0);
+            assert_int_equal(r.fail_closed, 0);
+        } else if (r.formats != p.formats || r.bundle_if_present != p.bundle_if_present ||
+                   !r.fail_closed || !strstr(r.why, "derived from the Hub's digests")) {
+            fail_msg("%s: the derived record's plan formats %u (asked %u), fail_closed %d, "
+                     "reason \"%s\"", c->what, r.formats, p.formats, r.fail_closed, r.why);
+        }
         assert_int_equal(r.hub_digest, p.hub_digest);
         assert_ptr_equal(r.keys, p.keys);
         /* neither changes the open's plan */
@@ -434,6 +442,26 @@ static void loader_fails_closed(void **state)
     assert_null(m);
     assert_int_equal(hub_only, 0);
     assert_non_null(strstr(err.msg, "model.sig"));
+    /* a manifest derived from the Hub's digests, read under a plan that
+     * asks a signature (a local snapshot's record with trusted keys, as
+     * a caller could ask of sl_trust_plan_read): refused by the loader
+     * (before, the plan dropped the keys and the record was parsed) */
+    const char *keys[1] = {f->ed_pub};
+    sluice_options_init(&o);
+    o.trusted_keys = keys;
+    o.ntrusted_keys = 1;
+    assert_int_equal(tf_plan(&o, LOCAL, &p, &err), SLUICE_OK);
+    sl_trust_plan r;
+    sl_trust_plan_read(&p, SL_READ_DERIVED, &r);
+    char *named = tu_join(f->dir, "derived.manifest.json"), *text = strdup("{}");
+    assert_non_null(text);
+    m = (sl_manifest *)&of;
+    int rc = sl_manifest_from_text(&of.ix, &r, named, text, 2, &m, &err);
+    if (rc != SLUICE_E_SIGNATURE || !strstr(err.msg, "derived from the Hub's digests"))
+        fail_msg("a derived record under trusted keys: %d \"%s\"", rc, err.msg);
+    assert_null(m);
+    o.trusted_keys = NULL;
+    o.ntrusted_keys = 0;
     /* policy OFF reads nothing, not even manifest_path */
     o.trusted_cas = NULL;
     o.ntrusted_cas = 0;

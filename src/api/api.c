@@ -240,6 +240,9 @@ static int take_remote(sluice_model *m, const char *path, sl_err *err)
             if (!(m->fallback[k] = strdup(o->fallback[k])) ||
                 !(m->fallback_loc[k] = sl_location_new(o->fallback[k])))
                 return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
+            char what[32];
+            snprintf(what, sizeof what, "fallback[%u]", (unsigned)k);
+            SL_TRY(sl_location_check(m->fallback_loc[k], what, err));
             remote |= sl_location_remote(m->fallback_loc[k]);
         }
         o->fallback = (const char *const *)m->fallback;
@@ -440,6 +443,11 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
         rc = sl_fail(err, SLUICE_E_NOMEM, "out of memory");
         goto failed;
     }
+    /* a port no request could use: refused here, before anything is asked */
+    if ((rc = sl_location_check(m->loc, NULL, err)) < 0 ||
+        (rc = sl_location_check(m->manifest_loc, "manifest_path", err)) < 0 ||
+        (rc = sl_location_check(m->signature_loc, "signature_path", err)) < 0)
+        goto failed;
     sl_trust_locs at = {m->loc, m->manifest_loc, m->signature_loc};
     if ((rc = sl_trust_plan_make(&m->opts, &at, &m->trust, err)) < 0)
         goto failed;
@@ -597,7 +605,6 @@ static int query_fail(const sluice_model *m, int code, const char *fmt, ...)
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     sl_utf8_cut(msg);
-    sl_remote_scrub(msg, sizeof msg, m->path); /* no credential shown */
     sl_errmsg_set(m->err_id, msg);
     return code;
 }
@@ -657,7 +664,7 @@ SLUICE_API int sluice_find_n(const sluice_model *m, const char *name, size_t len
     if (i == SIZE_MAX) {
         char q[SL_QUOTE_MAX];
         return query_fail(m, SLUICE_E_NOT_FOUND, "no tensor named %s in %s",
-                          sl_quote(q, sizeof q, name, len), m->path);
+                          sl_quote(q, sizeof q, name, len), m->loc->shown);
     }
     if (info)
         copy_sized(info, &m->index.tensors[i], sizeof *info);
@@ -772,8 +779,7 @@ static int find(sluice_model *m, const char *name, size_t *i, sl_err *err)
     if (*i == SIZE_MAX) {
         char q[SL_QUOTE_MAX];
         int rc = sl_fail(err, SLUICE_E_NOT_FOUND, "no tensor named %s in %s",
-                         sl_quote(q, sizeof q, name, strlen(name)), m->path);
-        sl_remote_scrub(err->msg, sizeof err->msg, m->path); /* no credential shown */
+                         sl_quote(q, sizeof q, name, strlen(name)), m->loc->shown);
         return rc;
     }
     return SLUICE_OK;
@@ -1150,10 +1156,8 @@ static int read_part(sluice_model *m, sl_engine *e, const char *call, const char
                  "%s: the manifest has no digest of part %llu of %llu of tensor %s along dim %u: "
                  "the whole tensor was read to check it (and so for every such part: "
                  "part_fallback_bytes; `sluice manifest --parts` writes part digests)",
-                 m->path, (unsigned long long)rank, (unsigned long long)n,
+                 m->loc->shown, (unsigned long long)rank, (unsigned long long)n,
                  sl_quote(q, sizeof q, t->name, t->name_len), dim);
-        /* m->path is the location as given: no user:password@ or query */
-        sl_remote_scrub(m->part_note, sizeof m->part_note, m->path);
         atomic_store(&m->part_noted, 2);
     }
     /* a cancelled part is not a failure (as a stream's tensors not delivered) */

@@ -480,8 +480,10 @@ static int manifest_text(const hub_ctx *c, size_t only_file, char **text, size_t
  * arrays. 1 when it is there and whole (it lists exactly file fi, its
  * blob's digest and size, every tensor of it with 16 MiB chunks where
  * they are due, nothing else); 0 when absent or not so (derived again);
- * -1 out of memory. */
-static int read_derived(hub_ctx *c, size_t fi)
+ * else the failure (err set): out of memory, or the plan's refusal of a
+ * record where the open asks a signature (sl_trust_plan_read fails it
+ * closed: a failure of the open, never a record derived again). */
+static int read_derived(hub_ctx *c, size_t fi, const char *path, sl_err *err)
 {
     const sl_index *ix = &c->m->index;
     hub_file *h = &c->files[fi];
@@ -520,10 +522,16 @@ static int read_derived(hub_ctx *c, size_t fi)
     char *named = strdup(h->derived);
     if (!named) {
         free(text);
-        return -1;
+        return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
     }
-    if (sl_manifest_from_text(ix, &p, named, text, len, &mf, &ignored) < 0)
-        return ignored.code == SLUICE_E_NOMEM ? -1 : 0;
+    if (sl_manifest_from_text(ix, &p, named, text, len, &mf, &ignored) < 0) {
+        if (ignored.code == SLUICE_E_NOMEM || ignored.code == SLUICE_E_SIGNATURE) {
+            if (err)
+                *err = ignored;
+            return ignored.code;
+        }
+        return 0;
+    }
     uint64_t size = 0;
     const uint8_t *fd = sl_manifest_file_digest(mf, fi, &size);
     ok = sl_manifest_version(mf) == 2 && sl_manifest_algorithm(mf) == SLUICE_ALG_SHA256 && fd &&
@@ -671,9 +679,9 @@ static int hub_derive_all(hub_ctx *c, const char *path, sl_err *err)
     const sl_index *ix = &m->index;
     SL_TRY(name_derived(c, err));
     for (size_t i = 0; i < ix->nfiles; i++) {
-        int have = read_derived(c, i);
+        int have = read_derived(c, i, path, err);
         if (have < 0)
-            return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
+            return have;
         if (have)
             continue;
         SL_TRY(derive(c, i, err));

@@ -3,6 +3,8 @@
  * the messages read what it split. */
 #include "base/location.h"
 
+#include "base/error.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +17,10 @@ typedef struct loc_parts {
     size_t host, host_len;        /* in the authority, without [brackets] */
     size_t hostport, hostport_len; /* the authority without user:password@ */
     unsigned port;
+    const char *bad_port;         /* what is wrong with the port given, or NULL */
+    int hide;                     /* bad_port with an '@' after the authority: its
+                                     "host:port" may be a user:password, nothing shown */
+    int is_url;                   /* split as a URL (not a local path whole) */
     size_t path, path_len;
     size_t query, query_len;      /* query_len 0 and no '?': none */
     int has_query, has_rest;      /* a '?'; a '?' or '#' */
@@ -29,17 +35,47 @@ static sl_loc_kind kind_of(const char *p)
                                                                     : SL_LOC_LOCAL;
 }
 
-/* Splits loc (a local path: all of it is its path and its name). */
+/* The one rule of a port: the text after the host's ':' (n bytes, n 0
+ * for a ':' with nothing after it) into *port; NULL when it is one, else
+ * what is wrong with it. Empty is the scheme's default, as RFC 3986
+ * section 3.2.3 (port = *DIGIT), the WHATWG URL standard and libcurl read
+ * "http://host:/" (port 0 left: none given); otherwise decimal digits
+ * only (no sign, no blank; leading zeros are digits), 1 to 65535: 0 is
+ * no port a server listens on (libcurl would try to connect to it). */
+static const char *port_rule(const char *s, size_t n, unsigned *port)
+{
+    unsigned long v = 0;
+    *port = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return "is not a number";
+        if ((v = v * 10 + (unsigned long)(s[i] - '0')) > 65535)
+            v = 65536;  /* stays over, never wraps */
+    }
+    if (n && v > 65535)
+        return "is over 65535";
+    if (n && v == 0)
+        return "is 0, which no server listens on";
+    *port = (unsigned)v;
+    return NULL;
+}
+
+/* Splits loc (a local path: all of it is its path and its name). as_url
+ * 1: a string with "://" is a URL whatever its scheme (the host of any
+ * URL); 2: any string is, one without "://" starting at its authority
+ * (a proxy, which libcurl reads as http:// when it names no scheme). The
+ * port rule is a URL's with a host: http(s)://, or as_url. */
 static void split(const char *loc, int as_url, loc_parts *o)
 {
     memset(o, 0, sizeof *o);
     size_t n = strlen(loc);
     o->kind = kind_of(loc);
     const char *sep = strstr(loc, "://");
-    if (o->kind == SL_LOC_LOCAL && !(as_url && sep)) {
+    if (o->kind == SL_LOC_LOCAL && !(as_url == 2 || (as_url && sep))) {
         o->path_len = o->name_len = n;
         return;
     }
+    o->is_url = 1;
     o->scheme_len = sep ? (size_t)(sep - loc) : 0;
     o->auth = sep ? o->scheme_len + 3 : 0;
     o->auth_end = o->auth + strcspn(loc + o->auth, "/?#");
@@ -68,10 +104,19 @@ static void split(const char *loc, int as_url, loc_parts *o)
         o->host_len = colon ? (size_t)(colon - h) : hl;
     }
     if (colon) {
-        unsigned long port = 0;
-        for (const char *p = colon + 1; p < h + hl && *p >= '0' && *p <= '9' && port <= 65535; p++)
-            port = port * 10 + (unsigned long)(*p - '0');
-        o->port = port <= 65535 ? (unsigned)port : 0;
+        const char *bad = port_rule(colon + 1, (size_t)(h + hl - colon - 1), &o->port);
+        if (bad && (o->kind == SL_LOC_HTTP || as_url)) {
+            o->bad_port = bad;
+            /* an '@' further on: a password with an unescaped '/', '?' or
+             * '#' ended the authority early, and "host:port" is
+             * user:password: none of it may be shown (shown) */
+            if (memchr(loc + o->auth_end, '@', n - o->auth_end)) {
+                o->hide = 1;
+                o->bad_port = "cannot be told from a user:password (an '@' follows it: a "
+                              "password holding '/', '?' or '#' must write them %2F, %3F, "
+                              "%23); the location is not shown";
+            }
+        }
     }
     o->path = o->auth_end;
     o->path_len = strcspn(loc + o->path, "?#");
@@ -88,8 +133,12 @@ static void split(const char *loc, int as_url, loc_parts *o)
 /* The shown form of loc split as p, in buf. */
 static const char *shown(const char *loc, const loc_parts *p, char *buf, size_t cap)
 {
-    if (p->kind == SL_LOC_LOCAL && !p->auth)
+    if (!p->is_url)
         return loc;
+    if (p->hide) {  /* the scheme alone: the rest may hold a password */
+        snprintf(buf, cap, "%.*s%s...", (int)p->scheme_len, loc, p->scheme_len ? "://" : "");
+        return buf;
+    }
     snprintf(buf, cap, "%.*s%s%.*s%.*s%s", (int)p->scheme_len, loc, p->auth ? "://" : "",
              (int)p->hostport_len, loc + p->hostport, (int)p->path_len, loc + p->path,
              p->has_rest ? "?..." : "");
@@ -152,8 +201,32 @@ sl_location *sl_location_new(const char *loc)
     l->shown = sh == l->given ? l->given : s;
     l->kind = p.kind;
     l->port = p.port;
+    l->bad_port = p.bad_port;
     l->name_len = p.name_len;
     return l;
+}
+
+/* The refusal of a location shown as shown whose port is bad. */
+static int refuse_port(const char *what, const char *shown, const char *bad, sl_err *err)
+{
+    return sl_fail(err, SLUICE_E_INVAL, "%s%s%s: its port %s (a port is 1 to 65535, or "
+                   "nothing after the ':' for the scheme's default)", what ? what : "",
+                   what ? " " : "", shown, bad);
+}
+
+int sl_location_check(const sl_location *l, const char *what, sl_err *err)
+{
+    return l && l->bad_port ? refuse_port(what, l->shown, l->bad_port, err) : SLUICE_OK;
+}
+
+int sl_location_check_proxy(const char *url, const char *what, sl_err *err)
+{
+    loc_parts p;
+    split(url, 2, &p);
+    if (!p.bad_port)
+        return SLUICE_OK;
+    char buf[SL_ERRMSG_MAX / 2];
+    return refuse_port(what, shown(url, &p, buf, sizeof buf), p.bad_port, err);
 }
 
 void sl_location_free(sl_location *l)

@@ -28,7 +28,8 @@ typedef struct sl_location {
     const char *given;  /* as given, credentials and query included */
     const char *scheme; /* "http", "https", "s3", "hf"; "" for a local path */
     const char *host;   /* without user:password@, port and [brackets]; "" when none */
-    unsigned port;      /* 0: none given */
+    unsigned port;      /* 0: none given, or nothing after its ':' (the scheme's
+                           default), or bad_port */
     const char *path;   /* a URL's from the '/' after its host up to its query or
                            fragment ("" when none); a local path whole */
     const char *query;  /* after '?' (up to a fragment), or NULL when none */
@@ -38,14 +39,32 @@ typedef struct sl_location {
                            or fragment (a local path: all of it, '?' included) */
     const char *userinfo; /* a URL's user information (user:password, up to the last
                              '@' of its authority), or NULL when none */
+    const char *bad_port; /* an http(s):// URL's port that no request could use
+                             (not digits, over 65535, 0): what is wrong with it,
+                             for sl_location_check; NULL when none or fine */
 } sl_location;
 
 /* Parses loc into one allocation (the struct and its strings): NULL when
  * out of memory or loc is NULL. Never fails on its form: a malformed URL
- * is split as far as it goes (the request that uses it says what is
- * wrong). Free with sl_location_free (NULL ignored). */
+ * is split as far as it goes; a port no request could use is noted
+ * (bad_port) for sl_location_check, and anything else wrong is said by
+ * the request that uses it. Free with sl_location_free (NULL ignored). */
 sl_location *sl_location_new(const char *loc);
 void sl_location_free(sl_location *l);
+
+/* What sluice_open asks of each location it parsed (the model's, each
+ * mirror's, the manifest's, the signature's, $HF_ENDPOINT): SLUICE_OK, or
+ * SLUICE_E_INVAL with err naming it in its shown form (after what, when
+ * not NULL: "fallback[0]") and saying what is wrong with its port. l NULL
+ * is SLUICE_OK. */
+struct sl_err;
+int sl_location_check(const sl_location *l, const char *what, struct sl_err *err);
+
+/* The same rule for a proxy URL, which is kept as given (libcurl reads
+ * it) and never parsed into an sl_location: one without "://" is
+ * host[:port] (libcurl's http:// proxy), any scheme's port is checked;
+ * the message names it shown (no user:password@, no query). */
+int sl_location_check_proxy(const char *url, const char *what, struct sl_err *err);
 
 /* Whether l is reached over the network (any kind but SL_LOC_LOCAL). */
 int sl_location_remote(const sl_location *l);

@@ -51,7 +51,7 @@ static const char *env(const char *name)
     return v && *v ? v : NULL;
 }
 
-static int take_proxy(sl_remote_cfg *c, const sluice_options *o);
+static int take_proxy(sl_remote_cfg *c, const sluice_options *o, sl_err *err);
 static sl_easy_pool *easy_pool_new(unsigned cap);
 static void easy_pool_free(sl_easy_pool *p);
 
@@ -152,10 +152,11 @@ int sl_remote_cfg_new(const sluice_options *o, sl_remote_cfg **out, sl_err *err)
             nomem |= !(c->aws_session = dup_or_null(env("AWS_SESSION_TOKEN")));
     }
     nomem |= sl_hf_cfg_fill(c, o) < 0;
-    nomem |= take_proxy(c, o);
-    if (nomem) {
+    int rc = nomem ? sl_fail(err, SLUICE_E_NOMEM, "remote: out of memory")
+                   : take_proxy(c, o, err);
+    if (rc < 0) {
         sl_remote_cfg_free(c);
-        return sl_fail(err, SLUICE_E_NOMEM, "remote: out of memory");
+        return rc;
     }
     /* the Dragonfly hop is checked once the tokens are the locations'
      * (sl_hf_cfg_tokens) */
@@ -165,30 +166,58 @@ int sl_remote_cfg_new(const sluice_options *o, sl_remote_cfg **out, sl_err *err)
 
 /* ---------------------------------------------------------------- proxies */
 
-/* The first of two environment variables that is set. */
-static const char *env2(const char *a, const char *b)
+/* The first of two environment variables that is set, and its name. */
+static const char *env2(const char *a, const char *b, const char **name)
 {
-    return env(a) ? env(a) : b ? env(b) : NULL;
+    const char *v = env(a) ? env(a) : b ? env(b) : NULL;
+    if (name)
+        *name = env(a) ? a : b;
+    return v;
 }
 
 /* Resolves the proxy (sluice.h "Proxies"): opts.http_proxy wins ("" is
  * none); else the environment, read as libcurl reads it (http_proxy in
  * lower case only: a CGI's HTTP_PROXY is a request header). Every request
  * then sets CURLOPT_PROXY itself, so that libcurl never reads the
- * environment on its own and this decision is the one it follows.
- * Returns 1 when out of memory. */
-static int take_proxy(sl_remote_cfg *c, const sluice_options *o)
+ * environment on its own and this decision is the one it follows. A
+ * proxy's port is checked by the locations' rule (location.h): one no
+ * request could use is SLUICE_E_INVAL, named as given to it. */
+/* Whether the list no_proxy (may be NULL) is "*", blanks aside: every
+ * host reached directly, as libcurl reads it (no_proxy_match). */
+static int no_proxy_all(const char *np)
+{
+    if (!np)
+        return 0;
+    np += strspn(np, " \t");
+    return *np == '*' && np[1 + strspn(np + 1, " \t")] == '\0';
+}
+
+static int take_proxy(sl_remote_cfg *c, const sluice_options *o, sl_err *err)
 {
     int nomem = 0;
     c->proxy_kind = o->proxy_kind;
     if (o->http_proxy) {
-        if (*o->http_proxy)
+        if (*o->http_proxy) {
+            SL_TRY(sl_location_check_proxy(o->http_proxy, "proxy (http_proxy option)", err));
             nomem |= !(c->proxy_http = c->proxy_https = hop_new(o->http_proxy));
+        }
     } else {
-        const char *all = env2("all_proxy", "ALL_PROXY");
+        const char *all_name, *hs_name, *all = env2("all_proxy", "ALL_PROXY", &all_name);
         const char *h = env("http_proxy") ? env("http_proxy") : all;
-        const char *hs = env2("https_proxy", "HTTPS_PROXY") ? env2("https_proxy", "HTTPS_PROXY")
-                                                             : all;
+        const char *hs = env2("https_proxy", "HTTPS_PROXY", &hs_name);
+        const char *h_name = env("http_proxy") ? "http_proxy" : all_name;
+        if (!hs) {
+            hs = all;
+            hs_name = all_name;
+        }
+        /* checked unless no_proxy is "*": then no request takes one, a
+         * redirect's neither */
+        char what[32];
+        int unused = no_proxy_all(env2("no_proxy", "NO_PROXY", NULL));
+        snprintf(what, sizeof what, "proxy ($%s)", h_name);
+        SL_TRY(h && !unused ? sl_location_check_proxy(h, what, err) : SLUICE_OK);
+        snprintf(what, sizeof what, "proxy ($%s)", hs_name);
+        SL_TRY(hs && !unused ? sl_location_check_proxy(hs, what, err) : SLUICE_OK);
         if (h)
             nomem |= !(c->proxy_http = hop_new(h));
         if (hs && h && c->proxy_http && !strcmp(h, hs))
@@ -196,10 +225,10 @@ static int take_proxy(sl_remote_cfg *c, const sluice_options *o)
         else if (hs)
             nomem |= !(c->proxy_https = hop_new(hs));
     }
-    const char *np = env2("no_proxy", "NO_PROXY");
+    const char *np = env2("no_proxy", "NO_PROXY", NULL);
     if (np && (c->proxy_http || c->proxy_https))
         nomem |= !(c->no_proxy = strdup(np));
-    return nomem;
+    return nomem ? sl_fail(err, SLUICE_E_NOMEM, "remote: out of memory") : SLUICE_OK;
 }
 
 /* Whether host (no brackets) is this host's loopback: localhost,

@@ -307,7 +307,8 @@ void sl_hf_cfg_clear(sl_remote_cfg *c);
  * control character (CR, LF: it would end its header line) is
  * SLUICE_E_INVAL. *hub gets whether the model or a mirror is on the Hub
  * (for sl_remote_dragonfly_hop, which the caller calls next: remote_hf.c
- * calls nothing of remote.c, remote.c calls it). */
+ * calls nothing of remote.c, remote.c calls it); when one is, the
+ * endpoint's port is checked (sl_location_check: SLUICE_E_INVAL). */
 int sl_hf_cfg_tokens(sl_remote_cfg *c, const sluice_options *o, const sl_location *primary,
                      sl_location *const *mirrors, size_t nmirrors, int *hub, sl_err *err);
 

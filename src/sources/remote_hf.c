@@ -101,7 +101,9 @@ int sl_hf_cfg_tokens(sl_remote_cfg *c, const sluice_options *o, const sl_locatio
     *hub = sl_hf_on_hub(c, primary);
     for (size_t k = 0; !*hub && k < nmirrors; k++)
         *hub = sl_hf_on_hub(c, mirrors[k]);
-    return SLUICE_OK;
+    /* the endpoint is asked only for the Hub's locations: its port is
+     * checked by the locations' rule where one is */
+    return *hub ? sl_location_check(c->hf_endpoint_loc, "$HF_ENDPOINT", err) : SLUICE_OK;
 }
 
 void sl_hf_cfg_clear(sl_remote_cfg *c)

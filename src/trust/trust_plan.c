@@ -229,7 +229,17 @@ void sl_trust_plan_read(const sl_trust_plan *p, sl_trust_read what, sl_trust_pla
         sl_trust_plan_hub_stand_in(out);
         return;
     }
-    /* SL_READ_DERIVED: the cache's record, no signature */
+    /* SL_READ_DERIVED: the cache's record, no signature, read only where
+     * none is asked (api/hub.c derives for such plans alone). A plan that
+     * asks one (or fails closed) is never read without it: the record
+     * fails closed instead, so no caller can turn the signature off */
+    if (p->formats || p->signature_asked || p->fail_closed) {
+        out->fail_closed = 1;
+        out->why = "a manifest derived from the Hub's digests (a record of the cache) is "
+                   "signed by nobody, and this open asks a signature: it is not read without "
+                   "one (publish a signed manifest beside the weights)";
+        return;
+    }
     out->formats = 0;
     out->bundle_if_present = out->fail_closed = 0;
 }

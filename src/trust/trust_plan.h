@@ -182,7 +182,12 @@ typedef enum sl_trust_read {
                         digest and kept in the cache directory: IF_PRESENT,
                         no signature checked (a record of the cache, trusted
                         as the memo's records are; hub.c checks that its
-                        file digest is the Hub's) */
+                        file digest is the Hub's), where p asks none; where
+                        p asks a signature (formats, signature_asked) or
+                        fails closed, the read fails closed
+                        (SLUICE_E_SIGNATURE from the loader, saying so):
+                        no caller can read a record without the signature
+                        the open asks */
 } sl_trust_read;
 
 /* The plan *out under which `what` is read, for an open planned as p
