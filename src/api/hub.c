@@ -50,7 +50,7 @@
 
 #define CHUNK_BYTES ((uint64_t)16 << 20) /* `sluice manifest`'s default */
 #define READ_BYTES ((size_t)4 << 20)      /* a local file's reads */
-#define READ_BYTES_NET ((size_t)16 << 20) /* a remote one's ranges (verify.c's too) */
+#define READ_BYTES_NET ((size_t)16 << 20) /* a remote one's ranges */
 
 /* What one file derives to (or what its derived manifest says). */
 typedef struct hub_file {
