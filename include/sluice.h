@@ -1893,7 +1893,9 @@ struct sluice_verify_report {
  * may run on the model at once (a verify touches neither the pool nor the
  * engine's state); also from a stream callback, since it never waits for
  * the pool. A verify never reads the mirrors (sluice_options.fallback),
- * local or remote: it judges the model's own bytes. Whether a
+ * local or remote: it judges the files the model was opened from (its
+ * own; or, when its own location could not be opened and a mirror serves
+ * the model, that mirror's: sluice_model_location says which). Whether a
  * mirror holds a failed tensor verified is what acquiring it tells
  * (sluice_tensor_source names the mirror), as `sluice verify --fallback`
  * reports and `sluice repair` uses.
