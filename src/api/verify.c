@@ -66,7 +66,8 @@
 #define VF_DIRECT_MEMORY ((size_t)48 << 20) /* O_DIRECT blocks, all threads */
 #define VF_MAX_THREADS 64
 /* A remote file's piece: one range request (the source reads at most
- * 16 MiB at once), the pieces of all threads within VF_NET_MEMORY. */
+ * 16 MiB at once); each thread has two (one fetched while the other is
+ * hashed), the pieces of all threads within VF_NET_MEMORY. */
 #define VF_NET_PIECE_MAX ((size_t)16 << 20)
 #define VF_NET_MEMORY ((size_t)64 << 20)
 
@@ -117,6 +118,31 @@ typedef struct vf_run {
     size_t running;             /* threads still working; guarded by lock */
 } vf_run;
 
+/* A thread's fetcher of remote pieces: the next piece of an item is
+ * fetched on it while the thread hashes the one before, so that the
+ * connection never idles for the hashing (a connection that idles
+ * between requests may be slow to start again: see
+ * docs/performance.md) and the fetch and the hash overlap. One piece
+ * asked at a time; the thread always takes the answer before it asks
+ * again or leaves the item. */
+typedef struct vf_fetch {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int asked, answered, quit;  /* guarded by lock */
+    /* the piece asked */
+    const sl_file *f;
+    const sl_remote_cfg *rc;
+    unsigned char *buf;
+    size_t want;
+    uint64_t pos;
+    /* its answer (read_tensor's) */
+    int status, errno_seen;
+    size_t got;
+    unsigned requests;
+    sl_err err;
+} vf_fetch;
+
 typedef struct vf_worker {
     vf_run *run;
     pthread_t thread;
@@ -128,7 +154,9 @@ typedef struct vf_worker {
     int ring_ok;
     int direct_off;             /* O_DIRECT unusable on this thread: read buffered */
     int blocks_lost;            /* the ring failed with reads in flight into blocks */
-    unsigned char *net;         /* run->net_piece, for remote files; made at first use */
+    unsigned char *net[2];      /* 2 x run->net_piece, for remote files; made at first use */
+    vf_fetch *fetch;            /* its fetcher, started with net; NULL: none (fetched
+                                   on this thread, one piece after the other) */
 } vf_worker;
 
 static int stopped(const vf_run *run)
@@ -548,43 +576,189 @@ static void run_fused(vf_worker *w, vf_item *fit)
 
 /* Makes the thread's buffer for remote pieces at its first remote item
  * (never for a local run: fresh memory costs); returns 0 or -1. */
+static void *fetch_main(void *arg)
+{
+    vf_fetch *x = arg;
+    pthread_mutex_lock(&x->lock);
+    for (;;) {
+        while (!x->asked && !x->quit)
+            pthread_cond_wait(&x->cond, &x->lock);
+        if (x->quit)
+            break;
+        pthread_mutex_unlock(&x->lock);
+        sl_err e = {0};
+        size_t got = 0;
+        unsigned requests = 0;
+        errno = 0;
+        int st = x->f->src->read_tensor(x->f, x->rc, x->buf, x->want, x->pos, &got, &requests, &e);
+        int seen = errno;
+        pthread_mutex_lock(&x->lock);
+        x->status = st;
+        x->errno_seen = seen;
+        x->got = got;
+        x->requests = requests;
+        x->err = e;
+        x->asked = 0;
+        x->answered = 1;
+        pthread_cond_broadcast(&x->cond);
+    }
+    pthread_mutex_unlock(&x->lock);
+    return NULL;
+}
+
+/* Starts w's fetcher; on any failure w has none (pieces are then fetched
+ * on w's own thread). */
+static void fetch_start(vf_worker *w)
+{
+    vf_fetch *x = calloc(1, sizeof *x);
+    if (!x)
+        return;
+    if (pthread_mutex_init(&x->lock, NULL) != 0) {
+        free(x);
+        return;
+    }
+    if (pthread_cond_init(&x->cond, NULL) != 0 ||
+        pthread_create(&x->thread, NULL, fetch_main, x) != 0) {
+        pthread_cond_destroy(&x->cond); /* harmless when its init failed: zeroed */
+        pthread_mutex_destroy(&x->lock);
+        free(x);
+        return;
+    }
+    w->fetch = x;
+}
+
+static void fetch_stop(vf_worker *w)
+{
+    vf_fetch *x = w->fetch;
+    if (!x)
+        return;
+    pthread_mutex_lock(&x->lock);
+    x->quit = 1;
+    pthread_cond_broadcast(&x->cond);
+    pthread_mutex_unlock(&x->lock);
+    pthread_join(x->thread, NULL);
+    pthread_cond_destroy(&x->cond);
+    pthread_mutex_destroy(&x->lock);
+    free(x);
+    w->fetch = NULL;
+}
+
+/* Makes the thread's two buffers for remote pieces and its fetcher at
+ * its first remote item (never for a local run: fresh memory costs);
+ * returns 0 or -1. */
 static int net_ready(vf_worker *w)
 {
-    if (!w->net)
-        w->net = malloc(w->run->net_piece);
-    return w->net ? 0 : -1;
+    if (w->net[0])
+        return 0;
+    w->net[0] = malloc(w->run->net_piece);
+    w->net[1] = malloc(w->run->net_piece);
+    if (!w->net[0] || !w->net[1]) {
+        free(w->net[0]);
+        free(w->net[1]);
+        w->net[0] = w->net[1] = NULL;
+        return -1;
+    }
+    fetch_start(w);
+    return 0;
+}
+
+/* One piece's answer: read_tensor's status, errno for SL_SRC_ERRNO. */
+typedef struct vf_piece {
+    int status, errno_seen;
+    size_t want, got;
+    unsigned requests;
+    sl_err err;
+} vf_piece;
+
+/* Asks for want bytes of f at pos into buf: on w's fetcher, answered by
+ * piece_take; without one, read now into *now. */
+static void piece_ask(vf_worker *w, const sl_file *f, const sl_remote_cfg *rc, unsigned char *buf,
+                      size_t want, uint64_t pos, vf_piece *now)
+{
+    vf_fetch *x = w->fetch;
+    if (!x) {
+        *now = (vf_piece){.want = want};
+        errno = 0;
+        now->status = f->src->read_tensor(f, rc, buf, want, pos, &now->got, &now->requests,
+                                          &now->err);
+        now->errno_seen = errno;
+        return;
+    }
+    pthread_mutex_lock(&x->lock);
+    x->f = f;
+    x->rc = rc;
+    x->buf = buf;
+    x->want = want;
+    x->pos = pos;
+    x->asked = 1;
+    x->answered = 0;
+    pthread_cond_broadcast(&x->cond);
+    pthread_mutex_unlock(&x->lock);
+}
+
+/* The answer to the piece asked last (waited for on the fetcher). */
+static void piece_take(vf_worker *w, vf_piece *p)
+{
+    vf_fetch *x = w->fetch;
+    if (!x)
+        return; /* read at the ask */
+    pthread_mutex_lock(&x->lock);
+    while (!x->answered)
+        pthread_cond_wait(&x->cond, &x->lock);
+    x->answered = 0;
+    *p = (vf_piece){.status = x->status, .errno_seen = x->errno_seen, .want = x->want,
+                    .got = x->got, .requests = x->requests, .err = x->err};
+    pthread_mutex_unlock(&x->lock);
 }
 
 /* Hashes [*pos, stop) of file f through its source's read_tensor with rc,
- * a piece at a time: all of it, or the item fails (the size is known
- * since open: an early end is an I/O failure). Stops, the item left
- * unjudged, when the run stops (rc's blocking requests stop with it). */
+ * a piece at a time, the next one fetched while this one is hashed: all
+ * of it, or the item fails (the size is known since open: an early end
+ * is an I/O failure). Stops, the item left unjudged, when the run stops
+ * (rc's blocking requests stop with it). No piece is in flight when it
+ * returns. */
 static void source_range(vf_worker *w, vf_item *it, const sl_remote_cfg *rc, uint64_t *pos,
                          uint64_t stop)
 {
     vf_run *run = w->run;
     const sl_file *f = &run->ix->files[it->file];
-    while (*pos < stop && !stopped(run) && it->status == SLUICE_OK) {
-        sl_err e = {0};
-        size_t want = stop - *pos < run->net_piece ? (size_t)(stop - *pos) : run->net_piece;
-        size_t got = 0;
-        unsigned requests = 0;
-        int st = f->src->read_tensor(f, rc, w->net, want, *pos, &got, &requests, &e);
-        atomic_fetch_add_explicit(&run->net_requests, requests, memory_order_relaxed);
-        atomic_fetch_add_explicit(&run->net_bytes, got, memory_order_relaxed);
-        if (stopped(run))
+    uint64_t asked = *pos;      /* the end of the pieces asked */
+    int cur = 0, pending = 0;
+    vf_piece p;
+    if (asked < stop && !stopped(run)) {
+        size_t want = stop - asked < run->net_piece ? (size_t)(stop - asked) : run->net_piece;
+        piece_ask(w, f, rc, w->net[cur], want, asked, &p);
+        asked += want;
+        pending = 1;
+    }
+    while (pending) {
+        piece_take(w, &p);
+        pending = 0;
+        atomic_fetch_add_explicit(&run->net_requests, p.requests, memory_order_relaxed);
+        atomic_fetch_add_explicit(&run->net_bytes, p.got, memory_order_relaxed);
+        if (stopped(run) || it->status != SLUICE_OK)
             return;
-        if (st == SL_SRC_ERRNO || (st == SLUICE_OK && got == 0))
-            st = sl_fail(&e, SLUICE_E_IO, "%s", st == SL_SRC_ERRNO ? strerror(errno)
-                                                                   : "no byte came");
+        int st = p.status;
+        if (st == SL_SRC_ERRNO || (st == SLUICE_OK && p.got != p.want))
+            st = sl_fail(&p.err, SLUICE_E_IO, "%s", st == SL_SRC_ERRNO ? strerror(p.errno_seen)
+                         : p.got ? "fewer bytes came than were asked" : "no byte came");
         if (st != SLUICE_OK) {  /* named as a local read's failure is */
             char what[SL_ERRMSG_MAX / 2];
             item_fail(it, st, "%s: read at offset %llu failed: %s",
-                      item_what(run, it, what, sizeof what), (unsigned long long)*pos, e.msg);
+                      item_what(run, it, what, sizeof what), (unsigned long long)*pos, p.err.msg);
             return;
         }
-        if (feed(run, it, w->md, w->net, got) == SLUICE_OK)
-            *pos += got;
+        unsigned char *got = w->net[cur];
+        size_t len = p.got;
+        if (asked < stop) { /* the next piece, in flight while this one is hashed */
+            size_t want = stop - asked < run->net_piece ? (size_t)(stop - asked) : run->net_piece;
+            cur ^= 1;
+            piece_ask(w, f, rc, w->net[cur], want, asked, &p);
+            asked += want;
+            pending = 1;
+        }
+        if (feed(run, it, w->md, got, len) == SLUICE_OK)
+            *pos += len;
     }
 }
 
@@ -736,7 +910,9 @@ static void worker_free(vf_worker *w)
     sl_md_free(w->md);
     sl_md_free(w->tensor_md);
     free(w->buf);
-    free(w->net);
+    fetch_stop(w);
+    free(w->net[0]);
+    free(w->net[1]);
     /* Blocks the kernel may still be reading into stay reserved (no
      * memory, only addresses) rather than be mapped again by someone. */
     if (w->blocks && !w->blocks_lost)
@@ -925,8 +1101,8 @@ int sl_verify_run(const sl_index *ix, const sl_manifest *mf, const sluice_option
         rc = plan(&run, mf, ids, n, all, o->flags, nthreads, err);
     if (nthreads > run.nqueue)
         nthreads = run.nqueue ? (unsigned)run.nqueue : 1;
-    run.net_piece = VF_NET_MEMORY / nthreads < VF_NET_PIECE_MAX ? VF_NET_MEMORY / nthreads
-                                                                : VF_NET_PIECE_MAX;
+    run.net_piece = VF_NET_MEMORY / 2 / nthreads < VF_NET_PIECE_MAX
+                    ? VF_NET_MEMORY / 2 / nthreads : VF_NET_PIECE_MAX;
     /* The O_DIRECT blocks of all threads within VF_DIRECT_MEMORY: smaller
      * blocks down to VF_DIRECT_MIN, then fewer of them (1 at least). */
     size_t share = VF_DIRECT_MEMORY / nthreads;
