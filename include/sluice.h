@@ -1719,11 +1719,14 @@ SLUICE_API char *sluice_digest_hex(const uint8_t digest[32], char hex[65]);
  *
  * A remote model's items (http(s)://, s3://, hf://) are read by the same
  * threads with range requests of their own, never through the pool, the
- * persistent cache or the mirrors: pieces of min(16 MiB, 64 MiB /
+ * persistent cache or the mirrors: pieces of min(16 MiB, 32 MiB /
  * threads), each one request bounded as a load's are (remote_attempts,
- * remote_deadline_ms, the stall timeout), into a buffer each thread
- * makes at its first remote item (64 MiB at most in all). The threads
- * default to, and are at most, remote_connections. An item whose bytes
+ * remote_deadline_ms, the stall timeout), the next piece of an item
+ * fetched (on a second thread of the thread's own) while the one before
+ * is hashed; each thread makes its two piece buffers and that second
+ * thread at its first remote item (64 MiB at most in all). The threads
+ * default to, and are at most, remote_connections (the items, when
+ * fewer). An item whose bytes
  * came through the proxy and fail verification is read again from the
  * origin directly, once (see "Proxies"). A cancel stops the requests in
  * flight. The requests count in sluice_stats' remote_reads and
