@@ -87,7 +87,7 @@ int sl_open_from_mirrors(sluice_model *m, int primary_rc, const char **path, sl_
             sl_open_mirrors_free(m);
             return sl_fail(err, SLUICE_E_NOMEM, "%s", e.msg);
         }
-        sl_remote_scrub(e.msg, sizeof e.msg, m->fallback[k]);
+        sl_location_scrub(e.msg, m->fallback_loc[k]);
         snprintf(label, sizeof label, "fallback %zu (%s)", k + 1, m->fallback_loc[k]->shown);
         log_add(&log, label, e.msg);
         m->mirror_why[k] = strdup(e.msg);  /* NULL: a shorter message later */

@@ -238,3 +238,20 @@ int sl_location_remote(const sl_location *l)
 {
     return l && l->kind != SL_LOC_LOCAL;
 }
+
+void sl_location_scrub_text(char *msg, const char *given, const char *shown)
+{
+    size_t n = strlen(given), k = strlen(shown);
+    if (k > n || n == 0 || strcmp(given, shown) == 0)
+        return;
+    for (char *p = strstr(msg, given); p; p = strstr(p + k, given)) {
+        memmove(p + k, p + n, strlen(p + n) + 1);
+        memcpy(p, shown, k);
+    }
+}
+
+void sl_location_scrub(char *msg, const sl_location *l)
+{
+    if (l)
+        sl_location_scrub_text(msg, l->given, l->shown);
+}

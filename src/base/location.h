@@ -66,6 +66,15 @@ int sl_location_check(const sl_location *l, const char *what, struct sl_err *err
  * the message names it shown (no user:password@, no query). */
 int sl_location_check_proxy(const char *url, const char *what, struct sl_err *err);
 
+/* Replaces every given in msg by shown (a location's form as given and as
+ * messages show it: never longer; nothing when shown is longer or the
+ * same), in place. */
+void sl_location_scrub_text(char *msg, const char *given, const char *shown);
+
+/* The same for a parsed location (NULL: nothing): a message that quotes
+ * l as given names it as shown, without parsing it again. */
+void sl_location_scrub(char *msg, const sl_location *l);
+
 /* Whether l is reached over the network (any kind but SL_LOC_LOCAL). */
 int sl_location_remote(const sl_location *l);
 

@@ -603,7 +603,7 @@ int sl_index_open_ex(sl_index *ix, const sl_location *loc, const struct sl_remot
         rc = open_remote_directory(ix, loc, err);
     if (rc < 0) {
         sl_index_free(ix);
-        sl_remote_scrub(err->msg, sizeof err->msg, loc->given);
+        sl_location_scrub(err->msg, loc);
     }
     else
         ix->remote = remote;

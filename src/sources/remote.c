@@ -378,15 +378,10 @@ const char *sl_remote_proxy_for(const sl_remote_cfg *c, const char *url)
 void sl_remote_scrub(char *msg, size_t cap, const char *loc)
 {
     char safe[512];
-    sl_location_shown_of(loc, safe, sizeof safe);
-    size_t n = strlen(loc), k = strlen(safe);
-    if (!sl_is_remote(loc) || strcmp(safe, loc) == 0 || k > n)
+    if (!sl_is_remote(loc))
         return;
     /* safe is never longer than loc: the message only shrinks */
-    for (char *p = strstr(msg, loc); p; p = strstr(p + k, loc)) {
-        memmove(p + k, p + n, strlen(p + n) + 1);
-        memcpy(p, safe, k);
-    }
+    sl_location_scrub_text(msg, loc, sl_location_shown_of(loc, safe, sizeof safe));
     (void)cap;
 }
 

@@ -205,8 +205,8 @@ int sl_hf_resolve(const sl_remote_cfg *c, const char *loc, sl_hf_repo **out, sl_
 {
     int rc = resolve(c, loc, out, err);
     /* messages name the endpoint without its user:password@ or query */
-    if (rc < 0 && c && c->hf_endpoint)
-        sl_remote_scrub(err->msg, sizeof err->msg, c->hf_endpoint);
+    if (rc < 0 && c)
+        sl_location_scrub(err->msg, c->hf_endpoint_loc);
     return rc;
 }
 

@@ -1305,7 +1305,7 @@ static int load_remote(const sl_index *ix, const sl_trust_plan *p, const sl_hf_r
             sl_remote_scrub(err->msg, sizeof err->msg, loc);
         if (p->manifest_path)
             sl_remote_scrub(err->msg, sizeof err->msg, p->manifest_path);
-        sl_remote_scrub(err->msg, sizeof err->msg, model->given);
+        sl_location_scrub(err->msg, model);
     }
     free(loc);
     return rc;
