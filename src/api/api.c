@@ -237,12 +237,11 @@ static int take_remote(sluice_model *m, const char *path, sl_err *err)
             return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
         m->nfallback = o->fallback_count;
         for (uint32_t k = 0; k < o->fallback_count; k++) {
-            if (!(m->fallback[k] = strdup(o->fallback[k])) ||
-                !(m->fallback_loc[k] = sl_location_new(o->fallback[k])))
+            if (!(m->fallback[k] = strdup(o->fallback[k])))
                 return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
             char what[32];
             snprintf(what, sizeof what, "fallback[%u]", (unsigned)k);
-            SL_TRY(sl_location_check(m->fallback_loc[k], what, err));
+            SL_TRY(sl_location_take(o->fallback[k], what, &m->fallback_loc[k], err));
             remote |= sl_location_remote(m->fallback_loc[k]);
         }
         o->fallback = (const char *const *)m->fallback;
@@ -436,17 +435,12 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
     }
     if ((rc = take_options(&m->opts, opts, err)) < 0)
         goto failed;
-    /* each location parsed once: the trust plan and everything after read these */
-    if (!(m->loc = sl_location_new(path)) ||
-        (m->opts.manifest_path && !(m->manifest_loc = sl_location_new(m->opts.manifest_path))) ||
-        (m->opts.signature_path && !(m->signature_loc = sl_location_new(m->opts.signature_path)))) {
-        rc = sl_fail(err, SLUICE_E_NOMEM, "out of memory");
-        goto failed;
-    }
-    /* a port no request could use: refused here, before anything is asked */
-    if ((rc = sl_location_check(m->loc, NULL, err)) < 0 ||
-        (rc = sl_location_check(m->manifest_loc, "manifest_path", err)) < 0 ||
-        (rc = sl_location_check(m->signature_loc, "signature_path", err)) < 0)
+    /* each location parsed once: the trust plan and everything after read
+     * these; a port no request could use is refused here, before anything
+     * is asked */
+    if ((rc = sl_location_take(path, NULL, &m->loc, err)) < 0 ||
+        (rc = sl_location_take(m->opts.manifest_path, "manifest_path", &m->manifest_loc, err)) < 0 ||
+        (rc = sl_location_take(m->opts.signature_path, "signature_path", &m->signature_loc, err)) < 0)
         goto failed;
     sl_trust_locs at = {m->loc, m->manifest_loc, m->signature_loc};
     if ((rc = sl_trust_plan_make(&m->opts, &at, &m->trust, err)) < 0)

@@ -219,6 +219,16 @@ int sl_location_check(const sl_location *l, const char *what, sl_err *err)
     return l && l->bad_port ? refuse_port(what, l->shown, l->bad_port, err) : SLUICE_OK;
 }
 
+int sl_location_take(const char *loc, const char *what, sl_location **out, sl_err *err)
+{
+    *out = NULL;
+    if (!loc)
+        return SLUICE_OK;
+    if (!(*out = sl_location_new(loc)))
+        return sl_fail(err, SLUICE_E_NOMEM, "out of memory");
+    return sl_location_check(*out, what, err);
+}
+
 int sl_location_check_proxy(const char *url, const char *what, sl_err *err)
 {
     loc_parts p;

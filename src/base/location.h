@@ -60,6 +60,12 @@ void sl_location_free(sl_location *l);
 struct sl_err;
 int sl_location_check(const sl_location *l, const char *what, struct sl_err *err);
 
+/* What sluice_open does with a location it is given: parses loc (NULL:
+ * none, *out NULL) into *out and checks it (sl_location_check, what
+ * naming it). SLUICE_OK, SLUICE_E_NOMEM, or SLUICE_E_INVAL with *out
+ * set (the caller frees it either way). */
+int sl_location_take(const char *loc, const char *what, sl_location **out, struct sl_err *err);
+
 /* The same rule for a proxy URL, which is kept as given (libcurl reads
  * it) and never parsed into an sl_location: one without "://" is
  * host[:port] (libcurl's http:// proxy), any scheme's port is checked;
