@@ -438,9 +438,10 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
     /* each location parsed once: the trust plan and everything after read
      * these; a port no request could use is refused here, before anything
      * is asked */
+    const char *mp = m->opts.manifest_path, *sp = m->opts.signature_path;
     if ((rc = sl_location_take(path, NULL, &m->loc, err)) < 0 ||
-        (rc = sl_location_take(m->opts.manifest_path, "manifest_path", &m->manifest_loc, err)) < 0 ||
-        (rc = sl_location_take(m->opts.signature_path, "signature_path", &m->signature_loc, err)) < 0)
+        (mp && (rc = sl_location_take(mp, "manifest_path", &m->manifest_loc, err)) < 0) ||
+        (sp && (rc = sl_location_take(sp, "signature_path", &m->signature_loc, err)) < 0))
         goto failed;
     sl_trust_locs at = {m->loc, m->manifest_loc, m->signature_loc};
     if ((rc = sl_trust_plan_make(&m->opts, &at, &m->trust, err)) < 0)
