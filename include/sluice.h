@@ -475,7 +475,7 @@ typedef struct sluice_model sluice_model;
  * connections the model keeps for the next such request (those of up to
  * remote_connections idle transfers, each keeping what its last request
  * went over: the origin, a proxy, a redirect's target; closed with the
- * model).
+ * model; a child of fork() opens its own, never the parent's).
  * Every reply must be a 206 for the bytes asked of the object seen at open
  * (its size, and its strong ETag by If-Match: the ETag of the hop the
  * request goes over, the origin's or the proxy's, each taken from the
