@@ -472,8 +472,10 @@ typedef struct sluice_model sluice_model;
  * remote_connections connections (tensor-parallel parts too, in
  * multi-range requests); sluice_read_into, sluice_acquire_range and
  * sluice_digest_range send range requests on the calling thread, over
- * connections the model keeps for the next such request (up to
- * remote_connections idle ones, closed with the model).
+ * connections the model keeps for the next such request (those of up to
+ * remote_connections idle transfers, each keeping what its last request
+ * went over: the origin, a proxy, a redirect's target; closed with the
+ * model; a child of fork() opens its own, never the parent's).
  * Every reply must be a 206 for the bytes asked of the object seen at open
  * (its size, and its strong ETag by If-Match: the ETag of the hop the
  * request goes over, the origin's or the proxy's, each taken from the

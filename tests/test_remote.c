@@ -25,6 +25,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <linux/tcp.h>
+
 #include <cmocka.h>
 
 static rf_server nginx;
@@ -396,6 +398,68 @@ static void test_blocking_reads_reuse_connections(void **state)
     size_t conns = rf_connections(&nginx, from);
     if (conns > 2)
         fail_msg("10 blocking reads on one thread took %zu connections", conns);
+    assert_int_equal(sluice_close(m), SLUICE_OK);
+}
+
+
+/* The bytes acknowledged so far on the TCP socket fd (shared by a parent
+ * and its forked child: one kernel socket). */
+static uint64_t acked(int fd)
+{
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    memset(&ti, 0, sizeof ti);
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0)
+        return UINT64_MAX;
+    return ti.tcpi_bytes_acked;
+}
+
+/* A forked child's blocking reads never go over the connections its
+ * parent's model keeps (one kernel socket for both processes: their
+ * requests and replies would interleave, and fail, as they did, a
+ * Content-Range of the other's request or "HTTP/0.9"): the child opens
+ * its own. Checked on the parent's sockets to nginx, which the parent
+ * leaves idle while the child reads: none moves a byte. */
+static void test_blocking_reads_after_fork(void **state)
+{
+    (void)state;
+    sluice_model *m = open_ok(at("one.safetensors"), NULL);
+    unsigned char few[64];
+    assert_int_equal(sluice_read_into(m, "b", 0, few, sizeof few), SLUICE_OK);
+    int fds[64];
+    size_t nfd = 0;
+    for (int fd = 0; fd < 1024 && nfd < 64; fd++) {
+        struct sockaddr_in peer;
+        socklen_t len = sizeof peer;
+        if (getpeername(fd, (struct sockaddr *)&peer, &len) == 0 && peer.sin_family == AF_INET &&
+            ntohs(peer.sin_port) == nginx.port)
+            fds[nfd++] = fd;
+    }
+    assert_true(nfd > 0);   /* the model keeps the read's connection */
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        uint64_t before[64];
+        for (size_t i = 0; i < nfd; i++)
+            before[i] = acked(fds[i]);
+        int bad = 0;
+        for (int k = 0; k < 5; k++)
+            bad |= sluice_read_into(m, "b", 0, few, sizeof few) != SLUICE_OK;
+        for (size_t i = 0; i < nfd; i++)
+            if (acked(fds[i]) != before[i])
+                bad |= 2;
+        _exit(bad);     /* the model is the parent's to close */
+    }
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    assert_true(WIFEXITED(st));
+    if (WEXITSTATUS(st) & 2)
+        fail_msg("the child's reads went over a connection of its parent's model");
+    assert_int_equal(WEXITSTATUS(st), 0);
+    /* the parent's connection is still its own */
+    assert_int_equal(sluice_read_into(m, "b", 0, few, sizeof few), SLUICE_OK);
     assert_int_equal(sluice_close(m), SLUICE_OK);
 }
 
@@ -1415,6 +1479,7 @@ int main(void)
         cmocka_unit_test(test_ranges),
         cmocka_unit_test(test_ranges_threads),
         cmocka_unit_test(test_blocking_reads_reuse_connections),
+        cmocka_unit_test(test_blocking_reads_after_fork),
         cmocka_unit_test(test_real_files),
         cmocka_unit_test(test_manifest_url),
         cmocka_unit_test(test_missing_and_norange),

@@ -33,6 +33,7 @@
 #include <strings.h>
 #include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 int sl_is_remote(const char *p)
 {
@@ -523,9 +524,19 @@ static void easy_pool_free(sl_easy_pool *p)
  * blocking fetches are likely to run at once), taken and given back
  * under the lock; a handle is used by one thread at a time, and setup()
  * resets every option of it before each request, keeping its caches
- * (connections, DNS, TLS sessions). */
+ * (connections, DNS, TLS sessions).
+ *
+ * The pool is the process's that made it (pid): a child of fork() gets
+ * copies of its idle handles, whose connections are the parent's own
+ * sockets (one kernel socket in both processes: their requests and
+ * replies would interleave on it, failing both, or a TLS stream would
+ * break). A child never takes them, gives none back (each of its fetches
+ * opens and closes its own handle) and never touches the lock (another
+ * thread may have held it at the fork); closing the model in the child
+ * leaves them, and their connections, to the parent. */
 struct sl_easy_pool {
     pthread_mutex_t lock;
+    pid_t pid;
     unsigned n, cap;
     CURL *idle[];
 };
@@ -537,25 +548,35 @@ static sl_easy_pool *easy_pool_new(unsigned cap)
         free(p);
         return NULL;
     }
-    if (p)
+    if (p) {
         p->cap = cap;
+        p->pid = getpid();
+    }
     return p;
+}
+
+/* Whether p is this process's (not a fork's copy). */
+static int easy_pool_ours(const sl_easy_pool *p)
+{
+    return p && p->pid == getpid();
 }
 
 static void easy_pool_free(sl_easy_pool *p)
 {
     if (!p)
         return;
-    for (unsigned i = 0; i < p->n; i++)
-        curl_easy_cleanup(p->idle[i]);
-    pthread_mutex_destroy(&p->lock);
+    if (easy_pool_ours(p)) {
+        for (unsigned i = 0; i < p->n; i++)
+            curl_easy_cleanup(p->idle[i]);
+        pthread_mutex_destroy(&p->lock);
+    }
     free(p);
 }
 
 static CURL *easy_take(sl_easy_pool *p)
 {
     CURL *h = NULL;
-    if (p) {
+    if (easy_pool_ours(p)) {
         pthread_mutex_lock(&p->lock);
         if (p->n)
             h = p->idle[--p->n];
@@ -566,7 +587,7 @@ static CURL *easy_take(sl_easy_pool *p)
 
 static void easy_give(sl_easy_pool *p, CURL *h)
 {
-    if (p) {
+    if (easy_pool_ours(p)) {
         pthread_mutex_lock(&p->lock);
         if (p->n < p->cap) {
             p->idle[p->n++] = h;
