@@ -1786,12 +1786,13 @@ static void *verifier(void *p)
 
 /* sluice_verify reads a remote item in pieces, the next fetched while
  * one is hashed: the 40 MiB tensor in 3 requests, its digest right (the
- * pieces hashed in order); a byte flipped in its last piece fails it; a
- * cancel while a piece crawls (2 MB/s) returns SLUICE_E_CANCELLED at
- * once, the fetching thread stopped with it (ASan/TSan: nothing left
- * running, nothing leaked). no_fetcher: each verifying thread is refused
- * its fetcher (pthread_create fails), and reads its pieces itself, one
- * after the other, with the same results. */
+ * pieces hashed in order); a byte flipped in its last piece fails it; the
+ * request of its second piece refused (404) fails it at that piece's
+ * offset; a cancel while a piece crawls (2 MB/s) returns
+ * SLUICE_E_CANCELLED at once, the fetching thread stopped with it
+ * (ASan/TSan: nothing left running, nothing leaked). no_fetcher: each
+ * verifying thread is refused its fetcher (pthread_create fails), and
+ * reads its pieces itself, one after the other, with the same results. */
 static void verify_pieces(int no_fetcher)
 {
     may_start_threads = 1;
@@ -1834,6 +1835,17 @@ static void verify_pieces(int no_fetcher)
     arm("ok", 0, NULL);
     if (rc != SLUICE_E_CHECKSUM || !strstr(sluice_errmsg(vc.m), "tensor \"z\""))
         fail_msg("flipped: %s: %s", sluice_strerror(rc), sluice_errmsg(vc.m));
+    /* the second piece refused (404) while the first is hashed: the item
+     * fails at that piece's offset, not the first's nor the third's */
+    size_t second = (size_t)8 + strlen(header) + (size_t)(16u << 20);
+    char want[64];
+    snprintf(at, sizeof at, "%zu", second + 1000);
+    snprintf(want, sizeof want, "read at offset %zu failed", second);
+    arm("statusat", 10, at);
+    rc = sluice_verify(vc.m, NULL, 0, NULL, &r);
+    arm("ok", 0, NULL);
+    if (rc != SLUICE_E_REMOTE || !strstr(sluice_errmsg(vc.m), want))
+        fail_msg("404 in the second piece: %s: %s", sluice_strerror(rc), sluice_errmsg(vc.m));
     /* a cancel while a piece crawls */
     assert_int_equal(sluice_cancel_create(&vc.c), SLUICE_OK);
     int before = faults_served();
@@ -1851,7 +1863,7 @@ static void verify_pieces(int no_fetcher)
     sluice_cancel_free(vc.c);
     atomic_store(&refuse_threads, 0);
     /* the fetchers refused: one a verify (its one thread), none else */
-    assert_int_equal(atomic_load(&threads_refused), no_fetcher ? 3 : 0);
+    assert_int_equal(atomic_load(&threads_refused), no_fetcher ? 4 : 0);
     assert_int_equal(sluice_close(vc.m), SLUICE_OK);
     unlink(p);
     unlink(mf);
