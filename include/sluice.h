@@ -1726,9 +1726,10 @@ SLUICE_API char *sluice_digest_hex(const uint8_t digest[32], char hex[65]);
  * remote_deadline_ms, the stall timeout), the next piece of an item
  * fetched (on a second thread of the thread's own) while the one before
  * is hashed; each thread makes its two piece buffers and that second
- * thread at its first remote item (64 MiB at most in all). The threads
- * default to, and are at most, remote_connections (the items, when
- * fewer). An item whose bytes
+ * thread at its first remote item (64 MiB at most in all; one request
+ * in flight a thread). The threads default to, and are at most,
+ * remote_connections (the items, when fewer), each with its fetching
+ * thread. An item whose bytes
  * came through the proxy and fail verification is read again from the
  * origin directly, once (see "Proxies"). A cancel stops the requests in
  * flight. The requests count in sluice_stats' remote_reads and

@@ -36,6 +36,9 @@ MODE is one of:
     flipat     arg OFFSET: any reply (200 or 206) whose body holds the
                file's byte at OFFSET has it flipped; only such replies
                count down N
+    statusat   arg OFFSET: any request whose range (or whole file) holds
+               the byte at OFFSET is answered 404 ("fault"); only such
+               requests count down N, the others are served as asked
     grow       Content-Range naming a size one byte larger
     shift      206 for the range one byte earlier (Content-Range says so)
     widen      206 naming one byte past the range, and sending it
@@ -152,6 +155,8 @@ class Handler(BaseHTTPRequestHandler):
             self.etag_out = STATE["etag"]
         if STATE["mode"] == "flipat":
             return self.flipat(path)
+        if STATE["mode"] == "statusat":
+            return self.statusat(path)
         mode, arg = take_fault()
         with open(path, "rb") as f:
             data = f.read()
@@ -280,6 +285,30 @@ class Handler(BaseHTTPRequestHandler):
         if mode != "mpnoboundary":
             ctype += "; boundary=" + bnd.decode()
         return self.small(206, bytes(out), [("Content-Type", ctype)])
+
+    def statusat(self, path):
+        with open(path, "rb") as f:
+            data = f.read()
+        size = len(data)
+        rng = self.headers.get("Range")
+        a, b = 0, size - 1
+        if rng and rng.startswith("bytes="):
+            s, _, e = rng[6:].partition("-")
+            a = int(s)
+            b = min(int(e), size - 1) if e else size - 1
+        with LOCK:
+            STATE["requests"] += 1
+            at = int(STATE["arg"] or 0)
+            hit = STATE["count"] > 0 and a <= at <= b
+            if hit:
+                STATE["count"] -= 1
+                STATE["faults"] += 1
+        if hit:
+            return self.small(404, b"fault")
+        if not rng:
+            return self.small(200, data)
+        return self.small(206, data[a:b + 1],
+                          [("Content-Range", "bytes %d-%d/%d" % (a, b, size))])
 
     def flipat(self, path):
         with open(path, "rb") as f:

@@ -11,9 +11,11 @@
 
 #include "sluice.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1751,9 +1753,29 @@ typedef struct verify_call {
     char msg[512];
 } verify_call;
 
+/* This program is linked with -Wl,--wrap=pthread_create (remote.cmake):
+ * armed, a thread that may not start threads (any but the test's and
+ * its verifier: the verifying threads) is refused one (EAGAIN, as at a
+ * thread limit), so that each verifying thread runs without its fetcher
+ * (verify.c fetch_start). Disarmed, every call goes through. */
+int __real_pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg);
+int __wrap_pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg);
+static atomic_int refuse_threads, threads_refused;
+static _Thread_local int may_start_threads;
+
+int __wrap_pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg)
+{
+    if (atomic_load(&refuse_threads) && !may_start_threads) {
+        atomic_fetch_add(&threads_refused, 1);
+        return EAGAIN;
+    }
+    return __real_pthread_create(t, attr, fn, arg);
+}
+
 static void *verifier(void *p)
 {
     verify_call *vc = p;
+    may_start_threads = 1;
     sluice_verify_options vo;
     sluice_verify_options_init(&vo);
     vo.cancel = vc->c;
@@ -1764,12 +1786,18 @@ static void *verifier(void *p)
 
 /* sluice_verify reads a remote item in pieces, the next fetched while
  * one is hashed: the 40 MiB tensor in 3 requests, its digest right (the
- * pieces hashed in order); a byte flipped in its last piece fails it; a
- * cancel while a piece crawls (2 MB/s) returns SLUICE_E_CANCELLED at
- * once, the fetching thread stopped with it (ASan/TSan: nothing left
- * running, nothing leaked). */
-static void test_verify_pieces(void **state)
+ * pieces hashed in order); a byte flipped in its last piece fails it; the
+ * request of its second piece refused (404) fails it at that piece's
+ * offset; a cancel while a piece crawls (2 MB/s) returns
+ * SLUICE_E_CANCELLED at once, the fetching thread stopped with it
+ * (ASan/TSan: nothing left running, nothing leaked). no_fetcher: each
+ * verifying thread is refused its fetcher (pthread_create fails), and
+ * reads its pieces itself, one after the other, with the same results. */
+static void verify_pieces(int no_fetcher)
 {
+    may_start_threads = 1;
+    atomic_store(&threads_refused, 0);
+    atomic_store(&refuse_threads, no_fetcher);
     unsigned char *bytes = malloc(BIG_BYTES);
     assert_non_null(bytes);
     for (size_t k = 0; k < BIG_BYTES; k++)
@@ -1807,6 +1835,17 @@ static void test_verify_pieces(void **state)
     arm("ok", 0, NULL);
     if (rc != SLUICE_E_CHECKSUM || !strstr(sluice_errmsg(vc.m), "tensor \"z\""))
         fail_msg("flipped: %s: %s", sluice_strerror(rc), sluice_errmsg(vc.m));
+    /* the second piece refused (404) while the first is hashed: the item
+     * fails at that piece's offset, not the first's nor the third's */
+    size_t second = (size_t)8 + strlen(header) + (size_t)(16u << 20);
+    char want[64];
+    snprintf(at, sizeof at, "%zu", second + 1000);
+    snprintf(want, sizeof want, "read at offset %zu failed", second);
+    arm("statusat", 10, at);
+    rc = sluice_verify(vc.m, NULL, 0, NULL, &r);
+    arm("ok", 0, NULL);
+    if (rc != SLUICE_E_REMOTE || !strstr(sluice_errmsg(vc.m), want))
+        fail_msg("404 in the second piece: %s: %s", sluice_strerror(rc), sluice_errmsg(vc.m));
     /* a cancel while a piece crawls */
     assert_int_equal(sluice_cancel_create(&vc.c), SLUICE_OK);
     int before = faults_served();
@@ -1822,12 +1861,26 @@ static void test_verify_pieces(void **state)
     if (vc.rc != SLUICE_E_CANCELLED || took >= 5.0)
         fail_msg("verify: %s after %.2f s: %s", sluice_strerror(vc.rc), took, vc.msg);
     sluice_cancel_free(vc.c);
+    atomic_store(&refuse_threads, 0);
+    /* the fetchers refused: one a verify (its one thread), none else */
+    assert_int_equal(atomic_load(&threads_refused), no_fetcher ? 4 : 0);
     assert_int_equal(sluice_close(vc.m), SLUICE_OK);
     unlink(p);
     unlink(mf);
     free(p);
     free(mf);
     free(bytes);
+}
+
+static void test_verify_pieces(void **state)
+{
+    verify_pieces(0);
+    (void)state;
+}
+
+static void test_verify_pieces_without_fetcher(void **state)
+{
+    verify_pieces(1);
     (void)state;
 }
 
@@ -1838,6 +1891,7 @@ int main(void)
         cmocka_unit_test(test_verify_files_remote),
         cmocka_unit_test(test_verify_read_failure_names_tensor),
         cmocka_unit_test(test_verify_pieces),
+        cmocka_unit_test(test_verify_pieces_without_fetcher),
         cmocka_unit_test(test_etag_control_bytes),
         cmocka_unit_test(test_credentials_not_redirected),
         cmocka_unit_test(test_retry_after),

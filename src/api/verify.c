@@ -574,8 +574,8 @@ static void run_fused(vf_worker *w, vf_item *fit)
 
 /* ----------------------------------------------------- reads through a source */
 
-/* Makes the thread's buffer for remote pieces at its first remote item
- * (never for a local run: fresh memory costs); returns 0 or -1. */
+/* The fetcher: reads each piece asked (read_tensor, with its errno on
+ * this thread) and answers it, until told to quit. */
 static void *fetch_main(void *arg)
 {
     vf_fetch *x = arg;
@@ -617,9 +617,13 @@ static void fetch_start(vf_worker *w)
         free(x);
         return;
     }
-    if (pthread_cond_init(&x->cond, NULL) != 0 ||
-        pthread_create(&x->thread, NULL, fetch_main, x) != 0) {
-        pthread_cond_destroy(&x->cond); /* harmless when its init failed: zeroed */
+    if (pthread_cond_init(&x->cond, NULL) != 0) {
+        pthread_mutex_destroy(&x->lock);
+        free(x);
+        return;
+    }
+    if (pthread_create(&x->thread, NULL, fetch_main, x) != 0) {
+        pthread_cond_destroy(&x->cond);
         pthread_mutex_destroy(&x->lock);
         free(x);
         return;
