@@ -125,22 +125,26 @@ typedef struct vf_run {
  * docs/performance.md) and the fetch and the hash overlap. One piece
  * asked at a time; the thread always takes the answer before it asks
  * again or leaves the item. */
-typedef struct vf_fetch {
-    pthread_t thread;
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    int asked, answered, quit;  /* guarded by lock */
-    /* the piece asked */
+/* One piece of a remote item: what is asked, and read_tensor's answer
+ * (errno, for SL_SRC_ERRNO, taken on the thread that read it). */
+typedef struct vf_piece {
     const sl_file *f;
     const sl_remote_cfg *rc;
     unsigned char *buf;
     size_t want;
     uint64_t pos;
-    /* its answer (read_tensor's) */
     int status, errno_seen;
     size_t got;
     unsigned requests;
     sl_err err;
+} vf_piece;
+
+typedef struct vf_fetch {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    int asked, answered, quit;  /* guarded by lock */
+    vf_piece piece;             /* asked, then answered; guarded by lock */
 } vf_fetch;
 
 typedef struct vf_worker {
@@ -574,8 +578,19 @@ static void run_fused(vf_worker *w, vf_item *fit)
 
 /* ----------------------------------------------------- reads through a source */
 
-/* The fetcher: reads each piece asked (read_tensor, with its errno on
- * this thread) and answers it, until told to quit. */
+/* Reads piece p (on the thread that calls it). */
+static void piece_read(vf_piece *p)
+{
+    p->got = 0;
+    p->requests = 0;
+    p->err = (sl_err){0};
+    errno = 0;
+    p->status = p->f->src->read_tensor(p->f, p->rc, p->buf, p->want, p->pos, &p->got,
+                                       &p->requests, &p->err);
+    p->errno_seen = errno;
+}
+
+/* The fetcher: reads each piece asked and answers it, until told to quit. */
 static void *fetch_main(void *arg)
 {
     vf_fetch *x = arg;
@@ -585,19 +600,11 @@ static void *fetch_main(void *arg)
             pthread_cond_wait(&x->cond, &x->lock);
         if (x->quit)
             break;
+        vf_piece p = x->piece;
         pthread_mutex_unlock(&x->lock);
-        sl_err e = {0};
-        size_t got = 0;
-        unsigned requests = 0;
-        errno = 0;
-        int st = x->f->src->read_tensor(x->f, x->rc, x->buf, x->want, x->pos, &got, &requests, &e);
-        int seen = errno;
+        piece_read(&p);
         pthread_mutex_lock(&x->lock);
-        x->status = st;
-        x->errno_seen = seen;
-        x->got = got;
-        x->requests = requests;
-        x->err = e;
+        x->piece = p;
         x->asked = 0;
         x->answered = 1;
         pthread_cond_broadcast(&x->cond);
@@ -666,41 +673,24 @@ static int net_ready(vf_worker *w)
     return 0;
 }
 
-/* One piece's answer: read_tensor's status, errno for SL_SRC_ERRNO. */
-typedef struct vf_piece {
-    int status, errno_seen;
-    size_t want, got;
-    unsigned requests;
-    sl_err err;
-} vf_piece;
-
-/* Asks for want bytes of f at pos into buf: on w's fetcher, answered by
- * piece_take; without one, read now into *now. */
-static void piece_ask(vf_worker *w, const sl_file *f, const sl_remote_cfg *rc, unsigned char *buf,
-                      size_t want, uint64_t pos, vf_piece *now)
+/* Asks for piece *p: on w's fetcher, answered by piece_take; without
+ * one, read now, into *p. */
+static void piece_ask(vf_worker *w, vf_piece *p)
 {
     vf_fetch *x = w->fetch;
     if (!x) {
-        *now = (vf_piece){.want = want};
-        errno = 0;
-        now->status = f->src->read_tensor(f, rc, buf, want, pos, &now->got, &now->requests,
-                                          &now->err);
-        now->errno_seen = errno;
+        piece_read(p);
         return;
     }
     pthread_mutex_lock(&x->lock);
-    x->f = f;
-    x->rc = rc;
-    x->buf = buf;
-    x->want = want;
-    x->pos = pos;
+    x->piece = *p;
     x->asked = 1;
     x->answered = 0;
     pthread_cond_broadcast(&x->cond);
     pthread_mutex_unlock(&x->lock);
 }
 
-/* The answer to the piece asked last (waited for on the fetcher). */
+/* The answer to the piece asked last, into *p (waited for on the fetcher). */
 static void piece_take(vf_worker *w, vf_piece *p)
 {
     vf_fetch *x = w->fetch;
@@ -710,32 +700,27 @@ static void piece_take(vf_worker *w, vf_piece *p)
     while (!x->answered)
         pthread_cond_wait(&x->cond, &x->lock);
     x->answered = 0;
-    *p = (vf_piece){.status = x->status, .errno_seen = x->errno_seen, .want = x->want,
-                    .got = x->got, .requests = x->requests, .err = x->err};
+    *p = x->piece;
     pthread_mutex_unlock(&x->lock);
 }
 
 /* Hashes [*pos, stop) of file f through its source's read_tensor with rc,
  * a piece at a time, the next one fetched while this one is hashed: all
  * of it, or the item fails (the size is known since open: an early end
- * is an I/O failure). Stops, the item left unjudged, when the run stops
- * (rc's blocking requests stop with it). No piece is in flight when it
- * returns. */
+ * is an I/O failure; a piece shorter than asked goes on where it ended).
+ * Stops, the item left unjudged, when the run stops (rc's blocking
+ * requests stop with it). No piece is in flight when it returns. */
 static void source_range(vf_worker *w, vf_item *it, const sl_remote_cfg *rc, uint64_t *pos,
                          uint64_t stop)
 {
     vf_run *run = w->run;
-    const sl_file *f = &run->ix->files[it->file];
-    uint64_t asked = *pos;      /* the end of the pieces asked */
-    int cur = 0, pending = 0;
-    vf_piece p;
-    if (asked < stop && !stopped(run)) {
-        size_t want = stop - asked < run->net_piece ? (size_t)(stop - asked) : run->net_piece;
-        piece_ask(w, f, rc, w->net[cur], want, asked, &p);
-        asked += want;
-        pending = 1;
-    }
-    while (pending) {
+    int cur = 0;
+    vf_piece p = {.f = &run->ix->files[it->file], .rc = rc, .buf = w->net[cur], .pos = *pos};
+    if (*pos >= stop || stopped(run))
+        return;
+    p.want = stop - p.pos < run->net_piece ? (size_t)(stop - p.pos) : run->net_piece;
+    piece_ask(w, &p);
+    for (int pending = 1; pending;) {
         piece_take(w, &p);
         pending = 0;
         atomic_fetch_add_explicit(&run->net_requests, p.requests, memory_order_relaxed);
@@ -743,22 +728,24 @@ static void source_range(vf_worker *w, vf_item *it, const sl_remote_cfg *rc, uin
         if (stopped(run) || it->status != SLUICE_OK)
             return;
         int st = p.status;
-        if (st == SL_SRC_ERRNO || (st == SLUICE_OK && p.got != p.want))
+        if (st == SL_SRC_ERRNO || (st == SLUICE_OK && p.got == 0))
             st = sl_fail(&p.err, SLUICE_E_IO, "%s", st == SL_SRC_ERRNO ? strerror(p.errno_seen)
-                         : p.got ? "fewer bytes came than were asked" : "no byte came");
+                                                                       : "no byte came");
         if (st != SLUICE_OK) {  /* named as a local read's failure is */
             char what[SL_ERRMSG_MAX / 2];
             item_fail(it, st, "%s: read at offset %llu failed: %s",
                       item_what(run, it, what, sizeof what), (unsigned long long)*pos, p.err.msg);
             return;
         }
-        unsigned char *got = w->net[cur];
+        unsigned char *got = p.buf;
         size_t len = p.got;
-        if (asked < stop) { /* the next piece, in flight while this one is hashed */
-            size_t want = stop - asked < run->net_piece ? (size_t)(stop - asked) : run->net_piece;
+        uint64_t next = p.pos + len;
+        if (next < stop) { /* the next piece, in flight while this one is hashed */
             cur ^= 1;
-            piece_ask(w, f, rc, w->net[cur], want, asked, &p);
-            asked += want;
+            p.buf = w->net[cur];
+            p.pos = next;
+            p.want = stop - next < run->net_piece ? (size_t)(stop - next) : run->net_piece;
+            piece_ask(w, &p);
             pending = 1;
         }
         if (feed(run, it, w->md, got, len) == SLUICE_OK)
