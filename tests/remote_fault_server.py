@@ -286,31 +286,10 @@ class Handler(BaseHTTPRequestHandler):
             ctype += "; boundary=" + bnd.decode()
         return self.small(206, bytes(out), [("Content-Type", ctype)])
 
-    def statusat(self, path):
-        with open(path, "rb") as f:
-            data = f.read()
-        size = len(data)
-        rng = self.headers.get("Range")
-        a, b = 0, size - 1
-        if rng and rng.startswith("bytes="):
-            s, _, e = rng[6:].partition("-")
-            a = int(s)
-            b = min(int(e), size - 1) if e else size - 1
-        with LOCK:
-            STATE["requests"] += 1
-            at = int(STATE["arg"] or 0)
-            hit = STATE["count"] > 0 and a <= at <= b
-            if hit:
-                STATE["count"] -= 1
-                STATE["faults"] += 1
-        if hit:
-            return self.small(404, b"fault")
-        if not rng:
-            return self.small(200, data)
-        return self.small(206, data[a:b + 1],
-                          [("Content-Range", "bytes %d-%d/%d" % (a, b, size))])
-
-    def flipat(self, path):
+    def at_offset(self, path):
+        """The file at path (a bytearray), the range asked (a, b; the whole
+        file when none), the Range header, and whether the armed OFFSET is
+        in that range (counted down, and counted as a fault, when it is)."""
         with open(path, "rb") as f:
             data = bytearray(f.read())
         size = len(data)
@@ -327,6 +306,21 @@ class Handler(BaseHTTPRequestHandler):
             if hit:
                 STATE["count"] -= 1
                 STATE["faults"] += 1
+        return data, a, b, rng, hit, at
+
+    def statusat(self, path):
+        data, a, b, rng, hit, _ = self.at_offset(path)
+        size = len(data)
+        if hit:
+            return self.small(404, b"fault")
+        if not rng:
+            return self.small(200, bytes(data))
+        return self.small(206, bytes(data[a:b + 1]),
+                          [("Content-Range", "bytes %d-%d/%d" % (a, b, size))])
+
+    def flipat(self, path):
+        data, a, b, rng, hit, at = self.at_offset(path)
+        size = len(data)
         if hit:
             data[at] ^= 0xFF
         if not rng:
