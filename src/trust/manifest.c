@@ -1303,8 +1303,7 @@ static int load_remote(const sl_index *ix, const sl_trust_plan *p, const sl_hf_r
         /* messages name locations without their credentials */
         if (loc)
             sl_remote_scrub(err->msg, sizeof err->msg, loc);
-        if (p->manifest_path)
-            sl_remote_scrub(err->msg, sizeof err->msg, p->manifest_path);
+        sl_location_scrub(err->msg, p->manifest_loc);
         sl_location_scrub(err->msg, model);
     }
     free(loc);

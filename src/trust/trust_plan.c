@@ -45,6 +45,7 @@ int sl_trust_plan_make(const sluice_options *o, const sl_trust_locs *at, sl_trus
     SL_TRY(contradictions(o, err));
     out->verify = o->verify;
     out->manifest_path = o->manifest_path;
+    out->manifest_loc = at->manifest;
     out->keys = o->trusted_keys;
     out->nkeys = o->ntrusted_keys;
     out->cas = o->trusted_cas;

@@ -61,6 +61,8 @@ enum {
 typedef struct sl_trust_plan {
     sl_manifest_from from;
     const char *manifest_path;    /* opts->manifest_path (borrowed), or NULL */
+    const sl_location *manifest_loc; /* manifest_path as sluice_open parsed it (borrowed),
+                                        or NULL */
     sluice_verify_policy verify;  /* the policy asked */
     int require;                  /* no manifest fails (REQUIRE) */
     int signature_asked;          /* keys or CAs: no manifest fails closed (SLUICE_E_SIGNATURE) */
