@@ -118,13 +118,6 @@ typedef struct vf_run {
     size_t running;             /* threads still working; guarded by lock */
 } vf_run;
 
-/* A thread's fetcher of remote pieces: the next piece of an item is
- * fetched on it while the thread hashes the one before, so that the
- * connection never idles for the hashing (a connection that idles
- * between requests may be slow to start again: see
- * docs/performance.md) and the fetch and the hash overlap. One piece
- * asked at a time; the thread always takes the answer before it asks
- * again or leaves the item. */
 /* One piece of a remote item: what is asked, and read_tensor's answer
  * (errno, for SL_SRC_ERRNO, taken on the thread that read it). */
 typedef struct vf_piece {
@@ -139,6 +132,14 @@ typedef struct vf_piece {
     sl_err err;
 } vf_piece;
 
+/* A thread's fetcher of remote pieces: the next piece of an item is
+ * fetched on it while the thread hashes the one before, so that the
+ * connection does not idle while a piece is hashed (a connection that
+ * idles between requests may be slow to start again: see
+ * docs/performance.md; it still idles between items) and the fetch and
+ * the hash overlap. One piece
+ * asked at a time; the thread always takes the answer before it asks
+ * again or leaves the item. */
 typedef struct vf_fetch {
     pthread_t thread;
     pthread_mutex_t lock;
