@@ -726,6 +726,32 @@ static void test_mirror_secrets_not_shown(void **state)
     if (rc != SLUICE_E_MANIFEST || strstr(msg, "SECRET") || !strstr(msg, "sidecar http://127"))
         fail_msg("%d: %s", rc, msg);
     sluice_close(m);
+    /* the open's own refusals of such a model without a manifest: a
+     * signature asked (the sidecar looked for is named) and a mirror
+     * given (the model is named) name it without its password or query
+     * (before: both held it as given) */
+    snprintf(mirror, sizeof mirror, "http://user:PW-SECRET@%s/nomanifest.safetensors"
+             "?X-Amz-Signature=SIG-SECRET", srv.base + strlen("http://"));
+    sluice_options so = fast_options();
+    static const char *const keys[] = {"/nonexistent/key.pub"};
+    so.trusted_keys = keys;
+    so.ntrusted_keys = 1;
+    rc = sluice_open(mirror, &so, &m);
+    msg = sluice_errmsg(m);
+    if (rc != SLUICE_E_SIGNATURE || strstr(msg, "SECRET") ||
+        !strstr(msg, "no sidecar http://127.0.0.1:"))
+        fail_msg("signature asked: %d: %s", rc, msg);
+    sluice_close(m);
+    so = fast_options();
+    const char *good[] = {model_url};
+    so.fallback = good;
+    so.fallback_count = 1;
+    rc = sluice_open(mirror, &so, &m);
+    msg = sluice_errmsg(m);
+    if (rc != SLUICE_E_INVAL || strstr(msg, "SECRET") ||
+        !strstr(msg, "http://127.0.0.1:") || !strstr(msg, "fallback mirrors need a manifest"))
+        fail_msg("a mirror given: %d: %s", rc, msg);
+    sluice_close(m);
     unlink(nm);
     free(nm);
     arm("ok", 0, NULL);

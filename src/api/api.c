@@ -257,6 +257,24 @@ static int take_remote(sluice_model *m, const char *path, sl_err *err)
     return SLUICE_OK;
 }
 
+/* Every sidecar the open looked for beside the location that serves ("A"
+ * or "A nor B") into list, each as messages show a location (no
+ * user:password@, "?..." for a query): -1 when out of memory. */
+static int sidecars_looked(const sluice_model *m, char *list, size_t cap)
+{
+    char *side[2], shown[2][SL_ERRMSG_MAX / 2];
+    char *show[2] = {NULL, NULL};
+    int nside = sl_manifest_sidecars(&m->index, sl_model_where(m), side);
+    if (nside < 0)
+        return -1;
+    for (int k = 0; k < nside; k++)
+        show[k] = (char *)sl_location_shown_of(side[k], shown[k], sizeof shown[k]);
+    sl_manifest_sidecars_list(show, nside, list, cap);
+    for (int k = 0; k < nside; k++)
+        free(side[k]);
+    return nside;
+}
+
 /* What the open found to verify the model against: a manifest, none
  * (the sidecar it looked for is kept, for sluice_verify_state), or
  * nothing looked for (policy OFF). */
@@ -276,17 +294,8 @@ static int note_verification(sluice_model *m, const char *path, sl_err *err)
         return SLUICE_OK;
     }
     m->verification = SLUICE_UNVERIFIED_NO_MANIFEST;
-    /* every sidecar looked for ("A" or "A nor B"), without credentials */
-    char *side[2], list[2 * SL_ERRMSG_MAX / 3];
-    int nside = sl_manifest_sidecars(&m->index, sl_model_where(m), side);
-    if (nside < 0)
-        return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
-    sl_manifest_sidecars_list(side, nside, list, sizeof list);
-    for (int k = 0; k < nside; k++) {
-        sl_remote_scrub(list, sizeof list, side[k]);
-        free(side[k]);
-    }
-    if (!(m->sidecar_looked = strdup(list)))
+    char list[2 * SL_ERRMSG_MAX / 3];
+    if (sidecars_looked(m, list, sizeof list) < 0 || !(m->sidecar_looked = strdup(list)))
         return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
     return SLUICE_OK;
 }
@@ -496,14 +505,10 @@ opened:
     if (m->manifest) /* the manifest's algorithm is the model's */
         m->opts.algorithm = sl_manifest_algorithm(m->manifest);
     if (m->trust.signature_asked && !m->manifest) { /* a signature asked, none to check */
-        char *side[2], list[2 * SL_ERRMSG_MAX / 3];
-        int nside = sl_manifest_sidecars(&m->index, sl_model_where(m), side);
-        rc = sl_trust_plan_no_manifest(&m->trust, path, nside < 0 ? "(out of memory)"
-                                       : sl_manifest_sidecars_list(side, nside, list, sizeof list),
-                                       err);
-        for (int k = 0; k < nside; k++)
-            free(side[k]);
-        sl_remote_scrub(err->msg, sizeof err->msg, path);
+        char list[2 * SL_ERRMSG_MAX / 3];
+        rc = sl_trust_plan_no_manifest(&m->trust, sl_model_where(m)->shown,
+                                       sidecars_looked(m, list, sizeof list) < 0
+                                           ? "(out of memory)" : list, err);
         goto failed;
     }
     if ((rc = note_verification(m, path, err)) < 0)
@@ -521,7 +526,8 @@ opened:
     if (m->nfallback && (!m->manifest || m->hub_files_only)) {
         rc = sl_fail(err, SLUICE_E_INVAL, "%s: fallback mirrors need a manifest to verify their "
                      "bytes against, and none is in force (no sidecar, no manifest_path, or "
-                     "verify OFF): unverified bytes from elsewhere are never handed out", path);
+                     "verify OFF): unverified bytes from elsewhere are never handed out",
+                     sl_model_where(m)->shown);
         goto failed;
     }
     if ((rc = create_engine(m, err)) < 0)
