@@ -399,6 +399,39 @@ static void remote_part_oom(const char *root, rf_server *srv, const char *mode,
     (void)root;
 }
 
+/* A remote model at a URL with credentials (user:password@, a presigned
+ * query), opened with allocation N failing for N = 0, 1, ...: each open
+ * returns SLUICE_OK or an error whose message names the model without
+ * them. Before, the open's "out of memory" of its metrics label and of
+ * its copy of the path quoted the path as given. */
+static void remote_open_oom_secrets(rf_server *srv)
+{
+    char url[400];
+    snprintf(url, sizeof url, "http://user:PW-SECRET@%s/mc.safetensors?X-Amz-Signature=SIG-SECRET",
+             srv->base + strlen("http://"));
+    long points = 0, clean = 0;
+    for (long n = 0; n < 100000; n++) {
+        sluice_options o;
+        sluice_options_init(&o);
+        o.remote_attempts = 2;
+        o.remote_backoff_ms = 5;
+        sluice_model *m = NULL;
+        arm(n);
+        int rc = sluice_open(url, &o, &m);
+        long failed = disarm();
+        const char *msg = sluice_errmsg(m);
+        if (rc != SLUICE_OK && strstr(msg, "SECRET"))
+            fail_msg("allocation %ld: %s: %s", n, sluice_strerror(rc), msg);
+        assert_int_equal(sluice_close(m), SLUICE_OK);
+        points += failed;
+        clean = failed ? 0 : clean + 1;
+        if (clean == 5)
+            break;
+    }
+    printf("remote open with credentials: %ld allocation points, none shown\n", points);
+    assert_true(points > 3);
+}
+
 static void test_remote_part(void **state)
 {
     (void)state;
@@ -442,6 +475,7 @@ static void test_remote_part(void **state)
     }
     remote_part_oom(root, &srv, "ok", bytes);
     remote_part_oom(root, &srv, "mp416", bytes);
+    remote_open_oom_secrets(&srv);
     rf_stop(&srv);
     tu_rmtree(root);
     free(root);

@@ -278,7 +278,7 @@ static int sidecars_looked(const sluice_model *m, char *list, size_t cap)
 /* What the open found to verify the model against: a manifest, none
  * (the sidecar it looked for is kept, for sluice_verify_state), or
  * nothing looked for (policy OFF). */
-static int note_verification(sluice_model *m, const char *path, sl_err *err)
+static int note_verification(sluice_model *m, sl_err *err)
 {
     /* the Hub's whole-file digests left as they are (a file of the model
      * is no LFS object, so nothing was derived) check no tensor load: the
@@ -296,7 +296,7 @@ static int note_verification(sluice_model *m, const char *path, sl_err *err)
     m->verification = SLUICE_UNVERIFIED_NO_MANIFEST;
     char list[2 * SL_ERRMSG_MAX / 3];
     if (sidecars_looked(m, list, sizeof list) < 0 || !(m->sidecar_looked = strdup(list)))
-        return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
+        return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", sl_model_where(m)->shown);
     return SLUICE_OK;
 }
 
@@ -402,7 +402,7 @@ SLUICE_API const char *sluice_cache_warning(sluice_model *m)
 }
 
 /* Sets m->metrics_label from m->opts, else from path. */
-static int metrics_label(sluice_model *m, const char *path, sl_err *err)
+static int metrics_label(sluice_model *m, sl_err *err)
 {
     const char *label = m->opts.metrics_label;
     m->opts.metrics_label = NULL;  /* the caller's: borrowed during open only */
@@ -416,7 +416,7 @@ static int metrics_label(sluice_model *m, const char *path, sl_err *err)
             label = "model";
     }
     if (!(m->metrics_label = strdup(label)))
-        return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
+        return sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", m->loc->shown);
     return SLUICE_OK;
 }
 
@@ -455,10 +455,10 @@ SLUICE_API int sluice_open(const char *path, const sluice_options *opts, sluice_
     sl_trust_locs at = {m->loc, m->manifest_loc, m->signature_loc};
     if ((rc = sl_trust_plan_make(&m->opts, &at, &m->trust, err)) < 0)
         goto failed;
-    if ((rc = metrics_label(m, path, err)) < 0)
+    if ((rc = metrics_label(m, err)) < 0)
         goto failed;
     if (!(m->path = strdup(path))) {
-        rc = sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", path);
+        rc = sl_fail(err, SLUICE_E_NOMEM, "%s: out of memory", m->loc->shown);
         goto failed;
     }
     if ((rc = take_remote(m, path, err)) < 0)
@@ -511,7 +511,7 @@ opened:
                                            ? "(out of memory)" : list, err);
         goto failed;
     }
-    if ((rc = note_verification(m, path, err)) < 0)
+    if ((rc = note_verification(m, err)) < 0)
         goto failed;
     /* the caller's key list is borrowed for the open only */
     m->opts.trusted_keys = NULL;
