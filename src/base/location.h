@@ -73,8 +73,9 @@ int sl_location_take(const char *loc, const char *what, sl_location **out, struc
 int sl_location_check_proxy(const char *url, const char *what, struct sl_err *err);
 
 /* Replaces every given in msg by shown (a location's form as given and as
- * messages show it: never longer; nothing when shown is longer or the
- * same), in place. */
+ * messages show it), in place, so that the message only shrinks: nothing
+ * when they are the same, or when shown is the longer (a query of under
+ * four characters, shown "?...", and no credentials). */
 void sl_location_scrub_text(char *msg, const char *given, const char *shown);
 
 /* The same for a parsed location (NULL: nothing): a message that quotes
