@@ -168,6 +168,27 @@ static inline unsigned char *mf_write_hashed_model(const char *path, const char 
     return bytes;
 }
 
+/* Writes path: one U8 tensor `name` of shape [rows] (cols 0) or [rows,
+ * cols] holding mf_hashed_pattern; returns its bytes (malloc'd) and, when
+ * data_start is not NULL, sets it (where they begin in the file). */
+static inline unsigned char *mf_write_u8_model(const char *path, const char *name, size_t rows,
+                                               size_t cols, uint64_t *data_start)
+{
+    char header[256];
+    size_t n = cols ? rows * cols : rows;
+    if (cols)
+        snprintf(header, sizeof header, "{\"%s\":{\"dtype\":\"U8\",\"shape\":[%zu,%zu],"
+                 "\"data_offsets\":[0,%zu]}}", name, rows, cols, n);
+    else
+        snprintf(header, sizeof header, "{\"%s\":{\"dtype\":\"U8\",\"shape\":[%zu],"
+                 "\"data_offsets\":[0,%zu]}}", name, rows, n);
+    uint64_t start;
+    unsigned char *bytes = mf_write_hashed_model(path, header, n, &start);
+    if (data_start)
+        *data_start = start;
+    return bytes;
+}
+
 /* The opening of a version 2 manifest, up to its first tensor's entry. */
 #define MF_V2_HEAD \
     "{\"format\": \"sluice-manifest\", \"version\": 2, \"algorithm\": \"sha256\",\n \"tensors\": {\n"

@@ -505,9 +505,9 @@ static inline char *rf_get(const rf_server *sv, const char *path)
     return out;
 }
 
-/* Exits 77 when the library was built without libcurl
- * (-DSLUICE_WITH_CURL=OFF): remote locations are then SLUICE_E_UNSUPPORTED. */
-static inline void rf_skip_without_curl(void)
+/* Whether the library was built with libcurl (-DSLUICE_WITH_CURL=OFF:
+ * remote locations are SLUICE_E_UNSUPPORTED). */
+static inline int rf_have_curl(void)
 {
     sluice_options o;
     sluice_options_init(&o);
@@ -518,7 +518,13 @@ static inline void rf_skip_without_curl(void)
     snprintf(loc, sizeof loc, "http://127.0.0.1:%u/x.safetensors", rf_free_port());
     int rc = sluice_open(loc, &o, &m);
     sluice_close(m);
-    if (rc == SLUICE_E_UNSUPPORTED) {
+    return rc != SLUICE_E_UNSUPPORTED;
+}
+
+/* Exits 77 when the library was built without libcurl. */
+static inline void rf_skip_without_curl(void)
+{
+    if (!rf_have_curl()) {
         fprintf(stderr, "skipped: this library was built without libcurl\n");
         exit(77);
     }

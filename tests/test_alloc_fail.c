@@ -435,35 +435,18 @@ static void remote_open_oom_secrets(rf_server *srv)
 static void test_remote_part(void **state)
 {
     (void)state;
-    {   /* a library without libcurl: skipped (not rf_skip_without_curl,
-         * which would end the other tests too) */
-        sluice_options o;
-        sluice_options_init(&o);
-        o.remote_attempts = 1;
-        o.remote_connect_timeout_ms = 200;
-        sluice_model *m = NULL;
-        char loc[64];
-        snprintf(loc, sizeof loc, "http://127.0.0.1:%u/x.safetensors", rf_free_port());
-        int rc = sluice_open(loc, &o, &m);
-        sluice_close(m);
-        if (rc == SLUICE_E_UNSUPPORTED) {
-            print_message("skipped: this library was built without libcurl\n");
-            skip();
-        }
+    /* a library without libcurl: skipped (not rf_skip_without_curl,
+     * which would end the other tests too) */
+    if (!rf_have_curl()) {
+        print_message("skipped: this library was built without libcurl\n");
+        skip();
     }
     char why[256];
     rf_server srv;
     char *root = tu_tmpdir();
     enum { ROWS = 64, COLS = 1024 };
-    size_t nb = (size_t)ROWS * COLS;
-    char header[200], *p = tu_join(root, "mc.safetensors");
-    snprintf(header, sizeof header, "{\"t\":{\"dtype\":\"U8\",\"shape\":[%u,%u],"
-             "\"data_offsets\":[0,%zu]}}", ROWS, COLS, nb);
-    unsigned char *bytes = malloc(nb);
-    assert_non_null(bytes);
-    for (size_t k = 0; k < nb; k++)
-        bytes[k] = (unsigned char)(k * 2654435761u >> 9);
-    tu_write_safetensors(p, header, bytes, nb);
+    char *p = tu_join(root, "mc.safetensors");
+    unsigned char *bytes = mf_write_u8_model(p, "t", ROWS, COLS, NULL);
     if (!rf_fault_start(&srv, SLUICE_SOURCE_DIR "/tests/remote_fault_server.py", root, why,
                         sizeof why)) {
         print_message("skipped: %s\n", why);

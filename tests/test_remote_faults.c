@@ -808,14 +808,9 @@ static void test_part_note_secrets_not_shown(void **state)
 static void test_part_fallback_few_requests(void **state)
 {
     size_t nb = (size_t)TP_ROWS * TP_COLS;
-    unsigned char *bytes = malloc(nb);
-    assert_non_null(bytes);
-    for (size_t k = 0; k < nb; k++)
-        bytes[k] = (unsigned char)(k * 2654435761u >> 11);
-    char header[160], *p = tu_join(root, "tp.safetensors");
-    snprintf(header, sizeof header, "{\"t\":{\"dtype\":\"U8\",\"shape\":[%u,%u],"
-             "\"data_offsets\":[0,%zu]}}", TP_ROWS, TP_COLS, nb);
-    tu_write_safetensors(p, header, bytes, nb);
+    char *p = tu_join(root, "tp.safetensors");
+    uint64_t data_start;
+    unsigned char *bytes = mf_write_u8_model(p, "t", TP_ROWS, TP_COLS, &data_start);
     sluice_options o;
     sluice_options_init(&o);
     o.flags = SLUICE_F_HASH_ALL;
@@ -854,8 +849,7 @@ static void test_part_fallback_few_requests(void **state)
                  (unsigned long long)st.remote_reads, nb);
     /* a byte of another rank's columns flipped: the whole-tensor check fails */
     assert_int_equal(sluice_close(m), SLUICE_OK);
-    bytes[5 * TP_COLS + 3 * seg + 7] ^= 1;
-    tu_write_safetensors(p, header, bytes, nb);
+    mf_flip_byte(p, data_start + 5 * TP_COLS + 3 * seg + 7);
     assert_int_equal(sluice_open(url, &o, &m), SLUICE_OK);
     assert_int_equal(sluice_read_part_into(m, "t", 1, 1, 4, part, len), SLUICE_E_CHECKSUM);
     assert_int_equal(sluice_close(m), SLUICE_OK);
@@ -877,16 +871,10 @@ static void test_part_fallback_few_requests(void **state)
 static void test_part_multipart_faults(void **state)
 {
     enum { ROWS = 64, COLS = 1024 };
-    size_t nb = (size_t)ROWS * COLS, seg = COLS / 4, len = ROWS * seg;
-    char header[160], *p = tu_join(root, "mp.safetensors");
-    snprintf(header, sizeof header, "{\"t\":{\"dtype\":\"U8\",\"shape\":[%u,%u],"
-             "\"data_offsets\":[0,%zu]}}", ROWS, COLS, nb);
-    unsigned char *bytes = malloc(nb), *part = malloc(len);
-    assert_non_null(bytes);
+    size_t seg = COLS / 4, len = ROWS * seg;
+    char *p = tu_join(root, "mp.safetensors");
+    unsigned char *bytes = mf_write_u8_model(p, "t", ROWS, COLS, NULL), *part = malloc(len);
     assert_non_null(part);
-    for (size_t k = 0; k < nb; k++)
-        bytes[k] = (unsigned char)(k * 2654435761u >> 13);
-    tu_write_safetensors(p, header, bytes, nb);
     char url[300];
     snprintf(url, sizeof url, "%s/mp.safetensors", srv.base);
     static const struct {
@@ -979,16 +967,11 @@ static char *metrics_of(sluice_model *m);
 static void test_part_reads_are_engine_reads(void **state)
 {
     enum { ROWS = 64, COLS = 1024 };
-    size_t nb = (size_t)ROWS * COLS, seg = COLS / 4, len = ROWS * seg;
-    char header[160], *p = tu_join(root, "pe.safetensors");
-    snprintf(header, sizeof header, "{\"t\":{\"dtype\":\"U8\",\"shape\":[%u,%u],"
-             "\"data_offsets\":[0,%zu]}}", ROWS, COLS, nb);
-    unsigned char *bytes = malloc(nb), *part = malloc(len > B_SIZE / 2 ? len : B_SIZE / 2);
-    assert_non_null(bytes);
+    size_t seg = COLS / 4, len = ROWS * seg;
+    char *p = tu_join(root, "pe.safetensors");
+    unsigned char *bytes = mf_write_u8_model(p, "t", ROWS, COLS, NULL);
+    unsigned char *part = malloc(len > B_SIZE / 2 ? len : B_SIZE / 2);
     assert_non_null(part);
-    for (size_t k = 0; k < nb; k++)
-        bytes[k] = (unsigned char)(k * 2654435761u >> 7);
-    tu_write_safetensors(p, header, bytes, nb);
     char url[300];
     snprintf(url, sizeof url, "%s/pe.safetensors", srv.base);
     arm("ok", 0, NULL);
@@ -1628,21 +1611,18 @@ static void test_location_shown_alike(void **state)
     (void)state;
 }
 
-/* sluice_verify's whole files of a remote model (SLUICE_VF_FILES, a
- * local manifest listing the file's SHA-256 and size), read with range
- * requests: the right digest and size pass, every byte hashed; a read the
- * server refuses (404) fails the file with the read's own error, nothing
- * hashed; a listed size that is not the file's fails it naming both. */
-typedef struct file_seen {
+/* The last verify item of one kind (SLUICE_VERIFY_ITEM_*) reported. */
+typedef struct item_seen {
+    int kind;
     int status, has_digest;
     uint64_t bytes;
     char message[1024];
-} file_seen;
+} item_seen;
 
-static int file_item(void *user, const struct sluice_verify_item *it)
+static int item_of_kind(void *user, const struct sluice_verify_item *it)
 {
-    file_seen *s = user;
-    if (it->kind == SLUICE_VERIFY_ITEM_FILE) {
+    item_seen *s = user;
+    if (it->kind == s->kind) {
         s->status = it->status;
         s->has_digest = it->has_digest;
         s->bytes = it->bytes;
@@ -1651,6 +1631,11 @@ static int file_item(void *user, const struct sluice_verify_item *it)
     return 0;
 }
 
+/* sluice_verify's whole files of a remote model (SLUICE_VF_FILES, a
+ * local manifest listing the file's SHA-256 and size), read with range
+ * requests: the right digest and size pass, every byte hashed; a read the
+ * server refuses (404) fails the file with the read's own error, nothing
+ * hashed; a listed size that is not the file's fails it naming both. */
 static void test_verify_files_remote(void **state)
 {
     char *p = tu_join(root, "m.safetensors"), *dir = tu_tmpdir();
@@ -1681,8 +1666,8 @@ static void test_verify_files_remote(void **state)
         sluice_verify_options vo;
         sluice_verify_options_init(&vo);
         vo.flags = SLUICE_VF_FILES | SLUICE_VF_NO_TENSORS;
-        file_seen seen = {0};
-        vo.on_item = file_item;
+        item_seen seen = {.kind = SLUICE_VERIFY_ITEM_FILE};
+        vo.on_item = item_of_kind;
         vo.user = &seen;
         struct sluice_verify_report r = {.size = sizeof r};
         rc = sluice_verify(m, NULL, 0, &vo, &r);
@@ -1729,18 +1714,6 @@ static void test_verify_files_remote(void **state)
  * message, and the model's, name the tensor, its file and offset, as
  * every other verify failure does, with the read's own error (before:
  * only "URL: HTTP 404", no tensor named). */
-static int tensor_item(void *user, const struct sluice_verify_item *it)
-{
-    file_seen *s = user;
-    if (it->kind == SLUICE_VERIFY_ITEM_TENSOR) {
-        s->status = it->status;
-        s->has_digest = it->has_digest;
-        s->bytes = it->bytes;
-        snprintf(s->message, sizeof s->message, "%s", it->message);
-    }
-    return 0;
-}
-
 static void test_verify_read_failure_names_tensor(void **state)
 {
     sluice_options o = fast_options();
@@ -1751,8 +1724,8 @@ static void test_verify_read_failure_names_tensor(void **state)
     arm("status", 1, "404");
     sluice_verify_options vo;
     sluice_verify_options_init(&vo);
-    file_seen seen = {0};
-    vo.on_item = tensor_item;
+    item_seen seen = {.kind = SLUICE_VERIFY_ITEM_TENSOR};
+    vo.on_item = item_of_kind;
     vo.user = &seen;
     const char *const b[] = {"b"};
     rc = sluice_verify(m, b, 1, &vo, NULL);
@@ -1824,14 +1797,9 @@ static void verify_pieces(int no_fetcher)
     may_start_threads = 1;
     atomic_store(&threads_refused, 0);
     atomic_store(&refuse_threads, no_fetcher);
-    unsigned char *bytes = malloc(BIG_BYTES);
-    assert_non_null(bytes);
-    for (size_t k = 0; k < BIG_BYTES; k++)
-        bytes[k] = (unsigned char)(k * 2654435761u >> 13);
-    char header[160], *p = tu_join(root, "big.safetensors");
-    snprintf(header, sizeof header, "{\"z\":{\"dtype\":\"U8\",\"shape\":[%zu],"
-             "\"data_offsets\":[0,%zu]}}", BIG_BYTES, BIG_BYTES);
-    tu_write_safetensors(p, header, bytes, BIG_BYTES);
+    char *p = tu_join(root, "big.safetensors");
+    uint64_t data_start;
+    unsigned char *bytes = mf_write_u8_model(p, "z", BIG_BYTES, 0, &data_start);
     uint8_t d[32];
     char hex[65], text[128], url[300];
     mf_sha256(bytes, BIG_BYTES, d);
@@ -1855,7 +1823,7 @@ static void verify_pieces(int no_fetcher)
     assert_int_equal(st1.remote_reads - st0.remote_reads, 3);   /* 16 + 16 + 8 MiB */
     /* a byte of the last piece flipped on the wire */
     char at[32];
-    snprintf(at, sizeof at, "%zu", (size_t)8 + strlen(header) + (size_t)(35u << 20));
+    snprintf(at, sizeof at, "%zu", (size_t)data_start + (size_t)(35u << 20));
     arm("flipat", 1, at);
     rc = sluice_verify(vc.m, NULL, 0, NULL, &r);
     arm("ok", 0, NULL);
@@ -1863,7 +1831,7 @@ static void verify_pieces(int no_fetcher)
         fail_msg("flipped: %s: %s", sluice_strerror(rc), sluice_errmsg(vc.m));
     /* the second piece refused (404) while the first is hashed: the item
      * fails at that piece's offset, not the first's nor the third's */
-    size_t second = (size_t)8 + strlen(header) + (size_t)(16u << 20);
+    size_t second = (size_t)data_start + (size_t)(16u << 20);
     char want[64];
     snprintf(at, sizeof at, "%zu", second + 1000);
     snprintf(want, sizeof want, "read at offset %zu failed", second);

@@ -1269,16 +1269,10 @@ static void test_part_multipart_lie_goes_direct(void **state)
 {
     (void)state;
     enum { ROWS = 64, COLS = 1024 };
-    size_t nb = (size_t)ROWS * COLS, seg = COLS / 4, len = ROWS * seg;
-    char header[160], *p = tu_join(root, "mpx.safetensors");
-    snprintf(header, sizeof header, "{\"t\":{\"dtype\":\"U8\",\"shape\":[%u,%u],"
-             "\"data_offsets\":[0,%zu]}}", ROWS, COLS, nb);
-    unsigned char *bytes = malloc(nb), *part = malloc(len);
-    assert_non_null(bytes);
+    size_t seg = COLS / 4, len = ROWS * seg;
+    char *p = tu_join(root, "mpx.safetensors");
+    unsigned char *bytes = mf_write_u8_model(p, "t", ROWS, COLS, NULL), *part = malloc(len);
     assert_non_null(part);
-    for (size_t k = 0; k < nb; k++)
-        bytes[k] = (unsigned char)(k * 2654435761u >> 11);
-    tu_write_safetensors(p, header, bytes, nb);
     rf_server fault;
     start_fault_on(&fault, root);
     static const char *const modes[] = {"mpcr", "mpsize", "mpnocr", "mplong", "mpextra",

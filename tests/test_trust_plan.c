@@ -147,8 +147,13 @@ static const tp_case cases[] = {
     {"signature_path alone, off", LOCAL, NULL, K_NONE, 0, "/models/m/b.sig", V_OFF, SLUICE_E_INVAL, 0, 0, 0, 0, 0, 0, "signature_path is set, but neither"},
 };
 
-static void set_keys(const fx *f, int keys, const char *list[2], sluice_options *o)
+/* *o, the options of a row: its keys (K_*, listed in list), a CA or not,
+ * its manifest_path, signature_path and policy. */
+static void row_options(const fx *f, int keys, int cas, const char *manifest, const char *sig_path,
+                        sluice_verify_policy verify, const char *list[2], sluice_options *o)
 {
+    static const char *ca[] = {"/models/ca.pem"};
+    sluice_options_init(o);
     size_t n = 0;
     if (keys == K_ED || keys == K_BOTH)
         list[n++] = f->ed_pub;
@@ -156,23 +161,21 @@ static void set_keys(const fx *f, int keys, const char *list[2], sluice_options 
         list[n++] = f->ec_pub;
     o->trusted_keys = n ? list : NULL;
     o->ntrusted_keys = n;
+    o->manifest_path = manifest;
+    o->trusted_cas = cas ? ca : NULL;
+    o->ntrusted_cas = cas ? 1 : 0;
+    o->signature_path = sig_path;
+    o->verify = verify;
 }
 
 static void table(void **state)
 {
     fx *f = *state;
-    static const char *ca[] = {"/models/ca.pem"};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const tp_case *c = &cases[i];
         sluice_options o;
-        sluice_options_init(&o);
         const char *keys[2];
-        set_keys(f, c->keys, keys, &o);
-        o.manifest_path = c->manifest;
-        o.trusted_cas = c->cas ? ca : NULL;
-        o.ntrusted_cas = c->cas ? 1 : 0;
-        o.signature_path = c->sig_path;
-        o.verify = c->verify;
+        row_options(f, c->keys, c->cas, c->manifest, c->sig_path, c->verify, keys, &o);
         sl_trust_plan p;
         sl_err err = {0};
         int rc = tf_plan(&o, c->model, &p, &err);
@@ -245,17 +248,11 @@ static const hub_case hub_cases[] = {
 static void hub_stand_ins(void **state)
 {
     fx *f = *state;
-    static const char *ca[] = {"/models/ca.pem"};
     for (size_t i = 0; i < sizeof hub_cases / sizeof hub_cases[0]; i++) {
         const hub_case *c = &hub_cases[i];
         sluice_options o;
-        sluice_options_init(&o);
         const char *keys[2];
-        set_keys(f, c->keys, keys, &o);
-        o.manifest_path = c->manifest;
-        o.trusted_cas = c->cas ? ca : NULL;
-        o.ntrusted_cas = c->cas ? 1 : 0;
-        o.verify = c->verify;
+        row_options(f, c->keys, c->cas, c->manifest, NULL, c->verify, keys, &o);
         sl_trust_plan p;
         sl_err err = {0};
         if (c->mirror) {
@@ -336,7 +333,6 @@ static void format_by_bundle(void **state)
     one_file_init(&of, f->dir);
     char *mf = tu_join(f->dir, "model.safetensors.manifest.json");
     char *bundle = tu_join(f->dir, "model.sig");
-    static const char *ca[] = {"/models/ca.pem"};
     struct {
         int keys, cas;
         unsigned without, with; /* the format without model.sig, with it */
@@ -353,11 +349,9 @@ static void format_by_bundle(void **state)
             tu_write_file(bundle, "{}", 2);
         for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
             sluice_options o;
-            sluice_options_init(&o);
             const char *keys[2];
-            set_keys(f, rows[i].keys, keys, &o);
-            o.trusted_cas = rows[i].cas ? ca : NULL;
-            o.ntrusted_cas = rows[i].cas ? 1 : 0;
+            row_options(f, rows[i].keys, rows[i].cas, NULL, NULL, SLUICE_VERIFY_DEFAULT, keys,
+                        &o);
             sl_trust_plan p;
             sl_err err = {0};
             assert_int_equal(tf_plan(&o, of.path, &p, &err), SLUICE_OK);
